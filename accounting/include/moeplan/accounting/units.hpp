@@ -1,0 +1,13 @@
+#pragma once
+// Numbers as people write them: "2e9", "2.15e9", "2B", "346M", "65B", "1.5k", "0.2".
+#include <string>
+#include <string_view>
+
+namespace moeplan {
+
+// Throws InputError("<what>: '<text>' is not a number (e.g. 2e9, 2.15B, 346M)").
+double parse_quantity(std::string_view text, std::string_view what);
+// Compact human form: 2.15e9 -> "2.15B", 3.46e8 -> "346M", 1.64e21 -> "1.64e21".
+std::string human(double value, int digits = 3);
+
+}  // namespace moeplan

@@ -1,0 +1,56 @@
+#include "moeplan/accounting/budget.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "moeplan/accounting/error.hpp"
+
+namespace moeplan {
+
+double effective_data(double tokens_unique, double epochs, double r_star) {
+  const double repeats = std::max(0.0, epochs - 1.0);
+  return tokens_unique + tokens_unique * r_star * (1.0 - std::exp(-repeats / r_star));
+}
+
+Budget make_budget(const BudgetRequest& r) {
+  if (!(r.compute > 0)) throw InputError(fmt::format("budget: compute = {} must be > 0", r.compute));
+  if (!(r.flops_per_token > 0))
+    throw InputError(fmt::format("budget: flops_per_token = {} must be > 0", r.flops_per_token));
+  if (r.seq_len <= 0 || r.batch_seqs <= 0)
+    throw InputError(fmt::format("budget: seq_len = {} and batch_seqs = {} must be > 0", r.seq_len,
+                                 r.batch_seqs));
+  Budget b;
+  b.compute_target = r.compute;
+  b.flops_per_token = r.flops_per_token;
+  b.seq_len = r.seq_len;
+  b.batch_seqs = r.batch_seqs;
+  b.reuse = r.reuse;
+  const double step_tokens = double(r.batch_seqs) * double(r.seq_len);
+  b.steps = std::max<int64_t>(1, std::llround(r.compute / r.flops_per_token / step_tokens));
+  b.tokens_consumed = b.steps * r.batch_seqs * r.seq_len;
+  b.compute = r.flops_per_token * double(b.tokens_consumed);
+  b.compute_rel_diff = (b.compute - r.compute) / r.compute;
+  double unique = 0;
+  if (r.reuse == Reuse::strict) {
+    if (!(r.tokens_unique > 0))
+      throw InputError(fmt::format("budget: tokens_unique = {} must be > 0 for strict reuse",
+                                   r.tokens_unique));
+    unique = r.tokens_unique;
+  } else {
+    if (!(r.epochs >= 1.0))
+      throw InputError(fmt::format("budget: epochs = {} must be >= 1 for loose reuse", r.epochs));
+    unique = double(b.tokens_consumed) / r.epochs;
+  }
+  // Whole windows, and never more unique tokens than are consumed.
+  int64_t windows = std::max<int64_t>(1, std::llround(unique / double(r.seq_len)));
+  windows = std::min(windows, b.tokens_consumed / r.seq_len);
+  b.tokens_unique = windows * r.seq_len;
+  b.epochs = double(b.tokens_consumed) / double(b.tokens_unique);
+  b.tokens_per_param = r.total_params > 0 ? double(b.tokens_consumed) / double(r.total_params) : 0;
+  b.effective_data = effective_data(double(b.tokens_unique), b.epochs);
+  return b;
+}
+
+}  // namespace moeplan

@@ -1,0 +1,177 @@
+#include "moeplan/accounting/flops.hpp"
+
+#include <fmt/format.h>
+
+#include "moeplan/accounting/error.hpp"
+#include "moeplan/accounting/params.hpp"
+
+namespace moeplan {
+
+std::string_view name(Convention c) {
+  switch (c) {
+    case Convention::paper: return "paper";
+    case Convention::exact: return "exact";
+    case Convention::megatron: return "megatron";
+  }
+  return "?";
+}
+std::optional<Convention> parse_convention(std::string_view s) {
+  if (s == "paper") return Convention::paper;
+  if (s == "exact") return Convention::exact;
+  if (s == "megatron") return Convention::megatron;
+  return std::nullopt;
+}
+std::string_view name(AttentionMask m) { return m == AttentionMask::causal ? "causal" : "full"; }
+std::optional<AttentionMask> parse_attention_mask(std::string_view s) {
+  if (s == "causal") return AttentionMask::causal;
+  if (s == "full") return AttentionMask::full;
+  return std::nullopt;
+}
+std::string convention_label(Convention c, AttentionMask mask) {
+  if (c == Convention::exact) return fmt::format("exact/{}", name(mask));
+  return std::string(name(c));
+}
+
+namespace {
+
+// Forward, input-grad and weight-grad of one weight product (m tokens, n outputs, k inputs).
+void add_weight_product(FlopLedger& l, FlopCategory c, int64_t m, int64_t n, int64_t k) {
+  l.add_gemm(c, Phase::forward, m, n, k);
+  l.add_gemm(c, Phase::input_grad, m, k, n);   // dX = dY·W^T
+  l.add_gemm(c, Phase::weight_grad, k, n, m);  // dW = X^T·dY
+}
+
+// Attention core of one sequence and one head, as executed: Q·K^T and P·V forward; backward
+// dP = dO·V^T, dV = P^T·dO, dQ = dS·K, dK = dS^T·Q (four products, all input gradients).
+// Causal: query i meets i+1 keys, so each product costs 2·D_h·S(S+1)/2 in all.
+int64_t attention_core_product(int64_t S, int64_t Dh, AttentionMask mask) {
+  return mask == AttentionMask::causal ? Dh * S * (S + 1) : 2 * S * S * Dh;
+}
+
+}  // namespace
+
+FlopLedger exact_step_ledger(const Arch& a, int64_t batch_seqs, const ExactStepOptions& opt) {
+  FlopLedger l;
+  const int64_t T = batch_seqs * a.seq_len, Dm = a.d_model;
+  const int64_t core = batch_seqs * a.heads * attention_core_product(a.seq_len, a.head_dim, opt.mask);
+  if (opt.routed_per_moe_layer && int64_t(opt.routed_per_moe_layer->size()) != a.moe_layers())
+    throw InputError(fmt::format("exact_step_ledger: {} routed counts given for {} MoE layers",
+                                 opt.routed_per_moe_layer->size(), a.moe_layers()));
+  for (int64_t layer = 0; layer < a.layers; ++layer) {
+    add_weight_product(l, FlopCategory::projection, T, a.q_width(), Dm);   // Q
+    add_weight_product(l, FlopCategory::projection, T, a.kv_width(), Dm);  // K
+    add_weight_product(l, FlopCategory::projection, T, a.kv_width(), Dm);  // V
+    add_weight_product(l, FlopCategory::projection, T, Dm, a.q_width());   // O
+    l.flops[int(FlopCategory::attention_core)][int(Phase::forward)] += 2 * core;
+    l.flops[int(FlopCategory::attention_core)][int(Phase::input_grad)] += 4 * core;
+    if (layer < a.dense_layers) {
+      add_weight_product(l, FlopCategory::dense_ffn, T, a.d_ffn, Dm);  // W1
+      add_weight_product(l, FlopCategory::dense_ffn, T, a.d_ffn, Dm);  // W3
+      add_weight_product(l, FlopCategory::dense_ffn, T, Dm, a.d_ffn);  // W2
+      continue;
+    }
+    const int64_t moe_index = layer - a.dense_layers;
+    const int64_t routed =
+        opt.routed_per_moe_layer ? (*opt.routed_per_moe_layer)[moe_index] : T * a.top_k;
+    add_weight_product(l, FlopCategory::router, T, a.experts, Dm);
+    add_weight_product(l, FlopCategory::expert, routed, a.d_expert, Dm);
+    add_weight_product(l, FlopCategory::expert, routed, a.d_expert, Dm);
+    add_weight_product(l, FlopCategory::expert, routed, Dm, a.d_expert);
+    if (a.d_shared > 0) {
+      add_weight_product(l, FlopCategory::shared_expert, T, a.d_shared, Dm);
+      add_weight_product(l, FlopCategory::shared_expert, T, a.d_shared, Dm);
+      add_weight_product(l, FlopCategory::shared_expert, T, Dm, a.d_shared);
+    }
+    if (opt.erc_loss) {
+      // Proxy tokens R̃ (E×D_m) through each expert's gate projection W_g^j (D_m×D_e).
+      for (int64_t j = 0; j < a.experts; ++j)
+        add_weight_product(l, FlopCategory::aux_loss, a.experts, a.d_expert, Dm);
+    }
+  }
+  add_weight_product(l, FlopCategory::lm_head, T, a.vocab, Dm);
+  return l;
+}
+
+FlopsPerToken flops_per_token(const Arch& a, Convention c, AttentionMask mask) {
+  FlopsPerToken f;
+  f.convention = c;
+  f.mask = c == Convention::exact ? mask : (c == Convention::paper ? AttentionMask::full
+                                                                   : AttentionMask::causal);
+  auto& cat = f.by_category;
+  const double L = double(a.layers), Dm = double(a.d_model), S = double(a.seq_len);
+  if (c == Convention::exact) {
+    const FlopLedger l = exact_step_ledger(a, 1, ExactStepOptions{mask, false, std::nullopt});
+    for (int i = 0; i < kFlopCategories; ++i) cat[i] = double(l.category(FlopCategory(i))) / S;
+    f.forward = double(l.phase(Phase::forward)) / S;
+  } else if (c == Convention::paper) {
+    const ParamCounts p = count_params(a);
+    // 6·N_a split by component; norms (if counted in N_a) ride with the projections.
+    cat[int(FlopCategory::projection)] = 6.0 * double(p.attention + (a.count_norms ? p.norms : 0));
+    cat[int(FlopCategory::dense_ffn)] = 6.0 * double(p.dense_ffn);
+    cat[int(FlopCategory::expert)] = 6.0 * double(p.expert_active);
+    cat[int(FlopCategory::shared_expert)] = 6.0 * double(p.shared_expert);
+    cat[int(FlopCategory::router)] = a.count_router ? 6.0 * double(p.router) : 0.0;
+    cat[int(FlopCategory::attention_core)] = 12.0 * L * Dm * S;
+    f.forward = 2.0 * double(p.active_params) + 4.0 * L * Dm * S;
+  } else {  // megatron
+    const double Ld = double(a.dense_layers), Le = double(a.moe_layers());
+    cat[int(FlopCategory::projection)] =
+        L * 6.0 * (2.0 * Dm * double(a.q_width()) + 2.0 * Dm * double(a.kv_width()));
+    cat[int(FlopCategory::attention_core)] = L * 6.0 * S * double(a.q_width());
+    cat[int(FlopCategory::dense_ffn)] = Ld * 18.0 * Dm * double(a.d_ffn);
+    cat[int(FlopCategory::expert)] = Le * 18.0 * Dm * double(a.top_k * a.d_expert);
+    cat[int(FlopCategory::shared_expert)] = Le * 18.0 * Dm * double(a.d_shared);
+    cat[int(FlopCategory::lm_head)] = 6.0 * Dm * double(a.vocab);
+  }
+  for (double v : cat) f.total += v;
+  if (c == Convention::megatron) f.forward = f.total / 3.0;
+  return f;
+}
+
+double ConventionLens::apply(const FlopLedger& ledger) const {
+  double s = 0;
+  for (const LensTerm& t : terms) s += t.weight * double(ledger.category(t.category));
+  return s;
+}
+
+ConventionLens lens(const Arch& a, Convention c, AttentionMask executed) {
+  ConventionLens out{c, {}};
+  const double S = double(a.seq_len);
+  const double causal_to_full = executed == AttentionMask::causal ? 2.0 * S / (S + 1.0) : 1.0;
+  auto add = [&](FlopCategory cat, double w, std::string why) {
+    out.terms.push_back({cat, w, std::move(why)});
+  };
+  switch (c) {
+    case Convention::exact:
+      for (int i = 0; i < kFlopCategories; ++i) add(FlopCategory(i), 1.0, "counted as executed");
+      break;
+    case Convention::paper: {
+      add(FlopCategory::projection, 1.0, "6·N_a term");
+      add(FlopCategory::dense_ffn, 1.0, "6·N_a term");
+      add(FlopCategory::expert, 1.0, "6·N_a term (K experts per token)");
+      add(FlopCategory::shared_expert, 1.0, "6·N_a term");
+      if (a.count_router) add(FlopCategory::router, 1.0, "router inside N_a (count_router)");
+      const double width = double(a.d_model) / double(a.q_width());
+      add(FlopCategory::attention_core, causal_to_full * width,
+          executed == AttentionMask::causal
+              ? fmt::format("paper counts the full S: executed causal is (S+1)/(2S) = {:.4f}x of it",
+                            (S + 1.0) / (2.0 * S))
+              : std::string("paper counts the full S, as executed"));
+      break;
+    }
+    case Convention::megatron: {
+      add(FlopCategory::projection, 1.0, "attention projections");
+      add(FlopCategory::dense_ffn, 1.0, "SwiGLU as 3 GEMMs");
+      add(FlopCategory::expert, 1.0, "routed experts as K·D_e");
+      add(FlopCategory::shared_expert, 1.0, "shared expert in full");
+      add(FlopCategory::lm_head, 1.0, "logits included");
+      add(FlopCategory::attention_core,
+          executed == AttentionMask::causal ? S / (S + 1.0) : 0.5,
+          "megatron halves the S·S term exactly (S/2 keys per query)");
+      break;
+    }
+  }
+  return out;
+}
+
+}  // namespace moeplan

@@ -1,0 +1,29 @@
+#pragma once
+// Each sub-command lives in its own cli/cmd_*.cpp and registers itself here at start-up.
+// The CLI only parses flags, calls the libraries and prints: no logic of its own.
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+namespace moeplan::cli {
+
+// Exit statuses shared by every command.
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitClaimFailed = 1;  // audit: a claim does not hold
+inline constexpr int kExitBadInput = 2;     // unusable input; one line on stderr
+
+// `setup` declares the sub-command's flags on `app` and returns the action to run after parsing.
+using Setup = std::function<std::function<int()>(CLI::App& app)>;
+struct Command {
+  std::string name;
+  std::string description;
+  int order;  // position in --help
+  Setup setup;
+};
+
+bool register_command(Command c);
+const std::vector<Command>& commands();
+
+}  // namespace moeplan::cli

@@ -1,0 +1,64 @@
+// moeplan: plan, run, audit and report equal-resource MoE vs dense sweeps.
+#include <algorithm>
+#include <cstdio>
+#include <exception>
+#include <map>
+
+#include <fmt/format.h>
+
+#include "command.hpp"
+#include "moeplan/accounting/error.hpp"
+
+namespace moeplan::cli {
+
+namespace {
+std::vector<Command>& registry() {
+  static std::vector<Command> r;
+  return r;
+}
+}  // namespace
+
+bool register_command(Command c) {
+  registry().push_back(std::move(c));
+  return true;
+}
+const std::vector<Command>& commands() { return registry(); }
+
+}  // namespace moeplan::cli
+
+int main(int argc, char** argv) {
+  using namespace moeplan::cli;
+  CLI::App app{"moeplan: plan, train, audit and report equal-resource MoE vs dense sweeps"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "moeplan 0.1.0");
+  auto cmds = commands();
+  std::sort(cmds.begin(), cmds.end(), [](const Command& a, const Command& b) { return a.order < b.order; });
+  std::map<CLI::App*, std::function<int()>> actions;
+  for (const Command& c : cmds) {
+    CLI::App* sub = app.add_subcommand(c.name, c.description);
+    actions[sub] = c.setup(*sub);
+  }
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "moeplan: error: %s\n", e.what());
+    return kExitBadInput;
+  }
+  try {
+    for (auto& [sub, action] : actions)
+      if (sub->parsed()) return action();
+  } catch (const moeplan::InputError& e) {
+    std::fprintf(stderr, "moeplan: error: %s\n", e.what());
+    return kExitBadInput;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "moeplan: error: %s\n", e.what());
+    return 3;
+  }
+  return kExitBadInput;
+}

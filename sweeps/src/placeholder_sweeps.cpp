@@ -1,0 +1,1 @@
+// placeholder until the part lands; replaced by its real sources
