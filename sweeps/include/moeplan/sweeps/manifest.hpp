@@ -1,0 +1,45 @@
+#pragma once
+// The manifest (sweep.toml, schema = 1): the contract of an experiment. Every point, the dense
+// baseline, the tolerances, and how the points are to be trained. Reads back to the same plan.
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "moeplan/planner/plan.hpp"
+
+namespace moeplan {
+
+// How to train the points (the [train] table). Defaults are what `moeplan run` uses.
+struct TrainSettings {
+  std::string source = "builtin";   // "builtin", "text:PATH", "bytes:PATH", "shards:GLOB"
+  uint64_t seed = 1234;             // model init and data order
+  uint64_t data_seed = 1;           // built-in corpus generator seed
+  std::string positions = "alibi";  // "alibi" | "rope"
+  bool renormalize_gates = false;   // g_i = p_i (paper) unless true
+  double capacity_factor = 0;       // 0 = dropless
+  double load_balance = 0.01;       // λ of the load-balance loss
+  double z_loss = 0;                // router z-loss coefficient (0 = off)
+  double erc_loss = 0;              // expert-router coupling loss coefficient (0 = off)
+  double erc_alpha = 1.0;
+  int64_t eval_every = 0;           // steps between validation passes (0 = auto)
+  int64_t eval_tokens = 0;          // validation tokens per pass (0 = auto)
+  int64_t checkpoint_every = 0;     // steps between checkpoints (0 = auto)
+  std::string device = "cpu";
+  bool operator==(const TrainSettings&) const = default;
+};
+
+struct Manifest {
+  int schema = 1;
+  std::string family = "paper";
+  std::string created_by;            // the command line that made it
+  double n_target = 0;               // requested N
+  double n_tolerance = 0.01;         // relative
+  double ra_tolerance = 0.005;       // absolute (0.5 percentage points)
+  double compute_tolerance = 0.01;   // relative spread of C allowed across points
+  TrainSettings train;
+  Plan dense;                        // the dense baseline
+  std::vector<Plan> points;          // the MoE points
+};
+
+}  // namespace moeplan
