@@ -1,0 +1,116 @@
+#pragma once
+// The decoder-only dense/MoE transformer of BACKEND.md and its training step (CPU reference).
+// Eigen stays behind the pimpl: this header is what the run and CUDA helpers code against.
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "moeplan/accounting/arch.hpp"
+#include "moeplan/accounting/ledger.hpp"
+
+namespace moeplan::backend {
+
+// Training choices that are not shape (shape is Arch).
+struct ModelOptions {
+  std::string positions = "alibi";  // "alibi" or "rope"
+  bool renormalize_gates = false;   // g_i = p_i / Σ_topK p (off: g_i = p_i, the paper's choice)
+  double capacity_factor = 0;       // 0 = dropless; else capacity ceil(cf·T·K/E) per expert
+  double load_balance = 0.01;       // λ of λ·E·Σ f_i·P_i, summed over MoE layers
+  double z_loss = 0;                // coefficient of mean_t logsumexp(router logits)², per layer
+  double erc_loss = 0;              // coefficient of the expert-router coupling loss, per layer
+  double erc_alpha = 1.0;           // α of the ERC loss
+};
+
+struct OptimConfig {
+  double lr_peak = 0, lr_min = 1e-5;
+  int64_t warmup_steps = 0, total_steps = 0;
+  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1, grad_clip = 1.0;
+};
+
+// Learning rate at 0-based `step`: linear warm-up to lr_peak over warmup_steps (step+1)/warmup,
+// then cosine decay to lr_min at total_steps (held at lr_min after).
+double scheduled_lr(const OptimConfig& cfg, int64_t step);
+
+struct StepResult {
+  double loss = 0;              // mean cross-entropy over loss-bearing targets (nats)
+  double aux_load_balance = 0;  // λ-weighted, summed over MoE layers
+  double aux_z = 0;             // z-loss coefficient-weighted, summed over MoE layers
+  double aux_erc = 0;           // ERC coefficient-weighted, summed over MoE layers
+  double grad_norm = 0;         // global L2 norm before clipping
+  double lr = 0;
+  FlopLedger flops;                           // this step's matrix products (delta)
+  std::vector<int64_t> routed_per_moe_layer;  // assignments the routed experts computed
+  int64_t dropped_assignments = 0;            // over capacity, all MoE layers
+  int64_t loss_bearing_targets = 0;           // targets >= 0 in the batch
+};
+
+// One trainable tensor inside the flat parameter vector (row-major rows × cols).
+struct TensorInfo {
+  std::string name;  // e.g. "layer0.qkv", "layer1.expert3.w13", "embedding"
+  int64_t offset = 0, rows = 0, cols = 0;
+  bool weight_decay = true;  // false for RMSNorm scales
+  int64_t size() const { return rows * cols; }
+};
+
+template <class Scalar>  // float (training) or double (gradient checks)
+class Model {
+ public:
+  // Allocates every parameter, optimizer and activation buffer once, for batches of up to
+  // batch_seqs sequences of arch.seq_len. Throws InputError on an unusable Arch/options.
+  Model(const Arch& arch, const ModelOptions& options, uint64_t seed, int64_t batch_seqs);
+  ~Model();
+  Model(Model&&) noexcept;
+  Model& operator=(Model&&) noexcept;
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+
+  // inputs/targets: (batch_seqs, seq_len) row-major; a negative target bears no loss.
+  // Forward + backward + global-norm clip + AdamW at the learning rate of `step`.
+  StepResult train_step(const int32_t* inputs, const int32_t* targets, int64_t step,
+                        const OptimConfig& cfg);
+
+  // Mean cross-entropy of any number of sequences (processed in chunks of batch_seqs); no
+  // gradients, no aux losses. per_position_loss, if given, receives (n_seqs, seq_len) values
+  // (0 where the target is negative). FLOPs go to eval_ledger(), not ledger().
+  double forward_loss(const int32_t* inputs, const int32_t* targets, int64_t n_seqs,
+                      double* per_position_loss = nullptr);
+
+  // Forward + backward on one full batch: gradients() holds d(objective)/d(parameters), where
+  // objective = loss + aux terms; nothing is updated and ledger() is not touched (the result's
+  // flops hold the products). Returns the objective. For gradient checks and for train_step.
+  double compute_gradients(const int32_t* inputs, const int32_t* targets,
+                           StepResult* result = nullptr);
+
+  // Parameter access by tensor (finite-difference checks, weight copies between models).
+  const std::vector<TensorInfo>& tensors() const;
+  const TensorInfo& tensor(std::string_view name) const;  // throws InputError if unknown
+  std::span<Scalar> parameters();
+  std::span<const Scalar> parameters() const;
+  std::span<const Scalar> gradients() const;
+  // Test hook: when frozen, the ERC noise δ drawn last is reused instead of drawing a new one.
+  void freeze_erc_noise(bool frozen);
+
+  // Weights, Adam m/v, Adam step count, RNG state and both ledgers: a bit-exact resume.
+  void save_state(std::vector<char>& out) const;
+  void load_state(const std::vector<char>& in);  // throws InputError on a mismatched state
+
+  const FlopLedger& ledger() const;       // cumulative over train_step calls
+  const FlopLedger& eval_ledger() const;  // cumulative over forward_loss calls
+  int64_t trainable_params() const;       // every allocated scalar (= count_params().trainable())
+  int64_t adam_steps() const;
+  const Arch& arch() const;
+  const ModelOptions& options() const;
+  int64_t batch_seqs() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+extern template class Model<float>;
+extern template class Model<double>;
+
+}  // namespace moeplan::backend
