@@ -22,7 +22,9 @@ bool register_command(Command c) {
   registry().push_back(std::move(c));
   return true;
 }
-const std::vector<Command>& commands() { return registry(); }
+const std::vector<Command>& commands() {
+  return registry();
+}
 
 }  // namespace moeplan::cli
 
@@ -32,7 +34,8 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_version_flag("--version", "moeplan 0.1.0");
   auto cmds = commands();
-  std::sort(cmds.begin(), cmds.end(), [](const Command& a, const Command& b) { return a.order < b.order; });
+  std::sort(cmds.begin(), cmds.end(),
+            [](const Command& a, const Command& b) { return a.order < b.order; });
   std::map<CLI::App*, std::function<int()>> actions;
   for (const Command& c : cmds) {
     CLI::App* sub = app.add_subcommand(c.name, c.description);

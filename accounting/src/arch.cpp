@@ -44,8 +44,8 @@ void validate(const Arch& a, bool require_mha_width) {
 }
 
 std::string describe(const Arch& a) {
-  std::string s = fmt::format("L{} ({} dense) Dm{} H{}", a.layers, a.dense_layers, a.d_model,
-                              a.heads);
+  std::string s =
+      fmt::format("L{} ({} dense) Dm{} H{}", a.layers, a.dense_layers, a.d_model, a.heads);
   if (a.kv_heads != a.heads) s += fmt::format("/kv{}", a.kv_heads);
   s += fmt::format("x{}", a.head_dim);
   if (a.dense_layers > 0) s += fmt::format(" Dffn{}", a.d_ffn);

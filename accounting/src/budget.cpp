@@ -15,7 +15,8 @@ double effective_data(double tokens_unique, double epochs, double r_star) {
 }
 
 Budget make_budget(const BudgetRequest& r) {
-  if (!(r.compute > 0)) throw InputError(fmt::format("budget: compute = {} must be > 0", r.compute));
+  if (!(r.compute > 0))
+    throw InputError(fmt::format("budget: compute = {} must be > 0", r.compute));
   if (!(r.flops_per_token > 0))
     throw InputError(fmt::format("budget: flops_per_token = {} must be > 0", r.flops_per_token));
   if (r.seq_len <= 0 || r.batch_seqs <= 0)
@@ -35,8 +36,8 @@ Budget make_budget(const BudgetRequest& r) {
   double unique = 0;
   if (r.reuse == Reuse::strict) {
     if (!(r.tokens_unique > 0))
-      throw InputError(fmt::format("budget: tokens_unique = {} must be > 0 for strict reuse",
-                                   r.tokens_unique));
+      throw InputError(
+          fmt::format("budget: tokens_unique = {} must be > 0 for strict reuse", r.tokens_unique));
     unique = r.tokens_unique;
   } else {
     if (!(r.epochs >= 1.0))

@@ -9,9 +9,12 @@ namespace moeplan {
 
 std::string_view name(Convention c) {
   switch (c) {
-    case Convention::paper: return "paper";
-    case Convention::exact: return "exact";
-    case Convention::megatron: return "megatron";
+    case Convention::paper:
+      return "paper";
+    case Convention::exact:
+      return "exact";
+    case Convention::megatron:
+      return "megatron";
   }
   return "?";
 }
@@ -21,7 +24,9 @@ std::optional<Convention> parse_convention(std::string_view s) {
   if (s == "megatron") return Convention::megatron;
   return std::nullopt;
 }
-std::string_view name(AttentionMask m) { return m == AttentionMask::causal ? "causal" : "full"; }
+std::string_view name(AttentionMask m) {
+  return m == AttentionMask::causal ? "causal" : "full";
+}
 std::optional<AttentionMask> parse_attention_mask(std::string_view s) {
   if (s == "causal") return AttentionMask::causal;
   if (s == "full") return AttentionMask::full;
@@ -53,7 +58,8 @@ int64_t attention_core_product(int64_t S, int64_t Dh, AttentionMask mask) {
 FlopLedger exact_step_ledger(const Arch& a, int64_t batch_seqs, const ExactStepOptions& opt) {
   FlopLedger l;
   const int64_t T = batch_seqs * a.seq_len, Dm = a.d_model;
-  const int64_t core = batch_seqs * a.heads * attention_core_product(a.seq_len, a.head_dim, opt.mask);
+  const int64_t core =
+      batch_seqs * a.heads * attention_core_product(a.seq_len, a.head_dim, opt.mask);
   if (opt.routed_per_moe_layer && int64_t(opt.routed_per_moe_layer->size()) != a.moe_layers())
     throw InputError(fmt::format("exact_step_ledger: {} routed counts given for {} MoE layers",
                                  opt.routed_per_moe_layer->size(), a.moe_layers()));
@@ -95,8 +101,9 @@ FlopLedger exact_step_ledger(const Arch& a, int64_t batch_seqs, const ExactStepO
 FlopsPerToken flops_per_token(const Arch& a, Convention c, AttentionMask mask) {
   FlopsPerToken f;
   f.convention = c;
-  f.mask = c == Convention::exact ? mask : (c == Convention::paper ? AttentionMask::full
-                                                                   : AttentionMask::causal);
+  f.mask = c == Convention::exact
+               ? mask
+               : (c == Convention::paper ? AttentionMask::full : AttentionMask::causal);
   auto& cat = f.by_category;
   const double L = double(a.layers), Dm = double(a.d_model), S = double(a.seq_len);
   if (c == Convention::exact) {
@@ -154,8 +161,9 @@ ConventionLens lens(const Arch& a, Convention c, AttentionMask executed) {
       const double width = double(a.d_model) / double(a.q_width());
       add(FlopCategory::attention_core, causal_to_full * width,
           executed == AttentionMask::causal
-              ? fmt::format("paper counts the full S: executed causal is (S+1)/(2S) = {:.4f}x of it",
-                            (S + 1.0) / (2.0 * S))
+              ? fmt::format(
+                    "paper counts the full S: executed causal is (S+1)/(2S) = {:.4f}x of it",
+                    (S + 1.0) / (2.0 * S))
               : std::string("paper counts the full S, as executed"));
       break;
     }
@@ -165,8 +173,7 @@ ConventionLens lens(const Arch& a, Convention c, AttentionMask executed) {
       add(FlopCategory::expert, 1.0, "routed experts as K·D_e");
       add(FlopCategory::shared_expert, 1.0, "shared expert in full");
       add(FlopCategory::lm_head, 1.0, "logits included");
-      add(FlopCategory::attention_core,
-          executed == AttentionMask::causal ? S / (S + 1.0) : 0.5,
+      add(FlopCategory::attention_core, executed == AttentionMask::causal ? S / (S + 1.0) : 0.5,
           "megatron halves the S·S term exactly (S/2 keys per query)");
       break;
     }

@@ -5,8 +5,12 @@
 
 namespace moeplan {
 
-double step_law_lr(double N, double D) { return 1.79 * std::pow(N, -0.713) * std::pow(D, 0.307); }
-double step_law_batch_tokens(double D) { return 0.58 * std::pow(D, 0.571); }
+double step_law_lr(double N, double D) {
+  return 1.79 * std::pow(N, -0.713) * std::pow(D, 0.307);
+}
+double step_law_batch_tokens(double D) {
+  return 0.58 * std::pow(D, 0.571);
+}
 
 int64_t step_law_batch_seqs(double D, int64_t seq_len, int64_t dp_width) {
   const double seqs = step_law_batch_tokens(D) / double(seq_len);

@@ -4,13 +4,17 @@ namespace moeplan {
 
 namespace {
 constexpr std::string_view kCategoryNames[kFlopCategories] = {
-    "projection", "attention-core", "dense-ffn", "expert", "shared-expert",
+    "projection", "attention-core", "dense-ffn", "expert",    "shared-expert",
     "router",     "lm-head",        "aux-loss",  "recompute", "padding"};
 constexpr std::string_view kPhaseNames[kPhases] = {"forward", "input-grad", "weight-grad"};
 }  // namespace
 
-std::string_view name(FlopCategory c) { return kCategoryNames[int(c)]; }
-std::string_view name(Phase p) { return kPhaseNames[int(p)]; }
+std::string_view name(FlopCategory c) {
+  return kCategoryNames[int(c)];
+}
+std::string_view name(Phase p) {
+  return kPhaseNames[int(p)];
+}
 
 std::optional<FlopCategory> parse_flop_category(std::string_view s) {
   for (int i = 0; i < kFlopCategories; ++i)

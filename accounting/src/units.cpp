@@ -18,17 +18,28 @@ double parse_quantity(std::string_view text, std::string_view what) {
   while (lead < s.size() && std::isspace(static_cast<unsigned char>(s[lead]))) ++lead;
   s = s.substr(lead);
   auto fail = [&]() -> double {
-    throw InputError(fmt::format("{}: '{}' is not a number (write e.g. 2e9, 2.15B, 346M, 0.2)",
-                                 what, text));
+    throw InputError(
+        fmt::format("{}: '{}' is not a number (write e.g. 2e9, 2.15B, 346M, 0.2)", what, text));
   };
   if (s.empty()) return fail();
   double scale = 1.0;
   switch (s.back()) {
-    case 'k': case 'K': scale = 1e3; break;
-    case 'M': scale = 1e6; break;
-    case 'B': case 'G': scale = 1e9; break;
-    case 'T': scale = 1e12; break;
-    default: break;
+    case 'k':
+    case 'K':
+      scale = 1e3;
+      break;
+    case 'M':
+      scale = 1e6;
+      break;
+    case 'B':
+    case 'G':
+      scale = 1e9;
+      break;
+    case 'T':
+      scale = 1e12;
+      break;
+    default:
+      break;
   }
   if (scale != 1.0) s.pop_back();
   if (s.empty()) return fail();
@@ -45,7 +56,10 @@ double parse_quantity(std::string_view text, std::string_view what) {
 
 std::string human(double v, int digits) {
   const double a = std::fabs(v);
-  struct S { double f; const char* s; };
+  struct S {
+    double f;
+    const char* s;
+  };
   static constexpr S kSteps[] = {{1e12, "T"}, {1e9, "B"}, {1e6, "M"}, {1e3, "k"}};
   if (a >= 1e15 || (a > 0 && a < 1e-3)) return fmt::format("{:.{}e}", v, std::max(0, digits - 1));
   for (const S& st : kSteps)

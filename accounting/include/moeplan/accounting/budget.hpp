@@ -11,7 +11,7 @@ struct Budget {
   double compute_target = 0;   // C asked for, FLOPs (convention of flops_per_token)
   double flops_per_token = 0;  // M used to plan
   int64_t seq_len = 0;
-  int64_t batch_seqs = 0;      // sequences per optimizer step
+  int64_t batch_seqs = 0;  // sequences per optimizer step
   int64_t steps = 0;
   int64_t tokens_consumed = 0;  // D = steps·batch_seqs·seq_len (repeats included)
   int64_t tokens_unique = 0;    // D̂, a whole number of disjoint seq_len windows

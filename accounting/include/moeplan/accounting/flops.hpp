@@ -51,7 +51,8 @@ struct ExactStepOptions {
   bool erc_loss = false;
   std::optional<std::vector<int64_t>> routed_per_moe_layer;  // size moe_layers()
 };
-FlopLedger exact_step_ledger(const Arch& arch, int64_t batch_seqs, const ExactStepOptions& opt = {});
+FlopLedger exact_step_ledger(const Arch& arch, int64_t batch_seqs,
+                             const ExactStepOptions& opt = {});
 
 // A convention as a lens on a measured ledger: the ledger's categories selected and scaled the
 // way the convention counts them. `executed_mask` is how attention-core was executed, so that

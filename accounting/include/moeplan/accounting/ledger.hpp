@@ -12,11 +12,11 @@ enum class FlopCategory : int {
   projection,      // Q, K, V, O
   attention_core,  // Q·K^T and P·V as executed (causal: only the unmasked keys)
   dense_ffn,
-  expert,          // routed experts, by the tokens actually routed to each
+  expert,  // routed experts, by the tokens actually routed to each
   shared_expert,
   router,
   lm_head,
-  aux_loss,        // e.g. the expert-router coupling loss
+  aux_loss,  // e.g. the expert-router coupling loss
   recompute,
   padding,
 };

@@ -1,0 +1,97 @@
+#include <cmath>
+
+#include <doctest/doctest.h>
+
+#include "moeplan/accounting/arch.hpp"
+#include "moeplan/accounting/budget.hpp"
+#include "moeplan/accounting/error.hpp"
+#include "moeplan/accounting/units.hpp"
+
+using namespace moeplan;
+
+TEST_CASE("budget: integer steps, rounded C, unique windows, epochs") {
+  // C = 1e15, M = 1e6, B·S = 8·128 = 1024 tokens: 1e9 / 1024 = 976,562.5 steps → 976,563
+  // (llround, half away from zero); D = 976,563·1024 = 1,000,000,512; C' = 1.000000512e15.
+  BudgetRequest q;
+  q.compute = 1e15;
+  q.flops_per_token = 1e6;
+  q.total_params = 1'000'000;
+  q.seq_len = 128;
+  q.batch_seqs = 8;
+  q.tokens_unique = 2.5e8;
+  const Budget b = make_budget(q);
+  CHECK(b.steps == 976'563);
+  CHECK(b.tokens_consumed == 1'000'000'512);
+  CHECK(b.compute == doctest::Approx(1.000000512e15));
+  CHECK(b.compute_rel_diff == doctest::Approx(5.12e-7));
+  // D̂ = 2.5e8 / 128 = 1,953,125 windows exactly.
+  CHECK(b.tokens_unique == 250'000'000);
+  CHECK(b.epochs == doctest::Approx(4.000000002));
+  CHECK(b.tokens_per_param == doctest::Approx(1000.000512));
+  // Loose reuse: 2 epochs → D̂ = D/2 rounded to windows: 500,000,256 / 128 = 3,906,252.
+  q.reuse = Reuse::loose;
+  q.epochs = 2;
+  CHECK(make_budget(q).tokens_unique == 3'906'252 * 128);
+}
+
+TEST_CASE("effective data after repetition (Muennighoff et al. 2023)") {
+  // U = 1e9, 3 epochs → R = 2: D' = 1e9·(1 + 15.4·(1 − e^(−2/15.4))) = 2.875574e9.
+  CHECK(effective_data(1e9, 3.0) == doctest::Approx(2.875574e9).epsilon(1e-6));
+  CHECK(effective_data(1e9, 1.0) == 1e9);
+  // R → large: D' → U·(1 + R*) = 16.4·U.
+  CHECK(effective_data(1e9, 1e6) == doctest::Approx(16.4e9));
+}
+
+TEST_CASE("token multiplier between architectures is the inverse ratio of M") {
+  // Dense M 1.44e10 against MoE M 3.0e9: the MoE consumes 4.8x the tokens at equal C.
+  CHECK(token_multiplier(1.44e10, 3.0e9) == doctest::Approx(4.8));
+}
+
+TEST_CASE("quantities as people write them") {
+  CHECK(parse_quantity("2e9", "N") == 2e9);
+  CHECK(parse_quantity("2.15B", "N") == doctest::Approx(2.15e9));
+  CHECK(parse_quantity("346M", "N") == 346e6);
+  CHECK(parse_quantity("65B", "D") == 65e9);
+  CHECK(parse_quantity(" 1.5k ", "x") == 1500);
+  CHECK(parse_quantity("0.2", "r_a") == 0.2);
+  for (const char* bad : {"", "abc", "2e9x", "nan", "inf", "B", "1..2", "0x10"})
+    CHECK_THROWS_AS(parse_quantity(bad, "N"), InputError);
+  try {
+    parse_quantity("two", "--N");
+  } catch (const InputError& e) {
+    CHECK(std::string(e.what()).find("--N: 'two' is not a number") != std::string::npos);
+  }
+  CHECK(human(2.15e9) == "2.15B");
+  CHECK(human(3.46e8) == "346M");
+}
+
+TEST_CASE("arch validation names the offending field") {
+  Arch a;
+  a.d_model = 64;
+  a.layers = 2;
+  a.dense_layers = 1;
+  a.heads = 4;
+  a.kv_heads = 4;
+  a.head_dim = 16;
+  a.d_ffn = 128;
+  a.seq_len = 32;
+  a.vocab = 100;
+  a.experts = 4;
+  a.top_k = 2;
+  a.d_expert = 32;
+  CHECK_NOTHROW(validate(a, true));
+  Arch bad = a;
+  bad.top_k = 5;
+  CHECK_THROWS_WITH_AS(validate(bad), doctest::Contains("top_k = 5"), InputError);
+  bad = a;
+  bad.head_dim = 8;
+  CHECK_NOTHROW(validate(bad));
+  CHECK_THROWS_WITH_AS(validate(bad, true), doctest::Contains("must equal d_model = 64"),
+                       InputError);
+  bad = a;
+  bad.kv_heads = 3;
+  CHECK_THROWS_WITH_AS(validate(bad), doctest::Contains("kv_heads = 3"), InputError);
+  bad = a;
+  bad.dense_layers = 2;  // no MoE layers left, yet experts are set
+  CHECK_THROWS_AS(validate(bad), InputError);
+}

@@ -1,0 +1,136 @@
+// FLOP conventions on small shapes worked out by hand.
+#include <doctest/doctest.h>
+
+#include "moeplan/accounting/flops.hpp"
+#include "moeplan/accounting/params.hpp"
+
+using namespace moeplan;
+
+namespace {
+// L 2, D_m 64, H 4 × D_h 16, D_ffn 128, S 32, V 100.
+Arch tiny_dense() {
+  Arch a;
+  a.d_model = 64;
+  a.layers = 2;
+  a.dense_layers = 2;
+  a.heads = 4;
+  a.kv_heads = 4;
+  a.head_dim = 16;
+  a.d_ffn = 128;
+  a.seq_len = 32;
+  a.vocab = 100;
+  return a;
+}
+// As tiny_dense, second layer MoE: E 4, K 2, D_e 32, D_se 32.
+Arch tiny_moe() {
+  Arch a = tiny_dense();
+  a.dense_layers = 1;
+  a.experts = 4;
+  a.top_k = 2;
+  a.d_expert = 32;
+  a.d_shared = 32;
+  return a;
+}
+}  // namespace
+
+TEST_CASE("paper convention on a tiny dense model") {
+  // N = 2·(4·64² + 3·64·128) = 2·(16,384 + 24,576) = 81,920.
+  // M = 6·81,920 + 12·2·64·32 = 491,520 + 49,152 = 540,672.
+  const Arch a = tiny_dense();
+  CHECK(count_params(a).total_params == 81'920);
+  CHECK(flops_per_token(a, Convention::paper).total == 540'672.0);
+}
+
+TEST_CASE("exact convention, causal and full, on a tiny dense model") {
+  // Per layer, per token, training (fwd + input-grad + weight-grad = 3 × forward):
+  //   projections 3·4·(2·64·64) = 98,304; FFN 3·3·(2·64·128) = 147,456.
+  //   attention core causal: 3·2·(2·16·(32+1)/2)·4 heads = 6·64·33 = 12,672; full: 3·4·32·64 =
+  //   24,576.
+  // LM head 3·2·64·100 = 38,400.
+  const Arch a = tiny_dense();
+  const FlopsPerToken causal = flops_per_token(a, Convention::exact, AttentionMask::causal);
+  CHECK(causal.total == 2 * (98'304 + 12'672 + 147'456) + 38'400);  // 555,264
+  CHECK(causal.by_category[int(FlopCategory::attention_core)] == 2 * 12'672);
+  CHECK(causal.by_category[int(FlopCategory::lm_head)] == 38'400);
+  CHECK(causal.label() == "exact/causal");
+  const FlopsPerToken full = flops_per_token(a, Convention::exact, AttentionMask::full);
+  CHECK(full.total == 2 * (98'304 + 24'576 + 147'456) + 38'400);  // 579,072
+  // exact/full less the LM head is the paper figure when H·D_h = D_m.
+  CHECK(full.total - 38'400 == flops_per_token(a, Convention::paper).total);
+}
+
+TEST_CASE("megatron convention on a tiny dense model") {
+  // Megatron-LM form: 12·L·D_m²·[(1 + H_kv/H + S/(2·D_m)) + 1.5·D_ffn/D_m + V/(2·L·D_m)]
+  // = 12·2·4096·[2 + 0.25 + 3 + 100/256] = 98,304 · 5.640625 = 554,496.
+  CHECK(flops_per_token(tiny_dense(), Convention::megatron).total == 554'496.0);
+}
+
+TEST_CASE("exact convention on a tiny MoE with shared expert") {
+  // Layer 0 (dense) as above: 98,304 + 12,672 + 147,456 = 258,432.
+  // Layer 1: projections 98,304 + core 12,672 + router 3·2·64·4 = 1,536
+  //          + experts 3·3·(2·64·32)·K=2 = 73,728 + shared 3·3·2·64·32 = 36,864 → 223,104.
+  // LM head 38,400. Total 519,936.
+  const Arch a = tiny_moe();
+  validate(a, true);
+  const FlopsPerToken f = flops_per_token(a, Convention::exact);
+  CHECK(f.total == 519'936.0);
+  CHECK(f.by_category[int(FlopCategory::router)] == 1'536.0);
+  CHECK(f.by_category[int(FlopCategory::expert)] == 73'728.0);
+  CHECK(f.by_category[int(FlopCategory::shared_expert)] == 36'864.0);
+  // Params: attention 32,768; dense FFN 24,576; experts 3·64·4·32 = 24,576 (active 12,288);
+  // shared 6,144; router 256; norms 2·2·64 + 64 = 320.
+  const ParamCounts c = count_params(a);
+  CHECK(c.total_params == 88'064);
+  CHECK(c.active_params == 75'776);
+  CHECK(c.router == 256);
+  CHECK(c.norms == 320);
+  Arch counted = a;
+  counted.count_norms = true;
+  CHECK(count_params(counted).total_params == 88'064 + 320);
+}
+
+TEST_CASE("exact step ledger: phases, routed counts and ERC") {
+  const Arch a = tiny_moe();
+  const int64_t B = 3, T = B * 32;
+  // Dropless: every phase of the expert category is 2·(T·K)·64·32·3 products.
+  const FlopLedger l = exact_step_ledger(a, B);
+  CHECK(l.at(FlopCategory::expert, Phase::forward) == 2 * T * 2 * 64 * 32 * 3);
+  CHECK(l.at(FlopCategory::expert, Phase::weight_grad) ==
+        l.at(FlopCategory::expert, Phase::forward));
+  // Attention core: backward = 2 × forward, all of it input gradients.
+  CHECK(l.at(FlopCategory::attention_core, Phase::input_grad) ==
+        2 * l.at(FlopCategory::attention_core, Phase::forward));
+  CHECK(l.at(FlopCategory::attention_core, Phase::weight_grad) == 0);
+  // Unbalanced routing with drops: 50 assignments computed instead of T·K = 192.
+  ExactStepOptions o;
+  o.routed_per_moe_layer = std::vector<int64_t>{50};
+  CHECK(exact_step_ledger(a, B, o).at(FlopCategory::expert, Phase::forward) ==
+        2 * 50 * 64 * 32 * 3);
+  // ERC: per MoE layer E products (E × D_e × D_m): 4·2·4·32·64 = 65,536 per phase.
+  o.routed_per_moe_layer.reset();
+  o.erc_loss = true;
+  CHECK(exact_step_ledger(a, B, o).category(FlopCategory::aux_loss) == 3 * 65'536);
+}
+
+TEST_CASE("convention lenses reproduce the conventions from an exact ledger") {
+  const Arch a = tiny_moe();
+  const int64_t B = 2;
+  const double tokens = double(B * a.seq_len);
+  const FlopLedger l = exact_step_ledger(a, B);
+  CHECK(lens(a, Convention::exact, AttentionMask::causal).apply(l) == double(l.total()));
+  CHECK(lens(a, Convention::paper, AttentionMask::causal).apply(l) ==
+        doctest::Approx(flops_per_token(a, Convention::paper).total * tokens));
+  CHECK(lens(a, Convention::megatron, AttentionMask::causal).apply(l) ==
+        doctest::Approx(flops_per_token(a, Convention::megatron).total * tokens));
+  const FlopLedger lf = exact_step_ledger(a, B, ExactStepOptions{AttentionMask::full, false, {}});
+  CHECK(lens(a, Convention::paper, AttentionMask::full).apply(lf) ==
+        doctest::Approx(flops_per_token(a, Convention::paper).total * tokens));
+}
+
+TEST_CASE("names round-trip") {
+  for (int i = 0; i < kFlopCategories; ++i)
+    CHECK(parse_flop_category(name(FlopCategory(i))) == FlopCategory(i));
+  CHECK(parse_convention("megatron") == Convention::megatron);
+  CHECK_FALSE(parse_convention("chinchilla").has_value());
+  CHECK(name(FlopCategory::attention_core) == "attention-core");
+}
