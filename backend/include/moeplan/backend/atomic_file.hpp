@@ -1,0 +1,22 @@
+#pragma once
+// Files a user keeps are written atomically: temp file in the same folder, fsync, rename, fsync of
+// the folder. A crash leaves either the old file or the new one, never half of one.
+#include <filesystem>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace moeplan::backend {
+
+// Throws std::runtime_error naming the path and the OS reason when any step fails; the temp file
+// is removed then and the old file (if any) is untouched.
+void write_file_atomic(const std::filesystem::path& path, std::string_view bytes);
+
+// Whole file into memory; throws InputError naming the path when it cannot be read.
+std::string read_file(const std::filesystem::path& path);
+
+// Creates `dir` (and parents) and proves it is writable by writing and removing a probe file.
+// Throws InputError("cannot write to '<dir>': <reason>") otherwise.
+void ensure_writable_dir(const std::filesystem::path& dir);
+
+}  // namespace moeplan::backend

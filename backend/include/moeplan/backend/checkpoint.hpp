@@ -1,0 +1,48 @@
+#pragma once
+// A run's checkpoint: everything needed to continue bit for bit. One file, written atomically:
+//   "MOEPCKP1" | u64 n | run-state JSON (n bytes) | u64 n | model state | u64 n | window
+//   permutation (int32) | u64 n | touched-window bitmap (uint64) | u64 FNV-1a of all before
+// The model state (weights, Adam moments and step, RNG) is the engine's save_state() verbatim.
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "moeplan/accounting/ledger.hpp"
+#include "moeplan/backend/data.hpp"
+#include "moeplan/backend/token_ledger.hpp"
+
+namespace moeplan::backend {
+
+// The run loop's position and everything it has measured so far.
+struct RunState {
+  int64_t step = 0;  // optimizer steps completed
+  TokenLedger tokens;
+  WindowOrder order;
+  FlopLedger train_flops;  // sum of the steps' measured products
+  FlopLedger eval_flops;   // validation passes (not part of C)
+  int64_t dropped_assignments = 0;
+  nlohmann::json loss_curve = nlohmann::json::array();
+  nlohmann::json val_curve = nlohmann::json::array();
+  double loss_sum_since_log = 0;  // for the mean train loss of the next loss_curve entry
+  int64_t steps_since_log = 0;
+  double train_seconds = 0, eval_seconds = 0;  // wall clock, summed over resumes
+  int64_t resumes = 0;
+};
+
+struct Checkpoint {
+  nlohmann::json plan;  // the plan it was made for (a resume under another plan is refused)
+  RunState state;
+  std::vector<char> model_state;
+};
+
+void write_checkpoint(const std::filesystem::path& path, const Checkpoint& ckpt);
+// Throws InputError naming the file when it is unreadable, corrupt (checksum) or of another format.
+Checkpoint read_checkpoint(const std::filesystem::path& path);
+
+nlohmann::json flop_ledger_to_json(const FlopLedger& ledger);
+FlopLedger flop_ledger_from_json(const nlohmann::json& j);
+
+}  // namespace moeplan::backend

@@ -1,0 +1,221 @@
+#include "moeplan/backend/corpus.hpp"
+
+#include <fnmatch.h>
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <set>
+#include <string_view>
+
+#include <fmt/format.h>
+
+#include "moeplan/accounting/error.hpp"
+#include "moeplan/backend/atomic_file.hpp"
+#include "moeplan/backend/rng.hpp"
+
+namespace moeplan::backend {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr std::array<std::string_view, 12> kColours = {"red",   "blue",  "green", "amber",
+                                                       "white", "black", "grey",  "violet",
+                                                       "gold",  "teal",  "pink",  "brown"};
+constexpr std::array<std::string_view, 16> kAnimals = {
+    "fox",  "owl",  "otter", "crane", "moth", "bison", "eel",  "lynx",
+    "newt", "wren", "hare",  "toad",  "yak",  "swan",  "mole", "seal"};
+constexpr std::string_view kConsonants = "bdfgklmnprstvz";
+constexpr std::string_view kVowels = "aeiou";
+
+std::vector<std::string> facts_table(uint64_t data_seed) {
+  SplitMix64 g(mix_seed(data_seed, 0xFAC7));
+  std::set<std::string> names;
+  std::vector<std::string> facts;
+  while (int(facts.size()) < kBuiltinFacts) {
+    std::string name;
+    const int syllables = 2 + int(g.below(2));
+    for (int s = 0; s < syllables; ++s) {
+      name += kConsonants[g.below(kConsonants.size())];
+      name += kVowels[g.below(kVowels.size())];
+    }
+    if (!names.insert(name).second) continue;  // names are unique: one attribute per name
+    facts.push_back(fmt::format("{}: {} {} {:02}\n", name, kColours[g.below(kColours.size())],
+                                kAnimals[g.below(kAnimals.size())], g.below(100)));
+  }
+  return facts;
+}
+
+// "a op b op c ... = value\n" with 2 or 3 operations on operands 0..20; * binds tighter.
+std::string arithmetic(SplitMix64& g) {
+  const int ops = 2 + int(g.below(2));
+  std::vector<int64_t> operands{int64_t(g.below(21))};
+  std::vector<char> operators;
+  for (int i = 0; i < ops; ++i) {
+    operators.push_back("+-*"[g.below(3)]);
+    operands.push_back(int64_t(g.below(21)));
+  }
+  std::string text = std::to_string(operands[0]);
+  for (int i = 0; i < ops; ++i)
+    text += operators[size_t(i)] + std::to_string(operands[size_t(i) + 1]);
+  // Evaluate: fold products into terms, then sum the signed terms.
+  int64_t total = 0, term = operands[0];
+  int sign = 1;
+  for (int i = 0; i < ops; ++i) {
+    const int64_t next = operands[size_t(i) + 1];
+    if (operators[size_t(i)] == '*') {
+      term *= next;
+    } else {
+      total += sign * term;
+      sign = operators[size_t(i)] == '+' ? 1 : -1;
+      term = next;
+    }
+  }
+  total += sign * term;
+  return text + "=" + std::to_string(total) + "\n";
+}
+
+std::string describe_count(int64_t n) {
+  return fmt::format("{} tokens", n);
+}
+
+std::vector<fs::path> expand_glob(const std::string& pattern) {
+  const fs::path p(pattern);
+  const std::string name = p.filename().string();
+  if (name.find_first_of("*?[") == std::string::npos) return {p};
+  const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
+  std::vector<fs::path> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (e.is_regular_file() && ::fnmatch(name.c_str(), e.path().filename().c_str(), 0) == 0)
+      out.push_back(e.path());
+  if (ec) throw InputError(fmt::format("shards: cannot list '{}': {}", dir.string(), ec.message()));
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+void check_vocab(const std::vector<uint16_t>& tokens, int64_t vocab, const std::string& what) {
+  for (size_t i = 0; i < tokens.size(); ++i)
+    if (tokens[i] >= vocab)
+      throw InputError(
+          fmt::format("{}: token {} at position {} is outside the model's vocabulary "
+                      "(V = {}); plan with a larger vocab or use byte data",
+                      what, tokens[i], i, vocab));
+}
+
+}  // namespace
+
+TokenStream builtin_corpus(uint64_t data_seed, int stream, int64_t tokens) {
+  const std::vector<std::string> facts = facts_table(data_seed);
+  SplitMix64 g(mix_seed(data_seed, 0x5EED0000ull + uint64_t(stream)));
+  TokenStream out;
+  out.tokens.reserve(size_t(tokens));
+  out.part.reserve(size_t(tokens));
+  while (int64_t(out.tokens.size()) < tokens) {
+    const bool fact = g.below(2) == 0;
+    const std::string record = fact ? facts[g.below(facts.size())] : arithmetic(g);
+    for (char c : record) {
+      if (int64_t(out.tokens.size()) == tokens) break;
+      out.tokens.push_back(uint16_t(static_cast<unsigned char>(c)));
+      out.part.push_back(fact ? 0 : 1);
+    }
+  }
+  return out;
+}
+
+std::vector<uint16_t> read_shard(const fs::path& path) {
+  const std::string bytes = read_file(path);
+  const std::string where = fmt::format("shard '{}'", path.string());
+  if (int64_t(bytes.size()) < kShardHeaderBytes)
+    throw InputError(fmt::format("{}: truncated: {} bytes, shorter than the {}-byte header", where,
+                                 bytes.size(), kShardHeaderBytes));
+  std::array<int32_t, 3> head{};
+  std::memcpy(head.data(), bytes.data(), sizeof(head));
+  if (head[0] != kShardMagic)
+    throw InputError(fmt::format("{}: bad magic {} (an llm.c shard starts with {})", where, head[0],
+                                 kShardMagic));
+  if (head[1] != kShardVersion)
+    throw InputError(fmt::format("{}: version {} is not supported (expected {})", where, head[1],
+                                 kShardVersion));
+  if (head[2] < 0)
+    throw InputError(fmt::format("{}: negative token count {} in the header", where, head[2]));
+  const int64_t want = kShardHeaderBytes + 2 * int64_t(head[2]);
+  if (int64_t(bytes.size()) != want)
+    throw InputError(
+        fmt::format("{}: {}: the header says {} tokens ({} bytes) but the file has {} "
+                    "bytes",
+                    where, int64_t(bytes.size()) < want ? "truncated" : "oversized", head[2], want,
+                    bytes.size()));
+  std::vector<uint16_t> tokens(static_cast<size_t>(head[2]));
+  std::memcpy(tokens.data(), bytes.data() + kShardHeaderBytes, tokens.size() * 2);
+  return tokens;
+}
+
+void write_shard(const fs::path& path, const std::vector<uint16_t>& tokens) {
+  std::string bytes(size_t(kShardHeaderBytes) + tokens.size() * 2, '\0');
+  std::array<int32_t, 3> head{kShardMagic, kShardVersion, int32_t(tokens.size())};
+  std::memcpy(bytes.data(), head.data(), sizeof(head));
+  std::memcpy(bytes.data() + kShardHeaderBytes, tokens.data(), tokens.size() * 2);
+  write_file_atomic(path, bytes);
+}
+
+DataSplit load_source(const std::string& spec, int64_t train_tokens, int64_t validation_tokens,
+                      uint64_t data_seed, int64_t vocab) {
+  DataSplit split;
+  if (spec == "builtin") {
+    split.train = builtin_corpus(data_seed, 0, train_tokens);
+    split.validation = builtin_corpus(data_seed, 1, validation_tokens);
+    split.part_names = {"facts", "arith"};
+    split.source_tokens = train_tokens + validation_tokens;
+    split.byte_tokens = true;
+    split.description = fmt::format(
+        "builtin corpus v1 (data_seed {}, {} facts): {} training + {} "
+        "validation tokens",
+        data_seed, kBuiltinFacts, train_tokens, validation_tokens);
+    if (vocab < 256)
+      throw InputError(
+          fmt::format("source builtin: byte tokens need vocab >= 256, the plan has {}", vocab));
+    return split;
+  }
+  const auto colon = spec.find(':');
+  const std::string kind = colon == std::string::npos ? spec : spec.substr(0, colon);
+  const std::string arg = colon == std::string::npos ? "" : spec.substr(colon + 1);
+  std::vector<uint16_t> all;
+  if ((kind == "text" || kind == "bytes") && !arg.empty()) {
+    const std::string bytes = read_file(arg);
+    all.reserve(bytes.size());
+    for (char c : bytes) all.push_back(uint16_t(static_cast<unsigned char>(c)));
+    split.byte_tokens = true;
+    split.description = fmt::format("{} file '{}'", kind, arg);
+  } else if (kind == "shards" && !arg.empty()) {
+    const std::vector<fs::path> files = expand_glob(arg);
+    if (files.empty())
+      throw InputError(fmt::format("source '{}': no shard matches '{}'", spec, arg));
+    for (const fs::path& f : files) {
+      const std::vector<uint16_t> t = read_shard(f);
+      all.insert(all.end(), t.begin(), t.end());
+    }
+    split.description = fmt::format("{} llm.c shard(s) '{}'", files.size(), arg);
+  } else {
+    throw InputError(
+        fmt::format("source '{}' is not one of: builtin, text:PATH, bytes:PATH, "
+                    "shards:GLOB",
+                    spec));
+  }
+  const int64_t have = int64_t(all.size());
+  split.source_tokens = have;
+  if (have < train_tokens + validation_tokens)
+    throw InputError(
+        fmt::format("source '{}' has {} tokens; the plan needs {} for training "
+                    "(D̂ + 1 target) plus {} held-out validation tokens = {}",
+                    spec, have, train_tokens, validation_tokens, train_tokens + validation_tokens));
+  check_vocab(all, vocab, fmt::format("source '{}'", spec));
+  split.train.tokens.assign(all.begin(), all.begin() + train_tokens);
+  split.validation.tokens.assign(all.end() - validation_tokens, all.end());
+  split.unused_tokens = have - train_tokens - validation_tokens;
+  split.description += ": " + describe_count(have);
+  return split;
+}
+
+}  // namespace moeplan::backend

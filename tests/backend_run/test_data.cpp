@@ -1,0 +1,278 @@
+// The data side of a run: sources, the unique window, epochs and the token ledger, checked
+// against counts made here, independently of the loader.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <string>
+
+#include "moeplan/accounting/error.hpp"
+#include "moeplan/backend/atomic_file.hpp"
+#include "moeplan/backend/checkpoint.hpp"
+#include "moeplan/backend/corpus.hpp"
+#include "moeplan/backend/data.hpp"
+
+namespace fs = std::filesystem;
+using namespace moeplan;
+using namespace moeplan::backend;
+
+namespace {
+
+fs::path fresh_dir(const std::string& name) {
+  const fs::path d = fs::temp_directory_path() / ("moeplan_backend_run_" + name);
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+// Three shards whose token at global position p is p (all positions < 65536).
+fs::path position_shards(int64_t total, const std::string& name) {
+  const fs::path d = fresh_dir(name);
+  const int64_t per = (total + 2) / 3;
+  for (int s = 0; s < 3; ++s) {
+    std::vector<uint16_t> t;
+    for (int64_t p = s * per; p < std::min(total, (s + 1) * per); ++p) t.push_back(uint16_t(p));
+    write_shard(d / ("part_" + std::to_string(s) + ".bin"), t);
+  }
+  return d;
+}
+
+std::string error_of(auto&& f) {
+  try {
+    f();
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("position-encoded shards: the unique set is exactly D̂'s windows, each epoch once") {
+  const int64_t seq_len = 16, windows = 50, batch = 7, steps = 23;  // 161 windows: 3.22 epochs
+  const int64_t d_hat = windows * seq_len, val_tokens = 5 * seq_len + 1, total = 4000;
+  const fs::path dir = position_shards(total, "positions");
+  const DataSplit split =
+      load_source("shards:" + (dir / "part_*.bin").string(), d_hat + 1, val_tokens, 1, 65536);
+  REQUIRE(split.source_tokens == total);
+  CHECK(split.unused_tokens == total - (d_hat + 1) - val_tokens);
+  // Validation is the tail of the source: positions total-val_tokens .. total-1, never training's.
+  CHECK(split.validation.tokens.front() == total - val_tokens);
+  CHECK(split.validation.tokens.back() == total - 1);
+
+  WindowOrder order(windows, 99);
+  TokenLedger ledger(seq_len, windows);
+  std::vector<int32_t> in(size_t(batch * seq_len)), tg(size_t(batch * seq_len));
+  std::vector<int64_t> fed;  // window ids in feed order, decoded from token values
+  std::set<int64_t> positions;
+  for (int64_t s = 0; s < steps; ++s) {
+    fill_batch(split.train, seq_len, batch, order, ledger, in.data(), tg.data());
+    for (int64_t b = 0; b < batch; ++b) {
+      const int64_t start = in[size_t(b * seq_len)];
+      REQUIRE(start % seq_len == 0);
+      REQUIRE(start < d_hat);
+      for (int64_t i = 0; i < seq_len; ++i) {
+        REQUIRE(in[size_t(b * seq_len + i)] == start + i);
+        REQUIRE(tg[size_t(b * seq_len + i)] == start + i + 1);  // the next position
+        positions.insert(start + i);
+      }
+      fed.push_back(start / seq_len);
+    }
+  }
+  // Independent count: 23 steps · 7 sequences = 161 windows = 3 full epochs of 50 + 11.
+  REQUIRE(int64_t(fed.size()) == 161);
+  for (int e = 0; e < 3; ++e) {
+    std::vector<int64_t> epoch(fed.begin() + e * windows, fed.begin() + (e + 1) * windows);
+    std::sort(epoch.begin(), epoch.end());
+    for (int64_t w = 0; w < windows; ++w) CHECK(epoch[size_t(w)] == w);  // each window once
+  }
+  std::set<int64_t> last(fed.begin() + 3 * windows, fed.end());
+  CHECK(last.size() == 11);  // the partial fourth epoch repeats nothing
+  // Later epochs are fresh permutations, not the first order again.
+  CHECK(!std::equal(fed.begin(), fed.begin() + windows, fed.begin() + windows));
+  CHECK(!std::equal(fed.begin() + windows, fed.begin() + 2 * windows, fed.begin() + 2 * windows));
+
+  CHECK(int64_t(positions.size()) == d_hat);  // every input position of D̂, nothing outside
+  CHECK(*positions.rbegin() == d_hat - 1);
+  CHECK(ledger.consumed == steps * batch * seq_len);  // 2576
+  CHECK(ledger.consumed == 2576);
+  CHECK(ledger.loss_bearing == 2576);
+  CHECK(ledger.unique() == int64_t(positions.size()));
+  CHECK(ledger.windows_consumed == 161);
+  CHECK(ledger.dropped == 0);
+  CHECK(order.epoch() == 3);
+  CHECK(order.cursor() == 11);
+  CHECK(ledger.epochs() == doctest::Approx(2576.0 / 800.0));
+}
+
+TEST_CASE("first epoch only: unique counts exactly the windows touched so far") {
+  const int64_t seq_len = 8, windows = 20;
+  TokenStream s;
+  for (int p = 0; p < windows * seq_len + 1; ++p) s.tokens.push_back(uint16_t(p));
+  WindowOrder order(windows, 5);
+  TokenLedger ledger(seq_len, windows);
+  std::vector<int32_t> in(3 * seq_len), tg(3 * seq_len);
+  std::set<int32_t> starts;
+  for (int k = 0; k < 4; ++k) {  // 12 of 20 windows
+    fill_batch(s, seq_len, 3, order, ledger, in.data(), tg.data());
+    for (int b = 0; b < 3; ++b) starts.insert(in[size_t(b * seq_len)]);
+  }
+  CHECK(starts.size() == 12);
+  CHECK(ledger.unique() == 12 * seq_len);
+  for (int32_t st : starts) CHECK(ledger.was_touched(st / seq_len));
+  CHECK(order.epoch() == 0);
+  CHECK(order.cursor() == 12);
+}
+
+TEST_CASE("window order depends on the seed and is reproducible") {
+  CHECK(WindowOrder::permutation_for(100, 1, 0) == WindowOrder::permutation_for(100, 1, 0));
+  CHECK(WindowOrder::permutation_for(100, 1, 0) != WindowOrder::permutation_for(100, 2, 0));
+  CHECK(WindowOrder::permutation_for(100, 1, 0) != WindowOrder::permutation_for(100, 1, 1));
+}
+
+TEST_CASE("corrupt shards and small sources fail with one line naming the problem") {
+  const fs::path dir = fresh_dir("corrupt");
+  std::vector<uint16_t> t(100, 7);
+  write_shard(dir / "good.bin", t);
+  std::string bytes = read_file(dir / "good.bin");
+
+  std::string bad = bytes;
+  bad[0] = 'X';
+  write_file_atomic(dir / "magic.bin", bad);
+  std::string e = error_of([&] { read_shard(dir / "magic.bin"); });
+  CHECK(e.find("bad magic") != std::string::npos);
+  CHECK(e.find("20240520") != std::string::npos);
+
+  write_file_atomic(dir / "short.bin", bytes.substr(0, bytes.size() - 10));
+  e = error_of([&] { read_shard(dir / "short.bin"); });
+  CHECK(e.find("truncated") != std::string::npos);
+  CHECK(e.find("100 tokens") != std::string::npos);
+  write_file_atomic(dir / "tiny.bin", bytes.substr(0, 100));
+  CHECK(error_of([&] { read_shard(dir / "tiny.bin"); }).find("truncated") != std::string::npos);
+
+  // 100 tokens cannot hold D̂ + 1 = 97 training plus 17 validation tokens.
+  e = error_of([&] { load_source("shards:" + (dir / "good.bin").string(), 97, 17, 1, 256); });
+  CHECK(e.find("has 100 tokens") != std::string::npos);
+  CHECK(e.find("= 114") != std::string::npos);
+  // A token outside the vocabulary is refused before training.
+  e = error_of([&] { load_source("shards:" + (dir / "good.bin").string(), 50, 10, 1, 5); });
+  CHECK(e.find("outside the model's vocabulary") != std::string::npos);
+  CHECK(error_of([&] { load_source("nonsense", 10, 10, 1, 256); }).find("is not one of") !=
+        std::string::npos);
+  CHECK(error_of([&] { load_source("text:/no/such/file", 10, 10, 1, 256); }).find("cannot read") !=
+        std::string::npos);
+  for (const char* line : {"bad magic", "truncated"})
+    CHECK(std::string(line).find('\n') == std::string::npos);
+}
+
+TEST_CASE("text files are byte tokens; validation is the file's tail") {
+  const fs::path dir = fresh_dir("text");
+  std::string text;
+  for (int i = 0; i < 300; ++i) text += char('a' + i % 26);
+  write_file_atomic(dir / "t.txt", text);
+  const DataSplit s = load_source("text:" + (dir / "t.txt").string(), 101, 33, 1, 256);
+  CHECK(s.train.tokens.size() == 101);
+  CHECK(s.train.tokens[27] == 'b');
+  CHECK(s.validation.tokens.size() == 33);
+  CHECK(s.validation.tokens.back() == uint16_t('a' + 299 % 26));
+  CHECK(s.unused_tokens == 300 - 101 - 33);
+}
+
+namespace {
+// An evaluator written for the test: left to right, * before + and -.
+int64_t eval_expr(const std::string& e) {
+  std::vector<int64_t> terms;
+  std::vector<char> signs{'+'};
+  size_t i = 0;
+  auto number = [&] {
+    int64_t v = 0;
+    while (i < e.size() && std::isdigit(static_cast<unsigned char>(e[i])))
+      v = v * 10 + (e[i++] - '0');
+    return v;
+  };
+  int64_t term = number();
+  while (i < e.size()) {
+    const char op = e[i++];
+    const int64_t v = number();
+    if (op == '*') {
+      term *= v;
+    } else {
+      terms.push_back(term);
+      signs.push_back(op);
+      term = v;
+    }
+  }
+  terms.push_back(term);
+  int64_t total = 0;
+  for (size_t k = 0; k < terms.size(); ++k) total += signs[k] == '+' ? terms[k] : -terms[k];
+  return total;
+}
+}  // namespace
+
+TEST_CASE("built-in corpus: deterministic, correct arithmetic, consistent facts, parts tagged") {
+  const TokenStream a = builtin_corpus(3, 0, 20000);
+  CHECK(a.tokens == builtin_corpus(3, 0, 20000).tokens);
+  CHECK(a.tokens != builtin_corpus(4, 0, 20000).tokens);
+  CHECK(a.tokens != builtin_corpus(3, 1, 20000).tokens);  // validation is another stream
+  REQUIRE(a.part.size() == a.tokens.size());
+  std::string text(a.tokens.begin(), a.tokens.end());
+  std::map<std::string, std::string> facts;
+  int arith = 0, fact_lines = 0;
+  size_t begin = 0, pos = 0;
+  while ((pos = text.find('\n', begin)) != std::string::npos) {
+    const std::string line = text.substr(begin, pos - begin);
+    const auto eq = line.find('='), colon = line.find(": ");
+    if (eq != std::string::npos) {
+      ++arith;
+      CHECK(eval_expr(line.substr(0, eq)) == std::stoll(line.substr(eq + 1)));
+      CHECK(a.part[begin] == 1);
+    } else {
+      REQUIRE(colon != std::string::npos);
+      ++fact_lines;
+      auto [it, inserted] = facts.emplace(line.substr(0, colon), line.substr(colon + 2));
+      CHECK(it->second == line.substr(colon + 2));  // one attribute per name, always
+      CHECK(a.part[begin] == 0);
+    }
+    begin = pos + 1;
+  }
+  CHECK(arith > 500);
+  CHECK(fact_lines > 500);
+  CHECK(int(facts.size()) <= kBuiltinFacts);
+  CHECK(facts.size() > 300);  // many distinct facts appear
+}
+
+TEST_CASE("checkpoint round trip; a flipped byte is detected") {
+  const fs::path dir = fresh_dir("ckpt");
+  Checkpoint ck;
+  ck.plan = {{"id", "p"}, {"steps", 3}};
+  ck.state.step = 7;
+  ck.state.tokens = TokenLedger(4, 130);
+  ck.state.order = WindowOrder(130, 11);
+  for (int k = 0; k < 200; ++k) ck.state.tokens.record_window(ck.state.order.next());
+  ck.state.train_flops.add_gemm(FlopCategory::expert, Phase::forward, 3, 5, 7);
+  ck.state.loss_curve.push_back({{"step", 1}, {"train_loss", 0.1 + 0.2}});
+  ck.state.loss_sum_since_log = 1.0 / 3.0;
+  ck.model_state = {'a', 'b', '\0', 'c'};
+  write_checkpoint(dir / "s.ckpt", ck);
+  const Checkpoint back = read_checkpoint(dir / "s.ckpt");
+  CHECK(back.plan == ck.plan);
+  CHECK(back.model_state == ck.model_state);
+  CHECK(back.state.tokens == ck.state.tokens);
+  CHECK(back.state.order == ck.state.order);
+  CHECK(back.state.train_flops == ck.state.train_flops);
+  CHECK(back.state.loss_curve == ck.state.loss_curve);
+  CHECK(back.state.loss_sum_since_log == 1.0 / 3.0);  // bit for bit through JSON
+  CHECK(back.state.loss_curve[0]["train_loss"].get<double>() == 0.1 + 0.2);
+
+  std::string bytes = read_file(dir / "s.ckpt");
+  bytes[bytes.size() / 2] ^= 0x40;
+  write_file_atomic(dir / "bad.ckpt", bytes);
+  CHECK(error_of([&] { read_checkpoint(dir / "bad.ckpt"); }).find("corrupt") != std::string::npos);
+  // Atomic writes leave no temp files behind.
+  for (const auto& e : fs::directory_iterator(dir))
+    CHECK(e.path().filename().string().find(".tmp") == std::string::npos);
+}
