@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "eigen_types.hpp"
+#include "parallel.hpp"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -75,7 +76,7 @@ void matmul_wt_backward(S* dinp, bool accumulate_dinp, S* dwt, const S* dout, co
 
 template <class S>
 void rmsnorm_forward(S* out, S* rstd, const S* inp, const S* weight, int64_t T, int64_t C) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (T * C >= kParallelWork)
   for (int64_t t = 0; t < T; ++t) {
     const S* x = inp + t * C;
     S* y = out + t * C;
@@ -90,7 +91,7 @@ void rmsnorm_forward(S* out, S* rstd, const S* inp, const S* weight, int64_t T, 
 template <class S>
 void rmsnorm_backward(S* dinp, S* dweight, const S* dout, const S* inp, const S* weight,
                       const S* rstd, int64_t T, int64_t C) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (T * C >= kParallelWork)
   for (int64_t t = 0; t < T; ++t) {
     const S* x = inp + t * C;
     const S* dy = dout + t * C;
@@ -113,7 +114,7 @@ void rmsnorm_backward(S* dinp, S* dweight, const S* dout, const S* inp, const S*
 
 template <class S>
 void embedding_forward(S* out, const int32_t* inputs, const S* wte, int64_t T, int64_t C) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (T * C >= kParallelWork)
   for (int64_t t = 0; t < T; ++t) std::copy_n(wte + int64_t(inputs[t]) * C, C, out + t * C);
 }
 
@@ -128,7 +129,7 @@ void embedding_backward(S* dwte, const S* dout, const int32_t* inputs, int64_t T
 
 template <class S>
 void swiglu_forward(S* act, const S* h13, int64_t T, int64_t D) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (T * D >= kParallelWork)
   for (int64_t t = 0; t < T; ++t) {
     const S* h1 = h13 + t * 2 * D;
     const S* h3 = h1 + D;
@@ -139,7 +140,7 @@ void swiglu_forward(S* act, const S* h13, int64_t T, int64_t D) {
 
 template <class S>
 void swiglu_backward(S* dh13, const S* dact, const S* h13, int64_t T, int64_t D) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (T * D >= kParallelWork)
   for (int64_t t = 0; t < T; ++t) {
     const S* h1 = h13 + t * 2 * D;
     const S* h3 = h1 + D;
@@ -160,7 +161,7 @@ template <class S, bool kInverse>
 void rope_apply(S* qkv, const S* cos_sin, int64_t B, int64_t seq, int64_t H, int64_t Hkv,
                 int64_t Dh) {
   const int64_t W = (H + 2 * Hkv) * Dh, half = Dh / 2, rotated_heads = H + Hkv;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (B * seq * W >= kParallelWork)
   for (int64_t t = 0; t < B * seq; ++t) {
     const S* cs = cos_sin + (t % seq) * half * 2;
     for (int64_t h = 0; h < rotated_heads; ++h) {
@@ -192,7 +193,7 @@ void attention_forward(S* out, S* att, const S* qkv, const S* alibi_slopes, int6
                        int64_t H, int64_t Hkv, int64_t Dh, FlopLedger& ledger) {
   const int64_t W = (H + 2 * Hkv) * Dh, group = H / Hkv;
   const S scale = S(1) / std::sqrt(S(Dh));
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (B * H * seq * seq * Dh >= kParallelWork)
   for (int64_t bh = 0; bh < B * H; ++bh) {
     const int64_t b = bh / H, h = bh % H, kvh = h / group;
     const S* base = qkv + b * seq * W;
@@ -229,8 +230,15 @@ void attention_backward(S* dqkv, const S* dout, const S* qkv, const S* att, S* s
                         int64_t Dh, FlopLedger& ledger) {
   const int64_t W = (H + 2 * Hkv) * Dh, group = H / Hkv;
   const S scale = S(1) / std::sqrt(S(Dh));
+#ifdef _OPENMP
+  const int team = std::min(scratch_threads, omp_get_max_threads());
+#else
+  const int team = 1;
+  (void)scratch_threads;
+#endif
   // One task per (sequence, kv head): the query heads of a group add into the same dK, dV.
-#pragma omp parallel for schedule(static) num_threads(scratch_threads)
+#pragma omp parallel for schedule(static) \
+    num_threads(team) if (B * Hkv * seq * seq * Dh >= kParallelWork)
   for (int64_t bk = 0; bk < B * Hkv; ++bk) {
 #ifdef _OPENMP
     const int tid = omp_get_thread_num();
@@ -271,7 +279,7 @@ void attention_backward(S* dqkv, const S* dout, const S* qkv, const S* att, S* s
 template <class S>
 double crossentropy_forward(S* logits, double* losses, const int32_t* targets, int64_t T,
                             int64_t V) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (T * V >= kParallelWork)
   for (int64_t t = 0; t < T; ++t) {
     S* row = logits + t * V;
     S mx = row[0];
@@ -293,7 +301,7 @@ double crossentropy_forward(S* logits, double* losses, const int32_t* targets, i
 template <class S>
 void crossentropy_backward(S* probs, const int32_t* targets, double scale, int64_t T, int64_t V) {
   const S sc = S(scale);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (T * V >= kParallelWork)
   for (int64_t t = 0; t < T; ++t) {
     S* row = probs + t * V;
     if (targets[t] < 0) {

@@ -13,6 +13,7 @@
 #include "moe.hpp"
 #include "moeplan/accounting/error.hpp"
 #include "moeplan/accounting/params.hpp"
+#include "parallel.hpp"
 #include "rng.hpp"
 
 #ifdef _OPENMP
@@ -22,6 +23,24 @@
 namespace moeplan::backend {
 
 using namespace cpu;
+
+namespace cpu {
+SerialScope::SerialScope(bool serial) {
+#ifdef _OPENMP
+  if (serial) {
+    previous_ = omp_get_max_threads();
+    omp_set_num_threads(1);
+  }
+#else
+  (void)serial;
+#endif
+}
+SerialScope::~SerialScope() {
+#ifdef _OPENMP
+  if (previous_ > 0) omp_set_num_threads(previous_);
+#endif
+}
+}  // namespace cpu
 
 double scheduled_lr(const OptimConfig& c, int64_t step) {
   if (c.warmup_steps > 0 && step < c.warmup_steps)
@@ -50,7 +69,7 @@ struct Model<S>::Impl {
   ModelOptions opt;
   int64_t B = 0, seq = 0, Dm = 0, H = 0, Hkv = 0, Dh = 0, Wqkv = 0, V = 0, E = 0, K = 0, De = 0,
           Dse = 0, Dffn = 0, L = 0, capacity = 0;
-  bool rope = false;
+  bool rope = false, serial = false;
   int threads = 1;
 
   std::vector<TensorInfo> tensors;
@@ -131,6 +150,7 @@ struct Model<S>::Impl {
     L = a.layers;
     rope = o.positions == "rope";
     const int64_t T = B * seq;
+    serial = T * Dm < kParallelStream;
     capacity = T * K;
     if (o.capacity_factor > 0 && E > 0)
       capacity = std::min<int64_t>(
@@ -503,7 +523,7 @@ struct Model<S>::Impl {
     constexpr int64_t kChunks = 64;
     const int64_t n = int64_t(grads.size()), chunk = (n + kChunks - 1) / kChunks;
     double part[kChunks] = {};
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n >= kParallelWork)
     for (int64_t c = 0; c < kChunks; ++c) {
       double s = 0;
       for (int64_t i = c * chunk; i < std::min(n, (c + 1) * chunk); ++i)
@@ -528,7 +548,7 @@ struct Model<S>::Impl {
       S* m = adam_m.data() + t.offset;
       S* v = adam_v.data() + t.offset;
       const int64_t n = t.size();
-#pragma omp parallel for schedule(static) if (n > 65536)
+#pragma omp parallel for schedule(static) if (n >= kParallelWork)
       for (int64_t i = 0; i < n; ++i) {
         const S gi = g[i] * gs;
         m[i] = b1 * m[i] + (S(1) - b1) * gi;
@@ -553,12 +573,14 @@ Model<S>& Model<S>::operator=(Model&&) noexcept = default;
 template <class S>
 double Model<S>::compute_gradients(const int32_t* inputs, const int32_t* targets,
                                    StepResult* result) {
+  SerialScope serial(impl_->serial);
   return impl_->compute_gradients(inputs, targets, result);
 }
 
 template <class S>
 StepResult Model<S>::train_step(const int32_t* inputs, const int32_t* targets, int64_t step,
                                 const OptimConfig& cfg) {
+  SerialScope serial(impl_->serial);
   StepResult r;
   impl_->compute_gradients(inputs, targets, &r);
   r.grad_norm = impl_->grad_norm();
@@ -574,6 +596,7 @@ template <class S>
 double Model<S>::forward_loss(const int32_t* inputs, const int32_t* targets, int64_t n_seqs,
                               double* per_position_loss) {
   Impl& m = *impl_;
+  SerialScope serial(m.serial);
   const int64_t seq = m.seq;
   m.check_tokens(inputs, targets, n_seqs * seq);
   double total = 0;

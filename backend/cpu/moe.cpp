@@ -1,5 +1,7 @@
 #include "moe.hpp"
 
+#include "parallel.hpp"
+
 #include <algorithm>
 #include <cmath>
 
@@ -8,7 +10,7 @@ namespace moeplan::backend::cpu {
 template <class S>
 void router_forward(S* probs, S* lse, int32_t* idx, S* gate, int64_t T, int64_t E, int64_t K,
                     bool renormalize) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (T * E * K >= kParallelWork)
   for (int64_t t = 0; t < T; ++t) {
     S* p = probs + t * E;
     S mx = p[0];
@@ -66,14 +68,14 @@ int64_t dispatch(int64_t* assigned, int64_t* offsets, int64_t* cursor, int32_t* 
 
 template <class S>
 void gather_rows(S* xg, const S* x, const int32_t* row_token, int64_t R, int64_t C) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (R * C >= kParallelWork)
   for (int64_t r = 0; r < R; ++r) std::copy_n(x + int64_t(row_token[r]) * C, C, xg + r * C);
 }
 
 template <class S>
 void combine_forward(S* out, const S* ye, const S* gate, const int32_t* slot_row, int64_t T,
                      int64_t K, int64_t C) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (T * K * C >= kParallelWork)
   for (int64_t t = 0; t < T; ++t) {
     S* o = out + t * C;
     for (int64_t k = 0; k < K; ++k) {
@@ -89,7 +91,7 @@ void combine_forward(S* out, const S* ye, const S* gate, const int32_t* slot_row
 template <class S>
 void combine_backward(S* dye, S* dgate, const S* dout, const S* ye, const S* gate,
                       const int32_t* slot_row, int64_t T, int64_t K, int64_t C) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (T * K * C >= kParallelWork)
   for (int64_t t = 0; t < T; ++t) {
     const S* d = dout + t * C;
     for (int64_t k = 0; k < K; ++k) {
@@ -114,7 +116,7 @@ void combine_backward(S* dye, S* dgate, const S* dout, const S* ye, const S* gat
 template <class S>
 void scatter_add_rows(S* dx, const S* dxg, const int32_t* slot_row, int64_t T, int64_t K,
                       int64_t C) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (T * K * C >= kParallelWork)
   for (int64_t t = 0; t < T; ++t) {
     S* o = dx + t * C;
     for (int64_t k = 0; k < K; ++k) {
@@ -130,7 +132,7 @@ template <class S>
 void router_backward(S* dlogits, const S* probs, const S* lse, const int32_t* idx, const S* gate,
                      const S* dgate, const double* lb_dp, double z_scale, int64_t T, int64_t E,
                      int64_t K, bool renormalize) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (T * E * K >= kParallelWork)
   for (int64_t t = 0; t < T; ++t) {
     const S* p = probs + t * E;
     S* dp = dlogits + t * E;  // holds dL/dp first, then dL/dlogits
