@@ -1,0 +1,30 @@
+#pragma once
+// Fill one architecture's plan: counts, M under a named convention, the integer-step budget for
+// a compute target, and the step-law hyper-parameters (ACCOUNTING.md "Hyper-parameters").
+#include <cstdint>
+#include <string>
+
+#include "moeplan/accounting/budget.hpp"
+#include "moeplan/accounting/flops.hpp"
+#include "moeplan/planner/plan.hpp"
+
+namespace moeplan {
+
+struct PointBudget {
+  double compute = 0;  // C target, FLOPs under `convention`
+  Convention convention = Convention::paper;
+  AttentionMask mask = AttentionMask::causal;  // for `exact`
+  Reuse reuse = Reuse::strict;
+  double tokens_unique = 0;  // strict: D̂; 0 = the point's own consumed tokens (one epoch)
+  double epochs = 0;         // loose
+  int64_t dp_width = 1;      // batch rounded to a multiple of this many sequences
+};
+
+// D ≈ C/M; batch B = step-law(D) in whole sequences (at least dp_width); steps = round(D/(B·S));
+// η = step-law(N, D rounded); warm-up clip(0.01·steps, 200, 2000). Validates the arch.
+Plan plan_for_arch(const Arch& arch, const PointBudget& budget);
+
+// Training FLOPs per consumed token of `arch` under the budget's convention.
+double planned_flops_per_token(const Arch& arch, Convention convention, AttentionMask mask);
+
+}  // namespace moeplan

@@ -1,0 +1,91 @@
+#include "moeplan/planner/equal_resource.hpp"
+
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "moeplan/accounting/error.hpp"
+#include "moeplan/accounting/params.hpp"
+#include "moeplan/planner/point.hpp"
+
+namespace moeplan {
+
+namespace {
+
+MoeSolver make_solver(const PlanRequest& r) {
+  const Arch backbone =
+      r.given_backbone ? *r.given_backbone : solve_moe_backbone(r.n_target, r.family, r.backbone);
+  return MoeSolver(backbone, r.n_target, r.family, r.solve);
+}
+
+void check_budget(const BudgetSpec& b) {
+  const char* what = b.kind == BudgetKind::compute        ? "compute"
+                     : b.kind == BudgetKind::dense_tokens ? "dense-tokens"
+                                                          : "dense-tpp";
+  if (!(b.value > 0) || !std::isfinite(b.value))
+    throw InputError(
+        fmt::format("--{} = {} is invalid; it must be a positive number", what, b.value));
+  if (b.reuse == Reuse::strict && b.tokens_unique < 0)
+    throw InputError(
+        fmt::format("--unique-tokens = {} is invalid; it must be > 0", b.tokens_unique));
+  if (b.reuse == Reuse::loose && !(b.epochs >= 1))
+    throw InputError(fmt::format("--epochs = {} is invalid; it must be >= 1", b.epochs));
+}
+
+}  // namespace
+
+EqualResourcePlanner::EqualResourcePlanner(const PlanRequest& request)
+    : request_(request), solver_(make_solver(request)) {
+  check_budget(request.budget);
+  const Arch dense_arch = [&] {
+    BackboneOptions o = request.backbone;
+    // The baseline trains on the same data as the MoE points: same vocabulary and windows.
+    o.vocab = backbone().vocab;
+    o.seq_len = backbone().seq_len;
+    return solve_dense(request.n_target, request.family, o, request.solve.n_tolerance);
+  }();
+  const double dense_m = planned_flops_per_token(dense_arch, request.convention, request.mask);
+  switch (request.budget.kind) {
+    case BudgetKind::compute:
+      compute_ = request.budget.value;
+      break;
+    case BudgetKind::dense_tokens:
+      compute_ = dense_m * request.budget.value;
+      break;
+    case BudgetKind::dense_tpp: {
+      const double n_dense = double(count_params(dense_arch).total_params);
+      compute_ = dense_m * request.budget.value * n_dense;
+      break;
+    }
+  }
+  PointBudget pb{compute_,
+                 request.convention,
+                 request.mask,
+                 request.budget.reuse,
+                 request.budget.tokens_unique,
+                 request.budget.epochs,
+                 request.dp_width};
+  dense_ = plan_for_arch(dense_arch, pb);
+  dense_.id = "dense";
+  dense_.role = "dense";
+  dense_.activation_rate_target = 0;
+  tokens_unique_ = request.budget.reuse == Reuse::strict
+                       ? (request.budget.tokens_unique > 0 ? request.budget.tokens_unique
+                                                           : double(dense_.budget.tokens_consumed))
+                       : 0;
+}
+
+Plan EqualResourcePlanner::plan_point(double ra_target) const {
+  const MoeSolution sol = solver_.solve(ra_target);
+  PointBudget pb{compute_,       request_.convention,    request_.mask,    request_.budget.reuse,
+                 tokens_unique_, request_.budget.epochs, request_.dp_width};
+  Plan p = plan_for_arch(sol.arch, pb);
+  p.id = fmt::format("moe-ra{:.3f}", ra_target);
+  p.role = "moe";
+  p.activation_rate_target = ra_target;
+  p.reachable = sol.reachable;
+  p.note = sol.note;
+  return p;
+}
+
+}  // namespace moeplan

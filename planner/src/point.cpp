@@ -1,0 +1,48 @@
+#include "moeplan/planner/point.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "moeplan/accounting/error.hpp"
+#include "moeplan/accounting/hyper.hpp"
+#include "moeplan/accounting/params.hpp"
+
+namespace moeplan {
+
+double planned_flops_per_token(const Arch& arch, Convention convention, AttentionMask mask) {
+  return flops_per_token(arch, convention, mask).total;
+}
+
+Plan plan_for_arch(const Arch& arch, const PointBudget& pb) {
+  validate(arch);
+  if (!(pb.compute > 0) || !std::isfinite(pb.compute))
+    throw InputError(
+        fmt::format("compute = {} is invalid; it must be a positive number of FLOPs", pb.compute));
+  Plan p;
+  p.arch = arch;
+  p.counts = count_params(arch);
+  p.convention = pb.convention;
+  p.mask = pb.mask;
+  p.flops_per_token = planned_flops_per_token(arch, pb.convention, pb.mask);
+  const double tokens_est = pb.compute / p.flops_per_token;
+  BudgetRequest req;
+  req.compute = pb.compute;
+  req.flops_per_token = p.flops_per_token;
+  req.total_params = p.counts.total_params;
+  req.seq_len = arch.seq_len;
+  req.batch_seqs = step_law_batch_seqs(tokens_est, arch.seq_len, pb.dp_width);
+  req.reuse = pb.reuse;
+  req.tokens_unique = pb.tokens_unique > 0 ? pb.tokens_unique : tokens_est;
+  req.epochs = pb.epochs;
+  p.budget = make_budget(req);
+  p.hyper.rule = "step-law";
+  p.hyper.batch_seqs = p.budget.batch_seqs;
+  p.hyper.batch_tokens = p.budget.batch_seqs * arch.seq_len;
+  p.hyper.lr_peak = step_law_lr(double(p.counts.total_params), double(p.budget.tokens_consumed));
+  p.hyper.warmup_steps = warmup_steps(p.budget.steps);
+  return p;
+}
+
+}  // namespace moeplan

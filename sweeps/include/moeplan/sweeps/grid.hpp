@@ -1,0 +1,32 @@
+#pragma once
+// Sweeps over the activation rate: parse the r_a axis, plan every point at equal resources and
+// collect them, with the dense baseline, into a Manifest.
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "moeplan/planner/equal_resource.hpp"
+#include "moeplan/sweeps/manifest.hpp"
+
+namespace moeplan {
+
+// "0.05:0.4" -> `points` values, inclusive linspace (points >= 2; 1 gives A when A == B);
+// "0.1,0.2,0.3" -> that list; "0.2" -> one value. Every value must be in (0, 1].
+// Throws InputError naming the text and what is valid.
+std::vector<double> parse_ra_spec(std::string_view text, int points = 8);
+
+struct SweepRequest {
+  PlanRequest plan;
+  std::vector<double> activation_rates;
+  std::string created_by;  // the command line, recorded in the manifest
+  TrainSettings train;
+  double compute_tolerance = 0.01;
+};
+
+// Point ids are "moe-ra0.200": three decimals, more when the grid is finer, "-2", "-3" for repeats.
+Manifest plan_sweep(const SweepRequest& request);
+
+// Largest |C_i − C_j| / C over the dense baseline and all points (step rounding only).
+double compute_spread(const Manifest& manifest);
+
+}  // namespace moeplan

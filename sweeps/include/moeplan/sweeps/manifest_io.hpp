@@ -1,0 +1,27 @@
+#pragma once
+// Manifest I/O: sweep.toml (schema = 1) and JSON. Reading checks every key's presence and type
+// and that each point's stored counts, M and budget agree with what its arch implies.
+#include <filesystem>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "moeplan/planner/plan.hpp"
+#include "moeplan/sweeps/manifest.hpp"
+
+namespace moeplan {
+
+// Throws InputError naming the file, the key and what is expected (missing or mistyped key,
+// unknown key, inconsistent values such as a total_params that its arch does not give).
+Manifest read_manifest(const std::filesystem::path& path);
+Manifest manifest_from_toml_string(const std::string& text, const std::string& origin);
+
+// Temp file in the same folder, fsync, rename: a crash never leaves a half-written manifest.
+void write_manifest_atomic(const Manifest& manifest, const std::filesystem::path& path);
+std::string manifest_to_toml(const Manifest& manifest);
+
+// JSON with the code names of ACCOUNTING.md (total_params, activation_rate, flops_per_token, ...).
+nlohmann::json plan_to_json(const Plan& plan);
+nlohmann::json manifest_to_json(const Manifest& manifest);
+
+}  // namespace moeplan

@@ -1,0 +1,100 @@
+#include "moeplan/sweeps/arch_io.hpp"
+
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "moeplan/accounting/error.hpp"
+#include "toml_reader.hpp"
+
+namespace moeplan {
+
+namespace {
+const char* kPositive = "a positive integer";
+}
+
+Arch arch_from_toml_string(const std::string& text, const std::string& origin) {
+  const toml::value root = detail::parse_toml(text, origin);
+  detail::TomlTable t(root, origin, "");
+  Arch a;
+  a.d_model = t.integer("d_model", kPositive);
+  a.layers = t.integer("layers", kPositive);
+  a.heads = t.integer("heads", kPositive);
+  a.head_dim = t.integer("head_dim", kPositive);
+  a.seq_len = t.integer("seq_len", kPositive);
+  a.vocab = t.integer("vocab", kPositive);
+  a.kv_heads = t.integer_or("kv_heads", a.heads);
+  a.experts = t.integer_or("experts", 0);
+  if (a.experts > 0) {
+    a.top_k = t.integer("top_k", "a positive integer (experts chosen per token)");
+    a.d_expert = t.integer("d_expert", "a positive integer (SwiGLU width of one expert)");
+  } else {
+    a.top_k = t.integer_or("top_k", 0);
+    a.d_expert = t.integer_or("d_expert", 0);
+  }
+  a.dense_layers = t.integer_or("dense_layers", a.experts > 0 ? 1 : a.layers);
+  a.d_shared = t.integer_or("d_shared", 0);
+  if (a.dense_layers > 0)
+    a.d_ffn = t.integer("d_ffn", "a positive integer (dense FFN width)");
+  else
+    a.d_ffn = t.integer_or("d_ffn", 0);
+  a.tied_embeddings = t.boolean_or("tied_embeddings", false);
+  a.count_router = t.boolean_or("count_router", false);
+  a.count_norms = t.boolean_or("count_norms", false);
+  const std::string attention = t.string_or("attention", a.kv_heads == a.heads ? "mha" : "gqa");
+  t.reject_unknown();
+  if (attention != "mha" && attention != "gqa" && attention != "any")
+    t.fail("attention",
+           fmt::format("= '{}' is not known; use \"mha\", \"gqa\" or \"any\"", attention));
+  if (attention == "mha" && a.kv_heads != a.heads)
+    t.fail("kv_heads", fmt::format("= {} differs from heads = {} but attention = \"mha\"; set "
+                                   "attention = \"gqa\" or kv_heads = heads",
+                                   a.kv_heads, a.heads));
+  try {
+    validate(a, attention != "any");
+  } catch (const InputError& e) {
+    throw InputError(fmt::format("{}: {}", origin, e.what()));
+  }
+  return a;
+}
+
+Arch read_arch(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  if (!in) throw InputError(fmt::format("cannot read arch file '{}'", path.string()));
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return arch_from_toml_string(ss.str(), path.string());
+}
+
+nlohmann::json arch_to_json(const Arch& a) {
+  return nlohmann::json{{"d_model", a.d_model},
+                        {"layers", a.layers},
+                        {"dense_layers", a.dense_layers},
+                        {"heads", a.heads},
+                        {"kv_heads", a.kv_heads},
+                        {"head_dim", a.head_dim},
+                        {"d_ffn", a.d_ffn},
+                        {"experts", a.experts},
+                        {"top_k", a.top_k},
+                        {"d_expert", a.d_expert},
+                        {"d_shared", a.d_shared},
+                        {"seq_len", a.seq_len},
+                        {"vocab", a.vocab},
+                        {"tied_embeddings", a.tied_embeddings},
+                        {"count_router", a.count_router},
+                        {"count_norms", a.count_norms}};
+}
+
+std::string arch_to_toml_lines(const Arch& a) {
+  auto b = [](bool v) { return v ? "true" : "false"; };
+  return fmt::format(
+      "d_model = {}\nlayers = {}\ndense_layers = {}\nheads = {}\nkv_heads = {}\nhead_dim = {}\n"
+      "d_ffn = {}\nexperts = {}\ntop_k = {}\nd_expert = {}\nd_shared = {}\nseq_len = {}\n"
+      "vocab = {}\ntied_embeddings = {}\ncount_router = {}\ncount_norms = {}\n",
+      a.d_model, a.layers, a.dense_layers, a.heads, a.kv_heads, a.head_dim, a.d_ffn, a.experts,
+      a.top_k, a.d_expert, a.d_shared, a.seq_len, a.vocab, b(a.tied_embeddings), b(a.count_router),
+      b(a.count_norms));
+}
+
+}  // namespace moeplan

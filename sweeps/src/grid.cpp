@@ -1,0 +1,126 @@
+#include "moeplan/sweeps/grid.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include <fmt/format.h>
+
+#include "moeplan/accounting/error.hpp"
+#include "moeplan/accounting/units.hpp"
+
+namespace moeplan {
+
+namespace {
+
+double parse_rate(std::string_view text, std::string_view whole) {
+  double v = 0;
+  try {
+    v = parse_quantity(text, "--ra");
+  } catch (const InputError&) {
+    throw InputError(
+        fmt::format("--ra '{}': '{}' is not a number; write a range A:B (e.g. 0.05:0.4) or a list "
+                    "(e.g. 0.1,0.2,0.3) of activation rates in (0, 1]",
+                    whole, text));
+  }
+  if (!(v > 0 && v <= 1))
+    throw InputError(
+        fmt::format("--ra '{}': r_a = {} is outside (0, 1]; activation rates are "
+                    "fractions, e.g. 0.2 for 20 %",
+                    whole, v));
+  return v;
+}
+
+std::vector<std::string_view> split(std::string_view s, char sep) {
+  std::vector<std::string_view> out;
+  size_t start = 0;
+  for (;;) {
+    const size_t at = s.find(sep, start);
+    out.push_back(
+        s.substr(start, at == std::string_view::npos ? std::string_view::npos : at - start));
+    if (at == std::string_view::npos) break;
+    start = at + 1;
+  }
+  return out;
+}
+
+// Enough decimals that distinct targets get distinct ids (3 at least, 9 at most).
+int id_decimals(std::vector<double> rates) {
+  std::sort(rates.begin(), rates.end());
+  double gap = 1;
+  for (size_t i = 1; i < rates.size(); ++i)
+    if (rates[i] > rates[i - 1]) gap = std::min(gap, rates[i] - rates[i - 1]);
+  int decimals = 3;
+  while (decimals < 9 && gap < 2 * std::pow(10.0, -decimals)) ++decimals;
+  return decimals;
+}
+
+}  // namespace
+
+std::vector<double> parse_ra_spec(std::string_view text, int points) {
+  if (text.empty())
+    throw InputError("--ra '': give a range A:B (e.g. 0.05:0.4) or a list (e.g. 0.1,0.2,0.3)");
+  if (text.find(':') != std::string_view::npos) {
+    const auto parts = split(text, ':');
+    if (parts.size() != 2)
+      throw InputError(fmt::format("--ra '{}' is not a range A:B (e.g. 0.05:0.4)", text));
+    const double a = parse_rate(parts[0], text), b = parse_rate(parts[1], text);
+    if (b < a)
+      throw InputError(
+          fmt::format("--ra '{}': the range end {} is below its start {}; write A:B "
+                      "with A <= B",
+                      text, b, a));
+    if (points < 1)
+      throw InputError(fmt::format("--points {} is invalid; it must be at least 1", points));
+    if (points == 1) {
+      if (a != b)
+        throw InputError(
+            fmt::format("--ra '{}' with --points 1: a range needs at least 2 points", text));
+      return {a};
+    }
+    std::vector<double> out(static_cast<size_t>(points));
+    for (int i = 0; i < points; ++i) out[size_t(i)] = a + (b - a) * double(i) / double(points - 1);
+    out.back() = b;  // exactly the requested end
+    return out;
+  }
+  std::vector<double> out;
+  for (std::string_view part : split(text, ',')) out.push_back(parse_rate(part, text));
+  return out;
+}
+
+Manifest plan_sweep(const SweepRequest& r) {
+  if (r.activation_rates.empty()) throw InputError("--ra: the sweep has no activation rates");
+  EqualResourcePlanner planner(r.plan);
+  Manifest m;
+  m.family = r.plan.family.name;
+  m.created_by = r.created_by;
+  m.n_target = r.plan.n_target;
+  m.n_tolerance = r.plan.solve.n_tolerance;
+  m.ra_tolerance = r.plan.solve.ra_tolerance;
+  m.compute_tolerance = r.compute_tolerance;
+  m.train = r.train;
+  m.dense = planner.dense();
+  m.points.reserve(r.activation_rates.size());
+  const int decimals = id_decimals(r.activation_rates);
+  std::map<std::string, int> seen;
+  for (double ra : r.activation_rates) {
+    Plan p = planner.plan_point(ra);
+    std::string id = fmt::format("moe-ra{:.{}f}", ra, decimals);
+    const int n = ++seen[id];
+    if (n > 1) id += fmt::format("-{}", n);
+    p.id = std::move(id);
+    m.points.push_back(std::move(p));
+  }
+  return m;
+}
+
+double compute_spread(const Manifest& m) {
+  double lo = m.dense.budget.compute, hi = lo;
+  for (const Plan& p : m.points) {
+    lo = std::min(lo, p.budget.compute);
+    hi = std::max(hi, p.budget.compute);
+  }
+  return (hi - lo) / m.dense.budget.compute_target;
+}
+
+}  // namespace moeplan

@@ -1,0 +1,427 @@
+#include "moeplan/sweeps/manifest_io.hpp"
+
+#include <cmath>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "moeplan/accounting/error.hpp"
+#include "moeplan/accounting/hyper.hpp"
+#include "moeplan/accounting/params.hpp"
+#include "moeplan/planner/point.hpp"
+#include "moeplan/sweeps/arch_io.hpp"
+#include "moeplan/sweeps/atomic_file.hpp"
+#include "toml_reader.hpp"
+
+namespace moeplan {
+
+namespace {
+
+using detail::toml_double;
+using detail::toml_string;
+using detail::TomlTable;
+
+std::string_view reuse_name(Reuse r) {
+  return r == Reuse::strict ? "strict" : "loose";
+}
+
+// ---------------------------------------------------------------- writing
+
+struct TomlOut {
+  std::string s;
+  void key(std::string_view k, int64_t v) { s += fmt::format("{} = {}\n", k, v); }
+  void key(std::string_view k, double v) { s += fmt::format("{} = {}\n", k, toml_double(v)); }
+  void key(std::string_view k, bool v) { s += fmt::format("{} = {}\n", k, v ? "true" : "false"); }
+  void key(std::string_view k, const std::string& v) {
+    s += fmt::format("{} = {}\n", k, toml_string(v));
+  }
+  void key(std::string_view k, const char* v) { key(k, std::string(v)); }
+  void key(std::string_view k, std::string_view v) { key(k, std::string(v)); }
+};
+
+void write_plan(TomlOut& o, const Plan& p, const std::string& header,
+                const std::string& arch_header) {
+  o.s += fmt::format("\n{}\n", header);
+  o.s += fmt::format("# {}\n", describe(p.arch));
+  o.key("id", p.id);
+  o.key("role", p.role);
+  o.key("activation_rate_target", p.activation_rate_target);
+  o.key("reachable", p.reachable);
+  o.key("note", p.note);
+  o.key("total_params", p.counts.total_params);
+  o.key("active_params", p.counts.active_params);
+  o.key("activation_rate", p.counts.activation_rate());
+  o.key("convention", name(p.convention));
+  o.key("mask", name(p.mask));
+  o.key("flops_per_token", p.flops_per_token);
+  o.key("compute_target", p.budget.compute_target);
+  o.key("compute", p.budget.compute);
+  o.key("compute_rel_diff", p.budget.compute_rel_diff);
+  o.key("reuse", reuse_name(p.budget.reuse));
+  o.key("tokens_consumed", p.budget.tokens_consumed);
+  o.key("tokens_unique", p.budget.tokens_unique);
+  o.key("epochs", p.budget.epochs);
+  o.key("tokens_per_param", p.budget.tokens_per_param);
+  o.key("effective_data", p.budget.effective_data);
+  o.key("steps", p.budget.steps);
+  o.key("batch_seqs", p.budget.batch_seqs);
+  o.key("batch_tokens", p.hyper.batch_tokens);
+  o.key("rule", p.hyper.rule);
+  o.key("lr_peak", p.hyper.lr_peak);
+  o.key("lr_min", p.hyper.lr_min);
+  o.key("warmup_steps", p.hyper.warmup_steps);
+  o.key("adam_beta1", p.hyper.adam_beta1);
+  o.key("adam_beta2", p.hyper.adam_beta2);
+  o.key("weight_decay", p.hyper.weight_decay);
+  o.key("grad_clip", p.hyper.grad_clip);
+  o.s += fmt::format("\n{}\n", arch_header);
+  o.s += arch_to_toml_lines(p.arch);
+}
+
+void write_train(TomlOut& o, const TrainSettings& t) {
+  o.s += "\n[train]\n";
+  o.key("source", t.source);
+  o.key("seed", int64_t(t.seed));
+  o.key("data_seed", int64_t(t.data_seed));
+  o.key("positions", t.positions);
+  o.key("renormalize_gates", t.renormalize_gates);
+  o.key("capacity_factor", t.capacity_factor);
+  o.key("load_balance", t.load_balance);
+  o.key("z_loss", t.z_loss);
+  o.key("erc_loss", t.erc_loss);
+  o.key("erc_alpha", t.erc_alpha);
+  o.key("eval_every", t.eval_every);
+  o.key("eval_tokens", t.eval_tokens);
+  o.key("checkpoint_every", t.checkpoint_every);
+  o.key("device", t.device);
+}
+
+// ---------------------------------------------------------------- reading
+
+bool close(double a, double b, double rel = 1e-9) {
+  return std::fabs(a - b) <= rel * std::max({std::fabs(a), std::fabs(b), 1e-300});
+}
+
+Arch read_manifest_arch(TomlTable& parent) {
+  TomlTable t(parent.table("arch"), parent.origin(), parent.path("arch"));
+  Arch a;
+  const char* pos = "a non-negative integer";
+  a.d_model = t.integer("d_model", pos);
+  a.layers = t.integer("layers", pos);
+  a.dense_layers = t.integer("dense_layers", pos);
+  a.heads = t.integer("heads", pos);
+  a.kv_heads = t.integer("kv_heads", pos);
+  a.head_dim = t.integer("head_dim", pos);
+  a.d_ffn = t.integer("d_ffn", pos);
+  a.experts = t.integer("experts", pos);
+  a.top_k = t.integer("top_k", pos);
+  a.d_expert = t.integer("d_expert", pos);
+  a.d_shared = t.integer("d_shared", pos);
+  a.seq_len = t.integer("seq_len", pos);
+  a.vocab = t.integer("vocab", pos);
+  a.tied_embeddings = t.boolean("tied_embeddings");
+  a.count_router = t.boolean("count_router");
+  a.count_norms = t.boolean("count_norms");
+  t.reject_unknown();
+  try {
+    validate(a);
+  } catch (const InputError& e) {
+    throw InputError(fmt::format("{}: {}: {}", t.origin(), t.path(""), e.what()));
+  }
+  return a;
+}
+
+Plan read_plan(const toml::value& v, const std::string& origin, const std::string& where) {
+  TomlTable t(v, origin, where);
+  Plan p;
+  p.id = t.string("id", "a string (point id)");
+  p.role = t.string("role", "\"moe\" or \"dense\"");
+  if (p.role != "moe" && p.role != "dense") t.fail("role", "must be \"moe\" or \"dense\"");
+  p.activation_rate_target = t.number("activation_rate_target");
+  p.reachable = t.boolean("reachable");
+  p.note = t.string("note");
+  const int64_t total = t.integer("total_params");
+  const int64_t active = t.integer("active_params");
+  const double rate = t.number("activation_rate");
+  const std::string conv = t.string("convention", "\"paper\", \"exact\" or \"megatron\"");
+  const auto c = parse_convention(conv);
+  if (!c)
+    t.fail("convention", fmt::format("= '{}' is not known; use paper, exact or megatron", conv));
+  p.convention = *c;
+  const std::string mask = t.string("mask", "\"causal\" or \"full\"");
+  const auto m = parse_attention_mask(mask);
+  if (!m) t.fail("mask", fmt::format("= '{}' is not known; use causal or full", mask));
+  p.mask = *m;
+  p.flops_per_token = t.number("flops_per_token");
+  Budget& b = p.budget;
+  b.compute_target = t.number("compute_target");
+  b.compute = t.number("compute");
+  b.compute_rel_diff = t.number("compute_rel_diff");
+  const std::string reuse = t.string("reuse", "\"strict\" or \"loose\"");
+  if (reuse != "strict" && reuse != "loose")
+    t.fail("reuse", fmt::format("= '{}' is not known; use strict or loose", reuse));
+  b.reuse = reuse == "strict" ? Reuse::strict : Reuse::loose;
+  b.tokens_consumed = t.integer("tokens_consumed");
+  b.tokens_unique = t.integer("tokens_unique");
+  b.epochs = t.number("epochs");
+  b.tokens_per_param = t.number("tokens_per_param");
+  b.effective_data = t.number("effective_data");
+  b.steps = t.integer("steps");
+  b.batch_seqs = t.integer("batch_seqs");
+  HyperParams& h = p.hyper;
+  h.batch_seqs = b.batch_seqs;
+  h.batch_tokens = t.integer("batch_tokens");
+  h.rule = t.string("rule", "a string (hyper-parameter rule, e.g. \"step-law\")");
+  h.lr_peak = t.number("lr_peak");
+  h.lr_min = t.number("lr_min");
+  h.warmup_steps = t.integer("warmup_steps");
+  h.adam_beta1 = t.number("adam_beta1");
+  h.adam_beta2 = t.number("adam_beta2");
+  h.weight_decay = t.number("weight_decay");
+  h.grad_clip = t.number("grad_clip");
+  p.arch = read_manifest_arch(t);
+  t.reject_unknown();
+
+  // Everything stored must be what the arch implies: an edited arch with stale numbers is refused.
+  p.counts = count_params(p.arch);
+  b.seq_len = p.arch.seq_len;
+  b.flops_per_token = p.flops_per_token;
+  auto disagree = [&](const std::string& key, const std::string& stored,
+                      const std::string& implied) {
+    t.fail(key, fmt::format("= {} disagrees with its arch, which gives {}; re-plan the point or "
+                            "fix the value",
+                            stored, implied));
+  };
+  if (total != p.counts.total_params)
+    disagree("total_params", std::to_string(total), std::to_string(p.counts.total_params));
+  if (active != p.counts.active_params)
+    disagree("active_params", std::to_string(active), std::to_string(p.counts.active_params));
+  if (!close(rate, p.counts.activation_rate()))
+    disagree("activation_rate", toml_double(rate), toml_double(p.counts.activation_rate()));
+  const double m_arch = planned_flops_per_token(p.arch, p.convention, p.mask);
+  if (!close(p.flops_per_token, m_arch))
+    disagree(
+        "flops_per_token", toml_double(p.flops_per_token),
+        fmt::format("{} under {}", toml_double(m_arch), convention_label(p.convention, p.mask)));
+  if (p.role == "dense" && !p.arch.is_dense())
+    t.fail("role", "is \"dense\" but the arch has MoE layers (dense_layers < layers)");
+  if (p.role == "moe" && p.arch.is_dense())
+    t.fail("role", "is \"moe\" but the arch has no MoE layer (dense_layers == layers)");
+  if (b.steps <= 0) t.fail("steps", fmt::format("= {} must be a positive integer", b.steps));
+  if (b.batch_seqs <= 0)
+    t.fail("batch_seqs", fmt::format("= {} must be a positive integer", b.batch_seqs));
+  if (b.tokens_consumed != b.steps * b.batch_seqs * p.arch.seq_len)
+    t.fail("tokens_consumed",
+           fmt::format("= {} must equal steps·batch_seqs·seq_len = {}·{}·{} = {}",
+                       b.tokens_consumed, b.steps, b.batch_seqs, p.arch.seq_len,
+                       b.steps * b.batch_seqs * p.arch.seq_len));
+  if (h.batch_tokens != b.batch_seqs * p.arch.seq_len)
+    disagree("batch_tokens", std::to_string(h.batch_tokens),
+             std::to_string(b.batch_seqs * p.arch.seq_len));
+  if (b.tokens_unique <= 0 || b.tokens_unique > b.tokens_consumed)
+    t.fail("tokens_unique", fmt::format("= {} must be in [1, tokens_consumed = {}]",
+                                        b.tokens_unique, b.tokens_consumed));
+  const double d = double(b.tokens_consumed);
+  if (!close(b.compute, p.flops_per_token * d))
+    t.fail("compute", fmt::format("= {} must equal flops_per_token·tokens_consumed = {}",
+                                  toml_double(b.compute), toml_double(p.flops_per_token * d)));
+  if (!(b.compute_target > 0))
+    t.fail("compute_target", fmt::format("= {} must be > 0", toml_double(b.compute_target)));
+  const double rel_diff = (b.compute - b.compute_target) / b.compute_target;
+  if (std::fabs(b.compute_rel_diff - rel_diff) > 1e-12 + 1e-9 * std::fabs(rel_diff))
+    t.fail("compute_rel_diff", "must equal (compute − compute_target) / compute_target");
+  if (!close(b.epochs, d / double(b.tokens_unique)))
+    t.fail("epochs", fmt::format("= {} must equal tokens_consumed / tokens_unique = {}",
+                                 toml_double(b.epochs), toml_double(d / double(b.tokens_unique))));
+  if (!close(b.tokens_per_param, d / double(p.counts.total_params)))
+    t.fail("tokens_per_param", fmt::format("= {} must equal tokens_consumed / total_params = {}",
+                                           toml_double(b.tokens_per_param),
+                                           toml_double(d / double(p.counts.total_params))));
+  const double eff = effective_data(double(b.tokens_unique), b.epochs);
+  if (!close(b.effective_data, eff))
+    t.fail("effective_data", fmt::format("= {} must equal the Muennighoff D' = {}",
+                                         toml_double(b.effective_data), toml_double(eff)));
+  if (h.warmup_steps < 0 || h.warmup_steps > b.steps)
+    t.fail("warmup_steps", fmt::format("= {} must be in [0, steps = {}]", h.warmup_steps, b.steps));
+  if (!(h.lr_peak > 0)) t.fail("lr_peak", "must be > 0");
+  if (!(h.lr_min >= 0 && h.lr_min <= h.lr_peak)) t.fail("lr_min", "must be in [0, lr_peak]");
+  return p;
+}
+
+TrainSettings read_train(TomlTable& top) {
+  TrainSettings s;
+  if (!top.has("train")) return s;  // every setting at its default
+  TomlTable t(top.table("train"), top.origin(), "train");
+  s.source = t.string_or("source", s.source);
+  const int64_t seed = t.integer_or("seed", int64_t(s.seed));
+  const int64_t data_seed = t.integer_or("data_seed", int64_t(s.data_seed));
+  if (seed < 0) t.fail("seed", "must be a non-negative integer");
+  if (data_seed < 0) t.fail("data_seed", "must be a non-negative integer");
+  s.seed = uint64_t(seed);
+  s.data_seed = uint64_t(data_seed);
+  s.positions = t.string_or("positions", s.positions);
+  if (s.positions != "alibi" && s.positions != "rope")
+    t.fail("positions", fmt::format("= '{}' is not known; use \"alibi\" or \"rope\"", s.positions));
+  s.renormalize_gates = t.boolean_or("renormalize_gates", s.renormalize_gates);
+  s.capacity_factor = t.number_or("capacity_factor", s.capacity_factor);
+  if (s.capacity_factor < 0) t.fail("capacity_factor", "must be >= 0 (0 = dropless)");
+  s.load_balance = t.number_or("load_balance", s.load_balance);
+  s.z_loss = t.number_or("z_loss", s.z_loss);
+  s.erc_loss = t.number_or("erc_loss", s.erc_loss);
+  s.erc_alpha = t.number_or("erc_alpha", s.erc_alpha);
+  s.eval_every = t.integer_or("eval_every", s.eval_every);
+  s.eval_tokens = t.integer_or("eval_tokens", s.eval_tokens);
+  s.checkpoint_every = t.integer_or("checkpoint_every", s.checkpoint_every);
+  s.device = t.string_or("device", s.device);
+  t.reject_unknown();
+  return s;
+}
+
+}  // namespace
+
+std::string manifest_to_toml(const Manifest& m) {
+  TomlOut o;
+  o.s += "# moeplan sweep manifest (schema 1): the contract of an experiment.\n";
+  o.s +=
+      "# FLOP figures use each point's `convention`; tokens_consumed counts repeats, "
+      "tokens_unique does not.\n";
+  o.s +=
+      "# Hand edits are welcome, but every stored count must still match its arch "
+      "(moeplan checks on read).\n";
+  o.key("schema", int64_t(m.schema));
+  o.key("family", m.family);
+  o.key("created_by", m.created_by);
+  o.key("n_target", m.n_target);
+  o.key("n_tolerance", m.n_tolerance);
+  o.key("ra_tolerance", m.ra_tolerance);
+  o.key("compute_tolerance", m.compute_tolerance);
+  write_train(o, m.train);
+  write_plan(o, m.dense, "[dense]", "[dense.arch]");
+  for (const Plan& p : m.points) write_plan(o, p, "[[points]]", "[points.arch]");
+  return o.s;
+}
+
+Manifest manifest_from_toml_string(const std::string& text, const std::string& origin) {
+  const toml::value root = detail::parse_toml(text, origin);
+  TomlTable top(root, origin, "");
+  Manifest m;
+  m.schema = int(top.integer("schema", "the integer 1"));
+  if (m.schema != 1)
+    top.fail("schema",
+             fmt::format("= {} is not supported; this moeplan reads schema = 1", m.schema));
+  m.family = top.string("family", "a family name (e.g. \"paper\")");
+  m.created_by = top.string_or("created_by", "");
+  m.n_target = top.number("n_target", "a positive number (requested N)");
+  if (!(m.n_target > 0)) top.fail("n_target", "must be > 0");
+  m.n_tolerance = top.number("n_tolerance", "a relative tolerance (e.g. 0.01)");
+  m.ra_tolerance = top.number("ra_tolerance", "an absolute tolerance (e.g. 0.005)");
+  m.compute_tolerance = top.number("compute_tolerance", "a relative tolerance (e.g. 0.01)");
+  for (const char* k : {"n_tolerance", "ra_tolerance", "compute_tolerance"}) {
+    const double v = k[0] == 'n'   ? m.n_tolerance
+                     : k[0] == 'r' ? m.ra_tolerance
+                                   : m.compute_tolerance;
+    if (!(v > 0 && v < 1)) top.fail(k, fmt::format("= {} must be in (0, 1)", toml_double(v)));
+  }
+  m.train = read_train(top);
+  m.dense = read_plan(top.table("dense"), origin, "dense");
+  if (m.dense.role != "dense")
+    throw InputError(fmt::format("{}: key 'dense.role' must be \"dense\"", origin));
+  const toml::array& points = top.array("points", "an array of tables ([[points]])");
+  std::set<std::string> ids{m.dense.id};
+  for (size_t i = 0; i < points.size(); ++i) {
+    const std::string where = fmt::format("points[{}]", i);
+    Plan p = read_plan(points[i], origin, where);
+    if (!ids.insert(p.id).second)
+      throw InputError(fmt::format(
+          "{}: key '{}.id' = '{}' repeats an earlier id; ids must be unique", origin, where, p.id));
+    m.points.push_back(std::move(p));
+  }
+  top.reject_unknown();
+  return m;
+}
+
+Manifest read_manifest(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    throw InputError(
+        fmt::format("cannot read manifest '{}' (no such file or no permission)", path.string()));
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return manifest_from_toml_string(ss.str(), path.string());
+}
+
+void write_manifest_atomic(const Manifest& m, const std::filesystem::path& path) {
+  write_file_atomic(path, manifest_to_toml(m));
+}
+
+nlohmann::json plan_to_json(const Plan& p) {
+  const Budget& b = p.budget;
+  const HyperParams& h = p.hyper;
+  return nlohmann::json{{"id", p.id},
+                        {"role", p.role},
+                        {"activation_rate_target", p.activation_rate_target},
+                        {"reachable", p.reachable},
+                        {"note", p.note},
+                        {"description", describe(p.arch)},
+                        {"total_params", p.counts.total_params},
+                        {"active_params", p.counts.active_params},
+                        {"activation_rate", p.counts.activation_rate()},
+                        {"convention", convention_label(p.convention, p.mask)},
+                        {"mask", name(p.mask)},
+                        {"flops_per_token", p.flops_per_token},
+                        {"compute_target", b.compute_target},
+                        {"compute", b.compute},
+                        {"compute_rel_diff", b.compute_rel_diff},
+                        {"reuse", reuse_name(b.reuse)},
+                        {"tokens_consumed", b.tokens_consumed},
+                        {"tokens_unique", b.tokens_unique},
+                        {"epochs", b.epochs},
+                        {"tokens_per_param", b.tokens_per_param},
+                        {"effective_data", b.effective_data},
+                        {"steps", b.steps},
+                        {"batch_seqs", b.batch_seqs},
+                        {"batch_tokens", h.batch_tokens},
+                        {"rule", h.rule},
+                        {"lr_peak", h.lr_peak},
+                        {"lr_min", h.lr_min},
+                        {"warmup_steps", h.warmup_steps},
+                        {"adam_beta1", h.adam_beta1},
+                        {"adam_beta2", h.adam_beta2},
+                        {"weight_decay", h.weight_decay},
+                        {"grad_clip", h.grad_clip},
+                        {"arch", arch_to_json(p.arch)}};
+}
+
+nlohmann::json manifest_to_json(const Manifest& m) {
+  const TrainSettings& t = m.train;
+  nlohmann::json points = nlohmann::json::array();
+  for (const Plan& p : m.points) points.push_back(plan_to_json(p));
+  return nlohmann::json{{"schema", m.schema},
+                        {"family", m.family},
+                        {"created_by", m.created_by},
+                        {"n_target", m.n_target},
+                        {"n_tolerance", m.n_tolerance},
+                        {"ra_tolerance", m.ra_tolerance},
+                        {"compute_tolerance", m.compute_tolerance},
+                        {"train",
+                         {{"source", t.source},
+                          {"seed", t.seed},
+                          {"data_seed", t.data_seed},
+                          {"positions", t.positions},
+                          {"renormalize_gates", t.renormalize_gates},
+                          {"capacity_factor", t.capacity_factor},
+                          {"load_balance", t.load_balance},
+                          {"z_loss", t.z_loss},
+                          {"erc_loss", t.erc_loss},
+                          {"erc_alpha", t.erc_alpha},
+                          {"eval_every", t.eval_every},
+                          {"eval_tokens", t.eval_tokens},
+                          {"checkpoint_every", t.checkpoint_every},
+                          {"device", t.device}}},
+                        {"dense", plan_to_json(m.dense)},
+                        {"points", points}};
+}
+
+}  // namespace moeplan

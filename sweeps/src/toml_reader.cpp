@@ -1,0 +1,185 @@
+#include "toml_reader.hpp"
+
+#include <cmath>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "moeplan/accounting/error.hpp"
+
+namespace moeplan::detail {
+
+namespace {
+std::string one_line(const std::string& s) {
+  std::string out;
+  bool space = false;
+  for (char c : s) {
+    if (c == '\n' || c == '\r' || c == '\t' || c == ' ') {
+      space = true;
+      continue;
+    }
+    if (space && !out.empty()) out += ' ';
+    space = false;
+    out += c;
+  }
+  return out;
+}
+}  // namespace
+
+toml::value parse_toml(const std::string& text, const std::string& origin) {
+  std::istringstream in(text);
+  try {
+    return toml::parse(in, origin);
+  } catch (const toml::syntax_error& e) {
+    throw InputError(fmt::format("{}: not valid TOML: {}", origin, one_line(e.what())));
+  } catch (const std::exception& e) {
+    throw InputError(fmt::format("{}: not valid TOML: {}", origin, one_line(e.what())));
+  }
+}
+
+std::string toml_double(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  std::string s = fmt::format("{}", v);  // shortest representation that reads back exactly
+  if (s.find_first_of(".eE") == std::string::npos) s += ".0";
+  return s;
+}
+
+std::string toml_string(const std::string& s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      default:
+        if (c < 0x20 || c == 0x7f)
+          out += fmt::format("\\u{:04X}", unsigned(c));
+        else
+          out += char(c);
+    }
+  }
+  return out + "\"";
+}
+
+TomlTable::TomlTable(const toml::value& table, std::string origin, std::string where)
+    : table_(table), origin_(std::move(origin)), where_(std::move(where)) {
+  if (!table_.is_table())
+    throw InputError(fmt::format("{}: key '{}' must be a table, found {}", origin_,
+                                 where_.empty() ? "(top level)" : where_,
+                                 toml::stringize(table_.type())));
+}
+
+std::string TomlTable::path(const std::string& key) const {
+  return where_.empty() ? key : where_ + "." + key;
+}
+
+void TomlTable::fail(const std::string& key, const std::string& what) const {
+  throw InputError(fmt::format("{}: key '{}' {}", origin_, path(key), what));
+}
+
+bool TomlTable::has(const std::string& key) const {
+  return table_.as_table().count(key) > 0;
+}
+
+const toml::value* TomlTable::find(const std::string& key, const char* expected) {
+  read_.insert(key);
+  const auto& t = table_.as_table();
+  const auto it = t.find(key);
+  if (it == t.end()) fail(key, fmt::format("is missing; expected {}", expected));
+  return &it->second;
+}
+
+int64_t TomlTable::integer(const std::string& key, const char* expected) {
+  const toml::value* v = find(key, expected);
+  if (v->is_integer()) return v->as_integer();
+  if (v->is_floating()) {
+    const double d = v->as_floating();
+    if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9.0e15) return int64_t(d);
+  }
+  fail(key, fmt::format("must be {}, found {}", expected, toml::stringize(v->type())));
+}
+
+int64_t TomlTable::integer_or(const std::string& key, int64_t fallback) {
+  if (!has(key)) {
+    read_.insert(key);
+    return fallback;
+  }
+  return integer(key);
+}
+
+double TomlTable::number(const std::string& key, const char* expected) {
+  const toml::value* v = find(key, expected);
+  if (v->is_floating()) return v->as_floating();
+  if (v->is_integer()) return double(v->as_integer());
+  fail(key, fmt::format("must be {}, found {}", expected, toml::stringize(v->type())));
+}
+
+double TomlTable::number_or(const std::string& key, double fallback) {
+  if (!has(key)) {
+    read_.insert(key);
+    return fallback;
+  }
+  return number(key);
+}
+
+std::string TomlTable::string(const std::string& key, const char* expected) {
+  const toml::value* v = find(key, expected);
+  if (v->is_string()) return v->as_string().str;
+  fail(key, fmt::format("must be {}, found {}", expected, toml::stringize(v->type())));
+}
+
+std::string TomlTable::string_or(const std::string& key, const std::string& fallback) {
+  if (!has(key)) {
+    read_.insert(key);
+    return fallback;
+  }
+  return string(key);
+}
+
+bool TomlTable::boolean(const std::string& key) {
+  const toml::value* v = find(key, "true or false");
+  if (v->is_boolean()) return v->as_boolean();
+  fail(key, fmt::format("must be true or false, found {}", toml::stringize(v->type())));
+}
+
+bool TomlTable::boolean_or(const std::string& key, bool fallback) {
+  if (!has(key)) {
+    read_.insert(key);
+    return fallback;
+  }
+  return boolean(key);
+}
+
+const toml::value& TomlTable::table(const std::string& key) {
+  const toml::value* v = find(key, "a table");
+  if (!v->is_table())
+    fail(key, fmt::format("must be a table, found {}", toml::stringize(v->type())));
+  return *v;
+}
+
+const toml::array& TomlTable::array(const std::string& key, const char* expected) {
+  const toml::value* v = find(key, expected);
+  if (!v->is_array())
+    fail(key, fmt::format("must be {}, found {}", expected, toml::stringize(v->type())));
+  return v->as_array();
+}
+
+void TomlTable::reject_unknown() const {
+  for (const auto& [key, value] : table_.as_table())
+    if (!read_.count(key)) fail(key, "is not a known key here (misspelled?)");
+}
+
+}  // namespace moeplan::detail

@@ -1,0 +1,222 @@
+// Manifest I/O: TOML round trip, JSON keys, and errors for missing, mistyped and stale keys.
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "moeplan/accounting/error.hpp"
+#include "moeplan/sweeps/grid.hpp"
+#include "moeplan/sweeps/manifest_io.hpp"
+
+using namespace moeplan;
+
+namespace {
+
+Manifest small_sweep(double n, const char* ra, Reuse reuse = Reuse::strict) {
+  SweepRequest r;
+  r.plan.n_target = n;
+  r.plan.budget.reuse = reuse;
+  if (reuse == Reuse::loose) r.plan.budget.epochs = 2;
+  r.activation_rates = parse_ra_spec(ra, 4);
+  r.created_by = "test \"quoted\" line";
+  r.train.seed = 7;
+  r.train.positions = "rope";
+  return plan_sweep(r);
+}
+
+void require_same_plan(const Plan& a, const Plan& b) {
+  CHECK(a.id == b.id);
+  CHECK(a.role == b.role);
+  CHECK(a.arch == b.arch);
+  CHECK(a.counts.total_params == b.counts.total_params);
+  CHECK(a.counts.active_params == b.counts.active_params);
+  CHECK(a.counts.router == b.counts.router);
+  CHECK(a.convention == b.convention);
+  CHECK(a.mask == b.mask);
+  // Exact equality: doubles are written in shortest round-trip form.
+  CHECK(a.flops_per_token == b.flops_per_token);
+  CHECK(a.activation_rate_target == b.activation_rate_target);
+  CHECK(a.reachable == b.reachable);
+  CHECK(a.note == b.note);
+  const Budget &x = a.budget, &y = b.budget;
+  CHECK(x.compute_target == y.compute_target);
+  CHECK(x.flops_per_token == y.flops_per_token);
+  CHECK(x.seq_len == y.seq_len);
+  CHECK(x.batch_seqs == y.batch_seqs);
+  CHECK(x.steps == y.steps);
+  CHECK(x.tokens_consumed == y.tokens_consumed);
+  CHECK(x.tokens_unique == y.tokens_unique);
+  CHECK(x.epochs == y.epochs);
+  CHECK(x.compute == y.compute);
+  CHECK(x.compute_rel_diff == y.compute_rel_diff);
+  CHECK(x.tokens_per_param == y.tokens_per_param);
+  CHECK(x.effective_data == y.effective_data);
+  CHECK(x.reuse == y.reuse);
+  const HyperParams &h = a.hyper, &g = b.hyper;
+  CHECK(h.rule == g.rule);
+  CHECK(h.lr_peak == g.lr_peak);
+  CHECK(h.lr_min == g.lr_min);
+  CHECK(h.batch_seqs == g.batch_seqs);
+  CHECK(h.batch_tokens == g.batch_tokens);
+  CHECK(h.warmup_steps == g.warmup_steps);
+  CHECK(h.adam_beta1 == g.adam_beta1);
+  CHECK(h.adam_beta2 == g.adam_beta2);
+  CHECK(h.weight_decay == g.weight_decay);
+  CHECK(h.grad_clip == g.grad_clip);
+}
+
+void require_same(const Manifest& a, const Manifest& b) {
+  CHECK(a.schema == b.schema);
+  CHECK(a.family == b.family);
+  CHECK(a.created_by == b.created_by);
+  CHECK(a.n_target == b.n_target);
+  CHECK(a.n_tolerance == b.n_tolerance);
+  CHECK(a.ra_tolerance == b.ra_tolerance);
+  CHECK(a.compute_tolerance == b.compute_tolerance);
+  CHECK(a.train == b.train);
+  require_same_plan(a.dense, b.dense);
+  REQUIRE(a.points.size() == b.points.size());
+  for (size_t i = 0; i < a.points.size(); ++i) require_same_plan(a.points[i], b.points[i]);
+}
+
+// Replace the first occurrence of `from` (after `after`, if given) in the TOML text.
+std::string edit(std::string text, const std::string& from, const std::string& to,
+                 const std::string& after = "") {
+  const size_t start = after.empty() ? 0 : text.find(after);
+  REQUIRE(start != std::string::npos);
+  const size_t at = text.find(from, start);
+  REQUIRE(at != std::string::npos);
+  return text.replace(at, from.size(), to);
+}
+
+std::string error_of(const std::string& text) {
+  try {
+    manifest_from_toml_string(text, "sweep.toml");
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("manifest TOML round trip: 2B strict, 2e6 tiny, loose reuse") {
+  for (const Manifest& m : {small_sweep(2e9, "0.05:0.4"), small_sweep(2e6, "0.1,0.25,0.5"),
+                            small_sweep(3e5, "0.2:0.5", Reuse::loose)}) {
+    const std::string text = manifest_to_toml(m);
+    const Manifest back = manifest_from_toml_string(text, "mem.toml");
+    require_same(m, back);
+    // Writing it again gives the same bytes: nothing drifts through a cycle.
+    CHECK(manifest_to_toml(back) == text);
+  }
+}
+
+TEST_CASE("write_manifest_atomic then read_manifest") {
+  const Manifest m = small_sweep(2e6, "0.2:0.4");
+  const auto dir = std::filesystem::temp_directory_path() / "moeplan_test_sweeps";
+  std::filesystem::create_directories(dir);
+  const auto path = dir / "sweep.toml";
+  write_manifest_atomic(m, path);
+  require_same(m, read_manifest(path));
+  // No temp file is left beside it.
+  int files = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) files += e.is_regular_file();
+  CHECK(files == 1);
+  std::filesystem::remove_all(dir);
+  CHECK_THROWS_AS(read_manifest(dir / "missing.toml"), InputError);
+}
+
+TEST_CASE("JSON uses the ACCOUNTING.md code names") {
+  const Manifest m = small_sweep(2e9, "0.1:0.3");
+  const nlohmann::json j = manifest_to_json(m);
+  CHECK(j.at("schema") == 1);
+  REQUIRE(j.at("points").size() == 4);
+  for (const char* key : {"total_params",
+                          "active_params",
+                          "activation_rate",
+                          "flops_per_token",
+                          "convention",
+                          "compute",
+                          "tokens_consumed",
+                          "tokens_unique",
+                          "epochs",
+                          "tokens_per_param",
+                          "effective_data",
+                          "steps",
+                          "batch_seqs",
+                          "lr_peak",
+                          "warmup_steps",
+                          "arch",
+                          "id",
+                          "role",
+                          "reachable",
+                          "note"})
+    CHECK_MESSAGE(j.at("dense").contains(key), key);
+  for (const char* key : {"d_model", "layers", "dense_layers", "heads", "kv_heads", "head_dim",
+                          "d_ffn", "experts", "top_k", "d_expert", "d_shared", "seq_len", "vocab",
+                          "tied_embeddings", "count_router", "count_norms"})
+    CHECK_MESSAGE(j.at("points")[0].at("arch").contains(key), key);
+  const Plan& p = m.points[1];
+  const nlohmann::json jp = plan_to_json(p);
+  CHECK(jp.at("total_params").get<int64_t>() == p.counts.total_params);
+  CHECK(jp.at("flops_per_token").get<double>() == p.flops_per_token);
+  CHECK(jp.at("convention") == "paper");
+  // JSON text parses back to the same doubles.
+  const nlohmann::json again = nlohmann::json::parse(j.dump());
+  CHECK(again.at("points")[1].at("lr_peak").get<double>() == p.hyper.lr_peak);
+}
+
+TEST_CASE("missing, mistyped, unknown and stale keys are refused with file and key named") {
+  const std::string text = manifest_to_toml(small_sweep(2e6, "0.2:0.4"));
+  REQUIRE(error_of(text).empty());
+
+  std::string e = error_of(edit(text, "schema = 1\n", ""));
+  CHECK(e.find("sweep.toml") != std::string::npos);
+  CHECK(e.find("'schema'") != std::string::npos);
+  CHECK(e.find("missing") != std::string::npos);
+
+  e = error_of(edit(text, "schema = 1", "schema = 2"));
+  CHECK(e.find("schema = 1") != std::string::npos);
+
+  // d_model of the second point as a string.
+  e = error_of(edit(text, "d_model = ", "d_model = \"x\" #", "[[points]]"));
+  CHECK(e.find("points[0].arch.d_model") != std::string::npos);
+  CHECK(e.find("integer") != std::string::npos);
+
+  e = error_of(edit(text, "steps = ", "stepz = ", "[[points]]"));
+  CHECK(e.find("points[0].steps") != std::string::npos);
+
+  e = error_of(edit(text, "lr_min = ", "lr_mni = 0.1\nlr_min = ", "[dense]"));
+  CHECK(e.find("dense.lr_mni") != std::string::npos);
+  CHECK(e.find("not a known key") != std::string::npos);
+
+  // An arch edited without re-planning: its stored total_params no longer match.
+  e = error_of(edit(text, "experts = ", "experts = 1 + ", "[points.arch]"));
+  CHECK(!e.empty());  // "1 + N" is not TOML at all
+  {
+    const Manifest m = small_sweep(2e6, "0.2:0.4");
+    const std::string experts = "experts = " + std::to_string(m.points[0].arch.experts) + "\n";
+    const std::string more = "experts = " + std::to_string(m.points[0].arch.experts + 1) + "\n";
+    e = error_of(edit(text, experts, more, "[points.arch]"));
+    CHECK(e.find("points[0].total_params") != std::string::npos);
+    CHECK(e.find("disagrees with its arch") != std::string::npos);
+
+    const std::string steps = "steps = " + std::to_string(m.points[1].budget.steps) + "\n";
+    const std::string fewer = "steps = " + std::to_string(m.points[1].budget.steps - 1) + "\n";
+    const size_t second = text.find("[[points]]", text.find("[[points]]") + 1);
+    std::string edited = text;
+    edited.replace(edited.find(steps, second), steps.size(), fewer);
+    e = error_of(edited);
+    CHECK(e.find("points[1].tokens_consumed") != std::string::npos);
+  }
+  e = error_of(edit(text, "flops_per_token = ", "flops_per_token = 1", "[dense]"));
+  CHECK(e.find("dense.flops_per_token") != std::string::npos);
+
+  e = error_of(edit(text, "top_k = ", "top_k = 100000 #", "[points.arch]"));
+  CHECK(e.find("top_k") != std::string::npos);
+
+  e = error_of("schema = 1\nfamily = [");
+  CHECK(e.find("not valid TOML") != std::string::npos);
+  CHECK(e.find('\n') == std::string::npos);  // one line
+}
