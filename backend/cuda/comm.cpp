@@ -1,0 +1,141 @@
+#include "moeplan/backend/cuda/comm.hpp"
+
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+#include <nccl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "check.hpp"
+#include "moeplan/accounting/error.hpp"
+#include "moeplan/backend/cuda/device.hpp"
+
+namespace moeplan::backend::cuda {
+namespace {
+
+void check_nccl(ncclResult_t r, const char* what) {
+  if (r != ncclSuccess)
+    throw std::runtime_error(fmt::format("NCCL error in {}: {}", what, ncclGetErrorString(r)));
+}
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  char* end = nullptr;
+  const long x = std::strtol(v, &end, 10);
+  if (*end != '\0' || x < 0 || x > 1 << 20)
+    throw InputError(fmt::format("environment {}='{}' is not a non-negative integer", name, v));
+  return int(x);
+}
+
+}  // namespace
+
+RankInfo rank_from_env() {
+  RankInfo r;
+  r.world_size = env_int("WORLD_SIZE", 1);
+  r.rank = env_int("RANK", 0);
+  r.local_rank = env_int("LOCAL_RANK", r.rank);
+  if (r.world_size < 1)
+    throw InputError(fmt::format("WORLD_SIZE={} must be at least 1", r.world_size));
+  if (r.rank >= r.world_size)
+    throw InputError(fmt::format("RANK={} must be below WORLD_SIZE={}", r.rank, r.world_size));
+  return r;
+}
+
+int64_t windows_of_rank(int64_t windows, int rank, int world_size) {
+  if (rank >= windows) return 0;
+  return (windows - 1 - rank) / world_size + 1;
+}
+
+struct Communicator::Impl {
+  RankInfo info;
+  ncclComm_t comm = nullptr;
+  DeviceBuffer staging{64 * sizeof(int64_t)};
+};
+
+Communicator::Communicator(const RankInfo& info, const std::string& id_file, double timeout_seconds)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->info = info;
+  set_device(info.local_rank);
+  impl_->staging = DeviceBuffer(64 * sizeof(int64_t));
+  ncclUniqueId id;
+  if (info.rank == 0) {
+    check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
+    // Atomic hand-over: write a temp file in the same folder, then rename.
+    const std::string tmp = id_file + ".tmp" + std::to_string(::getpid());
+    {
+      std::ofstream f(tmp, std::ios::binary);
+      f.write(reinterpret_cast<const char*>(&id), sizeof id);
+      if (!f) throw InputError(fmt::format("cannot write NCCL id file '{}'", tmp));
+    }
+    if (std::rename(tmp.c_str(), id_file.c_str()) != 0)
+      throw InputError(fmt::format("cannot rename '{}' to '{}'", tmp, id_file));
+  } else {
+    const auto start = std::chrono::steady_clock::now();
+    for (;;) {
+      std::ifstream f(id_file, std::ios::binary);
+      if (f && f.read(reinterpret_cast<char*>(&id), sizeof id)) break;
+      const double waited =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (waited > timeout_seconds)
+        throw InputError(
+            fmt::format("rank {}: no NCCL id in '{}' after {:.0f} s", info.rank, id_file, waited));
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  }
+  check_nccl(ncclCommInitRank(&impl_->comm, info.world_size, id, info.rank), "ncclCommInitRank");
+}
+
+Communicator::~Communicator() {
+  if (impl_ && impl_->comm) ncclCommDestroy(impl_->comm);
+}
+
+const RankInfo& Communicator::info() const {
+  return impl_->info;
+}
+
+void Communicator::all_reduce_sum(float* d, int64_t n) {
+  check_nccl(ncclAllReduce(d, d, size_t(n), ncclFloat32, ncclSum, impl_->comm, nullptr),
+             "ncclAllReduce(float)");
+}
+void Communicator::all_reduce_mean(float* d, int64_t n) {
+  check_nccl(ncclAllReduce(d, d, size_t(n), ncclFloat32, ncclAvg, impl_->comm, nullptr),
+             "ncclAllReduce(float, avg)");
+}
+void Communicator::all_reduce_sum(double* d, int64_t n) {
+  check_nccl(ncclAllReduce(d, d, size_t(n), ncclFloat64, ncclSum, impl_->comm, nullptr),
+             "ncclAllReduce(double)");
+}
+void Communicator::all_reduce_sum(int64_t* d, int64_t n) {
+  check_nccl(ncclAllReduce(d, d, size_t(n), ncclInt64, ncclSum, impl_->comm, nullptr),
+             "ncclAllReduce(int64)");
+}
+
+void Communicator::all_reduce_sum_host(int64_t* h, int64_t n) {
+  for (int64_t done = 0; done < n; done += 64) {
+    const int64_t m = std::min<int64_t>(64, n - done);
+    impl_->staging.upload(h + done, size_t(m) * 8);
+    all_reduce_sum(impl_->staging.as<int64_t>(), m);
+    impl_->staging.download(h + done, size_t(m) * 8);
+  }
+}
+void Communicator::all_reduce_sum_host(double* h, int64_t n) {
+  for (int64_t done = 0; done < n; done += 64) {
+    const int64_t m = std::min<int64_t>(64, n - done);
+    impl_->staging.upload(h + done, size_t(m) * 8);
+    all_reduce_sum(impl_->staging.as<double>(), m);
+    impl_->staging.download(h + done, size_t(m) * 8);
+  }
+}
+
+}  // namespace moeplan::backend::cuda

@@ -1,0 +1,93 @@
+#include "moeplan/backend/cuda/device.hpp"
+
+#include <cuda_runtime.h>
+
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+#include "check.hpp"
+
+namespace moeplan::backend::cuda {
+
+int device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no device" error
+    return 0;
+  }
+  return n;
+}
+
+DeviceInfo device_info(int device) {
+  cudaDeviceProp p{};
+  check_cuda(cudaGetDeviceProperties(&p, device), "cudaGetDeviceProperties");
+  DeviceInfo d;
+  d.name = p.name;
+  d.multiprocessors = p.multiProcessorCount;
+  d.compute_major = p.major;
+  d.compute_minor = p.minor;
+  d.memory_gib = double(p.totalGlobalMem) / double(1ull << 30);
+  // Datasheet dense bf16 peaks of the parts we know; PCIe/NVL variants differ, so only the
+  // SXM names nvidia-smi reports plainly are recognised.
+  const std::string n = d.name;
+  if (n == "NVIDIA H200" || n == "NVIDIA H100 80GB HBM3") d.peak_bf16_tflops = 989.0;
+  return d;
+}
+
+void set_device(int device) {
+  check_cuda(cudaSetDevice(device), "cudaSetDevice");
+}
+
+void synchronize() {
+  check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+}
+
+uint16_t float_to_bf16(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu)) return uint16_t((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
+  return uint16_t(u >> 16);
+}
+
+float bf16_to_float(uint16_t x) {
+  const uint32_t u = uint32_t(x) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+DeviceBuffer::DeviceBuffer(std::size_t bytes) : bytes_(bytes) {
+  if (bytes > 0) check_cuda(cudaMalloc(&ptr_, bytes), "cudaMalloc");
+}
+DeviceBuffer::~DeviceBuffer() {
+  if (ptr_) cudaFree(ptr_);
+}
+DeviceBuffer::DeviceBuffer(DeviceBuffer&& o) noexcept
+    : ptr_(std::exchange(o.ptr_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
+  if (this != &o) {
+    if (ptr_) cudaFree(ptr_);
+    ptr_ = std::exchange(o.ptr_, nullptr);
+    bytes_ = std::exchange(o.bytes_, 0);
+  }
+  return *this;
+}
+void DeviceBuffer::upload(const void* host, std::size_t bytes, std::size_t offset) {
+  if (offset + bytes > bytes_) throw std::out_of_range("DeviceBuffer::upload past the end");
+  check_cuda(cudaMemcpy(static_cast<char*>(ptr_) + offset, host, bytes, cudaMemcpyHostToDevice),
+             "cudaMemcpy H2D");
+}
+void DeviceBuffer::download(void* host, std::size_t bytes, std::size_t offset) const {
+  if (offset + bytes > bytes_) throw std::out_of_range("DeviceBuffer::download past the end");
+  check_cuda(
+      cudaMemcpy(host, static_cast<const char*>(ptr_) + offset, bytes, cudaMemcpyDeviceToHost),
+      "cudaMemcpy D2H");
+}
+void DeviceBuffer::fill_zero() {
+  if (bytes_) check_cuda(cudaMemset(ptr_, 0, bytes_), "cudaMemset");
+}
+
+}  // namespace moeplan::backend::cuda

@@ -1,0 +1,120 @@
+#include "moeplan/backend/cuda/gemm.hpp"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "check.hpp"
+
+namespace moeplan::backend::cuda {
+namespace {
+
+void check_blas(cublasStatus_t s, const char* what) {
+  if (s != CUBLAS_STATUS_SUCCESS)
+    throw std::runtime_error(std::string("cuBLAS error in ") + what + ": " +
+                             cublasGetStatusString(s));
+}
+
+cudaDataType_t cuda_type(DType t) {
+  return t == DType::f32 ? CUDA_R_32F : CUDA_R_16BF;
+}
+cublasOperation_t op(bool t) {
+  return t ? CUBLAS_OP_T : CUBLAS_OP_N;
+}
+
+}  // namespace
+
+struct Blas::Impl {
+  cublasHandle_t handle = nullptr;
+  DeviceBuffer workspace;
+  bool grouped_ok = true;
+};
+
+Blas::Blas() : impl_(std::make_unique<Impl>()) {
+  check_blas(cublasCreate(&impl_->handle), "cublasCreate");
+  // Hopper kernels want a workspace; 32 MiB is what cuBLAS recommends for sm_90.
+  impl_->workspace = DeviceBuffer(32u << 20);
+  check_blas(cublasSetWorkspace(impl_->handle, impl_->workspace.data(), impl_->workspace.bytes()),
+             "cublasSetWorkspace");
+  // Default math: CUBLAS_COMPUTE_32F on fp32 inputs stays fp32 (TF32 only on request).
+  check_blas(cublasSetMathMode(impl_->handle, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
+}
+
+Blas::~Blas() {
+  if (impl_ && impl_->handle) cublasDestroy(impl_->handle);
+}
+
+bool Blas::grouped_supported() const {
+  return impl_->grouped_ok;
+}
+
+// Row-major C = op(A)·op(B) is column-major C^T = op(B)^T·op(A)^T: swap the operands.
+void Blas::gemm(const LedgerEntry& rec, bool transA, bool transB, int64_t M, int64_t N, int64_t K,
+                const void* A, int64_t lda, const void* B, int64_t ldb, float* C, int64_t ldc,
+                float beta, DType in, float alpha) {
+  if (M == 0 || N == 0) return;
+  if (rec.ledger) rec.ledger->add_gemm(rec.category, rec.phase, M, N, K);
+  check_blas(cublasGemmEx(impl_->handle, op(transB), op(transA), int(N), int(M), int(K), &alpha, B,
+                          cuda_type(in), int(ldb), A, cuda_type(in), int(lda), &beta, C, CUDA_R_32F,
+                          int(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+             "cublasGemmEx");
+}
+
+void Blas::gemm_batched(bool transA, bool transB, int64_t M, int64_t N, int64_t K,
+                        const void* const* A, int64_t lda, const void* const* B, int64_t ldb,
+                        void* const* C, int64_t ldc, float beta, DType in, DType out,
+                        int64_t batch) {
+  const float alpha = 1.f;
+  check_blas(cublasGemmBatchedEx(impl_->handle, op(transB), op(transA), int(N), int(M), int(K),
+                                 &alpha, B, cuda_type(in), int(ldb), A, cuda_type(in), int(lda),
+                                 &beta, C, cuda_type(out), int(ldc), int(batch), CUBLAS_COMPUTE_32F,
+                                 CUBLAS_GEMM_DEFAULT),
+             "cublasGemmBatchedEx");
+}
+
+void Blas::gemm_grouped(const LedgerEntry& rec, bool transA, bool transB, const int64_t* M,
+                        const int64_t* N, const int64_t* K, const void* const* hA,
+                        const void* const* dA, int64_t lda, const void* const* hB,
+                        const void* const* dB, int64_t ldb, float* const* hC, float* const* dC,
+                        int64_t ldc, float beta, DType in, int64_t count) {
+  if (count == 0) return;
+  if (rec.ledger)
+    for (int64_t g = 0; g < count; ++g)
+      rec.ledger->add_gemm(rec.category, rec.phase, M[g], N[g], K[g]);
+  if (impl_->grouped_ok) {
+    const size_t n = size_t(count);
+    std::vector<cublasOperation_t> ta(n, op(transB)), tb(n, op(transA));
+    std::vector<int> m(n), nn(n), k(n), la(n, int(ldb)), lb(n, int(lda)), lc(n, int(ldc)),
+        sizes(n, 1);
+    std::vector<float> alpha(n, 1.f), betas(n, beta);
+    for (size_t g = 0; g < n; ++g) {
+      m[g] = int(N[g]);
+      nn[g] = int(M[g]);
+      k[g] = int(K[g]);
+    }
+    const cublasStatus_t s = cublasGemmGroupedBatchedEx(
+        impl_->handle, ta.data(), tb.data(), m.data(), nn.data(), k.data(), alpha.data(),
+        reinterpret_cast<const void* const*>(dB), cuda_type(in), la.data(),
+        reinterpret_cast<const void* const*>(dA), cuda_type(in), lb.data(), betas.data(),
+        reinterpret_cast<void* const*>(dC), CUDA_R_32F, lc.data(), int(count), sizes.data(),
+        CUBLAS_COMPUTE_32F);
+    if (s == CUBLAS_STATUS_SUCCESS) return;
+    if (s != CUBLAS_STATUS_NOT_SUPPORTED && s != CUBLAS_STATUS_INVALID_VALUE)
+      check_blas(s, "cublasGemmGroupedBatchedEx");
+    impl_->grouped_ok = false;  // this cuBLAS has no grouped kernel for these types
+  }
+  const float alpha = 1.f;
+  for (int64_t g = 0; g < count; ++g) {
+    if (M[g] == 0 || N[g] == 0) continue;
+    check_blas(
+        cublasGemmEx(impl_->handle, op(transB), op(transA), int(N[g]), int(M[g]), int(K[g]), &alpha,
+                     hB[g], cuda_type(in), int(ldb), hA[g], cuda_type(in), int(lda), &beta, hC[g],
+                     CUDA_R_32F, int(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+        "cublasGemmEx (per group)");
+  }
+}
+
+}  // namespace moeplan::backend::cuda

@@ -1,0 +1,725 @@
+// The CUDA path's own kernels (everything that is not a matrix product). One translation unit so
+// that nvcc runs once. Rules: fp32 arithmetic, outputs that feed a matrix product written in the
+// product's input type (OutT = float or bf16), and no float atomics: every reduction that decides
+// a result runs in a fixed order, so two runs give the same bits.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "check.hpp"
+#include "moeplan/backend/cuda/kernels.hpp"
+
+namespace moeplan::backend::cuda::kernels {
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+__device__ __forceinline__ void store(float* p, float x) {
+  *p = x;
+}
+__device__ __forceinline__ void store(bf16* p, float x) {
+  *p = __float2bfloat16(x);
+}
+__device__ __forceinline__ float load(const float* p) {
+  return *p;
+}
+__device__ __forceinline__ float load(const bf16* p) {
+  return __bfloat162float(*p);
+}
+
+__device__ __forceinline__ float warp_sum(float x) {
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+__device__ __forceinline__ float warp_max(float x) {
+  for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+  return x;
+}
+
+// Block-wide sum in a fixed tree (blockDim multiple of 32, ≤ 1024); every thread gets the result.
+__device__ float block_sum(float x) {
+  __shared__ float part[32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  x = warp_sum(x);
+  __syncthreads();
+  if (lane == 0) part[warp] = x;
+  __syncthreads();
+  float t = lane < warps ? part[lane] : 0.f;
+  t = warp_sum(t);
+  return t;
+}
+__device__ float block_max(float x) {
+  __shared__ float part[32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  x = warp_max(x);
+  __syncthreads();
+  if (lane == 0) part[warp] = x;
+  __syncthreads();
+  float t = lane < warps ? part[lane] : -INFINITY;
+  return warp_max(t);
+}
+
+unsigned blocks_for(int64_t n, int threads) {
+  return unsigned((n + threads - 1) / threads);
+}
+
+// Dispatch a launch on the matrix-input type.
+#define MOEPLAN_DISPATCH_MM(mm, ...) \
+  do {                               \
+    if ((mm) == DType::f32) {        \
+      using OutT = float;            \
+      __VA_ARGS__;                   \
+    } else {                         \
+      using OutT = bf16;             \
+      __VA_ARGS__;                   \
+    }                                \
+  } while (0)
+
+template <class OutT>
+__global__ void cast_kernel(OutT* out, const float* in, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) store(out + i, in[i]);
+}
+
+__global__ void embedding_forward_kernel(float* x, const float* emb, const int32_t* tokens,
+                                         int64_t C) {
+  const int64_t t = blockIdx.x;
+  const float* row = emb + int64_t(tokens[t]) * C;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) x[t * C + c] = row[c];
+}
+
+__global__ void embedding_backward_kernel(float* demb, const float* dx, const int32_t* ids,
+                                          const int32_t* seg_start, const int32_t* positions,
+                                          int64_t C) {
+  const int64_t u = blockIdx.x;
+  float* row = demb + int64_t(ids[u]) * C;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+    float s = row[c];
+    for (int32_t p = seg_start[u]; p < seg_start[u + 1]; ++p)
+      s += dx[int64_t(positions[p]) * C + c];
+    row[c] = s;
+  }
+}
+
+// One warp per row.
+template <class OutT>
+__global__ void rmsnorm_forward_kernel(OutT* out, float* rstd, const float* x, const float* w,
+                                       int64_t T, int64_t C, float eps) {
+  const int64_t t = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x & 31;
+  if (t >= T) return;
+  const float* xr = x + t * C;
+  float ss = 0.f;
+  for (int64_t c = lane; c < C; c += 32) ss += xr[c] * xr[c];
+  ss = warp_sum(ss);
+  const float r = rsqrtf(ss / float(C) + eps);
+  if (lane == 0) rstd[t] = r;
+  for (int64_t c = lane; c < C; c += 32) store(out + t * C + c, xr[c] * r * w[c]);
+}
+
+__global__ void rmsnorm_backward_dx_kernel(float* dx, const float* dy, const float* x,
+                                           const float* w, const float* rstd, int64_t T,
+                                           int64_t C) {
+  const int64_t t = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x & 31;
+  if (t >= T) return;
+  const float* xr = x + t * C;
+  const float* dyr = dy + t * C;
+  const float r = rstd[t];
+  float dot = 0.f;  // Σ_c w·dy·x̂
+  for (int64_t c = lane; c < C; c += 32) dot += w[c] * dyr[c] * xr[c] * r;
+  dot = warp_sum(dot) / float(C);
+  for (int64_t c = lane; c < C; c += 32) {
+    const float xhat = xr[c] * r;
+    dx[t * C + c] += r * (w[c] * dyr[c] - xhat * dot);
+  }
+}
+
+// Column sums in two fixed-order passes: kColChunks row chunks, then the chunks in order.
+constexpr int kColChunks = 64;
+
+__global__ void rmsnorm_dw_partial_kernel(float* partial, const float* dy, const float* x,
+                                          const float* rstd, int64_t T, int64_t C) {
+  const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  const int64_t chunk = (T + kColChunks - 1) / kColChunks;
+  const int64_t t0 = blockIdx.y * chunk, t1 = min(T, t0 + chunk);
+  float s = 0.f;
+  for (int64_t t = t0; t < t1; ++t) s += dy[t * C + c] * x[t * C + c] * rstd[t];
+  partial[blockIdx.y * C + c] = s;
+}
+
+__global__ void colsum_partial_kernel(float* partial, const float* x, int64_t T, int64_t C) {
+  const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  const int64_t chunk = (T + kColChunks - 1) / kColChunks;
+  const int64_t t0 = blockIdx.y * chunk, t1 = min(T, t0 + chunk);
+  float s = 0.f;
+  for (int64_t t = t0; t < t1; ++t) s += x[t * C + c];
+  partial[blockIdx.y * C + c] = s;
+}
+
+// out (C) = scale·Σ_chunks partial + (accumulate ? out : 0)
+__global__ void colsum_finish_kernel(float* out, const float* partial, int64_t C, float scale,
+                                     bool accumulate) {
+  const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  float s = 0.f;
+  for (int k = 0; k < kColChunks; ++k) s += partial[k * C + c];
+  out[c] = (accumulate ? out[c] : 0.f) + scale * s;
+}
+
+// Thread per (token, head, pair i): rotate (x_2i, x_2i+1) of q and k heads by the table
+// cos_sin (S, Dh/2, 2); v heads are only cast.
+template <class OutT>
+__global__ void qkv_prepare_kernel(OutT* out, const float* qkv, const float* cos_sin, int64_t T,
+                                   int64_t S, int64_t heads_qk, int64_t W, int64_t Dh,
+                                   bool backward) {
+  const int64_t half = Dh / 2, heads = W / Dh;
+  const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= T * heads * half) return;
+  const int64_t i = idx % half;
+  const int64_t head = (idx / half) % heads;
+  const int64_t t = idx / (half * heads);
+  const int64_t base = t * W + head * Dh + 2 * i;
+  const float x0 = qkv[base], x1 = qkv[base + 1];
+  if (cos_sin == nullptr || head >= heads_qk) {
+    store(out + base, x0);
+    store(out + base + 1, x1);
+    return;
+  }
+  const float* cs = cos_sin + ((t % S) * half + i) * 2;
+  const float c = cs[0], sn = backward ? -cs[1] : cs[1];  // backward: the inverse rotation
+  store(out + base, x0 * c - x1 * sn);
+  store(out + base + 1, x0 * sn + x1 * c);
+}
+
+// One block per (bh, query row i).
+template <class OutT>
+__global__ void attention_softmax_forward_kernel(OutT* P, const float* scores, const float* slopes,
+                                                 int64_t H, int64_t S, float scale) {
+  const int64_t row = blockIdx.x;  // bh·S + i
+  const int64_t i = row % S;
+  const int64_t h = (row / S) % H;
+  const float slope = slopes ? slopes[h] : 0.f;
+  const float* sr = scores + row * S;
+  OutT* pr = P + row * S;
+  float mx = -INFINITY;
+  for (int64_t j = threadIdx.x; j <= i; j += blockDim.x)
+    mx = fmaxf(mx, scale * sr[j] - slope * float(i - j));
+  mx = block_max(mx);
+  float sum = 0.f;
+  for (int64_t j = threadIdx.x; j <= i; j += blockDim.x)
+    sum += expf(scale * sr[j] - slope * float(i - j) - mx);
+  sum = block_sum(sum);
+  const float inv = 1.f / sum;
+  for (int64_t j = threadIdx.x; j < S; j += blockDim.x)
+    store(pr + j, j <= i ? expf(scale * sr[j] - slope * float(i - j) - mx) * inv : 0.f);
+}
+
+template <class OutT>
+__global__ void attention_softmax_backward_kernel(OutT* dS, const float* dP, const OutT* P,
+                                                  int64_t S, float scale) {
+  const int64_t row = blockIdx.x;
+  const int64_t i = row % S;
+  const float* dpr = dP + row * S;
+  const OutT* pr = P + row * S;
+  float dot = 0.f;
+  for (int64_t j = threadIdx.x; j <= i; j += blockDim.x) dot += load(pr + j) * dpr[j];
+  dot = block_sum(dot);
+  for (int64_t j = threadIdx.x; j < S; j += blockDim.x)
+    store(dS + row * S + j, j <= i ? scale * load(pr + j) * (dpr[j] - dot) : 0.f);
+}
+
+__device__ __forceinline__ float silu(float a) {
+  return a / (1.f + expf(-a));
+}
+
+template <class OutT>
+__global__ void swiglu_forward_kernel(OutT* h, const float* ab, int64_t N, int64_t F) {
+  const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= N * F) return;
+  const int64_t n = idx / F, f = idx % F;
+  const float a = ab[n * 2 * F + f], b = ab[n * 2 * F + F + f];
+  store(h + idx, silu(a) * b);
+}
+
+template <class OutT>
+__global__ void swiglu_backward_kernel(OutT* dab, const float* dh, const float* ab, int64_t N,
+                                       int64_t F) {
+  const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= N * F) return;
+  const int64_t n = idx / F, f = idx % F;
+  const float a = ab[n * 2 * F + f], b = ab[n * 2 * F + F + f];
+  const float sig = 1.f / (1.f + expf(-a));
+  const float g = dh[idx];
+  store(dab + n * 2 * F + f, g * b * sig * (1.f + a * (1.f - sig)));  // d silu(a)/da
+  store(dab + n * 2 * F + F + f, g * a * sig);
+}
+
+// Thread per token: E is small (≤ a few hundred), so a serial softmax and K selection passes.
+__global__ void router_topk_kernel(float* probs, float* lse, int32_t* idx, float* gate,
+                                   const float* logits, int64_t T, int64_t E, int64_t K,
+                                   bool renormalize) {
+  const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t >= T) return;
+  const float* l = logits + t * E;
+  float mx = -INFINITY;
+  for (int64_t e = 0; e < E; ++e) mx = fmaxf(mx, l[e]);
+  float s = 0.f;
+  for (int64_t e = 0; e < E; ++e) s += expf(l[e] - mx);
+  lse[t] = mx + logf(s);
+  for (int64_t e = 0; e < E; ++e) probs[t * E + e] = expf(l[e] - mx) / s;
+  float chosen_sum = 0.f;
+  for (int64_t k = 0; k < K; ++k) {
+    int32_t best = -1;
+    float bp = -1.f;
+    for (int64_t e = 0; e < E; ++e) {
+      bool taken = false;
+      for (int64_t j = 0; j < k; ++j) taken |= idx[t * K + j] == int32_t(e);
+      const float p = probs[t * E + e];
+      if (!taken && p > bp) {  // strict: ties keep the lower expert
+        bp = p;
+        best = int32_t(e);
+      }
+    }
+    idx[t * K + k] = best;
+    gate[t * K + k] = bp;
+    chosen_sum += bp;
+  }
+  if (renormalize)
+    for (int64_t k = 0; k < K; ++k) gate[t * K + k] /= chosen_sum;
+}
+
+// Block per expert: how many assignments chose it (integer count, order-free).
+__global__ void expert_count_kernel(int32_t* counts, const int32_t* idx, int64_t N) {
+  const int32_t e = blockIdx.x;
+  int c = 0;
+  for (int64_t a = threadIdx.x; a < N; a += blockDim.x) c += idx[a] == e;
+  __shared__ int part[32];
+  for (int o = 16; o > 0; o >>= 1) c += __shfl_xor_sync(0xffffffffu, c, o);
+  if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = c;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int s = 0;
+    for (unsigned w = 0; w < blockDim.x / 32; ++w) s += part[w];
+    counts[e] = s;
+  }
+}
+
+__global__ void exclusive_scan_kernel(int32_t* offsets, const int32_t* counts, int64_t E) {
+  int32_t s = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    offsets[e] = s;
+    s += counts[e];
+  }
+  offsets[E] = s;
+}
+
+// Block per expert scans the assignments in order and places its own: a stable counting sort.
+__global__ void expert_place_kernel(int32_t* sorted, int32_t* slot_of, const int32_t* offsets,
+                                    const int32_t* idx, int64_t N) {
+  const int32_t e = blockIdx.x;
+  __shared__ int warp_tot[32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  int running = offsets[e];
+  for (int64_t start = 0; start < N; start += blockDim.x) {
+    const int64_t a = start + threadIdx.x;
+    const bool mine = a < N && idx[a] == e;
+    const unsigned mask = __ballot_sync(0xffffffffu, mine);
+    const int before_in_warp = __popc(mask & ((1u << lane) - 1u));
+    if (lane == 0) warp_tot[warp] = __popc(mask);
+    __syncthreads();
+    int before = 0, total = 0;
+    for (int w = 0; w < warps; ++w) {
+      before += w < warp ? warp_tot[w] : 0;
+      total += warp_tot[w];
+    }
+    if (mine) {
+      const int slot = running + before + before_in_warp;
+      sorted[slot] = int32_t(a);
+      slot_of[a] = slot;
+    }
+    running += total;
+    __syncthreads();
+  }
+}
+
+template <class T>
+__global__ void gather_rows_kernel(T* out, const T* in, const int32_t* sorted, int64_t K,
+                                   int64_t C) {
+  const int64_t i = blockIdx.x;
+  const int64_t t = sorted[i] / K;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) out[i * C + c] = in[t * C + c];
+}
+
+__global__ void moe_combine_forward_kernel(float* y, const float* ys, const float* gate,
+                                           const int32_t* slot_of, int64_t K, int64_t C) {
+  const int64_t t = blockIdx.x;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+    float s = y[t * C + c];
+    for (int64_t k = 0; k < K; ++k) s += gate[t * K + k] * ys[int64_t(slot_of[t * K + k]) * C + c];
+    y[t * C + c] = s;
+  }
+}
+
+template <class OutT>
+__global__ void moe_combine_backward_kernel(OutT* dys, float* dgate, const float* dy,
+                                            const float* ys, const float* gate,
+                                            const int32_t* sorted, int64_t K, int64_t C) {
+  const int64_t i = blockIdx.x;
+  const int64_t a = sorted[i], t = a / K;
+  const float g = gate[a];
+  float dot = 0.f;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+    const float d = dy[t * C + c];
+    store(dys + i * C + c, g * d);
+    dot += d * ys[i * C + c];
+  }
+  dot = block_sum(dot);
+  if (threadIdx.x == 0) dgate[a] = dot;
+}
+
+__global__ void moe_scatter_add_kernel(float* dx, const float* dxs, const int32_t* slot_of,
+                                       int64_t K, int64_t C) {
+  const int64_t t = blockIdx.x;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+    float s = dx[t * C + c];
+    for (int64_t k = 0; k < K; ++k) s += dxs[int64_t(slot_of[t * K + k]) * C + c];
+    dx[t * C + c] = s;
+  }
+}
+
+// aux = {λ·E·Σ f_i·P_i, z·mean lse²}; one block, fixed order.
+__global__ void router_aux_finish_kernel(float* aux, const float* p_mean, const float* lse,
+                                         const int32_t* counts, int64_t T, int64_t E, int64_t K,
+                                         float lb, float z) {
+  float s = 0.f;
+  for (int64_t e = threadIdx.x; e < E; e += blockDim.x)
+    s += (float(counts[e]) / float(T * K)) * p_mean[e];
+  s = block_sum(s);
+  float zs = 0.f;
+  for (int64_t t = threadIdx.x; t < T; t += blockDim.x) zs += lse[t] * lse[t];
+  zs = block_sum(zs);
+  if (threadIdx.x == 0) {
+    aux[0] = lb * float(E) * s;
+    aux[1] = z * zs / float(T);
+  }
+}
+
+template <class OutT>
+__global__ void router_backward_kernel(OutT* dlogits, const float* probs, const float* lse,
+                                       const int32_t* idx, const float* gate, const float* dgate,
+                                       const int32_t* counts, int64_t T, int64_t E, int64_t K,
+                                       bool renormalize, float lb, float z) {
+  const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t >= T) return;
+  const float* p = probs + t * E;
+  // Σ_k dg_k·g_k, for the renormalised gates g_k = p_k / Σ_topK p.
+  float chosen = 0.f, dg_dot_g = 0.f;
+  for (int64_t k = 0; k < K; ++k) {
+    chosen += p[idx[t * K + k]];
+    dg_dot_g += dgate[t * K + k] * gate[t * K + k];
+  }
+  // dp_e, then dlogit_e = p_e·(dp_e − Σ p·dp) + z-loss term.
+  auto dp_of = [&](int64_t e) {
+    float d = lb * float(E) * (float(counts[e]) / float(T * K)) / float(T);
+    for (int64_t k = 0; k < K; ++k)
+      if (idx[t * K + k] == int32_t(e))
+        d += renormalize ? (dgate[t * K + k] - dg_dot_g) / chosen : dgate[t * K + k];
+    return d;
+  };
+  float pdp = 0.f;
+  for (int64_t e = 0; e < E; ++e) pdp += p[e] * dp_of(e);
+  const float zterm = z * 2.f * lse[t] / float(T);
+  for (int64_t e = 0; e < E; ++e)
+    store(dlogits + t * E + e, p[e] * (dp_of(e) - pdp) + zterm * p[e]);
+}
+
+// Block per row: log-sum-exp, loss, and the gradient in one pass over the logits.
+template <class OutT>
+__global__ void cross_entropy_kernel(float* losses, OutT* dlogits, const float* logits,
+                                     const int32_t* targets, int64_t V, float grad_scale) {
+  const int64_t t = blockIdx.x;
+  const float* l = logits + t * V;
+  const int32_t target = targets[t];
+  if (target < 0) {
+    if (threadIdx.x == 0) losses[t] = 0.f;
+    if (dlogits)
+      for (int64_t v = threadIdx.x; v < V; v += blockDim.x) store(dlogits + t * V + v, 0.f);
+    return;
+  }
+  float mx = -INFINITY;
+  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) mx = fmaxf(mx, l[v]);
+  mx = block_max(mx);
+  float s = 0.f;
+  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) s += expf(l[v] - mx);
+  s = block_sum(s);
+  const float lse = mx + logf(s);
+  if (threadIdx.x == 0) losses[t] = lse - l[target];
+  if (dlogits)
+    for (int64_t v = threadIdx.x; v < V; v += blockDim.x)
+      store(dlogits + t * V + v, grad_scale * (expf(l[v] - lse) - (v == target ? 1.f : 0.f)));
+}
+
+__global__ void sum_double_kernel(double* out, const float* x, int64_t n) {
+  __shared__ double part[1024];
+  double s = 0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += double(x[i]);
+  part[threadIdx.x] = s;
+  __syncthreads();
+  for (unsigned w = blockDim.x / 2; w > 0; w >>= 1) {
+    if (threadIdx.x < w) part[threadIdx.x] += part[threadIdx.x + w];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) out[0] = part[0];
+}
+
+constexpr int kNormBlocks = 1024, kNormThreads = 256;
+
+__global__ void sumsq_partial_kernel(double* partial, const float* g, int64_t n) {
+  __shared__ double part[kNormThreads];
+  double s = 0;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    s += double(g[i]) * double(g[i]);
+  part[threadIdx.x] = s;
+  __syncthreads();
+  for (unsigned w = blockDim.x / 2; w > 0; w >>= 1) {
+    if (threadIdx.x < w) part[threadIdx.x] += part[threadIdx.x + w];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) partial[blockIdx.x] = part[0];
+}
+
+__global__ void norm_finish_kernel(float* norm, const double* partial, int n, float max_norm) {
+  __shared__ double part[kNormThreads];
+  double s = 0;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) s += partial[i];
+  part[threadIdx.x] = s;
+  __syncthreads();
+  for (unsigned w = blockDim.x / 2; w > 0; w >>= 1) {
+    if (threadIdx.x < w) part[threadIdx.x] += part[threadIdx.x + w];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    const double nrm = sqrt(part[0]);
+    norm[0] = float(nrm);
+    // As the CPU reference: scale only when the norm exceeds the clip.
+    norm[1] = (max_norm > 0 && nrm > double(max_norm)) ? float(double(max_norm) / nrm) : 1.f;
+  }
+}
+
+__global__ void adamw_kernel(float* p, bf16* p_mm, float* m, float* v, const float* g,
+                             const uint8_t* decay, const float* norm, int64_t n, float lr, float b1,
+                             float b2, float eps, float wd, float bc1, float bc2) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const float grad = g[i] * norm[1];
+  const float mi = b1 * m[i] + (1.f - b1) * grad;
+  const float vi = b2 * v[i] + (1.f - b2) * grad * grad;
+  m[i] = mi;
+  v[i] = vi;
+  // The CPU reference's form: p −= lr·(m̂/(sqrt(v̂)+eps) + wd·p), m̂ = m·(1/bc1).
+  const float mh = mi * bc1, vh = vi * bc2;
+  float w = p[i];
+  w -= lr * (mh / (sqrtf(vh) + eps) + (decay[i] ? wd : 0.f) * w);
+  p[i] = w;
+  if (p_mm) p_mm[i] = __float2bfloat16(w);
+}
+
+}  // namespace
+
+void cast(void* out, DType mm, const float* in, int64_t n) {
+  if (n == 0) return;
+  MOEPLAN_DISPATCH_MM(mm, cast_kernel<<<blocks_for(n, 256), 256>>>(static_cast<OutT*>(out), in, n));
+  check_launch("cast");
+}
+
+void embedding_forward(float* x, const float* emb, const int32_t* tokens, int64_t T, int64_t C) {
+  embedding_forward_kernel<<<unsigned(T), 256>>>(x, emb, tokens, C);
+  check_launch("embedding_forward");
+}
+
+void embedding_backward(float* demb, const float* dx, const int32_t* ids, const int32_t* seg_start,
+                        const int32_t* positions, int64_t n_ids, int64_t C) {
+  if (n_ids == 0) return;
+  embedding_backward_kernel<<<unsigned(n_ids), 256>>>(demb, dx, ids, seg_start, positions, C);
+  check_launch("embedding_backward");
+}
+
+void rmsnorm_forward(void* out, DType mm, float* rstd, const float* x, const float* w, int64_t T,
+                     int64_t C, float eps) {
+  MOEPLAN_DISPATCH_MM(mm, rmsnorm_forward_kernel<<<blocks_for(T, 8), 256>>>(static_cast<OutT*>(out),
+                                                                            rstd, x, w, T, C, eps));
+  check_launch("rmsnorm_forward");
+}
+
+int64_t rmsnorm_scratch_floats(int64_t C) {
+  return kColChunks * C;
+}
+int64_t colsum_scratch_floats(int64_t C) {
+  return kColChunks * C;
+}
+
+void rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x, const float* w,
+                      const float* rstd, int64_t T, int64_t C, float* scratch) {
+  rmsnorm_backward_dx_kernel<<<blocks_for(T, 8), 256>>>(dx, dy, x, w, rstd, T, C);
+  check_launch("rmsnorm_backward_dx");
+  rmsnorm_dw_partial_kernel<<<dim3(blocks_for(C, 128), kColChunks), 128>>>(scratch, dy, x, rstd, T,
+                                                                           C);
+  check_launch("rmsnorm_dw_partial");
+  colsum_finish_kernel<<<blocks_for(C, 128), 128>>>(dw, scratch, C, 1.f, true);
+  check_launch("colsum_finish");
+}
+
+void qkv_prepare(void* out, DType mm, const float* qkv, const float* rope_cos_sin, int64_t B,
+                 int64_t S, int64_t H, int64_t Hkv, int64_t Dh) {
+  const int64_t W = (H + 2 * Hkv) * Dh, T = B * S;
+  const int64_t n = T * (W / Dh) * (Dh / 2);
+  MOEPLAN_DISPATCH_MM(mm,
+                      qkv_prepare_kernel<<<blocks_for(n, 256), 256>>>(
+                          static_cast<OutT*>(out), qkv, rope_cos_sin, T, S, H + Hkv, W, Dh, false));
+  check_launch("qkv_prepare");
+}
+
+void qkv_prepare_backward(void* dqkv_mm, DType mm, const float* dqkv, const float* rope_cos_sin,
+                          int64_t B, int64_t S, int64_t H, int64_t Hkv, int64_t Dh) {
+  const int64_t W = (H + 2 * Hkv) * Dh, T = B * S;
+  const int64_t n = T * (W / Dh) * (Dh / 2);
+  MOEPLAN_DISPATCH_MM(
+      mm, qkv_prepare_kernel<<<blocks_for(n, 256), 256>>>(
+              static_cast<OutT*>(dqkv_mm), dqkv, rope_cos_sin, T, S, H + Hkv, W, Dh, true));
+  check_launch("qkv_prepare_backward");
+}
+
+void attention_softmax_forward(void* P, DType mm, const float* scores, const float* alibi_slopes,
+                               int64_t BH, int64_t H, int64_t S, float scale) {
+  MOEPLAN_DISPATCH_MM(mm, attention_softmax_forward_kernel<<<unsigned(BH * S), 128>>>(
+                              static_cast<OutT*>(P), scores, alibi_slopes, H, S, scale));
+  check_launch("attention_softmax_forward");
+}
+
+void attention_softmax_backward(void* dS, DType mm, const float* dP, const void* P, int64_t BH,
+                                int64_t S, float scale) {
+  MOEPLAN_DISPATCH_MM(mm, attention_softmax_backward_kernel<<<unsigned(BH * S), 128>>>(
+                              static_cast<OutT*>(dS), dP, static_cast<const OutT*>(P), S, scale));
+  check_launch("attention_softmax_backward");
+}
+
+void swiglu_forward(void* h, DType mm, const float* ab, int64_t N, int64_t F) {
+  if (N * F == 0) return;
+  MOEPLAN_DISPATCH_MM(
+      mm, swiglu_forward_kernel<<<blocks_for(N * F, 256), 256>>>(static_cast<OutT*>(h), ab, N, F));
+  check_launch("swiglu_forward");
+}
+
+void swiglu_backward(void* dab, DType mm, const float* dh, const float* ab, int64_t N, int64_t F) {
+  if (N * F == 0) return;
+  MOEPLAN_DISPATCH_MM(mm, swiglu_backward_kernel<<<blocks_for(N * F, 256), 256>>>(
+                              static_cast<OutT*>(dab), dh, ab, N, F));
+  check_launch("swiglu_backward");
+}
+
+void router_topk(float* probs, float* lse, int32_t* topk_idx, float* topk_gate, const float* logits,
+                 int64_t T, int64_t E, int64_t K, bool renormalize) {
+  router_topk_kernel<<<blocks_for(T, 128), 128>>>(probs, lse, topk_idx, topk_gate, logits, T, E, K,
+                                                  renormalize);
+  check_launch("router_topk");
+}
+
+void sort_by_expert(int32_t* counts, int32_t* offsets, int32_t* sorted, int32_t* slot_of,
+                    const int32_t* topk_idx, int64_t T, int64_t K, int64_t E) {
+  const int64_t N = T * K;
+  expert_count_kernel<<<unsigned(E), 256>>>(counts, topk_idx, N);
+  check_launch("expert_count");
+  exclusive_scan_kernel<<<1, 1>>>(offsets, counts, E);
+  check_launch("exclusive_scan");
+  expert_place_kernel<<<unsigned(E), 256>>>(sorted, slot_of, offsets, topk_idx, N);
+  check_launch("expert_place");
+}
+
+void gather_rows(void* out, const void* in, DType mm, const int32_t* sorted, int64_t N, int64_t K,
+                 int64_t C) {
+  if (N == 0) return;
+  MOEPLAN_DISPATCH_MM(mm, gather_rows_kernel<<<unsigned(N), 128>>>(
+                              static_cast<OutT*>(out), static_cast<const OutT*>(in), sorted, K, C));
+  check_launch("gather_rows");
+}
+
+void moe_combine_forward(float* y, const float* ys, const float* gate, const int32_t* slot_of,
+                         int64_t T, int64_t K, int64_t C) {
+  moe_combine_forward_kernel<<<unsigned(T), 128>>>(y, ys, gate, slot_of, K, C);
+  check_launch("moe_combine_forward");
+}
+
+void moe_combine_backward(void* dys, DType mm, float* dgate, const float* dy, const float* ys,
+                          const float* gate, const int32_t* sorted, int64_t N, int64_t K,
+                          int64_t C) {
+  if (N == 0) return;
+  MOEPLAN_DISPATCH_MM(mm, moe_combine_backward_kernel<<<unsigned(N), 128>>>(
+                              static_cast<OutT*>(dys), dgate, dy, ys, gate, sorted, K, C));
+  check_launch("moe_combine_backward");
+}
+
+void moe_scatter_add(float* dx, const float* dxs, const int32_t* slot_of, int64_t T, int64_t K,
+                     int64_t C) {
+  moe_scatter_add_kernel<<<unsigned(T), 128>>>(dx, dxs, slot_of, K, C);
+  check_launch("moe_scatter_add");
+}
+
+void router_aux_forward(float* aux, float* p_mean, const float* probs, const float* lse,
+                        const int32_t* counts, int64_t T, int64_t E, int64_t K, float load_balance,
+                        float z_loss, float* scratch) {
+  colsum_partial_kernel<<<dim3(blocks_for(E, 128), kColChunks), 128>>>(scratch, probs, T, E);
+  check_launch("colsum_partial");
+  colsum_finish_kernel<<<blocks_for(E, 128), 128>>>(p_mean, scratch, E, 1.f / float(T), false);
+  check_launch("colsum_finish");
+  router_aux_finish_kernel<<<1, 256>>>(aux, p_mean, lse, counts, T, E, K, load_balance, z_loss);
+  check_launch("router_aux_finish");
+}
+
+void router_backward(void* dlogits, DType mm, const float* probs, const float* lse,
+                     const int32_t* topk_idx, const float* topk_gate, const float* dgate,
+                     const int32_t* counts, int64_t T, int64_t E, int64_t K, bool renormalize,
+                     float load_balance, float z_loss) {
+  MOEPLAN_DISPATCH_MM(mm, router_backward_kernel<<<blocks_for(T, 128), 128>>>(
+                              static_cast<OutT*>(dlogits), probs, lse, topk_idx, topk_gate, dgate,
+                              counts, T, E, K, renormalize, load_balance, z_loss));
+  check_launch("router_backward");
+}
+
+void cross_entropy(float* losses, void* dlogits, DType mm, const float* logits,
+                   const int32_t* targets, int64_t T, int64_t V, float grad_scale) {
+  MOEPLAN_DISPATCH_MM(mm, cross_entropy_kernel<<<unsigned(T), 512>>>(
+                              losses, static_cast<OutT*>(dlogits), logits, targets, V, grad_scale));
+  check_launch("cross_entropy");
+}
+
+void sum_double(double* out, const float* x, int64_t n) {
+  sum_double_kernel<<<1, 1024>>>(out, x, n);
+  check_launch("sum_double");
+}
+
+int64_t grad_norm_scratch_doubles() {
+  return kNormBlocks;
+}
+
+void grad_norm(float* norm, const float* grads, int64_t n, float max_norm, double* scratch) {
+  sumsq_partial_kernel<<<kNormBlocks, kNormThreads>>>(scratch, grads, n);
+  check_launch("sumsq_partial");
+  norm_finish_kernel<<<1, kNormThreads>>>(norm, scratch, kNormBlocks, max_norm);
+  check_launch("norm_finish");
+}
+
+void adamw(float* params, uint16_t* params_mm, float* m, float* v, const float* grads,
+           const uint8_t* decay, const float* norm, int64_t n, float lr, float beta1, float beta2,
+           float eps, float weight_decay, float bias_correction1, float bias_correction2) {
+  adamw_kernel<<<blocks_for(n, 256), 256>>>(params, reinterpret_cast<bf16*>(params_mm), m, v, grads,
+                                            decay, norm, n, lr, beta1, beta2, eps, weight_decay,
+                                            bias_correction1, bias_correction2);
+  check_launch("adamw");
+}
+
+}  // namespace moeplan::backend::cuda::kernels

@@ -1,0 +1,962 @@
+// The CUDA model: parameter layout and initial weights taken from the CPU reference, buffers
+// allocated once, forward and backward as the CPU's sequence of layer calls with cuBLAS products
+// and our kernels, AdamW on the device. The host waits for the device once per MoE layer (the
+// routed token counts size the grouped expert products and the ledger) and once per step.
+#include "moeplan/backend/cuda/model.hpp"
+
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+
+#include "check.hpp"
+#include "moeplan/accounting/error.hpp"
+#include "moeplan/backend/cuda/comm.hpp"
+#include "moeplan/backend/cuda/gemm.hpp"
+#include "moeplan/backend/cuda/kernels.hpp"
+
+namespace moeplan::backend::cuda {
+
+namespace k = kernels;
+
+namespace {
+
+struct LayerParams {
+  int64_t norm1 = -1, qkv = -1, attn_out = -1, norm2 = -1, w13 = -1, w2 = -1;
+  int64_t router = -1, shared_w13 = -1, shared_w2 = -1;
+  std::vector<int64_t> expert_w13, expert_w2;
+};
+
+// Pinned host memory for pointer tables that travel to the device with the stream.
+struct PinnedBuffer {
+  void* ptr = nullptr;
+  explicit PinnedBuffer(size_t bytes) {
+    if (bytes) check_cuda(cudaMallocHost(&ptr, bytes), "cudaMallocHost");
+  }
+  ~PinnedBuffer() {
+    if (ptr) cudaFreeHost(ptr);
+  }
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+};
+
+// Attention pointer tables of one layer: forward in (b, h) order, backward in (g, b, kvh) order
+// (h = kvh·group + g) so that the query heads of a group add into dK/dV one batched call at a time.
+enum AttnTable {
+  fQ,
+  fK,
+  fV,
+  fScore,
+  fP,
+  fO,
+  bP,
+  bdO,
+  bV,
+  bdP,
+  bdV,
+  bdS,
+  bK,
+  bdQ,
+  bQ,
+  bdK,
+  kTables
+};
+
+constexpr int kExpertProducts = 6;  // W13 fwd, W2 fwd, W2 dX, W2 dW, W13 dX, W13 dW
+
+}  // namespace
+
+struct Model::Impl {
+  Arch a;
+  ModelOptions opt;
+  DType mm;
+  Communicator* comm = nullptr;
+  int64_t B = 0, S = 0, Dm = 0, H = 0, Hkv = 0, Dh = 0, W = 0, V = 0, E = 0, K = 0, De = 0, Dse = 0,
+          Dffn = 0, L = 0, T = 0, n_params = 0;
+  bool rope = false;
+  size_t mm_size = 4;
+
+  std::vector<TensorInfo> tensors;
+  std::vector<LayerParams> lp;
+  int64_t embedding = 0, final_norm = 0, lm_head = -1;
+  int64_t adam_steps = 0;
+  FlopLedger ledger, eval_ledger;
+  Blas blas;
+  size_t bytes = 0;
+
+  DeviceBuffer params, params_mm, grads, adam_m, adam_v, decay;
+  DeviceBuffer rope_table, slopes;
+
+  // Activations saved for backward, per layer.
+  struct Acts {
+    DeviceBuffer resid_in;  // (T,Dm) f32, the layer's input
+    DeviceBuffer ln1, rstd1, qkv, P, atty, mid, ln2, rstd2;
+    DeviceBuffer h13, act;  // dense (T,2Dffn) f32, (T,Dffn) mm; routed (TK,2De), (TK,De)
+    DeviceBuffer probs, lse, idx, gate, counts, offsets, sorted, slot_of, xg, ye, sh13, sact;
+    DeviceBuffer aux, p_mean;  // (2) (E)
+    std::vector<int32_t> counts_host;
+    DeviceBuffer attn_ptrs;  // kTables × B·H device pointers
+  };
+  std::vector<Acts> acts;
+  DeviceBuffer resid_out, lnf, rstdf, logits, losses, dlogits, loss_sum;
+  DeviceBuffer tokens, targets, emb_ids, emb_seg, emb_pos;
+  // Scratch shared by all layers.
+  DeviceBuffer qkv_f32, scores, dP, dS, dresid, dresid_mm, dln, dact, dh13, dqkv, dqkv_mm, datty,
+      datty_mm, dye, dgate, dxg, dlog, router_logits, col_scratch, norm_scratch, norm;
+  // Grouped expert products: pointer tables per (MoE layer, product), host (pinned) and device.
+  std::unique_ptr<PinnedBuffer> expert_ptrs_host;
+  DeviceBuffer expert_ptrs_dev;
+  // Per-step outputs.
+  std::vector<int64_t> routed;
+  std::vector<float> aux_host;
+
+  DeviceBuffer alloc(size_t n_bytes) {
+    bytes += n_bytes;
+    return DeviceBuffer(n_bytes);
+  }
+  DeviceBuffer alloc_f(int64_t n) { return alloc(size_t(n) * 4); }
+  DeviceBuffer alloc_mm(int64_t n) { return alloc(size_t(n) * mm_size); }
+
+  float* P(int64_t off) { return params.as<float>() + off; }
+  float* G(int64_t off) { return grads.as<float>() + off; }
+  const void* Wm(int64_t off) const {  // weights as matrix-product input
+    return mm == DType::f32 ? static_cast<const void*>(params.as<float>() + off)
+                            : static_cast<const void*>(params_mm.as<uint16_t>() + off);
+  }
+  static const void* at(const DeviceBuffer& b, int64_t elems, size_t esize) {
+    return static_cast<const char*>(b.data()) + size_t(elems) * esize;
+  }
+  void* at_mut(DeviceBuffer& b, int64_t elems, size_t esize) {
+    return static_cast<char*>(b.data()) + size_t(elems) * esize;
+  }
+
+  Impl(const Arch& arch, const ModelOptions& o, uint64_t seed, int64_t batch_seqs, DType matmul,
+       Communicator* c)
+      : a(arch), opt(o), mm(matmul), comm(c) {
+    if (o.capacity_factor > 0)
+      throw InputError(
+          fmt::format("capacity_factor {} is not supported by the cuda device (dropless only)",
+                      o.capacity_factor));
+    if (o.erc_loss > 0)
+      throw InputError(fmt::format(
+          "erc_loss {} is not supported by the cuda device (use --device cpu)", o.erc_loss));
+    // The CPU reference validates the options and gives the layout and the initial weights.
+    backend::Model<float> ref(arch, o, seed, 1);
+    tensors = ref.tensors();
+    B = batch_seqs;
+    S = a.seq_len;
+    Dm = a.d_model;
+    H = a.heads;
+    Hkv = a.kv_heads;
+    Dh = a.head_dim;
+    W = (H + 2 * Hkv) * Dh;
+    V = a.vocab;
+    E = a.experts;
+    K = a.top_k;
+    De = a.d_expert;
+    Dse = a.d_shared;
+    Dffn = a.d_ffn;
+    L = a.layers;
+    T = B * S;
+    rope = o.positions == "rope";
+    mm_size = dtype_size(mm);
+    n_params = ref.trainable_params();
+    locate_tensors();
+
+    params = alloc_f(n_params);
+    params.upload(ref.parameters().data(), size_t(n_params) * 4);
+    if (mm == DType::bf16) params_mm = alloc(size_t(n_params) * 2);
+    grads = alloc_f(n_params);
+    adam_m = alloc_f(n_params);
+    adam_v = alloc_f(n_params);
+    adam_m.fill_zero();
+    adam_v.fill_zero();
+    decay = alloc(size_t(n_params));
+    std::vector<uint8_t> decay_host(size_t(n_params), 0);
+    for (const TensorInfo& t : tensors)
+      std::fill_n(decay_host.begin() + t.offset, t.size(), uint8_t(t.weight_decay ? 1 : 0));
+    decay.upload(decay_host.data(), decay_host.size());
+    refresh_mm_weights();
+
+    if (rope) {  // the CPU's table: (S, Dh/2, 2), angles in double
+      std::vector<float> cs(size_t(S * Dh));
+      for (int64_t p = 0; p < S; ++p)
+        for (int64_t i = 0; i < Dh / 2; ++i) {
+          const double th = double(p) * std::pow(10000.0, -2.0 * double(i) / double(Dh));
+          cs[size_t((p * Dh / 2 + i) * 2)] = float(std::cos(th));
+          cs[size_t((p * Dh / 2 + i) * 2 + 1)] = float(std::sin(th));
+        }
+      rope_table = alloc_f(S * Dh);
+      rope_table.upload(cs.data(), cs.size() * 4);
+    } else {
+      std::vector<double> s(static_cast<size_t>(H));
+      std::vector<float> sf(static_cast<size_t>(H));
+      alibi(s);
+      for (int64_t h = 0; h < H; ++h) sf[size_t(h)] = float(s[size_t(h)]);
+      slopes = alloc_f(H);
+      slopes.upload(sf.data(), sf.size() * 4);
+    }
+    allocate_activations();
+  }
+
+  // ALiBi slopes of Press et al., interleaved when H is not a power of two (as the CPU).
+  void alibi(std::vector<double>& out) const {
+    auto power_of_two = [](int64_t n, std::vector<double>& v) {
+      const double start = std::pow(2.0, -8.0 / double(n));
+      for (int64_t i = 0; i < n; ++i) v.push_back(std::pow(start, double(i + 1)));
+    };
+    int64_t closest = 1;
+    while (closest * 2 <= H) closest *= 2;
+    std::vector<double> s;
+    power_of_two(closest, s);
+    if (closest < H) {
+      std::vector<double> extra;
+      power_of_two(2 * closest, extra);
+      for (size_t i = 0; int64_t(s.size()) < H; i += 2) s.push_back(extra[i]);
+    }
+    std::copy_n(s.begin(), H, out.begin());
+  }
+
+  int64_t offset_of(const std::string& name) const {
+    for (const TensorInfo& t : tensors)
+      if (t.name == name) return t.offset;
+    return -1;
+  }
+
+  void locate_tensors() {
+    embedding = offset_of("embedding");
+    final_norm = offset_of("final_norm");
+    lm_head = offset_of("lm_head");
+    lp.resize(size_t(L));
+    for (int64_t l = 0; l < L; ++l) {
+      const std::string p = fmt::format("layer{}.", l);
+      LayerParams& q = lp[size_t(l)];
+      q.norm1 = offset_of(p + "norm1");
+      q.qkv = offset_of(p + "qkv");
+      q.attn_out = offset_of(p + "attn_out");
+      q.norm2 = offset_of(p + "norm2");
+      q.w13 = offset_of(p + "ffn.w13");
+      q.w2 = offset_of(p + "ffn.w2");
+      q.router = offset_of(p + "router");
+      q.shared_w13 = offset_of(p + "shared.w13");
+      q.shared_w2 = offset_of(p + "shared.w2");
+      if (l >= a.dense_layers)
+        for (int64_t e = 0; e < E; ++e) {
+          q.expert_w13.push_back(offset_of(fmt::format("{}expert{}.w13", p, e)));
+          q.expert_w2.push_back(offset_of(fmt::format("{}expert{}.w2", p, e)));
+        }
+    }
+    if (embedding < 0 || final_norm < 0)
+      throw std::logic_error("CPU reference layout lacks embedding/final_norm");
+  }
+
+  void refresh_mm_weights() {
+    if (mm == DType::bf16) k::cast(params_mm.data(), DType::bf16, params.as<float>(), n_params);
+  }
+
+  void allocate_activations() {
+    const int64_t TK = T * K;
+    acts.resize(size_t(L));
+    int64_t widest_h = 0;
+    for (int64_t l = 0; l < L; ++l) {
+      Acts& x = acts[size_t(l)];
+      x.resid_in = alloc_f(T * Dm);
+      x.ln1 = alloc_mm(T * Dm);
+      x.rstd1 = alloc_f(T);
+      x.qkv = alloc_mm(T * W);
+      x.P = alloc_mm(B * H * S * S);
+      x.atty = alloc_mm(T * H * Dh);
+      x.mid = alloc_f(T * Dm);
+      x.ln2 = alloc_mm(T * Dm);
+      x.rstd2 = alloc_f(T);
+      if (l < a.dense_layers) {
+        x.h13 = alloc_f(T * 2 * Dffn);
+        x.act = alloc_mm(T * Dffn);
+        widest_h = std::max(widest_h, T * Dffn);
+      } else {
+        x.h13 = alloc_f(TK * 2 * De);
+        x.act = alloc_mm(TK * De);
+        x.probs = alloc_f(T * E);
+        x.lse = alloc_f(T);
+        x.idx = alloc(size_t(TK) * 4);
+        x.gate = alloc_f(TK);
+        x.counts = alloc(size_t(E) * 4);
+        x.offsets = alloc(size_t(E + 1) * 4);
+        x.sorted = alloc(size_t(TK) * 4);
+        x.slot_of = alloc(size_t(TK) * 4);
+        x.xg = alloc_mm(TK * Dm);
+        x.ye = alloc_f(TK * Dm);
+        if (Dse > 0) {
+          x.sh13 = alloc_f(T * 2 * Dse);
+          x.sact = alloc_mm(T * Dse);
+        }
+        x.aux = alloc_f(2);
+        x.p_mean = alloc_f(E);
+        x.counts_host.assign(size_t(E), 0);
+        widest_h = std::max({widest_h, TK * De, T * Dse});
+      }
+      x.attn_ptrs = alloc(size_t(kTables * B * H) * sizeof(void*));
+    }
+    resid_out = alloc_f(T * Dm);
+    lnf = alloc_mm(T * Dm);
+    rstdf = alloc_f(T);
+    logits = alloc_f(T * V);
+    losses = alloc_f(T);
+    dlogits = alloc_mm(T * V);
+    loss_sum = alloc(8);
+    tokens = alloc(size_t(T) * 4);
+    targets = alloc(size_t(T) * 4);
+    emb_ids = alloc(size_t(T) * 4);
+    emb_seg = alloc(size_t(T + 1) * 4);
+    emb_pos = alloc(size_t(T) * 4);
+    qkv_f32 = alloc_f(T * W);
+    scores = alloc_f(B * H * S * S);
+    dP = alloc_f(B * H * S * S);
+    dS = alloc_mm(B * H * S * S);
+    dresid = alloc_f(T * Dm);
+    dresid_mm = alloc_mm(T * Dm);
+    dln = alloc_f(T * Dm);
+    dact = alloc_f(std::max<int64_t>(widest_h, 1));
+    dh13 = alloc_mm(std::max<int64_t>(2 * widest_h, 1));
+    dqkv = alloc_f(T * W);
+    dqkv_mm = alloc_mm(T * W);
+    datty = alloc_f(T * H * Dh);
+    datty_mm = alloc_mm(T * H * Dh);
+    if (E > 0) {
+      dye = alloc_mm(TK * Dm);
+      dgate = alloc_f(TK);
+      dxg = alloc_f(TK * Dm);
+      dlog = alloc_mm(T * E);
+      router_logits = alloc_f(T * E);
+      const size_t n_ptrs = size_t(a.moe_layers() * kExpertProducts * 3 * E);
+      expert_ptrs_host = std::make_unique<PinnedBuffer>(n_ptrs * sizeof(void*));
+      expert_ptrs_dev = alloc(n_ptrs * sizeof(void*));
+    }
+    col_scratch = alloc_f(std::max(k::rmsnorm_scratch_floats(Dm), k::colsum_scratch_floats(E)));
+    norm_scratch = alloc(size_t(k::grad_norm_scratch_doubles()) * 8);
+    norm = alloc_f(2);
+    routed.assign(size_t(a.moe_layers()), 0);
+    aux_host.assign(2, 0.f);
+  }
+
+  // Pointer tables of the batched attention products, per layer: built once, after every
+  // buffer they point into exists.
+  void build_attention_tables() {
+    const int64_t BH = B * H, group = H / Hkv;
+    for (int64_t l = 0; l < L; ++l) {
+      Acts& x = acts[size_t(l)];
+      std::vector<const void*> t(size_t(kTables * BH));
+      auto put = [&](int table, int64_t i, const void* p) { t[size_t(table * BH + i)] = p; };
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t h = 0; h < H; ++h) {
+          const int64_t i = b * H + h, kvh = h / group, row0 = b * S * W;
+          put(fQ, i, at(x.qkv, row0 + h * Dh, mm_size));
+          put(fK, i, at(x.qkv, row0 + (H + kvh) * Dh, mm_size));
+          put(fV, i, at(x.qkv, row0 + (H + Hkv + kvh) * Dh, mm_size));
+          put(fScore, i, at(scores, i * S * S, 4));
+          put(fP, i, at(x.P, i * S * S, mm_size));
+          put(fO, i, at(x.atty, b * S * H * Dh + h * Dh, mm_size));
+        }
+      for (int64_t g = 0; g < group; ++g)
+        for (int64_t b = 0; b < B; ++b)
+          for (int64_t kvh = 0; kvh < Hkv; ++kvh) {
+            const int64_t i = (g * B + b) * Hkv + kvh, h = kvh * group + g, bh = b * H + h;
+            const int64_t row0 = b * S * W;
+            put(bP, i, at(x.P, bh * S * S, mm_size));
+            put(bQ, i, at(x.qkv, row0 + h * Dh, mm_size));
+            put(bK, i, at(x.qkv, row0 + (H + kvh) * Dh, mm_size));
+            put(bV, i, at(x.qkv, row0 + (H + Hkv + kvh) * Dh, mm_size));
+            put(bdO, i, at(datty_mm, b * S * H * Dh + h * Dh, mm_size));
+            put(bdP, i, at(dP, bh * S * S, 4));
+            put(bdS, i, at(dS, bh * S * S, mm_size));
+            put(bdQ, i, at(dqkv, row0 + h * Dh, 4));
+            put(bdK, i, at(dqkv, row0 + (H + kvh) * Dh, 4));
+            put(bdV, i, at(dqkv, row0 + (H + Hkv + kvh) * Dh, 4));
+          }
+      x.attn_ptrs.upload(t.data(), t.size() * sizeof(void*));
+    }
+  }
+
+  const void* const* table(Acts& x, int which, int64_t first = 0) {
+    return static_cast<const void* const*>(x.attn_ptrs.data()) + which * B * H + first;
+  }
+
+  // ---- forward ------------------------------------------------------------------------------
+  void attention_forward(Acts& x, int64_t nb, FlopLedger& lg) {
+    const int64_t BH = nb * H;
+    const float scale = 1.f / std::sqrt(float(Dh));
+    blas.gemm_batched(false, true, S, S, Dh, table(x, fQ), W, table(x, fK), W,
+                      const_cast<void* const*>(table(x, fScore)), S, 0.f, mm, DType::f32, BH);
+    k::attention_softmax_forward(x.P.data(), mm, scores.as<float>(),
+                                 rope ? nullptr : slopes.as<float>(), BH, H, S, scale);
+    blas.gemm_batched(false, false, S, Dh, S, table(x, fP), S, table(x, fV), W,
+                      const_cast<void* const*>(table(x, fO)), H * Dh, 0.f, mm, mm, BH);
+    record_attention(lg, Phase::forward, 2 * BH);
+  }
+
+  // `products` causal products of S×S with inner/outer Dh: the causal part as the CPU counts it,
+  // the executed masked rest as padding.
+  void record_attention(FlopLedger& lg, Phase ph, int64_t products) const {
+    lg.flops[int(FlopCategory::attention_core)][int(ph)] += products * Dh * S * (S + 1);
+    lg.flops[int(FlopCategory::padding)][int(ph)] += products * Dh * S * (S - 1);
+  }
+
+  LedgerEntry rec(FlopLedger& lg, FlopCategory c, Phase p) { return LedgerEntry{&lg, c, p}; }
+
+  // out (T,OC) f32 [+]= inp (T,C) mm · w (C,OC)
+  void matmul_forward(float* out, const void* inp, int64_t w, int64_t Tn, int64_t C, int64_t OC,
+                      bool accumulate, FlopLedger& lg, FlopCategory cat) {
+    blas.gemm(rec(lg, cat, Phase::forward), false, false, Tn, OC, C, inp, C, Wm(w), OC, out, OC,
+              accumulate ? 1.f : 0.f, mm);
+  }
+  // dinp (T,C) f32 [+]= dout (T,OC) mm · w^T; dw (C,OC) += inp^T · dout
+  void matmul_backward(float* dinp, bool accumulate, int64_t w, const void* dout, const void* inp,
+                       int64_t Tn, int64_t C, int64_t OC, FlopLedger& lg, FlopCategory cat) {
+    blas.gemm(rec(lg, cat, Phase::input_grad), false, true, Tn, C, OC, dout, OC, Wm(w), OC, dinp, C,
+              accumulate ? 1.f : 0.f, mm);
+    blas.gemm(rec(lg, cat, Phase::weight_grad), true, false, C, OC, Tn, inp, C, dout, OC, G(w), OC,
+              1.f, mm);
+  }
+
+  void swiglu_ffn_forward(float* out, const void* ln, float* h13, void* act, int64_t w13,
+                          int64_t w2, int64_t Tn, int64_t F, FlopLedger& lg, FlopCategory cat) {
+    matmul_forward(h13, ln, w13, Tn, Dm, 2 * F, false, lg, cat);
+    k::swiglu_forward(act, mm, h13, Tn, F);
+    matmul_forward(out, act, w2, Tn, F, Dm, true, lg, cat);
+  }
+
+  // Host pointer tables for the 6 expert products of one MoE layer, then one upload.
+  struct ExpertTables {
+    std::vector<int64_t> rows, experts;  // non-empty experts only
+  };
+
+  void** host_table(int64_t moe_index, int product, int operand) {
+    return static_cast<void**>(expert_ptrs_host->ptr) +
+           ((moe_index * kExpertProducts + product) * 3 + operand) * E;
+  }
+  void* const* dev_table(int64_t moe_index, int product, int operand) {
+    return static_cast<void* const*>(expert_ptrs_dev.data()) +
+           ((moe_index * kExpertProducts + product) * 3 + operand) * E;
+  }
+
+  void build_expert_tables(int64_t moe_index, int64_t l, ExpertTables& et) {
+    Acts& x = acts[size_t(l)];
+    const LayerParams& q = lp[size_t(l)];
+    et.rows.clear();
+    et.experts.clear();
+    int64_t o = 0;
+    std::vector<int64_t> offs;
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t r = x.counts_host[size_t(e)];
+      if (r > 0) {
+        et.rows.push_back(r);
+        et.experts.push_back(e);
+        offs.push_back(o);
+      }
+      o += r;
+    }
+    for (size_t j = 0; j < et.experts.size(); ++j) {
+      const int64_t e = et.experts[j], off = offs[j];
+      auto set = [&](int product, const void* A, const void* Bp, const void* C) {
+        host_table(moe_index, product, 0)[j] = const_cast<void*>(A);
+        host_table(moe_index, product, 1)[j] = const_cast<void*>(Bp);
+        host_table(moe_index, product, 2)[j] = const_cast<void*>(C);
+      };
+      const size_t ms = mm_size;
+      set(0, at(x.xg, off * Dm, ms), Wm(q.expert_w13[size_t(e)]), at(x.h13, off * 2 * De, 4));
+      set(1, at(x.act, off * De, ms), Wm(q.expert_w2[size_t(e)]), at(x.ye, off * Dm, 4));
+      set(2, at(dye, off * Dm, ms), Wm(q.expert_w2[size_t(e)]), at(dact, off * De, 4));
+      set(3, at(x.act, off * De, ms), at(dye, off * Dm, ms), G(q.expert_w2[size_t(e)]));
+      set(4, at(dh13, off * 2 * De, ms), Wm(q.expert_w13[size_t(e)]), at(dxg, off * Dm, 4));
+      set(5, at(x.xg, off * Dm, ms), at(dh13, off * 2 * De, ms), G(q.expert_w13[size_t(e)]));
+    }
+    const size_t bytes_layer = size_t(kExpertProducts * 3 * E) * sizeof(void*);
+    check_cuda(
+        cudaMemcpyAsync(const_cast<void**>(dev_table(moe_index, 0, 0)), host_table(moe_index, 0, 0),
+                        bytes_layer, cudaMemcpyHostToDevice, nullptr),
+        "cudaMemcpyAsync expert tables");
+  }
+
+  void expert_product(int64_t moe_index, int product, const ExpertTables& et, bool transA,
+                      bool transB, int64_t N_or_M_fixed1, int64_t fixed2, int which_varies,
+                      int64_t lda, int64_t ldb, int64_t ldc, float beta, FlopLedger& lg, Phase ph) {
+    // which_varies: 0 → M = rows (N = fixed1, K = fixed2); 2 → K = rows (M = fixed1, N = fixed2)
+    const size_t n = et.rows.size();
+    std::vector<int64_t> M(n), N(n), Kk(n);
+    for (size_t j = 0; j < n; ++j) {
+      if (which_varies == 0) {
+        M[j] = et.rows[j];
+        N[j] = N_or_M_fixed1;
+        Kk[j] = fixed2;
+      } else {
+        M[j] = N_or_M_fixed1;
+        N[j] = fixed2;
+        Kk[j] = et.rows[j];
+      }
+    }
+    blas.gemm_grouped(rec(lg, FlopCategory::expert, ph), transA, transB, M.data(), N.data(),
+                      Kk.data(), host_table(moe_index, product, 0),
+                      dev_table(moe_index, product, 0), lda, host_table(moe_index, product, 1),
+                      dev_table(moe_index, product, 1), ldb,
+                      reinterpret_cast<float* const*>(host_table(moe_index, product, 2)),
+                      reinterpret_cast<float* const*>(dev_table(moe_index, product, 2)), ldc, beta,
+                      mm, int64_t(n));
+  }
+
+  std::vector<ExpertTables> expert_tables;
+
+  void moe_forward(int64_t l, int64_t nb, float* out, bool train, FlopLedger& lg) {
+    const int64_t Tn = nb * S, moe_index = l - a.dense_layers;
+    const LayerParams& q = lp[size_t(l)];
+    Acts& x = acts[size_t(l)];
+    // router logits (T,E) = ln2 · router^T (router stored (E, Dm))
+    blas.gemm(rec(lg, FlopCategory::router, Phase::forward), false, true, Tn, E, Dm, x.ln2.data(),
+              Dm, Wm(q.router), Dm, router_logits.as<float>(), E, 0.f, mm);
+    k::router_topk(x.probs.as<float>(), x.lse.as<float>(), x.idx.as<int32_t>(), x.gate.as<float>(),
+                   router_logits.as<float>(), Tn, E, K, opt.renormalize_gates);
+    k::sort_by_expert(x.counts.as<int32_t>(), x.offsets.as<int32_t>(), x.sorted.as<int32_t>(),
+                      x.slot_of.as<int32_t>(), x.idx.as<int32_t>(), Tn, K, E);
+    // The routed counts size the grouped products and the ledger: one wait per MoE layer.
+    x.counts.download(x.counts_host.data(), size_t(E) * 4);
+    const int64_t R = Tn * K;
+    k::gather_rows(x.xg.data(), x.ln2.data(), mm, x.sorted.as<int32_t>(), R, K, Dm);
+    ExpertTables& et = expert_tables[size_t(moe_index)];
+    build_expert_tables(moe_index, l, et);
+    // h13 (rows, 2De) = xg (rows, Dm) · W13_e (Dm, 2De)
+    expert_product(moe_index, 0, et, false, false, 2 * De, Dm, 0, Dm, 2 * De, 2 * De, 0.f, lg,
+                   Phase::forward);
+    k::swiglu_forward(x.act.data(), mm, x.h13.as<float>(), R, De);
+    // ye (rows, Dm) = act (rows, De) · W2_e (De, Dm)
+    expert_product(moe_index, 1, et, false, false, Dm, De, 0, De, Dm, Dm, 0.f, lg, Phase::forward);
+    if (Dse > 0)
+      swiglu_ffn_forward(out, x.ln2.data(), x.sh13.as<float>(), x.sact.data(), q.shared_w13,
+                         q.shared_w2, Tn, Dse, lg, FlopCategory::shared_expert);
+    k::moe_combine_forward(out, x.ye.as<float>(), x.gate.as<float>(), x.slot_of.as<int32_t>(), Tn,
+                           K, Dm);
+    if (!train) return;
+    routed[size_t(moe_index)] = R;
+    k::router_aux_forward(x.aux.as<float>(), x.p_mean.as<float>(), x.probs.as<float>(),
+                          x.lse.as<float>(), x.counts.as<int32_t>(), Tn, E, K,
+                          float(opt.load_balance), float(opt.z_loss), col_scratch.as<float>());
+  }
+
+  void upload_tokens(const int32_t* inputs, const int32_t* tgts, int64_t Tn) {
+    tokens.upload(inputs, size_t(Tn) * 4);
+    targets.upload(tgts, size_t(Tn) * 4);
+  }
+
+  void forward(int64_t nb, bool train, FlopLedger& lg, float grad_scale) {
+    const int64_t Tn = nb * S;
+    float* r0 = acts[0].resid_in.as<float>();
+    k::embedding_forward(r0, P(embedding), tokens.as<int32_t>(), Tn, Dm);
+    for (int64_t l = 0; l < L; ++l) {
+      const LayerParams& q = lp[size_t(l)];
+      Acts& x = acts[size_t(l)];
+      float* out = l + 1 < L ? acts[size_t(l + 1)].resid_in.as<float>() : resid_out.as<float>();
+      k::rmsnorm_forward(x.ln1.data(), mm, x.rstd1.as<float>(), x.resid_in.as<float>(), P(q.norm1),
+                         Tn, Dm, 1e-5f);
+      matmul_forward(qkv_f32.as<float>(), x.ln1.data(), q.qkv, Tn, Dm, W, false, lg,
+                     FlopCategory::projection);
+      k::qkv_prepare(x.qkv.data(), mm, qkv_f32.as<float>(), rope ? rope_table.as<float>() : nullptr,
+                     nb, S, H, Hkv, Dh);
+      attention_forward(x, nb, lg);
+      check_cuda(cudaMemcpyAsync(x.mid.data(), x.resid_in.data(), size_t(Tn * Dm) * 4,
+                                 cudaMemcpyDeviceToDevice, nullptr),
+                 "copy residual");
+      matmul_forward(x.mid.as<float>(), x.atty.data(), q.attn_out, Tn, H * Dh, Dm, true, lg,
+                     FlopCategory::projection);
+      k::rmsnorm_forward(x.ln2.data(), mm, x.rstd2.as<float>(), x.mid.as<float>(), P(q.norm2), Tn,
+                         Dm, 1e-5f);
+      check_cuda(cudaMemcpyAsync(out, x.mid.data(), size_t(Tn * Dm) * 4, cudaMemcpyDeviceToDevice,
+                                 nullptr),
+                 "copy residual");
+      if (l < a.dense_layers)
+        swiglu_ffn_forward(out, x.ln2.data(), x.h13.as<float>(), x.act.data(), q.w13, q.w2, Tn,
+                           Dffn, lg, FlopCategory::dense_ffn);
+      else
+        moe_forward(l, nb, out, train, lg);
+    }
+    k::rmsnorm_forward(lnf.data(), mm, rstdf.as<float>(), resid_out.as<float>(), P(final_norm), Tn,
+                       Dm, 1e-5f);
+    if (lm_head >= 0)
+      matmul_forward(logits.as<float>(), lnf.data(), lm_head, Tn, Dm, V, false, lg,
+                     FlopCategory::lm_head);
+    else
+      blas.gemm(rec(lg, FlopCategory::lm_head, Phase::forward), false, true, Tn, V, Dm, lnf.data(),
+                Dm, Wm(embedding), Dm, logits.as<float>(), V, 0.f, mm);
+    k::cross_entropy(losses.as<float>(), train ? dlogits.data() : nullptr, mm, logits.as<float>(),
+                     targets.as<int32_t>(), Tn, V, grad_scale);
+    k::sum_double(loss_sum.as<double>(), losses.as<float>(), Tn);
+  }
+
+  // ---- backward -----------------------------------------------------------------------------
+  void attention_backward(Acts& x, FlopLedger& lg) {
+    const int64_t group = H / Hkv, BHkv = B * Hkv, BH = B * H;
+    const float scale = 1.f / std::sqrt(float(Dh));
+    // dP = dO·V^T (all heads), dS = softmax backward, dQ = dS·K
+    blas.gemm_batched(false, true, S, S, Dh, table(x, bdO), H * Dh, table(x, bV), W,
+                      const_cast<void* const*>(table(x, bdP)), S, 0.f, mm, DType::f32, BH);
+    k::attention_softmax_backward(dS.data(), mm, dP.as<float>(), x.P.data(), BH, S, scale);
+    blas.gemm_batched(false, false, S, Dh, S, table(x, bdS), S, table(x, bK), W,
+                      const_cast<void* const*>(table(x, bdQ)), W, 0.f, mm, DType::f32, BH);
+    // dV = Σ_g P^T·dO, dK = Σ_g dS^T·Q: one batched call per query head of a group
+    for (int64_t g = 0; g < group; ++g) {
+      const float beta = g == 0 ? 0.f : 1.f;
+      blas.gemm_batched(true, false, S, Dh, S, table(x, bP, g * BHkv), S, table(x, bdO, g * BHkv),
+                        H * Dh, const_cast<void* const*>(table(x, bdV, g * BHkv)), W, beta, mm,
+                        DType::f32, BHkv);
+      blas.gemm_batched(true, false, S, Dh, S, table(x, bdS, g * BHkv), S, table(x, bQ, g * BHkv),
+                        W, const_cast<void* const*>(table(x, bdK, g * BHkv)), W, beta, mm,
+                        DType::f32, BHkv);
+    }
+    record_attention(lg, Phase::input_grad, 4 * BH);
+  }
+
+  void swiglu_ffn_backward(const void* ln, const float* h13, const void* act, int64_t w13,
+                           int64_t w2, int64_t F, FlopLedger& lg, FlopCategory cat) {
+    // dresid_mm holds d(out) as product input.
+    matmul_backward(dact.as<float>(), false, w2, dresid_mm.data(), act, T, F, Dm, lg, cat);
+    k::swiglu_backward(dh13.data(), mm, dact.as<float>(), h13, T, F);
+    matmul_backward(dln.as<float>(), false, w13, dh13.data(), ln, T, Dm, 2 * F, lg, cat);
+  }
+
+  void moe_backward(int64_t l, FlopLedger& lg) {
+    const int64_t moe_index = l - a.dense_layers, R = T * K;
+    const LayerParams& q = lp[size_t(l)];
+    Acts& x = acts[size_t(l)];
+    if (Dse > 0)
+      swiglu_ffn_backward(x.ln2.data(), x.sh13.as<float>(), x.sact.data(), q.shared_w13,
+                          q.shared_w2, Dse, lg, FlopCategory::shared_expert);
+    else
+      check_cuda(cudaMemsetAsync(dln.data(), 0, size_t(T * Dm) * 4, nullptr), "memset dln");
+    k::moe_combine_backward(dye.data(), mm, dgate.as<float>(), dresid.as<float>(), x.ye.as<float>(),
+                            x.gate.as<float>(), x.sorted.as<int32_t>(), R, K, Dm);
+    const ExpertTables& et = expert_tables[size_t(moe_index)];
+    // dact (rows, De) = dye (rows, Dm) · W2_e^T;  dW2_e (De, Dm) += act^T · dye
+    expert_product(moe_index, 2, et, false, true, De, Dm, 0, Dm, Dm, De, 0.f, lg,
+                   Phase::input_grad);
+    expert_product(moe_index, 3, et, true, false, De, Dm, 2, De, Dm, Dm, 1.f, lg,
+                   Phase::weight_grad);
+    k::swiglu_backward(dh13.data(), mm, dact.as<float>(), x.h13.as<float>(), R, De);
+    // dxg (rows, Dm) = dh13 (rows, 2De) · W13_e^T;  dW13_e (Dm, 2De) += xg^T · dh13
+    expert_product(moe_index, 4, et, false, true, Dm, 2 * De, 0, 2 * De, 2 * De, Dm, 0.f, lg,
+                   Phase::input_grad);
+    expert_product(moe_index, 5, et, true, false, Dm, 2 * De, 2, Dm, 2 * De, 2 * De, 1.f, lg,
+                   Phase::weight_grad);
+    k::moe_scatter_add(dln.as<float>(), dxg.as<float>(), x.slot_of.as<int32_t>(), T, K, Dm);
+    k::router_backward(dlog.data(), mm, x.probs.as<float>(), x.lse.as<float>(), x.idx.as<int32_t>(),
+                       x.gate.as<float>(), dgate.as<float>(), x.counts.as<int32_t>(), T, E, K,
+                       opt.renormalize_gates, float(opt.load_balance), float(opt.z_loss));
+    // router stored (E, Dm): dln += dlog · router; drouter += dlog^T · ln2
+    blas.gemm(rec(lg, FlopCategory::router, Phase::input_grad), false, false, T, Dm, E, dlog.data(),
+              E, Wm(q.router), Dm, dln.as<float>(), Dm, 1.f, mm);
+    blas.gemm(rec(lg, FlopCategory::router, Phase::weight_grad), true, false, E, Dm, T, dlog.data(),
+              E, x.ln2.data(), Dm, G(q.router), Dm, 1.f, mm);
+  }
+
+  void upload_embedding_segments(const int32_t* inputs) {
+    // Positions grouped by token id, ascending inside each group: the CPU's summation order.
+    std::vector<int32_t> pos(static_cast<size_t>(T));
+    std::iota(pos.begin(), pos.end(), 0);
+    std::stable_sort(pos.begin(), pos.end(),
+                     [&](int32_t x, int32_t y) { return inputs[x] < inputs[y]; });
+    std::vector<int32_t> ids, seg;
+    for (int64_t i = 0; i < T; ++i)
+      if (i == 0 || inputs[pos[size_t(i)]] != inputs[pos[size_t(i - 1)]]) {
+        ids.push_back(inputs[pos[size_t(i)]]);
+        seg.push_back(int32_t(i));
+      }
+    seg.push_back(int32_t(T));
+    emb_ids.upload(ids.data(), ids.size() * 4);
+    emb_seg.upload(seg.data(), seg.size() * 4);
+    emb_pos.upload(pos.data(), pos.size() * 4);
+    emb_unique = int64_t(ids.size());
+  }
+  int64_t emb_unique = 0;
+
+  void backward(FlopLedger& lg) {
+    if (lm_head >= 0) {
+      matmul_backward(dln.as<float>(), false, lm_head, dlogits.data(), lnf.data(), T, Dm, V, lg,
+                      FlopCategory::lm_head);
+    } else {  // tied: head = embedding (V, Dm) used transposed
+      blas.gemm(rec(lg, FlopCategory::lm_head, Phase::input_grad), false, false, T, Dm, V,
+                dlogits.data(), V, Wm(embedding), Dm, dln.as<float>(), Dm, 0.f, mm);
+      blas.gemm(rec(lg, FlopCategory::lm_head, Phase::weight_grad), true, false, V, Dm, T,
+                dlogits.data(), V, lnf.data(), Dm, G(embedding), Dm, 1.f, mm);
+    }
+    check_cuda(cudaMemsetAsync(dresid.data(), 0, size_t(T * Dm) * 4, nullptr), "memset dresid");
+    k::rmsnorm_backward(dresid.as<float>(), G(final_norm), dln.as<float>(), resid_out.as<float>(),
+                        P(final_norm), rstdf.as<float>(), T, Dm, col_scratch.as<float>());
+    for (int64_t l = L - 1; l >= 0; --l) {
+      const LayerParams& q = lp[size_t(l)];
+      Acts& x = acts[size_t(l)];
+      k::cast(dresid_mm.data(), mm, dresid.as<float>(), T * Dm);
+      if (l < a.dense_layers)
+        swiglu_ffn_backward(x.ln2.data(), x.h13.as<float>(), x.act.data(), q.w13, q.w2, Dffn, lg,
+                            FlopCategory::dense_ffn);
+      else
+        moe_backward(l, lg);
+      k::rmsnorm_backward(dresid.as<float>(), G(q.norm2), dln.as<float>(), x.mid.as<float>(),
+                          P(q.norm2), x.rstd2.as<float>(), T, Dm, col_scratch.as<float>());
+      k::cast(dresid_mm.data(), mm, dresid.as<float>(), T * Dm);
+      matmul_backward(datty.as<float>(), false, q.attn_out, dresid_mm.data(), x.atty.data(), T,
+                      H * Dh, Dm, lg, FlopCategory::projection);
+      k::cast(datty_mm.data(), mm, datty.as<float>(), T * H * Dh);
+      attention_backward(x, lg);
+      k::qkv_prepare_backward(dqkv_mm.data(), mm, dqkv.as<float>(),
+                              rope ? rope_table.as<float>() : nullptr, B, S, H, Hkv, Dh);
+      matmul_backward(dln.as<float>(), false, q.qkv, dqkv_mm.data(), x.ln1.data(), T, Dm, W, lg,
+                      FlopCategory::projection);
+      k::rmsnorm_backward(dresid.as<float>(), G(q.norm1), dln.as<float>(), x.resid_in.as<float>(),
+                          P(q.norm1), x.rstd1.as<float>(), T, Dm, col_scratch.as<float>());
+    }
+    k::embedding_backward(G(embedding), dresid.as<float>(), emb_ids.as<int32_t>(),
+                          emb_seg.as<int32_t>(), emb_pos.as<int32_t>(), emb_unique, Dm);
+  }
+
+  void check_tokens(const int32_t* inputs, const int32_t* tgts, int64_t n) const {
+    for (int64_t t = 0; t < n; ++t) {
+      if (inputs[t] < 0 || inputs[t] >= V)
+        throw InputError(
+            fmt::format("input token {} at position {} is outside [0, {})", inputs[t], t, V));
+      if (tgts[t] >= V)
+        throw InputError(
+            fmt::format("target token {} at position {} is outside [0, {})", tgts[t], t, V));
+    }
+  }
+
+  double compute_gradients(const int32_t* inputs, const int32_t* tgts, StepResult* r) {
+    check_tokens(inputs, tgts, T);
+    int64_t bearing = 0;
+    for (int64_t t = 0; t < T; ++t) bearing += tgts[t] >= 0;
+    grads.fill_zero();
+    FlopLedger lg;
+    std::fill(routed.begin(), routed.end(), 0);
+    upload_tokens(inputs, tgts, T);
+    upload_embedding_segments(inputs);
+    forward(B, true, lg, bearing > 0 ? 1.f / float(bearing) : 0.f);
+    backward(lg);
+    double ce_sum = 0;
+    loss_sum.download(&ce_sum, 8);
+    double lb = 0, z = 0;
+    for (int64_t l = a.dense_layers; l < L; ++l) {
+      acts[size_t(l)].aux.download(aux_host.data(), 8);
+      lb += double(aux_host[0]);
+      z += double(aux_host[1]);
+    }
+    const double ce = bearing > 0 ? ce_sum / double(bearing) : 0.0;
+    if (r) {
+      r->loss = ce;
+      r->aux_load_balance = lb;
+      r->aux_z = z;
+      r->aux_erc = 0;
+      r->flops = lg;
+      r->routed_per_moe_layer = routed;
+      r->dropped_assignments = 0;
+      r->loss_bearing_targets = bearing;
+    }
+    return ce + lb + z;
+  }
+
+  void reduce_over_ranks(StepResult& r) {
+    // Gradients: each rank's are the mean over its own targets; the job's are the mean of those
+    // (equal batches per rank). Ledgers and counters are the job's sums.
+    comm->all_reduce_mean(grads.as<float>(), n_params);
+    const double inv = 1.0 / double(comm->info().world_size);
+    std::vector<double> d = {r.loss, r.aux_load_balance, r.aux_z};
+    comm->all_reduce_sum_host(d.data(), int64_t(d.size()));
+    r.loss = d[0] * inv;
+    r.aux_load_balance = d[1] * inv;
+    r.aux_z = d[2] * inv;
+    std::vector<int64_t> c;
+    for (const auto& row : r.flops.flops) c.insert(c.end(), row.begin(), row.end());
+    c.insert(c.end(), r.routed_per_moe_layer.begin(), r.routed_per_moe_layer.end());
+    c.push_back(r.loss_bearing_targets);
+    comm->all_reduce_sum_host(c.data(), int64_t(c.size()));
+    size_t i = 0;
+    for (auto& row : r.flops.flops)
+      for (auto& v : row) v = c[i++];
+    for (auto& v : r.routed_per_moe_layer) v = c[i++];
+    r.loss_bearing_targets = c[i];
+  }
+
+  StepResult train_step(const int32_t* inputs, const int32_t* tgts, int64_t step,
+                        const OptimConfig& cfg) {
+    StepResult r;
+    compute_gradients(inputs, tgts, &r);
+    if (comm) reduce_over_ranks(r);  // world size 1 too: the same NCCL path
+    k::grad_norm(norm.as<float>(), grads.as<float>(), n_params, float(cfg.grad_clip),
+                 norm_scratch.as<double>());
+    r.lr = scheduled_lr(cfg, step);
+    ++adam_steps;
+    const double bc1 = 1.0 - std::pow(cfg.beta1, double(adam_steps));
+    const double bc2 = 1.0 - std::pow(cfg.beta2, double(adam_steps));
+    k::adamw(P(0), mm == DType::bf16 ? params_mm.as<uint16_t>() : nullptr, adam_m.as<float>(),
+             adam_v.as<float>(), grads.as<float>(), decay.as<uint8_t>(), norm.as<float>(), n_params,
+             float(r.lr), float(cfg.beta1), float(cfg.beta2), float(cfg.eps),
+             float(cfg.weight_decay), float(1.0 / bc1), float(1.0 / bc2));
+    float nh[2];
+    norm.download(nh, 8);
+    r.grad_norm = double(nh[0]);
+    ledger += r.flops;
+    return r;
+  }
+
+  double forward_loss(const int32_t* inputs, const int32_t* tgts, int64_t n_seqs,
+                      double* per_position) {
+    check_tokens(inputs, tgts, n_seqs * S);
+    double total = 0;
+    int64_t bearing = 0;
+    std::vector<float> pl;
+    for (int64_t s0 = 0; s0 < n_seqs; s0 += B) {
+      const int64_t nb = std::min(B, n_seqs - s0);
+      upload_tokens(inputs + s0 * S, tgts + s0 * S, nb * S);
+      forward(nb, false, eval_ledger, 0.f);
+      double chunk = 0;
+      loss_sum.download(&chunk, 8);
+      total += chunk;
+      if (per_position) {
+        pl.resize(size_t(nb * S));
+        losses.download(pl.data(), pl.size() * 4);
+        for (int64_t i = 0; i < nb * S; ++i) per_position[s0 * S + i] = double(pl[size_t(i)]);
+      }
+    }
+    for (int64_t t = 0; t < n_seqs * S; ++t) bearing += tgts[t] >= 0;
+    return bearing > 0 ? total / double(bearing) : 0.0;
+  }
+};
+
+Model::Model(const Arch& arch, const ModelOptions& options, uint64_t seed, int64_t batch_seqs,
+             DType matmul, Communicator* comm)
+    : impl_(std::make_unique<Impl>(arch, options, seed, batch_seqs, matmul, comm)) {
+  impl_->build_attention_tables();
+  impl_->expert_tables.resize(size_t(std::max<int64_t>(arch.moe_layers(), 0)));
+  synchronize();
+}
+Model::~Model() = default;
+
+StepResult Model::train_step(const int32_t* inputs, const int32_t* targets, int64_t step,
+                             const OptimConfig& cfg) {
+  return impl_->train_step(inputs, targets, step, cfg);
+}
+double Model::forward_loss(const int32_t* inputs, const int32_t* targets, int64_t n_seqs,
+                           double* per_position_loss) {
+  return impl_->forward_loss(inputs, targets, n_seqs, per_position_loss);
+}
+double Model::compute_gradients(const int32_t* inputs, const int32_t* targets, StepResult* result) {
+  return impl_->compute_gradients(inputs, targets, result);
+}
+const std::vector<TensorInfo>& Model::tensors() const {
+  return impl_->tensors;
+}
+std::vector<float> Model::parameters() const {
+  std::vector<float> p(size_t(impl_->n_params));
+  impl_->params.download(p.data(), p.size() * 4);
+  return p;
+}
+void Model::set_parameters(std::span<const float> values) {
+  if (int64_t(values.size()) != impl_->n_params)
+    throw InputError(
+        fmt::format("set_parameters: {} values for {} parameters", values.size(), impl_->n_params));
+  impl_->params.upload(values.data(), values.size() * 4);
+  impl_->refresh_mm_weights();
+}
+std::vector<float> Model::gradients() const {
+  std::vector<float> g(size_t(impl_->n_params));
+  impl_->grads.download(g.data(), g.size() * 4);
+  return g;
+}
+
+namespace {
+constexpr char kMagic[8] = {'M', 'O', 'E', 'P', 'C', 'U', 'D', '1'};
+template <class T>
+void put(std::vector<char>& out, const T* p, size_t n) {
+  const size_t old = out.size();
+  out.resize(old + n * sizeof(T));
+  std::memcpy(out.data() + old, p, n * sizeof(T));
+}
+template <class T>
+void get(const std::vector<char>& in, size_t& pos, T* p, size_t n) {
+  if (pos + n * sizeof(T) > in.size())
+    throw InputError(fmt::format("cuda model state is truncated ({} bytes)", in.size()));
+  std::memcpy(p, in.data() + pos, n * sizeof(T));
+  pos += n * sizeof(T);
+}
+}  // namespace
+
+void Model::save_state(std::vector<char>& out) const {
+  const Impl& m = *impl_;
+  out.clear();
+  put(out, kMagic, 8);
+  put(out, &m.n_params, 1);
+  std::vector<float> buf(size_t(m.n_params));
+  for (const DeviceBuffer* b : {&m.params, &m.adam_m, &m.adam_v}) {
+    b->download(buf.data(), buf.size() * 4);
+    put(out, buf.data(), buf.size());
+  }
+  put(out, &m.adam_steps, 1);
+  for (const FlopLedger* l : {&m.ledger, &m.eval_ledger}) {
+    for (const auto& row : l->flops) put(out, row.data(), row.size());
+    put(out, &l->elementwise, 1);
+  }
+}
+
+void Model::load_state(const std::vector<char>& in) {
+  Impl& m = *impl_;
+  size_t pos = 0;
+  char magic[8];
+  get(in, pos, magic, 8);
+  if (std::memcmp(magic, kMagic, 8) != 0)
+    throw InputError("model state does not start with the CUDA model's magic");
+  int64_t n = 0;
+  get(in, pos, &n, 1);
+  if (n != m.n_params)
+    throw InputError(
+        fmt::format("model state holds {} parameters; this model has {}", n, m.n_params));
+  std::vector<float> buf(static_cast<size_t>(n));
+  for (DeviceBuffer* b : {&m.params, &m.adam_m, &m.adam_v}) {
+    get(in, pos, buf.data(), buf.size());
+    b->upload(buf.data(), buf.size() * 4);
+  }
+  get(in, pos, &m.adam_steps, 1);
+  for (FlopLedger* l : {&m.ledger, &m.eval_ledger}) {
+    for (auto& row : l->flops) get(in, pos, row.data(), row.size());
+    get(in, pos, &l->elementwise, 1);
+  }
+  if (pos != in.size())
+    throw InputError(fmt::format("model state has {} trailing bytes", in.size() - pos));
+  m.refresh_mm_weights();
+}
+
+const FlopLedger& Model::ledger() const {
+  return impl_->ledger;
+}
+const FlopLedger& Model::eval_ledger() const {
+  return impl_->eval_ledger;
+}
+int64_t Model::trainable_params() const {
+  return impl_->n_params;
+}
+int64_t Model::adam_steps() const {
+  return impl_->adam_steps;
+}
+const Arch& Model::arch() const {
+  return impl_->a;
+}
+int64_t Model::batch_seqs() const {
+  return impl_->B;
+}
+DType Model::matmul_type() const {
+  return impl_->mm;
+}
+bool Model::grouped_gemm() const {
+  return impl_->blas.grouped_supported();
+}
+size_t Model::device_bytes() const {
+  return impl_->bytes;
+}
+
+}  // namespace moeplan::backend::cuda

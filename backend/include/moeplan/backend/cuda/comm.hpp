@@ -1,0 +1,49 @@
+#pragma once
+// Data parallelism across the GPUs of one machine: one process per GPU, NCCL underneath. Ranks
+// find each other as torchrun users expect: RANK, WORLD_SIZE and LOCAL_RANK from the environment,
+// and a shared file through which rank 0 hands out the NCCL unique id.
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace moeplan::backend::cuda {
+
+struct RankInfo {
+  int rank = 0, world_size = 1, local_rank = 0;
+};
+// Reads RANK / WORLD_SIZE / LOCAL_RANK (all absent: a single process, rank 0 of 1). Throws
+// InputError on a malformed or inconsistent value, naming it.
+RankInfo rank_from_env();
+
+// Windows of the unique budget that a rank reads: r, r+W, r+2W, ... (no window read twice across
+// ranks). Returns how many of `windows` fall to `rank`.
+int64_t windows_of_rank(int64_t windows, int rank, int world_size);
+inline int64_t window_of_rank(int64_t i, int rank, int world_size) {
+  return int64_t(rank) + i * int64_t(world_size);
+}
+
+class Communicator {
+ public:
+  // Rank 0 writes the unique id to `id_file` atomically; the others wait for it (up to
+  // timeout_seconds). Binds the process to GPU local_rank.
+  Communicator(const RankInfo& info, const std::string& id_file, double timeout_seconds = 120);
+  ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  const RankInfo& info() const;
+  // In place on device memory, ordered by NCCL (deterministic for a fixed world size).
+  void all_reduce_sum(float* device_data, int64_t n);
+  void all_reduce_mean(float* device_data, int64_t n);
+  void all_reduce_sum(double* device_data, int64_t n);
+  void all_reduce_sum(int64_t* device_data, int64_t n);
+  // Host convenience for small counters (token ledger, FLOP ledger): copies through the device.
+  void all_reduce_sum_host(int64_t* host_data, int64_t n);
+  void all_reduce_sum_host(double* host_data, int64_t n);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace moeplan::backend::cuda

@@ -1,0 +1,71 @@
+#pragma once
+// Host-visible view of the GPU: how many there are, what they are, and device memory that frees
+// itself. No CUDA header is needed by includers.
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace moeplan::backend::cuda {
+
+// ctest's SKIP_RETURN_CODE for GPU tests on a machine without a GPU.
+inline constexpr int kSkipReturnCode = 77;
+
+// Number of usable CUDA devices; 0 when there is no driver or no device (never throws).
+int device_count();
+
+struct DeviceInfo {
+  std::string name;
+  int multiprocessors = 0;
+  int compute_major = 0, compute_minor = 0;
+  double memory_gib = 0;
+  // Vendor dense bf16 tensor peak in TFLOP/s when the device is one we know (H100/H200 SXM:
+  // 989); 0 when unknown, so that no MFU is printed against a guessed peak.
+  double peak_bf16_tflops = 0;
+};
+DeviceInfo device_info(int device = 0);
+void set_device(int device);
+void synchronize();  // waits for all work on the current device; throws on a CUDA error
+
+// Element types of matrix-product inputs: fp32 (tight tests) or bf16 (training).
+enum class DType { f32, bf16 };
+inline std::size_t dtype_size(DType t) {
+  return t == DType::f32 ? 4 : 2;
+}
+
+// bf16 conversions for host-side references (round to nearest even, as the device does).
+uint16_t float_to_bf16(float x);
+float bf16_to_float(uint16_t x);
+
+// Device memory, allocated once (cudaMalloc) and freed by the destructor.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(std::size_t bytes);
+  ~DeviceBuffer();
+  DeviceBuffer(DeviceBuffer&& o) noexcept;
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  void* data() { return ptr_; }
+  const void* data() const { return ptr_; }
+  template <class T>
+  T* as() {
+    return static_cast<T*>(ptr_);
+  }
+  template <class T>
+  const T* as() const {
+    return static_cast<const T*>(ptr_);
+  }
+  std::size_t bytes() const { return bytes_; }
+  // Synchronous copies (host memory may be pageable); offsets and sizes in bytes.
+  void upload(const void* host, std::size_t bytes, std::size_t offset = 0);
+  void download(void* host, std::size_t bytes, std::size_t offset = 0) const;
+  void fill_zero();
+
+ private:
+  void* ptr_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
+}  // namespace moeplan::backend::cuda

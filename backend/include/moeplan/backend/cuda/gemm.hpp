@@ -1,0 +1,56 @@
+#pragma once
+// Matrix products through cuBLAS, in row-major terms, each recorded in a FlopLedger with the
+// shapes actually passed (2·M·N·K), the same (m, n, k) the CPU path records.
+#include <cstdint>
+#include <memory>
+
+#include "moeplan/accounting/ledger.hpp"
+#include "moeplan/backend/cuda/device.hpp"
+
+namespace moeplan::backend::cuda {
+
+// Where a product is recorded; a null ledger records nothing (the caller records, e.g. the
+// attention core, whose executed square is split into causal work and padding).
+struct LedgerEntry {
+  FlopLedger* ledger = nullptr;
+  FlopCategory category = FlopCategory::projection;
+  Phase phase = Phase::forward;
+};
+
+class Blas {
+ public:
+  Blas();
+  ~Blas();
+  Blas(const Blas&) = delete;
+  Blas& operator=(const Blas&) = delete;
+
+  // Row-major C (M×N, ldc) = op(A)·op(B) + beta·C; op(A) is M×K (A stored K×M when transA),
+  // op(B) is K×N. A and B in `in` (fp32: exact fp32 arithmetic, no TF32; bf16: tensor cores),
+  // fp32 accumulation, C fp32.
+  void gemm(const LedgerEntry& rec, bool transA, bool transB, int64_t M, int64_t N, int64_t K,
+            const void* A, int64_t lda, const void* B, int64_t ldb, float* C, int64_t ldc,
+            float beta, DType in, float alpha = 1.f);
+
+  // `batch` products of one shape; A, B, C are device arrays of device pointers. C in `out`.
+  void gemm_batched(bool transA, bool transB, int64_t M, int64_t N, int64_t K, const void* const* A,
+                    int64_t lda, const void* const* B, int64_t ldb, void* const* C, int64_t ldc,
+                    float beta, DType in, DType out, int64_t batch);
+
+  // Products of differing shapes in one grouped call (cublasGemmGroupedBatchedEx), e.g. one per
+  // routed expert with its real token count. M/N/K (count) on the host; pointer arrays both on
+  // the host (h*) and the device (d*), the latter for the grouped call. Empty products are
+  // skipped. Falls back to one launch per product only if this cuBLAS refuses the grouped call
+  // for these types (grouped_supported() says which path ran).
+  void gemm_grouped(const LedgerEntry& rec, bool transA, bool transB, const int64_t* M,
+                    const int64_t* N, const int64_t* K, const void* const* hA,
+                    const void* const* dA, int64_t lda, const void* const* hB,
+                    const void* const* dB, int64_t ldb, float* const* hC, float* const* dC,
+                    int64_t ldc, float beta, DType in, int64_t count);
+  bool grouped_supported() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace moeplan::backend::cuda

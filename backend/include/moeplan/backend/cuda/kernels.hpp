@@ -1,0 +1,111 @@
+#pragma once
+// The hand-written kernels of the CUDA path, as host functions on device pointers (llm.c style:
+// forward/backward pairs, shapes explicit, each buffer's shape in a comment). Every launch goes to
+// the default stream and is checked. `mm` buffers hold matrix-product inputs in DType `mm` (fp32
+// or bf16); everything else is fp32. Reductions that decide results run in a fixed order: no
+// float atomics anywhere, so a run is bit-for-bit repeatable.
+#include <cstdint>
+
+#include "moeplan/backend/cuda/device.hpp"
+
+namespace moeplan::backend::cuda::kernels {
+
+// out (N) in `mm` = in (N) fp32
+void cast(void* out, DType mm, const float* in, int64_t n);
+
+// ---- embedding -------------------------------------------------------------------------------
+// x (T,C) = emb (V,C) rows of tokens (T)
+void embedding_forward(float* x, const float* emb, const int32_t* tokens, int64_t T, int64_t C);
+// demb (V,C) += Σ over positions: rows of dx (T,C). The positions are grouped by token id on the
+// host: ids (n_ids), segment starts (n_ids+1) into positions (T), each segment in ascending order.
+void embedding_backward(float* demb, const float* dx, const int32_t* ids, const int32_t* seg_start,
+                        const int32_t* positions, int64_t n_ids, int64_t C);
+
+// ---- RMSNorm: out = x·rstd·w, rstd = 1/sqrt(mean(x²)+eps) -------------------------------------
+// out (T,C) in `mm`, rstd (T), x (T,C), w (C)
+void rmsnorm_forward(void* out, DType mm, float* rstd, const float* x, const float* w, int64_t T,
+                     int64_t C, float eps);
+// dx (T,C) += input gradient; dw (C) += Σ_t dy·x·rstd. scratch: rmsnorm_scratch_floats(C) floats.
+void rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x, const float* w,
+                      const float* rstd, int64_t T, int64_t C, float* scratch);
+int64_t rmsnorm_scratch_floats(int64_t C);
+
+// ---- attention helpers (the products QK^T, PV and their gradients are cuBLAS calls) ----------
+// qkv (T, W) fp32 from the fused projection, W = (H + 2·Hkv)·Dh, T = B·S, columns [q | k | v],
+// head-major inside each. out (T, W) in `mm`: the same with RoPE applied to q and k when the
+// table rope_cos_sin (S, Dh/2, 2) is given (pairs (2i, 2i+1), as the CPU reference).
+void qkv_prepare(void* out, DType mm, const float* qkv, const float* rope_cos_sin, int64_t B,
+                 int64_t S, int64_t H, int64_t Hkv, int64_t Dh);
+// dqkv_mm (T, W) in `mm` = RoPE^T applied to dqkv (T, W) fp32 (plain cast for v, or no RoPE)
+void qkv_prepare_backward(void* dqkv_mm, DType mm, const float* dqkv, const float* rope_cos_sin,
+                          int64_t B, int64_t S, int64_t H, int64_t Hkv, int64_t Dh);
+// P (BH, S, S) in `mm` = causal softmax over keys j <= i of scale·scores + bias; bias = −slope_h·
+// (i − j) when alibi_slopes (H) is given. Masked entries are written as 0.
+void attention_softmax_forward(void* P, DType mm, const float* scores, const float* alibi_slopes,
+                               int64_t BH, int64_t H, int64_t S, float scale);
+// dS (BH, S, S) in `mm` = scale·P⊙(dP − Σ_j P⊙dP) on the causal part, 0 above the diagonal.
+// dP (BH, S, S) fp32, P in `mm`.
+void attention_softmax_backward(void* dS, DType mm, const float* dP, const void* P, int64_t BH,
+                                int64_t S, float scale);
+
+// ---- SwiGLU: h = silu(a)⊙b, ab = [a | b] (N, 2F) fp32 -----------------------------------------
+void swiglu_forward(void* h, DType mm, const float* ab, int64_t N, int64_t F);
+// dab (N, 2F) in `mm` from dh (N, F) fp32
+void swiglu_backward(void* dab, DType mm, const float* dh, const float* ab, int64_t N, int64_t F);
+
+// ---- routing ------------------------------------------------------------------------------
+// logits (T,E) → probs (T,E) softmax, lse (T) log-sum-exp, topk_idx/topk_gate (T,K): the K
+// largest probabilities (ties: lower expert first), gate = p or p/Σ_topK p (renormalize).
+void router_topk(float* probs, float* lse, int32_t* topk_idx, float* topk_gate, const float* logits,
+                 int64_t T, int64_t E, int64_t K, bool renormalize);
+// Stable sort of the T·K assignments (a = t·K + k) by expert: counts (E), offsets (E+1),
+// sorted (T·K) = assignment ids in (expert, a) order, slot_of (T·K) = where each assignment went.
+void sort_by_expert(int32_t* counts, int32_t* offsets, int32_t* sorted, int32_t* slot_of,
+                    const int32_t* topk_idx, int64_t T, int64_t K, int64_t E);
+// out (N, C) = rows of in (T, C) for token sorted[i] / K; both in `mm`
+void gather_rows(void* out, const void* in, DType mm, const int32_t* sorted, int64_t N, int64_t K,
+                 int64_t C);
+// y (T,C) += Σ_k gate[t,k]·ys[slot_of[t·K+k]] in k order; ys (T·K, C)
+void moe_combine_forward(float* y, const float* ys, const float* gate, const int32_t* slot_of,
+                         int64_t T, int64_t K, int64_t C);
+// dys (N,C) in `mm` = gate[a]·dy[a/K]; dgate (T·K) = dy[a/K]·ys[i], a = sorted[i]
+void moe_combine_backward(void* dys, DType mm, float* dgate, const float* dy, const float* ys,
+                          const float* gate, const int32_t* sorted, int64_t N, int64_t K,
+                          int64_t C);
+// dx (T,C) += Σ_k dxs[slot_of[t·K+k]] in k order
+void moe_scatter_add(float* dx, const float* dxs, const int32_t* slot_of, int64_t T, int64_t K,
+                     int64_t C);
+// aux (2) = {λ·E·Σ_i f_i·P_i, z·mean_t lse²}; f_i = counts_i/(T·K), P_i = mean_t probs. p_mean (E)
+// receives P. scratch: colsum_scratch_floats(E).
+void router_aux_forward(float* aux, float* p_mean, const float* probs, const float* lse,
+                        const int32_t* counts, int64_t T, int64_t E, int64_t K, float load_balance,
+                        float z_loss, float* scratch);
+// dlogits (T,E) in `mm`: back through the gates (dgate (T·K)), the load-balance term (through P
+// only; f is a count) and the z-loss, then through the softmax.
+void router_backward(void* dlogits, DType mm, const float* probs, const float* lse,
+                     const int32_t* topk_idx, const float* topk_gate, const float* dgate,
+                     const int32_t* counts, int64_t T, int64_t E, int64_t K, bool renormalize,
+                     float load_balance, float z_loss);
+int64_t colsum_scratch_floats(int64_t C);
+
+// ---- loss ---------------------------------------------------------------------------------
+// losses (T) = lse − logit[target] (0 where target < 0); dlogits (T,V) in `mm` =
+// grad_scale·(softmax − onehot), zero rows where target < 0 (skipped when dlogits is null).
+void cross_entropy(float* losses, void* dlogits, DType mm, const float* logits,
+                   const int32_t* targets, int64_t T, int64_t V, float grad_scale);
+// out (1) = Σ x in double, in a fixed order (one block).
+void sum_double(double* out, const float* x, int64_t n);
+
+// ---- optimizer ----------------------------------------------------------------------------
+// norm (2) = {‖g‖₂, clip factor max_norm/‖g‖ when ‖g‖ > max_norm else 1} over grads (n),
+// fixed-order passes (scratch: grad_norm_scratch_doubles() doubles).
+void grad_norm(float* norm, const float* grads, int64_t n, float max_norm, double* scratch);
+int64_t grad_norm_scratch_doubles();
+// AdamW with decoupled weight decay (where decay[i] != 0), gradients scaled by norm[1] (clip);
+// bias_correction1/2 are the reciprocals 1/(1−β^t).
+// params_mm (n, bf16) receives a copy of the updated weights when not null.
+void adamw(float* params, uint16_t* params_mm, float* m, float* v, const float* grads,
+           const uint8_t* decay, const float* norm, int64_t n, float lr, float beta1, float beta2,
+           float eps, float weight_decay, float bias_correction1, float bias_correction2);
+
+}  // namespace moeplan::backend::cuda::kernels

@@ -1,0 +1,64 @@
+#pragma once
+// The CUDA model: the same transformer, parameter layout, initial weights and training step as
+// the CPU reference (moeplan::backend::Model), with fp32 master weights and AdamW state on the
+// GPU and matrix-product inputs in bf16 (or fp32 for the tight tests). No CUDA header needed.
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "moeplan/accounting/arch.hpp"
+#include "moeplan/accounting/ledger.hpp"
+#include "moeplan/backend/cuda/device.hpp"
+#include "moeplan/backend/model.hpp"
+
+namespace moeplan::backend::cuda {
+
+class Communicator;
+
+// Attention runs as cuBLAS products over the full S×S square with the upper half masked: the
+// ledger records the causal part under attention-core (as the CPU does) and the masked, executed
+// rest under `padding`, so every executed product is counted once and nothing is hidden.
+// Not supported here (InputError): capacity_factor > 0 and the ERC loss.
+class Model {
+ public:
+  // Initial weights are the CPU reference's for the same (arch, options, seed). `comm`: data
+  // parallelism (gradients averaged, ledgers and counters summed over ranks); may be null.
+  Model(const Arch& arch, const ModelOptions& options, uint64_t seed, int64_t batch_seqs,
+        DType matmul = DType::bf16, Communicator* comm = nullptr);
+  ~Model();
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+
+  StepResult train_step(const int32_t* inputs, const int32_t* targets, int64_t step,
+                        const OptimConfig& cfg);
+  double forward_loss(const int32_t* inputs, const int32_t* targets, int64_t n_seqs,
+                      double* per_position_loss = nullptr);
+  // Forward + backward; gradients() then holds d(objective)/d(parameters). Returns the objective.
+  double compute_gradients(const int32_t* inputs, const int32_t* targets,
+                           StepResult* result = nullptr);
+
+  const std::vector<TensorInfo>& tensors() const;
+  std::vector<float> parameters() const;  // copied from the device
+  void set_parameters(std::span<const float> values);
+  std::vector<float> gradients() const;
+
+  void save_state(std::vector<char>& out) const;
+  void load_state(const std::vector<char>& in);
+
+  const FlopLedger& ledger() const;
+  const FlopLedger& eval_ledger() const;
+  int64_t trainable_params() const;
+  int64_t adam_steps() const;
+  const Arch& arch() const;
+  int64_t batch_seqs() const;
+  DType matmul_type() const;
+  bool grouped_gemm() const;  // whether the routed experts ran as grouped products
+  size_t device_bytes() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace moeplan::backend::cuda
