@@ -1,0 +1,51 @@
+#pragma once
+// The seam between the run loop and a device: the loop only calls this interface. The CPU Model
+// implements it here; a CUDA backend registers its own factory for "cuda" (register_engine from a
+// static initialiser in an object that the executable links, e.g. an OBJECT library or
+// $<LINK_LIBRARY:WHOLE_ARCHIVE,...>, so the linker keeps it).
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "moeplan/accounting/arch.hpp"
+#include "moeplan/backend/model.hpp"
+
+namespace moeplan::backend {
+
+class Engine {
+ public:
+  virtual ~Engine() = default;
+  virtual std::string device() const = 0;
+  // See Model: one optimizer step on (batch_seqs, seq_len) row-major inputs and targets.
+  virtual StepResult train_step(const int32_t* inputs, const int32_t* targets, int64_t step,
+                                const OptimConfig& cfg) = 0;
+  // Mean cross-entropy over n_seqs sequences, per-position losses if asked; no training FLOPs.
+  virtual double forward_loss(const int32_t* inputs, const int32_t* targets, int64_t n_seqs,
+                              double* per_position_loss) = 0;
+  virtual std::vector<char> save_state() const = 0;  // bit-exact resume state
+  virtual void load_state(const std::vector<char>& state) = 0;
+  virtual std::vector<TensorInfo> tensors() const = 0;
+  virtual int64_t trainable_params() const = 0;
+  virtual FlopLedger eval_ledger() const = 0;  // cumulative products of forward_loss calls
+};
+
+struct EngineRequest {
+  Arch arch;
+  ModelOptions options;
+  uint64_t seed = 0;
+  int64_t batch_seqs = 0;
+  int threads = 0;  // 0: the device's default
+};
+using EngineFactory = std::function<std::unique_ptr<Engine>(const EngineRequest&)>;
+
+bool register_engine(const std::string& device, EngineFactory factory);
+// Throws InputError for an unknown device, and "this build has no CUDA backend" for cuda when
+// no CUDA factory was linked in.
+std::unique_ptr<Engine> make_engine(const std::string& device, const EngineRequest& request);
+std::vector<std::string> engine_devices();  // registered device names, sorted
+// The same errors as make_engine, without building anything (checked before a sweep starts).
+void require_device(const std::string& device);
+
+}  // namespace moeplan::backend

@@ -1,0 +1,39 @@
+#pragma once
+// runs/<point-id>/record.json, schema 1 (the contract in the project notes RECORD.md): the plan
+// it ran, the measured FLOP and token ledgers, loss curves, time. Built here, written atomically.
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "moeplan/backend/checkpoint.hpp"
+#include "moeplan/planner/plan.hpp"
+
+namespace moeplan::backend {
+
+// Non-vocabulary parameters counted from the tensors the engine allocated, under the Arch's
+// counting readings (router / norms inside N or not).
+struct MeasuredParams {
+  int64_t total_params = 0;
+  int64_t active_params = 0;
+  int64_t trainable = 0;  // every allocated scalar, vocabulary included
+};
+
+struct RecordInputs {
+  const Plan* plan = nullptr;
+  const nlohmann::json* plan_json = nullptr;
+  const RunState* state = nullptr;
+  std::string status;  // "running" | "complete"
+  std::string device;
+  MeasuredParams params;
+  nlohmann::json data;  // source description and split sizes
+  int64_t checkpoint_every = 0, eval_every = 0, eval_tokens = 0;
+};
+
+nlohmann::json make_record(const RecordInputs& in);
+
+// Measured `paper` C is within the plan's declared rounding when its distance from the compute
+// target is no larger than the rounded plan's own distance (plus 1e-9 relative for float sums).
+bool within_rounding(double measured_compute, double compute_target, double planned_compute);
+
+}  // namespace moeplan::backend

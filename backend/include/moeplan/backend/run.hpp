@@ -1,0 +1,65 @@
+#pragma once
+// Training one sweep point end to end: data, engine, ledgers, checkpoints, the run record.
+// The CLI (`moeplan run`) loops over a manifest's points and prints the progress this reports.
+#include <atomic>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <stdexcept>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "moeplan/planner/plan.hpp"
+#include "moeplan/sweeps/manifest.hpp"
+
+namespace moeplan::backend {
+
+struct Progress {
+  std::string point_id;
+  int64_t step = 0, steps = 0;
+  int64_t tokens_consumed = 0;
+  double train_loss = 0;  // latest step
+  double tokens_per_second = 0;
+  double eta_seconds = 0;
+  bool evaluated = false;  // a validation pass just finished
+  double val_bpc = 0;
+};
+
+struct RunOptions {
+  std::filesystem::path out_dir = "runs";
+  std::string device = "cpu";
+  int64_t checkpoint_every = 0;  // 0: the manifest's [train] value, else about 20 per run
+  int threads = 0;
+  std::function<void(const Progress&)> on_progress;  // called after every step
+  const std::atomic<int>* stop = nullptr;  // non-zero: checkpoint at the next step and return
+};
+
+enum class PointStatus { completed, skipped, interrupted };
+struct PointOutcome {
+  PointStatus status = PointStatus::completed;
+  int64_t resumed_from_step = -1;  // -1: started fresh
+  std::filesystem::path record_path;
+  nlohmann::json record;  // the record as written (or as found, when skipped)
+};
+
+// The training loss became NaN or infinite. what() is one line naming the point and the step.
+class TrainingDiverged : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Throws InputError (one line) when the plan is internally inconsistent: counts that do not
+// follow from the Arch, M that does not follow from Arch + convention, D ≠ steps·B·S, ...
+void check_plan_consistent(const Plan& plan);
+
+// `plan_json` is the manifest's JSON form of the plan; it is stored in the record and in the
+// checkpoint, and a record or checkpoint made for a different plan is refused, never mixed.
+PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
+                       const TrainSettings& train, const RunOptions& options);
+
+// Validation set size and cadence actually used for a plan (auto rules when the manifest says 0).
+int64_t eval_windows_for(const Plan& plan, const TrainSettings& train);
+int64_t eval_every_for(const Plan& plan, const TrainSettings& train);
+
+}  // namespace moeplan::backend

@@ -1,0 +1,87 @@
+#include "moeplan/backend/engine.hpp"
+
+#include <algorithm>
+#include <map>
+
+#include <fmt/format.h>
+#include <Eigen/Core>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "moeplan/accounting/error.hpp"
+
+namespace moeplan::backend {
+
+namespace {
+
+class CpuEngine final : public Engine {
+ public:
+  explicit CpuEngine(const EngineRequest& r) : model_(r.arch, r.options, r.seed, r.batch_seqs) {}
+  std::string device() const override { return "cpu"; }
+  StepResult train_step(const int32_t* inputs, const int32_t* targets, int64_t step,
+                        const OptimConfig& cfg) override {
+    return model_.train_step(inputs, targets, step, cfg);
+  }
+  double forward_loss(const int32_t* inputs, const int32_t* targets, int64_t n_seqs,
+                      double* per_position_loss) override {
+    return model_.forward_loss(inputs, targets, n_seqs, per_position_loss);
+  }
+  std::vector<char> save_state() const override {
+    std::vector<char> out;
+    model_.save_state(out);
+    return out;
+  }
+  void load_state(const std::vector<char>& state) override { model_.load_state(state); }
+  std::vector<TensorInfo> tensors() const override { return model_.tensors(); }
+  int64_t trainable_params() const override { return model_.trainable_params(); }
+  FlopLedger eval_ledger() const override { return model_.eval_ledger(); }
+
+ private:
+  Model<float> model_;
+};
+
+std::map<std::string, EngineFactory>& registry() {
+  static std::map<std::string, EngineFactory> r = {
+      {"cpu", [](const EngineRequest& r) -> std::unique_ptr<Engine> {
+         if (r.threads > 0) {
+           Eigen::setNbThreads(r.threads);
+#ifdef _OPENMP
+           omp_set_num_threads(r.threads);  // the model sizes its scratch by the OpenMP count
+#endif
+         }
+         return std::make_unique<CpuEngine>(r);
+       }}};
+  return r;
+}
+
+}  // namespace
+
+bool register_engine(const std::string& device, EngineFactory factory) {
+  registry()[device] = std::move(factory);
+  return true;
+}
+
+std::vector<std::string> engine_devices() {
+  std::vector<std::string> out;
+  for (const auto& [name, f] : registry()) out.push_back(name);
+  return out;
+}
+
+void require_device(const std::string& device) {
+  if (!registry().contains(device)) {
+    if (device == "cuda")
+      throw InputError(
+          "--device cuda: this build has no CUDA backend (rebuild with "
+          "-DMOEPLAN_CUDA=ON on a machine with nvcc), use --device cpu");
+    throw InputError(fmt::format("--device '{}' is not known; this build has: {}", device,
+                                 fmt::join(engine_devices(), ", ")));
+  }
+}
+
+std::unique_ptr<Engine> make_engine(const std::string& device, const EngineRequest& request) {
+  require_device(device);
+  return registry().at(device)(request);
+}
+
+}  // namespace moeplan::backend

@@ -1,0 +1,106 @@
+#include "moeplan/backend/record.hpp"
+
+#include <cmath>
+
+#include "moeplan/accounting/flops.hpp"
+
+namespace moeplan::backend {
+
+bool within_rounding(double measured_compute, double compute_target, double planned_compute) {
+  const double band = std::abs(planned_compute - compute_target) + 1e-9 * std::abs(compute_target);
+  return std::abs(measured_compute - compute_target) <= band;
+}
+
+nlohmann::json make_record(const RecordInputs& in) {
+  const Plan& plan = *in.plan;
+  const RunState& st = *in.state;
+  const Arch& arch = plan.arch;
+  const FlopLedger& ledger = st.train_flops;
+  const double consumed = double(st.tokens.consumed);
+  auto per_token = [&](double v) { return consumed > 0 ? v / consumed : 0.0; };
+
+  const std::string exact_label = convention_label(Convention::exact, AttentionMask::causal);
+  const double exact_total = double(ledger.total());
+  const double paper = lens(arch, Convention::paper, AttentionMask::causal).apply(ledger);
+  const double megatron = lens(arch, Convention::megatron, AttentionMask::causal).apply(ledger);
+
+  nlohmann::json flops = flop_ledger_to_json(ledger);
+  flops["executed_mask"] = std::string(name(AttentionMask::causal));
+  flops["conventions"] = {{exact_label, exact_total}, {"paper", paper}, {"megatron", megatron}};
+  flops["per_token"] = {{exact_label, per_token(exact_total)},
+                        {"paper", per_token(paper)},
+                        {"megatron", per_token(megatron)}};
+  flops["validation"] = flop_ledger_to_json(st.eval_flops);  // not part of C
+
+  // The plan's C in the paper convention, whatever convention it was planned in.
+  const double planned_paper_per_token = plan.convention == Convention::paper
+                                             ? plan.flops_per_token
+                                             : flops_per_token(arch, Convention::paper).total;
+  const double plan_paper = planned_paper_per_token * double(plan.budget.tokens_consumed);
+  const double target_paper =
+      plan.convention == Convention::paper ? plan.budget.compute_target : plan_paper;
+  const bool complete = in.status == "complete";
+
+  const TokenLedger& t = st.tokens;
+  nlohmann::json tokens = {{"consumed", t.consumed},
+                           {"loss_bearing", t.loss_bearing},
+                           {"unique", t.unique()},
+                           {"epochs", t.epochs()},
+                           {"epoch_index", st.order.epoch()},
+                           {"epoch_cursor", st.order.cursor()},
+                           {"dropped", t.dropped},
+                           {"windows", t.windows_consumed},
+                           {"windows_unique", t.windows_touched},
+                           {"windows_total", t.windows_total},
+                           {"dropped_assignments", st.dropped_assignments}};
+  nlohmann::json matches = {
+      {"steps", st.step == plan.budget.steps},
+      {"tokens_consumed", t.consumed == plan.budget.tokens_consumed},
+      {"tokens_unique", t.unique() == plan.budget.tokens_unique},
+      {"epochs", t.consumed * plan.budget.tokens_unique ==
+                     plan.budget.tokens_consumed * t.unique()},  // exact, in integers
+  };
+
+  nlohmann::json rec = {
+      {"schema", 1},
+      {"point_id", plan.id},
+      {"status", in.status},
+      {"device", in.device},
+      {"plan", *in.plan_json},
+      {"measured",
+       {{"total_params", in.params.total_params},
+        {"active_params", in.params.active_params},
+        {"trainable_params", in.params.trainable},
+        {"flops", flops},
+        {"tokens", tokens},
+        {"steps", st.step},
+        {"compute",
+         {{"paper", paper},
+          {"plan_paper", plan_paper},
+          {"target_paper", target_paper},
+          {"rel_diff", plan_paper > 0 ? (paper - plan_paper) / plan_paper : 0.0},
+          {"within_rounding", complete && within_rounding(paper, target_paper, plan_paper)}}},
+        {"matches_plan", matches}}},
+      {"data", in.data},
+      {"loss_curve", st.loss_curve},
+      {"val_curve", st.val_curve},
+      {"checkpoint_every", in.checkpoint_every},
+      {"eval_every", in.eval_every},
+      {"eval_tokens", in.eval_tokens},
+      {"resumes", st.resumes},
+  };
+  if (!st.val_curve.empty()) {
+    rec["final_val_loss"] = st.val_curve.back().at("val_loss");
+    rec["final_val_bpc"] = st.val_curve.back().at("val_bpc");
+  }
+  const double wall = st.train_seconds + st.eval_seconds;
+  rec["wall_seconds"] = wall;
+  rec["train_seconds"] = st.train_seconds;
+  rec["eval_seconds"] = st.eval_seconds;
+  rec["tokens_per_second"] = st.train_seconds > 0 ? consumed / st.train_seconds : 0.0;
+  rec["achieved_flops_per_second"] = st.train_seconds > 0 ? exact_total / st.train_seconds : 0.0;
+  rec["achieved_flops_convention"] = exact_label;
+  return rec;
+}
+
+}  // namespace moeplan::backend

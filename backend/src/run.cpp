@@ -1,0 +1,352 @@
+#include "moeplan/backend/run.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <numbers>
+
+#include <fmt/format.h>
+
+#include "moeplan/accounting/error.hpp"
+#include "moeplan/accounting/flops.hpp"
+#include "moeplan/accounting/params.hpp"
+#include "moeplan/backend/atomic_file.hpp"
+#include "moeplan/backend/checkpoint.hpp"
+#include "moeplan/backend/corpus.hpp"
+#include "moeplan/backend/data.hpp"
+#include "moeplan/backend/engine.hpp"
+#include "moeplan/backend/record.hpp"
+#include "moeplan/backend/rng.hpp"
+
+namespace moeplan::backend {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+bool close_rel(double a, double b, double rel = 1e-9) {
+  return std::abs(a - b) <= rel * std::max({std::abs(a), std::abs(b), 1.0});
+}
+
+[[noreturn]] void inconsistent(const Plan& p, const std::string& what) {
+  throw InputError(
+      fmt::format("point '{}': {}; the manifest is inconsistent (was it edited? "
+                  "re-plan it with `moeplan grid`)",
+                  p.id, what));
+}
+
+// N and N_a from the tensors the engine allocated (names from the Model), under the Arch's
+// counting readings. Routed experts count fully in N and by K/E in N_a.
+MeasuredParams measure_params(const Engine& engine, const Arch& arch) {
+  MeasuredParams m;
+  m.trainable = engine.trainable_params();
+  int64_t routed = 0, other = 0;
+  for (const TensorInfo& t : engine.tensors()) {
+    const std::string& n = t.name;
+    const bool vocab =
+        n.find("embedding") != std::string::npos || n.find("lm_head") != std::string::npos;
+    const bool router = n.find("router") != std::string::npos;
+    const bool norm = n.find("norm") != std::string::npos;
+    const bool shared = n.find("shared") != std::string::npos;
+    const bool expert = !shared && n.find("expert") != std::string::npos;
+    if (vocab) continue;
+    if (router && !arch.count_router) continue;
+    if (norm && !arch.count_norms) continue;
+    (expert ? routed : other) += t.size();
+  }
+  m.total_params = other + routed;
+  m.active_params = other + (arch.experts > 0 ? routed / arch.experts * arch.top_k : 0);
+  return m;
+}
+
+OptimConfig optim_config(const Plan& p) {
+  OptimConfig c;
+  c.lr_peak = p.hyper.lr_peak;
+  c.lr_min = p.hyper.lr_min;
+  c.warmup_steps = p.hyper.warmup_steps;
+  c.total_steps = p.budget.steps;
+  c.beta1 = p.hyper.adam_beta1;
+  c.beta2 = p.hyper.adam_beta2;
+  c.weight_decay = p.hyper.weight_decay;
+  c.grad_clip = p.hyper.grad_clip;
+  return c;
+}
+
+ModelOptions model_options(const TrainSettings& t) {
+  ModelOptions o;
+  o.positions = t.positions;
+  o.renormalize_gates = t.renormalize_gates;
+  o.capacity_factor = t.capacity_factor;
+  o.load_balance = t.load_balance;
+  o.z_loss = t.z_loss;
+  o.erc_loss = t.erc_loss;
+  o.erc_alpha = t.erc_alpha;
+  return o;
+}
+
+// One validation pass over the held-out windows: mean loss, BPC, and per-part BPC.
+nlohmann::json evaluate(Engine& engine, const DataSplit& data, int64_t seq_len, int64_t windows,
+                        int64_t step) {
+  const size_t n = size_t(windows * seq_len);
+  std::vector<int32_t> inputs(n), targets(n);
+  for (size_t i = 0; i < n; ++i) {
+    inputs[i] = data.validation.tokens[i];
+    targets[i] = data.validation.tokens[i + 1];
+  }
+  std::vector<double> per_position(n);
+  engine.forward_loss(inputs.data(), targets.data(), windows, per_position.data());
+  // Sum in position order so the figure is the same bit for bit on every run.
+  double total = 0;
+  std::vector<double> part_sum(data.part_names.size(), 0.0);
+  std::vector<int64_t> part_count(data.part_names.size(), 0);
+  for (size_t i = 0; i < n; ++i) {
+    total += per_position[i];
+    if (!data.validation.part.empty()) {
+      const uint8_t part = data.validation.part[i + 1];  // the part of the target position
+      part_sum[part] += per_position[i];
+      ++part_count[part];
+    }
+  }
+  const double loss = total / double(n);
+  nlohmann::json parts = nlohmann::json::object(), parts_loss = nlohmann::json::object();
+  for (size_t k = 0; k < part_sum.size(); ++k) {
+    const double l = part_count[k] > 0 ? part_sum[k] / double(part_count[k]) : 0.0;
+    parts[data.part_names[k]] = l / std::numbers::ln2;
+    parts_loss[data.part_names[k]] = l;
+  }
+  return {{"step", step},
+          {"val_loss", loss},
+          {"val_bpc", loss / std::numbers::ln2},
+          {"parts", parts},
+          {"parts_loss", parts_loss}};
+}
+
+}  // namespace
+
+void check_plan_consistent(const Plan& p) {
+  if (p.id.empty() || p.id.find('/') != std::string::npos || p.id == "." || p.id == "..")
+    throw InputError(fmt::format("point id '{}' cannot name a run folder", p.id));
+  try {
+    validate(p.arch);
+  } catch (const InputError& e) {
+    inconsistent(p, e.what());
+  }
+  const ParamCounts counts = count_params(p.arch);
+  if (counts.total_params != p.counts.total_params)
+    inconsistent(p, fmt::format("total_params = {} but its arch has {}", p.counts.total_params,
+                                counts.total_params));
+  if (counts.active_params != p.counts.active_params)
+    inconsistent(p, fmt::format("active_params = {} but its arch has {}", p.counts.active_params,
+                                counts.active_params));
+  const Budget& b = p.budget;
+  if (b.seq_len != p.arch.seq_len)
+    inconsistent(p, fmt::format("seq_len = {} but arch.seq_len = {}", b.seq_len, p.arch.seq_len));
+  if (b.steps <= 0 || b.batch_seqs <= 0)
+    inconsistent(p,
+                 fmt::format("steps = {} and batch_seqs = {} must be > 0", b.steps, b.batch_seqs));
+  if (p.hyper.batch_seqs != 0 && p.hyper.batch_seqs != b.batch_seqs)
+    inconsistent(p, fmt::format("batch_seqs = {} but the hyper-parameters say {}", b.batch_seqs,
+                                p.hyper.batch_seqs));
+  if (b.tokens_consumed != b.steps * b.batch_seqs * b.seq_len)
+    inconsistent(p, fmt::format("tokens_consumed = {} but steps·batch_seqs·seq_len = {}·{}·{} = {}",
+                                b.tokens_consumed, b.steps, b.batch_seqs, b.seq_len,
+                                b.steps * b.batch_seqs * b.seq_len));
+  if (b.tokens_unique <= 0 || b.tokens_unique % b.seq_len != 0 ||
+      b.tokens_unique > b.tokens_consumed)
+    inconsistent(p,
+                 fmt::format("tokens_unique = {} must be a positive multiple of seq_len {} and at "
+                             "most tokens_consumed {}",
+                             b.tokens_unique, b.seq_len, b.tokens_consumed));
+  if (!close_rel(b.epochs, double(b.tokens_consumed) / double(b.tokens_unique), 1e-6))
+    inconsistent(p, fmt::format("epochs = {} but tokens_consumed/tokens_unique = {}", b.epochs,
+                                double(b.tokens_consumed) / double(b.tokens_unique)));
+  const double m = flops_per_token(p.arch, p.convention, p.mask).total;
+  if (!close_rel(m, p.flops_per_token, 1e-6))
+    inconsistent(p, fmt::format("flops_per_token = {} but its arch gives {} ({})",
+                                p.flops_per_token, m, convention_label(p.convention, p.mask)));
+  if (!close_rel(b.compute, p.flops_per_token * double(b.tokens_consumed), 1e-6))
+    inconsistent(p, fmt::format("compute = {} but flops_per_token·tokens_consumed = {}", b.compute,
+                                p.flops_per_token * double(b.tokens_consumed)));
+  if (!(p.hyper.lr_peak > 0) || !std::isfinite(p.hyper.lr_peak))
+    inconsistent(p, fmt::format("lr_peak = {} must be a positive number", p.hyper.lr_peak));
+  if (p.hyper.warmup_steps < 0 || p.hyper.warmup_steps > b.steps)
+    inconsistent(p, fmt::format("warmup_steps = {} must be within 0..steps ({})",
+                                p.hyper.warmup_steps, b.steps));
+}
+
+int64_t eval_windows_for(const Plan& p, const TrainSettings& t) {
+  const int64_t s = p.arch.seq_len;
+  const int64_t tokens = t.eval_tokens > 0 ? t.eval_tokens : std::max<int64_t>(16384, 64 * s);
+  return std::max<int64_t>(1, (tokens + s - 1) / s);
+}
+
+int64_t eval_every_for(const Plan& p, const TrainSettings& t) {
+  if (t.eval_every > 0) return t.eval_every;
+  return std::max<int64_t>(1, p.budget.steps / 10);
+}
+
+PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
+                       const TrainSettings& train, const RunOptions& opt) {
+  check_plan_consistent(plan);
+  const fs::path dir = opt.out_dir / plan.id;
+  const fs::path ckpt_dir = dir / "checkpoint";
+  const fs::path ckpt_path = ckpt_dir / "state.ckpt";
+  PointOutcome outcome;
+  outcome.record_path = dir / "record.json";
+
+  std::error_code ec;
+  if (fs::exists(outcome.record_path, ec)) {
+    nlohmann::json rec;
+    try {
+      rec = nlohmann::json::parse(read_file(outcome.record_path));
+    } catch (const nlohmann::json::exception& e) {
+      throw InputError(
+          fmt::format("record '{}' is unreadable ({}); move it away to rerun the point",
+                      outcome.record_path.string(), e.what()));
+    }
+    if (rec.value("plan", nlohmann::json()) != plan_json)
+      throw InputError(
+          fmt::format("'{}' was made from a different plan for point '{}'; move the "
+                      "folder away or choose another --out",
+                      outcome.record_path.string(), plan.id));
+    if (rec.value("status", "") == "complete") {
+      outcome.status = PointStatus::skipped;
+      outcome.record = std::move(rec);
+      return outcome;
+    }
+  }
+  ensure_writable_dir(ckpt_dir);
+
+  const Budget& b = plan.budget;
+  const int64_t seq_len = b.seq_len, batch = b.batch_seqs, steps = b.steps;
+  const int64_t windows = b.tokens_unique / seq_len;
+  const int64_t eval_windows = eval_windows_for(plan, train);
+  const int64_t eval_every = eval_every_for(plan, train);
+  const int64_t ckpt_every = opt.checkpoint_every > 0     ? opt.checkpoint_every
+                             : train.checkpoint_every > 0 ? train.checkpoint_every
+                                                          : std::max<int64_t>(1, steps / 20);
+  const int64_t log_every = std::max<int64_t>(1, steps / 1000);
+
+  // Data first: a source too small or corrupt fails before any training.
+  const DataSplit data = load_source(train.source, b.tokens_unique + 1, eval_windows * seq_len + 1,
+                                     train.data_seed, plan.arch.vocab);
+  const nlohmann::json data_json = {{"source", train.source},
+                                    {"description", data.description},
+                                    {"source_tokens", data.source_tokens},
+                                    {"training_region_tokens", b.tokens_unique + 1},
+                                    {"validation_tokens", eval_windows * seq_len},
+                                    {"unused_source_tokens", data.unused_tokens},
+                                    {"byte_tokens", data.byte_tokens},
+                                    {"parts", data.part_names}};
+
+  std::unique_ptr<Engine> engine =
+      make_engine(opt.device, {plan.arch, model_options(train), train.seed, batch, opt.threads});
+  const MeasuredParams params = measure_params(*engine, plan.arch);
+
+  RunState st;
+  if (fs::exists(ckpt_path, ec)) {
+    Checkpoint ck = read_checkpoint(ckpt_path);
+    if (ck.plan != plan_json)
+      throw InputError(
+          fmt::format("checkpoint '{}' was made for a different plan of point '{}'; "
+                      "move the folder away or choose another --out",
+                      ckpt_path.string(), plan.id));
+    engine->load_state(ck.model_state);
+    st = std::move(ck.state);
+    ++st.resumes;
+    outcome.resumed_from_step = st.step;
+  } else {
+    st.tokens = TokenLedger(seq_len, windows);
+    st.order = WindowOrder(windows, mix_seed(train.seed, 0xDA7A));
+  }
+
+  RecordInputs rin;
+  rin.plan = &plan;
+  rin.plan_json = &plan_json;
+  rin.state = &st;
+  rin.device = opt.device;
+  rin.params = params;
+  rin.data = data_json;
+  rin.checkpoint_every = ckpt_every;
+  rin.eval_every = eval_every;
+  rin.eval_tokens = eval_windows * seq_len;
+  int64_t last_saved_step = outcome.resumed_from_step;
+  auto save = [&](const std::string& status) {
+    last_saved_step = st.step;
+    write_checkpoint(ckpt_path, {plan_json, st, engine->save_state()});
+    rin.status = status;
+    outcome.record = make_record(rin);
+    write_file_atomic(outcome.record_path, outcome.record.dump(1) + "\n");
+  };
+
+  const OptimConfig cfg = optim_config(plan);
+  std::vector<int32_t> inputs(size_t(batch * seq_len)), targets(size_t(batch * seq_len));
+  const auto session_start = Clock::now();
+  const int64_t session_first_step = st.step;
+  Progress progress;
+  progress.point_id = plan.id;
+  progress.steps = steps;
+
+  while (st.step < steps) {
+    if (opt.stop && opt.stop->load() != 0) {
+      save("running");
+      outcome.status = PointStatus::interrupted;
+      return outcome;
+    }
+    fill_batch(data.train, seq_len, batch, st.order, st.tokens, inputs.data(), targets.data());
+    const auto t0 = Clock::now();
+    const StepResult r = engine->train_step(inputs.data(), targets.data(), st.step, cfg);
+    st.train_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+    if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm))
+      throw TrainingDiverged(fmt::format(
+          "point '{}': training loss is {} at step {} of {} (lr {:.3g}, grad norm {}); stopped, {} "
+          "and earlier records are kept (lower lr_peak in the manifest?)",
+          plan.id, r.loss, st.step + 1, steps, r.lr, r.grad_norm,
+          last_saved_step >= 0 ? fmt::format("the last checkpoint (step {})", last_saved_step)
+                               : std::string("no checkpoint was written yet")));
+    st.train_flops += r.flops;
+    st.dropped_assignments += r.dropped_assignments;
+    ++st.step;
+    st.loss_sum_since_log += r.loss;
+    ++st.steps_since_log;
+    if (st.step % log_every == 0 || st.step == steps) {
+      st.loss_curve.push_back(
+          {{"step", st.step},
+           {"tokens_consumed", st.tokens.consumed},
+           {"train_loss", r.loss},
+           {"train_loss_mean", st.loss_sum_since_log / double(st.steps_since_log)},
+           {"lr", r.lr},
+           {"aux_load_balance", r.aux_load_balance},
+           {"grad_norm", r.grad_norm}});
+      st.loss_sum_since_log = 0;
+      st.steps_since_log = 0;
+    }
+    progress.evaluated = false;
+    if (st.step % eval_every == 0 || st.step == steps) {
+      const auto e0 = Clock::now();
+      const FlopLedger eval_before = engine->eval_ledger();
+      st.val_curve.push_back(evaluate(*engine, data, seq_len, eval_windows, st.step));
+      st.eval_flops += engine->eval_ledger() - eval_before;
+      st.eval_seconds += std::chrono::duration<double>(Clock::now() - e0).count();
+      progress.evaluated = true;
+      progress.val_bpc = st.val_curve.back().at("val_bpc").get<double>();
+    }
+    if (opt.on_progress) {
+      const double elapsed = std::chrono::duration<double>(Clock::now() - session_start).count();
+      const int64_t done = st.step - session_first_step;
+      progress.step = st.step;
+      progress.tokens_consumed = st.tokens.consumed;
+      progress.train_loss = r.loss;
+      progress.tokens_per_second = elapsed > 0 ? double(done * batch * seq_len) / elapsed : 0;
+      progress.eta_seconds = done > 0 ? elapsed / double(done) * double(steps - st.step) : 0;
+      opt.on_progress(progress);
+    }
+    if (st.step % ckpt_every == 0 && st.step < steps) save("running");
+  }
+  save("complete");
+  outcome.status = PointStatus::completed;
+  return outcome;
+}
+
+}  // namespace moeplan::backend

@@ -1,0 +1,186 @@
+// `moeplan run sweep.toml`: train every point of a manifest (or one), resuming interrupted points
+// and skipping complete ones. Ctrl-C checkpoints and exits 130; a diverged loss exits 4.
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+
+#include <fmt/format.h>
+
+#include "command.hpp"
+#include "moeplan/accounting/error.hpp"
+#include "moeplan/accounting/units.hpp"
+#include "moeplan/backend/atomic_file.hpp"
+#include "moeplan/backend/engine.hpp"
+#include "moeplan/backend/run.hpp"
+#include "moeplan/sweeps/manifest_io.hpp"
+
+namespace moeplan::cli {
+namespace {
+
+constexpr int kExitInterrupted = 130;
+constexpr int kExitDiverged = 4;
+
+std::atomic<int> g_stop{0};
+extern "C" void on_stop_signal(int sig) {
+  g_stop.store(sig);
+}
+
+struct RunFlags {
+  std::string manifest;
+  std::string point;
+  std::string out = "runs";
+  std::string device;
+  int64_t checkpoint_every = 0;
+  int threads = 0;
+};
+
+std::string duration(double seconds) {
+  if (!(seconds >= 0) || seconds > 1e7) return "?";
+  const auto s = int64_t(seconds + 0.5);
+  if (s >= 3600) return fmt::format("{}h{:02}m", s / 3600, s / 60 % 60);
+  if (s >= 60) return fmt::format("{}m{:02}s", s / 60, s % 60);
+  return fmt::format("{}s", s);
+}
+
+// Rewritten in place on a terminal; plain lines about every 10 % or 30 s otherwise.
+class ProgressPrinter {
+ public:
+  ProgressPrinter(std::string label) : label_(std::move(label)), tty_(::isatty(STDOUT_FILENO)) {}
+  void operator()(const backend::Progress& p) {
+    const auto now = std::chrono::steady_clock::now();
+    const bool last = p.step == p.steps;
+    const int64_t tenth = std::max<int64_t>(1, p.steps / 10);
+    if (tty_) {
+      if (!last && now - last_print_ < std::chrono::milliseconds(200)) return;
+    } else if (!last && p.step % tenth != 0 && now - last_print_ < std::chrono::seconds(30)) {
+      return;
+    }
+    last_print_ = now;
+    const std::string line =
+        fmt::format("{} step {}/{}  {} tokens consumed  loss {:.4f}  {} tok/s  ETA {}", label_,
+                    p.step, p.steps, human(double(p.tokens_consumed)), p.train_loss,
+                    human(p.tokens_per_second), duration(p.eta_seconds));
+    if (tty_) {
+      fmt::print("\r\033[K{}", line);
+      if (last) fmt::print("\n");
+    } else {
+      fmt::print("{}\n", line);
+    }
+    std::fflush(stdout);
+  }
+
+ private:
+  std::string label_;
+  bool tty_;
+  std::chrono::steady_clock::time_point last_print_{};
+};
+
+int run(const RunFlags& f) {
+  namespace fs = std::filesystem;
+  const Manifest m = read_manifest(f.manifest);
+  std::vector<const Plan*> points{&m.dense};
+  for (const Plan& p : m.points) points.push_back(&p);
+  if (!f.point.empty()) {
+    std::vector<const Plan*> one;
+    std::string ids;
+    for (const Plan* p : points) {
+      if (p->id == f.point) one.push_back(p);
+      ids += (ids.empty() ? "" : ", ") + p->id;
+    }
+    if (one.empty())
+      throw InputError(
+          fmt::format("--point '{}' is not in {}; its points are: {}", f.point, f.manifest, ids));
+    points = one;
+  }
+  if (f.checkpoint_every < 0)
+    throw InputError(
+        fmt::format("--checkpoint-every {} must be >= 1 (or 0 for auto)", f.checkpoint_every));
+  if (f.threads < 0) throw InputError(fmt::format("--threads {} must be >= 0", f.threads));
+  backend::RunOptions opt;
+  opt.out_dir = f.out;
+  opt.device = f.device.empty() ? m.train.device : f.device;
+  opt.checkpoint_every = f.checkpoint_every;
+  opt.threads = f.threads;
+  opt.stop = &g_stop;
+  // Everything that can be refused is refused before the first step of the first point.
+  backend::require_device(opt.device);
+  for (const Plan* p : points) backend::check_plan_consistent(*p);
+  backend::ensure_writable_dir(opt.out_dir);
+
+  std::signal(SIGINT, on_stop_signal);
+  std::signal(SIGTERM, on_stop_signal);
+  int index = 0;
+  for (const Plan* p : points) {
+    ++index;
+    const std::string label = fmt::format("[{} {}/{}]", p->id, index, points.size());
+    fmt::print(
+        "{} N {} (r_a {:.3f}), {} steps x {} seqs x {} = {} tokens consumed, {} unique, "
+        "C {} FLOPs [{}]\n",
+        label, human(double(p->counts.total_params)), p->counts.activation_rate(), p->budget.steps,
+        p->budget.batch_seqs, p->budget.seq_len, human(double(p->budget.tokens_consumed)),
+        human(double(p->budget.tokens_unique)), human(p->budget.compute),
+        convention_label(p->convention, p->mask));
+    std::fflush(stdout);
+    opt.on_progress = ProgressPrinter(label);
+    backend::PointOutcome out;
+    try {
+      out = backend::run_point(*p, plan_to_json(*p), m.train, opt);
+    } catch (const backend::TrainingDiverged& e) {
+      if (::isatty(STDOUT_FILENO)) std::fputs("\n", stdout);  // end the progress line
+      std::fflush(stdout);
+      std::fprintf(stderr, "moeplan: error: %s\n", e.what());
+      return kExitDiverged;
+    }
+    switch (out.status) {
+      case backend::PointStatus::skipped:
+        fmt::print("{} already complete ({}), skipped\n", label, out.record_path.string());
+        break;
+      case backend::PointStatus::interrupted:
+        fmt::print(
+            "\n{} interrupted: checkpoint written at step {}; run the same command again "
+            "to resume\n",
+            label, out.record.at("measured").at("steps").get<int64_t>());
+        return kExitInterrupted;
+      case backend::PointStatus::completed: {
+        const auto& r = out.record;
+        const auto& tok = r.at("measured").at("tokens");
+        fmt::print(
+            "{} complete{}: val BPC {:.4f}, {} tokens consumed, {} unique, {:.3f} epochs, "
+            "C {} FLOPs [paper] measured, {:.1f} s -> {}\n",
+            label,
+            out.resumed_from_step >= 0 ? fmt::format(" (resumed at step {})", out.resumed_from_step)
+                                       : "",
+            r.value("final_val_bpc", 0.0), human(double(tok.at("consumed").get<int64_t>())),
+            human(double(tok.at("unique").get<int64_t>())), tok.at("epochs").get<double>(),
+            human(r.at("measured").at("compute").at("paper").get<double>()),
+            r.at("wall_seconds").get<double>(), out.record_path.string());
+        break;
+      }
+    }
+    std::fflush(stdout);
+  }
+  return kExitOk;
+}
+
+const bool registered = register_command(
+    {"run", "Train a sweep's points on the built-in backend, writing runs/<point>/record.json", 30,
+     [](CLI::App& app) -> std::function<int()> {
+       auto f = std::make_shared<RunFlags>();
+       app.add_option("manifest", f->manifest, "sweep.toml made by `moeplan grid`")->required();
+       app.add_option("--point", f->point, "run only this point id (e.g. dense, moe-ra0.200)");
+       app.add_option("--out", f->out, "folder for runs/<point-id>/ (record.json, checkpoint/)")
+           ->capture_default_str();
+       app.add_option("--device", f->device,
+                      "cpu or cuda (default: the manifest's [train].device)");
+       app.add_option("--checkpoint-every", f->checkpoint_every,
+                      "steps between checkpoints (default: the manifest's, else ~20 per point)");
+       app.add_option("--threads", f->threads, "CPU threads (0: the default)");
+       return [f] { return run(*f); };
+     }});
+
+}  // namespace
+}  // namespace moeplan::cli

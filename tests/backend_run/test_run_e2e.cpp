@@ -1,0 +1,334 @@
+// `moeplan run` end to end through the built executable (MOEPLAN_BINARY): complete runs, a real
+// SIGKILL and resume, and every refusal (one line, non-zero exit, nothing earlier lost).
+#include <doctest/doctest.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "moeplan/accounting/flops.hpp"
+#include "moeplan/accounting/params.hpp"
+#include "moeplan/backend/atomic_file.hpp"
+#include "moeplan/backend/checkpoint.hpp"
+#include "moeplan/backend/corpus.hpp"
+#include "moeplan/sweeps/manifest_io.hpp"
+
+namespace fs = std::filesystem;
+using namespace moeplan;
+using namespace moeplan::backend;
+using nlohmann::json;
+
+namespace {
+
+fs::path fresh_dir(const std::string& name) {
+  const fs::path d = fs::temp_directory_path() / ("moeplan_run_e2e_" + name);
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+Arch tiny_arch(bool dense) {
+  Arch a;
+  a.d_model = 16;
+  a.layers = 2;
+  a.dense_layers = dense ? 2 : 1;
+  a.heads = a.kv_heads = 2;
+  a.head_dim = 8;
+  a.d_ffn = 32;
+  if (!dense) {
+    a.experts = 4;
+    a.top_k = 2;
+    a.d_expert = 8;
+    a.d_shared = 8;
+  }
+  a.seq_len = 16;
+  a.vocab = 256;
+  return a;
+}
+
+// A plan made the way the planner makes one, with C chosen so that D = steps·B·S exactly.
+Plan tiny_plan(const std::string& id, bool dense, int64_t steps, int64_t batch, int64_t windows,
+               double lr = 3e-3) {
+  Plan p;
+  p.id = id;
+  p.role = dense ? "dense" : "moe";
+  p.arch = tiny_arch(dense);
+  p.counts = count_params(p.arch);
+  p.activation_rate_target = dense ? 0 : p.counts.activation_rate();
+  p.convention = Convention::paper;
+  p.flops_per_token = flops_per_token(p.arch, Convention::paper).total;
+  BudgetRequest r;
+  r.compute = p.flops_per_token * double(steps * batch * p.arch.seq_len);
+  r.flops_per_token = p.flops_per_token;
+  r.total_params = p.counts.total_params;
+  r.seq_len = p.arch.seq_len;
+  r.batch_seqs = batch;
+  r.tokens_unique = double(windows * p.arch.seq_len);
+  p.budget = make_budget(r);
+  p.hyper.lr_peak = lr;
+  p.hyper.batch_seqs = batch;
+  p.hyper.batch_tokens = batch * p.arch.seq_len;
+  p.hyper.warmup_steps = std::min<int64_t>(10, steps);
+  return p;
+}
+
+Manifest tiny_manifest(Plan dense, std::vector<Plan> points) {
+  Manifest m;
+  m.created_by = "test_backend_run";
+  m.n_target = double(dense.counts.total_params);
+  m.dense = std::move(dense);
+  m.points = std::move(points);
+  m.train.eval_tokens = 256;
+  m.train.eval_every = 25;
+  return m;
+}
+
+struct Result {
+  int status = -1;  // exit code, or 128+signal
+  std::string out, err;
+};
+
+pid_t spawn(const std::vector<std::string>& args, const fs::path& out_file,
+            const fs::path& err_file) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    const int o = ::open(out_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int e = ::open(err_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(o, 1);
+    ::dup2(e, 2);
+    std::vector<char*> argv;
+    std::string bin = MOEPLAN_BINARY;
+    argv.push_back(bin.data());
+    std::vector<std::string> copy = args;
+    for (auto& a : copy) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    ::execv(bin.c_str(), argv.data());
+    ::_exit(127);
+  }
+  return pid;
+}
+
+int wait_status(pid_t pid) {
+  int st = 0;
+  ::waitpid(pid, &st, 0);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+Result run_cli(const std::vector<std::string>& args) {
+  const fs::path d = fs::temp_directory_path();
+  const fs::path o = d / ("moeplan_e2e_out_" + std::to_string(::getpid()));
+  const fs::path e = d / ("moeplan_e2e_err_" + std::to_string(::getpid()));
+  Result r;
+  r.status = wait_status(spawn(args, o, e));
+  r.out = read_file(o);
+  r.err = read_file(e);
+  return r;
+}
+
+json record(const fs::path& out, const std::string& id) {
+  return json::parse(read_file(out / id / "record.json"));
+}
+
+bool one_line(const std::string& s) {
+  return !s.empty() && s.back() == '\n' && s.find('\n') == s.size() - 1;
+}
+
+}  // namespace
+
+TEST_CASE("moeplan run: ledgers equal the plan and an independent count; reruns skip") {
+  const fs::path dir = fresh_dir("complete");
+  // dense: 30 steps x 4 seqs = 120 windows over W = 50: 2.4 epochs. moe: 45 x 4 = 180 windows.
+  write_manifest_atomic(
+      tiny_manifest(tiny_plan("dense", true, 30, 4, 50), {tiny_plan("moe-a", false, 45, 4, 50)}),
+      dir / "sweep.toml");
+  const fs::path out = dir / "runs";
+  const Result r = run_cli({"run", (dir / "sweep.toml").string(), "--out", out.string()});
+  REQUIRE_MESSAGE(r.status == 0, r.err);
+  for (auto [id, steps] : {std::pair<std::string, int64_t>{"dense", 30}, {"moe-a", 45}}) {
+    const json rec = record(out, id);
+    CHECK(rec["schema"] == 1);
+    CHECK(rec["status"] == "complete");
+    const json& t = rec["measured"]["tokens"];
+    // Independent count: steps · 4 seqs · 16 positions, D̂ = 50 windows · 16 = 800.
+    CHECK(t["consumed"].get<int64_t>() == steps * 4 * 16);
+    CHECK(t["loss_bearing"].get<int64_t>() == steps * 4 * 16);
+    CHECK(t["unique"].get<int64_t>() == 800);
+    CHECK(t["windows"].get<int64_t>() == steps * 4);
+    CHECK(t["epoch_index"].get<int64_t>() == steps * 4 / 50);
+    CHECK(t["epoch_cursor"].get<int64_t>() == steps * 4 % 50);
+    CHECK(t["dropped"].get<int64_t>() == 0);
+    CHECK(t["epochs"].get<double>() == doctest::Approx(double(steps * 4) / 50.0));
+    for (auto& [k, v] : rec["measured"]["matches_plan"].items()) CHECK_MESSAGE(v == true, k);
+    CHECK(rec["measured"]["compute"]["within_rounding"] == true);
+    CHECK(rec["measured"]["total_params"] == rec["plan"]["total_params"]);
+    CHECK(rec["measured"]["active_params"] == rec["plan"]["active_params"]);
+    CHECK(rec["loss_curve"].size() == size_t(steps));
+    CHECK(rec["val_curve"].back()["step"] == steps);
+    CHECK(rec["final_val_bpc"].get<double>() > 0);
+    CHECK(rec["val_curve"].back()["parts"].contains("facts"));
+    CHECK(rec["val_curve"].back()["parts"].contains("arith"));
+    // The exact ledger equals the analytic exact count for the consumed tokens (dense: no routing
+    // to vary; per-token exact M times D).
+    if (id == "dense") {
+      const double m_exact = flops_per_token(tiny_arch(true), Convention::exact).total;
+      CHECK(rec["measured"]["flops"]["total"].get<double>() ==
+            doctest::Approx(m_exact * double(steps * 64)).epsilon(1e-9));
+    }
+  }
+  const std::string before = read_file(out / "dense" / "record.json");
+  const Result again = run_cli({"run", (dir / "sweep.toml").string(), "--out", out.string()});
+  CHECK(again.status == 0);
+  CHECK(again.out.find("already complete") != std::string::npos);
+  CHECK(read_file(out / "dense" / "record.json") == before);
+}
+
+TEST_CASE(
+    "SIGKILL mid-epoch, then resume: weights, curves and ledgers equal an uninterrupted run") {
+  const fs::path dir = fresh_dir("kill");
+  // 250 steps x 4 seqs over W = 50 windows: 20 epochs; checkpoints every 7 steps (mid-epoch).
+  Manifest m =
+      tiny_manifest(tiny_plan("dense", true, 10, 4, 50), {tiny_plan("moe-k", false, 250, 4, 50)});
+  write_manifest_atomic(m, dir / "sweep.toml");
+  const std::string sweep = (dir / "sweep.toml").string();
+
+  const Result whole = run_cli(
+      {"run", sweep, "--point", "moe-k", "--out", (dir / "a").string(), "--checkpoint-every", "7"});
+  REQUIRE_MESSAGE(whole.status == 0, whole.err);
+
+  const fs::path b = dir / "b";
+  const pid_t pid =
+      spawn({"run", sweep, "--point", "moe-k", "--out", b.string(), "--checkpoint-every", "7"},
+            dir / "b.out", dir / "b.err");
+  json at_kill;
+  for (int i = 0; i < 200000; ++i) {
+    std::error_code ec;
+    if (fs::exists(b / "moe-k" / "record.json", ec)) {
+      try {
+        at_kill = record(b, "moe-k");
+      } catch (...) {
+      }
+      if (!at_kill.is_null() && at_kill["measured"]["steps"].get<int64_t>() >= 14) break;
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  ::kill(pid, SIGKILL);
+  CHECK(wait_status(pid) == 128 + SIGKILL);
+  REQUIRE(!at_kill.is_null());
+  const json killed = record(b, "moe-k");
+  REQUIRE_MESSAGE(killed["status"] == "running", "the run finished before the kill");
+  MESSAGE("killed after checkpoint at step ", killed["measured"]["steps"], ", epoch cursor ",
+          killed["measured"]["tokens"]["epoch_cursor"]);
+
+  const Result resumed =
+      run_cli({"run", sweep, "--point", "moe-k", "--out", b.string(), "--checkpoint-every", "7"});
+  REQUIRE_MESSAGE(resumed.status == 0, resumed.err);
+  CHECK(resumed.out.find("resumed at step") != std::string::npos);
+
+  const json ra = record(dir / "a", "moe-k"), rb = record(b, "moe-k");
+  CHECK(rb["resumes"].get<int>() >= 1);
+  CHECK(ra["loss_curve"] == rb["loss_curve"]);
+  CHECK(ra["val_curve"] == rb["val_curve"]);
+  CHECK(ra["measured"]["tokens"] == rb["measured"]["tokens"]);
+  CHECK(ra["measured"]["flops"] == rb["measured"]["flops"]);
+  const Checkpoint ca = read_checkpoint(dir / "a" / "moe-k" / "checkpoint" / "state.ckpt");
+  const Checkpoint cb = read_checkpoint(b / "moe-k" / "checkpoint" / "state.ckpt");
+  CHECK(ca.model_state.size() > 1000);
+  CHECK(ca.model_state == cb.model_state);  // weights, Adam state, RNG: byte for byte
+  CHECK(ca.state.tokens == cb.state.tokens);
+  CHECK(ca.state.order == cb.state.order);
+  CHECK(ca.state.train_flops == cb.state.train_flops);
+}
+
+TEST_CASE("refusals: one line, non-zero exit, earlier records and checkpoints intact") {
+  const fs::path dir = fresh_dir("errors");
+  const fs::path out = dir / "runs";
+  Manifest good =
+      tiny_manifest(tiny_plan("dense", true, 12, 4, 20), {tiny_plan("moe-a", false, 12, 4, 20)});
+  write_manifest_atomic(good, dir / "good.toml");
+  REQUIRE(run_cli({"run", (dir / "good.toml").string(), "--point", "dense", "--out", out.string()})
+              .status == 0);
+  const std::string rec_before = read_file(out / "dense" / "record.json");
+  const std::string ckpt_before = read_file(out / "dense" / "checkpoint" / "state.ckpt");
+  auto intact = [&] {
+    CHECK(read_file(out / "dense" / "record.json") == rec_before);
+    CHECK(read_file(out / "dense" / "checkpoint" / "state.ckpt") == ckpt_before);
+  };
+  auto refused = [&](const Manifest& m, const std::string& name, const std::string& needle,
+                     std::vector<std::string> extra = {}) {
+    write_manifest_atomic(m, dir / (name + ".toml"));
+    std::vector<std::string> args{
+        "run", (dir / (name + ".toml")).string(), "--point", "moe-a", "--out", out.string()};
+    args.insert(args.end(), extra.begin(), extra.end());
+    const Result r = run_cli(args);
+    CHECK_MESSAGE(r.status != 0, name);
+    CHECK_MESSAGE(one_line(r.err), name, ": ", r.err);
+    CHECK_MESSAGE(r.err.find(needle) != std::string::npos, name, ": ", r.err);
+    intact();
+    return r;
+  };
+
+  // Corrupt shards: bad magic, truncated.
+  std::vector<uint16_t> toks(2000, 65);
+  write_shard(dir / "ok.bin", toks);
+  std::string bytes = read_file(dir / "ok.bin");
+  std::string bad = bytes;
+  bad[1] = 0x7f;
+  write_file_atomic(dir / "magic.bin", bad);
+  write_file_atomic(dir / "trunc.bin", bytes.substr(0, bytes.size() - 3));
+  Manifest m = good;
+  m.train.source = "shards:" + (dir / "magic.bin").string();
+  CHECK(refused(m, "magic", "bad magic").status == 2);
+  m.train.source = "shards:" + (dir / "trunc.bin").string();
+  CHECK(refused(m, "trunc", "truncated").status == 2);
+  // Source too small: 200 bytes < D̂ + 1 + validation.
+  write_file_atomic(dir / "small.txt", std::string(200, 'x'));
+  m.train.source = "text:" + (dir / "small.txt").string();
+  CHECK(refused(m, "small", "has 200 tokens").status == 2);
+  // Unwritable output folder (a path under a regular file; the tests may run as root).
+  {
+    const Result r =
+        run_cli({"run", (dir / "good.toml").string(), "--out", (dir / "ok.bin" / "runs").string()});
+    CHECK(r.status == 2);
+    CHECK(one_line(r.err));
+    CHECK(r.err.find("cannot write to") != std::string::npos);
+    intact();
+  }
+  // A manifest edited to an inconsistent state: tokens_consumed no longer steps·B·S.
+  {
+    std::string text = read_file(dir / "good.toml");
+    const std::string key = "tokens_consumed = " + std::to_string(12 * 4 * 16);
+    const auto at = text.rfind(key);
+    REQUIRE(at != std::string::npos);
+    text.replace(at, key.size(), "tokens_consumed = 999");
+    write_file_atomic(dir / "edited.toml", text);
+    const Result r = run_cli({"run", (dir / "edited.toml").string(), "--out", out.string()});
+    CHECK(r.status == 2);
+    CHECK_MESSAGE(one_line(r.err), r.err);
+    CHECK(r.err.find("999") != std::string::npos);
+    intact();
+  }
+  // --device cuda without a CUDA build.
+  refused(good, "cuda", "no CUDA backend", {"--device", "cuda"});
+  // NaN: an absurd learning rate; the point's own earlier checkpoint stays readable.
+  {
+    Manifest nan = good;
+    nan.points[0] = tiny_plan("moe-a", false, 12, 4, 20, 1e30);
+    const Result r = refused(nan, "nan", "moe-a", {"--checkpoint-every", "1"});
+    CHECK(r.status == 4);
+    CHECK(r.err.find("at step") != std::string::npos);
+    CHECK(r.err.find("loss is") != std::string::npos);
+    if (fs::exists(out / "moe-a" / "checkpoint" / "state.ckpt")) {
+      const Checkpoint c = read_checkpoint(out / "moe-a" / "checkpoint" / "state.ckpt");
+      CHECK(record(out, "moe-a")["measured"]["steps"] == c.state.step);
+      CHECK(record(out, "moe-a")["status"] == "running");
+    }
+  }
+}
