@@ -1,0 +1,57 @@
+#pragma once
+// What an audit says: a verdict per claim, and findings (error | warning | info) that each name
+// the table, the row, the quantity, the expected and found values and the tolerance.
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace moeplan::audit {
+
+enum class Severity { error, warning, info };
+std::string_view name(Severity s);
+
+struct Finding {
+  Severity severity = Severity::info;
+  std::string table;     // table name, or the run point id
+  int row = 0;           // 1-based data row; 0 = not about one row
+  std::string quantity;  // code name ("flops_per_token")
+  std::optional<double> expected;
+  std::optional<double> found;
+  std::optional<double> rel_diff;  // (found − expected) / expected
+  double tolerance = 0;            // relative
+  std::string message;             // one line, says why
+};
+
+// One quantity of one claim: the spread over the claim's rows and its verdict.
+struct QuantityVerdict {
+  std::string quantity;
+  std::string kind;  // "equal", "at_least", "at_most", "between", "equal_to_baseline"
+  double min = 0, max = 0;
+  std::string min_row, max_row;  // "table:row"
+  double rel_range = 0;          // (max − min) / |min|
+  double tolerance = 0;
+  std::optional<double> lower, upper;  // bounds
+  bool holds = true;
+  std::vector<std::string> breaking;  // "table:row" of rows that break it
+  std::string note;                   // where the values came from, recomputed spread, ...
+};
+
+struct ClaimVerdict {
+  std::string name;
+  std::vector<std::string> rows;  // "table:row"
+  std::vector<QuantityVerdict> quantities;
+  bool holds = true;
+};
+
+struct AuditReport {
+  std::vector<ClaimVerdict> claims;
+  std::vector<Finding> findings;
+  bool all_hold() const;
+  // Findings ordered by severity (errors first), then table, row, quantity: stable output.
+  void sort_findings();
+};
+
+// "moe7b:3"
+std::string row_ref(const std::string& table, int row);
+
+}  // namespace moeplan::audit

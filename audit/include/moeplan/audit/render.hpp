@@ -1,0 +1,23 @@
+#pragma once
+// An audit report as text: a terminal summary (verdict per claim, then findings by severity),
+// JSON ({"schema":1, "claims":[...], "findings":[...]}) and Markdown.
+#include <string>
+#include <string_view>
+
+#include "moeplan/audit/finding.hpp"
+
+namespace moeplan::audit {
+
+enum class ReportFormat { table, json, md };
+// "table" (terminal), "json", "md"; throws InputError otherwise.
+ReportFormat parse_report_format(std::string_view s);
+
+std::string render_terminal(const AuditReport& report);
+std::string render_json(const AuditReport& report);
+std::string render_markdown(const AuditReport& report);
+std::string render(const AuditReport& report, ReportFormat format);
+
+// A number as the tables print them: 4.717e9, 6.48e9, 92.88, 8.44e-4 (4 significant digits).
+std::string sci(double v);
+
+}  // namespace moeplan::audit

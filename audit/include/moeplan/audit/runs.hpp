@@ -1,0 +1,49 @@
+#pragma once
+// Audit of our own runs (pure): each record's measured ledgers against its plan, every residual
+// explained by ledger category through accounting's lens(), and the equal-resource claims (N, C,
+// D̂) across the sweep and its dense baseline. Record format: /work/notes/RECORD.md (schema 1).
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "moeplan/accounting/flops.hpp"
+#include "moeplan/accounting/ledger.hpp"
+#include "moeplan/audit/finding.hpp"
+#include "moeplan/planner/plan.hpp"
+
+namespace moeplan::audit {
+
+// What one runs/<point>/record.json says: the plan it ran and what it measured.
+struct RunRecord {
+  std::string source;  // file, for messages
+  std::string point_id;
+  std::string status;  // "complete" | "running"
+  Plan plan;           // the plan embedded in the record
+  bool has_measured = false;
+  int64_t total_params = 0, active_params = 0;  // counted from the allocated tensors
+  AttentionMask executed_mask = AttentionMask::causal;
+  FlopLedger ledger;                          // training FLOPs by category and phase
+  int64_t ledger_total = 0;                   // the record's own "total" (exact)
+  std::map<std::string, double> conventions;  // the record's lens() figures, by label
+  int64_t tokens_consumed = 0, tokens_unique = 0, tokens_dropped = 0;
+  double epochs = 0;
+};
+
+// Parse record.json text. Throws InputError naming the file and the missing or mistyped key.
+RunRecord parse_run_record(std::string_view json_text, std::string source);
+
+struct RunsAuditOptions {
+  double tolerance = 0.01;                  // relative, for planned-vs-measured FLOPs
+  std::optional<double> n_tolerance;        // equal N across the sweep (manifest's, else tolerance)
+  std::optional<double> compute_tolerance;  // equal C across the sweep (manifest's, else tolerance)
+};
+
+// `planned`: the manifest's points (dense baseline included, role "dense"), or empty to audit
+// each record against the plan it carries.
+AuditReport audit_runs(const std::vector<RunRecord>& records, const std::vector<Plan>& planned,
+                       const RunsAuditOptions& options);
+
+}  // namespace moeplan::audit

@@ -1,0 +1,154 @@
+#include "moeplan/audit/render.hpp"
+
+#include <cmath>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "moeplan/accounting/error.hpp"
+
+namespace moeplan::audit {
+
+namespace {
+
+std::string where(const Finding& f) {
+  return f.row > 0 ? row_ref(f.table, f.row) : f.table;
+}
+
+std::string num(double v) {
+  return sci(v);
+}
+
+std::string spread_line(const QuantityVerdict& q) {
+  std::string s = fmt::format("{} {}: min {} ({}), max {} ({}), range {:.2f}%", q.quantity, q.kind,
+                              num(q.min), q.min_row, num(q.max), q.max_row, 100 * q.rel_range);
+  if (q.kind == "equal" || q.kind == "equal_to_baseline")
+    s += fmt::format(", tolerance {:.2f}%", 100 * q.tolerance);
+  if (q.lower) s += fmt::format(", at least {}", num(*q.lower));
+  if (q.upper) s += fmt::format(", at most {}", num(*q.upper));
+  s += q.holds ? " -> holds" : " -> FAILS";
+  if (!q.breaking.empty()) {
+    s += "; broken by";
+    for (const std::string& b : q.breaking) s += " " + b;
+  }
+  return s;
+}
+
+nlohmann::json opt(const std::optional<double>& v) {
+  return v && std::isfinite(*v) ? nlohmann::json(*v) : nlohmann::json(nullptr);
+}
+
+}  // namespace
+
+std::string sci(double v) {
+  const double a = std::fabs(v);
+  if (a == 0 || (a >= 1e-2 && a < 1e4)) return fmt::format("{:.4g}", v);
+  int e = int(std::floor(std::log10(a)));
+  double m = v / std::pow(10.0, e);
+  if (std::fabs(std::stod(fmt::format("{:.3f}", m))) >= 10) m /= 10, ++e;  // 9.9996 rounds up
+  return fmt::format("{:.4g}e{}", m, e);
+}
+
+ReportFormat parse_report_format(std::string_view s) {
+  if (s == "table") return ReportFormat::table;
+  if (s == "json") return ReportFormat::json;
+  if (s == "md") return ReportFormat::md;
+  throw InputError(fmt::format("--format '{}' is not a format (valid: table, json, md)", s));
+}
+
+std::string render_terminal(const AuditReport& r) {
+  std::string out;
+  size_t failing = 0;
+  for (const ClaimVerdict& c : r.claims) failing += c.holds ? 0 : 1;
+  out += fmt::format("Claims: {} of {} hold\n", r.claims.size() - failing, r.claims.size());
+  for (const ClaimVerdict& c : r.claims) {
+    out += fmt::format("  {}  {}\n", c.holds ? "HOLDS" : "FAILS", c.name);
+    for (const QuantityVerdict& q : c.quantities) {
+      out += fmt::format("         {}\n", spread_line(q));
+      if (!q.note.empty()) out += fmt::format("           ({})\n", q.note);
+    }
+  }
+  size_t counts[3] = {0, 0, 0};
+  for (const Finding& f : r.findings) ++counts[int(f.severity)];
+  out += fmt::format("Findings: {} error, {} warning, {} info\n", counts[0], counts[1], counts[2]);
+  for (const Finding& f : r.findings)
+    out += fmt::format("  {:<7}  {:<12}  {:<16}  {}\n", name(f.severity), where(f), f.quantity,
+                       f.message);
+  return out;
+}
+
+std::string render_json(const AuditReport& r) {
+  nlohmann::json j;
+  j["schema"] = 1;
+  j["claims"] = nlohmann::json::array();
+  for (const ClaimVerdict& c : r.claims) {
+    nlohmann::json cj{{"name", c.name}, {"holds", c.holds}, {"rows", c.rows}};
+    cj["quantities"] = nlohmann::json::array();
+    for (const QuantityVerdict& q : c.quantities)
+      cj["quantities"].push_back({{"quantity", q.quantity},
+                                  {"kind", q.kind},
+                                  {"min", q.min},
+                                  {"max", q.max},
+                                  {"min_row", q.min_row},
+                                  {"max_row", q.max_row},
+                                  {"rel_range", q.rel_range},
+                                  {"tolerance", q.tolerance},
+                                  {"at_least", opt(q.lower)},
+                                  {"at_most", opt(q.upper)},
+                                  {"holds", q.holds},
+                                  {"breaking", q.breaking},
+                                  {"note", q.note}});
+    j["claims"].push_back(std::move(cj));
+  }
+  j["findings"] = nlohmann::json::array();
+  for (const Finding& f : r.findings)
+    j["findings"].push_back({{"severity", name(f.severity)},
+                             {"table", f.table},
+                             {"row", f.row > 0 ? nlohmann::json(f.row) : nlohmann::json(nullptr)},
+                             {"quantity", f.quantity},
+                             {"expected", opt(f.expected)},
+                             {"found", opt(f.found)},
+                             {"rel_diff", opt(f.rel_diff)},
+                             {"tolerance", f.tolerance},
+                             {"message", f.message}});
+  return j.dump(2) + "\n";
+}
+
+std::string render_markdown(const AuditReport& r) {
+  std::string out =
+      "# moeplan audit\n\n## Claims\n\n| verdict | claim | quantity | spread "
+      "|\n|---|---|---|---|\n";
+  for (const ClaimVerdict& c : r.claims) {
+    if (c.quantities.empty())
+      out += fmt::format("| {} | {} | | |\n", c.holds ? "holds" : "**fails**", c.name);
+    for (const QuantityVerdict& q : c.quantities)
+      out += fmt::format("| {} | {} | {} | {} |\n", q.holds ? "holds" : "**fails**", c.name,
+                         q.quantity, spread_line(q));
+  }
+  out +=
+      "\n## Findings\n\n| severity | where | quantity | expected | found | rel. diff | message |\n"
+      "|---|---|---|---|---|---|---|\n";
+  for (const Finding& f : r.findings) {
+    std::string msg = f.message;
+    for (size_t p = msg.find('|'); p != std::string::npos; p = msg.find('|', p + 2))
+      msg.replace(p, 1, "\\|");
+    out += fmt::format("| {} | {} | {} | {} | {} | {} | {} |\n", name(f.severity), where(f),
+                       f.quantity, f.expected ? num(*f.expected) : "", f.found ? num(*f.found) : "",
+                       f.rel_diff ? fmt::format("{:+.2f}%", 100 * *f.rel_diff) : "", msg);
+  }
+  return out;
+}
+
+std::string render(const AuditReport& r, ReportFormat f) {
+  switch (f) {
+    case ReportFormat::table:
+      return render_terminal(r);
+    case ReportFormat::json:
+      return render_json(r);
+    case ReportFormat::md:
+      return render_markdown(r);
+  }
+  return {};
+}
+
+}  // namespace moeplan::audit

@@ -1,0 +1,501 @@
+#include "moeplan/audit/runs.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "moeplan/accounting/error.hpp"
+#include "moeplan/accounting/params.hpp"
+#include "moeplan/accounting/units.hpp"
+#include "moeplan/audit/claims.hpp"
+
+namespace moeplan::audit {
+
+namespace {
+
+using json = nlohmann::json;
+
+struct Reader {
+  const std::string& source;
+  [[noreturn]] void fail(const std::string& key, const char* want) const {
+    throw InputError(fmt::format("{}: '{}' is missing or not {}", source, key, want));
+  }
+  const json& obj(const json& j, const std::string& key) const {
+    if (!j.contains(key) || !j.at(key).is_object()) fail(key, "an object");
+    return j.at(key);
+  }
+  int64_t integer(const json& j, const std::string& key) const {
+    if (!j.contains(key) || !j.at(key).is_number()) fail(key, "a number");
+    const json& v = j.at(key);
+    return v.is_number_integer() ? v.get<int64_t>() : std::llround(v.get<double>());
+  }
+  int64_t integer_or(const json& j, const std::string& key, int64_t dflt) const {
+    return j.contains(key) ? integer(j, key) : dflt;
+  }
+  double real(const json& j, const std::string& key) const {
+    if (!j.contains(key) || !j.at(key).is_number()) fail(key, "a number");
+    return j.at(key).get<double>();
+  }
+  double real_or(const json& j, const std::string& key, double dflt) const {
+    return j.contains(key) ? real(j, key) : dflt;
+  }
+  std::string text(const json& j, const std::string& key) const {
+    if (!j.contains(key) || !j.at(key).is_string()) fail(key, "a string");
+    return j.at(key).get<std::string>();
+  }
+};
+
+Plan parse_plan(const Reader& rd, const json& p) {
+  Plan plan;
+  plan.id = rd.text(p, "id");
+  plan.role = p.contains("role") ? rd.text(p, "role") : "moe";
+  const json& a = rd.obj(p, "arch");
+  Arch& arch = plan.arch;
+  arch.d_model = rd.integer(a, "d_model");
+  arch.layers = rd.integer(a, "layers");
+  arch.dense_layers = rd.integer_or(a, "dense_layers", arch.layers);
+  arch.heads = rd.integer(a, "heads");
+  arch.kv_heads = rd.integer_or(a, "kv_heads", arch.heads);
+  arch.head_dim = rd.integer(a, "head_dim");
+  arch.d_ffn = rd.integer_or(a, "d_ffn", 0);
+  arch.experts = rd.integer_or(a, "experts", 0);
+  arch.top_k = rd.integer_or(a, "top_k", 0);
+  arch.d_expert = rd.integer_or(a, "d_expert", 0);
+  arch.d_shared = rd.integer_or(a, "d_shared", 0);
+  arch.seq_len = rd.integer_or(a, "seq_len", rd.integer_or(p, "seq_len", 0));
+  arch.vocab = rd.integer(a, "vocab");
+  if (a.contains("tied_embeddings") && a.at("tied_embeddings").is_boolean())
+    arch.tied_embeddings = a.at("tied_embeddings").get<bool>();
+  if (a.contains("count_router") && a.at("count_router").is_boolean())
+    arch.count_router = a.at("count_router").get<bool>();
+  if (a.contains("count_norms") && a.at("count_norms").is_boolean())
+    arch.count_norms = a.at("count_norms").get<bool>();
+  plan.counts = count_params(arch);
+  const std::string conv = p.contains("convention") ? rd.text(p, "convention") : "paper";
+  const size_t slash = conv.find('/');
+  const auto c = parse_convention(conv.substr(0, slash));
+  if (!c)
+    throw InputError(
+        fmt::format("{}: plan convention '{}' is not one of paper, exact/causal, "
+                    "exact/full, megatron",
+                    rd.source, conv));
+  plan.convention = *c;
+  std::string mask = slash == std::string::npos ? "" : conv.substr(slash + 1);
+  if (p.contains("mask") && p.at("mask").is_string()) mask = p.at("mask").get<std::string>();
+  if (!mask.empty()) {
+    const auto m = parse_attention_mask(mask);
+    if (!m)
+      throw InputError(fmt::format("{}: plan mask '{}' (valid: causal, full)", rd.source, mask));
+    plan.mask = *m;
+  }
+  plan.flops_per_token = rd.real(p, "flops_per_token");
+  Budget& b = plan.budget;
+  b.flops_per_token = plan.flops_per_token;
+  b.compute = rd.real(p, "compute");
+  b.compute_target = rd.real_or(p, "compute_target", b.compute);
+  b.tokens_consumed = rd.integer(p, "tokens_consumed");
+  b.tokens_unique = rd.integer(p, "tokens_unique");
+  b.epochs = rd.real_or(
+      p, "epochs", b.tokens_unique > 0 ? double(b.tokens_consumed) / double(b.tokens_unique) : 0);
+  b.steps = rd.integer(p, "steps");
+  b.batch_seqs = rd.integer(p, "batch_seqs");
+  b.seq_len = rd.integer_or(p, "seq_len", arch.seq_len);
+  if (p.contains("reuse") && p.at("reuse").is_string())
+    b.reuse = p.at("reuse").get<std::string>() == "loose" ? Reuse::loose : Reuse::strict;
+  // The plan's own N (its counting reading): keep what it printed when given.
+  plan.counts.total_params = rd.integer_or(p, "total_params", plan.counts.total_params);
+  plan.counts.active_params = rd.integer_or(p, "active_params", plan.counts.active_params);
+  return plan;
+}
+
+// FLOP and token counts: whole numbers while they are readable, else 7 significant digits.
+std::string count_str(double v) {
+  return std::fabs(v) < 1e12 ? fmt::format("{:.0f}", v) : fmt::format("{:.7g}", v);
+}
+
+std::string pct(double rel) {
+  return fmt::format("{:+.4f}%", 100.0 * rel);
+}
+double rel(double found, double expected) {
+  return expected != 0 ? (found - expected) / expected : 0;
+}
+
+class RunAuditor {
+ public:
+  RunAuditor(const RunsAuditOptions& o, AuditReport& r) : opt_(o), report_(r) {}
+
+  void add(Severity s, const std::string& point, const std::string& q, std::optional<double> e,
+           std::optional<double> f, double tol, std::string msg) {
+    std::optional<double> rd;
+    if (e && f) rd = rel(*f, *e);
+    report_.findings.push_back(Finding{s, point, 0, q, e, f, rd, tol, std::move(msg)});
+  }
+
+  // Measured N and N_a against the plan; a difference must be a counting reading.
+  // Returns N under the plan's reading when the difference is explained.
+  double check_params(const RunRecord& r, const Plan& p) {
+    const std::string& id = r.point_id;
+    const ParamCounts base = count_params(p.arch);
+    struct Reading {
+      bool router, norms;
+    };
+    static constexpr Reading kReadings[] = {
+        {false, false}, {true, false}, {false, true}, {true, true}};
+    auto explain = [&](int64_t measured, bool active) -> std::optional<Reading> {
+      for (const Reading& rdg : kReadings) {
+        Arch a = p.arch;
+        a.count_router = rdg.router;
+        a.count_norms = rdg.norms;
+        const ParamCounts c = count_params(a);
+        if ((active ? c.active_params : c.total_params) == measured) return rdg;
+      }
+      return std::nullopt;
+    };
+    double n_plan_reading = double(r.total_params);
+    for (bool active : {false, true}) {
+      const int64_t planned = active ? p.counts.active_params : p.counts.total_params;
+      const int64_t measured = active ? r.active_params : r.total_params;
+      const char* q = active ? "active_params" : "total_params";
+      const char* sym = active ? "N_a" : "N";
+      if (planned == measured) continue;
+      const auto rdg = explain(measured, active);
+      if (!rdg) {
+        add(Severity::error, id, q, double(planned), double(measured), 0,
+            fmt::format("measured {} = {} but the plan has {} ({}), and no counting reading "
+                        "(router, norms in or out) of the planned shape gives it",
+                        sym, measured, planned, pct(rel(double(measured), double(planned)))));
+        continue;
+      }
+      std::string parts;
+      if (rdg->router != p.arch.count_router)
+        parts += fmt::format("router weights {} ({} = D_m·E per MoE layer)",
+                             rdg->router ? "in" : "out", base.router);
+      if (rdg->norms != p.arch.count_norms)
+        parts += fmt::format("{}RMSNorm scales {} ({} = 2·D_m per layer + D_m)",
+                             parts.empty() ? "" : " and ", rdg->norms ? "in" : "out", base.norms);
+      add(Severity::info, id, q, double(planned), double(measured), 0,
+          fmt::format("measured {} = {} vs planned {}: explained by the reading — the record "
+                      "counts the {}; the plan does not",
+                      sym, measured, planned, parts));
+      if (!active) n_plan_reading = double(planned);
+    }
+    return n_plan_reading;
+  }
+
+  // Measured ledger against the analytic `exact` ledger for the steps actually run, and against
+  // the plan's convention through lens(); every category that differs is named with its reason.
+  double check_flops(const RunRecord& r, const Plan& p) {
+    const std::string& id = r.point_id;
+    const double tol = opt_.tolerance;
+    const Arch& a = p.arch;
+    const int64_t step_tokens = p.budget.batch_seqs * a.seq_len;
+    if (r.ledger.total() != r.ledger_total)
+      add(Severity::error, id, "flops", double(r.ledger.total()), double(r.ledger_total), 0,
+          fmt::format("the record's flops.total {} is not the sum of its categories {}",
+                      r.ledger_total, r.ledger.total()));
+    // exact: the analytic ledger of the steps the tokens say were run (dropless routing).
+    if (step_tokens > 0 && r.tokens_consumed % step_tokens == 0) {
+      const int64_t steps = r.tokens_consumed / step_tokens;
+      FlopLedger analytic;
+      const FlopLedger one =
+          exact_step_ledger(a, p.budget.batch_seqs, {r.executed_mask, false, {}});
+      for (int64_t s = 0; s < steps; ++s) analytic += one;
+      const std::string label = convention_label(Convention::exact, r.executed_mask);
+      for (int c = 0; c < kFlopCategories; ++c) {
+        const FlopCategory cat = FlopCategory(c);
+        const int64_t m = r.ledger.category(cat), e = analytic.category(cat);
+        if (m == e) continue;
+        std::string why;
+        Severity sev = Severity::info;
+        switch (cat) {
+          case FlopCategory::expert:
+            why = m < e ? "fewer routed assignments than dropless K per token: capacity drops"
+                        : "more routed assignments than K per token: a routing bug";
+            sev = m < e ? Severity::warning : Severity::error;
+            break;
+          case FlopCategory::aux_loss:
+            why = "auxiliary loss (ERC) products, not in the dropless model";
+            break;
+          case FlopCategory::recompute:
+            why = "activation recompute";
+            break;
+          case FlopCategory::padding:
+            why = "padding tokens";
+            break;
+          default:
+            why = "not explained by routing, auxiliary losses, recompute or padding";
+            sev = Severity::error;
+        }
+        add(sev, id, fmt::format("flops:{}", name(cat)), double(e), double(m), 0,
+            fmt::format("{} {} FLOPs: measured {} vs analytic {} for {} steps ({}): {}", label,
+                        name(cat), m, e, steps, pct(rel(double(m), double(e))), why));
+      }
+    } else {
+      add(Severity::warning, id, "tokens_consumed", {}, double(r.tokens_consumed), 0,
+          fmt::format("{} tokens consumed is not a whole number of steps of {} tokens: the exact "
+                      "ledger is not compared",
+                      r.tokens_consumed, step_tokens));
+    }
+    // The plan's convention: the measured ledger through lens() against the planned C.
+    Arch lens_arch = a;
+    lens_arch.count_router = p.arch.count_router;
+    const ConventionLens ln = lens(lens_arch, p.convention, r.executed_mask);
+    const double measured_conv = ln.apply(r.ledger);
+    const std::string label = convention_label(p.convention, p.mask);
+    const double planned_c = p.flops_per_token * double(r.tokens_consumed);
+    const double d = rel(measured_conv, planned_c);
+    add(std::fabs(d) <= tol ? Severity::info : Severity::error, id, "compute", planned_c,
+        measured_conv, tol,
+        fmt::format(
+            "C ({}): measured ledger through the {} lens = {} vs plan M·D (D = {} consumed) "
+            "= {}: {}",
+            label, label, count_str(measured_conv), r.tokens_consumed, count_str(planned_c),
+            pct(d)));
+    if (const auto it = r.conventions.find(label);
+        it != r.conventions.end() && std::fabs(rel(it->second, measured_conv)) > 1e-9)
+      add(Severity::warning, id, "compute", measured_conv, it->second, 0,
+          fmt::format("the record's own {} figure {} differs from lens() applied to its ledger {}",
+                      label, count_str(it->second), count_str(measured_conv)));
+    // Residual between the raw measured ledger (exact) and the plan's convention, by category.
+    const FlopsPerToken planned = flops_per_token(lens_arch, p.convention, p.mask);
+    for (int c = 0; c < kFlopCategories; ++c) {
+      const FlopCategory cat = FlopCategory(c);
+      const double conv = planned.by_category[size_t(c)] * double(r.tokens_consumed);
+      const double meas = double(r.ledger.category(cat));
+      if (std::fabs(meas - conv) <= 1e-9 * std::max(std::fabs(meas), 1.0)) continue;
+      const auto term = std::find_if(ln.terms.begin(), ln.terms.end(),
+                                     [&](const LensTerm& t) { return t.category == cat; });
+      std::string why;
+      if (term == ln.terms.end())
+        why = fmt::format("{} FLOPs are not part of {}", name(cat), label);
+      else if (std::fabs(term->weight - 1.0) > 1e-12)
+        why = fmt::format("{} (lens weight {:.6f})", term->explanation, term->weight);
+      else
+        why =
+            "counted alike by both: the difference is in the ledger itself (see the exact "
+            "comparison)";
+      add(Severity::info, id, fmt::format("flops:{}", name(cat)), conv, meas, 0,
+          fmt::format("{}: {} counts {}, measured (exact/{}) {}: {}", name(cat), label,
+                      count_str(conv), name(r.executed_mask), count_str(meas), why));
+    }
+    return measured_conv;
+  }
+
+  void check_tokens(const RunRecord& r, const Plan& p) {
+    const std::string& id = r.point_id;
+    const Budget& b = p.budget;
+    auto exact_int = [&](const char* q, int64_t planned, int64_t measured, const char* what) {
+      if (planned != measured)
+        add(Severity::error, id, q, double(planned), double(measured), 0,
+            fmt::format("{}: measured {} vs planned {} ({})", what, measured, planned,
+                        pct(rel(double(measured), double(planned)))));
+    };
+    exact_int("tokens_consumed", b.tokens_consumed, r.tokens_consumed, "tokens consumed");
+    exact_int("tokens_unique", b.tokens_unique, r.tokens_unique, "unique tokens");
+    if (std::fabs(rel(r.epochs, b.epochs)) > 1e-9)
+      add(Severity::error, id, "epochs", b.epochs, r.epochs, 0,
+          fmt::format("epochs (consumed / unique): measured {:.6g} vs planned {:.6g}", r.epochs,
+                      b.epochs));
+    if (r.tokens_unique > 0 &&
+        std::fabs(rel(r.epochs, double(r.tokens_consumed) / double(r.tokens_unique))) > 1e-9)
+      add(Severity::error, id, "epochs", double(r.tokens_consumed) / double(r.tokens_unique),
+          r.epochs, 0, "the record's epochs is not its consumed / unique tokens");
+    if (r.tokens_dropped > 0)
+      add(Severity::warning, id, "tokens_dropped", 0, double(r.tokens_dropped), 0,
+          fmt::format("the loader dropped {} tokens (a tail that does not fill a batch)",
+                      r.tokens_dropped));
+  }
+
+ private:
+  const RunsAuditOptions& opt_;
+  AuditReport& report_;
+};
+
+struct PointValues {
+  std::string id;
+  bool dense;
+  double n, c, d_unique;
+  Reuse reuse;
+};
+
+ClaimVerdict equal_claim(const std::string& name, const std::string& q,
+                         const std::vector<PointValues>& pts, double PointValues::*field,
+                         double tol, std::vector<Finding>& findings) {
+  ClaimVerdict cv;
+  cv.name = name;
+  QuantityVerdict qv;
+  qv.quantity = q;
+  qv.tolerance = tol;
+  const auto base =
+      std::find_if(pts.begin(), pts.end(), [](const PointValues& p) { return p.dense; });
+  qv.kind = base != pts.end() ? "equal_to_baseline" : "equal";
+  size_t lo = 0, hi = 0;
+  for (size_t i = 0; i < pts.size(); ++i) {
+    cv.rows.push_back(pts[i].id);
+    if (pts[i].*field < pts[lo].*field) lo = i;
+    if (pts[i].*field > pts[hi].*field) hi = i;
+  }
+  qv.min = pts[lo].*field, qv.max = pts[hi].*field;
+  qv.min_row = pts[lo].id, qv.max_row = pts[hi].id;
+  qv.rel_range = qv.min != 0 ? (qv.max - qv.min) / std::fabs(qv.min) : 0;
+  if (base != pts.end()) {
+    const double ref = (*base).*field;
+    for (const PointValues& p : pts) {
+      const double d = rel(p.*field, ref);
+      if (std::fabs(d) <= tol) continue;
+      qv.breaking.push_back(p.id);
+      findings.push_back(
+          Finding{Severity::error, p.id, 0, q, ref, p.*field, d, tol,
+                  fmt::format("claim '{}': {} = {} is {} from the dense baseline "
+                              "{}'s {}",
+                              name, q, count_str(p.*field), pct(d), base->id, count_str(ref))});
+    }
+  } else {
+    std::vector<double> xs;
+    for (const PointValues& p : pts) xs.push_back(p.*field);
+    for (size_t i : outliers_to_remove(xs, tol)) {
+      qv.breaking.push_back(pts[i].id);
+      findings.push_back(Finding{Severity::error,
+                                 pts[i].id,
+                                 0,
+                                 q,
+                                 {},
+                                 xs[i],
+                                 {},
+                                 tol,
+                                 fmt::format("claim '{}': {} = {} breaks the group's {:.2f}% range",
+                                             name, q, count_str(xs[i]), 100 * qv.rel_range)});
+    }
+    qv.note = "no dense baseline record: spread over the points only";
+  }
+  qv.holds = qv.breaking.empty();
+  cv.holds = qv.holds;
+  cv.quantities.push_back(qv);
+  return cv;
+}
+
+}  // namespace
+
+RunRecord parse_run_record(std::string_view text, std::string source) {
+  RunRecord r;
+  r.source = std::move(source);
+  const Reader rd{r.source};
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::parse_error& e) {
+    throw InputError(fmt::format("{}: not valid JSON ({})", r.source, e.what()));
+  }
+  if (!j.is_object()) throw InputError(fmt::format("{}: expected a JSON object", r.source));
+  if (rd.integer(j, "schema") != 1)
+    throw InputError(fmt::format("{}: schema {} (this moeplan reads schema 1)", r.source,
+                                 rd.integer(j, "schema")));
+  r.point_id = rd.text(j, "point_id");
+  r.status = rd.text(j, "status");
+  r.plan = parse_plan(rd, rd.obj(j, "plan"));
+  if (r.status != "complete") return r;  // a running record carries only partial fields
+  const json& m = rd.obj(j, "measured");
+  r.has_measured = true;
+  r.total_params = rd.integer(m, "total_params");
+  r.active_params = rd.integer(m, "active_params");
+  const json& f = rd.obj(m, "flops");
+  const std::string mask = rd.text(f, "executed_mask");
+  const auto mk = parse_attention_mask(mask);
+  if (!mk)
+    throw InputError(fmt::format("{}: executed_mask '{}' (valid: causal, full)", r.source, mask));
+  r.executed_mask = *mk;
+  r.ledger_total = rd.integer(f, "total");
+  const json& cats = rd.obj(f, "by_category");
+  for (const auto& [cname, phases] : cats.items()) {
+    const auto cat = parse_flop_category(cname);
+    if (!cat) throw InputError(fmt::format("{}: unknown FLOP category '{}'", r.source, cname));
+    if (!phases.is_object()) rd.fail("by_category." + cname, "an object");
+    for (const auto& [pname, v] : phases.items()) {
+      const auto ph = parse_phase(pname);
+      if (!ph)
+        throw InputError(fmt::format("{}: unknown phase '{}' under {}", r.source, pname, cname));
+      r.ledger.flops[size_t(*cat)][size_t(*ph)] = rd.integer(phases, pname);
+    }
+  }
+  r.ledger.elementwise = rd.integer_or(f, "elementwise", 0);
+  if (f.contains("conventions") && f.at("conventions").is_object())
+    for (const auto& [k, v] : f.at("conventions").items())
+      if (v.is_number()) r.conventions[k] = v.get<double>();
+  const json& t = rd.obj(m, "tokens");
+  r.tokens_consumed = rd.integer(t, "consumed");
+  r.tokens_unique = rd.integer(t, "unique");
+  r.epochs = rd.real(t, "epochs");
+  r.tokens_dropped = rd.integer_or(t, "dropped", 0);
+  return r;
+}
+
+AuditReport audit_runs(const std::vector<RunRecord>& records, const std::vector<Plan>& planned,
+                       const RunsAuditOptions& opt) {
+  AuditReport report;
+  RunAuditor au(opt, report);
+  std::vector<PointValues> pts;
+  for (const RunRecord& r : records) {
+    const Plan* plan = &r.plan;
+    if (!planned.empty()) {
+      const auto it = std::find_if(planned.begin(), planned.end(),
+                                   [&](const Plan& p) { return p.id == r.point_id; });
+      if (it == planned.end()) {
+        au.add(Severity::warning, r.point_id, "", {}, {}, 0,
+               fmt::format("{}: point '{}' is not in the manifest; audited against the plan it "
+                           "carries",
+                           r.source, r.point_id));
+      } else {
+        plan = &*it;
+        if (!(it->arch == r.plan.arch) ||
+            it->budget.tokens_consumed != r.plan.budget.tokens_consumed)
+          au.add(Severity::warning, r.point_id, "", {}, {}, 0,
+                 "the record was made from a different plan than the manifest's point "
+                 "(shape or consumed tokens differ); audited against the manifest");
+      }
+    }
+    if (r.status != "complete") {
+      au.add(Severity::warning, r.point_id, "", {}, {}, 0,
+             fmt::format("record is '{}', not complete: not audited", r.status));
+      continue;
+    }
+    ClaimVerdict point;
+    point.name = fmt::format("run {}: measured ledgers match the plan", r.point_id);
+    point.rows.push_back(r.point_id);
+    const size_t first = report.findings.size();
+    const double n = au.check_params(r, *plan);
+    const double c = au.check_flops(r, *plan);
+    au.check_tokens(r, *plan);
+    for (size_t i = first; i < report.findings.size(); ++i)
+      if (report.findings[i].severity == Severity::error) point.holds = false;
+    report.claims.push_back(point);
+    pts.push_back(
+        {r.point_id, plan->role == "dense", n, c, double(r.tokens_unique), plan->budget.reuse});
+  }
+  for (const Plan& p : planned)
+    if (std::none_of(records.begin(), records.end(),
+                     [&](const RunRecord& r) { return r.point_id == p.id; }))
+      au.add(Severity::warning, p.id, "", {}, {}, 0, "planned point has no record yet");
+  if (pts.size() >= 2) {
+    const double ntol = opt.n_tolerance.value_or(opt.tolerance);
+    const double ctol = opt.compute_tolerance.value_or(opt.tolerance);
+    const std::string conv =
+        records.empty() ? "" : convention_label(records[0].plan.convention, records[0].plan.mask);
+    report.claims.push_back(equal_claim("equal total parameters N across the sweep", "total_params",
+                                        pts, &PointValues::n, ntol, report.findings));
+    report.claims.push_back(
+        equal_claim(fmt::format("equal training compute C ({}) across the sweep", conv), "compute",
+                    pts, &PointValues::c, ctol, report.findings));
+    const bool strict = std::all_of(pts.begin(), pts.end(),
+                                    [](const PointValues& p) { return p.reuse == Reuse::strict; });
+    if (strict)
+      report.claims.push_back(equal_claim("equal unique data D̂ (strict reuse) across the sweep",
+                                          "tokens_unique", pts, &PointValues::d_unique, 0,
+                                          report.findings));
+  }
+  report.sort_findings();
+  return report;
+}
+
+}  // namespace moeplan::audit

@@ -1,0 +1,57 @@
+#include "moeplan/audit/runs_io.hpp"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "moeplan/accounting/error.hpp"
+#include "moeplan/audit/io.hpp"
+
+#if __has_include("moeplan/sweeps/manifest_io.hpp")
+#include "moeplan/sweeps/manifest_io.hpp"
+#define MOEPLAN_AUDIT_HAS_MANIFEST_IO 1
+#endif
+
+namespace moeplan::audit {
+
+namespace fs = std::filesystem;
+
+std::vector<RunRecord> load_run_records(const fs::path& runs_dir) {
+  std::error_code ec;
+  if (!fs::is_directory(runs_dir, ec))
+    throw InputError(fmt::format("{}: not a folder of runs (expected runs/<point>/record.json)",
+                                 runs_dir.string()));
+  std::vector<fs::path> files;
+  for (const fs::directory_entry& e : fs::directory_iterator(runs_dir, ec))
+    if (e.is_directory() && fs::exists(e.path() / "record.json"))
+      files.push_back(e.path() / "record.json");
+  if (files.empty())
+    throw InputError(fmt::format("{}: no <point>/record.json inside; run `moeplan run` first",
+                                 runs_dir.string()));
+  std::sort(files.begin(), files.end());
+  std::vector<RunRecord> out;
+  for (const fs::path& f : files) out.push_back(parse_run_record(read_text_file(f), f.string()));
+  return out;
+}
+
+AuditReport audit_runs_dir(const fs::path& runs_dir, const fs::path& plan_path,
+                           RunsAuditOptions options) {
+  std::vector<Plan> planned;
+  if (!plan_path.empty()) {
+#ifdef MOEPLAN_AUDIT_HAS_MANIFEST_IO
+    const Manifest m = read_manifest(plan_path);
+    planned.push_back(m.dense);
+    planned.insert(planned.end(), m.points.begin(), m.points.end());
+    if (!options.n_tolerance) options.n_tolerance = m.n_tolerance;
+    if (!options.compute_tolerance) options.compute_tolerance = m.compute_tolerance;
+#else
+    throw InputError(
+        fmt::format("--plan {}: this build cannot read manifests yet; audit the runs "
+                    "against the plans their records carry (omit --plan)",
+                    plan_path.string()));
+#endif
+  }
+  return audit_runs(load_run_records(runs_dir), planned, options);
+}
+
+}  // namespace moeplan::audit

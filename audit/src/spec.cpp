@@ -1,0 +1,266 @@
+#include "moeplan/audit/spec.hpp"
+
+#include <sstream>
+
+#include <fmt/format.h>
+#include <toml.hpp>
+
+#include "moeplan/accounting/error.hpp"
+#include "moeplan/accounting/units.hpp"
+#include "moeplan/audit/quantity.hpp"
+
+namespace moeplan::audit {
+
+namespace {
+
+// Sorted tables: deterministic order of [tables.*] and of keys in messages.
+using Value = toml::basic_value<toml::discard_comments, std::map, std::vector>;
+
+[[noreturn]] void bad(const AuditSpec& s, const std::string& what) {
+  throw InputError(fmt::format("{}: {}", s.source, what));
+}
+
+double number(const AuditSpec& s, const Value& v, const std::string& key) {
+  if (v.is_integer()) return double(v.as_integer());
+  if (v.is_floating()) return v.as_floating();
+  if (v.is_string()) return parse_quantity(v.as_string().str, fmt::format("{}: {}", s.source, key));
+  bad(s, fmt::format("{} must be a number (e.g. 2048, 2.86e21 or \"65B\")", key));
+}
+
+Cell cell(const AuditSpec& s, const Value& v, const std::string& key) {
+  if (v.is_string()) return parse_cell(v.as_string().str, fmt::format("{}: {}", s.source, key));
+  Cell c;
+  c.value = number(s, v, key);
+  c.text = v.is_integer() ? std::to_string(v.as_integer()) : fmt::format("{}", c.value);
+  return c;  // a number written into the spec is taken as exact
+}
+
+std::string string_of(const AuditSpec& s, const Value& v, const std::string& key) {
+  if (!v.is_string()) bad(s, fmt::format("{} must be a string", key));
+  return v.as_string().str;
+}
+
+void require_quantity(const AuditSpec& s, const std::string& q, const std::string& key) {
+  if (!is_known_quantity(q))
+    bad(s, fmt::format("{} names '{}', which is not a quantity moeplan knows (e.g. total_params, "
+                       "active_params, compute, tokens_unique, epochs, tokens_per_param)",
+                       key, q));
+}
+
+void check_keys(const AuditSpec& s, const Value& table, const std::string& where,
+                std::initializer_list<std::string_view> allowed) {
+  for (const auto& [k, v] : table.as_table()) {
+    bool ok = false;
+    for (std::string_view a : allowed) ok = ok || k == a;
+    if (!ok) {
+      std::string list;
+      for (std::string_view a : allowed) list += fmt::format("{}{}", list.empty() ? "" : ", ", a);
+      bad(s, fmt::format("{}: unknown key '{}' (valid: {})", where, k, list));
+    }
+  }
+}
+
+TableSpec parse_table(const AuditSpec& s, const std::string& name, const Value& t) {
+  const std::string where = fmt::format("[tables.{}]", name);
+  if (!t.is_table()) bad(s, fmt::format("{} must be a table", where));
+  check_keys(s, t, where, {"file", "shared", "convention", "flops", "ignore", "tolerance"});
+  TableSpec ts;
+  ts.name = name;
+  if (t.contains("file")) ts.file = string_of(s, t.at("file"), where + ".file");
+  if (t.contains("convention")) {
+    const std::string c = string_of(s, t.at("convention"), where + ".convention");
+    const size_t slash = c.find('/');
+    const auto conv = parse_convention(c.substr(0, slash));
+    std::optional<AttentionMask> mask = AttentionMask::full;
+    if (slash != std::string::npos) mask = parse_attention_mask(c.substr(slash + 1));
+    if (!conv || !mask)
+      bad(s, fmt::format("{}.convention = '{}' (valid: paper, exact/full, exact/causal, megatron)",
+                         where, c));
+    ts.convention = *conv;
+    ts.mask = *mask;
+  }
+  if (t.contains("flops")) {
+    const std::string f = string_of(s, t.at("flops"), where + ".flops");
+    if (f == "training")
+      ts.flops = FlopsKind::training;
+    else if (f == "forward")
+      ts.flops = FlopsKind::forward;
+    else
+      bad(s, fmt::format("{}.flops = '{}' (valid: training, forward)", where, f));
+  }
+  if (t.contains("ignore")) {
+    if (!t.at("ignore").is_array()) bad(s, where + ".ignore must be an array of column headers");
+    for (const Value& h : t.at("ignore").as_array())
+      ts.ignore.insert(string_of(s, h, where + ".ignore"));
+  }
+  if (t.contains("tolerance")) ts.tolerance = number(s, t.at("tolerance"), where + ".tolerance");
+  if (t.contains("shared")) {
+    const Value& sh = t.at("shared");
+    if (!sh.is_table()) bad(s, where + ".shared must be a table of quantity = value");
+    for (const auto& [k, v] : sh.as_table()) {
+      require_quantity(s, k, where + ".shared");
+      ts.shared[k] = cell(s, v, fmt::format("{}.shared.{}", where, k));
+    }
+  }
+  return ts;
+}
+
+std::vector<std::string> string_list(const AuditSpec& s, const Value& v, const std::string& key) {
+  std::vector<std::string> out;
+  if (v.is_string()) return {v.as_string().str};
+  if (!v.is_array()) bad(s, fmt::format("{} must be a string or an array of strings", key));
+  for (const Value& e : v.as_array()) out.push_back(string_of(s, e, key));
+  return out;
+}
+
+ClaimSpec parse_claim(const AuditSpec& s, const Value& c, size_t index) {
+  if (!c.is_table()) bad(s, fmt::format("claims[{}] must be a table", index + 1));
+  ClaimSpec cs;
+  cs.name = c.contains("name") ? string_of(s, c.at("name"), "claims.name")
+                               : fmt::format("claim {}", index + 1);
+  const std::string where = fmt::format("claim '{}'", cs.name);
+  check_keys(s, c, where,
+             {"name", "rows", "where", "equal", "at_least", "at_most", "between", "baseline",
+              "strict_reuse", "tolerance"});
+  if (c.contains("rows")) {
+    const auto sel = string_list(s, c.at("rows"), where + ".rows");
+    if (!(sel.size() == 1 && sel[0] == "all"))
+      for (const std::string& r : sel) cs.rows.push_back(parse_row_selector(r, where + ".rows"));
+  }
+  if (c.contains("where")) {
+    if (!c.at("where").is_table()) bad(s, where + ".where must be a table of quantity = value");
+    for (const auto& [k, v] : c.at("where").as_table()) {
+      require_quantity(s, k, where + ".where");
+      WhereClause w{k, {}, {}, {}};
+      if (v.is_array()) {
+        if (v.as_array().size() != 2)
+          bad(s, fmt::format("{}.where.{} must be [low, high]", where, k));
+        w.lower = number(s, v.as_array()[0], where + ".where." + k);
+        w.upper = number(s, v.as_array()[1], where + ".where." + k);
+      } else {
+        w.equals = number(s, v, where + ".where." + k);
+      }
+      cs.where.push_back(w);
+    }
+  }
+  if (c.contains("equal"))
+    for (const std::string& q : string_list(s, c.at("equal"), where + ".equal")) {
+      require_quantity(s, q, where + ".equal");
+      cs.equal.push_back(q);
+    }
+  auto bounds = [&](const char* key, bool lower, bool upper) {
+    if (!c.contains(key)) return;
+    const std::string k = fmt::format("{}.{}", where, key);
+    if (!c.at(key).is_table()) bad(s, fmt::format("{} must be a table, e.g. {{ epochs = 2 }}", k));
+    for (const auto& [q, v] : c.at(key).as_table()) {
+      require_quantity(s, q, k);
+      BoundClaim b{q, {}, {}};
+      if (lower && upper) {
+        if (!v.is_array() || v.as_array().size() != 2)
+          bad(s, fmt::format("{}.{} must be [low, high]", k, q));
+        b.at_least = number(s, v.as_array()[0], k + "." + q);
+        b.at_most = number(s, v.as_array()[1], k + "." + q);
+      } else if (lower) {
+        b.at_least = number(s, v, k + "." + q);
+      } else {
+        b.at_most = number(s, v, k + "." + q);
+      }
+      cs.bounds.push_back(b);
+    }
+  };
+  bounds("at_least", true, false);
+  bounds("at_most", false, true);
+  bounds("between", true, true);
+  if (c.contains("baseline")) {
+    cs.baseline = parse_row_selector(string_of(s, c.at("baseline"), where + ".baseline"),
+                                     where + ".baseline");
+    if (cs.baseline->first == 0 || cs.baseline->first != cs.baseline->last)
+      bad(s, fmt::format("{}.baseline must name one row, e.g. \"dense:5\"", where));
+  }
+  if (c.contains("strict_reuse")) {
+    if (!c.at("strict_reuse").is_boolean()) bad(s, where + ".strict_reuse must be true or false");
+    cs.strict_reuse = c.at("strict_reuse").as_boolean();
+    if (cs.strict_reuse && !cs.baseline)
+      bad(s, fmt::format("{}: strict_reuse needs baseline = \"table:row\" (the dense run)", where));
+  }
+  if (c.contains("tolerance")) cs.tolerance = number(s, c.at("tolerance"), where + ".tolerance");
+  if (cs.equal.empty() && cs.bounds.empty() && !cs.strict_reuse)
+    bad(s, fmt::format("{} claims nothing: give equal = [...], at_least/at_most/between = {{...}} "
+                       "or strict_reuse = true",
+                       where));
+  return cs;
+}
+
+}  // namespace
+
+const TableSpec* AuditSpec::table(std::string_view name) const {
+  for (const TableSpec& t : tables)
+    if (t.name == name) return &t;
+  return nullptr;
+}
+
+RowSelector parse_row_selector(std::string_view text, std::string_view where) {
+  RowSelector r;
+  const size_t colon = text.find(':');
+  r.table = std::string(text.substr(0, colon));
+  auto fail = [&]() {
+    throw InputError(
+        fmt::format("{}: '{}' is not a row reference (write table:3, table:2-5 or "
+                    "table:*)",
+                    where, text));
+  };
+  if (r.table.empty()) fail();
+  if (colon == std::string_view::npos) return r;
+  const std::string rest(text.substr(colon + 1));
+  if (rest == "*") return r;
+  try {
+    size_t used = 0;
+    r.first = std::stoi(rest, &used);
+    r.last = r.first;
+    if (used < rest.size()) {
+      if (rest[used] != '-') fail();
+      size_t used2 = 0;
+      r.last = std::stoi(rest.substr(used + 1), &used2);
+      if (used + 1 + used2 != rest.size()) fail();
+    }
+  } catch (const std::logic_error&) {
+    fail();
+  }
+  if (r.first < 1 || r.last < r.first) fail();
+  return r;
+}
+
+AuditSpec parse_spec(std::string_view text, std::string source) {
+  AuditSpec s;
+  s.source = std::move(source);
+  Value root;
+  try {
+    std::istringstream in{std::string(text)};
+    root = toml::parse<toml::discard_comments, std::map, std::vector>(in, s.source);
+  } catch (const std::exception& e) {
+    std::string first(e.what());
+    first = first.substr(0, first.find('\n'));
+    bad(s, fmt::format("not valid TOML: {}", first));
+  }
+  check_keys(s, root, "top level", {"schema", "tolerance", "tables", "claims"});
+  if (!root.contains("schema") || !root.at("schema").is_integer() ||
+      root.at("schema").as_integer() != 1)
+    bad(s, "schema = 1 is required (the only spec schema this moeplan reads)");
+  if (root.contains("tolerance")) s.tolerance = number(s, root.at("tolerance"), "tolerance");
+  if (!(s.tolerance > 0 && s.tolerance < 1))
+    bad(s,
+        fmt::format("tolerance = {} must be a relative value in (0, 1), e.g. 0.01", s.tolerance));
+  if (root.contains("tables")) {
+    if (!root.at("tables").is_table()) bad(s, "[tables] must be a table of [tables.NAME]");
+    for (const auto& [name, t] : root.at("tables").as_table())
+      s.tables.push_back(parse_table(s, name, t));
+  }
+  if (root.contains("claims")) {
+    if (!root.at("claims").is_array()) bad(s, "claims must be an array of [[claims]] tables");
+    const auto& arr = root.at("claims").as_array();
+    for (size_t i = 0; i < arr.size(); ++i) s.claims.push_back(parse_claim(s, arr[i], i));
+  }
+  return s;
+}
+
+}  // namespace moeplan::audit

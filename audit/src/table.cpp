@@ -1,0 +1,160 @@
+#include "moeplan/audit/table.hpp"
+
+#include <cctype>
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "moeplan/accounting/error.hpp"
+#include "moeplan/accounting/units.hpp"
+#include "moeplan/audit/quantity.hpp"
+
+namespace moeplan::audit {
+
+namespace {
+
+std::string trim(std::string_view s) {
+  size_t b = 0, e = s.size();
+  while (b < e && std::isspace(static_cast<unsigned char>(s[b]))) ++b;
+  while (e > b && std::isspace(static_cast<unsigned char>(s[e - 1]))) --e;
+  return std::string(s.substr(b, e - b));
+}
+
+std::vector<std::string> split_fields(std::string_view line) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  for (size_t i = 0; i <= line.size(); ++i) {
+    if (i == line.size() || line[i] == ',') {
+      std::string f = trim(line.substr(start, i - start));
+      if (f.size() >= 2 && f.front() == '"' && f.back() == '"') f = f.substr(1, f.size() - 2);
+      out.push_back(std::move(f));
+      start = i + 1;
+    }
+  }
+  return out;
+}
+
+// Half a unit of the last printed digit: "5.85e8" -> 5e5, "92.88" -> 0.005, "1512" -> 0.5.
+double printed_half_width(const std::string& text) {
+  std::string s = trim(text);
+  double suffix = 1.0;
+  if (!s.empty()) {
+    switch (s.back()) {
+      case 'k':
+      case 'K':
+        suffix = 1e3;
+        break;
+      case 'M':
+        suffix = 1e6;
+        break;
+      case 'B':
+      case 'G':
+        suffix = 1e9;
+        break;
+      case 'T':
+        suffix = 1e12;
+        break;
+      default:
+        break;
+    }
+    if (suffix != 1.0) s.pop_back();
+  }
+  int exponent = 0;
+  const size_t e = s.find_first_of("eE");
+  if (e != std::string::npos) {
+    exponent = std::atoi(s.c_str() + e + 1);
+    s = s.substr(0, e);
+  }
+  const size_t dot = s.find('.');
+  // A plain integer (no point, exponent or suffix) is a count: exact.
+  if (dot == std::string::npos && e == std::string::npos && suffix == 1.0) return 0.0;
+  const int decimals = dot == std::string::npos ? 0 : int(s.size() - dot - 1);
+  return 0.5 * std::pow(10.0, exponent - decimals) * suffix;
+}
+
+}  // namespace
+
+Cell parse_cell(std::string_view text, std::string_view what, double scale) {
+  Cell c;
+  c.text = trim(text);
+  c.value = parse_quantity(c.text, what) * scale;
+  c.half_width = printed_half_width(c.text) * scale;
+  return c;
+}
+
+bool ClaimTable::has_column(std::string_view quantity) const {
+  for (const std::string& q : quantities)
+    if (q == quantity) return true;
+  return false;
+}
+
+ClaimTable parse_claim_table(std::string_view text, std::string name, std::string source,
+                             const std::set<std::string>& ignore) {
+  ClaimTable t;
+  t.name = std::move(name);
+  t.source = std::move(source);
+  std::vector<std::string> lines;
+  size_t start = 0;
+  for (size_t i = 0; i <= text.size(); ++i) {
+    if (i == text.size() || text[i] == '\n') {
+      std::string l(text.substr(start, i - start));
+      if (!l.empty() && l.back() == '\r') l.pop_back();
+      lines.push_back(std::move(l));
+      start = i + 1;
+    }
+  }
+  while (!lines.empty() && trim(lines.back()).empty()) lines.pop_back();
+  if (lines.empty())
+    throw InputError(fmt::format("{}: empty table (expected a header line)", t.source));
+  t.headers = split_fields(lines[0]);
+  std::vector<double> scales;
+  int label_col = -1;
+  for (size_t c = 0; c < t.headers.size(); ++c) {
+    const std::string& h = t.headers[c];
+    if (h.empty())
+      throw InputError(fmt::format("{}: column {} has an empty header", t.source, c + 1));
+    if (ignore.count(h)) {
+      t.quantities.emplace_back();
+      scales.push_back(1.0);
+      continue;
+    }
+    if (is_label_column(h)) {
+      label_col = int(c);
+      t.quantities.emplace_back();
+      scales.push_back(1.0);
+      continue;
+    }
+    const auto meaning = column_meaning(h);
+    if (!meaning)
+      throw InputError(fmt::format(
+          "{}: unknown column '{}' (use a paper header such as N, Na, ra_pct, M, D, C or a code "
+          "name such as total_params; or list it under the table's ignore = [...] in the spec)",
+          t.source, h));
+    if (t.has_column(meaning->quantity))
+      throw InputError(
+          fmt::format("{}: column '{}' repeats quantity {}", t.source, h, meaning->quantity));
+    t.quantities.push_back(meaning->quantity);
+    scales.push_back(meaning->scale);
+  }
+  for (size_t li = 1; li < lines.size(); ++li) {
+    if (trim(lines[li]).empty()) continue;
+    const std::vector<std::string> fields = split_fields(lines[li]);
+    const size_t row_number = t.rows.size() + 1;
+    if (fields.size() != t.headers.size())
+      throw InputError(fmt::format("{}: data row {} (line {}) has {} fields, the header has {}",
+                                   t.source, row_number, li + 1, fields.size(), t.headers.size()));
+    std::map<std::string, Cell> row;
+    if (label_col >= 0) t.labels.push_back(fields[size_t(label_col)]);
+    for (size_t c = 0; c < fields.size(); ++c) {
+      if (t.quantities[c].empty() || fields[c].empty()) continue;  // blank = not published
+      row[t.quantities[c]] = parse_cell(
+          fields[c], fmt::format("{} data row {} column {}", t.source, row_number, t.headers[c]),
+          scales[c]);
+    }
+    t.rows.push_back(std::move(row));
+  }
+  if (t.rows.empty()) throw InputError(fmt::format("{}: no data rows", t.source));
+  return t;
+}
+
+}  // namespace moeplan::audit

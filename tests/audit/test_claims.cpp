@@ -1,0 +1,140 @@
+// Claim checks: spread, bounds, baseline, strict reuse, duplicated runs, row selection.
+#include <doctest/doctest.h>
+
+#include "audit_test_util.hpp"
+#include "moeplan/accounting/error.hpp"
+#include "moeplan/audit/audit_tables.hpp"
+#include "moeplan/audit/claims.hpp"
+#include "moeplan/audit/duplicates.hpp"
+#include "moeplan/audit/io.hpp"
+
+using namespace moeplan;
+using namespace moeplan::audit;
+using namespace moeplan::audit::test;
+
+TEST_CASE("an 'equal C' group with a 3 % spread fails and names the row that breaks it") {
+  // C = 1.000e21, 1.005e21, 1.030e21: range (1.030 − 1.000)/1.000 = 3.0 % > 1 %.
+  // Median 1.005e21; row 3 is farthest (+2.49 %); without it the range is 0.5 %: only row 3 breaks.
+  const AuditSpec spec = load_spec(fixture("claims_fail.toml"));
+  const AuditReport r = audit_tables(load_claim_tables({}, spec, fixture("")), spec);
+  const ClaimVerdict* c = claim(r, "equal compute");
+  REQUIRE(c);
+  CHECK_FALSE(c->holds);
+  REQUIRE(c->quantities.size() == 1);
+  const QuantityVerdict& q = c->quantities[0];
+  CHECK(q.min == doctest::Approx(1.000e21));
+  CHECK(q.max == doctest::Approx(1.030e21));
+  CHECK(q.rel_range == doctest::Approx(0.03));
+  CHECK(q.max_row == "spread:3");
+  REQUIRE(q.breaking == std::vector<std::string>{"spread:3"});
+  const auto f = matching(r.findings, Severity::error, "spread", 3, "compute");
+  REQUIRE(f.size() == 2);  // one per claim: the spread and the bound
+  CHECK(*f[0]->expected == doctest::Approx(1.005e21));
+  CHECK(*f[0]->rel_diff == doctest::Approx(1.030 / 1.005 - 1));
+
+  SUBCASE("a bound claim that one row breaks") {
+    // at_most 1.02e21: only row 3 (1.030e21) is above, by +0.98 %.
+    const ClaimVerdict* b = claim(r, "C at most 1.02e21");
+    REQUIRE(b);
+    CHECK_FALSE(b->holds);
+    CHECK(b->quantities[0].kind == "at_most");
+    CHECK(b->quantities[0].breaking == std::vector<std::string>{"spread:3"});
+    CHECK(*f[1]->expected == doctest::Approx(1.02e21));
+    CHECK(*f[1]->rel_diff == doctest::Approx(1.030 / 1.020 - 1));
+  }
+  CHECK(exit_status(r) == 1);
+}
+
+TEST_CASE("outliers_to_remove removes the fewest, most outlying values") {
+  CHECK(outliers_to_remove({1.0, 1.005, 1.03}, 0.01) == std::vector<size_t>{2});
+  CHECK(outliers_to_remove({1.0, 1.001, 1.002}, 0.01).empty());
+  // 0.9 and 1.1 are both 10 % from the median 1.0; 0.9 is found first, then 1.1.
+  CHECK(outliers_to_remove({0.9, 1.0, 1.0, 1.1}, 0.01).size() == 2);
+}
+
+TEST_CASE("a duplicated run with different numbers, across two tables") {
+  // Same shape (L, D_m, D_ffn, H), same D = 6.50e10, same η and B: the same run. BPC differs.
+  const ClaimTable a = parse_claim_table(
+      "N,D,L_layers,H,Dm,Dffn,eta,B,BPC\n2.15e9,6.50e10,28,17,2176,8848,8.44e-4,320,0.4921\n"
+      "2.15e9,1.14e11,28,17,2176,8848,1.00e-3,448,0.4808\n",
+      "a", "a.csv");
+  const ClaimTable b = parse_claim_table(
+      "D,L_layers,H,Dm,Dffn,eta,B,BPC\n1.14e11,28,17,2176,8848,1.00e-3,448,0.4808\n"
+      "6.5e10,28,17,2176,8848,8.44e-4,320,0.4875\n",
+      "b", "b.csv");
+  const AuditSpec spec;
+  const auto fs = find_duplicate_runs({a, b}, spec, 0.01);
+  // b:1 equals a:2 in every shared quantity: nothing. b:2 is a:1 with BPC 0.4875 vs 0.4921.
+  REQUIRE(fs.size() == 1);
+  CHECK(fs[0].table == "b");
+  CHECK(fs[0].row == 2);
+  CHECK(fs[0].quantity == "val_bpc");
+  CHECK(*fs[0].expected == doctest::Approx(0.4921));
+  CHECK(*fs[0].found == doctest::Approx(0.4875));
+  CHECK(*fs[0].rel_diff == doctest::Approx(0.4875 / 0.4921 - 1));
+  CHECK(fs[0].message.find("a:1") != std::string::npos);
+}
+
+TEST_CASE("strict reuse: every row's unique data equals the baseline's") {
+  // Dense baseline D̂ = D = 68B (1 epoch, shared). MoE rows: D̂ printed 68B; D/epochs =
+  // 136B/2 = 68B; D̂ 60B breaks it by (60 − 68)/68 = −11.8 %.
+  const ClaimTable dense = parse_claim_table("D,C\n68B,2.86e21\n", "dense", "dense.csv");
+  const ClaimTable moe =
+      parse_claim_table("D,D_hat,Epoch\n136B,68B,2\n136B,,2\n120B,60B,2\n", "moe", "moe.csv");
+  const AuditSpec spec = parse_spec(R"(schema = 1
+[tables.dense.shared]
+epochs = 1
+[[claims]]
+name = "strict reuse"
+rows = ["moe:*"]
+baseline = "dense:1"
+strict_reuse = true
+)",
+                                    "inline.toml");
+  std::vector<Finding> fs;
+  const auto cv = evaluate_claims({dense, moe}, spec, fs);
+  REQUIRE(cv.size() == 1);
+  CHECK_FALSE(cv[0].holds);
+  REQUIRE(cv[0].quantities.size() == 1);
+  CHECK(cv[0].quantities[0].quantity == "tokens_unique");
+  CHECK(cv[0].quantities[0].breaking == std::vector<std::string>{"moe:3"});
+  const auto f = matching(fs, Severity::error, "moe", 3, "tokens_unique");
+  REQUIRE(f.size() == 1);
+  CHECK(*f[0]->expected == doctest::Approx(68e9));
+  CHECK(*f[0]->rel_diff == doctest::Approx(60.0 / 68.0 - 1));
+}
+
+TEST_CASE("row selection: lists, ranges, where filters") {
+  const ClaimTable t =
+      parse_claim_table("C,D\n1e21,1e10\n2e21,1e10\n1.005e21,2e10\n", "t", "t.csv");
+  AuditSpec spec = parse_spec(R"(schema = 1
+[[claims]]
+name = "c"
+rows = ["t:1-3"]
+where = { compute = 1e21 }
+equal = ["tokens_consumed"]
+)",
+                              "inline.toml");
+  // compute within 1 % of 1e21: rows 1 and 3 (1.005e21 is +0.5 %).
+  const auto rows = select_rows({t}, spec, spec.claims[0]);
+  REQUIRE(rows.size() == 2);
+  CHECK(rows[0].row == 1);
+  CHECK(rows[1].row == 3);
+  CHECK_THROWS_AS(parse_row_selector("t:0", "x"), InputError);
+  CHECK_THROWS_AS(parse_row_selector("t:3-2", "x"), InputError);
+  CHECK(parse_row_selector("t:2-4", "x").last == 4);
+}
+
+TEST_CASE("a spec naming a missing table or a quantity no row has is unusable input") {
+  const AuditSpec missing_table = load_spec(fixture("spec_missing_table.toml"));
+  const auto tables = load_claim_tables({}, missing_table, fixture(""));
+  CHECK_THROWS_WITH_AS(audit_tables(tables, missing_table), doctest::Contains("'nosuch'"),
+                       InputError);
+  const AuditSpec missing_col = load_spec(fixture("spec_missing_column.toml"));
+  CHECK_THROWS_WITH_AS(audit_tables(load_claim_tables({}, missing_col, fixture("")), missing_col),
+                       doctest::Contains("tokens_unique"), InputError);
+  CHECK_THROWS_WITH_AS(parse_spec("schema = 1\n[[claims]]\nequal = [\"flops\"]\n", "s.toml"),
+                       doctest::Contains("'flops'"), InputError);
+  CHECK_THROWS_WITH_AS(parse_spec("schema = 2\n", "s.toml"), doctest::Contains("schema = 1"),
+                       InputError);
+}

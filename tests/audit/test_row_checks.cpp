@@ -1,0 +1,136 @@
+// Row checks on hand-made tables of a tiny MoE shape, every expected value worked out by hand.
+//
+// Tiny shape (tests/audit/fixtures/tiny_spec.toml): L = 4 (1 dense + 3 MoE), D_m = 256, H = 4,
+// D_h = 64, D_ffn = 512, E = 8, D_e = D_se = 128, S = 512, V = 1000.
+//   attention      4·4·256²              = 1,048,576
+//   dense FFN      1·3·256·512           =   393,216
+//   routed, total  3·3·256·8·128         = 2,359,296
+//   shared         3·3·256·128           =   294,912
+//   router         3·256·8               =     6,144
+//   N (router out) = 1,048,576 + 393,216 + 2,359,296 + 294,912 = 4,096,000
+//   routed, active = 3·3·256·K·128 = 294,912·K
+//   N_a(K) = 1,048,576 + 393,216 + 294,912 + 294,912·K = 1,736,704 + 294,912·K
+//          K=1: 2,031,616   K=2: 2,326,528   K=3: 2,621,440   K=4: 2,916,352 (router in: +6,144)
+//   r_a = N_a/N: 49.60 %, 56.80 %, 64.00 %, 71.20 %
+//   paper M = 6·N_a + 12·L·D_m·S = 6·N_a + 12·4·256·512 = 6·N_a + 6,291,456
+//          K=1: 18,481,152  K=2: 20,250,624  K=3: 22,020,096  K=4: 23,789,568
+//   paper forward = 2·N_a + 4·4·256·512 = 2·N_a + 2,097,152; K=2: 6,750,208 (= M/3 exactly)
+//   D = 4,096,000 consumed = 1000 iters · 8 seqs · 512; D̂ = 2,048,000 unique → 2 epochs;
+//   D/N = 1.00; µ = (128 + 8·128)/256 = 4.5; C = M·D, K=4: 23,789,568·4,096,000 = 9.74421e13.
+#include <doctest/doctest.h>
+
+#include <cmath>
+
+#include "audit_test_util.hpp"
+#include "moeplan/accounting/error.hpp"
+#include "moeplan/audit/audit_tables.hpp"
+#include "moeplan/audit/io.hpp"
+#include "moeplan/audit/row_checks.hpp"
+
+using namespace moeplan;
+using namespace moeplan::audit;
+using namespace moeplan::audit::test;
+
+namespace {
+AuditReport audit_fixture(const std::string& spec_name) {
+  const AuditSpec spec = load_spec(fixture(spec_name));
+  return audit_tables(load_claim_tables({}, spec, fixture("")), spec);
+}
+}  // namespace
+
+TEST_CASE("a clean tiny table yields no error or warning findings and its claims hold") {
+  const AuditReport r = audit_fixture("tiny_spec.toml");
+  for (const Finding& f : r.findings) CHECK_MESSAGE(f.severity == Severity::info, f.message);
+  CHECK(r.all_hold());
+  // Every row prints N = 4,096,000 exactly: equal N spread 0.
+  const ClaimVerdict* n = claim(r, "tiny sweep: equal N");
+  REQUIRE(n);
+  REQUIRE(n->quantities.size() == 1);
+  CHECK(n->quantities[0].min == 4096000.0);
+  CHECK(n->quantities[0].rel_range == 0.0);
+}
+
+TEST_CASE("each planted defect is reported once, at its row, with its size") {
+  const AuditReport r = audit_fixture("tiny_defects_spec.toml");
+  const auto& fs = r.findings;
+  const std::string t = "tiny_defects";
+  CHECK(matching(fs, Severity::error, t, 1, "flops_per_token").empty());  // row 1 is clean
+
+  SUBCASE("forward M in a training-M column (row 2)") {
+    // Printed 6,750,208 = paper forward for K=2; the claimed paper training value is 20,250,624.
+    const auto f = matching(fs, Severity::error, t, 2, "flops_per_token");
+    REQUIRE(f.size() == 1);
+    CHECK(*f[0]->expected == doctest::Approx(20250624.0));
+    CHECK(*f[0]->found == doctest::Approx(6750208.0));
+    CHECK(*f[0]->rel_diff == doctest::Approx(-2.0 / 3.0));
+    CHECK(f[0]->message.find("paper (router out) forward") != std::string::npos);
+  }
+  SUBCASE("router counted in one row and not in the others (row 3, N_a)") {
+    // Row 3 prints N_a = 2,627,584 = 2,621,440 + 6,144 (router in); the other rows fit router out.
+    const auto f = matching(fs, Severity::error, t, 3, "active_params");
+    REQUIRE(f.size() == 1);
+    CHECK(*f[0]->expected == doctest::Approx(2621440.0));
+    CHECK(*f[0]->rel_diff == doctest::Approx(6144.0 / 2621440.0));  // +0.234 %: inside 1 %
+    for (int row : {1, 2, 4, 5, 6})
+      CHECK(matching(fs, Severity::error, t, row, "active_params").empty());
+  }
+  SUBCASE("C != M·D (row 4)") {
+    // M·D = 23,789,568 · 4,096,000 = 9.74421e13; printed 9.50000e13: −2.506 %.
+    const auto f = matching(fs, Severity::error, t, 4, "compute");
+    REQUIRE(f.size() == 1);
+    CHECK(*f[0]->expected == doctest::Approx(23789568.0 * 4096000.0));
+    CHECK(*f[0]->rel_diff == doctest::Approx(9.5e13 / (23789568.0 * 4096000.0) - 1));
+  }
+  SUBCASE("epochs != D/D̂ (row 5)") {
+    // D/D̂ = 8,192,000 / 2,048,000 = 4; printed 3.5: −12.5 %.
+    const auto f = matching(fs, Severity::error, t, 5, "epochs");
+    REQUIRE(f.size() == 1);
+    CHECK(*f[0]->expected == doctest::Approx(4.0));
+    CHECK(*f[0]->rel_diff == doctest::Approx(-0.125));
+  }
+  SUBCASE("wrong M, matching no convention (row 6)") {
+    // 21,000,000 vs paper training 20,250,624 (N_a fits router out): +3.70 %. Nearest other
+    // reading, paper with the router (+6·6,144 = 20,287,488), is +3.51 %; exact/full adds the LM
+    // head 6·256·1000 and the router: 21,823,488 (−3.77 %). None within 1 %.
+    const auto f = matching(fs, Severity::error, t, 6, "flops_per_token");
+    REQUIRE(f.size() == 1);
+    CHECK(*f[0]->expected == doctest::Approx(20250624.0));
+    CHECK(*f[0]->rel_diff == doctest::Approx(21000000.0 / 20250624.0 - 1));
+    CHECK(f[0]->message.find("matches no convention") != std::string::npos);
+  }
+  SUBCASE("nothing else is an error, and the table's consistency claim fails") {
+    CHECK(count(fs, Severity::error) == 5);
+    const ClaimVerdict* c = claim(r, "table tiny_defects: rows internally consistent");
+    REQUIRE(c);
+    CHECK_FALSE(c->holds);
+    CHECK_FALSE(r.all_hold());
+  }
+}
+
+TEST_CASE("without a spec: checks that need shared values are skipped, with one info line") {
+  // The tiny table alone has no L, D_m or S: N/N_a/M cannot be recomputed; C = M·D still can.
+  const std::string csv =
+      "N,Na,M,D,C\n4096000,2326528,20250624,4096000,8.29466e13\n4096000,2326528,20250624,4096000,"
+      "9.0e13\n";
+  const ClaimTable t = parse_claim_table(csv, "t", "t.csv");
+  const auto fs = check_table_rows(t, nullptr, 0.01);
+  // Row 2: C = 9.0e13 vs M·D = 8.29466e13: +8.50 %.
+  const auto f = matching(fs, Severity::error, "t", 2, "compute");
+  REQUIRE(f.size() == 1);
+  CHECK(*f[0]->rel_diff == doctest::Approx(9.0e13 / 82946555904000.0 - 1));
+  CHECK(count(fs, Severity::error) == 1);
+  const auto skipped = matching(fs, Severity::info, "t", 0, "");
+  REQUIRE(skipped.size() == 1);
+  CHECK(skipped[0]->message.find("d_model") != std::string::npos);
+}
+
+TEST_CASE("with a spec entry, a check missing a shared value is unusable input naming it") {
+  const AuditSpec spec = load_spec(fixture("spec_missing_shared.toml"));
+  const auto tables = load_claim_tables({}, spec, fixture(""));
+  try {
+    audit_tables(tables, spec);
+    FAIL("expected InputError");
+  } catch (const InputError& e) {
+    CHECK(std::string(e.what()).find("seq_len") != std::string::npos);
+  }
+}

@@ -1,0 +1,118 @@
+// Our own runs: hand-made record.json fixtures (RECORD.md schema 1), every figure worked by hand.
+//
+// MoE point "moe-k1": L = 2 (1 dense + 1 MoE), D_m = 8, H = 2, D_h = 4, D_ffn = 16, E = 4, K = 1,
+// D_e = D_se = 8, S = 4, V = 16; 2 sequences per step (T = 8 tokens), 7 steps: D = 56 consumed,
+// D̂ = 40 unique (10 windows), epochs 1.4.
+//   One weight product of m tokens, n outputs, k inputs costs 2mnk in each of forward, input-grad,
+//   weight-grad. Per step:
+//   projection  4 products/layer · 2mnk = 4·2·8·8·8 = 4096 per layer and phase → 8192 per phase
+//   attention   causal core per sequence and head D_h·S(S+1) = 4·4·5 = 80; ×2 seqs ×2 heads = 320;
+//               forward 2·320 = 640, input-grad 4·320 = 1280 per layer → (1280, 2560, 0)
+//   dense FFN   3 · 2·8·16·8 = 6144 per phase;  expert (8 routed) 3 · 2·8·8·8 = 3072 per phase;
+//   shared      3072 per phase;  router 2·8·4·8 = 512 per phase;  LM head 2·8·16·8 = 2048 per phase
+//   step total  3·8192 + 3840 + 3·6144 + 3·3072 + 3·3072 + 3·512 + 3·2048 = 72,960; ×7 = 510,720
+//   N (router out) = attention 2·4·8·8 = 512 + dense 3·8·16 = 384 + experts 3·8·4·8 = 768 +
+//   shared 3·8·8 = 192 = 1856; router 8·4 = 32; N_a = 512 + 384 + 192 + 192 = 1280.
+//   paper M = 6·1280 + 12·2·8·4 = 8448 per token; planned C = 8448·56 = 473,088.
+//   The `paper` lens on the ledger: projection 172,032 + dense 129,024 + expert 64,512 + shared
+//   64,512 + attention-core 26,880 · 2S/(S+1) = 26,880 · 8/5 = 43,008 → 473,088 = the plan.
+//   Residuals by category, measured exact/causal vs paper: attention-core 26,880 vs the paper's
+//   12·L·D_m·S·D = 768·56 = 43,008 (executed causal = (S+1)/(2S) = 5/8 of it); router 3·7·512 =
+//   10,752 and LM head 3·7·2048 = 43,008 are not part of paper.
+// Dense point "dense": L = 2, D_ffn = 28 (N = 512 + 2·3·8·28 = 1856, equal N), 1 sequence per
+//   step, 10 steps: D = 40 = D̂. paper M = 6·1856 + 768 = 11,904; C = 476,160. The MoE's C is
+//   473,088: (473,088 − 476,160)/476,160 = −0.645 %, inside 1 %.
+// runs_bad/moe-k1: two routed assignments dropped (expert −2·3·2·8·8 = −768 per phase, −2304 in
+//   all, paper C 470,784: −0.487 %) and unique tokens 36 instead of 40 (epochs 1.556, not 1.4).
+#include <doctest/doctest.h>
+
+#include "audit_test_util.hpp"
+#include "moeplan/accounting/error.hpp"
+#include "moeplan/audit/runs.hpp"
+#include "moeplan/audit/runs_io.hpp"
+
+using namespace moeplan;
+using namespace moeplan::audit;
+using namespace moeplan::audit::test;
+
+TEST_CASE("a record parses into the plan and the measured ledger") {
+  const auto recs = load_run_records(fixture("runs_ok"));
+  REQUIRE(recs.size() == 2);
+  CHECK(recs[0].point_id == "dense");
+  const RunRecord& m = recs[1];
+  CHECK(m.point_id == "moe-k1");
+  CHECK(m.plan.arch.experts == 4);
+  CHECK(m.plan.budget.tokens_consumed == 56);
+  CHECK(m.ledger.total() == 510720);
+  CHECK(m.ledger.category(FlopCategory::router) == 10752);
+}
+
+TEST_CASE("runs that match their plans: every claim holds, residuals explained by category") {
+  const AuditReport r = audit_runs(load_run_records(fixture("runs_ok")), {}, {});
+  for (const Finding& f : r.findings) CHECK_MESSAGE(f.severity == Severity::info, f.message);
+  CHECK(r.all_hold());
+  // Planned C through the paper lens: 473,088 exactly.
+  const auto c = matching(r.findings, Severity::info, "moe-k1", 0, "compute");
+  REQUIRE(c.size() == 1);
+  CHECK(*c[0]->found == doctest::Approx(473088.0));
+  CHECK(*c[0]->expected == doctest::Approx(473088.0));
+  const auto att = matching(r.findings, Severity::info, "moe-k1", 0, "flops:attention-core");
+  REQUIRE(att.size() == 1);
+  CHECK(*att[0]->expected == doctest::Approx(43008.0));
+  CHECK(*att[0]->found == doctest::Approx(26880.0));
+  CHECK(att[0]->message.find("(S+1)/(2S)") != std::string::npos);
+  const auto router = matching(r.findings, Severity::info, "moe-k1", 0, "flops:router");
+  REQUIRE(router.size() == 1);
+  CHECK(*router[0]->found == doctest::Approx(10752.0));
+  CHECK(router[0]->message.find("router FLOPs are not part of paper") != std::string::npos);
+  // Measured N 1888 = planned 1856 + router 32: explained by the counting reading.
+  const auto n = matching(r.findings, Severity::info, "moe-k1", 0, "total_params");
+  REQUIRE(n.size() == 1);
+  CHECK(n[0]->message.find("router weights in (32") != std::string::npos);
+  const ClaimVerdict* eqc = claim(r, "equal training compute C (paper) across the sweep");
+  REQUIRE(eqc);
+  CHECK(eqc->holds);
+  CHECK(eqc->quantities[0].rel_range == doctest::Approx(476160.0 / 473088.0 - 1));
+}
+
+TEST_CASE("planted defects in a run: capacity drops and unique data off the plan") {
+  const AuditReport r = audit_runs(load_run_records(fixture("runs_bad")), {}, {});
+  const auto drop = matching(r.findings, Severity::warning, "moe-k1", 0, "flops:expert");
+  REQUIRE(drop.size() == 1);
+  CHECK(*drop[0]->expected == doctest::Approx(64512.0));
+  CHECK(*drop[0]->found == doctest::Approx(64512.0 - 2304.0));
+  CHECK(drop[0]->message.find("capacity drops") != std::string::npos);
+  const auto u = matching(r.findings, Severity::error, "moe-k1", 0, "tokens_unique");
+  REQUIRE(u.size() == 2);  // against the plan, and against the dense baseline's D̂ (the claim)
+  CHECK(*u[0]->expected == doctest::Approx(40.0));
+  CHECK(*u[0]->found == doctest::Approx(36.0));
+  const auto e = matching(r.findings, Severity::error, "moe-k1", 0, "epochs");
+  REQUIRE(e.size() == 1);
+  CHECK(*e[0]->expected == doctest::Approx(1.4));
+  CHECK(*e[0]->found == doctest::Approx(56.0 / 36.0));
+  const ClaimVerdict* du = claim(r, "equal unique data D̂ (strict reuse) across the sweep");
+  REQUIRE(du);
+  CHECK_FALSE(du->holds);
+  CHECK(du->quantities[0].breaking == std::vector<std::string>{"moe-k1"});
+  // C through the paper lens: 470,784 vs plan 473,088: −0.487 %, inside 1 %: info, no error.
+  const auto c = matching(r.findings, Severity::info, "moe-k1", 0, "compute");
+  REQUIRE(c.size() == 1);
+  CHECK(*c[0]->rel_diff == doctest::Approx(470784.0 / 473088.0 - 1));
+  // Against the dense baseline: (470,784 − 476,160)/476,160 = −1.129 %: the equal-C claim fails.
+  const ClaimVerdict* eqc = claim(r, "equal training compute C (paper) across the sweep");
+  REQUIRE(eqc);
+  CHECK_FALSE(eqc->holds);
+  const auto ce = matching(r.findings, Severity::error, "moe-k1", 0, "compute");
+  REQUIRE(ce.size() == 1);
+  CHECK(*ce[0]->rel_diff == doctest::Approx(470784.0 / 476160.0 - 1));
+  CHECK_FALSE(r.all_hold());
+}
+
+TEST_CASE("unusable run folders") {
+  CHECK_THROWS_WITH_AS(load_run_records(fixture("no-such-runs")), doctest::Contains("no-such-runs"),
+                       InputError);
+  CHECK_THROWS_WITH_AS(parse_run_record("{\"schema\": 1, \"point_id\": \"x\"}", "r.json"),
+                       doctest::Contains("'status'"), InputError);
+  CHECK_THROWS_WITH_AS(parse_run_record("{not json", "r.json"), doctest::Contains("r.json"),
+                       InputError);
+}
