@@ -37,6 +37,11 @@ Plan plan_for_arch(const Arch& arch, const PointBudget& pb) {
   req.tokens_unique = pb.tokens_unique > 0 ? pb.tokens_unique : tokens_est;
   req.epochs = pb.epochs;
   p.budget = make_budget(req);
+  if (pb.reuse == Reuse::strict && !(pb.tokens_unique > 0)) {
+    // One epoch of exactly what the rounded steps consume.
+    req.tokens_unique = double(p.budget.tokens_consumed);
+    p.budget = make_budget(req);
+  }
   p.hyper.rule = "step-law";
   p.hyper.batch_seqs = p.budget.batch_seqs;
   p.hyper.batch_tokens = p.budget.batch_seqs * arch.seq_len;

@@ -1,0 +1,57 @@
+// `moeplan grid`: an equal-resource sweep over the activation rate, as a table or a manifest.
+#include <memory>
+
+#include <fmt/format.h>
+
+#include "command.hpp"
+#include "moeplan/reports/sweep_report.hpp"
+#include "moeplan/sweeps/atomic_file.hpp"
+#include "moeplan/sweeps/grid.hpp"
+#include "plan_flags.hpp"
+
+namespace moeplan::cli {
+namespace {
+
+struct GridFlags {
+  PlanFlags plan;
+  std::string ra;
+  int points = 8;
+  std::string format;
+  std::string output;
+};
+
+const bool registered = register_command(
+    {"grid", "Plan an equal-resource sweep over the activation rate r_a (and its dense baseline)",
+     10, [](CLI::App& app) -> std::function<int()> {
+       auto f = std::make_shared<GridFlags>();
+       add_plan_flags(app, f->plan, true);
+       app.add_option("--ra", f->ra, "activation rates: a range A:B or a list 0.1,0.2,0.3")
+           ->required();
+       app.add_option("--points", f->points, "points in an A:B range, inclusive (default 8)");
+       app.add_option("--format", f->format,
+                      "table, csv, json, toml, md (default: table, or -o's "
+                      "extension)");
+       app.add_option("-o,--output", f->output,
+                      "write to this file (atomically) instead of stdout");
+       return [f] {
+         const Format format = output_format(f->format, f->output);
+         SweepRequest req;
+         req.plan = make_plan_request(f->plan);
+         req.activation_rates = parse_ra_spec(f->ra, f->points);
+         req.created_by = command_line_for_record("moeplan grid");
+         const Manifest m = plan_sweep(req);
+         const std::string text = render_manifest(m, format);
+         if (f->output.empty()) {
+           fmt::print("{}", text);
+         } else {
+           write_file_atomic(f->output, text);
+           if (format != Format::table) fmt::print("{}", render_manifest(m, Format::table));
+           fmt::print("wrote {} ({}: dense baseline + {} points)\n", f->output, name(format),
+                      m.points.size());
+         }
+         return kExitOk;
+       };
+     }});
+
+}  // namespace
+}  // namespace moeplan::cli

@@ -1,0 +1,129 @@
+// `moeplan plan`: one point in full (parameters per component, FLOPs per category under every
+// convention, budget), either solved from --N/--ra or read from --arch arch.toml.
+#include <memory>
+
+#include <fmt/format.h>
+
+#include "command.hpp"
+#include "moeplan/accounting/error.hpp"
+#include "moeplan/accounting/params.hpp"
+#include "moeplan/accounting/units.hpp"
+#include "moeplan/planner/point.hpp"
+#include "moeplan/reports/plan_report.hpp"
+#include "moeplan/sweeps/arch_io.hpp"
+#include "moeplan/sweeps/grid.hpp"
+#include "plan_flags.hpp"
+
+namespace moeplan::cli {
+namespace {
+
+struct PlanCmdFlags {
+  PlanFlags plan;
+  std::string ra;
+  std::string arch;
+  std::string tokens;
+  std::string tokens_unique;
+  std::string format = "table";
+};
+
+// --tokens D: C = M·D of this point; otherwise the C the equal-resource rules gave it.
+Plan rebudget(const Plan& p, const PlanCmdFlags& f, const PointBudget& base) {
+  PointBudget pb = base;
+  if (!f.tokens.empty()) pb.compute = p.flops_per_token * parse_positive(f.tokens, "--tokens");
+  if (!f.tokens_unique.empty()) {
+    pb.reuse = Reuse::strict;
+    pb.tokens_unique = parse_positive(f.tokens_unique, "--tokens-unique");
+  }
+  Plan out = plan_for_arch(p.arch, pb);
+  out.id = p.id;
+  out.role = p.role;
+  out.activation_rate_target = p.activation_rate_target;
+  out.reachable = p.reachable;
+  out.note = p.note;
+  return out;
+}
+
+int run(const PlanCmdFlags& f) {
+  if (f.format != "table" && f.format != "json")
+    throw InputError(
+        fmt::format("--format '{}' is not known for plan; use table or json", f.format));
+  if (!f.tokens.empty() && !f.plan.compute.empty())
+    throw InputError("give at most one of --tokens and --compute (each fixes C)");
+  if (!f.tokens_unique.empty() && (!f.plan.unique_tokens.empty() || !f.plan.epochs.empty()))
+    throw InputError("give at most one of --tokens-unique, --unique-tokens and --epochs");
+  Plan plan;
+  std::string context;
+  if (!f.arch.empty()) {
+    if (!f.plan.n.empty() || !f.ra.empty())
+      throw InputError("give either --arch FILE or --N and --ra, not both");
+    Arch arch = read_arch(f.arch);
+    arch.count_router = arch.count_router || f.plan.count_router;
+    arch.count_norms = arch.count_norms || f.plan.count_norms;
+    const ConventionChoice conv = parse_convention_flag(f.plan.convention);
+    PointBudget pb;
+    pb.convention = conv.convention;
+    pb.mask = conv.mask;
+    pb.dp_width = parse_positive_integer(f.plan.dp_width, "--dp-width");
+    const double m = planned_flops_per_token(arch, conv.convention, conv.mask);
+    // Default budget: 20 consumed tokens per total parameter of this model.
+    pb.compute = !f.plan.compute.empty() ? parse_positive(f.plan.compute, "--compute")
+                 : !f.tokens.empty()     ? m * parse_positive(f.tokens, "--tokens")
+                                         : m * 20.0 * double(count_params(arch).total_params);
+    if (!f.plan.epochs.empty()) {
+      pb.reuse = Reuse::loose;
+      pb.epochs = parse_quantity(f.plan.epochs, "--epochs");
+      if (!(pb.epochs >= 1))
+        throw InputError(fmt::format("--epochs = {} is invalid; it must be >= 1", f.plan.epochs));
+    }
+    const std::string& unique = !f.tokens_unique.empty() ? f.tokens_unique : f.plan.unique_tokens;
+    if (!unique.empty()) pb.tokens_unique = parse_positive(unique, "--tokens-unique");
+    plan = plan_for_arch(arch, pb);
+    plan.id = f.arch;
+    plan.role = arch.is_dense() ? "dense" : "moe";
+  } else {
+    if (f.plan.n.empty() || f.ra.empty())
+      throw InputError("plan needs --N and --ra (e.g. --N 2e9 --ra 0.2), or --arch FILE");
+    const std::vector<double> ra = parse_ra_spec(f.ra, 1);
+    if (ra.size() != 1)
+      throw InputError(
+          fmt::format("--ra '{}': plan takes one activation rate (use grid for more)", f.ra));
+    const PlanRequest req = make_plan_request(f.plan);
+    const EqualResourcePlanner planner(req);
+    plan = planner.plan_point(ra[0]);
+    const Plan& d = planner.dense();
+    context = fmt::format(
+        "equal-resource dense baseline: {}  N {}  C {} [{}]  D̂ {} unique tokens\n",
+        describe(d.arch), human(double(d.counts.total_params)), human(planner.compute_target()),
+        convention_label(d.convention, d.mask), human(double(d.budget.tokens_unique)));
+    if (!f.tokens.empty() || !f.tokens_unique.empty()) {
+      const PointBudget base{
+          planner.compute_target(), req.convention,    req.mask,    req.budget.reuse,
+          planner.tokens_unique(),  req.budget.epochs, req.dp_width};
+      plan = rebudget(plan, f, base);
+      context += "budget of this point set by --tokens / --tokens-unique (not equal-resource)\n";
+    }
+  }
+  if (f.format == "json") {
+    fmt::print("{}\n", plan_breakdown_json(plan).dump(2));
+  } else {
+    fmt::print("{}", render_plan_breakdown(plan));
+    if (!context.empty()) fmt::print("\n{}", context);
+  }
+  return kExitOk;
+}
+
+const bool registered = register_command(
+    {"plan", "One point in full: parameters, FLOPs per category under each convention, budget", 20,
+     [](CLI::App& app) -> std::function<int()> {
+       auto f = std::make_shared<PlanCmdFlags>();
+       add_plan_flags(app, f->plan, false);
+       app.add_option("--ra", f->ra, "target activation rate r_a in (0, 1], e.g. 0.2");
+       app.add_option("--arch", f->arch, "plan this architecture (TOML with the Arch keys)");
+       app.add_option("--tokens", f->tokens, "consumed tokens D of this point (C = M·D)");
+       app.add_option("--tokens-unique", f->tokens_unique, "unique tokens D̂ of this point");
+       app.add_option("--format", f->format, "table or json");
+       return [f] { return run(*f); };
+     }});
+
+}  // namespace
+}  // namespace moeplan::cli

@@ -1,0 +1,83 @@
+#pragma once
+// Flags and output handling shared by `moeplan grid` and `moeplan plan` (parsing only: the
+// rules about valid values live in sweeps/request.hpp and reports/format.hpp).
+#include <fstream>
+#include <iterator>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "command.hpp"
+#include "moeplan/accounting/error.hpp"
+#include "moeplan/reports/format.hpp"
+#include "moeplan/sweeps/request.hpp"
+
+namespace moeplan::cli {
+
+inline void add_plan_flags(CLI::App& app, PlanFlags& f, bool n_required) {
+  CLI::Option* n = app.add_option("--N", f.n, "total parameters N (non-vocabulary), e.g. 2e9, 2B");
+  if (n_required) n->required();
+  app.add_option("--family", f.family, "shape family (paper)");
+  app.add_option("--compute", f.compute, "training compute C in FLOPs (of --convention)");
+  app.add_option("--dense-tokens", f.dense_tokens, "C = dense baseline's M · this many tokens");
+  app.add_option("--dense-tpp", f.dense_tpp, "C = dense baseline's M · TPP · N (default 20)");
+  app.add_option("--unique-tokens", f.unique_tokens,
+                 "strict reuse: unique tokens D̂ of every point (default: dense consumed D)");
+  app.add_option("--epochs", f.epochs, "loose reuse: every point repeats its data E times");
+  app.add_option("--convention", f.convention,
+                 "FLOP convention for M and C: paper, exact, exact/full, megatron");
+  app.add_option("--n-tolerance", f.n_tolerance, "relative tolerance on N (default 0.01)");
+  app.add_option("--ra-tolerance", f.ra_tolerance, "absolute tolerance on r_a (default 0.005)");
+  app.add_flag("--count-router", f.count_router, "count router weights inside N and N_a");
+  app.add_flag("--count-norms", f.count_norms, "count RMSNorm scales inside N and N_a");
+  app.add_option("--vocab", f.vocab, "vocabulary size (default: 65536; 256 for N <= 1e7)");
+  app.add_option("--seq-len", f.seq_len, "sequence length (default: 2048; 256/128 for tiny N)");
+  app.add_option("--head-dim", f.head_dim, "attention head width (default: family rule for N)");
+  app.add_option("--alignment", f.alignment,
+                 "d_expert multiple (default: 32 for d_model >= 1024, 16 from 512, else 8)");
+  app.add_option("--dp-width", f.dp_width, "batch rounded to a multiple of this many sequences");
+}
+
+// The command line as typed (Linux /proc), recorded in manifests as created_by.
+inline std::string command_line_for_record(const char* fallback) {
+  std::ifstream in("/proc/self/cmdline", std::ios::binary);
+  std::string raw((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string out;
+  bool first = true;
+  size_t start = 0;
+  for (size_t i = 0; i <= raw.size(); ++i) {
+    if (i < raw.size() && raw[i] != '\0') continue;
+    if (i > start) {
+      std::string arg = raw.substr(start, i - start);
+      if (first) {
+        const size_t slash = arg.rfind('/');
+        if (slash != std::string::npos) arg = arg.substr(slash + 1);
+        first = false;
+      }
+      if (!out.empty()) out += ' ';
+      out += arg;
+    }
+    start = i + 1;
+  }
+  return out.empty() ? std::string(fallback) : out;
+}
+
+// --format wins; else -o's extension; else the terminal table.
+inline Format output_format(const std::string& format, const std::string& output) {
+  if (!format.empty()) {
+    const auto f = parse_format(format);
+    if (!f)
+      throw InputError(fmt::format("--format '{}' is not known; use {}", format, format_names()));
+    return *f;
+  }
+  if (output.empty()) return Format::table;
+  const auto f = format_from_extension(output);
+  if (!f)
+    throw InputError(fmt::format(
+        "-o {}: cannot tell the format from the extension; use .toml, .json, .csv, .md, .txt or "
+        "give --format ({})",
+        output, format_names()));
+  return *f;
+}
+
+}  // namespace moeplan::cli

@@ -1,1 +1,0 @@
-// placeholder until the part lands; replaced by its real sources

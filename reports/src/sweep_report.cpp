@@ -1,0 +1,162 @@
+#include "moeplan/reports/sweep_report.hpp"
+
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "moeplan/accounting/units.hpp"
+#include "moeplan/reports/text_table.hpp"
+#include "moeplan/sweeps/grid.hpp"
+#include "moeplan/sweeps/manifest_io.hpp"
+
+namespace moeplan {
+
+namespace {
+
+std::string pct(double fraction) {
+  return fmt::format("{:.2f}%", 100 * fraction);
+}
+
+std::string label_of(const Plan& p) {
+  return convention_label(p.convention, p.mask);
+}
+
+TextTable sweep_table(const Manifest& m) {
+  const std::string conv = label_of(m.dense);
+  TextTable t;
+  using A = TextTable::Align;
+  t.add_column("", A::left);
+  t.add_column("id", A::left);
+  t.add_column("architecture", A::left);
+  t.add_column("N");
+  t.add_column("N_a");
+  t.add_column("r_a");
+  t.add_column("target");
+  t.add_column(fmt::format("M [{}]", conv));
+  t.add_column(fmt::format("C [{}]", conv));
+  t.add_column("D consumed");
+  t.add_column("D̂ unique");
+  t.add_column("epochs");
+  t.add_column("TPP");
+  t.add_column("D' effective");
+  t.add_column("η");
+  t.add_column("batch (seqs)");
+  t.add_column("steps");
+  auto row = [&](const Plan& p) {
+    // A point planned under another convention than the dense baseline says so in its cell.
+    const std::string own = label_of(p) == conv ? "" : fmt::format(" [{}]", label_of(p));
+    t.add_row({p.reachable ? "" : "!", p.id, describe(p.arch), human(double(p.counts.total_params)),
+               human(double(p.counts.active_params)), pct(p.counts.activation_rate()),
+               p.role == "dense" ? "dense" : pct(p.activation_rate_target),
+               human(p.flops_per_token) + own, human(p.budget.compute) + own,
+               human(double(p.budget.tokens_consumed)), human(double(p.budget.tokens_unique)),
+               fmt::format("{:.2f}", p.budget.epochs),
+               fmt::format("{:.1f}", p.budget.tokens_per_param), human(p.budget.effective_data),
+               fmt::format("{:.3g}", p.hyper.lr_peak), std::to_string(p.budget.batch_seqs),
+               std::to_string(p.budget.steps)});
+  };
+  row(m.dense);
+  for (const Plan& p : m.points) row(p);
+  return t;
+}
+
+std::string preamble(const Manifest& m, const char* bullet) {
+  const Plan& d = m.dense;
+  const std::string reuse =
+      d.budget.reuse == Reuse::strict
+          ? fmt::format("strict reuse: every point trains on the same {} unique tokens",
+                        human(double(d.budget.tokens_unique)))
+          : fmt::format("loose reuse: every point repeats its data {:.3g} times", d.budget.epochs);
+  int flagged = 0;
+  for (const Plan& p : m.points) flagged += !p.reachable;
+  std::string out = fmt::format(
+      "{}family {}, N target {} (±{:.1f}%), r_a within ±{:.2f} points; {} points + dense "
+      "baseline{}\n",
+      bullet, m.family, human(m.n_target), 100 * m.n_tolerance, 100 * m.ra_tolerance,
+      m.points.size(), flagged ? fmt::format(", {} flagged (!)", flagged) : "");
+  out += fmt::format(
+      "{}compute C = {} FLOPs [{}] for every point (spread {:.3f}% from step rounding); {}\n",
+      bullet, human(d.budget.compute_target), label_of(d), 100 * compute_spread(m), reuse);
+  return out;
+}
+
+std::string notes(const Manifest& m, const char* bullet) {
+  std::string out;
+  for (const Plan& p : m.points)
+    if (!p.reachable || !p.note.empty())
+      out += fmt::format("{}{} {}: {}\n", bullet, p.reachable ? " " : "!", p.id, p.note);
+  return out;
+}
+
+std::string csv_field(const std::string& s) {
+  if (s.find_first_of(",\"\n") == std::string::npos) return s;
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"') out += '"';
+    out += c;
+  }
+  return out + "\"";
+}
+
+std::string num(double v) {
+  return fmt::format("{}", v);
+}
+
+}  // namespace
+
+std::string manifest_to_csv(const Manifest& m) {
+  std::string out =
+      "id,role,description,total_params,active_params,activation_rate,activation_rate_target,"
+      "convention,flops_per_token,compute,compute_rel_diff,tokens_consumed,tokens_unique,epochs,"
+      "tokens_per_param,effective_data,lr_peak,batch_seqs,steps,warmup_steps,reachable,note\n";
+  auto row = [&](const Plan& p) {
+    out += fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
+                       csv_field(p.id), p.role, csv_field(describe(p.arch)), p.counts.total_params,
+                       p.counts.active_params, num(p.counts.activation_rate()),
+                       num(p.activation_rate_target), label_of(p), num(p.flops_per_token),
+                       num(p.budget.compute), num(p.budget.compute_rel_diff),
+                       p.budget.tokens_consumed, p.budget.tokens_unique, num(p.budget.epochs),
+                       num(p.budget.tokens_per_param), num(p.budget.effective_data),
+                       num(p.hyper.lr_peak), p.budget.batch_seqs, p.budget.steps,
+                       p.hyper.warmup_steps, p.reachable ? "true" : "false", csv_field(p.note));
+  };
+  row(m.dense);
+  for (const Plan& p : m.points) row(p);
+  return out;
+}
+
+std::string render_manifest(const Manifest& m, Format f) {
+  switch (f) {
+    case Format::table: {
+      std::string out = preamble(m, "");
+      out += "\n";
+      out += sweep_table(m).render();
+      const std::string n = notes(m, "");
+      if (!n.empty()) {
+        out += "\n";
+        out += n;
+      }
+      return out;
+    }
+    case Format::md: {
+      std::string out = preamble(m, "- ");
+      out += "\n";
+      out += sweep_table(m).render_markdown();
+      const std::string n = notes(m, "- ");
+      if (!n.empty()) {
+        out += "\nNotes:\n\n";
+        out += n;
+      }
+      return out;
+    }
+    case Format::csv:
+      return manifest_to_csv(m);
+    case Format::json:
+      return manifest_to_json(m).dump(2) + "\n";
+    case Format::toml:
+      return manifest_to_toml(m);
+  }
+  return "";
+}
+
+}  // namespace moeplan

@@ -1,0 +1,104 @@
+#include "moeplan/sweeps/request.hpp"
+
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "moeplan/accounting/error.hpp"
+#include "moeplan/accounting/units.hpp"
+
+namespace moeplan {
+
+double parse_positive(const std::string& text, const std::string& flag) {
+  const double v = parse_quantity(text, flag);
+  if (!(v > 0))
+    throw InputError(fmt::format("{} = {} is invalid; it must be a positive number", flag, text));
+  return v;
+}
+
+int64_t parse_positive_integer(const std::string& text, const std::string& flag) {
+  const double v = parse_quantity(text, flag);
+  if (!(v >= 1) || v != std::floor(v) || v > 9e15)
+    throw InputError(fmt::format("{} = {} is invalid; it must be a whole number >= 1", flag, text));
+  return int64_t(v);
+}
+
+ConventionChoice parse_convention_flag(const std::string& text) {
+  if (text == "paper") return {Convention::paper, AttentionMask::full};
+  if (text == "exact" || text == "exact/causal") return {Convention::exact, AttentionMask::causal};
+  if (text == "exact/full") return {Convention::exact, AttentionMask::full};
+  if (text == "megatron") return {Convention::megatron, AttentionMask::causal};
+  throw InputError(fmt::format(
+      "--convention '{}' is not known; use paper, exact (= exact/causal), exact/full or megatron",
+      text));
+}
+
+PlanRequest make_plan_request(const PlanFlags& f) {
+  PlanRequest r;
+  if (f.n.empty()) throw InputError("--N is required: the total parameters N (e.g. 2e9, 2B)");
+  const double n = parse_quantity(f.n, "--N");
+  if (!(n > 0))
+    throw InputError(fmt::format(
+        "--N = {} is invalid; N must be a positive number of parameters (e.g. 2e9, 2B, 3e5)", f.n));
+  r.n_target = n;
+  const auto family = family_by_name(f.family);
+  if (!family)
+    throw InputError(
+        fmt::format("--family '{}' is not known; known families: {}", f.family, family_names()));
+  r.family = *family;
+
+  r.solve.n_tolerance = parse_positive(f.n_tolerance, "--n-tolerance");
+  if (r.solve.n_tolerance >= 0.5)
+    throw InputError(
+        fmt::format("--n-tolerance = {} is invalid; it is relative (0.01 = 1 %) and "
+                    "must be below 0.5",
+                    f.n_tolerance));
+  r.solve.ra_tolerance = parse_positive(f.ra_tolerance, "--ra-tolerance");
+  if (r.solve.ra_tolerance >= 1)
+    throw InputError(
+        fmt::format("--ra-tolerance = {} is invalid; it is absolute (0.005 = 0.5 "
+                    "points) and must be below 1",
+                    f.ra_tolerance));
+  if (!f.alignment.empty())
+    r.solve.expert_alignment = parse_positive_integer(f.alignment, "--alignment");
+
+  r.backbone.count_router = f.count_router;
+  r.backbone.count_norms = f.count_norms;
+  if (!f.vocab.empty()) r.backbone.vocab = parse_positive_integer(f.vocab, "--vocab");
+  if (!f.seq_len.empty()) r.backbone.seq_len = parse_positive_integer(f.seq_len, "--seq-len");
+  if (!f.head_dim.empty()) r.backbone.head_dim = parse_positive_integer(f.head_dim, "--head-dim");
+  r.dp_width = parse_positive_integer(f.dp_width, "--dp-width");
+
+  const int budgets = !f.compute.empty() + !f.dense_tokens.empty() + !f.dense_tpp.empty();
+  if (budgets > 1)
+    throw InputError("give at most one of --compute, --dense-tokens, --dense-tpp (they all fix C)");
+  if (!f.compute.empty()) {
+    r.budget.kind = BudgetKind::compute;
+    r.budget.value = parse_positive(f.compute, "--compute");
+  } else if (!f.dense_tokens.empty()) {
+    r.budget.kind = BudgetKind::dense_tokens;
+    r.budget.value = parse_positive(f.dense_tokens, "--dense-tokens");
+  } else {
+    r.budget.kind = BudgetKind::dense_tpp;
+    r.budget.value = f.dense_tpp.empty() ? 20.0 : parse_positive(f.dense_tpp, "--dense-tpp");
+  }
+  if (!f.unique_tokens.empty() && !f.epochs.empty())
+    throw InputError(
+        "give at most one of --unique-tokens (strict reuse) and --epochs (loose reuse)");
+  if (!f.epochs.empty()) {
+    r.budget.reuse = Reuse::loose;
+    r.budget.epochs = parse_quantity(f.epochs, "--epochs");
+    if (!(r.budget.epochs >= 1))
+      throw InputError(fmt::format("--epochs = {} is invalid; it must be >= 1", f.epochs));
+  } else {
+    r.budget.reuse = Reuse::strict;
+    if (!f.unique_tokens.empty())
+      r.budget.tokens_unique = parse_positive(f.unique_tokens, "--unique-tokens");
+  }
+  const ConventionChoice c = parse_convention_flag(f.convention);
+  r.convention = c.convention;
+  r.mask = c.mask;
+  return r;
+}
+
+}  // namespace moeplan

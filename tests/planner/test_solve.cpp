@@ -1,0 +1,262 @@
+// Solver rules and invariants. Golden values are the published backbones (ACCOUNTING.md) and
+// hand calculations written out beside each check.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <string>
+
+#include "moeplan/accounting/error.hpp"
+#include "moeplan/accounting/params.hpp"
+#include "moeplan/planner/equal_resource.hpp"
+#include "moeplan/planner/family.hpp"
+#include "moeplan/planner/solve.hpp"
+
+using namespace moeplan;
+
+namespace {
+
+// The paper's 7B MoE backbone (Table 12): L 24 (1 dense), D_m 2048, D_ffn 5464, H 16, D_h 128.
+Arch paper_7b_backbone() {
+  Arch a;
+  a.d_model = 2048;
+  a.layers = 24;
+  a.dense_layers = 1;
+  a.heads = a.kv_heads = 16;
+  a.head_dim = 128;
+  a.d_ffn = 5464;
+  a.seq_len = 2048;
+  a.vocab = 65536;
+  return a;
+}
+
+void check_moe_invariants(const Arch& a, int64_t align) {
+  CHECK(a.d_model % a.head_dim == 0);
+  CHECK(a.heads * a.head_dim == a.d_model);
+  CHECK(a.d_expert % align == 0);
+  CHECK(a.d_expert >= align);
+  CHECK(a.d_shared == a.top_k * a.d_expert);  // paper family: one shared expert of K·D_e
+  CHECK(a.top_k >= 1);
+  CHECK(a.experts >= a.top_k);
+  CHECK(a.layers >= 2);
+  CHECK(a.dense_layers == 1);
+  CHECK_NOTHROW(validate(a, true));
+}
+
+}  // namespace
+
+TEST_CASE("family scaling rules, by hand") {
+  const FamilyRules f;
+  CHECK(aspect_ratio_for(f, 2e9) == 88.0);
+  // 88·(3e5/1e9)^0.14 = 88·exp(0.14·ln 3e-4) = 88·exp(0.14·(−8.1117)) = 88·0.32127 = 28.27
+  CHECK(aspect_ratio_for(f, 3e5) == doctest::Approx(28.27).epsilon(0.001));
+  // head_dim: largest power of two <= d_model/4, in [8, 128]
+  CHECK(head_dim_for(f, 1408) == 128);  // 352 -> 128 (cap)
+  CHECK(head_dim_for(f, 500) == 64);    // 125 -> 64
+  CHECK(head_dim_for(f, 100) == 16);    // 25 -> 16
+  CHECK(head_dim_for(f, 50) == 8);      // 12.5 -> 8
+  CHECK(head_dim_for(f, 20) == 8);      // 5 -> 4, floor 8
+  // alignment: largest power of two <= d_model/32, in [8, 32]
+  CHECK(alignment_for(1408) == 32);
+  CHECK(alignment_for(2048) == 32);
+  CHECK(alignment_for(512) == 16);
+  CHECK(alignment_for(112) == 8);
+  CHECK(default_vocab(f, 2e9) == 65536);
+  CHECK(default_vocab(f, 2e6) == 256);
+  CHECK(default_seq_len(f, 2e9) == 2048);
+  CHECK(default_seq_len(f, 2e6) == 256);
+  CHECK(default_seq_len(f, 3e5) == 128);
+  CHECK(family_by_name("paper").has_value());
+  CHECK_FALSE(family_by_name("llama").has_value());
+}
+
+TEST_CASE("N = 2e9 gives the paper's published 2B backbone") {
+  // Published 2B: L 16, D_m 1408, D_ffn 3904, H 11, D_h 128. By hand: ζ = 1408/16 = 88;
+  // α·D_m = 2.77·1408 = 3900.2 -> nearest multiple of 32 is 3904.
+  const Arch a = solve_moe_backbone(2e9, FamilyRules{});
+  CHECK(a.d_model == 1408);
+  CHECK(a.layers == 16);
+  CHECK(a.dense_layers == 1);
+  CHECK(a.heads == 11);
+  CHECK(a.head_dim == 128);
+  CHECK(a.d_ffn == 3904);
+  CHECK(a.seq_len == 2048);
+  CHECK(a.vocab == 65536);
+}
+
+TEST_CASE("N = 6.52e9 gives the published 7B width") {
+  // Published 7B: D_m 2048, L 24 with µ = 21. At L 23, µ = (6.52e9 − 23·4·2048² − 3·2048·5664)
+  // / (22·3·2048²) = (6.52e9 − 385.9e6 − 34.8e6) / 276.8e6 = 22.03: the family's µ ≈ 22 picks 23.
+  const Arch a = solve_moe_backbone(6.52e9, FamilyRules{});
+  CHECK(a.d_model == 2048);
+  CHECK(a.head_dim == 128);
+  CHECK((a.layers == 23 || a.layers == 24));
+}
+
+TEST_CASE("MoE solve on the paper's 7B backbone reaches the published r_a values") {
+  // Table 12 r_a (router included in the published N_a, so 0.2–1 % above ours): each is
+  // reachable on this backbone, e.g. E78 K6 De512: base = 24·4·2048² + 3·2048·5464
+  // = 402,653,184 + 33,570,816 = 436,224,000; N = base + 23·2048·3·(6+78)·512 = 6,513,819,648;
+  // N_a = base + 23·2048·3·12·512 = 1,304,444,928; r_a = 20.03 %.
+  const MoeSolver solver(paper_7b_backbone(), 6.52e9, FamilyRules{});
+  CHECK(solver.alignment() == 32);
+  // fixed fraction = 436,224,000 / 6.52e9 = 6.69 %
+  CHECK(solver.fixed_fraction() == doctest::Approx(0.066905).epsilon(1e-4));
+  for (double ra : {0.0897, 0.1119, 0.1341, 0.1563, 0.2007, 0.2618, 0.3007, 0.5338}) {
+    const MoeSolution s = solver.solve(ra);
+    CAPTURE(ra);
+    CAPTURE(describe(s.arch));
+    CHECK(s.reachable);
+    CHECK(s.note.empty());
+    CHECK(std::fabs(s.activation_rate - ra) <= 0.005);
+    CHECK(std::fabs(double(s.total_params) - 6.52e9) <= 0.01 * 6.52e9);
+    const ParamCounts c = count_params(s.arch);  // the solver's own arithmetic agrees
+    CHECK(c.total_params == s.total_params);
+    CHECK(c.active_params == s.active_params);
+    check_moe_invariants(s.arch, 32);
+  }
+  // The paper's own choice at ~9 % is K = 1, E 83: fine-grained experts, the family's band.
+  const MoeSolution low = solver.solve(0.0897);
+  CHECK(low.arch.top_k == 1);
+  CHECK(low.arch.experts >= 60);
+  CHECK(low.arch.experts <= 110);
+}
+
+TEST_CASE("unreachable r_a is flagged with the nearest reachable value") {
+  // 2B backbone: attention 16·4·1408² = 126,877,696 and dense FFN 3·1408·3904 = 16,490,496 are
+  // always active: 143,368,192 / 2e9 = 7.17 % of N, so r_a = 5 % cannot be met.
+  const Arch backbone = solve_moe_backbone(2e9, FamilyRules{});
+  const MoeSolver solver(backbone, 2e9, FamilyRules{});
+  CHECK(solver.fixed_fraction() == doctest::Approx(0.071684).epsilon(1e-4));
+  const MoeSolution s = solver.solve(0.05);
+  CHECK_FALSE(s.reachable);
+  CHECK(s.activation_rate > 0.0717);
+  CHECK(s.activation_rate < 0.0717 + 0.01);  // the lowest the family allows (E <= 512, K = 1)
+  CHECK(s.note.find("nearest reachable") != std::string::npos);
+  CHECK(s.note.find("7.17%") != std::string::npos);
+  CHECK(std::fabs(double(s.total_params) - 2e9) <= 0.01 * 2e9);  // N is still held
+  // r_a = 1: every expert active (E = K), reachable.
+  const MoeSolution all = solver.solve(1.0);
+  CHECK(all.reachable);
+  CHECK(all.arch.experts == all.arch.top_k);
+  CHECK_THROWS_AS(solver.solve(0.0), InputError);
+  CHECK_THROWS_AS(solver.solve(1.5), InputError);
+}
+
+TEST_CASE("explicit alignment and tolerance options are obeyed") {
+  const Arch backbone = solve_moe_backbone(2e9, FamilyRules{});
+  SolveOptions o;
+  o.expert_alignment = 128;
+  o.n_tolerance = 0.002;
+  const MoeSolver solver(backbone, 2e9, FamilyRules{}, o);
+  for (double ra : {0.1, 0.2, 0.3}) {
+    const MoeSolution s = solver.solve(ra);
+    CHECK(s.arch.d_expert % 128 == 0);
+    CHECK(std::fabs(double(s.total_params) - 2e9) <= 0.002 * 2e9);
+  }
+}
+
+TEST_CASE("dense baseline: every layer dense, MHA, N within 1 %, α near 2.77") {
+  for (double n : {1e5, 3e5, 2e6, 1e7, 1e8, 2e9, 6.52e9, 7e9}) {
+    CAPTURE(n);
+    const Arch d = solve_dense(n, FamilyRules{});
+    CHECK(d.is_dense());
+    CHECK(d.experts == 0);
+    CHECK(d.heads * d.head_dim == d.d_model);
+    CHECK(d.kv_heads == d.heads);
+    CHECK(d.layers >= 2);
+    CHECK(d.head_dim >= 8);
+    CHECK(std::fabs(double(count_params(d).total_params) - n) <= 0.01 * n);
+    const double alpha = double(d.d_ffn) / double(d.d_model);
+    CHECK(alpha > 2.0);
+    CHECK(alpha < 3.6);
+    CHECK_NOTHROW(validate(d, true));
+  }
+}
+
+TEST_CASE("tiny models: at least 2 layers, head_dim >= 8, d_expert >= 8, byte vocabulary") {
+  for (double n : {1e5, 3e5, 2e6, 1e7}) {
+    CAPTURE(n);
+    PlanRequest r;
+    r.n_target = n;
+    const EqualResourcePlanner planner(r);
+    CHECK(planner.backbone().vocab == 256);
+    CHECK(planner.dense().arch.vocab == 256);
+    CHECK(planner.dense().arch.seq_len == planner.backbone().seq_len);
+    for (double ra : {0.25, 0.4, 0.6}) {
+      const Plan p = planner.plan_point(ra);
+      CAPTURE(describe(p.arch));
+      check_moe_invariants(p.arch, alignment_for(p.arch.d_model));
+      CHECK(p.arch.head_dim >= 8);
+      CHECK(p.arch.d_expert >= 8);
+      CHECK(std::fabs(double(p.counts.total_params) - n) <= 0.01 * n);
+      CHECK((p.reachable || !p.note.empty()));
+    }
+  }
+}
+
+TEST_CASE("equal resources: same C up to step rounding, same unique data, D ratio = M ratio") {
+  PlanRequest r;
+  r.n_target = 2e9;  // default budget: dense TPP 20, strict reuse
+  const EqualResourcePlanner planner(r);
+  const Plan& d = planner.dense();
+  // C = M_dense · 20 · N_dense, and the dense point consumes 20 tokens per parameter (± a step).
+  CHECK(planner.compute_target() ==
+        doctest::Approx(d.flops_per_token * 20.0 * double(d.counts.total_params)));
+  const double step_tokens = double(d.budget.batch_seqs * d.arch.seq_len);
+  CHECK(std::fabs(double(d.budget.tokens_consumed) - 20.0 * double(d.counts.total_params)) <=
+        0.5 * step_tokens);
+  CHECK(d.budget.tokens_unique == d.budget.tokens_consumed);
+  for (double ra : {0.1, 0.2, 0.4}) {
+    const Plan p = planner.plan_point(ra);
+    // Rounding to whole steps moves C by at most half a step.
+    CHECK(std::fabs(p.budget.compute_rel_diff) <= 0.5 / double(p.budget.steps) + 1e-12);
+    CHECK(p.budget.tokens_unique == d.budget.tokens_unique);
+    const double ratio = double(p.budget.tokens_consumed) / double(d.budget.tokens_consumed);
+    CHECK(ratio == doctest::Approx(d.flops_per_token / p.flops_per_token).epsilon(1e-3));
+    CHECK(p.budget.epochs > 1.0);  // the MoE repeats the dense baseline's unique data
+    // step-law by hand: η = 1.79·N^−0.713·D^0.307
+    CHECK(p.hyper.lr_peak ==
+          doctest::Approx(1.79 * std::pow(double(p.counts.total_params), -0.713) *
+                          std::pow(double(p.budget.tokens_consumed), 0.307)));
+    CHECK(p.hyper.warmup_steps >= 200);
+    CHECK(p.hyper.warmup_steps <= 2000);
+  }
+}
+
+TEST_CASE("budget kinds: --compute, --dense-tokens, loose reuse") {
+  PlanRequest r;
+  r.n_target = 2e6;
+  r.budget.kind = BudgetKind::compute;
+  r.budget.value = 1e15;
+  const EqualResourcePlanner a(r);
+  CHECK(a.compute_target() == 1e15);
+  CHECK(a.dense().budget.compute_target == 1e15);
+
+  r.budget.kind = BudgetKind::dense_tokens;
+  r.budget.value = 5e7;
+  const EqualResourcePlanner b(r);
+  CHECK(b.compute_target() == doctest::Approx(b.dense().flops_per_token * 5e7));
+
+  r.budget.reuse = Reuse::loose;
+  r.budget.epochs = 2;
+  const EqualResourcePlanner c(r);
+  const Plan p = c.plan_point(0.3);
+  CHECK(p.budget.reuse == Reuse::loose);
+  CHECK(p.budget.epochs == doctest::Approx(2.0).epsilon(0.01));
+
+  r.budget.reuse = Reuse::strict;
+  r.budget.tokens_unique = 1e7;
+  const EqualResourcePlanner e(r);
+  // 1e7 tokens in whole windows of 256: round(1e7/256) = 39063 windows = 10,000,128 tokens.
+  CHECK(e.plan_point(0.3).budget.tokens_unique == 10'000'128);
+}
+
+TEST_CASE("bad targets are refused with InputError") {
+  CHECK_THROWS_AS(solve_moe_backbone(0, FamilyRules{}), InputError);
+  CHECK_THROWS_AS(solve_moe_backbone(-1, FamilyRules{}), InputError);
+  CHECK_THROWS_AS(solve_dense(10, FamilyRules{}), InputError);
+  Arch dense = paper_7b_backbone();
+  dense.dense_layers = dense.layers;
+  CHECK_THROWS_AS(MoeSolver(dense, 6.52e9, FamilyRules{}), InputError);             // no MoE layer
+  CHECK_THROWS_AS(MoeSolver(paper_7b_backbone(), 1e8, FamilyRules{}), InputError);  // N too small
+}

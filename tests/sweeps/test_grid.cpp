@@ -1,0 +1,200 @@
+// Sweeps over r_a: the axis parser, the grid requirements, and flag parsing.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <set>
+#include <string>
+
+#include "moeplan/accounting/error.hpp"
+#include "moeplan/accounting/params.hpp"
+#include "moeplan/sweeps/grid.hpp"
+#include "moeplan/sweeps/request.hpp"
+
+using namespace moeplan;
+
+namespace {
+
+std::string error_of_spec(const std::string& text, int points = 8) {
+  try {
+    parse_ra_spec(text, points);
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+std::string error_of_flags(const PlanFlags& f) {
+  try {
+    make_plan_request(f);
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+Manifest grid(const std::string& n, const std::string& ra = "0.05:0.4") {
+  PlanFlags f;
+  f.n = n;
+  SweepRequest r;
+  r.plan = make_plan_request(f);
+  r.activation_rates = parse_ra_spec(ra, 8);
+  return plan_sweep(r);
+}
+
+// The acceptance rule for `moeplan grid --N n --ra 0.05:0.4`.
+void check_grid(const Manifest& m, double n) {
+  REQUIRE(m.points.size() >= 8);
+  CHECK(m.dense.role == "dense");
+  CHECK(m.dense.arch.is_dense());
+  CHECK(std::fabs(double(m.dense.counts.total_params) - n) <= 0.01 * n);
+  std::set<std::string> ids{m.dense.id};
+  for (const Plan& p : m.points) {
+    CAPTURE(p.id);
+    CAPTURE(describe(p.arch));
+    CHECK(ids.insert(p.id).second);
+    CHECK(std::fabs(double(p.counts.total_params) - n) <= 0.01 * n);
+    const bool within = std::fabs(p.counts.activation_rate() - p.activation_rate_target) <= 0.005;
+    CHECK((within || !p.reachable));
+    CHECK(p.reachable == within);
+    if (!p.reachable) CHECK(p.note.find("nearest reachable") != std::string::npos);
+    // Same C: each point's rounded C is within half a step of the common target.
+    CHECK(p.budget.compute_target == m.dense.budget.compute_target);
+    CHECK(std::fabs(p.budget.compute_rel_diff) <= 0.5 / double(p.budget.steps) + 1e-12);
+    CHECK(p.budget.tokens_unique == m.dense.budget.tokens_unique);  // strict reuse
+    CHECK(p.arch.d_model % p.arch.head_dim == 0);
+    CHECK(p.arch.d_expert % alignment_for(p.arch.d_model) == 0);
+  }
+  CHECK(std::fabs(m.dense.budget.compute_rel_diff) <= 0.5 / double(m.dense.budget.steps) + 1e-12);
+  CHECK(compute_spread(m) < m.compute_tolerance);
+}
+
+}  // namespace
+
+TEST_CASE("parse_ra_spec: ranges, lists, single values") {
+  // 0.05:0.4 with 8 points: step (0.4 − 0.05)/7 = 0.05 -> 0.05, 0.10, ..., 0.40
+  const auto r = parse_ra_spec("0.05:0.4", 8);
+  REQUIRE(r.size() == 8);
+  for (int i = 0; i < 8; ++i) CHECK(r[size_t(i)] == doctest::Approx(0.05 + 0.05 * i));
+  CHECK(r.back() == 0.4);
+  CHECK(parse_ra_spec("0.1:0.5", 5) ==
+        std::vector<double>{0.1, 0.2, 0.30000000000000004, 0.4, 0.5});
+  CHECK(parse_ra_spec("0.1,0.2,0.3") == std::vector<double>{0.1, 0.2, 0.3});
+  CHECK(parse_ra_spec("0.2") == std::vector<double>{0.2});
+  CHECK(parse_ra_spec("1") == std::vector<double>{1.0});
+  CHECK(parse_ra_spec("0.3:0.3", 1) == std::vector<double>{0.3});
+}
+
+TEST_CASE("parse_ra_spec: malformed input names the text and what is valid") {
+  CHECK(error_of_spec("0.4:0.1").find("below its start") != std::string::npos);
+  CHECK(error_of_spec("0:0.4").find("outside (0, 1]") != std::string::npos);
+  CHECK(error_of_spec("0.1:1.5").find("outside (0, 1]") != std::string::npos);
+  CHECK(error_of_spec("-0.1").find("outside (0, 1]") != std::string::npos);
+  CHECK(error_of_spec("a:b").find("'a' is not a number") != std::string::npos);
+  CHECK(error_of_spec("0.1,,0.2").find("is not a number") != std::string::npos);
+  CHECK(error_of_spec("0.1:0.2:0.3").find("not a range") != std::string::npos);
+  CHECK(error_of_spec("").find("--ra") != std::string::npos);
+  CHECK(error_of_spec("0.1:0.4", 0).find("--points") != std::string::npos);
+  CHECK(error_of_spec("0.1:0.4", 1).find("at least 2 points") != std::string::npos);
+}
+
+TEST_CASE("grid --N 2e9 --ra 0.05:0.4") {
+  const Manifest m = grid("2e9");
+  check_grid(m, 2e9);
+  // The paper's 2B backbone, shared by every point.
+  for (const Plan& p : m.points) {
+    CHECK(p.arch.d_model == 1408);
+    CHECK(p.arch.layers == 16);
+  }
+  // r_a 0.05 is below the 7.17 % that attention and the dense layer always take.
+  CHECK_FALSE(m.points[0].reachable);
+  for (size_t i = 1; i < m.points.size(); ++i) CHECK(m.points[i].reachable);
+}
+
+TEST_CASE("grid --N 7e9 --ra 0.05:0.4") {
+  check_grid(grid("7e9"), 7e9);
+}
+
+TEST_CASE("grid --N 2e6 --ra 0.05:0.4 (tiny CPU models)") {
+  const Manifest m = grid("2e6");
+  check_grid(m, 2e6);
+  for (const Plan& p : m.points) {
+    CHECK(p.arch.vocab == 256);
+    CHECK(p.arch.layers >= 2);
+    CHECK(p.arch.head_dim >= 8);
+    CHECK(p.arch.d_expert >= 8);
+  }
+}
+
+TEST_CASE("grid --N 3e5 --ra 0.1:0.5 --points 4 (the run helper's smoke sweep)") {
+  PlanFlags f;
+  f.n = "3e5";
+  f.dense_tpp = "20";
+  SweepRequest r;
+  r.plan = make_plan_request(f);
+  r.activation_rates = parse_ra_spec("0.1:0.5", 4);
+  const Manifest m = plan_sweep(r);
+  REQUIRE(m.points.size() == 4);
+  CHECK(m.dense.arch.seq_len == 128);
+  for (const Plan& p : m.points) {
+    CHECK(p.arch.layers >= 2);
+    CHECK(p.arch.head_dim >= 8);
+    CHECK(p.arch.d_expert >= 8);
+    CHECK(std::fabs(double(p.counts.total_params) - 3e5) <= 0.01 * 3e5);
+    CHECK(p.budget.steps > 100);  // enough steps to see a loss curve
+  }
+}
+
+TEST_CASE("point ids stay unique on fine grids and repeated values") {
+  SweepRequest r;
+  r.plan.n_target = 2e9;
+  r.activation_rates = parse_ra_spec("0.2:0.2001", 3);  // gap 5e-5 needs 5 decimals
+  Manifest m = plan_sweep(r);
+  CHECK(m.points[0].id == "moe-ra0.20000");
+  CHECK(m.points[1].id == "moe-ra0.20005");
+  r.activation_rates = parse_ra_spec("0.2,0.2");
+  m = plan_sweep(r);
+  CHECK(m.points[0].id == "moe-ra0.200");
+  CHECK(m.points[1].id == "moe-ra0.200-2");
+}
+
+TEST_CASE("flags: N, family, budget and reuse choices, conventions") {
+  PlanFlags f;
+  f.n = "2B";
+  PlanRequest r = make_plan_request(f);
+  CHECK(r.n_target == 2e9);
+  CHECK(r.budget.kind == BudgetKind::dense_tpp);
+  CHECK(r.budget.value == 20);
+  CHECK(r.budget.reuse == Reuse::strict);
+  CHECK(r.budget.tokens_unique == 0);
+  f.convention = "exact/full";
+  f.epochs = "2";
+  f.compute = "1e21";
+  r = make_plan_request(f);
+  CHECK(r.convention == Convention::exact);
+  CHECK(r.mask == AttentionMask::full);
+  CHECK(r.budget.reuse == Reuse::loose);
+  CHECK(r.budget.epochs == 2);
+  CHECK(r.budget.kind == BudgetKind::compute);
+  CHECK(r.budget.value == 1e21);
+
+  auto bad = [](auto mutate, const char* expect) {
+    PlanFlags g;
+    g.n = "2e9";
+    mutate(g);
+    const std::string e = error_of_flags(g);
+    CAPTURE(e);
+    CHECK(e.find(expect) != std::string::npos);
+  };
+  bad([](PlanFlags& g) { g.n = "-5"; }, "--N = -5 is invalid");
+  bad([](PlanFlags& g) { g.n = "0"; }, "positive");
+  bad([](PlanFlags& g) { g.n = "two"; }, "'two' is not a number");
+  bad([](PlanFlags& g) { g.n = ""; }, "--N is required");
+  bad([](PlanFlags& g) { g.family = "llama"; }, "--family 'llama' is not known");
+  bad([](PlanFlags& g) { g.convention = "flops"; }, "--convention 'flops' is not known");
+  bad([](PlanFlags& g) { g.compute = "1e21", g.dense_tpp = "20"; }, "at most one of --compute");
+  bad([](PlanFlags& g) { g.unique_tokens = "1e9", g.epochs = "2"; }, "at most one of --unique");
+  bad([](PlanFlags& g) { g.epochs = "0.5"; }, "--epochs = 0.5");
+  bad([](PlanFlags& g) { g.n_tolerance = "0"; }, "--n-tolerance");
+  bad([](PlanFlags& g) { g.vocab = "2.5"; }, "--vocab = 2.5 is invalid");
+  bad([](PlanFlags& g) { g.dense_tpp = "-1"; }, "--dense-tpp = -1");
+}
