@@ -111,6 +111,7 @@ struct Model<S>::Impl {
   std::vector<const S*> erc_w13;
   // Per-step outputs.
   std::vector<int64_t> routed;
+  std::vector<FlopLedger> expert_ledgers;  // (E)
   int64_t dropped = 0;
   double aux_lb = 0, aux_z = 0;
 
@@ -281,6 +282,7 @@ struct Model<S>::Impl {
       erc_w13.resize(E);
     }
     routed.assign(a.moe_layers(), 0);
+    expert_ledgers.resize(E);
   }
 
   void check_tokens(const int32_t* inputs, const int32_t* targets, int64_t T) const {
@@ -292,6 +294,19 @@ struct Model<S>::Impl {
         throw InputError(
             fmt::format("target token {} at position {} is outside [0, {})", targets[t], t, V));
     }
+  }
+
+  // Runs fn(expert, first_row, rows, ledger) for every expert. With many experts each one is a
+  // task (its products single-threaded inside): one barrier instead of one per small product.
+  // Each expert records into its own ledger, summed in expert order afterwards.
+  template <class Fn>
+  void for_each_expert(const int64_t* offsets, FlopLedger& lg, Fn&& fn) {
+    for (FlopLedger& el : expert_ledgers) el = FlopLedger{};
+    const bool tasks = !serial && E >= 2 * int64_t(threads);
+#pragma omp parallel for schedule(dynamic, 1) if (tasks)
+    for (int64_t e = 0; e < E; ++e)
+      fn(e, offsets[e], offsets[e + 1] - offsets[e], expert_ledgers[e]);
+    for (const FlopLedger& el : expert_ledgers) lg += el;
   }
 
   void moe_forward(int64_t l, int64_t nb, S* out, bool train, FlopLedger& lg) {
@@ -314,17 +329,13 @@ struct Model<S>::Impl {
                  x.row_token.data(), x.idx.data(), T, E, K, cap);
     const int64_t R = x.offsets[E];
     gather_rows(x.xg.data(), x.ln2.data(), x.row_token.data(), R, Dm);
-    for (int64_t e = 0; e < E; ++e) {
-      const int64_t o = x.offsets[e], rows = x.offsets[e + 1] - o;
+    for_each_expert(x.offsets.data(), lg, [&](int64_t e, int64_t o, int64_t rows, FlopLedger& el) {
       matmul_forward(x.h13.data() + o * 2 * De, x.xg.data() + o * Dm, P(q.expert_w13[e]), rows, Dm,
-                     2 * De, false, lg, FlopCategory::expert);
-    }
-    swiglu_forward(x.act.data(), x.h13.data(), R, De);
-    for (int64_t e = 0; e < E; ++e) {
-      const int64_t o = x.offsets[e], rows = x.offsets[e + 1] - o;
+                     2 * De, false, el, FlopCategory::expert);
+      swiglu_forward(x.act.data() + o * De, x.h13.data() + o * 2 * De, rows, De);
       matmul_forward(x.ye.data() + o * Dm, x.act.data() + o * De, P(q.expert_w2[e]), rows, De, Dm,
-                     false, lg, FlopCategory::expert);
-    }
+                     false, el, FlopCategory::expert);
+    });
     if (Dse > 0) {
       matmul_forward(x.sh13.data(), x.ln2.data(), P(q.shared_w13), T, Dm, 2 * Dse, false, lg,
                      FlopCategory::shared_expert);
@@ -410,20 +421,16 @@ struct Model<S>::Impl {
     }
     combine_backward(dye.data(), dgate.data(), dresid.data(), x.ye.data(), x.gate.data(),
                      x.slot_row.data(), T, K, Dm);
-    const int64_t R = x.offsets[E];
-    for (int64_t e = 0; e < E; ++e) {
-      const int64_t o = x.offsets[e], rows = x.offsets[e + 1] - o;
+    for_each_expert(x.offsets.data(), lg, [&](int64_t e, int64_t o, int64_t rows, FlopLedger& el) {
       matmul_backward(dact.data() + o * De, false, G(q.expert_w2[e]), dye.data() + o * Dm,
-                      x.act.data() + o * De, P(q.expert_w2[e]), rows, De, Dm, lg,
+                      x.act.data() + o * De, P(q.expert_w2[e]), rows, De, Dm, el,
                       FlopCategory::expert);
-    }
-    swiglu_backward(dh13.data(), dact.data(), x.h13.data(), R, De);
-    for (int64_t e = 0; e < E; ++e) {
-      const int64_t o = x.offsets[e], rows = x.offsets[e + 1] - o;
+      swiglu_backward(dh13.data() + o * 2 * De, dact.data() + o * De, x.h13.data() + o * 2 * De,
+                      rows, De);
       matmul_backward(dxg.data() + o * Dm, false, G(q.expert_w13[e]), dh13.data() + o * 2 * De,
-                      x.xg.data() + o * Dm, P(q.expert_w13[e]), rows, Dm, 2 * De, lg,
+                      x.xg.data() + o * Dm, P(q.expert_w13[e]), rows, Dm, 2 * De, el,
                       FlopCategory::expert);
-    }
+    });
     scatter_add_rows(dln.data(), dxg.data(), x.slot_row.data(), T, K, Dm);
     router_backward(dlog.data(), x.probs.data(), x.lse.data(), x.idx.data(), x.gate.data(),
                     dgate.data(), x.lb_dp.data(), 2.0 * opt.z_loss / double(T), T, E, K,
