@@ -9,6 +9,7 @@
 #include "moeplan/accounting/flops.hpp"
 #include "moeplan/accounting/params.hpp"
 #include "moeplan/audit/quantity.hpp"
+#include "moeplan/audit/render.hpp"
 #include "moeplan/audit/row_values.hpp"
 
 namespace moeplan::audit {
@@ -205,9 +206,11 @@ std::vector<ClaimVerdict> evaluate_claims(const std::vector<ClaimTable>& tables,
 
     auto breaking_finding = [&](const Valued& v, const std::string& q, double expected,
                                 const std::string& why) {
-      findings.push_back(Finding{Severity::error, v.ref.table->name, v.ref.row, q, expected,
-                                 v.value.value, (v.value.value - expected) / expected, tol,
-                                 fmt::format("claim '{}': {}", c.name, why)});
+      findings.push_back(
+          Finding{Severity::error, v.ref.table->name, v.ref.row, q, expected, v.value.value,
+                  expected != 0 ? std::optional<double>((v.value.value - expected) / expected)
+                                : std::nullopt,
+                  tol, fmt::format("claim '{}': {}", c.name, why)});
     };
 
     std::vector<std::string> equal = c.equal;
@@ -232,9 +235,9 @@ std::vector<ClaimVerdict> evaluate_claims(const std::vector<ClaimTable>& tables,
             qv.breaking.push_back(row_ref(v.ref.table->name, v.ref.row));
             breaking_finding(
                 v, q, ref,
-                fmt::format("{} = {:.4g} is {:+.2f}% from the baseline {}'s {:.4g} "
-                            "(tolerance {:.2f}%)",
-                            symbol(q), v.value.value, 100 * d, cv.rows[0], ref, 100 * tol));
+                fmt::format("{} = {} is {:+.2f}% from the baseline {}'s {} (tolerance {:.2f}%)",
+                            symbol(q), sci(v.value.value), 100 * d, cv.rows[0], sci(ref),
+                            100 * tol));
           }
         }
       } else {
@@ -246,10 +249,10 @@ std::vector<ClaimVerdict> evaluate_claims(const std::vector<ClaimTable>& tables,
           const Valued& v = vals[i];
           qv.breaking.push_back(row_ref(v.ref.table->name, v.ref.row));
           breaking_finding(v, q, m,
-                           fmt::format("{} = {:.4g} is {:+.2f}% from the group's median {:.4g}; "
+                           fmt::format("{} = {} is {:+.2f}% from the group's median {}; "
                                        "the group spans {:.2f}% > {:.2f}%",
-                                       symbol(q), v.value.value, 100 * (v.value.value - m) / m, m,
-                                       100 * qv.rel_range, 100 * tol));
+                                       symbol(q), sci(v.value.value), 100 * (v.value.value - m) / m,
+                                       sci(m), 100 * qv.rel_range, 100 * tol));
         }
       }
       if (q == "total_params" || q == "active_params")
@@ -288,12 +291,12 @@ std::vector<ClaimVerdict> evaluate_claims(const std::vector<ClaimTable>& tables,
         std::string why;
         if (b.at_least && x + slack < *b.at_least) {
           broken = *b.at_least;
-          why = fmt::format("{} = {:.4g} is below the claimed at least {:.4g}", symbol(b.quantity),
-                            x, *b.at_least);
+          why = fmt::format("{} = {} is below the claimed at least {}", symbol(b.quantity), sci(x),
+                            sci(*b.at_least));
         } else if (b.at_most && x - slack > *b.at_most) {
           broken = *b.at_most;
-          why = fmt::format("{} = {:.4g} is above the claimed at most {:.4g}", symbol(b.quantity),
-                            x, *b.at_most);
+          why = fmt::format("{} = {} is above the claimed at most {}", symbol(b.quantity), sci(x),
+                            sci(*b.at_most));
         }
         if (!broken) continue;
         qv.breaking.push_back(row_ref(v.ref.table->name, v.ref.row));

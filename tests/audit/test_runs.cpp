@@ -116,3 +116,23 @@ TEST_CASE("unusable run folders") {
   CHECK_THROWS_WITH_AS(parse_run_record("{not json", "r.json"), doctest::Contains("r.json"),
                        InputError);
 }
+
+TEST_CASE("against manifest points: a planned point without a record, a record off the plan") {
+  const auto recs = load_run_records(fixture("runs_ok"));
+  std::vector<Plan> planned = {recs[0].plan, recs[1].plan};
+  // The manifest plans a third point not run yet, and plans the MoE for 64 consumed tokens (8
+  // steps): the record (56 consumed) came from a different plan, and its tokens are 56 vs 64.
+  Plan extra = recs[1].plan;
+  extra.id = "moe-k2";
+  planned.push_back(extra);
+  planned[1].budget.tokens_consumed = 64;
+  const AuditReport r = audit_runs(recs, planned, {});
+  CHECK(matching(r.findings, Severity::warning, "moe-k2", 0, "").size() == 1);
+  const auto plan_diff = matching(r.findings, Severity::warning, "moe-k1", 0, "");
+  REQUIRE(plan_diff.size() == 1);
+  CHECK(plan_diff[0]->message.find("different plan") != std::string::npos);
+  const auto d = matching(r.findings, Severity::error, "moe-k1", 0, "tokens_consumed");
+  REQUIRE(d.size() == 1);
+  CHECK(*d[0]->expected == 64.0);
+  CHECK(*d[0]->found == 56.0);
+}
