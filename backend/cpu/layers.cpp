@@ -133,8 +133,8 @@ void swiglu_forward(S* act, const S* h13, int64_t T, int64_t D) {
   for (int64_t t = 0; t < T; ++t) {
     const S* h1 = h13 + t * 2 * D;
     const S* h3 = h1 + D;
-    S* a = act + t * D;
-    for (int64_t i = 0; i < D; ++i) a[i] = h1[i] / (S(1) + std::exp(-h1[i])) * h3[i];
+    // Eigen's array exp is vectorised (libm's expf is not, without fast-math).
+    AMap<S>(act + t * D, D) = CAMap<S>(h1, D) / (S(1) + (-CAMap<S>(h1, D)).exp()) * CAMap<S>(h3, D);
   }
 }
 
@@ -147,12 +147,11 @@ void swiglu_backward(S* dh13, const S* dact, const S* h13, int64_t T, int64_t D)
     const S* da = dact + t * D;
     S* d1 = dh13 + t * 2 * D;
     S* d3 = d1 + D;
-    for (int64_t i = 0; i < D; ++i) {
-      const S sig = S(1) / (S(1) + std::exp(-h1[i]));
-      const S silu = h1[i] * sig;
-      d3[i] = da[i] * silu;
-      d1[i] = da[i] * h3[i] * sig * (S(1) + h1[i] * (S(1) - sig));
-    }
+    CAMap<S> x(h1, D), g(da, D);
+    AMap<S> sig(d1, D);  // d1 holds sigmoid(h1) first
+    sig = S(1) / (S(1) + (-x).exp());
+    AMap<S>(d3, D) = g * x * sig;
+    sig = g * CAMap<S>(h3, D) * sig * (S(1) + x * (S(1) - sig));
   }
 }
 
@@ -210,13 +209,9 @@ void attention_forward(S* out, S* att, const S* qkv, const S* alibi_slopes, int6
         row[j] = row[j] * scale - slope * S(i - j);
         mx = std::max(mx, row[j]);
       }
-      S sum = 0;
-      for (int64_t j = 0; j <= i; ++j) {
-        row[j] = std::exp(row[j] - mx);
-        sum += row[j];
-      }
-      const S inv = S(1) / sum;
-      for (int64_t j = 0; j <= i; ++j) row[j] *= inv;
+      AMap<S> r(row, i + 1);
+      r = (r - mx).exp();
+      r *= S(1) / r.sum();
     }
     SMap<S> o(out + b * seq * H * Dh + h * Dh, seq, Dh, Eigen::OuterStride<>(H * Dh));
     o.noalias() = p.template triangularView<Eigen::Lower>() * v;
@@ -284,13 +279,9 @@ double crossentropy_forward(S* logits, double* losses, const int32_t* targets, i
     S* row = logits + t * V;
     S mx = row[0];
     for (int64_t i = 1; i < V; ++i) mx = std::max(mx, row[i]);
-    S sum = 0;
-    for (int64_t i = 0; i < V; ++i) {
-      row[i] = std::exp(row[i] - mx);
-      sum += row[i];
-    }
-    const S inv = S(1) / sum;
-    for (int64_t i = 0; i < V; ++i) row[i] *= inv;
+    AMap<S> r(row, V);
+    r = (r - mx).exp();
+    r *= S(1) / r.sum();
     losses[t] = targets[t] >= 0 ? -std::log(double(row[targets[t]])) : 0.0;
   }
   double total = 0;

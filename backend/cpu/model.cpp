@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "eigen_types.hpp"
 #include "erc.hpp"
 #include "layers.hpp"
 #include "moe.hpp"
@@ -75,38 +76,38 @@ struct Model<S>::Impl {
   std::vector<TensorInfo> tensors;
   std::vector<LayerParams> lp;
   int64_t embedding = 0, final_norm = 0, lm_head = -1;
-  std::vector<S> params, grads, adam_m, adam_v;
+  Buffer<S> params, grads, adam_m, adam_v;
   int64_t adam_steps = 0;
   Rng rng;
   FlopLedger ledger, eval_ledger;
   bool erc_frozen = false, erc_drawn = false;
 
-  std::vector<S> slopes;   // (H) ALiBi
-  std::vector<S> cos_sin;  // (S, Dh/2, 2) RoPE
+  Buffer<S> slopes;   // (H) ALiBi
+  Buffer<S> cos_sin;  // (S, Dh/2, 2) RoPE
 
   // Activations, per layer, saved for backward. T = B·S tokens.
   struct Acts {
-    std::vector<S> ln1, rstd1, qkv, att, atty, mid, ln2, rstd2;  // (T,Dm) (T) (T,Wqkv)
-                                                                 // (B,H,S,S) (T,H·Dh) (T,Dm)..
-    std::vector<S> h13, act;    // dense (T,2Dffn) (T,Dffn); routed (T·K,2De) (T·K,De)
-    std::vector<S> probs, lse;  // (T,E) (T)
-    std::vector<int32_t> idx;   // (T,K)
-    std::vector<S> gate;        // (T,K)
+    Buffer<S> ln1, rstd1, qkv, att, atty, mid, ln2, rstd2;  // (T,Dm) (T) (T,Wqkv)
+                                                            // (B,H,S,S) (T,H·Dh) (T,Dm)..
+    Buffer<S> h13, act;        // dense (T,2Dffn) (T,Dffn); routed (T·K,2De) (T·K,De)
+    Buffer<S> probs, lse;      // (T,E) (T)
+    std::vector<int32_t> idx;  // (T,K)
+    Buffer<S> gate;            // (T,K)
     std::vector<int32_t> slot_row, row_token;        // (T·K) (T·K)
     std::vector<int64_t> assigned, offsets, cursor;  // (E) (E+1) (E)
-    std::vector<S> xg, ye;                           // (T·K,Dm) (T·K,Dm)
-    std::vector<S> sh13, sact;                       // (T,2Dse) (T,Dse)
+    Buffer<S> xg, ye;                                // (T·K,Dm) (T·K,Dm)
+    Buffer<S> sh13, sact;                            // (T,2Dse) (T,Dse)
     std::vector<double> lb_dp;                       // (E) λ·E·f_i/T
-    std::vector<S> erc_delta;                        // (E,Dm)
+    Buffer<S> erc_delta;                             // (E,Dm)
   };
-  std::vector<std::vector<S>> resid;  // L+1 × (T,Dm): input of each layer, then the final one
+  std::vector<Buffer<S>> resid;  // L+1 × (T,Dm): input of each layer, then the final one
   std::vector<Acts> acts;
-  std::vector<S> lnf, rstdf, logits;  // (T,Dm) (T) (T,V)
-  std::vector<double> losses;         // (T)
+  Buffer<S> lnf, rstdf, logits;  // (T,Dm) (T) (T,V)
+  std::vector<double> losses;    // (T)
   // Backward scratch, shared by all layers (sized for the widest).
-  std::vector<S> dresid, dln, dqkv, datty, dh13, dact, dye, dxg, dlog, dgate, att_scratch;
+  Buffer<S> dresid, dln, dqkv, datty, dh13, dact, dye, dxg, dlog, dgate, att_scratch;
   // ERC scratch.
-  std::vector<S> erc_rt, erc_drt, erc_act, erc_m, erc_dm;
+  Buffer<S> erc_rt, erc_drt, erc_act, erc_m, erc_dm;
   std::vector<S*> erc_dw13;
   std::vector<const S*> erc_w13;
   // Per-step outputs.
@@ -218,7 +219,7 @@ struct Model<S>::Impl {
     }
 
     // Activations and scratch, sized once.
-    resid.assign(L + 1, std::vector<S>(T * Dm));
+    resid.assign(L + 1, Buffer<S>(T * Dm));
     acts.resize(L);
     int64_t widest_h = 0, widest_rows_dm = 0;
     for (int64_t l = 0; l < L; ++l) {
