@@ -35,7 +35,8 @@ void fsync_dir(const fs::path& dir) {
 
 void write_file_atomic(const fs::path& path, std::string_view bytes) {
   const fs::path dir = path.parent_path();
-  std::string tmpl = (dir / ("." + path.filename().string() + ".tmp.XXXXXX")).string();
+  // fmt rather than string operator+: GCC 12 raises a false -Wrestrict on the latter at -O3.
+  std::string tmpl = (dir / fmt::format(".{}.tmp.XXXXXX", path.filename().string())).string();
   const int fd = ::mkstemp(tmpl.data());
   if (fd < 0)
     throw std::runtime_error(fmt::format("cannot write '{}': {}", path.string(), os_reason()));
