@@ -1,0 +1,64 @@
+// Host-side pieces of the CUDA backend that need no GPU (these run in CI): bf16 rounding, rank
+// discovery from the environment, the window split across ranks, and the "cuda" engine's clean
+// refusal on a machine without a device.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <string>
+
+#include "moeplan/accounting/error.hpp"
+#include "moeplan/backend/cuda/comm.hpp"
+#include "moeplan/backend/cuda/device.hpp"
+#include "moeplan/backend/engine.hpp"
+
+namespace cu = moeplan::backend::cuda;
+
+TEST_CASE("bf16 conversion rounds to nearest even (hand values)") {
+  // 1.0 = 0x3F800000 → 0x3F80; 1 + 2^-8 lies exactly halfway between bf16 1.0 and 1 + 2^-7:
+  // ties go to the even mantissa (1.0); 1 + 3·2^-8 ties up to 1 + 2^-6 (0x3F82).
+  CHECK(cu::float_to_bf16(1.0f) == 0x3F80);
+  CHECK(cu::float_to_bf16(1.0f + 1.0f / 256) == 0x3F80);
+  CHECK(cu::float_to_bf16(1.0f + 3.0f / 256) == 0x3F82);
+  CHECK(cu::float_to_bf16(-2.0f) == 0xC000);
+  CHECK(cu::bf16_to_float(0x3F81) == 1.0f + 1.0f / 128);
+  CHECK(std::isnan(cu::bf16_to_float(cu::float_to_bf16(NAN))));
+}
+
+TEST_CASE("ranks read RANK / WORLD_SIZE / LOCAL_RANK; windows split r, r+W, ...") {
+  unsetenv("RANK");
+  unsetenv("WORLD_SIZE");
+  unsetenv("LOCAL_RANK");
+  cu::RankInfo r = cu::rank_from_env();
+  CHECK(r.rank == 0);
+  CHECK(r.world_size == 1);
+  setenv("WORLD_SIZE", "4", 1);
+  setenv("RANK", "3", 1);
+  r = cu::rank_from_env();
+  CHECK(r.rank == 3);
+  CHECK(r.local_rank == 3);  // defaults to RANK on one machine
+  setenv("RANK", "4", 1);
+  CHECK_THROWS_AS(cu::rank_from_env(), moeplan::InputError);  // rank must be below world size
+  setenv("RANK", "x1", 1);
+  CHECK_THROWS_AS(cu::rank_from_env(), moeplan::InputError);
+  unsetenv("RANK");
+  unsetenv("WORLD_SIZE");
+  // 10 windows over 3 ranks: {0,3,6,9}, {1,4,7}, {2,5,8}: every window once.
+  int64_t total = 0;
+  for (int rank = 0; rank < 3; ++rank) total += cu::windows_of_rank(10, rank, 3);
+  CHECK(total == 10);
+  CHECK(cu::windows_of_rank(10, 0, 3) == 4);
+  CHECK(cu::window_of_rank(3, 0, 3) == 9);
+  CHECK(cu::windows_of_rank(2, 3, 4) == 0);
+}
+
+TEST_CASE("the cuda engine is registered, and refuses cleanly without a device") {
+  const auto devices = moeplan::backend::engine_devices();
+  CHECK(std::find(devices.begin(), devices.end(), "cuda") != devices.end());
+  if (cu::device_count() == 0) {
+    moeplan::backend::EngineRequest req;
+    req.arch.d_model = 8;
+    CHECK_THROWS_AS(moeplan::backend::make_engine("cuda", req), moeplan::InputError);
+  }
+}
