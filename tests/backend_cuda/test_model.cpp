@@ -5,8 +5,11 @@
 #include <doctest/doctest.h>
 
 #include <unistd.h>
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <string>
+#include <utility>
 
 #include "common.hpp"
 #include "moeplan/accounting/flops.hpp"
@@ -98,6 +101,31 @@ std::vector<float> vec(std::span<const float> s) {
   return {s.begin(), s.end()};
 }
 
+// Diagnostics for a failing comparison: the tensors with the largest relative gradient error,
+// and any ledger category that differs.
+void print_worst_tensors(const std::vector<moeplan::backend::TensorInfo>& tensors,
+                         const std::vector<float>& got, const std::vector<float>& want) {
+  std::vector<std::pair<double, std::string>> errs;
+  for (const auto& t : tensors) {
+    std::vector<float> a(got.begin() + t.offset, got.begin() + t.offset + t.size());
+    std::vector<float> b(want.begin() + t.offset, want.begin() + t.offset + t.size());
+    errs.push_back({rel_err(a, b), t.name});
+  }
+  std::sort(errs.rbegin(), errs.rend());
+  for (size_t i = 0; i < std::min<size_t>(5, errs.size()); ++i)
+    std::printf("    grad rel err %-28s %.2e\n", errs[i].second.c_str(), errs[i].first);
+}
+
+void print_ledger_diff(const FlopLedger& g, const FlopLedger& c) {
+  for (int i = 0; i < moeplan::kFlopCategories; ++i)
+    for (int p = 0; p < moeplan::kPhases; ++p)
+      if (g.flops[i][p] != c.flops[i][p])
+        std::printf("    ledger %s/%s: gpu %lld cpu %lld\n",
+                    std::string(moeplan::name(FlopCategory(i))).c_str(),
+                    std::string(moeplan::name(Phase(p))).c_str(), (long long)g.flops[i][p],
+                    (long long)c.flops[i][p]);
+}
+
 }  // namespace
 
 TEST_CASE("fp32: one training step's loss, gradients and ledger equal the CPU model's") {
@@ -129,6 +157,8 @@ TEST_CASE("fp32: one training step's loss, gradients and ledger equal the CPU mo
     const double grad_err = rel_err(gpu.gradients(), vec(ref.gradients()));
     std::printf("[%s] objective cpu %.7f gpu %.7f, gradient rel err %.2e\n", c.name, oc, og,
                 grad_err);
+    print_worst_tensors(gpu.tensors(), gpu.gradients(), vec(ref.gradients()));
+    print_ledger_diff(rg.flops, rc.flops);
     CHECK(std::abs(og - oc) / oc < 1e-5);
     CHECK(std::abs(rg.aux_load_balance - rc.aux_load_balance) <= 1e-5 * rc.aux_load_balance + 1e-9);
     CHECK(std::abs(rg.aux_z - rc.aux_z) <= 1e-5 * rc.aux_z + 1e-12);
@@ -158,6 +188,7 @@ TEST_CASE("bf16: one step within bf16 tolerance of the CPU; 200 steps on the bui
     const double grad_err = rel_err(gpu.gradients(), vec(ref.gradients()));
     std::printf("[bf16 step] objective cpu %.6f gpu %.6f, gradient rel err %.2e\n", oc, og,
                 grad_err);
+    print_worst_tensors(gpu.tensors(), gpu.gradients(), vec(ref.gradients()));
     CHECK(std::abs(og - oc) / oc < 2e-2);
     CHECK(grad_err < 5e-2);
   }
