@@ -96,13 +96,30 @@ MoeSolver::MoeSolver(const Arch& backbone, double n_target, const FamilyRules& f
         "parameters and one expert of width {} brings N to {:.4g}; ask for a larger N or a "
         "smaller backbone",
         n_target, base_, align_, smallest));
+  const double avail = n_target - double(base_);
+  const double tol_n = options.n_tolerance * n_target;
+  const int64_t u = unit_, r = router_;
+  for (int64_t de = align_;; de += align_) {
+    // Smallest layer at this width (K = 1, E = 1) already overshoots N: wider is only worse.
+    if (double(u) * double(3 * (s + 1) * de + r) > avail + tol_n) break;
+    const double per_expert = double(u) * double(3 * de + r);
+    WidthRow row{de, 0, avail / per_expert, 3.0 * double(u) * double(s * de) / per_expert};
+    auto experts_for = [&](int64_t k) {
+      return int64_t(std::floor(row.e_at_k0 - row.e_per_k * double(k) + 0.5));
+    };
+    // E(K) − K decreases with K: the largest K that keeps E >= K.
+    row.k_max = int64_t(avail / (double(u) * double(3 * (s + 1) * de + r)));
+    while (row.k_max >= 1 && experts_for(row.k_max) < row.k_max) --row.k_max;
+    // E is smallest at k_max; if even that exceeds the ceiling, this width is too narrow.
+    if (row.k_max < 1 || experts_for(row.k_max) > family_.experts_max) continue;
+    rows_.push_back(row);
+  }
 }
 
 MoeSolution MoeSolver::solve(double t) const {
   if (!(t > 0 && t <= 1))
     throw InputError(fmt::format("r_a = {} is invalid; it must be in (0, 1]", t));
   const int64_t s = family_.shared_per_topk, r = router_, u = unit_;
-  const double avail = n_target_ - double(base_);
   const double tol_n = options_.n_tolerance * n_target_;
   const double tol_ra = options_.ra_tolerance;
   // Active expert-side parameters per unit (moe_layers·d_model) the target asks for.
@@ -112,25 +129,13 @@ MoeSolution MoeSolver::solve(double t) const {
     double miss = kInf, cost = kInf;
     int64_t experts = 0, top_k = 0, d_expert = 0, total = 0, active = 0;
   } best;
-  for (int64_t de = align_;; de += align_) {
-    const double per_expert = double(u) * double(3 * de + r);
-    // Smallest layer at this width (K = 1, E = 1) already overshoots N: wider is only worse.
-    if (double(u) * double(3 * (s + 1) * de + r) > avail + tol_n) break;
-    auto experts_for = [&](int64_t k) {
-      return std::llround((avail - 3.0 * double(u) * double(s * k * de)) / per_expert);
-    };
-    // E(K) − K decreases with K: the largest K that keeps E >= K.
-    int64_t kmax = int64_t(avail / (double(u) * double(3 * (s + 1) * de + r)));
-    while (kmax >= 1 && experts_for(kmax) < kmax) --kmax;
-    if (kmax < 1) continue;
-    const double k_cont =
-        (active_target - double(r) * avail / per_expert) / double(3 * (s + 1) * de);
-    const int64_t k_floor = std::clamp<int64_t>(int64_t(std::floor(k_cont)), 1, kmax);
-    const int64_t k_ceil = std::clamp<int64_t>(int64_t(std::ceil(k_cont)), 1, kmax);
-    const int64_t tries[2] = {k_floor, k_ceil};
-    for (int i = 0; i < (k_floor == k_ceil ? 1 : 2); ++i) {
-      const int64_t k = tries[i];
-      const int64_t e = experts_for(k);
+  for (const WidthRow& row : rows_) {
+    const int64_t de = row.d_expert;
+    const double k_cont = (active_target - double(r) * row.e_at_k0) / double(3 * (s + 1) * de);
+    const int64_t k_floor = std::clamp<int64_t>(int64_t(std::floor(k_cont)), 1, row.k_max);
+    const int64_t k_ceil = std::clamp<int64_t>(k_floor + 1, 1, row.k_max);
+    for (int64_t k = k_floor; k <= k_ceil; ++k) {
+      const int64_t e = int64_t(std::floor(row.e_at_k0 - row.e_per_k * double(k) + 0.5));
       if (e < k || e > family_.experts_max) continue;
       const int64_t n = base_ + u * (3 * (s * k + e) * de + r * e);
       if (std::fabs(double(n) - n_target_) > tol_n) continue;
@@ -138,11 +143,10 @@ MoeSolution MoeSolver::solve(double t) const {
       const double ra = double(na) / double(n);
       const double err = std::fabs(ra - t);
       const double miss = std::max(0.0, err - tol_ra);
+      if (miss > best.miss + 1e-15) continue;
       const double cost = family_cost(family_, e, k) + 0.5 * err / tol_ra +
                           0.1 * std::fabs(double(n) - n_target_) / tol_n;
-      if (miss < best.miss - 1e-15 || (miss <= best.miss + 1e-15 && cost < best.cost)) {
-        best = {miss, cost, e, k, de, n, na};
-      }
+      if (miss < best.miss - 1e-15 || cost < best.cost) best = {miss, cost, e, k, de, n, na};
     }
   }
   if (best.experts == 0)

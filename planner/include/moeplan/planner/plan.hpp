@@ -12,18 +12,18 @@
 namespace moeplan {
 
 struct Plan {
-  std::string id;                       // stable point id: "dense", "moe-ra0.200", ...
-  std::string role = "moe";             // "moe" | "dense"
-  double activation_rate_target = 0;    // requested r_a (0 for the dense baseline)
+  std::string id;                     // stable point id: "dense", "moe-ra0.200", ...
+  std::string role = "moe";           // "moe" | "dense"
+  double activation_rate_target = 0;  // requested r_a (0 for the dense baseline)
   Arch arch;
-  ParamCounts counts;                   // from count_params(arch)
+  ParamCounts counts;  // from count_params(arch)
   Convention convention = Convention::paper;
   AttentionMask mask = AttentionMask::causal;  // used when convention == exact
-  double flops_per_token = 0;           // M under `convention` (training, per consumed token)
+  double flops_per_token = 0;  // M under `convention` (training, per consumed token)
   Budget budget;
   HyperParams hyper;
-  bool reachable = true;                // false: the target r_a could not be met; see note
-  std::string note;                     // why, and the nearest reachable r_a
+  bool reachable = true;  // false: the target r_a could not be met; see note
+  std::string note;       // why, and the nearest reachable r_a
 };
 
 }  // namespace moeplan

@@ -3,6 +3,7 @@
 // from N alone, and the dense baseline of the same N. Pure arithmetic; rules in docs/planner.md.
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "moeplan/accounting/arch.hpp"
 #include "moeplan/planner/family.hpp"
@@ -63,6 +64,14 @@ class MoeSolver {
   int64_t unit_ = 0;    // moe_layers · d_model
   int64_t router_ = 0;  // 1 when the router is inside N
   int64_t align_ = 32;
+  // One row per admissible d_expert, independent of r_a: E(K) = round(e_at_k0 − e_per_k·K),
+  // top_k at most k_max (so that E >= K).
+  struct WidthRow {
+    int64_t d_expert;
+    int64_t k_max;
+    double e_at_k0, e_per_k;
+  };
+  std::vector<WidthRow> rows_;
 };
 
 // The family's MoE backbone for N (no experts yet): d_model a multiple of head_dim, one dense

@@ -1,0 +1,231 @@
+// End to end through the built binary: exit statuses, one-line errors, and every output format.
+#include <doctest/doctest.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "moeplan/sweeps/manifest_io.hpp"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Result {
+  int status = -1;
+  std::string out, err;
+};
+
+// A private scratch folder, removed when the test program exits.
+struct Scratch {
+  fs::path dir = fs::temp_directory_path() / ("moeplan_cli_plan_" + std::to_string(::getpid()));
+  Scratch() { fs::create_directories(dir); }
+  ~Scratch() {
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+  }
+};
+
+fs::path scratch() {
+  static const Scratch s;
+  return s.dir;
+}
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Runs `moeplan <args>` (args are shell words we control), stdout and stderr kept apart.
+Result run_moeplan(const std::string& args) {
+  const fs::path err = scratch() / "stderr.txt";
+  const std::string cmd =
+      std::string("'") + MOEPLAN_BINARY + "' " + args + " 2>'" + err.string() + "'";
+  Result r;
+  FILE* pipe = ::popen(cmd.c_str(), "r");
+  REQUIRE(pipe != nullptr);
+  char buf[4096];
+  size_t n = 0;
+  while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) r.out.append(buf, n);
+  const int raw = ::pclose(pipe);
+  r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
+  r.err = slurp(err);
+  return r;
+}
+
+fs::path write(const std::string& name, const std::string& text) {
+  const fs::path p = scratch() / name;
+  std::ofstream(p) << text;
+  return p;
+}
+
+int count_lines(const std::string& s) {
+  int n = 0;
+  for (char c : s) n += c == '\n';
+  return n;
+}
+
+// Exit 2, one line on stderr that starts with "moeplan: error:" and contains `needle`.
+void expect_bad_input(const std::string& args, const std::string& needle) {
+  const Result r = run_moeplan(args);
+  CAPTURE(args);
+  CAPTURE(r.err);
+  CHECK(r.status == 2);
+  CHECK(r.err.rfind("moeplan: error: ", 0) == 0);
+  CHECK(count_lines(r.err) == 1);
+  CHECK(r.err.find(needle) != std::string::npos);
+}
+
+const char* kArch2b =
+    "d_model = 1408\nlayers = 16\ndense_layers = 1\nheads = 11\nhead_dim = 128\nd_ffn = 3904\n"
+    "experts = 89\ntop_k = 1\nd_expert = 352\nd_shared = 352\nseq_len = 2048\nvocab = 65536\n";
+
+}  // namespace
+
+TEST_CASE("grid --N 2e9 --ra 0.05:0.4: table with 8 points, the dense baseline, flags") {
+  const Result r = run_moeplan("grid --N 2e9 --ra 0.05:0.4");
+  CHECK(r.status == 0);
+  CHECK(r.err.empty());
+  CHECK(r.out.find("M [paper]") != std::string::npos);
+  CHECK(r.out.find("C [paper]") != std::string::npos);
+  CHECK(r.out.find("D consumed") != std::string::npos);
+  CHECK(r.out.find("D̂ unique") != std::string::npos);
+  CHECK(r.out.find("dense ") != std::string::npos);
+  int rows = 0;
+  for (size_t at = r.out.find("\n   moe-ra"); at != std::string::npos;
+       at = r.out.find("\n   moe-ra", at + 1))
+    ++rows;
+  int flagged = 0;
+  for (size_t at = r.out.find("\n!  moe-ra"); at != std::string::npos;
+       at = r.out.find("\n!  moe-ra", at + 1))
+    ++flagged;
+  CHECK(rows + flagged == 8);
+  CHECK(flagged == 1);  // r_a 0.05 < the 7.17 % floor of the 2B backbone
+  CHECK(r.out.find("! moe-ra0.050: r_a 5.00% not reachable") != std::string::npos);
+}
+
+TEST_CASE("-o sweep.toml writes a manifest that reads back; formats by extension and flag") {
+  const fs::path toml = scratch() / "sweep.toml";
+  Result r = run_moeplan("grid --N 2e6 --ra 0.1:0.4 --points 4 -o '" + toml.string() + "'");
+  CHECK(r.status == 0);
+  CHECK(r.out.find("wrote") != std::string::npos);
+  const moeplan::Manifest m = moeplan::read_manifest(toml);
+  CHECK(m.points.size() == 4);
+  CHECK(m.created_by.find("grid --N 2e6") != std::string::npos);
+
+  const fs::path json = scratch() / "sweep.json";
+  r = run_moeplan("grid --N 2e6 --ra 0.1:0.4 --points 4 -o '" + json.string() + "'");
+  CHECK(r.status == 0);
+  const nlohmann::json j = nlohmann::json::parse(slurp(json));
+  CHECK(j.at("points").size() == 4);
+  CHECK(j.at("dense").at("total_params").get<int64_t>() == m.dense.counts.total_params);
+
+  r = run_moeplan("grid --N 2e6 --ra 0.1:0.4 --points 4 --format csv");
+  CHECK(r.status == 0);
+  CHECK(count_lines(r.out) == 1 + 1 + 4);  // header, dense, 4 points
+  CHECK(r.out.rfind("id,role,description,total_params,active_params,activation_rate,", 0) == 0);
+
+  r = run_moeplan("grid --N 2e6 --ra 0.1:0.4 --points 4 --format json");
+  CHECK(nlohmann::json::parse(r.out).at("points").size() == 4);
+
+  r = run_moeplan("grid --N 2e6 --ra 0.1:0.4 --points 4 --format toml");
+  CHECK(moeplan::manifest_from_toml_string(r.out, "stdout").points.size() == 4);
+
+  r = run_moeplan("grid --N 2e6 --ra 0.1:0.4 --points 4 --format md");
+  CHECK(r.out.find("| ---") != std::string::npos);
+  CHECK(r.out.find("| M [paper] |") != std::string::npos);
+
+  // `show` re-reads and re-renders the manifest.
+  r = run_moeplan("show '" + toml.string() + "' --format csv");
+  CHECK(r.status == 0);
+  CHECK(count_lines(r.out) == 6);
+}
+
+TEST_CASE("plan --arch reproduces the ACCOUNTING.md worked check") {
+  const fs::path arch = write("arch2b.toml", kArch2b);
+  Result r = run_moeplan("plan --arch '" + arch.string() + "'");
+  CHECK(r.status == 0);
+  // N = 2,150,612,992 and N_a = 187,973,632 (ACCOUNTING.md "Worked check").
+  CHECK(r.out.find("2,150,612,992") != std::string::npos);
+  CHECK(r.out.find("187,973,632") != std::string::npos);
+  CHECK(r.out.find("exact/causal") != std::string::npos);
+  CHECK(r.out.find("megatron") != std::string::npos);
+  r = run_moeplan("plan --arch '" + arch.string() + "' --format json --tokens 1e9");
+  CHECK(r.status == 0);
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  CHECK(j.at("total_params").get<int64_t>() == 2150612992);
+  CHECK(j.at("active_params").get<int64_t>() == 187973632);
+  // M = 6·187,973,632 + 12·16·1408·2048 = 1,127,841,792 + 553,648,128 = 1,681,489,920
+  CHECK(j.at("flops_per_token").get<double>() == 1681489920.0);
+  CHECK(j.at("convention") == "paper");
+  // --tokens 1e9 in whole steps: within one step of 1e9.
+  const double step = j.at("batch_tokens").get<double>();
+  CHECK(std::abs(j.at("tokens_consumed").get<double>() - 1e9) <= step);
+  CHECK(j.at("flops_per_token_by_convention").contains("exact/full"));
+}
+
+TEST_CASE("plan --N --ra solves a point; --convention names the summary's convention") {
+  Result r = run_moeplan("plan --N 2e9 --ra 0.2 --convention exact");
+  CHECK(r.status == 0);
+  CHECK(r.out.find("budget [exact/causal]") != std::string::npos);
+  CHECK(r.out.find("equal-resource dense baseline") != std::string::npos);
+  r = run_moeplan("plan --N 2e9 --ra 0.2 --format json");
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  CHECK(std::abs(j.at("activation_rate").get<double>() - 0.2) <= 0.005);
+  CHECK(std::abs(j.at("total_params").get<double>() - 2e9) <= 0.01 * 2e9);
+}
+
+TEST_CASE("bad input: one line naming the value, exit status 2") {
+  expect_bad_input("grid --N -5 --ra 0.1:0.2", "--N = -5");
+  expect_bad_input("grid --N=0 --ra 0.1:0.2", "--N = 0");
+  expect_bad_input("grid --N lots --ra 0.1:0.2", "'lots' is not a number");
+  expect_bad_input("grid --ra 0.1:0.2", "--N");
+  expect_bad_input("grid --N 2e9 --ra 0:0.4", "outside (0, 1]");
+  expect_bad_input("grid --N 2e9 --ra 1.5", "outside (0, 1]");
+  expect_bad_input("grid --N 2e9 --ra 0.4:0.1", "below its start");
+  expect_bad_input("grid --N 2e9 --ra x:0.4", "'x' is not a number");
+  expect_bad_input("grid --N 2e9 --ra 0.1 --family llama", "--family 'llama'");
+  expect_bad_input("grid --N 2e9 --ra 0.1 --format xml", "--format 'xml'");
+  expect_bad_input("grid --N 2e9 --ra 0.1 --convention flops", "--convention 'flops'");
+  expect_bad_input("grid --N 2e9 --ra 0.1 -o out.yaml", "out.yaml");
+  expect_bad_input("plan --N 2e9 --ra 0.2 --format csv", "--format 'csv'");
+  expect_bad_input("plan --N 2e9 --ra 1.2", "outside (0, 1]");
+
+  std::string bad = kArch2b;
+  bad.replace(bad.find("top_k = 1"), 9, "top_k = 90");
+  expect_bad_input("plan --arch '" + write("topk.toml", bad).string() + "'", "top_k = 90");
+  bad = kArch2b;
+  bad.replace(bad.find("heads = 11"), 10, "heads = 12");
+  expect_bad_input("plan --arch '" + write("mha.toml", bad).string() + "'",
+                   "must equal d_model = 1408");
+  bad = kArch2b;
+  bad.replace(bad.find("d_model = 1408"), 14, "d_model = \"wide\"");
+  expect_bad_input("plan --arch '" + write("typed.toml", bad).string() + "'", "'d_model'");
+  expect_bad_input("plan --arch '" + (scratch() / "absent.toml").string() + "'", "absent.toml");
+
+  // Manifests with a missing, mistyped or stale key.
+  const fs::path good = scratch() / "good.toml";
+  REQUIRE(run_moeplan("grid --N 2e6 --ra 0.2,0.3 -o '" + good.string() + "'").status == 0);
+  const std::string text = slurp(good);
+  std::string edited = text;
+  edited.erase(edited.find("n_target = "),
+               edited.find('\n', edited.find("n_target = ")) - edited.find("n_target = ") + 1);
+  expect_bad_input("show '" + write("missing.toml", edited).string() + "'",
+                   "'n_target' is missing");
+  edited = text;
+  edited.replace(edited.find("steps = "), 8, "steps = \"many\" #");
+  expect_bad_input("show '" + write("mistyped.toml", edited).string() + "'", "dense.steps");
+  edited = text;
+  const size_t arch = edited.find("[points.arch]");
+  edited.replace(edited.find("d_expert = ", arch), 11, "d_expert = 1");
+  expect_bad_input("show '" + write("stale.toml", edited).string() + "'", "points[0].total_params");
+}
