@@ -332,3 +332,49 @@ TEST_CASE("refusals: one line, non-zero exit, earlier records and checkpoints in
     }
   }
 }
+
+TEST_CASE(
+    "a sweep planned by moeplan grid: measured D, D̂ and epochs equal the plan; C [paper] "
+    "within its rounding; the records and the report say so") {
+  const fs::path dir = fresh_dir("grid");
+  const std::string sweep = (dir / "sweep.toml").string();
+  const Result g = run_cli({"grid", "--N", "3e4", "--ra", "0.35,0.5", "--dense-tokens", "1.5e4",
+                            "--seq-len", "32", "--ra-tolerance", "0.02", "-o", sweep});
+  REQUIRE_MESSAGE(g.status == 0, g.err);
+  const Manifest m = read_manifest(sweep);
+  const Result r = run_cli({"run", sweep, "--out", (dir / "runs").string()});
+  REQUIRE_MESSAGE(r.status == 0, r.err);
+  std::vector<const Plan*> plans{&m.dense};
+  for (const Plan& p : m.points) plans.push_back(&p);
+  REQUIRE(plans.size() == 3);
+  for (const Plan* p : plans) {
+    const json rec = record(dir / "runs", p->id);
+    const json& t = rec["measured"]["tokens"];
+    // Exact integer equality with the plan's own numbers (not the record's copy of them).
+    CHECK(t["consumed"].get<int64_t>() == p->budget.tokens_consumed);
+    CHECK(t["consumed"].get<int64_t>() ==
+          p->budget.steps * p->budget.batch_seqs * p->budget.seq_len);
+    CHECK(t["unique"].get<int64_t>() == p->budget.tokens_unique);
+    CHECK(t["consumed"].get<int64_t>() * p->budget.tokens_unique ==
+          p->budget.tokens_consumed * t["unique"].get<int64_t>());
+    CHECK(t["epochs"].get<double>() == doctest::Approx(p->budget.epochs).epsilon(1e-12));
+    CHECK(rec["measured"]["steps"].get<int64_t>() == p->budget.steps);
+    // C [paper] measured through the lens of the ledger vs the plan's rounded C and its target.
+    const double measured = rec["measured"]["compute"]["paper"].get<double>();
+    const double band = std::abs(p->budget.compute - p->budget.compute_target);
+    CHECK(std::abs(measured - p->budget.compute_target) <=
+          band * (1 + 1e-9) + 1e-6 * p->budget.compute_target);
+    CHECK(measured == doctest::Approx(p->budget.compute).epsilon(1e-9));
+    CHECK(rec["measured"]["compute"]["within_rounding"] == true);
+    for (auto& [k, v] : rec["measured"]["matches_plan"].items()) CHECK_MESSAGE(v == true, k);
+    CHECK(rec["measured"]["total_params"].get<int64_t>() == p->counts.total_params);
+  }
+  const Result rep = run_cli({"report", (dir / "runs").string()});
+  CHECK(rep.status == 0);
+  CHECK(rep.out.find("3 of 3 complete point(s)") != std::string::npos);
+  CHECK(rep.out.find("moe-ra0.500") != std::string::npos);
+  const Result md =
+      run_cli({"report", (dir / "runs").string(), "-o", (dir / "report.md").string()});
+  CHECK(md.status == 0);
+  CHECK(read_file(dir / "report.md").find("| dense") != std::string::npos);
+}
