@@ -229,3 +229,29 @@ TEST_CASE("bad input: one line naming the value, exit status 2") {
   edited.replace(edited.find("d_expert = ", arch), 11, "d_expert = 1");
   expect_bad_input("show '" + write("stale.toml", edited).string() + "'", "points[0].total_params");
 }
+
+TEST_CASE("the example files plan to their hand-computed values") {
+  const std::string dir = std::string(MOEPLAN_SOURCE_DIR) + "/examples/";
+  // arch-7b-moe.toml (router counted): N = 6,517,444,608, N_a = 1,308,119,040,
+  // M = 6·N_a + 12·24·2048·2048 = 9,056,673,792 (worked out in the file's comment).
+  Result r = run_moeplan("plan --arch '" + dir + "arch-7b-moe.toml' --format json --tokens 316e9");
+  REQUIRE(r.status == 0);
+  nlohmann::json j = nlohmann::json::parse(r.out);
+  CHECK(j.at("total_params").get<int64_t>() == 6517444608);
+  CHECK(j.at("active_params").get<int64_t>() == 1308119040);
+  CHECK(j.at("flops_per_token").get<double>() == 9056673792.0);
+  // Published C = 2.86e21 at D = 316B (Table 12): 9.0567e9 · 3.16e11 = 2.862e21.
+  CHECK(j.at("compute").get<double>() == doctest::Approx(2.86e21).epsilon(0.01));
+  // arch-2b-dense.toml: N = 28·(4·2176² + 3·2176·8848) = 28·76,699,648 = 2,147,590,144;
+  // M = 6·N + 12·28·2176·2048 = 12,885,540,864 + 1,497,366,528 = 14,382,907,392.
+  r = run_moeplan("plan --arch '" + dir + "arch-2b-dense.toml' --format json");
+  REQUIRE(r.status == 0);
+  j = nlohmann::json::parse(r.out);
+  CHECK(j.at("role") == "dense");
+  CHECK(j.at("total_params").get<int64_t>() == 2147590144);
+  CHECK(j.at("flops_per_token").get<double>() == 14382907392.0);
+  // The example sweep reads back and passes every consistency check.
+  const moeplan::Manifest m = moeplan::read_manifest(dir + "sweep-tiny.toml");
+  CHECK(m.points.size() == 4);
+  CHECK(m.dense.arch.vocab == 256);
+}

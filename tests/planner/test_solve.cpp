@@ -95,7 +95,7 @@ TEST_CASE("N = 6.52e9 gives the published 7B width") {
 TEST_CASE("MoE solve on the paper's 7B backbone reaches the published r_a values") {
   // Table 12 r_a (router included in the published N_a, so 0.2–1 % above ours): each is
   // reachable on this backbone, e.g. E78 K6 De512: base = 24·4·2048² + 3·2048·5464
-  // = 402,653,184 + 33,570,816 = 436,224,000; N = base + 23·2048·3·(6+78)·512 = 6,513,819,648;
+  // = 402,653,184 + 33,570,816 = 436,224,000; N = base + 23·2048·3·(6+78)·512 = 6,513,770,496;
   // N_a = base + 23·2048·3·12·512 = 1,304,444,928; r_a = 20.03 %.
   const MoeSolver solver(paper_7b_backbone(), 6.52e9, FamilyRules{});
   CHECK(solver.alignment() == 32);
