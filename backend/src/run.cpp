@@ -305,6 +305,11 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
           plan.id, r.loss, st.step + 1, steps, r.lr, r.grad_norm,
           last_saved_step >= 0 ? fmt::format("the last checkpoint (step {})", last_saved_step)
                                : std::string("no checkpoint was written yet")));
+    if (r.loss_bearing_targets != batch * seq_len)  // the model and the token ledger must agree
+      throw std::logic_error(
+          fmt::format("point '{}': the model counted {} loss-bearing targets in "
+                      "step {}, the token ledger {}",
+                      plan.id, r.loss_bearing_targets, st.step + 1, batch * seq_len));
     st.train_flops += r.flops;
     st.dropped_assignments += r.dropped_assignments;
     ++st.step;

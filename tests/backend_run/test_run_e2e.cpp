@@ -378,3 +378,32 @@ TEST_CASE(
   CHECK(md.status == 0);
   CHECK(read_file(dir / "report.md").find("| dense") != std::string::npos);
 }
+
+TEST_CASE(
+    "SIGINT checkpoints at the end of the step and exits 130; the rerun resumes and completes") {
+  const fs::path dir = fresh_dir("sigint");
+  write_manifest_atomic(
+      tiny_manifest(tiny_plan("dense", true, 10, 4, 50), {tiny_plan("moe-i", false, 400, 4, 50)}),
+      dir / "sweep.toml");
+  const std::string sweep = (dir / "sweep.toml").string();
+  const fs::path out = dir / "runs";
+  const pid_t pid =
+      spawn({"run", sweep, "--point", "moe-i", "--out", out.string(), "--checkpoint-every", "50"},
+            dir / "i.out", dir / "i.err");
+  // Wait for the first checkpoint (step 50), then interrupt.
+  for (int i = 0; i < 200000 && !fs::exists(out / "moe-i" / "record.json"); ++i)
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  ::kill(pid, SIGINT);
+  CHECK(wait_status(pid) == 130);
+  const json rec = record(out, "moe-i");
+  REQUIRE_MESSAGE(rec["status"] == "running", "the run finished before the interrupt");
+  const Checkpoint c = read_checkpoint(out / "moe-i" / "checkpoint" / "state.ckpt");
+  CHECK(rec["measured"]["steps"].get<int64_t>() == c.state.step);  // record and checkpoint agree
+  CHECK(c.state.step >= 50);
+  CHECK(read_file(dir / "i.out").find("interrupted: checkpoint written at step") !=
+        std::string::npos);
+  const Result again = run_cli({"run", sweep, "--point", "moe-i", "--out", out.string()});
+  CHECK(again.status == 0);
+  CHECK(record(out, "moe-i")["status"] == "complete");
+  CHECK(record(out, "moe-i")["measured"]["tokens"]["consumed"].get<int64_t>() == 400 * 4 * 16);
+}
