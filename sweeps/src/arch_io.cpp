@@ -59,12 +59,65 @@ Arch arch_from_toml_string(const std::string& text, const std::string& origin) {
   return a;
 }
 
-Arch read_arch(const std::filesystem::path& path) {
+namespace {
+std::string slurp(const std::filesystem::path& path, const char* what) {
   std::ifstream in(path);
-  if (!in) throw InputError(fmt::format("cannot read arch file '{}'", path.string()));
+  if (!in) throw InputError(fmt::format("cannot read {} file '{}'", what, path.string()));
   std::ostringstream ss;
   ss << in.rdbuf();
-  return arch_from_toml_string(ss.str(), path.string());
+  return ss.str();
+}
+}  // namespace
+
+Arch read_arch(const std::filesystem::path& path) {
+  return arch_from_toml_string(slurp(path, "arch"), path.string());
+}
+
+Arch read_backbone(const std::filesystem::path& path) {
+  return backbone_from_toml_string(slurp(path, "backbone"), path.string());
+}
+
+Arch backbone_from_toml_string(const std::string& text, const std::string& origin) {
+  const toml::value root = detail::parse_toml(text, origin);
+  detail::TomlTable t(root, origin, "");
+  for (const char* k : {"experts", "top_k", "d_expert", "d_shared"})
+    if (t.has(k))
+      t.fail(k,
+             "is not allowed in a backbone: the planner solves the MoE layer (use --arch for a "
+             "complete architecture)");
+  Arch a;
+  a.d_model = t.integer("d_model", kPositive);
+  a.layers = t.integer("layers", kPositive);
+  a.heads = t.integer("heads", kPositive);
+  a.head_dim = t.integer("head_dim", kPositive);
+  a.seq_len = t.integer("seq_len", kPositive);
+  a.vocab = t.integer("vocab", kPositive);
+  a.kv_heads = t.integer_or("kv_heads", a.heads);
+  a.dense_layers = t.integer_or("dense_layers", 1);
+  if (a.dense_layers > 0)
+    a.d_ffn = t.integer("d_ffn", "a positive integer (dense FFN width)");
+  else
+    a.d_ffn = t.integer_or("d_ffn", 0);
+  a.tied_embeddings = t.boolean_or("tied_embeddings", false);
+  a.count_router = t.boolean_or("count_router", false);
+  a.count_norms = t.boolean_or("count_norms", false);
+  const std::string attention = t.string_or("attention", a.kv_heads == a.heads ? "mha" : "gqa");
+  t.reject_unknown();
+  if (attention != "mha" && attention != "gqa" && attention != "any")
+    t.fail("attention",
+           fmt::format("= '{}' is not known; use \"mha\", \"gqa\" or \"any\"", attention));
+  if (a.dense_layers >= a.layers)
+    t.fail("dense_layers",
+           fmt::format("= {} leaves no MoE layer (layers = {})", a.dense_layers, a.layers));
+  // Validate the shape with a stand-in MoE layer; the solver replaces it.
+  Arch probe = a;
+  probe.experts = probe.top_k = probe.d_expert = 1;
+  try {
+    validate(probe, attention != "any");
+  } catch (const InputError& e) {
+    throw InputError(fmt::format("{}: {}", origin, e.what()));
+  }
+  return a;
 }
 
 nlohmann::json arch_to_json(const Arch& a) {

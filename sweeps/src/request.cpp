@@ -6,6 +6,7 @@
 
 #include "moeplan/accounting/error.hpp"
 #include "moeplan/accounting/units.hpp"
+#include "moeplan/sweeps/arch_io.hpp"
 
 namespace moeplan {
 
@@ -94,6 +95,16 @@ PlanRequest make_plan_request(const PlanFlags& f) {
     r.budget.reuse = Reuse::strict;
     if (!f.unique_tokens.empty())
       r.budget.tokens_unique = parse_positive(f.unique_tokens, "--unique-tokens");
+  }
+  if (!f.backbone.empty()) {
+    Arch b = read_backbone(f.backbone);
+    b.count_router = b.count_router || f.count_router;
+    b.count_norms = b.count_norms || f.count_norms;
+    if (r.backbone.vocab > 0) b.vocab = r.backbone.vocab;
+    if (r.backbone.seq_len > 0) b.seq_len = r.backbone.seq_len;
+    if (!f.head_dim.empty())
+      throw InputError("--head-dim cannot change a --backbone file's head_dim; edit the file");
+    r.given_backbone = b;
   }
   const ConventionChoice c = parse_convention_flag(f.convention);
   r.convention = c.convention;

@@ -255,3 +255,30 @@ TEST_CASE("the example files plan to their hand-computed values") {
   CHECK(m.points.size() == 4);
   CHECK(m.dense.arch.vocab == 256);
 }
+
+TEST_CASE("grid --backbone solves only the MoE layer on the given backbone") {
+  const std::string dir = std::string(MOEPLAN_SOURCE_DIR) + "/examples/";
+  // Table 12's r_a at 20.07 % is the paper's E78 K6 De512 on this backbone (router counted).
+  Result r = run_moeplan("grid --N 6.52e9 --backbone '" + dir +
+                         "backbone-7b.toml' --ra 0.2007 --count-router --format json");
+  REQUIRE(r.status == 0);
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  const nlohmann::json& a = j.at("points")[0].at("arch");
+  CHECK(a.at("layers") == 24);
+  CHECK(a.at("d_ffn") == 5464);
+  CHECK(a.at("experts") == 78);
+  CHECK(a.at("top_k") == 6);
+  CHECK(a.at("d_expert") == 512);
+  const fs::path with_experts =
+      write("bb.toml",
+            "d_model = 2048\nlayers = 24\nheads = 16\nhead_dim = 128\nd_ffn = 5464\n"
+            "seq_len = 2048\nvocab = 65536\nexperts = 8\n");
+  expect_bad_input("grid --N 6.52e9 --ra 0.2 --backbone '" + with_experts.string() + "'",
+                   "'experts' is not allowed in a backbone");
+  const fs::path all_dense =
+      write("bb2.toml",
+            "d_model = 2048\nlayers = 2\ndense_layers = 2\nheads = 16\nhead_dim = 128\n"
+            "d_ffn = 5464\nseq_len = 2048\nvocab = 65536\n");
+  expect_bad_input("grid --N 6.52e9 --ra 0.2 --backbone '" + all_dense.string() + "'",
+                   "leaves no MoE layer");
+}

@@ -3,7 +3,10 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <fstream>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include "moeplan/accounting/error.hpp"
 #include "moeplan/accounting/params.hpp"
@@ -259,4 +262,36 @@ TEST_CASE("bad targets are refused with InputError") {
   dense.dense_layers = dense.layers;
   CHECK_THROWS_AS(MoeSolver(dense, 6.52e9, FamilyRules{}), InputError);             // no MoE layer
   CHECK_THROWS_AS(MoeSolver(paper_7b_backbone(), 1e8, FamilyRules{}), InputError);  // N too small
+}
+
+TEST_CASE("the solver recovers the paper's Table 12 MoE layers from their r_a alone") {
+  // Published rows (tests/fixtures/reference/paper_7b_moe_fixed_compute.csv): the paper's own
+  // (E, K, D_e) choices at each r_a, whose N_a counts the router (README there). Solving on the
+  // published 7B backbone with count_router for each published r_a must give those choices.
+  std::ifstream in(std::string(MOEPLAN_REFERENCE_DIR) + "/paper_7b_moe_fixed_compute.csv");
+  REQUIRE(in.good());
+  std::string line;
+  std::getline(in, line);  // Na,ra_pct,M,D,C,D_over_N,mu,E,K,De,Dse,eta,B,iters,BPC
+  Arch backbone = paper_7b_backbone();
+  backbone.count_router = true;
+  const MoeSolver solver(backbone, 6.52e9, FamilyRules{});
+  int rows = 0;
+  while (std::getline(in, line)) {
+    std::vector<std::string> cell;
+    std::stringstream ss(line);
+    for (std::string c; std::getline(ss, c, ',');) cell.push_back(c);
+    REQUIRE(cell.size() == 15);
+    const double ra = std::stod(cell[1]) / 100.0;
+    const MoeSolution s = solver.solve(ra);
+    CAPTURE(line);
+    CAPTURE(describe(s.arch));
+    CHECK(s.arch.experts == std::stoll(cell[7]));
+    CHECK(s.arch.top_k == std::stoll(cell[8]));
+    CHECK(s.arch.d_expert == std::stoll(cell[9]));
+    CHECK(s.arch.d_shared == std::stoll(cell[10]));
+    // Published N_a (3 significant digits) within 1 %.
+    CHECK(double(s.active_params) == doctest::Approx(std::stod(cell[0])).epsilon(0.01));
+    ++rows;
+  }
+  CHECK(rows == 8);
 }

@@ -19,6 +19,12 @@ namespace moeplan {
 Arch read_arch(const std::filesystem::path& path);
 Arch arch_from_toml_string(const std::string& text, const std::string& origin);
 
+// A backbone for the MoE solver (`--backbone FILE`): the same keys without experts, top_k,
+// d_expert, d_shared (the solver chooses them); dense_layers defaults to 1 and must leave at
+// least one MoE layer.
+Arch read_backbone(const std::filesystem::path& path);
+Arch backbone_from_toml_string(const std::string& text, const std::string& origin);
+
 nlohmann::json arch_to_json(const Arch& arch);
 // The Arch keys as TOML lines ("d_model = 1408\n..."), in ACCOUNTING.md's order.
 std::string arch_to_toml_lines(const Arch& arch);

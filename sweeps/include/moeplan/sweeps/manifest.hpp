@@ -22,9 +22,9 @@ struct TrainSettings {
   double z_loss = 0;                // router z-loss coefficient (0 = off)
   double erc_loss = 0;              // expert-router coupling loss coefficient (0 = off)
   double erc_alpha = 1.0;
-  int64_t eval_every = 0;           // steps between validation passes (0 = auto)
-  int64_t eval_tokens = 0;          // validation tokens per pass (0 = auto)
-  int64_t checkpoint_every = 0;     // steps between checkpoints (0 = auto)
+  int64_t eval_every = 0;        // steps between validation passes (0 = auto)
+  int64_t eval_tokens = 0;       // validation tokens per pass (0 = auto)
+  int64_t checkpoint_every = 0;  // steps between checkpoints (0 = auto)
   std::string device = "cpu";
   bool operator==(const TrainSettings&) const = default;
 };
@@ -32,14 +32,14 @@ struct TrainSettings {
 struct Manifest {
   int schema = 1;
   std::string family = "paper";
-  std::string created_by;            // the command line that made it
-  double n_target = 0;               // requested N
-  double n_tolerance = 0.01;         // relative
-  double ra_tolerance = 0.005;       // absolute (0.5 percentage points)
-  double compute_tolerance = 0.01;   // relative spread of C allowed across points
+  std::string created_by;           // the command line that made it
+  double n_target = 0;              // requested N
+  double n_tolerance = 0.01;        // relative
+  double ra_tolerance = 0.005;      // absolute (0.5 percentage points)
+  double compute_tolerance = 0.01;  // relative spread of C allowed across points
   TrainSettings train;
-  Plan dense;                        // the dense baseline
-  std::vector<Plan> points;          // the MoE points
+  Plan dense;                // the dense baseline
+  std::vector<Plan> points;  // the MoE points
 };
 
 }  // namespace moeplan

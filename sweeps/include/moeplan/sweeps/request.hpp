@@ -25,6 +25,7 @@ struct PlanFlags {
   bool count_norms = false;
   std::string vocab, seq_len, head_dim, alignment;  // empty = the family's rule for N
   std::string dp_width = "1";
+  std::string backbone;  // --backbone FILE: solve the MoE layer on this backbone
 };
 
 PlanRequest make_plan_request(const PlanFlags& flags);
