@@ -83,10 +83,11 @@ int run(const PlanCmdFlags& f) {
   } else {
     if (f.plan.n.empty() || f.ra.empty())
       throw InputError("plan needs --N and --ra (e.g. --N 2e9 --ra 0.2), or --arch FILE");
+    if (f.ra.find_first_of(":,") != std::string::npos)
+      throw InputError(fmt::format(
+          "--ra '{}': plan takes one activation rate, e.g. 0.2 (use moeplan grid for a range)",
+          f.ra));
     const std::vector<double> ra = parse_ra_spec(f.ra, 1);
-    if (ra.size() != 1)
-      throw InputError(
-          fmt::format("--ra '{}': plan takes one activation rate (use grid for more)", f.ra));
     const PlanRequest req = make_plan_request(f.plan);
     const EqualResourcePlanner planner(req);
     plan = planner.plan_point(ra[0]);

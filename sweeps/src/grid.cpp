@@ -79,7 +79,9 @@ std::vector<double> parse_ra_spec(std::string_view text, int points) {
       return {a};
     }
     std::vector<double> out(static_cast<size_t>(points));
-    for (int i = 0; i < points; ++i) out[size_t(i)] = a + (b - a) * double(i) / double(points - 1);
+    // Rounded to 1e-12 so that 0.1:0.5 gives 0.3, not 0.30000000000000004, in ids and files.
+    for (int i = 0; i < points; ++i)
+      out[size_t(i)] = std::round((a + (b - a) * double(i) / double(points - 1)) * 1e12) / 1e12;
     out.back() = b;  // exactly the requested end
     return out;
   }

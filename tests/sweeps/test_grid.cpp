@@ -76,8 +76,7 @@ TEST_CASE("parse_ra_spec: ranges, lists, single values") {
   REQUIRE(r.size() == 8);
   for (int i = 0; i < 8; ++i) CHECK(r[size_t(i)] == doctest::Approx(0.05 + 0.05 * i));
   CHECK(r.back() == 0.4);
-  CHECK(parse_ra_spec("0.1:0.5", 5) ==
-        std::vector<double>{0.1, 0.2, 0.30000000000000004, 0.4, 0.5});
+  CHECK(parse_ra_spec("0.1:0.5", 5) == std::vector<double>{0.1, 0.2, 0.3, 0.4, 0.5});
   CHECK(parse_ra_spec("0.1,0.2,0.3") == std::vector<double>{0.1, 0.2, 0.3});
   CHECK(parse_ra_spec("0.2") == std::vector<double>{0.2});
   CHECK(parse_ra_spec("1") == std::vector<double>{1.0});
