@@ -24,8 +24,9 @@ Plan plan_for_arch(const Arch& arch, const PointBudget& pb) {
   p.arch = arch;
   p.counts = count_params(arch);
   p.convention = pb.convention;
-  p.mask = pb.mask;
-  p.flops_per_token = planned_flops_per_token(arch, pb.convention, pb.mask);
+  const FlopsPerToken m = flops_per_token(arch, pb.convention, pb.mask);
+  p.mask = m.mask;  // as the convention counts it: paper = full S, megatron = causal
+  p.flops_per_token = m.total;
   const double tokens_est = pb.compute / p.flops_per_token;
   BudgetRequest req;
   req.compute = pb.compute;
