@@ -1,8 +1,5 @@
 #include "moeplan/audit/io.hpp"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -72,33 +69,6 @@ std::vector<ClaimTable> load_claim_tables(const std::vector<fs::path>& claim_fil
     load(f, ts.name, &ts);
   }
   return tables;
-}
-
-void write_file_atomic(const fs::path& path, const std::string& content) {
-  const fs::path dir = path.has_parent_path() ? path.parent_path() : fs::path(".");
-  std::string tmpl = (dir / fmt::format(".{}.tmp-XXXXXX", path.filename().string())).string();
-  const int fd = ::mkstemp(tmpl.data());
-  if (fd < 0)
-    throw InputError(fmt::format("{}: cannot create a file in {} ({})", path.string(), dir.string(),
-                                 std::strerror(errno)));
-  ::fchmod(fd, 0644);  // mkstemp makes 0600; a report is for sharing
-  size_t done = 0;
-  while (done < content.size()) {
-    const ssize_t n = ::write(fd, content.data() + done, content.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      const int err = errno;
-      ::close(fd);
-      ::unlink(tmpl.c_str());
-      throw InputError(fmt::format("{}: write failed ({})", path.string(), std::strerror(err)));
-    }
-    done += size_t(n);
-  }
-  if (::fsync(fd) != 0 || ::close(fd) != 0 || std::rename(tmpl.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(tmpl.c_str());
-    throw InputError(fmt::format("{}: cannot write ({})", path.string(), std::strerror(err)));
-  }
 }
 
 }  // namespace moeplan::audit

@@ -6,6 +6,7 @@
 
 #include "moeplan/audit/spec.hpp"
 #include "moeplan/audit/table.hpp"
+#include "moeplan/sweeps/atomic_file.hpp"
 
 namespace moeplan::audit {
 
@@ -20,7 +21,7 @@ std::vector<ClaimTable> load_claim_tables(const std::vector<std::filesystem::pat
                                           const AuditSpec& spec,
                                           const std::filesystem::path& spec_dir);
 
-// Temp file in the same folder, fsync, rename: a reader never sees half a file.
-void write_file_atomic(const std::filesystem::path& path, const std::string& content);
+// Reports are written with the project's one atomic writer (temp file, fsync, rename).
+using moeplan::write_file_atomic;
 
 }  // namespace moeplan::audit
