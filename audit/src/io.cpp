@@ -1,6 +1,5 @@
 #include "moeplan/audit/io.hpp"
 
-
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
