@@ -1,14 +1,12 @@
 #include "moeplan/backend/atomic_file.hpp"
 
 #include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <sstream>
-#include <stdexcept>
 
 #include <fmt/format.h>
 
@@ -24,52 +22,7 @@ std::string os_reason() {
   return std::strerror(errno);
 }
 
-void fsync_dir(const fs::path& dir) {
-  const int fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY);
-  if (fd < 0) return;  // some file systems refuse; the rename itself is still atomic
-  ::fsync(fd);
-  ::close(fd);
-}
-
 }  // namespace
-
-void write_file_atomic(const fs::path& path, std::string_view bytes) {
-  const fs::path dir = path.parent_path();
-  // fmt rather than string operator+: GCC 12 raises a false -Wrestrict on the latter at -O3.
-  std::string tmpl = (dir / fmt::format(".{}.tmp.XXXXXX", path.filename().string())).string();
-  const int fd = ::mkstemp(tmpl.data());
-  if (fd < 0)
-    throw std::runtime_error(fmt::format("cannot write '{}': {}", path.string(), os_reason()));
-  auto fail = [&](const char* what) {
-    const std::string reason = os_reason();
-    ::close(fd);
-    ::unlink(tmpl.c_str());
-    throw std::runtime_error(
-        fmt::format("cannot write '{}' ({}): {}", path.string(), what, reason));
-  };
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      fail("write");
-    }
-    done += size_t(n);
-  }
-  if (::fchmod(fd, 0644) != 0) fail("chmod");
-  if (::fsync(fd) != 0) fail("fsync");
-  if (::close(fd) != 0) {
-    const std::string reason = os_reason();
-    ::unlink(tmpl.c_str());
-    throw std::runtime_error(fmt::format("cannot write '{}' (close): {}", path.string(), reason));
-  }
-  if (::rename(tmpl.c_str(), path.c_str()) != 0) {
-    const std::string reason = os_reason();
-    ::unlink(tmpl.c_str());
-    throw std::runtime_error(fmt::format("cannot write '{}' (rename): {}", path.string(), reason));
-  }
-  fsync_dir(dir);
-}
 
 std::string read_file(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);

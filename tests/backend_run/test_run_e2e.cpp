@@ -315,8 +315,13 @@ TEST_CASE("refusals: one line, non-zero exit, earlier records and checkpoints in
     CHECK(r.err.find("999") != std::string::npos);
     intact();
   }
-  // --device cuda without a CUDA build.
-  refused(good, "cuda", "no CUDA backend", {"--device", "cuda"});
+  // --device cuda here: a CPU-only build has no CUDA backend; a CUDA build finds no GPU on this
+  // machine. Both must refuse before touching the earlier record.
+  {
+    const Result r = refused(good, "cuda", "--device cuda: ", {"--device", "cuda"});
+    CHECK((r.err.find("no CUDA backend") != std::string::npos ||
+           r.err.find("no CUDA device is visible") != std::string::npos));
+  }
   // NaN: an absurd learning rate; the point's own earlier checkpoint stays readable.
   {
     Manifest nan = good;

@@ -6,11 +6,13 @@
 #include <string_view>
 #include <vector>
 
+#include "moeplan/sweeps/atomic_file.hpp"
+
 namespace moeplan::backend {
 
-// Throws std::runtime_error naming the path and the OS reason when any step fails; the temp file
-// is removed then and the old file (if any) is untouched.
-void write_file_atomic(const std::filesystem::path& path, std::string_view bytes);
+// The project's one atomic writer (sweeps/atomic_file.hpp): temp file in the same folder, fsync,
+// rename, fsync of the folder; InputError naming the path and the OS reason on failure.
+using moeplan::write_file_atomic;
 
 // Whole file into memory; throws InputError naming the path when it cannot be read.
 std::string read_file(const std::filesystem::path& path);
