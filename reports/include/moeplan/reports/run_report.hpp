@@ -1,0 +1,24 @@
+#pragma once
+// The comparison of a sweep's run records: validation BPC per point against the dense baseline,
+// with the measured N, C [paper], D consumed, D̂ unique and epochs beside the planned ones.
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace moeplan {
+
+// Every <dir>/<point>/record.json, the dense baseline first, then MoE points by r_a.
+// InputError when the folder is missing, holds no record, or a record is unreadable.
+std::vector<nlohmann::json> load_run_records(const std::filesystem::path& dir);
+
+enum class ReportFormat { text, markdown, html };
+// From an output file's extension: none or .txt, .md, .html; InputError for anything else.
+ReportFormat report_format_for(const std::filesystem::path& output);
+
+// `source` names where the records came from (printed in the title).
+std::string render_run_report(const std::vector<nlohmann::json>& records, const std::string& source,
+                              ReportFormat format);
+
+}  // namespace moeplan

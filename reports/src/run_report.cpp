@@ -1,0 +1,222 @@
+#include "moeplan/reports/run_report.hpp"
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "moeplan/accounting/error.hpp"
+#include "moeplan/accounting/units.hpp"
+#include "moeplan/reports/text_table.hpp"
+
+namespace moeplan {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+json read_record(const fs::path& f) {
+  std::ifstream in(f, std::ios::binary);
+  if (!in) throw InputError(fmt::format("record '{}' cannot be read", f.string()));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  try {
+    return json::parse(ss.str());
+  } catch (const json::exception& x) {
+    throw InputError(fmt::format("record '{}' is unreadable: {}", f.string(), x.what()));
+  }
+}
+
+bool is_dense(const json& r) {
+  return r["plan"].value("role", "") == "dense";
+}
+bool is_complete(const json& r) {
+  return r.value("status", "") == "complete";
+}
+
+std::string html_escape(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    if (c == '<')
+      o += "&lt;";
+    else if (c == '>')
+      o += "&gt;";
+    else if (c == '&')
+      o += "&amp;";
+    else
+      o += c;
+  }
+  return o;
+}
+
+const std::vector<std::string> kHeaders = {"point",
+                                           "r_a",
+                                           "N plan",
+                                           "N meas",
+                                           "C plan [paper]",
+                                           "C meas [paper]",
+                                           "C ok",
+                                           "D plan (consumed)",
+                                           "D meas (consumed)",
+                                           "D̂ plan (unique)",
+                                           "D̂ meas (unique)",
+                                           "epochs plan",
+                                           "epochs meas",
+                                           "val BPC",
+                                           "vs dense",
+                                           "facts BPC",
+                                           "arith BPC",
+                                           "wall s",
+                                           "status"};
+
+std::vector<std::string> row_of(const json& r, const json* dense) {
+  const json& p = r["plan"];
+  const json& m = r["measured"];
+  const json& tok = m["tokens"];
+  const bool complete = is_complete(r);
+  const double bpc = r.value("final_val_bpc", 0.0);
+  std::string facts = "-", arith = "-";
+  if (!r["val_curve"].empty()) {
+    const json& parts = r["val_curve"].back()["parts"];
+    if (parts.contains("facts")) facts = fmt::format("{:.3f}", parts["facts"].get<double>());
+    if (parts.contains("arith")) arith = fmt::format("{:.3f}", parts["arith"].get<double>());
+  }
+  std::string vs = "-";
+  if (!is_dense(r) && dense && complete)
+    vs = fmt::format("{:+.3f}", bpc - dense->value("final_val_bpc", 0.0));
+  return {r.value("point_id", "?"),
+          fmt::format("{:.3f}", p.value("activation_rate", 0.0)),
+          human(p.value("total_params", 0.0)),
+          human(double(m.value("total_params", int64_t{0}))),
+          human(p.value("compute", 0.0)),
+          human(m["compute"].value("paper", 0.0)),
+          m["compute"].value("within_rounding", false) ? "yes" : "no",
+          human(p.value("tokens_consumed", 0.0)),
+          human(double(tok.value("consumed", int64_t{0}))),
+          human(p.value("tokens_unique", 0.0)),
+          human(double(tok.value("unique", int64_t{0}))),
+          fmt::format("{:.3f}", p.value("epochs", 0.0)),
+          fmt::format("{:.3f}", tok.value("epochs", 0.0)),
+          complete ? fmt::format("{:.4f}", bpc) : "-",
+          vs,
+          facts,
+          arith,
+          fmt::format("{:.0f}", r.value("wall_seconds", 0.0)),
+          complete ? "complete"
+                   : fmt::format("{} (step {})", r.value("status", "?"), m.value("steps", 0))};
+}
+
+// One paragraph: how many MoE points beat dense, and how many records match their plan.
+std::string verdict_of(const std::vector<json>& records, const json* dense) {
+  int moe_total = 0, moe_better = 0, complete_count = 0, matching = 0;
+  std::string best;
+  double best_bpc = 1e300;
+  const double dense_bpc = dense ? dense->value("final_val_bpc", 0.0) : 0.0;
+  for (const json& r : records) {
+    if (!is_complete(r)) continue;
+    ++complete_count;
+    const json& m = r["measured"];
+    bool all = m["compute"].value("within_rounding", false);
+    for (const auto& [k, v] : m["matches_plan"].items()) all = all && v == true;
+    if (all) ++matching;
+    const double bpc = r.value("final_val_bpc", 0.0);
+    if (!is_dense(r) && dense) {
+      ++moe_total;
+      if (bpc < dense_bpc) ++moe_better;
+    }
+    if (bpc < best_bpc) {
+      best_bpc = bpc;
+      best = r.value("point_id", "");
+    }
+  }
+  std::string v = dense ? fmt::format(
+                              "dense baseline val BPC {:.4f}; MoE points with lower validation "
+                              "BPC: {} of {}; best point: {} ({:.4f} BPC)",
+                              dense_bpc, moe_better, moe_total, best, best_bpc)
+                        : std::string("no complete dense baseline record: no comparison");
+  v += fmt::format(
+      "\nmeasured vs plan: {} of {} complete point(s) consumed exactly the planned D, read exactly "
+      "the planned D̂ unique, ran the planned epochs and steps, with C [paper] within the plan's "
+      "rounding",
+      matching, complete_count);
+  return v;
+}
+
+}  // namespace
+
+std::vector<json> load_run_records(const fs::path& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec))
+    throw InputError(
+        fmt::format("runs folder '{}' does not exist (run `moeplan run sweep.toml --out {}` first)",
+                    dir.string(), dir.string()));
+  std::vector<json> out;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const fs::path f = e.path() / "record.json";
+    if (fs::exists(f, ec)) out.push_back(read_record(f));
+  }
+  if (out.empty())
+    throw InputError(fmt::format("no runs/<point>/record.json under '{}'", dir.string()));
+  std::sort(out.begin(), out.end(), [](const json& a, const json& b) {
+    if (is_dense(a) != is_dense(b)) return is_dense(a);
+    return a["plan"].value("activation_rate", 0.0) < b["plan"].value("activation_rate", 0.0);
+  });
+  return out;
+}
+
+ReportFormat report_format_for(const fs::path& output) {
+  const std::string ext = output.extension().string();
+  if (output.empty() || ext == ".txt") return ReportFormat::text;
+  if (ext == ".md") return ReportFormat::markdown;
+  if (ext == ".html") return ReportFormat::html;
+  throw InputError(
+      fmt::format("-o '{}': the report is written as .md, .html or .txt", output.string()));
+}
+
+std::string render_run_report(const std::vector<json>& records, const std::string& source,
+                              ReportFormat format) {
+  const json* dense = nullptr;
+  for (const json& r : records)
+    if (is_dense(r) && is_complete(r)) dense = &r;
+  TextTable t;
+  for (const auto& h : kHeaders)
+    t.add_column(h,
+                 h == "point" || h == "status" ? TextTable::Align::left : TextTable::Align::right);
+  std::vector<std::vector<std::string>> rows;
+  for (const json& r : records) {
+    rows.push_back(row_of(r, dense));
+    t.add_row(rows.back());
+  }
+  const std::string verdict = verdict_of(records, dense);
+  const std::string title = fmt::format(
+      "moeplan report: {} run(s) in {}. BPC = validation bits per byte (held-out data); C in the "
+      "paper convention (6·N_a + 12·L·D_m·S per consumed token); D consumed counts repeats, D̂ "
+      "unique does not",
+      records.size(), source);
+  switch (format) {
+    case ReportFormat::text:
+      return title + "\n\n" + t.render() + "\n" + verdict + "\n";
+    case ReportFormat::markdown:
+      return "# " + title + "\n\n" + t.render_markdown() + "\n" + verdict + "\n";
+    case ReportFormat::html:
+      break;
+  }
+  std::string text =
+      "<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>moeplan report</title>"
+      "<style>td,th{padding:2px 8px;text-align:right}td:first-child{text-align:left}"
+      "table{border-collapse:collapse}tr:nth-child(even){background:#f4f4f4}</style>"
+      "</head><body>\n<p>" +
+      html_escape(title) + "</p>\n<table>\n<tr>";
+  for (const auto& h : kHeaders) text += "<th>" + html_escape(h) + "</th>";
+  text += "</tr>\n";
+  for (const auto& row : rows) {
+    text += "<tr>";
+    for (const auto& c : row) text += "<td>" + html_escape(c) + "</td>";
+    text += "</tr>\n";
+  }
+  return text + "</table>\n<p>" + html_escape(verdict) + "</p>\n</body></html>\n";
+}
+
+}  // namespace moeplan
