@@ -12,12 +12,9 @@ namespace moeplan {
 
 namespace {
 const char* kPositive = "a positive integer";
-}
 
-Arch arch_from_toml_string(const std::string& text, const std::string& origin) {
-  const toml::value root = detail::parse_toml(text, origin);
-  detail::TomlTable t(root, origin, "");
-  Arch a;
+// Keys an arch file and a backbone file share: attention, depth, width, sequence, vocabulary.
+void read_shape_keys(detail::TomlTable& t, Arch& a) {
   a.d_model = t.integer("d_model", kPositive);
   a.layers = t.integer("layers", kPositive);
   a.heads = t.integer("heads", kPositive);
@@ -25,16 +22,11 @@ Arch arch_from_toml_string(const std::string& text, const std::string& origin) {
   a.seq_len = t.integer("seq_len", kPositive);
   a.vocab = t.integer("vocab", kPositive);
   a.kv_heads = t.integer_or("kv_heads", a.heads);
-  a.experts = t.integer_or("experts", 0);
-  if (a.experts > 0) {
-    a.top_k = t.integer("top_k", "a positive integer (experts chosen per token)");
-    a.d_expert = t.integer("d_expert", "a positive integer (SwiGLU width of one expert)");
-  } else {
-    a.top_k = t.integer_or("top_k", 0);
-    a.d_expert = t.integer_or("d_expert", 0);
-  }
-  a.dense_layers = t.integer_or("dense_layers", a.experts > 0 ? 1 : a.layers);
-  a.d_shared = t.integer_or("d_shared", 0);
+}
+
+// d_ffn (needed only when there are dense layers), the counting readings and the attention kind;
+// then no key may be left unread. Returns the attention kind ("mha", "gqa" or "any").
+std::string read_tail_keys(detail::TomlTable& t, Arch& a) {
   if (a.dense_layers > 0)
     a.d_ffn = t.integer("d_ffn", "a positive integer (dense FFN width)");
   else
@@ -51,6 +43,26 @@ Arch arch_from_toml_string(const std::string& text, const std::string& origin) {
     t.fail("kv_heads", fmt::format("= {} differs from heads = {} but attention = \"mha\"; set "
                                    "attention = \"gqa\" or kv_heads = heads",
                                    a.kv_heads, a.heads));
+  return attention;
+}
+}  // namespace
+
+Arch arch_from_toml_string(const std::string& text, const std::string& origin) {
+  const toml::value root = detail::parse_toml(text, origin);
+  detail::TomlTable t(root, origin, "");
+  Arch a;
+  read_shape_keys(t, a);
+  a.experts = t.integer_or("experts", 0);
+  if (a.experts > 0) {
+    a.top_k = t.integer("top_k", "a positive integer (experts chosen per token)");
+    a.d_expert = t.integer("d_expert", "a positive integer (SwiGLU width of one expert)");
+  } else {
+    a.top_k = t.integer_or("top_k", 0);
+    a.d_expert = t.integer_or("d_expert", 0);
+  }
+  a.dense_layers = t.integer_or("dense_layers", a.experts > 0 ? 1 : a.layers);
+  a.d_shared = t.integer_or("d_shared", 0);
+  const std::string attention = read_tail_keys(t, a);
   try {
     validate(a, attention != "any");
   } catch (const InputError& e) {
@@ -86,26 +98,9 @@ Arch backbone_from_toml_string(const std::string& text, const std::string& origi
              "is not allowed in a backbone: the planner solves the MoE layer (use --arch for a "
              "complete architecture)");
   Arch a;
-  a.d_model = t.integer("d_model", kPositive);
-  a.layers = t.integer("layers", kPositive);
-  a.heads = t.integer("heads", kPositive);
-  a.head_dim = t.integer("head_dim", kPositive);
-  a.seq_len = t.integer("seq_len", kPositive);
-  a.vocab = t.integer("vocab", kPositive);
-  a.kv_heads = t.integer_or("kv_heads", a.heads);
+  read_shape_keys(t, a);
   a.dense_layers = t.integer_or("dense_layers", 1);
-  if (a.dense_layers > 0)
-    a.d_ffn = t.integer("d_ffn", "a positive integer (dense FFN width)");
-  else
-    a.d_ffn = t.integer_or("d_ffn", 0);
-  a.tied_embeddings = t.boolean_or("tied_embeddings", false);
-  a.count_router = t.boolean_or("count_router", false);
-  a.count_norms = t.boolean_or("count_norms", false);
-  const std::string attention = t.string_or("attention", a.kv_heads == a.heads ? "mha" : "gqa");
-  t.reject_unknown();
-  if (attention != "mha" && attention != "gqa" && attention != "any")
-    t.fail("attention",
-           fmt::format("= '{}' is not known; use \"mha\", \"gqa\" or \"any\"", attention));
+  const std::string attention = read_tail_keys(t, a);
   if (a.dense_layers >= a.layers)
     t.fail("dense_layers",
            fmt::format("= {} leaves no MoE layer (layers = {})", a.dense_layers, a.layers));
