@@ -12,6 +12,7 @@
 #include <cstring>
 #include <numeric>
 
+#include "../cpu/layers.hpp"
 #include "check.hpp"
 #include "moeplan/accounting/error.hpp"
 #include "moeplan/backend/cuda/comm.hpp"
@@ -194,30 +195,12 @@ struct Model::Impl {
     } else {
       std::vector<double> s(static_cast<size_t>(H));
       std::vector<float> sf(static_cast<size_t>(H));
-      alibi(s);
+      cpu::alibi_slopes(s.data(), H);  // the CPU reference's slopes, so both models agree
       for (int64_t h = 0; h < H; ++h) sf[size_t(h)] = float(s[size_t(h)]);
       slopes = alloc_f(H);
       slopes.upload(sf.data(), sf.size() * 4);
     }
     allocate_activations();
-  }
-
-  // ALiBi slopes of Press et al., interleaved when H is not a power of two (as the CPU).
-  void alibi(std::vector<double>& out) const {
-    auto power_of_two = [](int64_t n, std::vector<double>& v) {
-      const double start = std::pow(2.0, -8.0 / double(n));
-      for (int64_t i = 0; i < n; ++i) v.push_back(std::pow(start, double(i + 1)));
-    };
-    int64_t closest = 1;
-    while (closest * 2 <= H) closest *= 2;
-    std::vector<double> s;
-    power_of_two(closest, s);
-    if (closest < H) {
-      std::vector<double> extra;
-      power_of_two(2 * closest, extra);
-      for (size_t i = 0; int64_t(s.size()) < H; i += 2) s.push_back(extra[i]);
-    }
-    std::copy_n(s.begin(), H, out.begin());
   }
 
   int64_t offset_of(const std::string& name) const {
