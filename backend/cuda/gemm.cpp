@@ -30,7 +30,6 @@ cublasOperation_t op(bool t) {
 struct Blas::Impl {
   cublasHandle_t handle = nullptr;
   DeviceBuffer workspace;
-  bool grouped_ok = true;
 };
 
 Blas::Blas() : impl_(std::make_unique<Impl>()) {
@@ -45,10 +44,6 @@ Blas::Blas() : impl_(std::make_unique<Impl>()) {
 
 Blas::~Blas() {
   if (impl_ && impl_->handle) cublasDestroy(impl_->handle);
-}
-
-bool Blas::grouped_supported() const {
-  return impl_->grouped_ok;
 }
 
 // Row-major C = op(A)·op(B) is column-major C^T = op(B)^T·op(A)^T: swap the operands.
@@ -78,43 +73,41 @@ void Blas::gemm_batched(bool transA, bool transB, int64_t M, int64_t N, int64_t 
 void Blas::gemm_grouped(const LedgerEntry& rec, bool transA, bool transB, const int64_t* M,
                         const int64_t* N, const int64_t* K, const void* const* hA,
                         const void* const* dA, int64_t lda, const void* const* hB,
-                        const void* const* dB, int64_t ldb, float* const* hC, float* const* dC,
-                        int64_t ldc, float beta, DType in, int64_t count) {
+                        const void* const* dB, int64_t ldb, void* const* hC, void* const* dC,
+                        int64_t ldc, float beta, DType in, DType out, int64_t count, bool loop) {
   if (count == 0) return;
   if (rec.ledger)
     for (int64_t g = 0; g < count; ++g)
       rec.ledger->add_gemm(rec.category, rec.phase, M[g], N[g], K[g]);
-  if (impl_->grouped_ok) {
-    const size_t n = size_t(count);
-    std::vector<cublasOperation_t> ta(n, op(transB)), tb(n, op(transA));
-    std::vector<int> m(n), nn(n), k(n), la(n, int(ldb)), lb(n, int(lda)), lc(n, int(ldc)),
-        sizes(n, 1);
-    std::vector<float> alpha(n, 1.f), betas(n, beta);
-    for (size_t g = 0; g < n; ++g) {
-      m[g] = int(N[g]);
-      nn[g] = int(M[g]);
-      k[g] = int(K[g]);
-    }
-    const cublasStatus_t s = cublasGemmGroupedBatchedEx(
-        impl_->handle, ta.data(), tb.data(), m.data(), nn.data(), k.data(), alpha.data(),
-        reinterpret_cast<const void* const*>(dB), cuda_type(in), la.data(),
-        reinterpret_cast<const void* const*>(dA), cuda_type(in), lb.data(), betas.data(),
-        reinterpret_cast<void* const*>(dC), CUDA_R_32F, lc.data(), int(count), sizes.data(),
-        CUBLAS_COMPUTE_32F);
-    if (s == CUBLAS_STATUS_SUCCESS) return;
-    if (s != CUBLAS_STATUS_NOT_SUPPORTED && s != CUBLAS_STATUS_INVALID_VALUE)
-      check_blas(s, "cublasGemmGroupedBatchedEx");
-    impl_->grouped_ok = false;  // this cuBLAS has no grouped kernel for these types
-  }
   const float alpha = 1.f;
-  for (int64_t g = 0; g < count; ++g) {
-    if (M[g] == 0 || N[g] == 0) continue;
-    check_blas(
-        cublasGemmEx(impl_->handle, op(transB), op(transA), int(N[g]), int(M[g]), int(K[g]), &alpha,
-                     hB[g], cuda_type(in), int(ldb), hA[g], cuda_type(in), int(lda), &beta, hC[g],
-                     CUDA_R_32F, int(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-        "cublasGemmEx (per group)");
+  if (loop) {
+    for (int64_t g = 0; g < count; ++g) {
+      if (M[g] == 0 || N[g] == 0) continue;
+      check_blas(cublasGemmEx(impl_->handle, op(transB), op(transA), int(N[g]), int(M[g]),
+                              int(K[g]), &alpha, hB[g], cuda_type(in), int(ldb), hA[g],
+                              cuda_type(in), int(lda), &beta, hC[g], cuda_type(out), int(ldc),
+                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                 "cublasGemmEx (one per expert)");
+    }
+    return;
   }
+  if (in != out)
+    throw std::logic_error("gemm_grouped: cublasGemmGroupedBatchedEx needs Atype == Ctype");
+  const size_t n = size_t(count);
+  std::vector<cublasOperation_t> ta(n, op(transB)), tb(n, op(transA));
+  std::vector<int> m(n), nn(n), k(n), la(n, int(ldb)), lb(n, int(lda)), lc(n, int(ldc)),
+      sizes(n, 1);
+  std::vector<float> alphas(n, 1.f), betas(n, beta);
+  for (size_t g = 0; g < n; ++g) {  // column-major view: C^T = op(B)^T·op(A)^T
+    m[g] = int(N[g]);
+    nn[g] = int(M[g]);
+    k[g] = int(K[g]);
+  }
+  check_blas(cublasGemmGroupedBatchedEx(impl_->handle, ta.data(), tb.data(), m.data(), nn.data(),
+                                        k.data(), alphas.data(), dB, cuda_type(in), la.data(), dA,
+                                        cuda_type(in), lb.data(), betas.data(), dC, cuda_type(out),
+                                        lc.data(), int(count), sizes.data(), CUBLAS_COMPUTE_32F),
+             "cublasGemmGroupedBatchedEx");
 }
 
 }  // namespace moeplan::backend::cuda

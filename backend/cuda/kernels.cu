@@ -5,6 +5,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "check.hpp"
@@ -80,6 +81,20 @@ template <class OutT>
 __global__ void cast_kernel(OutT* out, const float* in, int64_t n) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) store(out + i, in[i]);
+}
+
+__global__ void widen_bf16_kernel(float* out, const bf16* in, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = __bfloat162float(in[i]);
+}
+
+// blockIdx.y is the group; each thread adds elements of its group in a grid-stride loop.
+__global__ void grouped_accumulate_kernel(float* const* dst, const bf16* src, int64_t per_group) {
+  float* d = dst[blockIdx.y];
+  const bf16* s = src + int64_t(blockIdx.y) * per_group;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < per_group;
+       i += int64_t(gridDim.x) * blockDim.x)
+    d[i] += __bfloat162float(s[i]);
 }
 
 __global__ void embedding_forward_kernel(float* x, const float* emb, const int32_t* tokens,
@@ -535,6 +550,21 @@ void cast(void* out, DType mm, const float* in, int64_t n) {
   if (n == 0) return;
   MOEPLAN_DISPATCH_MM(mm, cast_kernel<<<blocks_for(n, 256), 256>>>(static_cast<OutT*>(out), in, n));
   check_launch("cast");
+}
+
+void widen_bf16(float* out, const uint16_t* in, int64_t n) {
+  if (n == 0) return;
+  widen_bf16_kernel<<<blocks_for(n, 256), 256>>>(out, reinterpret_cast<const bf16*>(in), n);
+  check_launch("widen_bf16");
+}
+
+void grouped_accumulate_bf16(float* const* dst, const uint16_t* src, int64_t per_group,
+                             int64_t groups) {
+  if (per_group == 0 || groups == 0) return;
+  const unsigned bx = std::min(blocks_for(per_group, 256), 64u);
+  grouped_accumulate_kernel<<<dim3(bx, unsigned(groups)), 256>>>(
+      dst, reinterpret_cast<const bf16*>(src), per_group);
+  check_launch("grouped_accumulate_bf16");
 }
 
 void embedding_forward(float* x, const float* emb, const int32_t* tokens, int64_t T, int64_t C) {

@@ -67,6 +67,9 @@ enum AttnTable {
 };
 
 constexpr int kExpertProducts = 6;  // W13 fwd, W2 fwd, W2 dX, W2 dW, W13 dX, W13 dW
+// Pointer operands per expert product: A, B, the fp32 result C, and the bf16 scratch result the
+// grouped call writes in bf16 mode (cublasGemmGroupedBatchedEx has no bf16 → fp32 form).
+constexpr int kOperands = 4;
 
 }  // namespace
 
@@ -110,6 +113,8 @@ struct Model::Impl {
   // Grouped expert products: pointer tables per (MoE layer, product), host (pinned) and device.
   std::unique_ptr<PinnedBuffer> expert_ptrs_host;
   DeviceBuffer expert_ptrs_dev;
+  DeviceBuffer expert_scratch;  // bf16 results of the grouped products (bf16 mode)
+  bool expert_loop = false;
   // Per-step outputs.
   std::vector<int64_t> routed;
   std::vector<float> aux_host;
@@ -314,9 +319,11 @@ struct Model::Impl {
       dxg = alloc_f(TK * Dm);
       dlog = alloc_mm(T * E);
       router_logits = alloc_f(T * E);
-      const size_t n_ptrs = size_t(a.moe_layers() * kExpertProducts * 3 * E);
+      const size_t n_ptrs = size_t(a.moe_layers() * kExpertProducts * kOperands * E);
       expert_ptrs_host = std::make_unique<PinnedBuffer>(n_ptrs * sizeof(void*));
       expert_ptrs_dev = alloc(n_ptrs * sizeof(void*));
+      if (mm == DType::bf16)  // the widest result: routed rows × max(2De, Dm), or E weight grads
+        expert_scratch = alloc(size_t(std::max(TK * std::max(2 * De, Dm), E * Dm * 2 * De)) * 2);
     }
     col_scratch = alloc_f(std::max(k::rmsnorm_scratch_floats(Dm), k::colsum_scratch_floats(E)));
     norm_scratch = alloc(size_t(k::grad_norm_scratch_doubles()) * 8);
@@ -418,11 +425,11 @@ struct Model::Impl {
 
   void** host_table(int64_t moe_index, int product, int operand) {
     return static_cast<void**>(expert_ptrs_host->ptr) +
-           ((moe_index * kExpertProducts + product) * 3 + operand) * E;
+           ((moe_index * kExpertProducts + product) * kOperands + operand) * E;
   }
   void* const* dev_table(int64_t moe_index, int product, int operand) {
     return static_cast<void* const*>(expert_ptrs_dev.data()) +
-           ((moe_index * kExpertProducts + product) * 3 + operand) * E;
+           ((moe_index * kExpertProducts + product) * kOperands + operand) * E;
   }
 
   void build_expert_tables(int64_t moe_index, int64_t l, ExpertTables& et) {
@@ -443,20 +450,30 @@ struct Model::Impl {
     }
     for (size_t j = 0; j < et.experts.size(); ++j) {
       const int64_t e = et.experts[j], off = offs[j];
-      auto set = [&](int product, const void* A, const void* Bp, const void* C) {
+      // The scratch result of a product lies where its fp32 result does, in bf16: row-varying
+      // products at the rows' offset, weight gradients one whole matrix per expert j.
+      auto set = [&](int product, const void* A, const void* Bp, const void* C, int64_t s_off) {
         host_table(moe_index, product, 0)[j] = const_cast<void*>(A);
         host_table(moe_index, product, 1)[j] = const_cast<void*>(Bp);
         host_table(moe_index, product, 2)[j] = const_cast<void*>(C);
+        host_table(moe_index, product, 3)[j] =
+            mm == DType::bf16 ? at_mut(expert_scratch, s_off, 2) : nullptr;
       };
       const size_t ms = mm_size;
-      set(0, at(x.xg, off * Dm, ms), Wm(q.expert_w13[size_t(e)]), at(x.h13, off * 2 * De, 4));
-      set(1, at(x.act, off * De, ms), Wm(q.expert_w2[size_t(e)]), at(x.ye, off * Dm, 4));
-      set(2, at(dye, off * Dm, ms), Wm(q.expert_w2[size_t(e)]), at(dact, off * De, 4));
-      set(3, at(x.act, off * De, ms), at(dye, off * Dm, ms), G(q.expert_w2[size_t(e)]));
-      set(4, at(dh13, off * 2 * De, ms), Wm(q.expert_w13[size_t(e)]), at(dxg, off * Dm, 4));
-      set(5, at(x.xg, off * Dm, ms), at(dh13, off * 2 * De, ms), G(q.expert_w13[size_t(e)]));
+      const int64_t jj = int64_t(j);
+      set(0, at(x.xg, off * Dm, ms), Wm(q.expert_w13[size_t(e)]), at(x.h13, off * 2 * De, 4),
+          off * 2 * De);
+      set(1, at(x.act, off * De, ms), Wm(q.expert_w2[size_t(e)]), at(x.ye, off * Dm, 4),
+          off * Dm);
+      set(2, at(dye, off * Dm, ms), Wm(q.expert_w2[size_t(e)]), at(dact, off * De, 4), off * De);
+      set(3, at(x.act, off * De, ms), at(dye, off * Dm, ms), G(q.expert_w2[size_t(e)]),
+          jj * De * Dm);
+      set(4, at(dh13, off * 2 * De, ms), Wm(q.expert_w13[size_t(e)]), at(dxg, off * Dm, 4),
+          off * Dm);
+      set(5, at(x.xg, off * Dm, ms), at(dh13, off * 2 * De, ms), G(q.expert_w13[size_t(e)]),
+          jj * Dm * 2 * De);
     }
-    const size_t bytes_layer = size_t(kExpertProducts * 3 * E) * sizeof(void*);
+    const size_t bytes_layer = size_t(kExpertProducts * kOperands * E) * sizeof(void*);
     check_cuda(
         cudaMemcpyAsync(const_cast<void**>(dev_table(moe_index, 0, 0)), host_table(moe_index, 0, 0),
                         bytes_layer, cudaMemcpyHostToDevice, nullptr),
@@ -480,13 +497,31 @@ struct Model::Impl {
         Kk[j] = et.rows[j];
       }
     }
+    // bf16 grouped: results in bf16 scratch, then widened (row-varying products, beta 0) or
+    // added to the fp32 gradients (weight gradients, beta 1) in one launch each.
+    const bool scratch = mm == DType::bf16 && !expert_loop;
+    const int result = scratch ? 3 : 2;
     blas.gemm_grouped(rec(lg, FlopCategory::expert, ph), transA, transB, M.data(), N.data(),
                       Kk.data(), host_table(moe_index, product, 0),
                       dev_table(moe_index, product, 0), lda, host_table(moe_index, product, 1),
-                      dev_table(moe_index, product, 1), ldb,
-                      reinterpret_cast<float* const*>(host_table(moe_index, product, 2)),
-                      reinterpret_cast<float* const*>(dev_table(moe_index, product, 2)), ldc, beta,
-                      mm, int64_t(n));
+                      dev_table(moe_index, product, 1), ldb, host_table(moe_index, product, result),
+                      dev_table(moe_index, product, result), ldc, scratch ? 0.f : beta, mm,
+                      scratch ? DType::bf16 : DType::f32, int64_t(n), expert_loop);
+    if (!scratch || n == 0) return;
+    if (which_varies == 0) {  // C (rows × N) contiguous from the first non-empty expert's row 0
+      if (beta != 0.f) throw std::logic_error("expert_product: row results are never accumulated");
+      int64_t rows = 0;
+      for (int64_t r : et.rows) rows += r;
+      k::widen_bf16(static_cast<float*>(host_table(moe_index, product, 2)[0]),
+                    static_cast<const uint16_t*>(host_table(moe_index, product, 3)[0]),
+                    rows * N_or_M_fixed1);
+    } else {
+      if (beta != 1.f) throw std::logic_error("expert_product: weight gradients accumulate");
+      k::grouped_accumulate_bf16(
+          reinterpret_cast<float* const*>(dev_table(moe_index, product, 2)),
+          static_cast<const uint16_t*>(host_table(moe_index, product, 3)[0]),
+          N_or_M_fixed1 * fixed2, int64_t(n));
+    }
   }
 
   std::vector<ExpertTables> expert_tables;
@@ -562,6 +597,7 @@ struct Model::Impl {
       else
         moe_forward(l, nb, out, train, lg);
     }
+    lg.elementwise += elementwise_per_pass(nb) + Tn * (Dm + V);
     k::rmsnorm_forward(lnf.data(), mm, rstdf.as<float>(), resid_out.as<float>(), P(final_norm), Tn,
                        Dm, 1e-5f);
     if (lm_head >= 0)
@@ -573,6 +609,19 @@ struct Model::Impl {
     k::cross_entropy(losses.as<float>(), train ? dlogits.data() : nullptr, mm, logits.as<float>(),
                      targets.as<int32_t>(), Tn, V, grad_scale);
     k::sum_double(loss_sum.as<double>(), losses.as<float>(), Tn);
+  }
+
+  // The CPU reference's informational element-wise count for one pass over nb sequences (norms,
+  // RoPE, causal softmax, SwiGLU, router softmax, combine), so both devices report one ledger.
+  // Dropless routing: every MoE layer routes nb·S·K rows.
+  int64_t elementwise_per_pass(int64_t nb) const {
+    const int64_t Tn = nb * S, R = Tn * K;
+    int64_t n = 0;
+    for (int64_t l = 0; l < L; ++l) {
+      n += 2 * Tn * Dm + nb * H * S * (S + 1) / 2 + (rope ? Tn * (H + Hkv) * Dh : 0);
+      n += l < a.dense_layers ? Tn * Dffn : Tn * E + R * De + Tn * Dse + R * Dm;
+    }
+    return n;
   }
 
   // ---- backward -----------------------------------------------------------------------------
@@ -661,6 +710,7 @@ struct Model::Impl {
   int64_t emb_unique = 0;
 
   void backward(FlopLedger& lg) {
+    lg.elementwise += elementwise_per_pass(B) + T * (Dm + V);  // the backward kernels mirror them
     if (lm_head >= 0) {
       matmul_backward(dln.as<float>(), false, lm_head, dlogits.data(), lnf.data(), T, Dm, V, lg,
                       FlopCategory::lm_head);
@@ -758,12 +808,14 @@ struct Model::Impl {
     for (const auto& row : r.flops.flops) c.insert(c.end(), row.begin(), row.end());
     c.insert(c.end(), r.routed_per_moe_layer.begin(), r.routed_per_moe_layer.end());
     c.push_back(r.loss_bearing_targets);
+    c.push_back(r.flops.elementwise);
     comm->all_reduce_sum_host(c.data(), int64_t(c.size()));
     size_t i = 0;
     for (auto& row : r.flops.flops)
       for (auto& v : row) v = c[i++];
     for (auto& v : r.routed_per_moe_layer) v = c[i++];
-    r.loss_bearing_targets = c[i];
+    r.loss_bearing_targets = c[i++];
+    r.flops.elementwise = c[i];
   }
 
   StepResult train_step(const int32_t* inputs, const int32_t* tgts, int64_t step,
@@ -784,6 +836,8 @@ struct Model::Impl {
     float nh[2];
     norm.download(nh, 8);
     r.grad_norm = double(nh[0]);
+    // The AdamW update, as the CPU counts it (each data-parallel rank updates every parameter).
+    r.flops.elementwise += n_params * (comm ? comm->info().world_size : 1);
     ledger += r.flops;
     return r;
   }
@@ -935,8 +989,11 @@ int64_t Model::batch_seqs() const {
 DType Model::matmul_type() const {
   return impl_->mm;
 }
-bool Model::grouped_gemm() const {
-  return impl_->blas.grouped_supported();
+void Model::set_expert_loop(bool loop) {
+  impl_->expert_loop = loop;
+}
+bool Model::expert_loop() const {
+  return impl_->expert_loop;
 }
 size_t Model::device_bytes() const {
   return impl_->bytes;

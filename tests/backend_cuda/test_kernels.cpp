@@ -231,3 +231,33 @@ TEST_CASE("global grad norm, clip and AdamW match a double-precision host loop")
   CHECK(rel_err(download_f(dV, n), v) < 1e-5);
   CHECK(rel_err(download_f(pmm, n, DType::bf16), p) < 1e-2);  // the bf16 copy of the weights
 }
+
+TEST_CASE("bf16 widening and the grouped bf16 accumulate match a host loop exactly") {
+  // Values that bf16 holds exactly (k/64 for small k), so the expected results are exact.
+  const int64_t per = 1000, groups = 5;
+  std::vector<uint16_t> src(per * groups);
+  std::vector<float> srcf(src.size());
+  for (size_t i = 0; i < src.size(); ++i) {
+    srcf[i] = float(int64_t(i % 97) - 48) / 64.f;
+    src[i] = moeplan::backend::cuda::float_to_bf16(srcf[i]);
+  }
+  auto dSrc = to_device(src);
+  auto wide = poisoned(src.size() * 4);
+  k::widen_bf16(wide.as<float>(), dSrc.as<uint16_t>(), int64_t(src.size()));
+  // Destinations: every other block of a larger buffer, in reverse order, so a wrong pointer shows.
+  const auto base = randn(per * groups * 2, 19);
+  auto dDst = to_device(base);
+  std::vector<float*> ptrs(groups);
+  std::vector<float> want = base;
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t block = 2 * (groups - 1 - g);
+    ptrs[g] = dDst.as<float>() + block * per;
+    for (int64_t i = 0; i < per; ++i) want[block * per + i] += srcf[g * per + i];
+  }
+  auto dPtrs = to_device(ptrs);
+  k::grouped_accumulate_bf16(static_cast<float* const*>(dPtrs.data()), dSrc.as<uint16_t>(), per,
+                             groups);
+  synchronize();
+  CHECK(download_f(wide, src.size()) == srcf);
+  CHECK(download_f(dDst, base.size()) == want);
+}

@@ -36,17 +36,17 @@ class Blas {
                     int64_t lda, const void* const* B, int64_t ldb, void* const* C, int64_t ldc,
                     float beta, DType in, DType out, int64_t batch);
 
-  // Products of differing shapes in one grouped call (cublasGemmGroupedBatchedEx), e.g. one per
-  // routed expert with its real token count. M/N/K (count) on the host; pointer arrays both on
-  // the host (h*) and the device (d*), the latter for the grouped call. Empty products are
-  // skipped. Falls back to one launch per product only if this cuBLAS refuses the grouped call
-  // for these types (grouped_supported() says which path ran).
+  // Products of differing shapes, e.g. one per routed expert with its real token count. M/N/K
+  // (count) on the host; pointer arrays both on the host (h*) and the device (d*). C in `out`.
+  // `loop` false: one cublasGemmGroupedBatchedEx call, which takes only Atype = Ctype (bf16 in,
+  // bf16 out; or fp32), so bf16 products with fp32 results go through the caller's scratch.
+  // `loop` true: one cublasGemmEx per product (any in/out pair), the comparison the benchmark
+  // measures. There is no silent fallback between the two: a refused call throws.
   void gemm_grouped(const LedgerEntry& rec, bool transA, bool transB, const int64_t* M,
                     const int64_t* N, const int64_t* K, const void* const* hA,
                     const void* const* dA, int64_t lda, const void* const* hB,
-                    const void* const* dB, int64_t ldb, float* const* hC, float* const* dC,
-                    int64_t ldc, float beta, DType in, int64_t count);
-  bool grouped_supported() const;
+                    const void* const* dB, int64_t ldb, void* const* hC, void* const* dC,
+                    int64_t ldc, float beta, DType in, DType out, int64_t count, bool loop);
 
  private:
   struct Impl;

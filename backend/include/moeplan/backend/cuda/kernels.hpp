@@ -12,6 +12,12 @@ namespace moeplan::backend::cuda::kernels {
 
 // out (N) in `mm` = in (N) fp32
 void cast(void* out, DType mm, const float* in, int64_t n);
+// out (N) fp32 = in (N) bf16
+void widen_bf16(float* out, const uint16_t* in, int64_t n);
+// For g < groups: dst[g][i] += src[g·per_group + i], i < per_group. dst is a device array of
+// device pointers (each an fp32 block of per_group elements); src is bf16.
+void grouped_accumulate_bf16(float* const* dst, const uint16_t* src, int64_t per_group,
+                             int64_t groups);
 
 // ---- embedding -------------------------------------------------------------------------------
 // x (T,C) = emb (V,C) rows of tokens (T)

@@ -53,7 +53,12 @@ class Model {
   const Arch& arch() const;
   int64_t batch_seqs() const;
   DType matmul_type() const;
-  bool grouped_gemm() const;  // whether the routed experts ran as grouped products
+  // Routed-expert products: one grouped cuBLAS call per product (default; in bf16 its bf16
+  // results are widened to fp32, and expert weight gradients are added to the fp32 gradients
+  // from bf16), or, with set_expert_loop(true), one cublasGemmEx per expert (fp32 results
+  // directly). The benchmark measures both.
+  void set_expert_loop(bool loop);
+  bool expert_loop() const;
   size_t device_bytes() const;
 
  private:
