@@ -66,6 +66,44 @@ enum AttnTable {
   kTables
 };
 
+// Optional per-phase timing (Model::set_profiling): CUDA events recorded between phases; the
+// time between two marks goes to the later mark's name, host waits inside a phase included.
+struct Profiler {
+  bool on = false;
+  std::vector<cudaEvent_t> pool;
+  std::vector<const char*> names;
+  size_t used = 0;
+  std::vector<std::pair<std::string, double>> ms;  // first-seen order
+  int64_t steps = 0;
+  void mark(const char* name) {
+    if (!on) return;
+    if (used == pool.size()) {
+      cudaEvent_t e;
+      check_cuda(cudaEventCreate(&e), "cudaEventCreate");
+      pool.push_back(e);
+      names.push_back(name);
+    }
+    names[used] = name;
+    check_cuda(cudaEventRecord(pool[used]), "cudaEventRecord");
+    ++used;
+  }
+  void collect() {  // after a synchronising call
+    if (!on) return;
+    for (size_t i = 1; i < used; ++i) {
+      float t = 0;
+      check_cuda(cudaEventElapsedTime(&t, pool[i - 1], pool[i]), "cudaEventElapsedTime");
+      auto it = std::find_if(ms.begin(), ms.end(), [&](auto& p) { return p.first == names[i]; });
+      if (it == ms.end()) ms.emplace_back(names[i], double(t));
+      else it->second += double(t);
+    }
+    used = 0;
+    ++steps;
+  }
+  ~Profiler() {
+    for (cudaEvent_t e : pool) cudaEventDestroy(e);
+  }
+};
+
 constexpr int kExpertProducts = 6;  // W13 fwd, W2 fwd, W2 dX, W2 dW, W13 dX, W13 dW
 // Pointer operands per expert product: A, B, the fp32 result C, and the bf16 scratch result the
 // grouped call writes in bf16 mode (cublasGemmGroupedBatchedEx has no bf16 → fp32 form).
@@ -115,6 +153,7 @@ struct Model::Impl {
   DeviceBuffer expert_ptrs_dev;
   DeviceBuffer expert_scratch;  // bf16 results of the grouped products (bf16 mode)
   bool expert_loop = false;
+  Profiler prof;
   // Per-step outputs.
   std::vector<int64_t> routed;
   std::vector<float> aux_host;
@@ -539,6 +578,7 @@ struct Model::Impl {
                       x.slot_of.as<int32_t>(), x.idx.as<int32_t>(), Tn, K, E);
     // The routed counts size the grouped products and the ledger: one wait per MoE layer.
     x.counts.download(x.counts_host.data(), size_t(E) * 4);
+    prof.mark("fwd router + sort (+ host wait)");
     const int64_t R = Tn * K;
     k::gather_rows(x.xg.data(), x.ln2.data(), mm, x.sorted.as<int32_t>(), R, K, Dm);
     ExpertTables& et = expert_tables[size_t(moe_index)];
@@ -549,6 +589,7 @@ struct Model::Impl {
     k::swiglu_forward(x.act.data(), mm, x.h13.as<float>(), R, De);
     // ye (rows, Dm) = act (rows, De) · W2_e (De, Dm)
     expert_product(moe_index, 1, et, false, false, Dm, De, 0, De, Dm, Dm, 0.f, lg, Phase::forward);
+    prof.mark("fwd routed experts");
     if (Dse > 0)
       swiglu_ffn_forward(out, x.ln2.data(), x.sh13.as<float>(), x.sact.data(), q.shared_w13,
                          q.shared_w2, Tn, Dse, lg, FlopCategory::shared_expert);
@@ -570,6 +611,7 @@ struct Model::Impl {
     const int64_t Tn = nb * S;
     float* r0 = acts[0].resid_in.as<float>();
     k::embedding_forward(r0, P(embedding), tokens.as<int32_t>(), Tn, Dm);
+    prof.mark("fwd embedding");
     for (int64_t l = 0; l < L; ++l) {
       const LayerParams& q = lp[size_t(l)];
       Acts& x = acts[size_t(l)];
@@ -580,7 +622,9 @@ struct Model::Impl {
                      FlopCategory::projection);
       k::qkv_prepare(x.qkv.data(), mm, qkv_f32.as<float>(), rope ? rope_table.as<float>() : nullptr,
                      nb, S, H, Hkv, Dh);
+      prof.mark("fwd norm1 + qkv");
       attention_forward(x, nb, lg);
+      prof.mark("fwd attention core");
       check_cuda(cudaMemcpyAsync(x.mid.data(), x.resid_in.data(), size_t(Tn * Dm) * 4,
                                  cudaMemcpyDeviceToDevice, nullptr),
                  "copy residual");
@@ -588,6 +632,7 @@ struct Model::Impl {
                      FlopCategory::projection);
       k::rmsnorm_forward(x.ln2.data(), mm, x.rstd2.as<float>(), x.mid.as<float>(), P(q.norm2), Tn,
                          Dm, 1e-5f);
+      prof.mark("fwd out proj + norm2");
       check_cuda(cudaMemcpyAsync(out, x.mid.data(), size_t(Tn * Dm) * 4, cudaMemcpyDeviceToDevice,
                                  nullptr),
                  "copy residual");
@@ -596,6 +641,7 @@ struct Model::Impl {
                            Dffn, lg, FlopCategory::dense_ffn);
       else
         moe_forward(l, nb, out, train, lg);
+      prof.mark(l < a.dense_layers ? "fwd dense ffn" : "fwd moe rest");
     }
     lg.elementwise += elementwise_per_pass(nb) + Tn * (Dm + V);
     k::rmsnorm_forward(lnf.data(), mm, rstdf.as<float>(), resid_out.as<float>(), P(final_norm), Tn,
@@ -606,9 +652,11 @@ struct Model::Impl {
     else
       blas.gemm(rec(lg, FlopCategory::lm_head, Phase::forward), false, true, Tn, V, Dm, lnf.data(),
                 Dm, Wm(embedding), Dm, logits.as<float>(), V, 0.f, mm);
+    prof.mark("fwd final norm + lm head");
     k::cross_entropy(losses.as<float>(), train ? dlogits.data() : nullptr, mm, logits.as<float>(),
                      targets.as<int32_t>(), Tn, V, grad_scale);
     k::sum_double(loss_sum.as<double>(), losses.as<float>(), Tn);
+    prof.mark("cross-entropy");
   }
 
   // The CPU reference's informational element-wise count for one pass over nb sequences (norms,
@@ -666,6 +714,7 @@ struct Model::Impl {
       check_cuda(cudaMemsetAsync(dln.data(), 0, size_t(T * Dm) * 4, nullptr), "memset dln");
     k::moe_combine_backward(dye.data(), mm, dgate.as<float>(), dresid.as<float>(), x.ye.as<float>(),
                             x.gate.as<float>(), x.sorted.as<int32_t>(), R, K, Dm);
+    prof.mark("bwd shared expert + combine");
     const ExpertTables& et = expert_tables[size_t(moe_index)];
     // dact (rows, De) = dye (rows, Dm) · W2_e^T;  dW2_e (De, Dm) += act^T · dye
     expert_product(moe_index, 2, et, false, true, De, Dm, 0, Dm, Dm, De, 0.f, lg,
@@ -678,6 +727,7 @@ struct Model::Impl {
                    Phase::input_grad);
     expert_product(moe_index, 5, et, true, false, Dm, 2 * De, 2, Dm, 2 * De, 2 * De, 1.f, lg,
                    Phase::weight_grad);
+    prof.mark("bwd routed experts");
     k::moe_scatter_add(dln.as<float>(), dxg.as<float>(), x.slot_of.as<int32_t>(), T, K, Dm);
     k::router_backward(dlog.data(), mm, x.probs.as<float>(), x.lse.as<float>(), x.idx.as<int32_t>(),
                        x.gate.as<float>(), dgate.as<float>(), x.counts.as<int32_t>(), T, E, K,
@@ -723,6 +773,7 @@ struct Model::Impl {
     check_cuda(cudaMemsetAsync(dresid.data(), 0, size_t(T * Dm) * 4, nullptr), "memset dresid");
     k::rmsnorm_backward(dresid.as<float>(), G(final_norm), dln.as<float>(), resid_out.as<float>(),
                         P(final_norm), rstdf.as<float>(), T, Dm, col_scratch.as<float>());
+    prof.mark("bwd lm head + final norm");
     for (int64_t l = L - 1; l >= 0; --l) {
       const LayerParams& q = lp[size_t(l)];
       Acts& x = acts[size_t(l)];
@@ -732,13 +783,16 @@ struct Model::Impl {
                             FlopCategory::dense_ffn);
       else
         moe_backward(l, lg);
+      prof.mark(l < a.dense_layers ? "bwd dense ffn" : "bwd moe rest");
       k::rmsnorm_backward(dresid.as<float>(), G(q.norm2), dln.as<float>(), x.mid.as<float>(),
                           P(q.norm2), x.rstd2.as<float>(), T, Dm, col_scratch.as<float>());
       k::cast(dresid_mm.data(), mm, dresid.as<float>(), T * Dm);
       matmul_backward(datty.as<float>(), false, q.attn_out, dresid_mm.data(), x.atty.data(), T,
                       H * Dh, Dm, lg, FlopCategory::projection);
       k::cast(datty_mm.data(), mm, datty.as<float>(), T * H * Dh);
+      prof.mark("bwd norm2 + out proj");
       attention_backward(x, lg);
+      prof.mark("bwd attention core");
       k::qkv_prepare_backward(dqkv_mm.data(), mm, dqkv.as<float>(),
                               rope ? rope_table.as<float>() : nullptr, B, S, H, Hkv, Dh);
       matmul_backward(dln.as<float>(), false, q.qkv, dqkv_mm.data(), x.ln1.data(), T, Dm, W, lg,
@@ -746,8 +800,10 @@ struct Model::Impl {
       k::rmsnorm_backward(dresid.as<float>(), G(q.norm1), dln.as<float>(), x.resid_in.as<float>(),
                           P(q.norm1), x.rstd1.as<float>(), T, Dm, col_scratch.as<float>());
     }
+    prof.mark("bwd qkv + norm1");
     k::embedding_backward(G(embedding), dresid.as<float>(), emb_ids.as<int32_t>(),
                           emb_seg.as<int32_t>(), emb_pos.as<int32_t>(), emb_unique, Dm);
+    prof.mark("bwd embedding");
   }
 
   void check_tokens(const int32_t* inputs, const int32_t* tgts, int64_t n) const {
@@ -765,11 +821,14 @@ struct Model::Impl {
     check_tokens(inputs, tgts, T);
     int64_t bearing = 0;
     for (int64_t t = 0; t < T; ++t) bearing += tgts[t] >= 0;
+    prof.used = 0;  // marks of an evaluation pass since the last step are dropped
+    prof.mark("start");
     grads.fill_zero();
     FlopLedger lg;
     std::fill(routed.begin(), routed.end(), 0);
     upload_tokens(inputs, tgts, T);
     upload_embedding_segments(inputs);
+    prof.mark("zero grads + upload");
     forward(B, true, lg, bearing > 0 ? 1.f / float(bearing) : 0.f);
     backward(lg);
     double ce_sum = 0;
@@ -833,8 +892,10 @@ struct Model::Impl {
              adam_v.as<float>(), grads.as<float>(), decay.as<uint8_t>(), norm.as<float>(), n_params,
              float(r.lr), float(cfg.beta1), float(cfg.beta2), float(cfg.eps),
              float(cfg.weight_decay), float(1.0 / bc1), float(1.0 / bc2));
+    prof.mark("all-reduce + grad norm + adamw");
     float nh[2];
     norm.download(nh, 8);
+    prof.collect();
     r.grad_norm = double(nh[0]);
     // The AdamW update, as the CPU counts it (each data-parallel rank updates every parameter).
     r.flops.elementwise += n_params * (comm ? comm->info().world_size : 1);
@@ -988,6 +1049,17 @@ int64_t Model::batch_seqs() const {
 }
 DType Model::matmul_type() const {
   return impl_->mm;
+}
+void Model::set_profiling(bool on) {
+  impl_->prof.on = on;
+  impl_->prof.ms.clear();
+  impl_->prof.steps = 0;
+  impl_->prof.used = 0;
+}
+std::vector<std::pair<std::string, double>> Model::profile_ms_per_step() const {
+  std::vector<std::pair<std::string, double>> out = impl_->prof.ms;
+  for (auto& p : out) p.second /= double(std::max<int64_t>(1, impl_->prof.steps));
+  return out;
 }
 void Model::set_expert_loop(bool loop) {
   impl_->expert_loop = loop;

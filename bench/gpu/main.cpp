@@ -174,6 +174,19 @@ int main(int argc, char** argv) {
       if (s >= warmup) secs.push_back(dt);
       per_step = r.flops;
     }
+    // Where the time goes: three more steps with per-phase CUDA events (not in the median).
+    model.set_profiling(true);
+    for (int s = 0; s < 3; ++s) {
+      make_batch(in, tg, batch, p.arch.seq_len, p.arch.vocab, warmup + steps + s);
+      model.train_step(in.data(), tg.data(), warmup + steps + s, cfg);
+    }
+    std::string phases;
+    double phase_total = 0;
+    for (const auto& [name, ms] : model.profile_ms_per_step()) phase_total += ms;
+    for (const auto& [name, ms] : model.profile_ms_per_step())
+      phases += fmt::format("    {:<34} {:8.2f} ms  {:5.1f}%\n", name, ms, 100 * ms / phase_total);
+    std::fprintf(stderr, "[%s] device time per step by phase (sum %.2f ms):\n%s", p.name.c_str(),
+                 phase_total, phases.c_str());
     const double t = median(secs);
     const double tokens = double(batch * p.arch.seq_len);
     const double executed = double(per_step.total());

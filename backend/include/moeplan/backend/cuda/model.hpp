@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "moeplan/accounting/arch.hpp"
@@ -58,6 +60,10 @@ class Model {
   // from bf16), or, with set_expert_loop(true), one cublasGemmEx per expert (fp32 results
   // directly). The benchmark measures both.
   void set_expert_loop(bool loop);
+  // Per-phase device time of train_step (CUDA events between phases; costs a little itself):
+  // mean milliseconds per step since set_profiling(true), phases in first-seen order.
+  void set_profiling(bool on);
+  std::vector<std::pair<std::string, double>> profile_ms_per_step() const;
   bool expert_loop() const;
   size_t device_bytes() const;
 
