@@ -15,6 +15,7 @@
 #include "../cpu/layers.hpp"
 #include "check.hpp"
 #include "moeplan/accounting/error.hpp"
+#include "moeplan/backend/cuda/attention.hpp"
 #include "moeplan/backend/cuda/comm.hpp"
 #include "moeplan/backend/cuda/gemm.hpp"
 #include "moeplan/backend/cuda/kernels.hpp"
@@ -119,6 +120,7 @@ struct Model::Impl {
   int64_t B = 0, S = 0, Dm = 0, H = 0, Hkv = 0, Dh = 0, W = 0, V = 0, E = 0, K = 0, De = 0, Dse = 0,
           Dffn = 0, L = 0, T = 0, n_params = 0;
   bool rope = false;
+  bool flash = false;  // bf16 with a compiled head width: the fused attention kernels
   size_t mm_size = 4;
 
   std::vector<TensorInfo> tensors;
@@ -135,7 +137,7 @@ struct Model::Impl {
   // Activations saved for backward, per layer.
   struct Acts {
     DeviceBuffer resid_in;  // (T,Dm) f32, the layer's input
-    DeviceBuffer ln1, rstd1, qkv, P, atty, mid, ln2, rstd2;
+    DeviceBuffer ln1, rstd1, qkv, P, attn_lse, atty, mid, ln2, rstd2;
     DeviceBuffer h13, act;  // dense (T,2Dffn) f32, (T,Dffn) mm; routed (TK,2De), (TK,De)
     DeviceBuffer probs, lse, idx, gate, counts, offsets, sorted, slot_of, xg, ye, sh13, sact;
     DeviceBuffer aux, p_mean;  // (2) (E)
@@ -147,7 +149,7 @@ struct Model::Impl {
   DeviceBuffer tokens, targets, emb_ids, emb_seg, emb_pos;
   // Scratch shared by all layers.
   DeviceBuffer qkv_f32, scores, dP, dS, dresid, dresid_mm, dln, dact, dh13, dqkv, dqkv_mm, datty,
-      datty_mm, dye, dgate, dxg, dlog, router_logits, col_scratch, norm_scratch, norm;
+      datty_mm, dye, dgate, dxg, dlog, router_logits, col_scratch, norm_scratch, norm, delta;
   // Grouped expert products: pointer tables per (MoE layer, product), host (pinned) and device.
   std::unique_ptr<PinnedBuffer> expert_ptrs_host;
   DeviceBuffer expert_ptrs_dev;
@@ -208,6 +210,7 @@ struct Model::Impl {
     T = B * S;
     rope = o.positions == "rope";
     mm_size = dtype_size(mm);
+    flash = mm == DType::bf16 && attention::supported(Dh);
     n_params = ref.trainable_params();
     locate_tensors();
 
@@ -294,7 +297,10 @@ struct Model::Impl {
       x.ln1 = alloc_mm(T * Dm);
       x.rstd1 = alloc_f(T);
       x.qkv = alloc_mm(T * W);
-      x.P = alloc_mm(B * H * S * S);
+      if (flash)
+        x.attn_lse = alloc_f(B * H * S);
+      else
+        x.P = alloc_mm(B * H * S * S);
       x.atty = alloc_mm(T * H * Dh);
       x.mid = alloc_f(T * Dm);
       x.ln2 = alloc_mm(T * Dm);
@@ -325,7 +331,7 @@ struct Model::Impl {
         x.counts_host.assign(size_t(E), 0);
         widest_h = std::max({widest_h, TK * De, T * Dse});
       }
-      x.attn_ptrs = alloc(size_t(kTables * B * H) * sizeof(void*));
+      if (!flash) x.attn_ptrs = alloc(size_t(kTables * B * H) * sizeof(void*));
     }
     resid_out = alloc_f(T * Dm);
     lnf = alloc_mm(T * Dm);
@@ -340,9 +346,13 @@ struct Model::Impl {
     emb_seg = alloc(size_t(T + 1) * 4);
     emb_pos = alloc(size_t(T) * 4);
     qkv_f32 = alloc_f(T * W);
-    scores = alloc_f(B * H * S * S);
-    dP = alloc_f(B * H * S * S);
-    dS = alloc_mm(B * H * S * S);
+    if (flash) {
+      delta = alloc_f(B * H * S);
+    } else {
+      scores = alloc_f(B * H * S * S);
+      dP = alloc_f(B * H * S * S);
+      dS = alloc_mm(B * H * S * S);
+    }
     dresid = alloc_f(T * Dm);
     dresid_mm = alloc_mm(T * Dm);
     dln = alloc_f(T * Dm);
@@ -374,6 +384,7 @@ struct Model::Impl {
   // Pointer tables of the batched attention products, per layer: built once, after every
   // buffer they point into exists.
   void build_attention_tables() {
+    if (flash) return;  // the fused kernels index qkv themselves
     const int64_t BH = B * H, group = H / Hkv;
     for (int64_t l = 0; l < L; ++l) {
       Acts& x = acts[size_t(l)];
@@ -416,6 +427,12 @@ struct Model::Impl {
   // ---- forward ------------------------------------------------------------------------------
   void attention_forward(Acts& x, int64_t nb, FlopLedger& lg) {
     const int64_t BH = nb * H;
+    if (flash) {
+      attention::forward(x.atty.as<uint16_t>(), x.attn_lse.as<float>(), x.qkv.as<uint16_t>(),
+                         rope ? nullptr : slopes.as<float>(), nb, S, H, Hkv, Dh);
+      record_fused_attention(lg, Phase::forward, BH);
+      return;
+    }
     const float scale = 1.f / std::sqrt(float(Dh));
     blas.gemm_batched(false, true, S, S, Dh, table(x, fQ), W, table(x, fK), W,
                       const_cast<void* const*>(table(x, fScore)), S, 0.f, mm, DType::f32, BH);
@@ -431,6 +448,25 @@ struct Model::Impl {
   void record_attention(FlopLedger& lg, Phase ph, int64_t products) const {
     lg.flops[int(FlopCategory::attention_core)][int(ph)] += products * Dh * S * (S + 1);
     lg.flops[int(FlopCategory::padding)][int(ph)] += products * Dh * S * (S - 1);
+  }
+
+  // The fused kernels run whole 64×64 tiles on and below the diagonal: per product, the causal
+  // triangle is attention-core (as the CPU counts it) and the rest of those tiles padding. The
+  // backward executes 7 products per tile (S and dP in both kernels, dV, dK, dQ): 4 are the
+  // CPU's, the 3 recomputed ones are booked as recompute.
+  void record_fused_attention(FlopLedger& lg, Phase ph, int64_t BH) const {
+    const int64_t causal = Dh * S * (S + 1);
+    const int64_t executed = 2 * Dh * attention::tiles_per_head(S) * attention::kTile *
+                             attention::kTile;
+    auto& f = lg.flops;
+    if (ph == Phase::forward) {
+      f[int(FlopCategory::attention_core)][int(ph)] += 2 * BH * causal;
+      f[int(FlopCategory::padding)][int(ph)] += 2 * BH * (executed - causal);
+    } else {
+      f[int(FlopCategory::attention_core)][int(ph)] += 4 * BH * causal;
+      f[int(FlopCategory::recompute)][int(ph)] += 3 * BH * causal;
+      f[int(FlopCategory::padding)][int(ph)] += 7 * BH * (executed - causal);
+    }
   }
 
   LedgerEntry rec(FlopLedger& lg, FlopCategory c, Phase p) { return LedgerEntry{&lg, c, p}; }
@@ -675,6 +711,13 @@ struct Model::Impl {
   // ---- backward -----------------------------------------------------------------------------
   void attention_backward(Acts& x, FlopLedger& lg) {
     const int64_t group = H / Hkv, BHkv = B * Hkv, BH = B * H;
+    if (flash) {
+      attention::backward(dqkv.as<float>(), delta.as<float>(), datty_mm.as<uint16_t>(),
+                          x.atty.as<uint16_t>(), x.attn_lse.as<float>(), x.qkv.as<uint16_t>(),
+                          rope ? nullptr : slopes.as<float>(), B, S, H, Hkv, Dh);
+      record_fused_attention(lg, Phase::input_grad, BH);
+      return;
+    }
     const float scale = 1.f / std::sqrt(float(Dh));
     // dP = dO·V^T (all heads), dS = softmax backward, dQ = dS·K
     blas.gemm_batched(false, true, S, S, Dh, table(x, bdO), H * Dh, table(x, bV), W,
@@ -1063,6 +1106,9 @@ std::vector<std::pair<std::string, double>> Model::profile_ms_per_step() const {
 }
 void Model::set_expert_loop(bool loop) {
   impl_->expert_loop = loop;
+}
+bool Model::fused_attention() const {
+  return impl_->flash;
 }
 bool Model::expert_loop() const {
   return impl_->expert_loop;

@@ -18,9 +18,11 @@ namespace moeplan::backend::cuda {
 
 class Communicator;
 
-// Attention runs as cuBLAS products over the full S×S square with the upper half masked: the
-// ledger records the causal part under attention-core (as the CPU does) and the masked, executed
-// rest under `padding`, so every executed product is counted once and nothing is hidden.
+// Attention: in bf16 with a supported head width, fused kernels (attention.hpp) over 64×64 tiles
+// on and below the diagonal; otherwise (fp32, the tight tests) cuBLAS products over the full S×S
+// square. Either way the ledger records the causal part under attention-core (as the CPU does),
+// the executed masked rest under `padding` and recomputed backward products under `recompute`,
+// so every executed product is counted once and nothing is hidden.
 // Not supported here (InputError): capacity_factor > 0 and the ERC loss.
 class Model {
  public:
@@ -60,6 +62,9 @@ class Model {
   // from bf16), or, with set_expert_loop(true), one cublasGemmEx per expert (fp32 results
   // directly). The benchmark measures both.
   void set_expert_loop(bool loop);
+  // Whether attention runs as the fused kernels (bf16 with head_dim 16/32/64/128) rather than
+  // cuBLAS batched products over the full S×S square with a separate softmax.
+  bool fused_attention() const;
   // Per-phase device time of train_step (CUDA events between phases; costs a little itself):
   // mean milliseconds per step since set_profiling(true), phases in first-seen order.
   void set_profiling(bool on);

@@ -1,0 +1,439 @@
+// Fused causal attention (see attention.hpp). Four warps per block; warp w owns rows
+// [16w, 16w+16) of a 64-row tile. Products run on tensor cores through WMMA fragments of 16×16×16
+// bf16 with fp32 accumulation; the softmax bookkeeping is fp32 in shared memory.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <mma.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "check.hpp"
+#include "moeplan/backend/cuda/attention.hpp"
+
+namespace moeplan::backend::cuda::attention {
+namespace {
+
+using bf16 = __nv_bfloat16;
+namespace wmma = nvcuda::wmma;
+
+constexpr int BM = 64, BN = 64, kThreads = 128;
+
+using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major>;
+using FragAt = wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::col_major>;
+using FragB = wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major>;
+using FragBt = wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major>;
+using FragC = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
+
+__device__ __forceinline__ float warp_sum(float x) {
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+__device__ __forceinline__ float warp_max(float x) {
+  for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+  return x;
+}
+
+// dst [64][D] (bf16, shared) = rows row0.. of a bf16 matrix with row stride ld; rows past `valid`
+// are zero. 16-byte vector loads (D and ld multiples of 8).
+template <int D>
+__device__ void load_tile(bf16* dst, const bf16* src, int row0, int valid, int64_t ld) {
+  constexpr int V = D / 8;
+  for (int idx = threadIdx.x; idx < 64 * V; idx += kThreads) {
+    const int r = idx / V, c = (idx % V) * 8;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (r < valid) v = *reinterpret_cast<const uint4*>(src + int64_t(row0 + r) * ld + c);
+    *reinterpret_cast<uint4*>(dst + r * D + c) = v;
+  }
+}
+
+// acc[n] (16×16, n < BN/16) = A (this warp's 16 rows, row-major [16][D]) · B^T where B is [64][D]
+// row-major: the 16×64 score block of a warp.
+template <int D>
+__device__ void rows_times_tile_t(FragC (&acc)[BN / 16], const bf16* a, const bf16* b) {
+#pragma unroll
+  for (int n = 0; n < BN / 16; ++n) wmma::fill_fragment(acc[n], 0.f);
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    FragA fa;
+    wmma::load_matrix_sync(fa, a + kk * 16, D);
+#pragma unroll
+    for (int n = 0; n < BN / 16; ++n) {
+      FragBt fb;
+      wmma::load_matrix_sync(fb, b + n * 16 * D + kk * 16, D);
+      wmma::mma_sync(acc[n], fa, fb, acc[n]);
+    }
+  }
+}
+
+template <int D>
+struct FwdSmem {
+  bf16 q[BM * D], k[BN * D], v[BN * D], p[BM * BN];
+  float s[BM * BN], o[BM * D];
+  float m[BM], l[BM], alpha[BM];
+};
+
+template <int D>
+__global__ void __launch_bounds__(kThreads)
+    forward_kernel(bf16* O, float* lse, const bf16* qkv, const float* slopes, int S, int H,
+                   int Hkv, float scale) {
+  extern __shared__ __align__(128) unsigned char raw[];
+  FwdSmem<D>& sm = *reinterpret_cast<FwdSmem<D>*>(raw);
+  const int qb = blockIdx.x, bh = blockIdx.y, b = bh / H, h = bh % H, kvh = h / (H / Hkv);
+  const int64_t W = int64_t(H + 2 * Hkv) * D;
+  const bf16* base = qkv + int64_t(b) * S * W;
+  const int q0 = qb * BM, qvalid = min(BM, S - q0);
+  const float slope = slopes ? slopes[h] : 0.f;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  load_tile<D>(sm.q, base + h * D, q0, qvalid, W);
+  for (int i = threadIdx.x; i < BM * D; i += kThreads) sm.o[i] = 0.f;
+  if (threadIdx.x < BM) {
+    sm.m[threadIdx.x] = -INFINITY;
+    sm.l[threadIdx.x] = 0.f;
+  }
+  for (int kb = 0; kb <= qb; ++kb) {
+    const int k0 = kb * BN, kvalid = min(BN, S - k0);
+    load_tile<D>(sm.k, base + int64_t(H + kvh) * D, k0, kvalid, W);
+    load_tile<D>(sm.v, base + int64_t(H + Hkv + kvh) * D, k0, kvalid, W);
+    __syncthreads();
+    {
+      FragC acc[BN / 16];
+      rows_times_tile_t<D>(acc, sm.q + warp * 16 * D, sm.k);
+#pragma unroll
+      for (int n = 0; n < BN / 16; ++n)
+        wmma::store_matrix_sync(sm.s + warp * 16 * BN + n * 16, acc[n], BN, wmma::mem_row_major);
+    }
+    __syncwarp();
+    // Online softmax over this warp's rows; lanes hold columns lane and lane+32.
+    for (int r = 0; r < 16; ++r) {
+      const int row = warp * 16 + r, i = q0 + row;
+      float x[2];
+#pragma unroll
+      for (int t = 0; t < 2; ++t) {
+        const int c = lane + 32 * t, j = k0 + c;
+        x[t] = (j <= i && i < S) ? scale * sm.s[row * BN + c] - slope * float(i - j) : -INFINITY;
+      }
+      const float m_old = sm.m[row], m_new = fmaxf(m_old, warp_max(fmaxf(x[0], x[1])));
+      float p0 = 0.f, p1 = 0.f, alpha = 1.f;
+      if (m_new != -INFINITY) {
+        p0 = expf(x[0] - m_new);
+        p1 = expf(x[1] - m_new);
+        alpha = expf(m_old - m_new);
+      }
+      const float rs = warp_sum(p0 + p1);
+      sm.p[row * BN + lane] = __float2bfloat16(p0);
+      sm.p[row * BN + lane + 32] = __float2bfloat16(p1);
+      __syncwarp();
+      if (lane == 0) {
+        sm.m[row] = m_new;
+        sm.l[row] = sm.l[row] * alpha + rs;
+        sm.alpha[row] = alpha;
+      }
+      __syncwarp();
+    }
+    for (int idx = lane; idx < 16 * D; idx += 32) {
+      const int row = warp * 16 + idx / D;
+      sm.o[row * D + idx % D] *= sm.alpha[row];
+    }
+    __syncwarp();
+#pragma unroll
+    for (int n = 0; n < D / 16; ++n) {
+      FragC acc;
+      wmma::load_matrix_sync(acc, sm.o + warp * 16 * D + n * 16, D, wmma::mem_row_major);
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) {
+        FragA fa;
+        FragB fb;
+        wmma::load_matrix_sync(fa, sm.p + warp * 16 * BN + kk * 16, BN);
+        wmma::load_matrix_sync(fb, sm.v + kk * 16 * D + n * 16, D);
+        wmma::mma_sync(acc, fa, fb, acc);
+      }
+      wmma::store_matrix_sync(sm.o + warp * 16 * D + n * 16, acc, D, wmma::mem_row_major);
+    }
+    __syncthreads();  // K/V are replaced next
+  }
+  const int64_t ldo = int64_t(H) * D;
+  for (int idx = threadIdx.x; idx < BM * D; idx += kThreads) {
+    const int r = idx / D, c = idx % D;
+    if (r < qvalid)
+      O[(int64_t(b) * S + q0 + r) * ldo + h * D + c] = __float2bfloat16(sm.o[idx] / sm.l[r]);
+  }
+  if (threadIdx.x < qvalid)
+    lse[int64_t(bh) * S + q0 + threadIdx.x] = sm.m[threadIdx.x] + logf(sm.l[threadIdx.x]);
+}
+
+// delta (B·H·S) = rowsum(dO ∘ O), one warp per (b, h, i).
+__global__ void delta_kernel(float* delta, const bf16* dO, const bf16* O, int64_t S, int H,
+                             int D, int64_t rows) {
+  const int64_t row = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  if (row >= rows) return;
+  const int lane = threadIdx.x % 32;
+  const int64_t bh = row / S, i = row % S, b = bh / H, h = bh % H;
+  const int64_t off = (b * S + i) * int64_t(H) * D + h * D;
+  float s = 0.f;
+  for (int c = lane; c < D; c += 32)
+    s += __bfloat162float(dO[off + c]) * __bfloat162float(O[off + c]);
+  s = warp_sum(s);
+  if (lane == 0) delta[row] = s;
+}
+
+template <int D>
+struct BwdSmem {
+  bf16 q[BM * D], dO[BM * D], k[BN * D], v[BN * D], p[BM * BN], ds[BM * BN];
+  float s[BM * BN], dp[BM * BN];  // also the staging of the fp32 results at the end
+  float lse[BM], delta[BM];
+};
+static_assert(sizeof(float) * 2 * BM * BN >= sizeof(float) * 64 * 128, "staging holds 64×128");
+
+// This warp's rows of P (bf16, into sm.p) and dS = scale·P∘(dP − delta) (bf16, into sm.ds) from
+// the scores in sm.s and dP in sm.dp; rows past S and keys after the query are zero.
+template <int D>
+__device__ void softmax_backward_rows(BwdSmem<D>& sm, int warp, int lane, int q0, int k0, int S,
+                                      float scale, float slope) {
+  for (int r = 0; r < 16; ++r) {
+    const int row = warp * 16 + r, i = q0 + row;
+#pragma unroll
+    for (int t = 0; t < 2; ++t) {
+      const int c = lane + 32 * t, j = k0 + c;
+      float p = 0.f, ds = 0.f;
+      if (j <= i && i < S) {
+        p = expf(scale * sm.s[row * BN + c] - slope * float(i - j) - sm.lse[row]);
+        ds = scale * p * (sm.dp[row * BN + c] - sm.delta[row]);
+      }
+      sm.p[row * BN + c] = __float2bfloat16(p);
+      sm.ds[row * BN + c] = __float2bfloat16(ds);
+    }
+  }
+}
+
+// Scores and dP of this warp's 16 query rows against the key tile: into sm.s and sm.dp.
+template <int D>
+__device__ void scores_and_dp(BwdSmem<D>& sm, int warp) {
+  FragC acc[BN / 16];
+  rows_times_tile_t<D>(acc, sm.q + warp * 16 * D, sm.k);
+#pragma unroll
+  for (int n = 0; n < BN / 16; ++n)
+    wmma::store_matrix_sync(sm.s + warp * 16 * BN + n * 16, acc[n], BN, wmma::mem_row_major);
+  rows_times_tile_t<D>(acc, sm.dO + warp * 16 * D, sm.v);
+#pragma unroll
+  for (int n = 0; n < BN / 16; ++n)
+    wmma::store_matrix_sync(sm.dp + warp * 16 * BN + n * 16, acc[n], BN, wmma::mem_row_major);
+}
+
+template <int D>
+__device__ void load_rows_stats(BwdSmem<D>& sm, const float* lse, const float* delta, int64_t bh,
+                                int S, int q0) {
+  if (threadIdx.x < BM) {
+    const int i = q0 + threadIdx.x;
+    sm.lse[threadIdx.x] = i < S ? lse[bh * S + i] : 0.f;
+    sm.delta[threadIdx.x] = i < S ? delta[bh * S + i] : 0.f;
+  }
+}
+
+// Writes a [64][D] fp32 tile (staged in shared memory) into dqkv rows row0.. at column col.
+template <int D>
+__device__ void store_rows(float* dqkv, const float* stage, int64_t row0, int valid, int64_t W,
+                           int64_t col) {
+  for (int idx = threadIdx.x; idx < 64 * D; idx += kThreads) {
+    const int r = idx / D, c = idx % D;
+    if (r < valid) dqkv[(row0 + r) * W + col + c] = stage[idx];
+  }
+}
+
+// dK, dV of one key tile of one (sequence, kv head): all query heads of the group, every query
+// tile on or below the diagonal, in a fixed order.
+template <int D>
+__global__ void __launch_bounds__(kThreads)
+    dkdv_kernel(float* dqkv, const bf16* dO, const float* lse, const float* delta,
+                const bf16* qkv, const float* slopes, int S, int H, int Hkv, float scale) {
+  extern __shared__ __align__(128) unsigned char raw[];
+  BwdSmem<D>& sm = *reinterpret_cast<BwdSmem<D>*>(raw);
+  const int kb = blockIdx.x, b = blockIdx.y / Hkv, kvh = blockIdx.y % Hkv, group = H / Hkv;
+  const int64_t W = int64_t(H + 2 * Hkv) * D, ldo = int64_t(H) * D;
+  const bf16* base = qkv + int64_t(b) * S * W;
+  const int k0 = kb * BN, kvalid = min(BN, S - k0), nq = (S + BM - 1) / BM;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  load_tile<D>(sm.k, base + int64_t(H + kvh) * D, k0, kvalid, W);
+  load_tile<D>(sm.v, base + int64_t(H + Hkv + kvh) * D, k0, kvalid, W);
+  FragC dk[D / 16], dv[D / 16];  // this warp's 16 key rows
+#pragma unroll
+  for (int n = 0; n < D / 16; ++n) {
+    wmma::fill_fragment(dk[n], 0.f);
+    wmma::fill_fragment(dv[n], 0.f);
+  }
+  for (int g = 0; g < group; ++g) {
+    const int h = kvh * group + g;
+    const int64_t bh = int64_t(b) * H + h;
+    const float slope = slopes ? slopes[h] : 0.f;
+    for (int qb = kb; qb < nq; ++qb) {
+      const int q0 = qb * BM, qvalid = min(BM, S - q0);
+      load_tile<D>(sm.q, base + int64_t(h) * D, q0, qvalid, W);
+      load_tile<D>(sm.dO, dO + int64_t(b) * S * ldo + int64_t(h) * D, q0, qvalid, ldo);
+      load_rows_stats<D>(sm, lse, delta, bh, S, q0);
+      __syncthreads();
+      scores_and_dp<D>(sm, warp);
+      __syncwarp();
+      softmax_backward_rows<D>(sm, warp, lane, q0, k0, S, scale, slope);
+      __syncthreads();  // every query row's P and dS are in place
+      // dV += P^T·dO and dK += dS^T·Q for this warp's key rows [16w, 16w+16).
+#pragma unroll
+      for (int n = 0; n < D / 16; ++n) {
+#pragma unroll
+        for (int kk = 0; kk < BM / 16; ++kk) {
+          FragAt pt, dst;
+          FragB fdo, fq;
+          wmma::load_matrix_sync(pt, sm.p + kk * 16 * BN + warp * 16, BN);
+          wmma::load_matrix_sync(fdo, sm.dO + kk * 16 * D + n * 16, D);
+          wmma::mma_sync(dv[n], pt, fdo, dv[n]);
+          wmma::load_matrix_sync(dst, sm.ds + kk * 16 * BN + warp * 16, BN);
+          wmma::load_matrix_sync(fq, sm.q + kk * 16 * D + n * 16, D);
+          wmma::mma_sync(dk[n], dst, fq, dk[n]);
+        }
+      }
+      __syncthreads();  // Q, dO, P, dS are replaced next
+    }
+  }
+  float* stage = sm.s;  // [64][D] fp32 across s and dp
+#pragma unroll
+  for (int n = 0; n < D / 16; ++n)
+    wmma::store_matrix_sync(stage + warp * 16 * D + n * 16, dk[n], D, wmma::mem_row_major);
+  __syncthreads();
+  store_rows<D>(dqkv, stage, int64_t(b) * S + k0, kvalid, W, int64_t(H + kvh) * D);
+  __syncthreads();
+#pragma unroll
+  for (int n = 0; n < D / 16; ++n)
+    wmma::store_matrix_sync(stage + warp * 16 * D + n * 16, dv[n], D, wmma::mem_row_major);
+  __syncthreads();
+  store_rows<D>(dqkv, stage, int64_t(b) * S + k0, kvalid, W, int64_t(H + Hkv + kvh) * D);
+}
+
+// dQ of one query tile of one (sequence, head): every key tile up to the diagonal, in order.
+template <int D>
+__global__ void __launch_bounds__(kThreads)
+    dq_kernel(float* dqkv, const bf16* dO, const float* lse, const float* delta, const bf16* qkv,
+              const float* slopes, int S, int H, int Hkv, float scale) {
+  extern __shared__ __align__(128) unsigned char raw[];
+  BwdSmem<D>& sm = *reinterpret_cast<BwdSmem<D>*>(raw);
+  const int qb = blockIdx.x, bh = blockIdx.y, b = bh / H, h = bh % H, kvh = h / (H / Hkv);
+  const int64_t W = int64_t(H + 2 * Hkv) * D, ldo = int64_t(H) * D;
+  const bf16* base = qkv + int64_t(b) * S * W;
+  const int q0 = qb * BM, qvalid = min(BM, S - q0);
+  const float slope = slopes ? slopes[h] : 0.f;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  load_tile<D>(sm.q, base + int64_t(h) * D, q0, qvalid, W);
+  load_tile<D>(sm.dO, dO + int64_t(b) * S * ldo + int64_t(h) * D, q0, qvalid, ldo);
+  load_rows_stats<D>(sm, lse, delta, bh, S, q0);
+  FragC dq[D / 16];
+#pragma unroll
+  for (int n = 0; n < D / 16; ++n) wmma::fill_fragment(dq[n], 0.f);
+  for (int kb = 0; kb <= qb; ++kb) {
+    const int k0 = kb * BN, kvalid = min(BN, S - k0);
+    load_tile<D>(sm.k, base + int64_t(H + kvh) * D, k0, kvalid, W);
+    load_tile<D>(sm.v, base + int64_t(H + Hkv + kvh) * D, k0, kvalid, W);
+    __syncthreads();
+    scores_and_dp<D>(sm, warp);
+    __syncwarp();
+    softmax_backward_rows<D>(sm, warp, lane, q0, k0, S, scale, slope);
+    __syncwarp();
+#pragma unroll
+    for (int n = 0; n < D / 16; ++n) {
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) {
+        FragA fds;
+        FragB fk;
+        wmma::load_matrix_sync(fds, sm.ds + warp * 16 * BN + kk * 16, BN);
+        wmma::load_matrix_sync(fk, sm.k + kk * 16 * D + n * 16, D);
+        wmma::mma_sync(dq[n], fds, fk, dq[n]);
+      }
+    }
+    __syncthreads();  // K/V are replaced next
+  }
+  float* stage = sm.s;
+#pragma unroll
+  for (int n = 0; n < D / 16; ++n)
+    wmma::store_matrix_sync(stage + warp * 16 * D + n * 16, dq[n], D, wmma::mem_row_major);
+  __syncthreads();
+  store_rows<D>(dqkv, stage, int64_t(b) * S + q0, qvalid, W, int64_t(h) * D);
+}
+
+template <class Kernel>
+void allow_smem(Kernel k, size_t bytes) {
+  check_cuda(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)),
+             "cudaFuncSetAttribute (attention shared memory)");
+}
+
+template <int D>
+void forward_t(uint16_t* O, float* lse, const uint16_t* qkv, const float* slopes, int64_t B,
+               int64_t S, int64_t H, int64_t Hkv) {
+  const size_t smem = sizeof(FwdSmem<D>);
+  allow_smem(forward_kernel<D>, smem);
+  const dim3 grid(unsigned((S + BM - 1) / BM), unsigned(B * H));
+  forward_kernel<D><<<grid, kThreads, smem>>>(reinterpret_cast<bf16*>(O), lse,
+                                              reinterpret_cast<const bf16*>(qkv), slopes, int(S),
+                                              int(H), int(Hkv), 1.f / sqrtf(float(D)));
+  check_launch("attention::forward");
+}
+
+template <int D>
+void backward_t(float* dqkv, float* delta, const uint16_t* dO, const uint16_t* O, const float* lse,
+                const uint16_t* qkv, const float* slopes, int64_t B, int64_t S, int64_t H,
+                int64_t Hkv) {
+  const int64_t rows = B * H * S;
+  delta_kernel<<<unsigned((rows + 7) / 8), 256>>>(delta, reinterpret_cast<const bf16*>(dO),
+                                                   reinterpret_cast<const bf16*>(O), S, int(H), D,
+                                                   rows);
+  check_launch("attention::delta");
+  const size_t smem = sizeof(BwdSmem<D>);
+  const float scale = 1.f / sqrtf(float(D));
+  const unsigned tiles = unsigned((S + BM - 1) / BM);
+  allow_smem(dkdv_kernel<D>, smem);
+  dkdv_kernel<D><<<dim3(tiles, unsigned(B * Hkv)), kThreads, smem>>>(
+      dqkv, reinterpret_cast<const bf16*>(dO), lse, delta, reinterpret_cast<const bf16*>(qkv),
+      slopes, int(S), int(H), int(Hkv), scale);
+  check_launch("attention::dkdv");
+  allow_smem(dq_kernel<D>, smem);
+  dq_kernel<D><<<dim3(tiles, unsigned(B * H)), kThreads, smem>>>(
+      dqkv, reinterpret_cast<const bf16*>(dO), lse, delta, reinterpret_cast<const bf16*>(qkv),
+      slopes, int(S), int(H), int(Hkv), scale);
+  check_launch("attention::dq");
+}
+
+}  // namespace
+
+bool supported(int64_t head_dim) {
+  return head_dim == 16 || head_dim == 32 || head_dim == 64 || head_dim == 128;
+}
+
+int64_t tiles_per_head(int64_t S) {
+  const int64_t nq = (S + kTile - 1) / kTile;
+  return nq * (nq + 1) / 2;
+}
+
+#define MOEPLAN_ATTN_DISPATCH(Dh, call)                                                        \
+  switch (Dh) {                                                                                \
+    case 16: call(16); break;                                                                  \
+    case 32: call(32); break;                                                                  \
+    case 64: call(64); break;                                                                  \
+    case 128: call(128); break;                                                                \
+    default:                                                                                   \
+      throw std::invalid_argument("fused attention: head_dim " + std::to_string(Dh) +          \
+                                  " has no kernel (16, 32, 64 or 128)");                        \
+  }
+
+void forward(uint16_t* O, float* lse, const uint16_t* qkv, const float* alibi_slopes, int64_t B,
+             int64_t S, int64_t H, int64_t Hkv, int64_t Dh) {
+#define MOEPLAN_CALL(d) forward_t<d>(O, lse, qkv, alibi_slopes, B, S, H, Hkv)
+  MOEPLAN_ATTN_DISPATCH(Dh, MOEPLAN_CALL)
+#undef MOEPLAN_CALL
+}
+
+void backward(float* dqkv, float* delta, const uint16_t* dO, const uint16_t* O, const float* lse,
+              const uint16_t* qkv, const float* alibi_slopes, int64_t B, int64_t S, int64_t H,
+              int64_t Hkv, int64_t Dh) {
+#define MOEPLAN_CALL(d) backward_t<d>(dqkv, delta, dO, O, lse, qkv, alibi_slopes, B, S, H, Hkv)
+  MOEPLAN_ATTN_DISPATCH(Dh, MOEPLAN_CALL)
+#undef MOEPLAN_CALL
+}
+
+}  // namespace moeplan::backend::cuda::attention

@@ -1,0 +1,34 @@
+#pragma once
+// Fused causal attention for the bf16 path (our own kernels, tensor cores through WMMA): the S×S
+// scores never leave shared memory. Forward keeps a running max and sum per query row; backward
+// recomputes the scores tile by tile, one kernel per key tile for dK/dV (the query heads of a
+// grouped-query group summed inside, in order) and one per query tile for dQ, so no float atomics
+// and bit-for-bit repeatable runs. Tiles are 64 queries × 64 keys; only tiles on or below the
+// diagonal run, and the diagonal tiles are executed whole (the ledger books the masked part of
+// them as padding, and the backward's recomputed products as recompute).
+//
+// Layouts as in the rest of the CUDA path: qkv (B·S, (H+2·Hkv)·Dh) bf16 with RoPE already applied
+// to q and k; O and dO (B·S, H·Dh) bf16; lse and delta (B·H·S) fp32; dqkv (B·S, (H+2·Hkv)·Dh)
+// fp32, every q, k and v column written (not accumulated). alibi_slopes (H) or null. Softmax scale
+// 1/sqrt(Dh), the ALiBi bias −slope·(i−j) added after scaling, as in the CPU reference.
+#include <cstdint>
+
+namespace moeplan::backend::cuda::attention {
+
+constexpr int64_t kTile = 64;
+
+// Head widths with a compiled kernel (multiples of 16 up to 128).
+bool supported(int64_t head_dim);
+
+// Per (sequence, head): how many 64×64 tiles run, nq·(nq+1)/2 with nq = ceil(S/64).
+int64_t tiles_per_head(int64_t S);
+
+void forward(uint16_t* O, float* lse, const uint16_t* qkv, const float* alibi_slopes, int64_t B,
+             int64_t S, int64_t H, int64_t Hkv, int64_t Dh);
+
+// delta: scratch of B·H·S floats (rowsum dO·O).
+void backward(float* dqkv, float* delta, const uint16_t* dO, const uint16_t* O, const float* lse,
+              const uint16_t* qkv, const float* alibi_slopes, int64_t B, int64_t S, int64_t H,
+              int64_t Hkv, int64_t Dh);
+
+}  // namespace moeplan::backend::cuda::attention
