@@ -19,6 +19,15 @@ using bf16 = __nv_bfloat16;
 namespace wmma = nvcuda::wmma;
 
 constexpr int BM = 64, BN = 64, kThreads = 128;
+// Shared-memory row strides, padded so that the 16 rows a fragment load or store touches fall in
+// different banks (unpadded, rows 128 or 256 bytes apart all hit the same banks). WMMA wants
+// multiples of 8 (bf16) or 4 (fp32) elements.
+template <int D>
+constexpr int LDT = D + 8;  // q, k, v, dO tiles (bf16)
+constexpr int LDP = BN + 8;  // P and dS (bf16)
+constexpr int LDS = BN + 4;  // scores and dP (fp32)
+template <int D>
+constexpr int LDO = D + 4;  // fp32 output tiles (O, staged dQ/dK/dV)
 
 using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major>;
 using FragAt = wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::col_major>;
@@ -30,12 +39,8 @@ __device__ __forceinline__ float warp_sum(float x) {
   for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
   return x;
 }
-__device__ __forceinline__ float warp_max(float x) {
-  for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
-  return x;
-}
 
-// dst [64][D] (bf16, shared) = rows row0.. of a bf16 matrix with row stride ld; rows past `valid`
+// dst [64][LDT] (bf16, shared) = rows row0.. of a bf16 matrix with row stride ld; rows past `valid`
 // are zero. 16-byte vector loads (D and ld multiples of 8).
 template <int D>
 __device__ void load_tile(bf16* dst, const bf16* src, int row0, int valid, int64_t ld) {
@@ -44,7 +49,7 @@ __device__ void load_tile(bf16* dst, const bf16* src, int row0, int valid, int64
     const int r = idx / V, c = (idx % V) * 8;
     uint4 v = make_uint4(0, 0, 0, 0);
     if (r < valid) v = *reinterpret_cast<const uint4*>(src + int64_t(row0 + r) * ld + c);
-    *reinterpret_cast<uint4*>(dst + r * D + c) = v;
+    *reinterpret_cast<uint4*>(dst + r * LDT<D> + c) = v;
   }
 }
 
@@ -57,11 +62,11 @@ __device__ void rows_times_tile_t(FragC (&acc)[BN / 16], const bf16* a, const bf
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
     FragA fa;
-    wmma::load_matrix_sync(fa, a + kk * 16, D);
+    wmma::load_matrix_sync(fa, a + kk * 16, LDT<D>);
 #pragma unroll
     for (int n = 0; n < BN / 16; ++n) {
       FragBt fb;
-      wmma::load_matrix_sync(fb, b + n * 16 * D + kk * 16, D);
+      wmma::load_matrix_sync(fb, b + n * 16 * LDT<D> + kk * 16, LDT<D>);
       wmma::mma_sync(acc[n], fa, fb, acc[n]);
     }
   }
@@ -69,8 +74,8 @@ __device__ void rows_times_tile_t(FragC (&acc)[BN / 16], const bf16* a, const bf
 
 template <int D>
 struct FwdSmem {
-  bf16 q[BM * D], k[BN * D], v[BN * D], p[BM * BN];
-  float s[BM * BN], o[BM * D];
+  bf16 q[BM * LDT<D>], k[BN * LDT<D>], v[BN * LDT<D>], p[BM * LDP];
+  float s[BM * LDS], o[BM * LDO<D>];
   float m[BM], l[BM], alpha[BM];
 };
 
@@ -87,7 +92,7 @@ __global__ void __launch_bounds__(kThreads)
   const float slope = slopes ? slopes[h] : 0.f;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   load_tile<D>(sm.q, base + h * D, q0, qvalid, W);
-  for (int i = threadIdx.x; i < BM * D; i += kThreads) sm.o[i] = 0.f;
+  for (int i = threadIdx.x; i < BM * LDO<D>; i += kThreads) sm.o[i] = 0.f;
   if (threadIdx.x < BM) {
     sm.m[threadIdx.x] = -INFINITY;
     sm.l[threadIdx.x] = 0.f;
@@ -99,57 +104,64 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
     {
       FragC acc[BN / 16];
-      rows_times_tile_t<D>(acc, sm.q + warp * 16 * D, sm.k);
+      rows_times_tile_t<D>(acc, sm.q + warp * 16 * LDT<D>, sm.k);
 #pragma unroll
       for (int n = 0; n < BN / 16; ++n)
-        wmma::store_matrix_sync(sm.s + warp * 16 * BN + n * 16, acc[n], BN, wmma::mem_row_major);
+        wmma::store_matrix_sync(sm.s + warp * 16 * LDS + n * 16, acc[n], LDS, wmma::mem_row_major);
     }
     __syncwarp();
-    // Online softmax over this warp's rows; lanes hold columns lane and lane+32.
-    for (int r = 0; r < 16; ++r) {
-      const int row = warp * 16 + r, i = q0 + row;
-      float x[2];
-#pragma unroll
-      for (int t = 0; t < 2; ++t) {
-        const int c = lane + 32 * t, j = k0 + c;
-        x[t] = (j <= i && i < S) ? scale * sm.s[row * BN + c] - slope * float(i - j) : -INFINITY;
+    // Online softmax: two lanes per row (16 rows at once), each over 32 columns, visited in a
+    // lane-staggered order so the pair's reads fall in different banks.
+    {
+      const int row = warp * 16 + lane / 2, i = q0 + row, half = (lane & 1) * 32;
+      const float* srow = sm.s + row * LDS + half;
+      float mx = -INFINITY;
+      for (int t = 0; t < 32; ++t) {
+        const int c = (t + lane) & 31, j = k0 + half + c;
+        if (j <= i && i < S) mx = fmaxf(mx, scale * srow[c] - slope * float(i - j));
       }
-      const float m_old = sm.m[row], m_new = fmaxf(m_old, warp_max(fmaxf(x[0], x[1])));
-      float p0 = 0.f, p1 = 0.f, alpha = 1.f;
-      if (m_new != -INFINITY) {
-        p0 = expf(x[0] - m_new);
-        p1 = expf(x[1] - m_new);
-        alpha = expf(m_old - m_new);
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      const float m_old = sm.m[row], m_new = fmaxf(m_old, mx);
+      const bool live = m_new != -INFINITY;
+      float sum = 0.f;
+      bf16* prow = sm.p + row * LDP + half;
+      for (int t = 0; t < 32; ++t) {
+        const int c = (t + lane) & 31, j = k0 + half + c;
+        float p = 0.f;
+        if (live && j <= i && i < S) p = expf(scale * srow[c] - slope * float(i - j) - m_new);
+        sum += p;
+        prow[c] = __float2bfloat16(p);
       }
-      const float rs = warp_sum(p0 + p1);
-      sm.p[row * BN + lane] = __float2bfloat16(p0);
-      sm.p[row * BN + lane + 32] = __float2bfloat16(p1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      const float alpha = live ? expf(m_old - m_new) : 1.f;
       __syncwarp();
-      if (lane == 0) {
+      if ((lane & 1) == 0) {
         sm.m[row] = m_new;
-        sm.l[row] = sm.l[row] * alpha + rs;
+        sm.l[row] = sm.l[row] * alpha + sum;
         sm.alpha[row] = alpha;
       }
-      __syncwarp();
     }
+    __syncwarp();
     for (int idx = lane; idx < 16 * D; idx += 32) {
       const int row = warp * 16 + idx / D;
-      sm.o[row * D + idx % D] *= sm.alpha[row];
+      sm.o[row * LDO<D> + idx % D] *= sm.alpha[row];
     }
     __syncwarp();
 #pragma unroll
     for (int n = 0; n < D / 16; ++n) {
       FragC acc;
-      wmma::load_matrix_sync(acc, sm.o + warp * 16 * D + n * 16, D, wmma::mem_row_major);
+      wmma::load_matrix_sync(acc, sm.o + warp * 16 * LDO<D> + n * 16, LDO<D>,
+                             wmma::mem_row_major);
 #pragma unroll
       for (int kk = 0; kk < BN / 16; ++kk) {
         FragA fa;
         FragB fb;
-        wmma::load_matrix_sync(fa, sm.p + warp * 16 * BN + kk * 16, BN);
-        wmma::load_matrix_sync(fb, sm.v + kk * 16 * D + n * 16, D);
+        wmma::load_matrix_sync(fa, sm.p + warp * 16 * LDP + kk * 16, LDP);
+        wmma::load_matrix_sync(fb, sm.v + kk * 16 * LDT<D> + n * 16, LDT<D>);
         wmma::mma_sync(acc, fa, fb, acc);
       }
-      wmma::store_matrix_sync(sm.o + warp * 16 * D + n * 16, acc, D, wmma::mem_row_major);
+      wmma::store_matrix_sync(sm.o + warp * 16 * LDO<D> + n * 16, acc, LDO<D>,
+                              wmma::mem_row_major);
     }
     __syncthreads();  // K/V are replaced next
   }
@@ -157,7 +169,8 @@ __global__ void __launch_bounds__(kThreads)
   for (int idx = threadIdx.x; idx < BM * D; idx += kThreads) {
     const int r = idx / D, c = idx % D;
     if (r < qvalid)
-      O[(int64_t(b) * S + q0 + r) * ldo + h * D + c] = __float2bfloat16(sm.o[idx] / sm.l[r]);
+      O[(int64_t(b) * S + q0 + r) * ldo + h * D + c] =
+          __float2bfloat16(sm.o[r * LDO<D> + c] / sm.l[r]);
   }
   if (threadIdx.x < qvalid)
     lse[int64_t(bh) * S + q0 + threadIdx.x] = sm.m[threadIdx.x] + logf(sm.l[threadIdx.x]);
@@ -180,11 +193,12 @@ __global__ void delta_kernel(float* delta, const bf16* dO, const bf16* O, int64_
 
 template <int D>
 struct BwdSmem {
-  bf16 q[BM * D], dO[BM * D], k[BN * D], v[BN * D], p[BM * BN], ds[BM * BN];
-  float s[BM * BN], dp[BM * BN];  // also the staging of the fp32 results at the end
+  bf16 q[BM * LDT<D>], dO[BM * LDT<D>], k[BN * LDT<D>], v[BN * LDT<D>], p[BM * LDP],
+      ds[BM * LDP];
+  float s[BM * LDS], dp[BM * LDS];  // also the staging of the fp32 results at the end
   float lse[BM], delta[BM];
 };
-static_assert(sizeof(float) * 2 * BM * BN >= sizeof(float) * 64 * 128, "staging holds 64×128");
+static_assert(2 * BM * LDS >= 64 * LDO<128>, "s and dp together stage a 64×128 fp32 tile");
 
 // This warp's rows of P (bf16, into sm.p) and dS = scale·P∘(dP − delta) (bf16, into sm.ds) from
 // the scores in sm.s and dP in sm.dp; rows past S and keys after the query are zero.
@@ -198,11 +212,11 @@ __device__ void softmax_backward_rows(BwdSmem<D>& sm, int warp, int lane, int q0
       const int c = lane + 32 * t, j = k0 + c;
       float p = 0.f, ds = 0.f;
       if (j <= i && i < S) {
-        p = expf(scale * sm.s[row * BN + c] - slope * float(i - j) - sm.lse[row]);
-        ds = scale * p * (sm.dp[row * BN + c] - sm.delta[row]);
+        p = expf(scale * sm.s[row * LDS + c] - slope * float(i - j) - sm.lse[row]);
+        ds = scale * p * (sm.dp[row * LDS + c] - sm.delta[row]);
       }
-      sm.p[row * BN + c] = __float2bfloat16(p);
-      sm.ds[row * BN + c] = __float2bfloat16(ds);
+      sm.p[row * LDP + c] = __float2bfloat16(p);
+      sm.ds[row * LDP + c] = __float2bfloat16(ds);
     }
   }
 }
@@ -211,14 +225,14 @@ __device__ void softmax_backward_rows(BwdSmem<D>& sm, int warp, int lane, int q0
 template <int D>
 __device__ void scores_and_dp(BwdSmem<D>& sm, int warp) {
   FragC acc[BN / 16];
-  rows_times_tile_t<D>(acc, sm.q + warp * 16 * D, sm.k);
+  rows_times_tile_t<D>(acc, sm.q + warp * 16 * LDT<D>, sm.k);
 #pragma unroll
   for (int n = 0; n < BN / 16; ++n)
-    wmma::store_matrix_sync(sm.s + warp * 16 * BN + n * 16, acc[n], BN, wmma::mem_row_major);
-  rows_times_tile_t<D>(acc, sm.dO + warp * 16 * D, sm.v);
+    wmma::store_matrix_sync(sm.s + warp * 16 * LDS + n * 16, acc[n], LDS, wmma::mem_row_major);
+  rows_times_tile_t<D>(acc, sm.dO + warp * 16 * LDT<D>, sm.v);
 #pragma unroll
   for (int n = 0; n < BN / 16; ++n)
-    wmma::store_matrix_sync(sm.dp + warp * 16 * BN + n * 16, acc[n], BN, wmma::mem_row_major);
+    wmma::store_matrix_sync(sm.dp + warp * 16 * LDS + n * 16, acc[n], LDS, wmma::mem_row_major);
 }
 
 template <int D>
@@ -231,13 +245,14 @@ __device__ void load_rows_stats(BwdSmem<D>& sm, const float* lse, const float* d
   }
 }
 
-// Writes a [64][D] fp32 tile (staged in shared memory) into dqkv rows row0.. at column col.
+// Writes a [64][D] fp32 tile (staged in shared memory, row stride LDO) into dqkv rows row0.. at
+// column col.
 template <int D>
 __device__ void store_rows(float* dqkv, const float* stage, int64_t row0, int valid, int64_t W,
                            int64_t col) {
   for (int idx = threadIdx.x; idx < 64 * D; idx += kThreads) {
     const int r = idx / D, c = idx % D;
-    if (r < valid) dqkv[(row0 + r) * W + col + c] = stage[idx];
+    if (r < valid) dqkv[(row0 + r) * W + col + c] = stage[r * LDO<D> + c];
   }
 }
 
@@ -283,11 +298,11 @@ __global__ void __launch_bounds__(kThreads)
         for (int kk = 0; kk < BM / 16; ++kk) {
           FragAt pt, dst;
           FragB fdo, fq;
-          wmma::load_matrix_sync(pt, sm.p + kk * 16 * BN + warp * 16, BN);
-          wmma::load_matrix_sync(fdo, sm.dO + kk * 16 * D + n * 16, D);
+          wmma::load_matrix_sync(pt, sm.p + kk * 16 * LDP + warp * 16, LDP);
+          wmma::load_matrix_sync(fdo, sm.dO + kk * 16 * LDT<D> + n * 16, LDT<D>);
           wmma::mma_sync(dv[n], pt, fdo, dv[n]);
-          wmma::load_matrix_sync(dst, sm.ds + kk * 16 * BN + warp * 16, BN);
-          wmma::load_matrix_sync(fq, sm.q + kk * 16 * D + n * 16, D);
+          wmma::load_matrix_sync(dst, sm.ds + kk * 16 * LDP + warp * 16, LDP);
+          wmma::load_matrix_sync(fq, sm.q + kk * 16 * LDT<D> + n * 16, LDT<D>);
           wmma::mma_sync(dk[n], dst, fq, dk[n]);
         }
       }
@@ -297,13 +312,15 @@ __global__ void __launch_bounds__(kThreads)
   float* stage = sm.s;  // [64][D] fp32 across s and dp
 #pragma unroll
   for (int n = 0; n < D / 16; ++n)
-    wmma::store_matrix_sync(stage + warp * 16 * D + n * 16, dk[n], D, wmma::mem_row_major);
+    wmma::store_matrix_sync(stage + warp * 16 * LDO<D> + n * 16, dk[n], LDO<D>,
+                            wmma::mem_row_major);
   __syncthreads();
   store_rows<D>(dqkv, stage, int64_t(b) * S + k0, kvalid, W, int64_t(H + kvh) * D);
   __syncthreads();
 #pragma unroll
   for (int n = 0; n < D / 16; ++n)
-    wmma::store_matrix_sync(stage + warp * 16 * D + n * 16, dv[n], D, wmma::mem_row_major);
+    wmma::store_matrix_sync(stage + warp * 16 * LDO<D> + n * 16, dv[n], LDO<D>,
+                            wmma::mem_row_major);
   __syncthreads();
   store_rows<D>(dqkv, stage, int64_t(b) * S + k0, kvalid, W, int64_t(H + Hkv + kvh) * D);
 }
@@ -342,8 +359,8 @@ __global__ void __launch_bounds__(kThreads)
       for (int kk = 0; kk < BN / 16; ++kk) {
         FragA fds;
         FragB fk;
-        wmma::load_matrix_sync(fds, sm.ds + warp * 16 * BN + kk * 16, BN);
-        wmma::load_matrix_sync(fk, sm.k + kk * 16 * D + n * 16, D);
+        wmma::load_matrix_sync(fds, sm.ds + warp * 16 * LDP + kk * 16, LDP);
+        wmma::load_matrix_sync(fk, sm.k + kk * 16 * LDT<D> + n * 16, LDT<D>);
         wmma::mma_sync(dq[n], fds, fk, dq[n]);
       }
     }
@@ -352,7 +369,8 @@ __global__ void __launch_bounds__(kThreads)
   float* stage = sm.s;
 #pragma unroll
   for (int n = 0; n < D / 16; ++n)
-    wmma::store_matrix_sync(stage + warp * 16 * D + n * 16, dq[n], D, wmma::mem_row_major);
+    wmma::store_matrix_sync(stage + warp * 16 * LDO<D> + n * 16, dq[n], LDO<D>,
+                            wmma::mem_row_major);
   __syncthreads();
   store_rows<D>(dqkv, stage, int64_t(b) * S + q0, qvalid, W, int64_t(h) * D);
 }

@@ -50,11 +50,18 @@ Blas::~Blas() {
 void Blas::gemm(const LedgerEntry& rec, bool transA, bool transB, int64_t M, int64_t N, int64_t K,
                 const void* A, int64_t lda, const void* B, int64_t ldb, float* C, int64_t ldc,
                 float beta, DType in, float alpha) {
+  gemm(rec, transA, transB, M, N, K, A, lda, B, ldb, static_cast<void*>(C), ldc, beta, in,
+       DType::f32, alpha);
+}
+
+void Blas::gemm(const LedgerEntry& rec, bool transA, bool transB, int64_t M, int64_t N, int64_t K,
+                const void* A, int64_t lda, const void* B, int64_t ldb, void* C, int64_t ldc,
+                float beta, DType in, DType out, float alpha) {
   if (M == 0 || N == 0) return;
   if (rec.ledger) rec.ledger->add_gemm(rec.category, rec.phase, M, N, K);
   check_blas(cublasGemmEx(impl_->handle, op(transB), op(transA), int(N), int(M), int(K), &alpha, B,
-                          cuda_type(in), int(ldb), A, cuda_type(in), int(lda), &beta, C, CUDA_R_32F,
-                          int(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                          cuda_type(in), int(ldb), A, cuda_type(in), int(lda), &beta, C,
+                          cuda_type(out), int(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
              "cublasGemmEx");
 }
 

@@ -252,23 +252,23 @@ __device__ __forceinline__ float silu(float a) {
 }
 
 template <class OutT>
-__global__ void swiglu_forward_kernel(OutT* h, const float* ab, int64_t N, int64_t F) {
+__global__ void swiglu_forward_kernel(OutT* h, const OutT* ab, int64_t N, int64_t F) {
   const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= N * F) return;
   const int64_t n = idx / F, f = idx % F;
-  const float a = ab[n * 2 * F + f], b = ab[n * 2 * F + F + f];
+  const float a = load(ab + n * 2 * F + f), b = load(ab + n * 2 * F + F + f);
   store(h + idx, silu(a) * b);
 }
 
 template <class OutT>
-__global__ void swiglu_backward_kernel(OutT* dab, const float* dh, const float* ab, int64_t N,
+__global__ void swiglu_backward_kernel(OutT* dab, const OutT* dh, const OutT* ab, int64_t N,
                                        int64_t F) {
   const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= N * F) return;
   const int64_t n = idx / F, f = idx % F;
-  const float a = ab[n * 2 * F + f], b = ab[n * 2 * F + F + f];
+  const float a = load(ab + n * 2 * F + f), b = load(ab + n * 2 * F + F + f);
   const float sig = 1.f / (1.f + expf(-a));
-  const float g = dh[idx];
+  const float g = load(dh + idx);
   store(dab + n * 2 * F + f, g * b * sig * (1.f + a * (1.f - sig)));  // d silu(a)/da
   store(dab + n * 2 * F + F + f, g * a * sig);
 }
@@ -638,17 +638,18 @@ void attention_softmax_backward(void* dS, DType mm, const float* dP, const void*
   check_launch("attention_softmax_backward");
 }
 
-void swiglu_forward(void* h, DType mm, const float* ab, int64_t N, int64_t F) {
+void swiglu_forward(void* h, DType mm, const void* ab, int64_t N, int64_t F) {
   if (N * F == 0) return;
-  MOEPLAN_DISPATCH_MM(
-      mm, swiglu_forward_kernel<<<blocks_for(N * F, 256), 256>>>(static_cast<OutT*>(h), ab, N, F));
+  MOEPLAN_DISPATCH_MM(mm, swiglu_forward_kernel<<<blocks_for(N * F, 256), 256>>>(
+                              static_cast<OutT*>(h), static_cast<const OutT*>(ab), N, F));
   check_launch("swiglu_forward");
 }
 
-void swiglu_backward(void* dab, DType mm, const float* dh, const float* ab, int64_t N, int64_t F) {
+void swiglu_backward(void* dab, DType mm, const void* dh, const void* ab, int64_t N, int64_t F) {
   if (N * F == 0) return;
   MOEPLAN_DISPATCH_MM(mm, swiglu_backward_kernel<<<blocks_for(N * F, 256), 256>>>(
-                              static_cast<OutT*>(dab), dh, ab, N, F));
+                              static_cast<OutT*>(dab), static_cast<const OutT*>(dh),
+                              static_cast<const OutT*>(ab), N, F));
   check_launch("swiglu_backward");
 }
 

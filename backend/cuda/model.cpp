@@ -138,7 +138,7 @@ struct Model::Impl {
   struct Acts {
     DeviceBuffer resid_in;  // (T,Dm) f32, the layer's input
     DeviceBuffer ln1, rstd1, qkv, P, attn_lse, atty, mid, ln2, rstd2;
-    DeviceBuffer h13, act;  // dense (T,2Dffn) f32, (T,Dffn) mm; routed (TK,2De), (TK,De)
+    DeviceBuffer h13, act;  // dense (T,2Dffn), (T,Dffn) in mm; routed (TK,2De), (TK,De)
     DeviceBuffer probs, lse, idx, gate, counts, offsets, sorted, slot_of, xg, ye, sh13, sact;
     DeviceBuffer aux, p_mean;  // (2) (E)
     std::vector<int32_t> counts_host;
@@ -181,7 +181,7 @@ struct Model::Impl {
   }
 
   Impl(const Arch& arch, const ModelOptions& o, uint64_t seed, int64_t batch_seqs, DType matmul,
-       Communicator* c)
+       Communicator* c, AttentionPath attn)
       : a(arch), opt(o), mm(matmul), comm(c) {
     if (o.capacity_factor > 0)
       throw InputError(
@@ -210,7 +210,7 @@ struct Model::Impl {
     T = B * S;
     rope = o.positions == "rope";
     mm_size = dtype_size(mm);
-    flash = mm == DType::bf16 && attention::supported(Dh);
+    flash = attn == AttentionPath::fused && mm == DType::bf16 && attention::supported(Dh);
     n_params = ref.trainable_params();
     locate_tensors();
 
@@ -306,11 +306,11 @@ struct Model::Impl {
       x.ln2 = alloc_mm(T * Dm);
       x.rstd2 = alloc_f(T);
       if (l < a.dense_layers) {
-        x.h13 = alloc_f(T * 2 * Dffn);
+        x.h13 = alloc_mm(T * 2 * Dffn);
         x.act = alloc_mm(T * Dffn);
         widest_h = std::max(widest_h, T * Dffn);
       } else {
-        x.h13 = alloc_f(TK * 2 * De);
+        x.h13 = alloc_mm(TK * 2 * De);
         x.act = alloc_mm(TK * De);
         x.probs = alloc_f(T * E);
         x.lse = alloc_f(T);
@@ -323,7 +323,7 @@ struct Model::Impl {
         x.xg = alloc_mm(TK * Dm);
         x.ye = alloc_f(TK * Dm);
         if (Dse > 0) {
-          x.sh13 = alloc_f(T * 2 * Dse);
+          x.sh13 = alloc_mm(T * 2 * Dse);
           x.sact = alloc_mm(T * Dse);
         }
         x.aux = alloc_f(2);
@@ -356,7 +356,7 @@ struct Model::Impl {
     dresid = alloc_f(T * Dm);
     dresid_mm = alloc_mm(T * Dm);
     dln = alloc_f(T * Dm);
-    dact = alloc_f(std::max<int64_t>(widest_h, 1));
+    dact = alloc_mm(std::max<int64_t>(widest_h, 1));
     dh13 = alloc_mm(std::max<int64_t>(2 * widest_h, 1));
     dqkv = alloc_f(T * W);
     dqkv_mm = alloc_mm(T * W);
@@ -471,6 +471,12 @@ struct Model::Impl {
 
   LedgerEntry rec(FlopLedger& lg, FlopCategory c, Phase p) { return LedgerEntry{&lg, c, p}; }
 
+  // out (T,OC) in mm = inp (T,C) mm · w (C,OC): an intermediate that only feeds element-wise work
+  void matmul_forward_mm(void* out, const void* inp, int64_t w, int64_t Tn, int64_t C, int64_t OC,
+                         FlopLedger& lg, FlopCategory cat) {
+    blas.gemm(rec(lg, cat, Phase::forward), false, false, Tn, OC, C, inp, C, Wm(w), OC, out, OC,
+              0.f, mm, mm);
+  }
   // out (T,OC) f32 [+]= inp (T,C) mm · w (C,OC)
   void matmul_forward(float* out, const void* inp, int64_t w, int64_t Tn, int64_t C, int64_t OC,
                       bool accumulate, FlopLedger& lg, FlopCategory cat) {
@@ -486,9 +492,9 @@ struct Model::Impl {
               1.f, mm);
   }
 
-  void swiglu_ffn_forward(float* out, const void* ln, float* h13, void* act, int64_t w13,
+  void swiglu_ffn_forward(float* out, const void* ln, void* h13, void* act, int64_t w13,
                           int64_t w2, int64_t Tn, int64_t F, FlopLedger& lg, FlopCategory cat) {
-    matmul_forward(h13, ln, w13, Tn, Dm, 2 * F, false, lg, cat);
+    matmul_forward_mm(h13, ln, w13, Tn, Dm, 2 * F, lg, cat);
     k::swiglu_forward(act, mm, h13, Tn, F);
     matmul_forward(out, act, w2, Tn, F, Dm, true, lg, cat);
   }
@@ -536,11 +542,11 @@ struct Model::Impl {
       };
       const size_t ms = mm_size;
       const int64_t jj = int64_t(j);
-      set(0, at(x.xg, off * Dm, ms), Wm(q.expert_w13[size_t(e)]), at(x.h13, off * 2 * De, 4),
+      set(0, at(x.xg, off * Dm, ms), Wm(q.expert_w13[size_t(e)]), at(x.h13, off * 2 * De, ms),
           off * 2 * De);
       set(1, at(x.act, off * De, ms), Wm(q.expert_w2[size_t(e)]), at(x.ye, off * Dm, 4),
           off * Dm);
-      set(2, at(dye, off * Dm, ms), Wm(q.expert_w2[size_t(e)]), at(dact, off * De, 4), off * De);
+      set(2, at(dye, off * Dm, ms), Wm(q.expert_w2[size_t(e)]), at(dact, off * De, ms), off * De);
       set(3, at(x.act, off * De, ms), at(dye, off * Dm, ms), G(q.expert_w2[size_t(e)]),
           jj * De * Dm);
       set(4, at(dh13, off * 2 * De, ms), Wm(q.expert_w13[size_t(e)]), at(dxg, off * Dm, 4),
@@ -572,16 +578,20 @@ struct Model::Impl {
         Kk[j] = et.rows[j];
       }
     }
-    // bf16 grouped: results in bf16 scratch, then widened (row-varying products, beta 0) or
-    // added to the fp32 gradients (weight gradients, beta 1) in one launch each.
-    const bool scratch = mm == DType::bf16 && !expert_loop;
+    // Products 0 and 2 (h13, dact) feed only the SwiGLU kernels: their results are in mm, written
+    // directly. The others have fp32 results; in bf16 the grouped call writes them to bf16
+    // scratch, then one launch widens them (row-varying products, beta 0) or adds them to the
+    // fp32 gradients (weight gradients, beta 1).
+    const bool mm_result = product == 0 || product == 2;
+    const bool scratch = mm == DType::bf16 && !expert_loop && !mm_result;
     const int result = scratch ? 3 : 2;
+    const DType out = mm_result || scratch ? mm : DType::f32;
     blas.gemm_grouped(rec(lg, FlopCategory::expert, ph), transA, transB, M.data(), N.data(),
                       Kk.data(), host_table(moe_index, product, 0),
                       dev_table(moe_index, product, 0), lda, host_table(moe_index, product, 1),
                       dev_table(moe_index, product, 1), ldb, host_table(moe_index, product, result),
-                      dev_table(moe_index, product, result), ldc, scratch ? 0.f : beta, mm,
-                      scratch ? DType::bf16 : DType::f32, int64_t(n), expert_loop);
+                      dev_table(moe_index, product, result), ldc, scratch ? 0.f : beta, mm, out,
+                      int64_t(n), expert_loop);
     if (!scratch || n == 0) return;
     if (which_varies == 0) {  // C (rows × N) contiguous from the first non-empty expert's row 0
       if (beta != 0.f) throw std::logic_error("expert_product: row results are never accumulated");
@@ -622,12 +632,12 @@ struct Model::Impl {
     // h13 (rows, 2De) = xg (rows, Dm) · W13_e (Dm, 2De)
     expert_product(moe_index, 0, et, false, false, 2 * De, Dm, 0, Dm, 2 * De, 2 * De, 0.f, lg,
                    Phase::forward);
-    k::swiglu_forward(x.act.data(), mm, x.h13.as<float>(), R, De);
+    k::swiglu_forward(x.act.data(), mm, x.h13.data(), R, De);
     // ye (rows, Dm) = act (rows, De) · W2_e (De, Dm)
     expert_product(moe_index, 1, et, false, false, Dm, De, 0, De, Dm, Dm, 0.f, lg, Phase::forward);
     prof.mark("fwd routed experts");
     if (Dse > 0)
-      swiglu_ffn_forward(out, x.ln2.data(), x.sh13.as<float>(), x.sact.data(), q.shared_w13,
+      swiglu_ffn_forward(out, x.ln2.data(), x.sh13.data(), x.sact.data(), q.shared_w13,
                          q.shared_w2, Tn, Dse, lg, FlopCategory::shared_expert);
     k::moe_combine_forward(out, x.ye.as<float>(), x.gate.as<float>(), x.slot_of.as<int32_t>(), Tn,
                            K, Dm);
@@ -673,7 +683,7 @@ struct Model::Impl {
                                  nullptr),
                  "copy residual");
       if (l < a.dense_layers)
-        swiglu_ffn_forward(out, x.ln2.data(), x.h13.as<float>(), x.act.data(), q.w13, q.w2, Tn,
+        swiglu_ffn_forward(out, x.ln2.data(), x.h13.data(), x.act.data(), q.w13, q.w2, Tn,
                            Dffn, lg, FlopCategory::dense_ffn);
       else
         moe_forward(l, nb, out, train, lg);
@@ -738,11 +748,14 @@ struct Model::Impl {
     record_attention(lg, Phase::input_grad, 4 * BH);
   }
 
-  void swiglu_ffn_backward(const void* ln, const float* h13, const void* act, int64_t w13,
+  void swiglu_ffn_backward(const void* ln, const void* h13, const void* act, int64_t w13,
                            int64_t w2, int64_t F, FlopLedger& lg, FlopCategory cat) {
-    // dresid_mm holds d(out) as product input.
-    matmul_backward(dact.as<float>(), false, w2, dresid_mm.data(), act, T, F, Dm, lg, cat);
-    k::swiglu_backward(dh13.data(), mm, dact.as<float>(), h13, T, F);
+    // dresid_mm holds d(out) as product input; dact (T,F) in mm feeds only the SwiGLU backward.
+    blas.gemm(rec(lg, cat, Phase::input_grad), false, true, T, F, Dm, dresid_mm.data(), Dm, Wm(w2),
+              Dm, dact.data(), F, 0.f, mm, mm);
+    blas.gemm(rec(lg, cat, Phase::weight_grad), true, false, F, Dm, T, act, F, dresid_mm.data(), Dm,
+              G(w2), Dm, 1.f, mm);
+    k::swiglu_backward(dh13.data(), mm, dact.data(), h13, T, F);
     matmul_backward(dln.as<float>(), false, w13, dh13.data(), ln, T, Dm, 2 * F, lg, cat);
   }
 
@@ -751,7 +764,7 @@ struct Model::Impl {
     const LayerParams& q = lp[size_t(l)];
     Acts& x = acts[size_t(l)];
     if (Dse > 0)
-      swiglu_ffn_backward(x.ln2.data(), x.sh13.as<float>(), x.sact.data(), q.shared_w13,
+      swiglu_ffn_backward(x.ln2.data(), x.sh13.data(), x.sact.data(), q.shared_w13,
                           q.shared_w2, Dse, lg, FlopCategory::shared_expert);
     else
       check_cuda(cudaMemsetAsync(dln.data(), 0, size_t(T * Dm) * 4, nullptr), "memset dln");
@@ -764,7 +777,7 @@ struct Model::Impl {
                    Phase::input_grad);
     expert_product(moe_index, 3, et, true, false, De, Dm, 2, De, Dm, Dm, 1.f, lg,
                    Phase::weight_grad);
-    k::swiglu_backward(dh13.data(), mm, dact.as<float>(), x.h13.as<float>(), R, De);
+    k::swiglu_backward(dh13.data(), mm, dact.data(), x.h13.data(), R, De);
     // dxg (rows, Dm) = dh13 (rows, 2De) · W13_e^T;  dW13_e (Dm, 2De) += xg^T · dh13
     expert_product(moe_index, 4, et, false, true, Dm, 2 * De, 0, 2 * De, 2 * De, Dm, 0.f, lg,
                    Phase::input_grad);
@@ -822,7 +835,7 @@ struct Model::Impl {
       Acts& x = acts[size_t(l)];
       k::cast(dresid_mm.data(), mm, dresid.as<float>(), T * Dm);
       if (l < a.dense_layers)
-        swiglu_ffn_backward(x.ln2.data(), x.h13.as<float>(), x.act.data(), q.w13, q.w2, Dffn, lg,
+        swiglu_ffn_backward(x.ln2.data(), x.h13.data(), x.act.data(), q.w13, q.w2, Dffn, lg,
                             FlopCategory::dense_ffn);
       else
         moe_backward(l, lg);
@@ -971,8 +984,8 @@ struct Model::Impl {
 };
 
 Model::Model(const Arch& arch, const ModelOptions& options, uint64_t seed, int64_t batch_seqs,
-             DType matmul, Communicator* comm)
-    : impl_(std::make_unique<Impl>(arch, options, seed, batch_seqs, matmul, comm)) {
+             DType matmul, Communicator* comm, AttentionPath attention)
+    : impl_(std::make_unique<Impl>(arch, options, seed, batch_seqs, matmul, comm, attention)) {
   impl_->build_attention_tables();
   impl_->expert_tables.resize(size_t(std::max<int64_t>(arch.moe_layers(), 0)));
   synchronize();

@@ -68,6 +68,7 @@ struct Point {
   std::string name;
   Arch arch;
   bool expert_loop = false;  // one cublasGemmEx per expert instead of one grouped call
+  cu::AttentionPath attention = cu::AttentionPath::fused;
 };
 
 Arch dense124() {
@@ -149,15 +150,20 @@ int main(int argc, char** argv) {
       "ceiling | expert products; attention |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
       dev.peak_bf16_tflops);
   bool first = true;
-  for (const Point& p : {Point{"dense-124M", dense124()}, Point{"moe-ra0.2", moe_equal_n()},
-                         Point{"moe-ra0.2-loop", moe_equal_n(), true}}) {
+  const auto cublas_attention = cu::AttentionPath::cublas;
+  for (const Point& p :
+       {Point{"dense-124M", dense124()},
+        Point{"dense-124M-cublas-attn", dense124(), false, cublas_attention},
+        Point{"moe-ra0.2", moe_equal_n()},
+        Point{"moe-ra0.2-cublas-attn", moe_equal_n(), false, cublas_attention},
+        Point{"moe-ra0.2-loop", moe_equal_n(), true}}) {
     const ParamCounts pc = count_params(p.arch);
     ModelOptions opt;
     OptimConfig cfg;
     cfg.lr_peak = 6e-4;
     cfg.warmup_steps = 2;
     cfg.total_steps = 1000;
-    cu::Model model(p.arch, opt, 1, batch, cu::DType::bf16);
+    cu::Model model(p.arch, opt, 1, batch, cu::DType::bf16, nullptr, p.attention);
     model.set_expert_loop(p.expert_loop);
     std::vector<int32_t> in, tg;
     std::vector<double> secs;

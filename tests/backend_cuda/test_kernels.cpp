@@ -43,17 +43,30 @@ TEST_CASE("rmsnorm forward and backward match the CPU") {
 }
 
 TEST_CASE("swiglu forward and backward match the CPU") {
+  // Inputs in the matrix-product type: fp32, or bf16 (the CPU then runs on the rounded values).
   const int64_t N = 300, F = 96;
-  const auto ab = randn(N * 2 * F, 5, 2.f), dh = randn(N * F, 6);
-  std::vector<float> h(N * F), dab(N * 2 * F);
-  cpu::swiglu_forward(h.data(), ab.data(), N, F);
-  cpu::swiglu_backward(dab.data(), dh.data(), ab.data(), N, F);
-  auto dAB = to_device(ab), dDH = to_device(dh);
   for (DType t : {DType::f32, DType::bf16}) {
+    auto ab = randn(N * 2 * F, 5, 2.f), dh = randn(N * F, 6);
+    std::vector<uint16_t> ab_bits(ab.size()), dh_bits(dh.size());
+    if (t == DType::bf16) {
+      for (size_t i = 0; i < ab.size(); ++i) {
+        ab_bits[i] = moeplan::backend::cuda::float_to_bf16(ab[i]);
+        ab[i] = moeplan::backend::cuda::bf16_to_float(ab_bits[i]);
+      }
+      for (size_t i = 0; i < dh.size(); ++i) {
+        dh_bits[i] = moeplan::backend::cuda::float_to_bf16(dh[i]);
+        dh[i] = moeplan::backend::cuda::bf16_to_float(dh_bits[i]);
+      }
+    }
+    std::vector<float> h(N * F), dab(N * 2 * F);
+    cpu::swiglu_forward(h.data(), ab.data(), N, F);
+    cpu::swiglu_backward(dab.data(), dh.data(), ab.data(), N, F);
+    auto dAB = t == DType::f32 ? to_device(ab) : to_device(ab_bits);
+    auto dDH = t == DType::f32 ? to_device(dh) : to_device(dh_bits);
     const double tol = t == DType::f32 ? 1e-5 : 2e-2;
     auto out = poisoned(N * F * 4), dout = poisoned(N * 2 * F * 4);
-    k::swiglu_forward(out.data(), t, dAB.as<float>(), N, F);
-    k::swiglu_backward(dout.data(), t, dDH.as<float>(), dAB.as<float>(), N, F);
+    k::swiglu_forward(out.data(), t, dAB.data(), N, F);
+    k::swiglu_backward(dout.data(), t, dDH.data(), dAB.data(), N, F);
     synchronize();
     CHECK(rel_err(download_f(out, N * F, t), h) < tol);
     CHECK(rel_err(download_f(dout, N * 2 * F, t), dab) < tol);

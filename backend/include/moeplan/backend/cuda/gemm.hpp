@@ -30,6 +30,10 @@ class Blas {
   void gemm(const LedgerEntry& rec, bool transA, bool transB, int64_t M, int64_t N, int64_t K,
             const void* A, int64_t lda, const void* B, int64_t ldb, float* C, int64_t ldc,
             float beta, DType in, float alpha = 1.f);
+  // The same with C in `out` (bf16 C: the fp32 accumulation rounded once on the way out).
+  void gemm(const LedgerEntry& rec, bool transA, bool transB, int64_t M, int64_t N, int64_t K,
+            const void* A, int64_t lda, const void* B, int64_t ldb, void* C, int64_t ldc,
+            float beta, DType in, DType out, float alpha = 1.f);
 
   // `batch` products of one shape; A, B, C are device arrays of device pointers. C in `out`.
   void gemm_batched(bool transA, bool transB, int64_t M, int64_t N, int64_t K, const void* const* A,

@@ -54,10 +54,11 @@ void attention_softmax_forward(void* P, DType mm, const float* scores, const flo
 void attention_softmax_backward(void* dS, DType mm, const float* dP, const void* P, int64_t BH,
                                 int64_t S, float scale);
 
-// ---- SwiGLU: h = silu(a)⊙b, ab = [a | b] (N, 2F) fp32 -----------------------------------------
-void swiglu_forward(void* h, DType mm, const float* ab, int64_t N, int64_t F);
-// dab (N, 2F) in `mm` from dh (N, F) fp32
-void swiglu_backward(void* dab, DType mm, const float* dh, const float* ab, int64_t N, int64_t F);
+// ---- SwiGLU: h = silu(a)⊙b, ab = [a | b] (N, 2F); every buffer in `mm` (bf16 in the bf16 path:
+// the product that makes ab writes bf16, as PyTorch autocast does; arithmetic is fp32) ----------
+void swiglu_forward(void* h, DType mm, const void* ab, int64_t N, int64_t F);
+// dab (N, 2F) from dh (N, F) and ab
+void swiglu_backward(void* dab, DType mm, const void* dh, const void* ab, int64_t N, int64_t F);
 
 // ---- routing ------------------------------------------------------------------------------
 // logits (T,E) → probs (T,E) softmax, lse (T) log-sum-exp, topk_idx/topk_gate (T,K): the K

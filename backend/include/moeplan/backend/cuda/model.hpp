@@ -24,12 +24,17 @@ class Communicator;
 // the executed masked rest under `padding` and recomputed backward products under `recompute`,
 // so every executed product is counted once and nothing is hidden.
 // Not supported here (InputError): capacity_factor > 0 and the ERC loss.
+// Which attention kernels a bf16 model runs (fp32 models and unsupported head widths always run
+// the cuBLAS path).
+enum class AttentionPath { fused, cublas };
+
 class Model {
  public:
   // Initial weights are the CPU reference's for the same (arch, options, seed). `comm`: data
   // parallelism (gradients averaged, ledgers and counters summed over ranks); may be null.
   Model(const Arch& arch, const ModelOptions& options, uint64_t seed, int64_t batch_seqs,
-        DType matmul = DType::bf16, Communicator* comm = nullptr);
+        DType matmul = DType::bf16, Communicator* comm = nullptr,
+        AttentionPath attention = AttentionPath::fused);
   ~Model();
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
