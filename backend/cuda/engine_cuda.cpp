@@ -2,9 +2,13 @@
 // that links moeplan::backend_cuda (an INTERFACE source), so no linker drops the registration.
 // Data parallelism: when WORLD_SIZE is set the engine joins an NCCL group (RANK, LOCAL_RANK; the
 // unique id travels through MOEPLAN_NCCL_ID_FILE, default /tmp/moeplan-nccl-<MASTER_PORT|id>).
+#include <fmt/format.h>
+
+#include <algorithm>
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "moeplan/accounting/error.hpp"
 #include "moeplan/backend/cuda/comm.hpp"
@@ -21,22 +25,46 @@ std::string nccl_id_file() {
   return std::string("/tmp/moeplan-nccl-") + (port && *port ? port : "id");
 }
 
+// Data parallelism: every rank runs the same loop over the same global batch (so the token
+// ledger is the job's on every rank) and trains on its share of it, the sequences r, r+W, r+2W, …
+// of the batch; no window is read by two ranks. The model averages gradients and sums the FLOP
+// ledger, routed counts and loss-bearing targets over ranks, so each step reports the job's
+// figures. Evaluation runs on every rank alike (its ledger is one rank's); rank 0 writes files.
 class CudaEngine final : public Engine {
  public:
   explicit CudaEngine(const EngineRequest& r) {
     if (device_count() == 0)
       throw InputError("--device cuda: no CUDA device is visible on this machine");
     if (std::getenv("WORLD_SIZE")) {
-      const RankInfo info = rank_from_env();
-      comm_ = std::make_unique<Communicator>(info, nccl_id_file());
+      info_ = rank_from_env();
+      if (info_.local_rank >= device_count())
+        throw InputError(fmt::format("LOCAL_RANK={} but this machine shows {} CUDA device(s)",
+                                     info_.local_rank, device_count()));
+      if (r.batch_seqs % info_.world_size != 0)
+        throw InputError(fmt::format(
+            "batch_seqs {} does not split over WORLD_SIZE={} ranks; choose a batch that is a "
+            "multiple of the world size",
+            r.batch_seqs, info_.world_size));
+      comm_ = std::make_unique<Communicator>(info_, nccl_id_file());
     }
-    model_ =
-        std::make_unique<Model>(r.arch, r.options, r.seed, r.batch_seqs, DType::bf16, comm_.get());
+    local_batch_ = r.batch_seqs / info_.world_size;
+    seq_len_ = r.arch.seq_len;
+    model_ = std::make_unique<Model>(r.arch, r.options, r.seed, local_batch_, DType::bf16,
+                                     comm_.get());
   }
   std::string device() const override { return "cuda"; }
   StepResult train_step(const int32_t* inputs, const int32_t* targets, int64_t step,
                         const OptimConfig& cfg) override {
-    return model_->train_step(inputs, targets, step, cfg);
+    if (info_.world_size == 1) return model_->train_step(inputs, targets, step, cfg);
+    const size_t S = size_t(seq_len_);
+    in_.resize(size_t(local_batch_) * S);
+    tg_.resize(in_.size());
+    for (int64_t i = 0; i < local_batch_; ++i) {  // global sequence rank + i·W
+      const size_t g = size_t(window_of_rank(i, info_.rank, info_.world_size));
+      std::copy_n(inputs + g * S, S, in_.begin() + ptrdiff_t(size_t(i) * S));
+      std::copy_n(targets + g * S, S, tg_.begin() + ptrdiff_t(size_t(i) * S));
+    }
+    return model_->train_step(in_.data(), tg_.data(), step, cfg);
   }
   double forward_loss(const int32_t* inputs, const int32_t* targets, int64_t n_seqs,
                       double* per_position_loss) override {
@@ -51,8 +79,12 @@ class CudaEngine final : public Engine {
   std::vector<TensorInfo> tensors() const override { return model_->tensors(); }
   int64_t trainable_params() const override { return model_->trainable_params(); }
   FlopLedger eval_ledger() const override { return model_->eval_ledger(); }
+  bool writes_files() const override { return info_.rank == 0; }
 
  private:
+  RankInfo info_;
+  int64_t local_batch_ = 0, seq_len_ = 0;
+  std::vector<int32_t> in_, tg_;
   std::unique_ptr<Communicator> comm_;
   std::unique_ptr<Model> model_;
 };

@@ -379,21 +379,25 @@ __global__ void moe_combine_forward_kernel(float* y, const float* ys, const floa
   }
 }
 
+// One warp per routed row (a block-wide reduction per row cost more than the row's work).
 template <class OutT>
 __global__ void moe_combine_backward_kernel(OutT* dys, float* dgate, const float* dy,
                                             const float* ys, const float* gate,
-                                            const int32_t* sorted, int64_t K, int64_t C) {
-  const int64_t i = blockIdx.x;
+                                            const int32_t* sorted, int64_t N, int64_t K,
+                                            int64_t C) {
+  const int64_t i = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  if (i >= N) return;
+  const int lane = threadIdx.x & 31;
   const int64_t a = sorted[i], t = a / K;
   const float g = gate[a];
   float dot = 0.f;
-  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+  for (int64_t c = lane; c < C; c += 32) {
     const float d = dy[t * C + c];
     store(dys + i * C + c, g * d);
     dot += d * ys[i * C + c];
   }
-  dot = block_sum(dot);
-  if (threadIdx.x == 0) dgate[a] = dot;
+  dot = warp_sum(dot);
+  if (lane == 0) dgate[a] = dot;
 }
 
 __global__ void moe_scatter_add_kernel(float* dx, const float* dxs, const int32_t* slot_of,
@@ -452,7 +456,41 @@ __global__ void router_backward_kernel(OutT* dlogits, const float* probs, const 
     store(dlogits + t * E + e, p[e] * (dp_of(e) - pdp) + zterm * p[e]);
 }
 
-// Block per row: log-sum-exp, loss, and the gradient in one pass over the logits.
+// (m, s) ← the pair for the union of two sets with maxima m, m2 and sums of exp(x − max) s, s2.
+__device__ __forceinline__ void merge_max_sum(float& m, float& s, float m2, float s2) {
+  const float mn = fmaxf(m, m2);
+  if (mn == -INFINITY) return;  // both empty
+  s = s * expf(m - mn) + s2 * expf(m2 - mn);
+  m = mn;
+}
+
+// Block-wide merge in a fixed tree; every thread gets the block's (max, sum).
+__device__ void block_merge_max_sum(float& m, float& s) {
+  __shared__ float pm[32], ps[32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  for (int o = 16; o > 0; o >>= 1)
+    merge_max_sum(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
+  if (lane == 0) {
+    pm[warp] = m;
+    ps[warp] = s;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    m = lane < warps ? pm[lane] : -INFINITY;
+    s = lane < warps ? ps[lane] : 0.f;
+    for (int o = 16; o > 0; o >>= 1)
+      merge_max_sum(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
+    if (lane == 0) {
+      pm[0] = m;
+      ps[0] = s;
+    }
+  }
+  __syncthreads();
+  m = pm[0];
+  s = ps[0];
+}
+
+// Block per row: log-sum-exp and loss in one pass over the logits, the gradient in a second.
 template <class OutT>
 __global__ void cross_entropy_kernel(float* losses, OutT* dlogits, const float* logits,
                                      const int32_t* targets, int64_t V, float grad_scale) {
@@ -465,12 +503,19 @@ __global__ void cross_entropy_kernel(float* losses, OutT* dlogits, const float* 
       for (int64_t v = threadIdx.x; v < V; v += blockDim.x) store(dlogits + t * V + v, 0.f);
     return;
   }
-  float mx = -INFINITY;
-  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) mx = fmaxf(mx, l[v]);
-  mx = block_max(mx);
-  float s = 0.f;
-  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) s += expf(l[v] - mx);
-  s = block_sum(s);
+  // One pass for the max and the sum (online: the sum is rescaled when the max grows), merged
+  // across the block in a fixed order; a second pass writes the gradient.
+  float mx = -INFINITY, s = 0.f;
+  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
+    const float x = l[v];
+    if (x > mx) {
+      s = s * expf(mx - x) + 1.f;
+      mx = x;
+    } else {
+      s += expf(x - mx);
+    }
+  }
+  block_merge_max_sum(mx, s);
   const float lse = mx + logf(s);
   if (threadIdx.x == 0) losses[t] = lse - l[target];
   if (dlogits)
@@ -655,7 +700,7 @@ void swiglu_backward(void* dab, DType mm, const void* dh, const void* ab, int64_
 
 void router_topk(float* probs, float* lse, int32_t* topk_idx, float* topk_gate, const float* logits,
                  int64_t T, int64_t E, int64_t K, bool renormalize) {
-  router_topk_kernel<<<blocks_for(T, 128), 128>>>(probs, lse, topk_idx, topk_gate, logits, T, E, K,
+  router_topk_kernel<<<blocks_for(T, 32), 32>>>(probs, lse, topk_idx, topk_gate, logits, T, E, K,
                                                   renormalize);
   check_launch("router_topk");
 }
@@ -689,8 +734,8 @@ void moe_combine_backward(void* dys, DType mm, float* dgate, const float* dy, co
                           const float* gate, const int32_t* sorted, int64_t N, int64_t K,
                           int64_t C) {
   if (N == 0) return;
-  MOEPLAN_DISPATCH_MM(mm, moe_combine_backward_kernel<<<unsigned(N), 128>>>(
-                              static_cast<OutT*>(dys), dgate, dy, ys, gate, sorted, K, C));
+  MOEPLAN_DISPATCH_MM(mm, moe_combine_backward_kernel<<<blocks_for(N, 8), 256>>>(
+                              static_cast<OutT*>(dys), dgate, dy, ys, gate, sorted, N, K, C));
   check_launch("moe_combine_backward");
 }
 
@@ -715,7 +760,7 @@ void router_backward(void* dlogits, DType mm, const float* probs, const float* l
                      const int32_t* topk_idx, const float* topk_gate, const float* dgate,
                      const int32_t* counts, int64_t T, int64_t E, int64_t K, bool renormalize,
                      float load_balance, float z_loss) {
-  MOEPLAN_DISPATCH_MM(mm, router_backward_kernel<<<blocks_for(T, 128), 128>>>(
+  MOEPLAN_DISPATCH_MM(mm, router_backward_kernel<<<blocks_for(T, 32), 32>>>(
                               static_cast<OutT*>(dlogits), probs, lse, topk_idx, topk_gate, dgate,
                               counts, T, E, K, renormalize, load_balance, z_loss));
   check_launch("router_backward");

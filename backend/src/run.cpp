@@ -272,11 +272,13 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
   rin.eval_every = eval_every;
   rin.eval_tokens = eval_windows * seq_len;
   int64_t last_saved_step = outcome.resumed_from_step;
+  const bool writer = engine->writes_files();  // data parallel: rank 0 only
   auto save = [&](const std::string& status) {
     last_saved_step = st.step;
-    write_checkpoint(ckpt_path, {plan_json, st, engine->save_state()});
     rin.status = status;
     outcome.record = make_record(rin);
+    if (!writer) return;
+    write_checkpoint(ckpt_path, {plan_json, st, engine->save_state()});
     write_file_atomic(outcome.record_path, outcome.record.dump(1) + "\n");
   };
 
@@ -337,7 +339,7 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
       progress.evaluated = true;
       progress.val_bpc = st.val_curve.back().at("val_bpc").get<double>();
     }
-    if (opt.on_progress) {
+    if (opt.on_progress && writer) {
       const double elapsed = std::chrono::duration<double>(Clock::now() - session_start).count();
       const int64_t done = st.step - session_first_step;
       progress.step = st.step;

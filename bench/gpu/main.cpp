@@ -68,7 +68,7 @@ struct Point {
   std::string name;
   Arch arch;
   bool expert_loop = false;  // one cublasGemmEx per expert instead of one grouped call
-  cu::AttentionPath attention = cu::AttentionPath::fused;
+  cu::AttentionPath attention = cu::AttentionPath::cublas;  // the model's default
 };
 
 Arch dense124() {
@@ -150,13 +150,12 @@ int main(int argc, char** argv) {
       "ceiling | expert products; attention |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
       dev.peak_bf16_tflops);
   bool first = true;
-  const auto cublas_attention = cu::AttentionPath::cublas;
-  for (const Point& p :
-       {Point{"dense-124M", dense124()},
-        Point{"dense-124M-cublas-attn", dense124(), false, cublas_attention},
-        Point{"moe-ra0.2", moe_equal_n()},
-        Point{"moe-ra0.2-cublas-attn", moe_equal_n(), false, cublas_attention},
-        Point{"moe-ra0.2-loop", moe_equal_n(), true}}) {
+  const auto fused = cu::AttentionPath::fused;
+  for (const Point& p : {Point{"dense-124M", dense124()},
+                         Point{"dense-124M-fused-attn", dense124(), false, fused},
+                         Point{"moe-ra0.2", moe_equal_n()},
+                         Point{"moe-ra0.2-fused-attn", moe_equal_n(), false, fused},
+                         Point{"moe-ra0.2-loop", moe_equal_n(), true}}) {
     const ParamCounts pc = count_params(p.arch);
     ModelOptions opt;
     OptimConfig cfg;

@@ -29,6 +29,9 @@ class Engine {
   virtual std::vector<TensorInfo> tensors() const = 0;
   virtual int64_t trainable_params() const = 0;
   virtual FlopLedger eval_ledger() const = 0;  // cumulative products of forward_loss calls
+  // False on the data-parallel ranks other than 0: they train in lockstep (the same global batch,
+  // each its own share of it) and leave checkpoints, records and progress lines to rank 0.
+  virtual bool writes_files() const { return true; }
 };
 
 struct EngineRequest {

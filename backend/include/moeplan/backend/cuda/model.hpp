@@ -34,7 +34,7 @@ class Model {
   // parallelism (gradients averaged, ledgers and counters summed over ranks); may be null.
   Model(const Arch& arch, const ModelOptions& options, uint64_t seed, int64_t batch_seqs,
         DType matmul = DType::bf16, Communicator* comm = nullptr,
-        AttentionPath attention = AttentionPath::fused);
+        AttentionPath attention = AttentionPath::cublas);
   ~Model();
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
