@@ -3,7 +3,7 @@
 // experts plus a shared expert): median step time, tokens/s (consumed), achieved TFLOP/s from the
 // ledger (exact/causal: the useful products; and as executed, padding included), and MFU against
 // the vendor peak and the measured ceiling. Same shapes, batch and data as torch_ref.py.
-// Usage: bench_gpu [--steps N] [--warmup N] [--batch B] [--json FILE]
+// Usage: bench_gpu [--steps N] [--warmup N] [--batch B] [--json FILE] [--only NAME,NAME...]
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 
@@ -118,7 +118,7 @@ void make_batch(std::vector<int32_t>& in, std::vector<int32_t>& tg, int64_t B, i
 int main(int argc, char** argv) {
   int steps = 10, warmup = 3;
   int64_t batch = 8;
-  std::string json_path;
+  std::string json_path, only;  // only: ",name,name," to run a subset of the points
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
     if (k == "--steps")
@@ -129,6 +129,8 @@ int main(int argc, char** argv) {
       batch = std::atoll(argv[i + 1]);
     else if (k == "--json")
       json_path = argv[i + 1];
+    else if (k == "--only")
+      only = std::string(",") + argv[i + 1] + ",";
   }
   if (cu::device_count() == 0) {
     std::printf("bench_gpu: no CUDA device, nothing measured\n");
@@ -156,6 +158,7 @@ int main(int argc, char** argv) {
                          Point{"moe-ra0.2", moe_equal_n()},
                          Point{"moe-ra0.2-fused-attn", moe_equal_n(), false, fused},
                          Point{"moe-ra0.2-loop", moe_equal_n(), true}}) {
+    if (!only.empty() && only.find("," + p.name + ",") == std::string::npos) continue;
     const ParamCounts pc = count_params(p.arch);
     ModelOptions opt;
     OptimConfig cfg;
