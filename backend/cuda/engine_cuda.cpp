@@ -4,7 +4,6 @@
 // unique id travels through MOEPLAN_NCCL_ID_FILE, default /tmp/moeplan-nccl-<MASTER_PORT|id>).
 #include <fmt/format.h>
 
-#include <algorithm>
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -40,11 +39,9 @@ class CudaEngine final : public Engine {
       if (info_.local_rank >= device_count())
         throw InputError(fmt::format("LOCAL_RANK={} but this machine shows {} CUDA device(s)",
                                      info_.local_rank, device_count()));
+      std::vector<int32_t> probe;  // refuses a batch that does not split, before NCCL starts
       if (r.batch_seqs % info_.world_size != 0)
-        throw InputError(fmt::format(
-            "batch_seqs {} does not split over WORLD_SIZE={} ranks; choose a batch that is a "
-            "multiple of the world size",
-            r.batch_seqs, info_.world_size));
+        take_rank_share(probe, nullptr, r.batch_seqs, 0, info_);
       comm_ = std::make_unique<Communicator>(info_, nccl_id_file());
     }
     local_batch_ = r.batch_seqs / info_.world_size;
@@ -56,14 +53,9 @@ class CudaEngine final : public Engine {
   StepResult train_step(const int32_t* inputs, const int32_t* targets, int64_t step,
                         const OptimConfig& cfg) override {
     if (info_.world_size == 1) return model_->train_step(inputs, targets, step, cfg);
-    const size_t S = size_t(seq_len_);
-    in_.resize(size_t(local_batch_) * S);
-    tg_.resize(in_.size());
-    for (int64_t i = 0; i < local_batch_; ++i) {  // global sequence rank + i·W
-      const size_t g = size_t(window_of_rank(i, info_.rank, info_.world_size));
-      std::copy_n(inputs + g * S, S, in_.begin() + ptrdiff_t(size_t(i) * S));
-      std::copy_n(targets + g * S, S, tg_.begin() + ptrdiff_t(size_t(i) * S));
-    }
+    const int64_t batch = local_batch_ * info_.world_size;
+    take_rank_share(in_, inputs, batch, seq_len_, info_);
+    take_rank_share(tg_, targets, batch, seq_len_, info_);
     return model_->train_step(in_.data(), tg_.data(), step, cfg);
   }
   double forward_loss(const int32_t* inputs, const int32_t* targets, int64_t n_seqs,

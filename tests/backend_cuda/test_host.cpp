@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "moeplan/accounting/error.hpp"
 #include "moeplan/backend/cuda/comm.hpp"
@@ -51,6 +52,28 @@ TEST_CASE("ranks read RANK / WORLD_SIZE / LOCAL_RANK; windows split r, r+W, ..."
   CHECK(cu::windows_of_rank(10, 0, 3) == 4);
   CHECK(cu::window_of_rank(3, 0, 3) == 9);
   CHECK(cu::windows_of_rank(2, 3, 4) == 0);
+}
+
+TEST_CASE("a rank's share of a global batch: sequences r, r+W, ...; every sequence once") {
+  // 6 sequences of 3 tokens; token value = 10·sequence + position.
+  std::vector<int32_t> global;
+  for (int32_t b = 0; b < 6; ++b)
+    for (int32_t t = 0; t < 3; ++t) global.push_back(10 * b + t);
+  std::vector<int32_t> share, seen;
+  for (int rank = 0; rank < 3; ++rank) {
+    cu::take_rank_share(share, global.data(), 6, 3, cu::RankInfo{rank, 3, rank});
+    REQUIRE(share.size() == 6);
+    CHECK(share[0] == 10 * rank);        // sequence r
+    CHECK(share[3] == 10 * (rank + 3));  // sequence r + W
+    CHECK(share[5] == 10 * (rank + 3) + 2);
+    seen.insert(seen.end(), share.begin(), share.end());
+  }
+  std::sort(seen.begin(), seen.end());
+  std::vector<int32_t> all = global;
+  std::sort(all.begin(), all.end());
+  CHECK(seen == all);
+  CHECK_THROWS_AS(cu::take_rank_share(share, global.data(), 6, 3, cu::RankInfo{0, 4, 0}),
+                  moeplan::InputError);
 }
 
 TEST_CASE("the cuda engine is registered, and refuses cleanly without a device") {

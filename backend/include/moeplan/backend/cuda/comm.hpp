@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace moeplan::backend::cuda {
 
@@ -21,6 +22,11 @@ int64_t windows_of_rank(int64_t windows, int rank, int world_size);
 inline int64_t window_of_rank(int64_t i, int rank, int world_size) {
   return int64_t(rank) + i * int64_t(world_size);
 }
+// A rank's share of a global batch of `batch` sequences of `seq_len` tokens (row-major): the
+// sequences rank, rank+W, rank+2W, … copied into out (batch/W sequences). Throws InputError when
+// the batch does not split evenly over the ranks.
+void take_rank_share(std::vector<int32_t>& out, const int32_t* global, int64_t batch,
+                     int64_t seq_len, const RankInfo& rank);
 
 class Communicator {
  public:
