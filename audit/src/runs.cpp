@@ -219,10 +219,12 @@ class RunAuditor {
             why = "auxiliary loss (ERC) products, not in the dropless model";
             break;
           case FlopCategory::recompute:
-            why = "activation recompute";
+            why = "products executed again (activation recompute, or the fused attention's "
+                  "backward recomputing scores)";
             break;
           case FlopCategory::padding:
-            why = "padding tokens";
+            why = "executed beyond the model's useful work (padding tokens, or the masked part "
+                  "of attention squares a device computes)";
             break;
           default:
             why = "not explained by routing, auxiliary losses, recompute or padding";
@@ -230,7 +232,9 @@ class RunAuditor {
         }
         add(sev, id, fmt::format("flops:{}", name(cat)), double(e), double(m), 0,
             fmt::format("{} {} FLOPs: measured {} vs analytic {} for {} steps ({}): {}", label,
-                        name(cat), m, e, steps, pct(rel(double(m), double(e))), why));
+                        name(cat), m, e, steps,
+                        e != 0 ? pct(rel(double(m), double(e))) : std::string("none expected"),
+                        why));
       }
     } else {
       add(Severity::warning, id, "tokens_consumed", {}, double(r.tokens_consumed), 0,

@@ -136,3 +136,36 @@ TEST_CASE("against manifest points: a planned point without a record, a record o
   CHECK(*d[0]->expected == 64.0);
   CHECK(*d[0]->found == 56.0);
 }
+
+// Real records, not hand-made: sweep-tiny's point moe-ra0.200 trained by `moeplan run` on an
+// NVIDIA H200 (--device cuda, 2026-11-29, bench/gpu/RESULTS.md) and on this project's 2-core CPU
+// machine (--device cpu). The cuBLAS attention computes the whole S×S square, so the GPU ledger
+// holds padding the CPU's does not; by hand (arch in the record: L 2, H 7, D_h 8, S 128, batch 75,
+// 2551 steps), the masked upper half is D_h·S(S−1) per product, 2 products per head in the
+// forward and 4 in the backward: forward 2·75·7·2·8·128·127·2551 = 696,680,140,800 and
+// input-grad twice that, 1,393,360,281,600.
+TEST_CASE("a GPU record and a CPU record of the same point: same ledger but for padding") {
+  const auto gpu = load_run_records(fixture("runs_h200"));
+  const auto cpu = load_run_records(fixture("runs_cpu2"));
+  REQUIRE(gpu.size() == 1);
+  REQUIRE(cpu.size() == 1);
+  const FlopLedger& g = gpu[0].ledger;
+  const FlopLedger& c = cpu[0].ledger;
+  CHECK(g.at(FlopCategory::padding, Phase::forward) == 696680140800);
+  CHECK(g.at(FlopCategory::padding, Phase::input_grad) == 1393360281600);
+  CHECK(c.category(FlopCategory::padding) == 0);
+  for (int i = 0; i < kFlopCategories; ++i)
+    if (FlopCategory(i) != FlopCategory::padding) {
+      INFO(name(FlopCategory(i)));
+      CHECK(g.flops[i] == c.flops[i]);
+    }
+  CHECK(gpu[0].tokens_consumed == cpu[0].tokens_consumed);
+  CHECK(gpu[0].tokens_unique == cpu[0].tokens_unique);
+  // The audit holds the GPU run to its plan: the padding is explained, never an error or warning.
+  const AuditReport r = audit_runs(gpu, {}, {});
+  CHECK(r.all_hold());
+  for (const Finding& f : r.findings) CHECK_MESSAGE(f.severity == Severity::info, f.message);
+  const auto pad = matching(r.findings, Severity::info, "moe-ra0.200", 0, "flops:padding");
+  REQUIRE(!pad.empty());
+  CHECK(pad[0]->message.find("masked part of attention squares") != std::string::npos);
+}
