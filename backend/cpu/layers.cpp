@@ -19,6 +19,21 @@ void add_causal_product(FlopLedger& ledger, Phase phase, int64_t count, int64_t 
   ledger.flops[int(FlopCategory::attention_core)][int(phase)] += count * Dh * S * (S + 1);
 }
 
+int64_t elementwise_per_pass(const Arch& a, int64_t nb, bool rope, std::span<const int64_t> routed) {
+  const int64_t S = a.seq_len, T = nb * S, Dm = a.d_model, H = a.heads;
+  int64_t n = T * (Dm + a.vocab);
+  for (int64_t l = 0; l < a.layers; ++l) {
+    n += 2 * T * Dm + nb * H * S * (S + 1) / 2 + (rope ? T * (H + a.kv_heads) * a.head_dim : 0);
+    if (l < a.dense_layers) {
+      n += T * a.d_ffn;
+    } else {
+      const int64_t R = routed[size_t(l - a.dense_layers)];
+      n += T * a.experts + R * a.d_expert + T * a.d_shared + R * Dm;
+    }
+  }
+  return n;
+}
+
 template <class S>
 void matmul_forward(S* out, const S* inp, const S* w, int64_t T, int64_t C, int64_t OC,
                     bool accumulate, FlopLedger& ledger, FlopCategory cat) {

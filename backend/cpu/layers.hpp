@@ -4,7 +4,9 @@
 // matrix product records 2·m·n·k in the ledger from the shapes it is called with.
 // Backward functions accumulate into weight gradients (zeroed once per step by the caller).
 #include <cstdint>
+#include <span>
 
+#include "moeplan/accounting/arch.hpp"
 #include "moeplan/accounting/ledger.hpp"
 
 namespace moeplan::backend::cpu {
@@ -88,5 +90,12 @@ void alibi_slopes(double* slopes, int64_t H);
 // Adds the FLOPs of one causal product over an S×S triangle (diagonal included) with inner or
 // outer dimension Dh, `count` times: Dh·S·(S+1) each.
 void add_causal_product(FlopLedger& ledger, Phase phase, int64_t count, int64_t S, int64_t Dh);
+
+// Scalars the element-wise kernels produce in one pass over nb sequences (norms, RoPE, causal
+// softmax, SwiGLU, router softmax, expert combine, the embedding and the cross-entropy); routed
+// (one per MoE layer) holds each MoE layer's routed rows. Informational: the ledger keeps it apart
+// from the matrix products and no convention counts it. Shared by the CPU and CUDA models so
+// that both report one ledger.
+int64_t elementwise_per_pass(const Arch& a, int64_t nb, bool rope, std::span<const int64_t> routed);
 
 }  // namespace moeplan::backend::cpu

@@ -397,7 +397,7 @@ struct Model<S>::Impl {
         moe_forward(l, nb, out, train, lg);
       }
     }
-    lg.elementwise += elementwise_per_pass(nb) + T * (Dm + V);
+    lg.elementwise += elementwise_per_pass(nb);
     rmsnorm_forward(lnf.data(), rstdf.data(), resid[L].data(), P(final_norm), T, Dm);
     if (lm_head >= 0)
       matmul_forward(logits.data(), lnf.data(), P(lm_head), T, Dm, V, false, lg,
@@ -408,20 +408,11 @@ struct Model<S>::Impl {
     return crossentropy_forward(logits.data(), losses.data(), targets, T, V);
   }
 
-  // Scalars produced by the element-wise kernels of all layers in one pass over nb sequences
-  // (norms, RoPE, attention softmax, SwiGLU, router softmax, expert combine). Informational: the
-  // ledger keeps it apart from the matrix products and no convention counts it.
+  // Element-wise work of one pass (layers.hpp), with this pass's routed rows per MoE layer.
   int64_t elementwise_per_pass(int64_t nb) const {
-    const int64_t T = nb * seq;
-    int64_t n = 0;
-    for (int64_t l = 0; l < L; ++l) {
-      n += 2 * T * Dm + nb * H * seq * (seq + 1) / 2 + (rope ? T * (H + Hkv) * Dh : 0);
-      if (l < a.dense_layers)
-        n += T * Dffn;
-      else
-        n += T * E + acts[l].offsets[E] * De + T * Dse + acts[l].offsets[E] * Dm;
-    }
-    return n;
+    std::vector<int64_t> routed;
+    for (int64_t l = a.dense_layers; l < L; ++l) routed.push_back(acts[l].offsets[E]);
+    return cpu::elementwise_per_pass(a, nb, rope, routed);
   }
 
   void moe_backward(int64_t l, FlopLedger& lg) {
@@ -459,7 +450,7 @@ struct Model<S>::Impl {
 
   void backward(const int32_t* inputs, const int32_t* targets, double ce_scale, FlopLedger& lg) {
     const int64_t T = B * seq;
-    lg.elementwise += elementwise_per_pass(B) + T * (Dm + V);  // the backward kernels mirror them
+    lg.elementwise += elementwise_per_pass(B);  // the backward kernels mirror them
     crossentropy_backward(logits.data(), targets, ce_scale, T, V);
     if (lm_head >= 0)
       matmul_backward(dln.data(), false, G(lm_head), logits.data(), lnf.data(), P(lm_head), T, Dm,

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "check.hpp"
+#include "warp.cuh"
 #include "moeplan/backend/cuda/attention.hpp"
 
 namespace moeplan::backend::cuda::attention {
@@ -35,10 +36,6 @@ using FragB = wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major>;
 using FragBt = wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major>;
 using FragC = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
 
-__device__ __forceinline__ float warp_sum(float x) {
-  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
-  return x;
-}
 
 // dst [64][LDT] (bf16, shared) = rows row0.. of a bf16 matrix with row stride ld; rows past `valid`
 // are zero. 16-byte vector loads (D and ld multiples of 8).

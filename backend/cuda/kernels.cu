@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "check.hpp"
+#include "warp.cuh"
 #include "moeplan/backend/cuda/kernels.hpp"
 
 namespace moeplan::backend::cuda::kernels {
@@ -29,14 +30,6 @@ __device__ __forceinline__ float load(const bf16* p) {
   return __bfloat162float(*p);
 }
 
-__device__ __forceinline__ float warp_sum(float x) {
-  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
-  return x;
-}
-__device__ __forceinline__ float warp_max(float x) {
-  for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
-  return x;
-}
 
 // Block-wide sum in a fixed tree (blockDim multiple of 32, ≤ 1024); every thread gets the result.
 __device__ float block_sum(float x) {

@@ -689,7 +689,7 @@ struct Model::Impl {
         moe_forward(l, nb, out, train, lg);
       prof.mark(l < a.dense_layers ? "fwd dense ffn" : "fwd moe rest");
     }
-    lg.elementwise += elementwise_per_pass(nb) + Tn * (Dm + V);
+    lg.elementwise += elementwise_per_pass(nb);
     k::rmsnorm_forward(lnf.data(), mm, rstdf.as<float>(), resid_out.as<float>(), P(final_norm), Tn,
                        Dm, 1e-5f);
     if (lm_head >= 0)
@@ -705,17 +705,11 @@ struct Model::Impl {
     prof.mark("cross-entropy");
   }
 
-  // The CPU reference's informational element-wise count for one pass over nb sequences (norms,
-  // RoPE, causal softmax, SwiGLU, router softmax, combine), so both devices report one ledger.
-  // Dropless routing: every MoE layer routes nb·S·K rows.
+  // The CPU reference's element-wise count (layers.hpp); dropless routing: every MoE layer routes
+  // nb·S·K rows.
   int64_t elementwise_per_pass(int64_t nb) const {
-    const int64_t Tn = nb * S, R = Tn * K;
-    int64_t n = 0;
-    for (int64_t l = 0; l < L; ++l) {
-      n += 2 * Tn * Dm + nb * H * S * (S + 1) / 2 + (rope ? Tn * (H + Hkv) * Dh : 0);
-      n += l < a.dense_layers ? Tn * Dffn : Tn * E + R * De + Tn * Dse + R * Dm;
-    }
-    return n;
+    const std::vector<int64_t> routed_rows(size_t(a.moe_layers()), nb * S * K);
+    return cpu::elementwise_per_pass(a, nb, rope, routed_rows);
   }
 
   // ---- backward -----------------------------------------------------------------------------
@@ -816,7 +810,7 @@ struct Model::Impl {
   int64_t emb_unique = 0;
 
   void backward(FlopLedger& lg) {
-    lg.elementwise += elementwise_per_pass(B) + T * (Dm + V);  // the backward kernels mirror them
+    lg.elementwise += elementwise_per_pass(B);  // the backward kernels mirror them
     if (lm_head >= 0) {
       matmul_backward(dln.as<float>(), false, lm_head, dlogits.data(), lnf.data(), T, Dm, V, lg,
                       FlopCategory::lm_head);
