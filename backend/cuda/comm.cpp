@@ -57,14 +57,18 @@ int64_t windows_of_rank(int64_t windows, int rank, int world_size) {
   return (windows - 1 - rank) / world_size + 1;
 }
 
-void take_rank_share(std::vector<int32_t>& out, const int32_t* global, int64_t batch,
-                     int64_t seq_len, const RankInfo& rank) {
+int64_t rank_batch(int64_t batch, const RankInfo& rank) {
   if (batch % rank.world_size != 0)
     throw InputError(fmt::format(
         "batch_seqs {} does not split over WORLD_SIZE={} ranks; choose a batch that is a "
         "multiple of the world size",
         batch, rank.world_size));
-  const int64_t local = batch / rank.world_size;
+  return batch / rank.world_size;
+}
+
+void take_rank_share(std::vector<int32_t>& out, const int32_t* global, int64_t batch,
+                     int64_t seq_len, const RankInfo& rank) {
+  const int64_t local = rank_batch(batch, rank);
   out.resize(size_t(local * seq_len));
   for (int64_t i = 0; i < local; ++i)
     std::copy_n(global + window_of_rank(i, rank.rank, rank.world_size) * seq_len, seq_len,

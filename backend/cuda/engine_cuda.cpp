@@ -39,12 +39,10 @@ class CudaEngine final : public Engine {
       if (info_.local_rank >= device_count())
         throw InputError(fmt::format("LOCAL_RANK={} but this machine shows {} CUDA device(s)",
                                      info_.local_rank, device_count()));
-      std::vector<int32_t> probe;  // refuses a batch that does not split, before NCCL starts
-      if (r.batch_seqs % info_.world_size != 0)
-        take_rank_share(probe, nullptr, r.batch_seqs, 0, info_);
+      rank_batch(r.batch_seqs, info_);  // refuses a batch that does not split, before NCCL
       comm_ = std::make_unique<Communicator>(info_, nccl_id_file());
     }
-    local_batch_ = r.batch_seqs / info_.world_size;
+    local_batch_ = rank_batch(r.batch_seqs, info_);
     seq_len_ = r.arch.seq_len;
     model_ = std::make_unique<Model>(r.arch, r.options, r.seed, local_batch_, DType::bf16,
                                      comm_.get());

@@ -74,6 +74,8 @@ TEST_CASE("a rank's share of a global batch: sequences r, r+W, ...; every sequen
   CHECK(seen == all);
   CHECK_THROWS_AS(cu::take_rank_share(share, global.data(), 6, 3, cu::RankInfo{0, 4, 0}),
                   moeplan::InputError);
+  CHECK(cu::rank_batch(6, cu::RankInfo{1, 3, 1}) == 2);
+  CHECK_THROWS_AS(cu::rank_batch(6, cu::RankInfo{0, 4, 0}), moeplan::InputError);
 }
 
 TEST_CASE("the cuda engine is registered, and refuses cleanly without a device") {

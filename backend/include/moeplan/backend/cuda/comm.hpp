@@ -22,6 +22,8 @@ int64_t windows_of_rank(int64_t windows, int rank, int world_size);
 inline int64_t window_of_rank(int64_t i, int rank, int world_size) {
   return int64_t(rank) + i * int64_t(world_size);
 }
+// Sequences per rank: batch / W. Throws InputError when the batch does not split evenly.
+int64_t rank_batch(int64_t batch, const RankInfo& rank);
 // A rank's share of a global batch of `batch` sequences of `seq_len` tokens (row-major): the
 // sequences rank, rank+W, rank+2W, … copied into out (batch/W sequences). Throws InputError when
 // the batch does not split evenly over the ranks.
