@@ -108,6 +108,45 @@ std::vector<std::string> row_of(const json& r, const json* dense) {
                    : fmt::format("{} (step {})", r.value("status", "?"), m.value("steps", 0))};
 }
 
+// Time and FLOP rate: equal C is not equal time. Executed counts every product the device ran
+// (the ledger's exact/causal total: masked attention and recomputed products included); useful
+// leaves out `padding` and `recompute`. The time ratio is against the dense baseline on the same
+// device only.
+const std::vector<std::string> kTimeHeaders = {"point",
+                                               "device",
+                                               "train s",
+                                               "tokens/s (consumed)",
+                                               "TFLOP/s executed [exact/causal]",
+                                               "TFLOP/s useful",
+                                               "train time vs dense"};
+
+double category_sum(const json& flops, const char* category) {
+  double s = 0;
+  if (flops.contains("by_category") && flops["by_category"].contains(category))
+    for (const auto& [phase, v] : flops["by_category"][category].items()) s += v.get<double>();
+  return s;
+}
+
+std::vector<std::string> time_row_of(const json& r, const json* dense) {
+  const json& flops = r["measured"]["flops"];
+  const double secs = r.value("train_seconds", 0.0);
+  const double total = flops.value("total", 0.0);
+  const double useful = total - category_sum(flops, "padding") - category_sum(flops, "recompute");
+  auto rate = [&](double f) { return secs > 0 ? fmt::format("{:.3g}", f / secs / 1e12) : "-"; };
+  std::string vs = "-";
+  if (dense && dense->value("device", "") == r.value("device", "") && is_complete(r) &&
+      dense->value("train_seconds", 0.0) > 0)
+    vs = fmt::format("{:.2f}x", secs / dense->value("train_seconds", 0.0));
+  return {r.value("point_id", "?"),
+          r.value("device", "?"),
+          fmt::format("{:.1f}", secs),
+          secs > 0 ? human(double(r["measured"]["tokens"].value("consumed", int64_t{0})) / secs)
+                   : "-",
+          rate(total),
+          rate(useful),
+          vs};
+}
+
 // One paragraph: how many MoE points beat dense, and how many records match their plan.
 std::string verdict_of(const std::vector<json>& records, const json* dense) {
   int moe_total = 0, moe_better = 0, complete_count = 0, matching = 0;
@@ -189,6 +228,19 @@ std::string render_run_report(const std::vector<json>& records, const std::strin
     rows.push_back(row_of(r, dense));
     t.add_row(rows.back());
   }
+  TextTable tt;
+  for (const auto& h : kTimeHeaders)
+    tt.add_column(h, h == "point" || h == "device" ? TextTable::Align::left
+                                                   : TextTable::Align::right);
+  std::vector<std::vector<std::string>> time_rows;
+  for (const json& r : records) {
+    time_rows.push_back(time_row_of(r, dense));
+    tt.add_row(time_rows.back());
+  }
+  const std::string time_title =
+      "Time and achieved FLOP rate (equal C is not equal time). Executed: every product the "
+      "device ran, the ledger's exact/causal total; useful: without padding (e.g. the masked "
+      "half of attention a GPU computes) and recompute. Train time vs dense: same device only";
   const std::string verdict = verdict_of(records, dense);
   const std::string title = fmt::format(
       "moeplan report: {} run(s) in {}. BPC = validation bits per byte (held-out data); C in the "
@@ -197,26 +249,33 @@ std::string render_run_report(const std::vector<json>& records, const std::strin
       records.size(), source);
   switch (format) {
     case ReportFormat::text:
-      return title + "\n\n" + t.render() + "\n" + verdict + "\n";
+      return title + "\n\n" + t.render() + "\n" + verdict + "\n\n" + time_title + "\n\n" +
+             tt.render();
     case ReportFormat::markdown:
-      return "# " + title + "\n\n" + t.render_markdown() + "\n" + verdict + "\n";
+      return "# " + title + "\n\n" + t.render_markdown() + "\n" + verdict + "\n\n## " +
+             time_title + "\n\n" + tt.render_markdown();
     case ReportFormat::html:
       break;
   }
-  std::string text =
-      "<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>moeplan report</title>"
-      "<style>td,th{padding:2px 8px;text-align:right}td:first-child{text-align:left}"
-      "table{border-collapse:collapse}tr:nth-child(even){background:#f4f4f4}</style>"
-      "</head><body>\n<p>" +
-      html_escape(title) + "</p>\n<table>\n<tr>";
-  for (const auto& h : kHeaders) text += "<th>" + html_escape(h) + "</th>";
-  text += "</tr>\n";
-  for (const auto& row : rows) {
-    text += "<tr>";
-    for (const auto& c : row) text += "<td>" + html_escape(c) + "</td>";
-    text += "</tr>\n";
-  }
-  return text + "</table>\n<p>" + html_escape(verdict) + "</p>\n</body></html>\n";
+  auto html_table = [](const std::vector<std::string>& headers,
+                       const std::vector<std::vector<std::string>>& body) {
+    std::string h = "<table>\n<tr>";
+    for (const auto& c : headers) h += "<th>" + html_escape(c) + "</th>";
+    h += "</tr>\n";
+    for (const auto& row : body) {
+      h += "<tr>";
+      for (const auto& c : row) h += "<td>" + html_escape(c) + "</td>";
+      h += "</tr>\n";
+    }
+    return h + "</table>\n";
+  };
+  return "<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>moeplan report</title>"
+         "<style>td,th{padding:2px 8px;text-align:right}td:first-child{text-align:left}"
+         "table{border-collapse:collapse}tr:nth-child(even){background:#f4f4f4}</style>"
+         "</head><body>\n<p>" +
+         html_escape(title) + "</p>\n" + html_table(kHeaders, rows) + "<p>" +
+         html_escape(verdict) + "</p>\n<p>" + html_escape(time_title) + "</p>\n" +
+         html_table(kTimeHeaders, time_rows) + "</body></html>\n";
 }
 
 }  // namespace moeplan

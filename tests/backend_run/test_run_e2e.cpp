@@ -1,6 +1,8 @@
 // `moeplan run` end to end through the built executable (MOEPLAN_BINARY): complete runs, a real
 // SIGKILL and resume, and every refusal (one line, non-zero exit, nothing earlier lost).
 #include <doctest/doctest.h>
+
+#include <cstdio>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -378,6 +380,16 @@ TEST_CASE(
   CHECK(rep.status == 0);
   CHECK(rep.out.find("3 of 3 complete point(s)") != std::string::npos);
   CHECK(rep.out.find("moe-ra0.500") != std::string::npos);
+  // The time table: equal C is not equal time. The dense row's executed rate is its record's
+  // ledger total over its training seconds; it is its own time reference (1.00x).
+  CHECK(rep.out.find("Time and achieved FLOP rate") != std::string::npos);
+  CHECK(rep.out.find("1.00x") != std::string::npos);
+  const json dense_rec = record(dir / "runs", m.dense.id);
+  const double rate = dense_rec["measured"]["flops"]["total"].get<double>() /
+                      dense_rec["train_seconds"].get<double>() / 1e12;
+  char rate_text[32];
+  std::snprintf(rate_text, sizeof rate_text, "%.3g", rate);
+  CHECK(rep.out.find(rate_text) != std::string::npos);
   const Result md =
       run_cli({"report", (dir / "runs").string(), "-o", (dir / "report.md").string()});
   CHECK(md.status == 0);
