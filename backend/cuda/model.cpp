@@ -1,7 +1,8 @@
 // The CUDA model: parameter layout and initial weights taken from the CPU reference, buffers
 // allocated once, forward and backward as the CPU's sequence of layer calls with cuBLAS products
-// and our kernels, AdamW on the device. The host waits for the device once per MoE layer (the
-// routed token counts size the grouped expert products and the ledger) and once per step.
+// and our kernels, AdamW on the device. The host waits for the device once per step, and on the
+// cuBLAS expert paths once per MoE layer too (the routed token counts size the grouped expert
+// products and the ledger); the tiled expert path reads them on the device.
 #include "moeplan/backend/cuda/model.hpp"
 
 #include <cuda_runtime.h>
@@ -17,6 +18,7 @@
 #include "moeplan/accounting/error.hpp"
 #include "moeplan/backend/cuda/attention.hpp"
 #include "moeplan/backend/cuda/comm.hpp"
+#include "moeplan/backend/cuda/expert_gemm.hpp"
 #include "moeplan/backend/cuda/gemm.hpp"
 #include "moeplan/backend/cuda/kernels.hpp"
 
@@ -94,8 +96,10 @@ struct Profiler {
       float t = 0;
       check_cuda(cudaEventElapsedTime(&t, pool[i - 1], pool[i]), "cudaEventElapsedTime");
       auto it = std::find_if(ms.begin(), ms.end(), [&](auto& p) { return p.first == names[i]; });
-      if (it == ms.end()) ms.emplace_back(names[i], double(t));
-      else it->second += double(t);
+      if (it == ms.end())
+        ms.emplace_back(names[i], double(t));
+      else
+        it->second += double(t);
     }
     used = 0;
     ++steps;
@@ -140,7 +144,8 @@ struct Model::Impl {
     DeviceBuffer ln1, rstd1, qkv, P, attn_lse, atty, mid, ln2, rstd2;
     DeviceBuffer h13, act;  // dense (T,2Dffn), (T,Dffn) in mm; routed (TK,2De), (TK,De)
     DeviceBuffer probs, lse, idx, gate, counts, offsets, sorted, slot_of, xg, ye, sh13, sact;
-    DeviceBuffer aux, p_mean;  // (2) (E)
+    DeviceBuffer aux, p_mean;        // (2) (E)
+    DeviceBuffer tile_map, n_tiles;  // tiled expert path: the row tiles of this step's routing
     std::vector<int32_t> counts_host;
     DeviceBuffer attn_ptrs;  // kTables × B·H device pointers
   };
@@ -154,7 +159,18 @@ struct Model::Impl {
   std::unique_ptr<PinnedBuffer> expert_ptrs_host;
   DeviceBuffer expert_ptrs_dev;
   DeviceBuffer expert_scratch;  // bf16 results of the grouped products (bf16 mode)
-  bool expert_loop = false;
+  ExpertPath expert_path = ExpertPath::grouped;
+  // Tiled path: per MoE layer, E pointers each to W13_e, W2_e (bf16 copies) and their fp32
+  // gradients, fixed for the model's life; and the products launched since the last wait, whose
+  // padding is booked once the counts can be read.
+  DeviceBuffer expert_wtab;
+  struct TiledProduct {
+    int64_t layer;
+    bool weight_grad;
+    int64_t d1, d2;  // row product: N, K; weight gradient: M, N
+    Phase phase;
+  };
+  std::vector<TiledProduct> tiled_pending;
   Profiler prof;
   // Per-step outputs.
   std::vector<int64_t> routed;
@@ -329,6 +345,10 @@ struct Model::Impl {
         x.aux = alloc_f(2);
         x.p_mean = alloc_f(E);
         x.counts_host.assign(size_t(E), 0);
+        if (mm == DType::bf16) {
+          x.tile_map = alloc(size_t(3 * expert_gemm::max_row_tiles(TK, E)) * 4);
+          x.n_tiles = alloc(4);
+        }
         widest_h = std::max({widest_h, TK * De, T * Dse});
       }
       if (!flash) x.attn_ptrs = alloc(size_t(kTables * B * H) * sizeof(void*));
@@ -371,8 +391,10 @@ struct Model::Impl {
       const size_t n_ptrs = size_t(a.moe_layers() * kExpertProducts * kOperands * E);
       expert_ptrs_host = std::make_unique<PinnedBuffer>(n_ptrs * sizeof(void*));
       expert_ptrs_dev = alloc(n_ptrs * sizeof(void*));
-      if (mm == DType::bf16)  // the widest result: routed rows × max(2De, Dm), or E weight grads
+      if (mm == DType::bf16) {  // the widest result: routed rows × max(2De, Dm), or E weight grads
         expert_scratch = alloc(size_t(std::max(TK * std::max(2 * De, Dm), E * Dm * 2 * De)) * 2);
+        expert_wtab = alloc(size_t(a.moe_layers() * 4 * E) * sizeof(void*));
+      }
     }
     col_scratch = alloc_f(std::max(k::rmsnorm_scratch_floats(Dm), k::colsum_scratch_floats(E)));
     norm_scratch = alloc(size_t(k::grad_norm_scratch_doubles()) * 8);
@@ -456,8 +478,8 @@ struct Model::Impl {
   // CPU's, the 3 recomputed ones are booked as recompute.
   void record_fused_attention(FlopLedger& lg, Phase ph, int64_t BH) const {
     const int64_t causal = Dh * S * (S + 1);
-    const int64_t executed = 2 * Dh * attention::tiles_per_head(S) * attention::kTile *
-                             attention::kTile;
+    const int64_t executed =
+        2 * Dh * attention::tiles_per_head(S) * attention::kTile * attention::kTile;
     auto& f = lg.flops;
     if (ph == Phase::forward) {
       f[int(FlopCategory::attention_core)][int(ph)] += 2 * BH * causal;
@@ -492,8 +514,8 @@ struct Model::Impl {
               1.f, mm);
   }
 
-  void swiglu_ffn_forward(float* out, const void* ln, void* h13, void* act, int64_t w13,
-                          int64_t w2, int64_t Tn, int64_t F, FlopLedger& lg, FlopCategory cat) {
+  void swiglu_ffn_forward(float* out, const void* ln, void* h13, void* act, int64_t w13, int64_t w2,
+                          int64_t Tn, int64_t F, FlopLedger& lg, FlopCategory cat) {
     matmul_forward_mm(h13, ln, w13, Tn, Dm, 2 * F, lg, cat);
     k::swiglu_forward(act, mm, h13, Tn, F);
     matmul_forward(out, act, w2, Tn, F, Dm, true, lg, cat);
@@ -544,8 +566,7 @@ struct Model::Impl {
       const int64_t jj = int64_t(j);
       set(0, at(x.xg, off * Dm, ms), Wm(q.expert_w13[size_t(e)]), at(x.h13, off * 2 * De, ms),
           off * 2 * De);
-      set(1, at(x.act, off * De, ms), Wm(q.expert_w2[size_t(e)]), at(x.ye, off * Dm, 4),
-          off * Dm);
+      set(1, at(x.act, off * De, ms), Wm(q.expert_w2[size_t(e)]), at(x.ye, off * Dm, 4), off * Dm);
       set(2, at(dye, off * Dm, ms), Wm(q.expert_w2[size_t(e)]), at(dact, off * De, ms), off * De);
       set(3, at(x.act, off * De, ms), at(dye, off * Dm, ms), G(q.expert_w2[size_t(e)]),
           jj * De * Dm);
@@ -583,7 +604,8 @@ struct Model::Impl {
     // scratch, then one launch widens them (row-varying products, beta 0) or adds them to the
     // fp32 gradients (weight gradients, beta 1).
     const bool mm_result = product == 0 || product == 2;
-    const bool scratch = mm == DType::bf16 && !expert_loop && !mm_result;
+    const bool loop = expert_path == ExpertPath::loop;
+    const bool scratch = mm == DType::bf16 && !loop && !mm_result;
     const int result = scratch ? 3 : 2;
     const DType out = mm_result || scratch ? mm : DType::f32;
     blas.gemm_grouped(rec(lg, FlopCategory::expert, ph), transA, transB, M.data(), N.data(),
@@ -591,7 +613,7 @@ struct Model::Impl {
                       dev_table(moe_index, product, 0), lda, host_table(moe_index, product, 1),
                       dev_table(moe_index, product, 1), ldb, host_table(moe_index, product, result),
                       dev_table(moe_index, product, result), ldc, scratch ? 0.f : beta, mm, out,
-                      int64_t(n), expert_loop);
+                      int64_t(n), loop);
     if (!scratch || n == 0) return;
     if (which_varies == 0) {  // C (rows × N) contiguous from the first non-empty expert's row 0
       if (beta != 0.f) throw std::logic_error("expert_product: row results are never accumulated");
@@ -602,14 +624,81 @@ struct Model::Impl {
                     rows * N_or_M_fixed1);
     } else {
       if (beta != 1.f) throw std::logic_error("expert_product: weight gradients accumulate");
-      k::grouped_accumulate_bf16(
-          reinterpret_cast<float* const*>(dev_table(moe_index, product, 2)),
-          static_cast<const uint16_t*>(host_table(moe_index, product, 3)[0]),
-          N_or_M_fixed1 * fixed2, int64_t(n));
+      k::grouped_accumulate_bf16(reinterpret_cast<float* const*>(dev_table(moe_index, product, 2)),
+                                 static_cast<const uint16_t*>(host_table(moe_index, product, 3)[0]),
+                                 N_or_M_fixed1 * fixed2, int64_t(n));
     }
   }
 
   std::vector<ExpertTables> expert_tables;
+
+  // ---- routed experts through the tiled kernels (ExpertPath::tiled) --------------------------
+  // expert_wtab per MoE layer: [W13_e | W2_e] bf16 weights, then [dW13_e | dW2_e] fp32 gradients.
+  static constexpr int kW13 = 0, kW2 = 1;
+  void build_expert_weight_tables() {
+    if (mm != DType::bf16 || E == 0) return;
+    std::vector<const void*> t;
+    for (int64_t l = a.dense_layers; l < L; ++l) {
+      const LayerParams& q = lp[size_t(l)];
+      for (const auto* offs : {&q.expert_w13, &q.expert_w2})
+        for (int64_t off : *offs) {
+          // The kernels load 16-byte chunks of W_e when its shapes allow (multiples of 8).
+          if (Dm % 8 == 0 && De % 8 == 0 && off % 8 != 0)
+            throw std::logic_error("an expert weight does not start 16-byte aligned");
+          t.push_back(Wm(off));
+        }
+      for (const auto* offs : {&q.expert_w13, &q.expert_w2})
+        for (int64_t off : *offs) t.push_back(G(off));
+    }
+    expert_wtab.upload(t.data(), t.size() * sizeof(void*));
+  }
+  const uint16_t* const* weight_table(int64_t l, int which) const {
+    return static_cast<const uint16_t* const*>(expert_wtab.data()) +
+           ((l - a.dense_layers) * 4 + which) * E;
+  }
+  float* const* grad_table(int64_t l, int which) const {
+    return static_cast<float* const*>(const_cast<void*>(expert_wtab.data())) +
+           ((l - a.dense_layers) * 4 + 2 + which) * E;
+  }
+  // C (R, N) = A (R, K) · op(W_e) over layer l's tile map; the products' own shapes go to the
+  // ledger now, their tiles' padding once the counts are read (book_tiled_padding).
+  void tiled_rows(int64_t l, void* C, bool c_bf16, const void* A, int which, bool trans_w,
+                  int64_t R, int64_t N, int64_t Kd, FlopLedger& lg, Phase ph) {
+    Acts& x = acts[size_t(l)];
+    expert_gemm::rows(C, c_bf16, static_cast<const uint16_t*>(A), weight_table(l, which), trans_w,
+                      x.tile_map.as<int32_t>(), x.n_tiles.as<int32_t>(),
+                      expert_gemm::max_row_tiles(R, E), N, Kd);
+    lg.add_gemm(FlopCategory::expert, ph, R, N, Kd);
+    tiled_pending.push_back({l, false, N, Kd, ph});
+  }
+  // dW_e (M, N) += A_e^T · B_e over the rows of each expert of layer l.
+  void tiled_weight_grads(int64_t l, int which, const void* A, const void* Bm, int64_t R, int64_t M,
+                          int64_t N, FlopLedger& lg) {
+    expert_gemm::weight_grads(grad_table(l, which), static_cast<const uint16_t*>(A),
+                              static_cast<const uint16_t*>(Bm),
+                              acts[size_t(l)].offsets.as<int32_t>(), E, M, N);
+    lg.add_gemm(FlopCategory::expert, Phase::weight_grad, M, N, R);
+    tiled_pending.push_back({l, true, M, N, Phase::weight_grad});
+  }
+  // After a wait: what the tiles of the products launched since executed beyond the products'
+  // shapes, booked as padding (each layer's routed counts read once).
+  void book_tiled_padding(FlopLedger& lg) {
+    std::vector<bool> read(size_t(L), false);
+    for (const TiledProduct& p : tiled_pending) {
+      Acts& x = acts[size_t(p.layer)];
+      if (!read[size_t(p.layer)]) {
+        x.counts.download(x.counts_host.data(), size_t(E) * 4);
+        read[size_t(p.layer)] = true;
+      }
+      const int32_t* c = x.counts_host.data();
+      const int64_t rows = std::accumulate(x.counts_host.begin(), x.counts_host.end(), int64_t(0));
+      const int64_t executed = p.weight_grad
+                                   ? expert_gemm::executed_weight_grad_flops(c, E, p.d1, p.d2)
+                                   : expert_gemm::executed_row_product_flops(c, E, p.d1, p.d2);
+      lg.flops[int(FlopCategory::padding)][int(p.phase)] += executed - 2 * rows * p.d1 * p.d2;
+    }
+    tiled_pending.clear();
+  }
 
   void moe_forward(int64_t l, int64_t nb, float* out, bool train, FlopLedger& lg) {
     const int64_t Tn = nb * S, moe_index = l - a.dense_layers;
@@ -622,23 +711,34 @@ struct Model::Impl {
                    router_logits.as<float>(), Tn, E, K, opt.renormalize_gates);
     k::sort_by_expert(x.counts.as<int32_t>(), x.offsets.as<int32_t>(), x.sorted.as<int32_t>(),
                       x.slot_of.as<int32_t>(), x.idx.as<int32_t>(), Tn, K, E);
-    // The routed counts size the grouped products and the ledger: one wait per MoE layer.
-    x.counts.download(x.counts_host.data(), size_t(E) * 4);
-    prof.mark("fwd router + sort (+ host wait)");
     const int64_t R = Tn * K;
+    const bool tiled = expert_path == ExpertPath::tiled;
+    // On the cuBLAS paths the routed counts size the products and the ledger: one wait per layer.
+    if (!tiled) x.counts.download(x.counts_host.data(), size_t(E) * 4);
+    prof.mark(tiled ? "fwd router + sort" : "fwd router + sort (+ host wait)");
     k::gather_rows(x.xg.data(), x.ln2.data(), mm, x.sorted.as<int32_t>(), R, K, Dm);
-    ExpertTables& et = expert_tables[size_t(moe_index)];
-    build_expert_tables(moe_index, l, et);
-    // h13 (rows, 2De) = xg (rows, Dm) · W13_e (Dm, 2De)
-    expert_product(moe_index, 0, et, false, false, 2 * De, Dm, 0, Dm, 2 * De, 2 * De, 0.f, lg,
-                   Phase::forward);
-    k::swiglu_forward(x.act.data(), mm, x.h13.data(), R, De);
-    // ye (rows, Dm) = act (rows, De) · W2_e (De, Dm)
-    expert_product(moe_index, 1, et, false, false, Dm, De, 0, De, Dm, Dm, 0.f, lg, Phase::forward);
+    if (tiled) {
+      expert_gemm::build_row_tiles(x.tile_map.as<int32_t>(), x.n_tiles.as<int32_t>(),
+                                   x.offsets.as<int32_t>(), E);
+      tiled_rows(l, x.h13.data(), true, x.xg.data(), kW13, false, R, 2 * De, Dm, lg,
+                 Phase::forward);
+      k::swiglu_forward(x.act.data(), mm, x.h13.data(), R, De);
+      tiled_rows(l, x.ye.data(), false, x.act.data(), kW2, false, R, Dm, De, lg, Phase::forward);
+    } else {
+      ExpertTables& et = expert_tables[size_t(moe_index)];
+      build_expert_tables(moe_index, l, et);
+      // h13 (rows, 2De) = xg (rows, Dm) · W13_e (Dm, 2De)
+      expert_product(moe_index, 0, et, false, false, 2 * De, Dm, 0, Dm, 2 * De, 2 * De, 0.f, lg,
+                     Phase::forward);
+      k::swiglu_forward(x.act.data(), mm, x.h13.data(), R, De);
+      // ye (rows, Dm) = act (rows, De) · W2_e (De, Dm)
+      expert_product(moe_index, 1, et, false, false, Dm, De, 0, De, Dm, Dm, 0.f, lg,
+                     Phase::forward);
+    }
     prof.mark("fwd routed experts");
     if (Dse > 0)
-      swiglu_ffn_forward(out, x.ln2.data(), x.sh13.data(), x.sact.data(), q.shared_w13,
-                         q.shared_w2, Tn, Dse, lg, FlopCategory::shared_expert);
+      swiglu_ffn_forward(out, x.ln2.data(), x.sh13.data(), x.sact.data(), q.shared_w13, q.shared_w2,
+                         Tn, Dse, lg, FlopCategory::shared_expert);
     k::moe_combine_forward(out, x.ye.as<float>(), x.gate.as<float>(), x.slot_of.as<int32_t>(), Tn,
                            K, Dm);
     if (!train) return;
@@ -683,8 +783,8 @@ struct Model::Impl {
                                  nullptr),
                  "copy residual");
       if (l < a.dense_layers)
-        swiglu_ffn_forward(out, x.ln2.data(), x.h13.data(), x.act.data(), q.w13, q.w2, Tn,
-                           Dffn, lg, FlopCategory::dense_ffn);
+        swiglu_ffn_forward(out, x.ln2.data(), x.h13.data(), x.act.data(), q.w13, q.w2, Tn, Dffn, lg,
+                           FlopCategory::dense_ffn);
       else
         moe_forward(l, nb, out, train, lg);
       prof.mark(l < a.dense_layers ? "fwd dense ffn" : "fwd moe rest");
@@ -758,25 +858,36 @@ struct Model::Impl {
     const LayerParams& q = lp[size_t(l)];
     Acts& x = acts[size_t(l)];
     if (Dse > 0)
-      swiglu_ffn_backward(x.ln2.data(), x.sh13.data(), x.sact.data(), q.shared_w13,
-                          q.shared_w2, Dse, lg, FlopCategory::shared_expert);
+      swiglu_ffn_backward(x.ln2.data(), x.sh13.data(), x.sact.data(), q.shared_w13, q.shared_w2,
+                          Dse, lg, FlopCategory::shared_expert);
     else
       check_cuda(cudaMemsetAsync(dln.data(), 0, size_t(T * Dm) * 4, nullptr), "memset dln");
     k::moe_combine_backward(dye.data(), mm, dgate.as<float>(), dresid.as<float>(), x.ye.as<float>(),
                             x.gate.as<float>(), x.sorted.as<int32_t>(), R, K, Dm);
     prof.mark("bwd shared expert + combine");
-    const ExpertTables& et = expert_tables[size_t(moe_index)];
-    // dact (rows, De) = dye (rows, Dm) · W2_e^T;  dW2_e (De, Dm) += act^T · dye
-    expert_product(moe_index, 2, et, false, true, De, Dm, 0, Dm, Dm, De, 0.f, lg,
-                   Phase::input_grad);
-    expert_product(moe_index, 3, et, true, false, De, Dm, 2, De, Dm, Dm, 1.f, lg,
-                   Phase::weight_grad);
-    k::swiglu_backward(dh13.data(), mm, dact.data(), x.h13.data(), R, De);
-    // dxg (rows, Dm) = dh13 (rows, 2De) · W13_e^T;  dW13_e (Dm, 2De) += xg^T · dh13
-    expert_product(moe_index, 4, et, false, true, Dm, 2 * De, 0, 2 * De, 2 * De, Dm, 0.f, lg,
-                   Phase::input_grad);
-    expert_product(moe_index, 5, et, true, false, Dm, 2 * De, 2, Dm, 2 * De, 2 * De, 1.f, lg,
-                   Phase::weight_grad);
+    if (expert_path == ExpertPath::tiled) {
+      // dact (rows, De) = dye · W2_e^T (W2_e stored (De, Dm));  dW2_e (De, Dm) += act^T · dye
+      tiled_rows(l, dact.data(), true, dye.data(), kW2, true, R, De, Dm, lg, Phase::input_grad);
+      tiled_weight_grads(l, kW2, x.act.data(), dye.data(), R, De, Dm, lg);
+      k::swiglu_backward(dh13.data(), mm, dact.data(), x.h13.data(), R, De);
+      // dxg (rows, Dm) = dh13 · W13_e^T (W13_e stored (Dm, 2De));  dW13_e += xg^T · dh13
+      tiled_rows(l, dxg.data(), false, dh13.data(), kW13, true, R, Dm, 2 * De, lg,
+                 Phase::input_grad);
+      tiled_weight_grads(l, kW13, x.xg.data(), dh13.data(), R, Dm, 2 * De, lg);
+    } else {
+      const ExpertTables& et = expert_tables[size_t(moe_index)];
+      // dact (rows, De) = dye (rows, Dm) · W2_e^T;  dW2_e (De, Dm) += act^T · dye
+      expert_product(moe_index, 2, et, false, true, De, Dm, 0, Dm, Dm, De, 0.f, lg,
+                     Phase::input_grad);
+      expert_product(moe_index, 3, et, true, false, De, Dm, 2, De, Dm, Dm, 1.f, lg,
+                     Phase::weight_grad);
+      k::swiglu_backward(dh13.data(), mm, dact.data(), x.h13.data(), R, De);
+      // dxg (rows, Dm) = dh13 (rows, 2De) · W13_e^T;  dW13_e (Dm, 2De) += xg^T · dh13
+      expert_product(moe_index, 4, et, false, true, Dm, 2 * De, 0, 2 * De, 2 * De, Dm, 0.f, lg,
+                     Phase::input_grad);
+      expert_product(moe_index, 5, et, true, false, Dm, 2 * De, 2, Dm, 2 * De, 2 * De, 1.f, lg,
+                     Phase::weight_grad);
+    }
     prof.mark("bwd routed experts");
     k::moe_scatter_add(dln.as<float>(), dxg.as<float>(), x.slot_of.as<int32_t>(), T, K, Dm);
     k::router_backward(dlog.data(), mm, x.probs.as<float>(), x.lse.as<float>(), x.idx.as<int32_t>(),
@@ -873,6 +984,7 @@ struct Model::Impl {
     for (int64_t t = 0; t < T; ++t) bearing += tgts[t] >= 0;
     prof.used = 0;  // marks of an evaluation pass since the last step are dropped
     prof.mark("start");
+    tiled_pending.clear();
     grads.fill_zero();
     FlopLedger lg;
     std::fill(routed.begin(), routed.end(), 0);
@@ -883,6 +995,7 @@ struct Model::Impl {
     backward(lg);
     double ce_sum = 0;
     loss_sum.download(&ce_sum, 8);
+    book_tiled_padding(lg);
     double lb = 0, z = 0;
     for (int64_t l = a.dense_layers; l < L; ++l) {
       acts[size_t(l)].aux.download(aux_host.data(), 8);
@@ -959,12 +1072,14 @@ struct Model::Impl {
     double total = 0;
     int64_t bearing = 0;
     std::vector<float> pl;
+    tiled_pending.clear();
     for (int64_t s0 = 0; s0 < n_seqs; s0 += B) {
       const int64_t nb = std::min(B, n_seqs - s0);
       upload_tokens(inputs + s0 * S, tgts + s0 * S, nb * S);
       forward(nb, false, eval_ledger, 0.f);
       double chunk = 0;
       loss_sum.download(&chunk, 8);
+      book_tiled_padding(eval_ledger);
       total += chunk;
       if (per_position) {
         pl.resize(size_t(nb * S));
@@ -982,6 +1097,7 @@ Model::Model(const Arch& arch, const ModelOptions& options, uint64_t seed, int64
     : impl_(std::make_unique<Impl>(arch, options, seed, batch_seqs, matmul, comm, attention)) {
   impl_->build_attention_tables();
   impl_->expert_tables.resize(size_t(std::max<int64_t>(arch.moe_layers(), 0)));
+  impl_->build_expert_weight_tables();
   synchronize();
 }
 Model::~Model() = default;
@@ -1111,14 +1227,18 @@ std::vector<std::pair<std::string, double>> Model::profile_ms_per_step() const {
   for (auto& p : out) p.second /= double(std::max<int64_t>(1, impl_->prof.steps));
   return out;
 }
-void Model::set_expert_loop(bool loop) {
-  impl_->expert_loop = loop;
+void Model::set_expert_path(ExpertPath path) {
+  if (path == ExpertPath::tiled && impl_->mm != DType::bf16)
+    throw InputError(
+        "expert path 'tiled' multiplies bf16 inputs; this model multiplies in fp32 (valid: "
+        "grouped, loop)");
+  impl_->expert_path = path;
 }
 bool Model::fused_attention() const {
   return impl_->flash;
 }
-bool Model::expert_loop() const {
-  return impl_->expert_loop;
+ExpertPath Model::expert_path() const {
+  return impl_->expert_path;
 }
 size_t Model::device_bytes() const {
   return impl_->bytes;

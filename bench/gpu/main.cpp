@@ -67,8 +67,8 @@ double gemm_ceiling_tflops() {
 struct Point {
   std::string name;
   Arch arch;
-  bool expert_loop = false;  // one cublasGemmEx per expert instead of one grouped call
-  cu::AttentionPath attention = cu::AttentionPath::cublas;  // the model's default
+  cu::AttentionPath attention = cu::AttentionPath::cublas;  // the model's defaults
+  cu::ExpertPath experts = cu::ExpertPath::grouped;
 };
 
 Arch dense124() {
@@ -152,12 +152,14 @@ int main(int argc, char** argv) {
       "ceiling | expert products; attention |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
       dev.peak_bf16_tflops);
   bool first = true;
-  const auto fused = cu::AttentionPath::fused;
-  for (const Point& p : {Point{"dense-124M", dense124()},
-                         Point{"dense-124M-fused-attn", dense124(), false, fused},
-                         Point{"moe-ra0.2", moe_equal_n()},
-                         Point{"moe-ra0.2-fused-attn", moe_equal_n(), false, fused},
-                         Point{"moe-ra0.2-loop", moe_equal_n(), true}}) {
+  const auto fused = cu::AttentionPath::fused, cublas = cu::AttentionPath::cublas;
+  const auto tiled = cu::ExpertPath::tiled;
+  for (const Point& p :
+       {Point{"dense-124M", dense124()}, Point{"dense-124M-fused-attn", dense124(), fused},
+        Point{"moe-ra0.2", moe_equal_n()}, Point{"moe-ra0.2-fused-attn", moe_equal_n(), fused},
+        Point{"moe-ra0.2-tiled", moe_equal_n(), cublas, tiled},
+        Point{"moe-ra0.2-tiled-fused-attn", moe_equal_n(), fused, tiled},
+        Point{"moe-ra0.2-loop", moe_equal_n(), cublas, cu::ExpertPath::loop}}) {
     if (!only.empty() && only.find("," + p.name + ",") == std::string::npos) continue;
     const ParamCounts pc = count_params(p.arch);
     ModelOptions opt;
@@ -166,7 +168,7 @@ int main(int argc, char** argv) {
     cfg.warmup_steps = 2;
     cfg.total_steps = 1000;
     cu::Model model(p.arch, opt, 1, batch, cu::DType::bf16, nullptr, p.attention);
-    model.set_expert_loop(p.expert_loop);
+    model.set_expert_path(p.experts);
     std::vector<int32_t> in, tg;
     std::vector<double> secs;
     FlopLedger per_step;
@@ -211,9 +213,10 @@ int main(int argc, char** argv) {
         p.name.c_str(), pc.total_params / 1e6, pc.active_params / 1e6,
         double(pc.active_params) / double(pc.total_params), tokens, t * 1e3, tokens / t, tf_useful,
         tf_exec, mfu_peak.c_str(), 100 * tf_useful / ceiling,
-        (std::string(p.arch.is_dense() ? "-"
-                     : p.expert_loop   ? "cublasGemmEx per expert"
-                                       : "grouped (bf16 out, fp32 widen/add)") +
+        (std::string(p.arch.is_dense()                    ? "-"
+                     : p.experts == cu::ExpertPath::loop  ? "cublasGemmEx per expert"
+                     : p.experts == cu::ExpertPath::tiled ? "tiled (own WMMA kernels)"
+                                                          : "grouped (bf16 out, fp32 widen/add)") +
          (model.fused_attention() ? "; fused attention" : "; cuBLAS attention"))
             .c_str());
     std::fprintf(stderr, "[%s] loss %.4f -> %.4f over %d steps; %.2f GiB device buffers\n",

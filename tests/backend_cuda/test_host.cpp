@@ -1,6 +1,6 @@
 // Host-side pieces of the CUDA backend that need no GPU (these run in CI): bf16 rounding, rank
-// discovery from the environment, the window split across ranks, and the "cuda" engine's clean
-// refusal on a machine without a device.
+// discovery from the environment, the window split across ranks, the tiled expert kernels'
+// executed-work count, and the "cuda" engine's clean refusal on a machine without a device.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -12,6 +12,7 @@
 #include "moeplan/accounting/error.hpp"
 #include "moeplan/backend/cuda/comm.hpp"
 #include "moeplan/backend/cuda/device.hpp"
+#include "moeplan/backend/cuda/expert_gemm.hpp"
 #include "moeplan/backend/engine.hpp"
 
 namespace cu = moeplan::backend::cuda;
@@ -86,4 +87,23 @@ TEST_CASE("the cuda engine is registered, and refuses cleanly without a device")
     req.arch.d_model = 8;
     CHECK_THROWS_AS(moeplan::backend::make_engine("cuda", req), moeplan::InputError);
   }
+}
+
+TEST_CASE("tiled expert products: executed work counts whole 64-row and 32-deep tiles") {
+  namespace eg = cu::expert_gemm;
+  // Row product, counts {0, 1, 64, 65} (130 rows), N 64, K 32: the tiles cover 0 + 64 + 64 + 128
+  // = 256 rows, so 2·256·64·32 = 1,048,576 executed against 2·130·64·32 = 532,480 useful.
+  const std::vector<int32_t> c = {0, 1, 64, 65};
+  CHECK(eg::executed_row_product_flops(c.data(), 4, 64, 32) == 1048576);
+  // N 100 and K 40 run as 128 columns and 64 deep: 2·256·128·64 = 4,194,304.
+  CHECK(eg::executed_row_product_flops(c.data(), 4, 100, 40) == 4194304);
+  // Weight gradient M 64, N 64, depth = rows in steps of 32: counts {0, 1, 32, 33} take
+  // 0 + 32 + 32 + 64 = 128 deep, 2·64·64·128 = 1,048,576.
+  const std::vector<int32_t> w = {0, 1, 32, 33};
+  CHECK(eg::executed_weight_grad_flops(w.data(), 4, 64, 64) == 1048576);
+  // M 100 runs as 128 rows: twice that.
+  CHECK(eg::executed_weight_grad_flops(w.data(), 4, 100, 64) == 2097152);
+  // Tile bound: ceil(c/64) summed is at most (R + 63·E)/64; here 0+1+1+2 = 4 ≤ (130 + 252)/64 = 5.
+  CHECK(eg::max_row_tiles(130, 4) == 5);
+  CHECK(eg::max_row_tiles(0, 0) == 0);
 }

@@ -11,6 +11,7 @@
 #include "layers.hpp"
 #include "moe.hpp"
 #include "moeplan/backend/cuda/attention.hpp"
+#include "moeplan/backend/cuda/expert_gemm.hpp"
 #include "moeplan/backend/cuda/kernels.hpp"
 
 using namespace gputest;
@@ -331,12 +332,147 @@ TEST_CASE("fused causal attention, forward and backward, matches the CPU attenti
     }
     const double e_out = rel_err(download_f(O, T * HD, DType::bf16), out);
     const double e_grad = rel_err(grads[0], dqkv);
-    std::printf("[fused attention B%lld S%lld H%lld/%lld Dh%lld %s] out rel err %.2e, dqkv rel "
-                "err %.2e\n",
-                (long long)c.B, (long long)c.S, (long long)c.H, (long long)c.Hkv, (long long)c.Dh,
-                c.alibi ? "alibi" : "no bias", e_out, e_grad);
+    std::printf(
+        "[fused attention B%lld S%lld H%lld/%lld Dh%lld %s] out rel err %.2e, dqkv rel "
+        "err %.2e\n",
+        (long long)c.B, (long long)c.S, (long long)c.H, (long long)c.Hkv, (long long)c.Dh,
+        c.alibi ? "alibi" : "no bias", e_out, e_grad);
     CHECK(e_out < 2e-2);
     CHECK(e_grad < 2e-2);
     CHECK(grads[0] == grads[1]);  // no atomics: the same bits twice
+  }
+}
+
+namespace {
+
+namespace eg = moeplan::backend::cuda::expert_gemm;
+
+// Rounds to bf16 in place and returns the bits.
+std::vector<uint16_t> to_bf16(std::vector<float>& v) {
+  std::vector<uint16_t> bits(v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    bits[i] = moeplan::backend::cuda::float_to_bf16(v[i]);
+    v[i] = moeplan::backend::cuda::bf16_to_float(bits[i]);
+  }
+  return bits;
+}
+
+std::vector<int32_t> exclusive_offsets(const std::vector<int32_t>& counts) {
+  std::vector<int32_t> off(counts.size() + 1, 0);
+  for (size_t e = 0; e < counts.size(); ++e) off[e + 1] = off[e] + counts[e];
+  return off;
+}
+
+}  // namespace
+
+TEST_CASE("tiled expert products match a double-precision host loop, every routing shape") {
+  // Counts with an empty expert, a single row, exact and partial 64-row tiles. Shapes: multiples
+  // of 8 (16-byte loads) with partial column and depth tiles, and ragged ones (element loads).
+  const std::vector<int32_t> counts = {0, 1, 64, 65, 130, 7, 0, 33};
+  const int64_t E = int64_t(counts.size());
+  const std::vector<int32_t> offsets = exclusive_offsets(counts);
+  const int64_t R = offsets.back();
+  auto dOff = to_device(offsets);
+  const int64_t max_tiles = eg::max_row_tiles(R, E);
+  DeviceBuffer map(size_t(3 * max_tiles) * 4), n_tiles(4);
+  eg::build_row_tiles(map.as<int32_t>(), n_tiles.as<int32_t>(), dOff.as<int32_t>(), E);
+  synchronize();
+  {  // the tile map: every expert's rows in order, 64 at a time
+    std::vector<int32_t> m(size_t(3 * max_tiles));
+    int32_t n = 0;
+    map.download(m.data(), m.size() * 4);
+    n_tiles.download(&n, 4);
+    std::vector<int32_t> want;
+    for (int64_t e = 0; e < E; ++e)
+      for (int32_t r = offsets[e]; r < offsets[e + 1]; r += 64)
+        want.insert(want.end(), {int32_t(e), r, std::min(64, offsets[e + 1] - r)});
+    CHECK(n == int32_t(want.size() / 3));
+    CHECK(std::vector<int32_t>(m.begin(), m.begin() + int64_t(want.size())) == want);
+  }
+  struct Shape {
+    int64_t N, K;
+  };
+  for (Shape sh : {Shape{128, 96}, Shape{200, 40}, Shape{36, 20}}) {
+    const int64_t N = sh.N, K = sh.K;
+    INFO("N " << N << " K " << K);
+    auto a = randn(size_t(R * K), 41);
+    auto w = randn(size_t(E * K * N), 42, 0.2f);
+    const auto a_bits = to_bf16(a), w_bits = to_bf16(w);
+    auto dA = to_device(a_bits), dW = to_device(w_bits);
+    // W_e at e·K·N, listed in reverse order so that a wrong expert index shows.
+    std::vector<const uint16_t*> wp(static_cast<size_t>(E));
+    for (int64_t e = 0; e < E; ++e) wp[size_t(E - 1 - e)] = dW.as<uint16_t>() + e * K * N;
+    auto dWp = to_device(wp);
+    for (bool trans : {false, true}) {
+      INFO("trans_w " << trans);
+      // want[r][n] = Σ_k a[r][k]·W_e(k, n); W_e (K, N) row-major, or (N, K) when transposed
+      std::vector<float> want(size_t(R * N));
+      for (int64_t e = 0; e < E; ++e) {
+        const float* we = w.data() + (E - 1 - e) * K * N;
+        for (int64_t r = offsets[e]; r < offsets[e + 1]; ++r)
+          for (int64_t n = 0; n < N; ++n) {
+            double s = 0;
+            for (int64_t k = 0; k < K; ++k)
+              s += double(a[r * K + k]) * double(trans ? we[n * K + k] : we[k * N + n]);
+            want[size_t(r * N + n)] = float(s);
+          }
+      }
+      for (bool c_bf16 : {false, true}) {
+        auto out = poisoned(size_t(R * N) * 4);
+        eg::rows(out.data(), c_bf16, dA.as<uint16_t>(),
+                 static_cast<const uint16_t* const*>(dWp.data()), trans, map.as<int32_t>(),
+                 n_tiles.as<int32_t>(), max_tiles, N, K);
+        synchronize();
+        const double err =
+            rel_err(download_f(out, size_t(R * N), c_bf16 ? DType::bf16 : DType::f32), want);
+        CHECK(err < (c_bf16 ? 2e-2 : 1e-5));
+      }
+    }
+  }
+  for (Shape sh : {Shape{96, 128}, Shape{20, 36}}) {  // weight gradients: (M, N) += A^T·B
+    const int64_t M = sh.N, N = sh.K;
+    INFO("M " << M << " N " << N);
+    auto a = randn(size_t(R * M), 43), b = randn(size_t(R * N), 44);
+    const auto a_bits = to_bf16(a), b_bits = to_bf16(b);
+    auto dA = to_device(a_bits), dB = to_device(b_bits);
+    const auto g0 = randn(size_t(E * M * N), 45);
+    auto dG = to_device(g0);
+    std::vector<float*> gp(static_cast<size_t>(E));
+    for (int64_t e = 0; e < E; ++e) gp[size_t(E - 1 - e)] = dG.as<float>() + e * M * N;
+    auto dGp = to_device(gp);
+    std::vector<float> want = g0;
+    for (int64_t e = 0; e < E; ++e) {
+      float* ge = want.data() + (E - 1 - e) * M * N;
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t n = 0; n < N; ++n) {
+          double s = 0;
+          for (int64_t r = offsets[e]; r < offsets[e + 1]; ++r)
+            s += double(a[r * M + m]) * double(b[r * N + n]);
+          ge[m * N + n] = float(double(ge[m * N + n]) + s);
+        }
+    }
+    eg::weight_grads(static_cast<float* const*>(dGp.data()), dA.as<uint16_t>(), dB.as<uint16_t>(),
+                     dOff.as<int32_t>(), E, M, N);
+    synchronize();
+    const auto got = download_f(dG, g0.size());
+    CHECK(rel_err(got, want) < 1e-5);
+    for (int64_t e = 0; e < E; ++e)  // experts without rows are left exactly as they were
+      if (counts[size_t(e)] == 0) {
+        const int64_t at = (E - 1 - e) * M * N;
+        CHECK(std::equal(got.begin() + at, got.begin() + at + M * N, g0.begin() + at));
+      }
+    // Fixed summation order: the same call again adds the same bits.
+    auto dG2 = to_device(got);
+    for (int64_t e = 0; e < E; ++e) gp[size_t(E - 1 - e)] = dG2.as<float>() + e * M * N;
+    auto dGp2 = to_device(gp);
+    eg::weight_grads(static_cast<float* const*>(dGp2.data()), dA.as<uint16_t>(), dB.as<uint16_t>(),
+                     dOff.as<int32_t>(), E, M, N);
+    auto dG3 = to_device(got);
+    for (int64_t e = 0; e < E; ++e) gp[size_t(E - 1 - e)] = dG3.as<float>() + e * M * N;
+    auto dGp3 = to_device(gp);
+    eg::weight_grads(static_cast<float* const*>(dGp3.data()), dA.as<uint16_t>(), dB.as<uint16_t>(),
+                     dOff.as<int32_t>(), E, M, N);
+    synchronize();
+    CHECK(download_f(dG2, g0.size()) == download_f(dG3, g0.size()));
   }
 }

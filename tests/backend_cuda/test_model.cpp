@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "common.hpp"
+#include "moeplan/accounting/error.hpp"
 #include "moeplan/accounting/flops.hpp"
 #include "moeplan/backend/corpus.hpp"
 #include "moeplan/backend/cuda/comm.hpp"
@@ -241,7 +242,7 @@ TEST_CASE("routed experts: one grouped call per product equals one product per e
   const Batch b = random_batch(B, a.seq_len, a.vocab, 31);
   for (DType t : {DType::f32, DType::bf16}) {
     cu::Model grouped(a, opt, 3, B, t), loop(a, opt, 3, B, t);
-    loop.set_expert_loop(true);
+    loop.set_expert_path(cu::ExpertPath::loop);
     StepResult rg, rl;
     const double og = grouped.compute_gradients(b.inputs.data(), b.targets.data(), &rg);
     const double ol = loop.compute_gradients(b.inputs.data(), b.targets.data(), &rl);
@@ -254,6 +255,60 @@ TEST_CASE("routed experts: one grouped call per product equals one product per e
     CHECK(err < (t == DType::f32 ? 1e-5 : 5e-2));
     CHECK(rg.flops == rl.flops);
   }
+}
+
+TEST_CASE("routed experts: the tiled kernels give the per-expert products' step; padding booked") {
+  // Both paths take bf16 inputs and keep fp32 results where the model wants them; they differ in
+  // summation order only, so a step agrees well inside bf16 tolerance. The ledgers agree except
+  // for the tiled kernels' padding: the rows of each expert's last 64-row tile (and, for the
+  // weight gradients, depth past the last row in steps of 32), in every phase.
+  const Arch a = moe_arch();
+  ModelOptions opt;
+  opt.positions = "rope";
+  const int64_t B = 4;
+  const Batch b = random_batch(B, a.seq_len, a.vocab, 57);
+  cu::Model tiled(a, opt, 6, B, DType::bf16), loop(a, opt, 6, B, DType::bf16);
+  tiled.set_expert_path(cu::ExpertPath::tiled);
+  loop.set_expert_path(cu::ExpertPath::loop);
+  CHECK(tiled.expert_path() == cu::ExpertPath::tiled);
+  StepResult rt, rl;
+  const double ot = tiled.compute_gradients(b.inputs.data(), b.targets.data(), &rt);
+  const double ol = loop.compute_gradients(b.inputs.data(), b.targets.data(), &rl);
+  const auto gt = tiled.gradients();
+  const double err = rel_err(gt, loop.gradients());
+  std::printf("[experts tiled] objective tiled %.7f loop %.7f, gradient rel diff %.2e\n", ot, ol,
+              err);
+  print_worst_tensors(tiled.tensors(), gt, loop.gradients());
+  CHECK(std::abs(ot - ol) / ol < 1e-3);
+  CHECK(err < 2e-2);
+  print_ledger_diff(rt.flops, rl.flops);
+  FlopLedger t = rt.flops, l = rl.flops;
+  t.flops[int(FlopCategory::padding)] = {};
+  l.flops[int(FlopCategory::padding)] = {};
+  CHECK(t == l);
+  // Each expert's last tile is at most 63 rows short; the forward products have (N, K) =
+  // (2De, Dm) and (Dm, De), both whole tiles in this model's shapes.
+  const int64_t E = a.experts, De = a.d_expert, Dm = a.d_model, moe = a.moe_layers();
+  for (Phase ph : {Phase::forward, Phase::input_grad, Phase::weight_grad}) {
+    const int64_t extra =
+        rt.flops.at(FlopCategory::padding, ph) - rl.flops.at(FlopCategory::padding, ph);
+    CHECK(extra > 0);
+    if (ph == Phase::forward) CHECK(extra <= moe * 2 * 63 * E * (2 * De * Dm + Dm * De));
+  }
+  // The same step again: the same bits (fixed tile order, no atomics).
+  tiled.compute_gradients(b.inputs.data(), b.targets.data());
+  CHECK(tiled.gradients() == gt);
+  // Evaluation runs the forward products only, and books their padding in the eval ledger.
+  const double et = tiled.forward_loss(b.inputs.data(), b.targets.data(), B);
+  const double el = loop.forward_loss(b.inputs.data(), b.targets.data(), B);
+  CHECK(std::abs(et - el) / el < 1e-3);
+  CHECK(tiled.eval_ledger().category(FlopCategory::expert) ==
+        loop.eval_ledger().category(FlopCategory::expert));
+  CHECK(tiled.eval_ledger().category(FlopCategory::padding) >
+        loop.eval_ledger().category(FlopCategory::padding));
+  // fp32 models have no tiled path.
+  cu::Model f32(a, opt, 6, B, DType::f32);
+  CHECK_THROWS_AS(f32.set_expert_path(cu::ExpertPath::tiled), moeplan::InputError);
 }
 
 TEST_CASE("bf16: fused attention and cuBLAS attention give the same step within bf16 tolerance") {

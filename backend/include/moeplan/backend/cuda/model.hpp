@@ -27,6 +27,7 @@ class Communicator;
 // Which attention kernels a bf16 model runs (fp32 models and unsupported head widths always run
 // the cuBLAS path).
 enum class AttentionPath { fused, cublas };
+enum class ExpertPath { grouped, loop, tiled };
 
 class Model {
  public:
@@ -62,11 +63,17 @@ class Model {
   const Arch& arch() const;
   int64_t batch_seqs() const;
   DType matmul_type() const;
-  // Routed-expert products: one grouped cuBLAS call per product (default; in bf16 its bf16
-  // results are widened to fp32, and expert weight gradients are added to the fp32 gradients
-  // from bf16), or, with set_expert_loop(true), one cublasGemmEx per expert (fp32 results
-  // directly). The benchmark measures both.
-  void set_expert_loop(bool loop);
+  // How the routed-expert products run (the benchmark measures each):
+  //  - grouped (default): one grouped cuBLAS call per product; the host waits for the routed
+  //    counts once per MoE layer to size it. In bf16 its results come back in bf16 (the grouped
+  //    call has no bf16 → fp32 form) and are widened to fp32, or added to the fp32 gradients.
+  //  - loop: one cublasGemmEx per expert (fp32 results directly).
+  //  - tiled (bf16 only): our own kernels (expert_gemm.hpp) reading the row ranges on the device;
+  //    no host wait inside the step, fp32 results directly; the rows of each expert's last tile
+  //    are booked as padding.
+  // set_expert_path(tiled) on an fp32 model is an InputError.
+  void set_expert_path(ExpertPath path);
+  ExpertPath expert_path() const;
   // Whether attention runs as the fused kernels (bf16 with head_dim 16/32/64/128) rather than
   // cuBLAS batched products over the full S×S square with a separate softmax.
   bool fused_attention() const;
@@ -74,7 +81,6 @@ class Model {
   // mean milliseconds per step since set_profiling(true), phases in first-seen order.
   void set_profiling(bool on);
   std::vector<std::pair<std::string, double>> profile_ms_per_step() const;
-  bool expert_loop() const;
   size_t device_bytes() const;
 
  private:

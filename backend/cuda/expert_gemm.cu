@@ -1,0 +1,296 @@
+// Tiled routed-expert products (see expert_gemm.hpp). Four warps per block; warp w computes the
+// 32×32 quarter (w/2, w%2) of the block's 64×64 output tile as 2×2 WMMA fragments of 16×16×16
+// bf16 with fp32 accumulation. Operand tiles are staged in shared memory in the layout they have
+// in global memory; a transposed operand is read through a column-major fragment.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <mma.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+
+#include "check.hpp"
+#include "moeplan/backend/cuda/expert_gemm.hpp"
+
+namespace moeplan::backend::cuda::expert_gemm {
+namespace {
+
+using bf16 = __nv_bfloat16;
+namespace wmma = nvcuda::wmma;
+
+constexpr int BM = int(kRows), BN = int(kCols), BK = int(kDepth), kThreads = 128;
+// Shared-memory row strides padded by 8 elements (16 bytes) so the 16 rows a fragment load
+// touches fall in different banks; every fragment start stays 32-byte aligned, as WMMA requires.
+constexpr int LD_RK = BK + 8;   // tiles stored [64 rows][32 depth]
+constexpr int LD_KR = BM + 8;   // tiles stored [32 depth][64 rows or columns]
+constexpr int LD_OUT = 16 + 4;  // fp32 staging of one accumulator fragment
+
+using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major>;
+using FragAt = wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::col_major>;
+using FragB = wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major>;
+using FragBt = wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major>;
+using FragC = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
+
+// dst [ROWS][ld_dst] (shared) = src rows [0, ROWS) × columns [0, COLS) of a bf16 row-major
+// matrix with row stride ld; entries at or past (valid_rows, valid_cols) are zero. Whole 16-byte
+// chunks when `vec` (ld a multiple of 8, src 16-byte aligned), element by element at the ragged
+// edge otherwise.
+template <int ROWS, int COLS>
+__device__ void load_tile(uint16_t* dst, int ld_dst, const uint16_t* src, int64_t ld,
+                          int valid_rows, int valid_cols, bool vec) {
+  constexpr int kChunks = COLS / 8;
+  for (int i = threadIdx.x; i < ROWS * kChunks; i += kThreads) {
+    const int r = i / kChunks, c = (i % kChunks) * 8;
+    union {
+      uint4 v;
+      uint16_t h[8];
+    } u;
+    u.v = make_uint4(0, 0, 0, 0);
+    if (r < valid_rows) {
+      const uint16_t* s = src + int64_t(r) * ld + c;
+      if (vec && c + 8 <= valid_cols) {
+        u.v = *reinterpret_cast<const uint4*>(s);
+      } else {
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+          if (c + j < valid_cols) u.h[j] = s[j];
+      }
+    }
+    *reinterpret_cast<uint4*>(dst + r * ld_dst + c) = u.v;
+  }
+}
+
+// The block's operand tiles: A as [64][32] (rows × depth) or transposed [32][64]; B as [32][64]
+// (depth × columns) or transposed [64][32]. Sized for the larger of each pair.
+constexpr int kTileElems = BK * LD_KR > BM* LD_RK ? BK* LD_KR : BM* LD_RK;
+static_assert(BM == BN, "one staging size serves A and B");
+struct Tiles {
+  alignas(128) uint16_t a[kTileElems];
+  alignas(128) uint16_t b[kTileElems];
+  alignas(128) float out[4][16 * LD_OUT];
+};
+
+// acc += A_tile · B_tile for this warp's 32×32 quarter. A_T: A staged [depth][rows] (read
+// column-major); B_T: B staged [columns][depth] (read column-major).
+template <bool A_T, bool B_T>
+__device__ void mma_tile(FragC (&acc)[2][2], const Tiles& t, int wm, int wn) {
+#pragma unroll
+  for (int kk = 0; kk < BK; kk += 16) {
+    const bf16* a = reinterpret_cast<const bf16*>(t.a);
+    const bf16* b = reinterpret_cast<const bf16*>(t.b);
+    typename std::conditional<A_T, FragAt, FragA>::type fa[2];
+    typename std::conditional<B_T, FragBt, FragB>::type fb[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int m = wm * 32 + i * 16;
+      if constexpr (A_T)
+        wmma::load_matrix_sync(fa[i], a + kk * LD_KR + m, LD_KR);
+      else
+        wmma::load_matrix_sync(fa[i], a + m * LD_RK + kk, LD_RK);
+    }
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int n = wn * 32 + j * 16;
+      if constexpr (B_T)
+        wmma::load_matrix_sync(fb[j], b + n * LD_RK + kk, LD_RK);
+      else
+        wmma::load_matrix_sync(fb[j], b + kk * LD_KR + n, LD_KR);
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+  }
+}
+
+__device__ inline void put(float* p, float v, bool accumulate) {
+  *p = accumulate ? *p + v : v;
+}
+__device__ inline void put(bf16* p, float v, bool) {
+  *p = __float2bfloat16(v);
+}
+
+// Writes (or adds) this warp's quarter to C rows [0, valid_rows) × columns [0, valid_cols) of the
+// tile at C (row stride ldc), one fragment at a time through shared memory.
+template <class OutT>
+__device__ void store_quarter(OutT* C, int64_t ldc, const FragC (&acc)[2][2], Tiles& t, int wm,
+                              int wn, int valid_rows, int valid_cols, bool accumulate) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  float* stage = t.out[warp];
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      wmma::store_matrix_sync(stage, acc[i][j], LD_OUT, wmma::mem_row_major);
+      __syncwarp();
+      const int r0 = wm * 32 + i * 16, c0 = wn * 32 + j * 16;
+      for (int e = lane; e < 256; e += 32) {
+        const int r = r0 + e / 16, c = c0 + e % 16;
+        if (r < valid_rows && c < valid_cols)
+          put(C + int64_t(r) * ldc + c, stage[(e / 16) * LD_OUT + e % 16], accumulate);
+      }
+      __syncwarp();
+    }
+}
+
+// Per expert e: tiles = ceil(c_e / 64); written at the exclusive prefix of those counts.
+__global__ void build_row_tiles_kernel(int32_t* map, int32_t* n_tiles, const int32_t* offsets,
+                                       int experts) {
+  extern __shared__ int32_t first_tile[];  // experts + 1
+  for (int e = threadIdx.x; e < experts; e += blockDim.x)
+    first_tile[e + 1] = (offsets[e + 1] - offsets[e] + BM - 1) / BM;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    first_tile[0] = 0;
+    for (int e = 0; e < experts; ++e) first_tile[e + 1] += first_tile[e];
+    *n_tiles = first_tile[experts];
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < experts; e += blockDim.x) {
+    const int32_t row0 = offsets[e], end = offsets[e + 1];
+    for (int32_t t = first_tile[e], r = row0; r < end; ++t, r += BM) {
+      map[3 * t] = e;
+      map[3 * t + 1] = r;
+      map[3 * t + 2] = end - r < BM ? end - r : BM;
+    }
+  }
+}
+
+// Block (tile, column tile): C rows of the tile = A rows · op(W_e).
+template <bool TRANS_W, class OutT>
+__global__ void __launch_bounds__(kThreads)
+    rows_kernel(OutT* C, const uint16_t* A, const uint16_t* const* W, const int32_t* map,
+                const int32_t* n_tiles, int N, int K, bool vec) {
+  __shared__ Tiles t;
+  const int tile = blockIdx.x;
+  if (tile >= *n_tiles) return;
+  const int e = map[3 * tile], row0 = map[3 * tile + 1], rows = map[3 * tile + 2];
+  const int n0 = blockIdx.y * BN;
+  const int warp = threadIdx.x / 32, wm = warp / 2, wn = warp % 2;
+  const uint16_t* a = A + int64_t(row0) * K;
+  const uint16_t* w = W[e];
+  FragC acc[2][2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[i][j], 0.f);
+  for (int k0 = 0; k0 < K; k0 += BK) {
+    __syncthreads();  // the previous step's fragments are loaded
+    load_tile<BM, BK>(t.a, LD_RK, a + k0, K, rows, K - k0, vec);
+    if constexpr (TRANS_W)  // W_e stored (N, K): the tile [64 columns][32 depth]
+      load_tile<BN, BK>(t.b, LD_RK, w + int64_t(n0) * K + k0, K, N - n0, K - k0, vec);
+    else  // W_e stored (K, N): the tile [32 depth][64 columns]
+      load_tile<BK, BN>(t.b, LD_KR, w + int64_t(k0) * N + n0, N, K - k0, N - n0, vec);
+    __syncthreads();
+    mma_tile<false, TRANS_W>(acc, t, wm, wn);
+  }
+  store_quarter(C + int64_t(row0) * N + n0, N, acc, t, wm, wn, rows, N - n0, false);
+}
+
+// Block (output tile, expert): G_e tile += Σ over the expert's rows of A^T · B.
+__global__ void __launch_bounds__(kThreads)
+    weight_grads_kernel(float* const* G, const uint16_t* A, const uint16_t* B,
+                        const int32_t* offsets, int M, int N, int tiles_n, bool vec) {
+  __shared__ Tiles t;
+  const int e = blockIdx.y;
+  const int r0 = offsets[e], r1 = offsets[e + 1];
+  if (r1 == r0) return;
+  const int m0 = (blockIdx.x / tiles_n) * BM, n0 = (blockIdx.x % tiles_n) * BN;
+  const int warp = threadIdx.x / 32, wm = warp / 2, wn = warp % 2;
+  FragC acc[2][2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[i][j], 0.f);
+  for (int k0 = r0; k0 < r1; k0 += BK) {
+    __syncthreads();
+    // A rows [k0, k0+32) × columns [m0, m0+64): the transposed operand, staged [depth][rows]
+    load_tile<BK, BM>(t.a, LD_KR, A + int64_t(k0) * M + m0, M, r1 - k0, M - m0, vec);
+    load_tile<BK, BN>(t.b, LD_KR, B + int64_t(k0) * N + n0, N, r1 - k0, N - n0, vec);
+    __syncthreads();
+    mma_tile<true, false>(acc, t, wm, wn);
+  }
+  store_quarter(G[e] + int64_t(m0) * N + n0, N, acc, t, wm, wn, M - m0, N - n0, true);
+}
+
+bool aligned16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+
+int64_t ceil_to(int64_t x, int64_t m) {
+  return (x + m - 1) / m * m;
+}
+
+void check_int(int64_t v, const char* what) {
+  if (v < 0 || v > INT32_MAX) throw std::logic_error(std::string("expert_gemm: ") + what);
+}
+
+}  // namespace
+
+int64_t max_row_tiles(int64_t routed_rows, int64_t experts) {
+  return (routed_rows + (BM - 1) * experts) / BM;
+}
+
+void build_row_tiles(int32_t* tile_map, int32_t* n_tiles, const int32_t* offsets, int64_t experts) {
+  check_int(experts, "expert count");
+  build_row_tiles_kernel<<<1, 256, size_t(experts + 1) * 4>>>(tile_map, n_tiles, offsets,
+                                                              int(experts));
+  check_launch("build_row_tiles");
+}
+
+void rows(void* C, bool c_bf16, const uint16_t* A, const uint16_t* const* W, bool trans_w,
+          const int32_t* tile_map, const int32_t* n_tiles, int64_t max_tiles, int64_t N,
+          int64_t K) {
+  if (max_tiles == 0 || N == 0) return;
+  check_int(N, "N");
+  check_int(K, "K");
+  check_int(max_tiles, "tile count");
+  // The weight pointers are checked where their tables are built (the caller's job: every W_e
+  // 16-byte aligned when K and N are multiples of 8).
+  const bool vec = K % 8 == 0 && N % 8 == 0 && aligned16(A);
+  const dim3 grid(unsigned(max_tiles), unsigned((N + BN - 1) / BN));
+  const int n = int(N), k = int(K);
+  if (c_bf16) {
+    bf16* c = static_cast<bf16*>(C);
+    if (trans_w)
+      rows_kernel<true, bf16><<<grid, kThreads>>>(c, A, W, tile_map, n_tiles, n, k, vec);
+    else
+      rows_kernel<false, bf16><<<grid, kThreads>>>(c, A, W, tile_map, n_tiles, n, k, vec);
+  } else {
+    float* c = static_cast<float*>(C);
+    if (trans_w)
+      rows_kernel<true, float><<<grid, kThreads>>>(c, A, W, tile_map, n_tiles, n, k, vec);
+    else
+      rows_kernel<false, float><<<grid, kThreads>>>(c, A, W, tile_map, n_tiles, n, k, vec);
+  }
+  check_launch("expert_gemm::rows");
+}
+
+void weight_grads(float* const* G, const uint16_t* A, const uint16_t* B, const int32_t* offsets,
+                  int64_t experts, int64_t M, int64_t N) {
+  if (experts == 0 || M == 0 || N == 0) return;
+  check_int(M, "M");
+  check_int(N, "N");
+  check_int(experts, "expert count");
+  const int64_t tiles_n = (N + BN - 1) / BN, tiles = (M + BM - 1) / BM * tiles_n;
+  const bool vec = M % 8 == 0 && N % 8 == 0 && aligned16(A) && aligned16(B);
+  weight_grads_kernel<<<dim3(unsigned(tiles), unsigned(experts)), kThreads>>>(
+      G, A, B, offsets, int(M), int(N), int(tiles_n), vec);
+  check_launch("expert_gemm::weight_grads");
+}
+
+int64_t executed_row_product_flops(const int32_t* counts, int64_t experts, int64_t N, int64_t K) {
+  int64_t rows = 0;
+  for (int64_t e = 0; e < experts; ++e) rows += ceil_to(counts[e], BM);
+  return 2 * rows * ceil_to(N, BN) * ceil_to(K, BK);
+}
+
+int64_t executed_weight_grad_flops(const int32_t* counts, int64_t experts, int64_t M, int64_t N) {
+  int64_t depth = 0;
+  for (int64_t e = 0; e < experts; ++e) depth += ceil_to(counts[e], BK);
+  return 2 * ceil_to(M, BM) * ceil_to(N, BN) * depth;
+}
+
+}  // namespace moeplan::backend::cuda::expert_gemm
