@@ -10,8 +10,8 @@
 #include <string>
 
 #include "check.hpp"
-#include "warp.cuh"
 #include "moeplan/backend/cuda/attention.hpp"
+#include "warp.cuh"
 
 namespace moeplan::backend::cuda::attention {
 namespace {
@@ -24,7 +24,7 @@ constexpr int BM = 64, BN = 64, kThreads = 128;
 // different banks (unpadded, rows 128 or 256 bytes apart all hit the same banks). WMMA wants
 // multiples of 8 (bf16) or 4 (fp32) elements.
 template <int D>
-constexpr int LDT = D + 8;  // q, k, v, dO tiles (bf16)
+constexpr int LDT = D + 8;   // q, k, v, dO tiles (bf16)
 constexpr int LDP = BN + 8;  // P and dS (bf16)
 constexpr int LDS = BN + 4;  // scores and dP (fp32)
 template <int D>
@@ -35,7 +35,6 @@ using FragAt = wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::col_major>
 using FragB = wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major>;
 using FragBt = wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major>;
 using FragC = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
-
 
 // dst [64][LDT] (bf16, shared) = rows row0.. of a bf16 matrix with row stride ld; rows past `valid`
 // are zero. 16-byte vector loads (D and ld multiples of 8).
@@ -78,8 +77,8 @@ struct FwdSmem {
 
 template <int D>
 __global__ void __launch_bounds__(kThreads)
-    forward_kernel(bf16* O, float* lse, const bf16* qkv, const float* slopes, int S, int H,
-                   int Hkv, float scale) {
+    forward_kernel(bf16* O, float* lse, const bf16* qkv, const float* slopes, int S, int H, int Hkv,
+                   float scale) {
   extern __shared__ __align__(128) unsigned char raw[];
   FwdSmem<D>& sm = *reinterpret_cast<FwdSmem<D>*>(raw);
   const int qb = blockIdx.x, bh = blockIdx.y, b = bh / H, h = bh % H, kvh = h / (H / Hkv);
@@ -147,8 +146,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int n = 0; n < D / 16; ++n) {
       FragC acc;
-      wmma::load_matrix_sync(acc, sm.o + warp * 16 * LDO<D> + n * 16, LDO<D>,
-                             wmma::mem_row_major);
+      wmma::load_matrix_sync(acc, sm.o + warp * 16 * LDO<D> + n * 16, LDO<D>, wmma::mem_row_major);
 #pragma unroll
       for (int kk = 0; kk < BN / 16; ++kk) {
         FragA fa;
@@ -157,8 +155,7 @@ __global__ void __launch_bounds__(kThreads)
         wmma::load_matrix_sync(fb, sm.v + kk * 16 * LDT<D> + n * 16, LDT<D>);
         wmma::mma_sync(acc, fa, fb, acc);
       }
-      wmma::store_matrix_sync(sm.o + warp * 16 * LDO<D> + n * 16, acc, LDO<D>,
-                              wmma::mem_row_major);
+      wmma::store_matrix_sync(sm.o + warp * 16 * LDO<D> + n * 16, acc, LDO<D>, wmma::mem_row_major);
     }
     __syncthreads();  // K/V are replaced next
   }
@@ -173,9 +170,183 @@ __global__ void __launch_bounds__(kThreads)
     lse[int64_t(bh) * S + q0 + threadIdx.x] = sm.m[threadIdx.x] + logf(sm.l[threadIdx.x]);
 }
 
+// ---- forward with register-resident softmax (mma.sync) ----------------------------------------
+// The same tiles and results as forward_kernel, but each warp keeps its 16 query rows' scores,
+// running max/sum and output accumulators in registers, through PTX mma.m16n8k16 (bf16 in, fp32
+// accumulate), whose fragment layouts are fixed by the PTX ISA: with g = lane/4 and t = lane%4,
+//   A (16×16, row-major): reg0 (row g, cols 2t, 2t+1), reg1 (row g+8, same cols), reg2 (row g,
+//     cols 2t+8, 2t+9), reg3 (row g+8, cols 2t+8, 2t+9);
+//   B (16×8): reg0 (rows 2t, 2t+1 of column g), reg1 (rows 2t+8, 2t+9 of column g);
+//   C (16×8, fp32): c0, c1 (row g, cols 2t, 2t+1), c2, c3 (row g+8, same cols);
+// two bf16 in a register, the lower index in the low half. So a thread owns rows g and g+8 of its
+// warp's 16, and the score accumulators of two adjacent 8-key tiles are, element for element, the
+// A fragment of P for the 16-key step of P·V: no shared-memory round trip for S, P or O.
+
+__device__ inline void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ inline uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// Two consecutive bf16 of a shared-memory row (4-byte aligned: even element index).
+__device__ inline uint32_t ld_pair(const bf16* p) {
+  return *reinterpret_cast<const uint32_t*>(p);
+}
+
+// Two bf16 from consecutive rows of one column, lower row in the low half.
+__device__ inline uint32_t ld_column_pair(const bf16* p, int ld) {
+  const uint16_t lo = *reinterpret_cast<const uint16_t*>(p);
+  const uint16_t hi = *reinterpret_cast<const uint16_t*>(p + ld);
+  return uint32_t(lo) | (uint32_t(hi) << 16);
+}
+
+template <int D>
+struct MmaFwdSmem {
+  bf16 q[BM * LDT<D>], k[BN * LDT<D>], v[BN * LDT<D>];
+};
+
+template <int D>
+__global__ void __launch_bounds__(kThreads)
+    forward_mma_kernel(bf16* O, float* lse, const bf16* qkv, const float* slopes, int S, int H,
+                       int Hkv, float scale) {
+  extern __shared__ __align__(128) unsigned char raw[];
+  MmaFwdSmem<D>& sm = *reinterpret_cast<MmaFwdSmem<D>*>(raw);
+  const int qb = blockIdx.x, bh = blockIdx.y, b = bh / H, h = bh % H, kvh = h / (H / Hkv);
+  const int64_t W = int64_t(H + 2 * Hkv) * D;
+  const bf16* base = qkv + int64_t(b) * S * W;
+  const int q0 = qb * BM, qvalid = min(BM, S - q0);
+  const float slope = slopes ? slopes[h] : 0.f;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  // This thread's two query rows (absolute positions).
+  const int i0 = q0 + warp * 16 + g, i1 = i0 + 8;
+  load_tile<D>(sm.q, base + h * D, q0, qvalid, W);
+  __syncthreads();
+  uint32_t qf[D / 16][4];  // this warp's Q rows as A fragments, one per 16-wide step of D
+  {
+    const bf16* qw = sm.q + warp * 16 * LDT<D>;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      qf[kk][0] = ld_pair(qw + g * LDT<D> + kk * 16 + 2 * t);
+      qf[kk][1] = ld_pair(qw + (g + 8) * LDT<D> + kk * 16 + 2 * t);
+      qf[kk][2] = ld_pair(qw + g * LDT<D> + kk * 16 + 8 + 2 * t);
+      qf[kk][3] = ld_pair(qw + (g + 8) * LDT<D> + kk * 16 + 8 + 2 * t);
+    }
+  }
+  float o[D / 8][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;  // rows i0, i1; l: this thread's part
+  for (int kb = 0; kb <= qb; ++kb) {
+    const int k0 = kb * BN, kvalid = min(BN, S - k0);
+    __syncthreads();  // every warp is done with the previous K/V tile
+    load_tile<D>(sm.k, base + int64_t(H + kvh) * D, k0, kvalid, W);
+    load_tile<D>(sm.v, base + int64_t(H + Hkv + kvh) * D, k0, kvalid, W);
+    __syncthreads();
+    // S (16 × 64) = Q · K^T: B fragment (d, key) = K[key][d], consecutive in d.
+    float sc[BN / 8][4];
+#pragma unroll
+    for (int n = 0; n < BN / 8; ++n) {
+      sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.f;
+      const bf16* kr = sm.k + (n * 8 + g) * LDT<D> + 2 * t;
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk)
+        mma16816(sc[n], qf[kk], ld_pair(kr + kk * 16), ld_pair(kr + kk * 16 + 8));
+    }
+    // Scale, ALiBi bias, causal and end-of-sequence mask; the tile's row maxima.
+    float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+    for (int n = 0; n < BN / 8; ++n)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int i = c < 2 ? i0 : i1, j = k0 + n * 8 + 2 * t + (c & 1);
+        const bool keep = j <= i && j < S;
+        const float x = keep ? scale * sc[n][c] - slope * float(i - j) : -INFINITY;
+        sc[n][c] = x;
+        if (c < 2)
+          mx0 = fmaxf(mx0, x);
+        else
+          mx1 = fmaxf(mx1, x);
+      }
+    // The four threads of a group share the rows.
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+    // A row with no key yet (only past the sequence end) keeps m = −inf: no rescale, p = 0.
+    const float a0 = mn0 == -INFINITY ? 1.f : expf(m0 - mn0);
+    const float a1 = mn1 == -INFINITY ? 1.f : expf(m1 - mn1);
+    m0 = mn0;
+    m1 = mn1;
+    l0 *= a0;
+    l1 *= a1;
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      o[n][0] *= a0;
+      o[n][1] *= a0;
+      o[n][2] *= a1;
+      o[n][3] *= a1;
+    }
+#pragma unroll
+    for (int n = 0; n < BN / 8; ++n)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const float m = c < 2 ? mn0 : mn1;
+        const float p = sc[n][c] == -INFINITY ? 0.f : expf(sc[n][c] - m);
+        sc[n][c] = p;
+        if (c < 2)
+          l0 += p;
+        else
+          l1 += p;
+      }
+      // O (16 × D) += P (16 × 64) · V (64 × D): P's A fragment for keys [16s, 16s+16) is the score
+      // accumulators of key tiles 2s and 2s+1; B fragment (key, d) = V[key][d], two rows of a
+      // column.
+#pragma unroll
+    for (int s2 = 0; s2 < BN / 16; ++s2) {
+      const uint32_t pf[4] = {pack_bf16(sc[2 * s2][0], sc[2 * s2][1]),
+                              pack_bf16(sc[2 * s2][2], sc[2 * s2][3]),
+                              pack_bf16(sc[2 * s2 + 1][0], sc[2 * s2 + 1][1]),
+                              pack_bf16(sc[2 * s2 + 1][2], sc[2 * s2 + 1][3])};
+      const bf16* vr = sm.v + (s2 * 16 + 2 * t) * LDT<D> + g;
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n)
+        mma16816(o[n], pf, ld_column_pair(vr + n * 8, LDT<D>),
+                 ld_column_pair(vr + 8 * LDT<D> + n * 8, LDT<D>));
+    }
+  }
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+  const int64_t ldo = int64_t(H) * D;
+  const float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) {
+    const int col = h * D + n * 8 + 2 * t;
+    if (i0 < S)
+      *reinterpret_cast<__nv_bfloat162*>(O + (int64_t(b) * S + i0) * ldo + col) =
+          __floats2bfloat162_rn(o[n][0] * inv0, o[n][1] * inv0);
+    if (i1 < S)
+      *reinterpret_cast<__nv_bfloat162*>(O + (int64_t(b) * S + i1) * ldo + col) =
+          __floats2bfloat162_rn(o[n][2] * inv1, o[n][3] * inv1);
+  }
+  if (t == 0) {
+    if (i0 < S) lse[int64_t(bh) * S + i0] = m0 + logf(l0);
+    if (i1 < S) lse[int64_t(bh) * S + i1] = m1 + logf(l1);
+  }
+}
+
 // delta (B·H·S) = rowsum(dO ∘ O), one warp per (b, h, i).
-__global__ void delta_kernel(float* delta, const bf16* dO, const bf16* O, int64_t S, int H,
-                             int D, int64_t rows) {
+__global__ void delta_kernel(float* delta, const bf16* dO, const bf16* O, int64_t S, int H, int D,
+                             int64_t rows) {
   const int64_t row = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   if (row >= rows) return;
   const int lane = threadIdx.x % 32;
@@ -190,8 +361,7 @@ __global__ void delta_kernel(float* delta, const bf16* dO, const bf16* O, int64_
 
 template <int D>
 struct BwdSmem {
-  bf16 q[BM * LDT<D>], dO[BM * LDT<D>], k[BN * LDT<D>], v[BN * LDT<D>], p[BM * LDP],
-      ds[BM * LDP];
+  bf16 q[BM * LDT<D>], dO[BM * LDT<D>], k[BN * LDT<D>], v[BN * LDT<D>], p[BM * LDP], ds[BM * LDP];
   float s[BM * LDS], dp[BM * LDS];  // also the staging of the fp32 results at the end
   float lse[BM], delta[BM];
 };
@@ -257,8 +427,8 @@ __device__ void store_rows(float* dqkv, const float* stage, int64_t row0, int va
 // tile on or below the diagonal, in a fixed order.
 template <int D>
 __global__ void __launch_bounds__(kThreads)
-    dkdv_kernel(float* dqkv, const bf16* dO, const float* lse, const float* delta,
-                const bf16* qkv, const float* slopes, int S, int H, int Hkv, float scale) {
+    dkdv_kernel(float* dqkv, const bf16* dO, const float* lse, const float* delta, const bf16* qkv,
+                const float* slopes, int S, int H, int Hkv, float scale) {
   extern __shared__ __align__(128) unsigned char raw[];
   BwdSmem<D>& sm = *reinterpret_cast<BwdSmem<D>*>(raw);
   const int kb = blockIdx.x, b = blockIdx.y / Hkv, kvh = blockIdx.y % Hkv, group = H / Hkv;
@@ -288,7 +458,7 @@ __global__ void __launch_bounds__(kThreads)
       __syncwarp();
       softmax_backward_rows<D>(sm, warp, lane, q0, k0, S, scale, slope);
       __syncthreads();  // every query row's P and dS are in place
-      // dV += P^T·dO and dK += dS^T·Q for this warp's key rows [16w, 16w+16).
+                        // dV += P^T·dO and dK += dS^T·Q for this warp's key rows [16w, 16w+16).
 #pragma unroll
       for (int n = 0; n < D / 16; ++n) {
 #pragma unroll
@@ -391,13 +561,25 @@ void forward_t(uint16_t* O, float* lse, const uint16_t* qkv, const float* slopes
 }
 
 template <int D>
+void forward_mma_t(uint16_t* O, float* lse, const uint16_t* qkv, const float* slopes, int64_t B,
+                   int64_t S, int64_t H, int64_t Hkv) {
+  const size_t smem = sizeof(MmaFwdSmem<D>);
+  allow_smem(forward_mma_kernel<D>, smem);
+  const dim3 grid(unsigned((S + BM - 1) / BM), unsigned(B * H));
+  forward_mma_kernel<D><<<grid, kThreads, smem>>>(reinterpret_cast<bf16*>(O), lse,
+                                                  reinterpret_cast<const bf16*>(qkv), slopes,
+                                                  int(S), int(H), int(Hkv), 1.f / sqrtf(float(D)));
+  check_launch("attention::forward_mma");
+}
+
+template <int D>
 void backward_t(float* dqkv, float* delta, const uint16_t* dO, const uint16_t* O, const float* lse,
                 const uint16_t* qkv, const float* slopes, int64_t B, int64_t S, int64_t H,
                 int64_t Hkv) {
   const int64_t rows = B * H * S;
   delta_kernel<<<unsigned((rows + 7) / 8), 256>>>(delta, reinterpret_cast<const bf16*>(dO),
-                                                   reinterpret_cast<const bf16*>(O), S, int(H), D,
-                                                   rows);
+                                                  reinterpret_cast<const bf16*>(O), S, int(H), D,
+                                                  rows);
   check_launch("attention::delta");
   const size_t smem = sizeof(BwdSmem<D>);
   const float scale = 1.f / sqrtf(float(D));
@@ -425,20 +607,35 @@ int64_t tiles_per_head(int64_t S) {
   return nq * (nq + 1) / 2;
 }
 
-#define MOEPLAN_ATTN_DISPATCH(Dh, call)                                                        \
-  switch (Dh) {                                                                                \
-    case 16: call(16); break;                                                                  \
-    case 32: call(32); break;                                                                  \
-    case 64: call(64); break;                                                                  \
-    case 128: call(128); break;                                                                \
-    default:                                                                                   \
-      throw std::invalid_argument("fused attention: head_dim " + std::to_string(Dh) +          \
-                                  " has no kernel (16, 32, 64 or 128)");                        \
+#define MOEPLAN_ATTN_DISPATCH(Dh, call)                                               \
+  switch (Dh) {                                                                       \
+    case 16:                                                                          \
+      call(16);                                                                       \
+      break;                                                                          \
+    case 32:                                                                          \
+      call(32);                                                                       \
+      break;                                                                          \
+    case 64:                                                                          \
+      call(64);                                                                       \
+      break;                                                                          \
+    case 128:                                                                         \
+      call(128);                                                                      \
+      break;                                                                          \
+    default:                                                                          \
+      throw std::invalid_argument("fused attention: head_dim " + std::to_string(Dh) + \
+                                  " has no kernel (16, 32, 64 or 128)");              \
   }
 
 void forward(uint16_t* O, float* lse, const uint16_t* qkv, const float* alibi_slopes, int64_t B,
              int64_t S, int64_t H, int64_t Hkv, int64_t Dh) {
 #define MOEPLAN_CALL(d) forward_t<d>(O, lse, qkv, alibi_slopes, B, S, H, Hkv)
+  MOEPLAN_ATTN_DISPATCH(Dh, MOEPLAN_CALL)
+#undef MOEPLAN_CALL
+}
+
+void forward_mma(uint16_t* O, float* lse, const uint16_t* qkv, const float* alibi_slopes, int64_t B,
+                 int64_t S, int64_t H, int64_t Hkv, int64_t Dh) {
+#define MOEPLAN_CALL(d) forward_mma_t<d>(O, lse, qkv, alibi_slopes, B, S, H, Hkv)
   MOEPLAN_ATTN_DISPATCH(Dh, MOEPLAN_CALL)
 #undef MOEPLAN_CALL
 }

@@ -124,7 +124,8 @@ struct Model::Impl {
   int64_t B = 0, S = 0, Dm = 0, H = 0, Hkv = 0, Dh = 0, W = 0, V = 0, E = 0, K = 0, De = 0, Dse = 0,
           Dffn = 0, L = 0, T = 0, n_params = 0;
   bool rope = false;
-  bool flash = false;  // bf16 with a compiled head width: the fused attention kernels
+  bool flash = false;        // bf16 with a compiled head width: the fused attention kernels
+  bool forward_mma = false;  // ... with the register-resident forward
   size_t mm_size = 4;
 
   std::vector<TensorInfo> tensors;
@@ -226,7 +227,8 @@ struct Model::Impl {
     T = B * S;
     rope = o.positions == "rope";
     mm_size = dtype_size(mm);
-    flash = attn == AttentionPath::fused && mm == DType::bf16 && attention::supported(Dh);
+    flash = attn != AttentionPath::cublas && mm == DType::bf16 && attention::supported(Dh);
+    forward_mma = flash && attn == AttentionPath::fused_mma;
     n_params = ref.trainable_params();
     locate_tensors();
 
@@ -450,8 +452,9 @@ struct Model::Impl {
   void attention_forward(Acts& x, int64_t nb, FlopLedger& lg) {
     const int64_t BH = nb * H;
     if (flash) {
-      attention::forward(x.atty.as<uint16_t>(), x.attn_lse.as<float>(), x.qkv.as<uint16_t>(),
-                         rope ? nullptr : slopes.as<float>(), nb, S, H, Hkv, Dh);
+      (forward_mma ? attention::forward_mma : attention::forward)(
+          x.atty.as<uint16_t>(), x.attn_lse.as<float>(), x.qkv.as<uint16_t>(),
+          rope ? nullptr : slopes.as<float>(), nb, S, H, Hkv, Dh);
       record_fused_attention(lg, Phase::forward, BH);
       return;
     }

@@ -152,13 +152,16 @@ int main(int argc, char** argv) {
       "ceiling | expert products; attention |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
       dev.peak_bf16_tflops);
   bool first = true;
-  const auto fused = cu::AttentionPath::fused, cublas = cu::AttentionPath::cublas;
+  const auto fused = cu::AttentionPath::fused, cublas = cu::AttentionPath::cublas,
+             fused_mma = cu::AttentionPath::fused_mma;
   const auto tiled = cu::ExpertPath::tiled;
   for (const Point& p :
        {Point{"dense-124M", dense124()}, Point{"dense-124M-fused-attn", dense124(), fused},
         Point{"moe-ra0.2", moe_equal_n()}, Point{"moe-ra0.2-fused-attn", moe_equal_n(), fused},
         Point{"moe-ra0.2-tiled", moe_equal_n(), cublas, tiled},
         Point{"moe-ra0.2-tiled-fused-attn", moe_equal_n(), fused, tiled},
+        Point{"dense-124M-fused-mma-attn", dense124(), fused_mma},
+        Point{"moe-ra0.2-tiled-fused-mma-attn", moe_equal_n(), fused_mma, tiled},
         Point{"moe-ra0.2-loop", moe_equal_n(), cublas, cu::ExpertPath::loop}}) {
     if (!only.empty() && only.find("," + p.name + ",") == std::string::npos) continue;
     const ParamCounts pc = count_params(p.arch);
@@ -217,7 +220,9 @@ int main(int argc, char** argv) {
                      : p.experts == cu::ExpertPath::loop  ? "cublasGemmEx per expert"
                      : p.experts == cu::ExpertPath::tiled ? "tiled (own WMMA kernels)"
                                                           : "grouped (bf16 out, fp32 widen/add)") +
-         (model.fused_attention() ? "; fused attention" : "; cuBLAS attention"))
+         (!model.fused_attention()                      ? "; cuBLAS attention"
+          : p.attention == cu::AttentionPath::fused_mma ? "; fused attention, mma.sync forward"
+                                                        : "; fused attention"))
             .c_str());
     std::fprintf(stderr, "[%s] loss %.4f -> %.4f over %d steps; %.2f GiB device buffers\n",
                  p.name.c_str(), loss0, loss_last, warmup + steps,

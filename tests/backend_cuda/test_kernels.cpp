@@ -340,6 +340,24 @@ TEST_CASE("fused causal attention, forward and backward, matches the CPU attenti
     CHECK(e_out < 2e-2);
     CHECK(e_grad < 2e-2);
     CHECK(grads[0] == grads[1]);  // no atomics: the same bits twice
+    // The register-resident forward: the same output against the CPU, the same log-sum-exp as
+    // the WMMA forward up to summation order, and a backward from its results as good.
+    auto O2 = poisoned(T * HD * 2), lse2 = poisoned(c.B * c.H * c.S * 4);
+    att::forward_mma(O2.as<uint16_t>(), lse2.as<float>(), dQKV.as<uint16_t>(), sp, c.B, c.S, c.H,
+                     c.Hkv, c.Dh);
+    auto G2 = poisoned(T * W * 4);
+    att::backward(G2.as<float>(), delta.as<float>(), dDO.as<uint16_t>(), O2.as<uint16_t>(),
+                  lse2.as<float>(), dQKV.as<uint16_t>(), sp, c.B, c.S, c.H, c.Hkv, c.Dh);
+    synchronize();
+    const double e_out2 = rel_err(download_f(O2, T * HD, DType::bf16), out);
+    const double e_lse =
+        rel_err(download_f(lse2, c.B * c.H * c.S), download_f(lse, c.B * c.H * c.S));
+    const double e_grad2 = rel_err(download_f(G2, T * W), dqkv);
+    std::printf("    forward_mma: out rel err %.2e, lse vs WMMA forward %.2e, dqkv rel err %.2e\n",
+                e_out2, e_lse, e_grad2);
+    CHECK(e_out2 < 2e-2);
+    CHECK(e_lse < 1e-5);
+    CHECK(e_grad2 < 2e-2);
   }
 }
 

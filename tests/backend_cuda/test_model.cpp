@@ -317,32 +317,34 @@ TEST_CASE("bf16: fused attention and cuBLAS attention give the same step within 
   // executed-only categories (padding, recompute) are set aside.
   Arch a = moe_arch();
   a.seq_len = 80;  // two query tiles, the second partial
-  for (const char* pos : {"alibi", "rope"}) {
-    INFO(pos);
-    ModelOptions opt;
-    opt.positions = pos;
-    const int64_t B = 3;
-    cu::Model fused(a, opt, 4, B, DType::bf16, nullptr, cu::AttentionPath::fused);
-    cu::Model plain(a, opt, 4, B, DType::bf16, nullptr, cu::AttentionPath::cublas);
-    CHECK(fused.fused_attention());
-    CHECK_FALSE(plain.fused_attention());
-    const Batch b = random_batch(B, a.seq_len, a.vocab, 77);
-    StepResult rf, rp;
-    const double of = fused.compute_gradients(b.inputs.data(), b.targets.data(), &rf);
-    const double op = plain.compute_gradients(b.inputs.data(), b.targets.data(), &rp);
-    const double err = rel_err(fused.gradients(), plain.gradients());
-    std::printf("[attention %s] objective fused %.6f cublas %.6f, gradient rel diff %.2e\n", pos,
-                of, op, err);
-    CHECK(std::abs(of - op) / op < 2e-2);
-    CHECK(err < 5e-2);
-    FlopLedger f = rf.flops, q = rp.flops;
-    for (FlopLedger* l : {&f, &q}) {
-      l->flops[int(FlopCategory::padding)] = {};
-      l->flops[int(FlopCategory::recompute)] = {};
+  for (const char* pos : {"alibi", "rope"})
+    for (cu::AttentionPath path : {cu::AttentionPath::fused, cu::AttentionPath::fused_mma}) {
+      const bool mma = path == cu::AttentionPath::fused_mma;
+      INFO(pos << (mma ? " (register-resident forward)" : ""));
+      ModelOptions opt;
+      opt.positions = pos;
+      const int64_t B = 3;
+      cu::Model fused(a, opt, 4, B, DType::bf16, nullptr, path);
+      cu::Model plain(a, opt, 4, B, DType::bf16, nullptr, cu::AttentionPath::cublas);
+      CHECK(fused.fused_attention());
+      CHECK_FALSE(plain.fused_attention());
+      const Batch b = random_batch(B, a.seq_len, a.vocab, 77);
+      StepResult rf, rp;
+      const double of = fused.compute_gradients(b.inputs.data(), b.targets.data(), &rf);
+      const double op = plain.compute_gradients(b.inputs.data(), b.targets.data(), &rp);
+      const double err = rel_err(fused.gradients(), plain.gradients());
+      std::printf("[attention %s%s] objective fused %.6f cublas %.6f, gradient rel diff %.2e\n",
+                  pos, mma ? " fused_mma" : "", of, op, err);
+      CHECK(std::abs(of - op) / op < 2e-2);
+      CHECK(err < 5e-2);
+      FlopLedger f = rf.flops, q = rp.flops;
+      for (FlopLedger* l : {&f, &q}) {
+        l->flops[int(FlopCategory::padding)] = {};
+        l->flops[int(FlopCategory::recompute)] = {};
+      }
+      CHECK(f.category(FlopCategory::attention_core) == q.category(FlopCategory::attention_core));
+      CHECK(rf.flops.category(FlopCategory::recompute) > 0);
     }
-    CHECK(f.category(FlopCategory::attention_core) == q.category(FlopCategory::attention_core));
-    CHECK(rf.flops.category(FlopCategory::recompute) > 0);
-  }
 }
 
 TEST_CASE("same seed, same data: bit-for-bit the same losses and weights; save/load resumes") {

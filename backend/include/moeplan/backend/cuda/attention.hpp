@@ -26,6 +26,12 @@ int64_t tiles_per_head(int64_t S);
 void forward(uint16_t* O, float* lse, const uint16_t* qkv, const float* alibi_slopes, int64_t B,
              int64_t S, int64_t H, int64_t Hkv, int64_t Dh);
 
+// The same contract as forward (same O and lse up to rounding), a different kernel: each warp
+// keeps its rows' scores, softmax state and output in registers (PTX mma.sync m16n8k16) instead
+// of WMMA fragments staged through shared memory.
+void forward_mma(uint16_t* O, float* lse, const uint16_t* qkv, const float* alibi_slopes, int64_t B,
+                 int64_t S, int64_t H, int64_t Hkv, int64_t Dh);
+
 // delta: scratch of B·H·S floats (rowsum dO·O).
 void backward(float* dqkv, float* delta, const uint16_t* dO, const uint16_t* O, const float* lse,
               const uint16_t* qkv, const float* alibi_slopes, int64_t B, int64_t S, int64_t H,
