@@ -542,6 +542,198 @@ __global__ void __launch_bounds__(kThreads)
   store_rows<D>(dqkv, stage, int64_t(b) * S + q0, qvalid, W, int64_t(h) * D);
 }
 
+// ---- backward with register-resident tiles (mma.sync), head widths up to 64
+// ---------------------- The same products, order and results as dkdv_kernel / dq_kernel, with the
+// fragment layouts of forward_mma_kernel: a warp's 16 rows of S, dP, P and dS live in registers,
+// and the accumulators of two adjacent 8-column tiles are the A fragment of the next product.
+
+template <int D>
+struct MmaBwdSmem {
+  bf16 a[BM * LDT<D>], b[BM * LDT<D>], c[BN * LDT<D>], d[BN * LDT<D>];
+  float lse[BM], delta[BM];
+};
+
+// A fragments (16 rows × D, in steps of 16) of this warp's rows of a [64][LDT] tile.
+template <int D>
+__device__ void load_a_frags(uint32_t (&f)[D / 16][4], const bf16* tile, int warp, int g, int t) {
+  const bf16* r = tile + warp * 16 * LDT<D>;
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    f[kk][0] = ld_pair(r + g * LDT<D> + kk * 16 + 2 * t);
+    f[kk][1] = ld_pair(r + (g + 8) * LDT<D> + kk * 16 + 2 * t);
+    f[kk][2] = ld_pair(r + g * LDT<D> + kk * 16 + 8 + 2 * t);
+    f[kk][3] = ld_pair(r + (g + 8) * LDT<D> + kk * 16 + 8 + 2 * t);
+  }
+}
+
+// acc[n] (16 × 8 per n, 64 columns) = A (this warp's 16 rows × D, fragments) · tile^T, tile a
+// [64][LDT] row-major (its rows are the product's columns).
+template <int D>
+__device__ void rows_times_tile_t_mma(float (&acc)[BN / 8][4], const uint32_t (&a)[D / 16][4],
+                                      const bf16* tile, int g, int t) {
+#pragma unroll
+  for (int n = 0; n < BN / 8; ++n) {
+    acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+    const bf16* r = tile + (n * 8 + g) * LDT<D> + 2 * t;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+      mma16816(acc[n], a[kk], ld_pair(r + kk * 16), ld_pair(r + kk * 16 + 8));
+  }
+}
+
+// out[n] (16 × 8 per n, D columns) += X (16 × 64, the accumulators x as A fragments) · tile,
+// tile a [64][LDT] row-major whose rows are the product's depth.
+template <int D>
+__device__ void acc_times_tile_mma(float (&out)[D / 8][4], const float (&x)[BN / 8][4],
+                                   const bf16* tile, int g, int t) {
+#pragma unroll
+  for (int s2 = 0; s2 < BN / 16; ++s2) {
+    const uint32_t xf[4] = {pack_bf16(x[2 * s2][0], x[2 * s2][1]),
+                            pack_bf16(x[2 * s2][2], x[2 * s2][3]),
+                            pack_bf16(x[2 * s2 + 1][0], x[2 * s2 + 1][1]),
+                            pack_bf16(x[2 * s2 + 1][2], x[2 * s2 + 1][3])};
+    const bf16* r = tile + (s2 * 16 + 2 * t) * LDT<D> + g;
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n)
+      mma16816(out[n], xf, ld_column_pair(r + n * 8, LDT<D>),
+               ld_column_pair(r + 8 * LDT<D> + n * 8, LDT<D>));
+  }
+}
+
+// Rows row0 + (g, g+8) of an fp32 [rows][W] matrix at column col: this warp's 16 × D result.
+template <int D>
+__device__ void store_acc(float* dqkv, const float (&acc)[D / 8][4], int64_t row0, int r0, int S,
+                          int64_t W, int64_t col, int g, int t) {
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) {
+    const int64_t c = col + n * 8 + 2 * t;
+    if (r0 + g < S)
+      *reinterpret_cast<float2*>(dqkv + (row0 + g) * W + c) = make_float2(acc[n][0], acc[n][1]);
+    if (r0 + g + 8 < S)
+      *reinterpret_cast<float2*>(dqkv + (row0 + g + 8) * W + c) = make_float2(acc[n][2], acc[n][3]);
+  }
+}
+
+// dK, dV of one key tile of one (sequence, kv head): warp w owns keys [16w, 16w+16). Per query
+// tile, S^T = K·Q^T and dP^T = V·dO^T; then dV += P^T·dO and dK += dS^T·Q.
+template <int D>
+__global__ void __launch_bounds__(kThreads)
+    dkdv_mma_kernel(float* dqkv, const bf16* dO, const float* lse, const float* delta,
+                    const bf16* qkv, const float* slopes, int S, int H, int Hkv, float scale) {
+  extern __shared__ __align__(128) unsigned char raw[];
+  MmaBwdSmem<D>& sm = *reinterpret_cast<MmaBwdSmem<D>*>(raw);  // a: q, b: dO, c: k, d: v
+  const int kb = blockIdx.x, b = blockIdx.y / Hkv, kvh = blockIdx.y % Hkv, group = H / Hkv;
+  const int64_t W = int64_t(H + 2 * Hkv) * D, ldo = int64_t(H) * D;
+  const bf16* base = qkv + int64_t(b) * S * W;
+  const int k0 = kb * BN, kvalid = min(BN, S - k0), nq = (S + BM - 1) / BM;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int j0 = k0 + warp * 16 + g, j1 = j0 + 8;  // this thread's two keys
+  load_tile<D>(sm.c, base + int64_t(H + kvh) * D, k0, kvalid, W);
+  load_tile<D>(sm.d, base + int64_t(H + Hkv + kvh) * D, k0, kvalid, W);
+  __syncthreads();
+  uint32_t kf[D / 16][4], vf[D / 16][4];
+  load_a_frags<D>(kf, sm.c, warp, g, t);
+  load_a_frags<D>(vf, sm.d, warp, g, t);
+  float dk[D / 8][4], dv[D / 8][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) dk[n][c] = dv[n][c] = 0.f;
+  for (int gh = 0; gh < group; ++gh) {
+    const int h = kvh * group + gh;
+    const int64_t bh = int64_t(b) * H + h;
+    const float slope = slopes ? slopes[h] : 0.f;
+    for (int qb = kb; qb < nq; ++qb) {
+      const int q0 = qb * BM, qvalid = min(BM, S - q0);
+      __syncthreads();  // every warp is done with the previous Q/dO tile
+      load_tile<D>(sm.a, base + int64_t(h) * D, q0, qvalid, W);
+      load_tile<D>(sm.b, dO + int64_t(b) * S * ldo + int64_t(h) * D, q0, qvalid, ldo);
+      if (threadIdx.x < BM) {
+        const int i = q0 + threadIdx.x;
+        sm.lse[threadIdx.x] = i < S ? lse[bh * S + i] : 0.f;
+        sm.delta[threadIdx.x] = i < S ? delta[bh * S + i] : 0.f;
+      }
+      __syncthreads();
+      float st[BN / 8][4], dpt[BN / 8][4];
+      rows_times_tile_t_mma<D>(st, kf, sm.a, g, t);
+      rows_times_tile_t_mma<D>(dpt, vf, sm.b, g, t);
+#pragma unroll
+      for (int n = 0; n < BN / 8; ++n)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const int j = c < 2 ? j0 : j1, qi = n * 8 + 2 * t + (c & 1), i = q0 + qi;
+          float p = 0.f, ds = 0.f;
+          if (j <= i && i < S) {
+            p = expf(scale * st[n][c] - slope * float(i - j) - sm.lse[qi]);
+            ds = scale * p * (dpt[n][c] - sm.delta[qi]);
+          }
+          st[n][c] = p;
+          dpt[n][c] = ds;
+        }
+      acc_times_tile_mma<D>(dv, st, sm.b, g, t);   // dV += P^T · dO
+      acc_times_tile_mma<D>(dk, dpt, sm.a, g, t);  // dK += dS^T · Q
+    }
+  }
+  const int64_t row0 = int64_t(b) * S + k0 + warp * 16;
+  store_acc<D>(dqkv, dk, row0, k0 + warp * 16, S, W, int64_t(H + kvh) * D, g, t);
+  store_acc<D>(dqkv, dv, row0, k0 + warp * 16, S, W, int64_t(H + Hkv + kvh) * D, g, t);
+}
+
+// dQ of one query tile of one (sequence, head): warp w owns queries [16w, 16w+16). Per key tile,
+// S = Q·K^T and dP = dO·V^T; then dQ += dS·K.
+template <int D>
+__global__ void __launch_bounds__(kThreads)
+    dq_mma_kernel(float* dqkv, const bf16* dO, const float* lse, const float* delta,
+                  const bf16* qkv, const float* slopes, int S, int H, int Hkv, float scale) {
+  extern __shared__ __align__(128) unsigned char raw[];
+  MmaBwdSmem<D>& sm = *reinterpret_cast<MmaBwdSmem<D>*>(raw);  // a: q, b: dO, c: k, d: v
+  const int qb = blockIdx.x, bh = blockIdx.y, b = bh / H, h = bh % H, kvh = h / (H / Hkv);
+  const int64_t W = int64_t(H + 2 * Hkv) * D, ldo = int64_t(H) * D;
+  const bf16* base = qkv + int64_t(b) * S * W;
+  const int q0 = qb * BM, qvalid = min(BM, S - q0);
+  const float slope = slopes ? slopes[h] : 0.f;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int i0 = q0 + warp * 16 + g, i1 = i0 + 8;
+  load_tile<D>(sm.a, base + int64_t(h) * D, q0, qvalid, W);
+  load_tile<D>(sm.b, dO + int64_t(b) * S * ldo + int64_t(h) * D, q0, qvalid, ldo);
+  const float lse0 = i0 < S ? lse[int64_t(bh) * S + i0] : 0.f;
+  const float lse1 = i1 < S ? lse[int64_t(bh) * S + i1] : 0.f;
+  const float dl0 = i0 < S ? delta[int64_t(bh) * S + i0] : 0.f;
+  const float dl1 = i1 < S ? delta[int64_t(bh) * S + i1] : 0.f;
+  __syncthreads();
+  uint32_t qf[D / 16][4], dof[D / 16][4];
+  load_a_frags<D>(qf, sm.a, warp, g, t);
+  load_a_frags<D>(dof, sm.b, warp, g, t);
+  float dq[D / 8][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.f;
+  for (int kb = 0; kb <= qb; ++kb) {
+    const int k0 = kb * BN, kvalid = min(BN, S - k0);
+    __syncthreads();  // every warp is done with the previous K/V tile
+    load_tile<D>(sm.c, base + int64_t(H + kvh) * D, k0, kvalid, W);
+    load_tile<D>(sm.d, base + int64_t(H + Hkv + kvh) * D, k0, kvalid, W);
+    __syncthreads();
+    float sc[BN / 8][4], dp[BN / 8][4];
+    rows_times_tile_t_mma<D>(sc, qf, sm.c, g, t);
+    rows_times_tile_t_mma<D>(dp, dof, sm.d, g, t);
+#pragma unroll
+    for (int n = 0; n < BN / 8; ++n)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int i = c < 2 ? i0 : i1, j = k0 + n * 8 + 2 * t + (c & 1);
+        float ds = 0.f;
+        if (j <= i && i < S) {
+          const float p = expf(scale * sc[n][c] - slope * float(i - j) - (c < 2 ? lse0 : lse1));
+          ds = scale * p * (dp[n][c] - (c < 2 ? dl0 : dl1));
+        }
+        dp[n][c] = ds;
+      }
+    acc_times_tile_mma<D>(dq, dp, sm.c, g, t);  // dQ += dS · K
+  }
+  store_acc<D>(dqkv, dq, int64_t(b) * S + q0 + warp * 16, q0 + warp * 16, S, W, int64_t(h) * D, g,
+               t);
+}
+
 template <class Kernel>
 void allow_smem(Kernel k, size_t bytes) {
   check_cuda(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)),
@@ -596,6 +788,30 @@ void backward_t(float* dqkv, float* delta, const uint16_t* dO, const uint16_t* O
   check_launch("attention::dq");
 }
 
+template <int D>
+void backward_mma_t(float* dqkv, float* delta, const uint16_t* dO, const uint16_t* O,
+                    const float* lse, const uint16_t* qkv, const float* slopes, int64_t B,
+                    int64_t S, int64_t H, int64_t Hkv) {
+  const int64_t rows = B * H * S;
+  delta_kernel<<<unsigned((rows + 7) / 8), 256>>>(delta, reinterpret_cast<const bf16*>(dO),
+                                                  reinterpret_cast<const bf16*>(O), S, int(H), D,
+                                                  rows);
+  check_launch("attention::delta");
+  const size_t smem = sizeof(MmaBwdSmem<D>);
+  const float scale = 1.f / sqrtf(float(D));
+  const unsigned tiles = unsigned((S + BM - 1) / BM);
+  allow_smem(dkdv_mma_kernel<D>, smem);
+  dkdv_mma_kernel<D><<<dim3(tiles, unsigned(B * Hkv)), kThreads, smem>>>(
+      dqkv, reinterpret_cast<const bf16*>(dO), lse, delta, reinterpret_cast<const bf16*>(qkv),
+      slopes, int(S), int(H), int(Hkv), scale);
+  check_launch("attention::dkdv_mma");
+  allow_smem(dq_mma_kernel<D>, smem);
+  dq_mma_kernel<D><<<dim3(tiles, unsigned(B * H)), kThreads, smem>>>(
+      dqkv, reinterpret_cast<const bf16*>(dO), lse, delta, reinterpret_cast<const bf16*>(qkv),
+      slopes, int(S), int(H), int(Hkv), scale);
+  check_launch("attention::dq_mma");
+}
+
 }  // namespace
 
 bool supported(int64_t head_dim) {
@@ -605,6 +821,10 @@ bool supported(int64_t head_dim) {
 int64_t tiles_per_head(int64_t S) {
   const int64_t nq = (S + kTile - 1) / kTile;
   return nq * (nq + 1) / 2;
+}
+
+bool backward_mma_supported(int64_t head_dim) {
+  return head_dim == 16 || head_dim == 32 || head_dim == 64;
 }
 
 #define MOEPLAN_ATTN_DISPATCH(Dh, call)                                               \
@@ -646,6 +866,25 @@ void backward(float* dqkv, float* delta, const uint16_t* dO, const uint16_t* O, 
 #define MOEPLAN_CALL(d) backward_t<d>(dqkv, delta, dO, O, lse, qkv, alibi_slopes, B, S, H, Hkv)
   MOEPLAN_ATTN_DISPATCH(Dh, MOEPLAN_CALL)
 #undef MOEPLAN_CALL
+}
+
+void backward_mma(float* dqkv, float* delta, const uint16_t* dO, const uint16_t* O,
+                  const float* lse, const uint16_t* qkv, const float* alibi_slopes, int64_t B,
+                  int64_t S, int64_t H, int64_t Hkv, int64_t Dh) {
+  switch (Dh) {
+    case 16:
+      backward_mma_t<16>(dqkv, delta, dO, O, lse, qkv, alibi_slopes, B, S, H, Hkv);
+      break;
+    case 32:
+      backward_mma_t<32>(dqkv, delta, dO, O, lse, qkv, alibi_slopes, B, S, H, Hkv);
+      break;
+    case 64:
+      backward_mma_t<64>(dqkv, delta, dO, O, lse, qkv, alibi_slopes, B, S, H, Hkv);
+      break;
+    default:
+      throw std::invalid_argument("attention::backward_mma: head_dim " + std::to_string(Dh) +
+                                  " has no kernel (16, 32 or 64)");
+  }
 }
 
 }  // namespace moeplan::backend::cuda::attention

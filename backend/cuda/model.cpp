@@ -124,8 +124,9 @@ struct Model::Impl {
   int64_t B = 0, S = 0, Dm = 0, H = 0, Hkv = 0, Dh = 0, W = 0, V = 0, E = 0, K = 0, De = 0, Dse = 0,
           Dffn = 0, L = 0, T = 0, n_params = 0;
   bool rope = false;
-  bool flash = false;        // bf16 with a compiled head width: the fused attention kernels
-  bool forward_mma = false;  // ... with the register-resident forward
+  bool flash = false;         // bf16 with a compiled head width: the fused attention kernels
+  bool forward_mma = false;   // ... with the register-resident forward
+  bool backward_mma = false;  // ... and backward (head widths up to 64)
   size_t mm_size = 4;
 
   std::vector<TensorInfo> tensors;
@@ -229,6 +230,7 @@ struct Model::Impl {
     mm_size = dtype_size(mm);
     flash = attn != AttentionPath::cublas && mm == DType::bf16 && attention::supported(Dh);
     forward_mma = flash && attn == AttentionPath::fused_mma;
+    backward_mma = forward_mma && attention::backward_mma_supported(Dh);
     n_params = ref.trainable_params();
     locate_tensors();
 
@@ -819,9 +821,10 @@ struct Model::Impl {
   void attention_backward(Acts& x, FlopLedger& lg) {
     const int64_t group = H / Hkv, BHkv = B * Hkv, BH = B * H;
     if (flash) {
-      attention::backward(dqkv.as<float>(), delta.as<float>(), datty_mm.as<uint16_t>(),
-                          x.atty.as<uint16_t>(), x.attn_lse.as<float>(), x.qkv.as<uint16_t>(),
-                          rope ? nullptr : slopes.as<float>(), B, S, H, Hkv, Dh);
+      (backward_mma ? attention::backward_mma : attention::backward)(
+          dqkv.as<float>(), delta.as<float>(), datty_mm.as<uint16_t>(), x.atty.as<uint16_t>(),
+          x.attn_lse.as<float>(), x.qkv.as<uint16_t>(), rope ? nullptr : slopes.as<float>(), B, S,
+          H, Hkv, Dh);
       record_fused_attention(lg, Phase::input_grad, BH);
       return;
     }

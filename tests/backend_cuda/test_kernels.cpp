@@ -358,6 +358,23 @@ TEST_CASE("fused causal attention, forward and backward, matches the CPU attenti
     CHECK(e_out2 < 2e-2);
     CHECK(e_lse < 1e-5);
     CHECK(e_grad2 < 2e-2);
+    // The register-resident backward (head widths up to 64): against the CPU, twice the same bits.
+    CHECK(att::backward_mma_supported(c.Dh) == (c.Dh <= 64));
+    if (att::backward_mma_supported(c.Dh)) {
+      std::vector<std::vector<float>> g3;
+      for (int rep = 0; rep < 2; ++rep) {
+        auto G3 = poisoned(T * W * 4);
+        att::backward_mma(G3.as<float>(), delta.as<float>(), dDO.as<uint16_t>(), O2.as<uint16_t>(),
+                          lse2.as<float>(), dQKV.as<uint16_t>(), sp, c.B, c.S, c.H, c.Hkv, c.Dh);
+        synchronize();
+        g3.push_back(download_f(G3, T * W));
+      }
+      const double e_grad3 = rel_err(g3[0], dqkv);
+      std::printf("    backward_mma: dqkv rel err %.2e, vs WMMA backward %.2e\n", e_grad3,
+                  rel_err(g3[0], download_f(G2, T * W)));
+      CHECK(e_grad3 < 2e-2);
+      CHECK(g3[0] == g3[1]);
+    }
   }
 }
 

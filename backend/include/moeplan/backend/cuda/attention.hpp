@@ -37,4 +37,12 @@ void backward(float* dqkv, float* delta, const uint16_t* dO, const uint16_t* O, 
               const uint16_t* qkv, const float* alibi_slopes, int64_t B, int64_t S, int64_t H,
               int64_t Hkv, int64_t Dh);
 
+// The same contract as backward (same dqkv up to rounding), with register-resident tiles
+// (mma.sync) for head widths 16, 32 and 64 (wider heads would spill registers): one kernel per key
+// tile for dK/dV and one per query tile for dQ, as backward.
+bool backward_mma_supported(int64_t head_dim);
+void backward_mma(float* dqkv, float* delta, const uint16_t* dO, const uint16_t* O,
+                  const float* lse, const uint16_t* qkv, const float* alibi_slopes, int64_t B,
+                  int64_t S, int64_t H, int64_t Hkv, int64_t Dh);
+
 }  // namespace moeplan::backend::cuda::attention

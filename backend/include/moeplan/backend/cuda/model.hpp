@@ -25,8 +25,9 @@ class Communicator;
 // so every executed product is counted once and nothing is hidden.
 // Not supported here (InputError): capacity_factor > 0 and the ERC loss.
 // Which attention kernels a bf16 model runs (fp32 models and unsupported head widths always run
-// the cuBLAS path): `fused`, the WMMA kernels forward and backward; `fused_mma`, the forward with
-// its softmax state in registers (attention::forward_mma) and the same backward; `cublas`.
+// the cuBLAS path): `fused`, the WMMA kernels forward and backward; `fused_mma`, the same tiles
+// with register-resident fragments (attention::forward_mma, and backward_mma for head widths up to
+// 64; wider heads take the WMMA backward); `cublas`.
 enum class AttentionPath { fused, cublas, fused_mma };
 enum class ExpertPath { grouped, loop, tiled };
 
