@@ -34,6 +34,7 @@ struct RunFlags {
   std::string point;
   std::string out = "runs";
   std::string device;
+  std::string kernels;
   int64_t checkpoint_every = 0;
   int threads = 0;
 };
@@ -105,6 +106,7 @@ int run(const RunFlags& f) {
   opt.device = f.device.empty() ? m.train.device : f.device;
   opt.checkpoint_every = f.checkpoint_every;
   opt.threads = f.threads;
+  opt.kernels = f.kernels;
   opt.stop = &g_stop;
   // Everything that can be refused is refused before the first step of the first point.
   backend::require_device(opt.device);
@@ -176,6 +178,9 @@ const bool registered = register_command(
            ->capture_default_str();
        app.add_option("--device", f->device,
                       "cpu or cuda (default: the manifest's [train].device)");
+       app.add_option("--kernels", f->kernels,
+                      "cuda only: attention=cublas|fused|fused_mma,experts=grouped|loop|tiled "
+                      "(default: attention=cublas,experts=grouped)");
        app.add_option("--checkpoint-every", f->checkpoint_every,
                       "steps between checkpoints (default: the manifest's, else ~20 per point)");
        app.add_option("--threads", f->threads, "CPU threads (0: the default)");

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "moeplan/accounting/error.hpp"
+#include "moeplan/backend/cuda/attention.hpp"
 #include "moeplan/backend/cuda/comm.hpp"
 #include "moeplan/backend/cuda/device.hpp"
 #include "moeplan/backend/cuda/model.hpp"
@@ -32,6 +33,12 @@ std::string nccl_id_file() {
 class CudaEngine final : public Engine {
  public:
   explicit CudaEngine(const EngineRequest& r) {
+    kernels_ = parse_kernel_choice(r.kernels);  // a bad --kernels is refused on any machine
+    if (kernels_.attention != AttentionPath::cublas && !attention::supported(r.arch.head_dim))
+      throw InputError(fmt::format(
+          "--kernels {}: the fused attention kernels take head_dim 16, 32, 64 or 128; this "
+          "point's is {} (use attention=cublas)",
+          r.kernels, r.arch.head_dim));
     if (device_count() == 0)
       throw InputError("--device cuda: no CUDA device is visible on this machine");
     if (std::getenv("WORLD_SIZE")) {
@@ -45,9 +52,11 @@ class CudaEngine final : public Engine {
     local_batch_ = rank_batch(r.batch_seqs, info_);
     seq_len_ = r.arch.seq_len;
     model_ = std::make_unique<Model>(r.arch, r.options, r.seed, local_batch_, DType::bf16,
-                                     comm_.get());
+                                     comm_.get(), kernels_.attention);
+    model_->set_expert_path(kernels_.experts);
   }
   std::string device() const override { return "cuda"; }
+  std::string kernels() const override { return to_string(kernels_); }
   StepResult train_step(const int32_t* inputs, const int32_t* targets, int64_t step,
                         const OptimConfig& cfg) override {
     if (info_.world_size == 1) return model_->train_step(inputs, targets, step, cfg);
@@ -73,6 +82,7 @@ class CudaEngine final : public Engine {
 
  private:
   RankInfo info_;
+  KernelChoice kernels_;
   int64_t local_batch_ = 0, seq_len_ = 0;
   std::vector<int32_t> in_, tg_;
   std::unique_ptr<Communicator> comm_;

@@ -1250,4 +1250,65 @@ size_t Model::device_bytes() const {
   return impl_->bytes;
 }
 
+namespace {
+constexpr std::pair<const char*, AttentionPath> kAttention[] = {
+    {"cublas", AttentionPath::cublas},
+    {"fused", AttentionPath::fused},
+    {"fused_mma", AttentionPath::fused_mma}};
+constexpr std::pair<const char*, ExpertPath> kExperts[] = {
+    {"grouped", ExpertPath::grouped}, {"loop", ExpertPath::loop}, {"tiled", ExpertPath::tiled}};
+
+template <class E, size_t N>
+E lookup(const std::pair<const char*, E> (&names)[N], const std::string& key,
+         const std::string& value) {
+  std::string valid;
+  for (const auto& [name, e] : names) {
+    if (value == name) return e;
+    valid += valid.empty() ? name : std::string("|") + name;
+  }
+  throw InputError(
+      fmt::format("--kernels: {}={} is not known (valid: {}={})", key, value, key, valid));
+}
+template <class E, size_t N>
+const char* name_of(const std::pair<const char*, E> (&names)[N], E e) {
+  for (const auto& [name, v] : names)
+    if (v == e) return name;
+  return "?";
+}
+}  // namespace
+
+KernelChoice parse_kernel_choice(const std::string& spec) {
+  KernelChoice k;
+  bool seen_attention = false, seen_experts = false;
+  size_t pos = 0;
+  while (pos < spec.size()) {
+    const size_t end = std::min(spec.find(',', pos), spec.size());
+    const std::string item = spec.substr(pos, end - pos);
+    const size_t eq = item.find('=');
+    const std::string key = item.substr(0, eq),
+                      value = eq == std::string::npos ? "" : item.substr(eq + 1);
+    if (eq == std::string::npos || value.empty())
+      throw InputError(
+          fmt::format("--kernels: '{}' is not name=value (valid names: attention, experts)", item));
+    if (key == "attention" && !seen_attention) {
+      k.attention = lookup(kAttention, key, value);
+      seen_attention = true;
+    } else if (key == "experts" && !seen_experts) {
+      k.experts = lookup(kExperts, key, value);
+      seen_experts = true;
+    } else {
+      throw InputError(fmt::format(
+          "--kernels: '{}' {} (valid names, each at most once: attention, experts)", key,
+          key == "attention" || key == "experts" ? "is given twice" : "is not a kernel name"));
+    }
+    pos = end + 1;
+  }
+  return k;
+}
+
+std::string to_string(const KernelChoice& k) {
+  return fmt::format("attention={},experts={}", name_of(kAttention, k.attention),
+                     name_of(kExperts, k.experts));
+}
+
 }  // namespace moeplan::backend::cuda

@@ -17,8 +17,14 @@ namespace {
 
 class CpuEngine final : public Engine {
  public:
-  explicit CpuEngine(const EngineRequest& r) : model_(r.arch, r.options, r.seed, r.batch_seqs) {}
+  explicit CpuEngine(const EngineRequest& r) : model_(r.arch, r.options, r.seed, r.batch_seqs) {
+    if (!r.kernels.empty())
+      throw InputError(fmt::format(
+          "--kernels '{}' applies to --device cuda; the cpu device has one set of kernels",
+          r.kernels));
+  }
   std::string device() const override { return "cpu"; }
+  std::string kernels() const override { return "eigen-fp32"; }
   StepResult train_step(const int32_t* inputs, const int32_t* targets, int64_t step,
                         const OptimConfig& cfg) override {
     return model_.train_step(inputs, targets, step, cfg);

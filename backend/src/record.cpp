@@ -66,6 +66,7 @@ nlohmann::json make_record(const RecordInputs& in) {
       {"point_id", plan.id},
       {"status", in.status},
       {"device", in.device},
+      {"kernels", in.kernels},
       {"plan", *in.plan_json},
       {"measured",
        {{"total_params", in.params.total_params},

@@ -240,8 +240,8 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
                                     {"byte_tokens", data.byte_tokens},
                                     {"parts", data.part_names}};
 
-  std::unique_ptr<Engine> engine =
-      make_engine(opt.device, {plan.arch, model_options(train), train.seed, batch, opt.threads});
+  std::unique_ptr<Engine> engine = make_engine(
+      opt.device, {plan.arch, model_options(train), train.seed, batch, opt.threads, opt.kernels});
   const MeasuredParams params = measure_params(*engine, plan.arch);
 
   RunState st;
@@ -266,6 +266,7 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
   rin.plan_json = &plan_json;
   rin.state = &st;
   rin.device = opt.device;
+  rin.kernels = engine->kernels();
   rin.params = params;
   rin.data = data_json;
   rin.checkpoint_every = ckpt_every;

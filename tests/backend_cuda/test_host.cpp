@@ -13,6 +13,7 @@
 #include "moeplan/backend/cuda/comm.hpp"
 #include "moeplan/backend/cuda/device.hpp"
 #include "moeplan/backend/cuda/expert_gemm.hpp"
+#include "moeplan/backend/cuda/model.hpp"
 #include "moeplan/backend/engine.hpp"
 
 namespace cu = moeplan::backend::cuda;
@@ -86,6 +87,46 @@ TEST_CASE("the cuda engine is registered, and refuses cleanly without a device")
     moeplan::backend::EngineRequest req;
     req.arch.d_model = 8;
     CHECK_THROWS_AS(moeplan::backend::make_engine("cuda", req), moeplan::InputError);
+  }
+}
+
+TEST_CASE("--kernels: attention and experts by name, defaults kept, everything else refused") {
+  const cu::KernelChoice d = cu::parse_kernel_choice("");
+  CHECK(d.attention == cu::AttentionPath::cublas);
+  CHECK(d.experts == cu::ExpertPath::grouped);
+  CHECK(cu::to_string(d) == "attention=cublas,experts=grouped");
+  const cu::KernelChoice k = cu::parse_kernel_choice("experts=tiled,attention=fused_mma");
+  CHECK(k.attention == cu::AttentionPath::fused_mma);
+  CHECK(k.experts == cu::ExpertPath::tiled);
+  CHECK(cu::to_string(k) == "attention=fused_mma,experts=tiled");
+  CHECK(cu::to_string(cu::parse_kernel_choice("experts=loop")) == "attention=cublas,experts=loop");
+  CHECK(cu::to_string(cu::parse_kernel_choice("attention=fused")) ==
+        "attention=fused,experts=grouped");
+  auto message = [](const std::string& spec) {
+    try {
+      cu::parse_kernel_choice(spec);
+    } catch (const moeplan::InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  CHECK(message("attention=flash") ==
+        "--kernels: attention=flash is not known (valid: attention=cublas|fused|fused_mma)");
+  CHECK(message("experts=fast") ==
+        "--kernels: experts=fast is not known (valid: experts=grouped|loop|tiled)");
+  CHECK(message("speed=fast").find("'speed' is not a kernel name") != std::string::npos);
+  CHECK(message("attention").find("is not name=value") != std::string::npos);
+  CHECK(message("attention=,experts=tiled").find("is not name=value") != std::string::npos);
+  CHECK(message("experts=tiled,experts=loop").find("given twice") != std::string::npos);
+  // The engine refuses a bad choice before it looks for a device.
+  moeplan::backend::EngineRequest req;
+  req.arch.d_model = 8;
+  req.kernels = "attention=flash";
+  try {
+    moeplan::backend::make_engine("cuda", req);
+    FAIL("accepted");
+  } catch (const moeplan::InputError& e) {
+    CHECK(std::string(e.what()).find("attention=flash is not known") != std::string::npos);
   }
 }
 

@@ -2,11 +2,11 @@
 // SIGKILL and resume, and every refusal (one line, non-zero exit, nothing earlier lost).
 #include <doctest/doctest.h>
 
-#include <cstdio>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <cstdio>
 
 #include <chrono>
 #include <filesystem>
@@ -158,6 +158,8 @@ TEST_CASE("moeplan run: ledgers equal the plan and an independent count; reruns 
     const json rec = record(out, id);
     CHECK(rec["schema"] == 1);
     CHECK(rec["status"] == "complete");
+    CHECK(rec["device"] == "cpu");
+    CHECK(rec["kernels"] == "eigen-fp32");
     const json& t = rec["measured"]["tokens"];
     // Independent count: steps · 4 seqs · 16 positions, D̂ = 50 windows · 16 = 800.
     CHECK(t["consumed"].get<int64_t>() == steps * 4 * 16);
@@ -324,6 +326,10 @@ TEST_CASE("refusals: one line, non-zero exit, earlier records and checkpoints in
     CHECK((r.err.find("no CUDA backend") != std::string::npos ||
            r.err.find("no CUDA device is visible") != std::string::npos));
   }
+  // --kernels chooses among the cuda device's kernels: the cpu device refuses it.
+  CHECK(refused(good, "kernels", "--kernels 'experts=tiled' applies to --device cuda",
+                {"--kernels", "experts=tiled"})
+            .status == 2);
   // NaN: an absurd learning rate; the point's own earlier checkpoint stays readable.
   {
     Manifest nan = good;

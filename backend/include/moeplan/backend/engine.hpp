@@ -29,6 +29,9 @@ class Engine {
   virtual std::vector<TensorInfo> tensors() const = 0;
   virtual int64_t trainable_params() const = 0;
   virtual FlopLedger eval_ledger() const = 0;  // cumulative products of forward_loss calls
+  // The kernels in use, in the form EngineRequest::kernels takes, all names spelled out; the
+  // record keeps it (they decide speed and rounding, not the ledger).
+  virtual std::string kernels() const = 0;
   // False on the data-parallel ranks other than 0: they train in lockstep (the same global batch,
   // each its own share of it) and leave checkpoints, records and progress lines to rank 0.
   virtual bool writes_files() const { return true; }
@@ -40,6 +43,10 @@ struct EngineRequest {
   uint64_t seed = 0;
   int64_t batch_seqs = 0;
   int threads = 0;  // 0: the device's default
+  // Which kernels the device runs, as "name=value,..." ("" = the device's defaults). Only the
+  // cuda device has a choice (attention=cublas|fused|fused_mma, experts=grouped|loop|tiled); the
+  // cpu device refuses a non-empty value.
+  std::string kernels;
 };
 using EngineFactory = std::function<std::unique_ptr<Engine>(const EngineRequest&)>;
 

@@ -25,6 +25,7 @@ struct RecordInputs {
   const RunState* state = nullptr;
   std::string status;  // "running" | "complete"
   std::string device;
+  std::string kernels;  // Engine::kernels() of the run that wrote the record
   MeasuredParams params;
   nlohmann::json data;  // source description and split sizes
   int64_t checkpoint_every = 0, eval_every = 0, eval_tokens = 0;

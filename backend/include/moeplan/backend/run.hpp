@@ -31,6 +31,7 @@ struct RunOptions {
   std::string device = "cpu";
   int64_t checkpoint_every = 0;  // 0: the manifest's [train] value, else about 20 per run
   int threads = 0;
+  std::string kernels;                               // EngineRequest::kernels
   std::function<void(const Progress&)> on_progress;  // called after every step
   const std::atomic<int>* stop = nullptr;  // non-zero: checkpoint at the next step and return
 };

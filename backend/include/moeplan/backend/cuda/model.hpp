@@ -31,6 +31,16 @@ class Communicator;
 enum class AttentionPath { fused, cublas, fused_mma };
 enum class ExpertPath { grouped, loop, tiled };
 
+// The kernel choice of a run, from EngineRequest::kernels: "attention=fused_mma,experts=tiled";
+// either key may be left out (its default stays). Anything else is an InputError naming the
+// valid spellings. to_string gives the canonical form with both keys.
+struct KernelChoice {
+  AttentionPath attention = AttentionPath::cublas;
+  ExpertPath experts = ExpertPath::grouped;
+};
+KernelChoice parse_kernel_choice(const std::string& spec);
+std::string to_string(const KernelChoice& k);
+
 class Model {
  public:
   // Initial weights are the CPU reference's for the same (arch, options, seed). `comm`: data
