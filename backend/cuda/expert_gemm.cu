@@ -64,7 +64,7 @@ __device__ void load_tile(uint16_t* dst, int ld_dst, const uint16_t* src, int64_
 
 // The block's operand tiles: A as [64][32] (rows × depth) or transposed [32][64]; B as [32][64]
 // (depth × columns) or transposed [64][32]. Sized for the larger of each pair.
-constexpr int kTileElems = BK * LD_KR > BM* LD_RK ? BK* LD_KR : BM* LD_RK;
+constexpr int kTileElems = (BK * LD_KR > BM * LD_RK) ? (BK * LD_KR) : (BM * LD_RK);
 static_assert(BM == BN, "one staging size serves A and B");
 struct Tiles {
   alignas(128) uint16_t a[kTileElems];
