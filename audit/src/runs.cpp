@@ -219,12 +219,15 @@ class RunAuditor {
             why = "auxiliary loss (ERC) products, not in the dropless model";
             break;
           case FlopCategory::recompute:
-            why = "products executed again (activation recompute, or the fused attention's "
-                  "backward recomputing scores)";
+            why =
+                "products executed again (activation recompute, or the fused attention's "
+                "backward recomputing scores)";
             break;
           case FlopCategory::padding:
-            why = "executed beyond the model's useful work (padding tokens, or the masked part "
-                  "of attention squares a device computes)";
+            why =
+                "executed beyond the model's useful work (padding tokens, the masked part "
+                "of attention squares a device computes, or the unfilled rows of expert "
+                "tiles)";
             break;
           default:
             why = "not explained by routing, auxiliary losses, recompute or padding";

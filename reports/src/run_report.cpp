@@ -111,7 +111,7 @@ std::vector<std::string> row_of(const json& r, const json* dense) {
 // Time and FLOP rate: equal C is not equal time. Executed counts every product the device ran
 // (the ledger's exact/causal total: masked attention and recomputed products included); useful
 // leaves out `padding` and `recompute`. The time ratio is against the dense baseline on the same
-// device only.
+// device with the same kernels only.
 const std::vector<std::string> kTimeHeaders = {"point",
                                                "device",
                                                "train s",
@@ -127,6 +127,13 @@ double category_sum(const json& flops, const char* category) {
   return s;
 }
 
+// The device and the kernels that ran on it (records before the `kernels` field: the device).
+// Times are compared only between records with the same label.
+std::string device_label(const json& r) {
+  const std::string k = r.value("kernels", "");
+  return r.value("device", "?") + (k.empty() ? "" : " " + k);
+}
+
 std::vector<std::string> time_row_of(const json& r, const json* dense) {
   const json& flops = r["measured"]["flops"];
   const double secs = r.value("train_seconds", 0.0);
@@ -134,17 +141,17 @@ std::vector<std::string> time_row_of(const json& r, const json* dense) {
   const double useful = total - category_sum(flops, "padding") - category_sum(flops, "recompute");
   auto rate = [&](double f) { return secs > 0 ? fmt::format("{:.3g}", f / secs / 1e12) : "-"; };
   std::string vs = "-";
-  if (dense && dense->value("device", "") == r.value("device", "") && is_complete(r) &&
+  if (dense && device_label(*dense) == device_label(r) && is_complete(r) &&
       dense->value("train_seconds", 0.0) > 0)
     vs = fmt::format("{:.2f}x", secs / dense->value("train_seconds", 0.0));
-  return {r.value("point_id", "?"),
-          r.value("device", "?"),
-          fmt::format("{:.1f}", secs),
-          secs > 0 ? human(double(r["measured"]["tokens"].value("consumed", int64_t{0})) / secs)
-                   : "-",
-          rate(total),
-          rate(useful),
-          vs};
+  return {
+      r.value("point_id", "?"),
+      device_label(r),
+      fmt::format("{:.1f}", secs),
+      secs > 0 ? human(double(r["measured"]["tokens"].value("consumed", int64_t{0})) / secs) : "-",
+      rate(total),
+      rate(useful),
+      vs};
 }
 
 // One paragraph: how many MoE points beat dense, and how many records match their plan.
@@ -230,8 +237,8 @@ std::string render_run_report(const std::vector<json>& records, const std::strin
   }
   TextTable tt;
   for (const auto& h : kTimeHeaders)
-    tt.add_column(h, h == "point" || h == "device" ? TextTable::Align::left
-                                                   : TextTable::Align::right);
+    tt.add_column(h,
+                  h == "point" || h == "device" ? TextTable::Align::left : TextTable::Align::right);
   std::vector<std::vector<std::string>> time_rows;
   for (const json& r : records) {
     time_rows.push_back(time_row_of(r, dense));
@@ -252,8 +259,8 @@ std::string render_run_report(const std::vector<json>& records, const std::strin
       return title + "\n\n" + t.render() + "\n" + verdict + "\n\n" + time_title + "\n\n" +
              tt.render();
     case ReportFormat::markdown:
-      return "# " + title + "\n\n" + t.render_markdown() + "\n" + verdict + "\n\n## " +
-             time_title + "\n\n" + tt.render_markdown();
+      return "# " + title + "\n\n" + t.render_markdown() + "\n" + verdict + "\n\n## " + time_title +
+             "\n\n" + tt.render_markdown();
     case ReportFormat::html:
       break;
   }
@@ -273,9 +280,9 @@ std::string render_run_report(const std::vector<json>& records, const std::strin
          "<style>td,th{padding:2px 8px;text-align:right}td:first-child{text-align:left}"
          "table{border-collapse:collapse}tr:nth-child(even){background:#f4f4f4}</style>"
          "</head><body>\n<p>" +
-         html_escape(title) + "</p>\n" + html_table(kHeaders, rows) + "<p>" +
-         html_escape(verdict) + "</p>\n<p>" + html_escape(time_title) + "</p>\n" +
-         html_table(kTimeHeaders, time_rows) + "</body></html>\n";
+         html_escape(title) + "</p>\n" + html_table(kHeaders, rows) + "<p>" + html_escape(verdict) +
+         "</p>\n<p>" + html_escape(time_title) + "</p>\n" + html_table(kTimeHeaders, time_rows) +
+         "</body></html>\n";
 }
 
 }  // namespace moeplan

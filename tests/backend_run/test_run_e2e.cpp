@@ -400,6 +400,18 @@ TEST_CASE(
       run_cli({"report", (dir / "runs").string(), "-o", (dir / "report.md").string()});
   CHECK(md.status == 0);
   CHECK(read_file(dir / "report.md").find("| dense") != std::string::npos);
+  // The device column names the kernels; a point that ran other kernels than the dense baseline
+  // gets no time ratio (their speeds are not comparable).
+  CHECK(rep.out.find("cpu eigen-fp32") != std::string::npos);
+  json other = record(dir / "runs", "moe-ra0.500");
+  other["kernels"] = "hand-edited";
+  write_file_atomic(dir / "runs" / "moe-ra0.500" / "record.json", other.dump(1));
+  const Result rep2 = run_cli({"report", (dir / "runs").string()});
+  REQUIRE(rep2.status == 0);
+  const size_t at = rep2.out.find("cpu hand-edited");
+  REQUIRE(at != std::string::npos);
+  const std::string row = rep2.out.substr(at, rep2.out.find('\n', at) - at);
+  CHECK(row.find('x') == std::string::npos);  // no "N.NNx" ratio on that row
 }
 
 TEST_CASE(
