@@ -740,76 +740,73 @@ void allow_smem(Kernel k, size_t bytes) {
              "cudaFuncSetAttribute (attention shared memory)");
 }
 
+// Both forwards: one block per (query tile, sequence·head).
+template <class Kernel>
+void launch_forward(Kernel kernel, size_t smem, const char* name, uint16_t* O, float* lse,
+                    const uint16_t* qkv, const float* slopes, int64_t B, int64_t S, int64_t H,
+                    int64_t Hkv, int64_t D) {
+  allow_smem(kernel, smem);
+  const dim3 grid(unsigned((S + BM - 1) / BM), unsigned(B * H));
+  kernel<<<grid, kThreads, smem>>>(reinterpret_cast<bf16*>(O), lse,
+                                   reinterpret_cast<const bf16*>(qkv), slopes, int(S), int(H),
+                                   int(Hkv), 1.f / sqrtf(float(D)));
+  check_launch(name);
+}
+
 template <int D>
 void forward_t(uint16_t* O, float* lse, const uint16_t* qkv, const float* slopes, int64_t B,
                int64_t S, int64_t H, int64_t Hkv) {
-  const size_t smem = sizeof(FwdSmem<D>);
-  allow_smem(forward_kernel<D>, smem);
-  const dim3 grid(unsigned((S + BM - 1) / BM), unsigned(B * H));
-  forward_kernel<D><<<grid, kThreads, smem>>>(reinterpret_cast<bf16*>(O), lse,
-                                              reinterpret_cast<const bf16*>(qkv), slopes, int(S),
-                                              int(H), int(Hkv), 1.f / sqrtf(float(D)));
-  check_launch("attention::forward");
+  launch_forward(forward_kernel<D>, sizeof(FwdSmem<D>), "attention::forward", O, lse, qkv, slopes,
+                 B, S, H, Hkv, D);
 }
 
 template <int D>
 void forward_mma_t(uint16_t* O, float* lse, const uint16_t* qkv, const float* slopes, int64_t B,
                    int64_t S, int64_t H, int64_t Hkv) {
-  const size_t smem = sizeof(MmaFwdSmem<D>);
-  allow_smem(forward_mma_kernel<D>, smem);
-  const dim3 grid(unsigned((S + BM - 1) / BM), unsigned(B * H));
-  forward_mma_kernel<D><<<grid, kThreads, smem>>>(reinterpret_cast<bf16*>(O), lse,
-                                                  reinterpret_cast<const bf16*>(qkv), slopes,
-                                                  int(S), int(H), int(Hkv), 1.f / sqrtf(float(D)));
-  check_launch("attention::forward_mma");
+  launch_forward(forward_mma_kernel<D>, sizeof(MmaFwdSmem<D>), "attention::forward_mma", O, lse,
+                 qkv, slopes, B, S, H, Hkv, D);
+}
+
+// Both backwards: delta = rowsum(dO∘O), then dK/dV per (key tile, sequence·kv head) and dQ per
+// (query tile, sequence·head).
+template <class KernelKV, class KernelQ>
+void launch_backward(KernelKV dkdv, KernelQ dq, size_t smem, const char* name, float* dqkv,
+                     float* delta, const uint16_t* dO, const uint16_t* O, const float* lse,
+                     const uint16_t* qkv, const float* slopes, int64_t B, int64_t S, int64_t H,
+                     int64_t Hkv, int D) {
+  const int64_t rows = B * H * S;
+  delta_kernel<<<unsigned((rows + 7) / 8), 256>>>(delta, reinterpret_cast<const bf16*>(dO),
+                                                  reinterpret_cast<const bf16*>(O), S, int(H), D,
+                                                  rows);
+  check_launch("attention::delta");
+  const float scale = 1.f / sqrtf(float(D));
+  const unsigned tiles = unsigned((S + BM - 1) / BM);
+  allow_smem(dkdv, smem);
+  dkdv<<<dim3(tiles, unsigned(B * Hkv)), kThreads, smem>>>(
+      dqkv, reinterpret_cast<const bf16*>(dO), lse, delta, reinterpret_cast<const bf16*>(qkv),
+      slopes, int(S), int(H), int(Hkv), scale);
+  check_launch(name);
+  allow_smem(dq, smem);
+  dq<<<dim3(tiles, unsigned(B * H)), kThreads, smem>>>(dqkv, reinterpret_cast<const bf16*>(dO), lse,
+                                                       delta, reinterpret_cast<const bf16*>(qkv),
+                                                       slopes, int(S), int(H), int(Hkv), scale);
+  check_launch(name);
 }
 
 template <int D>
 void backward_t(float* dqkv, float* delta, const uint16_t* dO, const uint16_t* O, const float* lse,
                 const uint16_t* qkv, const float* slopes, int64_t B, int64_t S, int64_t H,
                 int64_t Hkv) {
-  const int64_t rows = B * H * S;
-  delta_kernel<<<unsigned((rows + 7) / 8), 256>>>(delta, reinterpret_cast<const bf16*>(dO),
-                                                  reinterpret_cast<const bf16*>(O), S, int(H), D,
-                                                  rows);
-  check_launch("attention::delta");
-  const size_t smem = sizeof(BwdSmem<D>);
-  const float scale = 1.f / sqrtf(float(D));
-  const unsigned tiles = unsigned((S + BM - 1) / BM);
-  allow_smem(dkdv_kernel<D>, smem);
-  dkdv_kernel<D><<<dim3(tiles, unsigned(B * Hkv)), kThreads, smem>>>(
-      dqkv, reinterpret_cast<const bf16*>(dO), lse, delta, reinterpret_cast<const bf16*>(qkv),
-      slopes, int(S), int(H), int(Hkv), scale);
-  check_launch("attention::dkdv");
-  allow_smem(dq_kernel<D>, smem);
-  dq_kernel<D><<<dim3(tiles, unsigned(B * H)), kThreads, smem>>>(
-      dqkv, reinterpret_cast<const bf16*>(dO), lse, delta, reinterpret_cast<const bf16*>(qkv),
-      slopes, int(S), int(H), int(Hkv), scale);
-  check_launch("attention::dq");
+  launch_backward(dkdv_kernel<D>, dq_kernel<D>, sizeof(BwdSmem<D>), "attention::backward", dqkv,
+                  delta, dO, O, lse, qkv, slopes, B, S, H, Hkv, D);
 }
 
 template <int D>
 void backward_mma_t(float* dqkv, float* delta, const uint16_t* dO, const uint16_t* O,
                     const float* lse, const uint16_t* qkv, const float* slopes, int64_t B,
                     int64_t S, int64_t H, int64_t Hkv) {
-  const int64_t rows = B * H * S;
-  delta_kernel<<<unsigned((rows + 7) / 8), 256>>>(delta, reinterpret_cast<const bf16*>(dO),
-                                                  reinterpret_cast<const bf16*>(O), S, int(H), D,
-                                                  rows);
-  check_launch("attention::delta");
-  const size_t smem = sizeof(MmaBwdSmem<D>);
-  const float scale = 1.f / sqrtf(float(D));
-  const unsigned tiles = unsigned((S + BM - 1) / BM);
-  allow_smem(dkdv_mma_kernel<D>, smem);
-  dkdv_mma_kernel<D><<<dim3(tiles, unsigned(B * Hkv)), kThreads, smem>>>(
-      dqkv, reinterpret_cast<const bf16*>(dO), lse, delta, reinterpret_cast<const bf16*>(qkv),
-      slopes, int(S), int(H), int(Hkv), scale);
-  check_launch("attention::dkdv_mma");
-  allow_smem(dq_mma_kernel<D>, smem);
-  dq_mma_kernel<D><<<dim3(tiles, unsigned(B * H)), kThreads, smem>>>(
-      dqkv, reinterpret_cast<const bf16*>(dO), lse, delta, reinterpret_cast<const bf16*>(qkv),
-      slopes, int(S), int(H), int(Hkv), scale);
-  check_launch("attention::dq_mma");
+  launch_backward(dkdv_mma_kernel<D>, dq_mma_kernel<D>, sizeof(MmaBwdSmem<D>),
+                  "attention::backward_mma", dqkv, delta, dO, O, lse, qkv, slopes, B, S, H, Hkv, D);
 }
 
 }  // namespace

@@ -322,14 +322,19 @@ TEST_CASE("fused causal attention, forward and backward, matches the CPU attenti
     REQUIRE(att::supported(c.Dh));
     att::forward(O.as<uint16_t>(), lse.as<float>(), dQKV.as<uint16_t>(), sp, c.B, c.S, c.H, c.Hkv,
                  c.Dh);
-    std::vector<std::vector<float>> grads;
-    for (int rep = 0; rep < 2; ++rep) {
-      auto G = poisoned(T * W * 4);
-      att::backward(G.as<float>(), delta.as<float>(), dDO.as<uint16_t>(), O.as<uint16_t>(),
-                    lse.as<float>(), dQKV.as<uint16_t>(), sp, c.B, c.S, c.H, c.Hkv, c.Dh);
-      synchronize();
-      grads.push_back(download_f(G, T * W));
-    }
+    // A backward run twice from the same forward results: both dqkv.
+    auto twice = [&](auto backward, const DeviceBuffer& out, const DeviceBuffer& lse_in) {
+      std::vector<std::vector<float>> g;
+      for (int rep = 0; rep < 2; ++rep) {
+        auto G = poisoned(T * W * 4);
+        backward(G.as<float>(), delta.as<float>(), dDO.as<uint16_t>(), out.as<uint16_t>(),
+                 lse_in.as<float>(), dQKV.as<uint16_t>(), sp, c.B, c.S, c.H, c.Hkv, c.Dh);
+        synchronize();
+        g.push_back(download_f(G, T * W));
+      }
+      return g;
+    };
+    const auto grads = twice(att::backward, O, lse);
     const double e_out = rel_err(download_f(O, T * HD, DType::bf16), out);
     const double e_grad = rel_err(grads[0], dqkv);
     std::printf(
@@ -361,14 +366,7 @@ TEST_CASE("fused causal attention, forward and backward, matches the CPU attenti
     // The register-resident backward (head widths up to 64): against the CPU, twice the same bits.
     CHECK(att::backward_mma_supported(c.Dh) == (c.Dh <= 64));
     if (att::backward_mma_supported(c.Dh)) {
-      std::vector<std::vector<float>> g3;
-      for (int rep = 0; rep < 2; ++rep) {
-        auto G3 = poisoned(T * W * 4);
-        att::backward_mma(G3.as<float>(), delta.as<float>(), dDO.as<uint16_t>(), O2.as<uint16_t>(),
-                          lse2.as<float>(), dQKV.as<uint16_t>(), sp, c.B, c.S, c.H, c.Hkv, c.Dh);
-        synchronize();
-        g3.push_back(download_f(G3, T * W));
-      }
+      const auto g3 = twice(att::backward_mma, O2, lse2);
       const double e_grad3 = rel_err(g3[0], dqkv);
       std::printf("    backward_mma: dqkv rel err %.2e, vs WMMA backward %.2e\n", e_grad3,
                   rel_err(g3[0], download_f(G2, T * W)));
