@@ -234,8 +234,9 @@ int main(int argc, char** argv) {
         first ? "" : ", ", p.name, pc.total_params, pc.active_params, t, tokens / t, tf_useful,
         tf_exec);
     first = false;
+    // Written after every point, so that a later point that fails keeps the earlier ones.
+    if (!json_path.empty()) std::ofstream(json_path) << json << "]}\n";
   }
-  json += "]}\n";
-  if (!json_path.empty()) std::ofstream(json_path) << json;
+  if (!json_path.empty() && first) std::ofstream(json_path) << json << "]}\n";
   return 0;
 }

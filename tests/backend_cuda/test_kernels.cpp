@@ -278,19 +278,64 @@ TEST_CASE("bf16 widening and the grouped bf16 accumulate match a host loop exact
   CHECK(download_f(dDst, base.size()) == want);
 }
 
-TEST_CASE("fused causal attention, forward and backward, matches the CPU attention in bf16") {
-  // Inputs rounded to bf16 first, so both sides see the same values; the CPU runs fp32 on them.
-  // Shapes cover partial tiles (S not a multiple of 64), grouped-query heads, every compiled head
-  // width, and ALiBi as well as no bias (the RoPE path, whose rotation happens before).
-  struct Case {
-    int64_t B, S, H, Hkv, Dh;
-    bool alibi;
+namespace {
+
+namespace att = moeplan::backend::cuda::attention;
+
+struct AttentionShape {
+  int64_t B, S, H, Hkv, Dh;
+  bool alibi;
+};
+
+// One shape of the fused-attention tests: bf16-rounded inputs on the device, and the CPU
+// attention's output and gradients computed in fp32 on the same rounded values.
+struct AttentionCase {
+  AttentionShape c;
+  int64_t W, T, HD;
+  std::vector<float> out, dqkv;
+  DeviceBuffer qkv, dO, slopes, delta;
+  const float* sp = nullptr;
+
+  using Forward = void (*)(uint16_t*, float*, const uint16_t*, const float*, int64_t, int64_t,
+                           int64_t, int64_t, int64_t);
+  using Backward = void (*)(float*, float*, const uint16_t*, const uint16_t*, const float*,
+                            const uint16_t*, const float*, int64_t, int64_t, int64_t, int64_t,
+                            int64_t);
+  struct Outputs {
+    DeviceBuffer O, lse;
   };
-  namespace att = moeplan::backend::cuda::attention;
+  Outputs forward(Forward f) const {
+    Outputs o{poisoned(size_t(T * HD) * 2), poisoned(size_t(c.B * c.H * c.S) * 4)};
+    f(o.O.as<uint16_t>(), o.lse.as<float>(), qkv.as<uint16_t>(), sp, c.B, c.S, c.H, c.Hkv, c.Dh);
+    synchronize();
+    return o;
+  }
+  // The backward run twice from the same forward results: both dqkv.
+  std::vector<std::vector<float>> backward_twice(Backward f, const Outputs& o) {
+    std::vector<std::vector<float>> g;
+    for (int rep = 0; rep < 2; ++rep) {
+      auto G = poisoned(size_t(T * W) * 4);
+      f(G.as<float>(), delta.as<float>(), dO.as<uint16_t>(), o.O.as<uint16_t>(), o.lse.as<float>(),
+        qkv.as<uint16_t>(), sp, c.B, c.S, c.H, c.Hkv, c.Dh);
+      synchronize();
+      g.push_back(download_f(G, size_t(T * W)));
+    }
+    return g;
+  }
+  std::vector<float> output(const Outputs& o) const {
+    return download_f(o.O, size_t(T * HD), DType::bf16);
+  }
+};
+
+// Shapes cover partial tiles (S not a multiple of 64), grouped-query heads, every compiled head
+// width, and ALiBi as well as no bias (the RoPE path, whose rotation happens before).
+template <class Check>
+void for_each_attention_case(Check check) {
   using moeplan::backend::cuda::bf16_to_float;
   using moeplan::backend::cuda::float_to_bf16;
-  for (const Case c : {Case{2, 100, 4, 2, 64, true}, Case{1, 130, 2, 2, 16, false},
-                       Case{1, 64, 2, 1, 128, true}, Case{3, 37, 4, 4, 32, true}}) {
+  for (const AttentionShape c :
+       {AttentionShape{2, 100, 4, 2, 64, true}, AttentionShape{1, 130, 2, 2, 16, false},
+        AttentionShape{1, 64, 2, 1, 128, true}, AttentionShape{3, 37, 4, 4, 32, true}}) {
     INFO("B ", c.B, " S ", c.S, " H ", c.H, " Hkv ", c.Hkv, " Dh ", c.Dh);
     const int64_t W = (c.H + 2 * c.Hkv) * c.Dh, T = c.B * c.S, HD = c.H * c.Dh;
     auto round = [](std::vector<float> v, std::vector<uint16_t>& bits) {
@@ -314,29 +359,31 @@ TEST_CASE("fused causal attention, forward and backward, matches the CPU attenti
                            c.B, c.S, c.H, c.Hkv, c.Dh, lg);
     cpu::attention_backward(dqkv.data(), dout.data(), qkv.data(), att_p.data(), scratch.data(), 1,
                             c.B, c.S, c.H, c.Hkv, c.Dh, lg);
-
-    auto dQKV = to_device(qkv_bits), dDO = to_device(do_bits), dSl = to_device(slopes);
-    auto O = poisoned(T * HD * 2), lse = poisoned(c.B * c.H * c.S * 4);
-    DeviceBuffer delta(c.B * c.H * c.S * 4);
-    const float* sp = c.alibi ? dSl.as<float>() : nullptr;
+    AttentionCase ac{c,
+                     W,
+                     T,
+                     HD,
+                     std::move(out),
+                     std::move(dqkv),
+                     to_device(qkv_bits),
+                     to_device(do_bits),
+                     to_device(slopes),
+                     DeviceBuffer(size_t(c.B * c.H * c.S) * 4)};
+    ac.sp = c.alibi ? ac.slopes.as<float>() : nullptr;
     REQUIRE(att::supported(c.Dh));
-    att::forward(O.as<uint16_t>(), lse.as<float>(), dQKV.as<uint16_t>(), sp, c.B, c.S, c.H, c.Hkv,
-                 c.Dh);
-    // A backward run twice from the same forward results: both dqkv.
-    auto twice = [&](auto backward, const DeviceBuffer& out, const DeviceBuffer& lse_in) {
-      std::vector<std::vector<float>> g;
-      for (int rep = 0; rep < 2; ++rep) {
-        auto G = poisoned(T * W * 4);
-        backward(G.as<float>(), delta.as<float>(), dDO.as<uint16_t>(), out.as<uint16_t>(),
-                 lse_in.as<float>(), dQKV.as<uint16_t>(), sp, c.B, c.S, c.H, c.Hkv, c.Dh);
-        synchronize();
-        g.push_back(download_f(G, T * W));
-      }
-      return g;
-    };
-    const auto grads = twice(att::backward, O, lse);
-    const double e_out = rel_err(download_f(O, T * HD, DType::bf16), out);
-    const double e_grad = rel_err(grads[0], dqkv);
+    check(ac);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("fused causal attention, forward and backward, matches the CPU attention in bf16") {
+  for_each_attention_case([](AttentionCase& ac) {
+    const auto o = ac.forward(att::forward);
+    const auto grads = ac.backward_twice(att::backward, o);
+    const double e_out = rel_err(ac.output(o), ac.out);
+    const double e_grad = rel_err(grads[0], ac.dqkv);
+    const AttentionShape& c = ac.c;
     std::printf(
         "[fused attention B%lld S%lld H%lld/%lld Dh%lld %s] out rel err %.2e, dqkv rel "
         "err %.2e\n",
@@ -345,35 +392,36 @@ TEST_CASE("fused causal attention, forward and backward, matches the CPU attenti
     CHECK(e_out < 2e-2);
     CHECK(e_grad < 2e-2);
     CHECK(grads[0] == grads[1]);  // no atomics: the same bits twice
-    // The register-resident forward: the same output against the CPU, the same log-sum-exp as
-    // the WMMA forward up to summation order, and a backward from its results as good.
-    auto O2 = poisoned(T * HD * 2), lse2 = poisoned(c.B * c.H * c.S * 4);
-    att::forward_mma(O2.as<uint16_t>(), lse2.as<float>(), dQKV.as<uint16_t>(), sp, c.B, c.S, c.H,
-                     c.Hkv, c.Dh);
-    auto G2 = poisoned(T * W * 4);
-    att::backward(G2.as<float>(), delta.as<float>(), dDO.as<uint16_t>(), O2.as<uint16_t>(),
-                  lse2.as<float>(), dQKV.as<uint16_t>(), sp, c.B, c.S, c.H, c.Hkv, c.Dh);
-    synchronize();
-    const double e_out2 = rel_err(download_f(O2, T * HD, DType::bf16), out);
-    const double e_lse =
-        rel_err(download_f(lse2, c.B * c.H * c.S), download_f(lse, c.B * c.H * c.S));
-    const double e_grad2 = rel_err(download_f(G2, T * W), dqkv);
-    std::printf("    forward_mma: out rel err %.2e, lse vs WMMA forward %.2e, dqkv rel err %.2e\n",
-                e_out2, e_lse, e_grad2);
-    CHECK(e_out2 < 2e-2);
+  });
+}
+
+TEST_CASE("register-resident attention (mma.sync), forward and backward, matches the CPU") {
+  // The same output against the CPU, the same log-sum-exp as the WMMA forward up to summation
+  // order, the WMMA backward from its results as good; the register-resident backward (head
+  // widths up to 64) against the CPU and twice the same bits.
+  for_each_attention_case([](AttentionCase& ac) {
+    const auto ref = ac.forward(att::forward);
+    const auto o = ac.forward(att::forward_mma);
+    const double e_out = rel_err(ac.output(o), ac.out);
+    const size_t rows = size_t(ac.c.B * ac.c.H * ac.c.S);
+    const double e_lse = rel_err(download_f(o.lse, rows), download_f(ref.lse, rows));
+    const auto g_wmma = ac.backward_twice(att::backward, o);
+    const double e_grad = rel_err(g_wmma[0], ac.dqkv);
+    std::printf(
+        "[forward_mma Dh%lld] out rel err %.2e, lse vs WMMA forward %.2e, dqkv rel err %.2e\n",
+        (long long)ac.c.Dh, e_out, e_lse, e_grad);
+    CHECK(e_out < 2e-2);
     CHECK(e_lse < 1e-5);
+    CHECK(e_grad < 2e-2);
+    CHECK(att::backward_mma_supported(ac.c.Dh) == (ac.c.Dh <= 64));
+    if (!att::backward_mma_supported(ac.c.Dh)) return;
+    const auto g = ac.backward_twice(att::backward_mma, o);
+    const double e_grad2 = rel_err(g[0], ac.dqkv);
+    std::printf("    backward_mma: dqkv rel err %.2e, vs WMMA backward %.2e\n", e_grad2,
+                rel_err(g[0], g_wmma[0]));
     CHECK(e_grad2 < 2e-2);
-    // The register-resident backward (head widths up to 64): against the CPU, twice the same bits.
-    CHECK(att::backward_mma_supported(c.Dh) == (c.Dh <= 64));
-    if (att::backward_mma_supported(c.Dh)) {
-      const auto g3 = twice(att::backward_mma, O2, lse2);
-      const double e_grad3 = rel_err(g3[0], dqkv);
-      std::printf("    backward_mma: dqkv rel err %.2e, vs WMMA backward %.2e\n", e_grad3,
-                  rel_err(g3[0], download_f(G2, T * W)));
-      CHECK(e_grad3 < 2e-2);
-      CHECK(g3[0] == g3[1]);
-    }
-  }
+    CHECK(g[0] == g[1]);
+  });
 }
 
 namespace {

@@ -311,40 +311,51 @@ TEST_CASE("routed experts: the tiled kernels give the per-expert products' step;
   CHECK_THROWS_AS(f32.set_expert_path(cu::ExpertPath::tiled), moeplan::InputError);
 }
 
-TEST_CASE("bf16: fused attention and cuBLAS attention give the same step within bf16 tolerance") {
-  // The two attention paths differ in rounding (the fused kernels keep the scores in fp32 on
-  // chip, the cuBLAS path stores P in bf16) and in what they execute: the ledgers agree once the
-  // executed-only categories (padding, recompute) are set aside.
+namespace {
+
+// A bf16 step with the given fused attention against the cuBLAS attention. The two paths differ
+// in rounding (the fused kernels keep the scores in fp32 on chip, the cuBLAS path stores P in
+// bf16) and in what they execute: the ledgers agree once the executed-only categories (padding,
+// recompute) are set aside.
+void check_fused_attention_step(cu::AttentionPath path, const char* label) {
   Arch a = moe_arch();
   a.seq_len = 80;  // two query tiles, the second partial
-  for (const char* pos : {"alibi", "rope"})
-    for (cu::AttentionPath path : {cu::AttentionPath::fused, cu::AttentionPath::fused_mma}) {
-      const bool mma = path == cu::AttentionPath::fused_mma;
-      INFO(pos << (mma ? " (register-resident forward)" : ""));
-      ModelOptions opt;
-      opt.positions = pos;
-      const int64_t B = 3;
-      cu::Model fused(a, opt, 4, B, DType::bf16, nullptr, path);
-      cu::Model plain(a, opt, 4, B, DType::bf16, nullptr, cu::AttentionPath::cublas);
-      CHECK(fused.fused_attention());
-      CHECK_FALSE(plain.fused_attention());
-      const Batch b = random_batch(B, a.seq_len, a.vocab, 77);
-      StepResult rf, rp;
-      const double of = fused.compute_gradients(b.inputs.data(), b.targets.data(), &rf);
-      const double op = plain.compute_gradients(b.inputs.data(), b.targets.data(), &rp);
-      const double err = rel_err(fused.gradients(), plain.gradients());
-      std::printf("[attention %s%s] objective fused %.6f cublas %.6f, gradient rel diff %.2e\n",
-                  pos, mma ? " fused_mma" : "", of, op, err);
-      CHECK(std::abs(of - op) / op < 2e-2);
-      CHECK(err < 5e-2);
-      FlopLedger f = rf.flops, q = rp.flops;
-      for (FlopLedger* l : {&f, &q}) {
-        l->flops[int(FlopCategory::padding)] = {};
-        l->flops[int(FlopCategory::recompute)] = {};
-      }
-      CHECK(f.category(FlopCategory::attention_core) == q.category(FlopCategory::attention_core));
-      CHECK(rf.flops.category(FlopCategory::recompute) > 0);
+  for (const char* pos : {"alibi", "rope"}) {
+    INFO(pos);
+    ModelOptions opt;
+    opt.positions = pos;
+    const int64_t B = 3;
+    cu::Model fused(a, opt, 4, B, DType::bf16, nullptr, path);
+    cu::Model plain(a, opt, 4, B, DType::bf16, nullptr, cu::AttentionPath::cublas);
+    CHECK(fused.fused_attention());
+    CHECK_FALSE(plain.fused_attention());
+    const Batch b = random_batch(B, a.seq_len, a.vocab, 77);
+    StepResult rf, rp;
+    const double of = fused.compute_gradients(b.inputs.data(), b.targets.data(), &rf);
+    const double op = plain.compute_gradients(b.inputs.data(), b.targets.data(), &rp);
+    const double err = rel_err(fused.gradients(), plain.gradients());
+    std::printf("[attention %s %s] objective fused %.6f cublas %.6f, gradient rel diff %.2e\n",
+                label, pos, of, op, err);
+    CHECK(std::abs(of - op) / op < 2e-2);
+    CHECK(err < 5e-2);
+    FlopLedger f = rf.flops, q = rp.flops;
+    for (FlopLedger* l : {&f, &q}) {
+      l->flops[int(FlopCategory::padding)] = {};
+      l->flops[int(FlopCategory::recompute)] = {};
     }
+    CHECK(f.category(FlopCategory::attention_core) == q.category(FlopCategory::attention_core));
+    CHECK(rf.flops.category(FlopCategory::recompute) > 0);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("bf16: fused attention and cuBLAS attention give the same step within bf16 tolerance") {
+  check_fused_attention_step(cu::AttentionPath::fused, "fused");
+}
+
+TEST_CASE("bf16: register-resident attention (mma.sync) gives the cuBLAS attention's step") {
+  check_fused_attention_step(cu::AttentionPath::fused_mma, "fused_mma");
 }
 
 TEST_CASE("same seed, same data: bit-for-bit the same losses and weights; save/load resumes") {
