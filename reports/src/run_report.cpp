@@ -247,7 +247,8 @@ std::string render_run_report(const std::vector<json>& records, const std::strin
   const std::string time_title =
       "Time and achieved FLOP rate (equal C is not equal time). Executed: every product the "
       "device ran, the ledger's exact/causal total; useful: without padding (e.g. the masked "
-      "half of attention a GPU computes) and recompute. Train time vs dense: same device only";
+      "half of attention a GPU computes) and recompute. Train time vs dense: same device and "
+      "kernels only";
   const std::string verdict = verdict_of(records, dense);
   const std::string title = fmt::format(
       "moeplan report: {} run(s) in {}. BPC = validation bits per byte (held-out data); C in the "
