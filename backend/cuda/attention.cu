@@ -166,7 +166,7 @@ __global__ void __launch_bounds__(kThreads)
       O[(int64_t(b) * S + q0 + r) * ldo + h * D + c] =
           __float2bfloat16(sm.o[r * LDO<D> + c] / sm.l[r]);
   }
-  if (threadIdx.x < qvalid)
+  if (int(threadIdx.x) < qvalid)
     lse[int64_t(bh) * S + q0 + threadIdx.x] = sm.m[threadIdx.x] + logf(sm.l[threadIdx.x]);
 }
 
@@ -183,11 +183,15 @@ __global__ void __launch_bounds__(kThreads)
 // A fragment of P for the 16-key step of P·V: no shared-memory round trip for S, P or O.
 
 __device__ inline void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#ifdef MOEPLAN_CUDA_EMULATION  // the CPU emulation of the tests (tests/backend_cuda/emu)
+  moeplan_emu::mma_m16n8k16_bf16(d, a, b0, b1);
+#else
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
       "{%8,%9}, {%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
 }
 
 __device__ inline uint32_t pack_bf16(float lo, float hi) {

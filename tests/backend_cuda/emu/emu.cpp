@@ -1,0 +1,412 @@
+// The CPU emulation of CUDA (see include/moeplan_cuda_emu.hpp): fibers, barriers, warp
+// collectives, mma.sync, and the runtime calls.
+#include <sys/mman.h>
+#include <ucontext.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cuda_runtime.h"
+
+thread_local uint3 threadIdx, blockIdx;
+thread_local dim3 blockDim, gridDim;
+
+namespace moeplan_emu {
+namespace {
+
+// Hopper's limits (CUDA C++ Programming Guide, "Technical Specifications per Compute
+// Capability", 9.0): 1024 threads a block, grid y/z ≤ 65535, 227 KiB of shared memory a block
+// when the kernel opts in, 48 KiB without.
+constexpr unsigned kMaxThreads = 1024, kMaxGridYZ = 65535;
+constexpr std::size_t kMaxSharedOptIn = 227 * 1024, kDefaultShared = 48 * 1024;
+constexpr std::size_t kStackBytes = 256 * 1024;
+
+enum class Wait { none, block, warp };
+
+struct Fiber {
+  ucontext_t ctx;
+  unsigned char* stack = nullptr;  // mmap'd, one guard page below
+  uint3 tid;
+  int warp = 0, lane = 0;
+  bool done = false;
+  Wait wait = Wait::none;
+  unsigned wait_gen = 0;
+};
+
+struct Warp {
+  int live = 0, arrived = 0;
+  unsigned gen = 0;
+  alignas(16) unsigned char slot[32][16];
+  uint32_t mma[32][6];
+};
+
+struct Block {
+  int live = 0, arrived = 0;
+  unsigned gen = 0;
+  const char* file = nullptr;  // the source line of this interval's first arrival
+  int line = 0;
+  std::vector<Warp> warps;
+  std::unique_ptr<unsigned char[], void (*)(void*)> smem{nullptr, std::free};
+};
+
+struct State {
+  std::vector<Fiber> fibers;
+  Block block;
+  ucontext_t scheduler;
+  Fiber* current = nullptr;
+  const std::function<void()>* body = nullptr;
+  bool faulted = false;  // the running kernel faulted: stop it
+  cudaError_t last = cudaSuccess, sticky = cudaSuccess;
+  std::string message;
+  std::size_t max_dynamic_shared = kDefaultShared;
+};
+
+State& st() {
+  static State s;
+  return s;
+}
+
+void set_error(cudaError_t e, const std::string& what) {
+  State& s = st();
+  s.last = e;
+  if (e == cudaErrorLaunchFailure) s.sticky = e;
+  s.message = what;
+}
+
+void fiber_entry() {
+  State& s = st();
+  (*s.body)();
+  Fiber& f = *s.current;
+  f.done = true;
+  Block& b = s.block;
+  Warp& w = b.warps[size_t(f.warp)];
+  --b.live;
+  --w.live;
+  // An exited thread no longer holds a barrier back.
+  if (b.arrived > 0 && b.arrived == b.live) {
+    b.arrived = 0;
+    ++b.gen;
+  }
+  if (w.arrived > 0 && w.arrived == w.live) {
+    w.arrived = 0;
+    ++w.gen;
+  }
+  // returns to the scheduler through uc_link
+}
+
+void yield() {
+  State& s = st();
+  swapcontext(&s.current->ctx, &s.scheduler);
+}
+
+void ensure_fibers(std::size_t n) {
+  State& s = st();
+  const long page = sysconf(_SC_PAGESIZE);
+  while (s.fibers.size() < n) {
+    Fiber f;
+    void* m = mmap(nullptr, kStackBytes + std::size_t(page), PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (m == MAP_FAILED) {
+      std::perror("moeplan_emu: mmap of a fiber stack");
+      std::abort();
+    }
+    mprotect(m, std::size_t(page), PROT_NONE);  // an overflow faults instead of corrupting
+    f.stack = static_cast<unsigned char*>(m);
+    s.fibers.push_back(f);
+  }
+}
+
+bool runnable(const Fiber& f, const Block& b) {
+  if (f.done) return false;
+  switch (f.wait) {
+    case Wait::none:
+      return true;
+    case Wait::block:
+      return b.gen != f.wait_gen;
+    case Wait::warp:
+      return b.warps[size_t(f.warp)].gen != f.wait_gen;
+  }
+  return false;
+}
+
+// Runs one block to completion; false when it faulted.
+bool run_block(const Config& cfg, uint3 bid) {
+  State& s = st();
+  const unsigned nt = cfg.block.x * cfg.block.y * cfg.block.z;
+  const long page = sysconf(_SC_PAGESIZE);
+  Block& b = s.block;
+  b.live = int(nt);
+  b.arrived = 0;
+  b.gen = 0;
+  b.warps.assign((nt + 31) / 32, Warp{});
+  for (unsigned i = 0; i < nt; ++i) ++b.warps[i / 32].live;
+  if (cfg.smem > 0) {
+    // Exactly the requested bytes (16-byte multiple, 128-byte aligned), filled with 0xFF: an
+    // uninitialised float reads as NaN, as shared memory promises nothing.
+    const std::size_t bytes = (cfg.smem + 127) / 128 * 128;
+    b.smem.reset(static_cast<unsigned char*>(std::aligned_alloc(128, bytes)));
+    std::memset(b.smem.get(), 0xFF, bytes);
+  } else {
+    b.smem.reset();
+  }
+  for (unsigned i = 0; i < nt; ++i) {
+    Fiber& f = s.fibers[i];
+    f.tid = {i % cfg.block.x, (i / cfg.block.x) % cfg.block.y, i / (cfg.block.x * cfg.block.y)};
+    f.warp = int(i / 32);
+    f.lane = int(i % 32);
+    f.done = false;
+    f.wait = Wait::none;
+    getcontext(&f.ctx);
+    f.ctx.uc_stack.ss_sp = f.stack + page;
+    f.ctx.uc_stack.ss_size = kStackBytes;
+    f.ctx.uc_link = &s.scheduler;
+    makecontext(&f.ctx, fiber_entry, 0);
+  }
+  blockIdx = bid;
+  for (;;) {
+    bool any = false, all_done = true;
+    for (unsigned i = 0; i < nt && !s.faulted; ++i) {
+      Fiber& f = s.fibers[i];
+      if (!f.done) all_done = false;
+      if (!runnable(f, b)) continue;
+      any = true;
+      f.wait = Wait::none;
+      s.current = &f;
+      threadIdx = f.tid;
+      swapcontext(&s.scheduler, &f.ctx);
+    }
+    if (s.faulted) return false;
+    if (all_done) return true;
+    if (!any) {
+      set_error(cudaErrorLaunchFailure,
+                "deadlock: the threads of a block wait at different barriers (a __syncthreads "
+                "or warp collective inside a branch not all threads take?)");
+      return false;
+    }
+  }
+}
+
+}  // namespace
+
+int lane() {
+  return st().current->lane;
+}
+
+void fault(const char* what) {
+  State& s = st();
+  set_error(cudaErrorLaunchFailure, what);
+  s.faulted = true;
+  setcontext(&s.scheduler);  // the fiber is abandoned; its stack is reused by the next launch
+  std::abort();
+}
+
+void block_barrier(const char* file, int line) {
+  State& s = st();
+  Block& b = s.block;
+  Fiber& f = *s.current;
+  // Every thread of the block must wait at the same __syncthreads (CUDA C++ Programming Guide:
+  // inside conditional code only when the condition is the same for the whole block). Compared
+  // by source line, which the optimiser's code duplication leaves alone.
+  if (b.arrived == 0) {
+    b.file = file;
+    b.line = line;
+  } else if (line != b.line || std::strcmp(file, b.file) != 0) {
+    static thread_local std::string msg;
+    msg = "__syncthreads reached at different places by the threads of one block (" +
+          std::string(b.file) + ":" + std::to_string(b.line) + " and " + file + ":" +
+          std::to_string(line) + ")";
+    fault(msg.c_str());
+  }
+  if (++b.arrived == b.live) {
+    b.arrived = 0;
+    ++b.gen;
+    return;
+  }
+  f.wait = Wait::block;
+  f.wait_gen = b.gen;
+  yield();
+}
+
+void warp_barrier() {
+  State& s = st();
+  Fiber& f = *s.current;
+  Warp& w = s.block.warps[size_t(f.warp)];
+  if (++w.arrived == w.live) {
+    w.arrived = 0;
+    ++w.gen;
+    return;
+  }
+  f.wait = Wait::warp;
+  f.wait_gen = w.gen;
+  yield();
+}
+
+void check_full_mask(unsigned mask, const char* op) {
+  State& s = st();
+  if (mask != 0xffffffffu) fault(op);  // partial masks are not used by our kernels
+  if (s.block.warps[size_t(s.current->warp)].live != 32) {
+    static thread_local std::string msg;
+    msg = std::string(op) + ": full-mask warp collective with lanes that exited or do not exist";
+    fault(msg.c_str());
+  }
+}
+
+void* lane_slot(int l) {
+  State& s = st();
+  if (l < 0 || l >= 32) fault("warp exchange: source lane out of range");
+  return s.block.warps[size_t(s.current->warp)].slot[l];
+}
+
+unsigned char* block_shared_bytes() {
+  return st().block.smem.get();
+}
+
+void check_warp_uniform(const void* p, unsigned ld, const char* op) {
+  struct Key {
+    const void* p;
+    unsigned ld;
+  };
+  const Key mine{p, ld};
+  const Key first = exchange(mine, 0);
+  if (first.p != p || first.ld != ld) fault(op);
+}
+
+void mma_m16n8k16_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  State& s = st();
+  const int me = lane();
+  Warp& w = s.block.warps[size_t(s.current->warp)];
+  if (w.live != 32) fault("mma.sync: a lane of the warp has exited");
+  for (int i = 0; i < 4; ++i) w.mma[me][i] = a[i];
+  w.mma[me][4] = b0;
+  w.mma[me][5] = b1;
+  warp_barrier();
+  auto bf = [](uint32_t reg, int hi) {
+    const uint32_t u = (hi ? reg >> 16 : reg & 0xffffu) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  };
+  // PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point type" (g = lane / 4,
+  // t = lane % 4): A element (row, col) is in lane 4·(row % 8) + (col % 8) / 2, register
+  // (row ≥ 8) + 2·(col ≥ 8), half col % 2; B element (k, n) in lane 4·n + (k % 8) / 2, register
+  // k ≥ 8, half k % 2; C/D element i of a lane is (g + 8·(i ≥ 2), 2t + i % 2).
+  auto A = [&](int row, int col) {
+    const int l = 4 * (row % 8) + (col % 8) / 2, reg = (row >= 8) + 2 * (col >= 8);
+    return bf(w.mma[l][reg], col % 2);
+  };
+  auto B = [&](int k, int n) {
+    const int l = 4 * n + (k % 8) / 2;
+    return bf(w.mma[l][4 + (k >= 8)], k % 2);
+  };
+  const int g = me / 4, t = me % 4;
+  for (int i = 0; i < 4; ++i) {
+    const int row = g + 8 * (i >= 2), col = 2 * t + i % 2;
+    double acc = d[i];
+    for (int k = 0; k < 16; ++k) acc += double(A(row, k)) * double(B(k, col));
+    d[i] = float(acc);
+  }
+  warp_barrier();  // every lane has read the registers before they are overwritten
+}
+
+cudaError_t set_max_dynamic_shared(int bytes) {
+  if (bytes < 0 || std::size_t(bytes) > kMaxSharedOptIn) {
+    set_error(cudaErrorInvalidValue, "cudaFuncSetAttribute: more than 227 KiB of shared memory");
+    return cudaErrorInvalidValue;
+  }
+  State& s = st();
+  if (std::size_t(bytes) > s.max_dynamic_shared) s.max_dynamic_shared = std::size_t(bytes);
+  return cudaSuccess;
+}
+
+void launch(const char* kernel, const Config& cfg, const std::function<void()>& thread) {
+  State& s = st();
+  const unsigned long long nt =
+      (unsigned long long)cfg.block.x * cfg.block.y * cfg.block.z;
+  const auto name = std::string(kernel);
+  if (nt == 0 || nt > kMaxThreads || cfg.grid.x == 0 || cfg.grid.y == 0 || cfg.grid.z == 0 ||
+      cfg.grid.y > kMaxGridYZ || cfg.grid.z > kMaxGridYZ) {
+    set_error(cudaErrorInvalidConfiguration, "invalid launch configuration of " + name);
+    return;
+  }
+  // Over 48 KiB of dynamic shared memory needs the kernel's opt-in (tracked for any kernel: the
+  // emulator cannot name a kernel template's instance, so this check is a lower bound).
+  if (cfg.smem > s.max_dynamic_shared) {
+    set_error(cudaErrorInvalidValue, name + ": dynamic shared memory over the opted-in size");
+    return;
+  }
+  if (s.sticky != cudaSuccess) return;  // a faulted context runs nothing more
+  ensure_fibers(nt);
+  s.body = &thread;
+  s.faulted = false;
+  gridDim = cfg.grid;
+  blockDim = cfg.block;
+  for (unsigned z = 0; z < cfg.grid.z; ++z)
+    for (unsigned y = 0; y < cfg.grid.y; ++y)
+      for (unsigned x = 0; x < cfg.grid.x; ++x)
+        if (!run_block(cfg, uint3{x, y, z})) {
+          s.message = name + " block (" + std::to_string(x) + "," + std::to_string(y) + "," +
+                      std::to_string(z) + "): " + s.message;
+          s.faulted = false;
+          s.block.smem.reset();
+          return;
+        }
+  s.block.smem.reset();
+}
+
+}  // namespace moeplan_emu
+
+using moeplan_emu::st;
+
+cudaError_t cudaGetDeviceCount(int* n) {
+  *n = 1;
+  return cudaSuccess;
+}
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int device) {
+  if (device != 0) return cudaErrorInvalidDevice;
+  std::memset(p, 0, sizeof *p);
+  std::snprintf(p->name, sizeof p->name, "%s", "moeplan CUDA emulator (CPU)");
+  p->multiProcessorCount = 1;
+  p->major = 9;
+  p->minor = 0;
+  p->totalGlobalMem = std::size_t(1) << 30;
+  return cudaSuccess;
+}
+cudaError_t cudaSetDevice(int device) {
+  return device == 0 ? cudaSuccess : cudaErrorInvalidDevice;
+}
+cudaError_t cudaDeviceSynchronize() {
+  return st().sticky;
+}
+cudaError_t cudaMalloc(void** p, std::size_t bytes) {
+  // 256-byte aligned, as cudaMalloc guarantees
+  *p = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
+  return *p ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+cudaError_t cudaFree(void* p) {
+  std::free(p);
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind) {
+  if (st().sticky != cudaSuccess) return st().sticky;
+  if (bytes) std::memmove(dst, src, bytes);
+  return cudaSuccess;
+}
+cudaError_t cudaMemset(void* p, int value, std::size_t bytes) {
+  if (bytes) std::memset(p, value, bytes);
+  return cudaSuccess;
+}
+cudaError_t cudaGetLastError() {
+  auto& s = st();
+  const cudaError_t e = s.last;
+  s.last = s.sticky;
+  return e;
+}
+const char* cudaGetErrorString(cudaError_t e) {
+  if (e == cudaSuccess) return "no error";
+  return st().message.c_str();
+}

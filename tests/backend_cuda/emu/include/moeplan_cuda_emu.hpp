@@ -1,0 +1,186 @@
+#pragma once
+// A CPU emulation of the part of CUDA that our kernels use, so that the kernel sources in
+// backend/cuda/ run, unchanged but for their launch syntax, on a machine without a GPU.
+//
+// Each CUDA thread is a fiber (ucontext) on the calling thread; a block's fibers run until they
+// all finish, switching only at __syncthreads, warp collectives (shuffles, ballots, __syncwarp,
+// mma.sync, WMMA) and exit, so the emulation is deterministic. What it checks beyond the
+// arithmetic: threads of a block meet at the same barrier (a deadlock is reported, not hung),
+// warp collectives have every lane of the warp, WMMA pointers are 32-byte aligned and warp-uniform,
+// launch configurations are within the H100/H200 limits, and shared memory starts as NaN bytes.
+//
+// What it cannot check: the hardware's fragment layouts. mma.sync follows the PTX ISA's tables
+// (section "Matrix Fragments for mma.m16n8k16 with floating point type"); WMMA fragments are
+// opaque, so each lane holds the whole tile. A kernel that reads WMMA fragment elements by index
+// would not compile here. Timing, memory coalescing and races within a barrier interval are out
+// of reach too; the GPU tests on a real device remain the authority.
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <type_traits>
+
+#define MOEPLAN_CUDA_EMULATION 1
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __align__(n) alignas(n)
+// Blocks run one after another, so a function-local static is exactly one block's shared memory.
+#define __shared__ static
+#define __restrict__ __restrict
+
+// ---- vector types ------------------------------------------------------------------------------
+struct uint3 {
+  unsigned x = 0, y = 0, z = 0;
+};
+struct dim3 {
+  unsigned x, y, z;
+  constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+struct alignas(16) uint4 {
+  unsigned x, y, z, w;
+};
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) {
+  return {x, y, z, w};
+}
+struct alignas(8) float2 {
+  float x, y;
+};
+inline float2 make_float2(float x, float y) {
+  return {x, y};
+}
+
+// The running fiber's coordinates (set by the scheduler before it resumes a fiber).
+extern thread_local uint3 threadIdx, blockIdx;
+extern thread_local dim3 blockDim, gridDim;
+
+// ---- math --------------------------------------------------------------------------------------
+template <class A, class B>
+inline std::common_type_t<A, B> min(A a, B b) {
+  using C = std::common_type_t<A, B>;
+  return C(a) < C(b) ? C(a) : C(b);
+}
+template <class A, class B>
+inline std::common_type_t<A, B> max(A a, B b) {
+  using C = std::common_type_t<A, B>;
+  return C(a) < C(b) ? C(b) : C(a);
+}
+inline float rsqrtf(float x) {
+  return 1.f / std::sqrt(x);
+}
+inline int __popc(unsigned x) {
+  return __builtin_popcount(x);
+}
+
+// ---- bf16 (round to nearest even, as __float2bfloat16 does) ------------------------------------
+struct __nv_bfloat16 {
+  uint16_t bits;
+  __nv_bfloat16() = default;
+  static uint16_t round(float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu)) return uint16_t((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return uint16_t(u >> 16);
+  }
+  __nv_bfloat16(float f) : bits(round(f)) {}  // NOLINT: implicit, as CUDA's
+  operator float() const {                    // NOLINT
+    const uint32_t u = uint32_t(bits) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  }
+};
+struct alignas(4) __nv_bfloat162 {
+  __nv_bfloat16 x, y;
+};
+static_assert(sizeof(__nv_bfloat16) == 2 && sizeof(__nv_bfloat162) == 4);
+inline __nv_bfloat16 __float2bfloat16(float f) {
+  return __nv_bfloat16(f);
+}
+inline float __bfloat162float(__nv_bfloat16 b) {
+  return float(b);
+}
+inline __nv_bfloat162 __floats2bfloat162_rn(float a, float b) {
+  return {__nv_bfloat16(a), __nv_bfloat16(b)};
+}
+
+// ---- the emulator's interface to the kernels ---------------------------------------------------
+namespace moeplan_emu {
+
+int lane();  // this thread's lane in its warp
+// Ends the running kernel with a device fault (reported by the next cudaGetLastError and by every
+// synchronising call); never returns to the calling thread.
+[[noreturn]] void fault(const char* what);
+void block_barrier(const char* file, int line);
+void warp_barrier();  // every live lane of this warp; a full-mask warp op with a lane gone faults
+void check_full_mask(unsigned mask, const char* op);
+// Per-lane exchange slots of this warp (16 bytes each), valid between two warp barriers.
+void* lane_slot(int lane);
+unsigned char* block_shared_bytes();
+
+template <class T>
+T* dynamic_shared() {
+  return reinterpret_cast<T*>(block_shared_bytes());
+}
+
+template <class T>
+T exchange(T v, int from_lane) {
+  static_assert(sizeof(T) <= 16 && std::is_trivially_copyable_v<T>);
+  std::memcpy(lane_slot(lane()), &v, sizeof(T));
+  warp_barrier();
+  T r;
+  std::memcpy(&r, lane_slot(from_lane), sizeof(T));
+  warp_barrier();
+  return r;
+}
+
+// D (16×8 fp32) += A (16×16 bf16, row) · B (16×8 bf16, col), one warp, PTX register layouts.
+void mma_m16n8k16_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
+
+// All lanes must pass the same value (a WMMA pointer or stride).
+void check_warp_uniform(const void* p, unsigned ld, const char* op);
+
+struct Config {
+  dim3 grid, block;
+  std::size_t smem;
+  Config(dim3 g, dim3 b, std::size_t s = 0, void* stream = nullptr)
+      : grid(g), block(b), smem(s) {
+    (void)stream;
+  }
+};
+// Runs `thread` once per CUDA thread of the grid, block after block; returns when all are done.
+void launch(const char* kernel, const Config& cfg, const std::function<void()>& thread);
+
+}  // namespace moeplan_emu
+
+// ---- warp intrinsics ---------------------------------------------------------------------------
+// A macro, so that the barrier knows its source line (see block_barrier).
+#define __syncthreads() ::moeplan_emu::block_barrier(__FILE__, __LINE__)
+inline void __syncwarp(unsigned mask = 0xffffffffu) {
+  moeplan_emu::check_full_mask(mask, "__syncwarp");
+  moeplan_emu::warp_barrier();
+}
+template <class T>
+T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
+  moeplan_emu::check_full_mask(mask, "__shfl_xor_sync");
+  if (width != 32) moeplan_emu::fault("__shfl_xor_sync: only width 32 is emulated");
+  return moeplan_emu::exchange(v, moeplan_emu::lane() ^ lane_mask);
+}
+inline unsigned __ballot_sync(unsigned mask, int pred) {
+  moeplan_emu::check_full_mask(mask, "__ballot_sync");
+  const int me = moeplan_emu::lane();
+  std::memcpy(moeplan_emu::lane_slot(me), &pred, sizeof pred);
+  moeplan_emu::warp_barrier();
+  unsigned bits = 0;
+  for (int l = 0; l < 32; ++l) {
+    int p;
+    std::memcpy(&p, moeplan_emu::lane_slot(l), sizeof p);
+    if (p) bits |= 1u << l;
+  }
+  moeplan_emu::warp_barrier();
+  return bits;
+}
