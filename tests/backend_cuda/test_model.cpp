@@ -176,23 +176,27 @@ TEST_CASE("fp32: one training step's loss, gradients and ledger equal the CPU mo
   }
 }
 
-TEST_CASE("bf16: one step within bf16 tolerance of the CPU; 200 steps on the built-in corpus") {
+TEST_CASE("bf16: one step within bf16 tolerance of the CPU") {
   const Arch a = moe_arch();
   ModelOptions opt;
   const int64_t B = 8, S = a.seq_len;
-  {
-    moeplan::backend::Model<float> ref(a, opt, 7, B);
-    cu::Model gpu(a, opt, 7, B, DType::bf16);
-    const Batch b = random_batch(B, S, a.vocab, 5);
-    const double oc = ref.compute_gradients(b.inputs.data(), b.targets.data());
-    const double og = gpu.compute_gradients(b.inputs.data(), b.targets.data());
-    const double grad_err = rel_err(gpu.gradients(), vec(ref.gradients()));
-    std::printf("[bf16 step] objective cpu %.6f gpu %.6f, gradient rel err %.2e\n", oc, og,
-                grad_err);
-    print_worst_tensors(gpu.tensors(), gpu.gradients(), vec(ref.gradients()));
-    CHECK(std::abs(og - oc) / oc < 2e-2);
-    CHECK(grad_err < 5e-2);
-  }
+  moeplan::backend::Model<float> ref(a, opt, 7, B);
+  cu::Model gpu(a, opt, 7, B, DType::bf16);
+  const Batch b = random_batch(B, S, a.vocab, 5);
+  const double oc = ref.compute_gradients(b.inputs.data(), b.targets.data());
+  const double og = gpu.compute_gradients(b.inputs.data(), b.targets.data());
+  const double grad_err = rel_err(gpu.gradients(), vec(ref.gradients()));
+  std::printf("[bf16 step] objective cpu %.6f gpu %.6f, gradient rel err %.2e\n", oc, og,
+              grad_err);
+  print_worst_tensors(gpu.tensors(), gpu.gradients(), vec(ref.gradients()));
+  CHECK(std::abs(og - oc) / oc < 2e-2);
+  CHECK(grad_err < 5e-2);
+}
+
+TEST_CASE("bf16: 200 steps on the built-in corpus follow the CPU's loss curve") {
+  const Arch a = moe_arch();
+  ModelOptions opt;
+  const int64_t B = 8, S = a.seq_len;
   const auto corpus = moeplan::backend::builtin_corpus(11, 0, 200 * B * S + 1).tokens;
   moeplan::backend::Model<float> ref(a, opt, 9, B);
   cu::Model gpu(a, opt, 9, B, DType::bf16);

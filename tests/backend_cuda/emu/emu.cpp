@@ -1,8 +1,10 @@
 // The CPU emulation of CUDA (see include/moeplan_cuda_emu.hpp): fibers, barriers, warp
 // collectives, mma.sync, and the runtime calls.
 #include <sys/mman.h>
-#include <ucontext.h>
 #include <unistd.h>
+#if !defined(__x86_64__)
+#include <ucontext.h>
+#endif
 
 #include <cstdio>
 #include <cstdlib>
@@ -26,10 +28,83 @@ constexpr unsigned kMaxThreads = 1024, kMaxGridYZ = 65535;
 constexpr std::size_t kMaxSharedOptIn = 227 * 1024, kDefaultShared = 48 * 1024;
 constexpr std::size_t kStackBytes = 256 * 1024;
 
+// ---- context switching -------------------------------------------------------------------------
+// On x86-64 a switch saves the callee-saved registers and the SSE/x87 control words on the old
+// stack and swaps stack pointers: no system call (glibc's swapcontext makes two, to save and
+// restore the signal mask, which cost 90 % of the emulation's time). Elsewhere, ucontext.
+#if defined(__x86_64__)
+extern "C" void moeplan_emu_switch(void** save_sp, void* load_sp);
+asm(R"(
+  .text
+  .globl moeplan_emu_switch
+  .type moeplan_emu_switch, @function
+moeplan_emu_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  subq $8, %rsp
+  stmxcsr (%rsp)
+  fnstcw 4(%rsp)
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  ldmxcsr (%rsp)
+  fldcw 4(%rsp)
+  addq $8, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size moeplan_emu_switch, .-moeplan_emu_switch
+  .section .note.GNU-stack,"",@progbits
+  .text
+)");
+
+struct Context {
+  void* sp = nullptr;
+};
+
+// A fresh context that enters `entry` (which must never return) on the given stack.
+void start_context(Context& c, unsigned char* lo, std::size_t bytes, void (*entry)()) {
+  auto* p = reinterpret_cast<uint64_t*>(reinterpret_cast<uintptr_t>(lo + bytes) & ~uintptr_t(15));
+  *--p = 0;                                    // entry sees rsp ≡ 8 (mod 16), as after a call
+  *--p = reinterpret_cast<uint64_t>(entry);   // popped by the switch's ret
+  for (int i = 0; i < 6; ++i) *--p = 0;        // rbp rbx r12 r13 r14 r15
+  uint32_t mxcsr;
+  uint16_t fpucw;
+  asm volatile("stmxcsr %0" : "=m"(mxcsr));
+  asm volatile("fnstcw %0" : "=m"(fpucw));
+  *--p = uint64_t(mxcsr) | (uint64_t(fpucw) << 32);
+  c.sp = p;
+}
+void switch_context(Context& from, Context& to) {
+  moeplan_emu_switch(&from.sp, to.sp);
+}
+#else
+struct Context {
+  ucontext_t uc;
+};
+void start_context(Context& c, unsigned char* lo, std::size_t bytes, void (*entry)()) {
+  getcontext(&c.uc);
+  c.uc.uc_stack.ss_sp = lo;
+  c.uc.uc_stack.ss_size = bytes;
+  c.uc.uc_link = nullptr;
+  makecontext(&c.uc, entry, 0);
+}
+void switch_context(Context& from, Context& to) {
+  swapcontext(&from.uc, &to.uc);
+}
+#endif
+
 enum class Wait { none, block, warp };
 
 struct Fiber {
-  ucontext_t ctx;
+  Context ctx;
   unsigned char* stack = nullptr;  // mmap'd, one guard page below
   uint3 tid;
   int warp = 0, lane = 0;
@@ -57,7 +132,7 @@ struct Block {
 struct State {
   std::vector<Fiber> fibers;
   Block block;
-  ucontext_t scheduler;
+  Context scheduler;
   Fiber* current = nullptr;
   const std::function<void()>* body = nullptr;
   bool faulted = false;  // the running kernel faulted: stop it
@@ -96,12 +171,13 @@ void fiber_entry() {
     w.arrived = 0;
     ++w.gen;
   }
-  // returns to the scheduler through uc_link
+  switch_context(f.ctx, s.scheduler);  // never resumed: the fiber is done
+  std::abort();
 }
 
 void yield() {
   State& s = st();
-  swapcontext(&s.current->ctx, &s.scheduler);
+  switch_context(s.current->ctx, s.scheduler);
 }
 
 void ensure_fibers(std::size_t n) {
@@ -161,11 +237,7 @@ bool run_block(const Config& cfg, uint3 bid) {
     f.lane = int(i % 32);
     f.done = false;
     f.wait = Wait::none;
-    getcontext(&f.ctx);
-    f.ctx.uc_stack.ss_sp = f.stack + page;
-    f.ctx.uc_stack.ss_size = kStackBytes;
-    f.ctx.uc_link = &s.scheduler;
-    makecontext(&f.ctx, fiber_entry, 0);
+    start_context(f.ctx, f.stack + page, kStackBytes, fiber_entry);
   }
   blockIdx = bid;
   for (;;) {
@@ -178,7 +250,7 @@ bool run_block(const Config& cfg, uint3 bid) {
       f.wait = Wait::none;
       s.current = &f;
       threadIdx = f.tid;
-      swapcontext(&s.scheduler, &f.ctx);
+      switch_context(s.scheduler, f.ctx);
     }
     if (s.faulted) return false;
     if (all_done) return true;
@@ -201,7 +273,7 @@ void fault(const char* what) {
   State& s = st();
   set_error(cudaErrorLaunchFailure, what);
   s.faulted = true;
-  setcontext(&s.scheduler);  // the fiber is abandoned; its stack is reused by the next launch
+  switch_context(s.current->ctx, s.scheduler);  // abandoned; the stack serves the next launch
   std::abort();
 }
 

@@ -46,6 +46,24 @@ cudaError_t cudaMemset(void* p, int value, std::size_t bytes);
 cudaError_t cudaGetLastError();
 const char* cudaGetErrorString(cudaError_t e);
 
+// Streams are all the default stream: asynchronous calls complete before they return.
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind,
+                            cudaStream_t stream = nullptr);
+cudaError_t cudaMemsetAsync(void* p, int value, std::size_t bytes, cudaStream_t stream = nullptr);
+cudaError_t cudaMallocHost(void** p, std::size_t bytes);
+template <class T>
+cudaError_t cudaMallocHost(T** p, std::size_t bytes) {
+  return cudaMallocHost(reinterpret_cast<void**>(p), bytes);
+}
+cudaError_t cudaFreeHost(void* p);
+
+// Events hold the host clock at their record (the emulation's "device time").
+using cudaEvent_t = struct CUevent_st*;
+cudaError_t cudaEventCreate(cudaEvent_t* e);
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t stream = nullptr);
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end);
+cudaError_t cudaEventDestroy(cudaEvent_t e);
+
 namespace moeplan_emu {
 cudaError_t set_max_dynamic_shared(int bytes);
 }

@@ -1,0 +1,21 @@
+#pragma once
+// NCCL at world size 1 for the CPU emulation of CUDA (see moeplan_cuda_emu.hpp): a communicator
+// of one rank, whose all-reduce (sum or average over one rank) is a copy.
+#include <cstddef>
+
+#include "cuda_runtime.h"
+
+enum ncclResult_t { ncclSuccess = 0, ncclInvalidArgument = 4, ncclInvalidUsage = 5 };
+enum ncclDataType_t { ncclInt64 = 4, ncclFloat32 = 7, ncclFloat64 = 8 };
+enum ncclRedOp_t { ncclSum = 0, ncclAvg = 4 };
+struct ncclUniqueId {
+  char internal[128];
+};
+using ncclComm_t = struct ncclComm*;
+
+ncclResult_t ncclGetUniqueId(ncclUniqueId* id);
+ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank);
+ncclResult_t ncclCommDestroy(ncclComm_t comm);
+ncclResult_t ncclAllReduce(const void* send, void* recv, std::size_t count, ncclDataType_t type,
+                           ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream);
+const char* ncclGetErrorString(ncclResult_t r);
