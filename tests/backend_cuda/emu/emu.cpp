@@ -10,13 +10,22 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <new>
 #include <string>
 #include <vector>
 
+// Built with AddressSanitizer (the emulated_asan tests): fiber switches are announced, so that
+// ASan knows which stack is live, and a reused fiber stack starts unpoisoned.
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+#define MOEPLAN_EMU_ASAN 1
+#endif
+
 #include "cuda_runtime.h"
 
-thread_local uint3 threadIdx, blockIdx;
-thread_local dim3 blockDim, gridDim;
+uint3 threadIdx, blockIdx;
+dim3 blockDim, gridDim;
 
 namespace moeplan_emu {
 namespace {
@@ -101,6 +110,32 @@ void switch_context(Context& from, Context& to) {
 }
 #endif
 
+#ifdef MOEPLAN_EMU_ASAN
+// The scheduler's own stack, learnt at a fiber's first entry (for ASan's bookkeeping).
+const void* g_sched_lo = nullptr;
+std::size_t g_sched_bytes = 0;
+#endif
+
+// Switches to `to`, whose stack is [to_lo, to_lo + to_bytes) (null: the scheduler's). `dying`:
+// the current context is never resumed.
+void jump(Context& from, Context& to, const void* to_lo, std::size_t to_bytes, bool dying) {
+#ifdef MOEPLAN_EMU_ASAN
+  void* fake = nullptr;
+  if (!to_lo) {
+    to_lo = g_sched_lo;
+    to_bytes = g_sched_bytes;
+  }
+  __sanitizer_start_switch_fiber(dying ? nullptr : &fake, to_lo, to_bytes);
+  switch_context(from, to);
+  __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
+#else
+  (void)to_lo;
+  (void)to_bytes;
+  (void)dying;
+  switch_context(from, to);
+#endif
+}
+
 enum class Wait { none, block, warp };
 
 struct Fiber {
@@ -126,7 +161,11 @@ struct Block {
   const char* file = nullptr;  // the source line of this interval's first arrival
   int line = 0;
   std::vector<Warp> warps;
-  std::unique_ptr<unsigned char[], void (*)(void*)> smem{nullptr, std::free};
+  // Exactly the requested bytes, so that AddressSanitizer sees an overrun of shared memory.
+  struct FreeAligned {
+    void operator()(unsigned char* p) const { ::operator delete[](p, std::align_val_t(128)); }
+  };
+  std::unique_ptr<unsigned char[], FreeAligned> smem;
 };
 
 struct State {
@@ -155,6 +194,9 @@ void set_error(cudaError_t e, const std::string& what) {
 
 void fiber_entry() {
   State& s = st();
+#ifdef MOEPLAN_EMU_ASAN
+  __sanitizer_finish_switch_fiber(nullptr, &g_sched_lo, &g_sched_bytes);
+#endif
   (*s.body)();
   Fiber& f = *s.current;
   f.done = true;
@@ -171,13 +213,13 @@ void fiber_entry() {
     w.arrived = 0;
     ++w.gen;
   }
-  switch_context(f.ctx, s.scheduler);  // never resumed: the fiber is done
+  jump(f.ctx, s.scheduler, nullptr, 0, true);  // never resumed: the fiber is done
   std::abort();
 }
 
 void yield() {
   State& s = st();
-  switch_context(s.current->ctx, s.scheduler);
+  jump(s.current->ctx, s.scheduler, nullptr, 0, false);
 }
 
 void ensure_fibers(std::size_t n) {
@@ -224,9 +266,8 @@ bool run_block(const Config& cfg, uint3 bid) {
   if (cfg.smem > 0) {
     // Exactly the requested bytes (16-byte multiple, 128-byte aligned), filled with 0xFF: an
     // uninitialised float reads as NaN, as shared memory promises nothing.
-    const std::size_t bytes = (cfg.smem + 127) / 128 * 128;
-    b.smem.reset(static_cast<unsigned char*>(std::aligned_alloc(128, bytes)));
-    std::memset(b.smem.get(), 0xFF, bytes);
+    b.smem.reset(static_cast<unsigned char*>(::operator new[](cfg.smem, std::align_val_t(128))));
+    std::memset(b.smem.get(), 0xFF, cfg.smem);
   } else {
     b.smem.reset();
   }
@@ -237,6 +278,9 @@ bool run_block(const Config& cfg, uint3 bid) {
     f.lane = int(i % 32);
     f.done = false;
     f.wait = Wait::none;
+#ifdef MOEPLAN_EMU_ASAN
+    __asan_unpoison_memory_region(f.stack + page, kStackBytes);
+#endif
     start_context(f.ctx, f.stack + page, kStackBytes, fiber_entry);
   }
   blockIdx = bid;
@@ -250,7 +294,7 @@ bool run_block(const Config& cfg, uint3 bid) {
       f.wait = Wait::none;
       s.current = &f;
       threadIdx = f.tid;
-      switch_context(s.scheduler, f.ctx);
+      jump(s.scheduler, f.ctx, f.stack + page, kStackBytes, false);
     }
     if (s.faulted) return false;
     if (all_done) return true;
@@ -273,7 +317,7 @@ void fault(const char* what) {
   State& s = st();
   set_error(cudaErrorLaunchFailure, what);
   s.faulted = true;
-  switch_context(s.current->ctx, s.scheduler);  // abandoned; the stack serves the next launch
+  jump(s.current->ctx, s.scheduler, nullptr, 0, true);  // abandoned; its stack is reused
   std::abort();
 }
 
@@ -455,12 +499,13 @@ cudaError_t cudaDeviceSynchronize() {
   return st().sticky;
 }
 cudaError_t cudaMalloc(void** p, std::size_t bytes) {
-  // 256-byte aligned, as cudaMalloc guarantees
-  *p = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
+  // 256-byte aligned, as cudaMalloc guarantees; exactly `bytes`, so that AddressSanitizer sees
+  // a kernel read or write past the end.
+  *p = ::operator new(bytes ? bytes : 1, std::align_val_t(256), std::nothrow);
   return *p ? cudaSuccess : cudaErrorMemoryAllocation;
 }
 cudaError_t cudaFree(void* p) {
-  std::free(p);
+  if (p) ::operator delete(p, std::align_val_t(256));
   return cudaSuccess;
 }
 cudaError_t cudaMemcpy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind) {

@@ -53,9 +53,10 @@ inline float2 make_float2(float x, float y) {
   return {x, y};
 }
 
-// The running fiber's coordinates (set by the scheduler before it resumes a fiber).
-extern thread_local uint3 threadIdx, blockIdx;
-extern thread_local dim3 blockDim, gridDim;
+// The running fiber's coordinates (set by the scheduler before it resumes a fiber). Plain
+// globals: kernels run on the one host thread that launches them.
+extern uint3 threadIdx, blockIdx;
+extern dim3 blockDim, gridDim;
 
 // ---- math --------------------------------------------------------------------------------------
 template <class A, class B>
