@@ -37,13 +37,13 @@ fs::path fresh_dir(const std::string& name) {
   return d;
 }
 
-Arch tiny_arch(bool dense) {
+Arch tiny_arch(bool dense, int64_t head_dim = 8) {
   Arch a;
   a.d_model = 16;
   a.layers = 2;
   a.dense_layers = dense ? 2 : 1;
   a.heads = a.kv_heads = 2;
-  a.head_dim = 8;
+  a.head_dim = head_dim;
   a.d_ffn = 32;
   if (!dense) {
     a.experts = 4;
@@ -58,11 +58,11 @@ Arch tiny_arch(bool dense) {
 
 // A plan made the way the planner makes one, with C chosen so that D = steps·B·S exactly.
 Plan tiny_plan(const std::string& id, bool dense, int64_t steps, int64_t batch, int64_t windows,
-               double lr = 3e-3) {
+               double lr = 3e-3, int64_t head_dim = 8) {
   Plan p;
   p.id = id;
   p.role = dense ? "dense" : "moe";
-  p.arch = tiny_arch(dense);
+  p.arch = tiny_arch(dense, head_dim);
   p.counts = count_params(p.arch);
   p.activation_rate_target = dense ? 0 : p.counts.activation_rate();
   p.convention = Convention::paper;
@@ -99,7 +99,7 @@ struct Result {
 };
 
 pid_t spawn(const std::vector<std::string>& args, const fs::path& out_file,
-            const fs::path& err_file) {
+            const fs::path& err_file, const std::string& binary = MOEPLAN_BINARY) {
   const pid_t pid = ::fork();
   if (pid == 0) {
     const int o = ::open(out_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -107,7 +107,7 @@ pid_t spawn(const std::vector<std::string>& args, const fs::path& out_file,
     ::dup2(o, 1);
     ::dup2(e, 2);
     std::vector<char*> argv;
-    std::string bin = MOEPLAN_BINARY;
+    std::string bin = binary;
     argv.push_back(bin.data());
     std::vector<std::string> copy = args;
     for (auto& a : copy) argv.push_back(a.data());
@@ -124,12 +124,12 @@ int wait_status(pid_t pid) {
   return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
-Result run_cli(const std::vector<std::string>& args) {
+Result run_cli(const std::vector<std::string>& args, const std::string& binary = MOEPLAN_BINARY) {
   const fs::path d = fs::temp_directory_path();
   const fs::path o = d / ("moeplan_e2e_out_" + std::to_string(::getpid()));
   const fs::path e = d / ("moeplan_e2e_err_" + std::to_string(::getpid()));
   Result r;
-  r.status = wait_status(spawn(args, o, e));
+  r.status = wait_status(spawn(args, o, e, binary));
   r.out = read_file(o);
   r.err = read_file(e);
   return r;
@@ -441,4 +441,50 @@ TEST_CASE(
   CHECK(again.status == 0);
   CHECK(record(out, "moe-i")["status"] == "complete");
   CHECK(record(out, "moe-i")["measured"]["tokens"]["consumed"].get<int64_t>() == 400 * 4 * 16);
+}
+
+// The CUDA engine end to end on the CPU emulation of CUDA (tests/backend_cuda/emu): the same
+// point through `moeplan run --device cpu` and `--device cuda` with the default and with the
+// register-resident attention and tiled expert kernels. The ledgers equal the CPU's but for what
+// only the CUDA kernels execute (padding: the masked half of cuBLAS's attention squares and the
+// expert tiles' zero rows; recompute: the fused backward's scores), and tokens are identical.
+TEST_CASE("moeplan run --device cuda (emulated): the CPU's tokens and ledger, kernels recorded") {
+  const fs::path dir = fresh_dir("cuda_emulated");
+  // Head width 16: the fused kernels take 16, 32, 64 or 128.
+  write_manifest_atomic(tiny_manifest(tiny_plan("dense", true, 12, 4, 40, 3e-3, 16),
+                                      {tiny_plan("moe-a", false, 12, 4, 40, 3e-3, 16)}),
+                        dir / "sweep.toml");
+  const std::string sweep = (dir / "sweep.toml").string();
+  const Result cpu = run_cli({"run", sweep, "--out", (dir / "cpu").string(), "--point", "moe-a"});
+  REQUIRE_MESSAGE(cpu.status == 0, cpu.err);
+  const json want = record(dir / "cpu", "moe-a");
+  struct Variant {
+    std::string kernels, label;
+  };
+  for (const Variant& v : {Variant{"", "attention=cublas,experts=grouped"},
+                           Variant{"attention=fused_mma,experts=tiled",
+                                   "attention=fused_mma,experts=tiled"}}) {
+    INFO("kernels " << v.label);
+    const fs::path out = dir / ("cuda-" + std::to_string(v.kernels.size()));
+    std::vector<std::string> args = {"run", sweep, "--out", out.string(), "--point", "moe-a",
+                                     "--device", "cuda"};
+    if (!v.kernels.empty()) args.insert(args.end(), {"--kernels", v.kernels});
+    const Result r = run_cli(args, MOEPLAN_EMULATED_BINARY);
+    REQUIRE_MESSAGE(r.status == 0, r.err);
+    const json got = record(out, "moe-a");
+    CHECK(got["status"] == "complete");
+    CHECK(got["device"] == "cuda");
+    CHECK(got["kernels"] == v.label);
+    CHECK(got["measured"]["tokens"] == want["measured"]["tokens"]);
+    for (auto& [k, val] : got["measured"]["matches_plan"].items()) CHECK_MESSAGE(val == true, k);
+    for (auto& [cat, phases] : got["measured"]["flops"]["by_category"].items())
+      if (cat != "padding" && cat != "recompute") {
+        INFO(cat);
+        CHECK(phases == want["measured"]["flops"]["by_category"][cat]);
+      }
+    // bf16 products against the CPU's fp32 over 12 steps: the same curve within bf16 tolerance.
+    const double lc = want["loss_curve"].back()["train_loss"].get<double>();
+    const double lg = got["loss_curve"].back()["train_loss"].get<double>();
+    CHECK(std::abs(lg - lc) / lc < 2e-2);
+  }
 }
