@@ -6,11 +6,14 @@
 #include <ucontext.h>
 #endif
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <new>
+#include <numeric>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -81,9 +84,9 @@ struct Context {
 // A fresh context that enters `entry` (which must never return) on the given stack.
 void start_context(Context& c, unsigned char* lo, std::size_t bytes, void (*entry)()) {
   auto* p = reinterpret_cast<uint64_t*>(reinterpret_cast<uintptr_t>(lo + bytes) & ~uintptr_t(15));
-  *--p = 0;                                    // entry sees rsp ≡ 8 (mod 16), as after a call
-  *--p = reinterpret_cast<uint64_t>(entry);   // popped by the switch's ret
-  for (int i = 0; i < 6; ++i) *--p = 0;        // rbp rbx r12 r13 r14 r15
+  *--p = 0;                                  // entry sees rsp ≡ 8 (mod 16), as after a call
+  *--p = reinterpret_cast<uint64_t>(entry);  // popped by the switch's ret
+  for (int i = 0; i < 6; ++i) *--p = 0;      // rbp rbx r12 r13 r14 r15
   uint32_t mxcsr;
   uint16_t fpucw;
   asm volatile("stmxcsr %0" : "=m"(mxcsr));
@@ -168,7 +171,25 @@ struct Block {
   std::unique_ptr<unsigned char[], FreeAligned> smem;
 };
 
+// The order in which the scheduler resumes the threads of a block, and runs the blocks
+// (MOEPLAN_EMU_SCHEDULE): forward, reverse, or a fixed-seed shuffle. The hardware promises no
+// order, so a kernel must give the same results under each; one that reads, within a barrier
+// interval, what another thread writes in it (a missing __syncthreads) does not.
+enum class Order { forward, reverse, shuffle };
+
+Order order_from_env() {
+  const char* v = std::getenv("MOEPLAN_EMU_SCHEDULE");
+  const std::string o = v ? v : "";
+  if (o.empty() || o == "forward") return Order::forward;
+  if (o == "reverse") return Order::reverse;
+  if (o == "shuffle") return Order::shuffle;
+  std::fprintf(stderr, "MOEPLAN_EMU_SCHEDULE='%s': use forward, reverse or shuffle\n", v);
+  std::exit(2);
+}
+
 struct State {
+  Order order = order_from_env();
+  std::vector<unsigned> perm;  // this block's resume order
   std::vector<Fiber> fibers;
   Block block;
   Context scheduler;
@@ -284,10 +305,17 @@ bool run_block(const Config& cfg, uint3 bid) {
     start_context(f.ctx, f.stack + page, kStackBytes, fiber_entry);
   }
   blockIdx = bid;
+  s.perm.resize(nt);
+  std::iota(s.perm.begin(), s.perm.end(), 0u);
+  if (s.order == Order::reverse) std::reverse(s.perm.begin(), s.perm.end());
+  if (s.order == Order::shuffle) {
+    std::mt19937 rng(0x5eedu + bid.x * 7919u + bid.y * 104729u + bid.z);
+    std::shuffle(s.perm.begin(), s.perm.end(), rng);
+  }
   for (;;) {
     bool any = false, all_done = true;
-    for (unsigned i = 0; i < nt && !s.faulted; ++i) {
-      Fiber& f = s.fibers[i];
+    for (unsigned j = 0; j < nt && !s.faulted; ++j) {
+      Fiber& f = s.fibers[s.perm[j]];
       if (!f.done) all_done = false;
       if (!runnable(f, b)) continue;
       any = true;
@@ -339,8 +367,12 @@ void block_barrier(const char* file, int line) {
     fault(msg.c_str());
   }
   if (++b.arrived == b.live) {
+    // The last arrival releases the others and lets the scheduler resume everyone in its order
+    // (running on at once would make the last arrival the first past the barrier).
     b.arrived = 0;
     ++b.gen;
+    f.wait = Wait::none;
+    yield();
     return;
   }
   f.wait = Wait::block;
@@ -355,6 +387,8 @@ void warp_barrier() {
   if (++w.arrived == w.live) {
     w.arrived = 0;
     ++w.gen;
+    f.wait = Wait::none;
+    yield();
     return;
   }
   f.wait = Wait::warp;
@@ -441,8 +475,7 @@ cudaError_t set_max_dynamic_shared(int bytes) {
 
 void launch(const char* kernel, const Config& cfg, const std::function<void()>& thread) {
   State& s = st();
-  const unsigned long long nt =
-      (unsigned long long)cfg.block.x * cfg.block.y * cfg.block.z;
+  const unsigned long long nt = (unsigned long long)cfg.block.x * cfg.block.y * cfg.block.z;
   const auto name = std::string(kernel);
   if (nt == 0 || nt > kMaxThreads || cfg.grid.x == 0 || cfg.grid.y == 0 || cfg.grid.z == 0 ||
       cfg.grid.y > kMaxGridYZ || cfg.grid.z > kMaxGridYZ) {
@@ -461,9 +494,12 @@ void launch(const char* kernel, const Config& cfg, const std::function<void()>& 
   s.faulted = false;
   gridDim = cfg.grid;
   blockDim = cfg.block;
-  for (unsigned z = 0; z < cfg.grid.z; ++z)
-    for (unsigned y = 0; y < cfg.grid.y; ++y)
-      for (unsigned x = 0; x < cfg.grid.x; ++x)
+  const bool rev = s.order == Order::reverse;
+  for (unsigned zi = 0; zi < cfg.grid.z; ++zi)
+    for (unsigned yi = 0; yi < cfg.grid.y; ++yi)
+      for (unsigned xi = 0; xi < cfg.grid.x; ++xi) {
+        const unsigned x = rev ? cfg.grid.x - 1 - xi : xi, y = rev ? cfg.grid.y - 1 - yi : yi,
+                       z = rev ? cfg.grid.z - 1 - zi : zi;
         if (!run_block(cfg, uint3{x, y, z})) {
           s.message = name + " block (" + std::to_string(x) + "," + std::to_string(y) + "," +
                       std::to_string(z) + "): " + s.message;
@@ -471,6 +507,7 @@ void launch(const char* kernel, const Config& cfg, const std::function<void()>& 
           s.block.smem.reset();
           return;
         }
+      }
   s.block.smem.reset();
 }
 

@@ -46,7 +46,8 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
   return cudaSuccess;
 }
 
-// ---- cuBLAS --------------------------------------------------------------------------------------
+// ---- cuBLAS
+// --------------------------------------------------------------------------------------
 struct cublasContext {};
 
 namespace {
@@ -73,8 +74,10 @@ cublasStatus_t gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, in
                     int ldb, float beta, void* C, cudaDataType_t ct, int ldc) {
   if (m < 0 || n < 0 || k < 0 || !known(at) || !known(bt) || !known(ct) || at != bt)
     return CUBLAS_STATUS_INVALID_VALUE;
-  if (ldc < (m > 1 ? m : 1) || lda < ((ta == CUBLAS_OP_N ? m : k) > 1 ? (ta == CUBLAS_OP_N ? m : k) : 1) ||
-      ldb < ((tb == CUBLAS_OP_N ? k : n) > 1 ? (tb == CUBLAS_OP_N ? k : n) : 1))
+  // Column-major leading dimensions: at least the stored rows (and at least 1).
+  auto fits = [](int ld, int rows) { return ld >= (rows > 1 ? rows : 1); };
+  if (!fits(ldc, m) || !fits(lda, ta == CUBLAS_OP_N ? m : k) ||
+      !fits(ldb, tb == CUBLAS_OP_N ? k : n))
     return CUBLAS_STATUS_INVALID_VALUE;
   for (int j = 0; j < n; ++j)
     for (int i = 0; i < m; ++i) {
@@ -135,9 +138,8 @@ cublasStatus_t cublasGemmBatchedEx(cublasHandle_t, cublasOperation_t ta, cublasO
                                    cudaDataType_t ct, int ldc, int batch, cublasComputeType_t,
                                    cublasGemmAlgo_t) {
   for (int b = 0; b < batch; ++b) {
-    const cublasStatus_t s = gemm(ta, tb, m, n, k, *static_cast<const float*>(alpha), A[b], at,
-                                  lda, B[b], bt, ldb, *static_cast<const float*>(beta), C[b], ct,
-                                  ldc);
+    const cublasStatus_t s = gemm(ta, tb, m, n, k, *static_cast<const float*>(alpha), A[b], at, lda,
+                                  B[b], bt, ldb, *static_cast<const float*>(beta), C[b], ct, ldc);
     if (s != CUBLAS_STATUS_SUCCESS) return s;
   }
   return CUBLAS_STATUS_SUCCESS;
@@ -145,12 +147,14 @@ cublasStatus_t cublasGemmBatchedEx(cublasHandle_t, cublasOperation_t ta, cublasO
 
 // cuBLAS 12.5+: groups of equal shapes; A, B, C arrays list every product, group after group.
 // Like the library, the result type must equal the operand type.
-cublasStatus_t cublasGemmGroupedBatchedEx(
-    cublasHandle_t, const cublasOperation_t ta[], const cublasOperation_t tb[], const int m[],
-    const int n[], const int k[], const void* alpha, const void* const A[], cudaDataType_t at,
-    const int lda[], const void* const B[], cudaDataType_t bt, const int ldb[], const void* beta,
-    void* const C[], cudaDataType_t ct, const int ldc[], int group_count, const int group_size[],
-    cublasComputeType_t) {
+cublasStatus_t cublasGemmGroupedBatchedEx(cublasHandle_t, const cublasOperation_t ta[],
+                                          const cublasOperation_t tb[], const int m[],
+                                          const int n[], const int k[], const void* alpha,
+                                          const void* const A[], cudaDataType_t at, const int lda[],
+                                          const void* const B[], cudaDataType_t bt, const int ldb[],
+                                          const void* beta, void* const C[], cudaDataType_t ct,
+                                          const int ldc[], int group_count, const int group_size[],
+                                          cublasComputeType_t) {
   if (at != ct) return CUBLAS_STATUS_NOT_SUPPORTED;
   const float* alphas = static_cast<const float*>(alpha);
   const float* betas = static_cast<const float*>(beta);
@@ -164,7 +168,8 @@ cublasStatus_t cublasGemmGroupedBatchedEx(
   return CUBLAS_STATUS_SUCCESS;
 }
 
-// ---- NCCL, one rank -------------------------------------------------------------------------------
+// ---- NCCL, one rank
+// -------------------------------------------------------------------------------
 struct ncclComm {};
 
 ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {

@@ -30,9 +30,9 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
                             cudaDataType_t Ctype, int ldc, cublasComputeType_t compute,
                             cublasGemmAlgo_t algo);
 cublasStatus_t cublasGemmBatchedEx(cublasHandle_t handle, cublasOperation_t transa,
-                                   cublasOperation_t transb, int m, int n, int k,
-                                   const void* alpha, const void* const A[], cudaDataType_t Atype,
-                                   int lda, const void* const B[], cudaDataType_t Btype, int ldb,
+                                   cublasOperation_t transb, int m, int n, int k, const void* alpha,
+                                   const void* const A[], cudaDataType_t Atype, int lda,
+                                   const void* const B[], cudaDataType_t Btype, int ldb,
                                    const void* beta, void* const C[], cudaDataType_t Ctype, int ldc,
                                    int batch, cublasComputeType_t compute, cublasGemmAlgo_t algo);
 cublasStatus_t cublasGemmGroupedBatchedEx(

@@ -52,8 +52,9 @@ void fill_fragment(fragment<Use, M, N, K, T, Layout>& f, U value) {
 
 template <class Use, int M, int N, int K, class T, class Layout>
 void load_matrix_sync(fragment<Use, M, N, K, T, Layout>& f, const T* p, unsigned ldm) {
-  detail::check(p, ldm, sizeof(T), "wmma::load_matrix_sync: pointer not 32-byte aligned, "
-                                   "stride not a multiple of 16 bytes, or not warp-uniform");
+  detail::check(p, ldm, sizeof(T),
+                "wmma::load_matrix_sync: pointer not 32-byte aligned, "
+                "stride not a multiple of 16 bytes, or not warp-uniform");
   using F = fragment<Use, M, N, K, T, Layout>;
   constexpr bool row = std::is_same_v<Layout, row_major>;
   for (int r = 0; r < F::rows; ++r)

@@ -2,18 +2,25 @@
 // A CPU emulation of the part of CUDA that our kernels use, so that the kernel sources in
 // backend/cuda/ run, unchanged but for their launch syntax, on a machine without a GPU.
 //
-// Each CUDA thread is a fiber (ucontext) on the calling thread; a block's fibers run until they
-// all finish, switching only at __syncthreads, warp collectives (shuffles, ballots, __syncwarp,
-// mma.sync, WMMA) and exit, so the emulation is deterministic. What it checks beyond the
-// arithmetic: threads of a block meet at the same barrier (a deadlock is reported, not hung),
-// warp collectives have every lane of the warp, WMMA pointers are 32-byte aligned and warp-uniform,
-// launch configurations are within the H100/H200 limits, and shared memory starts as NaN bytes.
+// Each CUDA thread is a fiber with a stack of its own, on the launching thread (switched by a
+// few lines of assembly on x86-64, by ucontext elsewhere). A block's fibers run until they all
+// finish, switching only at __syncthreads, warp collectives (shuffles, ballots, __syncwarp,
+// mma.sync, WMMA) and exit, so a run is deterministic. What it checks beyond the arithmetic:
+// - the threads of a block meet at the same __syncthreads (a deadlock is reported, not hung);
+// - warp collectives have every lane of the warp;
+// - WMMA pointers are 32-byte aligned and the same in every lane;
+// - launch configurations are within the H100/H200 limits;
+// - shared memory starts as NaN bytes, so an unwritten read shows;
+// - with MOEPLAN_EMU_SCHEDULE=reverse or shuffle, a block's threads are resumed (and the blocks
+//   run) in another order: a kernel that reads another thread's write without a barrier between
+//   them gives other results;
+// - built with ASan/UBSan (the _asan tests): out-of-bounds global and shared-memory accesses.
 //
 // What it cannot check: the hardware's fragment layouts. mma.sync follows the PTX ISA's tables
 // (section "Matrix Fragments for mma.m16n8k16 with floating point type"); WMMA fragments are
 // opaque, so each lane holds the whole tile. A kernel that reads WMMA fragment elements by index
-// would not compile here. Timing, memory coalescing and races within a barrier interval are out
-// of reach too; the GPU tests on a real device remain the authority.
+// would not compile here. Timing, coalescing, bank conflicts and register pressure are out of
+// reach too; the GPU tests on a real device remain the authority.
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -148,8 +155,7 @@ void check_warp_uniform(const void* p, unsigned ld, const char* op);
 struct Config {
   dim3 grid, block;
   std::size_t smem;
-  Config(dim3 g, dim3 b, std::size_t s = 0, void* stream = nullptr)
-      : grid(g), block(b), smem(s) {
+  Config(dim3 g, dim3 b, std::size_t s = 0, void* stream = nullptr) : grid(g), block(b), smem(s) {
     (void)stream;
   }
 };
