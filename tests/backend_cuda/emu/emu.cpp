@@ -151,16 +151,22 @@ struct Fiber {
   unsigned wait_gen = 0;
 };
 
-struct Warp {
+// Threads still running, threads waiting, and the interval count (bumped on each release).
+struct Barrier {
   int live = 0, arrived = 0;
   unsigned gen = 0;
+  void release() {
+    arrived = 0;
+    ++gen;
+  }
+};
+
+struct Warp : Barrier {
   alignas(16) unsigned char slot[32][16];
   uint32_t mma[32][6];
 };
 
-struct Block {
-  int live = 0, arrived = 0;
-  unsigned gen = 0;
+struct Block : Barrier {
   const char* file = nullptr;  // the source line of this interval's first arrival
   int line = 0;
   std::vector<Warp> warps;
@@ -223,17 +229,9 @@ void fiber_entry() {
   f.done = true;
   Block& b = s.block;
   Warp& w = b.warps[size_t(f.warp)];
-  --b.live;
-  --w.live;
   // An exited thread no longer holds a barrier back.
-  if (b.arrived > 0 && b.arrived == b.live) {
-    b.arrived = 0;
-    ++b.gen;
-  }
-  if (w.arrived > 0 && w.arrived == w.live) {
-    w.arrived = 0;
-    ++w.gen;
-  }
+  for (Barrier* x : {static_cast<Barrier*>(&b), static_cast<Barrier*>(&w)})
+    if (--x->live == x->arrived && x->arrived > 0) x->release();
   jump(f.ctx, s.scheduler, nullptr, 0, true);  // never resumed: the fiber is done
   std::abort();
 }
@@ -335,6 +333,21 @@ bool run_block(const Config& cfg, uint3 bid) {
   }
 }
 
+// The running fiber waits at `x` until every live thread of it has arrived. The last arrival
+// releases the others and yields too, so that the scheduler resumes everyone in its order
+// (running on at once would make the last arrival the first past the barrier).
+void arrive(Barrier& x, Wait kind) {
+  Fiber& f = *st().current;
+  if (++x.arrived == x.live) {
+    x.release();
+    f.wait = Wait::none;
+  } else {
+    f.wait = kind;
+    f.wait_gen = x.gen;
+  }
+  yield();
+}
+
 }  // namespace
 
 int lane() {
@@ -350,9 +363,7 @@ void fault(const char* what) {
 }
 
 void block_barrier(const char* file, int line) {
-  State& s = st();
-  Block& b = s.block;
-  Fiber& f = *s.current;
+  Block& b = st().block;
   // Every thread of the block must wait at the same __syncthreads (CUDA C++ Programming Guide:
   // inside conditional code only when the condition is the same for the whole block). Compared
   // by source line, which the optimiser's code duplication leaves alone.
@@ -366,34 +377,12 @@ void block_barrier(const char* file, int line) {
           std::to_string(line) + ")";
     fault(msg.c_str());
   }
-  if (++b.arrived == b.live) {
-    // The last arrival releases the others and lets the scheduler resume everyone in its order
-    // (running on at once would make the last arrival the first past the barrier).
-    b.arrived = 0;
-    ++b.gen;
-    f.wait = Wait::none;
-    yield();
-    return;
-  }
-  f.wait = Wait::block;
-  f.wait_gen = b.gen;
-  yield();
+  arrive(b, Wait::block);
 }
 
 void warp_barrier() {
   State& s = st();
-  Fiber& f = *s.current;
-  Warp& w = s.block.warps[size_t(f.warp)];
-  if (++w.arrived == w.live) {
-    w.arrived = 0;
-    ++w.gen;
-    f.wait = Wait::none;
-    yield();
-    return;
-  }
-  f.wait = Wait::warp;
-  f.wait_gen = w.gen;
-  yield();
+  arrive(s.block.warps[size_t(s.current->warp)], Wait::warp);
 }
 
 void check_full_mask(unsigned mask, const char* op) {
