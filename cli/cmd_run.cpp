@@ -148,6 +148,11 @@ int run(const RunFlags& f) {
             label, out.record.at("measured").at("steps").get<int64_t>());
         return kExitInterrupted;
       case backend::PointStatus::completed: {
+        if (!out.wrote_files) {  // a data-parallel rank other than 0
+          fmt::print("{} complete on this rank; rank 0 wrote {}\n", label,
+                     out.record_path.string());
+          break;
+        }
         const auto& r = out.record;
         const auto& tok = r.at("measured").at("tokens");
         fmt::print(

@@ -112,6 +112,16 @@ Communicator::Communicator(const RankInfo& info, const std::string& id_file, dou
     }
   }
   check_nccl(ncclCommInitRank(&impl_->comm, info.world_size, id, info.rank), "ncclCommInitRank");
+  // Every rank has read the id (initialisation is collective), so rank 0 removes the file; the
+  // all-reduce after it keeps any rank from going on before it is gone. Without this, the next
+  // communicator of the same job (the next point of a sweep) could be joined through this one's
+  // stale id by a rank that gets there before rank 0 rewrites the file.
+  if (info.rank == 0) std::remove(id_file.c_str());
+  int64_t joined = 1;
+  all_reduce_sum_host(&joined, 1);
+  if (joined != info.world_size)
+    throw std::runtime_error(fmt::format("NCCL group of {} rank(s) counted {} at start-up",
+                                         info.world_size, joined));
 }
 
 Communicator::~Communicator() {

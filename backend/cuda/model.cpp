@@ -121,6 +121,7 @@ struct Model::Impl {
   ModelOptions opt;
   DType mm;
   Communicator* comm = nullptr;
+  double last_ce_sum = 0;  // this rank's summed cross-entropy of the last training step
   int64_t B = 0, S = 0, Dm = 0, H = 0, Hkv = 0, Dh = 0, W = 0, V = 0, E = 0, K = 0, De = 0, Dse = 0,
           Dffn = 0, L = 0, T = 0, n_params = 0;
   bool rope = false;
@@ -997,10 +998,23 @@ struct Model::Impl {
     upload_tokens(inputs, tgts, T);
     upload_embedding_segments(inputs);
     prof.mark("zero grads + upload");
-    forward(B, true, lg, bearing > 0 ? 1.f / float(bearing) : 0.f);
+    // Cross-entropy gradient scale. One rank: 1/bearing, the mean over its targets. Data
+    // parallel: W/(targets of all ranks), so that the mean over ranks of the gradients is the
+    // mean over every target of the job, even when ranks hold different numbers of loss-bearing
+    // targets; the auxiliary losses stay per rank, and their mean is the job's.
+    float ce_scale = bearing > 0 ? 1.f / float(bearing) : 0.f;
+    if (comm && comm->info().world_size > 1) {
+      int64_t job_bearing = bearing;
+      comm->all_reduce_sum_host(&job_bearing, 1);
+      ce_scale = job_bearing > 0
+                     ? float(double(comm->info().world_size) / double(job_bearing))
+                     : 0.f;
+    }
+    forward(B, true, lg, ce_scale);
     backward(lg);
     double ce_sum = 0;
     loss_sum.download(&ce_sum, 8);
+    last_ce_sum = ce_sum;
     book_tiled_padding(lg);
     double lb = 0, z = 0;
     for (int64_t l = a.dense_layers; l < L; ++l) {
@@ -1023,13 +1037,13 @@ struct Model::Impl {
   }
 
   void reduce_over_ranks(StepResult& r) {
-    // Gradients: each rank's are the mean over its own targets; the job's are the mean of those
-    // (equal batches per rank). Ledgers and counters are the job's sums.
+    // Gradients: the mean over ranks (each rank scaled its cross-entropy by W/job targets, see
+    // compute_gradients). The loss is the job's mean over all loss-bearing targets; the
+    // auxiliary losses the mean of the ranks'. Ledgers and counters are the job's sums.
     comm->all_reduce_mean(grads.as<float>(), n_params);
     const double inv = 1.0 / double(comm->info().world_size);
-    std::vector<double> d = {r.loss, r.aux_load_balance, r.aux_z};
+    std::vector<double> d = {last_ce_sum, r.aux_load_balance, r.aux_z};
     comm->all_reduce_sum_host(d.data(), int64_t(d.size()));
-    r.loss = d[0] * inv;
     r.aux_load_balance = d[1] * inv;
     r.aux_z = d[2] * inv;
     std::vector<int64_t> c;
@@ -1044,6 +1058,7 @@ struct Model::Impl {
     for (auto& v : r.routed_per_moe_layer) v = c[i++];
     r.loss_bearing_targets = c[i++];
     r.flops.elementwise = c[i];
+    r.loss = r.loss_bearing_targets > 0 ? d[0] / double(r.loss_bearing_targets) : 0.0;
   }
 
   StepResult train_step(const int32_t* inputs, const int32_t* tgts, int64_t step,

@@ -274,6 +274,7 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
   rin.eval_tokens = eval_windows * seq_len;
   int64_t last_saved_step = outcome.resumed_from_step;
   const bool writer = engine->writes_files();  // data parallel: rank 0 only
+  outcome.wrote_files = writer;
   auto save = [&](const std::string& status) {
     last_saved_step = st.step;
     rin.status = status;
@@ -292,7 +293,7 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
   progress.steps = steps;
 
   while (st.step < steps) {
-    if (opt.stop && opt.stop->load() != 0) {
+    if (engine->any_rank(opt.stop && opt.stop->load() != 0)) {
       save("running");
       outcome.status = PointStatus::interrupted;
       return outcome;

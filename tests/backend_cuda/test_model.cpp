@@ -4,8 +4,10 @@
 // save/load.
 #include <doctest/doctest.h>
 
+#include <sys/wait.h>
 #include <unistd.h>
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <string>
@@ -415,3 +417,160 @@ TEST_CASE("NCCL data-parallel path at world size 1 equals the plain step; window
   CHECK(plain.parameters() == dp.parameters());
   std::filesystem::remove(id_file);
 }
+
+#ifdef MOEPLAN_CUDA_EMULATION
+// Data parallelism at world size 2, each rank a process (fork) on the emulated machine's two
+// devices, meeting through the emulated NCCL's shared memory. Compiled for the emulation only: on
+// a GPU machine a forked child cannot reuse the parent's CUDA context.
+namespace {
+
+struct RankRun {
+  std::vector<float> params;
+  std::vector<StepResult> steps;
+};
+
+RankRun train_rank(int rank, const Arch& a, const ModelOptions& opt, int64_t B,
+                   const std::vector<Batch>& batches, const OptimConfig& cfg,
+                   const std::string& id_file) {
+  const cu::RankInfo info{rank, 2, rank};
+  cu::Communicator comm(info, id_file, 60);
+  cu::Model m(a, opt, 5, B / 2, DType::f32, &comm);
+  RankRun out;
+  std::vector<int32_t> in, tg;
+  for (size_t s = 0; s < batches.size(); ++s) {
+    cu::take_rank_share(in, batches[s].inputs.data(), B, a.seq_len, info);
+    cu::take_rank_share(tg, batches[s].targets.data(), B, a.seq_len, info);
+    out.steps.push_back(m.train_step(in.data(), tg.data(), int64_t(s), cfg));
+  }
+  out.params = m.parameters();
+  return out;
+}
+
+bool write_all(int fd, const void* p, size_t n) {
+  const char* c = static_cast<const char*>(p);
+  while (n > 0) {
+    const ssize_t w = ::write(fd, c, n);
+    if (w <= 0) return false;
+    c += w;
+    n -= size_t(w);
+  }
+  return true;
+}
+
+bool read_all(int fd, void* p, size_t n) {
+  char* c = static_cast<char*>(p);
+  while (n > 0) {
+    const ssize_t r = ::read(fd, c, n);
+    if (r <= 0) return false;
+    c += r;
+    n -= size_t(r);
+  }
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("data parallel at world size 2 (emulated, two processes): fp32 steps of the whole batch") {
+  ::setenv("MOEPLAN_EMU_DEVICES", "2", 1);
+  ::setenv("MOEPLAN_EMU_NCCL_TIMEOUT", "60", 1);
+  struct Case {
+    const char* name;
+    Arch arch;
+    ModelOptions opt;
+  };
+  ModelOptions moe_opt;
+  moe_opt.positions = "rope";
+  // The load-balance loss is each rank's own (over its tokens), as in every data-parallel MoE
+  // trainer; it is not the whole batch's, so it is off here where the steps must be equal.
+  moe_opt.load_balance = 0;
+  moe_opt.z_loss = 1e-3;  // z-loss is a mean of per-token terms: equal over ranks and batch
+  for (const Case& c :
+       {Case{"dense, ALiBi", dense_arch(), ModelOptions{}}, Case{"MoE, RoPE, GQA", moe_arch(), moe_opt}}) {
+    INFO(c.name);
+    const int64_t B = 4, steps = 3;
+    OptimConfig cfg;
+    cfg.lr_peak = 1e-3;
+    cfg.total_steps = steps;
+    std::vector<Batch> batches;
+    for (int64_t s = 0; s < steps; ++s) {
+      batches.push_back(random_batch(B, c.arch.seq_len, c.arch.vocab, 300 + uint64_t(s)));
+      // Sequence 1 (rank 1's) loses more targets: the ranks hold 58 and 49 loss-bearing
+      // targets, so a mean of the ranks' means would not be the batch's mean.
+      std::fill_n(batches.back().targets.begin() + c.arch.seq_len, 10, -1);
+    }
+    cu::Model whole(c.arch, c.opt, 5, B, DType::f32);
+    const std::vector<float> init = whole.parameters();
+    std::vector<StepResult> want;
+    for (int64_t s = 0; s < steps; ++s)
+      want.push_back(whole.train_step(batches[size_t(s)].inputs.data(),
+                                      batches[size_t(s)].targets.data(), s, cfg));
+    const std::vector<float> want_params = whole.parameters();
+
+    const std::string id_file =
+        (std::filesystem::temp_directory_path() / ("moeplan-nccl-dp2-" + std::to_string(getpid())))
+            .string();
+    int fds[2];
+    REQUIRE(::pipe(fds) == 0);
+    const pid_t child = ::fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {  // rank 1: no doctest here, only its results down the pipe
+      ::close(fds[0]);
+      int status = 0;
+      try {
+        const RankRun r = train_rank(1, c.arch, c.opt, B, batches, cfg, id_file);
+        std::vector<double> losses;
+        for (const auto& s : r.steps) losses.push_back(s.loss);
+        if (!write_all(fds[1], r.params.data(), r.params.size() * 4) ||
+            !write_all(fds[1], losses.data(), losses.size() * 8))
+          status = 2;
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "rank 1: %s\n", e.what());
+        status = 1;
+      }
+      ::_exit(status);
+    }
+    ::close(fds[1]);
+    const RankRun r0 = train_rank(0, c.arch, c.opt, B, batches, cfg, id_file);
+    std::vector<float> p1(r0.params.size());
+    std::vector<double> loss1(static_cast<size_t>(steps));
+    const bool got = read_all(fds[0], p1.data(), p1.size() * 4) &&
+                     read_all(fds[0], loss1.data(), loss1.size() * 8);
+    ::close(fds[0]);
+    int st = 0;
+    ::waitpid(child, &st, 0);
+    REQUIRE_MESSAGE((WIFEXITED(st) && WEXITSTATUS(st) == 0 && got), "rank 1 failed");
+    CHECK_FALSE(std::filesystem::exists(id_file));  // rank 0 removed the id once all had joined
+
+    // Both ranks hold the same weights, bit for bit, and report the same losses.
+    CHECK(p1 == r0.params);
+    const int64_t n_params = int64_t(init.size());
+    for (int64_t s = 0; s < steps; ++s) {
+      INFO("step " << s);
+      const StepResult& got_s = r0.steps[size_t(s)];
+      const StepResult& want_s = want[size_t(s)];
+      CHECK(loss1[size_t(s)] == got_s.loss);
+      // The job's loss is the mean over all its loss-bearing targets, as one rank's would be.
+      CHECK(got_s.loss == doctest::Approx(want_s.loss).epsilon(1e-6));
+      CHECK(got_s.loss_bearing_targets == want_s.loss_bearing_targets);
+      CHECK(got_s.aux_z == doctest::Approx(want_s.aux_z).epsilon(1e-5));
+      CHECK(got_s.grad_norm == doctest::Approx(want_s.grad_norm).epsilon(1e-5));
+      // Ledgers and routed counts are the job's: the ranks' sums equal the whole batch's, but
+      // the AdamW update, which each rank executes on every parameter.
+      CHECK(got_s.flops.flops == want_s.flops.flops);
+      CHECK(got_s.flops.elementwise == want_s.flops.elementwise + n_params);
+      CHECK(got_s.routed_per_moe_layer == want_s.routed_per_moe_layer);
+    }
+    // The weights after three steps: the pair's differ from one rank's by rounding only (here
+    // 1.1e-4 of the largest change for the dense model, 5.8e-4 for the MoE; a mean of means
+    // puts them 1.8x the largest change apart).
+    double moved = 0, apart = 0;
+    for (size_t i = 0; i < init.size(); ++i) {
+      moved = std::max(moved, double(std::abs(want_params[i] - init[i])));
+      apart = std::max(apart, double(std::abs(r0.params[i] - want_params[i])));
+    }
+    INFO("largest weight change " << moved << ", largest difference " << apart);
+    CHECK(moved > 1e-3);
+    CHECK(apart < 5e-3 * moved);
+  }
+}
+#endif

@@ -8,6 +8,7 @@
 #include <unistd.h>
 #include <cstdio>
 
+#include <array>
 #include <chrono>
 #include <filesystem>
 #include <string>
@@ -486,5 +487,167 @@ TEST_CASE("moeplan run --device cuda (emulated): the CPU's tokens and ledger, ke
     const double lc = want["loss_curve"].back()["train_loss"].get<double>();
     const double lg = got["loss_curve"].back()["train_loss"].get<double>();
     CHECK(std::abs(lg - lc) / lc < 2e-2);
+  }
+}
+
+// Data parallelism end to end: `moeplan run --device cuda` as two processes with WORLD_SIZE=2,
+// started the way torchrun starts them (the same command line; RANK and LOCAL_RANK differ), on
+// the emulated machine's two devices (MOEPLAN_EMU_DEVICES) and the emulated NCCL.
+namespace {
+
+std::array<pid_t, 2> spawn_ranks(const std::vector<std::string>& args, const fs::path& dir,
+                                 const std::string& tag) {
+  ::setenv("WORLD_SIZE", "2", 1);
+  ::setenv("MOEPLAN_EMU_DEVICES", "2", 1);
+  ::setenv("MOEPLAN_EMU_NCCL_TIMEOUT", "60", 1);  // a lost rank fails the test, not hangs it
+  ::setenv("MOEPLAN_NCCL_ID_FILE", (dir / (tag + ".nccl-id")).c_str(), 1);
+  std::array<pid_t, 2> pids{};
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string r = std::to_string(rank);
+    ::setenv("RANK", r.c_str(), 1);
+    ::setenv("LOCAL_RANK", r.c_str(), 1);
+    pids[size_t(rank)] = spawn(args, dir / (tag + r + ".out"), dir / (tag + r + ".err"),
+                               MOEPLAN_EMULATED_BINARY);
+  }
+  for (const char* v :
+       {"WORLD_SIZE", "RANK", "LOCAL_RANK", "MOEPLAN_EMU_DEVICES", "MOEPLAN_EMU_NCCL_TIMEOUT",
+        "MOEPLAN_NCCL_ID_FILE"})
+    ::unsetenv(v);
+  return pids;
+}
+
+// Both ranks' exit statuses; stderr of a rank that failed goes into the test's message.
+std::array<int, 2> wait_ranks(const std::array<pid_t, 2>& pids, const fs::path& dir,
+                              const std::string& tag) {
+  std::array<int, 2> st{};
+  for (int rank = 0; rank < 2; ++rank) {
+    st[size_t(rank)] = wait_status(pids[size_t(rank)]);
+    INFO("rank " << rank << " stderr: " << read_file(dir / (tag + std::to_string(rank) + ".err")));
+    CHECK(st[size_t(rank)] >= 0);
+  }
+  return st;
+}
+
+}  // namespace
+
+TEST_CASE("moeplan run --device cuda, WORLD_SIZE=2 (emulated): the job's ledgers, rank 0 writes") {
+  const fs::path dir = fresh_dir("cuda_dp2");
+  // Two points: each builds its own NCCL group through the id file, so the second point also
+  // checks that no rank joins the first point's stale group.
+  write_manifest_atomic(tiny_manifest(tiny_plan("dense", true, 12, 4, 40, 3e-3, 16),
+                                      {tiny_plan("moe-a", false, 12, 4, 40, 3e-3, 16)}),
+                        dir / "sweep.toml");
+  const std::string sweep = (dir / "sweep.toml").string();
+  const Result one =
+      run_cli({"run", sweep, "--out", (dir / "one").string(), "--device", "cuda"},
+              MOEPLAN_EMULATED_BINARY);
+  REQUIRE_MESSAGE(one.status == 0, one.err);
+  const auto pids =
+      spawn_ranks({"run", sweep, "--out", (dir / "two").string(), "--device", "cuda"}, dir, "dp");
+  const auto st = wait_ranks(pids, dir, "dp");
+  REQUIRE(st[0] == 0);
+  REQUIRE(st[1] == 0);
+  const std::string out0 = read_file(dir / "dp0.out"), out1 = read_file(dir / "dp1.out");
+  CHECK(out0.find("moe-a 2/2] complete:") != std::string::npos);
+  CHECK(out1.find("moe-a 2/2] complete on this rank; rank 0 wrote") != std::string::npos);
+  CHECK_FALSE(fs::exists(dir / "dp.nccl-id"));  // removed once both ranks had joined
+  // The emulated NCCL's shared memory (named after rank 0's pid) is gone too.
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator("/dev/shm", ec))
+    CHECK(e.path().filename().string().find("moeplan-emu-nccl-" + std::to_string(pids[0]) + "-") ==
+          std::string::npos);
+
+  for (const std::string id : {"dense", "moe-a"}) {
+    INFO(id);
+    const json want = record(dir / "one", id), got = record(dir / "two", id);
+    CHECK(got["status"] == "complete");
+    // Tokens: the job's, as one process reads them (each window once per epoch over the ranks).
+    CHECK(got["measured"]["tokens"] == want["measured"]["tokens"]);
+    for (auto& [k, val] : got["measured"]["matches_plan"].items()) CHECK_MESSAGE(val == true, k);
+    // FLOPs: the sum over ranks of each rank's products equals one process's; only AdamW's
+    // elementwise update runs once per rank.
+    const json& gf = got["measured"]["flops"];
+    const json& wf = want["measured"]["flops"];
+    CHECK(gf["by_category"] == wf["by_category"]);
+    const int64_t n = got["measured"]["trainable_params"].get<int64_t>();
+    CHECK(gf["elementwise"].get<int64_t>() == wf["elementwise"].get<int64_t>() + 12 * n);
+    // The same training within rounding: the ranks' mean gradient is the batch's (the MoE's
+    // load-balance loss is each rank's own, over half the tokens, hence the looser bound).
+    const double lw = want["loss_curve"].back()["train_loss"].get<double>();
+    const double lg = got["loss_curve"].back()["train_loss"].get<double>();
+    CHECK(std::abs(lg - lw) / lw < (id == "dense" ? 1e-4 : 1e-2));
+    MESSAGE(id, ": last train loss one process ", lw, ", two ranks ", lg);
+  }
+}
+
+TEST_CASE("WORLD_SIZE=2 (emulated): SIGINT to one rank stops both at one step; resume is exact") {
+  const fs::path dir = fresh_dir("cuda_dp2_sigint");
+  write_manifest_atomic(tiny_manifest(tiny_plan("dense", true, 10, 4, 50, 3e-3, 16),
+                                      {tiny_plan("moe-i", false, 32, 4, 50, 3e-3, 16)}),
+                        dir / "sweep.toml");
+  const std::string sweep = (dir / "sweep.toml").string();
+  auto args = [&](const std::string& out) {
+    return std::vector<std::string>{"run", sweep, "--point", "moe-i", "--out",
+                                    (dir / out).string(), "--device", "cuda",
+                                    "--checkpoint-every", "4"};
+  };
+  const auto whole = wait_ranks(spawn_ranks(args("a"), dir, "a"), dir, "a");
+  REQUIRE(whole[0] == 0);
+  REQUIRE(whole[1] == 0);
+
+  const auto pids = spawn_ranks(args("b"), dir, "b");
+  for (int i = 0; i < 300000 && !fs::exists(dir / "b" / "moe-i" / "record.json"); ++i)
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  ::kill(pids[1], SIGINT);  // rank 1 only: rank 0 must learn of it and stop at the same step
+  const auto st = wait_ranks(pids, dir, "b");
+  CHECK(st[0] == 130);
+  CHECK(st[1] == 130);
+  const json rec = record(dir / "b", "moe-i");
+  REQUIRE_MESSAGE(rec["status"] == "running", "the run finished before the interrupt");
+  const Checkpoint c = read_checkpoint(dir / "b" / "moe-i" / "checkpoint" / "state.ckpt");
+  CHECK(rec["measured"]["steps"].get<int64_t>() == c.state.step);
+  MESSAGE("interrupted at step ", c.state.step, " of 32");
+
+  const auto again = wait_ranks(spawn_ranks(args("b"), dir, "c"), dir, "c");
+  REQUIRE(again[0] == 0);
+  REQUIRE(again[1] == 0);
+  CHECK(read_file(dir / "c0.out").find("resumed at step") != std::string::npos);
+  const json ra = record(dir / "a", "moe-i"), rb = record(dir / "b", "moe-i");
+  CHECK(rb["status"] == "complete");
+  CHECK(rb["resumes"].get<int>() == 1);
+  CHECK(ra["loss_curve"] == rb["loss_curve"]);
+  CHECK(ra["val_curve"] == rb["val_curve"]);
+  CHECK(ra["measured"]["tokens"] == rb["measured"]["tokens"]);
+  CHECK(ra["measured"]["flops"] == rb["measured"]["flops"]);
+}
+
+TEST_CASE("WORLD_SIZE refusals (emulated): one line naming the value, exit 2, nothing written") {
+  const fs::path dir = fresh_dir("cuda_dp_refusals");
+  // 6 sequences a step do not split over 4 ranks.
+  write_manifest_atomic(tiny_manifest(tiny_plan("dense", true, 4, 6, 40, 3e-3, 16),
+                                      {tiny_plan("moe-a", false, 4, 6, 40, 3e-3, 16)}),
+                        dir / "sweep.toml");
+  struct Case {
+    std::vector<std::pair<const char*, const char*>> env;
+    std::string needle;
+  };
+  const Case cases[] = {
+      {{{"WORLD_SIZE", "4"}, {"RANK", "1"}, {"MOEPLAN_EMU_DEVICES", "4"}},
+       "batch_seqs 6 does not split over WORLD_SIZE=4"},
+      {{{"WORLD_SIZE", "2"}, {"RANK", "1"}}, "LOCAL_RANK=1 but this machine shows 1 CUDA device"},
+      {{{"WORLD_SIZE", "2"}, {"RANK", "2"}}, "RANK=2 must be below WORLD_SIZE=2"},
+      {{{"WORLD_SIZE", "two"}}, "WORLD_SIZE='two' is not a non-negative integer"},
+  };
+  for (const Case& c : cases) {
+    INFO(c.needle);
+    for (const auto& [k, v] : c.env) ::setenv(k, v, 1);
+    const Result r = run_cli({"run", (dir / "sweep.toml").string(), "--point", "dense", "--out",
+                              (dir / "runs").string(), "--device", "cuda"},
+                             MOEPLAN_EMULATED_BINARY);
+    for (const auto& [k, v] : c.env) ::unsetenv(k);
+    CHECK(r.status == 2);
+    CHECK(one_line(r.err));
+    CHECK_MESSAGE(r.err.find(c.needle) != std::string::npos, r.err);
+    CHECK_FALSE(fs::exists(dir / "runs" / "dense" / "record.json"));
   }
 }

@@ -504,12 +504,28 @@ void launch(const char* kernel, const Config& cfg, const std::function<void()>& 
 
 using moeplan_emu::st;
 
+namespace {
+// How many devices the emulated machine shows: MOEPLAN_EMU_DEVICES (1 to 64, default 1), so that
+// data-parallel runs of several processes (one per LOCAL_RANK) can be tested. Every device is the
+// same host; each process runs its kernels on its own.
+int emulated_devices() {
+  const char* v = std::getenv("MOEPLAN_EMU_DEVICES");
+  if (!v || !*v) return 1;
+  const int n = std::atoi(v);
+  if (n < 1 || n > 64) {
+    std::fprintf(stderr, "MOEPLAN_EMU_DEVICES='%s' must be an integer from 1 to 64\n", v);
+    std::abort();
+  }
+  return n;
+}
+}  // namespace
+
 cudaError_t cudaGetDeviceCount(int* n) {
-  *n = 1;
+  *n = emulated_devices();
   return cudaSuccess;
 }
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int device) {
-  if (device != 0) return cudaErrorInvalidDevice;
+  if (device < 0 || device >= emulated_devices()) return cudaErrorInvalidDevice;
   std::memset(p, 0, sizeof *p);
   std::snprintf(p->name, sizeof p->name, "%s", "moeplan CUDA emulator (CPU)");
   p->multiProcessorCount = 1;
@@ -519,7 +535,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int device) {
   return cudaSuccess;
 }
 cudaError_t cudaSetDevice(int device) {
-  return device == 0 ? cudaSuccess : cudaErrorInvalidDevice;
+  return device >= 0 && device < emulated_devices() ? cudaSuccess : cudaErrorInvalidDevice;
 }
 cudaError_t cudaDeviceSynchronize() {
   return st().sticky;

@@ -1,9 +1,21 @@
-// cuBLAS, NCCL (one rank), events, pinned memory and asynchronous copies for the CPU emulation
+// cuBLAS, NCCL (ranks as processes on one machine), events, pinned memory and asynchronous copies for the CPU emulation
 // of CUDA (see include/moeplan_cuda_emu.hpp).
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <new>
+#include <string>
+#include <thread>
 
 #include "cublas_v2.h"
 #include "cuda_runtime.h"
@@ -168,30 +180,194 @@ cublasStatus_t cublasGemmGroupedBatchedEx(cublasHandle_t, const cublasOperation_
   return CUBLAS_STATUS_SUCCESS;
 }
 
-// ---- NCCL, one rank
-// -------------------------------------------------------------------------------
-struct ncclComm {};
+// ---- NCCL: one process per rank, ranks meet in a shared-memory file ----------------------------
+// A communicator of W ranks maps one file under /dev/shm (the temporary folder where there is
+// none): a header with a barrier, then one slot per rank. An all-reduce goes through it in chunks:
+// each rank copies its chunk into its slot, waits for all, reduces the W slots in rank order into
+// its own result (so every rank computes the same bits), and waits again before the slots are
+// reused. Rank 0 creates the file under a temporary name and renames it when it is ready; once
+// every rank has mapped it, rank 0 removes the name, so nothing is left behind. A rank that waits
+// longer than MOEPLAN_EMU_NCCL_TIMEOUT seconds (default 120) for the others fails with
+// ncclSystemError instead of hanging.
+namespace {
+
+constexpr std::size_t slot_bytes = std::size_t(1) << 20;
+constexpr uint64_t shm_magic = 0x6d6f65706c616e31ull;  // "moeplan1"
+
+struct SharedHeader {
+  uint64_t magic;
+  int32_t nranks;
+  std::atomic<uint32_t> arrived;
+  std::atomic<uint32_t> generation;
+};
+static_assert(std::atomic<uint32_t>::is_always_lock_free, "shared-memory barrier needs lock-free");
+
+std::size_t header_bytes() {
+  return (sizeof(SharedHeader) + 63) / 64 * 64;
+}
+
+double nccl_timeout_seconds() {
+  const char* v = std::getenv("MOEPLAN_EMU_NCCL_TIMEOUT");
+  const double t = v && *v ? std::atof(v) : 120.0;
+  return t > 0 ? t : 120.0;
+}
+
+std::string shm_folder() {
+  struct stat sb;
+  if (::stat("/dev/shm", &sb) == 0 && S_ISDIR(sb.st_mode) && ::access("/dev/shm", W_OK) == 0)
+    return "/dev/shm";
+  const char* t = std::getenv("TMPDIR");
+  return t && *t ? t : "/tmp";
+}
+
+}  // namespace
+
+struct ncclComm {
+  int nranks = 1, rank = 0;
+  SharedHeader* header = nullptr;
+  char* slots = nullptr;
+  std::size_t mapped = 0;
+  double timeout = 120;
+
+  // All ranks wait here until every rank has arrived (a generation-counting barrier).
+  bool barrier() const {
+    const uint32_t gen = header->generation.load(std::memory_order_acquire);
+    if (header->arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == uint32_t(nranks)) {
+      header->arrived.store(0, std::memory_order_relaxed);
+      header->generation.fetch_add(1, std::memory_order_release);
+      return true;
+    }
+    const auto start = std::chrono::steady_clock::now();
+    for (int spins = 0; header->generation.load(std::memory_order_acquire) == gen; ++spins) {
+      if (spins < 1000) continue;
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+      if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() >
+          timeout)
+        return false;
+    }
+    return true;
+  }
+  ~ncclComm() {
+    if (header) ::munmap(header, mapped);
+  }
+};
 
 ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
+  static std::atomic<uint64_t> counter{0};
   std::memset(id, 0, sizeof *id);
+  const auto now = std::chrono::steady_clock::now().time_since_epoch().count();
+  std::snprintf(id->internal, sizeof id->internal, "moeplan-emu-nccl-%ld-%lld-%llu",
+                long(::getpid()), static_cast<long long>(now),
+                static_cast<unsigned long long>(counter.fetch_add(1)));
   return ncclSuccess;
 }
-ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId, int rank) {
-  if (nranks != 1 || rank != 0) return ncclInvalidUsage;  // the emulation has one device
-  *comm = new ncclComm;
+
+ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank) {
+  if (nranks < 1 || rank < 0 || rank >= nranks) return ncclInvalidArgument;
+  id.internal[sizeof id.internal - 1] = '\0';
+  if (nranks > 1 && std::strncmp(id.internal, "moeplan-emu-nccl-", 17) != 0)
+    return ncclInvalidArgument;  // not an id from ncclGetUniqueId
+  auto c = std::make_unique<ncclComm>();
+  c->nranks = nranks;
+  c->rank = rank;
+  c->timeout = nccl_timeout_seconds();
+  if (nranks == 1) {
+    *comm = c.release();
+    return ncclSuccess;
+  }
+  const std::string path = shm_folder() + "/" + id.internal;
+  const std::size_t bytes = header_bytes() + std::size_t(nranks) * slot_bytes;
+  int fd = -1;
+  if (rank == 0) {
+    const std::string tmp = path + ".init";
+    fd = ::open(tmp.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+    if (fd < 0 || ::ftruncate(fd, off_t(bytes)) != 0) {
+      if (fd >= 0) ::close(fd), ::unlink(tmp.c_str());
+      return ncclSystemError;
+    }
+    void* m = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    ::close(fd);
+    if (m == MAP_FAILED) return ::unlink(tmp.c_str()), ncclSystemError;
+    auto* h = new (m) SharedHeader{shm_magic, nranks, {0}, {0}};
+    c->header = h;
+    c->mapped = bytes;
+    if (::rename(tmp.c_str(), path.c_str()) != 0) return ::unlink(tmp.c_str()), ncclSystemError;
+  } else {
+    const auto start = std::chrono::steady_clock::now();
+    while ((fd = ::open(path.c_str(), O_RDWR)) < 0) {
+      if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() >
+          c->timeout)
+        return ncclSystemError;  // rank 0 never came (or the id is stale)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    struct stat sb;
+    if (::fstat(fd, &sb) != 0 || std::size_t(sb.st_size) != bytes) return ::close(fd), ncclInvalidUsage;
+    void* m = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    ::close(fd);
+    if (m == MAP_FAILED) return ncclSystemError;
+    c->header = static_cast<SharedHeader*>(m);
+    c->mapped = bytes;
+    if (c->header->magic != shm_magic || c->header->nranks != nranks) return ncclInvalidUsage;
+  }
+  c->slots = reinterpret_cast<char*>(c->header) + header_bytes();
+  if (!c->barrier()) return ncclSystemError;  // every rank has mapped the file ...
+  if (rank == 0) ::unlink(path.c_str());       // ... so its name can go
+  *comm = c.release();
   return ncclSuccess;
 }
+
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   delete comm;
   return ncclSuccess;
 }
+
+namespace {
+
+template <class T>
+void reduce_slots(const ncclComm& c, std::size_t offset_elems, std::size_t n, bool average,
+                  T* out) {
+  for (std::size_t i = 0; i < n; ++i) {
+    T sum = reinterpret_cast<const T*>(c.slots)[i];
+    for (int r = 1; r < c.nranks; ++r)
+      sum += reinterpret_cast<const T*>(c.slots + std::size_t(r) * slot_bytes)[i];
+    out[offset_elems + i] = average ? T(sum / T(c.nranks)) : sum;
+  }
+}
+
+}  // namespace
+
 ncclResult_t ncclAllReduce(const void* send, void* recv, std::size_t count, ncclDataType_t type,
                            ncclRedOp_t op, ncclComm_t comm, cudaStream_t) {
   if (!comm || (op != ncclSum && op != ncclAvg)) return ncclInvalidArgument;
+  if (type != ncclFloat32 && type != ncclFloat64 && type != ncclInt64) return ncclInvalidArgument;
   const std::size_t elem = type == ncclFloat32 ? 4 : 8;
-  if (send != recv) std::memmove(recv, send, count * elem);  // one rank: sum = average = copy
+  if (comm->nranks == 1) {
+    if (send != recv) std::memmove(recv, send, count * elem);  // one rank: sum = average = copy
+    return ncclSuccess;
+  }
+  const std::size_t per_chunk = slot_bytes / elem;
+  for (std::size_t done = 0; done < count; done += per_chunk) {
+    const std::size_t n = std::min(per_chunk, count - done);
+    std::memcpy(comm->slots + std::size_t(comm->rank) * slot_bytes,
+                static_cast<const char*>(send) + done * elem, n * elem);
+    if (!comm->barrier()) return ncclSystemError;
+    const bool avg = op == ncclAvg;
+    if (type == ncclFloat32) reduce_slots(*comm, done, n, avg, static_cast<float*>(recv));
+    if (type == ncclFloat64) reduce_slots(*comm, done, n, avg, static_cast<double*>(recv));
+    if (type == ncclInt64) reduce_slots(*comm, done, n, avg, static_cast<int64_t*>(recv));
+    if (!comm->barrier()) return ncclSystemError;  // all have read the slots before reuse
+  }
   return ncclSuccess;
 }
+
 const char* ncclGetErrorString(ncclResult_t r) {
-  return r == ncclSuccess ? "no error" : "emulated NCCL: one rank only";
+  switch (r) {
+    case ncclSuccess: return "no error";
+    case ncclSystemError:
+      return "emulated NCCL: shared-memory rendezvous failed or a rank did not arrive within "
+             "MOEPLAN_EMU_NCCL_TIMEOUT seconds";
+    case ncclInvalidArgument: return "emulated NCCL: invalid argument";
+    case ncclInvalidUsage: return "emulated NCCL: ranks disagree on the world size";
+    default: return "emulated NCCL: unknown error";
+  }
 }

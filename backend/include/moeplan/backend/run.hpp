@@ -42,6 +42,7 @@ struct PointOutcome {
   int64_t resumed_from_step = -1;  // -1: started fresh
   std::filesystem::path record_path;
   nlohmann::json record;  // the record as written (or as found, when skipped)
+  bool wrote_files = true;  // false on data-parallel ranks other than 0 (rank 0 writes)
 };
 
 // The training loss became NaN or infinite. what() is one line naming the point and the step.

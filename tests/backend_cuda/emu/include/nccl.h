@@ -1,11 +1,17 @@
 #pragma once
-// NCCL at world size 1 for the CPU emulation of CUDA (see moeplan_cuda_emu.hpp): a communicator
-// of one rank, whose all-reduce (sum or average over one rank) is a copy.
+// NCCL for the CPU emulation of CUDA (see moeplan_cuda_emu.hpp): communicators of one or more
+// ranks, one process each on one machine, meeting in shared memory (emu_libs.cpp); all-reduce
+// (sum, average) of float, double and int64, synchronous, reduced in rank order.
 #include <cstddef>
 
 #include "cuda_runtime.h"
 
-enum ncclResult_t { ncclSuccess = 0, ncclInvalidArgument = 4, ncclInvalidUsage = 5 };
+enum ncclResult_t {
+  ncclSuccess = 0,
+  ncclSystemError = 2,
+  ncclInvalidArgument = 4,
+  ncclInvalidUsage = 5,
+};
 enum ncclDataType_t { ncclInt64 = 4, ncclFloat32 = 7, ncclFloat64 = 8 };
 enum ncclRedOp_t { ncclSum = 0, ncclAvg = 4 };
 struct ncclUniqueId {

@@ -33,7 +33,10 @@ void take_rank_share(std::vector<int32_t>& out, const int32_t* global, int64_t b
 class Communicator {
  public:
   // Rank 0 writes the unique id to `id_file` atomically; the others wait for it (up to
-  // timeout_seconds). Binds the process to GPU local_rank.
+  // timeout_seconds). Once all have joined, rank 0 removes the file (the next communicator of
+  // the job cannot pick up this one's id); a file left by a crashed job can still mislead a rank
+  // that starts before rank 0, so give each job its own MOEPLAN_NCCL_ID_FILE or MASTER_PORT.
+  // Binds the process to GPU local_rank.
   Communicator(const RankInfo& info, const std::string& id_file, double timeout_seconds = 120);
   ~Communicator();
   Communicator(const Communicator&) = delete;
