@@ -120,8 +120,8 @@ Communicator::Communicator(const RankInfo& info, const std::string& id_file, dou
   int64_t joined = 1;
   all_reduce_sum_host(&joined, 1);
   if (joined != info.world_size)
-    throw std::runtime_error(fmt::format("NCCL group of {} rank(s) counted {} at start-up",
-                                         info.world_size, joined));
+    throw std::runtime_error(
+        fmt::format("NCCL group of {} rank(s) counted {} at start-up", info.world_size, joined));
 }
 
 Communicator::~Communicator() {

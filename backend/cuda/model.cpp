@@ -1006,9 +1006,8 @@ struct Model::Impl {
     if (comm && comm->info().world_size > 1) {
       int64_t job_bearing = bearing;
       comm->all_reduce_sum_host(&job_bearing, 1);
-      ce_scale = job_bearing > 0
-                     ? float(double(comm->info().world_size) / double(job_bearing))
-                     : 0.f;
+      ce_scale =
+          job_bearing > 0 ? float(double(comm->info().world_size) / double(job_bearing)) : 0.f;
     }
     forward(B, true, lg, ce_scale);
     backward(lg);

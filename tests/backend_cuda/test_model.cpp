@@ -188,8 +188,7 @@ TEST_CASE("bf16: one step within bf16 tolerance of the CPU") {
   const double oc = ref.compute_gradients(b.inputs.data(), b.targets.data());
   const double og = gpu.compute_gradients(b.inputs.data(), b.targets.data());
   const double grad_err = rel_err(gpu.gradients(), vec(ref.gradients()));
-  std::printf("[bf16 step] objective cpu %.6f gpu %.6f, gradient rel err %.2e\n", oc, og,
-              grad_err);
+  std::printf("[bf16 step] objective cpu %.6f gpu %.6f, gradient rel err %.2e\n", oc, og, grad_err);
   print_worst_tensors(gpu.tensors(), gpu.gradients(), vec(ref.gradients()));
   CHECK(std::abs(og - oc) / oc < 2e-2);
   CHECK(grad_err < 5e-2);
@@ -470,7 +469,8 @@ bool read_all(int fd, void* p, size_t n) {
 
 }  // namespace
 
-TEST_CASE("data parallel at world size 2 (emulated, two processes): fp32 steps of the whole batch") {
+TEST_CASE(
+    "data parallel at world size 2 (emulated, two processes): fp32 steps of the whole batch") {
   ::setenv("MOEPLAN_EMU_DEVICES", "2", 1);
   ::setenv("MOEPLAN_EMU_NCCL_TIMEOUT", "60", 1);
   struct Case {
@@ -484,8 +484,8 @@ TEST_CASE("data parallel at world size 2 (emulated, two processes): fp32 steps o
   // trainer; it is not the whole batch's, so it is off here where the steps must be equal.
   moe_opt.load_balance = 0;
   moe_opt.z_loss = 1e-3;  // z-loss is a mean of per-token terms: equal over ranks and batch
-  for (const Case& c :
-       {Case{"dense, ALiBi", dense_arch(), ModelOptions{}}, Case{"MoE, RoPE, GQA", moe_arch(), moe_opt}}) {
+  for (const Case& c : {Case{"dense, ALiBi", dense_arch(), ModelOptions{}},
+                        Case{"MoE, RoPE, GQA", moe_arch(), moe_opt}}) {
     INFO(c.name);
     const int64_t B = 4, steps = 3;
     OptimConfig cfg;

@@ -462,13 +462,13 @@ TEST_CASE("moeplan run --device cuda (emulated): the CPU's tokens and ledger, ke
   struct Variant {
     std::string kernels, label;
   };
-  for (const Variant& v : {Variant{"", "attention=cublas,experts=grouped"},
-                           Variant{"attention=fused_mma,experts=tiled",
-                                   "attention=fused_mma,experts=tiled"}}) {
+  for (const Variant& v :
+       {Variant{"", "attention=cublas,experts=grouped"},
+        Variant{"attention=fused_mma,experts=tiled", "attention=fused_mma,experts=tiled"}}) {
     INFO("kernels " << v.label);
     const fs::path out = dir / ("cuda-" + std::to_string(v.kernels.size()));
-    std::vector<std::string> args = {"run", sweep, "--out", out.string(), "--point", "moe-a",
-                                     "--device", "cuda"};
+    std::vector<std::string> args = {"run",     sweep,   "--out",    out.string(),
+                                     "--point", "moe-a", "--device", "cuda"};
     if (!v.kernels.empty()) args.insert(args.end(), {"--kernels", v.kernels});
     const Result r = run_cli(args, MOEPLAN_EMULATED_BINARY);
     REQUIRE_MESSAGE(r.status == 0, r.err);
@@ -506,12 +506,11 @@ std::array<pid_t, 2> spawn_ranks(const std::vector<std::string>& args, const fs:
     const std::string r = std::to_string(rank);
     ::setenv("RANK", r.c_str(), 1);
     ::setenv("LOCAL_RANK", r.c_str(), 1);
-    pids[size_t(rank)] = spawn(args, dir / (tag + r + ".out"), dir / (tag + r + ".err"),
-                               MOEPLAN_EMULATED_BINARY);
+    pids[size_t(rank)] =
+        spawn(args, dir / (tag + r + ".out"), dir / (tag + r + ".err"), MOEPLAN_EMULATED_BINARY);
   }
-  for (const char* v :
-       {"WORLD_SIZE", "RANK", "LOCAL_RANK", "MOEPLAN_EMU_DEVICES", "MOEPLAN_EMU_NCCL_TIMEOUT",
-        "MOEPLAN_NCCL_ID_FILE"})
+  for (const char* v : {"WORLD_SIZE", "RANK", "LOCAL_RANK", "MOEPLAN_EMU_DEVICES",
+                        "MOEPLAN_EMU_NCCL_TIMEOUT", "MOEPLAN_NCCL_ID_FILE"})
     ::unsetenv(v);
   return pids;
 }
@@ -538,9 +537,8 @@ TEST_CASE("moeplan run --device cuda, WORLD_SIZE=2 (emulated): the job's ledgers
                                       {tiny_plan("moe-a", false, 12, 4, 40, 3e-3, 16)}),
                         dir / "sweep.toml");
   const std::string sweep = (dir / "sweep.toml").string();
-  const Result one =
-      run_cli({"run", sweep, "--out", (dir / "one").string(), "--device", "cuda"},
-              MOEPLAN_EMULATED_BINARY);
+  const Result one = run_cli({"run", sweep, "--out", (dir / "one").string(), "--device", "cuda"},
+                             MOEPLAN_EMULATED_BINARY);
   REQUIRE_MESSAGE(one.status == 0, one.err);
   const auto pids =
       spawn_ranks({"run", sweep, "--out", (dir / "two").string(), "--device", "cuda"}, dir, "dp");
@@ -587,9 +585,10 @@ TEST_CASE("WORLD_SIZE=2 (emulated): SIGINT to one rank stops both at one step; r
                         dir / "sweep.toml");
   const std::string sweep = (dir / "sweep.toml").string();
   auto args = [&](const std::string& out) {
-    return std::vector<std::string>{"run", sweep, "--point", "moe-i", "--out",
-                                    (dir / out).string(), "--device", "cuda",
-                                    "--checkpoint-every", "4"};
+    return std::vector<std::string>{"run",      sweep,   "--point",
+                                    "moe-i",    "--out", (dir / out).string(),
+                                    "--device", "cuda",  "--checkpoint-every",
+                                    "4"};
   };
   const auto whole = wait_ranks(spawn_ranks(args("a"), dir, "a"), dir, "a");
   REQUIRE(whole[0] == 0);

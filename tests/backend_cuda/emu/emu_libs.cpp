@@ -1,5 +1,5 @@
-// cuBLAS, NCCL (ranks as processes on one machine), events, pinned memory and asynchronous copies for the CPU emulation
-// of CUDA (see include/moeplan_cuda_emu.hpp).
+// cuBLAS, NCCL (ranks as processes on one machine), events, pinned memory and asynchronous copies
+// for the CPU emulation of CUDA (see include/moeplan_cuda_emu.hpp).
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -241,8 +241,7 @@ struct ncclComm {
     for (int spins = 0; header->generation.load(std::memory_order_acquire) == gen; ++spins) {
       if (spins < 1000) continue;
       std::this_thread::sleep_for(std::chrono::microseconds(50));
-      if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() >
-          timeout)
+      if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > timeout)
         return false;
     }
     return true;
@@ -301,7 +300,8 @@ ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
     struct stat sb;
-    if (::fstat(fd, &sb) != 0 || std::size_t(sb.st_size) != bytes) return ::close(fd), ncclInvalidUsage;
+    if (::fstat(fd, &sb) != 0 || std::size_t(sb.st_size) != bytes)
+      return ::close(fd), ncclInvalidUsage;
     void* m = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     ::close(fd);
     if (m == MAP_FAILED) return ncclSystemError;
@@ -311,7 +311,7 @@ ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int
   }
   c->slots = reinterpret_cast<char*>(c->header) + header_bytes();
   if (!c->barrier()) return ncclSystemError;  // every rank has mapped the file ...
-  if (rank == 0) ::unlink(path.c_str());       // ... so its name can go
+  if (rank == 0) ::unlink(path.c_str());      // ... so its name can go
   *comm = c.release();
   return ncclSuccess;
 }
@@ -362,12 +362,16 @@ ncclResult_t ncclAllReduce(const void* send, void* recv, std::size_t count, nccl
 
 const char* ncclGetErrorString(ncclResult_t r) {
   switch (r) {
-    case ncclSuccess: return "no error";
+    case ncclSuccess:
+      return "no error";
     case ncclSystemError:
       return "emulated NCCL: shared-memory rendezvous failed or a rank did not arrive within "
              "MOEPLAN_EMU_NCCL_TIMEOUT seconds";
-    case ncclInvalidArgument: return "emulated NCCL: invalid argument";
-    case ncclInvalidUsage: return "emulated NCCL: ranks disagree on the world size";
-    default: return "emulated NCCL: unknown error";
+    case ncclInvalidArgument:
+      return "emulated NCCL: invalid argument";
+    case ncclInvalidUsage:
+      return "emulated NCCL: ranks disagree on the world size";
+    default:
+      return "emulated NCCL: unknown error";
   }
 }
