@@ -1,5 +1,6 @@
 // `moeplan run sweep.toml`: train every point of a manifest (or one), resuming interrupted points
 // and skipping complete ones. Ctrl-C checkpoints and exits 130; a diverged loss exits 4.
+// --nproc N (cuda) starts N data-parallel ranks of the same command and waits for them.
 #include <unistd.h>
 
 #include <atomic>
@@ -9,12 +10,14 @@
 #include <filesystem>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "command.hpp"
 #include "moeplan/accounting/error.hpp"
 #include "moeplan/accounting/units.hpp"
 #include "moeplan/backend/atomic_file.hpp"
 #include "moeplan/backend/engine.hpp"
+#include "moeplan/backend/launch.hpp"
 #include "moeplan/backend/run.hpp"
 #include "moeplan/sweeps/manifest_io.hpp"
 
@@ -37,7 +40,55 @@ struct RunFlags {
   std::string kernels;
   int64_t checkpoint_every = 0;
   int threads = 0;
+  int nproc = 1;
 };
+
+// The ranks' arguments: this command line without --nproc.
+std::vector<std::string> rank_args() {
+  std::vector<std::string> out;
+  const auto& a = program_args();
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i] == "--nproc") {
+      ++i;  // and its value
+      continue;
+    }
+    if (a[i].rfind("--nproc=", 0) == 0) continue;
+    out.push_back(a[i]);
+  }
+  return out;
+}
+
+// `--nproc N`: start N data-parallel ranks of this command and wait for them.
+int launch(const RunFlags& f, const std::string& device, const std::vector<const Plan*>& points) {
+  if (f.nproc < 1 || f.nproc > 1024)
+    throw InputError(fmt::format("--nproc {} must be from 1 to 1024", f.nproc));
+  if (device != "cuda")
+    throw InputError(fmt::format(
+        "--nproc {} starts data-parallel ranks, one per GPU; it needs --device cuda (not '{}')",
+        f.nproc, device));
+  const int visible = backend::visible_devices(device);
+  if (visible >= 0 && f.nproc > visible)
+    throw InputError(
+        fmt::format("--nproc {} but this machine shows {} CUDA device(s)", f.nproc, visible));
+  for (const Plan* p : points)
+    if (p->budget.batch_seqs % f.nproc != 0)
+      throw InputError(fmt::format(
+          "--nproc {}: point '{}' has batch_seqs {}, which does not split over {} ranks; "
+          "choose an --nproc that divides it",
+          f.nproc, p->id, p->budget.batch_seqs, f.nproc));
+  backend::LaunchRequest req;
+  req.nproc = f.nproc;
+  req.args = rank_args();
+  req.stop = &g_stop;
+  req.on_started = [&](const std::vector<pid_t>& pids) {
+    fmt::print("moeplan: {} data-parallel ranks started (pids {}); rank 0 prints and writes\n",
+               pids.size(), fmt::join(pids, ", "));
+    std::fflush(stdout);
+  };
+  const backend::LaunchOutcome out = backend::launch_ranks(req);
+  if (!out.failure.empty()) std::fprintf(stderr, "moeplan: error: %s\n", out.failure.c_str());
+  return out.status;
+}
 
 std::string duration(double seconds) {
   if (!(seconds >= 0) || seconds > 1e7) return "?";
@@ -115,6 +166,7 @@ int run(const RunFlags& f) {
 
   std::signal(SIGINT, on_stop_signal);
   std::signal(SIGTERM, on_stop_signal);
+  if (f.nproc != 1) return launch(f, opt.device, points);
   int index = 0;
   for (const Plan* p : points) {
     ++index;
@@ -189,6 +241,9 @@ const bool registered = register_command(
        app.add_option("--checkpoint-every", f->checkpoint_every,
                       "steps between checkpoints (default: the manifest's, else ~20 per point)");
        app.add_option("--threads", f->threads, "CPU threads (0: the default)");
+       app.add_option("--nproc", f->nproc,
+                      "cuda: train each point data-parallel over this many GPUs of this machine, "
+                      "one rank process each (as torchrun would start them)");
        return [f] { return run(*f); };
      }});
 

@@ -25,5 +25,8 @@ struct Command {
 
 bool register_command(Command c);
 const std::vector<Command>& commands();
+// The command line as given, without the program name (kept by main for `run --nproc`, whose
+// ranks are this program again with the same arguments).
+const std::vector<std::string>& program_args();
 
 }  // namespace moeplan::cli

@@ -26,10 +26,19 @@ const std::vector<Command>& commands() {
   return registry();
 }
 
+std::vector<std::string>& args_storage() {
+  static std::vector<std::string> a;
+  return a;
+}
+const std::vector<std::string>& program_args() {
+  return args_storage();
+}
+
 }  // namespace moeplan::cli
 
 int main(int argc, char** argv) {
   using namespace moeplan::cli;
+  args_storage().assign(argv + (argc > 0 ? 1 : 0), argv + argc);
   CLI::App app{"moeplan: plan, train, audit and report equal-resource MoE vs dense sweeps"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "moeplan 0.1.0");

@@ -98,6 +98,7 @@ class CudaEngine final : public Engine {
 const bool registered = register_engine("cuda", [](const EngineRequest& r) {
   return std::unique_ptr<Engine>(std::make_unique<CudaEngine>(r));
 });
+const bool counted = register_device_counter("cuda", [] { return device_count(); });
 
 }  // namespace
 }  // namespace moeplan::backend::cuda

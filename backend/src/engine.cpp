@@ -68,6 +68,23 @@ bool register_engine(const std::string& device, EngineFactory factory) {
   return true;
 }
 
+namespace {
+std::map<std::string, std::function<int()>>& counters() {
+  static std::map<std::string, std::function<int()>> c;
+  return c;
+}
+}  // namespace
+
+bool register_device_counter(const std::string& device, std::function<int()> counter) {
+  counters()[device] = std::move(counter);
+  return true;
+}
+
+int visible_devices(const std::string& device) {
+  const auto it = counters().find(device);
+  return it == counters().end() ? -1 : it->second();
+}
+
 std::vector<std::string> engine_devices() {
   std::vector<std::string> out;
   for (const auto& [name, f] : registry()) out.push_back(name);

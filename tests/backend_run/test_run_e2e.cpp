@@ -650,3 +650,111 @@ TEST_CASE("WORLD_SIZE refusals (emulated): one line naming the value, exit 2, no
     CHECK_FALSE(fs::exists(dir / "runs" / "dense" / "record.json"));
   }
 }
+
+// `moeplan run --nproc 2`: moeplan starts the two ranks itself (emulated devices).
+TEST_CASE("moeplan run --nproc 2 (emulated): the ranks started, Ctrl-C forwarded, a lost rank") {
+  const fs::path dir = fresh_dir("cuda_nproc");
+  write_manifest_atomic(tiny_manifest(tiny_plan("dense", true, 12, 4, 40, 3e-3, 16),
+                                      {tiny_plan("moe-i", false, 32, 4, 50, 3e-3, 16)}),
+                        dir / "sweep.toml");
+  const std::string sweep = (dir / "sweep.toml").string();
+  ::setenv("MOEPLAN_EMU_DEVICES", "2", 1);
+  ::setenv("MOEPLAN_EMU_NCCL_TIMEOUT", "60", 1);
+  auto args = [&](const std::string& out, const std::string& point) {
+    return std::vector<std::string>{"run",
+                                    sweep,
+                                    "--point",
+                                    point,
+                                    "--out",
+                                    (dir / out).string(),
+                                    "--device",
+                                    "cuda",
+                                    "--nproc",
+                                    "2",
+                                    "--checkpoint-every",
+                                    "4"};
+  };
+
+  // The job's ledgers, as from one process (AdamW aside), and the one process's training.
+  const Result one = run_cli(
+      {"run", sweep, "--point", "dense", "--out", (dir / "one").string(), "--device", "cuda"},
+      MOEPLAN_EMULATED_BINARY);
+  REQUIRE_MESSAGE(one.status == 0, one.err);
+  const Result two = run_cli(args("two", "dense"), MOEPLAN_EMULATED_BINARY);
+  REQUIRE_MESSAGE(two.status == 0, two.err);
+  CHECK(two.out.find("2 data-parallel ranks started") != std::string::npos);
+  CHECK(two.out.find("[dense 1/1] complete:") != std::string::npos);
+  CHECK(two.out.find("complete on this rank") == std::string::npos);  // rank 1 is quiet
+  {
+    const json want = record(dir / "one", "dense"), got = record(dir / "two", "dense");
+    CHECK(got["measured"]["tokens"] == want["measured"]["tokens"]);
+    CHECK(got["measured"]["flops"]["by_category"] == want["measured"]["flops"]["by_category"]);
+    const double lw = want["loss_curve"].back()["train_loss"].get<double>();
+    const double lg = got["loss_curve"].back()["train_loss"].get<double>();
+    CHECK(std::abs(lg - lw) / lw < 1e-4);
+  }
+
+  // Ctrl-C to the launcher: forwarded, both ranks stop at one step, exit 130; the same command
+  // resumes.
+  {
+    const pid_t pid =
+        spawn(args("runs", "moe-i"), dir / "i.out", dir / "i.err", MOEPLAN_EMULATED_BINARY);
+    for (int i = 0; i < 300000 && !fs::exists(dir / "runs" / "moe-i" / "record.json"); ++i)
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    ::kill(pid, SIGINT);
+    CHECK(wait_status(pid) == 130);
+    const json rec = record(dir / "runs", "moe-i");
+    REQUIRE_MESSAGE(rec["status"] == "running", "the run finished before the interrupt");
+    const Result again = run_cli(args("runs", "moe-i"), MOEPLAN_EMULATED_BINARY);
+    REQUIRE_MESSAGE(again.status == 0, again.err);
+    CHECK(again.out.find("resumed at step") != std::string::npos);
+    CHECK(record(dir / "runs", "moe-i")["status"] == "complete");
+    CHECK(record(dir / "runs", "moe-i")["measured"]["tokens"]["consumed"].get<int64_t>() ==
+          32 * 4 * 16);
+  }
+
+  // A rank killed mid-run: the launcher stops the other (waiting in an all-reduce for it) after
+  // its grace period, instead of leaving it there, and says which rank failed.
+  {
+    const auto t0 = std::chrono::steady_clock::now();
+    const pid_t pid =
+        spawn(args("lost", "moe-i"), dir / "l.out", dir / "l.err", MOEPLAN_EMULATED_BINARY);
+    std::vector<pid_t> ranks;
+    for (int i = 0; i < 300000 && ranks.empty(); ++i) {
+      std::string out;
+      try {
+        out = read_file(dir / "l.out");
+      } catch (...) {  // not created yet
+      }
+      const size_t at = out.find("(pids ");
+      if (at != std::string::npos && out.find(')', at) != std::string::npos) {
+        size_t pos = at + 6;
+        while (ranks.size() < 2) {
+          ranks.push_back(pid_t(std::stol(out.substr(pos))));
+          pos = out.find(", ", pos);
+          if (pos == std::string::npos) break;
+          pos += 2;
+        }
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    REQUIRE(ranks.size() == 2);
+    for (int i = 0; i < 300000 && !fs::exists(dir / "lost" / "moe-i" / "record.json"); ++i)
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    ::kill(ranks[1], SIGKILL);
+    const int st = wait_status(pid);
+    const double took =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    CHECK(st == 128 + SIGKILL);
+    const std::string err = read_file(dir / "l.err");
+    CHECK(one_line(err));
+    CHECK_MESSAGE(err.find("rank 1 of 2 was killed by signal 9; the other ranks were stopped") !=
+                      std::string::npos,
+                  err);
+    CHECK(::kill(ranks[0], 0) != 0);  // rank 0 is gone (stopped and reaped by the launcher)
+    MESSAGE("launcher returned ", took, " s after start");
+    CHECK(took < 50);  // before the emulated NCCL's own 60 s timeout would have ended rank 0
+  }
+  ::unsetenv("MOEPLAN_EMU_DEVICES");
+  ::unsetenv("MOEPLAN_EMU_NCCL_TIMEOUT");
+}

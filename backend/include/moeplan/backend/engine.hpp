@@ -60,6 +60,10 @@ bool register_engine(const std::string& device, EngineFactory factory);
 // no CUDA factory was linked in.
 std::unique_ptr<Engine> make_engine(const std::string& device, const EngineRequest& request);
 std::vector<std::string> engine_devices();  // registered device names, sorted
+// How many units of `device` this machine shows (GPUs for cuda), for a device that registered a
+// counter; -1 when unknown.
+bool register_device_counter(const std::string& device, std::function<int()> counter);
+int visible_devices(const std::string& device);
 // The same errors as make_engine, without building anything (checked before a sweep starts).
 void require_device(const std::string& device);
 

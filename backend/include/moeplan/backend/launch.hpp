@@ -1,0 +1,33 @@
+#pragma once
+// `moeplan run --nproc N`: this machine's data-parallel ranks started by moeplan itself, as
+// torchrun would start them. Each rank is this executable again (/proc/self/exe) with WORLD_SIZE,
+// RANK, LOCAL_RANK and a fresh MOEPLAN_NCCL_ID_FILE of its own job in the environment. The
+// launcher forwards SIGINT/SIGTERM to every rank (they agree on the step to stop at), and when one
+// rank fails it stops the others, which would otherwise wait in NCCL for it forever.
+#include <atomic>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <sys/types.h>
+
+namespace moeplan::backend {
+
+struct LaunchRequest {
+  int nproc = 2;
+  std::vector<std::string> args;           // the ranks' arguments (without the program name)
+  const std::atomic<int>* stop = nullptr;  // set by the caller's signal handler: forwarded
+  double grace_seconds = 10;  // after a rank fails, how long the others get to end by themselves
+  std::function<void(const std::vector<pid_t>&)> on_started;  // the ranks' pids, in rank order
+};
+
+struct LaunchOutcome {
+  int status = 0;  // 0; 130 when interrupted; else the first failed rank's (128+signal if killed)
+  int failed_rank = -1;  // the first rank that failed (not interrupted), or -1
+  std::string failure;   // one line saying so, empty when none failed
+};
+
+// Refuses (InputError, one line) an nproc below 2 or a WORLD_SIZE already in the environment.
+LaunchOutcome launch_ranks(const LaunchRequest& request);
+
+}  // namespace moeplan::backend

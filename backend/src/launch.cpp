@@ -1,0 +1,142 @@
+#include "moeplan/backend/launch.hpp"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "moeplan/accounting/error.hpp"
+
+namespace moeplan::backend {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+int exit_code(int wait_status) {
+  return WIFEXITED(wait_status) ? WEXITSTATUS(wait_status) : 128 + WTERMSIG(wait_status);
+}
+
+std::string describe(int wait_status) {
+  if (WIFEXITED(wait_status)) return fmt::format("exited with status {}", WEXITSTATUS(wait_status));
+  return fmt::format("was killed by signal {}", WTERMSIG(wait_status));
+}
+
+// The child side of fork: environment, quiet stdout for ranks > 0, then exec.
+[[noreturn]] void exec_rank(int rank, int nproc, const std::string& id_file,
+                            const std::vector<std::string>& args) {
+  const std::string r = std::to_string(rank), w = std::to_string(nproc);
+  ::setenv("WORLD_SIZE", w.c_str(), 1);
+  ::setenv("RANK", r.c_str(), 1);
+  ::setenv("LOCAL_RANK", r.c_str(), 1);
+  ::setenv("LOCAL_WORLD_SIZE", w.c_str(), 1);
+  ::setenv("MOEPLAN_NCCL_ID_FILE", id_file.c_str(), 1);
+  if (rank > 0) {  // rank 0 alone prints progress and results; errors still reach stderr
+    const int null = ::open("/dev/null", O_WRONLY);
+    if (null >= 0) ::dup2(null, STDOUT_FILENO);
+  }
+  ::signal(SIGINT, SIG_DFL);
+  ::signal(SIGTERM, SIG_DFL);
+  std::vector<std::string> copy = args;
+  std::string self = "/proc/self/exe";
+  std::vector<char*> argv{self.data()};
+  for (auto& a : copy) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  ::execv(self.c_str(), argv.data());
+  std::fprintf(stderr, "moeplan: error: rank %d could not start /proc/self/exe\n", rank);
+  ::_exit(127);
+}
+
+}  // namespace
+
+LaunchOutcome launch_ranks(const LaunchRequest& req) {
+  if (req.nproc < 2 || req.nproc > 1024)
+    throw InputError(fmt::format("--nproc {} must be from 2 to 1024 (1: leave it out)", req.nproc));
+  if (const char* ws = std::getenv("WORLD_SIZE"); ws && *ws)
+    throw InputError(fmt::format(
+        "--nproc {} with WORLD_SIZE={} already set: start the ranks yourself (WORLD_SIZE, RANK, "
+        "LOCAL_RANK) or let --nproc start them, not both",
+        req.nproc, ws));
+  // A name no other job uses: a stale file of a crashed job can never be read by this one.
+  const auto now = Clock::now().time_since_epoch().count();
+  const std::string id_file =
+      (std::filesystem::temp_directory_path() /
+       fmt::format("moeplan-nccl-{}-{}", long(::getpid()), static_cast<long long>(now)))
+          .string();
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::vector<pid_t> pids(size_t(req.nproc), -1);
+  std::vector<bool> live(size_t(req.nproc), false);
+  for (int r = 0; r < req.nproc; ++r) {
+    const pid_t pid = ::fork();
+    if (pid == 0) exec_rank(r, req.nproc, id_file, req.args);
+    if (pid < 0) {
+      for (int q = 0; q < r; ++q) ::kill(pids[size_t(q)], SIGKILL);
+      for (int q = 0; q < r; ++q) ::waitpid(pids[size_t(q)], nullptr, 0);
+      throw std::runtime_error(fmt::format("could not start rank {} of {}", r, req.nproc));
+    }
+    pids[size_t(r)] = pid;
+    live[size_t(r)] = true;
+  }
+  if (req.on_started) req.on_started(pids);
+
+  LaunchOutcome out;
+  int remaining = req.nproc, forwarded = 0, interrupted = 0;
+  bool killed_rest = false;
+  Clock::time_point deadline{};
+  while (remaining > 0) {
+    const int sig = req.stop ? req.stop->load() : 0;
+    if (sig != 0 && forwarded == 0) {
+      forwarded = sig;
+      for (int r = 0; r < req.nproc; ++r)
+        if (live[size_t(r)]) ::kill(pids[size_t(r)], sig);
+    }
+    if (out.failed_rank >= 0 && !killed_rest && Clock::now() > deadline) {
+      killed_rest = true;  // the others are likely stuck in a collective: SIGKILL
+      for (int r = 0; r < req.nproc; ++r)
+        if (live[size_t(r)]) ::kill(pids[size_t(r)], SIGKILL);
+    }
+    int st = 0;
+    const pid_t pid = ::waitpid(-1, &st, WNOHANG);
+    if (pid <= 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      continue;
+    }
+    int rank = -1;
+    for (int r = 0; r < req.nproc; ++r)
+      if (pids[size_t(r)] == pid) rank = r;
+    if (rank < 0 || !live[size_t(rank)]) continue;  // not one of ours
+    live[size_t(rank)] = false;
+    --remaining;
+    const int code = exit_code(st);
+    if (code == 0) continue;
+    if (code == 130) {
+      ++interrupted;
+      continue;
+    }
+    if (out.failed_rank < 0 && !(killed_rest && WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL)) {
+      out.failed_rank = rank;
+      out.status = code;
+      deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                    std::chrono::duration<double>(req.grace_seconds));
+      out.failure = fmt::format("rank {} of {} {}", rank, req.nproc, describe(st));
+    }
+  }
+  std::error_code ec;
+  std::filesystem::remove(id_file, ec);  // rank 0 removes it once all join; not if one failed
+  if (out.failed_rank >= 0) {
+    if (killed_rest) out.failure += "; the other ranks were stopped";
+    return out;
+  }
+  if (interrupted > 0) out.status = 130;
+  return out;
+}
+
+}  // namespace moeplan::backend
