@@ -199,16 +199,89 @@ __device__ inline uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
-// Two consecutive bf16 of a shared-memory row (4-byte aligned: even element index).
-__device__ inline uint32_t ld_pair(const bf16* p) {
-  return *reinterpret_cast<const uint32_t*>(p);
+// ldmatrix.x4: four 8×8 bf16 matrices from shared memory in one instruction. Lane l gives the
+// address of row l % 8 of matrix l / 8 (16 contiguous, 16-byte aligned bytes; LDT's padding keeps
+// the eight rows of a matrix on different banks). Register i receives matrix i in the mma
+// fragment layout: (row g, columns 2t, 2t+1), or with .trans (rows 2t, 2t+1 of column g), which
+// is what a B fragment of consecutive rows of one column needs.
+__device__ inline void ldsm_x4(uint32_t (&r)[4], const bf16* row) {
+#ifdef MOEPLAN_CUDA_EMULATION
+  moeplan_emu::ldmatrix_x4(r, row, false);
+#else
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+#endif
 }
 
-// Two bf16 from consecutive rows of one column, lower row in the low half.
-__device__ inline uint32_t ld_column_pair(const bf16* p, int ld) {
-  const uint16_t lo = *reinterpret_cast<const uint16_t*>(p);
-  const uint16_t hi = *reinterpret_cast<const uint16_t*>(p + ld);
-  return uint32_t(lo) | (uint32_t(hi) << 16);
+__device__ inline void ldsm_x4_trans(uint32_t (&r)[4], const bf16* row) {
+#ifdef MOEPLAN_CUDA_EMULATION
+  moeplan_emu::ldmatrix_x4(r, row, true);
+#else
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+#endif
+}
+
+// A fragments (16 rows × D, in steps of 16) of this warp's rows of a [64][LDT] tile: per step
+// one ldmatrix.x4 (matrices: rows 0–7 low columns, rows 8–15 low, rows 0–7 high, rows 8–15 high).
+template <int D>
+__device__ void load_a_frags(uint32_t (&f)[D / 16][4], const bf16* tile, int warp, int g, int t) {
+  const int lane = 4 * g + t, mi = lane / 8;
+  const bf16* rows = tile + (warp * 16 + (mi % 2) * 8 + lane % 8) * LDT<D> + (mi / 2) * 8;
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) ldsm_x4(f[kk], rows + kk * 16);
+}
+
+// acc[n] (16 × 8 per n, 64 columns) = A (this warp's 16 rows × D, fragments) · tile^T, tile a
+// [64][LDT] row-major (its rows are the product's columns). The B fragment of column tile n and
+// depth step kk is (row n·8+g, depths kk·16+2t, +1) and (…, kk·16+8+2t, +1): one ldmatrix.x4
+// brings both for column tiles n and n+1 (matrices: n low, n high, n+1 low, n+1 high).
+template <int D>
+__device__ void rows_times_tile_t_mma(float (&acc)[BN / 8][4], const uint32_t (&a)[D / 16][4],
+                                      const bf16* tile, int g, int t) {
+  const int lane = 4 * g + t, mi = lane / 8;
+  const bf16* rows = tile + ((mi / 2) * 8 + lane % 8) * LDT<D> + (mi % 2) * 8;
+#pragma unroll
+  for (int n = 0; n < BN / 8; n += 2) {
+    acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+    acc[n + 1][0] = acc[n + 1][1] = acc[n + 1][2] = acc[n + 1][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t b[4];
+      ldsm_x4(b, rows + n * 8 * LDT<D> + kk * 16);
+      mma16816(acc[n], a[kk], b[0], b[1]);
+      mma16816(acc[n + 1], a[kk], b[2], b[3]);
+    }
+  }
+}
+
+// out[n] (16 × 8 per n, D columns) += X (16 × 64, the accumulators x as A fragments) · tile,
+// tile a [64][LDT] row-major whose rows are the product's depth. The B fragment of depth step s2
+// and column tile n is (rows s2·16+2t, +1 of column n·8+g) and (rows +8): ldmatrix.x4.trans
+// brings both for column tiles n and n+1 (matrices: rows low n, rows high n, low n+1, high n+1).
+template <int D>
+__device__ void acc_times_tile_mma(float (&out)[D / 8][4], const float (&x)[BN / 8][4],
+                                   const bf16* tile, int g, int t) {
+  const int lane = 4 * g + t, mi = lane / 8;
+  const bf16* rows = tile + ((mi % 2) * 8 + lane % 8) * LDT<D> + (mi / 2) * 8;
+#pragma unroll
+  for (int s2 = 0; s2 < BN / 16; ++s2) {
+    const uint32_t xf[4] = {pack_bf16(x[2 * s2][0], x[2 * s2][1]),
+                            pack_bf16(x[2 * s2][2], x[2 * s2][3]),
+                            pack_bf16(x[2 * s2 + 1][0], x[2 * s2 + 1][1]),
+                            pack_bf16(x[2 * s2 + 1][2], x[2 * s2 + 1][3])};
+#pragma unroll
+    for (int n = 0; n < D / 8; n += 2) {
+      uint32_t b[4];
+      ldsm_x4_trans(b, rows + s2 * 16 * LDT<D> + n * 8);
+      mma16816(out[n], xf, b[0], b[1]);
+      mma16816(out[n + 1], xf, b[2], b[3]);
+    }
+  }
 }
 
 template <int D>
@@ -233,16 +306,7 @@ __global__ void __launch_bounds__(kThreads)
   load_tile<D>(sm.q, base + h * D, q0, qvalid, W);
   __syncthreads();
   uint32_t qf[D / 16][4];  // this warp's Q rows as A fragments, one per 16-wide step of D
-  {
-    const bf16* qw = sm.q + warp * 16 * LDT<D>;
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      qf[kk][0] = ld_pair(qw + g * LDT<D> + kk * 16 + 2 * t);
-      qf[kk][1] = ld_pair(qw + (g + 8) * LDT<D> + kk * 16 + 2 * t);
-      qf[kk][2] = ld_pair(qw + g * LDT<D> + kk * 16 + 8 + 2 * t);
-      qf[kk][3] = ld_pair(qw + (g + 8) * LDT<D> + kk * 16 + 8 + 2 * t);
-    }
-  }
+  load_a_frags<D>(qf, sm.q, warp, g, t);
   float o[D / 8][4];
 #pragma unroll
   for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
@@ -255,14 +319,7 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
     // S (16 × 64) = Q · K^T: B fragment (d, key) = K[key][d], consecutive in d.
     float sc[BN / 8][4];
-#pragma unroll
-    for (int n = 0; n < BN / 8; ++n) {
-      sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.f;
-      const bf16* kr = sm.k + (n * 8 + g) * LDT<D> + 2 * t;
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk)
-        mma16816(sc[n], qf[kk], ld_pair(kr + kk * 16), ld_pair(kr + kk * 16 + 8));
-    }
+    rows_times_tile_t_mma<D>(sc, qf, sm.k, g, t);
     // Scale, ALiBi bias, causal and end-of-sequence mask; the tile's row maxima.
     float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
@@ -310,21 +367,10 @@ __global__ void __launch_bounds__(kThreads)
         else
           l1 += p;
       }
-      // O (16 × D) += P (16 × 64) · V (64 × D): P's A fragment for keys [16s, 16s+16) is the score
-      // accumulators of key tiles 2s and 2s+1; B fragment (key, d) = V[key][d], two rows of a
-      // column.
-#pragma unroll
-    for (int s2 = 0; s2 < BN / 16; ++s2) {
-      const uint32_t pf[4] = {pack_bf16(sc[2 * s2][0], sc[2 * s2][1]),
-                              pack_bf16(sc[2 * s2][2], sc[2 * s2][3]),
-                              pack_bf16(sc[2 * s2 + 1][0], sc[2 * s2 + 1][1]),
-                              pack_bf16(sc[2 * s2 + 1][2], sc[2 * s2 + 1][3])};
-      const bf16* vr = sm.v + (s2 * 16 + 2 * t) * LDT<D> + g;
-#pragma unroll
-      for (int n = 0; n < D / 8; ++n)
-        mma16816(o[n], pf, ld_column_pair(vr + n * 8, LDT<D>),
-                 ld_column_pair(vr + 8 * LDT<D> + n * 8, LDT<D>));
-    }
+    // O (16 × D) += P (16 × 64) · V (64 × D): P's A fragment for keys [16s, 16s+16) is the
+    // score accumulators of key tiles 2s and 2s+1; B fragment (key, d) = V[key][d], two rows of
+    // a column.
+    acc_times_tile_mma<D>(o, sc, sm.v, g, t);
   }
   l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
   l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
@@ -557,53 +603,6 @@ struct MmaBwdSmem {
   float lse[BM], delta[BM];
 };
 
-// A fragments (16 rows × D, in steps of 16) of this warp's rows of a [64][LDT] tile.
-template <int D>
-__device__ void load_a_frags(uint32_t (&f)[D / 16][4], const bf16* tile, int warp, int g, int t) {
-  const bf16* r = tile + warp * 16 * LDT<D>;
-#pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) {
-    f[kk][0] = ld_pair(r + g * LDT<D> + kk * 16 + 2 * t);
-    f[kk][1] = ld_pair(r + (g + 8) * LDT<D> + kk * 16 + 2 * t);
-    f[kk][2] = ld_pair(r + g * LDT<D> + kk * 16 + 8 + 2 * t);
-    f[kk][3] = ld_pair(r + (g + 8) * LDT<D> + kk * 16 + 8 + 2 * t);
-  }
-}
-
-// acc[n] (16 × 8 per n, 64 columns) = A (this warp's 16 rows × D, fragments) · tile^T, tile a
-// [64][LDT] row-major (its rows are the product's columns).
-template <int D>
-__device__ void rows_times_tile_t_mma(float (&acc)[BN / 8][4], const uint32_t (&a)[D / 16][4],
-                                      const bf16* tile, int g, int t) {
-#pragma unroll
-  for (int n = 0; n < BN / 8; ++n) {
-    acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
-    const bf16* r = tile + (n * 8 + g) * LDT<D> + 2 * t;
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk)
-      mma16816(acc[n], a[kk], ld_pair(r + kk * 16), ld_pair(r + kk * 16 + 8));
-  }
-}
-
-// out[n] (16 × 8 per n, D columns) += X (16 × 64, the accumulators x as A fragments) · tile,
-// tile a [64][LDT] row-major whose rows are the product's depth.
-template <int D>
-__device__ void acc_times_tile_mma(float (&out)[D / 8][4], const float (&x)[BN / 8][4],
-                                   const bf16* tile, int g, int t) {
-#pragma unroll
-  for (int s2 = 0; s2 < BN / 16; ++s2) {
-    const uint32_t xf[4] = {pack_bf16(x[2 * s2][0], x[2 * s2][1]),
-                            pack_bf16(x[2 * s2][2], x[2 * s2][3]),
-                            pack_bf16(x[2 * s2 + 1][0], x[2 * s2 + 1][1]),
-                            pack_bf16(x[2 * s2 + 1][2], x[2 * s2 + 1][3])};
-    const bf16* r = tile + (s2 * 16 + 2 * t) * LDT<D> + g;
-#pragma unroll
-    for (int n = 0; n < D / 8; ++n)
-      mma16816(out[n], xf, ld_column_pair(r + n * 8, LDT<D>),
-               ld_column_pair(r + 8 * LDT<D> + n * 8, LDT<D>));
-  }
-}
-
 // Rows row0 + (g, g+8) of an fp32 [rows][W] matrix at column col: this warp's 16 × D result.
 template <int D>
 __device__ void store_acc(float* dqkv, const float (&acc)[D / 8][4], int64_t row0, int r0, int S,
@@ -621,7 +620,7 @@ __device__ void store_acc(float* dqkv, const float (&acc)[D / 8][4], int64_t row
 // dK, dV of one key tile of one (sequence, kv head): warp w owns keys [16w, 16w+16). Per query
 // tile, S^T = K·Q^T and dP^T = V·dO^T; then dV += P^T·dO and dK += dS^T·Q.
 template <int D>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, 2)  // 2 blocks an SM: no spills at D 32
     dkdv_mma_kernel(float* dqkv, const bf16* dO, const float* lse, const float* delta,
                     const bf16* qkv, const float* slopes, int S, int H, int Hkv, float scale) {
   extern __shared__ __align__(128) unsigned char raw[];

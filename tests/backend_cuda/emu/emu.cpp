@@ -164,6 +164,7 @@ struct Barrier {
 struct Warp : Barrier {
   alignas(16) unsigned char slot[32][16];
   uint32_t mma[32][6];
+  const unsigned char* rows[32];  // ldmatrix: each lane's row address
 };
 
 struct Block : Barrier {
@@ -175,6 +176,7 @@ struct Block : Barrier {
     void operator()(unsigned char* p) const { ::operator delete[](p, std::align_val_t(128)); }
   };
   std::unique_ptr<unsigned char[], FreeAligned> smem;
+  std::size_t smem_bytes = 0;
 };
 
 // The order in which the scheduler resumes the threads of a block, and runs the blocks
@@ -282,6 +284,7 @@ bool run_block(const Config& cfg, uint3 bid) {
   b.gen = 0;
   b.warps.assign((nt + 31) / 32, Warp{});
   for (unsigned i = 0; i < nt; ++i) ++b.warps[i / 32].live;
+  b.smem_bytes = cfg.smem;
   if (cfg.smem > 0) {
     // Exactly the requested bytes (16-byte multiple, 128-byte aligned), filled with 0xFF: an
     // uninitialised float reads as NaN, as shared memory promises nothing.
@@ -450,6 +453,31 @@ void mma_m16n8k16_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint3
     d[i] = float(acc);
   }
   warp_barrier();  // every lane has read the registers before they are overwritten
+}
+
+void ldmatrix_x4(uint32_t (&r)[4], const void* row, bool trans) {
+  State& s = st();
+  const int me = lane();
+  Warp& w = s.block.warps[size_t(s.current->warp)];
+  if (w.live != 32) fault("ldmatrix: a lane of the warp has exited");
+  const auto* p = static_cast<const unsigned char*>(row);
+  const unsigned char* smem = s.block.smem.get();
+  if (reinterpret_cast<std::uintptr_t>(p) % 16 != 0)
+    fault("ldmatrix: row address not 16-byte aligned");
+  if (!smem || p < smem || p + 16 > smem + s.block.smem_bytes)
+    fault("ldmatrix: row address outside the block's dynamic shared memory");
+  w.rows[me] = p;
+  warp_barrier();
+  auto element = [&](int matrix, int row_in, int col) {
+    uint16_t v;
+    std::memcpy(&v, w.rows[8 * matrix + row_in] + 2 * col, 2);
+    return uint32_t(v);
+  };
+  const int g = me / 4, t = me % 4;
+  for (int i = 0; i < 4; ++i)
+    r[i] = trans ? element(i, 2 * t, g) | (element(i, 2 * t + 1, g) << 16)
+                 : element(i, g, 2 * t) | (element(i, g, 2 * t + 1) << 16);
+  warp_barrier();  // every lane has read the addresses before they are overwritten
 }
 
 cudaError_t set_max_dynamic_shared(int bytes) {

@@ -149,6 +149,12 @@ T exchange(T v, int from_lane) {
 // D (16×8 fp32) += A (16×16 bf16, row) · B (16×8 bf16, col), one warp, PTX register layouts.
 void mma_m16n8k16_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
 
+// ldmatrix.sync.aligned.m8n8.x4(.trans).shared.b16: four 8×8 bf16 matrices from shared memory,
+// one warp; lane l gives the address of row l % 8 of matrix l / 8 (16 contiguous bytes, 16-byte
+// aligned, inside the block's shared memory). Register i of lane l holds matrix i's elements
+// (row l/4, columns 2(l%4), 2(l%4)+1), or with trans (rows 2(l%4), 2(l%4)+1 of column l/4).
+void ldmatrix_x4(uint32_t (&r)[4], const void* row, bool trans);
+
 // All lanes must pass the same value (a WMMA pointer or stride).
 void check_warp_uniform(const void* p, unsigned ld, const char* op);
 
