@@ -4,6 +4,7 @@
 // ledger (exact/causal: the useful products; and as executed, padding included), and MFU against
 // the vendor peak and the measured ceiling. Same shapes, batch and data as torch_ref.py.
 // Usage: bench_gpu [--steps N] [--warmup N] [--batch B] [--json FILE] [--only NAME,NAME...]
+//        bench_gpu --gemm-shapes   (each weight product of the dense step alone, batch 8)
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 
@@ -62,6 +63,87 @@ double gemm_ceiling_tflops() {
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
   return 2.0 * double(n) * double(n) * double(n) / (median(ms) * 1e-3) / 1e12;
+}
+
+// Median milliseconds of op(A)·op(B) (M×N, depth K) through the model's wrapper, bf16 inputs and
+// fp32 or bf16 output, after three warm-up calls.
+double gemm_ms(cu::Blas& blas, bool ta, bool tb, int64_t M, int64_t N, int64_t K, cu::DType out,
+               const cu::DeviceBuffer& A, const cu::DeviceBuffer& B, cu::DeviceBuffer& C) {
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  std::vector<double> ms;
+  for (int i = 0; i < 13; ++i) {
+    cudaEventRecord(e0);
+    blas.gemm({}, ta, tb, M, N, K, A.data(), ta ? M : K, B.data(), tb ? K : N, C.data(), N, 0.f,
+              cu::DType::bf16, out);
+    cudaEventRecord(e1);
+    cudaEventSynchronize(e1);
+    float t = 0;
+    cudaEventElapsedTime(&t, e0, e1);
+    if (i >= 3) ms.push_back(t);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  return median(ms);
+}
+
+// Every weight product of a dense-124M step, alone, with the model's transposes: forward
+// (T×C)·(C×OC), input gradient (T×OC)·(C×OC)^T, weight gradient (T×C)^T·(T×OC). Which products
+// fall short of the ceiling, and how much of the step they take at their measured rates.
+std::string gemm_shapes_table(int64_t batch, double ceiling) {
+  const int64_t T = batch * 1024, Dm = 768, F = 3456, V = 50304, L = 12;
+  struct Product {
+    const char* name;
+    int64_t C, OC, count;  // count: per step
+  };
+  const Product products[] = {{"qkv", Dm, 3 * Dm, L},
+                              {"attention out", Dm, Dm, L},
+                              {"ffn up (gate+up)", Dm, 2 * F, L},
+                              {"ffn down", F, Dm, L},
+                              {"lm head", Dm, V, 1}};
+  size_t most = 0;
+  for (const Product& p : products)
+    most = std::max({most, size_t(T * p.C), size_t(T * p.OC), size_t(p.C * p.OC)});
+  std::vector<uint16_t> h(most);
+  uint64_t x = 777;
+  for (auto& v : h) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    v = cu::float_to_bf16(float(int64_t(x >> 40) % 2001 - 1000) / 1000.f);
+  }
+  cu::DeviceBuffer A(most * 2), B(most * 2), C(most * 4);
+  A.upload(h.data(), most * 2);
+  B.upload(h.data(), most * 2);
+  cu::Blas blas;
+  std::string out = fmt::format(
+      "\n| product (dense-124M, T {}) | pass | M×N×K | ms fp32 out | TFLOP/s | % of ceiling | ms "
+      "bf16 out | TFLOP/s | ms per step (fp32 out) |\n|---|---|---|---|---|---|---|---|---|\n",
+      T);
+  double step_ms = 0;
+  for (const Product& p : products) {
+    struct Pass {
+      const char* name;
+      bool ta, tb;
+      int64_t M, N, K;
+    };
+    for (const Pass& q : {Pass{"forward", false, false, T, p.OC, p.C},
+                          Pass{"input grad", false, true, T, p.C, p.OC},
+                          Pass{"weight grad", true, false, p.C, p.OC, T}}) {
+      const double flop = 2.0 * double(q.M) * double(q.N) * double(q.K);
+      const double f32 = gemm_ms(blas, q.ta, q.tb, q.M, q.N, q.K, cu::DType::f32, A, B, C);
+      const double b16 = gemm_ms(blas, q.ta, q.tb, q.M, q.N, q.K, cu::DType::bf16, A, B, C);
+      const double tf = flop / (f32 * 1e-3) / 1e12, tb = flop / (b16 * 1e-3) / 1e12;
+      step_ms += f32 * double(p.count);
+      out += fmt::format(
+          "| {} | {} | {}×{}×{} | {:.3f} | {:.0f} | {:.0f}% | {:.3f} | {:.0f} | {:.2f} |\n", p.name,
+          q.name, q.M, q.N, q.K, f32, tf, 100 * tf / ceiling, b16, tb, f32 * double(p.count));
+    }
+  }
+  out += fmt::format(
+      "\nAll weight products of one dense-124M step at these rates: {:.2f} ms (a step at 40 % MFU "
+      "has 21.3 ms for everything).\n",
+      step_ms);
+  return out;
 }
 
 struct Point {
@@ -132,6 +214,7 @@ int main(int argc, char** argv) {
     else if (k == "--only")
       only = std::string(",") + argv[i + 1] + ",";
   }
+  const bool shapes = argc == 2 && std::string(argv[1]) == "--gemm-shapes";
   if (cu::device_count() == 0) {
     std::printf("bench_gpu: no CUDA device, nothing measured\n");
     return 0;
@@ -142,6 +225,10 @@ int main(int argc, char** argv) {
       "device: %s, %d SMs; vendor dense bf16 peak %.0f TFLOP/s; measured bf16 GEMM "
       "ceiling (cuBLAS 8192^3, median of 10) %.1f TFLOP/s\n",
       dev.name.c_str(), dev.multiprocessors, dev.peak_bf16_tflops, ceiling);
+  if (shapes) {
+    std::printf("%s", gemm_shapes_table(batch, ceiling).c_str());
+    return 0;
+  }
   std::string json = fmt::format(
       "{{\"device\": \"{}\", \"peak_tflops\": {}, \"gemm_ceiling_tflops\": {:.2f}, \"batch_seqs\": "
       "{}, \"points\": [",
