@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "async_copy.cuh"
 #include "check.hpp"
 #include "moeplan/backend/cuda/attention.hpp"
 #include "warp.cuh"
@@ -46,6 +47,18 @@ __device__ void load_tile(bf16* dst, const bf16* src, int row0, int valid, int64
     uint4 v = make_uint4(0, 0, 0, 0);
     if (r < valid) v = *reinterpret_cast<const uint4*>(src + int64_t(row0 + r) * ld + c);
     *reinterpret_cast<uint4*>(dst + r * LDT<D> + c) = v;
+  }
+}
+
+// load_tile by cp.async: in flight until the caller's commit and wait (rows past `valid` are
+// zero-filled by the copy itself).
+template <int D>
+__device__ void load_tile_async(bf16* dst, const bf16* src, int row0, int valid, int64_t ld) {
+  constexpr int V = D / 8;
+  for (int idx = threadIdx.x; idx < 64 * V; idx += kThreads) {
+    const int r = idx / V, c = (idx % V) * 8;
+    const bf16* s = src + int64_t(row0 + (r < valid ? r : 0)) * ld + c;
+    cp_async_16(dst + r * LDT<D> + c, s, r < valid ? 16 : 0);
   }
 }
 
@@ -286,7 +299,7 @@ __device__ void acc_times_tile_mma(float (&out)[D / 8][4], const float (&x)[BN /
 
 template <int D>
 struct MmaFwdSmem {
-  bf16 q[BM * LDT<D>], k[BN * LDT<D>], v[BN * LDT<D>];
+  bf16 q[BM * LDT<D>], k[2][BN * LDT<D>], v[2][BN * LDT<D>];  // K/V double-buffered
 };
 
 template <int D>
@@ -303,23 +316,32 @@ __global__ void __launch_bounds__(kThreads)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   // This thread's two query rows (absolute positions).
   const int i0 = q0 + warp * 16 + g, i1 = i0 + 8;
-  load_tile<D>(sm.q, base + h * D, q0, qvalid, W);
-  __syncthreads();
+  auto issue_kv = [&](int kb, int buf) {  // K/V tile kb into buffer buf, one cp.async group
+    const int k0 = kb * BN, kvalid = min(BN, S - k0);
+    load_tile_async<D>(sm.k[buf], base + int64_t(H + kvh) * D, k0, kvalid, W);
+    load_tile_async<D>(sm.v[buf], base + int64_t(H + Hkv + kvh) * D, k0, kvalid, W);
+    cp_async_commit();
+  };
+  load_tile_async<D>(sm.q, base + h * D, q0, qvalid, W);
+  issue_kv(0, 0);          // one group: Q and the first K/V tile
   uint32_t qf[D / 16][4];  // this warp's Q rows as A fragments, one per 16-wide step of D
-  load_a_frags<D>(qf, sm.q, warp, g, t);
   float o[D / 8][4];
 #pragma unroll
   for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;  // rows i0, i1; l: this thread's part
-  for (int kb = 0; kb <= qb; ++kb) {
-    const int k0 = kb * BN, kvalid = min(BN, S - k0);
-    __syncthreads();  // every warp is done with the previous K/V tile
-    load_tile<D>(sm.k, base + int64_t(H + kvh) * D, k0, kvalid, W);
-    load_tile<D>(sm.v, base + int64_t(H + Hkv + kvh) * D, k0, kvalid, W);
-    __syncthreads();
+  for (int kb = 0, buf = 0; kb <= qb; ++kb, buf ^= 1) {
+    const int k0 = kb * BN;
+    if (kb < qb) {
+      issue_kv(kb + 1, buf ^ 1);  // the next tile flies while this one is used
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();  // this tile (and Q) landed for every thread
+    if (kb == 0) load_a_frags<D>(qf, sm.q, warp, g, t);
     // S (16 × 64) = Q · K^T: B fragment (d, key) = K[key][d], consecutive in d.
     float sc[BN / 8][4];
-    rows_times_tile_t_mma<D>(sc, qf, sm.k, g, t);
+    rows_times_tile_t_mma<D>(sc, qf, sm.k[buf], g, t);
     // Scale, ALiBi bias, causal and end-of-sequence mask; the tile's row maxima.
     float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
@@ -370,7 +392,8 @@ __global__ void __launch_bounds__(kThreads)
     // O (16 × D) += P (16 × 64) · V (64 × D): P's A fragment for keys [16s, 16s+16) is the
     // score accumulators of key tiles 2s and 2s+1; B fragment (key, d) = V[key][d], two rows of
     // a column.
-    acc_times_tile_mma<D>(o, sc, sm.v, g, t);
+    acc_times_tile_mma<D>(o, sc, sm.v[buf], g, t);
+    __syncthreads();  // every warp is done with this buffer before it is refilled
   }
   l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
   l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
@@ -597,10 +620,17 @@ __global__ void __launch_bounds__(kThreads)
 // fragment layouts of forward_mma_kernel: a warp's 16 rows of S, dP, P and dS live in registers,
 // and the accumulators of two adjacent 8-column tiles are the A fragment of the next product.
 
+// dK/dV: K and V once; Q, dO and their rows' lse and delta double-buffered over the query tiles.
 template <int D>
-struct MmaBwdSmem {
-  bf16 a[BM * LDT<D>], b[BM * LDT<D>], c[BN * LDT<D>], d[BN * LDT<D>];
-  float lse[BM], delta[BM];
+struct MmaDkdvSmem {
+  bf16 k[BN * LDT<D>], v[BN * LDT<D>], q[2][BM * LDT<D>], dO[2][BM * LDT<D>];
+  float lse[2][BM], delta[2][BM];
+};
+
+// dQ: Q and dO once; K and V double-buffered over the key tiles.
+template <int D>
+struct MmaDqSmem {
+  bf16 q[BM * LDT<D>], dO[BM * LDT<D>], k[2][BN * LDT<D>], v[2][BN * LDT<D>];
 };
 
 // Rows row0 + (g, g+8) of an fp32 [rows][W] matrix at column col: this warp's 16 × D result.
@@ -624,58 +654,70 @@ __global__ void __launch_bounds__(kThreads, 2)  // 2 blocks an SM: no spills at 
     dkdv_mma_kernel(float* dqkv, const bf16* dO, const float* lse, const float* delta,
                     const bf16* qkv, const float* slopes, int S, int H, int Hkv, float scale) {
   extern __shared__ __align__(128) unsigned char raw[];
-  MmaBwdSmem<D>& sm = *reinterpret_cast<MmaBwdSmem<D>*>(raw);  // a: q, b: dO, c: k, d: v
+  MmaDkdvSmem<D>& sm = *reinterpret_cast<MmaDkdvSmem<D>*>(raw);
   const int kb = blockIdx.x, b = blockIdx.y / Hkv, kvh = blockIdx.y % Hkv, group = H / Hkv;
   const int64_t W = int64_t(H + 2 * Hkv) * D, ldo = int64_t(H) * D;
   const bf16* base = qkv + int64_t(b) * S * W;
   const int k0 = kb * BN, kvalid = min(BN, S - k0), nq = (S + BM - 1) / BM;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int j0 = k0 + warp * 16 + g, j1 = j0 + 8;  // this thread's two keys
-  load_tile<D>(sm.c, base + int64_t(H + kvh) * D, k0, kvalid, W);
-  load_tile<D>(sm.d, base + int64_t(H + Hkv + kvh) * D, k0, kvalid, W);
-  __syncthreads();
+  // Steps: the query tiles kb..nq-1 of each query head of the group, in that order.
+  const int per_head = nq - kb, steps = group * per_head;
+  auto issue_q = [&](int it, int buf) {  // Q, dO, lse and delta of step it into buffer buf
+    const int h = kvh * group + it / per_head, q0 = (kb + it % per_head) * BM;
+    const int qvalid = min(BM, S - q0);
+    const int64_t bh = int64_t(b) * H + h;
+    load_tile_async<D>(sm.q[buf], base + int64_t(h) * D, q0, qvalid, W);
+    load_tile_async<D>(sm.dO[buf], dO + int64_t(b) * S * ldo + int64_t(h) * D, q0, qvalid, ldo);
+    if (threadIdx.x < BM) {
+      const int i = q0 + threadIdx.x;
+      sm.lse[buf][threadIdx.x] = i < S ? lse[bh * S + i] : 0.f;
+      sm.delta[buf][threadIdx.x] = i < S ? delta[bh * S + i] : 0.f;
+    }
+    cp_async_commit();
+  };
+  load_tile_async<D>(sm.k, base + int64_t(H + kvh) * D, k0, kvalid, W);
+  load_tile_async<D>(sm.v, base + int64_t(H + Hkv + kvh) * D, k0, kvalid, W);
+  issue_q(0, 0);  // one group: K, V and the first query tile
   uint32_t kf[D / 16][4], vf[D / 16][4];
-  load_a_frags<D>(kf, sm.c, warp, g, t);
-  load_a_frags<D>(vf, sm.d, warp, g, t);
   float dk[D / 8][4], dv[D / 8][4];
 #pragma unroll
   for (int n = 0; n < D / 8; ++n)
 #pragma unroll
     for (int c = 0; c < 4; ++c) dk[n][c] = dv[n][c] = 0.f;
-  for (int gh = 0; gh < group; ++gh) {
-    const int h = kvh * group + gh;
-    const int64_t bh = int64_t(b) * H + h;
+  for (int it = 0, buf = 0; it < steps; ++it, buf ^= 1) {
+    const int h = kvh * group + it / per_head, q0 = (kb + it % per_head) * BM;
     const float slope = slopes ? slopes[h] : 0.f;
-    for (int qb = kb; qb < nq; ++qb) {
-      const int q0 = qb * BM, qvalid = min(BM, S - q0);
-      __syncthreads();  // every warp is done with the previous Q/dO tile
-      load_tile<D>(sm.a, base + int64_t(h) * D, q0, qvalid, W);
-      load_tile<D>(sm.b, dO + int64_t(b) * S * ldo + int64_t(h) * D, q0, qvalid, ldo);
-      if (threadIdx.x < BM) {
-        const int i = q0 + threadIdx.x;
-        sm.lse[threadIdx.x] = i < S ? lse[bh * S + i] : 0.f;
-        sm.delta[threadIdx.x] = i < S ? delta[bh * S + i] : 0.f;
-      }
-      __syncthreads();
-      float st[BN / 8][4], dpt[BN / 8][4];
-      rows_times_tile_t_mma<D>(st, kf, sm.a, g, t);
-      rows_times_tile_t_mma<D>(dpt, vf, sm.b, g, t);
-#pragma unroll
-      for (int n = 0; n < BN / 8; ++n)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          const int j = c < 2 ? j0 : j1, qi = n * 8 + 2 * t + (c & 1), i = q0 + qi;
-          float p = 0.f, ds = 0.f;
-          if (j <= i && i < S) {
-            p = expf(scale * st[n][c] - slope * float(i - j) - sm.lse[qi]);
-            ds = scale * p * (dpt[n][c] - sm.delta[qi]);
-          }
-          st[n][c] = p;
-          dpt[n][c] = ds;
-        }
-      acc_times_tile_mma<D>(dv, st, sm.b, g, t);   // dV += P^T · dO
-      acc_times_tile_mma<D>(dk, dpt, sm.a, g, t);  // dK += dS^T · Q
+    if (it + 1 < steps) {
+      issue_q(it + 1, buf ^ 1);  // the next query tile flies while this one is used
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
     }
+    __syncthreads();  // this step's tiles (and K, V) landed for every thread
+    if (it == 0) {
+      load_a_frags<D>(kf, sm.k, warp, g, t);
+      load_a_frags<D>(vf, sm.v, warp, g, t);
+    }
+    float st[BN / 8][4], dpt[BN / 8][4];
+    rows_times_tile_t_mma<D>(st, kf, sm.q[buf], g, t);
+    rows_times_tile_t_mma<D>(dpt, vf, sm.dO[buf], g, t);
+#pragma unroll
+    for (int n = 0; n < BN / 8; ++n)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int j = c < 2 ? j0 : j1, qi = n * 8 + 2 * t + (c & 1), i = q0 + qi;
+        float p = 0.f, ds = 0.f;
+        if (j <= i && i < S) {
+          p = expf(scale * st[n][c] - slope * float(i - j) - sm.lse[buf][qi]);
+          ds = scale * p * (dpt[n][c] - sm.delta[buf][qi]);
+        }
+        st[n][c] = p;
+        dpt[n][c] = ds;
+      }
+    acc_times_tile_mma<D>(dv, st, sm.dO[buf], g, t);  // dV += P^T · dO
+    acc_times_tile_mma<D>(dk, dpt, sm.q[buf], g, t);  // dK += dS^T · Q
+    __syncthreads();  // every warp is done with this buffer before it is refilled
   }
   const int64_t row0 = int64_t(b) * S + k0 + warp * 16;
   store_acc<D>(dqkv, dk, row0, k0 + warp * 16, S, W, int64_t(H + kvh) * D, g, t);
@@ -689,7 +731,7 @@ __global__ void __launch_bounds__(kThreads)
     dq_mma_kernel(float* dqkv, const bf16* dO, const float* lse, const float* delta,
                   const bf16* qkv, const float* slopes, int S, int H, int Hkv, float scale) {
   extern __shared__ __align__(128) unsigned char raw[];
-  MmaBwdSmem<D>& sm = *reinterpret_cast<MmaBwdSmem<D>*>(raw);  // a: q, b: dO, c: k, d: v
+  MmaDqSmem<D>& sm = *reinterpret_cast<MmaDqSmem<D>*>(raw);
   const int qb = blockIdx.x, bh = blockIdx.y, b = bh / H, h = bh % H, kvh = h / (H / Hkv);
   const int64_t W = int64_t(H + 2 * Hkv) * D, ldo = int64_t(H) * D;
   const bf16* base = qkv + int64_t(b) * S * W;
@@ -697,28 +739,39 @@ __global__ void __launch_bounds__(kThreads)
   const float slope = slopes ? slopes[h] : 0.f;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int i0 = q0 + warp * 16 + g, i1 = i0 + 8;
-  load_tile<D>(sm.a, base + int64_t(h) * D, q0, qvalid, W);
-  load_tile<D>(sm.b, dO + int64_t(b) * S * ldo + int64_t(h) * D, q0, qvalid, ldo);
+  auto issue_kv = [&](int kb, int buf) {  // K/V tile kb into buffer buf, one cp.async group
+    const int k0 = kb * BN, kvalid = min(BN, S - k0);
+    load_tile_async<D>(sm.k[buf], base + int64_t(H + kvh) * D, k0, kvalid, W);
+    load_tile_async<D>(sm.v[buf], base + int64_t(H + Hkv + kvh) * D, k0, kvalid, W);
+    cp_async_commit();
+  };
+  load_tile_async<D>(sm.q, base + int64_t(h) * D, q0, qvalid, W);
+  load_tile_async<D>(sm.dO, dO + int64_t(b) * S * ldo + int64_t(h) * D, q0, qvalid, ldo);
+  issue_kv(0, 0);  // one group: Q, dO and the first K/V tile
   const float lse0 = i0 < S ? lse[int64_t(bh) * S + i0] : 0.f;
   const float lse1 = i1 < S ? lse[int64_t(bh) * S + i1] : 0.f;
   const float dl0 = i0 < S ? delta[int64_t(bh) * S + i0] : 0.f;
   const float dl1 = i1 < S ? delta[int64_t(bh) * S + i1] : 0.f;
-  __syncthreads();
   uint32_t qf[D / 16][4], dof[D / 16][4];
-  load_a_frags<D>(qf, sm.a, warp, g, t);
-  load_a_frags<D>(dof, sm.b, warp, g, t);
   float dq[D / 8][4];
 #pragma unroll
   for (int n = 0; n < D / 8; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.f;
-  for (int kb = 0; kb <= qb; ++kb) {
-    const int k0 = kb * BN, kvalid = min(BN, S - k0);
-    __syncthreads();  // every warp is done with the previous K/V tile
-    load_tile<D>(sm.c, base + int64_t(H + kvh) * D, k0, kvalid, W);
-    load_tile<D>(sm.d, base + int64_t(H + Hkv + kvh) * D, k0, kvalid, W);
-    __syncthreads();
+  for (int kb = 0, buf = 0; kb <= qb; ++kb, buf ^= 1) {
+    const int k0 = kb * BN;
+    if (kb < qb) {
+      issue_kv(kb + 1, buf ^ 1);  // the next tile flies while this one is used
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();  // this tile (and Q, dO) landed for every thread
+    if (kb == 0) {
+      load_a_frags<D>(qf, sm.q, warp, g, t);
+      load_a_frags<D>(dof, sm.dO, warp, g, t);
+    }
     float sc[BN / 8][4], dp[BN / 8][4];
-    rows_times_tile_t_mma<D>(sc, qf, sm.c, g, t);
-    rows_times_tile_t_mma<D>(dp, dof, sm.d, g, t);
+    rows_times_tile_t_mma<D>(sc, qf, sm.k[buf], g, t);
+    rows_times_tile_t_mma<D>(dp, dof, sm.v[buf], g, t);
 #pragma unroll
     for (int n = 0; n < BN / 8; ++n)
 #pragma unroll
@@ -731,7 +784,8 @@ __global__ void __launch_bounds__(kThreads)
         }
         dp[n][c] = ds;
       }
-    acc_times_tile_mma<D>(dq, dp, sm.c, g, t);  // dQ += dS · K
+    acc_times_tile_mma<D>(dq, dp, sm.k[buf], g, t);  // dQ += dS · K
+    __syncthreads();  // every warp is done with this buffer before it is refilled
   }
   store_acc<D>(dqkv, dq, int64_t(b) * S + q0 + warp * 16, q0 + warp * 16, S, W, int64_t(h) * D, g,
                t);
@@ -773,10 +827,10 @@ void forward_mma_t(uint16_t* O, float* lse, const uint16_t* qkv, const float* sl
 // Both backwards: delta = rowsum(dO∘O), then dK/dV per (key tile, sequence·kv head) and dQ per
 // (query tile, sequence·head).
 template <class KernelKV, class KernelQ>
-void launch_backward(KernelKV dkdv, KernelQ dq, size_t smem, const char* name, float* dqkv,
-                     float* delta, const uint16_t* dO, const uint16_t* O, const float* lse,
-                     const uint16_t* qkv, const float* slopes, int64_t B, int64_t S, int64_t H,
-                     int64_t Hkv, int D) {
+void launch_backward(KernelKV dkdv, KernelQ dq, size_t smem_kv, size_t smem_q, const char* name,
+                     float* dqkv, float* delta, const uint16_t* dO, const uint16_t* O,
+                     const float* lse, const uint16_t* qkv, const float* slopes, int64_t B,
+                     int64_t S, int64_t H, int64_t Hkv, int D) {
   const int64_t rows = B * H * S;
   delta_kernel<<<unsigned((rows + 7) / 8), 256>>>(delta, reinterpret_cast<const bf16*>(dO),
                                                   reinterpret_cast<const bf16*>(O), S, int(H), D,
@@ -784,15 +838,15 @@ void launch_backward(KernelKV dkdv, KernelQ dq, size_t smem, const char* name, f
   check_launch("attention::delta");
   const float scale = 1.f / sqrtf(float(D));
   const unsigned tiles = unsigned((S + BM - 1) / BM);
-  allow_smem(dkdv, smem);
-  dkdv<<<dim3(tiles, unsigned(B * Hkv)), kThreads, smem>>>(
+  allow_smem(dkdv, smem_kv);
+  dkdv<<<dim3(tiles, unsigned(B * Hkv)), kThreads, smem_kv>>>(
       dqkv, reinterpret_cast<const bf16*>(dO), lse, delta, reinterpret_cast<const bf16*>(qkv),
       slopes, int(S), int(H), int(Hkv), scale);
   check_launch(name);
-  allow_smem(dq, smem);
-  dq<<<dim3(tiles, unsigned(B * H)), kThreads, smem>>>(dqkv, reinterpret_cast<const bf16*>(dO), lse,
-                                                       delta, reinterpret_cast<const bf16*>(qkv),
-                                                       slopes, int(S), int(H), int(Hkv), scale);
+  allow_smem(dq, smem_q);
+  dq<<<dim3(tiles, unsigned(B * H)), kThreads, smem_q>>>(
+      dqkv, reinterpret_cast<const bf16*>(dO), lse, delta, reinterpret_cast<const bf16*>(qkv),
+      slopes, int(S), int(H), int(Hkv), scale);
   check_launch(name);
 }
 
@@ -800,16 +854,17 @@ template <int D>
 void backward_t(float* dqkv, float* delta, const uint16_t* dO, const uint16_t* O, const float* lse,
                 const uint16_t* qkv, const float* slopes, int64_t B, int64_t S, int64_t H,
                 int64_t Hkv) {
-  launch_backward(dkdv_kernel<D>, dq_kernel<D>, sizeof(BwdSmem<D>), "attention::backward", dqkv,
-                  delta, dO, O, lse, qkv, slopes, B, S, H, Hkv, D);
+  launch_backward(dkdv_kernel<D>, dq_kernel<D>, sizeof(BwdSmem<D>), sizeof(BwdSmem<D>),
+                  "attention::backward", dqkv, delta, dO, O, lse, qkv, slopes, B, S, H, Hkv, D);
 }
 
 template <int D>
 void backward_mma_t(float* dqkv, float* delta, const uint16_t* dO, const uint16_t* O,
                     const float* lse, const uint16_t* qkv, const float* slopes, int64_t B,
                     int64_t S, int64_t H, int64_t Hkv) {
-  launch_backward(dkdv_mma_kernel<D>, dq_mma_kernel<D>, sizeof(MmaBwdSmem<D>),
-                  "attention::backward_mma", dqkv, delta, dO, O, lse, qkv, slopes, B, S, H, Hkv, D);
+  launch_backward(dkdv_mma_kernel<D>, dq_mma_kernel<D>, sizeof(MmaDkdvSmem<D>),
+                  sizeof(MmaDqSmem<D>), "attention::backward_mma", dqkv, delta, dO, O, lse, qkv,
+                  slopes, B, S, H, Hkv, D);
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 // Tiled routed-expert products (see expert_gemm.hpp). Four warps per block; warp w computes the
 // 32×32 quarter (w/2, w%2) of the block's 64×64 output tile as 2×2 WMMA fragments of 16×16×16
 // bf16 with fp32 accumulation. Operand tiles are staged in shared memory in the layout they have
-// in global memory; a transposed operand is read through a column-major fragment.
+// in global memory (double-buffered: the next depth step's tiles load by cp.async while this
+// step multiplies); a transposed operand is read through a column-major fragment.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <mma.h>
@@ -11,6 +12,7 @@
 #include <string>
 #include <type_traits>
 
+#include "async_copy.cuh"
 #include "check.hpp"
 #include "moeplan/backend/cuda/expert_gemm.hpp"
 
@@ -34,31 +36,33 @@ using FragBt = wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major>
 using FragC = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
 
 // dst [ROWS][ld_dst] (shared) = src rows [0, ROWS) × columns [0, COLS) of a bf16 row-major
-// matrix with row stride ld; entries at or past (valid_rows, valid_cols) are zero. Whole 16-byte
-// chunks when `vec` (ld a multiple of 8, src 16-byte aligned), element by element at the ragged
-// edge otherwise.
+// matrix with row stride ld; entries at or past (valid_rows, valid_cols) are zero. When `vec`
+// (ld a multiple of 8, src 16-byte aligned), whole 16-byte chunks go by cp.async (rows past the
+// end zero-filled by it), in flight until the caller's commit and wait; the ragged edge and the
+// unaligned case are stored element by element at once.
 template <int ROWS, int COLS>
 __device__ void load_tile(uint16_t* dst, int ld_dst, const uint16_t* src, int64_t ld,
                           int valid_rows, int valid_cols, bool vec) {
   constexpr int kChunks = COLS / 8;
   for (int i = threadIdx.x; i < ROWS * kChunks; i += kThreads) {
     const int r = i / kChunks, c = (i % kChunks) * 8;
+    uint16_t* d = dst + r * ld_dst + c;
+    const uint16_t* s = src + int64_t(r) * ld + c;
+    if (vec && (r >= valid_rows || c + 8 <= valid_cols)) {
+      cp_async_16(d, r < valid_rows ? s : src, r < valid_rows ? 16 : 0);
+      continue;
+    }
     union {
       uint4 v;
       uint16_t h[8];
     } u;
     u.v = make_uint4(0, 0, 0, 0);
     if (r < valid_rows) {
-      const uint16_t* s = src + int64_t(r) * ld + c;
-      if (vec && c + 8 <= valid_cols) {
-        u.v = *reinterpret_cast<const uint4*>(s);
-      } else {
 #pragma unroll
-        for (int j = 0; j < 8; ++j)
-          if (c + j < valid_cols) u.h[j] = s[j];
-      }
+      for (int j = 0; j < 8; ++j)
+        if (c + j < valid_cols) u.h[j] = s[j];
     }
-    *reinterpret_cast<uint4*>(dst + r * ld_dst + c) = u.v;
+    *reinterpret_cast<uint4*>(d) = u.v;
   }
 }
 
@@ -66,20 +70,23 @@ __device__ void load_tile(uint16_t* dst, int ld_dst, const uint16_t* src, int64_
 // (depth × columns) or transposed [64][32]. Sized for the larger of each pair.
 constexpr int kTileElems = (BK * LD_KR > BM * LD_RK) ? (BK * LD_KR) : (BM * LD_RK);
 static_assert(BM == BN, "one staging size serves A and B");
+// Two of each, so that the next depth step's tiles load (cp.async) while this step's multiply.
 struct Tiles {
-  alignas(128) uint16_t a[kTileElems];
-  alignas(128) uint16_t b[kTileElems];
+  alignas(128) uint16_t a[2][kTileElems];
+  alignas(128) uint16_t b[2][kTileElems];
   alignas(128) float out[4][16 * LD_OUT];
 };
+static_assert(kTileElems * 2 % 128 == 0, "the second tile of a pair stays 128-byte aligned");
 
 // acc += A_tile · B_tile for this warp's 32×32 quarter. A_T: A staged [depth][rows] (read
 // column-major); B_T: B staged [columns][depth] (read column-major).
 template <bool A_T, bool B_T>
-__device__ void mma_tile(FragC (&acc)[2][2], const Tiles& t, int wm, int wn) {
+__device__ void mma_tile(FragC (&acc)[2][2], const uint16_t* a_tile, const uint16_t* b_tile, int wm,
+                         int wn) {
 #pragma unroll
   for (int kk = 0; kk < BK; kk += 16) {
-    const bf16* a = reinterpret_cast<const bf16*>(t.a);
-    const bf16* b = reinterpret_cast<const bf16*>(t.b);
+    const bf16* a = reinterpret_cast<const bf16*>(a_tile);
+    const bf16* b = reinterpret_cast<const bf16*>(b_tile);
     typename std::conditional<A_T, FragAt, FragA>::type fa[2];
     typename std::conditional<B_T, FragBt, FragB>::type fb[2];
 #pragma unroll
@@ -163,7 +170,8 @@ template <bool TRANS_W, class OutT>
 __global__ void __launch_bounds__(kThreads)
     rows_kernel(OutT* C, const uint16_t* A, const uint16_t* const* W, const int32_t* map,
                 const int32_t* n_tiles, int N, int K, bool vec) {
-  __shared__ Tiles t;
+  extern __shared__ __align__(128) unsigned char raw[];
+  Tiles& t = *reinterpret_cast<Tiles*>(raw);
   const int tile = blockIdx.x;
   if (tile >= *n_tiles) return;
   const int e = map[3 * tile], row0 = map[3 * tile + 1], rows = map[3 * tile + 2];
@@ -176,15 +184,25 @@ __global__ void __launch_bounds__(kThreads)
   for (int i = 0; i < 2; ++i)
 #pragma unroll
     for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[i][j], 0.f);
-  for (int k0 = 0; k0 < K; k0 += BK) {
-    __syncthreads();  // the previous step's fragments are loaded
-    load_tile<BM, BK>(t.a, LD_RK, a + k0, K, rows, K - k0, vec);
+  auto issue = [&](int k0, int buf) {  // the tiles of depth step k0 into buffer buf
+    load_tile<BM, BK>(t.a[buf], LD_RK, a + k0, K, rows, K - k0, vec);
     if constexpr (TRANS_W)  // W_e stored (N, K): the tile [64 columns][32 depth]
-      load_tile<BN, BK>(t.b, LD_RK, w + int64_t(n0) * K + k0, K, N - n0, K - k0, vec);
+      load_tile<BN, BK>(t.b[buf], LD_RK, w + int64_t(n0) * K + k0, K, N - n0, K - k0, vec);
     else  // W_e stored (K, N): the tile [32 depth][64 columns]
-      load_tile<BK, BN>(t.b, LD_KR, w + int64_t(k0) * N + n0, N, K - k0, N - n0, vec);
-    __syncthreads();
-    mma_tile<false, TRANS_W>(acc, t, wm, wn);
+      load_tile<BK, BN>(t.b[buf], LD_KR, w + int64_t(k0) * N + n0, N, K - k0, N - n0, vec);
+    cp_async_commit();
+  };
+  issue(0, 0);
+  for (int k0 = 0, buf = 0; k0 < K; k0 += BK, buf ^= 1) {
+    if (k0 + BK < K) {
+      issue(k0 + BK, buf ^ 1);  // the next step's tiles fly while this one multiplies
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();  // every thread's copies of this step have landed
+    mma_tile<false, TRANS_W>(acc, t.a[buf], t.b[buf], wm, wn);
+    __syncthreads();  // every warp is done with this buffer before it is refilled
   }
   store_quarter(C + int64_t(row0) * N + n0, N, acc, t, wm, wn, rows, N - n0, false);
 }
@@ -193,7 +211,8 @@ __global__ void __launch_bounds__(kThreads)
 __global__ void __launch_bounds__(kThreads)
     weight_grads_kernel(float* const* G, const uint16_t* A, const uint16_t* B,
                         const int32_t* offsets, int M, int N, int tiles_n, bool vec) {
-  __shared__ Tiles t;
+  extern __shared__ __align__(128) unsigned char raw[];
+  Tiles& t = *reinterpret_cast<Tiles*>(raw);
   const int e = blockIdx.y;
   const int r0 = offsets[e], r1 = offsets[e + 1];
   if (r1 == r0) return;
@@ -204,13 +223,23 @@ __global__ void __launch_bounds__(kThreads)
   for (int i = 0; i < 2; ++i)
 #pragma unroll
     for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[i][j], 0.f);
-  for (int k0 = r0; k0 < r1; k0 += BK) {
-    __syncthreads();
+  auto issue = [&](int k0, int buf) {
     // A rows [k0, k0+32) × columns [m0, m0+64): the transposed operand, staged [depth][rows]
-    load_tile<BK, BM>(t.a, LD_KR, A + int64_t(k0) * M + m0, M, r1 - k0, M - m0, vec);
-    load_tile<BK, BN>(t.b, LD_KR, B + int64_t(k0) * N + n0, N, r1 - k0, N - n0, vec);
+    load_tile<BK, BM>(t.a[buf], LD_KR, A + int64_t(k0) * M + m0, M, r1 - k0, M - m0, vec);
+    load_tile<BK, BN>(t.b[buf], LD_KR, B + int64_t(k0) * N + n0, N, r1 - k0, N - n0, vec);
+    cp_async_commit();
+  };
+  issue(r0, 0);
+  for (int k0 = r0, buf = 0; k0 < r1; k0 += BK, buf ^= 1) {
+    if (k0 + BK < r1) {
+      issue(k0 + BK, buf ^ 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
     __syncthreads();
-    mma_tile<true, false>(acc, t, wm, wn);
+    mma_tile<true, false>(acc, t.a[buf], t.b[buf], wm, wn);
+    __syncthreads();
   }
   store_quarter(G[e] + int64_t(m0) * N + n0, N, acc, t, wm, wn, M - m0, N - n0, true);
 }
@@ -255,15 +284,19 @@ void rows(void* C, bool c_bf16, const uint16_t* A, const uint16_t* const* W, boo
   if (c_bf16) {
     bf16* c = static_cast<bf16*>(C);
     if (trans_w)
-      rows_kernel<true, bf16><<<grid, kThreads>>>(c, A, W, tile_map, n_tiles, n, k, vec);
+      rows_kernel<true, bf16>
+          <<<grid, kThreads, sizeof(Tiles)>>>(c, A, W, tile_map, n_tiles, n, k, vec);
     else
-      rows_kernel<false, bf16><<<grid, kThreads>>>(c, A, W, tile_map, n_tiles, n, k, vec);
+      rows_kernel<false, bf16>
+          <<<grid, kThreads, sizeof(Tiles)>>>(c, A, W, tile_map, n_tiles, n, k, vec);
   } else {
     float* c = static_cast<float*>(C);
     if (trans_w)
-      rows_kernel<true, float><<<grid, kThreads>>>(c, A, W, tile_map, n_tiles, n, k, vec);
+      rows_kernel<true, float>
+          <<<grid, kThreads, sizeof(Tiles)>>>(c, A, W, tile_map, n_tiles, n, k, vec);
     else
-      rows_kernel<false, float><<<grid, kThreads>>>(c, A, W, tile_map, n_tiles, n, k, vec);
+      rows_kernel<false, float>
+          <<<grid, kThreads, sizeof(Tiles)>>>(c, A, W, tile_map, n_tiles, n, k, vec);
   }
   check_launch("expert_gemm::rows");
 }
@@ -276,7 +309,7 @@ void weight_grads(float* const* G, const uint16_t* A, const uint16_t* B, const i
   check_int(experts, "expert count");
   const int64_t tiles_n = (N + BN - 1) / BN, tiles = (M + BM - 1) / BM * tiles_n;
   const bool vec = M % 8 == 0 && N % 8 == 0 && aligned16(A) && aligned16(B);
-  weight_grads_kernel<<<dim3(unsigned(tiles), unsigned(experts)), kThreads>>>(
+  weight_grads_kernel<<<dim3(unsigned(tiles), unsigned(experts)), kThreads, sizeof(Tiles)>>>(
       G, A, B, offsets, int(M), int(N), int(tiles_n), vec);
   check_launch("expert_gemm::weight_grads");
 }

@@ -141,7 +141,18 @@ void jump(Context& from, Context& to, const void* to_lo, std::size_t to_bytes, b
 
 enum class Wait { none, block, warp };
 
+// A cp.async copy issued and not yet waited for: done at the issuing thread's cp.async.wait_group
+// that covers its group (the latest moment the hardware allows), or when the thread exits.
+struct AsyncCopy {
+  unsigned char* dst;
+  const unsigned char* src;
+  int bytes;       // read from src; the rest of the 16 is zero-filled
+  unsigned group;  // commit groups before it
+};
+
 struct Fiber {
+  std::vector<AsyncCopy> copies;
+  unsigned committed = 0;
   Context ctx;
   unsigned char* stack = nullptr;  // mmap'd, one guard page below
   uint3 tid;
@@ -182,8 +193,12 @@ struct Block : Barrier {
 // The order in which the scheduler resumes the threads of a block, and runs the blocks
 // (MOEPLAN_EMU_SCHEDULE): forward, reverse, or a fixed-seed shuffle. The hardware promises no
 // order, so a kernel must give the same results under each; one that reads, within a barrier
-// interval, what another thread writes in it (a missing __syncthreads) does not.
-enum class Order { forward, reverse, shuffle };
+// interval, what another thread writes in it (a missing __syncthreads) does not. "greedy" always
+// resumes the highest-numbered runnable thread, so the last warp runs as far ahead of the others
+// as the block barriers allow (and warp 0, which holds the valid rows of a partial tile, lags): a
+// buffer refilled while another warp may still read it (a missing barrier after the reads, as in
+// a double-buffered loop) shows.
+enum class Order { forward, reverse, shuffle, greedy };
 
 Order order_from_env() {
   const char* v = std::getenv("MOEPLAN_EMU_SCHEDULE");
@@ -191,7 +206,8 @@ Order order_from_env() {
   if (o.empty() || o == "forward") return Order::forward;
   if (o == "reverse") return Order::reverse;
   if (o == "shuffle") return Order::shuffle;
-  std::fprintf(stderr, "MOEPLAN_EMU_SCHEDULE='%s': use forward, reverse or shuffle\n", v);
+  if (o == "greedy") return Order::greedy;
+  std::fprintf(stderr, "MOEPLAN_EMU_SCHEDULE='%s': use forward, reverse, shuffle or greedy\n", v);
   std::exit(2);
 }
 
@@ -221,6 +237,20 @@ void set_error(cudaError_t e, const std::string& what) {
   s.message = what;
 }
 
+// Performs the copies of groups below `groups` (all when ~0u), in issue order.
+void complete_copies(Fiber& f, unsigned groups) {
+  std::size_t kept = 0;
+  for (const AsyncCopy& c : f.copies) {
+    if (groups != ~0u && c.group >= groups) {
+      f.copies[kept++] = c;
+      continue;
+    }
+    std::memcpy(c.dst, c.src, std::size_t(c.bytes));
+    std::memset(c.dst + c.bytes, 0, std::size_t(16 - c.bytes));
+  }
+  f.copies.resize(kept);
+}
+
 void fiber_entry() {
   State& s = st();
 #ifdef MOEPLAN_EMU_ASAN
@@ -228,6 +258,7 @@ void fiber_entry() {
 #endif
   (*s.body)();
   Fiber& f = *s.current;
+  complete_copies(f, ~0u);  // the hardware finishes what a thread left in flight
   f.done = true;
   Block& b = s.block;
   Warp& w = b.warps[size_t(f.warp)];
@@ -300,6 +331,8 @@ bool run_block(const Config& cfg, uint3 bid) {
     f.lane = int(i % 32);
     f.done = false;
     f.wait = Wait::none;
+    f.copies.clear();
+    f.committed = 0;
 #ifdef MOEPLAN_EMU_ASAN
     __asan_unpoison_memory_region(f.stack + page, kStackBytes);
 #endif
@@ -308,7 +341,8 @@ bool run_block(const Config& cfg, uint3 bid) {
   blockIdx = bid;
   s.perm.resize(nt);
   std::iota(s.perm.begin(), s.perm.end(), 0u);
-  if (s.order == Order::reverse) std::reverse(s.perm.begin(), s.perm.end());
+  if (s.order == Order::reverse || s.order == Order::greedy)
+    std::reverse(s.perm.begin(), s.perm.end());
   if (s.order == Order::shuffle) {
     std::mt19937 rng(0x5eedu + bid.x * 7919u + bid.y * 104729u + bid.z);
     std::shuffle(s.perm.begin(), s.perm.end(), rng);
@@ -324,6 +358,11 @@ bool run_block(const Config& cfg, uint3 bid) {
       s.current = &f;
       threadIdx = f.tid;
       jump(s.scheduler, f.ctx, f.stack + page, kStackBytes, false);
+      if (s.order == Order::greedy) {  // rescan from the lowest thread
+        j = ~0u;
+        all_done = true;
+        any = false;
+      }
     }
     if (s.faulted) return false;
     if (all_done) return true;
@@ -478,6 +517,33 @@ void ldmatrix_x4(uint32_t (&r)[4], const void* row, bool trans) {
     r[i] = trans ? element(i, 2 * t, g) | (element(i, 2 * t + 1, g) << 16)
                  : element(i, g, 2 * t) | (element(i, g, 2 * t + 1) << 16);
   warp_barrier();  // every lane has read the addresses before they are overwritten
+}
+
+void cp_async_16(void* dst, const void* src, int src_bytes) {
+  State& s = st();
+  auto* d = static_cast<unsigned char*>(dst);
+  const unsigned char* smem = s.block.smem.get();
+  if (src_bytes < 0 || src_bytes > 16) fault("cp.async: source size outside 0..16");
+  if (reinterpret_cast<std::uintptr_t>(d) % 16 != 0 ||
+      (src_bytes > 0 && reinterpret_cast<std::uintptr_t>(src) % 16 != 0))
+    fault("cp.async: a 16-byte copy needs 16-byte aligned addresses");
+  if (!smem || d < smem || d + 16 > smem + s.block.smem_bytes)
+    fault("cp.async: destination outside the block's dynamic shared memory");
+  // Until the wait, the destination holds nothing a kernel may read: NaN bytes, so a read before
+  // cp.async.wait_group shows.
+  std::memset(d, 0xFF, 16);
+  Fiber& f = *s.current;
+  f.copies.push_back({d, static_cast<const unsigned char*>(src), src_bytes, f.committed});
+}
+
+void cp_async_commit() {
+  ++st().current->committed;
+}
+
+void cp_async_wait(int pending) {
+  Fiber& f = *st().current;
+  if (pending < 0) fault("cp.async.wait_group: negative count");
+  if (f.committed > unsigned(pending)) complete_copies(f, f.committed - unsigned(pending));
 }
 
 cudaError_t set_max_dynamic_shared(int bytes) {

@@ -155,6 +155,14 @@ void mma_m16n8k16_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint3
 // (row l/4, columns 2(l%4), 2(l%4)+1), or with trans (rows 2(l%4), 2(l%4)+1 of column l/4).
 void ldmatrix_x4(uint32_t (&r)[4], const void* row, bool trans);
 
+// cp.async.cg.shared.global 16 bytes (src_bytes read, the rest zero-filled), commit_group and
+// wait_group. A copy lands at the issuing thread's wait that covers its group, and its
+// destination reads as NaN bytes until then; the destination must lie in the block's dynamic
+// shared memory and both addresses be 16-byte aligned.
+void cp_async_16(void* dst, const void* src, int src_bytes);
+void cp_async_commit();
+void cp_async_wait(int pending_groups);
+
 // All lanes must pass the same value (a WMMA pointer or stride).
 void check_warp_uniform(const void* p, unsigned ld, const char* op);
 
