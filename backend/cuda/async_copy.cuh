@@ -39,4 +39,19 @@ __device__ __forceinline__ void cp_async_wait() {
 #endif
 }
 
+// The head of one step of a double-buffered loop: when there is a next step, issue its loads
+// (issue_next commits them as one group) and wait for all but that group, else wait for all;
+// then the block barrier after which every thread sees this step's tiles. The loop ends each
+// step with a __syncthreads of its own before the buffer it read is refilled.
+template <class IssueNext>
+__device__ __forceinline__ void begin_step(bool has_next, IssueNext&& issue_next) {
+  if (has_next) {
+    issue_next();
+    cp_async_wait<1>();
+  } else {
+    cp_async_wait<0>();
+  }
+  __syncthreads();
+}
+
 }  // namespace moeplan::backend::cuda

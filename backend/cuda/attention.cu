@@ -331,13 +331,8 @@ __global__ void __launch_bounds__(kThreads)
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;  // rows i0, i1; l: this thread's part
   for (int kb = 0, buf = 0; kb <= qb; ++kb, buf ^= 1) {
     const int k0 = kb * BN;
-    if (kb < qb) {
-      issue_kv(kb + 1, buf ^ 1);  // the next tile flies while this one is used
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();  // this tile (and Q) landed for every thread
+    // The next tile flies while this one is used; this tile (and Q) landed for every thread.
+    begin_step(kb < qb, [&] { issue_kv(kb + 1, buf ^ 1); });
     if (kb == 0) load_a_frags<D>(qf, sm.q, warp, g, t);
     // S (16 × 64) = Q · K^T: B fragment (d, key) = K[key][d], consecutive in d.
     float sc[BN / 8][4];
@@ -688,13 +683,8 @@ __global__ void __launch_bounds__(kThreads, 2)  // 2 blocks an SM: no spills at 
   for (int it = 0, buf = 0; it < steps; ++it, buf ^= 1) {
     const int h = kvh * group + it / per_head, q0 = (kb + it % per_head) * BM;
     const float slope = slopes ? slopes[h] : 0.f;
-    if (it + 1 < steps) {
-      issue_q(it + 1, buf ^ 1);  // the next query tile flies while this one is used
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();  // this step's tiles (and K, V) landed for every thread
+    // The next query tile flies while this one is used; this one (and K, V) landed.
+    begin_step(it + 1 < steps, [&] { issue_q(it + 1, buf ^ 1); });
     if (it == 0) {
       load_a_frags<D>(kf, sm.k, warp, g, t);
       load_a_frags<D>(vf, sm.v, warp, g, t);
@@ -758,13 +748,8 @@ __global__ void __launch_bounds__(kThreads)
   for (int n = 0; n < D / 8; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.f;
   for (int kb = 0, buf = 0; kb <= qb; ++kb, buf ^= 1) {
     const int k0 = kb * BN;
-    if (kb < qb) {
-      issue_kv(kb + 1, buf ^ 1);  // the next tile flies while this one is used
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();  // this tile (and Q, dO) landed for every thread
+    // The next tile flies while this one is used; this tile (and Q, dO) landed.
+    begin_step(kb < qb, [&] { issue_kv(kb + 1, buf ^ 1); });
     if (kb == 0) {
       load_a_frags<D>(qf, sm.q, warp, g, t);
       load_a_frags<D>(dof, sm.dO, warp, g, t);

@@ -194,13 +194,8 @@ __global__ void __launch_bounds__(kThreads)
   };
   issue(0, 0);
   for (int k0 = 0, buf = 0; k0 < K; k0 += BK, buf ^= 1) {
-    if (k0 + BK < K) {
-      issue(k0 + BK, buf ^ 1);  // the next step's tiles fly while this one multiplies
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();  // every thread's copies of this step have landed
+    // The next step's tiles fly while this one multiplies.
+    begin_step(k0 + BK < K, [&] { issue(k0 + BK, buf ^ 1); });
     mma_tile<false, TRANS_W>(acc, t.a[buf], t.b[buf], wm, wn);
     __syncthreads();  // every warp is done with this buffer before it is refilled
   }
@@ -231,13 +226,7 @@ __global__ void __launch_bounds__(kThreads)
   };
   issue(r0, 0);
   for (int k0 = r0, buf = 0; k0 < r1; k0 += BK, buf ^= 1) {
-    if (k0 + BK < r1) {
-      issue(k0 + BK, buf ^ 1);
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
+    begin_step(k0 + BK < r1, [&] { issue(k0 + BK, buf ^ 1); });
     mma_tile<true, false>(acc, t.a[buf], t.b[buf], wm, wn);
     __syncthreads();
   }

@@ -33,38 +33,6 @@ double median(std::vector<double> v) {
   return v.empty() ? 0.0 : v[v.size() / 2];
 }
 
-// bf16 8192³ through the same wrapper the model uses; random inputs (zeros run faster).
-double gemm_ceiling_tflops() {
-  const int64_t n = 8192;
-  std::vector<uint16_t> h(size_t(n * n));
-  uint64_t x = 12345;
-  for (auto& v : h) {
-    x = x * 6364136223846793005ull + 1442695040888963407ull;
-    v = cu::float_to_bf16(float(int64_t(x >> 40) % 2001 - 1000) / 1000.f);
-  }
-  cu::DeviceBuffer A(h.size() * 2), B(h.size() * 2), C(size_t(n * n) * 4);
-  A.upload(h.data(), h.size() * 2);
-  B.upload(h.data(), h.size() * 2);
-  cu::Blas blas;
-  cudaEvent_t e0, e1;
-  cudaEventCreate(&e0);
-  cudaEventCreate(&e1);
-  std::vector<double> ms;
-  for (int i = 0; i < 13; ++i) {
-    cudaEventRecord(e0);
-    blas.gemm({}, false, false, n, n, n, A.data(), n, B.data(), n, C.as<float>(), n, 0.f,
-              cu::DType::bf16);
-    cudaEventRecord(e1);
-    cudaEventSynchronize(e1);
-    float t = 0;
-    cudaEventElapsedTime(&t, e0, e1);
-    if (i >= 3) ms.push_back(t);
-  }
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
-  return 2.0 * double(n) * double(n) * double(n) / (median(ms) * 1e-3) / 1e12;
-}
-
 // Median milliseconds of op(A)·op(B) (M×N, depth K) through the model's wrapper, bf16 inputs and
 // fp32 or bf16 output, after three warm-up calls.
 double gemm_ms(cu::Blas& blas, bool ta, bool tb, int64_t M, int64_t N, int64_t K, cu::DType out,
@@ -88,6 +56,29 @@ double gemm_ms(cu::Blas& blas, bool ta, bool tb, int64_t M, int64_t N, int64_t K
   return median(ms);
 }
 
+// n bf16 values uniform in [-1, 1] (random inputs: zeros run faster than real data).
+std::vector<uint16_t> random_bf16(size_t n, uint64_t seed) {
+  std::vector<uint16_t> h(n);
+  uint64_t x = seed;
+  for (auto& v : h) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    v = cu::float_to_bf16(float(int64_t(x >> 40) % 2001 - 1000) / 1000.f);
+  }
+  return h;
+}
+
+// bf16 8192³ through the same wrapper the model uses, fp32 out: the measured ceiling.
+double gemm_ceiling_tflops() {
+  const int64_t n = 8192;
+  const std::vector<uint16_t> h = random_bf16(size_t(n * n), 12345);
+  cu::DeviceBuffer A(h.size() * 2), B(h.size() * 2), C(size_t(n * n) * 4);
+  A.upload(h.data(), h.size() * 2);
+  B.upload(h.data(), h.size() * 2);
+  cu::Blas blas;
+  const double ms = gemm_ms(blas, false, false, n, n, n, cu::DType::f32, A, B, C);
+  return 2.0 * double(n) * double(n) * double(n) / (ms * 1e-3) / 1e12;
+}
+
 // Every weight product of a dense-124M step, alone, with the model's transposes: forward
 // (T×C)·(C×OC), input gradient (T×OC)·(C×OC)^T, weight gradient (T×C)^T·(T×OC). Which products
 // fall short of the ceiling, and how much of the step they take at their measured rates.
@@ -105,12 +96,7 @@ std::string gemm_shapes_table(int64_t batch, double ceiling) {
   size_t most = 0;
   for (const Product& p : products)
     most = std::max({most, size_t(T * p.C), size_t(T * p.OC), size_t(p.C * p.OC)});
-  std::vector<uint16_t> h(most);
-  uint64_t x = 777;
-  for (auto& v : h) {
-    x = x * 6364136223846793005ull + 1442695040888963407ull;
-    v = cu::float_to_bf16(float(int64_t(x >> 40) % 2001 - 1000) / 1000.f);
-  }
+  const std::vector<uint16_t> h = random_bf16(most, 777);
   cu::DeviceBuffer A(most * 2), B(most * 2), C(most * 4);
   A.upload(h.data(), most * 2);
   B.upload(h.data(), most * 2);
