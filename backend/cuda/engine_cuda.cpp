@@ -79,6 +79,7 @@ class CudaEngine final : public Engine {
   int64_t trainable_params() const override { return model_->trainable_params(); }
   FlopLedger eval_ledger() const override { return model_->eval_ledger(); }
   bool writes_files() const override { return info_.rank == 0; }
+  int world_size() const override { return info_.world_size; }
   bool any_rank(bool flag) override {
     if (!comm_ || info_.world_size == 1) return flag;
     int64_t n = flag ? 1 : 0;

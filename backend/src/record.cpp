@@ -101,6 +101,10 @@ nlohmann::json make_record(const RecordInputs& in) {
   rec["tokens_per_second"] = st.train_seconds > 0 ? consumed / st.train_seconds : 0.0;
   rec["achieved_flops_per_second"] = st.train_seconds > 0 ? exact_total / st.train_seconds : 0.0;
   rec["achieved_flops_convention"] = exact_label;
+  // The rates above are the job's; a data-parallel job ran on world_size devices at once.
+  rec["world_size"] = in.world_size;
+  rec["achieved_flops_per_second_per_device"] =
+      st.train_seconds > 0 ? exact_total / st.train_seconds / double(in.world_size) : 0.0;
   return rec;
 }
 

@@ -267,6 +267,7 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
   rin.state = &st;
   rin.device = opt.device;
   rin.kernels = engine->kernels();
+  rin.world_size = engine->world_size();
   rin.params = params;
   rin.data = data_json;
   rin.checkpoint_every = ckpt_every;

@@ -127,11 +127,14 @@ double category_sum(const json& flops, const char* category) {
   return s;
 }
 
-// The device and the kernels that ran on it (records before the `kernels` field: the device).
-// Times are compared only between records with the same label.
+// The device, how many of them (data-parallel ranks, when more than one) and the kernels that
+// ran on it (records before the `kernels` field: the device). Times are compared only between
+// records with the same label.
 std::string device_label(const json& r) {
   const std::string k = r.value("kernels", "");
-  return r.value("device", "?") + (k.empty() ? "" : " " + k);
+  const int w = r.value("world_size", 1);
+  return r.value("device", "?") + (w > 1 ? fmt::format(" x{}", w) : "") +
+         (k.empty() ? "" : " " + k);
 }
 
 std::vector<std::string> time_row_of(const json& r, const json* dense) {

@@ -559,6 +559,10 @@ TEST_CASE("moeplan run --device cuda, WORLD_SIZE=2 (emulated): the job's ledgers
     INFO(id);
     const json want = record(dir / "one", id), got = record(dir / "two", id);
     CHECK(got["status"] == "complete");
+    CHECK(want["world_size"] == 1);
+    CHECK(got["world_size"] == 2);  // the rates are the job's, over two devices
+    CHECK(got["achieved_flops_per_second_per_device"].get<double>() ==
+          doctest::Approx(got["achieved_flops_per_second"].get<double>() / 2));
     // Tokens: the job's, as one process reads them (each window once per epoch over the ranks).
     CHECK(got["measured"]["tokens"] == want["measured"]["tokens"]);
     for (auto& [k, val] : got["measured"]["matches_plan"].items()) CHECK_MESSAGE(val == true, k);
@@ -576,6 +580,11 @@ TEST_CASE("moeplan run --device cuda, WORLD_SIZE=2 (emulated): the job's ledgers
     CHECK(std::abs(lg - lw) / lw < (id == "dense" ? 1e-4 : 1e-2));
     MESSAGE(id, ": last train loss one process ", lw, ", two ranks ", lg);
   }
+  // The report labels the job with its device count, and compares times only within a label.
+  const Result rep = run_cli({"report", (dir / "two").string()});
+  REQUIRE_MESSAGE(rep.status == 0, rep.err);
+  CHECK_MESSAGE(rep.out.find("cuda x2 attention=cublas,experts=grouped") != std::string::npos,
+                rep.out);
 }
 
 TEST_CASE("WORLD_SIZE=2 (emulated): SIGINT to one rank stops both at one step; resume is exact") {

@@ -35,6 +35,8 @@ class Engine {
   // False on the data-parallel ranks other than 0: they train in lockstep (the same global batch,
   // each its own share of it) and leave checkpoints, records and progress lines to rank 0.
   virtual bool writes_files() const { return true; }
+  // Data-parallel ranks training this point together (1 without data parallelism).
+  virtual int world_size() const { return 1; }
   // True when `flag` is true on any data-parallel rank (every rank must call it at the same
   // point of the loop; it is a collective). The run loop asks it before each step whether any
   // rank was told to stop, so that all ranks stop at the same step instead of one waiting

@@ -26,6 +26,7 @@ struct RecordInputs {
   std::string status;  // "running" | "complete"
   std::string device;
   std::string kernels;  // Engine::kernels() of the run that wrote the record
+  int world_size = 1;   // data-parallel ranks (devices) of the run that wrote the record
   MeasuredParams params;
   nlohmann::json data;  // source description and split sizes
   int64_t checkpoint_every = 0, eval_every = 0, eval_tokens = 0;
