@@ -1,7 +1,8 @@
 #pragma once
 // Audit of our own runs (pure): each record's measured ledgers against its plan, every residual
 // explained by ledger category through accounting's lens(), and the equal-resource claims (N, C,
-// D̂) across the sweep and its dense baseline. Record format: docs/running.md, "runs/<point-id>/" (schema 1).
+// D̂) across the sweep and its dense baseline. Record format (schema 1): docs/running.md,
+// "runs/<point-id>/".
 #include <cstdint>
 #include <map>
 #include <optional>
