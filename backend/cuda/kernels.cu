@@ -9,8 +9,8 @@
 #include <cstdint>
 
 #include "check.hpp"
-#include "warp.cuh"
 #include "moeplan/backend/cuda/kernels.hpp"
+#include "warp.cuh"
 
 namespace moeplan::backend::cuda::kernels {
 namespace {
@@ -29,7 +29,6 @@ __device__ __forceinline__ float load(const float* p) {
 __device__ __forceinline__ float load(const bf16* p) {
   return __bfloat162float(*p);
 }
-
 
 // Block-wide sum in a fixed tree (blockDim multiple of 32, ≤ 1024); every thread gets the result.
 __device__ float block_sum(float x) {
@@ -484,7 +483,11 @@ __device__ void block_merge_max_sum(float& m, float& s) {
 }
 
 // Block per row: log-sum-exp and loss in one pass over the logits, the gradient in a second.
-template <class OutT>
+// STAGED: the row is first copied to shared memory (V floats, up to the opt-in limit), so the
+// second pass reads it there instead of from global memory: with hundreds of rows in flight a
+// 200 KB row does not stay in L2 between the passes. The arithmetic, and so every bit of the
+// results, is the same either way.
+template <class OutT, bool STAGED>
 __global__ void cross_entropy_kernel(float* losses, OutT* dlogits, const float* logits,
                                      const int32_t* targets, int64_t V, float grad_scale) {
   const int64_t t = blockIdx.x;
@@ -495,6 +498,17 @@ __global__ void cross_entropy_kernel(float* losses, OutT* dlogits, const float* 
     if (dlogits)
       for (int64_t v = threadIdx.x; v < V; v += blockDim.x) store(dlogits + t * V + v, 0.f);
     return;
+  }
+  if constexpr (STAGED) {
+    extern __shared__ __align__(16) float row[];
+    if (V % 4 == 0 && reinterpret_cast<uintptr_t>(l) % 16 == 0) {
+      for (int64_t v = threadIdx.x; v < V / 4; v += blockDim.x)
+        reinterpret_cast<float4*>(row)[v] = reinterpret_cast<const float4*>(l)[v];
+    } else {
+      for (int64_t v = threadIdx.x; v < V; v += blockDim.x) row[v] = l[v];
+    }
+    __syncthreads();
+    l = row;
   }
   // One pass for the max and the sum (online: the sum is rescaled when the max grows), merged
   // across the block in a fixed order; a second pass writes the gradient.
@@ -694,7 +708,7 @@ void swiglu_backward(void* dab, DType mm, const void* dh, const void* ab, int64_
 void router_topk(float* probs, float* lse, int32_t* topk_idx, float* topk_gate, const float* logits,
                  int64_t T, int64_t E, int64_t K, bool renormalize) {
   router_topk_kernel<<<blocks_for(T, 32), 32>>>(probs, lse, topk_idx, topk_gate, logits, T, E, K,
-                                                  renormalize);
+                                                renormalize);
   check_launch("router_topk");
 }
 
@@ -759,10 +773,40 @@ void router_backward(void* dlogits, DType mm, const float* probs, const float* l
   check_launch("router_backward");
 }
 
+namespace {
+
+// The largest dynamic shared memory a block of this device may opt in to.
+int max_shared_optin() {
+  int device = 0, bytes = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  check_cuda(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
+             "cudaDeviceGetAttribute (shared memory opt-in)");
+  return bytes;
+}
+
+template <class OutT>
+void launch_cross_entropy(float* losses, OutT* dlogits, const float* logits, const int32_t* targets,
+                          int64_t T, int64_t V, float grad_scale) {
+  static const int64_t optin = max_shared_optin();
+  const int64_t row_bytes = V * int64_t(sizeof(float));
+  if (row_bytes <= optin) {
+    check_cuda(cudaFuncSetAttribute(cross_entropy_kernel<OutT, true>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, int(row_bytes)),
+               "cudaFuncSetAttribute (cross-entropy row)");
+    cross_entropy_kernel<OutT, true>
+        <<<unsigned(T), 512, size_t(row_bytes)>>>(losses, dlogits, logits, targets, V, grad_scale);
+  } else {
+    cross_entropy_kernel<OutT, false>
+        <<<unsigned(T), 512>>>(losses, dlogits, logits, targets, V, grad_scale);
+  }
+}
+
+}  // namespace
+
 void cross_entropy(float* losses, void* dlogits, DType mm, const float* logits,
                    const int32_t* targets, int64_t T, int64_t V, float grad_scale) {
-  MOEPLAN_DISPATCH_MM(mm, cross_entropy_kernel<<<unsigned(T), 512>>>(
-                              losses, static_cast<OutT*>(dlogits), logits, targets, V, grad_scale));
+  MOEPLAN_DISPATCH_MM(mm, launch_cross_entropy(losses, static_cast<OutT*>(dlogits), logits, targets,
+                                               T, V, grad_scale));
   check_launch("cross_entropy");
 }
 

@@ -631,6 +631,16 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int device) {
 cudaError_t cudaSetDevice(int device) {
   return device >= 0 && device < emulated_devices() ? cudaSuccess : cudaErrorInvalidDevice;
 }
+cudaError_t cudaGetDevice(int* device) {
+  *device = 0;  // each process runs its kernels on its own; the device number is not kept
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
+  if (device < 0 || device >= emulated_devices()) return cudaErrorInvalidDevice;
+  if (attr != cudaDevAttrMaxSharedMemoryPerBlockOptin) return cudaErrorInvalidValue;
+  *value = int(moeplan_emu::kMaxSharedOptIn);  // Hopper's
+  return cudaSuccess;
+}
 cudaError_t cudaDeviceSynchronize() {
   return st().sticky;
 }
