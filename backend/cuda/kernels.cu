@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "async_copy.cuh"
 #include "check.hpp"
 #include "moeplan/backend/cuda/kernels.hpp"
 #include "warp.cuh"
@@ -502,8 +503,11 @@ __global__ void cross_entropy_kernel(float* losses, OutT* dlogits, const float* 
   if constexpr (STAGED) {
     extern __shared__ __align__(16) float row[];
     if (V % 4 == 0 && reinterpret_cast<uintptr_t>(l) % 16 == 0) {
+      // Every copy of the row in flight at once (one block an SM holds the memory pipe alone).
       for (int64_t v = threadIdx.x; v < V / 4; v += blockDim.x)
-        reinterpret_cast<float4*>(row)[v] = reinterpret_cast<const float4*>(l)[v];
+        cp_async_16(row + 4 * v, l + 4 * v, 16);
+      cp_async_commit();
+      cp_async_wait<0>();
     } else {
       for (int64_t v = threadIdx.x; v < V; v += blockDim.x) row[v] = l[v];
     }
