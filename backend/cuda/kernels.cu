@@ -794,9 +794,13 @@ void launch_cross_entropy(float* losses, OutT* dlogits, const float* logits, con
   static const int64_t optin = max_shared_optin();
   const int64_t row_bytes = V * int64_t(sizeof(float));
   if (row_bytes <= optin) {
-    check_cuda(cudaFuncSetAttribute(cross_entropy_kernel<OutT, true>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, int(row_bytes)),
-               "cudaFuncSetAttribute (cross-entropy row)");
+    static int64_t allowed = 0;  // the opt-in already granted to this instance
+    if (row_bytes > allowed) {
+      check_cuda(cudaFuncSetAttribute(cross_entropy_kernel<OutT, true>,
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize, int(row_bytes)),
+                 "cudaFuncSetAttribute (cross-entropy row)");
+      allowed = row_bytes;
+    }
     cross_entropy_kernel<OutT, true>
         <<<unsigned(T), 512, size_t(row_bytes)>>>(losses, dlogits, logits, targets, V, grad_scale);
   } else {

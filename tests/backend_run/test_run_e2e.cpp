@@ -119,6 +119,12 @@ pid_t spawn(const std::vector<std::string>& args, const fs::path& out_file,
   return pid;
 }
 
+// Waits (up to a minute) until `p` exists: a spawned run has written its first checkpoint.
+void wait_for_file(const fs::path& p) {
+  for (int i = 0; i < 300000 && !fs::exists(p); ++i)
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+}
+
 int wait_status(pid_t pid) {
   int st = 0;
   ::waitpid(pid, &st, 0);
@@ -427,8 +433,7 @@ TEST_CASE(
       spawn({"run", sweep, "--point", "moe-i", "--out", out.string(), "--checkpoint-every", "50"},
             dir / "i.out", dir / "i.err");
   // Wait for the first checkpoint (step 50), then interrupt.
-  for (int i = 0; i < 200000 && !fs::exists(out / "moe-i" / "record.json"); ++i)
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  wait_for_file(out / "moe-i" / "record.json");
   ::kill(pid, SIGINT);
   CHECK(wait_status(pid) == 130);
   const json rec = record(out, "moe-i");
@@ -604,8 +609,7 @@ TEST_CASE("WORLD_SIZE=2 (emulated): SIGINT to one rank stops both at one step; r
   REQUIRE(whole[1] == 0);
 
   const auto pids = spawn_ranks(args("b"), dir, "b");
-  for (int i = 0; i < 300000 && !fs::exists(dir / "b" / "moe-i" / "record.json"); ++i)
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  wait_for_file(dir / "b" / "moe-i" / "record.json");
   ::kill(pids[1], SIGINT);  // rank 1 only: rank 0 must learn of it and stop at the same step
   const auto st = wait_ranks(pids, dir, "b");
   CHECK(st[0] == 130);
@@ -708,8 +712,7 @@ TEST_CASE("moeplan run --nproc 2 (emulated): the ranks started, Ctrl-C forwarded
   {
     const pid_t pid =
         spawn(args("runs", "moe-i"), dir / "i.out", dir / "i.err", MOEPLAN_EMULATED_BINARY);
-    for (int i = 0; i < 300000 && !fs::exists(dir / "runs" / "moe-i" / "record.json"); ++i)
-      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    wait_for_file(dir / "runs" / "moe-i" / "record.json");
     ::kill(pid, SIGINT);
     CHECK(wait_status(pid) == 130);
     const json rec = record(dir / "runs", "moe-i");
@@ -748,8 +751,7 @@ TEST_CASE("moeplan run --nproc 2 (emulated): the ranks started, Ctrl-C forwarded
       std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
     REQUIRE(ranks.size() == 2);
-    for (int i = 0; i < 300000 && !fs::exists(dir / "lost" / "moe-i" / "record.json"); ++i)
-      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    wait_for_file(dir / "lost" / "moe-i" / "record.json");
     ::kill(ranks[1], SIGKILL);
     const int st = wait_status(pid);
     const double took =

@@ -53,9 +53,6 @@ struct alignas(16) uint4 {
 inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) {
   return {x, y, z, w};
 }
-struct alignas(16) float4 {
-  float x, y, z, w;
-};
 struct alignas(8) float2 {
   float x, y;
 };
