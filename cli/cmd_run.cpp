@@ -41,6 +41,7 @@ struct RunFlags {
   int64_t checkpoint_every = 0;
   int threads = 0;
   int nproc = 1;
+  int64_t micro_batch = 0;
 };
 
 // The ranks' arguments: this command line without --nproc.
@@ -71,11 +72,11 @@ int launch(const RunFlags& f, const std::string& device, const std::vector<const
     throw InputError(
         fmt::format("--nproc {} but this machine shows {} CUDA device(s)", f.nproc, visible));
   for (const Plan* p : points)
-    if (p->budget.batch_seqs % f.nproc != 0)
+    if (p->budget.batch_seqs < f.nproc)
       throw InputError(fmt::format(
-          "--nproc {}: point '{}' has batch_seqs {}, which does not split over {} ranks; "
-          "choose an --nproc that divides it",
-          f.nproc, p->id, p->budget.batch_seqs, f.nproc));
+          "--nproc {}: point '{}' has batch_seqs {}, fewer sequences than ranks; choose an "
+          "--nproc of at most {}",
+          f.nproc, p->id, p->budget.batch_seqs, p->budget.batch_seqs));
   backend::LaunchRequest req;
   req.nproc = f.nproc;
   req.args = rank_args();
@@ -152,12 +153,16 @@ int run(const RunFlags& f) {
     throw InputError(
         fmt::format("--checkpoint-every {} must be >= 1 (or 0 for auto)", f.checkpoint_every));
   if (f.threads < 0) throw InputError(fmt::format("--threads {} must be >= 0", f.threads));
+  if (f.micro_batch < 0)
+    throw InputError(fmt::format(
+        "--micro-batch {} must be >= 1 (or 0: the whole batch in one pass)", f.micro_batch));
   backend::RunOptions opt;
   opt.out_dir = f.out;
   opt.device = f.device.empty() ? m.train.device : f.device;
   opt.checkpoint_every = f.checkpoint_every;
   opt.threads = f.threads;
   opt.kernels = f.kernels;
+  opt.micro_batch_seqs = f.micro_batch;
   opt.stop = &g_stop;
   // Everything that can be refused is refused before the first step of the first point.
   backend::require_device(opt.device);
@@ -241,6 +246,9 @@ const bool registered = register_command(
        app.add_option("--checkpoint-every", f->checkpoint_every,
                       "steps between checkpoints (default: the manifest's, else ~20 per point)");
        app.add_option("--threads", f->threads, "CPU threads (0: the default)");
+       app.add_option("--micro-batch", f->micro_batch,
+                      "sequences per forward/backward pass on each rank; a step accumulates "
+                      "its batch's gradients over the passes (0: the whole batch in one pass)");
        app.add_option("--nproc", f->nproc,
                       "cuda: train each point data-parallel over this many GPUs of this machine, "
                       "one rank process each (as torchrun would start them)");

@@ -68,6 +68,9 @@ template <class S>
 struct Model<S>::Impl {
   Arch a;
   ModelOptions opt;
+  // B: sequences one forward/backward pass holds (the activations' size); step_B: sequences a
+  // train_step reads (B·passes, the last pass possibly shorter).
+  int64_t step_B = 0;
   int64_t B = 0, seq = 0, Dm = 0, H = 0, Hkv = 0, Dh = 0, Wqkv = 0, V = 0, E = 0, K = 0, De = 0,
           Dse = 0, Dffn = 0, L = 0, capacity = 0;
   bool rope = false, serial = false;
@@ -115,6 +118,7 @@ struct Model<S>::Impl {
   std::vector<FlopLedger> expert_ledgers;  // (E)
   int64_t dropped = 0;
   double aux_lb = 0, aux_z = 0;
+  double aux_w = 1;  // the current pass's weight in the auxiliary losses (its share of the batch)
 
   S* P(int64_t off) { return params.data() + off; }
   S* G(int64_t off) { return grads.data() + off; }
@@ -136,7 +140,11 @@ struct Model<S>::Impl {
       throw InputError(fmt::format("RoPE needs an even head_dim, got {}", arch.head_dim));
     if (o.capacity_factor < 0)
       throw InputError(fmt::format("capacity_factor {} must be >= 0", o.capacity_factor));
-    B = batch_seqs;
+    if (o.micro_batch_seqs < 0)
+      throw InputError(fmt::format("micro_batch_seqs {} must be >= 0 (0: the whole batch in one pass)",
+                                   o.micro_batch_seqs));
+    step_B = batch_seqs;
+    B = o.micro_batch_seqs > 0 ? std::min(o.micro_batch_seqs, batch_seqs) : batch_seqs;
     seq = a.seq_len;
     Dm = a.d_model;
     H = a.heads;
@@ -347,7 +355,7 @@ struct Model<S>::Impl {
     combine_forward(out, x.ye.data(), x.gate.data(), x.slot_row.data(), T, K, Dm);
     if (!train) return;
     const int64_t moe_index = l - a.dense_layers;
-    routed[moe_index] = R;
+    routed[moe_index] += R;
     dropped += drop;
     // Load balance λ·E·Σ f_i·P_i (f_i from assignments before any drop) and z-loss, summed
     // in a fixed order.
@@ -358,13 +366,13 @@ struct Model<S>::Impl {
       p_mean /= double(T);
       const double f = double(x.assigned[e]) / double(T * K);
       lb += f * p_mean;
-      x.lb_dp[e] = opt.load_balance * double(E) * f / double(T);
+      x.lb_dp[e] = aux_w * opt.load_balance * double(E) * f / double(T);
     }
-    aux_lb += opt.load_balance * double(E) * lb;
+    aux_lb += aux_w * opt.load_balance * double(E) * lb;
     if (opt.z_loss > 0) {
       double z = 0;
       for (int64_t t = 0; t < T; ++t) z += double(x.lse[t]) * double(x.lse[t]);
-      aux_z += opt.z_loss * z / double(T);
+      aux_z += aux_w * opt.z_loss * z / double(T);
     }
   }
 
@@ -415,8 +423,8 @@ struct Model<S>::Impl {
     return cpu::elementwise_per_pass(a, nb, rope, routed);
   }
 
-  void moe_backward(int64_t l, FlopLedger& lg) {
-    const int64_t T = B * seq;
+  void moe_backward(int64_t l, int64_t nb, FlopLedger& lg) {
+    const int64_t T = nb * seq;
     const LayerParams& q = lp[l];
     Acts& x = acts[l];
     if (Dse > 0) {
@@ -442,15 +450,16 @@ struct Model<S>::Impl {
     });
     scatter_add_rows(dln.data(), dxg.data(), x.slot_row.data(), T, K, Dm);
     router_backward(dlog.data(), x.probs.data(), x.lse.data(), x.idx.data(), x.gate.data(),
-                    dgate.data(), x.lb_dp.data(), 2.0 * opt.z_loss / double(T), T, E, K,
+                    dgate.data(), x.lb_dp.data(), 2.0 * aux_w * opt.z_loss / double(T), T, E, K,
                     opt.renormalize_gates);
     matmul_wt_backward(dln.data(), true, G(q.router), dlog.data(), x.ln2.data(), P(q.router), T, Dm,
                        E, lg, FlopCategory::router);
   }
 
-  void backward(const int32_t* inputs, const int32_t* targets, double ce_scale, FlopLedger& lg) {
-    const int64_t T = B * seq;
-    lg.elementwise += elementwise_per_pass(B);  // the backward kernels mirror them
+  void backward(int64_t nb, const int32_t* inputs, const int32_t* targets, double ce_scale,
+                FlopLedger& lg) {
+    const int64_t T = nb * seq;
+    lg.elementwise += elementwise_per_pass(nb);  // the backward kernels mirror them
     crossentropy_backward(logits.data(), targets, ce_scale, T, V);
     if (lm_head >= 0)
       matmul_backward(dln.data(), false, G(lm_head), logits.data(), lnf.data(), P(lm_head), T, Dm,
@@ -472,15 +481,15 @@ struct Model<S>::Impl {
         matmul_backward(dln.data(), false, G(q.w13), dh13.data(), x.ln2.data(), P(q.w13), T, Dm,
                         2 * Dffn, lg, FlopCategory::dense_ffn);
       } else {
-        moe_backward(l, lg);
+        moe_backward(l, nb, lg);
       }
       rmsnorm_backward(dresid.data(), G(q.norm2), dln.data(), x.mid.data(), P(q.norm2),
                        x.rstd2.data(), T, Dm);
       matmul_backward(datty.data(), false, G(q.attn_out), dresid.data(), x.atty.data(),
                       P(q.attn_out), T, H * Dh, Dm, lg, FlopCategory::projection);
       attention_backward(dqkv.data(), datty.data(), x.qkv.data(), x.att.data(), att_scratch.data(),
-                         threads, B, seq, H, Hkv, Dh, lg);
-      if (rope) rope_backward(dqkv.data(), cos_sin.data(), B, seq, H, Hkv, Dh);
+                         threads, nb, seq, H, Hkv, Dh, lg);
+      if (rope) rope_backward(dqkv.data(), cos_sin.data(), nb, seq, H, Hkv, Dh);
       matmul_backward(dln.data(), false, G(q.qkv), dqkv.data(), x.ln1.data(), P(q.qkv), T, Dm, Wqkv,
                       lg, FlopCategory::projection);
       rmsnorm_backward(dresid.data(), G(q.norm1), dln.data(), resid[l].data(), P(q.norm1),
@@ -508,8 +517,10 @@ struct Model<S>::Impl {
     return total;
   }
 
+  // One step's gradients over step_B sequences, in passes of at most B sequences; the weight
+  // gradients accumulate across passes (every backward product adds into them).
   double compute_gradients(const int32_t* inputs, const int32_t* targets, StepResult* r) {
-    const int64_t T = B * seq;
+    const int64_t T = step_B * seq;
     check_tokens(inputs, targets, T);
     std::fill(grads.begin(), grads.end(), S(0));
     FlopLedger lg;
@@ -519,9 +530,18 @@ struct Model<S>::Impl {
     int64_t bearing = 0;
     for (int64_t t = 0; t < T; ++t) bearing += targets[t] >= 0;
     const double aux_erc = (opt.erc_loss > 0 && a.moe_layers() > 0) ? erc(lg) : 0.0;
-    const double ce_sum = forward(inputs, targets, B, true, lg);
+    const double ce_scale = bearing > 0 ? 1.0 / double(bearing) : 0.0;
+    double ce_sum = 0;
+    for (int64_t s0 = 0; s0 < step_B; s0 += B) {
+      const int64_t nb = std::min(B, step_B - s0);
+      aux_w = double(nb) / double(step_B);
+      const int32_t* in = inputs + s0 * seq;
+      const int32_t* tg = targets + s0 * seq;
+      ce_sum += forward(in, tg, nb, true, lg);
+      backward(nb, in, tg, ce_scale, lg);
+    }
+    aux_w = 1;
     const double ce = bearing > 0 ? ce_sum / double(bearing) : 0.0;
-    backward(inputs, targets, bearing > 0 ? 1.0 / double(bearing) : 0.0, lg);
     if (r) {
       r->loss = ce;
       r->aux_load_balance = aux_lb;
@@ -748,6 +768,10 @@ const ModelOptions& Model<S>::options() const {
 }
 template <class S>
 int64_t Model<S>::batch_seqs() const {
+  return impl_->step_B;
+}
+template <class S>
+int64_t Model<S>::pass_seqs() const {
   return impl_->B;
 }
 

@@ -58,12 +58,11 @@ int64_t windows_of_rank(int64_t windows, int rank, int world_size) {
 }
 
 int64_t rank_batch(int64_t batch, const RankInfo& rank) {
-  if (batch % rank.world_size != 0)
+  if (batch < rank.world_size)
     throw InputError(fmt::format(
-        "batch_seqs {} does not split over WORLD_SIZE={} ranks; choose a batch that is a "
-        "multiple of the world size",
+        "batch_seqs {} is smaller than WORLD_SIZE={}; every rank needs at least one sequence",
         batch, rank.world_size));
-  return batch / rank.world_size;
+  return windows_of_rank(batch, rank.rank, rank.world_size);
 }
 
 void take_rank_share(std::vector<int32_t>& out, const int32_t* global, int64_t batch,

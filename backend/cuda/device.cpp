@@ -2,6 +2,7 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -59,17 +60,41 @@ float bf16_to_float(uint16_t x) {
   return f;
 }
 
+namespace {
+std::atomic<std::size_t> g_in_use{0};  // bytes held by live DeviceBuffers of this process
+}  // namespace
+
+DeviceOutOfMemory::DeviceOutOfMemory(std::size_t requested_bytes, std::size_t in_use_bytes)
+    : std::runtime_error("CUDA error in cudaMalloc: out of memory"),
+      requested(requested_bytes),
+      in_use(in_use_bytes) {}
+
 DeviceBuffer::DeviceBuffer(std::size_t bytes) : bytes_(bytes) {
-  if (bytes > 0) check_cuda(cudaMalloc(&ptr_, bytes), "cudaMalloc");
+  if (bytes == 0) return;
+  const cudaError_t e = cudaMalloc(&ptr_, bytes);
+  if (e == cudaErrorMemoryAllocation) {
+    cudaGetLastError();  // not sticky: clear it
+    ptr_ = nullptr;
+    bytes_ = 0;
+    throw DeviceOutOfMemory(bytes, g_in_use.load());
+  }
+  check_cuda(e, "cudaMalloc");
+  g_in_use += bytes;
 }
 DeviceBuffer::~DeviceBuffer() {
-  if (ptr_) cudaFree(ptr_);
+  if (ptr_) {
+    cudaFree(ptr_);
+    g_in_use -= bytes_;
+  }
 }
 DeviceBuffer::DeviceBuffer(DeviceBuffer&& o) noexcept
     : ptr_(std::exchange(o.ptr_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
 DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
   if (this != &o) {
-    if (ptr_) cudaFree(ptr_);
+    if (ptr_) {
+      cudaFree(ptr_);
+      g_in_use -= bytes_;
+    }
     ptr_ = std::exchange(o.ptr_, nullptr);
     bytes_ = std::exchange(o.bytes_, 0);
   }

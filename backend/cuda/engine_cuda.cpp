@@ -4,12 +4,14 @@
 // unique id travels through MOEPLAN_NCCL_ID_FILE, default /tmp/moeplan-nccl-<MASTER_PORT|id>).
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "moeplan/accounting/error.hpp"
+#include "moeplan/accounting/params.hpp"
 #include "moeplan/backend/cuda/attention.hpp"
 #include "moeplan/backend/cuda/comm.hpp"
 #include "moeplan/backend/cuda/device.hpp"
@@ -23,6 +25,32 @@ std::string nccl_id_file() {
   if (const char* f = std::getenv("MOEPLAN_NCCL_ID_FILE"); f && *f) return f;
   const char* port = std::getenv("MASTER_PORT");
   return std::string("/tmp/moeplan-nccl-") + (port && *port ? port : "id");
+}
+
+double gib(double bytes) {
+  return bytes / double(1ull << 30);
+}
+
+// The model's buffers did not fit: say how far it got and what to run instead.
+std::string out_of_memory_message(const DeviceOutOfMemory& e, const EngineRequest& r,
+                                  int64_t rank_batch, int device) {
+  const int64_t pass = r.options.micro_batch_seqs > 0
+                           ? std::min(r.options.micro_batch_seqs, rank_batch)
+                           : rank_batch;
+  const std::string where = fmt::format(
+      "--device cuda: out of device memory ({:.2f} GiB more asked with {:.2f} GiB in use on a "
+      "{:.1f} GiB device)",
+      gib(double(e.requested)), gib(double(e.in_use)), device_info(device).memory_gib);
+  // fp32 weights, their bf16 copy, fp32 gradients and both AdamW moments: 18 bytes a parameter.
+  const double fixed = 18.0 * double(count_params(r.arch).trainable());
+  if (pass <= 1)
+    return fmt::format(
+        "{} with passes of 1 sequence of {} tokens; the weights, gradients and AdamW state alone "
+        "take {:.2f} GiB: this point needs a larger device",
+        where, r.arch.seq_len, gib(fixed));
+  return fmt::format("{} with passes of {} sequences of {} tokens; run smaller passes, e.g. "
+                     "--micro-batch {}",
+                     where, pass, r.arch.seq_len, pass / 2);
 }
 
 // Data parallelism: every rank runs the same loop over the same global batch (so the token
@@ -46,13 +74,18 @@ class CudaEngine final : public Engine {
       if (info_.local_rank >= device_count())
         throw InputError(fmt::format("LOCAL_RANK={} but this machine shows {} CUDA device(s)",
                                      info_.local_rank, device_count()));
-      rank_batch(r.batch_seqs, info_);  // refuses a batch that does not split, before NCCL
+      rank_batch(r.batch_seqs, info_);  // refuses fewer sequences than ranks, before NCCL
       comm_ = std::make_unique<Communicator>(info_, nccl_id_file());
     }
     local_batch_ = rank_batch(r.batch_seqs, info_);
+    batch_ = r.batch_seqs;
     seq_len_ = r.arch.seq_len;
-    model_ = std::make_unique<Model>(r.arch, r.options, r.seed, local_batch_, DType::bf16,
-                                     comm_.get(), kernels_.attention);
+    try {
+      model_ = std::make_unique<Model>(r.arch, r.options, r.seed, local_batch_, DType::bf16,
+                                       comm_.get(), kernels_.attention);
+    } catch (const DeviceOutOfMemory& e) {
+      throw InputError(out_of_memory_message(e, r, local_batch_, info_.local_rank));
+    }
     model_->set_expert_path(kernels_.experts);
   }
   std::string device() const override { return "cuda"; }
@@ -60,9 +93,8 @@ class CudaEngine final : public Engine {
   StepResult train_step(const int32_t* inputs, const int32_t* targets, int64_t step,
                         const OptimConfig& cfg) override {
     if (info_.world_size == 1) return model_->train_step(inputs, targets, step, cfg);
-    const int64_t batch = local_batch_ * info_.world_size;
-    take_rank_share(in_, inputs, batch, seq_len_, info_);
-    take_rank_share(tg_, targets, batch, seq_len_, info_);
+    take_rank_share(in_, inputs, batch_, seq_len_, info_);
+    take_rank_share(tg_, targets, batch_, seq_len_, info_);
     return model_->train_step(in_.data(), tg_.data(), step, cfg);
   }
   double forward_loss(const int32_t* inputs, const int32_t* targets, int64_t n_seqs,
@@ -80,6 +112,7 @@ class CudaEngine final : public Engine {
   FlopLedger eval_ledger() const override { return model_->eval_ledger(); }
   bool writes_files() const override { return info_.rank == 0; }
   int world_size() const override { return info_.world_size; }
+  int64_t pass_seqs() const override { return model_->pass_seqs(); }
   bool any_rank(bool flag) override {
     if (!comm_ || info_.world_size == 1) return flag;
     int64_t n = flag ? 1 : 0;
@@ -90,7 +123,7 @@ class CudaEngine final : public Engine {
  private:
   RankInfo info_;
   KernelChoice kernels_;
-  int64_t local_batch_ = 0, seq_len_ = 0;
+  int64_t local_batch_ = 0, batch_ = 0, seq_len_ = 0;
   std::vector<int32_t> in_, tg_;
   std::unique_ptr<Communicator> comm_;
   std::unique_ptr<Model> model_;

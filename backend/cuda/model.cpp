@@ -124,6 +124,11 @@ struct Model::Impl {
   double last_ce_sum = 0;  // this rank's summed cross-entropy of the last training step
   int64_t B = 0, S = 0, Dm = 0, H = 0, Hkv = 0, Dh = 0, W = 0, V = 0, E = 0, K = 0, De = 0, Dse = 0,
           Dffn = 0, L = 0, T = 0, n_params = 0;
+  // B and T size the activations (one pass); a train_step reads step_B sequences in passes of at
+  // most B (ModelOptions::micro_batch_seqs). Bp and Tp are the pass in flight: set by forward(),
+  // read by the backward of the same pass.
+  int64_t step_B = 0, Bp = 0, Tp = 0;
+  double aux_grad_w = 1;  // the weight of the pass's auxiliary-loss gradients (see compute_gradients)
   bool rope = false;
   bool flash = false;         // bf16 with a compiled head width: the fused attention kernels
   bool forward_mma = false;   // ... with the register-resident forward
@@ -212,7 +217,8 @@ struct Model::Impl {
     // The CPU reference validates the options and gives the layout and the initial weights.
     backend::Model<float> ref(arch, o, seed, 1);
     tensors = ref.tensors();
-    B = batch_seqs;
+    step_B = batch_seqs;
+    B = o.micro_batch_seqs > 0 ? std::min(o.micro_batch_seqs, batch_seqs) : batch_seqs;
     S = a.seq_len;
     Dm = a.d_model;
     H = a.heads;
@@ -748,7 +754,7 @@ struct Model::Impl {
     k::moe_combine_forward(out, x.ye.as<float>(), x.gate.as<float>(), x.slot_of.as<int32_t>(), Tn,
                            K, Dm);
     if (!train) return;
-    routed[size_t(moe_index)] = R;
+    routed[size_t(moe_index)] += R;
     k::router_aux_forward(x.aux.as<float>(), x.p_mean.as<float>(), x.probs.as<float>(),
                           x.lse.as<float>(), x.counts.as<int32_t>(), Tn, E, K,
                           float(opt.load_balance), float(opt.z_loss), col_scratch.as<float>());
@@ -761,6 +767,8 @@ struct Model::Impl {
 
   void forward(int64_t nb, bool train, FlopLedger& lg, float grad_scale) {
     const int64_t Tn = nb * S;
+    Bp = nb;
+    Tp = Tn;
     float* r0 = acts[0].resid_in.as<float>();
     k::embedding_forward(r0, P(embedding), tokens.as<int32_t>(), Tn, Dm);
     prof.mark("fwd embedding");
@@ -820,30 +828,42 @@ struct Model::Impl {
 
   // ---- backward -----------------------------------------------------------------------------
   void attention_backward(Acts& x, FlopLedger& lg) {
-    const int64_t group = H / Hkv, BHkv = B * Hkv, BH = B * H;
+    // The pointer tables hold B·H entries per product (g·B·Hkv + b·Hkv + kv head for the
+    // backward's); a shorter pass uses the first Bp sequences of each group.
+    const int64_t group = H / Hkv, BHkv = Bp * Hkv, BH = Bp * H, stride = B * Hkv;
     if (flash) {
       (backward_mma ? attention::backward_mma : attention::backward)(
           dqkv.as<float>(), delta.as<float>(), datty_mm.as<uint16_t>(), x.atty.as<uint16_t>(),
-          x.attn_lse.as<float>(), x.qkv.as<uint16_t>(), rope ? nullptr : slopes.as<float>(), B, S,
+          x.attn_lse.as<float>(), x.qkv.as<uint16_t>(), rope ? nullptr : slopes.as<float>(), Bp, S,
           H, Hkv, Dh);
       record_fused_attention(lg, Phase::input_grad, BH);
       return;
     }
     const float scale = 1.f / std::sqrt(float(Dh));
-    // dP = dO·V^T (all heads), dS = softmax backward, dQ = dS·K
-    blas.gemm_batched(false, true, S, S, Dh, table(x, bdO), H * Dh, table(x, bV), W,
-                      const_cast<void* const*>(table(x, bdP)), S, 0.f, mm, DType::f32, BH);
+    // dP = dO·V^T (all heads), dS = softmax backward, dQ = dS·K. A whole pass is one call over
+    // every table entry; a shorter one takes its sequences' entries group by group.
+    const int64_t calls = Bp == B ? 1 : group, per_call = Bp == B ? BH : BHkv;
+    for (int64_t c = 0; c < calls; ++c)
+      blas.gemm_batched(false, true, S, S, Dh, table(x, bdO, c * stride), H * Dh,
+                        table(x, bV, c * stride), W,
+                        const_cast<void* const*>(table(x, bdP, c * stride)), S, 0.f, mm,
+                        DType::f32, per_call);
     k::attention_softmax_backward(dS.data(), mm, dP.as<float>(), x.P.data(), BH, S, scale);
-    blas.gemm_batched(false, false, S, Dh, S, table(x, bdS), S, table(x, bK), W,
-                      const_cast<void* const*>(table(x, bdQ)), W, 0.f, mm, DType::f32, BH);
+    for (int64_t c = 0; c < calls; ++c)
+      blas.gemm_batched(false, false, S, Dh, S, table(x, bdS, c * stride), S,
+                        table(x, bK, c * stride), W,
+                        const_cast<void* const*>(table(x, bdQ, c * stride)), W, 0.f, mm,
+                        DType::f32, per_call);
     // dV = Σ_g P^T·dO, dK = Σ_g dS^T·Q: one batched call per query head of a group
     for (int64_t g = 0; g < group; ++g) {
       const float beta = g == 0 ? 0.f : 1.f;
-      blas.gemm_batched(true, false, S, Dh, S, table(x, bP, g * BHkv), S, table(x, bdO, g * BHkv),
-                        H * Dh, const_cast<void* const*>(table(x, bdV, g * BHkv)), W, beta, mm,
+      blas.gemm_batched(true, false, S, Dh, S, table(x, bP, g * stride), S,
+                        table(x, bdO, g * stride), H * Dh,
+                        const_cast<void* const*>(table(x, bdV, g * stride)), W, beta, mm,
                         DType::f32, BHkv);
-      blas.gemm_batched(true, false, S, Dh, S, table(x, bdS, g * BHkv), S, table(x, bQ, g * BHkv),
-                        W, const_cast<void* const*>(table(x, bdK, g * BHkv)), W, beta, mm,
+      blas.gemm_batched(true, false, S, Dh, S, table(x, bdS, g * stride), S,
+                        table(x, bQ, g * stride), W,
+                        const_cast<void* const*>(table(x, bdK, g * stride)), W, beta, mm,
                         DType::f32, BHkv);
     }
     record_attention(lg, Phase::input_grad, 4 * BH);
@@ -852,23 +872,23 @@ struct Model::Impl {
   void swiglu_ffn_backward(const void* ln, const void* h13, const void* act, int64_t w13,
                            int64_t w2, int64_t F, FlopLedger& lg, FlopCategory cat) {
     // dresid_mm holds d(out) as product input; dact (T,F) in mm feeds only the SwiGLU backward.
-    blas.gemm(rec(lg, cat, Phase::input_grad), false, true, T, F, Dm, dresid_mm.data(), Dm, Wm(w2),
+    blas.gemm(rec(lg, cat, Phase::input_grad), false, true, Tp, F, Dm, dresid_mm.data(), Dm, Wm(w2),
               Dm, dact.data(), F, 0.f, mm, mm);
-    blas.gemm(rec(lg, cat, Phase::weight_grad), true, false, F, Dm, T, act, F, dresid_mm.data(), Dm,
+    blas.gemm(rec(lg, cat, Phase::weight_grad), true, false, F, Dm, Tp, act, F, dresid_mm.data(), Dm,
               G(w2), Dm, 1.f, mm);
-    k::swiglu_backward(dh13.data(), mm, dact.data(), h13, T, F);
-    matmul_backward(dln.as<float>(), false, w13, dh13.data(), ln, T, Dm, 2 * F, lg, cat);
+    k::swiglu_backward(dh13.data(), mm, dact.data(), h13, Tp, F);
+    matmul_backward(dln.as<float>(), false, w13, dh13.data(), ln, Tp, Dm, 2 * F, lg, cat);
   }
 
   void moe_backward(int64_t l, FlopLedger& lg) {
-    const int64_t moe_index = l - a.dense_layers, R = T * K;
+    const int64_t moe_index = l - a.dense_layers, R = Tp * K;
     const LayerParams& q = lp[size_t(l)];
     Acts& x = acts[size_t(l)];
     if (Dse > 0)
       swiglu_ffn_backward(x.ln2.data(), x.sh13.data(), x.sact.data(), q.shared_w13, q.shared_w2,
                           Dse, lg, FlopCategory::shared_expert);
     else
-      check_cuda(cudaMemsetAsync(dln.data(), 0, size_t(T * Dm) * 4, nullptr), "memset dln");
+      check_cuda(cudaMemsetAsync(dln.data(), 0, size_t(Tp * Dm) * 4, nullptr), "memset dln");
     k::moe_combine_backward(dye.data(), mm, dgate.as<float>(), dresid.as<float>(), x.ye.as<float>(),
                             x.gate.as<float>(), x.sorted.as<int32_t>(), R, K, Dm);
     prof.mark("bwd shared expert + combine");
@@ -896,30 +916,31 @@ struct Model::Impl {
                      Phase::weight_grad);
     }
     prof.mark("bwd routed experts");
-    k::moe_scatter_add(dln.as<float>(), dxg.as<float>(), x.slot_of.as<int32_t>(), T, K, Dm);
+    k::moe_scatter_add(dln.as<float>(), dxg.as<float>(), x.slot_of.as<int32_t>(), Tp, K, Dm);
     k::router_backward(dlog.data(), mm, x.probs.as<float>(), x.lse.as<float>(), x.idx.as<int32_t>(),
-                       x.gate.as<float>(), dgate.as<float>(), x.counts.as<int32_t>(), T, E, K,
-                       opt.renormalize_gates, float(opt.load_balance), float(opt.z_loss));
+                       x.gate.as<float>(), dgate.as<float>(), x.counts.as<int32_t>(), Tp, E, K,
+                       opt.renormalize_gates, float(aux_grad_w * opt.load_balance),
+                       float(aux_grad_w * opt.z_loss));
     // router stored (E, Dm): dln += dlog · router; drouter += dlog^T · ln2
-    blas.gemm(rec(lg, FlopCategory::router, Phase::input_grad), false, false, T, Dm, E, dlog.data(),
+    blas.gemm(rec(lg, FlopCategory::router, Phase::input_grad), false, false, Tp, Dm, E, dlog.data(),
               E, Wm(q.router), Dm, dln.as<float>(), Dm, 1.f, mm);
-    blas.gemm(rec(lg, FlopCategory::router, Phase::weight_grad), true, false, E, Dm, T, dlog.data(),
+    blas.gemm(rec(lg, FlopCategory::router, Phase::weight_grad), true, false, E, Dm, Tp, dlog.data(),
               E, x.ln2.data(), Dm, G(q.router), Dm, 1.f, mm);
   }
 
-  void upload_embedding_segments(const int32_t* inputs) {
+  void upload_embedding_segments(const int32_t* inputs, int64_t Tn) {
     // Positions grouped by token id, ascending inside each group: the CPU's summation order.
-    std::vector<int32_t> pos(static_cast<size_t>(T));
+    std::vector<int32_t> pos(static_cast<size_t>(Tn));
     std::iota(pos.begin(), pos.end(), 0);
     std::stable_sort(pos.begin(), pos.end(),
                      [&](int32_t x, int32_t y) { return inputs[x] < inputs[y]; });
     std::vector<int32_t> ids, seg;
-    for (int64_t i = 0; i < T; ++i)
+    for (int64_t i = 0; i < Tn; ++i)
       if (i == 0 || inputs[pos[size_t(i)]] != inputs[pos[size_t(i - 1)]]) {
         ids.push_back(inputs[pos[size_t(i)]]);
         seg.push_back(int32_t(i));
       }
-    seg.push_back(int32_t(T));
+    seg.push_back(int32_t(Tn));
     emb_ids.upload(ids.data(), ids.size() * 4);
     emb_seg.upload(seg.data(), seg.size() * 4);
     emb_pos.upload(pos.data(), pos.size() * 4);
@@ -928,24 +949,24 @@ struct Model::Impl {
   int64_t emb_unique = 0;
 
   void backward(FlopLedger& lg) {
-    lg.elementwise += elementwise_per_pass(B);  // the backward kernels mirror them
+    lg.elementwise += elementwise_per_pass(Bp);  // the backward kernels mirror them
     if (lm_head >= 0) {
-      matmul_backward(dln.as<float>(), false, lm_head, dlogits.data(), lnf.data(), T, Dm, V, lg,
+      matmul_backward(dln.as<float>(), false, lm_head, dlogits.data(), lnf.data(), Tp, Dm, V, lg,
                       FlopCategory::lm_head);
     } else {  // tied: head = embedding (V, Dm) used transposed
-      blas.gemm(rec(lg, FlopCategory::lm_head, Phase::input_grad), false, false, T, Dm, V,
+      blas.gemm(rec(lg, FlopCategory::lm_head, Phase::input_grad), false, false, Tp, Dm, V,
                 dlogits.data(), V, Wm(embedding), Dm, dln.as<float>(), Dm, 0.f, mm);
-      blas.gemm(rec(lg, FlopCategory::lm_head, Phase::weight_grad), true, false, V, Dm, T,
+      blas.gemm(rec(lg, FlopCategory::lm_head, Phase::weight_grad), true, false, V, Dm, Tp,
                 dlogits.data(), V, lnf.data(), Dm, G(embedding), Dm, 1.f, mm);
     }
-    check_cuda(cudaMemsetAsync(dresid.data(), 0, size_t(T * Dm) * 4, nullptr), "memset dresid");
+    check_cuda(cudaMemsetAsync(dresid.data(), 0, size_t(Tp * Dm) * 4, nullptr), "memset dresid");
     k::rmsnorm_backward(dresid.as<float>(), G(final_norm), dln.as<float>(), resid_out.as<float>(),
-                        P(final_norm), rstdf.as<float>(), T, Dm, col_scratch.as<float>());
+                        P(final_norm), rstdf.as<float>(), Tp, Dm, col_scratch.as<float>());
     prof.mark("bwd lm head + final norm");
     for (int64_t l = L - 1; l >= 0; --l) {
       const LayerParams& q = lp[size_t(l)];
       Acts& x = acts[size_t(l)];
-      k::cast(dresid_mm.data(), mm, dresid.as<float>(), T * Dm);
+      k::cast(dresid_mm.data(), mm, dresid.as<float>(), Tp * Dm);
       if (l < a.dense_layers)
         swiglu_ffn_backward(x.ln2.data(), x.h13.data(), x.act.data(), q.w13, q.w2, Dffn, lg,
                             FlopCategory::dense_ffn);
@@ -953,20 +974,20 @@ struct Model::Impl {
         moe_backward(l, lg);
       prof.mark(l < a.dense_layers ? "bwd dense ffn" : "bwd moe rest");
       k::rmsnorm_backward(dresid.as<float>(), G(q.norm2), dln.as<float>(), x.mid.as<float>(),
-                          P(q.norm2), x.rstd2.as<float>(), T, Dm, col_scratch.as<float>());
-      k::cast(dresid_mm.data(), mm, dresid.as<float>(), T * Dm);
-      matmul_backward(datty.as<float>(), false, q.attn_out, dresid_mm.data(), x.atty.data(), T,
+                          P(q.norm2), x.rstd2.as<float>(), Tp, Dm, col_scratch.as<float>());
+      k::cast(dresid_mm.data(), mm, dresid.as<float>(), Tp * Dm);
+      matmul_backward(datty.as<float>(), false, q.attn_out, dresid_mm.data(), x.atty.data(), Tp,
                       H * Dh, Dm, lg, FlopCategory::projection);
-      k::cast(datty_mm.data(), mm, datty.as<float>(), T * H * Dh);
+      k::cast(datty_mm.data(), mm, datty.as<float>(), Tp * H * Dh);
       prof.mark("bwd norm2 + out proj");
       attention_backward(x, lg);
       prof.mark("bwd attention core");
       k::qkv_prepare_backward(dqkv_mm.data(), mm, dqkv.as<float>(),
-                              rope ? rope_table.as<float>() : nullptr, B, S, H, Hkv, Dh);
-      matmul_backward(dln.as<float>(), false, q.qkv, dqkv_mm.data(), x.ln1.data(), T, Dm, W, lg,
+                              rope ? rope_table.as<float>() : nullptr, Bp, S, H, Hkv, Dh);
+      matmul_backward(dln.as<float>(), false, q.qkv, dqkv_mm.data(), x.ln1.data(), Tp, Dm, W, lg,
                       FlopCategory::projection);
       k::rmsnorm_backward(dresid.as<float>(), G(q.norm1), dln.as<float>(), x.resid_in.as<float>(),
-                          P(q.norm1), x.rstd1.as<float>(), T, Dm, col_scratch.as<float>());
+                          P(q.norm1), x.rstd1.as<float>(), Tp, Dm, col_scratch.as<float>());
     }
     prof.mark("bwd qkv + norm1");
     k::embedding_backward(G(embedding), dresid.as<float>(), emb_ids.as<int32_t>(),
@@ -985,42 +1006,58 @@ struct Model::Impl {
     }
   }
 
+  // One step's gradients over step_B sequences, in passes of at most B; every weight gradient
+  // adds into `grads`, so the passes accumulate.
   double compute_gradients(const int32_t* inputs, const int32_t* tgts, StepResult* r) {
-    check_tokens(inputs, tgts, T);
+    const int64_t n_tokens = step_B * S;
+    check_tokens(inputs, tgts, n_tokens);
     int64_t bearing = 0;
-    for (int64_t t = 0; t < T; ++t) bearing += tgts[t] >= 0;
+    for (int64_t t = 0; t < n_tokens; ++t) bearing += tgts[t] >= 0;
     prof.used = 0;  // marks of an evaluation pass since the last step are dropped
     prof.mark("start");
     tiled_pending.clear();
     grads.fill_zero();
     FlopLedger lg;
     std::fill(routed.begin(), routed.end(), 0);
-    upload_tokens(inputs, tgts, T);
-    upload_embedding_segments(inputs);
-    prof.mark("zero grads + upload");
-    // Cross-entropy gradient scale. One rank: 1/bearing, the mean over its targets. Data
-    // parallel: W/(targets of all ranks), so that the mean over ranks of the gradients is the
-    // mean over every target of the job, even when ranks hold different numbers of loss-bearing
-    // targets; the auxiliary losses stay per rank, and their mean is the job's.
-    float ce_scale = bearing > 0 ? 1.f / float(bearing) : 0.f;
-    if (comm && comm->info().world_size > 1) {
-      int64_t job_bearing = bearing;
-      comm->all_reduce_sum_host(&job_bearing, 1);
-      ce_scale =
-          job_bearing > 0 ? float(double(comm->info().world_size) / double(job_bearing)) : 0.f;
+    // Cross-entropy gradient scale: 1/(the job's loss-bearing targets), times W under data
+    // parallelism, where the gradients are then averaged over the W ranks; so the gradient is
+    // that of the mean over every target of the job however the ranks and passes split it.
+    // Auxiliary losses: each pass's weighs by its share of the job's sequences (W·n_p/n_job
+    // before the average over ranks); one rank in one pass gets weight 1.
+    const int world = comm ? comm->info().world_size : 1;
+    job_seqs = step_B;
+    int64_t job_bearing = bearing;
+    if (world > 1) {
+      int64_t c[2] = {bearing, step_B};
+      comm->all_reduce_sum_host(c, 2);
+      job_bearing = c[0];
+      job_seqs = c[1];
     }
-    forward(B, true, lg, ce_scale);
-    backward(lg);
-    double ce_sum = 0;
-    loss_sum.download(&ce_sum, 8);
+    const float ce_scale = job_bearing <= 0 ? 0.f
+                           : world == 1     ? 1.f / float(job_bearing)
+                                            : float(double(world) / double(job_bearing));
+    double ce_sum = 0, lb = 0, z = 0;
+    for (int64_t s0 = 0; s0 < step_B; s0 += B) {
+      const int64_t nb = std::min(B, step_B - s0);
+      aux_grad_w = double(world) * double(nb) / double(job_seqs);
+      upload_tokens(inputs + s0 * S, tgts + s0 * S, nb * S);
+      upload_embedding_segments(inputs + s0 * S, nb * S);
+      prof.mark("zero grads + upload");
+      forward(nb, true, lg, ce_scale);
+      backward(lg);
+      double pass_ce = 0;
+      loss_sum.download(&pass_ce, 8);
+      ce_sum += pass_ce;
+      book_tiled_padding(lg);
+      const double w = double(nb) / double(step_B);  // this rank's mean over its passes
+      for (int64_t l = a.dense_layers; l < L; ++l) {
+        acts[size_t(l)].aux.download(aux_host.data(), 8);
+        lb += w * double(aux_host[0]);
+        z += w * double(aux_host[1]);
+      }
+    }
+    aux_grad_w = 1;
     last_ce_sum = ce_sum;
-    book_tiled_padding(lg);
-    double lb = 0, z = 0;
-    for (int64_t l = a.dense_layers; l < L; ++l) {
-      acts[size_t(l)].aux.download(aux_host.data(), 8);
-      lb += double(aux_host[0]);
-      z += double(aux_host[1]);
-    }
     const double ce = bearing > 0 ? ce_sum / double(bearing) : 0.0;
     if (r) {
       r->loss = ce;
@@ -1036,15 +1073,15 @@ struct Model::Impl {
   }
 
   void reduce_over_ranks(StepResult& r) {
-    // Gradients: the mean over ranks (each rank scaled its cross-entropy by W/job targets, see
-    // compute_gradients). The loss is the job's mean over all loss-bearing targets; the
-    // auxiliary losses the mean of the ranks'. Ledgers and counters are the job's sums.
+    // Gradients: the mean over ranks (scaled for it in compute_gradients). The loss is the job's
+    // mean over all loss-bearing targets; the auxiliary losses the ranks' weighted by their
+    // shares of the job's sequences. Ledgers and counters are the job's sums.
     comm->all_reduce_mean(grads.as<float>(), n_params);
-    const double inv = 1.0 / double(comm->info().world_size);
-    std::vector<double> d = {last_ce_sum, r.aux_load_balance, r.aux_z};
+    const double share = double(step_B) / double(job_seqs);
+    std::vector<double> d = {last_ce_sum, r.aux_load_balance * share, r.aux_z * share};
     comm->all_reduce_sum_host(d.data(), int64_t(d.size()));
-    r.aux_load_balance = d[1] * inv;
-    r.aux_z = d[2] * inv;
+    r.aux_load_balance = d[1];
+    r.aux_z = d[2];
     std::vector<int64_t> c;
     for (const auto& row : r.flops.flops) c.insert(c.end(), row.begin(), row.end());
     c.insert(c.end(), r.routed_per_moe_layer.begin(), r.routed_per_moe_layer.end());
@@ -1059,6 +1096,7 @@ struct Model::Impl {
     r.flops.elementwise = c[i];
     r.loss = r.loss_bearing_targets > 0 ? d[0] / double(r.loss_bearing_targets) : 0.0;
   }
+  int64_t job_seqs = 0;  // the step's sequences over all ranks (set by compute_gradients)
 
   StepResult train_step(const int32_t* inputs, const int32_t* tgts, int64_t step,
                         const OptimConfig& cfg) {
@@ -1231,6 +1269,9 @@ const Arch& Model::arch() const {
   return impl_->a;
 }
 int64_t Model::batch_seqs() const {
+  return impl_->step_B;
+}
+int64_t Model::pass_seqs() const {
   return impl_->B;
 }
 DType Model::matmul_type() const {

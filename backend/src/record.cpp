@@ -103,6 +103,8 @@ nlohmann::json make_record(const RecordInputs& in) {
   rec["achieved_flops_convention"] = exact_label;
   // The rates above are the job's; a data-parallel job ran on world_size devices at once.
   rec["world_size"] = in.world_size;
+  // Gradient accumulation: each step ran in passes of at most this many sequences per rank.
+  rec["pass_seqs"] = in.pass_seqs;
   rec["achieved_flops_per_second_per_device"] =
       st.train_seconds > 0 ? exact_total / st.train_seconds / double(in.world_size) : 0.0;
   return rec;

@@ -240,8 +240,13 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
                                     {"byte_tokens", data.byte_tokens},
                                     {"parts", data.part_names}};
 
+  if (opt.micro_batch_seqs < 0)
+    throw InputError(fmt::format(
+        "--micro-batch {} must be >= 1 (or 0: the whole batch in one pass)", opt.micro_batch_seqs));
+  ModelOptions model_opt = model_options(train);
+  model_opt.micro_batch_seqs = opt.micro_batch_seqs;
   std::unique_ptr<Engine> engine = make_engine(
-      opt.device, {plan.arch, model_options(train), train.seed, batch, opt.threads, opt.kernels});
+      opt.device, {plan.arch, model_opt, train.seed, batch, opt.threads, opt.kernels});
   const MeasuredParams params = measure_params(*engine, plan.arch);
 
   RunState st;
@@ -252,6 +257,13 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
           fmt::format("checkpoint '{}' was made for a different plan of point '{}'; "
                       "move the folder away or choose another --out",
                       ckpt_path.string(), plan.id));
+    // Passes decide the auxiliary losses, not only rounding: a resume runs the same ones.
+    if (ck.state.pass_seqs > 0 && ck.state.pass_seqs != engine->pass_seqs())
+      throw InputError(fmt::format(
+          "checkpoint '{}' of point '{}' trained in passes of {} sequences, this run would use {}; "
+          "resume with --micro-batch {}",
+          ckpt_path.string(), plan.id, ck.state.pass_seqs, engine->pass_seqs(),
+          ck.state.pass_seqs));
     engine->load_state(ck.model_state);
     st = std::move(ck.state);
     ++st.resumes;
@@ -260,6 +272,7 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
     st.tokens = TokenLedger(seq_len, windows);
     st.order = WindowOrder(windows, mix_seed(train.seed, 0xDA7A));
   }
+  st.pass_seqs = engine->pass_seqs();
 
   RecordInputs rin;
   rin.plan = &plan;
@@ -268,6 +281,7 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
   rin.device = opt.device;
   rin.kernels = engine->kernels();
   rin.world_size = engine->world_size();
+  rin.pass_seqs = engine->pass_seqs();
   rin.params = params;
   rin.data = data_json;
   rin.checkpoint_every = ckpt_every;

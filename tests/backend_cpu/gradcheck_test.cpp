@@ -62,8 +62,8 @@ CheckStats check_model(Model<double>& m, const std::vector<int32_t>& in,
   return st;
 }
 
-StepResult run_check(const Arch& a, const ModelOptions& o, const std::string& what) {
-  const int64_t B = 2;
+StepResult run_check(const Arch& a, const ModelOptions& o, const std::string& what,
+                     int64_t B = 2) {
   Model<double> m(a, o, 7, B);
   const auto in = test::tokens(B * a.seq_len, a.vocab, 1);
   auto tg = test::tokens(B * a.seq_len, a.vocab, 2);
@@ -100,6 +100,19 @@ TEST_CASE("gradient check: tiny MoE with shared expert, ALiBi, every aux loss on
   CHECK(r.aux_load_balance > 0);  // each aux term really contributes to the checked objective
   CHECK(r.aux_z > 0);
   CHECK(r.aux_erc > 0);
+}
+
+TEST_CASE("gradient check: gradients accumulated over passes of 2+1 sequences, aux losses on") {
+  ModelOptions o;
+  o.load_balance = 0.05;
+  o.z_loss = 0.01;
+  o.erc_loss = 0.5;
+  o.erc_alpha = 0.6;
+  o.micro_batch_seqs = 2;
+  const StepResult r = run_check(test::tiny_moe(), o, "moe alibi aux, 2 passes", 3);
+  CHECK(r.aux_load_balance > 0);
+  CHECK(r.aux_z > 0);
+  CHECK(r.loss_bearing_targets == 3 * test::tiny_moe().seq_len - 1);
 }
 
 TEST_CASE("gradient check: tiny MoE with shared expert, RoPE, renormalised gates, aux losses") {

@@ -56,7 +56,7 @@ TEST_CASE("ranks read RANK / WORLD_SIZE / LOCAL_RANK; windows split r, r+W, ..."
   CHECK(cu::windows_of_rank(2, 3, 4) == 0);
 }
 
-TEST_CASE("a rank's share of a global batch: sequences r, r+W, ...; every sequence once") {
+TEST_CASE("a rank's share of a global batch: sequences r, r+W, ...; every sequence once, even or not") {
   // 6 sequences of 3 tokens; token value = 10·sequence + position.
   std::vector<int32_t> global;
   for (int32_t b = 0; b < 6; ++b)
@@ -74,10 +74,22 @@ TEST_CASE("a rank's share of a global batch: sequences r, r+W, ...; every sequen
   std::vector<int32_t> all = global;
   std::sort(all.begin(), all.end());
   CHECK(seen == all);
-  CHECK_THROWS_AS(cu::take_rank_share(share, global.data(), 6, 3, cu::RankInfo{0, 4, 0}),
-                  moeplan::InputError);
   CHECK(cu::rank_batch(6, cu::RankInfo{1, 3, 1}) == 2);
-  CHECK_THROWS_AS(cu::rank_batch(6, cu::RankInfo{0, 4, 0}), moeplan::InputError);
+  // 6 over 4 ranks: {0,4}, {1,5}, {2}, {3}; still every sequence once.
+  seen.clear();
+  for (int rank = 0; rank < 4; ++rank) {
+    cu::take_rank_share(share, global.data(), 6, 3, cu::RankInfo{rank, 4, rank});
+    CHECK(int64_t(share.size()) == 3 * cu::rank_batch(6, cu::RankInfo{rank, 4, rank}));
+    CHECK(share.size() == (rank < 2 ? 6u : 3u));
+    CHECK(share[0] == 10 * rank);
+    seen.insert(seen.end(), share.begin(), share.end());
+  }
+  std::sort(seen.begin(), seen.end());
+  CHECK(seen == all);
+  CHECK_THROWS_WITH_AS(cu::rank_batch(3, cu::RankInfo{0, 4, 0}),
+                       "batch_seqs 3 is smaller than WORLD_SIZE=4; every rank needs at least one "
+                       "sequence",
+                       moeplan::InputError);
 }
 
 TEST_CASE("the cuda engine is registered, and refuses cleanly without a device") {

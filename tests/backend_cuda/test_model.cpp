@@ -178,6 +178,69 @@ TEST_CASE("fp32: one training step's loss, gradients and ledger equal the CPU mo
   }
 }
 
+TEST_CASE("gradient accumulation: passes of 2+2+1 sequences give the CPU's accumulated step") {
+  // fp32 (cuBLAS attention: a short pass reads the first sequences of each query-head group of
+  // the pointer tables), with the load balance and z-loss on, so the per-pass weights count.
+  ModelOptions opt;
+  opt.positions = "rope";
+  opt.z_loss = 1e-3;
+  opt.load_balance = 0.02;
+  opt.micro_batch_seqs = 2;
+  const int64_t B = 5;
+  for (const Arch& arch : {dense_arch(), moe_arch()}) {
+    const char* name = arch.experts > 0 ? "moe rope gqa" : "dense";
+    INFO(name);
+    moeplan::backend::Model<float> ref(arch, opt, 42, B);
+    cu::Model gpu(arch, opt, 42, B, DType::f32);
+    CHECK(gpu.batch_seqs() == B);
+    CHECK(gpu.pass_seqs() == 2);
+    const Batch b = random_batch(B, arch.seq_len, arch.vocab, 17);
+    StepResult rc, rg;
+    const double oc = ref.compute_gradients(b.inputs.data(), b.targets.data(), &rc);
+    const double og = gpu.compute_gradients(b.inputs.data(), b.targets.data(), &rg);
+    const double grad_err = rel_err(gpu.gradients(), vec(ref.gradients()));
+    std::printf("[passes 2+2+1] objective cpu %.7f gpu %.7f, gradient rel err %.2e\n", oc, og,
+                grad_err);
+    print_worst_tensors(gpu.tensors(), gpu.gradients(), vec(ref.gradients()));
+    CHECK(std::abs(og - oc) / oc < 1e-5);
+    CHECK(std::abs(rg.aux_load_balance - rc.aux_load_balance) <= 1e-5 * rc.aux_load_balance);
+    CHECK(std::abs(rg.aux_z - rc.aux_z) <= 1e-5 * rc.aux_z + 1e-12);
+    CHECK(grad_err < 1e-4);
+    CHECK(rg.loss_bearing_targets == rc.loss_bearing_targets);
+    CHECK(rg.routed_per_moe_layer == rc.routed_per_moe_layer);
+    check_ledgers(rg.flops, rc.flops, arch, B, 2 * B * arch.heads * arch.layers,
+                  4 * B * arch.heads * arch.layers);
+  }
+  // bf16 with the fused attention and the tiled experts: the passes against one pass of 5.
+  const Arch a = moe_arch();
+  ModelOptions one = opt;
+  one.micro_batch_seqs = 0;
+  one.load_balance = 0;  // per pass it differs from the whole batch's
+  ModelOptions passes = one;
+  passes.micro_batch_seqs = 2;
+  const Batch b = random_batch(B, a.seq_len, a.vocab, 18);
+  for (const cu::AttentionPath path : {cu::AttentionPath::fused, cu::AttentionPath::fused_mma}) {
+    cu::Model whole(a, one, 9, B, DType::bf16, nullptr, path);
+    cu::Model acc(a, passes, 9, B, DType::bf16, nullptr, path);
+    whole.set_expert_path(cu::ExpertPath::tiled);
+    acc.set_expert_path(cu::ExpertPath::tiled);
+    REQUIRE(acc.fused_attention());
+    StepResult rw, ra;
+    const double ow = whole.compute_gradients(b.inputs.data(), b.targets.data(), &rw);
+    const double oa = acc.compute_gradients(b.inputs.data(), b.targets.data(), &ra);
+    const double grad_err = rel_err(acc.gradients(), whole.gradients());
+    std::printf("[bf16 fused, passes 2+2+1 vs one] objective %.6f vs %.6f, grad rel err %.2e\n",
+                oa, ow, grad_err);
+    CHECK(std::abs(oa - ow) / ow < 1e-5);
+    CHECK(grad_err < 1e-2);
+    // Tiles are padded per pass, so only the useful products must agree.
+    FlopLedger fa = ra.flops, fw = rw.flops;
+    fa.flops[int(FlopCategory::padding)] = {};
+    fw.flops[int(FlopCategory::padding)] = {};
+    CHECK(fa == fw);
+  }
+}
+
 TEST_CASE("bf16: one step within bf16 tolerance of the CPU") {
   const Arch a = moe_arch();
   ModelOptions opt;
@@ -433,7 +496,7 @@ RankRun train_rank(int rank, const Arch& a, const ModelOptions& opt, int64_t B,
                    const std::string& id_file) {
   const cu::RankInfo info{rank, 2, rank};
   cu::Communicator comm(info, id_file, 60);
-  cu::Model m(a, opt, 5, B / 2, DType::f32, &comm);
+  cu::Model m(a, opt, 5, cu::rank_batch(B, info), DType::f32, &comm);
   RankRun out;
   std::vector<int32_t> in, tg;
   for (size_t s = 0; s < batches.size(); ++s) {
@@ -484,10 +547,19 @@ TEST_CASE(
   // trainer; it is not the whole batch's, so it is off here where the steps must be equal.
   moe_opt.load_balance = 0;
   moe_opt.z_loss = 1e-3;  // z-loss is a mean of per-token terms: equal over ranks and batch
-  for (const Case& c : {Case{"dense, ALiBi", dense_arch(), ModelOptions{}},
-                        Case{"MoE, RoPE, GQA", moe_arch(), moe_opt}}) {
+  ModelOptions passes_opt = moe_opt;
+  passes_opt.micro_batch_seqs = 2;
+  struct Sized {
+    Case c;
+    int64_t B;
+  };
+  // The third: 5 sequences over two ranks (3 and 2), each rank in passes of 2 (2+1 and 2).
+  for (const Sized& sized : {Sized{{"dense, ALiBi", dense_arch(), ModelOptions{}}, 4},
+                             Sized{{"MoE, RoPE, GQA", moe_arch(), moe_opt}, 4},
+                             Sized{{"MoE, uneven ranks, passes", moe_arch(), passes_opt}, 5}}) {
+    const Case& c = sized.c;
     INFO(c.name);
-    const int64_t B = 4, steps = 3;
+    const int64_t B = sized.B, steps = 3;
     OptimConfig cfg;
     cfg.lr_peak = 1e-3;
     cfg.total_steps = steps;
@@ -498,7 +570,9 @@ TEST_CASE(
       // targets, so a mean of the ranks' means would not be the batch's mean.
       std::fill_n(batches.back().targets.begin() + c.arch.seq_len, 10, -1);
     }
-    cu::Model whole(c.arch, c.opt, 5, B, DType::f32);
+    ModelOptions one_pass = c.opt;
+    one_pass.micro_batch_seqs = 0;
+    cu::Model whole(c.arch, one_pass, 5, B, DType::f32);
     const std::vector<float> init = whole.parameters();
     std::vector<StepResult> want;
     for (int64_t s = 0; s < steps; ++s)

@@ -11,10 +11,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <numeric>
 #include <random>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 // Built with AddressSanitizer (the emulated_asan tests): fiber switches are announced, so that
@@ -644,14 +646,57 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
 cudaError_t cudaDeviceSynchronize() {
   return st().sticky;
 }
+namespace {
+// Device memory: unlimited unless MOEPLAN_EMU_MEMORY_KIB sets a size, so that a test can see a
+// model that does not fit (cudaMalloc then fails as CUDA's does, with cudaErrorMemoryAllocation,
+// not sticky).
+struct Allocations {
+  std::mutex lock;
+  std::unordered_map<void*, std::size_t> sizes;
+  std::size_t in_use = 0;
+};
+Allocations& allocations() {
+  static Allocations a;
+  return a;
+}
+std::size_t memory_limit() {
+  static const std::size_t limit = [] {
+    const char* v = std::getenv("MOEPLAN_EMU_MEMORY_KIB");
+    return v && *v ? std::size_t(std::strtoull(v, nullptr, 10)) << 10 : ~std::size_t(0);
+  }();
+  return limit;
+}
+}  // namespace
+
 cudaError_t cudaMalloc(void** p, std::size_t bytes) {
+  Allocations& a = allocations();
+  std::lock_guard<std::mutex> g(a.lock);
+  if (bytes > memory_limit() - a.in_use) {
+    *p = nullptr;
+    st().last = cudaErrorMemoryAllocation;
+    st().message = "out of memory";
+    return cudaErrorMemoryAllocation;
+  }
   // 256-byte aligned, as cudaMalloc guarantees; exactly `bytes`, so that AddressSanitizer sees
   // a kernel read or write past the end.
   *p = ::operator new(bytes ? bytes : 1, std::align_val_t(256), std::nothrow);
-  return *p ? cudaSuccess : cudaErrorMemoryAllocation;
+  if (!*p) return cudaErrorMemoryAllocation;
+  a.sizes[*p] = bytes;
+  a.in_use += bytes;
+  return cudaSuccess;
 }
 cudaError_t cudaFree(void* p) {
-  if (p) ::operator delete(p, std::align_val_t(256));
+  if (!p) return cudaSuccess;
+  {
+    Allocations& a = allocations();
+    std::lock_guard<std::mutex> g(a.lock);
+    const auto it = a.sizes.find(p);
+    if (it != a.sizes.end()) {
+      a.in_use -= it->second;
+      a.sizes.erase(it);
+    }
+  }
+  ::operator delete(p, std::align_val_t(256));
   return cudaSuccess;
 }
 cudaError_t cudaMemcpy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind) {

@@ -37,6 +37,9 @@ class Engine {
   virtual bool writes_files() const { return true; }
   // Data-parallel ranks training this point together (1 without data parallelism).
   virtual int world_size() const { return 1; }
+  // Sequences of one forward/backward pass on this rank (EngineRequest::options
+  // .micro_batch_seqs, or the rank's whole share of the batch when that is 0 or larger).
+  virtual int64_t pass_seqs() const = 0;
   // True when `flag` is true on any data-parallel rank (every rank must call it at the same
   // point of the loop; it is a collective). The run loop asks it before each step whether any
   // rank was told to stop, so that all ranks stop at the same step instead of one waiting
@@ -48,8 +51,8 @@ struct EngineRequest {
   Arch arch;
   ModelOptions options;
   uint64_t seed = 0;
-  int64_t batch_seqs = 0;
-  int threads = 0;  // 0: the device's default
+  int64_t batch_seqs = 0;  // the step's batch over all ranks; options.micro_batch_seqs splits it
+  int threads = 0;         // 0: the device's default
   // Which kernels the device runs, as "name=value,..." ("" = the device's defaults). Only the
   // cuda device has a choice (attention=cublas|fused|fused_mma, experts=grouped|loop|tiled); the
   // cpu device refuses a non-empty value.

@@ -22,6 +22,12 @@ struct ModelOptions {
   double z_loss = 0;                // coefficient of mean_t logsumexp(router logits)², per layer
   double erc_loss = 0;              // coefficient of the expert-router coupling loss, per layer
   double erc_alpha = 1.0;           // α of the ERC loss
+  // Gradient accumulation: 0 runs a step's batch as one forward/backward pass; n > 0 runs it in
+  // passes of at most n sequences (the last one may be shorter), with activations sized for one
+  // pass, and updates once. The cross-entropy is the mean over the whole batch's loss-bearing
+  // targets either way; the auxiliary losses (load balance, z-loss) are per pass, weighted by the
+  // pass's share of the batch's sequences, and a capacity limit applies per pass. ERC is per step.
+  int64_t micro_batch_seqs = 0;
 };
 
 struct OptimConfig {
@@ -58,8 +64,9 @@ struct TensorInfo {
 template <class Scalar>  // float (training) or double (gradient checks)
 class Model {
  public:
-  // Allocates every parameter, optimizer and activation buffer once, for batches of up to
-  // batch_seqs sequences of arch.seq_len. Throws InputError on an unusable Arch/options.
+  // Allocates every parameter, optimizer and activation buffer once. train_step reads batches of
+  // batch_seqs sequences of arch.seq_len; activations hold one pass (options.micro_batch_seqs
+  // sequences when set, else the whole batch). Throws InputError on an unusable Arch/options.
   Model(const Arch& arch, const ModelOptions& options, uint64_t seed, int64_t batch_seqs);
   ~Model();
   Model(Model&&) noexcept;
@@ -103,7 +110,8 @@ class Model {
   int64_t adam_steps() const;
   const Arch& arch() const;
   const ModelOptions& options() const;
-  int64_t batch_seqs() const;
+  int64_t batch_seqs() const;        // sequences a train_step reads
+  int64_t pass_seqs() const;         // sequences one forward/backward pass holds
 
  private:
   struct Impl;

@@ -32,6 +32,7 @@ struct RunOptions {
   int64_t checkpoint_every = 0;  // 0: the manifest's [train] value, else about 20 per run
   int threads = 0;
   std::string kernels;                               // EngineRequest::kernels
+  int64_t micro_batch_seqs = 0;  // ModelOptions::micro_batch_seqs (0: one pass a step)
   std::function<void(const Progress&)> on_progress;  // called after every step
   const std::atomic<int>* stop = nullptr;  // non-zero: checkpoint at the next step and return
 };

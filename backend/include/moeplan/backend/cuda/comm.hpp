@@ -22,11 +22,12 @@ int64_t windows_of_rank(int64_t windows, int rank, int world_size);
 inline int64_t window_of_rank(int64_t i, int rank, int world_size) {
   return int64_t(rank) + i * int64_t(world_size);
 }
-// Sequences per rank: batch / W. Throws InputError when the batch does not split evenly.
+// Sequences of `rank`: those of rank, rank+W, rank+2W, … below batch (ranks below batch mod W
+// hold one more than the others; the model weighs each rank by its share). Throws InputError
+// when the batch has fewer sequences than there are ranks.
 int64_t rank_batch(int64_t batch, const RankInfo& rank);
 // A rank's share of a global batch of `batch` sequences of `seq_len` tokens (row-major): the
-// sequences rank, rank+W, rank+2W, … copied into out (batch/W sequences). Throws InputError when
-// the batch does not split evenly over the ranks.
+// sequences rank, rank+W, rank+2W, … copied into out (rank_batch of them).
 void take_rank_share(std::vector<int32_t>& out, const int32_t* global, int64_t batch,
                      int64_t seq_len, const RankInfo& rank);
 

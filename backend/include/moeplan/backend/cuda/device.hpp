@@ -3,6 +3,7 @@
 // itself. No CUDA header is needed by includers.
 #include <cstddef>
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 
 namespace moeplan::backend::cuda {
@@ -35,6 +36,14 @@ inline std::size_t dtype_size(DType t) {
 // bf16 conversions for host-side references (round to nearest even, as the device does).
 uint16_t float_to_bf16(float x);
 float bf16_to_float(uint16_t x);
+
+// cudaMalloc found no room: `requested` bytes asked while `in_use` bytes of DeviceBuffers were
+// allocated by this process (the device may hold others').
+class DeviceOutOfMemory : public std::runtime_error {
+ public:
+  DeviceOutOfMemory(std::size_t requested, std::size_t in_use);
+  std::size_t requested, in_use;
+};
 
 // Device memory, allocated once (cudaMalloc) and freed by the destructor.
 class DeviceBuffer {

@@ -73,7 +73,8 @@ class Model {
   int64_t trainable_params() const;
   int64_t adam_steps() const;
   const Arch& arch() const;
-  int64_t batch_seqs() const;
+  int64_t batch_seqs() const;  // sequences a train_step reads
+  int64_t pass_seqs() const;   // sequences one forward/backward pass holds (micro_batch_seqs)
   DType matmul_type() const;
   // How the routed-expert products run (the benchmark measures each):
   //  - grouped (default): one grouped cuBLAS call per product; the host waits for the routed
