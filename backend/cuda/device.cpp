@@ -37,6 +37,12 @@ DeviceInfo device_info(int device) {
   return d;
 }
 
+std::pair<std::size_t, std::size_t> device_memory() {
+  std::size_t free_bytes = 0, total_bytes = 0;
+  check_cuda(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
+  return {free_bytes, total_bytes};
+}
+
 void set_device(int device) {
   check_cuda(cudaSetDevice(device), "cudaSetDevice");
 }

@@ -27,27 +27,30 @@ std::string nccl_id_file() {
   return std::string("/tmp/moeplan-nccl-") + (port && *port ? port : "id");
 }
 
-double gib(double bytes) {
-  return bytes / double(1ull << 30);
+std::string bytes_text(double bytes) {
+  if (bytes >= double(1ull << 30)) return fmt::format("{:.2f} GiB", bytes / double(1ull << 30));
+  return fmt::format("{:.1f} MiB", bytes / double(1ull << 20));
 }
 
 // The model's buffers did not fit: say how far it got and what to run instead.
 std::string out_of_memory_message(const DeviceOutOfMemory& e, const EngineRequest& r,
-                                  int64_t rank_batch, int device) {
+                                  int64_t rank_batch) {
   const int64_t pass = r.options.micro_batch_seqs > 0
                            ? std::min(r.options.micro_batch_seqs, rank_batch)
                            : rank_batch;
+  const auto [free_bytes, total_bytes] = device_memory();
   const std::string where = fmt::format(
-      "--device cuda: out of device memory ({:.2f} GiB more asked with {:.2f} GiB in use on a "
-      "{:.1f} GiB device)",
-      gib(double(e.requested)), gib(double(e.in_use)), device_info(device).memory_gib);
+      "--device cuda: out of device memory (the model's buffers took {} when {} more did not fit; "
+      "the device has {})",
+      bytes_text(double(e.in_use)), bytes_text(double(e.requested)), bytes_text(double(total_bytes)));
+  (void)free_bytes;
   // fp32 weights, their bf16 copy, fp32 gradients and both AdamW moments: 18 bytes a parameter.
   const double fixed = 18.0 * double(count_params(r.arch).trainable());
   if (pass <= 1)
     return fmt::format(
         "{} with passes of 1 sequence of {} tokens; the weights, gradients and AdamW state alone "
-        "take {:.2f} GiB: this point needs a larger device",
-        where, r.arch.seq_len, gib(fixed));
+        "take {}: this point needs a larger device",
+        where, r.arch.seq_len, bytes_text(fixed));
   return fmt::format("{} with passes of {} sequences of {} tokens; run smaller passes, e.g. "
                      "--micro-batch {}",
                      where, pass, r.arch.seq_len, pass / 2);
@@ -84,7 +87,7 @@ class CudaEngine final : public Engine {
       model_ = std::make_unique<Model>(r.arch, r.options, r.seed, local_batch_, DType::bf16,
                                        comm_.get(), kernels_.attention);
     } catch (const DeviceOutOfMemory& e) {
-      throw InputError(out_of_memory_message(e, r, local_batch_, info_.local_rank));
+      throw InputError(out_of_memory_message(e, r, local_batch_));
     }
     model_->set_expert_path(kernels_.experts);
   }

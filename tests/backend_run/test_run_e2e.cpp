@@ -694,6 +694,48 @@ TEST_CASE("WORLD_SIZE=2 (emulated): SIGINT to one rank stops both at one step; r
   CHECK(ra["measured"]["flops"] == rb["measured"]["flops"]);
 }
 
+// A batch that does not fit the device: one line that says so and what to run instead, then the
+// same point in smaller passes. The emulated device holds MOEPLAN_EMU_MEMORY_KIB: 38 MiB, of
+// which cuBLAS's workspace takes 32; 128 sequences a pass need more, 16 fit.
+TEST_CASE("out of device memory (emulated): one line naming the passes; --micro-batch fits") {
+  const fs::path dir = fresh_dir("cuda_oom");
+  write_manifest_atomic(tiny_manifest(tiny_plan("dense", true, 1, 128, 40, 3e-3, 16),
+                                      {tiny_plan("moe-o", false, 1, 128, 40, 3e-3, 16)}),
+                        dir / "sweep.toml");
+  const std::string sweep = (dir / "sweep.toml").string();
+  const auto run_dense = [&](const std::string& out, const char* micro) {
+    return run_cli({"run", sweep, "--point", "dense", "--out", (dir / out).string(), "--device",
+                    "cuda", "--micro-batch", micro},
+                   MOEPLAN_EMULATED_BINARY);
+  };
+  ::setenv("MOEPLAN_EMU_MEMORY_KIB", "38912", 1);
+  const Result whole = run_dense("runs", "0");
+  const Result passes = run_dense("runs", "16");
+  ::setenv("MOEPLAN_EMU_MEMORY_KIB", "20480", 1);  // not even cuBLAS's workspace
+  const Result none = run_dense("none", "1");
+  ::unsetenv("MOEPLAN_EMU_MEMORY_KIB");
+  CHECK(whole.status == 2);
+  CHECK(one_line(whole.err));
+  CHECK_MESSAGE(whole.err.find("--device cuda: out of device memory (the model's buffers took ") !=
+                    std::string::npos,
+                whole.err);
+  CHECK_MESSAGE(whole.err.find("the device has 38.0 MiB) with passes of 128 sequences of 16 "
+                               "tokens; run smaller passes, e.g. --micro-batch 64") !=
+                    std::string::npos,
+                whole.err);
+  REQUIRE_MESSAGE(passes.status == 0, passes.err);
+  const json rec = record(dir / "runs", "dense");
+  CHECK(rec["status"] == "complete");
+  CHECK(rec["pass_seqs"] == 16);
+  CHECK(rec["measured"]["tokens"]["consumed"].get<int64_t>() == 1 * 128 * 16);
+  CHECK(none.status == 2);
+  CHECK(one_line(none.err));
+  CHECK_MESSAGE(none.err.find("with passes of 1 sequence of 16 tokens; the weights, gradients and "
+                              "AdamW state alone take ") != std::string::npos,
+                none.err);
+  CHECK_FALSE(fs::exists(dir / "none" / "dense" / "record.json"));
+}
+
 TEST_CASE("WORLD_SIZE refusals (emulated): one line naming the value, exit 2, nothing written") {
   const fs::path dir = fresh_dir("cuda_dp_refusals");
   // 6 sequences a step cannot give each of 8 ranks one.

@@ -685,6 +685,14 @@ cudaError_t cudaMalloc(void** p, std::size_t bytes) {
   a.in_use += bytes;
   return cudaSuccess;
 }
+cudaError_t cudaMemGetInfo(std::size_t* free_bytes, std::size_t* total_bytes) {
+  Allocations& a = allocations();
+  std::lock_guard<std::mutex> g(a.lock);
+  const std::size_t total = std::min(memory_limit(), std::size_t(1) << 30);
+  *total_bytes = total;
+  *free_bytes = a.in_use < total ? total - a.in_use : 0;
+  return cudaSuccess;
+}
 cudaError_t cudaFree(void* p) {
   if (!p) return cudaSuccess;
   {

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace moeplan::backend::cuda {
 
@@ -36,6 +37,9 @@ inline std::size_t dtype_size(DType t) {
 // bf16 conversions for host-side references (round to nearest even, as the device does).
 uint16_t float_to_bf16(float x);
 float bf16_to_float(uint16_t x);
+
+// The current device's free and total memory in bytes (cudaMemGetInfo).
+std::pair<std::size_t, std::size_t> device_memory();
 
 // cudaMalloc found no room: `requested` bytes asked while `in_use` bytes of DeviceBuffers were
 // allocated by this process (the device may hold others').
