@@ -211,7 +211,15 @@ TEST_CASE("gradient accumulation: passes of 2+2+1 sequences give the CPU's accum
     check_ledgers(rg.flops, rc.flops, arch, B, 2 * B * arch.heads * arch.layers,
                   4 * B * arch.heads * arch.layers);
   }
-  // bf16 with the fused attention and the tiled experts: the passes against one pass of 5.
+}
+
+// In its own test case: gpu-check runs the kernels first measured on a GPU (`*tiled*`) apart.
+TEST_CASE("gradient accumulation: bf16 fused attention and tiled experts in passes equal one pass") {
+  // bf16, each kernel set: passes of 2+2+1 against one pass of 5.
+  ModelOptions opt;
+  opt.positions = "rope";
+  opt.z_loss = 1e-3;
+  const int64_t B = 5;
   const Arch a = moe_arch();
   ModelOptions one = opt;
   one.micro_batch_seqs = 0;
@@ -219,18 +227,28 @@ TEST_CASE("gradient accumulation: passes of 2+2+1 sequences give the CPU's accum
   ModelOptions passes = one;
   passes.micro_batch_seqs = 2;
   const Batch b = random_batch(B, a.seq_len, a.vocab, 18);
-  for (const cu::AttentionPath path : {cu::AttentionPath::fused, cu::AttentionPath::fused_mma}) {
-    cu::Model whole(a, one, 9, B, DType::bf16, nullptr, path);
-    cu::Model acc(a, passes, 9, B, DType::bf16, nullptr, path);
-    whole.set_expert_path(cu::ExpertPath::tiled);
-    acc.set_expert_path(cu::ExpertPath::tiled);
-    REQUIRE(acc.fused_attention());
+  struct Kernels {
+    const char* name;
+    cu::AttentionPath attention;
+    cu::ExpertPath experts;
+  };
+  for (const Kernels& k : {Kernels{"fused, tiled", cu::AttentionPath::fused, cu::ExpertPath::tiled},
+                           Kernels{"fused_mma, tiled", cu::AttentionPath::fused_mma,
+                                   cu::ExpertPath::tiled},
+                           Kernels{"cublas, grouped", cu::AttentionPath::cublas,
+                                   cu::ExpertPath::grouped}}) {
+    INFO(k.name);
+    cu::Model whole(a, one, 9, B, DType::bf16, nullptr, k.attention);
+    cu::Model acc(a, passes, 9, B, DType::bf16, nullptr, k.attention);
+    whole.set_expert_path(k.experts);
+    acc.set_expert_path(k.experts);
+    CHECK(acc.fused_attention() == (k.attention != cu::AttentionPath::cublas));
     StepResult rw, ra;
     const double ow = whole.compute_gradients(b.inputs.data(), b.targets.data(), &rw);
     const double oa = acc.compute_gradients(b.inputs.data(), b.targets.data(), &ra);
     const double grad_err = rel_err(acc.gradients(), whole.gradients());
-    std::printf("[bf16 fused, passes 2+2+1 vs one] objective %.6f vs %.6f, grad rel err %.2e\n",
-                oa, ow, grad_err);
+    std::printf("[bf16 %s, passes 2+2+1 vs one] objective %.6f vs %.6f, grad rel err %.2e\n",
+                k.name, oa, ow, grad_err);
     CHECK(std::abs(oa - ow) / ow < 1e-5);
     CHECK(grad_err < 1e-2);
     // Tiles are padded per pass, so only the useful products must agree.
