@@ -185,6 +185,10 @@ int run(const RunFlags& f) {
         convention_label(p->convention, p->mask));
     std::fflush(stdout);
     opt.on_progress = ProgressPrinter(label);
+    opt.on_engine = [&label](const std::string& what) {
+      fmt::print("{} {}\n", label, what);
+      std::fflush(stdout);
+    };
     backend::PointOutcome out;
     try {
       out = backend::run_point(*p, plan_to_json(*p), m.train, opt);

@@ -70,6 +70,10 @@ namespace {
 std::atomic<std::size_t> g_in_use{0};  // bytes held by live DeviceBuffers of this process
 }  // namespace
 
+std::size_t device_bytes_in_use() {
+  return g_in_use.load();
+}
+
 DeviceOutOfMemory::DeviceOutOfMemory(std::size_t requested_bytes, std::size_t in_use_bytes)
     : std::runtime_error("CUDA error in cudaMalloc: out of memory"),
       requested(requested_bytes),

@@ -34,13 +34,13 @@ std::string bytes_text(double bytes) {
 
 // The model's buffers did not fit: say how far it got and what to run instead.
 std::string out_of_memory_message(const DeviceOutOfMemory& e, const EngineRequest& r,
-                                  int64_t rank_batch) {
+                                  int64_t rank_batch, AttentionPath attention) {
   const int64_t pass = r.options.micro_batch_seqs > 0
                            ? std::min(r.options.micro_batch_seqs, rank_batch)
                            : rank_batch;
   const auto [free_bytes, total_bytes] = device_memory();
   const std::string where = fmt::format(
-      "--device cuda: out of device memory (the model's buffers took {} when {} more did not fit; "
+      "--device cuda: out of device memory (moeplan's buffers held {} when {} more did not fit; "
       "the device has {})",
       bytes_text(double(e.in_use)), bytes_text(double(e.requested)), bytes_text(double(total_bytes)));
   (void)free_bytes;
@@ -51,9 +51,18 @@ std::string out_of_memory_message(const DeviceOutOfMemory& e, const EngineReques
         "{} with passes of 1 sequence of {} tokens; the weights, gradients and AdamW state alone "
         "take {}: this point needs a larger device",
         where, r.arch.seq_len, bytes_text(fixed));
+  std::string fused;
+  if (attention == AttentionPath::cublas && attention::supported(r.arch.head_dim)) {
+    // The cuBLAS attention keeps each layer's bf16 probabilities and one layer's fp32 scores,
+    // fp32 dP and bf16 dS: S×S per head; the fused kernels keep none of them.
+    const double square = double(r.arch.heads) * double(r.arch.seq_len) * double(r.arch.seq_len);
+    const double saved = square * (2.0 * double(r.arch.layers) + 10.0);
+    fused = fmt::format(", or --kernels attention=fused (no S×S buffers: {} less a sequence)",
+                        bytes_text(saved));
+  }
   return fmt::format("{} with passes of {} sequences of {} tokens; run smaller passes, e.g. "
-                     "--micro-batch {}",
-                     where, pass, r.arch.seq_len, pass / 2);
+                     "--micro-batch {}{}",
+                     where, pass, r.arch.seq_len, pass / 2, fused);
 }
 
 // Data parallelism: every rank runs the same loop over the same global batch (so the token
@@ -87,7 +96,7 @@ class CudaEngine final : public Engine {
       model_ = std::make_unique<Model>(r.arch, r.options, r.seed, local_batch_, DType::bf16,
                                        comm_.get(), kernels_.attention);
     } catch (const DeviceOutOfMemory& e) {
-      throw InputError(out_of_memory_message(e, r, local_batch_));
+      throw InputError(out_of_memory_message(e, r, local_batch_, kernels_.attention));
     }
     model_->set_expert_path(kernels_.experts);
   }
@@ -116,6 +125,14 @@ class CudaEngine final : public Engine {
   bool writes_files() const override { return info_.rank == 0; }
   int world_size() const override { return info_.world_size; }
   int64_t pass_seqs() const override { return model_->pass_seqs(); }
+  std::string describe() const override {
+    const auto [free_bytes, total_bytes] = device_memory();
+    (void)free_bytes;
+    return fmt::format("cuda{}: {} of the device's {} for passes of {} sequences ({})",
+                       info_.world_size > 1 ? fmt::format(" rank 0 of {}", info_.world_size) : "",
+                       bytes_text(double(device_bytes_in_use())), bytes_text(double(total_bytes)),
+                       model_->pass_seqs(), to_string(kernels_));
+  }
   bool any_rank(bool flag) override {
     if (!comm_ || info_.world_size == 1) return flag;
     int64_t n = flag ? 1 : 0;

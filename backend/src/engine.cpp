@@ -26,6 +26,9 @@ class CpuEngine final : public Engine {
   std::string device() const override { return "cpu"; }
   std::string kernels() const override { return "eigen-fp32"; }
   int64_t pass_seqs() const override { return model_.pass_seqs(); }
+  std::string describe() const override {
+    return fmt::format("cpu (eigen-fp32): passes of {} sequences", model_.pass_seqs());
+  }
   StepResult train_step(const int32_t* inputs, const int32_t* targets, int64_t step,
                         const OptimConfig& cfg) override {
     return model_.train_step(inputs, targets, step, cfg);

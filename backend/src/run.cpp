@@ -248,6 +248,7 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
   std::unique_ptr<Engine> engine = make_engine(
       opt.device, {plan.arch, model_opt, train.seed, batch, opt.threads, opt.kernels});
   const MeasuredParams params = measure_params(*engine, plan.arch);
+  if (opt.on_engine && engine->writes_files()) opt.on_engine(engine->describe());
 
   RunState st;
   if (fs::exists(ckpt_path, ec)) {

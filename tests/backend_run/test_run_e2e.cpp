@@ -462,6 +462,9 @@ TEST_CASE("moeplan run --micro-batch 2: the one-pass run's tokens and ledger; re
   const Result acc = run_cli({"run", sweep, "--point", "dense", "--out", (dir / "b").string(),
                               "--micro-batch", "2"});
   REQUIRE_MESSAGE(acc.status == 0, acc.err);
+  CHECK_MESSAGE(acc.out.find("[dense 1/1] cpu (eigen-fp32): passes of 2 sequences\n") !=
+                    std::string::npos,
+                acc.out);
   const json ra = record(dir / "a", "dense"), rb = record(dir / "b", "dense");
   CHECK(ra["pass_seqs"] == 5);
   CHECK(rb["pass_seqs"] == 2);
@@ -716,14 +719,18 @@ TEST_CASE("out of device memory (emulated): one line naming the passes; --micro-
   ::unsetenv("MOEPLAN_EMU_MEMORY_KIB");
   CHECK(whole.status == 2);
   CHECK(one_line(whole.err));
-  CHECK_MESSAGE(whole.err.find("--device cuda: out of device memory (the model's buffers took ") !=
+  CHECK_MESSAGE(whole.err.find("--device cuda: out of device memory (moeplan's buffers held ") !=
                     std::string::npos,
                 whole.err);
   CHECK_MESSAGE(whole.err.find("the device has 38.0 MiB) with passes of 128 sequences of 16 "
-                               "tokens; run smaller passes, e.g. --micro-batch 64") !=
-                    std::string::npos,
+                               "tokens; run smaller passes, e.g. --micro-batch 64, or --kernels "
+                               "attention=fused (no S×S buffers: ") != std::string::npos,
                 whole.err);
   REQUIRE_MESSAGE(passes.status == 0, passes.err);
+  // Once built, the engine says what it holds: its memory out of the device's, and the passes.
+  CHECK_MESSAGE(passes.out.find(" of the device's 38.0 MiB for passes of 16 sequences "
+                                "(attention=cublas,experts=grouped)\n") != std::string::npos,
+                passes.out);
   const json rec = record(dir / "runs", "dense");
   CHECK(rec["status"] == "complete");
   CHECK(rec["pass_seqs"] == 16);

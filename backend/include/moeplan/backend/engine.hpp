@@ -40,6 +40,8 @@ class Engine {
   // Sequences of one forward/backward pass on this rank (EngineRequest::options
   // .micro_batch_seqs, or the rank's whole share of the batch when that is 0 or larger).
   virtual int64_t pass_seqs() const = 0;
+  // One line for the user once the engine is built: the device, its memory in use, the passes.
+  virtual std::string describe() const = 0;
   // True when `flag` is true on any data-parallel rank (every rank must call it at the same
   // point of the loop; it is a collective). The run loop asks it before each step whether any
   // rank was told to stop, so that all ranks stop at the same step instead of one waiting

@@ -34,6 +34,7 @@ struct RunOptions {
   std::string kernels;                               // EngineRequest::kernels
   int64_t micro_batch_seqs = 0;  // ModelOptions::micro_batch_seqs (0: one pass a step)
   std::function<void(const Progress&)> on_progress;  // called after every step
+  std::function<void(const std::string&)> on_engine;  // once a point's engine is built: describe()
   const std::atomic<int>* stop = nullptr;  // non-zero: checkpoint at the next step and return
 };
 

@@ -40,6 +40,8 @@ float bf16_to_float(uint16_t x);
 
 // The current device's free and total memory in bytes (cudaMemGetInfo).
 std::pair<std::size_t, std::size_t> device_memory();
+// Bytes held by this process's live DeviceBuffers (model buffers, cuBLAS's workspace, ...).
+std::size_t device_bytes_in_use();
 
 // cudaMalloc found no room: `requested` bytes asked while `in_use` bytes of DeviceBuffers were
 // allocated by this process (the device may hold others').
