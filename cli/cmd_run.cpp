@@ -42,6 +42,7 @@ struct RunFlags {
   int threads = 0;
   int nproc = 1;
   int64_t micro_batch = 0;
+  bool shard_optimizer = false;
 };
 
 // The ranks' arguments: this command line without --nproc.
@@ -163,6 +164,7 @@ int run(const RunFlags& f) {
   opt.threads = f.threads;
   opt.kernels = f.kernels;
   opt.micro_batch_seqs = f.micro_batch;
+  opt.shard_optimizer = f.shard_optimizer;
   opt.stop = &g_stop;
   // Everything that can be refused is refused before the first step of the first point.
   backend::require_device(opt.device);
@@ -253,6 +255,9 @@ const bool registered = register_command(
        app.add_option("--micro-batch", f->micro_batch,
                       "sequences per forward/backward pass on each rank; a step accumulates "
                       "its batch's gradients over the passes (0: the whole batch in one pass)");
+       app.add_flag("--shard-optimizer", f->shard_optimizer,
+                    "cuda, data parallel: each rank keeps the AdamW state of 1/N of the "
+                    "parameters (ZeRO stage 1: 8 bytes a parameter become 8/N)");
        app.add_option("--nproc", f->nproc,
                       "cuda: train each point data-parallel over this many GPUs of this machine, "
                       "one rank process each (as torchrun would start them)");

@@ -148,6 +148,21 @@ void Communicator::all_reduce_sum(int64_t* d, int64_t n) {
              "ncclAllReduce(int64)");
 }
 
+void Communicator::reduce_scatter_mean(float* d, int64_t chunk) {
+  float* mine = d + int64_t(impl_->info.rank) * chunk;
+  check_nccl(ncclReduceScatter(d, mine, size_t(chunk), ncclFloat32, ncclAvg, impl_->comm, nullptr),
+             "ncclReduceScatter(float, avg)");
+}
+void Communicator::all_gather(float* d, int64_t chunk) {
+  const float* mine = d + int64_t(impl_->info.rank) * chunk;
+  check_nccl(ncclAllGather(mine, d, size_t(chunk), ncclFloat32, impl_->comm, nullptr),
+             "ncclAllGather(float)");
+}
+void Communicator::broadcast(float* d, int64_t n, int root) {
+  check_nccl(ncclBroadcast(d, d, size_t(n), ncclFloat32, root, impl_->comm, nullptr),
+             "ncclBroadcast(float)");
+}
+
 void Communicator::all_reduce_sum_host(int64_t* h, int64_t n) {
   for (int64_t done = 0; done < n; done += 64) {
     const int64_t m = std::min<int64_t>(64, n - done);

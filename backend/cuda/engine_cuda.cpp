@@ -34,7 +34,7 @@ std::string bytes_text(double bytes) {
 
 // The model's buffers did not fit: say how far it got and what to run instead.
 std::string out_of_memory_message(const DeviceOutOfMemory& e, const EngineRequest& r,
-                                  int64_t rank_batch, AttentionPath attention) {
+                                  int64_t rank_batch, AttentionPath attention, int shards) {
   const int64_t pass = r.options.micro_batch_seqs > 0
                            ? std::min(r.options.micro_batch_seqs, rank_batch)
                            : rank_batch;
@@ -44,8 +44,9 @@ std::string out_of_memory_message(const DeviceOutOfMemory& e, const EngineReques
       "the device has {})",
       bytes_text(double(e.in_use)), bytes_text(double(e.requested)), bytes_text(double(total_bytes)));
   (void)free_bytes;
-  // fp32 weights, their bf16 copy, fp32 gradients and both AdamW moments: 18 bytes a parameter.
-  const double fixed = 18.0 * double(count_params(r.arch).trainable());
+  // fp32 weights, their bf16 copy, fp32 gradients and both AdamW moments (over `shards` ranks):
+  // 18 bytes a parameter unsharded.
+  const double fixed = (10.0 + 8.0 / double(shards)) * double(count_params(r.arch).trainable());
   if (pass <= 1)
     return fmt::format(
         "{} with passes of 1 sequence of {} tokens; the weights, gradients and AdamW state alone "
@@ -91,12 +92,18 @@ class CudaEngine final : public Engine {
     }
     local_batch_ = rank_batch(r.batch_seqs, info_);
     batch_ = r.batch_seqs;
+    if (r.shard_optimizer && !comm_)
+      throw InputError(
+          "--shard-optimizer splits the AdamW state over data-parallel ranks; it needs --nproc N "
+          "(or WORLD_SIZE)");
+    sharded_ = r.shard_optimizer;
     seq_len_ = r.arch.seq_len;
     try {
       model_ = std::make_unique<Model>(r.arch, r.options, r.seed, local_batch_, DType::bf16,
-                                       comm_.get(), kernels_.attention);
+                                       comm_.get(), kernels_.attention, sharded_);
     } catch (const DeviceOutOfMemory& e) {
-      throw InputError(out_of_memory_message(e, r, local_batch_, kernels_.attention));
+      throw InputError(out_of_memory_message(e, r, local_batch_, kernels_.attention,
+                                             sharded_ ? info_.world_size : 1));
     }
     model_->set_expert_path(kernels_.experts);
   }
@@ -115,6 +122,7 @@ class CudaEngine final : public Engine {
   }
   std::vector<char> save_state() const override {
     std::vector<char> out;
+    if (!writes_files() && !sharded_) return out;  // only rank 0's is written
     model_->save_state(out);
     return out;
   }
@@ -128,10 +136,11 @@ class CudaEngine final : public Engine {
   std::string describe() const override {
     const auto [free_bytes, total_bytes] = device_memory();
     (void)free_bytes;
-    return fmt::format("cuda{}: {} of the device's {} for passes of {} sequences ({})",
+    return fmt::format("cuda{}: {} of the device's {} for passes of {} sequences ({}{})",
                        info_.world_size > 1 ? fmt::format(" rank 0 of {}", info_.world_size) : "",
                        bytes_text(double(device_bytes_in_use())), bytes_text(double(total_bytes)),
-                       model_->pass_seqs(), to_string(kernels_));
+                       model_->pass_seqs(), to_string(kernels_),
+                       sharded_ ? ", optimizer sharded" : "");
   }
   bool any_rank(bool flag) override {
     if (!comm_ || info_.world_size == 1) return flag;
@@ -144,6 +153,7 @@ class CudaEngine final : public Engine {
   RankInfo info_;
   KernelChoice kernels_;
   int64_t local_batch_ = 0, batch_ = 0, seq_len_ = 0;
+  bool sharded_ = false;
   std::vector<int32_t> in_, tg_;
   std::unique_ptr<Communicator> comm_;
   std::unique_ptr<Model> model_;

@@ -827,11 +827,19 @@ int64_t grad_norm_scratch_doubles() {
   return kNormBlocks;
 }
 
-void grad_norm(float* norm, const float* grads, int64_t n, float max_norm, double* scratch) {
+void grad_norm_partial(double* scratch, const float* grads, int64_t n) {
   sumsq_partial_kernel<<<kNormBlocks, kNormThreads>>>(scratch, grads, n);
   check_launch("sumsq_partial");
+}
+
+void grad_norm_finish(float* norm, const double* scratch, float max_norm) {
   norm_finish_kernel<<<1, kNormThreads>>>(norm, scratch, kNormBlocks, max_norm);
   check_launch("norm_finish");
+}
+
+void grad_norm(float* norm, const float* grads, int64_t n, float max_norm, double* scratch) {
+  grad_norm_partial(scratch, grads, n);
+  grad_norm_finish(norm, scratch, max_norm);
 }
 
 void adamw(float* params, uint16_t* params_mm, float* m, float* v, const float* grads,

@@ -121,6 +121,12 @@ struct Model::Impl {
   ModelOptions opt;
   DType mm;
   Communicator* comm = nullptr;
+  // Optimizer sharding (ZeRO stage 1): over W ranks each holds the AdamW moments of one chunk of
+  // the parameters (chunk = ceil(n/W), in multiples of 64) and updates only that chunk; the
+  // gradients are reduce-scattered and the updated weights all-gathered. `params` and `grads`
+  // hold W·chunk floats (the tail past n_params is zero).
+  bool sharded = false;
+  int64_t chunk = 0, shard_begin = 0, shard_len = 0;
   double last_ce_sum = 0;  // this rank's summed cross-entropy of the last training step
   int64_t B = 0, S = 0, Dm = 0, H = 0, Hkv = 0, Dh = 0, W = 0, V = 0, E = 0, K = 0, De = 0, Dse = 0,
           Dffn = 0, L = 0, T = 0, n_params = 0;
@@ -205,8 +211,10 @@ struct Model::Impl {
   }
 
   Impl(const Arch& arch, const ModelOptions& o, uint64_t seed, int64_t batch_seqs, DType matmul,
-       Communicator* c, AttentionPath attn)
-      : a(arch), opt(o), mm(matmul), comm(c) {
+       Communicator* c, AttentionPath attn, bool shard)
+      : a(arch), opt(o), mm(matmul), comm(c), sharded(shard) {
+    if (shard && !c)
+      throw std::logic_error("optimizer sharding needs a communicator (data parallelism)");
     if (o.capacity_factor > 0)
       throw InputError(
           fmt::format("capacity_factor {} is not supported by the cuda device (dropless only)",
@@ -241,16 +249,27 @@ struct Model::Impl {
     n_params = ref.trainable_params();
     locate_tensors();
 
-    params = alloc_f(n_params);
+    int64_t moments = n_params, padded = n_params;
+    if (sharded) {
+      const int64_t world = comm->info().world_size;
+      chunk = (n_params + world - 1) / world;
+      chunk = (chunk + 63) / 64 * 64;
+      padded = chunk * world;
+      shard_begin = std::min(n_params, chunk * comm->info().rank);
+      shard_len = std::min(n_params, shard_begin + chunk) - shard_begin;
+      moments = chunk;
+    }
+    params = alloc_f(padded);
+    params.fill_zero();
     params.upload(ref.parameters().data(), size_t(n_params) * 4);
     if (mm == DType::bf16) params_mm = alloc(size_t(n_params) * 2);
-    grads = alloc_f(n_params);
-    adam_m = alloc_f(n_params);
-    adam_v = alloc_f(n_params);
+    grads = alloc_f(padded);
+    adam_m = alloc_f(moments);
+    adam_v = alloc_f(moments);
     adam_m.fill_zero();
     adam_v.fill_zero();
-    decay = alloc(size_t(n_params));
-    std::vector<uint8_t> decay_host(size_t(n_params), 0);
+    decay = alloc(size_t(padded));
+    std::vector<uint8_t> decay_host(size_t(padded), 0);
     for (const TensorInfo& t : tensors)
       std::fill_n(decay_host.begin() + t.offset, t.size(), uint8_t(t.weight_decay ? 1 : 0));
     decay.upload(decay_host.data(), decay_host.size());
@@ -308,6 +327,26 @@ struct Model::Impl {
     }
     if (embedding < 0 || final_norm < 0)
       throw std::logic_error("CPU reference layout lacks embedding/final_norm");
+  }
+
+  // Sharded: the AdamW moments of all chunks, every rank's in turn broadcast through a staging
+  // buffer of one chunk (a collective: every rank calls it and gets the whole vector).
+  std::vector<float> gather_moments(const DeviceBuffer& mine) const {
+    const Impl& m = *this;
+    std::vector<float> full(size_t(m.n_params));
+    DeviceBuffer staging(size_t(m.chunk) * 4);
+    const int world = m.comm->info().world_size;
+    for (int r = 0; r < world; ++r) {
+      if (r == m.comm->info().rank)
+        check_cuda(cudaMemcpy(staging.data(), mine.data(), size_t(m.chunk) * 4,
+                              cudaMemcpyDeviceToDevice),
+                   "cudaMemcpy D2D");
+      m.comm->broadcast(staging.as<float>(), m.chunk, r);
+      const int64_t begin = std::min(m.n_params, m.chunk * r);
+      const int64_t len = std::min(m.n_params, begin + m.chunk) - begin;
+      if (len > 0) staging.download(full.data() + begin, size_t(len) * 4);
+    }
+    return full;
   }
 
   void refresh_mm_weights() {
@@ -1076,7 +1115,10 @@ struct Model::Impl {
     // Gradients: the mean over ranks (scaled for it in compute_gradients). The loss is the job's
     // mean over all loss-bearing targets; the auxiliary losses the ranks' weighted by their
     // shares of the job's sequences. Ledgers and counters are the job's sums.
-    comm->all_reduce_mean(grads.as<float>(), n_params);
+    if (sharded)  // this rank's chunk of the mean gradient; the rest is not needed
+      comm->reduce_scatter_mean(grads.as<float>(), chunk);
+    else
+      comm->all_reduce_mean(grads.as<float>(), n_params);
     const double share = double(step_B) / double(job_seqs);
     std::vector<double> d = {last_ce_sum, r.aux_load_balance * share, r.aux_z * share};
     comm->all_reduce_sum_host(d.data(), int64_t(d.size()));
@@ -1103,23 +1145,40 @@ struct Model::Impl {
     StepResult r;
     compute_gradients(inputs, tgts, &r);
     if (comm) reduce_over_ranks(r);  // world size 1 too: the same NCCL path
-    k::grad_norm(norm.as<float>(), grads.as<float>(), n_params, float(cfg.grad_clip),
-                 norm_scratch.as<double>());
+    if (sharded) {  // the norm from every rank's chunk: partial sums added over ranks
+      k::grad_norm_partial(norm_scratch.as<double>(), grads.as<float>() + shard_begin, shard_len);
+      comm->all_reduce_sum(norm_scratch.as<double>(), k::grad_norm_scratch_doubles());
+      k::grad_norm_finish(norm.as<float>(), norm_scratch.as<double>(), float(cfg.grad_clip));
+    } else {
+      k::grad_norm(norm.as<float>(), grads.as<float>(), n_params, float(cfg.grad_clip),
+                   norm_scratch.as<double>());
+    }
     r.lr = scheduled_lr(cfg, step);
     ++adam_steps;
     const double bc1 = 1.0 - std::pow(cfg.beta1, double(adam_steps));
     const double bc2 = 1.0 - std::pow(cfg.beta2, double(adam_steps));
-    k::adamw(P(0), mm == DType::bf16 ? params_mm.as<uint16_t>() : nullptr, adam_m.as<float>(),
-             adam_v.as<float>(), grads.as<float>(), decay.as<uint8_t>(), norm.as<float>(), n_params,
-             float(r.lr), float(cfg.beta1), float(cfg.beta2), float(cfg.eps),
-             float(cfg.weight_decay), float(1.0 / bc1), float(1.0 / bc2));
+    if (sharded) {  // update this rank's chunk, then every rank takes every chunk
+      if (shard_len > 0)  // a tiny model over many ranks leaves the last ones nothing
+        k::adamw(P(shard_begin), nullptr, adam_m.as<float>(), adam_v.as<float>(),
+                 grads.as<float>() + shard_begin, decay.as<uint8_t>() + shard_begin,
+                 norm.as<float>(), shard_len, float(r.lr), float(cfg.beta1), float(cfg.beta2),
+                 float(cfg.eps), float(cfg.weight_decay), float(1.0 / bc1), float(1.0 / bc2));
+      comm->all_gather(params.as<float>(), chunk);
+      refresh_mm_weights();
+    } else {
+      k::adamw(P(0), mm == DType::bf16 ? params_mm.as<uint16_t>() : nullptr, adam_m.as<float>(),
+               adam_v.as<float>(), grads.as<float>(), decay.as<uint8_t>(), norm.as<float>(),
+               n_params, float(r.lr), float(cfg.beta1), float(cfg.beta2), float(cfg.eps),
+               float(cfg.weight_decay), float(1.0 / bc1), float(1.0 / bc2));
+    }
     prof.mark("all-reduce + grad norm + adamw");
     float nh[2];
     norm.download(nh, 8);
     prof.collect();
     r.grad_norm = double(nh[0]);
-    // The AdamW update, as the CPU counts it (each data-parallel rank updates every parameter).
-    r.flops.elementwise += n_params * (comm ? comm->info().world_size : 1);
+    // The AdamW update, as the CPU counts it: each data-parallel rank updates every parameter,
+    // or, sharded, its chunk of them.
+    r.flops.elementwise += n_params * (comm && !sharded ? comm->info().world_size : 1);
     ledger += r.flops;
     return r;
   }
@@ -1151,8 +1210,9 @@ struct Model::Impl {
 };
 
 Model::Model(const Arch& arch, const ModelOptions& options, uint64_t seed, int64_t batch_seqs,
-             DType matmul, Communicator* comm, AttentionPath attention)
-    : impl_(std::make_unique<Impl>(arch, options, seed, batch_seqs, matmul, comm, attention)) {
+             DType matmul, Communicator* comm, AttentionPath attention, bool shard_optimizer)
+    : impl_(std::make_unique<Impl>(arch, options, seed, batch_seqs, matmul, comm, attention,
+                                   shard_optimizer)) {
   impl_->build_attention_tables();
   impl_->expert_tables.resize(size_t(std::max<int64_t>(arch.moe_layers(), 0)));
   impl_->build_expert_weight_tables();
@@ -1216,7 +1276,11 @@ void Model::save_state(std::vector<char>& out) const {
   put(out, &m.n_params, 1);
   std::vector<float> buf(size_t(m.n_params));
   for (const DeviceBuffer* b : {&m.params, &m.adam_m, &m.adam_v}) {
-    b->download(buf.data(), buf.size() * 4);
+    if (m.sharded && b != &m.params) {
+      buf = m.gather_moments(*b);
+    } else {
+      b->download(buf.data(), buf.size() * 4);
+    }
     put(out, buf.data(), buf.size());
   }
   put(out, &m.adam_steps, 1);
@@ -1241,7 +1305,13 @@ void Model::load_state(const std::vector<char>& in) {
   std::vector<float> buf(static_cast<size_t>(n));
   for (DeviceBuffer* b : {&m.params, &m.adam_m, &m.adam_v}) {
     get(in, pos, buf.data(), buf.size());
-    b->upload(buf.data(), buf.size() * 4);
+    if (m.sharded && b != &m.params) {  // this rank's chunk of the moments
+      b->fill_zero();
+      if (m.shard_len > 0)
+        b->upload(buf.data() + m.shard_begin, size_t(m.shard_len) * 4);
+    } else {
+      b->upload(buf.data(), buf.size() * 4);
+    }
   }
   get(in, pos, &m.adam_steps, 1);
   for (FlopLedger* l : {&m.ledger, &m.eval_ledger}) {

@@ -74,7 +74,7 @@ nlohmann::json state_to_json(const RunState& s) {
           {"train_seconds", s.train_seconds},
           {"eval_seconds", s.eval_seconds},
           {"resumes", s.resumes},
-          {"pass_seqs", s.pass_seqs}};
+          {"micro_batch_seqs", s.micro_batch_seqs}};
 }
 
 }  // namespace
@@ -170,7 +170,7 @@ Checkpoint read_checkpoint(const std::filesystem::path& path) {
     st.train_seconds = s.at("train_seconds").get<double>();
     st.eval_seconds = s.at("eval_seconds").get<double>();
     st.resumes = s.at("resumes").get<int64_t>();
-    st.pass_seqs = s.value("pass_seqs", int64_t(0));
+    st.micro_batch_seqs = s.value("micro_batch_seqs", int64_t(0));
   } catch (const nlohmann::json::exception& e) {
     throw InputError(fmt::format("checkpoint '{}' is unreadable: {}", where, e.what()));
   } catch (const std::runtime_error& e) {

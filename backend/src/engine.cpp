@@ -18,6 +18,10 @@ namespace {
 class CpuEngine final : public Engine {
  public:
   explicit CpuEngine(const EngineRequest& r) : model_(r.arch, r.options, r.seed, r.batch_seqs) {
+    if (r.shard_optimizer)
+      throw InputError(
+          "--shard-optimizer splits the AdamW state over data-parallel GPUs; it needs --device "
+          "cuda with --nproc N (or WORLD_SIZE)");
     if (!r.kernels.empty())
       throw InputError(fmt::format(
           "--kernels '{}' applies to --device cuda; the cpu device has one set of kernels",

@@ -105,6 +105,7 @@ nlohmann::json make_record(const RecordInputs& in) {
   rec["world_size"] = in.world_size;
   // Gradient accumulation: each step ran in passes of at most this many sequences per rank.
   rec["pass_seqs"] = in.pass_seqs;
+  rec["optimizer_sharded"] = in.optimizer_sharded;
   rec["achieved_flops_per_second_per_device"] =
       st.train_seconds > 0 ? exact_total / st.train_seconds / double(in.world_size) : 0.0;
   return rec;

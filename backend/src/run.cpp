@@ -245,8 +245,9 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
         "--micro-batch {} must be >= 1 (or 0: the whole batch in one pass)", opt.micro_batch_seqs));
   ModelOptions model_opt = model_options(train);
   model_opt.micro_batch_seqs = opt.micro_batch_seqs;
-  std::unique_ptr<Engine> engine = make_engine(
-      opt.device, {plan.arch, model_opt, train.seed, batch, opt.threads, opt.kernels});
+  EngineRequest request{plan.arch, model_opt, train.seed, batch, opt.threads, opt.kernels};
+  request.shard_optimizer = opt.shard_optimizer;
+  std::unique_ptr<Engine> engine = make_engine(opt.device, request);
   const MeasuredParams params = measure_params(*engine, plan.arch);
   if (opt.on_engine && engine->writes_files()) opt.on_engine(engine->describe());
 
@@ -258,13 +259,14 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
           fmt::format("checkpoint '{}' was made for a different plan of point '{}'; "
                       "move the folder away or choose another --out",
                       ckpt_path.string(), plan.id));
-    // Passes decide the auxiliary losses, not only rounding: a resume runs the same ones.
-    if (ck.state.pass_seqs > 0 && ck.state.pass_seqs != engine->pass_seqs())
+    // Passes decide the auxiliary losses, not only rounding: a resume runs the same ones. (The
+    // request is compared, not a rank's pass: ranks of an uneven split run different passes.)
+    if (ck.state.micro_batch_seqs != opt.micro_batch_seqs)
       throw InputError(fmt::format(
-          "checkpoint '{}' of point '{}' trained in passes of {} sequences, this run would use {}; "
+          "checkpoint '{}' of point '{}' was trained with --micro-batch {}, this run asks for {}; "
           "resume with --micro-batch {}",
-          ckpt_path.string(), plan.id, ck.state.pass_seqs, engine->pass_seqs(),
-          ck.state.pass_seqs));
+          ckpt_path.string(), plan.id, ck.state.micro_batch_seqs, opt.micro_batch_seqs,
+          ck.state.micro_batch_seqs));
     engine->load_state(ck.model_state);
     st = std::move(ck.state);
     ++st.resumes;
@@ -273,7 +275,7 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
     st.tokens = TokenLedger(seq_len, windows);
     st.order = WindowOrder(windows, mix_seed(train.seed, 0xDA7A));
   }
-  st.pass_seqs = engine->pass_seqs();
+  st.micro_batch_seqs = opt.micro_batch_seqs;
 
   RecordInputs rin;
   rin.plan = &plan;
@@ -283,6 +285,7 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
   rin.kernels = engine->kernels();
   rin.world_size = engine->world_size();
   rin.pass_seqs = engine->pass_seqs();
+  rin.optimizer_sharded = opt.shard_optimizer;
   rin.params = params;
   rin.data = data_json;
   rin.checkpoint_every = ckpt_every;
@@ -295,8 +298,9 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
     last_saved_step = st.step;
     rin.status = status;
     outcome.record = make_record(rin);
+    std::vector<char> state = engine->save_state();  // every rank: a collective when sharded
     if (!writer) return;
-    write_checkpoint(ckpt_path, {plan_json, st, engine->save_state()});
+    write_checkpoint(ckpt_path, {plan_json, st, std::move(state)});
     write_file_atomic(outcome.record_path, outcome.record.dump(1) + "\n");
   };
 

@@ -505,24 +505,43 @@ TEST_CASE("NCCL data-parallel path at world size 1 equals the plain step; window
 namespace {
 
 struct RankRun {
-  std::vector<float> params;
+  std::vector<float> params, resumed_params;
   std::vector<StepResult> steps;
 };
 
+// shard: the optimizer sharded over the two ranks; then the run is also repeated with a save
+// before the last step and a fresh model loading it (resumed_params), which must end bit for bit
+// where the uninterrupted run ends.
 RankRun train_rank(int rank, const Arch& a, const ModelOptions& opt, int64_t B,
                    const std::vector<Batch>& batches, const OptimConfig& cfg,
-                   const std::string& id_file) {
+                   const std::string& id_file, bool shard) {
   const cu::RankInfo info{rank, 2, rank};
   cu::Communicator comm(info, id_file, 60);
-  cu::Model m(a, opt, 5, cu::rank_batch(B, info), DType::f32, &comm);
-  RankRun out;
+  const int64_t local = cu::rank_batch(B, info);
   std::vector<int32_t> in, tg;
-  for (size_t s = 0; s < batches.size(); ++s) {
+  auto step = [&](cu::Model& m, size_t s) {
     cu::take_rank_share(in, batches[s].inputs.data(), B, a.seq_len, info);
     cu::take_rank_share(tg, batches[s].targets.data(), B, a.seq_len, info);
-    out.steps.push_back(m.train_step(in.data(), tg.data(), int64_t(s), cfg));
+    return m.train_step(in.data(), tg.data(), int64_t(s), cfg);
+  };
+  RankRun out;
+  {
+    cu::Model m(a, opt, 5, local, DType::f32, &comm, cu::AttentionPath::cublas, shard);
+    for (size_t s = 0; s < batches.size(); ++s) out.steps.push_back(step(m, s));
+    out.params = m.parameters();
   }
-  out.params = m.parameters();
+  if (shard) {
+    std::vector<char> state;
+    {
+      cu::Model m(a, opt, 5, local, DType::f32, &comm, cu::AttentionPath::cublas, true);
+      for (size_t s = 0; s + 1 < batches.size(); ++s) step(m, s);
+      m.save_state(state);  // a collective: both ranks call it, each gets the whole state
+    }
+    cu::Model resumed(a, opt, 77, local, DType::f32, &comm, cu::AttentionPath::cublas, true);
+    resumed.load_state(state);
+    step(resumed, batches.size() - 1);
+    out.resumed_params = resumed.parameters();
+  }
   return out;
 }
 
@@ -570,11 +589,13 @@ TEST_CASE(
   struct Sized {
     Case c;
     int64_t B;
+    bool shard = false;
   };
   // The third: 5 sequences over two ranks (3 and 2), each rank in passes of 2 (2+1 and 2).
   for (const Sized& sized : {Sized{{"dense, ALiBi", dense_arch(), ModelOptions{}}, 4},
                              Sized{{"MoE, RoPE, GQA", moe_arch(), moe_opt}, 4},
-                             Sized{{"MoE, uneven ranks, passes", moe_arch(), passes_opt}, 5}}) {
+                             Sized{{"MoE, uneven ranks, passes", moe_arch(), passes_opt}, 5},
+                             Sized{{"MoE, optimizer sharded", moe_arch(), moe_opt}, 4, true}}) {
     const Case& c = sized.c;
     INFO(c.name);
     const int64_t B = sized.B, steps = 3;
@@ -609,11 +630,13 @@ TEST_CASE(
       ::close(fds[0]);
       int status = 0;
       try {
-        const RankRun r = train_rank(1, c.arch, c.opt, B, batches, cfg, id_file);
+        const RankRun r = train_rank(1, c.arch, c.opt, B, batches, cfg, id_file, sized.shard);
         std::vector<double> losses;
         for (const auto& s : r.steps) losses.push_back(s.loss);
         if (!write_all(fds[1], r.params.data(), r.params.size() * 4) ||
-            !write_all(fds[1], losses.data(), losses.size() * 8))
+            !write_all(fds[1], losses.data(), losses.size() * 8) ||
+            (sized.shard &&
+             !write_all(fds[1], r.resumed_params.data(), r.resumed_params.size() * 4)))
           status = 2;
       } catch (const std::exception& e) {
         std::fprintf(stderr, "rank 1: %s\n", e.what());
@@ -622,11 +645,12 @@ TEST_CASE(
       ::_exit(status);
     }
     ::close(fds[1]);
-    const RankRun r0 = train_rank(0, c.arch, c.opt, B, batches, cfg, id_file);
-    std::vector<float> p1(r0.params.size());
+    const RankRun r0 = train_rank(0, c.arch, c.opt, B, batches, cfg, id_file, sized.shard);
+    std::vector<float> p1(r0.params.size()), resumed1(sized.shard ? r0.params.size() : 0);
     std::vector<double> loss1(static_cast<size_t>(steps));
     const bool got = read_all(fds[0], p1.data(), p1.size() * 4) &&
-                     read_all(fds[0], loss1.data(), loss1.size() * 8);
+                     read_all(fds[0], loss1.data(), loss1.size() * 8) &&
+                     (!sized.shard || read_all(fds[0], resumed1.data(), resumed1.size() * 4));
     ::close(fds[0]);
     int st = 0;
     ::waitpid(child, &st, 0);
@@ -635,6 +659,10 @@ TEST_CASE(
 
     // Both ranks hold the same weights, bit for bit, and report the same losses.
     CHECK(p1 == r0.params);
+    if (sized.shard) {  // saved sharded before the last step, loaded by fresh models: the same bits
+      CHECK(r0.resumed_params == r0.params);
+      CHECK(resumed1 == p1);
+    }
     const int64_t n_params = int64_t(init.size());
     for (int64_t s = 0; s < steps; ++s) {
       INFO("step " << s);
@@ -647,9 +675,9 @@ TEST_CASE(
       CHECK(got_s.aux_z == doctest::Approx(want_s.aux_z).epsilon(1e-5));
       CHECK(got_s.grad_norm == doctest::Approx(want_s.grad_norm).epsilon(1e-5));
       // Ledgers and routed counts are the job's: the ranks' sums equal the whole batch's, but
-      // the AdamW update, which each rank executes on every parameter.
+      // the AdamW update, which each rank executes on every parameter (sharded: on its chunk).
       CHECK(got_s.flops.flops == want_s.flops.flops);
-      CHECK(got_s.flops.elementwise == want_s.flops.elementwise + n_params);
+      CHECK(got_s.flops.elementwise == want_s.flops.elementwise + (sized.shard ? 0 : n_params));
       CHECK(got_s.routed_per_moe_layer == want_s.routed_per_moe_layer);
     }
     // The weights after three steps: the pair's differ from one rank's by rounding only (here

@@ -16,6 +16,7 @@
 #include <new>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "cublas_v2.h"
 #include "cuda_runtime.h"
@@ -356,6 +357,96 @@ ncclResult_t ncclAllReduce(const void* send, void* recv, std::size_t count, nccl
     if (type == ncclFloat64) reduce_slots(*comm, done, n, avg, static_cast<double*>(recv));
     if (type == ncclInt64) reduce_slots(*comm, done, n, avg, static_cast<int64_t*>(recv));
     if (!comm->barrier()) return ncclSystemError;  // all have read the slots before reuse
+  }
+  return ncclSuccess;
+}
+
+namespace {
+std::size_t elem_size(ncclDataType_t type) {
+  return type == ncclFloat32 ? 4 : 8;
+}
+bool known_type(ncclDataType_t type) {
+  return type == ncclFloat32 || type == ncclFloat64 || type == ncclInt64;
+}
+}  // namespace
+
+// Each rank's send holds nranks·recvcount elements; rank r receives the reduction of elements
+// [r·recvcount, (r+1)·recvcount). Chunks of the whole send go through the slots in order, so an
+// in-place recv (send + rank·recvcount) is written only after its inputs were staged.
+ncclResult_t ncclReduceScatter(const void* send, void* recv, std::size_t recvcount,
+                               ncclDataType_t type, ncclRedOp_t op, ncclComm_t comm,
+                               cudaStream_t) {
+  if (!comm || (op != ncclSum && op != ncclAvg) || !known_type(type)) return ncclInvalidArgument;
+  const std::size_t elem = elem_size(type);
+  if (comm->nranks == 1) {
+    if (send != recv) std::memmove(recv, send, recvcount * elem);
+    return ncclSuccess;
+  }
+  const std::size_t total = recvcount * std::size_t(comm->nranks);
+  const std::size_t lo = recvcount * std::size_t(comm->rank), hi = lo + recvcount;
+  const std::size_t per_chunk = slot_bytes / elem;
+  std::vector<char> out;
+  for (std::size_t done = 0; done < total; done += per_chunk) {
+    const std::size_t n = std::min(per_chunk, total - done);
+    std::memcpy(comm->slots + std::size_t(comm->rank) * slot_bytes,
+                static_cast<const char*>(send) + done * elem, n * elem);
+    if (!comm->barrier()) return ncclSystemError;
+    const std::size_t a = std::max(lo, done), b = std::min(hi, done + n);
+    if (a < b) {  // reduce the whole chunk into scratch, keep this rank's part
+      out.resize(n * elem);
+      const bool avg = op == ncclAvg;
+      if (type == ncclFloat32) reduce_slots(*comm, 0, n, avg, reinterpret_cast<float*>(out.data()));
+      if (type == ncclFloat64) reduce_slots(*comm, 0, n, avg, reinterpret_cast<double*>(out.data()));
+      if (type == ncclInt64) reduce_slots(*comm, 0, n, avg, reinterpret_cast<int64_t*>(out.data()));
+      std::memcpy(static_cast<char*>(recv) + (a - lo) * elem, out.data() + (a - done) * elem,
+                  (b - a) * elem);
+    }
+    if (!comm->barrier()) return ncclSystemError;
+  }
+  return ncclSuccess;
+}
+
+// recv = the ranks' sends one after another (rank r's at r·sendcount).
+ncclResult_t ncclAllGather(const void* send, void* recv, std::size_t sendcount, ncclDataType_t type,
+                           ncclComm_t comm, cudaStream_t) {
+  if (!comm || !known_type(type)) return ncclInvalidArgument;
+  const std::size_t elem = elem_size(type);
+  if (comm->nranks == 1) {
+    if (send != recv) std::memmove(recv, send, sendcount * elem);
+    return ncclSuccess;
+  }
+  const std::size_t per_chunk = slot_bytes / elem;
+  for (std::size_t done = 0; done < sendcount; done += per_chunk) {
+    const std::size_t n = std::min(per_chunk, sendcount - done);
+    std::memcpy(comm->slots + std::size_t(comm->rank) * slot_bytes,
+                static_cast<const char*>(send) + done * elem, n * elem);
+    if (!comm->barrier()) return ncclSystemError;
+    for (int r = 0; r < comm->nranks; ++r)
+      std::memcpy(static_cast<char*>(recv) + (std::size_t(r) * sendcount + done) * elem,
+                  comm->slots + std::size_t(r) * slot_bytes, n * elem);
+    if (!comm->barrier()) return ncclSystemError;
+  }
+  return ncclSuccess;
+}
+
+ncclResult_t ncclBroadcast(const void* send, void* recv, std::size_t count, ncclDataType_t type,
+                           int root, ncclComm_t comm, cudaStream_t) {
+  if (!comm || !known_type(type) || root < 0 || root >= comm->nranks) return ncclInvalidArgument;
+  const std::size_t elem = elem_size(type);
+  if (comm->nranks == 1) {
+    if (send != recv) std::memmove(recv, send, count * elem);
+    return ncclSuccess;
+  }
+  const std::size_t per_chunk = slot_bytes / elem;
+  for (std::size_t done = 0; done < count; done += per_chunk) {
+    const std::size_t n = std::min(per_chunk, count - done);
+    if (comm->rank == root)
+      std::memcpy(comm->slots + std::size_t(root) * slot_bytes,
+                  static_cast<const char*>(send) + done * elem, n * elem);
+    if (!comm->barrier()) return ncclSystemError;
+    std::memcpy(static_cast<char*>(recv) + done * elem, comm->slots + std::size_t(root) * slot_bytes,
+                n * elem);
+    if (!comm->barrier()) return ncclSystemError;
   }
   return ncclSuccess;
 }

@@ -30,9 +30,9 @@ struct RunState {
   int64_t steps_since_log = 0;
   double train_seconds = 0, eval_seconds = 0;  // wall clock, summed over resumes
   int64_t resumes = 0;
-  // Sequences of one forward/backward pass on rank 0 (gradient accumulation); 0 in checkpoints
-  // written before passes were recorded. A resume must run the same passes.
-  int64_t pass_seqs = 0;
+  // --micro-batch of the run (0: one pass a step; also what checkpoints written before passes
+  // existed read as, since they ran one pass). A resume must run the same passes.
+  int64_t micro_batch_seqs = 0;
 };
 
 struct Checkpoint {

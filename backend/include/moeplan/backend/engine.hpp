@@ -24,7 +24,9 @@ class Engine {
   // Mean cross-entropy over n_seqs sequences, per-position losses if asked; no training FLOPs.
   virtual double forward_loss(const int32_t* inputs, const int32_t* targets, int64_t n_seqs,
                               double* per_position_loss) = 0;
-  virtual std::vector<char> save_state() const = 0;  // bit-exact resume state
+  // Bit-exact resume state. Called on every data-parallel rank (with a sharded optimizer it is a
+  // collective); only rank 0's result is written, and other ranks may return an empty one.
+  virtual std::vector<char> save_state() const = 0;
   virtual void load_state(const std::vector<char>& state) = 0;
   virtual std::vector<TensorInfo> tensors() const = 0;
   virtual int64_t trainable_params() const = 0;
@@ -59,6 +61,9 @@ struct EngineRequest {
   // cuda device has a choice (attention=cublas|fused|fused_mma, experts=grouped|loop|tiled); the
   // cpu device refuses a non-empty value.
   std::string kernels;
+  // cuda, data parallel: each rank keeps the AdamW moments of 1/W of the parameters (ZeRO
+  // stage 1). Refused by the cpu device and without data parallelism.
+  bool shard_optimizer = false;
 };
 using EngineFactory = std::function<std::unique_ptr<Engine>(const EngineRequest&)>;
 

@@ -28,6 +28,7 @@ struct RecordInputs {
   std::string kernels;  // Engine::kernels() of the run that wrote the record
   int world_size = 1;   // data-parallel ranks (devices) of the run that wrote the record
   int64_t pass_seqs = 0;  // sequences of one forward/backward pass on a rank (Engine::pass_seqs)
+  bool optimizer_sharded = false;  // AdamW moments split over the data-parallel ranks
   MeasuredParams params;
   nlohmann::json data;  // source description and split sizes
   int64_t checkpoint_every = 0, eval_every = 0, eval_tokens = 0;

@@ -33,6 +33,7 @@ struct RunOptions {
   int threads = 0;
   std::string kernels;                               // EngineRequest::kernels
   int64_t micro_batch_seqs = 0;  // ModelOptions::micro_batch_seqs (0: one pass a step)
+  bool shard_optimizer = false;  // EngineRequest::shard_optimizer
   std::function<void(const Progress&)> on_progress;  // called after every step
   std::function<void(const std::string&)> on_engine;  // once a point's engine is built: describe()
   const std::atomic<int>* stop = nullptr;  // non-zero: checkpoint at the next step and return

@@ -49,6 +49,13 @@ class Communicator {
   void all_reduce_mean(float* device_data, int64_t n);
   void all_reduce_sum(double* device_data, int64_t n);
   void all_reduce_sum(int64_t* device_data, int64_t n);
+  // In place over W·chunk floats: this rank's chunk (elements rank·chunk …) becomes the mean
+  // over ranks of that chunk; the rest is left undefined.
+  void reduce_scatter_mean(float* device_data, int64_t chunk);
+  // In place over W·chunk floats: every rank's chunk (at rank·chunk) is copied to all ranks.
+  void all_gather(float* device_data, int64_t chunk);
+  // `root`'s n floats at device_data are copied to every rank's device_data.
+  void broadcast(float* device_data, int64_t n, int root);
   // Host convenience for small counters (token ledger, FLOP ledger): copies through the device.
   void all_reduce_sum_host(int64_t* host_data, int64_t n);
   void all_reduce_sum_host(double* host_data, int64_t n);

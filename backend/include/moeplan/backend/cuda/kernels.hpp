@@ -107,6 +107,11 @@ void sum_double(double* out, const float* x, int64_t n);
 // norm (2) = {‖g‖₂, clip factor max_norm/‖g‖ when ‖g‖ > max_norm else 1} over grads (n),
 // fixed-order passes (scratch: grad_norm_scratch_doubles() doubles).
 void grad_norm(float* norm, const float* grads, int64_t n, float max_norm, double* scratch);
+// The same in two halves, for a vector split over data-parallel ranks (optimizer sharding): each
+// rank fills scratch from its part, the ranks sum their scratch element by element, and
+// grad_norm_finish turns the sum into the norm and clip scale.
+void grad_norm_partial(double* scratch, const float* grads, int64_t n);
+void grad_norm_finish(float* norm, const double* scratch, float max_norm);
 int64_t grad_norm_scratch_doubles();
 // AdamW with decoupled weight decay (where decay[i] != 0), gradients scaled by norm[1] (clip);
 // bias_correction1/2 are the reciprocals 1/(1−β^t).

@@ -45,9 +45,14 @@ class Model {
  public:
   // Initial weights are the CPU reference's for the same (arch, options, seed). `comm`: data
   // parallelism (gradients averaged, ledgers and counters summed over ranks); may be null.
+  // shard_optimizer (needs `comm`): ZeRO stage 1, each rank keeps and updates the AdamW moments
+  // of 1/W of the parameters (8 bytes a parameter become 8/W); gradients are reduce-scattered and
+  // the updated weights all-gathered, so every rank still holds all weights. save_state and
+  // load_state then are collectives (every rank calls them) and read or write the full state, so
+  // a checkpoint resumes sharded or not, at any world size.
   Model(const Arch& arch, const ModelOptions& options, uint64_t seed, int64_t batch_seqs,
         DType matmul = DType::bf16, Communicator* comm = nullptr,
-        AttentionPath attention = AttentionPath::cublas);
+        AttentionPath attention = AttentionPath::cublas, bool shard_optimizer = false);
   ~Model();
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
