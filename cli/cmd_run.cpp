@@ -115,9 +115,11 @@ class ProgressPrinter {
     }
     last_print_ = now;
     const std::string line =
-        fmt::format("{} step {}/{}  {} tokens consumed  loss {:.4f}  {} tok/s  ETA {}", label_,
-                    p.step, p.steps, human(double(p.tokens_consumed)), p.train_loss,
-                    human(p.tokens_per_second), duration(p.eta_seconds));
+        fmt::format("{} step {}/{}  {} tokens consumed  loss {:.4f}  {} tok/s  {} FLOP/s "
+                    "[exact/causal]  ETA {}",
+                    label_, p.step, p.steps, human(double(p.tokens_consumed)), p.train_loss,
+                    human(p.tokens_per_second), human(p.flops_per_second),
+                    duration(p.eta_seconds));
     if (tty_) {
       fmt::print("\r\033[K{}", line);
       if (last) fmt::print("\n");

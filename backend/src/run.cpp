@@ -308,6 +308,7 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
   std::vector<int32_t> inputs(size_t(batch * seq_len)), targets(size_t(batch * seq_len));
   const auto session_start = Clock::now();
   const int64_t session_first_step = st.step;
+  const double session_first_flops = double(st.train_flops.total());
   Progress progress;
   progress.point_id = plan.id;
   progress.steps = steps;
@@ -368,6 +369,8 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
       progress.tokens_consumed = st.tokens.consumed;
       progress.train_loss = r.loss;
       progress.tokens_per_second = elapsed > 0 ? double(done * batch * seq_len) / elapsed : 0;
+      progress.flops_per_second =
+          elapsed > 0 ? (double(st.train_flops.total()) - session_first_flops) / elapsed : 0;
       progress.eta_seconds = done > 0 ? elapsed / double(done) * double(steps - st.step) : 0;
       opt.on_progress(progress);
     }
