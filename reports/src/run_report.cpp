@@ -127,14 +127,21 @@ double category_sum(const json& flops, const char* category) {
   return s;
 }
 
-// The device, how many of them (data-parallel ranks, when more than one) and the kernels that
-// ran on it (records before the `kernels` field: the device). Times are compared only between
-// records with the same label.
+// The device, how many of them (data-parallel ranks, when more than one), the kernels that ran
+// on it (records before the `kernels` field: the device), and what else changes the time: passes
+// smaller than a rank's share of the batch (`--micro-batch`) and a sharded optimizer. Times are
+// compared only between records with the same label.
 std::string device_label(const json& r) {
   const std::string k = r.value("kernels", "");
   const int w = r.value("world_size", 1);
-  return r.value("device", "?") + (w > 1 ? fmt::format(" x{}", w) : "") +
-         (k.empty() ? "" : " " + k);
+  std::string label =
+      r.value("device", "?") + (w > 1 ? fmt::format(" x{}", w) : "") + (k.empty() ? "" : " " + k);
+  const int64_t pass = r.value("pass_seqs", int64_t(0));
+  const int64_t batch = r.contains("plan") ? r["plan"].value("batch_seqs", int64_t(0)) : 0;
+  if (pass > 0 && batch > 0 && pass < (batch + w - 1) / w)
+    label += fmt::format(" passes of {}", pass);
+  if (r.value("optimizer_sharded", false)) label += " sharded optimizer";
+  return label;
 }
 
 std::vector<std::string> time_row_of(const json& r, const json* dense) {

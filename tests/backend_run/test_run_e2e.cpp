@@ -477,6 +477,10 @@ TEST_CASE("moeplan run --micro-batch 2: the one-pass run's tokens and ledger; re
   CHECK(lb == doctest::Approx(la).epsilon(1e-4));
   CHECK(rb["final_val_bpc"].get<double>() ==
         doctest::Approx(ra["final_val_bpc"].get<double>()).epsilon(1e-4));
+  // The report keeps times of runs in passes apart from one-pass runs' (its device label).
+  const Result rep = run_cli({"report", (dir / "b").string()});
+  CHECK(rep.status == 0);
+  CHECK_MESSAGE(rep.out.find("cpu eigen-fp32 passes of 2") != std::string::npos, rep.out);
 
   // Interrupted in passes of 2, the point resumes only in passes of 2.
   const fs::path out = dir / "c";
