@@ -38,12 +38,11 @@ std::string out_of_memory_message(const DeviceOutOfMemory& e, const EngineReques
   const int64_t pass = r.options.micro_batch_seqs > 0
                            ? std::min(r.options.micro_batch_seqs, rank_batch)
                            : rank_batch;
-  const auto [free_bytes, total_bytes] = device_memory();
   const std::string where = fmt::format(
       "--device cuda: out of device memory (moeplan's buffers held {} when {} more did not fit; "
       "the device has {})",
-      bytes_text(double(e.in_use)), bytes_text(double(e.requested)), bytes_text(double(total_bytes)));
-  (void)free_bytes;
+      bytes_text(double(e.in_use)), bytes_text(double(e.requested)),
+      bytes_text(double(device_memory().second)));
   // fp32 weights, their bf16 copy, fp32 gradients and both AdamW moments (over `shards` ranks):
   // 18 bytes a parameter unsharded.
   const double fixed = (10.0 + 8.0 / double(shards)) * double(count_params(r.arch).trainable());
@@ -134,11 +133,10 @@ class CudaEngine final : public Engine {
   int world_size() const override { return info_.world_size; }
   int64_t pass_seqs() const override { return model_->pass_seqs(); }
   std::string describe() const override {
-    const auto [free_bytes, total_bytes] = device_memory();
-    (void)free_bytes;
     return fmt::format("cuda{}: {} of the device's {} for passes of {} sequences ({}{})",
                        info_.world_size > 1 ? fmt::format(" rank 0 of {}", info_.world_size) : "",
-                       bytes_text(double(device_bytes_in_use())), bytes_text(double(total_bytes)),
+                       bytes_text(double(device_bytes_in_use())),
+                       bytes_text(double(device_memory().second)),
                        model_->pass_seqs(), to_string(kernels_),
                        sharded_ ? ", optimizer sharded" : "");
   }
