@@ -137,6 +137,7 @@ struct Point {
   Arch arch;
   cu::AttentionPath attention = cu::AttentionPath::cublas;  // the model's defaults
   cu::ExpertPath experts = cu::ExpertPath::grouped;
+  int64_t micro_batch = 0;  // ModelOptions::micro_batch_seqs: passes of this many sequences
 };
 
 Arch dense124() {
@@ -235,10 +236,14 @@ int main(int argc, char** argv) {
         Point{"moe-ra0.2-tiled-fused-attn", moe_equal_n(), fused, tiled},
         Point{"dense-124M-fused-mma-attn", dense124(), fused_mma},
         Point{"moe-ra0.2-tiled-fused-mma-attn", moe_equal_n(), fused_mma, tiled},
-        Point{"moe-ra0.2-loop", moe_equal_n(), cublas, cu::ExpertPath::loop}}) {
+        Point{"moe-ra0.2-loop", moe_equal_n(), cublas, cu::ExpertPath::loop},
+        // What gradient accumulation costs: the same batch in passes of 2 sequences.
+        Point{"dense-124M-passes-of-2", dense124(), cublas, cu::ExpertPath::grouped, 2},
+        Point{"moe-ra0.2-passes-of-2", moe_equal_n(), cublas, cu::ExpertPath::grouped, 2}}) {
     if (!only.empty() && only.find("," + p.name + ",") == std::string::npos) continue;
     const ParamCounts pc = count_params(p.arch);
     ModelOptions opt;
+    opt.micro_batch_seqs = p.micro_batch;
     OptimConfig cfg;
     cfg.lr_peak = 6e-4;
     cfg.warmup_steps = 2;
@@ -295,7 +300,8 @@ int main(int argc, char** argv) {
                                                           : "grouped (bf16 out, fp32 widen/add)") +
          (!model.fused_attention()                      ? "; cuBLAS attention"
           : p.attention == cu::AttentionPath::fused_mma ? "; fused attention, mma.sync forward"
-                                                        : "; fused attention"))
+                                                        : "; fused attention") +
+         (model.pass_seqs() < batch ? fmt::format("; passes of {}", model.pass_seqs()) : ""))
             .c_str());
     std::fprintf(stderr, "[%s] loss %.4f -> %.4f over %d steps; %.2f GiB device buffers\n",
                  p.name.c_str(), loss0, loss_last, warmup + steps,
