@@ -69,7 +69,7 @@ std::string out_of_memory_message(const DeviceOutOfMemory& e, const EngineReques
 // ledger is the job's on every rank) and trains on its share of it, the sequences r, r+W, r+2W, …
 // of the batch; no window is read by two ranks. The model averages gradients and sums the FLOP
 // ledger, routed counts and loss-bearing targets over ranks, so each step reports the job's
-// figures. Evaluation runs on every rank alike (its ledger is one rank's); rank 0 writes files.
+// figures. Evaluation is split over the ranks the same way (forward_loss); rank 0 writes files.
 class CudaEngine final : public Engine {
  public:
   explicit CudaEngine(const EngineRequest& r) {
@@ -115,9 +115,50 @@ class CudaEngine final : public Engine {
     take_rank_share(tg_, targets, batch_, seq_len_, info_);
     return model_->train_step(in_.data(), tg_.data(), step, cfg);
   }
+  // Data parallel: each rank evaluates its share of the sequences (r, r+W, …); the per-position
+  // losses are summed over ranks (each position is one rank's, the others add zero) and so is
+  // the eval ledger, which is then the job's, as the training ledger is.
   double forward_loss(const int32_t* inputs, const int32_t* targets, int64_t n_seqs,
                       double* per_position_loss) override {
-    return model_->forward_loss(inputs, targets, n_seqs, per_position_loss);
+    if (info_.world_size == 1) return model_->forward_loss(inputs, targets, n_seqs, per_position_loss);
+    const int64_t S = seq_len_;
+    const int64_t mine = windows_of_rank(n_seqs, info_.rank, info_.world_size);
+    in_.resize(size_t(mine * S));
+    tg_.resize(size_t(mine * S));
+    for (int64_t i = 0; i < mine; ++i) {
+      const int64_t s = window_of_rank(i, info_.rank, info_.world_size);
+      std::copy_n(inputs + s * S, S, in_.begin() + i * S);
+      std::copy_n(targets + s * S, S, tg_.begin() + i * S);
+    }
+    const FlopLedger before = model_->eval_ledger();
+    std::vector<double> share(size_t(mine * S)), all(size_t(n_seqs * S), 0.0);
+    if (mine > 0) model_->forward_loss(in_.data(), tg_.data(), mine, share.data());
+    for (int64_t i = 0; i < mine; ++i)
+      std::copy_n(share.begin() + i * S, S,
+                  all.begin() + window_of_rank(i, info_.rank, info_.world_size) * S);
+    DeviceBuffer sum(all.size() * 8);
+    sum.upload(all.data(), all.size() * 8);
+    comm_->all_reduce_sum(sum.as<double>(), int64_t(all.size()));
+    sum.download(all.data(), all.size() * 8);
+    const FlopLedger delta = model_->eval_ledger() - before;
+    std::vector<int64_t> c;
+    for (const auto& row : delta.flops) c.insert(c.end(), row.begin(), row.end());
+    c.push_back(delta.elementwise);
+    comm_->all_reduce_sum_host(c.data(), int64_t(c.size()));
+    FlopLedger job;
+    size_t k = 0;
+    for (auto& row : job.flops)
+      for (auto& v : row) v = c[k++];
+    job.elementwise = c[k];
+    eval_ledger_ += job;
+    double total = 0;
+    int64_t bearing = 0;
+    for (int64_t t = 0; t < n_seqs * S; ++t) {
+      total += all[size_t(t)];
+      bearing += targets[t] >= 0;
+    }
+    if (per_position_loss) std::copy(all.begin(), all.end(), per_position_loss);
+    return bearing > 0 ? total / double(bearing) : 0.0;
   }
   std::vector<char> save_state() const override {
     std::vector<char> out;
@@ -128,7 +169,9 @@ class CudaEngine final : public Engine {
   void load_state(const std::vector<char>& state) override { model_->load_state(state); }
   std::vector<TensorInfo> tensors() const override { return model_->tensors(); }
   int64_t trainable_params() const override { return model_->trainable_params(); }
-  FlopLedger eval_ledger() const override { return model_->eval_ledger(); }
+  FlopLedger eval_ledger() const override {
+    return info_.world_size == 1 ? model_->eval_ledger() : eval_ledger_;
+  }
   bool writes_files() const override { return info_.rank == 0; }
   int world_size() const override { return info_.world_size; }
   int64_t pass_seqs() const override { return model_->pass_seqs(); }
@@ -152,6 +195,7 @@ class CudaEngine final : public Engine {
   KernelChoice kernels_;
   int64_t local_batch_ = 0, batch_ = 0, seq_len_ = 0;
   bool sharded_ = false;
+  FlopLedger eval_ledger_;  // data parallel: the job's evaluation products
   std::vector<int32_t> in_, tg_;
   std::unique_ptr<Communicator> comm_;
   std::unique_ptr<Model> model_;
