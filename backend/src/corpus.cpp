@@ -1,9 +1,14 @@
 #include "moeplan/backend/corpus.hpp"
 
+#include <fcntl.h>
 #include <fnmatch.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
+#include <cerrno>
 #include <cstring>
 #include <set>
 #include <string_view>
@@ -95,13 +100,45 @@ std::vector<fs::path> expand_glob(const std::string& pattern) {
   return out;
 }
 
-void check_vocab(const std::vector<uint16_t>& tokens, int64_t vocab, const std::string& what) {
-  for (size_t i = 0; i < tokens.size(); ++i)
-    if (tokens[i] >= vocab)
-      throw InputError(
-          fmt::format("{}: token {} at position {} is outside the model's vocabulary "
-                      "(V = {}); plan with a larger vocab or use byte data",
-                      what, tokens[i], i, vocab));
+// Every token of `s` below vocab, read in blocks (a mapped stream is streamed, not held).
+void check_vocab(const TokenStream& s, int64_t vocab, const std::string& what) {
+  constexpr int64_t kBlock = int64_t(1) << 20;
+  std::vector<uint16_t> block(size_t(std::min(kBlock, std::max<int64_t>(s.size(), 1))));
+  for (int64_t at = 0; at < s.size(); at += kBlock) {
+    const int64_t n = std::min(kBlock, s.size() - at);
+    s.copy(at, n, block.data());
+    for (int64_t i = 0; i < n; ++i)
+      if (block[size_t(i)] >= vocab)
+        throw InputError(
+            fmt::format("{}: token {} at position {} is outside the model's vocabulary "
+                        "(V = {}); plan with a larger vocab or use byte data",
+                        what, block[size_t(i)], at + i, vocab));
+  }
+}
+
+// The llm.c header of a shard of `bytes` bytes: its token count, or InputError naming the file.
+int64_t shard_token_count(const fs::path& path, const char* header, int64_t bytes) {
+  const std::string where = fmt::format("shard '{}'", path.string());
+  if (bytes < kShardHeaderBytes)
+    throw InputError(fmt::format("{}: truncated: {} bytes, shorter than the {}-byte header", where,
+                                 bytes, kShardHeaderBytes));
+  std::array<int32_t, 3> head{};
+  std::memcpy(head.data(), header, sizeof(head));
+  if (head[0] != kShardMagic)
+    throw InputError(fmt::format("{}: bad magic {} (an llm.c shard starts with {})", where, head[0],
+                                 kShardMagic));
+  if (head[1] != kShardVersion)
+    throw InputError(fmt::format("{}: version {} is not supported (expected {})", where, head[1],
+                                 kShardVersion));
+  if (head[2] < 0)
+    throw InputError(fmt::format("{}: negative token count {} in the header", where, head[2]));
+  const int64_t want = kShardHeaderBytes + 2 * int64_t(head[2]);
+  if (bytes != want)
+    throw InputError(
+        fmt::format("{}: {}: the header says {} tokens ({} bytes) but the file has {} "
+                    "bytes",
+                    where, bytes < want ? "truncated" : "oversized", head[2], want, bytes));
+  return head[2];
 }
 
 }  // namespace
@@ -126,30 +163,83 @@ TokenStream builtin_corpus(uint64_t data_seed, int stream, int64_t tokens) {
 
 std::vector<uint16_t> read_shard(const fs::path& path) {
   const std::string bytes = read_file(path);
-  const std::string where = fmt::format("shard '{}'", path.string());
-  if (int64_t(bytes.size()) < kShardHeaderBytes)
-    throw InputError(fmt::format("{}: truncated: {} bytes, shorter than the {}-byte header", where,
-                                 bytes.size(), kShardHeaderBytes));
-  std::array<int32_t, 3> head{};
-  std::memcpy(head.data(), bytes.data(), sizeof(head));
-  if (head[0] != kShardMagic)
-    throw InputError(fmt::format("{}: bad magic {} (an llm.c shard starts with {})", where, head[0],
-                                 kShardMagic));
-  if (head[1] != kShardVersion)
-    throw InputError(fmt::format("{}: version {} is not supported (expected {})", where, head[1],
-                                 kShardVersion));
-  if (head[2] < 0)
-    throw InputError(fmt::format("{}: negative token count {} in the header", where, head[2]));
-  const int64_t want = kShardHeaderBytes + 2 * int64_t(head[2]);
-  if (int64_t(bytes.size()) != want)
-    throw InputError(
-        fmt::format("{}: {}: the header says {} tokens ({} bytes) but the file has {} "
-                    "bytes",
-                    where, int64_t(bytes.size()) < want ? "truncated" : "oversized", head[2], want,
-                    bytes.size()));
-  std::vector<uint16_t> tokens(static_cast<size_t>(head[2]));
+  std::string header(size_t(kShardHeaderBytes), '\0');
+  std::memcpy(header.data(), bytes.data(), std::min(bytes.size(), header.size()));
+  const int64_t count = shard_token_count(path, header.data(), int64_t(bytes.size()));
+  std::vector<uint16_t> tokens(static_cast<size_t>(count));
   std::memcpy(tokens.data(), bytes.data() + kShardHeaderBytes, tokens.size() * 2);
   return tokens;
+}
+
+MappedShards::MappedShards(const std::vector<fs::path>& files) {
+  try {
+    for (const fs::path& f : files) {
+      const int fd = ::open(f.c_str(), O_RDONLY);
+      if (fd < 0)
+        throw InputError(fmt::format("cannot read '{}': {}", f.string(), std::strerror(errno)));
+      struct stat sb {};
+      if (::fstat(fd, &sb) != 0) {
+        ::close(fd);
+        throw InputError(fmt::format("cannot read '{}': {}", f.string(), std::strerror(errno)));
+      }
+      Part p;
+      p.bytes = size_t(sb.st_size);
+      if (p.bytes > 0) {
+        p.map = ::mmap(nullptr, p.bytes, PROT_READ, MAP_SHARED, fd, 0);
+        if (p.map == MAP_FAILED) {
+          ::close(fd);
+          throw InputError(
+              fmt::format("cannot map '{}': {}", f.string(), std::strerror(errno)));
+        }
+      }
+      ::close(fd);
+      parts_.push_back(p);  // kept (and unmapped) even if its header is refused below
+      std::string header(size_t(kShardHeaderBytes), '\0');
+      if (p.map) std::memcpy(header.data(), p.map, std::min(p.bytes, header.size()));
+      Part& q = parts_.back();
+      q.count = shard_token_count(f, header.data(), int64_t(p.bytes));
+      q.tokens = reinterpret_cast<const uint16_t*>(static_cast<const char*>(q.map) +
+                                                   kShardHeaderBytes);
+      q.start = size_;
+      size_ += q.count;
+      // Read in order once, then dropped by the kernel as it needs the memory.
+      if (q.map) ::madvise(q.map, q.bytes, MADV_SEQUENTIAL);
+    }
+  } catch (...) {
+    for (const Part& p : parts_)
+      if (p.map) ::munmap(p.map, p.bytes);
+    throw;
+  }
+}
+
+MappedShards::~MappedShards() {
+  for (const Part& p : parts_)
+    if (p.map) ::munmap(p.map, p.bytes);
+}
+
+void MappedShards::copy(int64_t begin, int64_t n, uint16_t* out) const {
+  if (begin < 0 || n < 0 || begin + n > size_)
+    throw std::out_of_range("MappedShards::copy past the end");
+  // The first part holding `begin`, then on across boundaries.
+  auto it = std::upper_bound(parts_.begin(), parts_.end(), begin,
+                             [](int64_t at, const Part& p) { return at < p.start + p.count; });
+  while (n > 0) {
+    const int64_t off = begin - it->start, take = std::min(n, it->count - off);
+    std::memcpy(out, it->tokens + off, size_t(take) * 2);
+    out += take;
+    begin += take;
+    n -= take;
+    ++it;
+  }
+}
+
+void TokenStream::copy(int64_t begin, int64_t n, uint16_t* out) const {
+  if (begin < 0 || n < 0 || begin + n > size())
+    throw std::out_of_range("TokenStream::copy past the end");
+  if (mapped)
+    mapped->copy(mapped_begin + begin, n, out);
+  else
+    std::memcpy(out, tokens.data() + begin, size_t(n) * 2);
 }
 
 void write_shard(const fs::path& path, const std::vector<uint16_t>& tokens) {
@@ -182,6 +272,7 @@ DataSplit load_source(const std::string& spec, int64_t train_tokens, int64_t val
   const std::string kind = colon == std::string::npos ? spec : spec.substr(0, colon);
   const std::string arg = colon == std::string::npos ? "" : spec.substr(colon + 1);
   std::vector<uint16_t> all;
+  std::shared_ptr<const MappedShards> shards;
   if ((kind == "text" || kind == "bytes") && !arg.empty()) {
     const std::string bytes = read_file(arg);
     all.reserve(bytes.size());
@@ -192,27 +283,34 @@ DataSplit load_source(const std::string& spec, int64_t train_tokens, int64_t val
     const std::vector<fs::path> files = expand_glob(arg);
     if (files.empty())
       throw InputError(fmt::format("source '{}': no shard matches '{}'", spec, arg));
-    for (const fs::path& f : files) {
-      const std::vector<uint16_t> t = read_shard(f);
-      all.insert(all.end(), t.begin(), t.end());
-    }
-    split.description = fmt::format("{} llm.c shard(s) '{}'", files.size(), arg);
+    shards = std::make_shared<const MappedShards>(files);
+    split.description = fmt::format("{} llm.c shard(s) '{}', memory-mapped", files.size(), arg);
   } else {
     throw InputError(
         fmt::format("source '{}' is not one of: builtin, text:PATH, bytes:PATH, "
                     "shards:GLOB",
                     spec));
   }
-  const int64_t have = int64_t(all.size());
+  const int64_t have = shards ? shards->size() : int64_t(all.size());
   split.source_tokens = have;
   if (have < train_tokens + validation_tokens)
     throw InputError(
         fmt::format("source '{}' has {} tokens; the plan needs {} for training "
                     "(D̂ + 1 target) plus {} held-out validation tokens = {}",
                     spec, have, train_tokens, validation_tokens, train_tokens + validation_tokens));
-  check_vocab(all, vocab, fmt::format("source '{}'", spec));
-  split.train.tokens.assign(all.begin(), all.begin() + train_tokens);
-  split.validation.tokens.assign(all.end() - validation_tokens, all.end());
+  if (shards) {  // training stays mapped; the (small) validation tail is copied out
+    split.train.mapped = shards;
+    split.train.mapped_size = train_tokens;
+    split.validation.tokens.resize(size_t(validation_tokens));
+    shards->copy(have - validation_tokens, validation_tokens, split.validation.tokens.data());
+  } else {
+    split.train.tokens.assign(all.begin(), all.begin() + train_tokens);
+    split.validation.tokens.assign(all.end() - validation_tokens, all.end());
+  }
+  // Every token the run can read, training and validation (unused tokens in between may be
+  // anything: they are never read).
+  check_vocab(split.train, vocab, fmt::format("source '{}'", spec));
+  check_vocab(split.validation, vocab, fmt::format("source '{}' (validation)", spec));
   split.unused_tokens = have - train_tokens - validation_tokens;
   split.description += ": " + describe_count(have);
   return split;

@@ -2,6 +2,7 @@
 
 #include <numeric>
 #include <stdexcept>
+#include <vector>
 
 #include "moeplan/backend/rng.hpp"
 
@@ -39,11 +40,13 @@ void WindowOrder::restore(int64_t epoch, int64_t cursor, std::vector<int32_t> pe
 
 void fill_batch(const TokenStream& train, int64_t seq_len, int64_t batch_seqs, WindowOrder& order,
                 TokenLedger& ledger, int32_t* inputs, int32_t* targets) {
-  if (int64_t(train.tokens.size()) < order.windows() * seq_len + 1)
+  if (train.size() < order.windows() * seq_len + 1)
     throw std::logic_error("fill_batch: training region shorter than D̂ + 1");
+  std::vector<uint16_t> window(size_t(seq_len + 1));
   for (int64_t b = 0; b < batch_seqs; ++b) {
     const int64_t w = order.next();
-    const uint16_t* src = train.tokens.data() + w * seq_len;
+    train.copy(w * seq_len, seq_len + 1, window.data());  // S inputs and the S targets after
+    const uint16_t* src = window.data();
     for (int64_t i = 0; i < seq_len; ++i) {
       inputs[b * seq_len + i] = src[i];
       targets[b * seq_len + i] = src[i + 1];

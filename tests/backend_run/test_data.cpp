@@ -109,6 +109,42 @@ TEST_CASE("position-encoded shards: the unique set is exactly D̂'s windows, eac
   CHECK(ledger.epochs() == doctest::Approx(2576.0 / 800.0));
 }
 
+TEST_CASE("shards are memory-mapped: windows across shard boundaries read the right tokens") {
+  // Three shards of 40 tokens (token = global position); windows of 8 + 1 cross 40 and 80.
+  const int64_t seq_len = 8, windows = 12, total = 120;
+  const fs::path dir = position_shards(total, "mapped");
+  const DataSplit split = load_source("shards:" + (dir / "part_*.bin").string(),
+                                      windows * seq_len + 1, 16, 1, 65536);
+  CHECK(split.train.mapped != nullptr);  // nothing copied into process memory
+  CHECK(split.train.tokens.empty());
+  CHECK(split.train.size() == windows * seq_len + 1);
+  CHECK(split.description.find("memory-mapped") != std::string::npos);
+  std::vector<uint16_t> got(30);
+  split.train.copy(25, 30, got.data());  // shard 0's last 15, shard 1's first 15
+  for (int i = 0; i < 30; ++i) CHECK(got[size_t(i)] == 25 + i);
+  CHECK_THROWS_AS(split.train.copy(90, 10, got.data()), std::out_of_range);  // past D̂ + 1 = 97
+  WindowOrder order(windows, 5);
+  TokenLedger ledger(seq_len, windows);
+  std::vector<int32_t> in(size_t(windows * seq_len)), tg(size_t(windows * seq_len));
+  fill_batch(split.train, seq_len, windows, order, ledger, in.data(), tg.data());  // one epoch
+  std::set<int64_t> starts;
+  for (int64_t b = 0; b < windows; ++b) {
+    const int64_t start = in[size_t(b * seq_len)];
+    starts.insert(start);
+    for (int64_t i = 0; i < seq_len; ++i) {
+      CHECK(in[size_t(b * seq_len + i)] == start + i);
+      CHECK(tg[size_t(b * seq_len + i)] == start + i + 1);
+    }
+  }
+  CHECK(starts.size() == size_t(windows));
+  CHECK(starts.count(32) == 1);  // its target at 40 is shard 1's first token
+  CHECK(starts.count(72) == 1);  // its inputs cross into shard 2 at 80
+  // Validation is the source's tail, copied out of the mapping.
+  CHECK(split.validation.tokens.size() == 16);
+  CHECK(split.validation.tokens.front() == total - 16);
+  CHECK(split.validation.tokens.back() == total - 1);
+}
+
 TEST_CASE("first epoch only: unique counts exactly the windows touched so far") {
   const int64_t seq_len = 8, windows = 20;
   TokenStream s;

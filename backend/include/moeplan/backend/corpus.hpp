@@ -4,15 +4,48 @@
 // unique windows of D̂ are cut from) and a held-out validation region training never reads.
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <vector>
 
 namespace moeplan::backend {
 
-// A run of tokens with an optional part tag per position (the built-in corpus: facts / arith).
+// llm.c shards, memory-mapped read-only and seen as one run of tokens (their concatenation in
+// the given order). Nothing is copied: the tokens stay in the page cache, which the processes
+// of a data-parallel job on one machine share, so a training region of tens of billions of
+// tokens costs no process memory. Every header is checked on opening (InputError, one line).
+class MappedShards {
+ public:
+  explicit MappedShards(const std::vector<std::filesystem::path>& files);
+  ~MappedShards();
+  MappedShards(const MappedShards&) = delete;
+  MappedShards& operator=(const MappedShards&) = delete;
+  int64_t size() const { return size_; }
+  // Tokens [begin, begin + n) of the concatenation, across shard boundaries.
+  void copy(int64_t begin, int64_t n, uint16_t* out) const;
+
+ private:
+  struct Part {
+    void* map = nullptr;
+    size_t bytes = 0;
+    const uint16_t* tokens = nullptr;
+    int64_t start = 0, count = 0;  // position of its first token in the concatenation
+  };
+  std::vector<Part> parts_;
+  int64_t size_ = 0;
+};
+
+// A run of tokens with an optional part tag per position (the built-in corpus: facts / arith):
+// in memory (`tokens`), or a range of memory-mapped shards (`mapped`, then `tokens` is empty).
 struct TokenStream {
   std::vector<uint16_t> tokens;
   std::vector<uint8_t> part;  // empty when the source has no parts; else part[i] for tokens[i]
+  std::shared_ptr<const MappedShards> mapped;
+  int64_t mapped_begin = 0, mapped_size = 0;  // the range of `mapped` this stream is
+
+  int64_t size() const { return mapped ? mapped_size : int64_t(tokens.size()); }
+  // Tokens [begin, begin + n) of this stream.
+  void copy(int64_t begin, int64_t n, uint16_t* out) const;
 };
 
 struct DataSplit {
