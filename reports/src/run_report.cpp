@@ -111,7 +111,7 @@ std::vector<std::string> row_of(const json& r, const json* dense) {
 // Time and FLOP rate: equal C is not equal time. Executed counts every product the device ran
 // (the ledger's exact/causal total: masked attention and recomputed products included); useful
 // leaves out `padding` and `recompute`. The time ratio is against the dense baseline on the same
-// device with the same kernels only.
+// device label only (devices, kernels, passes, optimizer sharding: device_label).
 const std::vector<std::string> kTimeHeaders = {"point",
                                                "device",
                                                "train s",
@@ -257,8 +257,8 @@ std::string render_run_report(const std::vector<json>& records, const std::strin
   const std::string time_title =
       "Time and achieved FLOP rate (equal C is not equal time). Executed: every product the "
       "device ran, the ledger's exact/causal total; useful: without padding (e.g. the masked "
-      "half of attention a GPU computes) and recompute. Train time vs dense: same device and "
-      "kernels only";
+      "half of attention a GPU computes) and recompute. Train time vs dense: only against a "
+      "dense run of the same device label (devices, kernels, passes, optimizer sharding)";
   const std::string verdict = verdict_of(records, dense);
   const std::string title = fmt::format(
       "moeplan report: {} run(s) in {}. BPC = validation bits per byte (held-out data); C in the "
