@@ -67,7 +67,7 @@ int64_t rank_batch(int64_t batch, const RankInfo& rank) {
 
 void take_rank_share(std::vector<int32_t>& out, const int32_t* global, int64_t batch,
                      int64_t seq_len, const RankInfo& rank) {
-  const int64_t local = rank_batch(batch, rank);
+  const int64_t local = windows_of_rank(batch, rank.rank, rank.world_size);
   out.resize(size_t(local * seq_len));
   for (int64_t i = 0; i < local; ++i)
     std::copy_n(global + window_of_rank(i, rank.rank, rank.world_size) * seq_len, seq_len,
@@ -171,6 +171,19 @@ void Communicator::all_reduce_sum_host(int64_t* h, int64_t n) {
     impl_->staging.download(h + done, size_t(m) * 8);
   }
 }
+void Communicator::all_reduce_sum_host(FlopLedger& ledger, std::vector<int64_t*> extra) {
+  std::vector<int64_t> c;
+  for (const auto& row : ledger.flops) c.insert(c.end(), row.begin(), row.end());
+  c.push_back(ledger.elementwise);
+  for (const int64_t* e : extra) c.push_back(*e);
+  all_reduce_sum_host(c.data(), int64_t(c.size()));
+  size_t i = 0;
+  for (auto& row : ledger.flops)
+    for (auto& v : row) v = c[i++];
+  ledger.elementwise = c[i++];
+  for (int64_t* e : extra) *e = c[i++];
+}
+
 void Communicator::all_reduce_sum_host(double* h, int64_t n) {
   for (int64_t done = 0; done < n; done += 64) {
     const int64_t m = std::min<int64_t>(64, n - done);

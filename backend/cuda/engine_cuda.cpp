@@ -123,13 +123,8 @@ class CudaEngine final : public Engine {
     if (info_.world_size == 1) return model_->forward_loss(inputs, targets, n_seqs, per_position_loss);
     const int64_t S = seq_len_;
     const int64_t mine = windows_of_rank(n_seqs, info_.rank, info_.world_size);
-    in_.resize(size_t(mine * S));
-    tg_.resize(size_t(mine * S));
-    for (int64_t i = 0; i < mine; ++i) {
-      const int64_t s = window_of_rank(i, info_.rank, info_.world_size);
-      std::copy_n(inputs + s * S, S, in_.begin() + i * S);
-      std::copy_n(targets + s * S, S, tg_.begin() + i * S);
-    }
+    take_rank_share(in_, inputs, n_seqs, S, info_);
+    take_rank_share(tg_, targets, n_seqs, S, info_);
     const FlopLedger before = model_->eval_ledger();
     std::vector<double> share(size_t(mine * S)), all(size_t(n_seqs * S), 0.0);
     if (mine > 0) model_->forward_loss(in_.data(), tg_.data(), mine, share.data());
@@ -140,16 +135,8 @@ class CudaEngine final : public Engine {
     sum.upload(all.data(), all.size() * 8);
     comm_->all_reduce_sum(sum.as<double>(), int64_t(all.size()));
     sum.download(all.data(), all.size() * 8);
-    const FlopLedger delta = model_->eval_ledger() - before;
-    std::vector<int64_t> c;
-    for (const auto& row : delta.flops) c.insert(c.end(), row.begin(), row.end());
-    c.push_back(delta.elementwise);
-    comm_->all_reduce_sum_host(c.data(), int64_t(c.size()));
-    FlopLedger job;
-    size_t k = 0;
-    for (auto& row : job.flops)
-      for (auto& v : row) v = c[k++];
-    job.elementwise = c[k];
+    FlopLedger job = model_->eval_ledger() - before;
+    comm_->all_reduce_sum_host(job);
     eval_ledger_ += job;
     double total = 0;
     int64_t bearing = 0;

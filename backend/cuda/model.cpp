@@ -1124,18 +1124,9 @@ struct Model::Impl {
     comm->all_reduce_sum_host(d.data(), int64_t(d.size()));
     r.aux_load_balance = d[1];
     r.aux_z = d[2];
-    std::vector<int64_t> c;
-    for (const auto& row : r.flops.flops) c.insert(c.end(), row.begin(), row.end());
-    c.insert(c.end(), r.routed_per_moe_layer.begin(), r.routed_per_moe_layer.end());
-    c.push_back(r.loss_bearing_targets);
-    c.push_back(r.flops.elementwise);
-    comm->all_reduce_sum_host(c.data(), int64_t(c.size()));
-    size_t i = 0;
-    for (auto& row : r.flops.flops)
-      for (auto& v : row) v = c[i++];
-    for (auto& v : r.routed_per_moe_layer) v = c[i++];
-    r.loss_bearing_targets = c[i++];
-    r.flops.elementwise = c[i];
+    std::vector<int64_t*> counters{&r.loss_bearing_targets};
+    for (int64_t& v : r.routed_per_moe_layer) counters.push_back(&v);
+    comm->all_reduce_sum_host(r.flops, counters);
     r.loss = r.loss_bearing_targets > 0 ? d[0] / double(r.loss_bearing_targets) : 0.0;
   }
   int64_t job_seqs = 0;  // the step's sequences over all ranks (set by compute_gradients)

@@ -162,12 +162,9 @@ TokenStream builtin_corpus(uint64_t data_seed, int stream, int64_t tokens) {
 }
 
 std::vector<uint16_t> read_shard(const fs::path& path) {
-  const std::string bytes = read_file(path);
-  std::string header(size_t(kShardHeaderBytes), '\0');
-  std::memcpy(header.data(), bytes.data(), std::min(bytes.size(), header.size()));
-  const int64_t count = shard_token_count(path, header.data(), int64_t(bytes.size()));
-  std::vector<uint16_t> tokens(static_cast<size_t>(count));
-  std::memcpy(tokens.data(), bytes.data() + kShardHeaderBytes, tokens.size() * 2);
+  const MappedShards shard({path});
+  std::vector<uint16_t> tokens(static_cast<size_t>(shard.size()));
+  shard.copy(0, shard.size(), tokens.data());
   return tokens;
 }
 
@@ -182,22 +179,23 @@ MappedShards::MappedShards(const std::vector<fs::path>& files) {
         ::close(fd);
         throw InputError(fmt::format("cannot read '{}': {}", f.string(), std::strerror(errno)));
       }
-      Part p;
-      p.bytes = size_t(sb.st_size);
-      if (p.bytes > 0) {
-        p.map = ::mmap(nullptr, p.bytes, PROT_READ, MAP_SHARED, fd, 0);
-        if (p.map == MAP_FAILED) {
+      void* map = nullptr;
+      const size_t bytes = size_t(sb.st_size);
+      if (bytes > 0) {
+        map = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd, 0);
+        if (map == MAP_FAILED) {
           ::close(fd);
           throw InputError(
               fmt::format("cannot map '{}': {}", f.string(), std::strerror(errno)));
         }
       }
       ::close(fd);
-      parts_.push_back(p);  // kept (and unmapped) even if its header is refused below
+      Part& q = parts_.emplace_back();  // kept (and unmapped) even if its header is refused
+      q.map = map;
+      q.bytes = bytes;
       std::string header(size_t(kShardHeaderBytes), '\0');
-      if (p.map) std::memcpy(header.data(), p.map, std::min(p.bytes, header.size()));
-      Part& q = parts_.back();
-      q.count = shard_token_count(f, header.data(), int64_t(p.bytes));
+      if (map) std::memcpy(header.data(), map, std::min(bytes, header.size()));
+      q.count = shard_token_count(f, header.data(), int64_t(bytes));
       q.tokens = reinterpret_cast<const uint16_t*>(static_cast<const char*>(q.map) +
                                                    kShardHeaderBytes);
       q.start = size_;

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "moeplan/accounting/ledger.hpp"
+
 namespace moeplan::backend::cuda {
 
 struct RankInfo {
@@ -27,7 +29,8 @@ inline int64_t window_of_rank(int64_t i, int rank, int world_size) {
 // when the batch has fewer sequences than there are ranks.
 int64_t rank_batch(int64_t batch, const RankInfo& rank);
 // A rank's share of a global batch of `batch` sequences of `seq_len` tokens (row-major): the
-// sequences rank, rank+W, rank+2W, … copied into out (rank_batch of them).
+// sequences rank, rank+W, rank+2W, … copied into out (windows_of_rank of them; none when the
+// batch has fewer sequences than the rank's number).
 void take_rank_share(std::vector<int32_t>& out, const int32_t* global, int64_t batch,
                      int64_t seq_len, const RankInfo& rank);
 
@@ -59,6 +62,8 @@ class Communicator {
   // Host convenience for small counters (token ledger, FLOP ledger): copies through the device.
   void all_reduce_sum_host(int64_t* host_data, int64_t n);
   void all_reduce_sum_host(double* host_data, int64_t n);
+  // The ledger summed over ranks, with `extra` counters in the same all-reduce.
+  void all_reduce_sum_host(FlopLedger& ledger, std::vector<int64_t*> extra = {});
 
  private:
   struct Impl;
