@@ -34,7 +34,8 @@ std::string bytes_text(double bytes) {
 
 // The model's buffers did not fit: say how far it got and what to run instead.
 std::string out_of_memory_message(const DeviceOutOfMemory& e, const EngineRequest& r,
-                                  int64_t rank_batch, AttentionPath attention, int shards) {
+                                  int64_t rank_batch, const KernelChoice& kernels, int shards) {
+  const AttentionPath attention = kernels.attention;
   const int64_t pass = r.options.micro_batch_seqs > 0
                            ? std::min(r.options.micro_batch_seqs, rank_batch)
                            : rank_batch;
@@ -60,9 +61,16 @@ std::string out_of_memory_message(const DeviceOutOfMemory& e, const EngineReques
     fused = fmt::format(", or --kernels attention=fused (no S×S buffers: {} less a sequence)",
                         bytes_text(saved));
   }
+  // The LM head's fp32 logits and bf16 gradient: V·6 bytes a row of the chunk.
+  std::string logits;
+  const int64_t rows = std::min(pass * r.arch.seq_len,
+                                kernels.logit_rows > 0 ? kernels.logit_rows : kLogitRowsAuto);
+  if (rows > 2048)
+    logits = fmt::format(", or --kernels logits=2048 ({} less)",
+                         bytes_text(6.0 * double(r.arch.vocab) * double(rows - 2048)));
   return fmt::format("{} with passes of {} sequences of {} tokens; run smaller passes, e.g. "
-                     "--micro-batch {}{}",
-                     where, pass, r.arch.seq_len, pass / 2, fused);
+                     "--micro-batch {}{}{}",
+                     where, pass, r.arch.seq_len, pass / 2, fused, logits);
 }
 
 // Data parallelism: every rank runs the same loop over the same global batch (so the token
@@ -99,9 +107,10 @@ class CudaEngine final : public Engine {
     seq_len_ = r.arch.seq_len;
     try {
       model_ = std::make_unique<Model>(r.arch, r.options, r.seed, local_batch_, DType::bf16,
-                                       comm_.get(), kernels_.attention, sharded_);
+                                       comm_.get(), kernels_.attention, sharded_,
+                                       kernels_.logit_rows);
     } catch (const DeviceOutOfMemory& e) {
-      throw InputError(out_of_memory_message(e, r, local_batch_, kernels_.attention,
+      throw InputError(out_of_memory_message(e, r, local_batch_, kernels_,
                                              sharded_ ? info_.world_size : 1));
     }
     model_->set_expert_path(kernels_.experts);
@@ -163,11 +172,16 @@ class CudaEngine final : public Engine {
   int world_size() const override { return info_.world_size; }
   int64_t pass_seqs() const override { return model_->pass_seqs(); }
   std::string describe() const override {
-    return fmt::format("cuda{}: {} of the device's {} for passes of {} sequences ({}{})",
+    const int64_t rows = model_->pass_seqs() * seq_len_;
+    return fmt::format("cuda{}: {} of the device's {} for passes of {} sequences ({}{}{})",
                        info_.world_size > 1 ? fmt::format(" rank 0 of {}", info_.world_size) : "",
                        bytes_text(double(device_bytes_in_use())),
                        bytes_text(double(device_memory().second)),
                        model_->pass_seqs(), to_string(kernels_),
+                       model_->logit_rows() < rows
+                           ? fmt::format(", LM head in chunks of {} of {} rows",
+                                         model_->logit_rows(), rows)
+                           : "",
                        sharded_ ? ", optimizer sharded" : "");
   }
   bool any_rank(bool flag) override {

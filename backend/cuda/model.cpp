@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -134,6 +135,9 @@ struct Model::Impl {
   // most B (ModelOptions::micro_batch_seqs). Bp and Tp are the pass in flight: set by forward(),
   // read by the backward of the same pass.
   int64_t step_B = 0, Bp = 0, Tp = 0;
+  // The LM head and cross-entropy run over chunks of at most logit_rows token rows, so the fp32
+  // logits and their gradient are held for one chunk, not the whole pass (KernelChoice).
+  int64_t logit_rows = 0;
   double aux_grad_w = 1;  // the weight of the pass's auxiliary-loss gradients (see compute_gradients)
   bool rope = false;
   bool flash = false;         // bf16 with a compiled head width: the fused attention kernels
@@ -211,8 +215,10 @@ struct Model::Impl {
   }
 
   Impl(const Arch& arch, const ModelOptions& o, uint64_t seed, int64_t batch_seqs, DType matmul,
-       Communicator* c, AttentionPath attn, bool shard)
+       Communicator* c, AttentionPath attn, bool shard, int64_t logit_rows_asked)
       : a(arch), opt(o), mm(matmul), comm(c), sharded(shard) {
+    if (logit_rows_asked < 0)
+      throw std::logic_error("logit_rows must be 0 (automatic) or a row count");
     if (shard && !c)
       throw std::logic_error("optimizer sharding needs a communicator (data parallelism)");
     if (o.capacity_factor > 0)
@@ -241,6 +247,7 @@ struct Model::Impl {
     Dffn = a.d_ffn;
     L = a.layers;
     T = B * S;
+    logit_rows = std::min(T, logit_rows_asked > 0 ? logit_rows_asked : kLogitRowsAuto);
     rope = o.positions == "rope";
     mm_size = dtype_size(mm);
     flash = attn != AttentionPath::cublas && mm == DType::bf16 && attention::supported(Dh);
@@ -406,9 +413,9 @@ struct Model::Impl {
     resid_out = alloc_f(T * Dm);
     lnf = alloc_mm(T * Dm);
     rstdf = alloc_f(T);
-    logits = alloc_f(T * V);
+    logits = alloc_f(logit_rows * V);
     losses = alloc_f(T);
-    dlogits = alloc_mm(T * V);
+    dlogits = alloc_mm(logit_rows * V);
     loss_sum = alloc(8);
     tokens = alloc(size_t(T) * 4);
     targets = alloc(size_t(T) * 4);
@@ -845,17 +852,37 @@ struct Model::Impl {
     lg.elementwise += elementwise_per_pass(nb);
     k::rmsnorm_forward(lnf.data(), mm, rstdf.as<float>(), resid_out.as<float>(), P(final_norm), Tn,
                        Dm, 1e-5f);
-    if (lm_head >= 0)
-      matmul_forward(logits.as<float>(), lnf.data(), lm_head, Tn, Dm, V, false, lg,
-                     FlopCategory::lm_head);
-    else
-      blas.gemm(rec(lg, FlopCategory::lm_head, Phase::forward), false, true, Tn, V, Dm, lnf.data(),
-                Dm, Wm(embedding), Dm, logits.as<float>(), V, 0.f, mm);
-    prof.mark("fwd final norm + lm head");
-    k::cross_entropy(losses.as<float>(), train ? dlogits.data() : nullptr, mm, logits.as<float>(),
-                     targets.as<int32_t>(), Tn, V, grad_scale);
+    prof.mark("fwd final norm");
+    // LM head and cross-entropy, chunk by chunk of rows. In training each chunk's logit gradient
+    // goes through the LM head's backward at once (dln rows, the head's weight gradient), so no
+    // chunk's logits outlive it; backward() starts at the final norm. The products are those of
+    // one whole-pass head, split by rows: the ledger is the same.
+    for (int64_t r0 = 0; r0 < Tn; r0 += logit_rows) {
+      const int64_t n = std::min(logit_rows, Tn - r0);
+      const void* ln = at(lnf, r0 * Dm, mm_size);
+      if (lm_head >= 0)
+        matmul_forward(logits.as<float>(), ln, lm_head, n, Dm, V, false, lg, FlopCategory::lm_head);
+      else
+        blas.gemm(rec(lg, FlopCategory::lm_head, Phase::forward), false, true, n, V, Dm, ln, Dm,
+                  Wm(embedding), Dm, logits.as<float>(), V, 0.f, mm);
+      prof.mark("fwd lm head");
+      k::cross_entropy(losses.as<float>() + r0, train ? dlogits.data() : nullptr, mm,
+                       logits.as<float>(), targets.as<int32_t>() + r0, n, V, grad_scale);
+      prof.mark("cross-entropy");
+      if (!train) continue;
+      float* dx = dln.as<float>() + r0 * Dm;
+      if (lm_head >= 0) {
+        matmul_backward(dx, false, lm_head, dlogits.data(), ln, n, Dm, V, lg,
+                        FlopCategory::lm_head);
+      } else {  // tied: head = embedding (V, Dm) used transposed
+        blas.gemm(rec(lg, FlopCategory::lm_head, Phase::input_grad), false, false, n, Dm, V,
+                  dlogits.data(), V, Wm(embedding), Dm, dx, Dm, 0.f, mm);
+        blas.gemm(rec(lg, FlopCategory::lm_head, Phase::weight_grad), true, false, V, Dm, n,
+                  dlogits.data(), V, ln, Dm, G(embedding), Dm, 1.f, mm);
+      }
+      prof.mark("bwd lm head");
+    }
     k::sum_double(loss_sum.as<double>(), losses.as<float>(), Tn);
-    prof.mark("cross-entropy");
   }
 
   // The CPU reference's element-wise count (layers.hpp); dropless routing: every MoE layer routes
@@ -989,19 +1016,11 @@ struct Model::Impl {
 
   void backward(FlopLedger& lg) {
     lg.elementwise += elementwise_per_pass(Bp);  // the backward kernels mirror them
-    if (lm_head >= 0) {
-      matmul_backward(dln.as<float>(), false, lm_head, dlogits.data(), lnf.data(), Tp, Dm, V, lg,
-                      FlopCategory::lm_head);
-    } else {  // tied: head = embedding (V, Dm) used transposed
-      blas.gemm(rec(lg, FlopCategory::lm_head, Phase::input_grad), false, false, Tp, Dm, V,
-                dlogits.data(), V, Wm(embedding), Dm, dln.as<float>(), Dm, 0.f, mm);
-      blas.gemm(rec(lg, FlopCategory::lm_head, Phase::weight_grad), true, false, V, Dm, Tp,
-                dlogits.data(), V, lnf.data(), Dm, G(embedding), Dm, 1.f, mm);
-    }
+    // dln holds d(objective)/d(lnf) from the forward's chunked LM head backward.
     check_cuda(cudaMemsetAsync(dresid.data(), 0, size_t(Tp * Dm) * 4, nullptr), "memset dresid");
     k::rmsnorm_backward(dresid.as<float>(), G(final_norm), dln.as<float>(), resid_out.as<float>(),
                         P(final_norm), rstdf.as<float>(), Tp, Dm, col_scratch.as<float>());
-    prof.mark("bwd lm head + final norm");
+    prof.mark("bwd final norm");
     for (int64_t l = L - 1; l >= 0; --l) {
       const LayerParams& q = lp[size_t(l)];
       Acts& x = acts[size_t(l)];
@@ -1201,9 +1220,10 @@ struct Model::Impl {
 };
 
 Model::Model(const Arch& arch, const ModelOptions& options, uint64_t seed, int64_t batch_seqs,
-             DType matmul, Communicator* comm, AttentionPath attention, bool shard_optimizer)
+             DType matmul, Communicator* comm, AttentionPath attention, bool shard_optimizer,
+             int64_t logit_rows)
     : impl_(std::make_unique<Impl>(arch, options, seed, batch_seqs, matmul, comm, attention,
-                                   shard_optimizer)) {
+                                   shard_optimizer, logit_rows)) {
   impl_->build_attention_tables();
   impl_->expert_tables.resize(size_t(std::max<int64_t>(arch.moe_layers(), 0)));
   impl_->build_expert_weight_tables();
@@ -1335,6 +1355,9 @@ int64_t Model::batch_seqs() const {
 int64_t Model::pass_seqs() const {
   return impl_->B;
 }
+int64_t Model::logit_rows() const {
+  return impl_->logit_rows;
+}
 DType Model::matmul_type() const {
   return impl_->mm;
 }
@@ -1393,9 +1416,23 @@ const char* name_of(const std::pair<const char*, E> (&names)[N], E e) {
 }
 }  // namespace
 
+// A positive row count, or `auto` (0).
+static int64_t parse_logit_rows(const std::string& value) {
+  if (value == "auto") return 0;
+  int64_t rows = 0;
+  const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), rows);
+  if (ec != std::errc() || end != value.data() + value.size() || rows <= 0)
+    throw InputError(fmt::format(
+        "--kernels: logits={} is not a row count (valid: logits=auto or a positive whole number "
+        "of token rows, e.g. logits=2048)",
+        value));
+  return rows;
+}
+
 KernelChoice parse_kernel_choice(const std::string& spec) {
   KernelChoice k;
-  bool seen_attention = false, seen_experts = false;
+  constexpr const char* kNames = "attention, experts, logits";
+  std::vector<std::string> seen;
   size_t pos = 0;
   while (pos < spec.size()) {
     const size_t end = std::min(spec.find(',', pos), spec.size());
@@ -1405,26 +1442,27 @@ KernelChoice parse_kernel_choice(const std::string& spec) {
                       value = eq == std::string::npos ? "" : item.substr(eq + 1);
     if (eq == std::string::npos || value.empty())
       throw InputError(
-          fmt::format("--kernels: '{}' is not name=value (valid names: attention, experts)", item));
-    if (key == "attention" && !seen_attention) {
+          fmt::format("--kernels: '{}' is not name=value (valid names: {})", item, kNames));
+    const bool known = key == "attention" || key == "experts" || key == "logits";
+    if (!known || std::find(seen.begin(), seen.end(), key) != seen.end())
+      throw InputError(fmt::format("--kernels: '{}' {} (valid names, each at most once: {})", key,
+                                   known ? "is given twice" : "is not a kernel name", kNames));
+    seen.push_back(key);
+    if (key == "attention")
       k.attention = lookup(kAttention, key, value);
-      seen_attention = true;
-    } else if (key == "experts" && !seen_experts) {
+    else if (key == "experts")
       k.experts = lookup(kExperts, key, value);
-      seen_experts = true;
-    } else {
-      throw InputError(fmt::format(
-          "--kernels: '{}' {} (valid names, each at most once: attention, experts)", key,
-          key == "attention" || key == "experts" ? "is given twice" : "is not a kernel name"));
-    }
+    else
+      k.logit_rows = parse_logit_rows(value);
     pos = end + 1;
   }
   return k;
 }
 
 std::string to_string(const KernelChoice& k) {
-  return fmt::format("attention={},experts={}", name_of(kAttention, k.attention),
-                     name_of(kExperts, k.experts));
+  return fmt::format("attention={},experts={}{}", name_of(kAttention, k.attention),
+                     name_of(kExperts, k.experts),
+                     k.logit_rows > 0 ? fmt::format(",logits={}", k.logit_rows) : "");
 }
 
 }  // namespace moeplan::backend::cuda

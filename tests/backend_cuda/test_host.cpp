@@ -2,6 +2,7 @@
 // discovery from the environment, the window split across ranks, the tiled expert kernels'
 // executed-work count, and the "cuda" engine's clean refusal on a machine without a device.
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
@@ -130,6 +131,18 @@ TEST_CASE("--kernels: attention and experts by name, defaults kept, everything e
   CHECK(message("attention").find("is not name=value") != std::string::npos);
   CHECK(message("attention=,experts=tiled").find("is not name=value") != std::string::npos);
   CHECK(message("experts=tiled,experts=loop").find("given twice") != std::string::npos);
+  // The LM head's chunk: a positive row count, or auto; shown only when asked for.
+  CHECK(d.logit_rows == 0);
+  const cu::KernelChoice l = cu::parse_kernel_choice("logits=2048,experts=tiled");
+  CHECK(l.logit_rows == 2048);
+  CHECK(cu::to_string(l) == "attention=cublas,experts=tiled,logits=2048");
+  CHECK(cu::parse_kernel_choice("logits=auto").logit_rows == 0);
+  CHECK(cu::to_string(cu::parse_kernel_choice("logits=auto")) == "attention=cublas,experts=grouped");
+  for (const char* bad : {"logits=0", "logits=-5", "logits=2k", "logits=1e4", "logits=all"})
+    CHECK(message(bad) == fmt::format("--kernels: {} is not a row count (valid: logits=auto or a "
+                                      "positive whole number of token rows, e.g. logits=2048)",
+                                      bad));
+  CHECK(message("logits=64,logits=128").find("given twice") != std::string::npos);
   // The engine refuses a bad choice before it looks for a device.
   moeplan::backend::EngineRequest req;
   req.arch.d_model = 8;

@@ -259,6 +259,60 @@ TEST_CASE("gradient accumulation: bf16 fused attention and tiled experts in pass
   }
 }
 
+TEST_CASE("LM head in chunks of rows: the CPU's step and evaluation, less memory, same ledger") {
+  // fp32, chunks of 37 rows: they cross sequence boundaries (S 32) and the last is short. Passes of
+  // 2+2+1 sequences (64, 64, 32 rows: chunks 37+27, 37+27, 32). Untied (lm_head) and tied heads.
+  ModelOptions opt;
+  opt.micro_batch_seqs = 2;
+  Arch tied = moe_arch();
+  tied.tied_embeddings = true;
+  const int64_t B = 5, rows = 37;
+  for (const Arch& arch : {dense_arch(), tied}) {
+    const char* name = arch.tied_embeddings ? "moe tied" : "dense";
+    INFO(name);
+    moeplan::backend::Model<float> ref(arch, opt, 42, B);
+    cu::Model whole(arch, opt, 42, B, DType::f32);
+    cu::Model chunked(arch, opt, 42, B, DType::f32, nullptr, cu::AttentionPath::cublas, false,
+                      rows);
+    CHECK(whole.logit_rows() == 2 * arch.seq_len);  // the automatic chunk holds a whole pass
+    CHECK(chunked.logit_rows() == rows);
+    // The fp32 logits and their fp32 gradient: 8 bytes a row and vocabulary entry.
+    CHECK(whole.device_bytes() - chunked.device_bytes() ==
+          size_t((2 * arch.seq_len - rows) * arch.vocab * 8));
+    const Batch b = random_batch(B, arch.seq_len, arch.vocab, 23);
+    StepResult rc, rw, rk;
+    const double oc = ref.compute_gradients(b.inputs.data(), b.targets.data(), &rc);
+    const double ow = whole.compute_gradients(b.inputs.data(), b.targets.data(), &rw);
+    const double ok = chunked.compute_gradients(b.inputs.data(), b.targets.data(), &rk);
+    const double err_cpu = rel_err(chunked.gradients(), vec(ref.gradients()));
+    const double err_whole = rel_err(chunked.gradients(), whole.gradients());
+    std::printf("[logits in chunks of %lld rows, %s] objective cpu %.7f chunked %.7f, gradient "
+                "rel err vs cpu %.2e, vs whole-pass head %.2e\n",
+                (long long)rows, name, oc, ok, err_cpu, err_whole);
+    print_worst_tensors(chunked.tensors(), chunked.gradients(), vec(ref.gradients()));
+    CHECK(std::abs(ok - oc) / oc < 1e-5);
+    CHECK(std::abs(ok - ow) / ow < 1e-6);
+    CHECK(err_cpu < 1e-4);
+    CHECK(err_whole < 1e-5);  // only the head's weight gradient adds in another order
+    CHECK(rk.flops == rw.flops);
+    check_ledgers(rk.flops, rc.flops, arch, B, 2 * B * arch.heads * arch.layers,
+                  4 * B * arch.heads * arch.layers);
+    // Evaluation in chunks: the same loss at every position.
+    std::vector<double> pc(size_t(B * arch.seq_len)), pk(pc.size());
+    const double ec = ref.forward_loss(b.inputs.data(), b.targets.data(), B, pc.data());
+    const double ek = chunked.forward_loss(b.inputs.data(), b.targets.data(), B, pk.data());
+    double worst = 0;
+    for (size_t i = 0; i < pc.size(); ++i)
+      worst = std::max(worst, std::abs(pk[i] - pc[i]) / std::max(1.0, std::abs(pc[i])));
+    std::printf("[logits in chunks, %s] eval loss cpu %.7f chunked %.7f, worst position %.2e\n",
+                name, ec, ek, worst);
+    CHECK(std::abs(ek - ec) / ec < 1e-5);
+    CHECK(worst < 1e-5);
+    whole.forward_loss(b.inputs.data(), b.targets.data(), B, pc.data());
+    CHECK(chunked.eval_ledger() == whole.eval_ledger());
+  }
+}
+
 TEST_CASE("bf16: one step within bf16 tolerance of the CPU") {
   const Arch a = moe_arch();
   ModelOptions opt;

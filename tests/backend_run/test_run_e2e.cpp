@@ -725,6 +725,11 @@ TEST_CASE("out of device memory (emulated): one line naming the passes; --micro-
   ::setenv("MOEPLAN_EMU_MEMORY_KIB", "38912", 1);
   const Result whole = run_dense("runs", "0");
   const Result passes = run_dense("runs", "16");
+  // The LM head in chunks of 64 of a pass's 256 rows: the same products, so the same ledger.
+  const Result chunked =
+      run_cli({"run", sweep, "--point", "dense", "--out", (dir / "chunked").string(), "--device",
+               "cuda", "--micro-batch", "16", "--kernels", "logits=64"},
+              MOEPLAN_EMULATED_BINARY);
   ::setenv("MOEPLAN_EMU_MEMORY_KIB", "20480", 1);  // not even cuBLAS's workspace
   const Result none = run_dense("none", "1");
   ::unsetenv("MOEPLAN_EMU_MEMORY_KIB");
@@ -746,6 +751,17 @@ TEST_CASE("out of device memory (emulated): one line naming the passes; --micro-
   CHECK(rec["status"] == "complete");
   CHECK(rec["pass_seqs"] == 16);
   CHECK(rec["measured"]["tokens"]["consumed"].get<int64_t>() == 1 * 128 * 16);
+  REQUIRE_MESSAGE(chunked.status == 0, chunked.err);
+  CHECK_MESSAGE(chunked.out.find(" for passes of 16 sequences (attention=cublas,experts=grouped,"
+                                 "logits=64, LM head in chunks of 64 of 256 rows)\n") !=
+                    std::string::npos,
+                chunked.out);
+  const json crec = record(dir / "chunked", "dense");
+  CHECK(crec["kernels"] == "attention=cublas,experts=grouped,logits=64");
+  CHECK(crec["measured"]["flops"] == rec["measured"]["flops"]);
+  CHECK(crec["measured"]["tokens"] == rec["measured"]["tokens"]);
+  CHECK(std::abs(crec["loss_curve"].back()["train_loss"].get<double>() -
+                 rec["loss_curve"].back()["train_loss"].get<double>()) < 1e-4);
   CHECK(none.status == 2);
   CHECK(one_line(none.err));
   CHECK_MESSAGE(none.err.find("with passes of 1 sequence of 16 tokens; the weights, gradients and "

@@ -31,12 +31,21 @@ class Communicator;
 enum class AttentionPath { fused, cublas, fused_mma };
 enum class ExpertPath { grouped, loop, tiled };
 
-// The kernel choice of a run, from EngineRequest::kernels: "attention=fused_mma,experts=tiled";
-// either key may be left out (its default stays). Anything else is an InputError naming the
-// valid spellings. to_string gives the canonical form with both keys.
+// The LM head and cross-entropy run over chunks of token rows, so that the fp32 logits and their
+// gradient (V·(4 + 2) bytes a row in bf16: 302 KB at V 50304) are held for one chunk rather than
+// the whole pass. Unless the run says otherwise, a chunk is at most this many rows (2.5 GB of
+// logits at V 50304); a pass of 8 sequences of 1024 tokens is one chunk.
+inline constexpr int64_t kLogitRowsAuto = 8192;
+
+// The kernel choice of a run, from EngineRequest::kernels: "attention=fused_mma,experts=tiled,
+// logits=2048"; any key may be left out (its default stays). `logits` is the LM head's chunk in
+// rows (a positive count, or `auto` for kLogitRowsAuto). Anything else is an InputError naming
+// the valid spellings. to_string gives the canonical form: attention and experts always, logits
+// only when a row count was asked for.
 struct KernelChoice {
   AttentionPath attention = AttentionPath::cublas;
   ExpertPath experts = ExpertPath::grouped;
+  int64_t logit_rows = 0;  // 0: kLogitRowsAuto
 };
 KernelChoice parse_kernel_choice(const std::string& spec);
 std::string to_string(const KernelChoice& k);
@@ -50,9 +59,11 @@ class Model {
   // the updated weights all-gathered, so every rank still holds all weights. save_state and
   // load_state then are collectives (every rank calls them) and read or write the full state, so
   // a checkpoint resumes sharded or not, at any world size.
+  // logit_rows: the LM head's chunk in rows (0: kLogitRowsAuto); at most the pass's rows.
   Model(const Arch& arch, const ModelOptions& options, uint64_t seed, int64_t batch_seqs,
         DType matmul = DType::bf16, Communicator* comm = nullptr,
-        AttentionPath attention = AttentionPath::cublas, bool shard_optimizer = false);
+        AttentionPath attention = AttentionPath::cublas, bool shard_optimizer = false,
+        int64_t logit_rows = 0);
   ~Model();
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
@@ -80,6 +91,7 @@ class Model {
   const Arch& arch() const;
   int64_t batch_seqs() const;  // sequences a train_step reads
   int64_t pass_seqs() const;   // sequences one forward/backward pass holds (micro_batch_seqs)
+  int64_t logit_rows() const;  // rows of one LM-head chunk (see kLogitRowsAuto)
   DType matmul_type() const;
   // How the routed-expert products run (the benchmark measures each):
   //  - grouped (default): one grouped cuBLAS call per product; the host waits for the routed
