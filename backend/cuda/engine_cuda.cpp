@@ -109,26 +109,48 @@ class CudaEngine final : public Engine {
       model_ = std::make_unique<Model>(r.arch, r.options, r.seed, local_batch_, DType::bf16,
                                        comm_.get(), kernels_.attention, sharded_,
                                        kernels_.logit_rows);
+      model_->set_expert_path(kernels_.experts);
     } catch (const DeviceOutOfMemory& e) {
       throw InputError(out_of_memory_message(e, r, local_batch_, kernels_,
                                              sharded_ ? info_.world_size : 1));
     }
-    model_->set_expert_path(kernels_.experts);
+    request_ = r;
   }
   std::string device() const override { return "cuda"; }
   std::string kernels() const override { return to_string(kernels_); }
+  // Buffers that grow with the routing (experts=batched) can run out of memory mid-run: the same
+  // one line as at the start; the last checkpoint stays, so the point resumes.
+  template <class F>
+  auto out_of_memory_said(const std::string& when, F&& f) {
+    try {
+      return f();
+    } catch (const DeviceOutOfMemory& e) {
+      throw InputError(fmt::format("{}: {}", when,
+                                   out_of_memory_message(e, request_, local_batch_, kernels_,
+                                                         sharded_ ? info_.world_size : 1)));
+    }
+  }
   StepResult train_step(const int32_t* inputs, const int32_t* targets, int64_t step,
                         const OptimConfig& cfg) override {
-    if (info_.world_size == 1) return model_->train_step(inputs, targets, step, cfg);
-    take_rank_share(in_, inputs, batch_, seq_len_, info_);
-    take_rank_share(tg_, targets, batch_, seq_len_, info_);
-    return model_->train_step(in_.data(), tg_.data(), step, cfg);
+    return out_of_memory_said(fmt::format("at step {}", step), [&] {
+      if (info_.world_size == 1) return model_->train_step(inputs, targets, step, cfg);
+      take_rank_share(in_, inputs, batch_, seq_len_, info_);
+      take_rank_share(tg_, targets, batch_, seq_len_, info_);
+      return model_->train_step(in_.data(), tg_.data(), step, cfg);
+    });
   }
+  double forward_loss(const int32_t* inputs, const int32_t* targets, int64_t n_seqs,
+                      double* per_position_loss) override {
+    return out_of_memory_said("in evaluation", [&] {
+      return evaluate(inputs, targets, n_seqs, per_position_loss);
+    });
+  }
+
   // Data parallel: each rank evaluates its share of the sequences (r, r+W, …); the per-position
   // losses are summed over ranks (each position is one rank's, the others add zero) and so is
   // the eval ledger, which is then the job's, as the training ledger is.
-  double forward_loss(const int32_t* inputs, const int32_t* targets, int64_t n_seqs,
-                      double* per_position_loss) override {
+  double evaluate(const int32_t* inputs, const int32_t* targets, int64_t n_seqs,
+                  double* per_position_loss) {
     if (info_.world_size == 1) return model_->forward_loss(inputs, targets, n_seqs, per_position_loss);
     const int64_t S = seq_len_;
     const int64_t mine = windows_of_rank(n_seqs, info_.rank, info_.world_size);
@@ -193,6 +215,7 @@ class CudaEngine final : public Engine {
 
  private:
   RankInfo info_;
+  EngineRequest request_;
   KernelChoice kernels_;
   int64_t local_batch_ = 0, batch_ = 0, seq_len_ = 0;
   bool sharded_ = false;

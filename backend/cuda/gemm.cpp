@@ -65,6 +65,20 @@ void Blas::gemm(const LedgerEntry& rec, bool transA, bool transB, int64_t M, int
              "cublasGemmEx");
 }
 
+void Blas::gemm_strided_batched(bool transA, bool transB, int64_t M, int64_t N, int64_t K,
+                                const void* A, int64_t lda, int64_t strideA, const void* B,
+                                int64_t ldb, int64_t strideB, void* C, int64_t ldc,
+                                int64_t strideC, float beta, DType in, DType out, int64_t batch) {
+  if (M == 0 || N == 0 || batch == 0) return;
+  const float alpha = 1.f;
+  check_blas(cublasGemmStridedBatchedEx(impl_->handle, op(transB), op(transA), int(N), int(M),
+                                        int(K), &alpha, B, cuda_type(in), int(ldb), strideB, A,
+                                        cuda_type(in), int(lda), strideA, &beta, C, cuda_type(out),
+                                        int(ldc), strideC, int(batch), CUBLAS_COMPUTE_32F,
+                                        CUBLAS_GEMM_DEFAULT),
+             "cublasGemmStridedBatchedEx");
+}
+
 void Blas::gemm_batched(bool transA, bool transB, int64_t M, int64_t N, int64_t K,
                         const void* const* A, int64_t lda, const void* const* B, int64_t ldb,
                         void* const* C, int64_t ldc, float beta, DType in, DType out,

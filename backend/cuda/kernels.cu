@@ -362,6 +362,29 @@ __global__ void gather_rows_kernel(T* out, const T* in, const int32_t* sorted, i
   for (int64_t c = threadIdx.x; c < C; c += blockDim.x) out[i * C + c] = in[t * C + c];
 }
 
+__global__ void expert_pad_maps_kernel(int32_t* pad, int32_t* unpad, const int32_t* counts,
+                                       const int32_t* offsets, int64_t E, int64_t cap) {
+  const int64_t p = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (p >= E * cap) return;
+  const int64_t e = p / cap, j = p % cap;
+  if (j < counts[e]) {
+    pad[p] = int32_t(offsets[e] + j);
+    unpad[offsets[e] + j] = int32_t(p);
+  } else {
+    pad[p] = -1;
+  }
+}
+
+template <class T>
+__global__ void copy_rows_kernel(T* dst, const T* src, const int32_t* map, int64_t C) {
+  const int64_t r = blockIdx.x;
+  const int64_t from = map[r];
+  if (from >= 0)
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) dst[r * C + c] = src[from * C + c];
+  else
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) store(dst + r * C + c, 0.f);
+}
+
 __global__ void moe_combine_forward_kernel(float* y, const float* ys, const float* gate,
                                            const int32_t* slot_of, int64_t K, int64_t C) {
   const int64_t t = blockIdx.x;
@@ -733,6 +756,20 @@ void gather_rows(void* out, const void* in, DType mm, const int32_t* sorted, int
   MOEPLAN_DISPATCH_MM(mm, gather_rows_kernel<<<unsigned(N), 128>>>(
                               static_cast<OutT*>(out), static_cast<const OutT*>(in), sorted, K, C));
   check_launch("gather_rows");
+}
+
+void expert_pad_maps(int32_t* pad, int32_t* unpad, const int32_t* counts, const int32_t* offsets,
+                     int64_t E, int64_t cap) {
+  if (E * cap == 0) return;
+  expert_pad_maps_kernel<<<blocks_for(E * cap, 256), 256>>>(pad, unpad, counts, offsets, E, cap);
+  check_launch("expert_pad_maps");
+}
+
+void copy_rows(void* dst, const void* src, DType t, const int32_t* map, int64_t rows, int64_t C) {
+  if (rows == 0) return;
+  MOEPLAN_DISPATCH_MM(t, copy_rows_kernel<<<unsigned(rows), 128>>>(
+                             static_cast<OutT*>(dst), static_cast<const OutT*>(src), map, C));
+  check_launch("copy_rows");
 }
 
 void moe_combine_forward(float* y, const float* ys, const float* gate, const int32_t* slot_of,

@@ -165,6 +165,7 @@ struct Model::Impl {
     DeviceBuffer aux, p_mean;        // (2) (E)
     DeviceBuffer tile_map, n_tiles;  // tiled expert path: the row tiles of this step's routing
     std::vector<int32_t> counts_host;
+    int64_t cap = 0;  // batched expert path: rows per expert in the padded layout, this pass
     DeviceBuffer attn_ptrs;  // kTables × B·H device pointers
   };
   std::vector<Acts> acts;
@@ -177,6 +178,11 @@ struct Model::Impl {
   std::unique_ptr<PinnedBuffer> expert_ptrs_host;
   DeviceBuffer expert_ptrs_dev;
   DeviceBuffer expert_scratch;  // bf16 results of the grouped products (bf16 mode)
+  // Batched expert path: the routed rows in the expert-padded layout (E·cap rows), shared by the
+  // layers, grown when a pass's routing needs more; the maps between the two layouts.
+  DeviceBuffer pad_map, unpad_map, pad_x, pad_h13, pad_act, pad_dact, pad_y;
+  int64_t pad_rows = 0;
+  int64_t expert_stride = 0;  // elements from expert e's weights to e+1's (w13 and w2 alike)
   ExpertPath expert_path = ExpertPath::grouped;
   // Tiled path: per MoE layer, E pointers each to W13_e, W2_e (bf16 copies) and their fp32
   // gradients, fixed for the model's life; and the products launched since the last wait, whose
@@ -758,6 +764,110 @@ struct Model::Impl {
     tiled_pending.clear();
   }
 
+  // ---- routed experts as strided-batched products over the padded layout (ExpertPath::batched)
+  // Each expert's rows are padded with zero rows to the pass's largest count rounded up to 64
+  // (so cuBLAS sees few shapes), and each product is one cublasGemmStridedBatchedEx over the E
+  // experts: bf16 in, fp32 out where the grouped call has no such form. Zero rows add nothing to
+  // the weight gradients; what they execute is booked as padding. Rows move between the compact
+  // (sorted) and the padded layout by copy_rows.
+  static constexpr int64_t kPadRows = 64;
+  void check_expert_stride() {
+    const LayerParams& q = lp[size_t(a.dense_layers)];
+    expert_stride = E > 1 ? q.expert_w13[1] - q.expert_w13[0] : 0;
+    for (int64_t l = a.dense_layers; l < L; ++l)
+      for (int64_t e = 1; e < E; ++e) {
+        const LayerParams& r = lp[size_t(l)];
+        if (r.expert_w13[size_t(e)] - r.expert_w13[size_t(e - 1)] != expert_stride ||
+            r.expert_w2[size_t(e)] - r.expert_w2[size_t(e - 1)] != expert_stride)
+          throw std::logic_error("expert weights are not evenly strided; the batched path needs it");
+      }
+  }
+  void ensure_padded(int64_t rows) {
+    if (unpad_map.bytes() == 0) unpad_map = alloc(size_t(T * K) * 4);
+    if (rows <= pad_rows) return;
+    const int64_t n = rows + rows / 8;  // room for the routing to drift before growing again
+    const size_t old = size_t(pad_rows) * (4 + mm_size * (Dm + 2 * De + 2 * De) + 4 * Dm);
+    bytes -= std::min(bytes, old);
+    for (DeviceBuffer* b : {&pad_map, &pad_x, &pad_h13, &pad_act, &pad_dact, &pad_y})
+      *b = DeviceBuffer();  // freed before the larger ones are taken
+    pad_map = alloc(size_t(n) * 4);
+    pad_x = alloc_mm(n * Dm);
+    pad_h13 = alloc_mm(n * 2 * De);
+    pad_act = alloc_mm(n * De);
+    pad_dact = alloc_mm(n * De);
+    pad_y = alloc_f(n * Dm);
+    pad_rows = n;
+  }
+  int64_t padded_cap(const std::vector<int32_t>& counts) const {
+    const int64_t most = *std::max_element(counts.begin(), counts.end());
+    return (most + kPadRows - 1) / kPadRows * kPadRows;
+  }
+  // The useful product (R rows) under expert, the padded rows' work under padding.
+  void book_batched(FlopLedger& lg, Phase ph, int64_t R, int64_t padded, int64_t d1, int64_t d2) {
+    if (ph == Phase::weight_grad)
+      lg.add_gemm(FlopCategory::expert, ph, d1, d2, R);
+    else
+      lg.add_gemm(FlopCategory::expert, ph, R, d1, d2);
+    lg.flops[int(FlopCategory::padding)][int(ph)] += 2 * (padded - R) * d1 * d2;
+  }
+  void batched_forward(int64_t l, int64_t R, FlopLedger& lg) {
+    Acts& x = acts[size_t(l)];
+    const LayerParams& q = lp[size_t(l)];
+    x.cap = padded_cap(x.counts_host);
+    const int64_t cap = x.cap, Pr = E * cap;
+    ensure_padded(Pr);
+    k::expert_pad_maps(pad_map.as<int32_t>(), unpad_map.as<int32_t>(), x.counts.as<int32_t>(),
+                       x.offsets.as<int32_t>(), E, cap);
+    // h13 (rows, 2De) = xg · W13_e (Dm, 2De)
+    k::copy_rows(pad_x.data(), x.xg.data(), mm, pad_map.as<int32_t>(), Pr, Dm);
+    blas.gemm_strided_batched(false, false, cap, 2 * De, Dm, pad_x.data(), Dm, cap * Dm,
+                              Wm(q.expert_w13[0]), 2 * De, expert_stride, pad_h13.data(), 2 * De,
+                              cap * 2 * De, 0.f, mm, mm, E);
+    book_batched(lg, Phase::forward, R, Pr, 2 * De, Dm);
+    k::copy_rows(x.h13.data(), pad_h13.data(), mm, unpad_map.as<int32_t>(), R, 2 * De);
+    k::swiglu_forward(x.act.data(), mm, x.h13.data(), R, De);
+    // ye (rows, Dm) f32 = act · W2_e (De, Dm)
+    k::copy_rows(pad_act.data(), x.act.data(), mm, pad_map.as<int32_t>(), Pr, De);
+    blas.gemm_strided_batched(false, false, cap, Dm, De, pad_act.data(), De, cap * De,
+                              Wm(q.expert_w2[0]), Dm, expert_stride, pad_y.data(), Dm, cap * Dm,
+                              0.f, mm, DType::f32, E);
+    book_batched(lg, Phase::forward, R, Pr, Dm, De);
+    k::copy_rows(x.ye.data(), pad_y.data(), DType::f32, unpad_map.as<int32_t>(), R, Dm);
+  }
+  void batched_backward(int64_t l, int64_t R, FlopLedger& lg) {
+    Acts& x = acts[size_t(l)];
+    const LayerParams& q = lp[size_t(l)];
+    const int64_t cap = x.cap, Pr = E * cap;
+    k::expert_pad_maps(pad_map.as<int32_t>(), unpad_map.as<int32_t>(), x.counts.as<int32_t>(),
+                       x.offsets.as<int32_t>(), E, cap);
+    const int32_t* pad = pad_map.as<int32_t>();
+    // dact (rows, De) = dye · W2_e^T (W2_e stored (De, Dm));  dW2_e (De, Dm) += act^T · dye
+    k::copy_rows(pad_x.data(), dye.data(), mm, pad, Pr, Dm);
+    blas.gemm_strided_batched(false, true, cap, De, Dm, pad_x.data(), Dm, cap * Dm,
+                              Wm(q.expert_w2[0]), Dm, expert_stride, pad_dact.data(), De,
+                              cap * De, 0.f, mm, mm, E);
+    book_batched(lg, Phase::input_grad, R, Pr, De, Dm);
+    k::copy_rows(pad_act.data(), x.act.data(), mm, pad, Pr, De);
+    blas.gemm_strided_batched(true, false, De, Dm, cap, pad_act.data(), De, cap * De,
+                              pad_x.data(), Dm, cap * Dm, G(q.expert_w2[0]), Dm, expert_stride,
+                              1.f, mm, DType::f32, E);
+    book_batched(lg, Phase::weight_grad, R, Pr, De, Dm);
+    k::copy_rows(dact.data(), pad_dact.data(), mm, unpad_map.as<int32_t>(), R, De);
+    k::swiglu_backward(dh13.data(), mm, dact.data(), x.h13.data(), R, De);
+    // dxg (rows, Dm) f32 = dh13 · W13_e^T (W13_e stored (Dm, 2De));  dW13_e += xg^T · dh13
+    k::copy_rows(pad_h13.data(), dh13.data(), mm, pad, Pr, 2 * De);
+    blas.gemm_strided_batched(false, true, cap, Dm, 2 * De, pad_h13.data(), 2 * De, cap * 2 * De,
+                              Wm(q.expert_w13[0]), 2 * De, expert_stride, pad_y.data(), Dm,
+                              cap * Dm, 0.f, mm, DType::f32, E);
+    book_batched(lg, Phase::input_grad, R, Pr, Dm, 2 * De);
+    k::copy_rows(dxg.data(), pad_y.data(), DType::f32, unpad_map.as<int32_t>(), R, Dm);
+    k::copy_rows(pad_x.data(), x.xg.data(), mm, pad, Pr, Dm);
+    blas.gemm_strided_batched(true, false, Dm, 2 * De, cap, pad_x.data(), Dm, cap * Dm,
+                              pad_h13.data(), 2 * De, cap * 2 * De, G(q.expert_w13[0]), 2 * De,
+                              expert_stride, 1.f, mm, DType::f32, E);
+    book_batched(lg, Phase::weight_grad, R, Pr, Dm, 2 * De);
+  }
+
   void moe_forward(int64_t l, int64_t nb, float* out, bool train, FlopLedger& lg) {
     const int64_t Tn = nb * S, moe_index = l - a.dense_layers;
     const LayerParams& q = lp[size_t(l)];
@@ -775,7 +885,9 @@ struct Model::Impl {
     if (!tiled) x.counts.download(x.counts_host.data(), size_t(E) * 4);
     prof.mark(tiled ? "fwd router + sort" : "fwd router + sort (+ host wait)");
     k::gather_rows(x.xg.data(), x.ln2.data(), mm, x.sorted.as<int32_t>(), R, K, Dm);
-    if (tiled) {
+    if (expert_path == ExpertPath::batched) {
+      batched_forward(l, R, lg);
+    } else if (tiled) {
       expert_gemm::build_row_tiles(x.tile_map.as<int32_t>(), x.n_tiles.as<int32_t>(),
                                    x.offsets.as<int32_t>(), E);
       tiled_rows(l, x.h13.data(), true, x.xg.data(), kW13, false, R, 2 * De, Dm, lg,
@@ -958,7 +1070,9 @@ struct Model::Impl {
     k::moe_combine_backward(dye.data(), mm, dgate.as<float>(), dresid.as<float>(), x.ye.as<float>(),
                             x.gate.as<float>(), x.sorted.as<int32_t>(), R, K, Dm);
     prof.mark("bwd shared expert + combine");
-    if (expert_path == ExpertPath::tiled) {
+    if (expert_path == ExpertPath::batched) {
+      batched_backward(l, R, lg);
+    } else if (expert_path == ExpertPath::tiled) {
       // dact (rows, De) = dye · W2_e^T (W2_e stored (De, Dm));  dW2_e (De, Dm) += act^T · dye
       tiled_rows(l, dact.data(), true, dye.data(), kW2, true, R, De, Dm, lg, Phase::input_grad);
       tiled_weight_grads(l, kW2, x.act.data(), dye.data(), R, De, Dm, lg);
@@ -1376,7 +1490,14 @@ void Model::set_expert_path(ExpertPath path) {
   if (path == ExpertPath::tiled && impl_->mm != DType::bf16)
     throw InputError(
         "expert path 'tiled' multiplies bf16 inputs; this model multiplies in fp32 (valid: "
-        "grouped, loop)");
+        "grouped, loop, batched)");
+  if (path == ExpertPath::batched && impl_->E > 0) {
+    Impl& m = *impl_;
+    m.check_expert_stride();
+    // Room for a routing 25 % above uniform; a pass that needs more grows the buffers.
+    const int64_t even = (m.T * m.K + m.E - 1) / m.E;
+    m.ensure_padded(m.E * ((even + even / 4 + m.kPadRows - 1) / m.kPadRows * m.kPadRows));
+  }
   impl_->expert_path = path;
 }
 bool Model::fused_attention() const {
@@ -1395,7 +1516,10 @@ constexpr std::pair<const char*, AttentionPath> kAttention[] = {
     {"fused", AttentionPath::fused},
     {"fused_mma", AttentionPath::fused_mma}};
 constexpr std::pair<const char*, ExpertPath> kExperts[] = {
-    {"grouped", ExpertPath::grouped}, {"loop", ExpertPath::loop}, {"tiled", ExpertPath::tiled}};
+    {"grouped", ExpertPath::grouped},
+    {"loop", ExpertPath::loop},
+    {"tiled", ExpertPath::tiled},
+    {"batched", ExpertPath::batched}};
 
 template <class E, size_t N>
 E lookup(const std::pair<const char*, E> (&names)[N], const std::string& key,

@@ -328,6 +328,9 @@ int main(int argc, char** argv) {
         Point{"dense-124M-fused-mma-attn", dense124(), fused_mma},
         Point{"moe-ra0.2-tiled-fused-mma-attn", moe_equal_n(), fused_mma, tiled},
         Point{"moe-ra0.2-loop", moe_equal_n(), cublas, cu::ExpertPath::loop},
+        Point{"moe-ra0.2-batched", moe_equal_n(), cublas, cu::ExpertPath::batched},
+        Point{"moe-ra0.2-batched-fused-mma-attn", moe_equal_n(), fused_mma,
+              cu::ExpertPath::batched},
         // What gradient accumulation costs: the same batch in passes of 2 sequences.
         Point{"dense-124M-passes-of-2", dense124(), cublas, cu::ExpertPath::grouped, 2},
         Point{"moe-ra0.2-passes-of-2", moe_equal_n(), cublas, cu::ExpertPath::grouped, 2},
@@ -393,6 +396,8 @@ int main(int argc, char** argv) {
         (std::string(p.arch.is_dense()                    ? "-"
                      : p.experts == cu::ExpertPath::loop  ? "cublasGemmEx per expert"
                      : p.experts == cu::ExpertPath::tiled ? "tiled (own WMMA kernels)"
+                     : p.experts == cu::ExpertPath::batched
+                         ? "strided-batched over padded rows (fp32 out)"
                                                           : "grouped (bf16 out, fp32 widen/add)") +
          (!model.fused_attention()                      ? "; cuBLAS attention"
           : p.attention == cu::AttentionPath::fused_mma ? "; fused attention, mma.sync forward"

@@ -126,7 +126,7 @@ TEST_CASE("--kernels: attention and experts by name, defaults kept, everything e
   CHECK(message("attention=flash") ==
         "--kernels: attention=flash is not known (valid: attention=cublas|fused|fused_mma)");
   CHECK(message("experts=fast") ==
-        "--kernels: experts=fast is not known (valid: experts=grouped|loop|tiled)");
+        "--kernels: experts=fast is not known (valid: experts=grouped|loop|tiled|batched)");
   CHECK(message("speed=fast").find("'speed' is not a kernel name") != std::string::npos);
   CHECK(message("attention").find("is not name=value") != std::string::npos);
   CHECK(message("attention=,experts=tiled").find("is not name=value") != std::string::npos);

@@ -397,6 +397,72 @@ TEST_CASE("routed experts: one grouped call per product equals one product per e
   }
 }
 
+// In its own test case: gpu-check runs the paths first measured on a GPU (`*batched*`) apart.
+TEST_CASE("routed experts: strided-batched products over padded rows give the per-expert step") {
+  // fp32 against the CPU and the loop path; bf16 against the loop path. Passes of 2+2+1
+  // sequences: each pass pads to its own largest count (the short last pass to fewer rows).
+  const Arch a = moe_arch();
+  ModelOptions opt;
+  opt.positions = "rope";
+  opt.z_loss = 1e-3;
+  opt.load_balance = 0.02;
+  opt.micro_batch_seqs = 2;
+  const int64_t B = 5, S = a.seq_len, E = a.experts, De = a.d_expert, Dm = a.d_model;
+  const Batch b = random_batch(B, S, a.vocab, 31);
+  for (const DType dt : {DType::f32, DType::bf16}) {
+    const bool f32 = dt == DType::f32;
+    const char* name = f32 ? "fp32" : "bf16";
+    INFO(name);
+    cu::Model loop(a, opt, 12, B, dt);
+    cu::Model batched(a, opt, 12, B, dt);
+    loop.set_expert_path(cu::ExpertPath::loop);
+    batched.set_expert_path(cu::ExpertPath::batched);
+    StepResult rl, rb;
+    const double ol = loop.compute_gradients(b.inputs.data(), b.targets.data(), &rl);
+    const double ob = batched.compute_gradients(b.inputs.data(), b.targets.data(), &rb);
+    const double err = rel_err(batched.gradients(), loop.gradients());
+    std::printf("[batched experts, %s] objective loop %.7f batched %.7f, gradient rel err vs "
+                "loop %.2e\n",
+                f32 ? "fp32" : "bf16", ol, ob, err);
+    print_worst_tensors(batched.tensors(), batched.gradients(), loop.gradients());
+    CHECK(std::abs(ob - ol) / ol < (f32 ? 1e-6 : 1e-4));
+    CHECK(err < (f32 ? 1e-5 : 5e-3));
+    CHECK(rb.routed_per_moe_layer == rl.routed_per_moe_layer);
+    if (f32) {
+      moeplan::backend::Model<float> ref(a, opt, 12, B);
+      StepResult rc;
+      const double oc = ref.compute_gradients(b.inputs.data(), b.targets.data(), &rc);
+      CHECK(std::abs(ob - oc) / oc < 1e-5);
+      CHECK(rel_err(batched.gradients(), vec(ref.gradients())) < 1e-4);
+    }
+    // The useful products are the loop's; the zero rows' work is padding, the same number of
+    // padded rows in each of the three phases (forward: 2·rows·(Dm·2De + De·Dm)), and padded
+    // plus routed rows fill whole multiples of 64 rows per expert.
+    // (The attention's padding, the masked halves of the cuBLAS squares, is the same in both.)
+    FlopLedger useful = rb.flops, loop_useful = rl.flops;
+    useful.flops[int(FlopCategory::padding)] = {};
+    loop_useful.flops[int(FlopCategory::padding)] = {};
+    CHECK(useful == loop_useful);
+    auto expert_padding = [&](Phase ph) {
+      return rb.flops.at(FlopCategory::padding, ph) - rl.flops.at(FlopCategory::padding, ph);
+    };
+    const int64_t per_row = 2 * 3 * Dm * De;
+    const int64_t pad_fwd = expert_padding(Phase::forward);
+    CHECK(pad_fwd % per_row == 0);
+    CHECK(expert_padding(Phase::input_grad) == pad_fwd);
+    CHECK(expert_padding(Phase::weight_grad) == pad_fwd);
+    int64_t routed = 0;
+    for (int64_t r : rb.routed_per_moe_layer) routed += r;
+    CHECK(pad_fwd > 0);
+    CHECK((pad_fwd / per_row + routed) % (E * 64) == 0);
+    // Evaluation takes the same path.
+    std::vector<double> pl(size_t(B * S)), pb(pl.size());
+    const double el = loop.forward_loss(b.inputs.data(), b.targets.data(), B, pl.data());
+    const double eb = batched.forward_loss(b.inputs.data(), b.targets.data(), B, pb.data());
+    CHECK(std::abs(eb - el) / el < (f32 ? 1e-6 : 1e-4));
+  }
+}
+
 TEST_CASE("routed experts: the tiled kernels give the per-expert products' step; padding booked") {
   // Both paths take bf16 inputs and keep fp32 results where the model wants them; they differ in
   // summation order only, so a step agrees well inside bf16 tolerance. The ledgers agree except

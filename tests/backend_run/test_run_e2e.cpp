@@ -519,9 +519,10 @@ TEST_CASE("moeplan run --micro-batch 2: the one-pass run's tokens and ledger; re
 
 // The CUDA engine end to end on the CPU emulation of CUDA (tests/backend_cuda/emu): the same
 // point through `moeplan run --device cpu` and `--device cuda` with the default and with the
-// register-resident attention and tiled expert kernels. The ledgers equal the CPU's but for what
-// only the CUDA kernels execute (padding: the masked half of cuBLAS's attention squares and the
-// expert tiles' zero rows; recompute: the fused backward's scores), and tokens are identical.
+// register-resident attention and tiled expert kernels, and with the strided-batched experts.
+// The ledgers equal the CPU's but for what only the CUDA kernels execute (padding: the masked half
+// of cuBLAS's attention squares and the experts' zero rows, tiled or padded; recompute: the fused
+// backward's scores), and tokens are identical.
 TEST_CASE("moeplan run --device cuda (emulated): the CPU's tokens and ledger, kernels recorded") {
   const fs::path dir = fresh_dir("cuda_emulated");
   // Head width 16: the fused kernels take 16, 32, 64 or 128.
@@ -537,7 +538,8 @@ TEST_CASE("moeplan run --device cuda (emulated): the CPU's tokens and ledger, ke
   };
   for (const Variant& v :
        {Variant{"", "attention=cublas,experts=grouped"},
-        Variant{"attention=fused_mma,experts=tiled", "attention=fused_mma,experts=tiled"}}) {
+        Variant{"attention=fused_mma,experts=tiled", "attention=fused_mma,experts=tiled"},
+        Variant{"experts=batched", "attention=cublas,experts=batched"}}) {
     INFO("kernels " << v.label);
     const fs::path out = dir / ("cuda-" + std::to_string(v.kernels.size()));
     std::vector<std::string> args = {"run",     sweep,   "--out",    out.string(),

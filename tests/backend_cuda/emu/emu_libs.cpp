@@ -158,6 +158,31 @@ cublasStatus_t cublasGemmBatchedEx(cublasHandle_t, cublasOperation_t ta, cublasO
   return CUBLAS_STATUS_SUCCESS;
 }
 
+static std::size_t type_size(cudaDataType_t t) {
+  return t == CUDA_R_32F ? 4 : 2;
+}
+
+cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t, cublasOperation_t ta,
+                                          cublasOperation_t tb, int m, int n, int k,
+                                          const void* alpha, const void* A, cudaDataType_t at,
+                                          int lda, long long strideA, const void* B,
+                                          cudaDataType_t bt, int ldb, long long strideB,
+                                          const void* beta, void* C, cudaDataType_t ct, int ldc,
+                                          long long strideC, int batch, cublasComputeType_t,
+                                          cublasGemmAlgo_t) {
+  if (batch < 0 || !known(at) || !known(bt) || !known(ct)) return CUBLAS_STATUS_INVALID_VALUE;
+  for (int b = 0; b < batch; ++b) {
+    const cublasStatus_t s =
+        gemm(ta, tb, m, n, k, *static_cast<const float*>(alpha),
+             static_cast<const char*>(A) + b * strideA * (long long)(type_size(at)), at, lda,
+             static_cast<const char*>(B) + b * strideB * (long long)(type_size(bt)), bt, ldb,
+             *static_cast<const float*>(beta),
+             static_cast<char*>(C) + b * strideC * (long long)(type_size(ct)), ct, ldc);
+    if (s != CUBLAS_STATUS_SUCCESS) return s;
+  }
+  return CUBLAS_STATUS_SUCCESS;
+}
+
 // cuBLAS 12.5+: groups of equal shapes; A, B, C arrays list every product, group after group.
 // Like the library, the result type must equal the operand type.
 cublasStatus_t cublasGemmGroupedBatchedEx(cublasHandle_t, const cublasOperation_t ta[],

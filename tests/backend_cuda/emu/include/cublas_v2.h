@@ -35,6 +35,14 @@ cublasStatus_t cublasGemmBatchedEx(cublasHandle_t handle, cublasOperation_t tran
                                    const void* const B[], cudaDataType_t Btype, int ldb,
                                    const void* beta, void* const C[], cudaDataType_t Ctype, int ldc,
                                    int batch, cublasComputeType_t compute, cublasGemmAlgo_t algo);
+cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation_t transa,
+                                          cublasOperation_t transb, int m, int n, int k,
+                                          const void* alpha, const void* A, cudaDataType_t Atype,
+                                          int lda, long long strideA, const void* B,
+                                          cudaDataType_t Btype, int ldb, long long strideB,
+                                          const void* beta, void* C, cudaDataType_t Ctype, int ldc,
+                                          long long strideC, int batch, cublasComputeType_t compute,
+                                          cublasGemmAlgo_t algo);
 cublasStatus_t cublasGemmGroupedBatchedEx(
     cublasHandle_t handle, const cublasOperation_t transa[], const cublasOperation_t transb[],
     const int m[], const int n[], const int k[], const void* alpha, const void* const A[],

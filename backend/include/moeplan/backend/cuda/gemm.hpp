@@ -35,6 +35,14 @@ class Blas {
             const void* A, int64_t lda, const void* B, int64_t ldb, void* C, int64_t ldc,
             float beta, DType in, DType out, float alpha = 1.f);
 
+  // `batch` products of one shape, product b's operands at A + b·strideA, B + b·strideB and
+  // C + b·strideC (strides in elements). Row-major as gemm; C in `out`. Records nothing: the
+  // caller books the useful and the padded parts of its products apart.
+  void gemm_strided_batched(bool transA, bool transB, int64_t M, int64_t N, int64_t K,
+                            const void* A, int64_t lda, int64_t strideA, const void* B, int64_t ldb,
+                            int64_t strideB, void* C, int64_t ldc, int64_t strideC, float beta,
+                            DType in, DType out, int64_t batch);
+
   // `batch` products of one shape; A, B, C are device arrays of device pointers. C in `out`.
   void gemm_batched(bool transA, bool transB, int64_t M, int64_t N, int64_t K, const void* const* A,
                     int64_t lda, const void* const* B, int64_t ldb, void* const* C, int64_t ldc,

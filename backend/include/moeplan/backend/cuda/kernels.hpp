@@ -69,6 +69,14 @@ void router_topk(float* probs, float* lse, int32_t* topk_idx, float* topk_gate, 
 // sorted (T·K) = assignment ids in (expert, a) order, slot_of (T·K) = where each assignment went.
 void sort_by_expert(int32_t* counts, int32_t* offsets, int32_t* sorted, int32_t* slot_of,
                     const int32_t* topk_idx, int64_t T, int64_t K, int64_t E);
+// The expert-padded layout of the routed rows (experts=batched): expert e's j-th row at e·cap + j,
+// so that one strided-batched product covers every expert. pad[p] (p < E·cap) = offsets[e] + j
+// for j < counts[e], -1 past the expert's rows; unpad[offsets[e] + j] = e·cap + j.
+void expert_pad_maps(int32_t* pad, int32_t* unpad, const int32_t* counts, const int32_t* offsets,
+                     int64_t E, int64_t cap);
+// dst row r (C elements of type t: f32, or bf16 as `mm`) = src row map[r], or zeros where
+// map[r] < 0; r < rows.
+void copy_rows(void* dst, const void* src, DType t, const int32_t* map, int64_t rows, int64_t C);
 // out (N, C) = rows of in (T, C) for token sorted[i] / K; both in `mm`
 void gather_rows(void* out, const void* in, DType mm, const int32_t* sorted, int64_t N, int64_t K,
                  int64_t C);

@@ -29,7 +29,7 @@ class Communicator;
 // with register-resident fragments (attention::forward_mma, and backward_mma for head widths up to
 // 64; wider heads take the WMMA backward); `cublas`.
 enum class AttentionPath { fused, cublas, fused_mma };
-enum class ExpertPath { grouped, loop, tiled };
+enum class ExpertPath { grouped, loop, tiled, batched };
 
 // The LM head and cross-entropy run over chunks of token rows, so that the fp32 logits and their
 // gradient (V·(4 + 2) bytes a row in bf16: 302 KB at V 50304) are held for one chunk rather than
@@ -101,6 +101,10 @@ class Model {
   //  - tiled (bf16 only): our own kernels (expert_gemm.hpp) reading the row ranges on the device;
   //    no host wait inside the step, fp32 results directly; the rows of each expert's last tile
   //    are booked as padding.
+  //  - batched: the rows in an expert-padded layout (each expert's rows padded with zero rows to
+  //    the pass's largest count, rounded up to 64), each product one strided-batched cuBLAS call
+  //    over the experts, fp32 results directly; one host wait per MoE layer, as grouped; the zero
+  //    rows' work is booked as padding.
   // set_expert_path(tiled) on an fp32 model is an InputError.
   void set_expert_path(ExpertPath path);
   ExpertPath expert_path() const;
