@@ -463,6 +463,45 @@ TEST_CASE("routed experts: strided-batched products over padded rows give the pe
   }
 }
 
+TEST_CASE("routed experts: strided-batched padded rows grow when the routing is skewed") {
+  // Router weights all zero: every logit ties and ties keep the lower expert, so each of the
+  // T = 160 tokens of a pass goes to experts 0 and 1 (K 2): counts (160, 160, 0, ..., 0). The
+  // padded layout was taken for 25 % above uniform (64 rows an expert); this pass needs
+  // 160 → 192 rows for each of the 8 experts, so the buffers grow. By hand, per MoE layer and
+  // phase: (8·192 − 320) padded rows, each 2·(Dm·2De + De·Dm) FLOPs.
+  const Arch a = moe_arch();
+  const ModelOptions opt;
+  const int64_t B = 5, S = a.seq_len, E = a.experts, De = a.d_expert, Dm = a.d_model;
+  cu::Model loop(a, opt, 4, B, DType::f32);
+  cu::Model batched(a, opt, 4, B, DType::f32);
+  loop.set_expert_path(cu::ExpertPath::loop);
+  batched.set_expert_path(cu::ExpertPath::batched);
+  std::vector<float> w = batched.parameters();
+  for (const auto& t : batched.tensors())
+    if (t.name.find(".router") != std::string::npos)
+      std::fill(w.begin() + t.offset, w.begin() + t.offset + t.size(), 0.f);
+  loop.set_parameters(w);
+  batched.set_parameters(w);
+  const size_t before = batched.device_bytes();
+  const Batch b = random_batch(B, S, a.vocab, 8);
+  StepResult rl, rb;
+  const double ol = loop.compute_gradients(b.inputs.data(), b.targets.data(), &rl);
+  const double ob = batched.compute_gradients(b.inputs.data(), b.targets.data(), &rb);
+  const double err = rel_err(batched.gradients(), loop.gradients());
+  std::printf("[batched experts, skewed routing] objective loop %.7f batched %.7f, gradient rel "
+              "err %.2e, device bytes %zu -> %zu\n",
+              ol, ob, err, before, batched.device_bytes());
+  // Buffers of rows·9/8: taken for 8·64 = 512 rows (576), grown for 8·192 = 1536 (1728); a
+  // row is a map entry, xg/dye (Dm), h13 (2De), act and dact (De) in fp32 and an fp32 Dm row.
+  CHECK(batched.device_bytes() - before == size_t((1728 - 576) * (4 + 4 * (Dm + 4 * De) + 4 * Dm)));
+  CHECK(std::abs(ob - ol) / ol < 1e-6);
+  CHECK(err < 1e-5);
+  const int64_t moe_layers = a.layers - a.dense_layers;
+  const int64_t want = moe_layers * (E * 192 - B * S * a.top_k) * 2 * 3 * Dm * De;
+  for (const Phase ph : {Phase::forward, Phase::input_grad, Phase::weight_grad})
+    CHECK(rb.flops.at(FlopCategory::padding, ph) - rl.flops.at(FlopCategory::padding, ph) == want);
+}
+
 TEST_CASE("routed experts: the tiled kernels give the per-expert products' step; padding booked") {
   // Both paths take bf16 inputs and keep fp32 results where the model wants them; they differ in
   // summation order only, so a step agrees well inside bf16 tolerance. The ledgers agree except
