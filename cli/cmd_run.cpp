@@ -249,8 +249,9 @@ const bool registered = register_command(
        app.add_option("--device", f->device,
                       "cpu or cuda (default: the manifest's [train].device)");
        app.add_option("--kernels", f->kernels,
-                      "cuda only: attention=cublas|fused|fused_mma,experts=grouped|loop|tiled "
-                      "(default: attention=cublas,experts=grouped)");
+                      "cuda only: attention=cublas|fused|fused_mma, "
+                      "experts=grouped|loop|tiled|batched, logits=auto|<rows> (default: "
+                      "attention=cublas,experts=grouped,logits=auto: LM head chunks of 8192 rows)");
        app.add_option("--checkpoint-every", f->checkpoint_every,
                       "steps between checkpoints (default: the manifest's, else ~20 per point)");
        app.add_option("--threads", f->threads, "CPU threads (0: the default)");
