@@ -786,7 +786,8 @@ struct Model::Impl {
     if (unpad_map.bytes() == 0) unpad_map = alloc(size_t(T * K) * 4);
     if (rows <= pad_rows) return;
     const int64_t n = rows + rows / 8;  // room for the routing to drift before growing again
-    const size_t old = size_t(pad_rows) * (4 + mm_size * (Dm + 2 * De + 2 * De) + 4 * Dm);
+    // A row: its map entry, pad_x (Dm), pad_h13 (2De), pad_act and pad_dact (De) in mm, pad_y (Dm)
+    const size_t old = size_t(pad_rows) * (4 + mm_size * size_t(Dm + 2 * De + De + De) + 4 * Dm);
     bytes -= std::min(bytes, old);
     for (DeviceBuffer* b : {&pad_map, &pad_x, &pad_h13, &pad_act, &pad_dact, &pad_y})
       *b = DeviceBuffer();  // freed before the larger ones are taken
