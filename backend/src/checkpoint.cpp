@@ -74,7 +74,8 @@ nlohmann::json state_to_json(const RunState& s) {
           {"train_seconds", s.train_seconds},
           {"eval_seconds", s.eval_seconds},
           {"resumes", s.resumes},
-          {"micro_batch_seqs", s.micro_batch_seqs}};
+          {"micro_batch_seqs", s.micro_batch_seqs},
+          {"device", s.device}};
 }
 
 }  // namespace
@@ -171,6 +172,7 @@ Checkpoint read_checkpoint(const std::filesystem::path& path) {
     st.eval_seconds = s.at("eval_seconds").get<double>();
     st.resumes = s.at("resumes").get<int64_t>();
     st.micro_batch_seqs = s.value("micro_batch_seqs", int64_t(0));
+    st.device = s.value("device", std::string());
   } catch (const nlohmann::json::exception& e) {
     throw InputError(fmt::format("checkpoint '{}' is unreadable: {}", where, e.what()));
   } catch (const std::runtime_error& e) {

@@ -259,6 +259,12 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
           fmt::format("checkpoint '{}' was made for a different plan of point '{}'; "
                       "move the folder away or choose another --out",
                       ckpt_path.string(), plan.id));
+    if (!ck.state.device.empty() && ck.state.device != opt.device)
+      throw InputError(fmt::format(
+          "checkpoint '{}' of point '{}' was trained with --device {}, this run asks for {}; "
+          "resume with --device {} (a point's times are one device's), or move the folder away "
+          "to start the point over",
+          ckpt_path.string(), plan.id, ck.state.device, opt.device, ck.state.device));
     // Passes decide the auxiliary losses, not only rounding: a resume runs the same ones. (The
     // request is compared, not a rank's pass: ranks of an uneven split run different passes.)
     if (ck.state.micro_batch_seqs != opt.micro_batch_seqs)
@@ -276,6 +282,7 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
     st.order = WindowOrder(windows, mix_seed(train.seed, 0xDA7A));
   }
   st.micro_batch_seqs = opt.micro_batch_seqs;
+  st.device = opt.device;
 
   RecordInputs rin;
   rin.plan = &plan;

@@ -500,6 +500,16 @@ TEST_CASE("moeplan run --micro-batch 2: the one-pass run's tokens and ledger; re
                                "with --micro-batch 2") != std::string::npos,
                 other.err);
   CHECK(read_file(out / "moe-m" / "record.json") == before);
+  // Nor on another device: the record's times would mix two devices'.
+  const Result cuda = run_cli({"run", sweep, "--point", "moe-m", "--out", out.string(),
+                               "--micro-batch", "2", "--device", "cuda"},
+                              MOEPLAN_EMULATED_BINARY);
+  CHECK(cuda.status == 2);
+  CHECK(one_line(cuda.err));
+  CHECK_MESSAGE(cuda.err.find("was trained with --device cpu, this run asks for cuda; resume "
+                              "with --device cpu") != std::string::npos,
+                cuda.err);
+  CHECK(read_file(out / "moe-m" / "record.json") == before);
   const Result same = run_cli({"run", sweep, "--point", "moe-m", "--out", out.string(),
                                "--micro-batch", "2"});
   REQUIRE_MESSAGE(same.status == 0, same.err);

@@ -33,6 +33,9 @@ struct RunState {
   // --micro-batch of the run (0: one pass a step; also what checkpoints written before passes
   // existed read as, since they ran one pass). A resume must run the same passes.
   int64_t micro_batch_seqs = 0;
+  // The --device that trained it ("" in checkpoints written before it was kept). A point's
+  // times and throughput are one device's, so a resume runs on the same device.
+  std::string device;
 };
 
 struct Checkpoint {
