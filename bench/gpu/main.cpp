@@ -410,9 +410,10 @@ int main(int argc, char** argv) {
     json += fmt::format(
         "{}{{\"name\": \"{}\", \"total_params\": {}, \"active_params\": {}, \"step_seconds\": {}, "
         "\"tokens_per_second_consumed\": {}, \"tflops_exact_causal\": {}, "
-        "\"tflops_executed\": {}}}",
+        "\"tflops_executed\": {}, \"kernels\": \"{}\", \"micro_batch\": {}, \"logit_rows\": {}}}",
         first ? "" : ", ", p.name, pc.total_params, pc.active_params, t, tokens / t, tf_useful,
-        tf_exec);
+        tf_exec, cu::to_string(cu::KernelChoice{p.attention, p.experts, 0}), p.micro_batch,
+        model.logit_rows());
     first = false;
     // Written after every point, so that a later point that fails keeps the earlier ones.
     if (!json_path.empty()) std::ofstream(json_path) << json << "]}\n";
