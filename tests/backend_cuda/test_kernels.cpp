@@ -563,3 +563,52 @@ TEST_CASE("tiled expert products match a double-precision host loop, every routi
     CHECK(download_f(dG2, g0.size()) == download_f(dG3, g0.size()));
   }
 }
+
+TEST_CASE("strided-batched experts' padded layout: maps and row copies match a host loop exactly") {
+  // Uneven counts with an empty expert; cap 8 ≥ the largest count 7.
+  const std::vector<int32_t> counts = {3, 0, 7, 1, 5};
+  const int64_t E = int64_t(counts.size()), cap = 8, C = 37;
+  std::vector<int32_t> offsets(size_t(E) + 1, 0);
+  std::partial_sum(counts.begin(), counts.end(), offsets.begin() + 1);
+  const int64_t R = offsets.back(), P = E * cap;
+  std::vector<int32_t> want_pad(size_t(P), -1), want_unpad(size_t(R), -1);
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t j = 0; j < counts[size_t(e)]; ++j) {
+      want_pad[size_t(e * cap + j)] = offsets[size_t(e)] + int32_t(j);
+      want_unpad[size_t(offsets[size_t(e)] + j)] = int32_t(e * cap + j);
+    }
+  auto dCounts = to_device(counts), dOff = to_device(offsets);
+  auto dPad = poisoned(size_t(P) * 4), dUnpad = poisoned(size_t(R) * 4);
+  k::expert_pad_maps(dPad.as<int32_t>(), dUnpad.as<int32_t>(), dCounts.as<int32_t>(),
+                     dOff.as<int32_t>(), E, cap);
+  std::vector<int32_t> pad(static_cast<size_t>(P)), unpad(static_cast<size_t>(R));
+  dPad.download(pad.data(), pad.size() * 4);
+  dUnpad.download(unpad.data(), unpad.size() * 4);
+  CHECK(pad == want_pad);
+  CHECK(unpad == want_unpad);
+  // Rows into the padded layout (zero rows past each expert's count) and back, fp32 and bf16:
+  // copies, so exactly equal.
+  for (const DType t : {DType::f32, DType::bf16}) {
+    const bool f32 = t == DType::f32;
+    const char* name = f32 ? "fp32" : "bf16";
+    INFO(name);
+    std::vector<float> src = randn(size_t(R * C), 23);
+    std::vector<uint16_t> src16(src.size());
+    for (size_t i = 0; i < src.size(); ++i) {
+      src16[i] = moeplan::backend::cuda::float_to_bf16(src[i]);
+      if (!f32) src[i] = moeplan::backend::cuda::bf16_to_float(src16[i]);
+    }
+    auto dSrc = f32 ? to_device(src) : to_device(src16);
+    const size_t es = f32 ? 4 : 2;
+    auto dPadded = poisoned(size_t(P * C) * es), dBack = poisoned(size_t(R * C) * es);
+    k::copy_rows(dPadded.data(), dSrc.data(), t, dPad.as<int32_t>(), P, C);
+    k::copy_rows(dBack.data(), dPadded.data(), t, dUnpad.as<int32_t>(), R, C);
+    synchronize();
+    std::vector<float> want(size_t(P * C), 0.f);
+    for (int64_t p = 0; p < P; ++p)
+      if (want_pad[size_t(p)] >= 0)
+        std::copy_n(src.begin() + want_pad[size_t(p)] * C, C, want.begin() + p * C);
+    CHECK(download_f(dPadded, want.size(), t) == want);
+    CHECK(download_f(dBack, src.size(), t) == src);
+  }
+}
