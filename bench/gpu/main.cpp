@@ -4,7 +4,8 @@
 // ledger (exact/causal: the useful products; and as executed, padding included), and MFU against
 // the vendor peak and the measured ceiling. Same shapes, batch and data as torch_ref.py.
 // Usage: bench_gpu [--steps N] [--warmup N] [--batch B] [--json FILE] [--only NAME,NAME...]
-//        bench_gpu --gemm-shapes   (each weight product of the dense step alone, batch 8)
+//        bench_gpu --gemm-shapes   (each weight product of the dense step, and of the MoE step
+//                                  but its routed experts, alone; batch 8)
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 #include <fmt/format.h>
@@ -159,20 +160,18 @@ LtBest lt_sweep(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const cu::Dev
   return r;
 }
 
-// Every weight product of a dense-124M step, alone, with the model's transposes: forward
-// (T×C)·(C×OC), input gradient (T×OC)·(C×OC)^T, weight gradient (T×C)^T·(T×OC). Which products
-// fall short of the ceiling, and how much of the step they take at their measured rates.
-std::string gemm_shapes_table(int64_t batch, double ceiling) {
-  const int64_t T = batch * 1024, Dm = 768, F = 3456, V = 50304, L = 12;
-  struct Product {
-    const char* name;
-    int64_t C, OC, count;  // count: per step
-  };
-  const Product products[] = {{"qkv", Dm, 3 * Dm, L},
-                              {"attention out", Dm, Dm, L},
-                              {"ffn up (gate+up)", Dm, 2 * F, L},
-                              {"ffn down", F, Dm, L},
-                              {"lm head", Dm, V, 1}};
+// A weight product of a training step. gemm_shapes_table says which fall short of the ceiling,
+// and how much of the step they take at their measured rates.
+struct Product {
+  const char* name;
+  int64_t C, OC, count;  // inp (T, C) · w (C, OC); count: per step
+};
+
+// Each product of a step alone, with the model's transposes: forward (T×C)·(C×OC), input gradient
+// (T×OC)·(C×OC)^T, weight gradient (T×C)^T·(T×OC) (small outputs with a deep K: the products
+// that fill the fewest SMs). `model` names the step in the table.
+std::string gemm_shapes_table(const char* model, int64_t T, const std::vector<Product>& products,
+                              double ceiling, double step_budget_ms) {
   size_t most = 0;
   for (const Product& p : products)
     most = std::max({most, size_t(T * p.C), size_t(T * p.OC), size_t(p.C * p.OC)});
@@ -183,11 +182,11 @@ std::string gemm_shapes_table(int64_t batch, double ceiling) {
   cu::Blas blas;
   cu::DeviceBuffer workspace(32u << 20);  // as much as the model's cuBLAS handle has
   std::string out = fmt::format(
-      "\n| product (dense-124M, T {}) | pass | M×N×K | ms fp32 out | TFLOP/s | % of ceiling | ms "
+      "\n| product ({}, T {}) | pass | M×N×K | ms fp32 out | TFLOP/s | % of ceiling | ms "
       "bf16 out | TFLOP/s | ms per step (fp32 out) | cuBLASLt: candidates, first's ms, best's ms "
       "(its rank; algo, tile, split-K) | best / ours |\n"
       "|---|---|---|---|---|---|---|---|---|---|---|\n",
-      T);
+      model, T);
   double step_ms = 0, best_step_ms = 0;
   for (const Product& p : products) {
     struct Pass {
@@ -215,10 +214,10 @@ std::string gemm_shapes_table(int64_t batch, double ceiling) {
     }
   }
   out += fmt::format(
-      "\nAll weight products of one dense-124M step at these rates: {:.2f} ms (a step at 40 % MFU "
-      "has 21.3 ms for everything); with the faster of ours and cuBLASLt's best candidate for "
+      "\nThese products of one {} step at these rates: {:.2f} ms (a step at the MFU goal has "
+      "{:.1f} ms for everything); with the faster of ours and cuBLASLt's best candidate for "
       "each: {:.2f} ms.\n",
-      step_ms, best_step_ms);
+      model, step_ms, step_budget_ms, best_step_ms);
   return out;
 }
 
@@ -304,7 +303,27 @@ int main(int argc, char** argv) {
       "ceiling (cuBLAS 8192^3, median of 10) %.1f TFLOP/s\n",
       dev.name.c_str(), dev.multiprocessors, dev.peak_bf16_tflops, ceiling);
   if (shapes) {
-    std::printf("%s", gemm_shapes_table(batch, ceiling).c_str());
+    // dense-124M (Dm 768, Dffn 3456, 12 layers): goal 40 % MFU, 21.3 ms a step at batch 8.
+    const int64_t T = batch * 1024, V = 50304;
+    std::printf("%s", gemm_shapes_table("dense-124M", T,
+                                        {{"qkv", 768, 3 * 768, 12},
+                                         {"attention out", 768, 768, 12},
+                                         {"ffn up (gate+up)", 768, 2 * 3456, 12},
+                                         {"ffn down", 3456, 768, 12},
+                                         {"lm head", 768, V, 1}},
+                                        ceiling, 21.3 * double(batch) / 8.0)
+                          .c_str());
+    // moe-ra0.2's products outside the routed experts (Dm 512, 8 layers, shared expert 640, 66
+    // experts' router): goal 25 % MFU, 10.8 ms a step at batch 8.
+    std::printf("%s", gemm_shapes_table("moe-ra0.2, all but the routed experts", T,
+                                        {{"qkv", 512, 3 * 512, 8},
+                                         {"attention out", 512, 512, 8},
+                                         {"router", 512, 66, 8},
+                                         {"shared up (gate+up)", 512, 2 * 640, 8},
+                                         {"shared down", 640, 512, 8},
+                                         {"lm head", 512, V, 1}},
+                                        ceiling, 10.8 * double(batch) / 8.0)
+                          .c_str());
     return 0;
   }
   std::string json = fmt::format(
