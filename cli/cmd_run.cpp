@@ -43,6 +43,7 @@ struct RunFlags {
   int nproc = 1;
   int64_t micro_batch = 0;
   bool shard_optimizer = false;
+  int64_t estimate = 0;
 };
 
 // The ranks' arguments: this command line without --nproc.
@@ -168,15 +169,21 @@ int run(const RunFlags& f) {
   opt.micro_batch_seqs = f.micro_batch;
   opt.shard_optimizer = f.shard_optimizer;
   opt.stop = &g_stop;
+  if (f.estimate < 0)
+    throw InputError(fmt::format(
+        "--estimate {} must be >= 1 (steps to time a point by; 0: train)", f.estimate));
+  opt.estimate_steps = f.estimate;
   // Everything that can be refused is refused before the first step of the first point.
   backend::require_device(opt.device);
   for (const Plan* p : points) backend::check_plan_consistent(*p);
-  backend::ensure_writable_dir(opt.out_dir);
+  if (f.estimate == 0) backend::ensure_writable_dir(opt.out_dir);  // an estimate writes nothing
 
   std::signal(SIGINT, on_stop_signal);
   std::signal(SIGTERM, on_stop_signal);
   if (f.nproc != 1) return launch(f, opt.device, points);
   int index = 0;
+  double estimated_seconds = 0;
+  int estimated = 0;
   for (const Plan* p : points) {
     ++index;
     const std::string label = fmt::format("[{} {}/{}]", p->id, index, points.size());
@@ -203,6 +210,21 @@ int run(const RunFlags& f) {
       return kExitDiverged;
     }
     switch (out.status) {
+      case backend::PointStatus::estimated: {
+        if (!out.wrote_files) break;  // rank 0 says it
+        const backend::Estimate& e = out.estimate;
+        fmt::print(
+            "{} estimate: {:.3f} s a step (median of {}, after 1 warm-up) x {} {}steps + {} "
+            "evaluations x {:.2f} s = {}; {} tokens/s consumed, {} FLOP/s [exact/causal]\n",
+            label, e.step_seconds, e.steps_timed, e.steps_remaining,
+            e.steps_remaining < p->budget.steps ? "remaining " : "", e.evals_remaining,
+            e.eval_seconds, duration(e.seconds()),
+            human(double(e.tokens_per_step) / e.step_seconds),
+            human(e.flops_per_step / e.step_seconds));
+        estimated_seconds += e.seconds();
+        ++estimated;
+        break;
+      }
       case backend::PointStatus::skipped:
         fmt::print("{} already complete ({}), skipped\n", label, out.record_path.string());
         break;
@@ -235,6 +257,10 @@ int run(const RunFlags& f) {
     }
     std::fflush(stdout);
   }
+  if (f.estimate > 0 && estimated > 0)
+    fmt::print("estimate for {} point(s) on {}: {} of training and evaluation (checkpoint writes "
+               "and start-up not included; nothing was written)\n",
+               estimated, opt.device, duration(estimated_seconds));
   return kExitOk;
 }
 
@@ -258,6 +284,10 @@ const bool registered = register_command(
        app.add_option("--micro-batch", f->micro_batch,
                       "sequences per forward/backward pass on each rank; a step accumulates "
                       "its batch's gradients over the passes (0: the whole batch in one pass)");
+       app.add_option("--estimate", f->estimate,
+                      "time N steps of each point (after one warm-up step) and one evaluation, "
+                      "print the projected time of its remaining steps, train nothing and write "
+                      "nothing");
        app.add_flag("--shard-optimizer", f->shard_optimizer,
                     "cuda, data parallel: each rank keeps the AdamW state of 1/N of the "
                     "parameters (ZeRO stage 1: 8 bytes a parameter become 8/N)");

@@ -186,6 +186,48 @@ int64_t eval_every_for(const Plan& p, const TrainSettings& t) {
   return std::max<int64_t>(1, p.budget.steps / 10);
 }
 
+namespace {
+
+// Time `n` steps after one warm-up step (the first steps pay one-off set-up: allocations, cuBLAS's
+// per-shape choices) on the point's first batches, and one evaluation; the model is thrown away.
+// `record`: an interrupted point's record (null when none), whose steps are done already.
+Estimate estimate_point(Engine& engine, const Plan& plan, const DataSplit& data,
+                        const TrainSettings& train, int64_t n, const nlohmann::json& record) {
+  const Budget& b = plan.budget;
+  const int64_t seq_len = b.seq_len, batch = b.batch_seqs;
+  const int64_t windows = b.tokens_unique / seq_len;
+  const int64_t eval_every = eval_every_for(plan, train);
+  TokenLedger tokens(seq_len, windows);
+  WindowOrder order(windows, mix_seed(train.seed, 0xDA7A));
+  const OptimConfig cfg = optim_config(plan);
+  std::vector<int32_t> inputs(size_t(batch * seq_len)), targets(size_t(batch * seq_len));
+  std::vector<double> secs;
+  Estimate e;
+  for (int64_t i = 0; i <= n; ++i) {
+    fill_batch(data.train, seq_len, batch, order, tokens, inputs.data(), targets.data());
+    const auto t0 = Clock::now();
+    const StepResult r = engine.train_step(inputs.data(), targets.data(), i, cfg);
+    if (i > 0) secs.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    e.flops_per_step = double(r.flops.total());
+  }
+  std::sort(secs.begin(), secs.end());
+  e.steps_timed = n;
+  e.step_seconds = secs[secs.size() / 2];
+  const auto e0 = Clock::now();
+  evaluate(engine, data, seq_len, eval_windows_for(plan, train), 0);
+  e.eval_seconds = std::chrono::duration<double>(Clock::now() - e0).count();
+  const int64_t done =
+      record.is_object() ? record.at("measured").at("steps").get<int64_t>() : int64_t(0);
+  e.steps_remaining = b.steps - done;
+  // Evaluations run at every multiple of eval_every and after the last step.
+  e.evals_remaining = b.steps / eval_every - done / eval_every +
+                      (b.steps % eval_every != 0 && done < b.steps ? 1 : 0);
+  e.tokens_per_step = batch * seq_len;
+  return e;
+}
+
+}  // namespace
+
 PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
                        const TrainSettings& train, const RunOptions& opt) {
   check_plan_consistent(plan);
@@ -215,8 +257,10 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
       outcome.record = std::move(rec);
       return outcome;
     }
+    outcome.record = std::move(rec);  // an interrupted point's: an estimate counts what is left
   }
-  ensure_writable_dir(ckpt_dir);
+  const bool estimating = opt.estimate_steps > 0;
+  if (!estimating) ensure_writable_dir(ckpt_dir);
 
   const Budget& b = plan.budget;
   const int64_t seq_len = b.seq_len, batch = b.batch_seqs, steps = b.steps;
@@ -250,6 +294,14 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
   std::unique_ptr<Engine> engine = make_engine(opt.device, request);
   const MeasuredParams params = measure_params(*engine, plan.arch);
   if (opt.on_engine && engine->writes_files()) opt.on_engine(engine->describe());
+
+  if (estimating) {
+    outcome.status = PointStatus::estimated;
+    outcome.wrote_files = engine->writes_files();
+    outcome.estimate = estimate_point(*engine, plan, data, train, opt.estimate_steps,
+                                      outcome.record);
+    return outcome;
+  }
 
   RunState st;
   if (fs::exists(ckpt_path, ec)) {

@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "moeplan/accounting/flops.hpp"
@@ -443,6 +444,21 @@ TEST_CASE(
   CHECK(c.state.step >= 50);
   CHECK(read_file(dir / "i.out").find("interrupted: checkpoint written at step") !=
         std::string::npos);
+  // An estimate counts the steps left (and the final evaluation), trains nothing, writes nothing.
+  const std::string before = read_file(out / "moe-i" / "record.json");
+  const Result est = run_cli({"run", sweep, "--point", "moe-i", "--out", out.string(),
+                              "--estimate", "2"});
+  CHECK(est.status == 0);
+  const int64_t left = 400 - c.state.step;
+  int64_t evals = 0;  // the manifest evaluates every 25 steps and after the last
+  for (int64_t step = c.state.step + 1; step <= 400; ++step) evals += step % 25 == 0 || step == 400;
+  CHECK_MESSAGE(est.out.find(fmt::format("(median of 2, after 1 warm-up) x {} remaining steps + "
+                                         "{} evaluations x ",
+                                         left, evals)) != std::string::npos,
+                est.out);
+  CHECK_MESSAGE(est.out.find("estimate for 1 point(s) on cpu: ") != std::string::npos, est.out);
+  CHECK(read_file(out / "moe-i" / "record.json") == before);
+  CHECK(read_checkpoint(out / "moe-i" / "checkpoint" / "state.ckpt").state.step == c.state.step);
   const Result again = run_cli({"run", sweep, "--point", "moe-i", "--out", out.string()});
   CHECK(again.status == 0);
   CHECK(record(out, "moe-i")["status"] == "complete");
@@ -518,6 +534,20 @@ TEST_CASE("moeplan run --micro-batch 2: the one-pass run's tokens and ledger; re
   CHECK(rc["pass_seqs"] == 2);
   CHECK(rc["measured"]["tokens"]["consumed"].get<int64_t>() == 400 * 5 * 16);
 
+  // A fresh estimate: every point's whole plan; the --out folder is not even made.
+  const Result est = run_cli({"run", sweep, "--out", (dir / "e").string(), "--estimate", "1"});
+  REQUIRE_MESSAGE(est.status == 0, est.err);
+  CHECK_MESSAGE(est.out.find("[dense 1/2] estimate: ") != std::string::npos, est.out);
+  CHECK_MESSAGE(est.out.find("(median of 1, after 1 warm-up) x 20 steps + 1 evaluations x ") !=
+                    std::string::npos,
+                est.out);  // 20 steps, evaluated every 25 and after the last: once
+  CHECK_MESSAGE(est.out.find("x 400 steps + 16 evaluations x ") != std::string::npos, est.out);
+  CHECK_MESSAGE(est.out.find("estimate for 2 point(s) on cpu: ") != std::string::npos, est.out);
+  CHECK_FALSE(fs::exists(dir / "e"));
+  const Result est_bad = run_cli({"run", sweep, "--estimate", "-2"});
+  CHECK(est_bad.status == 2);
+  CHECK(one_line(est_bad.err));
+  CHECK_MESSAGE(est_bad.err.find("--estimate -2 must be >= 1") != std::string::npos, est_bad.err);
   const Result bad = run_cli({"run", sweep, "--out", (dir / "d").string(), "--micro-batch", "-1"});
   CHECK(bad.status == 2);
   CHECK(one_line(bad.err));
@@ -573,6 +603,16 @@ TEST_CASE("moeplan run --device cuda (emulated): the CPU's tokens and ledger, ke
     const double lg = got["loss_curve"].back()["train_loss"].get<double>();
     CHECK(std::abs(lg - lc) / lc < 2e-2);
   }
+  // An estimate on the device: the engine says what it holds, the point is timed, nothing written.
+  const Result est = run_cli({"run", sweep, "--out", (dir / "estimate").string(), "--point",
+                              "moe-a", "--device", "cuda", "--estimate", "1"},
+                             MOEPLAN_EMULATED_BINARY);
+  REQUIRE_MESSAGE(est.status == 0, est.err);
+  CHECK_MESSAGE(est.out.find("[moe-a 1/1] cuda: ") != std::string::npos, est.out);
+  CHECK_MESSAGE(est.out.find("[moe-a 1/1] estimate: ") != std::string::npos, est.out);
+  CHECK_MESSAGE(est.out.find("x 12 steps + 1 evaluations x ") != std::string::npos, est.out);
+  CHECK_MESSAGE(est.out.find("estimate for 1 point(s) on cuda: ") != std::string::npos, est.out);
+  CHECK_FALSE(fs::exists(dir / "estimate"));
 }
 
 // Data parallelism end to end: `moeplan run --device cuda` as two processes with WORLD_SIZE=2,

@@ -38,15 +38,34 @@ struct RunOptions {
   std::function<void(const Progress&)> on_progress;  // called after every step
   std::function<void(const std::string&)> on_engine;  // once a point's engine is built: describe()
   const std::atomic<int>* stop = nullptr;  // non-zero: checkpoint at the next step and return
+  // > 0: do not train the point; time this many steps (after one warm-up step, on the point's
+  // first batches) and one evaluation on a fresh model, write nothing, and return the projected
+  // time of the point's remaining steps (PointStatus::estimated).
+  int64_t estimate_steps = 0;
 };
 
-enum class PointStatus { completed, skipped, interrupted };
+// What run_point measured for RunOptions::estimate_steps.
+struct Estimate {
+  int64_t steps_timed = 0;
+  int64_t steps_remaining = 0;  // the plan's steps less those a record says are done
+  int64_t evals_remaining = 0;  // evaluations those steps will run
+  double step_seconds = 0;      // median of the timed steps
+  double eval_seconds = 0;      // one evaluation
+  int64_t tokens_per_step = 0;  // consumed
+  double flops_per_step = 0;    // the step's ledger, [exact/causal] as the progress line
+  double seconds() const {
+    return double(steps_remaining) * step_seconds + double(evals_remaining) * eval_seconds;
+  }
+};
+
+enum class PointStatus { completed, skipped, interrupted, estimated };
 struct PointOutcome {
   PointStatus status = PointStatus::completed;
   int64_t resumed_from_step = -1;  // -1: started fresh
   std::filesystem::path record_path;
   nlohmann::json record;  // the record as written (or as found, when skipped)
   bool wrote_files = true;  // false on data-parallel ranks other than 0 (rank 0 writes)
+  Estimate estimate;        // PointStatus::estimated
 };
 
 // The training loss became NaN or infinite. what() is one line naming the point and the step.
