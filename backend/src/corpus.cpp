@@ -17,6 +17,7 @@
 
 #include "moeplan/accounting/error.hpp"
 #include "moeplan/backend/atomic_file.hpp"
+#include "moeplan/backend/engine.hpp"
 #include "moeplan/backend/rng.hpp"
 
 namespace moeplan::backend {
@@ -252,6 +253,15 @@ DataSplit load_source(const std::string& spec, int64_t train_tokens, int64_t val
                       uint64_t data_seed, int64_t vocab) {
   DataSplit split;
   if (spec == "builtin") {
+    // Generated in memory: a uint16 token and a uint8 part label each.
+    const double need = 3.0 * double(train_tokens + validation_tokens);
+    const std::size_t host = host_memory_bytes();
+    if (host > 0 && need > 0.5 * double(host))
+      throw InputError(fmt::format(
+          "source builtin: {} training + {} validation tokens are generated in memory ({} at 3 "
+          "bytes a token, this machine has {}); the built-in corpus is for small sweeps: set "
+          "[train] source = \"shards:GLOB\" (llm.c token shards, memory-mapped)",
+          train_tokens, validation_tokens, gigabytes(need), gigabytes(double(host))));
     split.train = builtin_corpus(data_seed, 0, train_tokens);
     split.validation = builtin_corpus(data_seed, 1, validation_tokens);
     split.part_names = {"facts", "arith"};

@@ -1,7 +1,10 @@
 #include "moeplan/backend/engine.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <map>
+#include <new>
 
 #include <fmt/format.h>
 #include <Eigen/Core>
@@ -10,6 +13,7 @@
 #endif
 
 #include "moeplan/accounting/error.hpp"
+#include "moeplan/accounting/params.hpp"
 
 namespace moeplan::backend {
 
@@ -55,6 +59,32 @@ class CpuEngine final : public Engine {
   Model<float> model_;
 };
 
+// The cpu model in host memory: fp32 weights, gradients and both AdamW moments (16 bytes a
+// parameter) before any activation. A model that cannot fit is refused before it is allocated;
+// one whose activations do not fit is refused when the allocation fails (Linux may instead kill
+// the process when it overcommits).
+std::unique_ptr<Engine> make_cpu_engine(const EngineRequest& r) {
+  const double state = 16.0 * double(count_params(r.arch).trainable());
+  const std::size_t host = host_memory_bytes();
+  if (host > 0 && state > double(host))
+    throw InputError(fmt::format(
+        "--device cpu: the model's weights, gradients and AdamW state alone take {} (16 bytes a "
+        "parameter); this machine has {} of memory (use a larger machine, or --device cuda)",
+        gigabytes(state), gigabytes(double(host))));
+  try {
+    return std::make_unique<CpuEngine>(r);
+  } catch (const std::bad_alloc&) {
+    const int64_t pass = r.options.micro_batch_seqs > 0
+                             ? std::min(r.options.micro_batch_seqs, r.batch_seqs)
+                             : r.batch_seqs;
+    throw InputError(fmt::format(
+        "--device cpu: out of host memory building the model with passes of {} sequences of {} "
+        "tokens (its weights, gradients and AdamW state take {}; this machine has {}); run "
+        "smaller passes, e.g. --micro-batch {}",
+        pass, r.arch.seq_len, gigabytes(state), gigabytes(double(host)), std::max<int64_t>(1, pass / 2)));
+  }
+}
+
 std::map<std::string, EngineFactory>& registry() {
   static std::map<std::string, EngineFactory> r = {
       {"cpu", [](const EngineRequest& r) -> std::unique_ptr<Engine> {
@@ -64,7 +94,7 @@ std::map<std::string, EngineFactory>& registry() {
            omp_set_num_threads(r.threads);  // the model sizes its scratch by the OpenMP count
 #endif
          }
-         return std::make_unique<CpuEngine>(r);
+         return make_cpu_engine(r);
        }}};
   return r;
 }
@@ -108,6 +138,15 @@ void require_device(const std::string& device) {
     throw InputError(fmt::format("--device '{}' is not known; this build has: {}", device,
                                  fmt::join(engine_devices(), ", ")));
   }
+}
+
+std::size_t host_memory_bytes() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? std::size_t(pages) * std::size_t(page) : 0;
+}
+
+std::string gigabytes(double bytes) {
+  return bytes >= 1e9 ? fmt::format("{:.1f} GB", bytes / 1e9) : fmt::format("{:.1f} MB", bytes / 1e6);
 }
 
 std::unique_ptr<Engine> make_engine(const std::string& device, const EngineRequest& request) {

@@ -59,12 +59,13 @@ Arch tiny_arch(bool dense, int64_t head_dim = 8) {
 }
 
 // A plan made the way the planner makes one, with C chosen so that D = steps·B·S exactly.
-Plan tiny_plan(const std::string& id, bool dense, int64_t steps, int64_t batch, int64_t windows,
-               double lr = 3e-3, int64_t head_dim = 8) {
+Plan plan_for(const std::string& id, const Arch& arch, int64_t steps, int64_t batch,
+              int64_t windows, double lr = 3e-3) {
   Plan p;
   p.id = id;
+  const bool dense = arch.is_dense();
   p.role = dense ? "dense" : "moe";
-  p.arch = tiny_arch(dense, head_dim);
+  p.arch = arch;
   p.counts = count_params(p.arch);
   p.activation_rate_target = dense ? 0 : p.counts.activation_rate();
   p.convention = Convention::paper;
@@ -82,6 +83,10 @@ Plan tiny_plan(const std::string& id, bool dense, int64_t steps, int64_t batch, 
   p.hyper.batch_tokens = batch * p.arch.seq_len;
   p.hyper.warmup_steps = std::min<int64_t>(10, steps);
   return p;
+}
+Plan tiny_plan(const std::string& id, bool dense, int64_t steps, int64_t batch, int64_t windows,
+               double lr = 3e-3, int64_t head_dim = 8) {
+  return plan_for(id, tiny_arch(dense, head_dim), steps, batch, windows, lr);
 }
 
 Manifest tiny_manifest(Plan dense, std::vector<Plan> points) {
@@ -820,6 +825,50 @@ TEST_CASE("out of device memory (emulated): one line naming the passes; --micro-
                               "AdamW state alone take ") != std::string::npos,
                 none.err);
   CHECK_FALSE(fs::exists(dir / "none" / "dense" / "record.json"));
+}
+
+// What cannot fit this machine's memory is refused in one line before it is allocated (a 3 TB
+// built-in corpus, a cpu model whose state alone takes terabytes), not left to std::bad_alloc or
+// the kernel's out-of-memory killer.
+TEST_CASE("host memory: a built-in corpus or a cpu model larger than the machine, one line") {
+  const fs::path dir = fresh_dir("host_memory");
+  // 1e12 unique tokens of the built-in corpus: 3 TB generated in memory.
+  const int64_t windows = 1'000'000'000'000 / 16;
+  const Plan moe = tiny_plan("moe-h", false, 10, 4, 40);  // a manifest has MoE points
+  write_manifest_atomic(tiny_manifest(tiny_plan("dense", true, windows / 4, 4, windows), {moe}),
+                        dir / "corpus.toml");
+  const Result corpus = run_cli({"run", (dir / "corpus.toml").string(), "--point", "dense",
+                                 "--out", (dir / "runs").string(), "--estimate", "1"});
+  CHECK(corpus.status == 2);
+  CHECK(one_line(corpus.err));
+  // (one token more than the windows each: the last window's targets)
+  CHECK_MESSAGE(corpus.err.find("source builtin: 1000000000001 training + 257 validation tokens "
+                                "are generated in memory (3000.0 GB at 3 bytes a token") !=
+                    std::string::npos,
+                corpus.err);
+  CHECK_MESSAGE(corpus.err.find("set [train] source = \"shards:GLOB\"") != std::string::npos,
+                corpus.err);
+  // Dm 65536, Dffn 262144, 2 layers: 2·(4·Dm² + 3·Dm·Dffn) + 2·V·Dm ≈ 1.4e11 parameters, whose
+  // fp32 weights, gradients and two moments take 16 bytes each: about 2.2 TB.
+  Arch huge = tiny_arch(true);
+  huge.d_model = 65536;
+  huge.heads = huge.kv_heads = 512;
+  huge.head_dim = 128;
+  huge.d_ffn = 262144;
+  const Plan big = plan_for("dense", huge, 1, 1, 1);
+  const double state = 16.0 * double(count_params(huge).trainable());
+  REQUIRE(state > 2e12);
+  write_manifest_atomic(tiny_manifest(big, {moe}), dir / "model.toml");
+  const Result model = run_cli({"run", (dir / "model.toml").string(), "--point", "dense", "--out",
+                                (dir / "runs").string()});
+  CHECK(model.status == 2);
+  CHECK(one_line(model.err));
+  CHECK_MESSAGE(model.err.find(fmt::format("--device cpu: the model's weights, gradients and "
+                                           "AdamW state alone take {:.1f} GB (16 bytes a "
+                                           "parameter); this machine has ",
+                                           state / 1e9)) != std::string::npos,
+                model.err);
+  CHECK_FALSE(fs::exists(dir / "runs" / "dense" / "record.json"));
 }
 
 TEST_CASE("WORLD_SIZE refusals (emulated): one line naming the value, exit 2, nothing written") {
