@@ -27,11 +27,6 @@ std::string nccl_id_file() {
   return std::string("/tmp/moeplan-nccl-") + (port && *port ? port : "id");
 }
 
-std::string bytes_text(double bytes) {
-  if (bytes >= double(1ull << 30)) return fmt::format("{:.2f} GiB", bytes / double(1ull << 30));
-  return fmt::format("{:.1f} MiB", bytes / double(1ull << 20));
-}
-
 // The model's buffers did not fit: say how far it got and what to run instead.
 std::string out_of_memory_message(const DeviceOutOfMemory& e, const EngineRequest& r,
                                   int64_t rank_batch, const KernelChoice& kernels, int shards) {

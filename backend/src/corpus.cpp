@@ -261,7 +261,7 @@ DataSplit load_source(const std::string& spec, int64_t train_tokens, int64_t val
           "source builtin: {} training + {} validation tokens are generated in memory ({} at 3 "
           "bytes a token, this machine has {}); the built-in corpus is for small sweeps: set "
           "[train] source = \"shards:GLOB\" (llm.c token shards, memory-mapped)",
-          train_tokens, validation_tokens, gigabytes(need), gigabytes(double(host))));
+          train_tokens, validation_tokens, bytes_text(need), bytes_text(double(host))));
     split.train = builtin_corpus(data_seed, 0, train_tokens);
     split.validation = builtin_corpus(data_seed, 1, validation_tokens);
     split.part_names = {"facts", "arith"};

@@ -70,7 +70,7 @@ std::unique_ptr<Engine> make_cpu_engine(const EngineRequest& r) {
     throw InputError(fmt::format(
         "--device cpu: the model's weights, gradients and AdamW state alone take {} (16 bytes a "
         "parameter); this machine has {} of memory (use a larger machine, or --device cuda)",
-        gigabytes(state), gigabytes(double(host))));
+        bytes_text(state), bytes_text(double(host))));
   try {
     return std::make_unique<CpuEngine>(r);
   } catch (const std::bad_alloc&) {
@@ -81,7 +81,8 @@ std::unique_ptr<Engine> make_cpu_engine(const EngineRequest& r) {
         "--device cpu: out of host memory building the model with passes of {} sequences of {} "
         "tokens (its weights, gradients and AdamW state take {}; this machine has {}); run "
         "smaller passes, e.g. --micro-batch {}",
-        pass, r.arch.seq_len, gigabytes(state), gigabytes(double(host)), std::max<int64_t>(1, pass / 2)));
+        pass, r.arch.seq_len, bytes_text(state), bytes_text(double(host)),
+        std::max<int64_t>(1, pass / 2)));
   }
 }
 
@@ -145,8 +146,9 @@ std::size_t host_memory_bytes() {
   return pages > 0 && page > 0 ? std::size_t(pages) * std::size_t(page) : 0;
 }
 
-std::string gigabytes(double bytes) {
-  return bytes >= 1e9 ? fmt::format("{:.1f} GB", bytes / 1e9) : fmt::format("{:.1f} MB", bytes / 1e6);
+std::string bytes_text(double bytes) {
+  if (bytes >= double(1ull << 30)) return fmt::format("{:.2f} GiB", bytes / double(1ull << 30));
+  return fmt::format("{:.1f} MiB", bytes / double(1ull << 20));
 }
 
 std::unique_ptr<Engine> make_engine(const std::string& device, const EngineRequest& request) {

@@ -188,6 +188,11 @@ int64_t eval_every_for(const Plan& p, const TrainSettings& t) {
 
 namespace {
 
+// The order in which a point's training windows are read (resumes restore it from the checkpoint).
+WindowOrder training_order(int64_t windows, const TrainSettings& train) {
+  return WindowOrder(windows, mix_seed(train.seed, 0xDA7A));
+}
+
 // Time `n` steps after one warm-up step (the first steps pay one-off set-up: allocations, cuBLAS's
 // per-shape choices) on the point's first batches, and one evaluation; the model is thrown away.
 // `record`: an interrupted point's record (null when none), whose steps are done already.
@@ -198,7 +203,7 @@ Estimate estimate_point(Engine& engine, const Plan& plan, const DataSplit& data,
   const int64_t windows = b.tokens_unique / seq_len;
   const int64_t eval_every = eval_every_for(plan, train);
   TokenLedger tokens(seq_len, windows);
-  WindowOrder order(windows, mix_seed(train.seed, 0xDA7A));
+  WindowOrder order = training_order(windows, train);
   const OptimConfig cfg = optim_config(plan);
   std::vector<int32_t> inputs(size_t(batch * seq_len)), targets(size_t(batch * seq_len));
   std::vector<double> secs;
@@ -331,7 +336,7 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
     outcome.resumed_from_step = st.step;
   } else {
     st.tokens = TokenLedger(seq_len, windows);
-    st.order = WindowOrder(windows, mix_seed(train.seed, 0xDA7A));
+    st.order = training_order(windows, train);
   }
   st.micro_batch_seqs = opt.micro_batch_seqs;
   st.device = opt.device;

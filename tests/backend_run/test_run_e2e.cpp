@@ -841,9 +841,10 @@ TEST_CASE("host memory: a built-in corpus or a cpu model larger than the machine
                                  "--out", (dir / "runs").string(), "--estimate", "1"});
   CHECK(corpus.status == 2);
   CHECK(one_line(corpus.err));
-  // (one token more than the windows each: the last window's targets)
+  // (one token more than the windows each: the last window's targets; 3·1e12 B / 2^30 =
+  // 2793.97 GiB)
   CHECK_MESSAGE(corpus.err.find("source builtin: 1000000000001 training + 257 validation tokens "
-                                "are generated in memory (3000.0 GB at 3 bytes a token") !=
+                                "are generated in memory (2793.97 GiB at 3 bytes a token") !=
                     std::string::npos,
                 corpus.err);
   CHECK_MESSAGE(corpus.err.find("set [train] source = \"shards:GLOB\"") != std::string::npos,
@@ -864,9 +865,9 @@ TEST_CASE("host memory: a built-in corpus or a cpu model larger than the machine
   CHECK(model.status == 2);
   CHECK(one_line(model.err));
   CHECK_MESSAGE(model.err.find(fmt::format("--device cpu: the model's weights, gradients and "
-                                           "AdamW state alone take {:.1f} GB (16 bytes a "
+                                           "AdamW state alone take {:.2f} GiB (16 bytes a "
                                            "parameter); this machine has ",
-                                           state / 1e9)) != std::string::npos,
+                                           state / double(1ull << 30))) != std::string::npos,
                 model.err);
   CHECK_FALSE(fs::exists(dir / "runs" / "dense" / "record.json"));
 }

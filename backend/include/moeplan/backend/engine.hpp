@@ -79,8 +79,9 @@ int visible_devices(const std::string& device);
 // The same errors as make_engine, without building anything (checked before a sweep starts).
 void require_device(const std::string& device);
 
-// This machine's physical memory in bytes (0 when unknown), and a byte count as "12.3 GB".
+// This machine's physical memory in bytes (0 when unknown), and a byte count as the messages
+// about memory write it: "12.30 GiB", or "38.0 MiB" below a GiB.
 std::size_t host_memory_bytes();
-std::string gigabytes(double bytes);
+std::string bytes_text(double bytes);
 
 }  // namespace moeplan::backend
