@@ -12,10 +12,19 @@ inline void check_cuda(cudaError_t e, const char* what) {
     throw std::runtime_error(std::string("CUDA error in ") + what + ": " + cudaGetErrorString(e));
 }
 
+// Called with the kernel's (or cuBLAS call's) name after each launch while set: the per-kernel
+// device times of Model::set_profiling(true, true) (bench_gpu --kernel-times). Null otherwise.
+using LaunchHook = void (*)(const char* name);
+inline LaunchHook& launch_hook() {
+  static LaunchHook hook = nullptr;
+  return hook;
+}
+
 // After each launch: catches bad launch configurations at once (asynchronous faults surface at
 // the next synchronising call).
 inline void check_launch(const char* kernel) {
   check_cuda(cudaGetLastError(), kernel);
+  if (LaunchHook h = launch_hook()) h(kernel);
 }
 
 }  // namespace moeplan::backend::cuda

@@ -30,7 +30,7 @@ std::string nccl_id_file() {
 // The model's buffers did not fit: say how far it got and what to run instead.
 std::string out_of_memory_message(const DeviceOutOfMemory& e, const EngineRequest& r,
                                   int64_t rank_batch, const KernelChoice& kernels, int shards) {
-  const AttentionPath attention = kernels.attention;
+  const AttentionPath attention = kernels.attention.value_or(AttentionPath::cublas);
   const int64_t pass = r.options.micro_batch_seqs > 0
                            ? std::min(r.options.micro_batch_seqs, rank_batch)
                            : rank_batch;
@@ -53,7 +53,7 @@ std::string out_of_memory_message(const DeviceOutOfMemory& e, const EngineReques
     // fp32 dP and bf16 dS: S×S per head; the fused kernels keep none of them.
     const double square = double(r.arch.heads) * double(r.arch.seq_len) * double(r.arch.seq_len);
     const double saved = square * (2.0 * double(r.arch.layers) + 10.0);
-    fused = fmt::format(", or --kernels attention=fused (no S×S buffers: {} less a sequence)",
+    fused = fmt::format(", or --kernels attention=fused_mma (no S×S buffers: {} less a sequence)",
                         bytes_text(saved));
   }
   // The LM head's fp32 logits and bf16 gradient: V·6 bytes a row of the chunk.
@@ -76,12 +76,14 @@ std::string out_of_memory_message(const DeviceOutOfMemory& e, const EngineReques
 class CudaEngine final : public Engine {
  public:
   explicit CudaEngine(const EngineRequest& r) {
-    kernels_ = parse_kernel_choice(r.kernels);  // a bad --kernels is refused on any machine
-    if (kernels_.attention != AttentionPath::cublas && !attention::supported(r.arch.head_dim))
+    const KernelChoice asked = parse_kernel_choice(r.kernels);  // refused on any machine
+    if (asked.attention && *asked.attention != AttentionPath::cublas &&
+        !attention::supported(r.arch.head_dim))
       throw InputError(fmt::format(
           "--kernels {}: the fused attention kernels take head_dim 16, 32, 64 or 128; this "
           "point's is {} (use attention=cublas)",
           r.kernels, r.arch.head_dim));
+    kernels_ = resolve_kernels(asked, r.arch.head_dim, DType::bf16);
     if (device_count() == 0)
       throw InputError("--device cuda: no CUDA device is visible on this machine");
     if (std::getenv("WORLD_SIZE")) {
@@ -102,9 +104,9 @@ class CudaEngine final : public Engine {
     seq_len_ = r.arch.seq_len;
     try {
       model_ = std::make_unique<Model>(r.arch, r.options, r.seed, local_batch_, DType::bf16,
-                                       comm_.get(), kernels_.attention, sharded_,
+                                       comm_.get(), *kernels_.attention, sharded_,
                                        kernels_.logit_rows);
-      model_->set_expert_path(kernels_.experts);
+      model_->set_expert_path(*kernels_.experts);
     } catch (const DeviceOutOfMemory& e) {
       throw InputError(out_of_memory_message(e, r, local_batch_, kernels_,
                                              sharded_ ? info_.world_size : 1));

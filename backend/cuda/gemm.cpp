@@ -16,6 +16,7 @@ void check_blas(cublasStatus_t s, const char* what) {
   if (s != CUBLAS_STATUS_SUCCESS)
     throw std::runtime_error(std::string("cuBLAS error in ") + what + ": " +
                              cublasGetStatusString(s));
+  if (LaunchHook h = launch_hook()) h(what);
 }
 
 cudaDataType_t cuda_type(DType t) {

@@ -105,10 +105,21 @@ struct Profiler {
     used = 0;
     ++steps;
   }
-  ~Profiler() {
-    for (cudaEvent_t e : pool) cudaEventDestroy(e);
-  }
+  ~Profiler();
 };
+
+// The profiler that check_launch's hook marks after every launch (per-kernel profiling).
+Profiler* per_kernel_profiler = nullptr;
+void mark_launch(const char* name) {
+  if (per_kernel_profiler) per_kernel_profiler->mark(name);
+}
+Profiler::~Profiler() {
+  if (per_kernel_profiler == this) {
+    per_kernel_profiler = nullptr;
+    launch_hook() = nullptr;
+  }
+  for (cudaEvent_t e : pool) cudaEventDestroy(e);
+}
 
 constexpr int kExpertProducts = 6;  // W13 fwd, W2 fwd, W2 dX, W2 dW, W13 dX, W13 dW
 // Pointer operands per expert product: A, B, the fp32 result C, and the bf16 scratch result the
@@ -1161,8 +1172,8 @@ struct Model::Impl {
                       FlopCategory::projection);
       k::rmsnorm_backward(dresid.as<float>(), G(q.norm1), dln.as<float>(), x.resid_in.as<float>(),
                           P(q.norm1), x.rstd1.as<float>(), Tp, Dm, col_scratch.as<float>());
+      prof.mark("bwd qkv + norm1");  // per layer: else the next layer's ffn phase takes it
     }
-    prof.mark("bwd qkv + norm1");
     k::embedding_backward(G(embedding), dresid.as<float>(), emb_ids.as<int32_t>(),
                           emb_seg.as<int32_t>(), emb_pos.as<int32_t>(), emb_unique, Dm);
     prof.mark("bwd embedding");
@@ -1476,7 +1487,15 @@ int64_t Model::logit_rows() const {
 DType Model::matmul_type() const {
   return impl_->mm;
 }
-void Model::set_profiling(bool on) {
+void Model::set_profiling(bool on, bool per_kernel) {
+  Profiler* p = &impl_->prof;
+  if (on && per_kernel) {
+    per_kernel_profiler = p;
+    launch_hook() = mark_launch;
+  } else if (per_kernel_profiler == p) {
+    per_kernel_profiler = nullptr;
+    launch_hook() = nullptr;
+  }
   impl_->prof.on = on;
   impl_->prof.ms.clear();
   impl_->prof.steps = 0;
@@ -1525,10 +1544,10 @@ constexpr std::pair<const char*, ExpertPath> kExperts[] = {
 template <class E, size_t N>
 E lookup(const std::pair<const char*, E> (&names)[N], const std::string& key,
          const std::string& value) {
-  std::string valid;
+  std::string valid = "auto";  // handled by the caller
   for (const auto& [name, e] : names) {
     if (value == name) return e;
-    valid += valid.empty() ? name : std::string("|") + name;
+    valid += std::string("|") + name;
   }
   throw InputError(
       fmt::format("--kernels: {}={} is not known (valid: {}={})", key, value, key, valid));
@@ -1574,9 +1593,9 @@ KernelChoice parse_kernel_choice(const std::string& spec) {
                                    known ? "is given twice" : "is not a kernel name", kNames));
     seen.push_back(key);
     if (key == "attention")
-      k.attention = lookup(kAttention, key, value);
+      k.attention = value == "auto" ? std::nullopt : std::optional(lookup(kAttention, key, value));
     else if (key == "experts")
-      k.experts = lookup(kExperts, key, value);
+      k.experts = value == "auto" ? std::nullopt : std::optional(lookup(kExperts, key, value));
     else
       k.logit_rows = parse_logit_rows(value);
     pos = end + 1;
@@ -1585,9 +1604,20 @@ KernelChoice parse_kernel_choice(const std::string& spec) {
 }
 
 std::string to_string(const KernelChoice& k) {
-  return fmt::format("attention={},experts={}{}", name_of(kAttention, k.attention),
-                     name_of(kExperts, k.experts),
+  return fmt::format("attention={},experts={}{}",
+                     k.attention ? name_of(kAttention, *k.attention) : "auto",
+                     k.experts ? name_of(kExperts, *k.experts) : "auto",
                      k.logit_rows > 0 ? fmt::format(",logits={}", k.logit_rows) : "");
+}
+
+KernelChoice resolve_kernels(const KernelChoice& asked, int64_t head_dim, DType matmul) {
+  KernelChoice k = asked;
+  const bool bf16 = matmul == DType::bf16;
+  if (!k.attention)
+    k.attention = bf16 && attention::supported(head_dim) ? AttentionPath::fused_mma
+                                                         : AttentionPath::cublas;
+  if (!k.experts) k.experts = bf16 ? ExpertPath::tiled : ExpertPath::grouped;
+  return k;
 }
 
 }  // namespace moeplan::backend::cuda

@@ -4,6 +4,7 @@
 // ledger (exact/causal: the useful products; and as executed, padding included), and MFU against
 // the vendor peak and the measured ceiling. Same shapes, batch and data as torch_ref.py.
 // Usage: bench_gpu [--steps N] [--warmup N] [--batch B] [--json FILE] [--only NAME,NAME...]
+//                  [--kernel-times]  (also each point's device time by kernel, 3 more steps)
 //        bench_gpu --gemm-shapes   (each weight product of the dense step, and of the MoE step
 //                                  but its routed experts, alone; batch 8)
 #include <cublasLt.h>
@@ -278,18 +279,25 @@ int main(int argc, char** argv) {
   int steps = 20, warmup = 5;  // warm-up: cuBLAS sets up each new shape on first use
   int64_t batch = 8;
   std::string json_path, only;  // only: ",name,name," to run a subset of the points
-  for (int i = 1; i + 1 < argc; i += 2) {
+  bool kernel_times = false;
+  for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
+    if (k == "--kernel-times") {
+      kernel_times = true;
+      continue;
+    }
+    if (i + 1 >= argc) break;
+    ++i;
     if (k == "--steps")
-      steps = std::atoi(argv[i + 1]);
+      steps = std::atoi(argv[i]);
     else if (k == "--warmup")
-      warmup = std::atoi(argv[i + 1]);
+      warmup = std::atoi(argv[i]);
     else if (k == "--batch")
-      batch = std::atoll(argv[i + 1]);
+      batch = std::atoll(argv[i]);
     else if (k == "--json")
-      json_path = argv[i + 1];
+      json_path = argv[i];
     else if (k == "--only")
-      only = std::string(",") + argv[i + 1] + ",";
+      only = std::string(",") + argv[i] + ",";
   }
   const bool shapes = argc == 2 && std::string(argv[1]) == "--gemm-shapes";
   if (cu::device_count() == 0) {
@@ -396,6 +404,28 @@ int main(int argc, char** argv) {
       phases += fmt::format("    {:<34} {:8.2f} ms  {:5.1f}%\n", name, ms, 100 * ms / phase_total);
     std::fprintf(stderr, "[%s] device time per step by phase (sum %.2f ms):\n%s", p.name.c_str(),
                  phase_total, phases.c_str());
+    if (kernel_times) {  // an event after every launch: slower steps, the shares are what count
+      model.set_profiling(true, true);
+      for (int s = 0; s < 3; ++s) {
+        make_batch(in, tg, batch, p.arch.seq_len, p.arch.vocab, warmup + steps + 3 + s);
+        model.train_step(in.data(), tg.data(), warmup + steps + 3 + s, cfg);
+      }
+      auto by_kernel = model.profile_ms_per_step();
+      model.set_profiling(false);
+      std::sort(by_kernel.begin(), by_kernel.end(),
+                [](const auto& x, const auto& y) { return x.second > y.second; });
+      double total = 0;
+      for (const auto& [name, ms] : by_kernel) total += ms;
+      std::string rows;
+      for (const auto& [name, ms] : by_kernel)
+        if (ms >= 0.005 * total)
+          rows += fmt::format("    {:<34} {:8.2f} ms  {:5.1f}%\n", name, ms, 100 * ms / total);
+      std::fprintf(stderr,
+                   "[%s] device time per step by kernel (sum %.2f ms; an event after every "
+                   "launch, so a row is the kernel's time plus any gap before it; phase names: "
+                   "memory copies and gaps; rows under 0.5%% left out):\n%s",
+                   p.name.c_str(), total, rows.c_str());
+    }
     const double t = median(secs);
     const double tokens = double(batch * p.arch.seq_len);
     const double executed = double(per_step.total());

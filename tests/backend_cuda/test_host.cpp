@@ -103,18 +103,36 @@ TEST_CASE("the cuda engine is registered, and refuses cleanly without a device")
   }
 }
 
-TEST_CASE("--kernels: attention and experts by name, defaults kept, everything else refused") {
+TEST_CASE("--kernels: attention and experts by name or auto, everything else refused") {
   const cu::KernelChoice d = cu::parse_kernel_choice("");
-  CHECK(d.attention == cu::AttentionPath::cublas);
-  CHECK(d.experts == cu::ExpertPath::grouped);
-  CHECK(cu::to_string(d) == "attention=cublas,experts=grouped");
+  CHECK_FALSE(d.attention.has_value());
+  CHECK_FALSE(d.experts.has_value());
+  CHECK(cu::to_string(d) == "attention=auto,experts=auto");
+  CHECK(cu::to_string(cu::parse_kernel_choice("attention=auto,experts=auto")) ==
+        "attention=auto,experts=auto");
+  // auto: the fastest measured kernels that can run the point (bf16 only; fused attention at
+  // head widths 16, 32, 64, 128).
+  for (const int64_t dh : {16, 32, 64, 128})
+    CHECK(cu::to_string(cu::resolve_kernels(d, dh, cu::DType::bf16)) ==
+          "attention=fused_mma,experts=tiled");
+  for (const int64_t dh : {8, 48, 96, 256})
+    CHECK(cu::to_string(cu::resolve_kernels(d, dh, cu::DType::bf16)) ==
+          "attention=cublas,experts=tiled");
+  CHECK(cu::to_string(cu::resolve_kernels(d, 64, cu::DType::f32)) ==
+        "attention=cublas,experts=grouped");
+  // What was asked for is kept; only what was left out is chosen.
+  CHECK(cu::to_string(cu::resolve_kernels(cu::parse_kernel_choice("experts=grouped"), 64,
+                                          cu::DType::bf16)) == "attention=fused_mma,experts=grouped");
+  CHECK(cu::to_string(cu::resolve_kernels(cu::parse_kernel_choice("attention=cublas,logits=64"),
+                                          64, cu::DType::bf16)) ==
+        "attention=cublas,experts=tiled,logits=64");
   const cu::KernelChoice k = cu::parse_kernel_choice("experts=tiled,attention=fused_mma");
   CHECK(k.attention == cu::AttentionPath::fused_mma);
   CHECK(k.experts == cu::ExpertPath::tiled);
   CHECK(cu::to_string(k) == "attention=fused_mma,experts=tiled");
-  CHECK(cu::to_string(cu::parse_kernel_choice("experts=loop")) == "attention=cublas,experts=loop");
+  CHECK(cu::to_string(cu::parse_kernel_choice("experts=loop")) == "attention=auto,experts=loop");
   CHECK(cu::to_string(cu::parse_kernel_choice("attention=fused")) ==
-        "attention=fused,experts=grouped");
+        "attention=fused,experts=auto");
   auto message = [](const std::string& spec) {
     try {
       cu::parse_kernel_choice(spec);
@@ -124,9 +142,9 @@ TEST_CASE("--kernels: attention and experts by name, defaults kept, everything e
     return std::string("accepted");
   };
   CHECK(message("attention=flash") ==
-        "--kernels: attention=flash is not known (valid: attention=cublas|fused|fused_mma)");
+        "--kernels: attention=flash is not known (valid: attention=auto|cublas|fused|fused_mma)");
   CHECK(message("experts=fast") ==
-        "--kernels: experts=fast is not known (valid: experts=grouped|loop|tiled|batched)");
+        "--kernels: experts=fast is not known (valid: experts=auto|grouped|loop|tiled|batched)");
   CHECK(message("speed=fast").find("'speed' is not a kernel name") != std::string::npos);
   CHECK(message("attention").find("is not name=value") != std::string::npos);
   CHECK(message("attention=,experts=tiled").find("is not name=value") != std::string::npos);
@@ -135,9 +153,9 @@ TEST_CASE("--kernels: attention and experts by name, defaults kept, everything e
   CHECK(d.logit_rows == 0);
   const cu::KernelChoice l = cu::parse_kernel_choice("logits=2048,experts=tiled");
   CHECK(l.logit_rows == 2048);
-  CHECK(cu::to_string(l) == "attention=cublas,experts=tiled,logits=2048");
+  CHECK(cu::to_string(l) == "attention=auto,experts=tiled,logits=2048");
   CHECK(cu::parse_kernel_choice("logits=auto").logit_rows == 0);
-  CHECK(cu::to_string(cu::parse_kernel_choice("logits=auto")) == "attention=cublas,experts=grouped");
+  CHECK(cu::to_string(cu::parse_kernel_choice("logits=auto")) == "attention=auto,experts=auto");
   for (const char* bad : {"logits=0", "logits=-5", "logits=2k", "logits=1e4", "logits=all"})
     CHECK(message(bad) == fmt::format("--kernels: {} is not a row count (valid: logits=auto or a "
                                       "positive whole number of token rows, e.g. logits=2048)",

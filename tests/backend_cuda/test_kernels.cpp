@@ -45,8 +45,11 @@ TEST_CASE("rmsnorm forward and backward match the CPU") {
 
 TEST_CASE("swiglu forward and backward match the CPU") {
   // Inputs in the matrix-product type: fp32, or bf16 (the CPU then runs on the rounded values).
-  const int64_t N = 300, F = 96;
+  // F even takes column pairs in one access, F odd one column at a time.
+  const int64_t N = 300;
+  for (const int64_t F : {96, 37})
   for (DType t : {DType::f32, DType::bf16}) {
+    INFO("F " << F << (t == DType::f32 ? " fp32" : " bf16"));
     auto ab = randn(N * 2 * F, 5, 2.f), dh = randn(N * F, 6);
     std::vector<uint16_t> ab_bits(ab.size()), dh_bits(dh.size());
     if (t == DType::bf16) {
@@ -71,6 +74,38 @@ TEST_CASE("swiglu forward and backward match the CPU") {
     synchronize();
     CHECK(rel_err(download_f(out, N * F, t), h) < tol);
     CHECK(rel_err(download_f(dout, N * 2 * F, t), dab) < tol);
+  }
+}
+
+TEST_CASE("qkv_prepare (RoPE on q and k heads, a cast elsewhere) matches the CPU, both ways") {
+  // GQA (3 query heads, 1 kv head), two sequences, a random table: every q/k pair rotated by its
+  // position's entry, v cast; backward the transposed rotation. Without RoPE a plain cast, also
+  // at an odd head width (the last column of each head included).
+  struct Case {
+    int64_t B, S, H, Hkv, Dh;
+    bool rope;
+  };
+  for (const Case c : {Case{2, 5, 3, 1, 6, true}, Case{1, 7, 2, 2, 4, true},
+                       Case{2, 3, 3, 1, 5, false}, Case{1, 4, 2, 1, 8, false}}) {
+    INFO("Dh " << c.Dh << (c.rope ? " rope" : " no rope"));
+    const int64_t W = (c.H + 2 * c.Hkv) * c.Dh, T = c.B * c.S;
+    const auto x = randn(T * W, 31), table = randn(c.S * c.Dh, 32);
+    std::vector<float> fwd = x, bwd = x;
+    if (c.rope) {
+      cpu::rope_forward(fwd.data(), table.data(), c.B, c.S, c.H, c.Hkv, c.Dh);
+      cpu::rope_backward(bwd.data(), table.data(), c.B, c.S, c.H, c.Hkv, c.Dh);
+    }
+    auto dX = to_device(x), dT = to_device(table);
+    const float* tp = c.rope ? dT.as<float>() : nullptr;
+    for (DType t : {DType::f32, DType::bf16}) {
+      auto f = poisoned(T * W * 4), b = poisoned(T * W * 4);
+      k::qkv_prepare(f.data(), t, dX.as<float>(), tp, c.B, c.S, c.H, c.Hkv, c.Dh);
+      k::qkv_prepare_backward(b.data(), t, dX.as<float>(), tp, c.B, c.S, c.H, c.Hkv, c.Dh);
+      synchronize();
+      const double tol = t == DType::f32 ? 1e-6 : 4e-3;  // bf16: one rounding (2^-8 at most)
+      CHECK(rel_err(download_f(f, T * W, t), fwd) < tol);
+      CHECK(rel_err(download_f(b, T * W, t), bwd) < tol);
+    }
   }
 }
 
@@ -187,9 +222,10 @@ TEST_CASE("router top-K, stable sort by expert, combine and router backward matc
 }
 
 TEST_CASE("cross-entropy forward and backward match the CPU") {
-  // V 1000 (odd number of float4s: 250) and 1001 (no float4 path) stage their rows in shared
-  // memory; V 60000 (240 KB) is wider than a block may opt in to on Hopper and reads global
-  // memory twice.
+  // V 1000 (250 float4s, in 8 chunks of 128 floats, the last short) runs the pipelined kernel:
+  // 70 rows through one block on the emulator's one SM, each row's chunks refilled with the
+  // next's; V 1001 (no float4 path) stages whole rows; V 60000 (240 KB) is wider than a block may
+  // opt in to on Hopper and reads global memory twice.
   for (const auto& [T, V] : {std::pair<int64_t, int64_t>{70, 1000}, {9, 1001}, {3, 60000}}) {
     INFO("T " << T << " V " << V);
     const auto logits = randn(T * V, 14, 3.f);

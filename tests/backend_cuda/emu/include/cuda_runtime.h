@@ -35,7 +35,10 @@ cudaError_t cudaGetDeviceCount(int* n);
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int device);
 cudaError_t cudaSetDevice(int device);
 cudaError_t cudaGetDevice(int* device);
-enum cudaDeviceAttr { cudaDevAttrMaxSharedMemoryPerBlockOptin = 97 };
+enum cudaDeviceAttr {
+  cudaDevAttrMultiProcessorCount = 16,
+  cudaDevAttrMaxSharedMemoryPerBlockOptin = 97
+};
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device);
 cudaError_t cudaDeviceSynchronize();
 cudaError_t cudaMalloc(void** p, std::size_t bytes);

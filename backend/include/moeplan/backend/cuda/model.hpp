@@ -4,6 +4,7 @@
 // GPU and matrix-product inputs in bf16 (or fp32 for the tight tests). No CUDA header needed.
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -38,16 +39,21 @@ enum class ExpertPath { grouped, loop, tiled, batched };
 inline constexpr int64_t kLogitRowsAuto = 8192;
 
 // The kernel choice of a run, from EngineRequest::kernels: "attention=fused_mma,experts=tiled,
-// logits=2048"; any key may be left out (its default stays). `logits` is the LM head's chunk in
+// logits=2048"; any key may be left out or given as `auto`. `logits` is the LM head's chunk in
 // rows (a positive count, or `auto` for kLogitRowsAuto). Anything else is an InputError naming
-// the valid spellings. to_string gives the canonical form: attention and experts always, logits
-// only when a row count was asked for.
+// the valid spellings. to_string gives the canonical form: attention and experts always (`auto`
+// while unresolved), logits only when a row count was asked for.
 struct KernelChoice {
-  AttentionPath attention = AttentionPath::cublas;
-  ExpertPath experts = ExpertPath::grouped;
-  int64_t logit_rows = 0;  // 0: kLogitRowsAuto
+  std::optional<AttentionPath> attention;  // unset: automatic (resolve_kernels)
+  std::optional<ExpertPath> experts;       // unset: automatic
+  int64_t logit_rows = 0;                  // 0: kLogitRowsAuto
 };
 KernelChoice parse_kernel_choice(const std::string& spec);
+// The automatic choices made: the kernels measured fastest on an H200 that can run the point
+// (bench/gpu/RESULTS.md, 2026-11-30: dense 31.3 against 35.7 ms a step, MoE at r_a 0.2 22.6
+// against 28.6 ms): attention `fused_mma` in bf16 at head widths 16, 32, 64 and 128, else
+// `cublas`; experts `tiled` in bf16, else `grouped`. What was asked for is kept.
+KernelChoice resolve_kernels(const KernelChoice& asked, int64_t head_dim, DType matmul);
 std::string to_string(const KernelChoice& k);
 
 class Model {
@@ -112,8 +118,10 @@ class Model {
   // cuBLAS batched products over the full S×S square with a separate softmax.
   bool fused_attention() const;
   // Per-phase device time of train_step (CUDA events between phases; costs a little itself):
-  // mean milliseconds per step since set_profiling(true), phases in first-seen order.
-  void set_profiling(bool on);
+  // mean milliseconds per step since set_profiling(true), phases in first-seen order. With
+  // per_kernel, an event after every kernel and cuBLAS call too (one model at a time): the times
+  // are then by kernel name, plus what ran between a kernel and a phase's end (memory copies).
+  void set_profiling(bool on, bool per_kernel = false);
   std::vector<std::pair<std::string, double>> profile_ms_per_step() const;
   size_t device_bytes() const;
 
