@@ -44,6 +44,22 @@ __device__ __forceinline__ void store2(float* p, float a, float b) {
 __device__ __forceinline__ void store2(bf16* p, float a, float b) {
   *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(a, b);
 }
+// Four adjacent elements: 16-byte fp32 accesses (p 16-byte aligned); bf16 as two pairs.
+__device__ __forceinline__ float4 load4(const float* p) {
+  return *reinterpret_cast<const float4*>(p);
+}
+__device__ __forceinline__ void store4(float* p, float4 v) {
+  *reinterpret_cast<float4*>(p) = v;
+}
+__device__ __forceinline__ void store4(bf16* p, float4 v) {
+  store2(p, v.x, v.y);
+  store2(p + 2, v.z, v.w);
+}
+// Whether every pointer is 16-byte aligned (the float4 paths' condition, with sizes % 4 == 0).
+template <class... P>
+bool aligned16(const P*... p) {
+  return ((reinterpret_cast<uintptr_t>(p) % 16 == 0) && ...);
+}
 
 // Block-wide sum in a fixed tree (blockDim multiple of 32, ≤ 1024); every thread gets the result.
 __device__ float block_sum(float x) {
@@ -93,6 +109,12 @@ __global__ void cast_kernel(OutT* out, const float* in, int64_t n) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) store(out + i, in[i]);
 }
+// Four elements a thread (n % 4 == 0, aligned): a quarter of the instructions, 16-byte loads.
+template <class OutT>
+__global__ void cast4_kernel(OutT* out, const float* in, int64_t n4) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n4) store4(out + 4 * i, load4(in + 4 * i));
+}
 
 __global__ void widen_bf16_kernel(float* out, const bf16* in, int64_t n) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -128,8 +150,9 @@ __global__ void embedding_backward_kernel(float* demb, const float* dx, const in
   }
 }
 
-// One warp per row.
-template <class OutT>
+// One warp per row; with VEC4 (C % 4 == 0, aligned rows) a lane takes four adjacent columns in
+// one 16-byte access, a quarter of the instructions per element.
+template <class OutT, bool VEC4>
 __global__ void rmsnorm_forward_kernel(OutT* out, float* rstd, const float* x, const float* w,
                                        int64_t T, int64_t C, float eps) {
   const int64_t t = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
@@ -137,13 +160,30 @@ __global__ void rmsnorm_forward_kernel(OutT* out, float* rstd, const float* x, c
   if (t >= T) return;
   const float* xr = x + t * C;
   float ss = 0.f;
-  for (int64_t c = lane; c < C; c += 32) ss += xr[c] * xr[c];
+  if constexpr (VEC4) {
+    for (int64_t c = 4 * lane; c < C; c += 128) {
+      const float4 v = load4(xr + c);
+      ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+    }
+  } else {
+    for (int64_t c = lane; c < C; c += 32) ss += xr[c] * xr[c];
+  }
   ss = warp_sum(ss);
   const float r = rsqrtf(ss / float(C) + eps);
   if (lane == 0) rstd[t] = r;
-  for (int64_t c = lane; c < C; c += 32) store(out + t * C + c, xr[c] * r * w[c]);
+  if constexpr (VEC4) {
+    for (int64_t c = 4 * lane; c < C; c += 128) {
+      const float4 v = load4(xr + c), g = load4(w + c);
+      store4(out + t * C + c, make_float4(v.x * r * g.x, v.y * r * g.y, v.z * r * g.z,
+                                          v.w * r * g.w));
+    }
+  } else {
+    for (int64_t c = lane; c < C; c += 32) store(out + t * C + c, xr[c] * r * w[c]);
+  }
 }
 
+// dx += r·(w·dy − x̂·mean(w·dy·x̂)); VEC4 as in the forward.
+template <bool VEC4>
 __global__ void rmsnorm_backward_dx_kernel(float* dx, const float* dy, const float* x,
                                            const float* w, const float* rstd, int64_t T,
                                            int64_t C) {
@@ -152,13 +192,33 @@ __global__ void rmsnorm_backward_dx_kernel(float* dx, const float* dy, const flo
   if (t >= T) return;
   const float* xr = x + t * C;
   const float* dyr = dy + t * C;
+  float* dxr = dx + t * C;
   const float r = rstd[t];
   float dot = 0.f;  // Σ_c w·dy·x̂
-  for (int64_t c = lane; c < C; c += 32) dot += w[c] * dyr[c] * xr[c] * r;
+  if constexpr (VEC4) {
+    for (int64_t c = 4 * lane; c < C; c += 128) {
+      const float4 g = load4(w + c), d = load4(dyr + c), v = load4(xr + c);
+      dot += g.x * d.x * v.x * r + g.y * d.y * v.y * r + g.z * d.z * v.z * r + g.w * d.w * v.w * r;
+    }
+  } else {
+    for (int64_t c = lane; c < C; c += 32) dot += w[c] * dyr[c] * xr[c] * r;
+  }
   dot = warp_sum(dot) / float(C);
-  for (int64_t c = lane; c < C; c += 32) {
-    const float xhat = xr[c] * r;
-    dx[t * C + c] += r * (w[c] * dyr[c] - xhat * dot);
+  if constexpr (VEC4) {
+    for (int64_t c = 4 * lane; c < C; c += 128) {
+      const float4 g = load4(w + c), d = load4(dyr + c), v = load4(xr + c);
+      float4 o = load4(dxr + c);
+      o.x += r * (g.x * d.x - v.x * r * dot);
+      o.y += r * (g.y * d.y - v.y * r * dot);
+      o.z += r * (g.z * d.z - v.z * r * dot);
+      o.w += r * (g.w * d.w - v.w * r * dot);
+      store4(dxr + c, o);
+    }
+  } else {
+    for (int64_t c = lane; c < C; c += 32) {
+      const float xhat = xr[c] * r;
+      dxr[c] += r * (w[c] * dyr[c] - xhat * dot);
+    }
   }
 }
 
@@ -615,79 +675,6 @@ __global__ void cross_entropy_kernel(float* losses, OutT* dlogits, const float* 
       store(dlogits + t * V + v, grad_scale * (expf(l[v] - lse) - (v == target ? 1.f : 0.f)));
 }
 
-// The pipelined cross-entropy stages a row in this many chunks, each its own cp.async group.
-constexpr int kCeChunks = 8;
-
-// Waits until at most `pending` (0 ≤ pending < kCeChunks) of this thread's cp.async groups are in
-// flight; wait_group takes a constant, hence the chain.
-template <int N = kCeChunks - 1>
-__device__ __forceinline__ void cp_async_wait_at_most(int pending) {
-  if constexpr (N == 0) {
-    cp_async_wait<0>();
-  } else {
-    if (pending >= N)
-      cp_async_wait<N>();
-    else
-      cp_async_wait_at_most<N - 1>(pending);
-  }
-}
-
-// Rows blockIdx.x, + gridDim.x, … (one block an SM: the row fills its shared memory). The row is
-// staged in kCeChunks chunks; while a row's gradient is written chunk by chunk, each chunk's space
-// is refilled at once with the same chunk of the block's next row. So the next row's loads fly
-// under this row's stores and arithmetic, and its first pass starts when its first chunk has
-// landed; staging a whole row and then computing left the memory pipe idle half the time (1.44 ms
-// for 8192 rows of V 50304 on an H200, 2026-11-30, about 2.5x its traffic at full bandwidth).
-// Needs V % 4 == 0 and 16-byte aligned rows (the host checks).
-template <class OutT>
-__global__ void __launch_bounds__(512)
-    cross_entropy_pipelined_kernel(float* losses, OutT* dlogits, const float* logits,
-                                   const int32_t* targets, int64_t T, int64_t V, int64_t chunk,
-                                   float grad_scale) {
-  extern __shared__ __align__(16) float row[];
-  const auto issue = [&](int64_t t, int c) {  // chunk c of row t, one group (maybe empty)
-    const float* src = logits + t * V;
-    const int64_t end = min(V, (c + 1) * chunk);
-    for (int64_t v = c * chunk + 4 * int64_t(threadIdx.x); v < end; v += 4 * int64_t(blockDim.x))
-      cp_async_16(row + v, src + v, 16);
-    cp_async_commit();
-  };
-  if (blockIdx.x < T)
-    for (int c = 0; c < kCeChunks; ++c) issue(blockIdx.x, c);
-  for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
-    const int64_t next = t + gridDim.x;
-    float mx = -INFINITY, s = 0.f;
-    for (int c = 0; c < kCeChunks; ++c) {  // this row's kCeChunks groups are the ones in flight
-      cp_async_wait_at_most(kCeChunks - 1 - c);
-      __syncthreads();  // every thread's copies of chunk c have landed
-      const int64_t end = min(V, (c + 1) * chunk);
-      for (int64_t v = c * chunk + threadIdx.x; v < end; v += blockDim.x) {
-        const float x = row[v];
-        if (x > mx) {
-          s = s * expf(mx - x) + 1.f;
-          mx = x;
-        } else {
-          s += expf(x - mx);
-        }
-      }
-    }
-    block_merge_max_sum(mx, s);
-    const float lse = mx + logf(s);
-    const int32_t target = targets[t];
-    if (threadIdx.x == 0) losses[t] = target < 0 ? 0.f : lse - row[target];
-    for (int c = 0; c < kCeChunks; ++c) {
-      const int64_t end = min(V, (c + 1) * chunk);
-      if (dlogits)
-        for (int64_t v = c * chunk + threadIdx.x; v < end; v += blockDim.x)
-          store(dlogits + t * V + v,
-                target < 0 ? 0.f
-                           : grad_scale * (expf(row[v] - lse) - (v == target ? 1.f : 0.f)));
-      __syncthreads();  // every thread is done with chunk c (and thread 0 with row[target])
-      if (next < T) issue(next, c);
-    }
-  }
-}
-
 __global__ void sum_double_kernel(double* out, const float* x, int64_t n) {
   __shared__ double part[1024];
   double s = 0;
@@ -736,29 +723,62 @@ __global__ void norm_finish_kernel(float* norm, const double* partial, int n, fl
   }
 }
 
+// One parameter's AdamW step, the CPU reference's form: p −= lr·(m̂/(sqrt(v̂)+eps) + wd·p),
+// m̂ = m·(1/bc1); returns the new weight.
+struct AdamW {
+  float scale, lr, b1, b2, eps, wd, bc1, bc2;  // scale: the clipping factor
+  __device__ __forceinline__ float step(float& w, float& m, float& v, float g, bool decay) const {
+    const float grad = g * scale;
+    m = b1 * m + (1.f - b1) * grad;
+    v = b2 * v + (1.f - b2) * grad * grad;
+    const float mh = m * bc1, vh = v * bc2;
+    w -= lr * (mh / (sqrtf(vh) + eps) + (decay ? wd : 0.f) * w);
+    return w;
+  }
+};
+
 __global__ void adamw_kernel(float* p, bf16* p_mm, float* m, float* v, const float* g,
-                             const uint8_t* decay, const float* norm, int64_t n, float lr, float b1,
-                             float b2, float eps, float wd, float bc1, float bc2) {
+                             const uint8_t* decay, const float* norm, int64_t n, AdamW a) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
-  const float grad = g[i] * norm[1];
-  const float mi = b1 * m[i] + (1.f - b1) * grad;
-  const float vi = b2 * v[i] + (1.f - b2) * grad * grad;
+  a.scale = norm[1];
+  float w = p[i], mi = m[i], vi = v[i];
+  a.step(w, mi, vi, g[i], decay[i] != 0);
   m[i] = mi;
   v[i] = vi;
-  // The CPU reference's form: p −= lr·(m̂/(sqrt(v̂)+eps) + wd·p), m̂ = m·(1/bc1).
-  const float mh = mi * bc1, vh = vi * bc2;
-  float w = p[i];
-  w -= lr * (mh / (sqrtf(vh) + eps) + (decay[i] ? wd : 0.f) * w);
   p[i] = w;
   if (p_mm) p_mm[i] = __float2bfloat16(w);
+}
+
+// Four parameters a thread (n4 groups; every pointer 16-byte aligned, decay 4 and p_mm 8): the
+// same arithmetic in 16-byte accesses.
+__global__ void adamw4_kernel(float* p, bf16* p_mm, float* m, float* v, const float* g,
+                              const uint8_t* decay, const float* norm, int64_t n4, AdamW a) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n4) return;
+  a.scale = norm[1];
+  float4 w = load4(p + 4 * i), mi = load4(m + 4 * i), vi = load4(v + 4 * i);
+  const float4 gi = load4(g + 4 * i);
+  const uint32_t d = *reinterpret_cast<const uint32_t*>(decay + 4 * i);  // 4 flags, in order
+  a.step(w.x, mi.x, vi.x, gi.x, (d & 0xffu) != 0);
+  a.step(w.y, mi.y, vi.y, gi.y, (d & 0xff00u) != 0);
+  a.step(w.z, mi.z, vi.z, gi.z, (d & 0xff0000u) != 0);
+  a.step(w.w, mi.w, vi.w, gi.w, (d & 0xff000000u) != 0);
+  store4(m + 4 * i, mi);
+  store4(v + 4 * i, vi);
+  store4(p + 4 * i, w);
+  if (p_mm) store4(p_mm + 4 * i, w);
 }
 
 }  // namespace
 
 void cast(void* out, DType mm, const float* in, int64_t n) {
   if (n == 0) return;
-  MOEPLAN_DISPATCH_MM(mm, cast_kernel<<<blocks_for(n, 256), 256>>>(static_cast<OutT*>(out), in, n));
+  if (n % 4 == 0 && aligned16(in) && reinterpret_cast<uintptr_t>(out) % (mm == DType::f32 ? 16 : 8) == 0)
+    MOEPLAN_DISPATCH_MM(mm, cast4_kernel<<<blocks_for(n / 4, 256), 256>>>(static_cast<OutT*>(out),
+                                                                          in, n / 4));
+  else
+    MOEPLAN_DISPATCH_MM(mm, cast_kernel<<<blocks_for(n, 256), 256>>>(static_cast<OutT*>(out), in, n));
   check_launch("cast");
 }
 
@@ -791,8 +811,15 @@ void embedding_backward(float* demb, const float* dx, const int32_t* ids, const 
 
 void rmsnorm_forward(void* out, DType mm, float* rstd, const float* x, const float* w, int64_t T,
                      int64_t C, float eps) {
-  MOEPLAN_DISPATCH_MM(mm, rmsnorm_forward_kernel<<<blocks_for(T, 8), 256>>>(static_cast<OutT*>(out),
-                                                                            rstd, x, w, T, C, eps));
+  const bool vec4 = C % 4 == 0 && aligned16(x, w) &&
+                    reinterpret_cast<uintptr_t>(out) % (mm == DType::f32 ? 16 : 8) == 0;
+  MOEPLAN_DISPATCH_MM(mm, {
+    auto* o = static_cast<OutT*>(out);
+    if (vec4)
+      rmsnorm_forward_kernel<OutT, true><<<blocks_for(T, 8), 256>>>(o, rstd, x, w, T, C, eps);
+    else
+      rmsnorm_forward_kernel<OutT, false><<<blocks_for(T, 8), 256>>>(o, rstd, x, w, T, C, eps);
+  });
   check_launch("rmsnorm_forward");
 }
 
@@ -805,7 +832,10 @@ int64_t colsum_scratch_floats(int64_t C) {
 
 void rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x, const float* w,
                       const float* rstd, int64_t T, int64_t C, float* scratch) {
-  rmsnorm_backward_dx_kernel<<<blocks_for(T, 8), 256>>>(dx, dy, x, w, rstd, T, C);
+  if (C % 4 == 0 && aligned16(dx, dy, x, w))
+    rmsnorm_backward_dx_kernel<true><<<blocks_for(T, 8), 256>>>(dx, dy, x, w, rstd, T, C);
+  else
+    rmsnorm_backward_dx_kernel<false><<<blocks_for(T, 8), 256>>>(dx, dy, x, w, rstd, T, C);
   check_launch("rmsnorm_backward_dx");
   rmsnorm_dw_partial_kernel<<<dim3(blocks_for(C, 128), kColChunks), 128>>>(scratch, dy, x, rstd, T,
                                                                            C);
@@ -962,14 +992,6 @@ void router_backward(void* dlogits, DType mm, const float* probs, const float* l
 namespace {
 
 // The largest dynamic shared memory a block of this device may opt in to.
-int multiprocessors() {
-  int device = 0, n = 0;
-  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-  check_cuda(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device),
-             "cudaDeviceGetAttribute (multiprocessors)");
-  return n;
-}
-
 int max_shared_optin() {
   int device = 0, bytes = 0;
   check_cuda(cudaGetDevice(&device), "cudaGetDevice");
@@ -984,19 +1006,7 @@ void launch_cross_entropy(float* losses, OutT* dlogits, const float* logits, con
   static const int64_t optin = max_shared_optin();
   const int64_t row_bytes = V * int64_t(sizeof(float));
   if (T == 0) return;
-  if (row_bytes <= optin && V % 4 == 0 && reinterpret_cast<uintptr_t>(logits) % 16 == 0) {
-    static const int64_t sms = multiprocessors();
-    static int64_t allowed = 0;
-    if (row_bytes > allowed) {
-      check_cuda(cudaFuncSetAttribute(cross_entropy_pipelined_kernel<OutT>,
-                                      cudaFuncAttributeMaxDynamicSharedMemorySize, int(row_bytes)),
-                 "cudaFuncSetAttribute (cross-entropy row)");
-      allowed = row_bytes;
-    }
-    const int64_t chunk = ((V + kCeChunks - 1) / kCeChunks + 3) / 4 * 4;
-    cross_entropy_pipelined_kernel<OutT><<<unsigned(std::min(T, sms)), 512, size_t(row_bytes)>>>(
-        losses, dlogits, logits, targets, T, V, chunk, grad_scale);
-  } else if (row_bytes <= optin) {
+  if (row_bytes <= optin) {
     static int64_t allowed = 0;  // the opt-in already granted to this instance
     if (row_bytes > allowed) {
       check_cuda(cudaFuncSetAttribute(cross_entropy_kernel<OutT, true>,
@@ -1048,10 +1058,25 @@ void grad_norm(float* norm, const float* grads, int64_t n, float max_norm, doubl
 void adamw(float* params, uint16_t* params_mm, float* m, float* v, const float* grads,
            const uint8_t* decay, const float* norm, int64_t n, float lr, float beta1, float beta2,
            float eps, float weight_decay, float bias_correction1, float bias_correction2) {
-  adamw_kernel<<<blocks_for(n, 256), 256>>>(params, reinterpret_cast<bf16*>(params_mm), m, v, grads,
-                                            decay, norm, n, lr, beta1, beta2, eps, weight_decay,
-                                            bias_correction1, bias_correction2);
-  check_launch("adamw");
+  if (n == 0) return;
+  const AdamW a{0.f, lr, beta1, beta2, eps, weight_decay, bias_correction1, bias_correction2};
+  bf16* mm = reinterpret_cast<bf16*>(params_mm);
+  int64_t done = 0;  // the first 4·n4 in fours when the layout allows, the rest one by one
+  if (aligned16(params, m, v, grads) && reinterpret_cast<uintptr_t>(decay) % 4 == 0 &&
+      reinterpret_cast<uintptr_t>(params_mm) % 8 == 0) {
+    const int64_t n4 = n / 4;
+    if (n4 > 0) {
+      adamw4_kernel<<<blocks_for(n4, 256), 256>>>(params, mm, m, v, grads, decay, norm, n4, a);
+      check_launch("adamw");
+    }
+    done = 4 * n4;
+  }
+  if (done < n) {
+    adamw_kernel<<<blocks_for(n - done, 256), 256>>>(params + done, mm ? mm + done : nullptr,
+                                                     m + done, v + done, grads + done,
+                                                     decay + done, norm, n - done, a);
+    check_launch("adamw");
+  }
 }
 
 }  // namespace moeplan::backend::cuda::kernels

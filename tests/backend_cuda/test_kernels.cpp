@@ -20,7 +20,10 @@ namespace cpu = moeplan::backend::cpu;
 using moeplan::backend::cuda::synchronize;
 
 TEST_CASE("rmsnorm forward and backward match the CPU") {
-  const int64_t T = 257, C = 192;
+  // C 192: four columns a lane in 16-byte accesses; C 190: one at a time.
+  const int64_t T = 257;
+  for (const int64_t C : {192, 190}) {
+  INFO("C " << C);
   const auto x = randn(T * C, 1), w = randn(C, 2), dy = randn(T * C, 3), dx0 = randn(T * C, 4);
   std::vector<float> y(T * C), rstd(T), dx = dx0, dw(C, 0.f);
   cpu::rmsnorm_forward(y.data(), rstd.data(), x.data(), w.data(), T, C);
@@ -41,6 +44,32 @@ TEST_CASE("rmsnorm forward and backward match the CPU") {
   synchronize();
   CHECK(rel_err(download_f(dDX, T * C), dx) < 1e-5);
   CHECK(rel_err(download_f(gw, C), dw) < 1e-5);
+  }
+}
+
+TEST_CASE("cast fp32 to the product type: exactly the rounding, in fours or one by one") {
+  // n 1000 in fours (16-byte loads); n 1001, and an offset start, one by one.
+  const auto x = randn(1001, 41, 3.f);
+  auto dX = to_device(x);
+  for (const int64_t n : {1000, 1001})
+    for (const int64_t off : {0, 1})
+      for (DType t : {DType::f32, DType::bf16}) {
+        INFO("n " << n << " offset " << off << (t == DType::f32 ? " fp32" : " bf16"));
+        const int64_t m = n - off;
+        auto out = poisoned(m * 4);
+        k::cast(out.data(), t, dX.as<float>() + off, m);
+        synchronize();
+        const std::vector<float> got = download_f(out, m, t);
+        int64_t wrong = 0;
+        for (int64_t i = 0; i < m; ++i) {
+          const float want = t == DType::f32 ? x[size_t(off + i)]
+                                             : moeplan::backend::cuda::bf16_to_float(
+                                                   moeplan::backend::cuda::float_to_bf16(
+                                                       x[size_t(off + i)]));
+          wrong += got[size_t(i)] != want;
+        }
+        CHECK(wrong == 0);
+      }
 }
 
 TEST_CASE("swiglu forward and backward match the CPU") {
@@ -222,10 +251,9 @@ TEST_CASE("router top-K, stable sort by expert, combine and router backward matc
 }
 
 TEST_CASE("cross-entropy forward and backward match the CPU") {
-  // V 1000 (250 float4s, in 8 chunks of 128 floats, the last short) runs the pipelined kernel:
-  // 70 rows through one block on the emulator's one SM, each row's chunks refilled with the
-  // next's; V 1001 (no float4 path) stages whole rows; V 60000 (240 KB) is wider than a block may
-  // opt in to on Hopper and reads global memory twice.
+  // V 1000 (odd number of float4s: 250) and 1001 (no float4 path) stage their rows in shared
+  // memory; V 60000 (240 KB) is wider than a block may opt in to on Hopper and reads global
+  // memory twice.
   for (const auto& [T, V] : {std::pair<int64_t, int64_t>{70, 1000}, {9, 1001}, {3, 60000}}) {
     INFO("T " << T << " V " << V);
     const auto logits = randn(T * V, 14, 3.f);

@@ -639,10 +639,6 @@ cudaError_t cudaGetDevice(int* device) {
 }
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
   if (device < 0 || device >= emulated_devices()) return cudaErrorInvalidDevice;
-  if (attr == cudaDevAttrMultiProcessorCount) {
-    *value = 1;  // as cudaGetDeviceProperties says
-    return cudaSuccess;
-  }
   if (attr != cudaDevAttrMaxSharedMemoryPerBlockOptin) return cudaErrorInvalidValue;
   *value = int(moeplan_emu::kMaxSharedOptIn);  // Hopper's
   return cudaSuccess;

@@ -59,6 +59,12 @@ struct alignas(8) float2 {
 inline float2 make_float2(float x, float y) {
   return {x, y};
 }
+struct alignas(16) float4 {
+  float x, y, z, w;
+};
+inline float4 make_float4(float x, float y, float z, float w) {
+  return {x, y, z, w};
+}
 
 // The running fiber's coordinates (set by the scheduler before it resumes a fiber). Plain
 // globals: kernels run on the one host thread that launches them.
