@@ -184,9 +184,24 @@ TEST_CASE("causal softmax (ALiBi) forward and backward match the CPU attention")
 }
 
 TEST_CASE("router top-K, stable sort by expert, combine and router backward match the CPU") {
-  const int64_t T = 333, E = 12, K = 3, C = 40;
+  // E 12: one expert a lane of the warp kernels; E 66 (the bench's MoE): three, the last partly;
+  // E 300: the thread-per-token kernels. T·K not a multiple of 4 (the placement's tail).
+  struct Shape {
+    int64_t T, E, K;
+  };
+  const int64_t C = 40;
+  for (const Shape sh : {Shape{333, 12, 3}, Shape{333, 66, 5}, Shape{97, 300, 4}})
   for (bool renorm : {false, true}) {
-    const auto logits = randn(T * E, 9 + renorm);
+    const int64_t T = sh.T, E = sh.E, K = sh.K;
+    INFO("T " << T << " E " << E << " K " << K << (renorm ? " renormalized" : ""));
+    auto logits = randn(T * E, 9 + renorm);
+    // Ties: every 11th token all equal (the K lowest experts win, in order), every 13th its two
+    // largest logits equal, on experts in different lanes and slots (the lower one first).
+    for (int64_t t = 0; t < T; t += 11) std::fill_n(logits.begin() + t * E, E, 0.5f);
+    for (int64_t t = 5; t < T; t += 13) {
+      logits[size_t(t * E + E - 1)] = 9.f;
+      logits[size_t(t * E + (t % (E - 1)))] = 9.f;
+    }
     std::vector<float> probs = logits, lse(T), gate(T * K);
     std::vector<int32_t> idx(T * K);
     cpu::router_forward(probs.data(), lse.data(), idx.data(), gate.data(), T, E, K, renorm);
@@ -247,6 +262,60 @@ TEST_CASE("router top-K, stable sort by expert, combine and router backward matc
                        dCounts.as<int32_t>(), T, E, K, renorm, lb, z);
     synchronize();
     CHECK(rel_err(download_f(dDlog, T * E), dlog) < 1e-5);
+  }
+}
+
+TEST_CASE("gather_rows, combine and scatter-add equal a host loop, in 16-byte words or not") {
+  // A fixed permutation of the T·K routed rows; C 40 (whole 16-byte words in fp32 and bf16) and
+  // C 37 (one element at a time). Each output is the host loop's exactly (same order of sums).
+  const int64_t T = 29, K = 3, N = T * K;
+  std::vector<int32_t> slot_of(N), sorted(N);
+  for (int64_t a = 0; a < N; ++a) slot_of[size_t(a)] = int32_t((a * 37 + 11) % N);
+  for (int64_t a = 0; a < N; ++a) sorted[size_t(slot_of[size_t(a)])] = int32_t(a);
+  auto dSlot = to_device(slot_of), dSorted = to_device(sorted);
+  for (const int64_t C : {40, 37}) {
+    INFO("C " << C);
+    const auto x = randn(T * C, 51), ys = randn(N * C, 52), y0 = randn(T * C, 53),
+               gate = randn(N, 54);
+    auto dX = to_device(x), dYs = to_device(ys), dGate = to_device(gate);
+    for (DType t : {DType::f32, DType::bf16}) {
+      std::vector<float> xin = x;
+      std::vector<uint16_t> bits(x.size());
+      for (size_t i = 0; i < x.size(); ++i) {
+        bits[i] = moeplan::backend::cuda::float_to_bf16(x[i]);
+        if (t == DType::bf16) xin[i] = moeplan::backend::cuda::bf16_to_float(bits[i]);
+      }
+      auto in = t == DType::f32 ? to_device(x) : to_device(bits);
+      auto out = poisoned(N * C * 4);
+      k::gather_rows(out.data(), in.data(), t, dSorted.as<int32_t>(), N, K, C);
+      synchronize();
+      const std::vector<float> got = download_f(out, N * C, t);
+      int64_t wrong = 0;
+      for (int64_t i = 0; i < N; ++i)
+        for (int64_t c = 0; c < C; ++c)
+          wrong += got[size_t(i * C + c)] != xin[size_t(sorted[size_t(i)] / K * C + c)];
+      CHECK(wrong == 0);
+    }
+    std::vector<float> y = y0, dx = y0;
+    for (int64_t tk = 0; tk < T; ++tk)
+      for (int64_t c = 0; c < C; ++c) {
+        float s = y[size_t(tk * C + c)], d = dx[size_t(tk * C + c)];
+        for (int64_t k2 = 0; k2 < K; ++k2) {
+          const int64_t slot = slot_of[size_t(tk * K + k2)];
+          s += gate[size_t(tk * K + k2)] * ys[size_t(slot * C + c)];
+          d += ys[size_t(slot * C + c)];
+        }
+        y[size_t(tk * C + c)] = s;
+        dx[size_t(tk * C + c)] = d;
+      }
+    auto dY = to_device(y0), dDx = to_device(y0);
+    k::moe_combine_forward(dY.as<float>(), dYs.as<float>(), dGate.as<float>(),
+                           dSlot.as<int32_t>(), T, K, C);
+    k::moe_scatter_add(dDx.as<float>(), dYs.as<float>(), dSlot.as<int32_t>(), T, K, C);
+    synchronize();
+    // The host's float sums in the kernels' order: equal but for FMA contraction on a GPU.
+    CHECK(rel_err(download_f(dY, T * C), y) < 1e-6);
+    CHECK(download_f(dDx, T * C) == dx);
   }
 }
 
