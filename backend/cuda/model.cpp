@@ -470,7 +470,8 @@ struct Model::Impl {
         expert_wtab = alloc(size_t(a.moe_layers() * 4 * E) * sizeof(void*));
       }
     }
-    col_scratch = alloc_f(std::max(k::rmsnorm_scratch_floats(Dm), k::colsum_scratch_floats(E)));
+    col_scratch =
+        alloc_f(std::max(k::rmsnorm_scratch_floats(T, Dm), k::colsum_scratch_floats(E)));
     norm_scratch = alloc(size_t(k::grad_norm_scratch_doubles()) * 8);
     norm = alloc_f(2);
     routed.assign(size_t(a.moe_layers()), 0);

@@ -20,10 +20,13 @@ namespace cpu = moeplan::backend::cpu;
 using moeplan::backend::cuda::synchronize;
 
 TEST_CASE("rmsnorm forward and backward match the CPU") {
-  // C 192: four columns a lane in 16-byte accesses; C 190: one at a time.
-  const int64_t T = 257;
-  for (const int64_t C : {192, 190}) {
-  INFO("C " << C);
+  // C 192: one pass for dx and dw's partial sums (9 blocks of 32 rows, the last of 1), four
+  // columns a lane in 16-byte accesses; T 16500: blocks of 40 rows (at most 512 blocks); C 1028
+  // (past the one-pass kernel's 1024): dx in 16-byte accesses, dw apart; C 190: one column at a
+  // time.
+  for (const auto& [T, C] : {std::pair<int64_t, int64_t>{257, 192}, {16500, 64}, {257, 1028},
+                             {257, 190}}) {
+  INFO("T " << T << " C " << C);
   const auto x = randn(T * C, 1), w = randn(C, 2), dy = randn(T * C, 3), dx0 = randn(T * C, 4);
   std::vector<float> y(T * C), rstd(T), dx = dx0, dw(C, 0.f);
   cpu::rmsnorm_forward(y.data(), rstd.data(), x.data(), w.data(), T, C);
@@ -38,7 +41,7 @@ TEST_CASE("rmsnorm forward and backward match the CPU") {
     CHECK(rel_err(download_f(r, T), rstd) < 1e-5);
   }
   auto r = to_device(rstd), gw = to_device(std::vector<float>(C, 0.f));
-  DeviceBuffer scratch(k::rmsnorm_scratch_floats(C) * 4);
+  DeviceBuffer scratch(k::rmsnorm_scratch_floats(T, C) * 4);
   k::rmsnorm_backward(dDX.as<float>(), gw.as<float>(), dDY.as<float>(), dX.as<float>(),
                       dW.as<float>(), r.as<float>(), T, C, scratch.as<float>());
   synchronize();

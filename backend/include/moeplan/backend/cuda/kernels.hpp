@@ -31,10 +31,11 @@ void embedding_backward(float* demb, const float* dx, const int32_t* ids, const 
 // out (T,C) in `mm`, rstd (T), x (T,C), w (C)
 void rmsnorm_forward(void* out, DType mm, float* rstd, const float* x, const float* w, int64_t T,
                      int64_t C, float eps);
-// dx (T,C) += input gradient; dw (C) += Σ_t dy·x·rstd. scratch: rmsnorm_scratch_floats(C) floats.
+// dx (T,C) += input gradient; dw (C) += Σ_t dy·x·rstd. scratch: rmsnorm_scratch_floats(T', C)
+// floats for any T' ≥ T.
 void rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x, const float* w,
                       const float* rstd, int64_t T, int64_t C, float* scratch);
-int64_t rmsnorm_scratch_floats(int64_t C);
+int64_t rmsnorm_scratch_floats(int64_t T, int64_t C);
 
 // ---- attention helpers (the products QK^T, PV and their gradients are cuBLAS calls) ----------
 // qkv (T, W) fp32 from the fused projection, W = (H + 2·Hkv)·Dh, T = B·S, columns [q | k | v],
