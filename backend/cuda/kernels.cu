@@ -87,6 +87,10 @@ __device__ float block_max(float x) {
 unsigned blocks_for(int64_t n, int threads) {
   return unsigned((n + threads - 1) / threads);
 }
+// Whether out takes store4 in the product type mm (16 bytes fp32, 8 bytes bf16).
+bool store4_aligned(const void* out, DType mm) {
+  return reinterpret_cast<uintptr_t>(out) % (mm == DType::f32 ? 16 : 8) == 0;
+}
 // Threads for a block that walks a row of n items: enough warps for them, at most 256.
 unsigned row_threads(int64_t n) {
   return unsigned(std::clamp<int64_t>((n + 31) / 32 * 32, 32, 256));
@@ -174,12 +178,26 @@ __global__ void rmsnorm_forward_kernel(OutT* out, float* rstd, const float* x, c
   if constexpr (VEC4) {
     for (int64_t c = 4 * lane; c < C; c += 128) {
       const float4 v = load4(xr + c), g = load4(w + c);
-      store4(out + t * C + c, make_float4(v.x * r * g.x, v.y * r * g.y, v.z * r * g.z,
-                                          v.w * r * g.w));
+      store4(out + t * C + c,
+             make_float4(v.x * r * g.x, v.y * r * g.y, v.z * r * g.z, v.w * r * g.w));
     }
   } else {
     for (int64_t c = lane; c < C; c += 32) store(out + t * C + c, xr[c] * r * w[c]);
   }
+}
+
+// Four columns of the rmsnorm backward (x̂ = x·r): Σ w·dy·x̂, and dx + r·(w·dy − x̂·dot); shared
+// by the dx kernel and the one-pass kernel, so both compute the same bits.
+__device__ __forceinline__ float rms_dot4(float4 g, float4 d, float4 v, float r) {
+  return g.x * d.x * v.x * r + g.y * d.y * v.y * r + g.z * d.z * v.z * r + g.w * d.w * v.w * r;
+}
+__device__ __forceinline__ float4 rms_dx4(float4 o, float4 g, float4 d, float4 v, float r,
+                                          float dot) {
+  o.x += r * (g.x * d.x - v.x * r * dot);
+  o.y += r * (g.y * d.y - v.y * r * dot);
+  o.z += r * (g.z * d.z - v.z * r * dot);
+  o.w += r * (g.w * d.w - v.w * r * dot);
+  return o;
 }
 
 // dx += r·(w·dy − x̂·mean(w·dy·x̂)); VEC4 as in the forward.
@@ -197,8 +215,7 @@ __global__ void rmsnorm_backward_dx_kernel(float* dx, const float* dy, const flo
   float dot = 0.f;  // Σ_c w·dy·x̂
   if constexpr (VEC4) {
     for (int64_t c = 4 * lane; c < C; c += 128) {
-      const float4 g = load4(w + c), d = load4(dyr + c), v = load4(xr + c);
-      dot += g.x * d.x * v.x * r + g.y * d.y * v.y * r + g.z * d.z * v.z * r + g.w * d.w * v.w * r;
+      dot += rms_dot4(load4(w + c), load4(dyr + c), load4(xr + c), r);
     }
   } else {
     for (int64_t c = lane; c < C; c += 32) dot += w[c] * dyr[c] * xr[c] * r;
@@ -206,13 +223,7 @@ __global__ void rmsnorm_backward_dx_kernel(float* dx, const float* dy, const flo
   dot = warp_sum(dot) / float(C);
   if constexpr (VEC4) {
     for (int64_t c = 4 * lane; c < C; c += 128) {
-      const float4 g = load4(w + c), d = load4(dyr + c), v = load4(xr + c);
-      float4 o = load4(dxr + c);
-      o.x += r * (g.x * d.x - v.x * r * dot);
-      o.y += r * (g.y * d.y - v.y * r * dot);
-      o.z += r * (g.z * d.z - v.z * r * dot);
-      o.w += r * (g.w * d.w - v.w * r * dot);
-      store4(dxr + c, o);
+      store4(dxr + c, rms_dx4(load4(dxr + c), load4(w + c), load4(dyr + c), load4(xr + c), r, dot));
     }
   } else {
     for (int64_t c = lane; c < C; c += 32) {
@@ -291,9 +302,7 @@ __global__ void __launch_bounds__(256)
     for (int j = 0; j < kDwSlots; ++j) {
       const int64_t c = 4 * lane + 128 * j;
       if (c < C) {
-        const float4 g = load4(w + c), d = load4(dyr + c), v = load4(xr + c);
-        dot += g.x * d.x * v.x * r + g.y * d.y * v.y * r + g.z * d.z * v.z * r +
-               g.w * d.w * v.w * r;
+        dot += rms_dot4(load4(w + c), load4(dyr + c), load4(xr + c), r);
       }
     }
     dot = warp_sum(dot) / float(C);
@@ -301,13 +310,8 @@ __global__ void __launch_bounds__(256)
     for (int j = 0; j < kDwSlots; ++j) {
       const int64_t c = 4 * lane + 128 * j;
       if (c < C) {
-        const float4 g = load4(w + c), d = load4(dyr + c), v = load4(xr + c);
-        float4 o = load4(dxr + c);
-        o.x += r * (g.x * d.x - v.x * r * dot);
-        o.y += r * (g.y * d.y - v.y * r * dot);
-        o.z += r * (g.z * d.z - v.z * r * dot);
-        o.w += r * (g.w * d.w - v.w * r * dot);
-        store4(dxr + c, o);
+        const float4 d = load4(dyr + c), v = load4(xr + c);
+        store4(dxr + c, rms_dx4(load4(dxr + c), load4(w + c), d, v, r, dot));
         acc[j].x += d.x * v.x * r;
         acc[j].y += d.y * v.y * r;
         acc[j].z += d.z * v.z * r;
@@ -423,7 +427,8 @@ __global__ void swiglu_forward_kernel(OutT* h, const OutT* ab, int64_t F) {
       store2(o + f, silu(x.x) * y.x, silu(x.y) * y.y);
     }
   } else {
-    for (int64_t f = threadIdx.x; f < F; f += blockDim.x) store(o + f, silu(load(a + f)) * load(b + f));
+    for (int64_t f = threadIdx.x; f < F; f += blockDim.x)
+      store(o + f, silu(load(a + f)) * load(b + f));
   }
 }
 
@@ -1023,11 +1028,12 @@ __global__ void adamw4_kernel(float* p, bf16* p_mm, float* m, float* v, const fl
 
 void cast(void* out, DType mm, const float* in, int64_t n) {
   if (n == 0) return;
-  if (n % 4 == 0 && aligned16(in) && reinterpret_cast<uintptr_t>(out) % (mm == DType::f32 ? 16 : 8) == 0)
-    MOEPLAN_DISPATCH_MM(mm, cast4_kernel<<<blocks_for(n / 4, 256), 256>>>(static_cast<OutT*>(out),
-                                                                          in, n / 4));
+  if (n % 4 == 0 && aligned16(in) && store4_aligned(out, mm))
+    MOEPLAN_DISPATCH_MM(
+        mm, cast4_kernel<<<blocks_for(n / 4, 256), 256>>>(static_cast<OutT*>(out), in, n / 4));
   else
-    MOEPLAN_DISPATCH_MM(mm, cast_kernel<<<blocks_for(n, 256), 256>>>(static_cast<OutT*>(out), in, n));
+    MOEPLAN_DISPATCH_MM(mm,
+                        cast_kernel<<<blocks_for(n, 256), 256>>>(static_cast<OutT*>(out), in, n));
   check_launch("cast");
 }
 
@@ -1060,8 +1066,7 @@ void embedding_backward(float* demb, const float* dx, const int32_t* ids, const 
 
 void rmsnorm_forward(void* out, DType mm, float* rstd, const float* x, const float* w, int64_t T,
                      int64_t C, float eps) {
-  const bool vec4 = C % 4 == 0 && aligned16(x, w) &&
-                    reinterpret_cast<uintptr_t>(out) % (mm == DType::f32 ? 16 : 8) == 0;
+  const bool vec4 = C % 4 == 0 && aligned16(x, w) && store4_aligned(out, mm);
   MOEPLAN_DISPATCH_MM(mm, {
     auto* o = static_cast<OutT*>(out);
     if (vec4)
@@ -1086,8 +1091,8 @@ void rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x, con
   if (T == 0) return;
   if (C % 4 == 0 && C <= 128 * kDwSlots && aligned16(dx, dy, x, w, scratch)) {
     const int64_t rows = dw_rows(T), chunks = (T + rows - 1) / rows;
-    rmsnorm_backward_fused_kernel<<<unsigned(chunks), 256, size_t(8 * C) * 4>>>(dx, scratch, dy, x,
-                                                                               w, rstd, T, C, rows);
+    rmsnorm_backward_fused_kernel<<<unsigned(chunks), 256, size_t(8 * C) * 4>>>(
+        dx, scratch, dy, x, w, rstd, T, C, rows);
     check_launch("rmsnorm_backward_fused");
     colsum_finish_kernel<<<blocks_for(C, 128), 128>>>(dw, scratch, C, 1.f, true, chunks);
     check_launch("colsum_finish");
@@ -1109,9 +1114,9 @@ void qkv_prepare(void* out, DType mm, const float* qkv, const float* rope_cos_si
                  int64_t S, int64_t H, int64_t Hkv, int64_t Dh) {
   const int64_t W = (H + 2 * Hkv) * Dh, T = B * S;
   if (T == 0) return;
-  MOEPLAN_DISPATCH_MM(mm, qkv_prepare_kernel<<<unsigned(T), row_threads(W / 2)>>>(
-                              static_cast<OutT*>(out), qkv, rope_cos_sin, S, int(H + Hkv), int(W),
-                              int(Dh), false));
+  MOEPLAN_DISPATCH_MM(
+      mm, qkv_prepare_kernel<<<unsigned(T), row_threads(W / 2)>>>(
+              static_cast<OutT*>(out), qkv, rope_cos_sin, S, int(H + Hkv), int(W), int(Dh), false));
   check_launch("qkv_prepare");
 }
 
@@ -1200,7 +1205,8 @@ void gather_rows(void* out, const void* in, DType mm, const int32_t* sorted, int
     auto* o = static_cast<OutT*>(out);
     const auto* src = static_cast<const OutT*>(in);
     if (vec)
-      gather_rows_kernel<OutT, true><<<unsigned(N), row_threads(bytes / 16)>>>(o, src, sorted, K, C);
+      gather_rows_kernel<OutT, true>
+          <<<unsigned(N), row_threads(bytes / 16)>>>(o, src, sorted, K, C);
     else
       gather_rows_kernel<OutT, false><<<unsigned(N), 128>>>(o, src, sorted, K, C);
   });
@@ -1225,8 +1231,8 @@ void moe_combine_forward(float* y, const float* ys, const float* gate, const int
                          int64_t T, int64_t K, int64_t C) {
   if (T == 0) return;
   if (C % 4 == 0 && aligned16(y, ys))
-    moe_combine_forward_kernel<true><<<unsigned(T), row_threads(C / 4)>>>(y, ys, gate, slot_of, K,
-                                                                          C);
+    moe_combine_forward_kernel<true>
+        <<<unsigned(T), row_threads(C / 4)>>>(y, ys, gate, slot_of, K, C);
   else
     moe_combine_forward_kernel<false><<<unsigned(T), 128>>>(y, ys, gate, slot_of, K, C);
   check_launch("moe_combine_forward");
@@ -1270,12 +1276,12 @@ void router_backward(void* dlogits, DType mm, const float* probs, const float* l
   if (T == 0) return;
   if (E <= 32 * kRouterSlots)
     MOEPLAN_DISPATCH_MM(mm, router_backward_warp_kernel<<<blocks_for(T, 8), 256>>>(
-                                static_cast<OutT*>(dlogits), probs, lse, topk_idx, topk_gate,
-                                dgate, counts, T, int(E), K, renormalize, load_balance, z_loss));
+                                static_cast<OutT*>(dlogits), probs, lse, topk_idx, topk_gate, dgate,
+                                counts, T, int(E), K, renormalize, load_balance, z_loss));
   else
     MOEPLAN_DISPATCH_MM(mm, router_backward_kernel<<<blocks_for(T, 32), 32>>>(
-                                static_cast<OutT*>(dlogits), probs, lse, topk_idx, topk_gate,
-                                dgate, counts, T, E, K, renormalize, load_balance, z_loss));
+                                static_cast<OutT*>(dlogits), probs, lse, topk_idx, topk_gate, dgate,
+                                counts, T, E, K, renormalize, load_balance, z_loss));
   check_launch("router_backward");
 }
 
@@ -1363,8 +1369,8 @@ void adamw(float* params, uint16_t* params_mm, float* m, float* v, const float* 
   }
   if (done < n) {
     adamw_kernel<<<blocks_for(n - done, 256), 256>>>(params + done, mm ? mm + done : nullptr,
-                                                     m + done, v + done, grads + done,
-                                                     decay + done, norm, n - done, a);
+                                                     m + done, v + done, grads + done, decay + done,
+                                                     norm, n - done, a);
     check_launch("adamw");
   }
 }
