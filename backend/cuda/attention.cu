@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "async_copy.cuh"
 #include "check.hpp"
@@ -184,7 +185,8 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // ---- forward with register-resident softmax (mma.sync) ----------------------------------------
-// The same tiles and results as forward_kernel, but each warp keeps its 16 query rows' scores,
+// The same tiles as forward_kernel and its results up to rounding (the softmax here is in base 2,
+// below), but each warp keeps its 16 query rows' scores,
 // running max/sum and output accumulators in registers, through PTX mma.m16n8k16 (bf16 in, fp32
 // accumulate), whose fragment layouts are fixed by the PTX ISA: with g = lane/4 and t = lane%4,
 //   A (16×16, row-major): reg0 (row g, cols 2t, 2t+1), reg1 (row g+8, same cols), reg2 (row g,
@@ -272,6 +274,28 @@ __device__ void rows_times_tile_t_mma(float (&acc)[BN / 8][4], const uint32_t (&
   }
 }
 
+// The lane's row address for ldmatrix.x4.trans B fragments of a [64][LDT] tile whose rows are
+// the product's depth (see acc_times_tile_mma).
+template <int D>
+__device__ const bf16* depth_rows(const bf16* tile, int g, int t) {
+  const int lane = 4 * g + t, mi = lane / 8;
+  return tile + ((mi % 2) * 8 + lane % 8) * LDT<D> + (mi / 2) * 8;
+}
+
+// out (16 × D) += a (an A fragment, 16 rows × 16 depth) · the tile's 16 depth rows from `rows`
+// (depth_rows of the tile, moved to the step's first row): column tiles n and n+1 a load.
+template <int D>
+__device__ void frag_times_rows_mma(float (&out)[D / 8][4], const uint32_t (&a)[4],
+                                    const bf16* rows) {
+#pragma unroll
+  for (int n = 0; n < D / 8; n += 2) {
+    uint32_t b[4];
+    ldsm_x4_trans(b, rows + n * 8);
+    mma16816(out[n], a, b[0], b[1]);
+    mma16816(out[n + 1], a, b[2], b[3]);
+  }
+}
+
 // out[n] (16 × 8 per n, D columns) += X (16 × 64, the accumulators x as A fragments) · tile,
 // tile a [64][LDT] row-major whose rows are the product's depth. The B fragment of depth step s2
 // and column tile n is (rows s2·16+2t, +1 of column n·8+g) and (rows +8): ldmatrix.x4.trans
@@ -279,21 +303,14 @@ __device__ void rows_times_tile_t_mma(float (&acc)[BN / 8][4], const uint32_t (&
 template <int D>
 __device__ void acc_times_tile_mma(float (&out)[D / 8][4], const float (&x)[BN / 8][4],
                                    const bf16* tile, int g, int t) {
-  const int lane = 4 * g + t, mi = lane / 8;
-  const bf16* rows = tile + ((mi % 2) * 8 + lane % 8) * LDT<D> + (mi / 2) * 8;
+  const bf16* rows = depth_rows<D>(tile, g, t);
 #pragma unroll
   for (int s2 = 0; s2 < BN / 16; ++s2) {
     const uint32_t xf[4] = {pack_bf16(x[2 * s2][0], x[2 * s2][1]),
                             pack_bf16(x[2 * s2][2], x[2 * s2][3]),
                             pack_bf16(x[2 * s2 + 1][0], x[2 * s2 + 1][1]),
                             pack_bf16(x[2 * s2 + 1][2], x[2 * s2 + 1][3])};
-#pragma unroll
-    for (int n = 0; n < D / 8; n += 2) {
-      uint32_t b[4];
-      ldsm_x4_trans(b, rows + s2 * 16 * LDT<D> + n * 8);
-      mma16816(out[n], xf, b[0], b[1]);
-      mma16816(out[n + 1], xf, b[2], b[3]);
-    }
+    frag_times_rows_mma<D>(out, xf, rows + s2 * 16 * LDT<D>);
   }
 }
 
@@ -302,17 +319,30 @@ struct MmaFwdSmem {
   bf16 q[BM * LDT<D>], k[2][BN * LDT<D>], v[2][BN * LDT<D>];  // K/V double-buffered
 };
 
+// The softmax runs in base 2: x = log2(e)·(scale·s − slope·(i − j)) and p = 2^(x − m), one
+// multiply-add and one ex2 an element, with the row's log-sum-exp turned back to natural units
+// when it is stored. Only the diagonal tile (and the last, partial one) needs the causal and
+// end-of-sequence mask: every key of an earlier tile precedes every query of this one.
+constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
+
+// Query tile of block x when heavy tiles (the most key tiles) are to start first, so that the
+// last wave is the short tiles: tile n−1−x of n.
+__device__ inline int heavy_first(int x, int n) {
+  return n - 1 - x;
+}
+
 template <int D>
 __global__ void __launch_bounds__(kThreads)
     forward_mma_kernel(bf16* O, float* lse, const bf16* qkv, const float* slopes, int S, int H,
                        int Hkv, float scale) {
   extern __shared__ __align__(128) unsigned char raw[];
   MmaFwdSmem<D>& sm = *reinterpret_cast<MmaFwdSmem<D>*>(raw);
-  const int qb = blockIdx.x, bh = blockIdx.y, b = bh / H, h = bh % H, kvh = h / (H / Hkv);
+  const int qb = heavy_first(blockIdx.x, gridDim.x), bh = blockIdx.y, b = bh / H, h = bh % H,
+            kvh = h / (H / Hkv);
   const int64_t W = int64_t(H + 2 * Hkv) * D;
   const bf16* base = qkv + int64_t(b) * S * W;
   const int q0 = qb * BM, qvalid = min(BM, S - q0);
-  const float slope = slopes ? slopes[h] : 0.f;
+  const float scale2 = scale * kLog2e, slope2 = (slopes ? slopes[h] : 0.f) * kLog2e;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   // This thread's two query rows (absolute positions).
   const int i0 = q0 + warp * 16 + g, i1 = i0 + 8;
@@ -328,24 +358,24 @@ __global__ void __launch_bounds__(kThreads)
   float o[D / 8][4];
 #pragma unroll
   for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
-  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;  // rows i0, i1; l: this thread's part
-  for (int kb = 0, buf = 0; kb <= qb; ++kb, buf ^= 1) {
+  // Rows i0, i1: running max (base-2 units) and this thread's part of the sum.
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+  // One key tile; kDiag: the diagonal tile, the only one that needs the mask.
+  auto step = [&](auto diag, int kb, int buf) {
+    constexpr bool kDiag = decltype(diag)::value;
     const int k0 = kb * BN;
-    // The next tile flies while this one is used; this tile (and Q) landed for every thread.
-    begin_step(kb < qb, [&] { issue_kv(kb + 1, buf ^ 1); });
-    if (kb == 0) load_a_frags<D>(qf, sm.q, warp, g, t);
     // S (16 × 64) = Q · K^T: B fragment (d, key) = K[key][d], consecutive in d.
     float sc[BN / 8][4];
     rows_times_tile_t_mma<D>(sc, qf, sm.k[buf], g, t);
-    // Scale, ALiBi bias, causal and end-of-sequence mask; the tile's row maxima.
+    // Scale and ALiBi bias (base 2), the mask on the diagonal; the tile's row maxima.
     float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
     for (int n = 0; n < BN / 8; ++n)
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         const int i = c < 2 ? i0 : i1, j = k0 + n * 8 + 2 * t + (c & 1);
-        const bool keep = j <= i && j < S;
-        const float x = keep ? scale * sc[n][c] - slope * float(i - j) : -INFINITY;
+        float x = scale2 * sc[n][c] - slope2 * float(i - j);
+        if (kDiag && !(j <= i && j < S)) x = -INFINITY;
         sc[n][c] = x;
         if (c < 2)
           mx0 = fmaxf(mx0, x);
@@ -359,8 +389,8 @@ __global__ void __launch_bounds__(kThreads)
     mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
     const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
     // A row with no key yet (only past the sequence end) keeps m = −inf: no rescale, p = 0.
-    const float a0 = mn0 == -INFINITY ? 1.f : expf(m0 - mn0);
-    const float a1 = mn1 == -INFINITY ? 1.f : expf(m1 - mn1);
+    const float a0 = mn0 == -INFINITY ? 1.f : exp2f(m0 - mn0);
+    const float a1 = mn1 == -INFINITY ? 1.f : exp2f(m1 - mn1);
     m0 = mn0;
     m1 = mn1;
     l0 *= a0;
@@ -372,12 +402,13 @@ __global__ void __launch_bounds__(kThreads)
       o[n][2] *= a1;
       o[n][3] *= a1;
     }
+    // Off the diagonal every score is finite and the max too, so 2^(x − m) needs no guard.
 #pragma unroll
     for (int n = 0; n < BN / 8; ++n)
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         const float m = c < 2 ? mn0 : mn1;
-        const float p = sc[n][c] == -INFINITY ? 0.f : expf(sc[n][c] - m);
+        const float p = kDiag && sc[n][c] == -INFINITY ? 0.f : exp2f(sc[n][c] - m);
         sc[n][c] = p;
         if (c < 2)
           l0 += p;
@@ -388,6 +419,15 @@ __global__ void __launch_bounds__(kThreads)
     // score accumulators of key tiles 2s and 2s+1; B fragment (key, d) = V[key][d], two rows of
     // a column.
     acc_times_tile_mma<D>(o, sc, sm.v[buf], g, t);
+  };
+  for (int kb = 0, buf = 0; kb <= qb; ++kb, buf ^= 1) {
+    // The next tile flies while this one is used; this tile (and Q) landed for every thread.
+    begin_step(kb < qb, [&] { issue_kv(kb + 1, buf ^ 1); });
+    if (kb == 0) load_a_frags<D>(qf, sm.q, warp, g, t);
+    if (kb < qb)
+      step(std::false_type{}, kb, buf);
+    else
+      step(std::true_type{}, kb, buf);
     __syncthreads();  // every warp is done with this buffer before it is refilled
   }
   l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
@@ -406,9 +446,9 @@ __global__ void __launch_bounds__(kThreads)
       *reinterpret_cast<__nv_bfloat162*>(O + (int64_t(b) * S + i1) * ldo + col) =
           __floats2bfloat162_rn(o[n][2] * inv1, o[n][3] * inv1);
   }
-  if (t == 0) {
-    if (i0 < S) lse[int64_t(bh) * S + i0] = m0 + logf(l0);
-    if (i1 < S) lse[int64_t(bh) * S + i1] = m1 + logf(l1);
+  if (t == 0) {  // natural units: ln(Σ e^(s')) = ln 2 · (m + log2 l)
+    if (i0 < S) lse[int64_t(bh) * S + i0] = kLn2 * (m0 + log2f(l0));
+    if (i1 < S) lse[int64_t(bh) * S + i1] = kLn2 * (m1 + log2f(l1));
   }
 }
 
@@ -610,10 +650,16 @@ __global__ void __launch_bounds__(kThreads)
   store_rows<D>(dqkv, stage, int64_t(b) * S + q0, qvalid, W, int64_t(h) * D);
 }
 
-// ---- backward with register-resident tiles (mma.sync), head widths up to 64
-// ---------------------- The same products, order and results as dkdv_kernel / dq_kernel, with the
+// ---- backward with register-resident tiles (mma.sync), head widths up to 64 ---------------------
+// Five products a tile instead of seven: the dK/dV kernel (one block per key tile) recomputes S
+// and dP once, and besides dV and dK it stores dS (bf16, the rounding the dQ product takes anyway)
+// in a scratch of whole 64×64 tiles; the dQ kernel (one block per query tile) then only multiplies
+// those tiles by K, in key-tile order. No float atomics: every sum has one fixed order. With the
 // fragment layouts of forward_mma_kernel: a warp's 16 rows of S, dP, P and dS live in registers,
 // and the accumulators of two adjacent 8-column tiles are the A fragment of the next product.
+//
+// dS scratch: per (sequence, head) bh, the tiles (qb, kb ≤ qb) at index qb·(qb+1)/2 + kb, each
+// stored transposed, [key][query] (the dK/dV kernel's rows are keys), masked entries zero.
 
 // dK/dV: K and V once; Q, dO and their rows' lse and delta double-buffered over the query tiles.
 template <int D>
@@ -622,11 +668,16 @@ struct MmaDkdvSmem {
   float lse[2][BM], delta[2][BM];
 };
 
-// dQ: Q and dO once; K and V double-buffered over the key tiles.
+// dQ: the dS tile and the K tile of each step, double-buffered.
 template <int D>
 struct MmaDqSmem {
-  bf16 q[BM * LDT<D>], dO[BM * LDT<D>], k[2][BN * LDT<D>], v[2][BN * LDT<D>];
+  bf16 ds[2][BN * LDT<BM>], k[2][BN * LDT<D>];
 };
+
+// The first element of dS tile (qb, kb) of head row bh (see above).
+__device__ inline int64_t ds_tile(int bh, int nq, int qb, int kb) {
+  return ((int64_t(bh) * nq * (nq + 1)) / 2 + qb * (qb + 1) / 2 + kb) * (BM * BN);
+}
 
 // Rows row0 + (g, g+8) of an fp32 [rows][W] matrix at column col: this warp's 16 × D result.
 template <int D>
@@ -643,10 +694,11 @@ __device__ void store_acc(float* dqkv, const float (&acc)[D / 8][4], int64_t row
 }
 
 // dK, dV of one key tile of one (sequence, kv head): warp w owns keys [16w, 16w+16). Per query
-// tile, S^T = K·Q^T and dP^T = V·dO^T; then dV += P^T·dO and dK += dS^T·Q.
+// tile, S^T = K·Q^T and dP^T = V·dO^T; then dV += P^T·dO and dK += dS^T·Q, and dS^T is stored
+// for the dQ kernel.
 template <int D>
 __global__ void __launch_bounds__(kThreads, 2)  // 2 blocks an SM: no spills at D 32
-    dkdv_mma_kernel(float* dqkv, const bf16* dO, const float* lse, const float* delta,
+    dkdv_mma_kernel(float* dqkv, bf16* ds_out, const bf16* dO, const float* lse, const float* delta,
                     const bf16* qkv, const float* slopes, int S, int H, int Hkv, float scale) {
   extern __shared__ __align__(128) unsigned char raw[];
   MmaDkdvSmem<D>& sm = *reinterpret_cast<MmaDkdvSmem<D>*>(raw);
@@ -654,6 +706,7 @@ __global__ void __launch_bounds__(kThreads, 2)  // 2 blocks an SM: no spills at 
   const int64_t W = int64_t(H + 2 * Hkv) * D, ldo = int64_t(H) * D;
   const bf16* base = qkv + int64_t(b) * S * W;
   const int k0 = kb * BN, kvalid = min(BN, S - k0), nq = (S + BM - 1) / BM;
+  const float scale2 = scale * kLog2e;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int j0 = k0 + warp * 16 + g, j1 = j0 + 8;  // this thread's two keys
   // Steps: the query tiles kb..nq-1 of each query head of the group, in that order.
@@ -666,7 +719,7 @@ __global__ void __launch_bounds__(kThreads, 2)  // 2 blocks an SM: no spills at 
     load_tile_async<D>(sm.dO[buf], dO + int64_t(b) * S * ldo + int64_t(h) * D, q0, qvalid, ldo);
     if (threadIdx.x < BM) {
       const int i = q0 + threadIdx.x;
-      sm.lse[buf][threadIdx.x] = i < S ? lse[bh * S + i] : 0.f;
+      sm.lse[buf][threadIdx.x] = i < S ? kLog2e * lse[bh * S + i] : 0.f;  // base 2
       sm.delta[buf][threadIdx.x] = i < S ? delta[bh * S + i] : 0.f;
     }
     cp_async_commit();
@@ -680,15 +733,10 @@ __global__ void __launch_bounds__(kThreads, 2)  // 2 blocks an SM: no spills at 
   for (int n = 0; n < D / 8; ++n)
 #pragma unroll
     for (int c = 0; c < 4; ++c) dk[n][c] = dv[n][c] = 0.f;
-  for (int it = 0, buf = 0; it < steps; ++it, buf ^= 1) {
-    const int h = kvh * group + it / per_head, q0 = (kb + it % per_head) * BM;
-    const float slope = slopes ? slopes[h] : 0.f;
-    // The next query tile flies while this one is used; this one (and K, V) landed.
-    begin_step(it + 1 < steps, [&] { issue_q(it + 1, buf ^ 1); });
-    if (it == 0) {
-      load_a_frags<D>(kf, sm.k, warp, g, t);
-      load_a_frags<D>(vf, sm.v, warp, g, t);
-    }
+  // One query tile of head h; kDiag: the diagonal tile or the last, partial one, which need the
+  // mask.
+  auto step = [&](auto diag, int h, int q0, float slope2, int buf) {
+    constexpr bool kDiag = decltype(diag)::value;
     float st[BN / 8][4], dpt[BN / 8][4];
     rows_times_tile_t_mma<D>(st, kf, sm.q[buf], g, t);
     rows_times_tile_t_mma<D>(dpt, vf, sm.dO[buf], g, t);
@@ -698,15 +746,36 @@ __global__ void __launch_bounds__(kThreads, 2)  // 2 blocks an SM: no spills at 
       for (int c = 0; c < 4; ++c) {
         const int j = c < 2 ? j0 : j1, qi = n * 8 + 2 * t + (c & 1), i = q0 + qi;
         float p = 0.f, ds = 0.f;
-        if (j <= i && i < S) {
-          p = expf(scale * st[n][c] - slope * float(i - j) - sm.lse[buf][qi]);
+        if (!kDiag || (j <= i && i < S)) {
+          p = exp2f(scale2 * st[n][c] - slope2 * float(i - j) - sm.lse[buf][qi]);
           ds = scale * p * (dpt[n][c] - sm.delta[buf][qi]);
         }
         st[n][c] = p;
         dpt[n][c] = ds;
       }
+    // dS^T rows (this thread's keys) of tile (q0/BM, kb): the bf16 pairs the dQ product reads.
+    bf16* dst = ds_out + ds_tile(b * H + h, nq, q0 / BM, kb) + (warp * 16 + g) * BM + 2 * t;
+#pragma unroll
+    for (int n = 0; n < BN / 8; ++n) {
+      *reinterpret_cast<uint32_t*>(dst + n * 8) = pack_bf16(dpt[n][0], dpt[n][1]);
+      *reinterpret_cast<uint32_t*>(dst + 8 * BM + n * 8) = pack_bf16(dpt[n][2], dpt[n][3]);
+    }
     acc_times_tile_mma<D>(dv, st, sm.dO[buf], g, t);  // dV += P^T · dO
     acc_times_tile_mma<D>(dk, dpt, sm.q[buf], g, t);  // dK += dS^T · Q
+  };
+  for (int it = 0, buf = 0; it < steps; ++it, buf ^= 1) {
+    const int h = kvh * group + it / per_head, q0 = (kb + it % per_head) * BM;
+    const float slope2 = (slopes ? slopes[h] : 0.f) * kLog2e;
+    // The next query tile flies while this one is used; this one (and K, V) landed.
+    begin_step(it + 1 < steps, [&] { issue_q(it + 1, buf ^ 1); });
+    if (it == 0) {
+      load_a_frags<D>(kf, sm.k, warp, g, t);
+      load_a_frags<D>(vf, sm.v, warp, g, t);
+    }
+    if (q0 == k0 || q0 + BM > S)
+      step(std::true_type{}, h, q0, slope2, buf);
+    else
+      step(std::false_type{}, h, q0, slope2, buf);
     __syncthreads();  // every warp is done with this buffer before it is refilled
   }
   const int64_t row0 = int64_t(b) * S + k0 + warp * 16;
@@ -714,62 +783,52 @@ __global__ void __launch_bounds__(kThreads, 2)  // 2 blocks an SM: no spills at 
   store_acc<D>(dqkv, dv, row0, k0 + warp * 16, S, W, int64_t(H + Hkv + kvh) * D, g, t);
 }
 
-// dQ of one query tile of one (sequence, head): warp w owns queries [16w, 16w+16). Per key tile,
-// S = Q·K^T and dP = dO·V^T; then dQ += dS·K.
+// out (16 × D) += dS (this warp's 16 query rows × 64 keys) · tile (64 keys × D, row-major), dS
+// given as the stored dS^T tile [64 keys][LDT<BM>]. The A fragment of key step s2 is the
+// transpose of four 8×8 blocks of dS^T: ldmatrix.x4.trans with matrices (keys low, queries low),
+// (keys low, queries high), (keys high, queries low), (keys high, queries high). The B fragments
+// as in acc_times_tile_mma.
+template <int D>
+__device__ void ds_times_tile_mma(float (&out)[D / 8][4], const bf16* dst, const bf16* tile,
+                                  int warp, int g, int t) {
+  const int lane = 4 * g + t, mi = lane / 8;
+  const bf16* arows = dst + ((mi / 2) * 8 + lane % 8) * LDT<BM> + warp * 16 + (mi % 2) * 8;
+  const bf16* brows = depth_rows<D>(tile, g, t);
+#pragma unroll
+  for (int s2 = 0; s2 < BN / 16; ++s2) {
+    uint32_t a[4];
+    ldsm_x4_trans(a, arows + s2 * 16 * LDT<BM>);
+    frag_times_rows_mma<D>(out, a, brows + s2 * 16 * LDT<D>);
+  }
+}
+
+// dQ of one query tile of one (sequence, head): warp w owns queries [16w, 16w+16). Per key tile
+// in order, dQ += dS·K from the stored dS tile.
 template <int D>
 __global__ void __launch_bounds__(kThreads)
-    dq_mma_kernel(float* dqkv, const bf16* dO, const float* lse, const float* delta,
-                  const bf16* qkv, const float* slopes, int S, int H, int Hkv, float scale) {
+    dq_mma_kernel(float* dqkv, const bf16* ds_in, const bf16* qkv, int S, int H, int Hkv) {
   extern __shared__ __align__(128) unsigned char raw[];
   MmaDqSmem<D>& sm = *reinterpret_cast<MmaDqSmem<D>*>(raw);
-  const int qb = blockIdx.x, bh = blockIdx.y, b = bh / H, h = bh % H, kvh = h / (H / Hkv);
-  const int64_t W = int64_t(H + 2 * Hkv) * D, ldo = int64_t(H) * D;
+  const int nq = gridDim.x, qb = heavy_first(blockIdx.x, nq), bh = blockIdx.y, b = bh / H,
+            h = bh % H, kvh = h / (H / Hkv);
+  const int64_t W = int64_t(H + 2 * Hkv) * D;
   const bf16* base = qkv + int64_t(b) * S * W;
-  const int q0 = qb * BM, qvalid = min(BM, S - q0);
-  const float slope = slopes ? slopes[h] : 0.f;
+  const int q0 = qb * BM;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int i0 = q0 + warp * 16 + g, i1 = i0 + 8;
-  auto issue_kv = [&](int kb, int buf) {  // K/V tile kb into buffer buf, one cp.async group
-    const int k0 = kb * BN, kvalid = min(BN, S - k0);
-    load_tile_async<D>(sm.k[buf], base + int64_t(H + kvh) * D, k0, kvalid, W);
-    load_tile_async<D>(sm.v[buf], base + int64_t(H + Hkv + kvh) * D, k0, kvalid, W);
+  auto issue = [&](int kb, int buf) {  // dS tile (qb, kb) and K tile kb, one cp.async group
+    const int k0 = kb * BN;
+    load_tile_async<BM>(sm.ds[buf], ds_in + ds_tile(bh, nq, qb, kb), 0, BN, BM);
+    load_tile_async<D>(sm.k[buf], base + int64_t(H + kvh) * D, k0, min(BN, S - k0), W);
     cp_async_commit();
   };
-  load_tile_async<D>(sm.q, base + int64_t(h) * D, q0, qvalid, W);
-  load_tile_async<D>(sm.dO, dO + int64_t(b) * S * ldo + int64_t(h) * D, q0, qvalid, ldo);
-  issue_kv(0, 0);  // one group: Q, dO and the first K/V tile
-  const float lse0 = i0 < S ? lse[int64_t(bh) * S + i0] : 0.f;
-  const float lse1 = i1 < S ? lse[int64_t(bh) * S + i1] : 0.f;
-  const float dl0 = i0 < S ? delta[int64_t(bh) * S + i0] : 0.f;
-  const float dl1 = i1 < S ? delta[int64_t(bh) * S + i1] : 0.f;
-  uint32_t qf[D / 16][4], dof[D / 16][4];
+  issue(0, 0);
   float dq[D / 8][4];
 #pragma unroll
   for (int n = 0; n < D / 8; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.f;
   for (int kb = 0, buf = 0; kb <= qb; ++kb, buf ^= 1) {
-    const int k0 = kb * BN;
-    // The next tile flies while this one is used; this tile (and Q, dO) landed.
-    begin_step(kb < qb, [&] { issue_kv(kb + 1, buf ^ 1); });
-    if (kb == 0) {
-      load_a_frags<D>(qf, sm.q, warp, g, t);
-      load_a_frags<D>(dof, sm.dO, warp, g, t);
-    }
-    float sc[BN / 8][4], dp[BN / 8][4];
-    rows_times_tile_t_mma<D>(sc, qf, sm.k[buf], g, t);
-    rows_times_tile_t_mma<D>(dp, dof, sm.v[buf], g, t);
-#pragma unroll
-    for (int n = 0; n < BN / 8; ++n)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const int i = c < 2 ? i0 : i1, j = k0 + n * 8 + 2 * t + (c & 1);
-        float ds = 0.f;
-        if (j <= i && i < S) {
-          const float p = expf(scale * sc[n][c] - slope * float(i - j) - (c < 2 ? lse0 : lse1));
-          ds = scale * p * (dp[n][c] - (c < 2 ? dl0 : dl1));
-        }
-        dp[n][c] = ds;
-      }
-    acc_times_tile_mma<D>(dq, dp, sm.k[buf], g, t);  // dQ += dS · K
+    // The next tiles fly while these are used; these landed for every thread.
+    begin_step(kb < qb, [&] { issue(kb + 1, buf ^ 1); });
+    ds_times_tile_mma<D>(dq, sm.ds[buf], sm.k[buf], warp, g, t);  // dQ += dS · K
     __syncthreads();  // every warp is done with this buffer before it is refilled
   }
   store_acc<D>(dqkv, dq, int64_t(b) * S + q0 + warp * 16, q0 + warp * 16, S, W, int64_t(h) * D, g,
@@ -844,12 +903,25 @@ void backward_t(float* dqkv, float* delta, const uint16_t* dO, const uint16_t* O
 }
 
 template <int D>
-void backward_mma_t(float* dqkv, float* delta, const uint16_t* dO, const uint16_t* O,
+void backward_mma_t(float* dqkv, float* delta, uint16_t* ds, const uint16_t* dO, const uint16_t* O,
                     const float* lse, const uint16_t* qkv, const float* slopes, int64_t B,
                     int64_t S, int64_t H, int64_t Hkv) {
-  launch_backward(dkdv_mma_kernel<D>, dq_mma_kernel<D>, sizeof(MmaDkdvSmem<D>),
-                  sizeof(MmaDqSmem<D>), "attention::backward_mma", dqkv, delta, dO, O, lse, qkv,
-                  slopes, B, S, H, Hkv, D);
+  const int64_t rows = B * H * S;
+  delta_kernel<<<unsigned((rows + 7) / 8), 256>>>(delta, reinterpret_cast<const bf16*>(dO),
+                                                  reinterpret_cast<const bf16*>(O), S, int(H), D,
+                                                  rows);
+  check_launch("attention::delta");
+  const unsigned tiles = unsigned((S + BM - 1) / BM);
+  bf16* dsb = reinterpret_cast<bf16*>(ds);
+  allow_smem(dkdv_mma_kernel<D>, sizeof(MmaDkdvSmem<D>));
+  dkdv_mma_kernel<D><<<dim3(tiles, unsigned(B * Hkv)), kThreads, sizeof(MmaDkdvSmem<D>)>>>(
+      dqkv, dsb, reinterpret_cast<const bf16*>(dO), lse, delta, reinterpret_cast<const bf16*>(qkv),
+      slopes, int(S), int(H), int(Hkv), 1.f / sqrtf(float(D)));
+  check_launch("attention::backward_mma");
+  allow_smem(dq_mma_kernel<D>, sizeof(MmaDqSmem<D>));
+  dq_mma_kernel<D><<<dim3(tiles, unsigned(B * H)), kThreads, sizeof(MmaDqSmem<D>)>>>(
+      dqkv, dsb, reinterpret_cast<const bf16*>(qkv), int(S), int(H), int(Hkv));
+  check_launch("attention::backward_mma");
 }
 
 }  // namespace
@@ -902,24 +974,28 @@ void forward_mma(uint16_t* O, float* lse, const uint16_t* qkv, const float* alib
 
 void backward(float* dqkv, float* delta, const uint16_t* dO, const uint16_t* O, const float* lse,
               const uint16_t* qkv, const float* alibi_slopes, int64_t B, int64_t S, int64_t H,
-              int64_t Hkv, int64_t Dh) {
+              int64_t Hkv, int64_t Dh){
 #define MOEPLAN_CALL(d) backward_t<d>(dqkv, delta, dO, O, lse, qkv, alibi_slopes, B, S, H, Hkv)
-  MOEPLAN_ATTN_DISPATCH(Dh, MOEPLAN_CALL)
+    MOEPLAN_ATTN_DISPATCH(Dh, MOEPLAN_CALL)
 #undef MOEPLAN_CALL
 }
 
-void backward_mma(float* dqkv, float* delta, const uint16_t* dO, const uint16_t* O,
+int64_t backward_mma_scratch(int64_t B, int64_t S, int64_t H) {
+  return B * H * tiles_per_head(S) * kTile * kTile;
+}
+
+void backward_mma(float* dqkv, float* delta, uint16_t* ds, const uint16_t* dO, const uint16_t* O,
                   const float* lse, const uint16_t* qkv, const float* alibi_slopes, int64_t B,
                   int64_t S, int64_t H, int64_t Hkv, int64_t Dh) {
   switch (Dh) {
     case 16:
-      backward_mma_t<16>(dqkv, delta, dO, O, lse, qkv, alibi_slopes, B, S, H, Hkv);
+      backward_mma_t<16>(dqkv, delta, ds, dO, O, lse, qkv, alibi_slopes, B, S, H, Hkv);
       break;
     case 32:
-      backward_mma_t<32>(dqkv, delta, dO, O, lse, qkv, alibi_slopes, B, S, H, Hkv);
+      backward_mma_t<32>(dqkv, delta, ds, dO, O, lse, qkv, alibi_slopes, B, S, H, Hkv);
       break;
     case 64:
-      backward_mma_t<64>(dqkv, delta, dO, O, lse, qkv, alibi_slopes, B, S, H, Hkv);
+      backward_mma_t<64>(dqkv, delta, ds, dO, O, lse, qkv, alibi_slopes, B, S, H, Hkv);
       break;
     default:
       throw std::invalid_argument("attention::backward_mma: head_dim " + std::to_string(Dh) +

@@ -184,7 +184,8 @@ struct Model::Impl {
   DeviceBuffer tokens, targets, emb_ids, emb_seg, emb_pos;
   // Scratch shared by all layers.
   DeviceBuffer qkv_f32, scores, dP, dS, dresid, dresid_mm, dln, dact, dh13, dqkv, dqkv_mm, datty,
-      datty_mm, dye, dgate, dxg, dlog, router_logits, col_scratch, norm_scratch, norm, delta;
+      datty_mm, dye, dgate, dxg, dlog, router_logits, col_scratch, norm_scratch, norm, delta,
+      ds_tiles;
   // Grouped expert products: pointer tables per (MoE layer, product), host (pinned) and device.
   std::unique_ptr<PinnedBuffer> expert_ptrs_host;
   DeviceBuffer expert_ptrs_dev;
@@ -442,6 +443,7 @@ struct Model::Impl {
     qkv_f32 = alloc_f(T * W);
     if (flash) {
       delta = alloc_f(B * H * S);
+      if (backward_mma) ds_tiles = alloc_mm(attention::backward_mma_scratch(B, S, H));
     } else {
       scores = alloc_f(B * H * S * S);
       dP = alloc_f(B * H * S * S);
@@ -550,8 +552,9 @@ struct Model::Impl {
 
   // The fused kernels run whole 64×64 tiles on and below the diagonal: per product, the causal
   // triangle is attention-core (as the CPU counts it) and the rest of those tiles padding. The
-  // backward executes 7 products per tile (S and dP in both kernels, dV, dK, dQ): 4 are the
-  // CPU's, the 3 recomputed ones are booked as recompute.
+  // WMMA backward executes 7 products per tile (S and dP in both kernels, dV, dK, dQ), the
+  // register-resident one 5 (S and dP once; its dQ kernel reads the stored dS): 4 are the CPU's
+  // (dP, dV, dK, dQ; the CPU keeps P from the forward), the other 3 or 1 are booked as recompute.
   void record_fused_attention(FlopLedger& lg, Phase ph, int64_t BH) const {
     const int64_t causal = Dh * S * (S + 1);
     const int64_t executed =
@@ -561,9 +564,10 @@ struct Model::Impl {
       f[int(FlopCategory::attention_core)][int(ph)] += 2 * BH * causal;
       f[int(FlopCategory::padding)][int(ph)] += 2 * BH * (executed - causal);
     } else {
+      const int64_t recomputed = backward_mma ? 1 : 3;
       f[int(FlopCategory::attention_core)][int(ph)] += 4 * BH * causal;
-      f[int(FlopCategory::recompute)][int(ph)] += 3 * BH * causal;
-      f[int(FlopCategory::padding)][int(ph)] += 7 * BH * (executed - causal);
+      f[int(FlopCategory::recompute)][int(ph)] += recomputed * BH * causal;
+      f[int(FlopCategory::padding)][int(ph)] += (4 + recomputed) * BH * (executed - causal);
     }
   }
 
@@ -1023,10 +1027,16 @@ struct Model::Impl {
     // backward's); a shorter pass uses the first Bp sequences of each group.
     const int64_t group = H / Hkv, BHkv = Bp * Hkv, BH = Bp * H, stride = B * Hkv;
     if (flash) {
-      (backward_mma ? attention::backward_mma : attention::backward)(
-          dqkv.as<float>(), delta.as<float>(), datty_mm.as<uint16_t>(), x.atty.as<uint16_t>(),
-          x.attn_lse.as<float>(), x.qkv.as<uint16_t>(), rope ? nullptr : slopes.as<float>(), Bp, S,
-          H, Hkv, Dh);
+      const float* sl = rope ? nullptr : slopes.as<float>();
+      if (backward_mma)
+        attention::backward_mma(dqkv.as<float>(), delta.as<float>(), ds_tiles.as<uint16_t>(),
+                                datty_mm.as<uint16_t>(), x.atty.as<uint16_t>(),
+                                x.attn_lse.as<float>(), x.qkv.as<uint16_t>(), sl, Bp, S, H, Hkv,
+                                Dh);
+      else
+        attention::backward(dqkv.as<float>(), delta.as<float>(), datty_mm.as<uint16_t>(),
+                            x.atty.as<uint16_t>(), x.attn_lse.as<float>(), x.qkv.as<uint16_t>(),
+                            sl, Bp, S, H, Hkv, Dh);
       record_fused_attention(lg, Phase::input_grad, BH);
       return;
     }

@@ -453,8 +453,10 @@ struct AttentionCase {
     synchronize();
     return o;
   }
-  // The backward run twice from the same forward results: both dqkv.
-  std::vector<std::vector<float>> backward_twice(Backward f, const Outputs& o) {
+  // The backward run twice from the same forward results: both dqkv. f: a Backward or any
+  // callable with its arguments.
+  template <class F>
+  std::vector<std::vector<float>> backward_twice(F f, const Outputs& o) {
     std::vector<std::vector<float>> g;
     for (int rep = 0; rep < 2; ++rep) {
       auto G = poisoned(size_t(T * W) * 4);
@@ -558,7 +560,16 @@ TEST_CASE("register-resident attention (mma.sync), forward and backward, matches
     CHECK(e_grad < 2e-2);
     CHECK(att::backward_mma_supported(ac.c.Dh) == (ac.c.Dh <= 64));
     if (!att::backward_mma_supported(ac.c.Dh)) return;
-    const auto g = ac.backward_twice(att::backward_mma, o);
+    // Its dS scratch starts as bf16 NaNs: a dS entry the dK/dV kernel does not write (the masked
+    // ones included) would reach dQ.
+    auto ds = poisoned(size_t(att::backward_mma_scratch(ac.c.B, ac.c.S, ac.c.H)) * 2);
+    const auto g = ac.backward_twice(
+        [&](float* dqkv, float* delta, const uint16_t* dO, const uint16_t* O, const float* lse,
+            const uint16_t* qkv, const float* sl, int64_t B, int64_t S, int64_t H, int64_t Hkv,
+            int64_t Dh) {
+          att::backward_mma(dqkv, delta, ds.as<uint16_t>(), dO, O, lse, qkv, sl, B, S, H, Hkv, Dh);
+        },
+        o);
     const double e_grad2 = rel_err(g[0], ac.dqkv);
     std::printf("    backward_mma: dqkv rel err %.2e, vs WMMA backward %.2e\n", e_grad2,
                 rel_err(g[0], g_wmma[0]));

@@ -589,7 +589,14 @@ void check_fused_attention_step(cu::AttentionPath path, const char* label) {
       l->flops[int(FlopCategory::recompute)] = {};
     }
     CHECK(f.category(FlopCategory::attention_core) == q.category(FlopCategory::attention_core));
-    CHECK(rf.flops.category(FlopCategory::recompute) > 0);
+    // Recomputed in the backward, per head and layer, as causal products of Dh·S·(S+1) FLOPs:
+    // the WMMA kernels redo S and dP in the dQ kernel besides S in the dK/dV one (3); the
+    // register-resident ones (head width 16 here) only S, their dQ kernel reading the stored dS.
+    const int64_t redone = path == cu::AttentionPath::fused_mma ? 1 : 3;
+    CHECK(rf.flops.at(FlopCategory::recompute, Phase::input_grad) ==
+          redone * B * a.heads * a.layers * a.head_dim * a.seq_len * (a.seq_len + 1));
+    CHECK(rf.flops.category(FlopCategory::recompute) ==
+          rf.flops.at(FlopCategory::recompute, Phase::input_grad));
   }
 }
 

@@ -1,11 +1,11 @@
 #pragma once
 // Fused causal attention for the bf16 path (our own kernels, tensor cores through WMMA): the S×S
-// scores never leave shared memory. Forward keeps a running max and sum per query row; backward
-// recomputes the scores tile by tile, one kernel per key tile for dK/dV (the query heads of a
-// grouped-query group summed inside, in order) and one per query tile for dQ, so no float atomics
-// and bit-for-bit repeatable runs. Tiles are 64 queries × 64 keys; only tiles on or below the
-// diagonal run, and the diagonal tiles are executed whole (the ledger books the masked part of
-// them as padding, and the backward's recomputed products as recompute).
+// scores never leave the chip (but for backward_mma's dS tiles, below). Forward keeps a running max
+// and sum per query row; backward recomputes the scores tile by tile, one kernel per key tile for
+// dK/dV (the query heads of a grouped-query group summed inside, in order) and one per query tile
+// for dQ, so no float atomics and bit-for-bit repeatable runs. Tiles are 64 queries × 64 keys; only
+// tiles on or below the diagonal run, and the diagonal tiles are executed whole (the ledger books
+// the masked part of them as padding, and the backward's recomputed products as recompute).
 //
 // Layouts as in the rest of the CUDA path: qkv (B·S, (H+2·Hkv)·Dh) bf16 with RoPE already applied
 // to q and k; O and dO (B·S, H·Dh) bf16; lse and delta (B·H·S) fp32; dqkv (B·S, (H+2·Hkv)·Dh)
@@ -38,10 +38,14 @@ void backward(float* dqkv, float* delta, const uint16_t* dO, const uint16_t* O, 
               int64_t Hkv, int64_t Dh);
 
 // The same contract as backward (same dqkv up to rounding), with register-resident tiles
-// (mma.sync) for head widths 16, 32 and 64 (wider heads would spill registers): one kernel per key
-// tile for dK/dV and one per query tile for dQ, as backward.
+// (mma.sync) for head widths 16, 32 and 64 (wider heads would spill registers), and five products
+// a tile instead of seven: the dK/dV kernel (one block per key tile) also stores each tile's dS in
+// bf16 (the rounding the dQ product takes in either form) into `ds`, and the dQ kernel (one block
+// per query tile) multiplies those tiles by K in key order. `ds`: scratch of
+// backward_mma_scratch(B, S, H) bf16 elements (B·H·tiles_per_head(S) tiles of 64×64).
 bool backward_mma_supported(int64_t head_dim);
-void backward_mma(float* dqkv, float* delta, const uint16_t* dO, const uint16_t* O,
+int64_t backward_mma_scratch(int64_t B, int64_t S, int64_t H);
+void backward_mma(float* dqkv, float* delta, uint16_t* ds, const uint16_t* dO, const uint16_t* O,
                   const float* lse, const uint16_t* qkv, const float* alibi_slopes, int64_t B,
                   int64_t S, int64_t H, int64_t Hkv, int64_t Dh);
 
