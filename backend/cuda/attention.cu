@@ -679,26 +679,33 @@ __device__ inline int64_t ds_tile(int bh, int nq, int qb, int kb) {
   return ((int64_t(bh) * nq * (nq + 1)) / 2 + qb * (qb + 1) / 2 + kb) * (BM * BN);
 }
 
-// Rows row0 + (g, g+8) of an fp32 [rows][W] matrix at column col: this warp's 16 × D result.
-template <int D>
-__device__ void store_acc(float* dqkv, const float (&acc)[D / 8][4], int64_t row0, int r0, int S,
+// Two adjacent columns: 8 bytes of fp32 or 4 of bf16 (rounded to nearest).
+__device__ inline void store_pair(float* p, float a, float b) {
+  *reinterpret_cast<float2*>(p) = make_float2(a, b);
+}
+__device__ inline void store_pair(bf16* p, float a, float b) {
+  *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(a, b);
+}
+
+// Rows row0 + (g, g+8) of a [rows][W] matrix (fp32 or bf16) at column col: this warp's 16 × D
+// result.
+template <int D, class OutT>
+__device__ void store_acc(OutT* dqkv, const float (&acc)[D / 8][4], int64_t row0, int r0, int S,
                           int64_t W, int64_t col, int g, int t) {
 #pragma unroll
   for (int n = 0; n < D / 8; ++n) {
     const int64_t c = col + n * 8 + 2 * t;
-    if (r0 + g < S)
-      *reinterpret_cast<float2*>(dqkv + (row0 + g) * W + c) = make_float2(acc[n][0], acc[n][1]);
-    if (r0 + g + 8 < S)
-      *reinterpret_cast<float2*>(dqkv + (row0 + g + 8) * W + c) = make_float2(acc[n][2], acc[n][3]);
+    if (r0 + g < S) store_pair(dqkv + (row0 + g) * W + c, acc[n][0], acc[n][1]);
+    if (r0 + g + 8 < S) store_pair(dqkv + (row0 + g + 8) * W + c, acc[n][2], acc[n][3]);
   }
 }
 
 // dK, dV of one key tile of one (sequence, kv head): warp w owns keys [16w, 16w+16). Per query
 // tile, S^T = K·Q^T and dP^T = V·dO^T; then dV += P^T·dO and dK += dS^T·Q, and dS^T is stored
 // for the dQ kernel.
-template <int D>
+template <int D, class OutT>
 __global__ void __launch_bounds__(kThreads, 2)  // 2 blocks an SM: no spills at D 32
-    dkdv_mma_kernel(float* dqkv, bf16* ds_out, const bf16* dO, const float* lse, const float* delta,
+    dkdv_mma_kernel(OutT* dqkv, bf16* ds_out, const bf16* dO, const float* lse, const float* delta,
                     const bf16* qkv, const float* slopes, int S, int H, int Hkv, float scale) {
   extern __shared__ __align__(128) unsigned char raw[];
   MmaDkdvSmem<D>& sm = *reinterpret_cast<MmaDkdvSmem<D>*>(raw);
@@ -779,8 +786,8 @@ __global__ void __launch_bounds__(kThreads, 2)  // 2 blocks an SM: no spills at 
     __syncthreads();  // every warp is done with this buffer before it is refilled
   }
   const int64_t row0 = int64_t(b) * S + k0 + warp * 16;
-  store_acc<D>(dqkv, dk, row0, k0 + warp * 16, S, W, int64_t(H + kvh) * D, g, t);
-  store_acc<D>(dqkv, dv, row0, k0 + warp * 16, S, W, int64_t(H + Hkv + kvh) * D, g, t);
+  store_acc<D, OutT>(dqkv, dk, row0, k0 + warp * 16, S, W, int64_t(H + kvh) * D, g, t);
+  store_acc<D, OutT>(dqkv, dv, row0, k0 + warp * 16, S, W, int64_t(H + Hkv + kvh) * D, g, t);
 }
 
 // out (16 × D) += dS (this warp's 16 query rows × 64 keys) · tile (64 keys × D, row-major), dS
@@ -804,9 +811,9 @@ __device__ void ds_times_tile_mma(float (&out)[D / 8][4], const bf16* dst, const
 
 // dQ of one query tile of one (sequence, head): warp w owns queries [16w, 16w+16). Per key tile
 // in order, dQ += dS·K from the stored dS tile.
-template <int D>
+template <int D, class OutT>
 __global__ void __launch_bounds__(kThreads)
-    dq_mma_kernel(float* dqkv, const bf16* ds_in, const bf16* qkv, int S, int H, int Hkv) {
+    dq_mma_kernel(OutT* dqkv, const bf16* ds_in, const bf16* qkv, int S, int H, int Hkv) {
   extern __shared__ __align__(128) unsigned char raw[];
   MmaDqSmem<D>& sm = *reinterpret_cast<MmaDqSmem<D>*>(raw);
   const int nq = gridDim.x, qb = heavy_first(blockIdx.x, nq), bh = blockIdx.y, b = bh / H,
@@ -831,8 +838,8 @@ __global__ void __launch_bounds__(kThreads)
     ds_times_tile_mma<D>(dq, sm.ds[buf], sm.k[buf], warp, g, t);  // dQ += dS · K
     __syncthreads();  // every warp is done with this buffer before it is refilled
   }
-  store_acc<D>(dqkv, dq, int64_t(b) * S + q0 + warp * 16, q0 + warp * 16, S, W, int64_t(h) * D, g,
-               t);
+  store_acc<D, OutT>(dqkv, dq, int64_t(b) * S + q0 + warp * 16, q0 + warp * 16, S, W,
+                     int64_t(h) * D, g, t);
 }
 
 template <class Kernel>
@@ -902,8 +909,8 @@ void backward_t(float* dqkv, float* delta, const uint16_t* dO, const uint16_t* O
                   "attention::backward", dqkv, delta, dO, O, lse, qkv, slopes, B, S, H, Hkv, D);
 }
 
-template <int D>
-void backward_mma_t(float* dqkv, float* delta, uint16_t* ds, const uint16_t* dO, const uint16_t* O,
+template <int D, class OutT>
+void backward_mma_t(OutT* dqkv, float* delta, uint16_t* ds, const uint16_t* dO, const uint16_t* O,
                     const float* lse, const uint16_t* qkv, const float* slopes, int64_t B,
                     int64_t S, int64_t H, int64_t Hkv) {
   const int64_t rows = B * H * S;
@@ -913,13 +920,13 @@ void backward_mma_t(float* dqkv, float* delta, uint16_t* ds, const uint16_t* dO,
   check_launch("attention::delta");
   const unsigned tiles = unsigned((S + BM - 1) / BM);
   bf16* dsb = reinterpret_cast<bf16*>(ds);
-  allow_smem(dkdv_mma_kernel<D>, sizeof(MmaDkdvSmem<D>));
-  dkdv_mma_kernel<D><<<dim3(tiles, unsigned(B * Hkv)), kThreads, sizeof(MmaDkdvSmem<D>)>>>(
+  allow_smem(dkdv_mma_kernel<D, OutT>, sizeof(MmaDkdvSmem<D>));
+  dkdv_mma_kernel<D, OutT><<<dim3(tiles, unsigned(B * Hkv)), kThreads, sizeof(MmaDkdvSmem<D>)>>>(
       dqkv, dsb, reinterpret_cast<const bf16*>(dO), lse, delta, reinterpret_cast<const bf16*>(qkv),
       slopes, int(S), int(H), int(Hkv), 1.f / sqrtf(float(D)));
   check_launch("attention::backward_mma");
-  allow_smem(dq_mma_kernel<D>, sizeof(MmaDqSmem<D>));
-  dq_mma_kernel<D><<<dim3(tiles, unsigned(B * H)), kThreads, sizeof(MmaDqSmem<D>)>>>(
+  allow_smem(dq_mma_kernel<D, OutT>, sizeof(MmaDqSmem<D>));
+  dq_mma_kernel<D, OutT><<<dim3(tiles, unsigned(B * H)), kThreads, sizeof(MmaDqSmem<D>)>>>(
       dqkv, dsb, reinterpret_cast<const bf16*>(qkv), int(S), int(H), int(Hkv));
   check_launch("attention::backward_mma");
 }
@@ -984,9 +991,10 @@ int64_t backward_mma_scratch(int64_t B, int64_t S, int64_t H) {
   return B * H * tiles_per_head(S) * kTile * kTile;
 }
 
-void backward_mma(float* dqkv, float* delta, uint16_t* ds, const uint16_t* dO, const uint16_t* O,
-                  const float* lse, const uint16_t* qkv, const float* alibi_slopes, int64_t B,
-                  int64_t S, int64_t H, int64_t Hkv, int64_t Dh) {
+template <class OutT>
+void backward_mma_d(OutT* dqkv, float* delta, uint16_t* ds, const uint16_t* dO, const uint16_t* O,
+                    const float* lse, const uint16_t* qkv, const float* alibi_slopes, int64_t B,
+                    int64_t S, int64_t H, int64_t Hkv, int64_t Dh) {
   switch (Dh) {
     case 16:
       backward_mma_t<16>(dqkv, delta, ds, dO, O, lse, qkv, alibi_slopes, B, S, H, Hkv);
@@ -1001,6 +1009,18 @@ void backward_mma(float* dqkv, float* delta, uint16_t* ds, const uint16_t* dO, c
       throw std::invalid_argument("attention::backward_mma: head_dim " + std::to_string(Dh) +
                                   " has no kernel (16, 32 or 64)");
   }
+}
+
+void backward_mma(void* dqkv, bool dqkv_bf16, float* delta, uint16_t* ds, const uint16_t* dO,
+                  const uint16_t* O, const float* lse, const uint16_t* qkv,
+                  const float* alibi_slopes, int64_t B, int64_t S, int64_t H, int64_t Hkv,
+                  int64_t Dh) {
+  if (dqkv_bf16)
+    backward_mma_d(static_cast<bf16*>(dqkv), delta, ds, dO, O, lse, qkv, alibi_slopes, B, S, H, Hkv,
+                   Dh);
+  else
+    backward_mma_d(static_cast<float*>(dqkv), delta, ds, dO, O, lse, qkv, alibi_slopes, B, S, H,
+                   Hkv, Dh);
 }
 
 }  // namespace moeplan::backend::cuda::attention

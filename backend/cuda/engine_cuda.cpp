@@ -56,13 +56,13 @@ std::string out_of_memory_message(const DeviceOutOfMemory& e, const EngineReques
     fused = fmt::format(", or --kernels attention=fused_mma (no S×S buffers: {} less a sequence)",
                         bytes_text(saved));
   }
-  // The LM head's fp32 logits and bf16 gradient: V·6 bytes a row of the chunk.
+  // The LM head's bf16 logits and their bf16 gradient: V·4 bytes a row of the chunk.
   std::string logits;
   const int64_t rows = std::min(pass * r.arch.seq_len,
                                 kernels.logit_rows > 0 ? kernels.logit_rows : kLogitRowsAuto);
   if (rows > 2048)
     logits = fmt::format(", or --kernels logits=2048 ({} less)",
-                         bytes_text(6.0 * double(r.arch.vocab) * double(rows - 2048)));
+                         bytes_text(4.0 * double(r.arch.vocab) * double(rows - 2048)));
   return fmt::format("{} with passes of {} sequences of {} tokens; run smaller passes, e.g. "
                      "--micro-batch {}{}{}",
                      where, pass, r.arch.seq_len, pass / 2, fused, logits);

@@ -879,15 +879,16 @@ __device__ void block_merge_max_sum(float& m, float& s) {
 }
 
 // Block per row: log-sum-exp and loss in one pass over the logits, the gradient in a second.
-// STAGED: the row is first copied to shared memory (V floats, up to the opt-in limit), so the
-// second pass reads it there instead of from global memory: with hundreds of rows in flight a
-// 200 KB row does not stay in L2 between the passes. The arithmetic, and so every bit of the
+// Logits and gradient in T (fp32, or bf16 as the LM head's product wrote them), the arithmetic in
+// fp32. STAGED: the row is first copied to shared memory (V·sizeof(T) bytes, up to the opt-in
+// limit), so the second pass reads it there instead of from global memory: with hundreds of rows
+// in flight a row does not stay in L2 between the passes. The arithmetic, and so every bit of the
 // results, is the same either way.
-template <class OutT, bool STAGED>
-__global__ void cross_entropy_kernel(float* losses, OutT* dlogits, const float* logits,
+template <class T, bool STAGED>
+__global__ void cross_entropy_kernel(float* losses, T* dlogits, const T* logits,
                                      const int32_t* targets, int64_t V, float grad_scale) {
   const int64_t t = blockIdx.x;
-  const float* l = logits + t * V;
+  const T* l = logits + t * V;
   const int32_t target = targets[t];
   if (target < 0) {
     if (threadIdx.x == 0) losses[t] = 0.f;
@@ -896,11 +897,13 @@ __global__ void cross_entropy_kernel(float* losses, OutT* dlogits, const float* 
     return;
   }
   if constexpr (STAGED) {
-    extern __shared__ __align__(16) float row[];
-    if (V % 4 == 0 && reinterpret_cast<uintptr_t>(l) % 16 == 0) {
-      // Every copy of the row in flight at once (one block an SM holds the memory pipe alone).
-      for (int64_t v = threadIdx.x; v < V / 4; v += blockDim.x)
-        cp_async_16(row + 4 * v, l + 4 * v, 16);
+    extern __shared__ __align__(16) unsigned char staged_row[];
+    T* row = reinterpret_cast<T*>(staged_row);
+    constexpr int64_t kVec = 16 / sizeof(T);  // elements a 16-byte copy
+    if (V % kVec == 0 && reinterpret_cast<uintptr_t>(l) % 16 == 0) {
+      // Every copy of the row in flight at once.
+      for (int64_t v = threadIdx.x; v < V / kVec; v += blockDim.x)
+        cp_async_16(row + kVec * v, l + kVec * v, 16);
       cp_async_commit();
       cp_async_wait<0>();
     } else {
@@ -913,7 +916,7 @@ __global__ void cross_entropy_kernel(float* losses, OutT* dlogits, const float* 
   // across the block in a fixed order; a second pass writes the gradient.
   float mx = -INFINITY, s = 0.f;
   for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
-    const float x = l[v];
+    const float x = load(l + v);
     if (x > mx) {
       s = s * expf(mx - x) + 1.f;
       mx = x;
@@ -923,10 +926,11 @@ __global__ void cross_entropy_kernel(float* losses, OutT* dlogits, const float* 
   }
   block_merge_max_sum(mx, s);
   const float lse = mx + logf(s);
-  if (threadIdx.x == 0) losses[t] = lse - l[target];
+  if (threadIdx.x == 0) losses[t] = lse - load(l + target);
   if (dlogits)
     for (int64_t v = threadIdx.x; v < V; v += blockDim.x)
-      store(dlogits + t * V + v, grad_scale * (expf(l[v] - lse) - (v == target ? 1.f : 0.f)));
+      store(dlogits + t * V + v,
+            grad_scale * (expf(load(l + v) - lse) - (v == target ? 1.f : 0.f)));
 }
 
 __global__ void sum_double_kernel(double* out, const float* x, int64_t n) {
@@ -1297,10 +1301,10 @@ int max_shared_optin() {
 }
 
 template <class OutT>
-void launch_cross_entropy(float* losses, OutT* dlogits, const float* logits, const int32_t* targets,
+void launch_cross_entropy(float* losses, OutT* dlogits, const OutT* logits, const int32_t* targets,
                           int64_t T, int64_t V, float grad_scale) {
   static const int64_t optin = max_shared_optin();
-  const int64_t row_bytes = V * int64_t(sizeof(float));
+  const int64_t row_bytes = V * int64_t(sizeof(OutT));
   if (T == 0) return;
   if (row_bytes <= optin) {
     static int64_t allowed = 0;  // the opt-in already granted to this instance
@@ -1320,10 +1324,11 @@ void launch_cross_entropy(float* losses, OutT* dlogits, const float* logits, con
 
 }  // namespace
 
-void cross_entropy(float* losses, void* dlogits, DType mm, const float* logits,
+void cross_entropy(float* losses, void* dlogits, DType mm, const void* logits,
                    const int32_t* targets, int64_t T, int64_t V, float grad_scale) {
-  MOEPLAN_DISPATCH_MM(mm, launch_cross_entropy(losses, static_cast<OutT*>(dlogits), logits, targets,
-                                               T, V, grad_scale));
+  MOEPLAN_DISPATCH_MM(
+      mm, launch_cross_entropy(losses, static_cast<OutT*>(dlogits),
+                               static_cast<const OutT*>(logits), targets, T, V, grad_scale));
   check_launch("cross_entropy");
 }
 

@@ -146,8 +146,8 @@ struct Model::Impl {
   // most B (ModelOptions::micro_batch_seqs). Bp and Tp are the pass in flight: set by forward(),
   // read by the backward of the same pass.
   int64_t step_B = 0, Bp = 0, Tp = 0;
-  // The LM head and cross-entropy run over chunks of at most logit_rows token rows, so the fp32
-  // logits and their gradient are held for one chunk, not the whole pass (KernelChoice).
+  // The LM head and cross-entropy run over chunks of at most logit_rows token rows, so the logits
+  // and their gradient are held for one chunk, not the whole pass (KernelChoice).
   int64_t logit_rows = 0;
   double aux_grad_w = 1;  // the weight of the pass's auxiliary-loss gradients (see compute_gradients)
   bool rope = false;
@@ -431,7 +431,7 @@ struct Model::Impl {
     resid_out = alloc_f(T * Dm);
     lnf = alloc_mm(T * Dm);
     rstdf = alloc_f(T);
-    logits = alloc_f(logit_rows * V);
+    logits = alloc_mm(logit_rows * V);
     losses = alloc_f(T);
     dlogits = alloc_mm(logit_rows * V);
     loss_sum = alloc(8);
@@ -440,7 +440,7 @@ struct Model::Impl {
     emb_ids = alloc(size_t(T) * 4);
     emb_seg = alloc(size_t(T + 1) * 4);
     emb_pos = alloc(size_t(T) * 4);
-    qkv_f32 = alloc_f(T * W);
+    if (rope) qkv_f32 = alloc_f(T * W);  // the qkv product's fp32 result, before the rotation
     if (flash) {
       delta = alloc_f(B * H * S);
       if (backward_mma) ds_tiles = alloc_mm(attention::backward_mma_scratch(B, S, H));
@@ -454,7 +454,7 @@ struct Model::Impl {
     dln = alloc_f(T * Dm);
     dact = alloc_mm(std::max<int64_t>(widest_h, 1));
     dh13 = alloc_mm(std::max<int64_t>(2 * widest_h, 1));
-    dqkv = alloc_f(T * W);
+    if (!dqkv_direct()) dqkv = alloc_f(T * W);
     dqkv_mm = alloc_mm(T * W);
     datty = alloc_f(T * H * Dh);
     datty_mm = alloc_mm(T * H * Dh);
@@ -953,10 +953,15 @@ struct Model::Impl {
       float* out = l + 1 < L ? acts[size_t(l + 1)].resid_in.as<float>() : resid_out.as<float>();
       k::rmsnorm_forward(x.ln1.data(), mm, x.rstd1.as<float>(), x.resid_in.as<float>(), P(q.norm1),
                          Tn, Dm, 1e-5f);
-      matmul_forward(qkv_f32.as<float>(), x.ln1.data(), q.qkv, Tn, Dm, W, false, lg,
-                     FlopCategory::projection);
-      k::qkv_prepare(x.qkv.data(), mm, qkv_f32.as<float>(), rope ? rope_table.as<float>() : nullptr,
-                     nb, S, H, Hkv, Dh);
+      if (rope) {  // the rotation in fp32, then one rounding to mm
+        matmul_forward(qkv_f32.as<float>(), x.ln1.data(), q.qkv, Tn, Dm, W, false, lg,
+                       FlopCategory::projection);
+        k::qkv_prepare(x.qkv.data(), mm, qkv_f32.as<float>(), rope_table.as<float>(), nb, S, H,
+                       Hkv, Dh);
+      } else {  // nothing to rotate: the product writes mm (rounded once, as the cast would)
+        matmul_forward_mm(x.qkv.data(), x.ln1.data(), q.qkv, Tn, Dm, W, lg,
+                          FlopCategory::projection);
+      }
       prof.mark("fwd norm1 + qkv");
       attention_forward(x, nb, lg);
       prof.mark("fwd attention core");
@@ -989,14 +994,15 @@ struct Model::Impl {
     for (int64_t r0 = 0; r0 < Tn; r0 += logit_rows) {
       const int64_t n = std::min(logit_rows, Tn - r0);
       const void* ln = at(lnf, r0 * Dm, mm_size);
+      // Logits in mm: bf16 in bf16 mode, as the cross-entropy reads them (in fp32 arithmetic).
       if (lm_head >= 0)
-        matmul_forward(logits.as<float>(), ln, lm_head, n, Dm, V, false, lg, FlopCategory::lm_head);
+        matmul_forward_mm(logits.data(), ln, lm_head, n, Dm, V, lg, FlopCategory::lm_head);
       else
         blas.gemm(rec(lg, FlopCategory::lm_head, Phase::forward), false, true, n, V, Dm, ln, Dm,
-                  Wm(embedding), Dm, logits.as<float>(), V, 0.f, mm);
+                  Wm(embedding), Dm, logits.data(), V, 0.f, mm, mm);
       prof.mark("fwd lm head");
       k::cross_entropy(losses.as<float>() + r0, train ? dlogits.data() : nullptr, mm,
-                       logits.as<float>(), targets.as<int32_t>() + r0, n, V, grad_scale);
+                       logits.data(), targets.as<int32_t>() + r0, n, V, grad_scale);
       prof.mark("cross-entropy");
       if (!train) continue;
       float* dx = dln.as<float>() + r0 * Dm;
@@ -1022,14 +1028,19 @@ struct Model::Impl {
   }
 
   // ---- backward -----------------------------------------------------------------------------
+  // The register-resident attention backward writes dqkv in mm itself when there is no RoPE to
+  // undo (qkv_prepare_backward would only cast it).
+  bool dqkv_direct() const { return backward_mma && !rope; }
+
   void attention_backward(Acts& x, FlopLedger& lg) {
     // The pointer tables hold B·H entries per product (g·B·Hkv + b·Hkv + kv head for the
     // backward's); a shorter pass uses the first Bp sequences of each group.
     const int64_t group = H / Hkv, BHkv = Bp * Hkv, BH = Bp * H, stride = B * Hkv;
     if (flash) {
       const float* sl = rope ? nullptr : slopes.as<float>();
-      if (backward_mma)
-        attention::backward_mma(dqkv.as<float>(), delta.as<float>(), ds_tiles.as<uint16_t>(),
+      if (backward_mma)  // without RoPE straight into the bf16 dqkv (dqkv_direct)
+        attention::backward_mma(dqkv_direct() ? dqkv_mm.data() : dqkv.data(), dqkv_direct(),
+                                delta.as<float>(), ds_tiles.as<uint16_t>(),
                                 datty_mm.as<uint16_t>(), x.atty.as<uint16_t>(),
                                 x.attn_lse.as<float>(), x.qkv.as<uint16_t>(), sl, Bp, S, H, Hkv,
                                 Dh);
@@ -1177,8 +1188,9 @@ struct Model::Impl {
       prof.mark("bwd norm2 + out proj");
       attention_backward(x, lg);
       prof.mark("bwd attention core");
-      k::qkv_prepare_backward(dqkv_mm.data(), mm, dqkv.as<float>(),
-                              rope ? rope_table.as<float>() : nullptr, Bp, S, H, Hkv, Dh);
+      if (!dqkv_direct())
+        k::qkv_prepare_backward(dqkv_mm.data(), mm, dqkv.as<float>(),
+                                rope ? rope_table.as<float>() : nullptr, Bp, S, H, Hkv, Dh);
       matmul_backward(dln.as<float>(), false, q.qkv, dqkv_mm.data(), x.ln1.data(), Tp, Dm, W, lg,
                       FlopCategory::projection);
       k::rmsnorm_backward(dresid.as<float>(), G(q.norm1), dln.as<float>(), x.resid_in.as<float>(),

@@ -324,12 +324,29 @@ TEST_CASE("gather_rows, combine and scatter-add equal a host loop, in 16-byte wo
 }
 
 TEST_CASE("cross-entropy forward and backward match the CPU") {
-  // V 1000 (odd number of float4s: 250) and 1001 (no float4 path) stage their rows in shared
-  // memory; V 60000 (240 KB) is wider than a block may opt in to on Hopper and reads global
-  // memory twice.
-  for (const auto& [T, V] : {std::pair<int64_t, int64_t>{70, 1000}, {9, 1001}, {3, 60000}}) {
-    INFO("T " << T << " V " << V);
-    const auto logits = randn(T * V, 14, 3.f);
+  // fp32: V 1000 (odd number of float4s: 250) and 1001 (no float4 path) stage their rows in
+  // shared memory; V 60000 (240 KB) is wider than a block may opt in to on Hopper and reads global
+  // memory twice. bf16 (the LM head's logits in bf16 mode): V 1000 (125 16-byte copies), 1001
+  // (element copies) and 60000 (120 KB) staged, 120000 (240 KB) not.
+  using moeplan::backend::cuda::bf16_to_float;
+  using moeplan::backend::cuda::float_to_bf16;
+  struct Case {
+    DType mm;
+    int64_t T, V;
+  };
+  for (const Case c :
+       {Case{DType::f32, 70, 1000}, Case{DType::f32, 9, 1001}, Case{DType::f32, 3, 60000},
+        Case{DType::bf16, 70, 1000}, Case{DType::bf16, 9, 1001}, Case{DType::bf16, 3, 60000},
+        Case{DType::bf16, 2, 120000}}) {
+    const bool bf = c.mm == DType::bf16;
+    const int64_t T = c.T, V = c.V;
+    INFO("T " << T << " V " << V << (bf ? " bf16" : " fp32"));
+    auto logits = randn(T * V, 14, 3.f);
+    std::vector<uint16_t> bits(bf ? logits.size() : 0);
+    for (size_t i = 0; i < bits.size(); ++i) {  // the CPU sees the logits the GPU reads
+      bits[i] = float_to_bf16(logits[i]);
+      logits[i] = bf16_to_float(bits[i]);
+    }
     std::vector<int32_t> targets(T);
     for (int64_t t = 0; t < T; ++t) targets[t] = t % 7 == 3 ? -1 : int32_t((t * 131) % V);
     std::vector<float> probs = logits;
@@ -339,17 +356,19 @@ TEST_CASE("cross-entropy forward and backward match the CPU") {
     const double total =
         cpu::crossentropy_forward(probs.data(), losses.data(), targets.data(), T, V);
     cpu::crossentropy_backward(probs.data(), targets.data(), 1.0 / double(bearing), T, V);
-    auto dL = to_device(logits), dT = to_device(targets);
-    auto dLoss = poisoned(T * 4), dG = poisoned(T * V * 4);
+    auto dL = bf ? to_device(bits) : to_device(logits), dT = to_device(targets);
+    const size_t esize = bf ? 2 : 4;
+    auto dLoss = poisoned(T * 4), dG = poisoned(T * V * esize);
     DeviceBuffer sum(8);
-    k::cross_entropy(dLoss.as<float>(), dG.data(), DType::f32, dL.as<float>(), dT.as<int32_t>(), T,
-                     V, float(1.0 / double(bearing)));
+    k::cross_entropy(dLoss.as<float>(), dG.data(), c.mm, dL.data(), dT.as<int32_t>(), T, V,
+                     float(1.0 / double(bearing)));
     k::sum_double(sum.as<double>(), dLoss.as<float>(), T);
     synchronize();
     double gsum = 0;
     sum.download(&gsum, 8);
     CHECK(std::abs(gsum - total) / total < 1e-5);
-    CHECK(rel_err(download_f(dG, T * V), probs) < 1e-5);
+    // bf16 gradients: each element within its rounding, 2^-9 relative.
+    CHECK(rel_err(download_f(dG, T * V, c.mm), probs) < (bf ? 4e-3 : 1e-5));
   }
 }
 
@@ -567,7 +586,8 @@ TEST_CASE("register-resident attention (mma.sync), forward and backward, matches
         [&](float* dqkv, float* delta, const uint16_t* dO, const uint16_t* O, const float* lse,
             const uint16_t* qkv, const float* sl, int64_t B, int64_t S, int64_t H, int64_t Hkv,
             int64_t Dh) {
-          att::backward_mma(dqkv, delta, ds.as<uint16_t>(), dO, O, lse, qkv, sl, B, S, H, Hkv, Dh);
+          att::backward_mma(dqkv, false, delta, ds.as<uint16_t>(), dO, O, lse, qkv, sl, B, S, H,
+                            Hkv, Dh);
         },
         o);
     const double e_grad2 = rel_err(g[0], ac.dqkv);
@@ -575,6 +595,19 @@ TEST_CASE("register-resident attention (mma.sync), forward and backward, matches
                 rel_err(g[0], g_wmma[0]));
     CHECK(e_grad2 < 2e-2);
     CHECK(g[0] == g[1]);
+    // Straight into bf16 (a model without RoPE): every element the fp32 result rounded once.
+    const AttentionShape& c = ac.c;
+    auto G16 = poisoned(size_t(ac.T * ac.W) * 2);
+    att::backward_mma(G16.data(), true, ac.delta.as<float>(), ds.as<uint16_t>(),
+                      ac.dO.as<uint16_t>(), o.O.as<uint16_t>(), o.lse.as<float>(),
+                      ac.qkv.as<uint16_t>(), ac.sp, c.B, c.S, c.H, c.Hkv, c.Dh);
+    synchronize();
+    std::vector<uint16_t> bits(size_t(ac.T * ac.W));
+    G16.download(bits.data(), bits.size() * 2);
+    size_t differ = 0;
+    for (size_t i = 0; i < bits.size(); ++i)
+      differ += bits[i] != moeplan::backend::cuda::float_to_bf16(g[0][i]);
+    CHECK(differ == 0);
   });
 }
 

@@ -105,9 +105,10 @@ void router_backward(void* dlogits, DType mm, const float* probs, const float* l
 int64_t colsum_scratch_floats(int64_t C);
 
 // ---- loss ---------------------------------------------------------------------------------
-// losses (T) = lse − logit[target] (0 where target < 0); dlogits (T,V) in `mm` =
-// grad_scale·(softmax − onehot), zero rows where target < 0 (skipped when dlogits is null).
-void cross_entropy(float* losses, void* dlogits, DType mm, const float* logits,
+// losses (T) = lse − logit[target] (0 where target < 0); dlogits (T,V) =
+// grad_scale·(softmax − onehot), zero rows where target < 0 (skipped when dlogits is null). Logits
+// and dlogits in `mm` (the LM head's product writes bf16 logits in bf16 mode); fp32 arithmetic.
+void cross_entropy(float* losses, void* dlogits, DType mm, const void* logits,
                    const int32_t* targets, int64_t T, int64_t V, float grad_scale);
 // out (1) = Σ x in double, in a fixed order (one block).
 void sum_double(double* out, const float* x, int64_t n);

@@ -32,10 +32,10 @@ class Communicator;
 enum class AttentionPath { fused, cublas, fused_mma };
 enum class ExpertPath { grouped, loop, tiled, batched };
 
-// The LM head and cross-entropy run over chunks of token rows, so that the fp32 logits and their
-// gradient (V·(4 + 2) bytes a row in bf16: 302 KB at V 50304) are held for one chunk rather than
-// the whole pass. Unless the run says otherwise, a chunk is at most this many rows (2.5 GB of
-// logits at V 50304); a pass of 8 sequences of 1024 tokens is one chunk.
+// The LM head and cross-entropy run over chunks of token rows, so that the logits and their
+// gradient (V·(2 + 2) bytes a row in bf16: 201 KB at V 50304) are held for one chunk rather than
+// the whole pass. Unless the run says otherwise, a chunk is at most this many rows (1.6 GB of
+// logits and gradient at V 50304); a pass of 8 sequences of 1024 tokens is one chunk.
 inline constexpr int64_t kLogitRowsAuto = 8192;
 
 // The kernel choice of a run, from EngineRequest::kernels: "attention=fused_mma,experts=tiled,
