@@ -158,7 +158,7 @@ __global__ void embedding_backward_kernel(float* demb, const float* dx, const in
 // one 16-byte access, a quarter of the instructions per element.
 template <class OutT, bool VEC4>
 __global__ void rmsnorm_forward_kernel(OutT* out, float* rstd, const float* x, const float* w,
-                                       int64_t T, int64_t C, float eps) {
+                                       int64_t T, int64_t C, float eps, float* copy) {
   const int64_t t = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x & 31;
   if (t >= T) return;
@@ -180,9 +180,13 @@ __global__ void rmsnorm_forward_kernel(OutT* out, float* rstd, const float* x, c
       const float4 v = load4(xr + c), g = load4(w + c);
       store4(out + t * C + c,
              make_float4(v.x * r * g.x, v.y * r * g.y, v.z * r * g.z, v.w * r * g.w));
+      if (copy) *reinterpret_cast<float4*>(copy + t * C + c) = v;
     }
   } else {
-    for (int64_t c = lane; c < C; c += 32) store(out + t * C + c, xr[c] * r * w[c]);
+    for (int64_t c = lane; c < C; c += 32) {
+      store(out + t * C + c, xr[c] * r * w[c]);
+      if (copy) copy[t * C + c] = xr[c];
+    }
   }
 }
 
@@ -200,9 +204,10 @@ __device__ __forceinline__ float4 rms_dx4(float4 o, float4 g, float4 d, float4 v
   return o;
 }
 
-// dx += r·(w·dy − x̂·mean(w·dy·x̂)); VEC4 as in the forward.
-template <bool VEC4>
-__global__ void rmsnorm_backward_dx_kernel(float* dx, const float* dy, const float* x,
+// dx += r·(w·dy − x̂·mean(w·dy·x̂)); VEC4 as in the forward. dx_mm, unless null, receives the new
+// dx in the product type (what a cast of dx would write).
+template <bool VEC4, class OutT>
+__global__ void rmsnorm_backward_dx_kernel(float* dx, OutT* dx_mm, const float* dy, const float* x,
                                            const float* w, const float* rstd, int64_t T,
                                            int64_t C) {
   const int64_t t = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
@@ -223,12 +228,15 @@ __global__ void rmsnorm_backward_dx_kernel(float* dx, const float* dy, const flo
   dot = warp_sum(dot) / float(C);
   if constexpr (VEC4) {
     for (int64_t c = 4 * lane; c < C; c += 128) {
-      store4(dxr + c, rms_dx4(load4(dxr + c), load4(w + c), load4(dyr + c), load4(xr + c), r, dot));
+      const float4 v = rms_dx4(load4(dxr + c), load4(w + c), load4(dyr + c), load4(xr + c), r, dot);
+      store4(dxr + c, v);
+      if (dx_mm) store4(dx_mm + t * C + c, v);
     }
   } else {
     for (int64_t c = lane; c < C; c += 32) {
       const float xhat = xr[c] * r;
       dxr[c] += r * (w[c] * dyr[c] - xhat * dot);
+      if (dx_mm) store(dx_mm + t * C + c, dxr[c]);
     }
   }
 }
@@ -282,10 +290,11 @@ int64_t dw_rows(int64_t T) {
   const int64_t spread = (T + kDwMaxChunks - 1) / kDwMaxChunks;
   return std::max(kDwMinRows, (spread + 7) / 8 * 8);
 }
+template <class OutT>
 __global__ void __launch_bounds__(256)
-    rmsnorm_backward_fused_kernel(float* dx, float* partial, const float* dy, const float* x,
-                                  const float* w, const float* rstd, int64_t T, int64_t C,
-                                  int64_t rows) {
+    rmsnorm_backward_fused_kernel(float* dx, OutT* dx_mm, float* partial, const float* dy,
+                                  const float* x, const float* w, const float* rstd, int64_t T,
+                                  int64_t C, int64_t rows) {
   extern __shared__ float4 warp_sums[];  // [8][C/4]
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t t0 = int64_t(blockIdx.x) * rows, t1 = min(T, t0 + rows);
@@ -311,7 +320,9 @@ __global__ void __launch_bounds__(256)
       const int64_t c = 4 * lane + 128 * j;
       if (c < C) {
         const float4 d = load4(dyr + c), v = load4(xr + c);
-        store4(dxr + c, rms_dx4(load4(dxr + c), load4(w + c), d, v, r, dot));
+        const float4 o = rms_dx4(load4(dxr + c), load4(w + c), d, v, r, dot);
+        store4(dxr + c, o);
+        if (dx_mm) store4(dx_mm + t * C + c, o);
         acc[j].x += d.x * v.x * r;
         acc[j].y += d.y * v.y * r;
         acc[j].z += d.z * v.z * r;
@@ -1069,14 +1080,16 @@ void embedding_backward(float* demb, const float* dx, const int32_t* ids, const 
 }
 
 void rmsnorm_forward(void* out, DType mm, float* rstd, const float* x, const float* w, int64_t T,
-                     int64_t C, float eps) {
-  const bool vec4 = C % 4 == 0 && aligned16(x, w) && store4_aligned(out, mm);
+                     int64_t C, float eps, float* copy) {
+  const bool vec4 = C % 4 == 0 && aligned16(x, w) && store4_aligned(out, mm) &&
+                    (copy == nullptr || aligned16(copy));
   MOEPLAN_DISPATCH_MM(mm, {
     auto* o = static_cast<OutT*>(out);
     if (vec4)
-      rmsnorm_forward_kernel<OutT, true><<<blocks_for(T, 8), 256>>>(o, rstd, x, w, T, C, eps);
+      rmsnorm_forward_kernel<OutT, true><<<blocks_for(T, 8), 256>>>(o, rstd, x, w, T, C, eps, copy);
     else
-      rmsnorm_forward_kernel<OutT, false><<<blocks_for(T, 8), 256>>>(o, rstd, x, w, T, C, eps);
+      rmsnorm_forward_kernel<OutT, false>
+          <<<blocks_for(T, 8), 256>>>(o, rstd, x, w, T, C, eps, copy);
   });
   check_launch("rmsnorm_forward");
 }
@@ -1091,21 +1104,30 @@ int64_t colsum_scratch_floats(int64_t C) {
 }
 
 void rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x, const float* w,
-                      const float* rstd, int64_t T, int64_t C, float* scratch) {
+                      const float* rstd, int64_t T, int64_t C, float* scratch, void* dx_mm,
+                      DType mm) {
   if (T == 0) return;
-  if (C % 4 == 0 && C <= 128 * kDwSlots && aligned16(dx, dy, x, w, scratch)) {
+  const bool vec4 =
+      C % 4 == 0 && aligned16(dx, dy, x, w) && (dx_mm == nullptr || store4_aligned(dx_mm, mm));
+  if (vec4 && C <= 128 * kDwSlots && aligned16(scratch)) {
     const int64_t rows = dw_rows(T), chunks = (T + rows - 1) / rows;
-    rmsnorm_backward_fused_kernel<<<unsigned(chunks), 256, size_t(8 * C) * 4>>>(
-        dx, scratch, dy, x, w, rstd, T, C, rows);
+    MOEPLAN_DISPATCH_MM(
+        mm, rmsnorm_backward_fused_kernel<OutT><<<unsigned(chunks), 256, size_t(8 * C) * 4>>>(
+                dx, static_cast<OutT*>(dx_mm), scratch, dy, x, w, rstd, T, C, rows));
     check_launch("rmsnorm_backward_fused");
     colsum_finish_kernel<<<blocks_for(C, 128), 128>>>(dw, scratch, C, 1.f, true, chunks);
     check_launch("colsum_finish");
     return;
   }
-  if (C % 4 == 0 && aligned16(dx, dy, x, w))
-    rmsnorm_backward_dx_kernel<true><<<blocks_for(T, 8), 256>>>(dx, dy, x, w, rstd, T, C);
-  else
-    rmsnorm_backward_dx_kernel<false><<<blocks_for(T, 8), 256>>>(dx, dy, x, w, rstd, T, C);
+  MOEPLAN_DISPATCH_MM(mm, {
+    auto* o = static_cast<OutT*>(dx_mm);
+    if (vec4)
+      rmsnorm_backward_dx_kernel<true, OutT>
+          <<<blocks_for(T, 8), 256>>>(dx, o, dy, x, w, rstd, T, C);
+    else
+      rmsnorm_backward_dx_kernel<false, OutT>
+          <<<blocks_for(T, 8), 256>>>(dx, o, dy, x, w, rstd, T, C);
+  });
   check_launch("rmsnorm_backward_dx");
   rmsnorm_dw_partial_kernel<<<dim3(blocks_for(C, 128), kColChunks), 128>>>(scratch, dy, x, rstd, T,
                                                                            C);

@@ -183,7 +183,7 @@ struct Model::Impl {
   DeviceBuffer resid_out, lnf, rstdf, logits, losses, dlogits, loss_sum;
   DeviceBuffer tokens, targets, emb_ids, emb_seg, emb_pos;
   // Scratch shared by all layers.
-  DeviceBuffer qkv_f32, scores, dP, dS, dresid, dresid_mm, dln, dact, dh13, dqkv, dqkv_mm, datty,
+  DeviceBuffer qkv_f32, scores, dP, dS, dresid, dresid_mm, dln, dact, dh13, dqkv, dqkv_mm,
       datty_mm, dye, dgate, dxg, dlog, router_logits, col_scratch, norm_scratch, norm, delta,
       ds_tiles;
   // Grouped expert products: pointer tables per (MoE layer, product), host (pinned) and device.
@@ -456,7 +456,6 @@ struct Model::Impl {
     dh13 = alloc_mm(std::max<int64_t>(2 * widest_h, 1));
     if (!dqkv_direct()) dqkv = alloc_f(T * W);
     dqkv_mm = alloc_mm(T * W);
-    datty = alloc_f(T * H * Dh);
     datty_mm = alloc_mm(T * H * Dh);
     if (E > 0) {
       dye = alloc_mm(TK * Dm);
@@ -584,6 +583,15 @@ struct Model::Impl {
                       bool accumulate, FlopLedger& lg, FlopCategory cat) {
     blas.gemm(rec(lg, cat, Phase::forward), false, false, Tn, OC, C, inp, C, Wm(w), OC, out, OC,
               accumulate ? 1.f : 0.f, mm);
+  }
+  // dinp (T,C) in mm = dout (T,OC) mm · w^T, for an input gradient that only feeds products;
+  // dw (C,OC) += inp^T · dout
+  void matmul_backward_mm(void* dinp, int64_t w, const void* dout, const void* inp, int64_t Tn,
+                          int64_t C, int64_t OC, FlopLedger& lg, FlopCategory cat) {
+    blas.gemm(rec(lg, cat, Phase::input_grad), false, true, Tn, C, OC, dout, OC, Wm(w), OC, dinp, C,
+              0.f, mm, mm);
+    blas.gemm(rec(lg, cat, Phase::weight_grad), true, false, C, OC, Tn, inp, C, dout, OC, G(w), OC,
+              1.f, mm);
   }
   // dinp (T,C) f32 [+]= dout (T,OC) mm · w^T; dw (C,OC) += inp^T · dout
   void matmul_backward(float* dinp, bool accumulate, int64_t w, const void* dout, const void* inp,
@@ -951,8 +959,9 @@ struct Model::Impl {
       const LayerParams& q = lp[size_t(l)];
       Acts& x = acts[size_t(l)];
       float* out = l + 1 < L ? acts[size_t(l + 1)].resid_in.as<float>() : resid_out.as<float>();
+      // The residual stream goes on in mid (the out projection adds to it), copied by the norm.
       k::rmsnorm_forward(x.ln1.data(), mm, x.rstd1.as<float>(), x.resid_in.as<float>(), P(q.norm1),
-                         Tn, Dm, 1e-5f);
+                         Tn, Dm, 1e-5f, x.mid.as<float>());
       if (rope) {  // the rotation in fp32, then one rounding to mm
         matmul_forward(qkv_f32.as<float>(), x.ln1.data(), q.qkv, Tn, Dm, W, false, lg,
                        FlopCategory::projection);
@@ -965,17 +974,12 @@ struct Model::Impl {
       prof.mark("fwd norm1 + qkv");
       attention_forward(x, nb, lg);
       prof.mark("fwd attention core");
-      check_cuda(cudaMemcpyAsync(x.mid.data(), x.resid_in.data(), size_t(Tn * Dm) * 4,
-                                 cudaMemcpyDeviceToDevice, nullptr),
-                 "copy residual");
       matmul_forward(x.mid.as<float>(), x.atty.data(), q.attn_out, Tn, H * Dh, Dm, true, lg,
                      FlopCategory::projection);
+      // ... and on in out (the FFN adds to it), copied by the norm again.
       k::rmsnorm_forward(x.ln2.data(), mm, x.rstd2.as<float>(), x.mid.as<float>(), P(q.norm2), Tn,
-                         Dm, 1e-5f);
+                         Dm, 1e-5f, out);
       prof.mark("fwd out proj + norm2");
-      check_cuda(cudaMemcpyAsync(out, x.mid.data(), size_t(Tn * Dm) * 4, cudaMemcpyDeviceToDevice,
-                                 nullptr),
-                 "copy residual");
       if (l < a.dense_layers)
         swiglu_ffn_forward(out, x.ln2.data(), x.h13.data(), x.act.data(), q.w13, q.w2, Tn, Dffn, lg,
                            FlopCategory::dense_ffn);
@@ -1166,13 +1170,15 @@ struct Model::Impl {
     lg.elementwise += elementwise_per_pass(Bp);  // the backward kernels mirror them
     // dln holds d(objective)/d(lnf) from the forward's chunked LM head backward.
     check_cuda(cudaMemsetAsync(dresid.data(), 0, size_t(Tp * Dm) * 4, nullptr), "memset dresid");
+    // Each rmsnorm backward also writes the residual gradient in mm (dresid_mm), which the next
+    // products read.
     k::rmsnorm_backward(dresid.as<float>(), G(final_norm), dln.as<float>(), resid_out.as<float>(),
-                        P(final_norm), rstdf.as<float>(), Tp, Dm, col_scratch.as<float>());
+                        P(final_norm), rstdf.as<float>(), Tp, Dm, col_scratch.as<float>(),
+                        dresid_mm.data(), mm);
     prof.mark("bwd final norm");
     for (int64_t l = L - 1; l >= 0; --l) {
       const LayerParams& q = lp[size_t(l)];
       Acts& x = acts[size_t(l)];
-      k::cast(dresid_mm.data(), mm, dresid.as<float>(), Tp * Dm);
       if (l < a.dense_layers)
         swiglu_ffn_backward(x.ln2.data(), x.h13.data(), x.act.data(), q.w13, q.w2, Dffn, lg,
                             FlopCategory::dense_ffn);
@@ -1180,11 +1186,10 @@ struct Model::Impl {
         moe_backward(l, lg);
       prof.mark(l < a.dense_layers ? "bwd dense ffn" : "bwd moe rest");
       k::rmsnorm_backward(dresid.as<float>(), G(q.norm2), dln.as<float>(), x.mid.as<float>(),
-                          P(q.norm2), x.rstd2.as<float>(), Tp, Dm, col_scratch.as<float>());
-      k::cast(dresid_mm.data(), mm, dresid.as<float>(), Tp * Dm);
-      matmul_backward(datty.as<float>(), false, q.attn_out, dresid_mm.data(), x.atty.data(), Tp,
-                      H * Dh, Dm, lg, FlopCategory::projection);
-      k::cast(datty_mm.data(), mm, datty.as<float>(), Tp * H * Dh);
+                          P(q.norm2), x.rstd2.as<float>(), Tp, Dm, col_scratch.as<float>(),
+                          dresid_mm.data(), mm);
+      matmul_backward_mm(datty_mm.data(), q.attn_out, dresid_mm.data(), x.atty.data(), Tp, H * Dh,
+                         Dm, lg, FlopCategory::projection);
       prof.mark("bwd norm2 + out proj");
       attention_backward(x, lg);
       prof.mark("bwd attention core");
@@ -1194,7 +1199,8 @@ struct Model::Impl {
       matmul_backward(dln.as<float>(), false, q.qkv, dqkv_mm.data(), x.ln1.data(), Tp, Dm, W, lg,
                       FlopCategory::projection);
       k::rmsnorm_backward(dresid.as<float>(), G(q.norm1), dln.as<float>(), x.resid_in.as<float>(),
-                          P(q.norm1), x.rstd1.as<float>(), Tp, Dm, col_scratch.as<float>());
+                          P(q.norm1), x.rstd1.as<float>(), Tp, Dm, col_scratch.as<float>(),
+                          l > 0 ? dresid_mm.data() : nullptr, mm);  // layer 0: the embedding
       prof.mark("bwd qkv + norm1");  // per layer: else the next layer's ffn phase takes it
     }
     k::embedding_backward(G(embedding), dresid.as<float>(), emb_ids.as<int32_t>(),

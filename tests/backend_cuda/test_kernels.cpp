@@ -33,20 +33,33 @@ TEST_CASE("rmsnorm forward and backward match the CPU") {
     cpu::rmsnorm_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), T, C);
     auto dX = to_device(x), dW = to_device(w), dDY = to_device(dy), dDX = to_device(dx0);
     for (DType t : {DType::f32, DType::bf16}) {
-      auto out = poisoned(T * C * 4), r = poisoned(T * 4);
-      k::rmsnorm_forward(out.data(), t, r.as<float>(), dX.as<float>(), dW.as<float>(), T, C, 1e-5f);
+      // bf16 also carries x on into a copy, exactly.
+      auto out = poisoned(T * C * 4), r = poisoned(T * 4), copy = poisoned(T * C * 4);
+      float* cp = t == DType::bf16 ? copy.as<float>() : nullptr;
+      k::rmsnorm_forward(out.data(), t, r.as<float>(), dX.as<float>(), dW.as<float>(), T, C, 1e-5f,
+                         cp);
       synchronize();
       const double tol = t == DType::f32 ? 1e-5 : 2e-2;
       CHECK(rel_err(download_f(out, T * C, t), y) < tol);
       CHECK(rel_err(download_f(r, T), rstd) < 1e-5);
+      if (cp) CHECK(download_f(copy, T * C) == x);
     }
     auto r = to_device(rstd), gw = to_device(std::vector<float>(C, 0.f));
     DeviceBuffer scratch(k::rmsnorm_scratch_floats(T, C) * 4);
+    auto dx16 = poisoned(T * C * 2);  // the new dx in bf16 as well, exactly its rounding
     k::rmsnorm_backward(dDX.as<float>(), gw.as<float>(), dDY.as<float>(), dX.as<float>(),
-                        dW.as<float>(), r.as<float>(), T, C, scratch.as<float>());
+                        dW.as<float>(), r.as<float>(), T, C, scratch.as<float>(), dx16.data(),
+                        DType::bf16);
     synchronize();
-    CHECK(rel_err(download_f(dDX, T * C), dx) < 1e-5);
+    const std::vector<float> got = download_f(dDX, T * C);
+    CHECK(rel_err(got, dx) < 1e-5);
     CHECK(rel_err(download_f(gw, C), dw) < 1e-5);
+    std::vector<uint16_t> bits(size_t(T * C));
+    dx16.download(bits.data(), bits.size() * 2);
+    int64_t wrong = 0;
+    for (size_t i = 0; i < bits.size(); ++i)
+      wrong += bits[i] != moeplan::backend::cuda::float_to_bf16(got[i]);
+    CHECK(wrong == 0);
   }
 }
 

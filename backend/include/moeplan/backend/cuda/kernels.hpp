@@ -28,13 +28,16 @@ void embedding_backward(float* demb, const float* dx, const int32_t* ids, const 
                         const int32_t* positions, int64_t n_ids, int64_t C);
 
 // ---- RMSNorm: out = x·rstd·w, rstd = 1/sqrt(mean(x²)+eps) -------------------------------------
-// out (T,C) in `mm`, rstd (T), x (T,C), w (C)
+// out (T,C) in `mm`, rstd (T), x (T,C), w (C). copy (T,C), unless null, receives x as read (the
+// residual stream carried on past the norm, without a second read of x).
 void rmsnorm_forward(void* out, DType mm, float* rstd, const float* x, const float* w, int64_t T,
-                     int64_t C, float eps);
+                     int64_t C, float eps, float* copy = nullptr);
 // dx (T,C) += input gradient; dw (C) += Σ_t dy·x·rstd. scratch: rmsnorm_scratch_floats(T', C)
-// floats for any T' ≥ T.
+// floats for any T' ≥ T. dx_mm (T,C) in `mm`, unless null, receives the new dx as cast() would
+// write it (for the products that read the residual gradient next).
 void rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x, const float* w,
-                      const float* rstd, int64_t T, int64_t C, float* scratch);
+                      const float* rstd, int64_t T, int64_t C, float* scratch,
+                      void* dx_mm = nullptr, DType mm = DType::f32);
 int64_t rmsnorm_scratch_floats(int64_t T, int64_t C);
 
 // ---- attention helpers (the products QK^T, PV and their gradients are cuBLAS calls) ----------
