@@ -1,8 +1,9 @@
 // Tiled routed-expert products (see expert_gemm.hpp). Four warps per block; warp w computes the
-// 32×32 quarter (w/2, w%2) of the block's 64×64 output tile as 2×2 WMMA fragments of 16×16×16
-// bf16 with fp32 accumulation. Operand tiles are staged in shared memory in the layout they have
-// in global memory (double-buffered: the next depth step's tiles load by cp.async while this
-// step multiplies); a transposed operand is read through a column-major fragment.
+// 32×64 quarter (w/2, w%2) of the block's 64×128 output tile as 2×4 WMMA fragments of 16×16×16
+// bf16 with fp32 accumulation (six fragment loads for eight products a 16-deep step). Operand tiles
+// are staged in shared memory in the layout they have in global memory (double-buffered: the next
+// depth step's tiles load by cp.async while this step multiplies); a transposed operand is read
+// through a column-major fragment.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <mma.h>
@@ -23,10 +24,13 @@ using bf16 = __nv_bfloat16;
 namespace wmma = nvcuda::wmma;
 
 constexpr int BM = int(kRows), BN = int(kCols), BK = int(kDepth), kThreads = 128;
+constexpr int WM = BM / 2, WN = BN / 2;    // a warp's quarter of the output tile
+constexpr int FM = WM / 16, FN = WN / 16;  // its 16×16 fragments
 // Shared-memory row strides padded by 8 elements (16 bytes) so the 16 rows a fragment load
 // touches fall in different banks; every fragment start stays 32-byte aligned, as WMMA requires.
-constexpr int LD_RK = BK + 8;   // tiles stored [64 rows][32 depth]
-constexpr int LD_KR = BM + 8;   // tiles stored [32 depth][64 rows or columns]
+constexpr int LD_RK = BK + 8;   // tiles stored [rows or columns][32 depth]
+constexpr int LD_KM = BM + 8;   // A tiles stored [32 depth][64 rows]
+constexpr int LD_KN = BN + 8;   // B tiles stored [32 depth][128 columns]
 constexpr int LD_OUT = 16 + 4;  // fp32 staging of one accumulator fragment
 
 using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major>;
@@ -66,50 +70,58 @@ __device__ void load_tile(uint16_t* dst, int ld_dst, const uint16_t* src, int64_
   }
 }
 
-// The block's operand tiles: A as [64][32] (rows × depth) or transposed [32][64]; B as [32][64]
-// (depth × columns) or transposed [64][32]. Sized for the larger of each pair.
-constexpr int kTileElems = (BK * LD_KR > BM * LD_RK) ? (BK * LD_KR) : (BM * LD_RK);
-static_assert(BM == BN, "one staging size serves A and B");
+// The block's operand tiles: A as [64][32] (rows × depth) or transposed [32][64]; B as [32][128]
+// (depth × columns) or transposed [128][32]. Sized for the larger of each pair.
+constexpr int kTileA = (BK * LD_KM > BM * LD_RK) ? (BK * LD_KM) : (BM * LD_RK);
+constexpr int kTileB = (BK * LD_KN > BN * LD_RK) ? (BK * LD_KN) : (BN * LD_RK);
 // Two of each, so that the next depth step's tiles load (cp.async) while this step's multiply.
 struct Tiles {
-  alignas(128) uint16_t a[2][kTileElems];
-  alignas(128) uint16_t b[2][kTileElems];
+  alignas(128) uint16_t a[2][kTileA];
+  alignas(128) uint16_t b[2][kTileB];
   alignas(128) float out[4][16 * LD_OUT];
 };
-static_assert(kTileElems * 2 % 128 == 0, "the second tile of a pair stays 128-byte aligned");
+static_assert(kTileA * 2 % 128 == 0 && kTileB * 2 % 128 == 0,
+              "the second tile of a pair stays 128-byte aligned");
 
-// acc += A_tile · B_tile for this warp's 32×32 quarter. A_T: A staged [depth][rows] (read
+// acc += A_tile · B_tile for this warp's 32×64 quarter. A_T: A staged [depth][rows] (read
 // column-major); B_T: B staged [columns][depth] (read column-major).
 template <bool A_T, bool B_T>
-__device__ void mma_tile(FragC (&acc)[2][2], const uint16_t* a_tile, const uint16_t* b_tile, int wm,
-                         int wn) {
+__device__ void mma_tile(FragC (&acc)[FM][FN], const uint16_t* a_tile, const uint16_t* b_tile,
+                         int wm, int wn) {
 #pragma unroll
   for (int kk = 0; kk < BK; kk += 16) {
     const bf16* a = reinterpret_cast<const bf16*>(a_tile);
     const bf16* b = reinterpret_cast<const bf16*>(b_tile);
-    typename std::conditional<A_T, FragAt, FragA>::type fa[2];
-    typename std::conditional<B_T, FragBt, FragB>::type fb[2];
+    typename std::conditional<A_T, FragAt, FragA>::type fa[FM];
+    typename std::conditional<B_T, FragBt, FragB>::type fb[FN];
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int m = wm * 32 + i * 16;
+    for (int i = 0; i < FM; ++i) {
+      const int m = wm * WM + i * 16;
       if constexpr (A_T)
-        wmma::load_matrix_sync(fa[i], a + kk * LD_KR + m, LD_KR);
+        wmma::load_matrix_sync(fa[i], a + kk * LD_KM + m, LD_KM);
       else
         wmma::load_matrix_sync(fa[i], a + m * LD_RK + kk, LD_RK);
     }
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const int n = wn * 32 + j * 16;
+    for (int j = 0; j < FN; ++j) {
+      const int n = wn * WN + j * 16;
       if constexpr (B_T)
         wmma::load_matrix_sync(fb[j], b + n * LD_RK + kk, LD_RK);
       else
-        wmma::load_matrix_sync(fb[j], b + kk * LD_KR + n, LD_KR);
+        wmma::load_matrix_sync(fb[j], b + kk * LD_KN + n, LD_KN);
     }
 #pragma unroll
-    for (int i = 0; i < 2; ++i)
+    for (int i = 0; i < FM; ++i)
 #pragma unroll
-      for (int j = 0; j < 2; ++j) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+      for (int j = 0; j < FN; ++j) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
   }
+}
+
+__device__ inline void zero(FragC (&acc)[FM][FN]) {
+#pragma unroll
+  for (int i = 0; i < FM; ++i)
+#pragma unroll
+    for (int j = 0; j < FN; ++j) wmma::fill_fragment(acc[i][j], 0.f);
 }
 
 __device__ inline void put(float* p, float v, bool accumulate) {
@@ -122,17 +134,17 @@ __device__ inline void put(bf16* p, float v, bool) {
 // Writes (or adds) this warp's quarter to C rows [0, valid_rows) × columns [0, valid_cols) of the
 // tile at C (row stride ldc), one fragment at a time through shared memory.
 template <class OutT>
-__device__ void store_quarter(OutT* C, int64_t ldc, const FragC (&acc)[2][2], Tiles& t, int wm,
+__device__ void store_quarter(OutT* C, int64_t ldc, const FragC (&acc)[FM][FN], Tiles& t, int wm,
                               int wn, int valid_rows, int valid_cols, bool accumulate) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   float* stage = t.out[warp];
 #pragma unroll
-  for (int i = 0; i < 2; ++i)
+  for (int i = 0; i < FM; ++i)
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
+    for (int j = 0; j < FN; ++j) {
       wmma::store_matrix_sync(stage, acc[i][j], LD_OUT, wmma::mem_row_major);
       __syncwarp();
-      const int r0 = wm * 32 + i * 16, c0 = wn * 32 + j * 16;
+      const int r0 = wm * WM + i * 16, c0 = wn * WN + j * 16;
       for (int e = lane; e < 256; e += 32) {
         const int r = r0 + e / 16, c = c0 + e % 16;
         if (r < valid_rows && c < valid_cols)
@@ -179,17 +191,14 @@ __global__ void __launch_bounds__(kThreads)
   const int warp = threadIdx.x / 32, wm = warp / 2, wn = warp % 2;
   const uint16_t* a = A + int64_t(row0) * K;
   const uint16_t* w = W[e];
-  FragC acc[2][2];
-#pragma unroll
-  for (int i = 0; i < 2; ++i)
-#pragma unroll
-    for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[i][j], 0.f);
+  FragC acc[FM][FN];
+  zero(acc);
   auto issue = [&](int k0, int buf) {  // the tiles of depth step k0 into buffer buf
     load_tile<BM, BK>(t.a[buf], LD_RK, a + k0, K, rows, K - k0, vec);
-    if constexpr (TRANS_W)  // W_e stored (N, K): the tile [64 columns][32 depth]
+    if constexpr (TRANS_W)  // W_e stored (N, K): the tile [128 columns][32 depth]
       load_tile<BN, BK>(t.b[buf], LD_RK, w + int64_t(n0) * K + k0, K, N - n0, K - k0, vec);
-    else  // W_e stored (K, N): the tile [32 depth][64 columns]
-      load_tile<BK, BN>(t.b[buf], LD_KR, w + int64_t(k0) * N + n0, N, K - k0, N - n0, vec);
+    else  // W_e stored (K, N): the tile [32 depth][128 columns]
+      load_tile<BK, BN>(t.b[buf], LD_KN, w + int64_t(k0) * N + n0, N, K - k0, N - n0, vec);
     cp_async_commit();
   };
   issue(0, 0);
@@ -213,15 +222,12 @@ __global__ void __launch_bounds__(kThreads)
   if (r1 == r0) return;
   const int m0 = (blockIdx.x / tiles_n) * BM, n0 = (blockIdx.x % tiles_n) * BN;
   const int warp = threadIdx.x / 32, wm = warp / 2, wn = warp % 2;
-  FragC acc[2][2];
-#pragma unroll
-  for (int i = 0; i < 2; ++i)
-#pragma unroll
-    for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[i][j], 0.f);
+  FragC acc[FM][FN];
+  zero(acc);
   auto issue = [&](int k0, int buf) {
     // A rows [k0, k0+32) × columns [m0, m0+64): the transposed operand, staged [depth][rows]
-    load_tile<BK, BM>(t.a[buf], LD_KR, A + int64_t(k0) * M + m0, M, r1 - k0, M - m0, vec);
-    load_tile<BK, BN>(t.b[buf], LD_KR, B + int64_t(k0) * N + n0, N, r1 - k0, N - n0, vec);
+    load_tile<BK, BM>(t.a[buf], LD_KM, A + int64_t(k0) * M + m0, M, r1 - k0, M - m0, vec);
+    load_tile<BK, BN>(t.b[buf], LD_KN, B + int64_t(k0) * N + n0, N, r1 - k0, N - n0, vec);
     cp_async_commit();
   };
   issue(r0, 0);

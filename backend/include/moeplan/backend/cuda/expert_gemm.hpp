@@ -8,7 +8,7 @@
 // rows [offsets[e], offsets[e+1]). Every block owns its output tile and walks the depth in a fixed
 // order: no atomics, bit-for-bit repeatable.
 //
-// Tiles: 64 rows × 64 columns × 32 depth. The ledger books the products' own shapes under
+// Tiles: 64 rows × 128 columns × 32 depth. The ledger books the products' own shapes under
 // `expert` (as the CPU does) and what the tiles execute beyond them (rows of an expert's last
 // tile, depth past the last routed row of a weight gradient) under `padding`, from the counts
 // read after the step: executed_*_flops below.
@@ -19,7 +19,7 @@
 namespace moeplan::backend::cuda::expert_gemm {
 
 constexpr int64_t kRows = 64;   // rows (or weight-gradient output rows) of a block tile
-constexpr int64_t kCols = 64;   // output columns of a block tile
+constexpr int64_t kCols = 128;  // output columns of a block tile
 constexpr int64_t kDepth = 32;  // depth step
 
 // Tiles a row product launches over, at most: Σ_e ceil(c_e/64) ≤ (R + 63·E)/64.
@@ -41,9 +41,9 @@ void weight_grads(float* const* G, const uint16_t* A, const uint16_t* B, const i
                   int64_t experts, int64_t M, int64_t N);
 
 // What the kernels execute (2 FLOPs per multiply-add, zero-filled tile parts included), from the
-// routed row count of each expert. Row product: 2·Σ_e ceil64(c_e)·ceil64(N)·ceil32(K).
+// routed row count of each expert. Row product: 2·Σ_e ceil64(c_e)·ceil128(N)·ceil32(K).
 int64_t executed_row_product_flops(const int32_t* counts, int64_t experts, int64_t N, int64_t K);
-// Weight gradient: 2·ceil64(M)·ceil64(N)·Σ_e ceil32(c_e).
+// Weight gradient: 2·ceil64(M)·ceil128(N)·Σ_e ceil32(c_e).
 int64_t executed_weight_grad_flops(const int32_t* counts, int64_t experts, int64_t M, int64_t N);
 
 }  // namespace moeplan::backend::cuda::expert_gemm
