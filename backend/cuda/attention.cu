@@ -95,7 +95,7 @@ __global__ void __launch_bounds__(kThreads)
                    float scale) {
   extern __shared__ __align__(128) unsigned char raw[];
   FwdSmem<D>& sm = *reinterpret_cast<FwdSmem<D>*>(raw);
-  const int qb = blockIdx.x, bh = blockIdx.y, b = bh / H, h = bh % H, kvh = h / (H / Hkv);
+  const int qb = blockIdx.y, bh = blockIdx.x, b = bh / H, h = bh % H, kvh = h / (H / Hkv);
   const int64_t W = int64_t(H + 2 * Hkv) * D;
   const bf16* base = qkv + int64_t(b) * S * W;
   const int q0 = qb * BM, qvalid = min(BM, S - q0);
@@ -325,8 +325,8 @@ struct MmaFwdSmem {
 // end-of-sequence mask: every key of an earlier tile precedes every query of this one.
 constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
 
-// Query tile of block x when heavy tiles (the most key tiles) are to start first, so that the
-// last wave is the short tiles: tile n−1−x of n.
+// The query tile of launch index x (of n) when the heavy tiles (the most key tiles) are to start
+// first, so that the last wave is the short tiles: tile n−1−x.
 __device__ inline int heavy_first(int x, int n) {
   return n - 1 - x;
 }
@@ -337,7 +337,7 @@ __global__ void __launch_bounds__(kThreads)
                        int Hkv, float scale) {
   extern __shared__ __align__(128) unsigned char raw[];
   MmaFwdSmem<D>& sm = *reinterpret_cast<MmaFwdSmem<D>*>(raw);
-  const int qb = heavy_first(blockIdx.x, gridDim.x), bh = blockIdx.y, b = bh / H, h = bh % H,
+  const int qb = heavy_first(blockIdx.y, gridDim.y), bh = blockIdx.x, b = bh / H, h = bh % H,
             kvh = h / (H / Hkv);
   const int64_t W = int64_t(H + 2 * Hkv) * D;
   const bf16* base = qkv + int64_t(b) * S * W;
@@ -709,7 +709,7 @@ __global__ void __launch_bounds__(kThreads, 2)  // 2 blocks an SM: no spills at 
                     const bf16* qkv, const float* slopes, int S, int H, int Hkv, float scale) {
   extern __shared__ __align__(128) unsigned char raw[];
   MmaDkdvSmem<D>& sm = *reinterpret_cast<MmaDkdvSmem<D>*>(raw);
-  const int kb = blockIdx.x, b = blockIdx.y / Hkv, kvh = blockIdx.y % Hkv, group = H / Hkv;
+  const int kb = blockIdx.y, b = blockIdx.x / Hkv, kvh = blockIdx.x % Hkv, group = H / Hkv;
   const int64_t W = int64_t(H + 2 * Hkv) * D, ldo = int64_t(H) * D;
   const bf16* base = qkv + int64_t(b) * S * W;
   const int k0 = kb * BN, kvalid = min(BN, S - k0), nq = (S + BM - 1) / BM;
@@ -816,7 +816,7 @@ __global__ void __launch_bounds__(kThreads)
     dq_mma_kernel(OutT* dqkv, const bf16* ds_in, const bf16* qkv, int S, int H, int Hkv) {
   extern __shared__ __align__(128) unsigned char raw[];
   MmaDqSmem<D>& sm = *reinterpret_cast<MmaDqSmem<D>*>(raw);
-  const int nq = gridDim.x, qb = heavy_first(blockIdx.x, nq), bh = blockIdx.y, b = bh / H,
+  const int nq = gridDim.y, qb = heavy_first(blockIdx.y, nq), bh = blockIdx.x, b = bh / H,
             h = bh % H, kvh = h / (H / Hkv);
   const int64_t W = int64_t(H + 2 * Hkv) * D;
   const bf16* base = qkv + int64_t(b) * S * W;
@@ -854,7 +854,9 @@ void launch_forward(Kernel kernel, size_t smem, const char* name, uint16_t* O, f
                     const uint16_t* qkv, const float* slopes, int64_t B, int64_t S, int64_t H,
                     int64_t Hkv, int64_t D) {
   allow_smem(kernel, smem);
-  const dim3 grid(unsigned((S + BM - 1) / BM), unsigned(B * H));
+  // x: sequence·head, y: query tile, so that the launch order runs through every head's tile
+  // before the next tile (the mma forward takes the heaviest tiles first).
+  const dim3 grid(unsigned(B * H), unsigned((S + BM - 1) / BM));
   kernel<<<grid, kThreads, smem>>>(reinterpret_cast<bf16*>(O), lse,
                                    reinterpret_cast<const bf16*>(qkv), slopes, int(S), int(H),
                                    int(Hkv), 1.f / sqrtf(float(D)));
@@ -921,12 +923,14 @@ void backward_mma_t(OutT* dqkv, float* delta, uint16_t* ds, const uint16_t* dO, 
   const unsigned tiles = unsigned((S + BM - 1) / BM);
   bf16* dsb = reinterpret_cast<bf16*>(ds);
   allow_smem(dkdv_mma_kernel<D, OutT>, sizeof(MmaDkdvSmem<D>));
-  dkdv_mma_kernel<D, OutT><<<dim3(tiles, unsigned(B * Hkv)), kThreads, sizeof(MmaDkdvSmem<D>)>>>(
+  // x: sequence·head, y: tile, so that every head's heaviest tiles (the most steps: the first key
+  // tiles, the last query tiles) launch first.
+  dkdv_mma_kernel<D, OutT><<<dim3(unsigned(B * Hkv), tiles), kThreads, sizeof(MmaDkdvSmem<D>)>>>(
       dqkv, dsb, reinterpret_cast<const bf16*>(dO), lse, delta, reinterpret_cast<const bf16*>(qkv),
       slopes, int(S), int(H), int(Hkv), 1.f / sqrtf(float(D)));
   check_launch("attention::backward_mma");
   allow_smem(dq_mma_kernel<D, OutT>, sizeof(MmaDqSmem<D>));
-  dq_mma_kernel<D, OutT><<<dim3(tiles, unsigned(B * H)), kThreads, sizeof(MmaDqSmem<D>)>>>(
+  dq_mma_kernel<D, OutT><<<dim3(unsigned(B * H), tiles), kThreads, sizeof(MmaDqSmem<D>)>>>(
       dqkv, dsb, reinterpret_cast<const bf16*>(qkv), int(S), int(H), int(Hkv));
   check_launch("attention::backward_mma");
 }
