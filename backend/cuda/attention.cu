@@ -848,7 +848,7 @@ void allow_smem(Kernel k, size_t bytes) {
              "cudaFuncSetAttribute (attention shared memory)");
 }
 
-// Both forwards: one block per (query tile, sequence·head).
+// Both forwards: one block per (sequence·head, query tile).
 template <class Kernel>
 void launch_forward(Kernel kernel, size_t smem, const char* name, uint16_t* O, float* lse,
                     const uint16_t* qkv, const float* slopes, int64_t B, int64_t S, int64_t H,
@@ -877,18 +877,24 @@ void forward_mma_t(uint16_t* O, float* lse, const uint16_t* qkv, const float* sl
                  qkv, slopes, B, S, H, Hkv, D);
 }
 
-// Both backwards: delta = rowsum(dO∘O), then dK/dV per (key tile, sequence·kv head) and dQ per
+// delta (B·H·S) = rowsum(dO∘O), the first kernel of either backward.
+void launch_delta(float* delta, const uint16_t* dO, const uint16_t* O, int64_t B, int64_t S,
+                  int64_t H, int D) {
+  const int64_t rows = B * H * S;
+  delta_kernel<<<unsigned((rows + 7) / 8), 256>>>(delta, reinterpret_cast<const bf16*>(dO),
+                                                  reinterpret_cast<const bf16*>(O), S, int(H), D,
+                                                  rows);
+  check_launch("attention::delta");
+}
+
+// The WMMA backward: delta = rowsum(dO∘O), then dK/dV per (key tile, sequence·kv head) and dQ per
 // (query tile, sequence·head).
 template <class KernelKV, class KernelQ>
 void launch_backward(KernelKV dkdv, KernelQ dq, size_t smem_kv, size_t smem_q, const char* name,
                      float* dqkv, float* delta, const uint16_t* dO, const uint16_t* O,
                      const float* lse, const uint16_t* qkv, const float* slopes, int64_t B,
                      int64_t S, int64_t H, int64_t Hkv, int D) {
-  const int64_t rows = B * H * S;
-  delta_kernel<<<unsigned((rows + 7) / 8), 256>>>(delta, reinterpret_cast<const bf16*>(dO),
-                                                  reinterpret_cast<const bf16*>(O), S, int(H), D,
-                                                  rows);
-  check_launch("attention::delta");
+  launch_delta(delta, dO, O, B, S, H, D);
   const float scale = 1.f / sqrtf(float(D));
   const unsigned tiles = unsigned((S + BM - 1) / BM);
   allow_smem(dkdv, smem_kv);
@@ -915,11 +921,7 @@ template <int D, class OutT>
 void backward_mma_t(OutT* dqkv, float* delta, uint16_t* ds, const uint16_t* dO, const uint16_t* O,
                     const float* lse, const uint16_t* qkv, const float* slopes, int64_t B,
                     int64_t S, int64_t H, int64_t Hkv) {
-  const int64_t rows = B * H * S;
-  delta_kernel<<<unsigned((rows + 7) / 8), 256>>>(delta, reinterpret_cast<const bf16*>(dO),
-                                                  reinterpret_cast<const bf16*>(O), S, int(H), D,
-                                                  rows);
-  check_launch("attention::delta");
+  launch_delta(delta, dO, O, B, S, H, D);
   const unsigned tiles = unsigned((S + BM - 1) / BM);
   bf16* dsb = reinterpret_cast<bf16*>(ds);
   allow_smem(dkdv_mma_kernel<D, OutT>, sizeof(MmaDkdvSmem<D>));
