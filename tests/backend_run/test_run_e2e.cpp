@@ -812,10 +812,14 @@ TEST_CASE("out of device memory (emulated): one line naming the passes; --micro-
   CHECK_MESSAGE(whole.err.find("--device cuda: out of device memory (moeplan's buffers held ") !=
                     std::string::npos,
                 whole.err);
+  // At S 16 the fused kernels would hold more, not less: the S×S buffers they spare are
+  // 2 heads · 16² · (2·2 layers + 10) = 7,168 bytes a sequence, their bf16 dS tiles 2 heads · one
+  // 64×64 tile · 2 bytes = 16,384. So the line offers smaller passes only.
   CHECK_MESSAGE(whole.err.find("the device has 38.0 MiB) with passes of 128 sequences of 16 "
-                               "tokens; run smaller passes, e.g. --micro-batch 64, or --kernels "
-                               "attention=fused_mma (no S×S buffers: ") != std::string::npos,
+                               "tokens; run smaller passes, e.g. --micro-batch 64") !=
+                    std::string::npos,
                 whole.err);
+  CHECK_MESSAGE(whole.err.find("attention=fused_mma") == std::string::npos, whole.err);
   REQUIRE_MESSAGE(passes.status == 0, passes.err);
   // Once built, the engine says what it holds: its memory out of the device's, and the passes.
   CHECK_MESSAGE(passes.out.find(" of the device's 38.0 MiB for passes of 16 sequences "
@@ -842,6 +846,31 @@ TEST_CASE("out of device memory (emulated): one line naming the passes; --micro-
                               "AdamW state alone take ") != std::string::npos,
                 none.err);
   CHECK_FALSE(fs::exists(dir / "none" / "dense" / "record.json"));
+}
+
+// At S 256 the fused attention spares far more than its dS tiles take, and the line says so:
+// 2 heads · 256² · (2·2 layers + 10) = 1,835,008 bytes of S×S buffers a sequence (1.75 MiB),
+// less 2 heads · 10 tiles (64×64, on and below the diagonal) · 8,192 bytes = 163,840:
+// 1,671,168 bytes, 1.6 MiB.
+TEST_CASE("out of device memory (emulated): at S 256 the line also offers the fused attention") {
+  const fs::path dir = fresh_dir("cuda_oom_long");
+  Arch a = tiny_arch(true, 16);
+  a.seq_len = 256;
+  write_manifest_atomic(
+      tiny_manifest(plan_for("dense", a, 1, 64, 64), {tiny_plan("moe-o", false, 1, 4, 40)}),
+      dir / "sweep.toml");
+  ::setenv("MOEPLAN_EMU_MEMORY_KIB", "38912", 1);
+  const Result r = run_cli({"run", (dir / "sweep.toml").string(), "--point", "dense", "--out",
+                            (dir / "runs").string(), "--device", "cuda", "--kernels",
+                            "attention=cublas,experts=grouped"},
+                           MOEPLAN_EMULATED_BINARY);
+  ::unsetenv("MOEPLAN_EMU_MEMORY_KIB");
+  CHECK(r.status == 2);
+  CHECK(one_line(r.err));
+  CHECK_MESSAGE(r.err.find("with passes of 64 sequences of 256 tokens; run smaller passes, e.g. "
+                           "--micro-batch 32, or --kernels attention=fused_mma (no S×S buffers: "
+                           "1.6 MiB less a sequence)") != std::string::npos,
+                r.err);
 }
 
 // What cannot fit this machine's memory is refused in one line before it is allocated (a 3 TB
