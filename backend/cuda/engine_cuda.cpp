@@ -54,15 +54,14 @@ std::string out_of_memory_message(const DeviceOutOfMemory& e, const EngineReques
     // resident backward (head widths up to 64) keeps one layer's bf16 dS in whole 64×64 tiles,
     // which at short sequences outweighs what it spares: then the line does not offer it.
     const double square = double(r.arch.heads) * double(r.arch.seq_len) * double(r.arch.seq_len);
-    const double tiles = attention::backward_mma_supported(r.arch.head_dim)
-                             ? 2.0 * double(attention::backward_mma_scratch(1, r.arch.seq_len,
-                                                                            r.arch.heads))
-                             : 0.0;
+    const double tiles =
+        attention::backward_mma_supported(r.arch.head_dim)
+            ? 2.0 * double(attention::backward_mma_scratch(1, r.arch.seq_len, r.arch.heads))
+            : 0.0;
     const double saved = square * (2.0 * double(r.arch.layers) + 10.0) - tiles;
     if (saved > 0)
-      fused = fmt::format(
-          ", or --kernels attention=fused_mma (no S×S buffers: {} less a sequence)",
-          bytes_text(saved));
+      fused = fmt::format(", or --kernels attention=fused_mma (no S×S buffers: {} less a sequence)",
+                          bytes_text(saved));
   }
   // The LM head's bf16 logits and their bf16 gradient: V·4 bytes a row of the chunk.
   std::string logits;
