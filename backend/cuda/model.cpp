@@ -1253,8 +1253,10 @@ struct Model::Impl {
     for (int64_t s0 = 0; s0 < step_B; s0 += B) {
       const int64_t nb = std::min(B, step_B - s0);
       aux_grad_w = double(world) * double(nb) / double(job_seqs);
-      upload_tokens(inputs + s0 * S, tgts + s0 * S, nb * S);
+      // The embedding segments first: their host sort runs while the device zeroes the
+      // gradients (an upload waits for that).
       upload_embedding_segments(inputs + s0 * S, nb * S);
+      upload_tokens(inputs + s0 * S, tgts + s0 * S, nb * S);
       prof.mark("zero grads + upload");
       forward(nb, true, lg, ce_scale);
       backward(lg);
