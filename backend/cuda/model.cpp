@@ -584,22 +584,24 @@ struct Model::Impl {
     blas.gemm(rec(lg, cat, Phase::forward), false, false, Tn, OC, C, inp, C, Wm(w), OC, out, OC,
               accumulate ? 1.f : 0.f, mm);
   }
-  // dinp (T,C) in mm = dout (T,OC) mm · w^T, for an input gradient that only feeds products;
-  // dw (C,OC) += inp^T · dout
-  void matmul_backward_mm(void* dinp, int64_t w, const void* dout, const void* inp, int64_t Tn,
-                          int64_t C, int64_t OC, FlopLedger& lg, FlopCategory cat) {
+  // dinp (T,C) [+]= dout (T,OC) mm · w^T, dinp in `out`; dw (C,OC) += inp^T · dout
+  void matmul_backward_as(void* dinp, DType out, bool accumulate, int64_t w, const void* dout,
+                          const void* inp, int64_t Tn, int64_t C, int64_t OC, FlopLedger& lg,
+                          FlopCategory cat) {
     blas.gemm(rec(lg, cat, Phase::input_grad), false, true, Tn, C, OC, dout, OC, Wm(w), OC, dinp, C,
-              0.f, mm, mm);
+              accumulate ? 1.f : 0.f, mm, out);
     blas.gemm(rec(lg, cat, Phase::weight_grad), true, false, C, OC, Tn, inp, C, dout, OC, G(w), OC,
               1.f, mm);
   }
-  // dinp (T,C) f32 [+]= dout (T,OC) mm · w^T; dw (C,OC) += inp^T · dout
+  // dinp f32 [+]= ...
   void matmul_backward(float* dinp, bool accumulate, int64_t w, const void* dout, const void* inp,
                        int64_t Tn, int64_t C, int64_t OC, FlopLedger& lg, FlopCategory cat) {
-    blas.gemm(rec(lg, cat, Phase::input_grad), false, true, Tn, C, OC, dout, OC, Wm(w), OC, dinp, C,
-              accumulate ? 1.f : 0.f, mm);
-    blas.gemm(rec(lg, cat, Phase::weight_grad), true, false, C, OC, Tn, inp, C, dout, OC, G(w), OC,
-              1.f, mm);
+    matmul_backward_as(dinp, DType::f32, accumulate, w, dout, inp, Tn, C, OC, lg, cat);
+  }
+  // dinp in mm (overwritten), for an input gradient that only feeds products
+  void matmul_backward_mm(void* dinp, int64_t w, const void* dout, const void* inp, int64_t Tn,
+                          int64_t C, int64_t OC, FlopLedger& lg, FlopCategory cat) {
+    matmul_backward_as(dinp, mm, false, w, dout, inp, Tn, C, OC, lg, cat);
   }
 
   void swiglu_ffn_forward(float* out, const void* ln, void* h13, void* act, int64_t w13, int64_t w2,
