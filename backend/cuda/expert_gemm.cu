@@ -1,43 +1,40 @@
 // Tiled routed-expert products (see expert_gemm.hpp). Four warps per block; warp w computes the
-// 32×64 quarter (w/2, w%2) of the block's 64×128 output tile as 2×4 WMMA fragments of 16×16×16
-// bf16 with fp32 accumulation (six fragment loads for eight products a 16-deep step). Operand tiles
-// are staged in shared memory in the layout they have in global memory (double-buffered: the next
-// depth step's tiles load by cp.async while this step multiplies); a transposed operand is read
-// through a column-major fragment.
+// 32×64 quarter (w/2, w%2) of the block's 64×128 output tile through PTX mma.sync m16n8k16 (bf16
+// in, fp32 accumulate; mma.cuh): per 16-deep step two A fragments and four ldmatrix.x4 of B
+// fragments feed sixteen products, and the accumulators (2×8 tiles of 16×8) stay in registers
+// until they are written. Operand tiles are staged in shared memory in the layout they have in
+// global memory, a transposed operand read by ldmatrix.trans; a three-stage cp.async pipeline
+// keeps two depth steps in flight while one multiplies.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
-#include <mma.h>
 
 #include <cstdint>
 #include <stdexcept>
 #include <string>
-#include <type_traits>
 
 #include "async_copy.cuh"
 #include "check.hpp"
+#include "mma.cuh"
 #include "moeplan/backend/cuda/expert_gemm.hpp"
 
 namespace moeplan::backend::cuda::expert_gemm {
 namespace {
 
 using bf16 = __nv_bfloat16;
-namespace wmma = nvcuda::wmma;
 
 constexpr int BM = int(kRows), BN = int(kCols), BK = int(kDepth), kThreads = 128;
-constexpr int WM = BM / 2, WN = BN / 2;    // a warp's quarter of the output tile
-constexpr int FM = WM / 16, FN = WN / 16;  // its 16×16 fragments
-// Shared-memory row strides padded by 8 elements (16 bytes) so the 16 rows a fragment load
-// touches fall in different banks; every fragment start stays 32-byte aligned, as WMMA requires.
-constexpr int LD_RK = BK + 8;   // tiles stored [rows or columns][32 depth]
-constexpr int LD_KM = BM + 8;   // A tiles stored [32 depth][64 rows]
-constexpr int LD_KN = BN + 8;   // B tiles stored [32 depth][128 columns]
-constexpr int LD_OUT = 16 + 4;  // fp32 staging of one accumulator fragment
+constexpr int kStages = 3;                // depth steps staged at once (two in flight)
+constexpr int WM = BM / 2, WN = BN / 2;   // a warp's quarter of the output tile
+constexpr int FM = WM / 16, FN = WN / 8;  // its 16×8 accumulator tiles
+static_assert(BK % 16 == 0 && FN % 2 == 0, "whole mma steps; B fragments in pairs");
+// Shared-memory row strides padded by 8 elements (16 bytes), so the eight 16-byte rows an
+// ldmatrix matrix reads fall on different banks (row strides of 80, 144 and 272 bytes) and every
+// row stays 16-byte aligned for cp.async and ldmatrix.
+constexpr int LD_RK = BK + 8;  // tiles stored [rows or columns][32 depth]
+constexpr int LD_KM = BM + 8;  // A tiles stored [32 depth][64 rows]
+constexpr int LD_KN = BN + 8;  // B tiles stored [32 depth][128 columns]
 
-using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major>;
-using FragAt = wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::col_major>;
-using FragB = wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major>;
-using FragBt = wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major>;
-using FragC = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
+using Acc = float[FM][FN][4];
 
 // dst [ROWS][ld_dst] (shared) = src rows [0, ROWS) × columns [0, COLS) of a bf16 row-major
 // matrix with row stride ld; entries at or past (valid_rows, valid_cols) are zero. When `vec`
@@ -74,54 +71,72 @@ __device__ void load_tile(uint16_t* dst, int ld_dst, const uint16_t* src, int64_
 // (depth × columns) or transposed [128][32]. Sized for the larger of each pair.
 constexpr int kTileA = (BK * LD_KM > BM * LD_RK) ? (BK * LD_KM) : (BM * LD_RK);
 constexpr int kTileB = (BK * LD_KN > BN * LD_RK) ? (BK * LD_KN) : (BN * LD_RK);
-// Two of each, so that the next depth step's tiles load (cp.async) while this step's multiply.
 struct Tiles {
-  alignas(128) uint16_t a[2][kTileA];
-  alignas(128) uint16_t b[2][kTileB];
-  alignas(128) float out[4][16 * LD_OUT];
+  alignas(128) uint16_t a[kStages][kTileA];
+  alignas(128) uint16_t b[kStages][kTileB];
 };
 static_assert(kTileA * 2 % 128 == 0 && kTileB * 2 % 128 == 0,
-              "the second tile of a pair stays 128-byte aligned");
+              "every stage's tile stays 128-byte aligned");
+static_assert(sizeof(Tiles) <= 48 * 1024, "no opt-in to more than 48 KiB of shared memory");
 
-// acc += A_tile · B_tile for this warp's 32×64 quarter. A_T: A staged [depth][rows] (read
-// column-major); B_T: B staged [columns][depth] (read column-major).
+// acc += A_tile · B_tile for this warp's 32×64 quarter (wm, wn). A_T: A staged [depth][rows];
+// B_T: B staged [columns][depth]. Lane l addresses row l % 8 of ldmatrix matrix l / 8:
+//   A [rows][depth]: matrices (rows 0–7, depth low), (rows 8–15, low), (0–7, high), (8–15, high),
+//     read plain; A [depth][rows]: the same four as (depth, rows) blocks, read transposed;
+//   B [columns][depth]: (columns j, depth low), (j, high), (j+1, low), (j+1, high), read plain;
+//     B [depth][columns]: the same four as (depth, columns) blocks, read transposed;
+// so that registers 0–3 are an A fragment, or the (b0, b1) pairs of column tiles j and j+1.
 template <bool A_T, bool B_T>
-__device__ void mma_tile(FragC (&acc)[FM][FN], const uint16_t* a_tile, const uint16_t* b_tile,
-                         int wm, int wn) {
+__device__ void mma_tile(Acc& acc, const uint16_t* a_tile, const uint16_t* b_tile, int wm, int wn) {
+  const int lane = threadIdx.x % 32, mi = lane / 8, r = lane % 8;
 #pragma unroll
   for (int kk = 0; kk < BK; kk += 16) {
-    const bf16* a = reinterpret_cast<const bf16*>(a_tile);
-    const bf16* b = reinterpret_cast<const bf16*>(b_tile);
-    typename std::conditional<A_T, FragAt, FragA>::type fa[FM];
-    typename std::conditional<B_T, FragBt, FragB>::type fb[FN];
+    uint32_t fa[FM][4];
 #pragma unroll
     for (int i = 0; i < FM; ++i) {
       const int m = wm * WM + i * 16;
       if constexpr (A_T)
-        wmma::load_matrix_sync(fa[i], a + kk * LD_KM + m, LD_KM);
+        ldsm_x4_trans(fa[i], a_tile + (kk + (mi / 2) * 8 + r) * LD_KM + m + (mi % 2) * 8);
       else
-        wmma::load_matrix_sync(fa[i], a + m * LD_RK + kk, LD_RK);
+        ldsm_x4(fa[i], a_tile + (m + (mi % 2) * 8 + r) * LD_RK + kk + (mi / 2) * 8);
     }
 #pragma unroll
-    for (int j = 0; j < FN; ++j) {
-      const int n = wn * WN + j * 16;
+    for (int j = 0; j < FN; j += 2) {
+      const int n = wn * WN + j * 8;
+      uint32_t fb[4];
       if constexpr (B_T)
-        wmma::load_matrix_sync(fb[j], b + n * LD_RK + kk, LD_RK);
+        ldsm_x4(fb, b_tile + (n + (mi / 2) * 8 + r) * LD_RK + kk + (mi % 2) * 8);
       else
-        wmma::load_matrix_sync(fb[j], b + kk * LD_KN + n, LD_KN);
+        ldsm_x4_trans(fb, b_tile + (kk + (mi % 2) * 8 + r) * LD_KN + n + (mi / 2) * 8);
+#pragma unroll
+      for (int i = 0; i < FM; ++i) {
+        mma16816(acc[i][j], fa[i], fb[0], fb[1]);
+        mma16816(acc[i][j + 1], fa[i], fb[2], fb[3]);
+      }
     }
-#pragma unroll
-    for (int i = 0; i < FM; ++i)
-#pragma unroll
-      for (int j = 0; j < FN; ++j) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
   }
 }
 
-__device__ inline void zero(FragC (&acc)[FM][FN]) {
+// steps depth steps through kStages buffers: issue(step, buffer) loads a step's tiles (cp.async
+// or plain stores), multiply(buffer) consumes them. Every step commits one group (empty past the
+// end), so that waiting for all but the last kStages − 2 groups means this step's tiles have
+// landed; the barrier after it also says every warp is done with the buffer refilled next
+// (the one the previous step read). One barrier a step.
+template <class Issue, class Multiply>
+__device__ __forceinline__ void pipeline(int steps, Issue&& issue, Multiply&& multiply) {
 #pragma unroll
-  for (int i = 0; i < FM; ++i)
-#pragma unroll
-    for (int j = 0; j < FN; ++j) wmma::fill_fragment(acc[i][j], 0.f);
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < steps) issue(s, s);
+    cp_async_commit();
+  }
+  for (int s = 0; s < steps; ++s) {
+    cp_async_wait<kStages - 2>();
+    __syncthreads();
+    const int next = s + kStages - 1;
+    if (next < steps) issue(next, next % kStages);
+    cp_async_commit();
+    multiply(s % kStages);
+  }
 }
 
 __device__ inline void put(float* p, float v, bool accumulate) {
@@ -130,28 +145,61 @@ __device__ inline void put(float* p, float v, bool accumulate) {
 __device__ inline void put(bf16* p, float v, bool) {
   *p = __float2bfloat16(v);
 }
+// Two adjacent columns; one 8- or 4-byte access where the address allows.
+__device__ inline void put2(float* p, float v0, float v1, bool accumulate) {
+  if (reinterpret_cast<uintptr_t>(p) % 8 == 0) {
+    float2* q = reinterpret_cast<float2*>(p);
+    if (accumulate) {
+      const float2 o = *q;
+      v0 += o.x;
+      v1 += o.y;
+    }
+    *q = make_float2(v0, v1);
+  } else {
+    put(p, v0, accumulate);
+    put(p + 1, v1, accumulate);
+  }
+}
+__device__ inline void put2(bf16* p, float v0, float v1, bool) {
+  if (reinterpret_cast<uintptr_t>(p) % 4 == 0) {
+    *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(v0, v1);
+  } else {
+    *p = __float2bfloat16(v0);
+    p[1] = __float2bfloat16(v1);
+  }
+}
 
 // Writes (or adds) this warp's quarter to C rows [0, valid_rows) × columns [0, valid_cols) of the
-// tile at C (row stride ldc), one fragment at a time through shared memory.
+// tile at C (row stride ldc), straight from the accumulators: lane (g, t) holds rows g and g+8,
+// columns 2t and 2t+1 of each 16×8 tile.
 template <class OutT>
-__device__ void store_quarter(OutT* C, int64_t ldc, const FragC (&acc)[FM][FN], Tiles& t, int wm,
-                              int wn, int valid_rows, int valid_cols, bool accumulate) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  float* stage = t.out[warp];
+__device__ void store_quarter(OutT* C, int64_t ldc, const Acc& acc, int wm, int wn, int valid_rows,
+                              int valid_cols, bool accumulate) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
 #pragma unroll
   for (int i = 0; i < FM; ++i)
 #pragma unroll
-    for (int j = 0; j < FN; ++j) {
-      wmma::store_matrix_sync(stage, acc[i][j], LD_OUT, wmma::mem_row_major);
-      __syncwarp();
-      const int r0 = wm * WM + i * 16, c0 = wn * WN + j * 16;
-      for (int e = lane; e < 256; e += 32) {
-        const int r = r0 + e / 16, c = c0 + e % 16;
-        if (r < valid_rows && c < valid_cols)
-          put(C + int64_t(r) * ldc + c, stage[(e / 16) * LD_OUT + e % 16], accumulate);
+    for (int h = 0; h < 2; ++h) {
+      const int r = wm * WM + i * 16 + g + 8 * h;
+      if (r >= valid_rows) continue;
+#pragma unroll
+      for (int j = 0; j < FN; ++j) {
+        const int c = wn * WN + j * 8 + 2 * t;
+        if (c >= valid_cols) continue;
+        OutT* p = C + int64_t(r) * ldc + c;
+        if (c + 1 < valid_cols)
+          put2(p, acc[i][j][2 * h], acc[i][j][2 * h + 1], accumulate);
+        else
+          put(p, acc[i][j][2 * h], accumulate);
       }
-      __syncwarp();
     }
+}
+
+__device__ inline void zero(Acc& acc) {
+#pragma unroll
+  for (int i = 0; i < FM; ++i)
+#pragma unroll
+    for (int j = 0; j < FN; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
 }
 
 // Per expert e: tiles = ceil(c_e / 64); written at the exclusive prefix of those counts.
@@ -191,24 +239,19 @@ __global__ void __launch_bounds__(kThreads)
   const int warp = threadIdx.x / 32, wm = warp / 2, wn = warp % 2;
   const uint16_t* a = A + int64_t(row0) * K;
   const uint16_t* w = W[e];
-  FragC acc[FM][FN];
+  Acc acc;
   zero(acc);
-  auto issue = [&](int k0, int buf) {  // the tiles of depth step k0 into buffer buf
+  auto issue = [&](int step, int buf) {  // the tiles of depth step `step` into buffer buf
+    const int k0 = step * BK;
     load_tile<BM, BK>(t.a[buf], LD_RK, a + k0, K, rows, K - k0, vec);
     if constexpr (TRANS_W)  // W_e stored (N, K): the tile [128 columns][32 depth]
       load_tile<BN, BK>(t.b[buf], LD_RK, w + int64_t(n0) * K + k0, K, N - n0, K - k0, vec);
     else  // W_e stored (K, N): the tile [32 depth][128 columns]
       load_tile<BK, BN>(t.b[buf], LD_KN, w + int64_t(k0) * N + n0, N, K - k0, N - n0, vec);
-    cp_async_commit();
   };
-  issue(0, 0);
-  for (int k0 = 0, buf = 0; k0 < K; k0 += BK, buf ^= 1) {
-    // The next step's tiles fly while this one multiplies.
-    begin_step(k0 + BK < K, [&] { issue(k0 + BK, buf ^ 1); });
-    mma_tile<false, TRANS_W>(acc, t.a[buf], t.b[buf], wm, wn);
-    __syncthreads();  // every warp is done with this buffer before it is refilled
-  }
-  store_quarter(C + int64_t(row0) * N + n0, N, acc, t, wm, wn, rows, N - n0, false);
+  pipeline((K + BK - 1) / BK, issue,
+           [&](int buf) { mma_tile<false, TRANS_W>(acc, t.a[buf], t.b[buf], wm, wn); });
+  store_quarter(C + int64_t(row0) * N + n0, N, acc, wm, wn, rows, N - n0, false);
 }
 
 // Block (output tile, expert): G_e tile += Σ over the expert's rows of A^T · B.
@@ -222,21 +265,17 @@ __global__ void __launch_bounds__(kThreads)
   if (r1 == r0) return;
   const int m0 = (blockIdx.x / tiles_n) * BM, n0 = (blockIdx.x % tiles_n) * BN;
   const int warp = threadIdx.x / 32, wm = warp / 2, wn = warp % 2;
-  FragC acc[FM][FN];
+  Acc acc;
   zero(acc);
-  auto issue = [&](int k0, int buf) {
+  auto issue = [&](int step, int buf) {
+    const int k0 = r0 + step * BK;
     // A rows [k0, k0+32) × columns [m0, m0+64): the transposed operand, staged [depth][rows]
     load_tile<BK, BM>(t.a[buf], LD_KM, A + int64_t(k0) * M + m0, M, r1 - k0, M - m0, vec);
     load_tile<BK, BN>(t.b[buf], LD_KN, B + int64_t(k0) * N + n0, N, r1 - k0, N - n0, vec);
-    cp_async_commit();
   };
-  issue(r0, 0);
-  for (int k0 = r0, buf = 0; k0 < r1; k0 += BK, buf ^= 1) {
-    begin_step(k0 + BK < r1, [&] { issue(k0 + BK, buf ^ 1); });
-    mma_tile<true, false>(acc, t.a[buf], t.b[buf], wm, wn);
-    __syncthreads();
-  }
-  store_quarter(G[e] + int64_t(m0) * N + n0, N, acc, t, wm, wn, M - m0, N - n0, true);
+  pipeline((r1 - r0 + BK - 1) / BK, issue,
+           [&](int buf) { mma_tile<true, false>(acc, t.a[buf], t.b[buf], wm, wn); });
+  store_quarter(G[e] + int64_t(m0) * N + n0, N, acc, wm, wn, M - m0, N - n0, true);
 }
 
 bool aligned16(const void* p) {

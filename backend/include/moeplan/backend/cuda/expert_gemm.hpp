@@ -1,8 +1,9 @@
 #pragma once
 // The routed experts' matrix products as our own tiled kernels (bf16 inputs, fp32 accumulation on
-// tensor cores through WMMA), reading the per-expert row ranges from the device: no host wait for
-// the routed counts, no pointer tables per step, results written straight in their final type
-// (bf16, fp32, or added to fp32 weight gradients), and one shape per launch whatever the routing.
+// tensor cores through PTX mma.sync), reading the per-expert row ranges from the device: no host
+// wait for the routed counts, no pointer tables per step, results written straight in their final
+// type (bf16, fp32, or added to fp32 weight gradients), and one shape per launch whatever the
+// routing.
 //
 // The rows are the routed assignments sorted by expert (kernels::sort_by_expert): expert e owns
 // rows [offsets[e], offsets[e+1]). Every block owns its output tile and walks the depth in a fixed
