@@ -319,14 +319,18 @@ __global__ void __launch_bounds__(kThreads)
     // S (16 × 64) = Q · K^T: B fragment (d, key) = K[key][d], consecutive in d.
     float sc[BN / 8][4];
     rows_times_tile_t_mma<D>(sc, qf, sm.k[buf], g, t);
-    // Scale and ALiBi bias (base 2), the mask on the diagonal; the tile's row maxima.
+    // Scale and ALiBi bias (base 2), the mask on the diagonal; the tile's row maxima. The
+    // distance i − j as a float is the row's d0 or d1 less a constant of the unrolled loop: a
+    // difference of integers under 2^24, exact, so the same value as float(i − j) without an
+    // int-to-float conversion an element (a slow instruction, as ex2 is, on sm_90).
+    const float d0 = float(i0 - k0 - 2 * t), d1 = float(i1 - k0 - 2 * t);
     float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
     for (int n = 0; n < BN / 8; ++n)
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         const int i = c < 2 ? i0 : i1, j = k0 + n * 8 + 2 * t + (c & 1);
-        float x = scale2 * sc[n][c] - slope2 * float(i - j);
+        float x = scale2 * sc[n][c] - slope2 * ((c < 2 ? d0 : d1) - float(n * 8 + (c & 1)));
         if (kDiag && !(j <= i && j < S)) x = -INFINITY;
         sc[n][c] = x;
         if (c < 2)
@@ -699,14 +703,17 @@ __global__ void __launch_bounds__(kThreads, 2)  // 2 blocks an SM: no spills at 
     float st[BN / 8][4], dpt[BN / 8][4];
     rows_times_tile_t_mma<D>(st, kf, sm.q[buf], g, t);
     rows_times_tile_t_mma<D>(dpt, vf, sm.dO[buf], g, t);
+    // i − j exactly as in the forward: the key row's e0 or e1 plus a constant of the loop.
+    const float e0 = float(q0 + 2 * t - j0), e1 = float(q0 + 2 * t - j1);
 #pragma unroll
     for (int n = 0; n < BN / 8; ++n)
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         const int j = c < 2 ? j0 : j1, qi = n * 8 + 2 * t + (c & 1), i = q0 + qi;
+        const float dist = (c < 2 ? e0 : e1) + float(n * 8 + (c & 1));
         float p = 0.f, ds = 0.f;
         if (!kDiag || (j <= i && i < S)) {
-          p = exp2f(scale2 * st[n][c] - slope2 * float(i - j) - sm.lse[buf][qi]);
+          p = exp2f(scale2 * st[n][c] - slope2 * dist - sm.lse[buf][qi]);
           ds = scale * p * (dpt[n][c] - sm.delta[buf][qi]);
         }
         st[n][c] = p;
