@@ -201,12 +201,14 @@ TEST_CASE("causal softmax (ALiBi) forward and backward match the CPU attention")
 
 TEST_CASE("router top-K, stable sort by expert, combine and router backward match the CPU") {
   // E 12: one expert a lane of the warp kernels; E 66 (the bench's MoE): three, the last partly;
-  // E 300: the thread-per-token kernels. T·K not a multiple of 4 (the placement's tail).
+  // E 300: the thread-per-token kernels. T·K not a multiple of 4 (the placement's tail); T·K
+  // 20,505: five 16-byte loads a counting thread (its unrolled four, then one more).
   struct Shape {
     int64_t T, E, K;
   };
   const int64_t C = 40;
-  for (const Shape sh : {Shape{333, 12, 3}, Shape{333, 66, 5}, Shape{97, 300, 4}})
+  for (const Shape sh :
+       {Shape{333, 12, 3}, Shape{333, 66, 5}, Shape{97, 300, 4}, Shape{4101, 66, 5}})
     for (bool renorm : {false, true}) {
       const int64_t T = sh.T, E = sh.E, K = sh.K;
       INFO("T " << T << " E " << E << " K " << K << (renorm ? " renormalized" : ""));
@@ -243,6 +245,20 @@ TEST_CASE("router top-K, stable sort by expert, combine and router backward matc
       CHECK(gslot == slot_row);
       for (int64_t e = 0; e < E; ++e) CHECK(int64_t(gcounts[e]) == assigned[e]);
       for (int64_t r = 0; r < T * K; ++r) CHECK(gsorted[r] / K == row_token[r]);
+      {  // the same sort from indices one element off 16-byte alignment (element loads)
+        std::vector<int32_t> shifted(size_t(T * K + 1), -1);
+        std::copy(gidx.begin(), gidx.end(), shifted.begin() + 1);
+        auto dShifted = to_device(shifted);
+        DeviceBuffer c2(E * 4), o2((E + 1) * 4), s2(T * K * 4), sl2(T * K * 4);
+        k::sort_by_expert(c2.as<int32_t>(), o2.as<int32_t>(), s2.as<int32_t>(), sl2.as<int32_t>(),
+                          dShifted.as<int32_t>() + 1, T, K, E);
+        synchronize();
+        std::vector<int32_t> counts2(E), slot2(T * K);
+        c2.download(counts2.data(), E * 4);
+        sl2.download(slot2.data(), T * K * 4);
+        CHECK(counts2 == gcounts);
+        CHECK(slot2 == gslot);
+      }
       CHECK(rel_err(download_f(dP, T * E), probs) < 1e-5);
       CHECK(rel_err(download_f(dGate, T * K), gate) < 1e-5);
       CHECK(rel_err(download_f(dLse, T), lse) < 1e-5);
