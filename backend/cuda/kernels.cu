@@ -251,6 +251,7 @@ __global__ void rmsnorm_dw_partial_kernel(float* partial, const float* dy, const
   const int64_t chunk = (T + kColChunks - 1) / kColChunks;
   const int64_t t0 = blockIdx.y * chunk, t1 = min(T, t0 + chunk);
   float s = 0.f;
+#pragma unroll 8  // loads in flight, sums in order
   for (int64_t t = t0; t < t1; ++t) s += dy[t * C + c] * x[t * C + c] * rstd[t];
   partial[blockIdx.y * C + c] = s;
 }
@@ -261,7 +262,8 @@ __global__ void colsum_partial_kernel(float* partial, const float* x, int64_t T,
   const int64_t chunk = (T + kColChunks - 1) / kColChunks;
   const int64_t t0 = blockIdx.y * chunk, t1 = min(T, t0 + chunk);
   float s = 0.f;
-  for (int64_t t = t0; t < t1; ++t) s += x[t * C + c];
+#pragma unroll 8
+  for (int64_t t = t0; t < t1; ++t) s += x[t * C + c];  // loads in flight, sums in order
   partial[blockIdx.y * C + c] = s;
 }
 
@@ -792,7 +794,8 @@ __global__ void router_aux_finish_kernel(float* aux, const float* p_mean, const 
     s += (float(counts[e]) / float(T * K)) * p_mean[e];
   s = block_sum(s);
   float zs = 0.f;
-  for (int64_t t = threadIdx.x; t < T; t += blockDim.x) zs += lse[t] * lse[t];
+#pragma unroll 8
+  for (int64_t t = threadIdx.x; t < T; t += blockDim.x) zs += lse[t] * lse[t];  // in order
   zs = block_sum(zs);
   if (threadIdx.x == 0) {
     aux[0] = lb * float(E) * s;
