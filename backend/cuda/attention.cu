@@ -53,12 +53,23 @@ __device__ void load_tile(bf16* dst, const bf16* src, int row0, int valid, int64
 }
 
 // load_tile by cp.async: in flight until the caller's commit and wait (rows past `valid` are
-// zero-filled by the copy itself).
+// zero-filled by the copy itself). Thread x copies the 16 bytes at column (x % V)·8 of rows
+// x / V + k·kThreads / V; a whole tile (every tile but a sequence's last partial one) takes one
+// address step a copy, without the row's bounds test.
 template <int D>
 __device__ void load_tile_async(bf16* dst, const bf16* src, int row0, int valid, int64_t ld) {
-  constexpr int V = D / 8;
-  for (int idx = threadIdx.x; idx < 64 * V; idx += kThreads) {
-    const int r = idx / V, c = (idx % V) * 8;
+  constexpr int V = D / 8, kStride = kThreads / V;  // rows a pass of the block covers
+  static_assert(kThreads % V == 0 && 64 % kStride == 0, "whole passes over the tile");
+  const int r0 = threadIdx.x / V, c = (threadIdx.x % V) * 8;
+  if (valid >= 64) {
+    const bf16* s = src + int64_t(row0 + r0) * ld + c;
+    bf16* d = dst + r0 * LDT<D> + c;
+#pragma unroll
+    for (int r = 0; r < 64; r += kStride) cp_async_16(d + r * LDT<D>, s + r * ld, 16);
+    return;
+  }
+#pragma unroll
+  for (int r = r0; r < 64; r += kStride) {
     const bf16* s = src + int64_t(row0 + (r < valid ? r : 0)) * ld + c;
     cp_async_16(dst + r * LDT<D> + c, s, r < valid ? 16 : 0);
   }

@@ -44,7 +44,16 @@ using Acc = float[FM][FN][4];
 template <int ROWS, int COLS>
 __device__ void load_tile(uint16_t* dst, int ld_dst, const uint16_t* src, int64_t ld,
                           int valid_rows, int valid_cols, bool vec) {
-  constexpr int kChunks = COLS / 8;
+  constexpr int kChunks = COLS / 8, kStride = kThreads / kChunks;  // rows a pass covers
+  static_assert(kThreads % kChunks == 0 && ROWS % kStride == 0, "whole passes over the tile");
+  if (vec && valid_rows >= ROWS && valid_cols >= COLS) {  // a whole tile: one address step a copy
+    const int r0 = threadIdx.x / kChunks, c = (threadIdx.x % kChunks) * 8;
+    const uint16_t* s = src + int64_t(r0) * ld + c;
+    uint16_t* d = dst + r0 * ld_dst + c;
+#pragma unroll
+    for (int r = 0; r < ROWS; r += kStride) cp_async_16(d + r * ld_dst, s + r * ld, 16);
+    return;
+  }
   for (int i = threadIdx.x; i < ROWS * kChunks; i += kThreads) {
     const int r = i / kChunks, c = (i % kChunks) * 8;
     uint16_t* d = dst + r * ld_dst + c;
