@@ -980,6 +980,7 @@ constexpr int kNormBlocks = 1024, kNormThreads = 256;
 __global__ void sumsq_partial_kernel(double* partial, const float* g, int64_t n) {
   __shared__ double part[kNormThreads];
   double s = 0;
+#pragma unroll 8  // loads in flight, sums in order
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x)
     s += double(g[i]) * double(g[i]);
