@@ -275,9 +275,10 @@ const bool registered = register_command(
        app.add_option("--device", f->device,
                       "cpu or cuda (default: the manifest's [train].device)");
        app.add_option("--kernels", f->kernels,
-                      "cuda only: attention=cublas|fused|fused_mma, "
-                      "experts=grouped|loop|tiled|batched, logits=auto|<rows> (default: "
-                      "attention=cublas,experts=grouped,logits=auto: LM head chunks of 8192 rows)");
+                      "cuda only: attention=auto|cublas|fused|fused_mma|fused_mma_wide, "
+                      "experts=auto|grouped|loop|tiled|batched, logits=auto|<rows> (default: auto "
+                      "for each: fused_mma and tiled in bf16 where they apply, LM head chunks of "
+                      "8192 rows; docs/running.md)");
        app.add_option("--checkpoint-every", f->checkpoint_every,
                       "steps between checkpoints (default: the manifest's, else ~20 per point)");
        app.add_option("--threads", f->threads, "CPU threads (0: the default)");

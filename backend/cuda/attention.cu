@@ -204,37 +204,84 @@ __global__ void __launch_bounds__(kThreads)
 // adjacent 8-key tiles are, element for element, the A fragment of P for the 16-key step of P·V:
 // no shared-memory round trip for S, P or O.
 
-// A fragments (16 rows × D, in steps of 16) of this warp's rows of a [64][LDT] tile: per step
+// A fragments (16 rows × D, in steps of 16) of rows [row, row + 16) of a [..][LDT] tile: per step
 // one ldmatrix.x4 (matrices: rows 0–7 low columns, rows 8–15 low, rows 0–7 high, rows 8–15 high).
 template <int D>
-__device__ void load_a_frags(uint32_t (&f)[D / 16][4], const bf16* tile, int warp, int g, int t) {
+__device__ void load_a_frags(uint32_t (&f)[D / 16][4], const bf16* tile, int row, int g, int t) {
   const int lane = 4 * g + t, mi = lane / 8;
-  const bf16* rows = tile + (warp * 16 + (mi % 2) * 8 + lane % 8) * LDT<D> + (mi / 2) * 8;
+  const bf16* rows = tile + (row + (mi % 2) * 8 + lane % 8) * LDT<D> + (mi / 2) * 8;
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) ldsm_x4(f[kk], rows + kk * 16);
 }
 
-// acc[n] (16 × 8 per n, 64 columns) = A (this warp's 16 rows × D, fragments) · tile^T, tile a
-// [64][LDT] row-major (its rows are the product's columns). The B fragment of column tile n and
-// depth step kk is (row n·8+g, depths kk·16+2t, +1) and (…, kk·16+8+2t, +1): one ldmatrix.x4
-// brings both for column tiles n and n+1 (matrices: n low, n high, n+1 low, n+1 high).
-template <int D>
-__device__ void rows_times_tile_t_mma(float (&acc)[BN / 8][4], const uint32_t (&a)[D / 16][4],
+// acc[r][n] (16 × 8 per n, 64 columns) = A_r (R row tiles of 16 rows × D, fragments) · tile^T,
+// tile a [64][LDT] row-major (its rows are the product's columns). The B fragment of column tile
+// n and depth step kk is (row n·8+g, depths kk·16+2t, +1) and (…, kk·16+8+2t, +1): one
+// ldmatrix.x4 brings both for column tiles n and n+1 (matrices: n low, n high, n+1 low, n+1
+// high), and serves every row tile.
+template <int D, int R>
+__device__ void rows_times_tile_t_mma(float (&acc)[R][BN / 8][4], const uint32_t (&a)[R][D / 16][4],
                                       const bf16* tile, int g, int t) {
   const int lane = 4 * g + t, mi = lane / 8;
   const bf16* rows = tile + ((mi / 2) * 8 + lane % 8) * LDT<D> + (mi % 2) * 8;
 #pragma unroll
   for (int n = 0; n < BN / 8; n += 2) {
-    acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
-    acc[n + 1][0] = acc[n + 1][1] = acc[n + 1][2] = acc[n + 1][3] = 0.f;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      acc[r][n][0] = acc[r][n][1] = acc[r][n][2] = acc[r][n][3] = 0.f;
+      acc[r][n + 1][0] = acc[r][n + 1][1] = acc[r][n + 1][2] = acc[r][n + 1][3] = 0.f;
+    }
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       uint32_t b[4];
       ldsm_x4(b, rows + n * 8 * LDT<D> + kk * 16);
-      mma16816(acc[n], a[kk], b[0], b[1]);
-      mma16816(acc[n + 1], a[kk], b[2], b[3]);
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        mma16816(acc[r][n], a[r][kk], b[0], b[1]);
+        mma16816(acc[r][n + 1], a[r][kk], b[2], b[3]);
+      }
     }
   }
+}
+// The same product with the A fragments read from shared memory as it goes (R row tiles of 16
+// rows from row `row` of the [..][LDT] tile `a_tile`), depth step by depth step, so that only one
+// step's A fragments are held: FlashAttention-2 rereads Q this way at head width 64 rather than
+// keep it in registers. Each accumulator takes its depth steps in the same order: the same bits.
+template <int D, int R>
+__device__ void smem_rows_times_tile_t_mma(float (&acc)[R][BN / 8][4], const bf16* a_tile, int row,
+                                           const bf16* tile, int g, int t) {
+  const int lane = 4 * g + t, mi = lane / 8;
+  const bf16* rows = tile + ((mi / 2) * 8 + lane % 8) * LDT<D> + (mi % 2) * 8;
+  const bf16* arows = a_tile + (row + (mi % 2) * 8 + lane % 8) * LDT<D> + (mi / 2) * 8;
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int n = 0; n < BN / 8; ++n)
+      acc[r][n][0] = acc[r][n][1] = acc[r][n][2] = acc[r][n][3] = 0.f;
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    uint32_t a[R][4];
+#pragma unroll
+    for (int r = 0; r < R; ++r) ldsm_x4(a[r], arows + r * 16 * LDT<D> + kk * 16);
+#pragma unroll
+    for (int n = 0; n < BN / 8; n += 2) {
+      uint32_t b[4];
+      ldsm_x4(b, rows + n * 8 * LDT<D> + kk * 16);
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        mma16816(acc[r][n], a[r], b[0], b[1]);
+        mma16816(acc[r][n + 1], a[r], b[2], b[3]);
+      }
+    }
+  }
+}
+
+// One row tile: this warp's 16 rows.
+template <int D>
+__device__ void rows_times_tile_t_mma(float (&acc)[BN / 8][4], const uint32_t (&a)[D / 16][4],
+                                      const bf16* tile, int g, int t) {
+  rows_times_tile_t_mma<D, 1>(reinterpret_cast<float(&)[1][BN / 8][4]>(acc),
+                              reinterpret_cast<const uint32_t(&)[1][D / 16][4]>(a), tile, g, t);
 }
 
 // The lane's row address for ldmatrix.x4.trans B fragments of a [64][LDT] tile whose rows are
@@ -245,41 +292,63 @@ __device__ const bf16* depth_rows(const bf16* tile, int g, int t) {
   return tile + ((mi % 2) * 8 + lane % 8) * LDT<D> + (mi / 2) * 8;
 }
 
-// out (16 × D) += a (an A fragment, 16 rows × 16 depth) · the tile's 16 depth rows from `rows`
-// (depth_rows of the tile, moved to the step's first row): column tiles n and n+1 a load.
-template <int D>
-__device__ void frag_times_rows_mma(float (&out)[D / 8][4], const uint32_t (&a)[4],
+// out[r] (16 × D) += a[r] (R A fragments, 16 rows × 16 depth each) · the tile's 16 depth rows
+// from `rows` (depth_rows of the tile, moved to the step's first row): column tiles n and n+1 a
+// load, which serves every row tile.
+template <int D, int R>
+__device__ void frag_times_rows_mma(float (&out)[R][D / 8][4], const uint32_t (&a)[R][4],
                                     const bf16* rows) {
 #pragma unroll
   for (int n = 0; n < D / 8; n += 2) {
     uint32_t b[4];
     ldsm_x4_trans(b, rows + n * 8);
-    mma16816(out[n], a, b[0], b[1]);
-    mma16816(out[n + 1], a, b[2], b[3]);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      mma16816(out[r][n], a[r], b[0], b[1]);
+      mma16816(out[r][n + 1], a[r], b[2], b[3]);
+    }
   }
 }
-
-// out[n] (16 × 8 per n, D columns) += X (16 × 64, the accumulators x as A fragments) · tile,
-// tile a [64][LDT] row-major whose rows are the product's depth. The B fragment of depth step s2
-// and column tile n is (rows s2·16+2t, +1 of column n·8+g) and (rows +8): ldmatrix.x4.trans
-// brings both for column tiles n and n+1 (matrices: rows low n, rows high n, low n+1, high n+1).
 template <int D>
-__device__ void acc_times_tile_mma(float (&out)[D / 8][4], const float (&x)[BN / 8][4],
+__device__ void frag_times_rows_mma(float (&out)[D / 8][4], const uint32_t (&a)[4],
+                                    const bf16* rows) {
+  frag_times_rows_mma<D, 1>(reinterpret_cast<float(&)[1][D / 8][4]>(out),
+                            reinterpret_cast<const uint32_t(&)[1][4]>(a), rows);
+}
+
+// out[r][n] (16 × 8 per n, D columns) += X_r (16 × 64, the accumulators x[r] as A fragments) ·
+// tile, tile a [64][LDT] row-major whose rows are the product's depth. The B fragment of depth
+// step s2 and column tile n is (rows s2·16+2t, +1 of column n·8+g) and (rows +8):
+// ldmatrix.x4.trans brings both for column tiles n and n+1 (matrices: rows low n, rows high n,
+// low n+1, high n+1).
+template <int D, int R>
+__device__ void acc_times_tile_mma(float (&out)[R][D / 8][4], const float (&x)[R][BN / 8][4],
                                    const bf16* tile, int g, int t) {
   const bf16* rows = depth_rows<D>(tile, g, t);
 #pragma unroll
   for (int s2 = 0; s2 < BN / 16; ++s2) {
-    const uint32_t xf[4] = {pack_bf16(x[2 * s2][0], x[2 * s2][1]),
-                            pack_bf16(x[2 * s2][2], x[2 * s2][3]),
-                            pack_bf16(x[2 * s2 + 1][0], x[2 * s2 + 1][1]),
-                            pack_bf16(x[2 * s2 + 1][2], x[2 * s2 + 1][3])};
-    frag_times_rows_mma<D>(out, xf, rows + s2 * 16 * LDT<D>);
+    uint32_t xf[R][4];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      xf[r][0] = pack_bf16(x[r][2 * s2][0], x[r][2 * s2][1]);
+      xf[r][1] = pack_bf16(x[r][2 * s2][2], x[r][2 * s2][3]);
+      xf[r][2] = pack_bf16(x[r][2 * s2 + 1][0], x[r][2 * s2 + 1][1]);
+      xf[r][3] = pack_bf16(x[r][2 * s2 + 1][2], x[r][2 * s2 + 1][3]);
+    }
+    frag_times_rows_mma<D, R>(out, xf, rows + s2 * 16 * LDT<D>);
   }
 }
-
 template <int D>
+__device__ void acc_times_tile_mma(float (&out)[D / 8][4], const float (&x)[BN / 8][4],
+                                   const bf16* tile, int g, int t) {
+  acc_times_tile_mma<D, 1>(reinterpret_cast<float(&)[1][D / 8][4]>(out),
+                           reinterpret_cast<const float(&)[1][BN / 8][4]>(x), tile, g, t);
+}
+
+// R row tiles of 16 query rows a warp, 64·R query rows a block (R 1 or 2).
+template <int D, int R>
 struct MmaFwdSmem {
-  bf16 q[BM * LDT<D>], k[2][BN * LDT<D>], v[2][BN * LDT<D>];  // K/V double-buffered
+  bf16 q[R * BM * LDT<D>], k[2][BN * LDT<D>], v[2][BN * LDT<D>];  // K/V double-buffered
 };
 
 // The softmax runs in base 2: x = log2(e)·(scale·s − slope·(i − j)) and p = 2^(x − m), one
@@ -294,128 +363,177 @@ __device__ inline int heavy_first(int x, int n) {
   return n - 1 - x;
 }
 
-template <int D>
+// R 1: warp w owns query rows [16w, 16w+16) of a 64-row block. R 2 ("wide"): warp w owns rows
+// [32w, 32w+32) of a 128-row block as two row tiles, so that each K and V fragment loaded from
+// shared memory feeds two mma instead of one and a warp has twice the independent products a
+// step (FlashAttention-2 gives each warp 32 rows at head width 64 for the same reason). Either
+// way a warp runs exactly the 64×64 tiles the R 1 grid runs for its rows: key tiles up to the
+// diagonal of its 64-row half, none past it and none for a half wholly past the sequence's end,
+// so the executed work (the ledger's `padding`) is the same, and so is every row's arithmetic
+// in the same order: the same bits.
+template <int D, int R>
 __global__ void __launch_bounds__(kThreads)
     forward_mma_kernel(bf16* O, float* lse, const bf16* qkv, const float* slopes, int S, int H,
                        int Hkv, float scale) {
+  static_assert(BM == BN && (R == 1 || R == 2), "64-row halves on 64-key tiles");
+  constexpr int QM = R * BM;  // query rows a block
   extern __shared__ __align__(128) unsigned char raw[];
-  MmaFwdSmem<D>& sm = *reinterpret_cast<MmaFwdSmem<D>*>(raw);
+  MmaFwdSmem<D, R>& sm = *reinterpret_cast<MmaFwdSmem<D, R>*>(raw);
   const int qb = heavy_first(blockIdx.y, gridDim.y), bh = blockIdx.x, b = bh / H, h = bh % H,
             kvh = h / (H / Hkv);
   const int64_t W = int64_t(H + 2 * Hkv) * D;
   const bf16* base = qkv + int64_t(b) * S * W;
-  const int q0 = qb * BM, qvalid = min(BM, S - q0);
+  const int q0 = qb * QM, qvalid = min(QM, S - q0), nk = (S + BN - 1) / BN;
   const float scale2 = scale * kLog2e, slope2 = (slopes ? slopes[h] : 0.f) * kLog2e;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  // This thread's two query rows (absolute positions).
-  const int i0 = q0 + warp * 16 + g, i1 = i0 + 8;
+  // This warp's first row in the block, and its 64-row half: the diagonal key tile hq. The block
+  // runs key tiles up to its last half's diagonal (within the sequence).
+  const int row0 = warp * 16 * R, hq = R == 1 ? qb : (q0 + row0) / BM,
+            kb_end = R == 1 ? qb : min((q0 + QM - 1) / BN, nk - 1);
   auto issue_kv = [&](int kb, int buf) {  // K/V tile kb into buffer buf, one cp.async group
     const int k0 = kb * BN, kvalid = min(BN, S - k0);
     load_tile_async<D>(sm.k[buf], base + int64_t(H + kvh) * D, k0, kvalid, W);
     load_tile_async<D>(sm.v[buf], base + int64_t(H + Hkv + kvh) * D, k0, kvalid, W);
     cp_async_commit();
   };
-  load_tile_async<D>(sm.q, base + h * D, q0, qvalid, W);
-  issue_kv(0, 0);          // one group: Q and the first K/V tile
-  uint32_t qf[D / 16][4];  // this warp's Q rows as A fragments, one per 16-wide step of D
-  float o[D / 8][4];
 #pragma unroll
-  for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
-  // Rows i0, i1: running max (base-2 units) and this thread's part of the sum.
-  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+  for (int r = 0; r < R; ++r) {  // a half past the end: zeros, copied from the block's first row
+    const int valid = qvalid - r * BM;
+    load_tile_async<D>(sm.q + r * BM * LDT<D>, base + h * D, valid > 0 ? q0 + r * BM : q0,
+                       max(valid, 0), W);
+  }
+  issue_kv(0, 0);  // one group: Q and the first K/V tile
+  // R 1: this warp's Q rows as A fragments, one per 16-wide step of D, held for the whole loop
+  // (R 2 rereads them from shared memory each step: 32 registers it has no room for).
+  uint32_t qf[1][D / 16][4];
+  float o[R][D / 8][4];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) o[r][n][0] = o[r][n][1] = o[r][n][2] = o[r][n][3] = 0.f;
+  // Rows i0, i1 of each row tile: running max (base-2 units) and this thread's part of the sum.
+  float m[R][2], l[R][2];
+#pragma unroll
+  for (int r = 0; r < R; ++r) m[r][0] = m[r][1] = -INFINITY, l[r][0] = l[r][1] = 0.f;
+  const int qref = hq * BM;  // the first row of this warp's 64-row half (see step)
+  int rows_i[R];             // this thread's first query row of each row tile (absolute)
+#pragma unroll
+  for (int r = 0; r < R; ++r) rows_i[r] = q0 + row0 + r * 16 + g;
   // One key tile; kDiag: the diagonal tile, the only one that needs the mask.
   auto step = [&](auto diag, int kb, int buf) {
     constexpr bool kDiag = decltype(diag)::value;
     const int k0 = kb * BN;
-    // S (16 × 64) = Q · K^T: B fragment (d, key) = K[key][d], consecutive in d.
-    float sc[BN / 8][4];
-    rows_times_tile_t_mma<D>(sc, qf, sm.k[buf], g, t);
-    // Scale and ALiBi bias (base 2), the mask on the diagonal; the tile's row maxima. The
-    // distance i − j as a float is the row's d0 or d1 less a constant of the unrolled loop: a
-    // difference of integers under 2^24, exact, so the same value as float(i − j) without an
-    // int-to-float conversion an element (a slow instruction, as ex2 is, on sm_90).
-    const float d0 = float(i0 - k0 - 2 * t), d1 = float(i1 - k0 - 2 * t);
-    float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-    for (int n = 0; n < BN / 8; ++n)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const int i = c < 2 ? i0 : i1, j = k0 + n * 8 + 2 * t + (c & 1);
-        float x = scale2 * sc[n][c] - slope2 * ((c < 2 ? d0 : d1) - float(n * 8 + (c & 1)));
-        if (kDiag && !(j <= i && j < S)) x = -INFINITY;
-        sc[n][c] = x;
-        if (c < 2)
-          mx0 = fmaxf(mx0, x);
-        else
-          mx1 = fmaxf(mx1, x);
-      }
-    // The four threads of a group share the rows.
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-    const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-    // A row with no key yet (only past the sequence end) keeps m = −inf: no rescale, p = 0.
-    const float a0 = mn0 == -INFINITY ? 1.f : exp2f(m0 - mn0);
-    const float a1 = mn1 == -INFINITY ? 1.f : exp2f(m1 - mn1);
-    m0 = mn0;
-    m1 = mn1;
-    l0 *= a0;
-    l1 *= a1;
-#pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
-      o[n][0] *= a0;
-      o[n][1] *= a0;
-      o[n][2] *= a1;
-      o[n][3] *= a1;
-    }
-    // Off the diagonal every score is finite and the max too, so 2^(x − m) needs no guard.
-#pragma unroll
-    for (int n = 0; n < BN / 8; ++n)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const float m = c < 2 ? mn0 : mn1;
-        const float p = kDiag && sc[n][c] == -INFINITY ? 0.f : exp2f(sc[n][c] - m);
-        sc[n][c] = p;
-        if (c < 2)
-          l0 += p;
-        else
-          l1 += p;
-      }
-    // O (16 × D) += P (16 × 64) · V (64 × D): P's A fragment for keys [16s, 16s+16) is the
-    // score accumulators of key tiles 2s and 2s+1; B fragment (key, d) = V[key][d], two rows of
-    // a column.
-    acc_times_tile_mma<D>(o, sc, sm.v[buf], g, t);
-  };
-  for (int kb = 0, buf = 0; kb <= qb; ++kb, buf ^= 1) {
-    // The next tile flies while this one is used; this tile (and Q) landed for every thread.
-    begin_step(kb < qb, [&] { issue_kv(kb + 1, buf ^ 1); });
-    if (kb == 0) load_a_frags<D>(qf, sm.q, warp, g, t);
-    if (kb < qb)
-      step(std::false_type{}, kb, buf);
+    // S (16 × 64 a row tile) = Q · K^T: B fragment (d, key) = K[key][d], consecutive in d.
+    float sc[R][BN / 8][4];
+    if constexpr (R == 1)
+      rows_times_tile_t_mma<D, R>(sc, qf, sm.k[buf], g, t);
     else
+      smem_rows_times_tile_t_mma<D, R>(sc, sm.q, row0, sm.k[buf], g, t);
+    // The ALiBi bias −slope·(i − j) is a row part, −slope·(i − qref), and a column part,
+    // slope·(j − qref), with qref the first row of the 64-row tile the warp's rows lie in (the
+    // same row for either layout, R 1 or 2: the same bits). The row part is the same for every
+    // key of a row, so it leaves the softmax unchanged and only comes back into the log-sum-exp
+    // when that is stored; the column part is 16 values a thread a step (its columns), shared by
+    // all its rows, where the distance form had a value a score (which the compiler computed
+    // ahead of the product, holding 32 registers a row tile). Each value is an integer under 2^24
+    // times the slope, so one rounding as before. Per score: one multiply-add.
+    float cj[BN / 8][2];
+    const float c0 = float(k0 + 2 * t - qref);
+#pragma unroll
+    for (int n = 0; n < BN / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) cj[n][e] = slope2 * (c0 + float(n * 8 + e));
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int i0 = rows_i[r], i1 = i0 + 8;  // this thread's two query rows
+      // Scaled scores and column bias (base 2), the mask on the diagonal; the tile's row maxima.
+      float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+      for (int n = 0; n < BN / 8; ++n)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const int i = c < 2 ? i0 : i1, j = k0 + n * 8 + 2 * t + (c & 1);
+          float x = scale2 * sc[r][n][c] + cj[n][c & 1];
+          if (kDiag && !(j <= i && j < S)) x = -INFINITY;
+          sc[r][n][c] = x;
+          if (c < 2)
+            mx0 = fmaxf(mx0, x);
+          else
+            mx1 = fmaxf(mx1, x);
+        }
+      // The four threads of a group share the rows.
+      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+      const float mn0 = fmaxf(m[r][0], mx0), mn1 = fmaxf(m[r][1], mx1);
+      // A row with no key yet (only past the sequence end) keeps m = −inf: no rescale, p = 0.
+      const float a0 = mn0 == -INFINITY ? 1.f : exp2f(m[r][0] - mn0);
+      const float a1 = mn1 == -INFINITY ? 1.f : exp2f(m[r][1] - mn1);
+      m[r][0] = mn0;
+      m[r][1] = mn1;
+      l[r][0] *= a0;
+      l[r][1] *= a1;
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) {
+        o[r][n][0] *= a0;
+        o[r][n][1] *= a0;
+        o[r][n][2] *= a1;
+        o[r][n][3] *= a1;
+      }
+      // Off the diagonal every score is finite and the max too, so 2^(x − m) needs no guard.
+#pragma unroll
+      for (int n = 0; n < BN / 8; ++n)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const float mr = c < 2 ? mn0 : mn1;
+          const float p = kDiag && sc[r][n][c] == -INFINITY ? 0.f : exp2f(sc[r][n][c] - mr);
+          sc[r][n][c] = p;
+          l[r][c < 2 ? 0 : 1] += p;
+        }
+    }
+    // O (16 × D a row tile) += P (16 × 64) · V (64 × D): P's A fragment for keys [16s, 16s+16)
+    // is the score accumulators of key tiles 2s and 2s+1; B fragment (key, d) = V[key][d], two
+    // rows of a column.
+    acc_times_tile_mma<D, R>(o, sc, sm.v[buf], g, t);
+  };
+  // A warp whose half lies wholly past the sequence's end runs no tile (only R 2 has such).
+  const bool live = R == 1 || hq < nk;
+  for (int kb = 0, buf = 0; kb <= kb_end; ++kb, buf ^= 1) {
+    // The next tile flies while this one is used; this tile (and Q) landed for every thread.
+    begin_step(kb < kb_end, [&] { issue_kv(kb + 1, buf ^ 1); });
+    if (R == 1 && kb == 0) load_a_frags<D>(qf[0], sm.q, row0, g, t);
+    if (kb < hq && live)
+      step(std::false_type{}, kb, buf);
+    else if (R == 1 || (kb == hq && live))
       step(std::true_type{}, kb, buf);
     __syncthreads();  // every warp is done with this buffer before it is refilled
   }
-  l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-  l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-  l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-  l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
   const int64_t ldo = int64_t(H) * D;
-  const float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
 #pragma unroll
-  for (int n = 0; n < D / 8; ++n) {
-    const int col = h * D + n * 8 + 2 * t;
-    if (i0 < S)
-      *reinterpret_cast<__nv_bfloat162*>(O + (int64_t(b) * S + i0) * ldo + col) =
-          __floats2bfloat162_rn(o[n][0] * inv0, o[n][1] * inv0);
-    if (i1 < S)
-      *reinterpret_cast<__nv_bfloat162*>(O + (int64_t(b) * S + i1) * ldo + col) =
-          __floats2bfloat162_rn(o[n][2] * inv1, o[n][3] * inv1);
-  }
-  if (t == 0) {  // natural units: ln(Σ e^(s')) = ln 2 · (m + log2 l)
-    if (i0 < S) lse[int64_t(bh) * S + i0] = kLn2 * (m0 + log2f(l0));
-    if (i1 < S) lse[int64_t(bh) * S + i1] = kLn2 * (m1 + log2f(l1));
+  for (int r = 0; r < R; ++r) {
+    float l0 = l[r][0], l1 = l[r][1];
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    const int i0 = q0 + row0 + r * 16 + g, i1 = i0 + 8;
+    const float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      const int col = h * D + n * 8 + 2 * t;
+      if (i0 < S)
+        *reinterpret_cast<__nv_bfloat162*>(O + (int64_t(b) * S + i0) * ldo + col) =
+            __floats2bfloat162_rn(o[r][n][0] * inv0, o[r][n][1] * inv0);
+      if (i1 < S)
+        *reinterpret_cast<__nv_bfloat162*>(O + (int64_t(b) * S + i1) * ldo + col) =
+            __floats2bfloat162_rn(o[r][n][2] * inv1, o[r][n][3] * inv1);
+    }
+    if (t == 0) {  // natural units, the row part of the bias back: ln 2 · (m − row + log2 l)
+      const float bias0 = slope2 * float(i0 - qref), bias1 = slope2 * float(i1 - qref);
+      if (i0 < S) lse[int64_t(bh) * S + i0] = kLn2 * (m[r][0] - bias0 + log2f(l0));
+      if (i1 < S) lse[int64_t(bh) * S + i1] = kLn2 * (m[r][1] - bias1 + log2f(l1));
+    }
   }
 }
 
@@ -746,8 +864,8 @@ __global__ void __launch_bounds__(kThreads, 2)  // 2 blocks an SM: no spills at 
     // The next query tile flies while this one is used; this one (and K, V) landed.
     begin_step(it + 1 < steps, [&] { issue_q(it + 1, buf ^ 1); });
     if (it == 0) {
-      load_a_frags<D>(kf, sm.k, warp, g, t);
-      load_a_frags<D>(vf, sm.v, warp, g, t);
+      load_a_frags<D>(kf, sm.k, warp * 16, g, t);
+      load_a_frags<D>(vf, sm.v, warp * 16, g, t);
     }
     if (q0 == k0 || q0 + BM > S)
       step(std::true_type{}, h, q0, slope2, buf);
@@ -818,15 +936,15 @@ void allow_smem(Kernel k, size_t bytes) {
              "cudaFuncSetAttribute (attention shared memory)");
 }
 
-// Both forwards: one block per (sequence·head, query tile).
+// Every forward: one block per (sequence·head, query tile of `rows`).
 template <class Kernel>
-void launch_forward(Kernel kernel, size_t smem, const char* name, uint16_t* O, float* lse,
+void launch_forward(Kernel kernel, size_t smem, int rows, const char* name, uint16_t* O, float* lse,
                     const uint16_t* qkv, const float* slopes, int64_t B, int64_t S, int64_t H,
                     int64_t Hkv, int64_t D) {
   allow_smem(kernel, smem);
   // x: sequence·head, y: query tile, so that the launch order runs through every head's tile
   // before the next tile (the mma forward takes the heaviest tiles first).
-  const dim3 grid(unsigned(B * H), unsigned((S + BM - 1) / BM));
+  const dim3 grid(unsigned(B * H), unsigned((S + rows - 1) / rows));
   kernel<<<grid, kThreads, smem>>>(reinterpret_cast<bf16*>(O), lse,
                                    reinterpret_cast<const bf16*>(qkv), slopes, int(S), int(H),
                                    int(Hkv), 1.f / sqrtf(float(D)));
@@ -836,15 +954,17 @@ void launch_forward(Kernel kernel, size_t smem, const char* name, uint16_t* O, f
 template <int D>
 void forward_t(uint16_t* O, float* lse, const uint16_t* qkv, const float* slopes, int64_t B,
                int64_t S, int64_t H, int64_t Hkv) {
-  launch_forward(forward_kernel<D>, sizeof(FwdSmem<D>), "attention::forward", O, lse, qkv, slopes,
-                 B, S, H, Hkv, D);
+  launch_forward(forward_kernel<D>, sizeof(FwdSmem<D>), BM, "attention::forward", O, lse, qkv,
+                 slopes, B, S, H, Hkv, D);
 }
 
-template <int D>
+// R row tiles a warp (forward_mma_kernel).
+template <int D, int R>
 void forward_mma_t(uint16_t* O, float* lse, const uint16_t* qkv, const float* slopes, int64_t B,
                    int64_t S, int64_t H, int64_t Hkv) {
-  launch_forward(forward_mma_kernel<D>, sizeof(MmaFwdSmem<D>), "attention::forward_mma", O, lse,
-                 qkv, slopes, B, S, H, Hkv, D);
+  launch_forward(forward_mma_kernel<D, R>, sizeof(MmaFwdSmem<D, R>), R * BM,
+                 R == 1 ? "attention::forward_mma" : "attention::forward_mma_wide", O, lse, qkv,
+                 slopes, B, S, H, Hkv, D);
 }
 
 // delta (B·H·S) = rowsum(dO∘O), the first kernel of either backward.
@@ -950,9 +1070,31 @@ void forward(uint16_t* O, float* lse, const uint16_t* qkv, const float* alibi_sl
 
 void forward_mma(uint16_t* O, float* lse, const uint16_t* qkv, const float* alibi_slopes, int64_t B,
                  int64_t S, int64_t H, int64_t Hkv, int64_t Dh) {
-#define MOEPLAN_CALL(d) forward_mma_t<d>(O, lse, qkv, alibi_slopes, B, S, H, Hkv)
+#define MOEPLAN_CALL(d) forward_mma_t<d, 1>(O, lse, qkv, alibi_slopes, B, S, H, Hkv)
   MOEPLAN_ATTN_DISPATCH(Dh, MOEPLAN_CALL)
 #undef MOEPLAN_CALL
+}
+
+bool forward_mma_wide_supported(int64_t head_dim) {
+  return head_dim == 16 || head_dim == 32 || head_dim == 64;
+}
+
+void forward_mma_wide(uint16_t* O, float* lse, const uint16_t* qkv, const float* alibi_slopes,
+                      int64_t B, int64_t S, int64_t H, int64_t Hkv, int64_t Dh) {
+  switch (Dh) {
+    case 16:
+      forward_mma_t<16, 2>(O, lse, qkv, alibi_slopes, B, S, H, Hkv);
+      break;
+    case 32:
+      forward_mma_t<32, 2>(O, lse, qkv, alibi_slopes, B, S, H, Hkv);
+      break;
+    case 64:
+      forward_mma_t<64, 2>(O, lse, qkv, alibi_slopes, B, S, H, Hkv);
+      break;
+    default:
+      throw std::invalid_argument("attention::forward_mma_wide: head_dim " + std::to_string(Dh) +
+                                  " has no kernel (16, 32 or 64)");
+  }
 }
 
 void backward(float* dqkv, float* delta, const uint16_t* dO, const uint16_t* O, const float* lse,

@@ -151,9 +151,10 @@ struct Model::Impl {
   int64_t logit_rows = 0;
   double aux_grad_w = 1;  // the weight of the pass's auxiliary-loss gradients (see compute_gradients)
   bool rope = false;
-  bool flash = false;         // bf16 with a compiled head width: the fused attention kernels
-  bool forward_mma = false;   // ... with the register-resident forward
-  bool backward_mma = false;  // ... and backward (head widths up to 64)
+  bool flash = false;             // bf16 with a compiled head width: the fused attention kernels
+  bool forward_mma = false;       // ... with the register-resident forward
+  bool forward_mma_wide = false;  // ... at 32 query rows a warp
+  bool backward_mma = false;      // ... and backward (head widths up to 64)
   size_t mm_size = 4;
 
   std::vector<TensorInfo> tensors;
@@ -269,7 +270,14 @@ struct Model::Impl {
     rope = o.positions == "rope";
     mm_size = dtype_size(mm);
     flash = attn != AttentionPath::cublas && mm == DType::bf16 && attention::supported(Dh);
-    forward_mma = flash && attn == AttentionPath::fused_mma;
+    const bool wide = attn == AttentionPath::fused_mma_wide;
+    if (wide && mm == DType::bf16 && !attention::forward_mma_wide_supported(Dh))
+      throw InputError(fmt::format(
+          "--kernels attention=fused_mma_wide needs a head width of 16, 32 or 64 (this model: {}); "
+          "use attention=fused_mma",
+          Dh));
+    forward_mma = flash && (attn == AttentionPath::fused_mma || wide);
+    forward_mma_wide = flash && wide;
     backward_mma = forward_mma && attention::backward_mma_supported(Dh);
     n_params = ref.trainable_params();
     locate_tensors();
@@ -526,9 +534,11 @@ struct Model::Impl {
   void attention_forward(Acts& x, int64_t nb, FlopLedger& lg) {
     const int64_t BH = nb * H;
     if (flash) {
-      (forward_mma ? attention::forward_mma : attention::forward)(
-          x.atty.as<uint16_t>(), x.attn_lse.as<float>(), x.qkv.as<uint16_t>(),
-          rope ? nullptr : slopes.as<float>(), nb, S, H, Hkv, Dh);
+      const auto forward = forward_mma_wide ? attention::forward_mma_wide
+                           : forward_mma    ? attention::forward_mma
+                                            : attention::forward;
+      forward(x.atty.as<uint16_t>(), x.attn_lse.as<float>(), x.qkv.as<uint16_t>(),
+              rope ? nullptr : slopes.as<float>(), nb, S, H, Hkv, Dh);
       record_fused_attention(lg, Phase::forward, BH);
       return;
     }
@@ -1567,7 +1577,8 @@ namespace {
 constexpr std::pair<const char*, AttentionPath> kAttention[] = {
     {"cublas", AttentionPath::cublas},
     {"fused", AttentionPath::fused},
-    {"fused_mma", AttentionPath::fused_mma}};
+    {"fused_mma", AttentionPath::fused_mma},
+    {"fused_mma_wide", AttentionPath::fused_mma_wide}};
 constexpr std::pair<const char*, ExpertPath> kExperts[] = {
     {"grouped", ExpertPath::grouped},
     {"loop", ExpertPath::loop},

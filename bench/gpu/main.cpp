@@ -364,7 +364,12 @@ int main(int argc, char** argv) {
         // What the LM head in chunks costs: 4 chunks of 2048 rows (the head's weight gradient
         // read and written once a chunk) for 1.9 GB less logits.
         Point{"dense-124M-logits-2048", dense124(), cublas, cu::ExpertPath::grouped, 0, 2048},
-        Point{"moe-ra0.2-logits-2048", moe_equal_n(), cublas, cu::ExpertPath::grouped, 0, 2048}}) {
+        Point{"moe-ra0.2-logits-2048", moe_equal_n(), cublas, cu::ExpertPath::grouped, 0, 2048},
+        // The register-resident forward at 32 query rows a warp (the same bits): after the
+        // default points, so that gpu-check can compare their kernel times with these.
+        Point{"dense-124M-fused-mma-wide-attn", dense124(), cu::AttentionPath::fused_mma_wide},
+        Point{"moe-ra0.2-tiled-fused-mma-wide-attn", moe_equal_n(),
+              cu::AttentionPath::fused_mma_wide, tiled}}) {
     if (!only.empty() && only.find("," + p.name + ",") == std::string::npos) continue;
     const ParamCounts pc = count_params(p.arch);
     ModelOptions opt;
@@ -444,13 +449,15 @@ int main(int argc, char** argv) {
         tf_exec, mfu_peak.c_str(), 100 * tf_useful / ceiling,
         (std::string(p.arch.is_dense()                    ? "-"
                      : p.experts == cu::ExpertPath::loop  ? "cublasGemmEx per expert"
-                     : p.experts == cu::ExpertPath::tiled ? "tiled (own WMMA kernels)"
+                     : p.experts == cu::ExpertPath::tiled ? "tiled (own mma.sync kernels)"
                      : p.experts == cu::ExpertPath::batched
                          ? "strided-batched over padded rows (fp32 out)"
-                                                          : "grouped (bf16 out, fp32 widen/add)") +
+                         : "grouped (bf16 out, fp32 widen/add)") +
          (!model.fused_attention()                      ? "; cuBLAS attention"
-          : p.attention == cu::AttentionPath::fused_mma ? "; fused attention, mma.sync forward"
-                                                        : "; fused attention") +
+          : p.attention == cu::AttentionPath::fused_mma ? "; fused attention, mma.sync"
+          : p.attention == cu::AttentionPath::fused_mma_wide
+              ? "; fused attention, mma.sync, forward 32 rows a warp"
+              : "; fused attention") +
          (model.pass_seqs() < batch ? fmt::format("; passes of {}", model.pass_seqs()) : ""))
             .c_str());
     std::fprintf(stderr, "[%s] loss %.4f -> %.4f over %d steps; %.2f GiB device buffers\n",

@@ -142,7 +142,7 @@ TEST_CASE("--kernels: attention and experts by name or auto, everything else ref
     return std::string("accepted");
   };
   CHECK(message("attention=flash") ==
-        "--kernels: attention=flash is not known (valid: attention=auto|cublas|fused|fused_mma)");
+        "--kernels: attention=flash is not known (valid: attention=auto|cublas|fused|fused_mma|fused_mma_wide)");
   CHECK(message("experts=fast") ==
         "--kernels: experts=fast is not known (valid: experts=auto|grouped|loop|tiled|batched)");
   CHECK(message("speed=fast").find("'speed' is not a kernel name") != std::string::npos);

@@ -520,15 +520,18 @@ struct AttentionCase {
   }
 };
 
-// Shapes cover partial tiles (S not a multiple of 64), grouped-query heads, every compiled head
-// width, and ALiBi as well as no bias (the RoPE path, whose rotation happens before).
+// Shapes cover partial tiles (S not a multiple of 64; for the 128-row blocks of the wide forward
+// a partial first half, a partial second half and a second half past the end), grouped-query
+// heads, every compiled head width, and ALiBi as well as no bias (the RoPE path, whose rotation
+// happens before).
 template <class Check>
 void for_each_attention_case(Check check) {
   using moeplan::backend::cuda::bf16_to_float;
   using moeplan::backend::cuda::float_to_bf16;
   for (const AttentionShape c :
        {AttentionShape{2, 100, 4, 2, 64, true}, AttentionShape{1, 130, 2, 2, 16, false},
-        AttentionShape{1, 64, 2, 1, 128, true}, AttentionShape{3, 37, 4, 4, 32, true}}) {
+        AttentionShape{1, 64, 2, 1, 128, true}, AttentionShape{3, 37, 4, 4, 32, true},
+        AttentionShape{1, 200, 2, 1, 64, true}}) {
     INFO("B ", c.B, " S ", c.S, " H ", c.H, " Hkv ", c.Hkv, " Dh ", c.Dh);
     const int64_t W = (c.H + 2 * c.Hkv) * c.Dh, T = c.B * c.S, HD = c.H * c.Dh;
     auto round = [](std::vector<float> v, std::vector<uint16_t>& bits) {
@@ -595,6 +598,15 @@ TEST_CASE("register-resident attention (mma.sync), forward and backward, matches
   for_each_attention_case([](AttentionCase& ac) {
     const auto ref = ac.forward(att::forward);
     const auto o = ac.forward(att::forward_mma);
+    CHECK(att::forward_mma_wide_supported(ac.c.Dh) == (ac.c.Dh <= 64));
+    if (att::forward_mma_wide_supported(ac.c.Dh)) {
+      // 32 query rows a warp: the same tiles and, row by row, the same arithmetic in the same
+      // order, so the same bits (the outputs start as NaN: a row not written fails).
+      const auto w = ac.forward(att::forward_mma_wide);
+      CHECK(ac.output(w) == ac.output(o));
+      CHECK(download_f(w.lse, size_t(ac.c.B * ac.c.H * ac.c.S)) ==
+            download_f(o.lse, size_t(ac.c.B * ac.c.H * ac.c.S)));
+    }
     const double e_out = rel_err(ac.output(o), ac.out);
     const size_t rows = size_t(ac.c.B * ac.c.H * ac.c.S);
     const double e_lse = rel_err(download_f(o.lse, rows), download_f(ref.lse, rows));

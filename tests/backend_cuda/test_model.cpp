@@ -617,6 +617,43 @@ TEST_CASE("bf16: register-resident attention (mma.sync) gives the cuBLAS attenti
   check_fused_attention_step(cu::AttentionPath::fused_mma, "fused_mma");
 }
 
+TEST_CASE("bf16: the wide register-resident forward gives fused_mma's step bit for bit") {
+  // 32 query rows a warp run the same tiles with the same arithmetic per row: the same objective,
+  // gradients and ledger (its padding included). A head width it has no kernel for is refused.
+  Arch a = moe_arch();
+  a.seq_len = 200;  // a 128-row block and a second one with a partial first half
+  for (const char* pos : {"alibi", "rope"}) {
+    INFO(pos);
+    ModelOptions opt;
+    opt.positions = pos;
+    const int64_t B = 2;
+    cu::Model wide(a, opt, 4, B, DType::bf16, nullptr, cu::AttentionPath::fused_mma_wide);
+    cu::Model narrow(a, opt, 4, B, DType::bf16, nullptr, cu::AttentionPath::fused_mma);
+    const Batch b = random_batch(B, a.seq_len, a.vocab, 78);
+    StepResult rw, rn;
+    const double ow = wide.compute_gradients(b.inputs.data(), b.targets.data(), &rw);
+    const double on = narrow.compute_gradients(b.inputs.data(), b.targets.data(), &rn);
+    CHECK(ow == on);
+    CHECK(wide.gradients() == narrow.gradients());
+    CHECK(rw.flops.flops == rn.flops.flops);
+    // A step's kernels by name: the wide forward is what ran.
+    wide.set_profiling(true, true);
+    wide.train_step(b.inputs.data(), b.targets.data(), 1, OptimConfig{});
+    const auto kernels = wide.profile_ms_per_step();
+    wide.set_profiling(false);
+    CHECK(std::any_of(kernels.begin(), kernels.end(),
+                      [](const auto& k) { return k.first == "attention::forward_mma_wide"; }));
+  }
+  Arch w = moe_arch();
+  w.head_dim = 128;
+  w.d_model = w.heads * 128;
+  CHECK_THROWS_WITH_AS(
+      cu::Model(w, ModelOptions{}, 4, 2, DType::bf16, nullptr, cu::AttentionPath::fused_mma_wide),
+      doctest::Contains("attention=fused_mma_wide needs a head width of 16, 32 "
+                        "or 64 (this model: 128)"),
+      moeplan::InputError);
+}
+
 TEST_CASE("same seed, same data: bit-for-bit the same losses and weights; save/load resumes") {
   const Arch a = moe_arch();
   ModelOptions opt;

@@ -32,6 +32,14 @@ void forward(uint16_t* O, float* lse, const uint16_t* qkv, const float* alibi_sl
 void forward_mma(uint16_t* O, float* lse, const uint16_t* qkv, const float* alibi_slopes, int64_t B,
                  int64_t S, int64_t H, int64_t Hkv, int64_t Dh);
 
+// forward_mma with 32 query rows a warp instead of 16 (128 a block), at head widths 16, 32 and 64
+// (wider heads would spill registers): each K and V fragment feeds two mma.sync, and a warp has
+// twice the independent products a step. The same tiles run and every row's arithmetic is the
+// same, in the same order: the same O and lse, bit for bit.
+bool forward_mma_wide_supported(int64_t head_dim);
+void forward_mma_wide(uint16_t* O, float* lse, const uint16_t* qkv, const float* alibi_slopes,
+                      int64_t B, int64_t S, int64_t H, int64_t Hkv, int64_t Dh);
+
 // delta: scratch of B·H·S floats (rowsum dO·O).
 void backward(float* dqkv, float* delta, const uint16_t* dO, const uint16_t* O, const float* lse,
               const uint16_t* qkv, const float* alibi_slopes, int64_t B, int64_t S, int64_t H,

@@ -28,8 +28,10 @@ class Communicator;
 // Which attention kernels a bf16 model runs (fp32 models and unsupported head widths always run
 // the cuBLAS path): `fused`, the WMMA kernels forward and backward; `fused_mma`, the same tiles
 // with register-resident fragments (attention::forward_mma, and backward_mma for head widths up to
-// 64; wider heads take the WMMA backward); `cublas`.
-enum class AttentionPath { fused, cublas, fused_mma };
+// 64; wider heads take the WMMA backward); `fused_mma_wide`, fused_mma with the forward at 32
+// query rows a warp (attention::forward_mma_wide: the same bits; head widths 16, 32 and 64 only,
+// else an InputError); `cublas`.
+enum class AttentionPath { fused, cublas, fused_mma, fused_mma_wide };
 enum class ExpertPath { grouped, loop, tiled, batched };
 
 // The LM head and cross-entropy run over chunks of token rows, so that the logits and their
