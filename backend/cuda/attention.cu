@@ -415,8 +415,8 @@ __global__ void __launch_bounds__(kThreads)
   float m[R][2], l[R][2];
 #pragma unroll
   for (int r = 0; r < R; ++r) m[r][0] = m[r][1] = -INFINITY, l[r][0] = l[r][1] = 0.f;
-  const int qref = hq * BM;  // the first row of this warp's 64-row half (see step)
-  int rows_i[R];             // this thread's first query row of each row tile (absolute)
+  const int qref = (q0 + row0) / 32 * 32;  // the first row of this warp's 32-row group
+  int rows_i[R];                           // this thread's first row of each row tile (absolute)
 #pragma unroll
   for (int r = 0; r < R; ++r) rows_i[r] = q0 + row0 + r * 16 + g;
   // One key tile; kDiag: the diagonal tile, the only one that needs the mask.
@@ -430,13 +430,14 @@ __global__ void __launch_bounds__(kThreads)
     else
       smem_rows_times_tile_t_mma<D, R>(sc, sm.q, row0, sm.k[buf], g, t);
     // The ALiBi bias −slope·(i − j) is a row part, −slope·(i − qref), and a column part,
-    // slope·(j − qref), with qref the first row of the 64-row tile the warp's rows lie in (the
-    // same row for either layout, R 1 or 2: the same bits). The row part is the same for every
-    // key of a row, so it leaves the softmax unchanged and only comes back into the log-sum-exp
-    // when that is stored; the column part is 16 values a thread a step (its columns), shared by
-    // all its rows, where the distance form had a value a score (which the compiler computed
-    // ahead of the product, holding 32 registers a row tile). Each value is an integer under 2^24
-    // times the slope, so one rounding as before. Per score: one multiply-add.
+    // slope·(j − qref), with qref the first row of the 32-row group the warp's rows lie in (the
+    // same row in either layout, R 1 or 2: the same bits). The row part is the same for every key
+    // of a row, so it leaves the softmax unchanged and only comes back into the log-sum-exp when
+    // that is stored; it stays under 32 slopes, so that x and the running max, which it cancels
+    // out of, stay small near the diagonal. The column part is 16 values a thread (its columns),
+    // shared by all its rows, where the distance form had a value a score (which the compiler
+    // computed ahead of the product, holding 32 registers a row tile). Each value is an integer
+    // under 2^24 times the slope, so one rounding as before. Per score: one multiply-add.
     float cj[BN / 8][2];
     const float c0 = float(k0 + 2 * t - qref);
 #pragma unroll
@@ -810,8 +811,11 @@ __global__ void __launch_bounds__(kThreads, 2)  // 2 blocks an SM: no spills at 
     load_tile_async<D>(sm.q[buf], base + int64_t(h) * D, q0, qvalid, W);
     load_tile_async<D>(sm.dO[buf], dO + int64_t(b) * S * ldo + int64_t(h) * D, q0, qvalid, ldo);
     if (threadIdx.x < BM) {
+      // Base 2, with the query's part of the ALiBi bias, slope·(i − iref) (see step).
       const int i = q0 + threadIdx.x;
-      sm.lse[buf][threadIdx.x] = i < S ? kLog2e * lse[bh * S + i] : 0.f;  // base 2
+      const float slope2 = (slopes ? slopes[h] : 0.f) * kLog2e;
+      sm.lse[buf][threadIdx.x] =
+          i < S ? kLog2e * lse[bh * S + i] + slope2 * float(threadIdx.x % 16) : 0.f;
       sm.delta[buf][threadIdx.x] = i < S ? delta[bh * S + i] : 0.f;
     }
     cp_async_commit();
@@ -832,17 +836,26 @@ __global__ void __launch_bounds__(kThreads, 2)  // 2 blocks an SM: no spills at 
     float st[BN / 8][4], dpt[BN / 8][4];
     rows_times_tile_t_mma<D>(st, kf, sm.q[buf], g, t);
     rows_times_tile_t_mma<D>(dpt, vf, sm.dO[buf], g, t);
-    // i − j exactly as in the forward: the key row's e0 or e1 plus a constant of the loop.
-    const float e0 = float(q0 + 2 * t - j0), e1 = float(q0 + 2 * t - j1);
+    // The bias −slope·(i − j) as a key part, slope·(j − iref), and a query part,
+    // −slope·(i − iref), already in the staged log-sum-exp: x = scale·s + key − lse'. iref is
+    // the first query of i's group of 16, so the query part stays small (a larger one would
+    // cancel against the key part in x and cost precision); the key part is then 8 values a
+    // thread (2 keys, 4 groups) where the distance form had a value a score, which the compiler
+    // computed ahead of the product.
+    float r[BM / 16][2];
+#pragma unroll
+    for (int k = 0; k < BM / 16; ++k) {
+      r[k][0] = slope2 * float(j0 - q0 - 16 * k);
+      r[k][1] = slope2 * float(j1 - q0 - 16 * k);
+    }
 #pragma unroll
     for (int n = 0; n < BN / 8; ++n)
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         const int j = c < 2 ? j0 : j1, qi = n * 8 + 2 * t + (c & 1), i = q0 + qi;
-        const float dist = (c < 2 ? e0 : e1) + float(n * 8 + (c & 1));
         float p = 0.f, ds = 0.f;
         if (!kDiag || (j <= i && i < S)) {
-          p = exp2f(scale2 * st[n][c] - slope2 * dist - sm.lse[buf][qi]);
+          p = exp2f(scale2 * st[n][c] + r[n / 2][c < 2 ? 0 : 1] - sm.lse[buf][qi]);
           ds = scale * p * (dpt[n][c] - sm.delta[buf][qi]);
         }
         st[n][c] = p;
