@@ -214,35 +214,29 @@ __device__ void load_a_frags(uint32_t (&f)[D / 16][4], const bf16* tile, int row
   for (int kk = 0; kk < D / 16; ++kk) ldsm_x4(f[kk], rows + kk * 16);
 }
 
-// acc[r][n] (16 × 8 per n, 64 columns) = A_r (R row tiles of 16 rows × D, fragments) · tile^T,
-// tile a [64][LDT] row-major (its rows are the product's columns). The B fragment of column tile
-// n and depth step kk is (row n·8+g, depths kk·16+2t, +1) and (…, kk·16+8+2t, +1): one
-// ldmatrix.x4 brings both for column tiles n and n+1 (matrices: n low, n high, n+1 low, n+1
-// high), and serves every row tile.
-template <int D, int R>
-__device__ void rows_times_tile_t_mma(float (&acc)[R][BN / 8][4], const uint32_t (&a)[R][D / 16][4],
+// acc[n] (16 × 8 per n, 64 columns) = A (this warp's 16 rows × D, fragments) · tile^T, tile a
+// [64][LDT] row-major (its rows are the product's columns). The B fragment of column tile n and
+// depth step kk is (row n·8+g, depths kk·16+2t, +1) and (…, kk·16+8+2t, +1): one ldmatrix.x4
+// brings both for column tiles n and n+1 (matrices: n low, n high, n+1 low, n+1 high).
+template <int D>
+__device__ void rows_times_tile_t_mma(float (&acc)[BN / 8][4], const uint32_t (&a)[D / 16][4],
                                       const bf16* tile, int g, int t) {
   const int lane = 4 * g + t, mi = lane / 8;
   const bf16* rows = tile + ((mi / 2) * 8 + lane % 8) * LDT<D> + (mi % 2) * 8;
 #pragma unroll
   for (int n = 0; n < BN / 8; n += 2) {
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      acc[r][n][0] = acc[r][n][1] = acc[r][n][2] = acc[r][n][3] = 0.f;
-      acc[r][n + 1][0] = acc[r][n + 1][1] = acc[r][n + 1][2] = acc[r][n + 1][3] = 0.f;
-    }
+    acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+    acc[n + 1][0] = acc[n + 1][1] = acc[n + 1][2] = acc[n + 1][3] = 0.f;
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       uint32_t b[4];
       ldsm_x4(b, rows + n * 8 * LDT<D> + kk * 16);
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        mma16816(acc[r][n], a[r][kk], b[0], b[1]);
-        mma16816(acc[r][n + 1], a[r][kk], b[2], b[3]);
-      }
+      mma16816(acc[n], a[kk], b[0], b[1]);
+      mma16816(acc[n + 1], a[kk], b[2], b[3]);
     }
   }
 }
+
 // The same product with the A fragments read from shared memory as it goes (R row tiles of 16
 // rows from row `row` of the [..][LDT] tile `a_tile`), depth step by depth step, so that only one
 // step's A fragments are held: FlashAttention-2 rereads Q this way at head width 64 rather than
@@ -274,14 +268,6 @@ __device__ void smem_rows_times_tile_t_mma(float (&acc)[R][BN / 8][4], const bf1
       }
     }
   }
-}
-
-// One row tile: this warp's 16 rows.
-template <int D>
-__device__ void rows_times_tile_t_mma(float (&acc)[BN / 8][4], const uint32_t (&a)[D / 16][4],
-                                      const bf16* tile, int g, int t) {
-  rows_times_tile_t_mma<D, 1>(reinterpret_cast<float(&)[1][BN / 8][4]>(acc),
-                              reinterpret_cast<const uint32_t(&)[1][D / 16][4]>(a), tile, g, t);
 }
 
 // The lane's row address for ldmatrix.x4.trans B fragments of a [64][LDT] tile whose rows are
@@ -426,7 +412,7 @@ __global__ void __launch_bounds__(kThreads)
     // S (16 × 64 a row tile) = Q · K^T: B fragment (d, key) = K[key][d], consecutive in d.
     float sc[R][BN / 8][4];
     if constexpr (R == 1)
-      rows_times_tile_t_mma<D, R>(sc, qf, sm.k[buf], g, t);
+      rows_times_tile_t_mma<D>(sc[0], qf[0], sm.k[buf], g, t);
     else
       smem_rows_times_tile_t_mma<D, R>(sc, sm.q, row0, sm.k[buf], g, t);
     // The ALiBi bias −slope·(i − j) is a row part, −slope·(i − qref), and a column part,
