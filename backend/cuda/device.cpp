@@ -125,4 +125,34 @@ void DeviceBuffer::fill_zero() {
   if (bytes_) check_cuda(cudaMemset(ptr_, 0, bytes_), "cudaMemset");
 }
 
+SideStream::SideStream() {
+  cudaStream_t s = nullptr;
+  check_cuda(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+  stream_ = s;
+  cudaEvent_t a = nullptr, b = nullptr;
+  check_cuda(cudaEventCreateWithFlags(&a, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+  check_cuda(cudaEventCreateWithFlags(&b, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+  forked_ = a;
+  done_ = b;
+}
+
+SideStream::~SideStream() {
+  // Destroying a stream lets its work finish; the events may go at once.
+  if (stream_) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
+  if (forked_) cudaEventDestroy(static_cast<cudaEvent_t>(forked_));
+  if (done_) cudaEventDestroy(static_cast<cudaEvent_t>(done_));
+}
+
+void SideStream::fork() {
+  const auto e = static_cast<cudaEvent_t>(forked_);
+  check_cuda(cudaEventRecord(e, nullptr), "cudaEventRecord (fork)");
+  check_cuda(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream_), e, 0), "cudaStreamWaitEvent");
+}
+
+void SideStream::join() {
+  const auto e = static_cast<cudaEvent_t>(done_);
+  check_cuda(cudaEventRecord(e, static_cast<cudaStream_t>(stream_)), "cudaEventRecord (join)");
+  check_cuda(cudaStreamWaitEvent(nullptr, e, 0), "cudaStreamWaitEvent");
+}
+
 }  // namespace moeplan::backend::cuda

@@ -43,6 +43,10 @@ Blas::Blas() : impl_(std::make_unique<Impl>()) {
   check_blas(cublasSetMathMode(impl_->handle, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
 }
 
+void Blas::set_stream(void* stream) {
+  check_blas(cublasSetStream(impl_->handle, static_cast<cudaStream_t>(stream)), "cublasSetStream");
+}
+
 Blas::~Blas() {
   if (impl_ && impl_->handle) cublasDestroy(impl_->handle);
 }

@@ -1189,31 +1189,34 @@ void attention_softmax_backward(void* dS, DType mm, const float* dP, const void*
   check_launch("attention_softmax_backward");
 }
 
-void swiglu_forward(void* h, DType mm, const void* ab, int64_t N, int64_t F) {
+void swiglu_forward(void* h, DType mm, const void* ab, int64_t N, int64_t F, void* stream) {
   if (N * F == 0) return;
   const unsigned threads = row_threads(F % 2 == 0 ? F / 2 : F);
+  const auto st = static_cast<cudaStream_t>(stream);
   MOEPLAN_DISPATCH_MM(mm, {
     auto* o = static_cast<OutT*>(h);
     const auto* in = static_cast<const OutT*>(ab);
     if (F % 2 == 0)
-      swiglu_forward_kernel<OutT, true><<<unsigned(N), threads>>>(o, in, F);
+      swiglu_forward_kernel<OutT, true><<<unsigned(N), threads, 0, st>>>(o, in, F);
     else
-      swiglu_forward_kernel<OutT, false><<<unsigned(N), threads>>>(o, in, F);
+      swiglu_forward_kernel<OutT, false><<<unsigned(N), threads, 0, st>>>(o, in, F);
   });
   check_launch("swiglu_forward");
 }
 
-void swiglu_backward(void* dab, DType mm, const void* dh, const void* ab, int64_t N, int64_t F) {
+void swiglu_backward(void* dab, DType mm, const void* dh, const void* ab, int64_t N, int64_t F,
+                     void* stream) {
   if (N * F == 0) return;
   const unsigned threads = row_threads(F % 2 == 0 ? F / 2 : F);
+  const auto st = static_cast<cudaStream_t>(stream);
   MOEPLAN_DISPATCH_MM(mm, {
     auto* o = static_cast<OutT*>(dab);
     const auto* g = static_cast<const OutT*>(dh);
     const auto* in = static_cast<const OutT*>(ab);
     if (F % 2 == 0)
-      swiglu_backward_kernel<OutT, true><<<unsigned(N), threads>>>(o, g, in, F);
+      swiglu_backward_kernel<OutT, true><<<unsigned(N), threads, 0, st>>>(o, g, in, F);
     else
-      swiglu_backward_kernel<OutT, false><<<unsigned(N), threads>>>(o, g, in, F);
+      swiglu_backward_kernel<OutT, false><<<unsigned(N), threads, 0, st>>>(o, g, in, F);
   });
   check_launch("swiglu_backward");
 }

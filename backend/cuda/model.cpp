@@ -121,6 +121,12 @@ Profiler::~Profiler() {
   for (cudaEvent_t e : pool) cudaEventDestroy(e);
 }
 
+// Where a part of the step runs: a cuBLAS handle and a stream (nullptrs: the default stream's).
+struct Lane {
+  Blas* blas = nullptr;
+  void* stream = nullptr;
+};
+
 constexpr int kExpertProducts = 6;  // W13 fwd, W2 fwd, W2 dX, W2 dW, W13 dX, W13 dW
 // Pointer operands per expert product: A, B, the fp32 result C, and the bf16 scratch result the
 // grouped call writes in bf16 mode (cublasGemmGroupedBatchedEx has no bf16 → fp32 form).
@@ -164,6 +170,14 @@ struct Model::Impl {
   FlopLedger ledger, eval_ledger;
   Blas blas;
   size_t bytes = 0;
+  // The MoE layers' shared expert on a second stream beside the routing and routed experts, with
+  // a cuBLAS handle and backward scratch of its own (allocated when the model has shared
+  // experts). Off while profiling, so that the phase and kernel times stay one stream's.
+  bool overlap_shared = true;
+  std::unique_ptr<SideStream> side;
+  std::unique_ptr<Blas> side_blas;
+  DeviceBuffer side_dact, side_dh13;
+  bool overlapping() const { return overlap_shared && side && !prof.on; }
 
   DeviceBuffer params, params_mm, grads, adam_m, adam_v, decay;
   DeviceBuffer rope_table, slopes;
@@ -462,6 +476,13 @@ struct Model::Impl {
     dln = alloc_f(T * Dm);
     dact = alloc_mm(std::max<int64_t>(widest_h, 1));
     dh13 = alloc_mm(std::max<int64_t>(2 * widest_h, 1));
+    if (E > 0 && Dse > 0) {
+      side = std::make_unique<SideStream>();
+      side_blas = std::make_unique<Blas>();
+      side_blas->set_stream(side->handle());
+      side_dact = alloc_mm(T * Dse);
+      side_dh13 = alloc_mm(T * 2 * Dse);
+    }
     if (!dqkv_direct()) dqkv = alloc_f(T * W);
     dqkv_mm = alloc_mm(T * W);
     datty_mm = alloc_mm(T * H * Dh);
@@ -582,31 +603,36 @@ struct Model::Impl {
 
   LedgerEntry rec(FlopLedger& lg, FlopCategory c, Phase p) { return LedgerEntry{&lg, c, p}; }
 
+  // The products below go to `on`, or to the default stream's handle when it is null.
   // out (T,OC) in mm = inp (T,C) mm · w (C,OC): an intermediate that only feeds element-wise work
   void matmul_forward_mm(void* out, const void* inp, int64_t w, int64_t Tn, int64_t C, int64_t OC,
-                         FlopLedger& lg, FlopCategory cat) {
-    blas.gemm(rec(lg, cat, Phase::forward), false, false, Tn, OC, C, inp, C, Wm(w), OC, out, OC,
+                         FlopLedger& lg, FlopCategory cat, Blas* on = nullptr) {
+    (on ? *on : blas)
+        .gemm(rec(lg, cat, Phase::forward), false, false, Tn, OC, C, inp, C, Wm(w), OC, out, OC,
               0.f, mm, mm);
   }
   // out (T,OC) f32 [+]= inp (T,C) mm · w (C,OC)
   void matmul_forward(float* out, const void* inp, int64_t w, int64_t Tn, int64_t C, int64_t OC,
-                      bool accumulate, FlopLedger& lg, FlopCategory cat) {
-    blas.gemm(rec(lg, cat, Phase::forward), false, false, Tn, OC, C, inp, C, Wm(w), OC, out, OC,
+                      bool accumulate, FlopLedger& lg, FlopCategory cat, Blas* on = nullptr) {
+    (on ? *on : blas)
+        .gemm(rec(lg, cat, Phase::forward), false, false, Tn, OC, C, inp, C, Wm(w), OC, out, OC,
               accumulate ? 1.f : 0.f, mm);
   }
   // dinp (T,C) [+]= dout (T,OC) mm · w^T, dinp in `out`; dw (C,OC) += inp^T · dout
   void matmul_backward_as(void* dinp, DType out, bool accumulate, int64_t w, const void* dout,
                           const void* inp, int64_t Tn, int64_t C, int64_t OC, FlopLedger& lg,
-                          FlopCategory cat) {
-    blas.gemm(rec(lg, cat, Phase::input_grad), false, true, Tn, C, OC, dout, OC, Wm(w), OC, dinp, C,
-              accumulate ? 1.f : 0.f, mm, out);
-    blas.gemm(rec(lg, cat, Phase::weight_grad), true, false, C, OC, Tn, inp, C, dout, OC, G(w), OC,
-              1.f, mm);
+                          FlopCategory cat, Blas* on = nullptr) {
+    Blas& b = on ? *on : blas;
+    b.gemm(rec(lg, cat, Phase::input_grad), false, true, Tn, C, OC, dout, OC, Wm(w), OC, dinp, C,
+           accumulate ? 1.f : 0.f, mm, out);
+    b.gemm(rec(lg, cat, Phase::weight_grad), true, false, C, OC, Tn, inp, C, dout, OC, G(w), OC,
+           1.f, mm);
   }
   // dinp f32 [+]= ...
   void matmul_backward(float* dinp, bool accumulate, int64_t w, const void* dout, const void* inp,
-                       int64_t Tn, int64_t C, int64_t OC, FlopLedger& lg, FlopCategory cat) {
-    matmul_backward_as(dinp, DType::f32, accumulate, w, dout, inp, Tn, C, OC, lg, cat);
+                       int64_t Tn, int64_t C, int64_t OC, FlopLedger& lg, FlopCategory cat,
+                       Blas* on = nullptr) {
+    matmul_backward_as(dinp, DType::f32, accumulate, w, dout, inp, Tn, C, OC, lg, cat, on);
   }
   // dinp in mm (overwritten), for an input gradient that only feeds products
   void matmul_backward_mm(void* dinp, int64_t w, const void* dout, const void* inp, int64_t Tn,
@@ -614,11 +640,13 @@ struct Model::Impl {
     matmul_backward_as(dinp, mm, false, w, dout, inp, Tn, C, OC, lg, cat);
   }
 
+  Lane side_lane() { return Lane{side_blas.get(), side->handle()}; }
+
   void swiglu_ffn_forward(float* out, const void* ln, void* h13, void* act, int64_t w13, int64_t w2,
-                          int64_t Tn, int64_t F, FlopLedger& lg, FlopCategory cat) {
-    matmul_forward_mm(h13, ln, w13, Tn, Dm, 2 * F, lg, cat);
-    k::swiglu_forward(act, mm, h13, Tn, F);
-    matmul_forward(out, act, w2, Tn, F, Dm, true, lg, cat);
+                          int64_t Tn, int64_t F, FlopLedger& lg, FlopCategory cat, Lane on = {}) {
+    matmul_forward_mm(h13, ln, w13, Tn, Dm, 2 * F, lg, cat, on.blas);
+    k::swiglu_forward(act, mm, h13, Tn, F, on.stream);
+    matmul_forward(out, act, w2, Tn, F, Dm, true, lg, cat, on.blas);
   }
 
   // Host pointer tables for the 6 expert products of one MoE layer, then one upload.
@@ -909,6 +937,14 @@ struct Model::Impl {
     const int64_t Tn = nb * S, moe_index = l - a.dense_layers;
     const LayerParams& q = lp[size_t(l)];
     Acts& x = acts[size_t(l)];
+    // The shared expert reads ln2 and adds to out (both written before this), beside everything
+    // up to the combine, which adds to out after it; it touches nothing else the routed part does.
+    const bool overlap = Dse > 0 && overlapping();
+    if (overlap) {
+      side->fork();
+      swiglu_ffn_forward(out, x.ln2.data(), x.sh13.data(), x.sact.data(), q.shared_w13, q.shared_w2,
+                         Tn, Dse, lg, FlopCategory::shared_expert, side_lane());
+    }
     // router logits (T,E) = ln2 · router^T (router stored (E, Dm))
     blas.gemm(rec(lg, FlopCategory::router, Phase::forward), false, true, Tn, E, Dm, x.ln2.data(),
               Dm, Wm(q.router), Dm, router_logits.as<float>(), E, 0.f, mm);
@@ -943,9 +979,10 @@ struct Model::Impl {
                      Phase::forward);
     }
     prof.mark("fwd routed experts");
-    if (Dse > 0)
+    if (Dse > 0 && !overlap)
       swiglu_ffn_forward(out, x.ln2.data(), x.sh13.data(), x.sact.data(), q.shared_w13, q.shared_w2,
                          Tn, Dse, lg, FlopCategory::shared_expert);
+    if (overlap) side->join();
     k::moe_combine_forward(out, x.ye.as<float>(), x.gate.as<float>(), x.slot_of.as<int32_t>(), Tn,
                            K, Dm);
     if (!train) return;
@@ -1097,24 +1134,34 @@ struct Model::Impl {
     record_attention(lg, Phase::input_grad, 4 * BH);
   }
 
+  // dln (T,Dm) = the FFN's input gradient (overwritten); its weight gradients added. Scratch:
+  // the default stream's dact and dh13, or the side lane's own.
   void swiglu_ffn_backward(const void* ln, const void* h13, const void* act, int64_t w13,
-                           int64_t w2, int64_t F, FlopLedger& lg, FlopCategory cat) {
-    // dresid_mm holds d(out) as product input; dact (T,F) in mm feeds only the SwiGLU backward.
-    blas.gemm(rec(lg, cat, Phase::input_grad), false, true, Tp, F, Dm, dresid_mm.data(), Dm, Wm(w2),
-              Dm, dact.data(), F, 0.f, mm, mm);
-    blas.gemm(rec(lg, cat, Phase::weight_grad), true, false, F, Dm, Tp, act, F, dresid_mm.data(), Dm,
-              G(w2), Dm, 1.f, mm);
-    k::swiglu_backward(dh13.data(), mm, dact.data(), h13, Tp, F);
-    matmul_backward(dln.as<float>(), false, w13, dh13.data(), ln, Tp, Dm, 2 * F, lg, cat);
+                           int64_t w2, int64_t F, FlopLedger& lg, FlopCategory cat, Lane on = {}) {
+    Blas& b = on.blas ? *on.blas : blas;
+    void* da = on.blas ? side_dact.data() : dact.data();
+    void* dh = on.blas ? side_dh13.data() : dh13.data();
+    // dresid_mm holds d(out) as product input; da (T,F) in mm feeds only the SwiGLU backward.
+    b.gemm(rec(lg, cat, Phase::input_grad), false, true, Tp, F, Dm, dresid_mm.data(), Dm, Wm(w2),
+           Dm, da, F, 0.f, mm, mm);
+    b.gemm(rec(lg, cat, Phase::weight_grad), true, false, F, Dm, Tp, act, F, dresid_mm.data(), Dm,
+           G(w2), Dm, 1.f, mm);
+    k::swiglu_backward(dh, mm, da, h13, Tp, F, on.stream);
+    matmul_backward(dln.as<float>(), false, w13, dh, ln, Tp, Dm, 2 * F, lg, cat, on.blas);
   }
 
   void moe_backward(int64_t l, FlopLedger& lg) {
     const int64_t moe_index = l - a.dense_layers, R = Tp * K;
     const LayerParams& q = lp[size_t(l)];
     Acts& x = acts[size_t(l)];
+    // On the side stream the shared expert reads dresid_mm, ln2 and its activations and writes
+    // dln and its own weight gradients, beside the combine and routed backward (which write
+    // neither); the scatter-add into dln waits for it.
+    const bool overlap = Dse > 0 && overlapping();
+    if (overlap) side->fork();
     if (Dse > 0)
       swiglu_ffn_backward(x.ln2.data(), x.sh13.data(), x.sact.data(), q.shared_w13, q.shared_w2,
-                          Dse, lg, FlopCategory::shared_expert);
+                          Dse, lg, FlopCategory::shared_expert, overlap ? side_lane() : Lane{});
     else
       check_cuda(cudaMemsetAsync(dln.data(), 0, size_t(Tp * Dm) * 4, nullptr), "memset dln");
     k::moe_combine_backward(dye.data(), mm, dgate.as<float>(), dresid.as<float>(), x.ye.as<float>(),
@@ -1146,6 +1193,7 @@ struct Model::Impl {
                      Phase::weight_grad);
     }
     prof.mark("bwd routed experts");
+    if (overlap) side->join();
     k::moe_scatter_add(dln.as<float>(), dxg.as<float>(), x.slot_of.as<int32_t>(), Tp, K, Dm);
     k::router_backward(dlog.data(), mm, x.probs.as<float>(), x.lse.as<float>(), x.idx.as<int32_t>(),
                        x.gate.as<float>(), dgate.as<float>(), x.counts.as<int32_t>(), Tp, E, K,
@@ -1543,6 +1591,12 @@ void Model::set_profiling(bool on, bool per_kernel) {
   impl_->prof.ms.clear();
   impl_->prof.steps = 0;
   impl_->prof.used = 0;
+}
+void Model::set_shared_overlap(bool on) {
+  impl_->overlap_shared = on;
+}
+bool Model::shared_overlap() const {
+  return impl_->overlapping();
 }
 std::vector<std::pair<std::string, double>> Model::profile_ms_per_step() const {
   std::vector<std::pair<std::string, double>> out = impl_->prof.ms;

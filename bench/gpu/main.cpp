@@ -229,6 +229,7 @@ struct Point {
   cu::ExpertPath experts = cu::ExpertPath::grouped;
   int64_t micro_batch = 0;  // ModelOptions::micro_batch_seqs: passes of this many sequences
   int64_t logit_rows = 0;   // the LM head's chunk in rows (0: the model's automatic one)
+  bool serial_shared = false;  // the MoE's shared expert on the default stream (not beside)
 };
 
 Arch dense124() {
@@ -369,7 +370,11 @@ int main(int argc, char** argv) {
         // default points, so that gpu-check can compare their kernel times with these.
         Point{"dense-124M-fused-mma-wide-attn", dense124(), cu::AttentionPath::fused_mma_wide},
         Point{"moe-ra0.2-tiled-fused-mma-wide-attn", moe_equal_n(),
-              cu::AttentionPath::fused_mma_wide, tiled}}) {
+              cu::AttentionPath::fused_mma_wide, tiled},
+        // The default MoE point with its shared expert on the default stream, one kernel after
+        // another: what running it beside the routing and routed experts saves.
+        Point{"moe-ra0.2-tiled-fused-mma-attn-serial-shared", moe_equal_n(), fused_mma, tiled, 0, 0,
+              true}}) {
     if (!only.empty() && only.find("," + p.name + ",") == std::string::npos) continue;
     const ParamCounts pc = count_params(p.arch);
     ModelOptions opt;
@@ -381,6 +386,7 @@ int main(int argc, char** argv) {
     cu::Model model(p.arch, opt, 1, batch, cu::DType::bf16, nullptr, p.attention, false,
                     p.logit_rows);
     model.set_expert_path(p.experts);
+    model.set_shared_overlap(!p.serial_shared);
     std::vector<int32_t> in, tg;
     std::vector<double> secs;
     FlopLedger per_step;
@@ -458,7 +464,8 @@ int main(int argc, char** argv) {
           : p.attention == cu::AttentionPath::fused_mma_wide
               ? "; fused attention, mma.sync, forward 32 rows a warp"
               : "; fused attention") +
-         (model.pass_seqs() < batch ? fmt::format("; passes of {}", model.pass_seqs()) : ""))
+         (model.pass_seqs() < batch ? fmt::format("; passes of {}", model.pass_seqs()) : "") +
+         (p.arch.d_shared > 0 && p.serial_shared ? "; shared expert not overlapped" : ""))
             .c_str());
     std::fprintf(stderr, "[%s] loss %.4f -> %.4f over %d steps; %.2f GiB device buffers\n",
                  p.name.c_str(), loss0, loss_last, warmup + steps,

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <numeric>
 
 #include "common.hpp"
@@ -120,6 +121,31 @@ TEST_CASE("swiglu forward and backward match the CPU") {
       CHECK(rel_err(download_f(out, N * F, t), h) < tol);
       CHECK(rel_err(download_f(dout, N * 2 * F, t), dab) < tol);
     }
+}
+
+TEST_CASE("swiglu on a side stream: its result once the default stream has joined it") {
+  // The kernel on moeplan's second stream, then the default stream waits (join): the result is
+  // the default stream's launch's. In the emulation a side stream's work waits until a stream
+  // waits for it, so a read before the join sees the buffer untouched: that is what makes a
+  // missing join fail the model's tests there (on a GPU such a read is a race).
+  const int64_t N = 40, F = 24;
+  const auto ab = randn(N * 2 * F, 15, 2.f);
+  auto dAB = to_device(ab);
+  auto ref = poisoned(N * F * 4), out = poisoned(N * F * 4);
+  k::swiglu_forward(ref.data(), DType::f32, dAB.data(), N, F);
+  out.fill_zero();
+  moeplan::backend::cuda::SideStream side;
+  side.fork();
+  k::swiglu_forward(out.data(), DType::f32, dAB.data(), N, F, side.handle());
+#ifdef MOEPLAN_CUDA_EMULATION
+  if (!std::getenv("MOEPLAN_EMU_STREAMS")) {  // deferred: nothing has run yet
+    const auto early = download_f(out, N * F, DType::f32);
+    CHECK(std::all_of(early.begin(), early.end(), [](float v) { return v == 0.f; }));
+  }
+#endif
+  side.join();
+  synchronize();
+  CHECK(download_f(out, N * F, DType::f32) == download_f(ref, N * F, DType::f32));
 }
 
 TEST_CASE("qkv_prepare (RoPE on q and k heads, a cast elsewhere) matches the CPU, both ways") {

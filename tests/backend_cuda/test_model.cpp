@@ -654,6 +654,67 @@ TEST_CASE("bf16: the wide register-resident forward gives fused_mma's step bit f
       moeplan::InputError);
 }
 
+TEST_CASE("the shared expert on a second stream gives the one-stream steps bit for bit") {
+  // Beside the routing and routed experts the shared expert computes the same products on the
+  // same data, and what it adds to the residual stream (forward) and to dln (backward) is added
+  // in the same order: the steps, weights, ledgers and an evaluation must be the same bits. In the
+  // emulation a created stream's work is deferred until a stream waits for it (so a missing
+  // wait reads stale results), and then run at once; both orders must agree with one stream.
+  const Arch a = moe_arch();
+  ModelOptions opt;
+  opt.positions = "rope";
+  const int64_t B = 3;
+#ifdef MOEPLAN_CUDA_EMULATION
+  const std::vector<const char*> modes = {"deferred", "eager"};
+#else
+  const std::vector<const char*> modes = {"gpu"};
+#endif
+  for (const char* mode : modes) {
+#ifdef MOEPLAN_CUDA_EMULATION
+    ::setenv("MOEPLAN_EMU_STREAMS", mode, 1);
+#endif
+    for (const DType dt : {DType::f32, DType::bf16}) {
+      INFO(mode << (dt == DType::bf16 ? ", bf16" : ", fp32"));
+      cu::Model two(a, opt, 6, B, dt);
+      cu::Model one(a, opt, 6, B, dt);
+      if (dt == DType::bf16) {
+        two.set_expert_path(cu::ExpertPath::tiled);
+        one.set_expert_path(cu::ExpertPath::tiled);
+      }
+      one.set_shared_overlap(false);
+      CHECK(two.shared_overlap());
+      CHECK_FALSE(one.shared_overlap());
+      for (int64_t step = 0; step < 2; ++step) {
+        const Batch b = random_batch(B, a.seq_len, a.vocab, 90 + uint64_t(step));
+        const StepResult r2 =
+            two.train_step(b.inputs.data(), b.targets.data(), step, OptimConfig{});
+        const StepResult r1 =
+            one.train_step(b.inputs.data(), b.targets.data(), step, OptimConfig{});
+        CHECK(r2.loss == r1.loss);
+        CHECK(r2.flops.flops == r1.flops.flops);
+      }
+      CHECK(two.gradients() == one.gradients());
+      CHECK(two.parameters() == one.parameters());
+      const Batch v = random_batch(B, a.seq_len, a.vocab, 99);
+      CHECK(two.forward_loss(v.inputs.data(), v.targets.data(), B) ==
+            one.forward_loss(v.inputs.data(), v.targets.data(), B));
+      // Profiling times one stream.
+      two.set_profiling(true);
+      CHECK_FALSE(two.shared_overlap());
+      two.set_profiling(false);
+      CHECK(two.shared_overlap());
+    }
+  }
+#ifdef MOEPLAN_CUDA_EMULATION
+  ::unsetenv("MOEPLAN_EMU_STREAMS");
+#endif
+  // Without shared experts there is nothing to overlap.
+  Arch no_shared = moe_arch();
+  no_shared.d_shared = 0;
+  cu::Model m(no_shared, opt, 6, B, DType::bf16);
+  CHECK_FALSE(m.shared_overlap());
+}
+
 TEST_CASE("same seed, same data: bit-for-bit the same losses and weights; save/load resumes") {
   const Arch a = moe_arch();
   ModelOptions opt;

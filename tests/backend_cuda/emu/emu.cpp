@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -573,6 +574,13 @@ void launch(const char* kernel, const Config& cfg, const std::function<void()>& 
     set_error(cudaErrorInvalidValue, name + ": dynamic shared memory over the opted-in size");
     return;
   }
+  const auto stream = static_cast<cudaStream_t>(cfg.stream);
+  if (defer(stream)) {  // checked now, run when something waits for the stream
+    enqueue(stream, [kernel, grid = cfg.grid, block = cfg.block, smem = cfg.smem, thread] {
+      launch(kernel, Config(grid, block, smem), thread);
+    });
+    return;
+  }
   if (s.sticky != cudaSuccess) return;  // a faulted context runs nothing more
   ensure_fibers(nt);
   s.body = &thread;
@@ -597,6 +605,69 @@ void launch(const char* kernel, const Config& cfg, const std::function<void()>& 
 }
 
 }  // namespace moeplan_emu
+
+// A created stream: its work not yet run, in issue order (cuda_runtime.h).
+struct CUstream_st {
+  std::deque<std::function<void()>> work;
+  std::size_t issued = 0, ran = 0;
+};
+
+namespace moeplan_emu {
+namespace {
+std::vector<cudaStream_t>& created_streams() {
+  static std::vector<cudaStream_t> v;
+  return v;
+}
+}  // namespace
+
+bool defer(cudaStream_t s) {
+  if (!s) return false;
+  const char* v = std::getenv("MOEPLAN_EMU_STREAMS");
+  const std::string mode = v ? v : "";
+  if (mode.empty() || mode == "deferred") return true;
+  if (mode == "eager") return false;
+  std::fprintf(stderr, "MOEPLAN_EMU_STREAMS='%s': use deferred or eager\n", v);
+  std::exit(2);
+}
+void enqueue(cudaStream_t s, std::function<void()> work) {
+  s->work.push_back(std::move(work));
+  ++s->issued;
+}
+std::size_t queued(cudaStream_t s) {
+  return s ? s->issued : 0;
+}
+void run_until(cudaStream_t s, std::size_t mark) {
+  if (!s) return;
+  while (s->ran < mark) {  // the queue holds issued - ran items
+    const std::function<void()> w = std::move(s->work.front());
+    s->work.pop_front();
+    ++s->ran;
+    w();  // a queued launch runs as the default stream's: it adds nothing to this queue
+  }
+}
+void run_all_streams() {
+  for (cudaStream_t s : created_streams()) run_until(s, s->issued);
+}
+
+}  // namespace moeplan_emu
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned) {
+  *s = new CUstream_st;
+  moeplan_emu::created_streams().push_back(*s);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamDestroy(cudaStream_t s) {
+  if (!s) return cudaErrorInvalidValue;
+  moeplan_emu::run_until(s, s->issued);  // CUDA lets the stream's work finish
+  auto& v = moeplan_emu::created_streams();
+  v.erase(std::remove(v.begin(), v.end(), s), v.end());
+  delete s;
+  return moeplan_emu::st().sticky;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+  moeplan_emu::run_until(s, moeplan_emu::queued(s));
+  return moeplan_emu::st().sticky;
+}
 
 using moeplan_emu::st;
 
@@ -644,6 +715,7 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
   return cudaSuccess;
 }
 cudaError_t cudaDeviceSynchronize() {
+  moeplan_emu::run_all_streams();
   return st().sticky;
 }
 namespace {

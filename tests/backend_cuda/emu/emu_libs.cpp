@@ -24,10 +24,18 @@
 
 // ---- runtime: asynchronous calls, pinned memory, events ----------------------------------------
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind,
-                            cudaStream_t) {
+                            cudaStream_t s) {
+  if (moeplan_emu::defer(s)) {
+    moeplan_emu::enqueue(s, [=] { cudaMemcpy(dst, src, bytes, kind); });
+    return cudaSuccess;
+  }
   return cudaMemcpy(dst, src, bytes, kind);
 }
-cudaError_t cudaMemsetAsync(void* p, int value, std::size_t bytes, cudaStream_t) {
+cudaError_t cudaMemsetAsync(void* p, int value, std::size_t bytes, cudaStream_t s) {
+  if (moeplan_emu::defer(s)) {
+    moeplan_emu::enqueue(s, [=] { cudaMemset(p, value, bytes); });
+    return cudaSuccess;
+  }
   return cudaMemset(p, value, bytes);
 }
 cudaError_t cudaMallocHost(void** p, std::size_t bytes) {
@@ -39,15 +47,33 @@ cudaError_t cudaFreeHost(void* p) {
   return cudaSuccess;
 }
 
+// An event recorded on a created stream marks how much of its queue comes before it.
 struct CUevent_st {
   std::chrono::steady_clock::time_point t;
+  cudaStream_t stream = nullptr;
+  std::size_t mark = 0;
 };
 cudaError_t cudaEventCreate(cudaEvent_t* e) {
   *e = new (std::nothrow) CUevent_st{};
   return *e ? cudaSuccess : cudaErrorMemoryAllocation;
 }
-cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) {
-  e->t = std::chrono::steady_clock::now();
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned) {
+  return cudaEventCreate(e);
+}
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+  e->t = std::chrono::steady_clock::now();  // the issue time: timing is for the default stream
+  e->stream = s;
+  e->mark = moeplan_emu::queued(s);
+  return cudaSuccess;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+  moeplan_emu::run_until(e->stream, e->mark);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t e, unsigned) {
+  // The waiting stream's later work runs after what the event marks; running that now is one
+  // order a GPU may take.
+  moeplan_emu::run_until(e->stream, e->mark);
   return cudaSuccess;
 }
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
@@ -61,7 +87,9 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
 
 // ---- cuBLAS
 // --------------------------------------------------------------------------------------
-struct cublasContext {};
+struct cublasContext {
+  cudaStream_t stream = nullptr;
+};
 
 namespace {
 
@@ -82,9 +110,9 @@ bool known(cudaDataType_t t) {
 }
 
 // Column-major C (m×n) = alpha·op(A)·op(B) + beta·C.
-cublasStatus_t gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha,
-                    const void* A, cudaDataType_t at, int lda, const void* B, cudaDataType_t bt,
-                    int ldb, float beta, void* C, cudaDataType_t ct, int ldc) {
+cublasStatus_t gemm_check(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                          cudaDataType_t at, int lda, cudaDataType_t bt, int ldb, cudaDataType_t ct,
+                          int ldc) {
   if (m < 0 || n < 0 || k < 0 || !known(at) || !known(bt) || !known(ct) || at != bt)
     return CUBLAS_STATUS_INVALID_VALUE;
   // Column-major leading dimensions: at least the stored rows (and at least 1).
@@ -92,6 +120,14 @@ cublasStatus_t gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, in
   if (!fits(ldc, m) || !fits(lda, ta == CUBLAS_OP_N ? m : k) ||
       !fits(ldb, tb == CUBLAS_OP_N ? k : n))
     return CUBLAS_STATUS_INVALID_VALUE;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha,
+                    const void* A, cudaDataType_t at, int lda, const void* B, cudaDataType_t bt,
+                    int ldb, float beta, void* C, cudaDataType_t ct, int ldc) {
+  const cublasStatus_t ok = gemm_check(ta, tb, m, n, k, at, lda, bt, ldb, ct, ldc);
+  if (ok != CUBLAS_STATUS_SUCCESS) return ok;
   for (int j = 0; j < n; ++j)
     for (int i = 0; i < m; ++i) {
       double s = 0;
@@ -124,6 +160,10 @@ cublasStatus_t cublasSetWorkspace(cublasHandle_t, void*, std::size_t) {
 cublasStatus_t cublasSetMathMode(cublasHandle_t, cublasMath_t) {
   return CUBLAS_STATUS_SUCCESS;
 }
+cublasStatus_t cublasSetStream(cublasHandle_t handle, cudaStream_t stream) {
+  handle->stream = stream;
+  return CUBLAS_STATUS_SUCCESS;
+}
 const char* cublasGetStatusString(cublasStatus_t s) {
   switch (s) {
     case CUBLAS_STATUS_SUCCESS:
@@ -135,21 +175,29 @@ const char* cublasGetStatusString(cublasStatus_t s) {
   }
 }
 
-cublasStatus_t cublasGemmEx(cublasHandle_t, cublasOperation_t ta, cublasOperation_t tb, int m,
-                            int n, int k, const void* alpha, const void* A, cudaDataType_t at,
-                            int lda, const void* B, cudaDataType_t bt, int ldb, const void* beta,
-                            void* C, cudaDataType_t ct, int ldc, cublasComputeType_t,
-                            cublasGemmAlgo_t) {
-  return gemm(ta, tb, m, n, k, *static_cast<const float*>(alpha), A, at, lda, B, bt, ldb,
-              *static_cast<const float*>(beta), C, ct, ldc);
+cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t ta, cublasOperation_t tb,
+                            int m, int n, int k, const void* alpha, const void* A,
+                            cudaDataType_t at, int lda, const void* B, cudaDataType_t bt, int ldb,
+                            const void* beta, void* C, cudaDataType_t ct, int ldc,
+                            cublasComputeType_t, cublasGemmAlgo_t) {
+  const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
+  if (moeplan_emu::defer(handle->stream)) {  // checked now, run when the stream's work is needed
+    const cublasStatus_t ok = gemm_check(ta, tb, m, n, k, at, lda, bt, ldb, ct, ldc);
+    if (ok != CUBLAS_STATUS_SUCCESS) return ok;
+    moeplan_emu::enqueue(
+        handle->stream, [=] { gemm(ta, tb, m, n, k, al, A, at, lda, B, bt, ldb, be, C, ct, ldc); });
+    return CUBLAS_STATUS_SUCCESS;
+  }
+  return gemm(ta, tb, m, n, k, al, A, at, lda, B, bt, ldb, be, C, ct, ldc);
 }
 
-cublasStatus_t cublasGemmBatchedEx(cublasHandle_t, cublasOperation_t ta, cublasOperation_t tb,
-                                   int m, int n, int k, const void* alpha, const void* const A[],
-                                   cudaDataType_t at, int lda, const void* const B[],
-                                   cudaDataType_t bt, int ldb, const void* beta, void* const C[],
-                                   cudaDataType_t ct, int ldc, int batch, cublasComputeType_t,
-                                   cublasGemmAlgo_t) {
+cublasStatus_t cublasGemmBatchedEx(cublasHandle_t handle, cublasOperation_t ta,
+                                   cublasOperation_t tb, int m, int n, int k, const void* alpha,
+                                   const void* const A[], cudaDataType_t at, int lda,
+                                   const void* const B[], cudaDataType_t bt, int ldb,
+                                   const void* beta, void* const C[], cudaDataType_t ct, int ldc,
+                                   int batch, cublasComputeType_t, cublasGemmAlgo_t) {
+  if (handle->stream) return CUBLAS_STATUS_NOT_SUPPORTED;  // only cublasGemmEx takes one
   for (int b = 0; b < batch; ++b) {
     const cublasStatus_t s = gemm(ta, tb, m, n, k, *static_cast<const float*>(alpha), A[b], at, lda,
                                   B[b], bt, ldb, *static_cast<const float*>(beta), C[b], ct, ldc);
@@ -162,14 +210,12 @@ static std::size_t type_size(cudaDataType_t t) {
   return t == CUDA_R_32F ? 4 : 2;
 }
 
-cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t, cublasOperation_t ta,
-                                          cublasOperation_t tb, int m, int n, int k,
-                                          const void* alpha, const void* A, cudaDataType_t at,
-                                          int lda, long long strideA, const void* B,
-                                          cudaDataType_t bt, int ldb, long long strideB,
-                                          const void* beta, void* C, cudaDataType_t ct, int ldc,
-                                          long long strideC, int batch, cublasComputeType_t,
-                                          cublasGemmAlgo_t) {
+cublasStatus_t cublasGemmStridedBatchedEx(
+    cublasHandle_t handle, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+    const void* alpha, const void* A, cudaDataType_t at, int lda, long long strideA, const void* B,
+    cudaDataType_t bt, int ldb, long long strideB, const void* beta, void* C, cudaDataType_t ct,
+    int ldc, long long strideC, int batch, cublasComputeType_t, cublasGemmAlgo_t) {
+  if (handle->stream) return CUBLAS_STATUS_NOT_SUPPORTED;  // only cublasGemmEx takes one
   if (batch < 0 || !known(at) || !known(bt) || !known(ct)) return CUBLAS_STATUS_INVALID_VALUE;
   for (int b = 0; b < batch; ++b) {
     const cublasStatus_t s =
@@ -185,7 +231,7 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t, cublasOperation_t ta,
 
 // cuBLAS 12.5+: groups of equal shapes; A, B, C arrays list every product, group after group.
 // Like the library, the result type must equal the operand type.
-cublasStatus_t cublasGemmGroupedBatchedEx(cublasHandle_t, const cublasOperation_t ta[],
+cublasStatus_t cublasGemmGroupedBatchedEx(cublasHandle_t handle, const cublasOperation_t ta[],
                                           const cublasOperation_t tb[], const int m[],
                                           const int n[], const int k[], const void* alpha,
                                           const void* const A[], cudaDataType_t at, const int lda[],
@@ -193,6 +239,7 @@ cublasStatus_t cublasGemmGroupedBatchedEx(cublasHandle_t, const cublasOperation_
                                           const void* beta, void* const C[], cudaDataType_t ct,
                                           const int ldc[], int group_count, const int group_size[],
                                           cublasComputeType_t) {
+  if (handle->stream) return CUBLAS_STATUS_NOT_SUPPORTED;  // only cublasGemmEx takes one
   if (at != ct) return CUBLAS_STATUS_NOT_SUPPORTED;
   const float* alphas = static_cast<const float*>(alpha);
   const float* betas = static_cast<const float*>(beta);

@@ -21,6 +21,9 @@ cublasStatus_t cublasCreate(cublasHandle_t* handle);
 cublasStatus_t cublasDestroy(cublasHandle_t handle);
 cublasStatus_t cublasSetWorkspace(cublasHandle_t handle, void* workspace, std::size_t bytes);
 cublasStatus_t cublasSetMathMode(cublasHandle_t handle, cublasMath_t mode);
+// A handle's products go to its stream (see cuda_runtime.h); only cublasGemmEx takes a created
+// stream here, the other calls refuse one.
+cublasStatus_t cublasSetStream(cublasHandle_t handle, cudaStream_t stream);
 const char* cublasGetStatusString(cublasStatus_t status);
 
 cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,

@@ -1,7 +1,9 @@
 #pragma once
 // The CUDA runtime calls of backend/cuda/, emulated on the host (see moeplan_cuda_emu.hpp):
-// device memory is host memory, copies are memcpy, launches run to completion before they return.
+// device memory is host memory, copies are memcpy, launches on the default stream run to
+// completion before they return (created streams: below).
 #include <cstddef>
+#include <functional>
 
 #include "moeplan_cuda_emu.hpp"
 
@@ -50,7 +52,19 @@ cudaError_t cudaMemset(void* p, int value, std::size_t bytes);
 cudaError_t cudaGetLastError();
 const char* cudaGetErrorString(cudaError_t e);
 
-// Streams are all the default stream: asynchronous calls complete before they return.
+// Streams. The default stream (nullptr) runs each call before it returns. A created stream's
+// work waits in its queue until something needs it done: another stream waiting on an event
+// recorded after it (cudaStreamWaitEvent), or cudaEventSynchronize, cudaStreamSynchronize,
+// cudaStreamDestroy, cudaDeviceSynchronize. So a stream that reads another's results without
+// waiting on its event reads them stale, as a GPU may, and the tests see it. (A synchronous
+// cudaMemcpy does not wait for a non-blocking stream on a GPU, and here it does not either.)
+// MOEPLAN_EMU_STREAMS=eager runs a created stream's work at once instead, the other valid order
+// of a correct program; the results must not differ.
+enum { cudaStreamDefault = 0, cudaStreamNonBlocking = 1 };
+enum { cudaEventDefault = 0, cudaEventDisableTiming = 2 };
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned flags);
+cudaError_t cudaStreamDestroy(cudaStream_t s);
+cudaError_t cudaStreamSynchronize(cudaStream_t s);
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind,
                             cudaStream_t stream = nullptr);
 cudaError_t cudaMemsetAsync(void* p, int value, std::size_t bytes, cudaStream_t stream = nullptr);
@@ -64,12 +78,22 @@ cudaError_t cudaFreeHost(void* p);
 // Events hold the host clock at their record (the emulation's "device time").
 using cudaEvent_t = struct CUevent_st*;
 cudaError_t cudaEventCreate(cudaEvent_t* e);
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned flags);
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t stream = nullptr);
+cudaError_t cudaEventSynchronize(cudaEvent_t e);
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags = 0);
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end);
 cudaError_t cudaEventDestroy(cudaEvent_t e);
 
 namespace moeplan_emu {
 cudaError_t set_max_dynamic_shared(int bytes);
+// A created stream's queue (above): `defer` says whether work on `s` waits; `enqueue` adds it;
+// `queued` counts what was ever added (an event's mark); `run_until` runs the queue up to a mark.
+bool defer(cudaStream_t s);
+void enqueue(cudaStream_t s, std::function<void()> work);
+std::size_t queued(cudaStream_t s);
+void run_until(cudaStream_t s, std::size_t mark);
+void run_all_streams();
 }
 template <class Kernel>
 cudaError_t cudaFuncSetAttribute(Kernel, cudaFuncAttribute attr, int value) {

@@ -14,7 +14,11 @@
 // - with MOEPLAN_EMU_SCHEDULE=reverse or shuffle, a block's threads are resumed (and the blocks
 //   run) in another order: a kernel that reads another thread's write without a barrier between
 //   them gives other results;
-// - built with ASan/UBSan (the _asan tests): out-of-bounds global and shared-memory accesses.
+// - built with ASan/UBSan (the _asan tests): out-of-bounds global and shared-memory accesses;
+// - work on a created stream waits until another stream waits for an event recorded after it
+//   (cuda_runtime.h), so reading its results without that wait reads them stale; with
+//   MOEPLAN_EMU_STREAMS=eager it runs at once instead. Two streams writing the same scratch
+//   between two waits are not caught: each stream's work runs whole, never interleaved.
 //
 // What it cannot check: the hardware's fragment layouts. mma.sync follows the PTX ISA's tables
 // (section "Matrix Fragments for mma.m16n8k16 with floating point type"); WMMA fragments are
@@ -175,11 +179,13 @@ void check_warp_uniform(const void* p, unsigned ld, const char* op);
 struct Config {
   dim3 grid, block;
   std::size_t smem;
-  Config(dim3 g, dim3 b, std::size_t s = 0, void* stream = nullptr) : grid(g), block(b), smem(s) {
-    (void)stream;
-  }
+  void* stream;
+  Config(dim3 g, dim3 b, std::size_t s = 0, void* st = nullptr)
+      : grid(g), block(b), smem(s), stream(st) {}
 };
 // Runs `thread` once per CUDA thread of the grid, block after block; returns when all are done.
+// On a created stream whose work is deferred (cuda_runtime.h) it queues the launch instead: the
+// launch syntax's rewrite captures the kernel's arguments by value for this.
 void launch(const char* kernel, const Config& cfg, const std::function<void()>& thread);
 
 }  // namespace moeplan_emu

@@ -83,4 +83,25 @@ class DeviceBuffer {
   std::size_t bytes_ = 0;
 };
 
+// A second stream, for work that may run beside the default stream's (the MoE layer's shared
+// expert beside its routing and routed experts), and the two events that order it: fork() makes
+// it wait for the default stream's work issued so far, join() makes the default stream wait for
+// its own. It does not synchronise with the default stream otherwise (non-blocking), so whatever
+// it reads or writes must be fenced by those two. handle() is its cudaStream_t.
+class SideStream {
+ public:
+  SideStream();
+  ~SideStream();
+  SideStream(const SideStream&) = delete;
+  SideStream& operator=(const SideStream&) = delete;
+  void* handle() const { return stream_; }
+  void fork();
+  void join();
+
+ private:
+  void* stream_ = nullptr;
+  void* forked_ = nullptr;  // events
+  void* done_ = nullptr;
+};
+
 }  // namespace moeplan::backend::cuda

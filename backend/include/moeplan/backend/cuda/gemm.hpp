@@ -23,6 +23,9 @@ class Blas {
   ~Blas();
   Blas(const Blas&) = delete;
   Blas& operator=(const Blas&) = delete;
+  // The stream its products go to (a cudaStream_t; nullptr: the default stream). One handle and
+  // workspace a stream: two streams must not share a Blas.
+  void set_stream(void* stream);
 
   // Row-major C (M×N, ldc) = op(A)·op(B) + beta·C; op(A) is M×K (A stored K×M when transA),
   // op(B) is K×N. A and B in `in` (fp32: exact fp32 arithmetic, no TF32; bf16: tensor cores),

@@ -1,9 +1,10 @@
 #pragma once
 // The hand-written kernels of the CUDA path, as host functions on device pointers (llm.c style:
 // forward/backward pairs, shapes explicit, each buffer's shape in a comment). Every launch goes to
-// the default stream and is checked. `mm` buffers hold matrix-product inputs in DType `mm` (fp32
-// or bf16); everything else is fp32. Reductions that decide results run in a fixed order: no
-// float atomics anywhere, so a run is bit-for-bit repeatable.
+// the default stream (the SwiGLU kernels: the stream given) and is checked. `mm` buffers hold
+// matrix-product inputs in DType `mm` (fp32 or bf16); everything else is fp32. Reductions that
+// decide results run in a fixed order: no float atomics anywhere, so a run is bit-for-bit
+// repeatable.
 #include <cstdint>
 
 #include "moeplan/backend/cuda/device.hpp"
@@ -60,9 +61,12 @@ void attention_softmax_backward(void* dS, DType mm, const float* dP, const void*
 
 // ---- SwiGLU: h = silu(a)⊙b, ab = [a | b] (N, 2F); every buffer in `mm` (bf16 in the bf16 path:
 // the product that makes ab writes bf16, as PyTorch autocast does; arithmetic is fp32) ----------
-void swiglu_forward(void* h, DType mm, const void* ab, int64_t N, int64_t F);
+// `stream`: a cudaStream_t (SideStream::handle()); nullptr, the default stream.
+void swiglu_forward(void* h, DType mm, const void* ab, int64_t N, int64_t F,
+                    void* stream = nullptr);
 // dab (N, 2F) from dh (N, F) and ab
-void swiglu_backward(void* dab, DType mm, const void* dh, const void* ab, int64_t N, int64_t F);
+void swiglu_backward(void* dab, DType mm, const void* dh, const void* ab, int64_t N, int64_t F,
+                     void* stream = nullptr);
 
 // ---- routing ------------------------------------------------------------------------------
 // logits (T,E) → probs (T,E) softmax, lse (T) log-sum-exp, topk_idx/topk_gate (T,K): the K

@@ -125,6 +125,12 @@ class Model {
   // per_kernel, an event after every kernel and cuBLAS call too (one model at a time): the times
   // are then by kernel name, plus what ran between a kernel and a phase's end (memory copies).
   void set_profiling(bool on, bool per_kernel = false);
+  // Whether each MoE layer's shared expert runs on a second stream beside the routing and the
+  // routed experts (forward) and beside the combine and routed backward (backward): on by
+  // default; the same products in the same order on the same data either way, so the same bits.
+  // Not while profiling (the times are then one stream's). No effect without shared experts.
+  void set_shared_overlap(bool on);
+  bool shared_overlap() const;  // whether a step overlaps now
   std::vector<std::pair<std::string, double>> profile_ms_per_step() const;
   size_t device_bytes() const;
 
