@@ -622,6 +622,7 @@ std::vector<cudaStream_t>& created_streams() {
 
 bool defer(cudaStream_t s) {
   if (!s) return false;
+  if (!s->work.empty()) return true;  // behind queued work, whatever the mode: issue order holds
   const char* v = std::getenv("MOEPLAN_EMU_STREAMS");
   const std::string mode = v ? v : "";
   if (mode.empty() || mode == "deferred") return true;

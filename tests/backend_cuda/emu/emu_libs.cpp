@@ -109,7 +109,7 @@ bool known(cudaDataType_t t) {
   return t == CUDA_R_32F || t == CUDA_R_16BF;
 }
 
-// Column-major C (m×n) = alpha·op(A)·op(B) + beta·C.
+// Whether the product below takes these shapes and types (as cuBLAS checks before it runs).
 cublasStatus_t gemm_check(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
                           cudaDataType_t at, int lda, cudaDataType_t bt, int ldb, cudaDataType_t ct,
                           int ldc) {
@@ -123,6 +123,7 @@ cublasStatus_t gemm_check(cublasOperation_t ta, cublasOperation_t tb, int m, int
   return CUBLAS_STATUS_SUCCESS;
 }
 
+// Column-major C (m×n) = alpha·op(A)·op(B) + beta·C.
 cublasStatus_t gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha,
                     const void* A, cudaDataType_t at, int lda, const void* B, cudaDataType_t bt,
                     int ldb, float beta, void* C, cudaDataType_t ct, int ldc) {
