@@ -170,14 +170,26 @@ struct Model::Impl {
   FlopLedger ledger, eval_ledger;
   Blas blas;
   size_t bytes = 0;
-  // The MoE layers' shared expert on a second stream beside the routing and routed experts, with
-  // a cuBLAS handle and backward scratch of its own (allocated when the model has shared
-  // experts). Off while profiling, so that the phase and kernel times stay one stream's.
-  bool overlap_shared = true;
+  // A second stream with a cuBLAS handle of its own, for work beside the default stream's:
+  // - the MoE layers' shared expert beside the routing and routed experts (overlap_shared, with
+  //   backward scratch of its own; set up when the model has shared experts);
+  // - the weight gradients of the dense FFN, attention-out and qkv products beside the input
+  //   gradients that follow them (overlap_wgrad, off unless asked; set up then, with a second
+  //   residual-gradient buffer for the attention block, dresid_mm_attn).
+  // Neither while profiling, so that the phase and kernel times stay one stream's.
+  bool overlap_shared = true, overlap_wgrad = false;
   std::unique_ptr<SideStream> side;
   std::unique_ptr<Blas> side_blas;
-  DeviceBuffer side_dact, side_dh13;
-  bool overlapping() const { return overlap_shared && side && !prof.on; }
+  DeviceBuffer side_dact, side_dh13, dresid_mm_attn;
+  bool wgrad_side = false;  // this backward's weight gradients go to the side stream
+  bool overlapping() const { return overlap_shared && side_dact.data() && !prof.on; }
+  bool overlapping_wgrad() const { return overlap_wgrad && dresid_mm_attn.data() && !prof.on; }
+  void ensure_side() {
+    if (side) return;
+    side = std::make_unique<SideStream>();
+    side_blas = std::make_unique<Blas>();
+    side_blas->set_stream(side->handle());
+  }
 
   DeviceBuffer params, params_mm, grads, adam_m, adam_v, decay;
   DeviceBuffer rope_table, slopes;
@@ -477,9 +489,7 @@ struct Model::Impl {
     dact = alloc_mm(std::max<int64_t>(widest_h, 1));
     dh13 = alloc_mm(std::max<int64_t>(2 * widest_h, 1));
     if (E > 0 && Dse > 0) {
-      side = std::make_unique<SideStream>();
-      side_blas = std::make_unique<Blas>();
-      side_blas->set_stream(side->handle());
+      ensure_side();
       side_dact = alloc_mm(T * Dse);
       side_dh13 = alloc_mm(T * 2 * Dse);
     }
@@ -625,8 +635,17 @@ struct Model::Impl {
     Blas& b = on ? *on : blas;
     b.gemm(rec(lg, cat, Phase::input_grad), false, true, Tn, C, OC, dout, OC, Wm(w), OC, dinp, C,
            accumulate ? 1.f : 0.f, mm, out);
-    b.gemm(rec(lg, cat, Phase::weight_grad), true, false, C, OC, Tn, inp, C, dout, OC, G(w), OC,
-           1.f, mm);
+    weight_grad_on(on).gemm(rec(lg, cat, Phase::weight_grad), true, false, C, OC, Tn, inp, C, dout,
+                            OC, G(w), OC, 1.f, mm);
+  }
+  // Where a weight gradient's product goes: `on` when given (the shared expert's lane); else the
+  // side stream while this backward's weight gradients overlap, forked first, so that it waits
+  // for everything the default stream has issued (its inputs included); else the default stream.
+  Blas& weight_grad_on(Blas* on) {
+    if (on) return *on;
+    if (!wgrad_side) return blas;
+    side->fork();
+    return *side_blas;
   }
   // dinp f32 [+]= ...
   void matmul_backward(float* dinp, bool accumulate, int64_t w, const void* dout, const void* inp,
@@ -1135,17 +1154,18 @@ struct Model::Impl {
   }
 
   // dln (T,Dm) = the FFN's input gradient (overwritten); its weight gradients added. Scratch:
-  // the default stream's dact and dh13, or the side lane's own.
+  // the default stream's dact and dh13, or the side stream's own. A lane with a handle keeps the
+  // weight gradients on it (weight_grad_on).
   void swiglu_ffn_backward(const void* ln, const void* h13, const void* act, int64_t w13,
                            int64_t w2, int64_t F, FlopLedger& lg, FlopCategory cat, Lane on = {}) {
     Blas& b = on.blas ? *on.blas : blas;
-    void* da = on.blas ? side_dact.data() : dact.data();
-    void* dh = on.blas ? side_dh13.data() : dh13.data();
+    void* da = on.stream ? side_dact.data() : dact.data();
+    void* dh = on.stream ? side_dh13.data() : dh13.data();
     // dresid_mm holds d(out) as product input; da (T,F) in mm feeds only the SwiGLU backward.
     b.gemm(rec(lg, cat, Phase::input_grad), false, true, Tp, F, Dm, dresid_mm.data(), Dm, Wm(w2),
            Dm, da, F, 0.f, mm, mm);
-    b.gemm(rec(lg, cat, Phase::weight_grad), true, false, F, Dm, Tp, act, F, dresid_mm.data(), Dm,
-           G(w2), Dm, 1.f, mm);
+    weight_grad_on(on.blas).gemm(rec(lg, cat, Phase::weight_grad), true, false, F, Dm, Tp, act, F,
+                                 dresid_mm.data(), Dm, G(w2), Dm, 1.f, mm);
     k::swiglu_backward(dh, mm, da, h13, Tp, F, on.stream);
     matmul_backward(dln.as<float>(), false, w13, dh, ln, Tp, Dm, 2 * F, lg, cat, on.blas);
   }
@@ -1159,9 +1179,12 @@ struct Model::Impl {
     // neither); the scatter-add into dln waits for it.
     const bool overlap = Dse > 0 && overlapping();
     if (overlap) side->fork();
+    // On the default stream its weight gradients stay there too: the routed backward overwrites
+    // the dh13 they read before this layer's wait for the side stream.
     if (Dse > 0)
       swiglu_ffn_backward(x.ln2.data(), x.sh13.data(), x.sact.data(), q.shared_w13, q.shared_w2,
-                          Dse, lg, FlopCategory::shared_expert, overlap ? side_lane() : Lane{});
+                          Dse, lg, FlopCategory::shared_expert,
+                          overlap ? side_lane() : Lane{&blas, nullptr});
     else
       check_cuda(cudaMemsetAsync(dln.data(), 0, size_t(Tp * Dm) * 4, nullptr), "memset dln");
     k::moe_combine_backward(dye.data(), mm, dgate.as<float>(), dresid.as<float>(), x.ye.as<float>(),
@@ -1228,6 +1251,12 @@ struct Model::Impl {
 
   void backward(FlopLedger& lg) {
     lg.elementwise += elementwise_per_pass(Bp);  // the backward kernels mirror them
+    // With the weight gradients beside: the FFN's read dresid_mm and dh13, attention-out's
+    // dresid_mm_attn (the norm2 backward writes there instead, so that the FFN's is still
+    // dresid_mm's), qkv's dqkv_mm; the default stream waits for them all before the norm1
+    // backward writes dresid_mm for the next layer, so none is overwritten while still read.
+    wgrad_side = overlapping_wgrad();
+    void* dresid_attn = wgrad_side ? dresid_mm_attn.data() : dresid_mm.data();
     // dln holds d(objective)/d(lnf) from the forward's chunked LM head backward.
     check_cuda(cudaMemsetAsync(dresid.data(), 0, size_t(Tp * Dm) * 4, nullptr), "memset dresid");
     // Each rmsnorm backward also writes the residual gradient in mm (dresid_mm), which the next
@@ -1247,9 +1276,9 @@ struct Model::Impl {
       prof.mark(l < a.dense_layers ? "bwd dense ffn" : "bwd moe rest");
       k::rmsnorm_backward(dresid.as<float>(), G(q.norm2), dln.as<float>(), x.mid.as<float>(),
                           P(q.norm2), x.rstd2.as<float>(), Tp, Dm, col_scratch.as<float>(),
-                          dresid_mm.data(), mm);
-      matmul_backward_mm(datty_mm.data(), q.attn_out, dresid_mm.data(), x.atty.data(), Tp, H * Dh,
-                         Dm, lg, FlopCategory::projection);
+                          dresid_attn, mm);
+      matmul_backward_mm(datty_mm.data(), q.attn_out, dresid_attn, x.atty.data(), Tp, H * Dh, Dm,
+                         lg, FlopCategory::projection);
       prof.mark("bwd norm2 + out proj");
       attention_backward(x, lg);
       prof.mark("bwd attention core");
@@ -1258,11 +1287,13 @@ struct Model::Impl {
                                 rope ? rope_table.as<float>() : nullptr, Bp, S, H, Hkv, Dh);
       matmul_backward(dln.as<float>(), false, q.qkv, dqkv_mm.data(), x.ln1.data(), Tp, Dm, W, lg,
                       FlopCategory::projection);
+      if (wgrad_side) side->join();
       k::rmsnorm_backward(dresid.as<float>(), G(q.norm1), dln.as<float>(), x.resid_in.as<float>(),
                           P(q.norm1), x.rstd1.as<float>(), Tp, Dm, col_scratch.as<float>(),
                           l > 0 ? dresid_mm.data() : nullptr, mm);  // layer 0: the embedding
       prof.mark("bwd qkv + norm1");  // per layer: else the next layer's ffn phase takes it
     }
+    wgrad_side = false;
     k::embedding_backward(G(embedding), dresid.as<float>(), emb_ids.as<int32_t>(),
                           emb_seg.as<int32_t>(), emb_pos.as<int32_t>(), emb_unique, Dm);
     prof.mark("bwd embedding");
@@ -1594,6 +1625,17 @@ void Model::set_profiling(bool on, bool per_kernel) {
 }
 void Model::set_shared_overlap(bool on) {
   impl_->overlap_shared = on;
+}
+void Model::set_weight_grad_overlap(bool on) {
+  Impl& m = *impl_;
+  m.overlap_wgrad = on;
+  if (on && !m.dresid_mm_attn.data()) {
+    m.ensure_side();
+    m.dresid_mm_attn = m.alloc_mm(m.T * m.Dm);
+  }
+}
+bool Model::weight_grad_overlap() const {
+  return impl_->overlapping_wgrad();
 }
 bool Model::shared_overlap() const {
   return impl_->overlapping();

@@ -230,6 +230,7 @@ struct Point {
   int64_t micro_batch = 0;  // ModelOptions::micro_batch_seqs: passes of this many sequences
   int64_t logit_rows = 0;   // the LM head's chunk in rows (0: the model's automatic one)
   bool serial_shared = false;  // the MoE's shared expert on the default stream (not beside)
+  bool wgrad_beside = false;   // weight gradients on the second stream (set_weight_grad_overlap)
 };
 
 Arch dense124() {
@@ -374,7 +375,12 @@ int main(int argc, char** argv) {
         // The default MoE point with its shared expert on the default stream, one kernel after
         // another: what running it beside the routing and routed experts saves.
         Point{"moe-ra0.2-tiled-fused-mma-attn-serial-shared", moe_equal_n(), fused_mma, tiled, 0, 0,
-              true}}) {
+              true},
+        // The default points with the weight gradients beside the input gradients after them.
+        Point{"dense-124M-fused-mma-attn-wgrad-beside", dense124(), fused_mma,
+              cu::ExpertPath::grouped, 0, 0, false, true},
+        Point{"moe-ra0.2-tiled-fused-mma-attn-wgrad-beside", moe_equal_n(), fused_mma, tiled, 0, 0,
+              false, true}}) {
     if (!only.empty() && only.find("," + p.name + ",") == std::string::npos) continue;
     const ParamCounts pc = count_params(p.arch);
     ModelOptions opt;
@@ -387,6 +393,7 @@ int main(int argc, char** argv) {
                     p.logit_rows);
     model.set_expert_path(p.experts);
     model.set_shared_overlap(!p.serial_shared);
+    model.set_weight_grad_overlap(p.wgrad_beside);
     std::vector<int32_t> in, tg;
     std::vector<double> secs;
     FlopLedger per_step;
@@ -465,7 +472,8 @@ int main(int argc, char** argv) {
               ? "; fused attention, mma.sync, forward 32 rows a warp"
               : "; fused attention") +
          (model.pass_seqs() < batch ? fmt::format("; passes of {}", model.pass_seqs()) : "") +
-         (p.arch.d_shared > 0 && p.serial_shared ? "; shared expert not overlapped" : ""))
+         (p.arch.d_shared > 0 && p.serial_shared ? "; shared expert not overlapped" : "") +
+         (p.wgrad_beside ? "; weight gradients on a second stream" : ""))
             .c_str());
     std::fprintf(stderr, "[%s] loss %.4f -> %.4f over %d steps; %.2f GiB device buffers\n",
                  p.name.c_str(), loss0, loss_last, warmup + steps,

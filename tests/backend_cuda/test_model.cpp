@@ -715,6 +715,61 @@ TEST_CASE("the shared expert on a second stream gives the one-stream steps bit f
   CHECK_FALSE(m.shared_overlap());
 }
 
+TEST_CASE("weight gradients on a second stream give the one-stream steps bit for bit") {
+  // Each layer's FFN, attention-out and qkv weight gradients beside the input gradients after
+  // them: the same products on the same data, so the same bits; with the MoE's shared expert on
+  // the side stream too, and with it on the default stream (its weight gradients must then stay
+  // there: the routed backward overwrites what they read before the layer's wait).
+  struct Case {
+    const char* name;
+    Arch arch;
+    DType dt;
+  };
+  ModelOptions opt;
+  opt.positions = "alibi";
+  const int64_t B = 3;
+#ifdef MOEPLAN_CUDA_EMULATION
+  const std::vector<const char*> modes = {"deferred", "eager"};
+#else
+  const std::vector<const char*> modes = {"gpu"};
+#endif
+  for (const char* mode : modes) {
+#ifdef MOEPLAN_CUDA_EMULATION
+    ::setenv("MOEPLAN_EMU_STREAMS", mode, 1);
+#endif
+    for (const Case& c :
+         {Case{"dense bf16", dense_arch(), DType::bf16}, Case{"moe fp32", moe_arch(), DType::f32},
+          Case{"moe bf16", moe_arch(), DType::bf16}}) {
+      const bool moe = c.arch.experts > 0;
+      for (const bool shared_beside : {true, false}) {
+        if (!moe && !shared_beside) continue;
+        INFO(mode << ", " << c.name << (shared_beside ? ", shared expert beside" : ""));
+        cu::Model two(c.arch, opt, 8, B, c.dt);
+        two.set_shared_overlap(shared_beside);
+        two.set_weight_grad_overlap(true);
+        CHECK(two.weight_grad_overlap());
+        cu::Model base(c.arch, opt, 8, B, c.dt);  // one stream
+        base.set_shared_overlap(false);
+        CHECK_FALSE(base.weight_grad_overlap());
+        for (int64_t step = 0; step < 2; ++step) {
+          const Batch b = random_batch(B, c.arch.seq_len, c.arch.vocab, 120 + uint64_t(step));
+          const StepResult r2 =
+              two.train_step(b.inputs.data(), b.targets.data(), step, OptimConfig{});
+          const StepResult r1 =
+              base.train_step(b.inputs.data(), b.targets.data(), step, OptimConfig{});
+          CHECK(r2.loss == r1.loss);
+          CHECK(r2.flops.flops == r1.flops.flops);
+        }
+        CHECK(two.gradients() == base.gradients());
+        CHECK(two.parameters() == base.parameters());
+      }
+    }
+  }
+#ifdef MOEPLAN_CUDA_EMULATION
+  ::unsetenv("MOEPLAN_EMU_STREAMS");
+#endif
+}
+
 TEST_CASE("same seed, same data: bit-for-bit the same losses and weights; save/load resumes") {
   const Arch a = moe_arch();
   ModelOptions opt;

@@ -131,6 +131,12 @@ class Model {
   // Not while profiling (the times are then one stream's). No effect without shared experts.
   void set_shared_overlap(bool on);
   bool shared_overlap() const;  // whether a step overlaps now
+  // Whether the weight gradients of the dense FFN, attention-out and qkv products run on the
+  // second stream beside the input gradients that follow them (each layer's before its norm1
+  // backward). Off by default until a GPU has measured it; the same bits either way. Costs a
+  // second cuBLAS workspace (32 MiB) and a T·Dm residual-gradient buffer, taken when first set.
+  void set_weight_grad_overlap(bool on);
+  bool weight_grad_overlap() const;  // whether a step overlaps them now
   std::vector<std::pair<std::string, double>> profile_ms_per_step() const;
   size_t device_bytes() const;
 
