@@ -654,6 +654,30 @@ TEST_CASE("bf16: the wide register-resident forward gives fused_mma's step bit f
       moeplan::InputError);
 }
 
+namespace {
+
+// The orders a second stream's work is checked in: in the emulation, deferred until a stream
+// waits for it, and run at once (MOEPLAN_EMU_STREAMS); on a GPU, whatever the hardware does.
+std::vector<const char*> stream_orders() {
+#ifdef MOEPLAN_CUDA_EMULATION
+  return {"deferred", "eager"};
+#else
+  return {"gpu"};
+#endif
+}
+void use_stream_order(const char* order) {  // nullptr: the emulation's default again
+#ifdef MOEPLAN_CUDA_EMULATION
+  if (order)
+    ::setenv("MOEPLAN_EMU_STREAMS", order, 1);
+  else
+    ::unsetenv("MOEPLAN_EMU_STREAMS");
+#else
+  (void)order;
+#endif
+}
+
+}  // namespace
+
 TEST_CASE("the shared expert on a second stream gives the one-stream steps bit for bit") {
   // Beside the routing and routed experts the shared expert computes the same products on the
   // same data, and what it adds to the residual stream (forward) and to dln (backward) is added
@@ -664,15 +688,8 @@ TEST_CASE("the shared expert on a second stream gives the one-stream steps bit f
   ModelOptions opt;
   opt.positions = "rope";
   const int64_t B = 3;
-#ifdef MOEPLAN_CUDA_EMULATION
-  const std::vector<const char*> modes = {"deferred", "eager"};
-#else
-  const std::vector<const char*> modes = {"gpu"};
-#endif
-  for (const char* mode : modes) {
-#ifdef MOEPLAN_CUDA_EMULATION
-    ::setenv("MOEPLAN_EMU_STREAMS", mode, 1);
-#endif
+  for (const char* mode : stream_orders()) {
+    use_stream_order(mode);
     for (const DType dt : {DType::f32, DType::bf16}) {
       INFO(mode << (dt == DType::bf16 ? ", bf16" : ", fp32"));
       cu::Model two(a, opt, 6, B, dt);
@@ -705,9 +722,7 @@ TEST_CASE("the shared expert on a second stream gives the one-stream steps bit f
       CHECK(two.shared_overlap());
     }
   }
-#ifdef MOEPLAN_CUDA_EMULATION
-  ::unsetenv("MOEPLAN_EMU_STREAMS");
-#endif
+  use_stream_order(nullptr);
   // Without shared experts there is nothing to overlap.
   Arch no_shared = moe_arch();
   no_shared.d_shared = 0;
@@ -728,15 +743,8 @@ TEST_CASE("weight gradients on a second stream give the one-stream steps bit for
   ModelOptions opt;
   opt.positions = "alibi";
   const int64_t B = 3;
-#ifdef MOEPLAN_CUDA_EMULATION
-  const std::vector<const char*> modes = {"deferred", "eager"};
-#else
-  const std::vector<const char*> modes = {"gpu"};
-#endif
-  for (const char* mode : modes) {
-#ifdef MOEPLAN_CUDA_EMULATION
-    ::setenv("MOEPLAN_EMU_STREAMS", mode, 1);
-#endif
+  for (const char* mode : stream_orders()) {
+    use_stream_order(mode);
     for (const Case& c :
          {Case{"dense bf16", dense_arch(), DType::bf16}, Case{"moe fp32", moe_arch(), DType::f32},
           Case{"moe bf16", moe_arch(), DType::bf16}}) {
@@ -765,9 +773,7 @@ TEST_CASE("weight gradients on a second stream give the one-stream steps bit for
       }
     }
   }
-#ifdef MOEPLAN_CUDA_EMULATION
-  ::unsetenv("MOEPLAN_EMU_STREAMS");
-#endif
+  use_stream_order(nullptr);
 }
 
 TEST_CASE("same seed, same data: bit-for-bit the same losses and weights; save/load resumes") {
