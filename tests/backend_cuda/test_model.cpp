@@ -676,6 +676,20 @@ void use_stream_order(const char* order) {  // nullptr: the emulation's default 
 #endif
 }
 
+// Two training steps of each model on the same batches: the same losses and ledgers, then the
+// same gradients and weights, bit for bit.
+void check_same_two_steps(cu::Model& two, cu::Model& one, const Arch& a, int64_t B, uint64_t seed) {
+  for (int64_t step = 0; step < 2; ++step) {
+    const Batch b = random_batch(B, a.seq_len, a.vocab, seed + uint64_t(step));
+    const StepResult r2 = two.train_step(b.inputs.data(), b.targets.data(), step, OptimConfig{});
+    const StepResult r1 = one.train_step(b.inputs.data(), b.targets.data(), step, OptimConfig{});
+    CHECK(r2.loss == r1.loss);
+    CHECK(r2.flops.flops == r1.flops.flops);
+  }
+  CHECK(two.gradients() == one.gradients());
+  CHECK(two.parameters() == one.parameters());
+}
+
 }  // namespace
 
 TEST_CASE("the shared expert on a second stream gives the one-stream steps bit for bit") {
@@ -701,17 +715,7 @@ TEST_CASE("the shared expert on a second stream gives the one-stream steps bit f
       one.set_shared_overlap(false);
       CHECK(two.shared_overlap());
       CHECK_FALSE(one.shared_overlap());
-      for (int64_t step = 0; step < 2; ++step) {
-        const Batch b = random_batch(B, a.seq_len, a.vocab, 90 + uint64_t(step));
-        const StepResult r2 =
-            two.train_step(b.inputs.data(), b.targets.data(), step, OptimConfig{});
-        const StepResult r1 =
-            one.train_step(b.inputs.data(), b.targets.data(), step, OptimConfig{});
-        CHECK(r2.loss == r1.loss);
-        CHECK(r2.flops.flops == r1.flops.flops);
-      }
-      CHECK(two.gradients() == one.gradients());
-      CHECK(two.parameters() == one.parameters());
+      check_same_two_steps(two, one, a, B, 90);
       const Batch v = random_batch(B, a.seq_len, a.vocab, 99);
       CHECK(two.forward_loss(v.inputs.data(), v.targets.data(), B) ==
             one.forward_loss(v.inputs.data(), v.targets.data(), B));
@@ -759,17 +763,7 @@ TEST_CASE("weight gradients on a second stream give the one-stream steps bit for
         cu::Model base(c.arch, opt, 8, B, c.dt);  // one stream
         base.set_shared_overlap(false);
         CHECK_FALSE(base.weight_grad_overlap());
-        for (int64_t step = 0; step < 2; ++step) {
-          const Batch b = random_batch(B, c.arch.seq_len, c.arch.vocab, 120 + uint64_t(step));
-          const StepResult r2 =
-              two.train_step(b.inputs.data(), b.targets.data(), step, OptimConfig{});
-          const StepResult r1 =
-              base.train_step(b.inputs.data(), b.targets.data(), step, OptimConfig{});
-          CHECK(r2.loss == r1.loss);
-          CHECK(r2.flops.flops == r1.flops.flops);
-        }
-        CHECK(two.gradients() == base.gradients());
-        CHECK(two.parameters() == base.parameters());
+        check_same_two_steps(two, base, c.arch, B, 120);
       }
     }
   }
