@@ -184,11 +184,16 @@ struct Model::Impl {
   bool wgrad_side = false;  // this backward's weight gradients go to the side stream
   bool overlapping() const { return overlap_shared && side_dact.data() && !prof.on; }
   bool overlapping_wgrad() const { return overlap_wgrad && dresid_mm_attn.data() && !prof.on; }
+  // What Model::set_gemm_table and record_gemm_shapes asked, for both handles.
+  std::shared_ptr<const GemmTable> gemm_table;
+  bool record_shapes = false;
   void ensure_side() {
     if (side) return;
     side = std::make_unique<SideStream>();
     side_blas = std::make_unique<Blas>();
     side_blas->set_stream(side->handle());
+    side_blas->set_table(gemm_table);
+    side_blas->record_shapes(record_shapes);
   }
 
   DeviceBuffer params, params_mm, grads, adam_m, adam_v, decay;
@@ -1636,6 +1641,34 @@ void Model::set_weight_grad_overlap(bool on) {
 }
 bool Model::weight_grad_overlap() const {
   return impl_->overlapping_wgrad();
+}
+void Model::set_gemm_table(std::shared_ptr<const GemmTable> table) {
+  Impl& m = *impl_;
+  m.blas.set_table(table);  // refuses a table from another device first
+  if (m.side_blas) m.side_blas->set_table(table);
+  m.gemm_table = std::move(table);
+}
+void Model::record_gemm_shapes(bool on) {
+  Impl& m = *impl_;
+  m.record_shapes = on;
+  m.blas.record_shapes(on);
+  if (m.side_blas) m.side_blas->record_shapes(on);
+}
+std::vector<std::pair<GemmShape, int64_t>> Model::gemm_shapes() const {
+  std::vector<std::pair<GemmShape, int64_t>> out = impl_->blas.shapes_seen();
+  if (impl_->side_blas) {
+    const auto more = impl_->side_blas->shapes_seen();
+    out.insert(out.end(), more.begin(), more.end());
+  }
+  return out;
+}
+Blas::Counts Model::gemm_counts() const {
+  Blas::Counts c = impl_->blas.counts();
+  if (impl_->side_blas) {
+    c.products += impl_->side_blas->counts().products;
+    c.from_table += impl_->side_blas->counts().from_table;
+  }
+  return c;
 }
 bool Model::shared_overlap() const {
   return impl_->overlapping();

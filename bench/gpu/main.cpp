@@ -7,6 +7,11 @@
 //                  [--kernel-times]  (also each point's device time by kernel, 3 more steps)
 //        bench_gpu --gemm-shapes   (each weight product of the dense step, and of the MoE step
 //                                  but its routed experts, alone; batch 8)
+//        bench_gpu --only NAME,... --gemm-tune FILE   (the products one step of each point asks
+//                                  for, each timed through cublasGemmEx's default and through
+//                                  cuBLASLt's candidates; the winners saved as a GEMM table)
+//        bench_gpu --only NAME,... --gemm-table FILE  (the points with that table's algorithms;
+//                                  their names get the suffix -lt-table)
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 #include <fmt/format.h>
@@ -281,6 +286,7 @@ int main(int argc, char** argv) {
   int steps = 20, warmup = 5;  // warm-up: cuBLAS sets up each new shape on first use
   int64_t batch = 8;
   std::string json_path, only;  // only: ",name,name," to run a subset of the points
+  std::string tune_path, table_path;
   bool kernel_times = false;
   for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
@@ -300,7 +306,21 @@ int main(int argc, char** argv) {
       json_path = argv[i];
     else if (k == "--only")
       only = std::string(",") + argv[i] + ",";
+    else if (k == "--gemm-tune")
+      tune_path = argv[i];
+    else if (k == "--gemm-table")
+      table_path = argv[i];
   }
+  std::shared_ptr<const cu::GemmTable> table;
+  if (!table_path.empty()) {
+    try {
+      table = std::make_shared<const cu::GemmTable>(cu::load_gemm_table(table_path));
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "bench_gpu: %s\n", e.what());
+      return 2;
+    }
+  }
+  std::vector<std::pair<cu::GemmShape, int64_t>> tune_shapes;  // --gemm-tune: all points' shapes
   const bool shapes = argc == 2 && std::string(argv[1]) == "--gemm-shapes";
   if (cu::device_count() == 0) {
     std::printf("bench_gpu: no CUDA device, nothing measured\n");
@@ -382,6 +402,7 @@ int main(int argc, char** argv) {
         Point{"moe-ra0.2-tiled-fused-mma-attn-wgrad-beside", moe_equal_n(), fused_mma, tiled, 0, 0,
               false, true}}) {
     if (!only.empty() && only.find("," + p.name + ",") == std::string::npos) continue;
+    const std::string name = table ? p.name + "-lt-table" : p.name;
     const ParamCounts pc = count_params(p.arch);
     ModelOptions opt;
     opt.micro_batch_seqs = p.micro_batch;
@@ -394,6 +415,18 @@ int main(int argc, char** argv) {
     model.set_expert_path(p.experts);
     model.set_shared_overlap(!p.serial_shared);
     model.set_weight_grad_overlap(p.wgrad_beside);
+    if (!tune_path.empty()) {  // one step's products, then on to the next point
+      model.record_gemm_shapes(true);
+      std::vector<int32_t> in, tg;
+      make_batch(in, tg, batch, p.arch.seq_len, p.arch.vocab, 0);
+      model.train_step(in.data(), tg.data(), 0, cfg);
+      const auto seen = model.gemm_shapes();
+      tune_shapes.insert(tune_shapes.end(), seen.begin(), seen.end());
+      std::printf("%s: %zu products a step, %zu shapes\n", p.name.c_str(),
+                  size_t(model.gemm_counts().products), seen.size());
+      continue;
+    }
+    if (table) model.set_gemm_table(table);
     std::vector<int32_t> in, tg;
     std::vector<double> secs;
     FlopLedger per_step;
@@ -420,7 +453,7 @@ int main(int argc, char** argv) {
     for (const auto& [name, ms] : model.profile_ms_per_step()) phase_total += ms;
     for (const auto& [name, ms] : model.profile_ms_per_step())
       phases += fmt::format("    {:<34} {:8.2f} ms  {:5.1f}%\n", name, ms, 100 * ms / phase_total);
-    std::fprintf(stderr, "[%s] device time per step by phase (sum %.2f ms):\n%s", p.name.c_str(),
+    std::fprintf(stderr, "[%s] device time per step by phase (sum %.2f ms):\n%s", name.c_str(),
                  phase_total, phases.c_str());
     if (kernel_times) {  // an event after every launch: slower steps, the shares are what count
       model.set_profiling(true, true);
@@ -442,7 +475,7 @@ int main(int argc, char** argv) {
                    "[%s] device time per step by kernel (sum %.2f ms; an event after every "
                    "launch, so a row is the kernel's time plus any gap before it; phase names: "
                    "memory copies and gaps; rows under 0.5%% left out):\n%s",
-                   p.name.c_str(), total, rows.c_str());
+                   name.c_str(), total, rows.c_str());
     }
     const double t = median(secs);
     const double tokens = double(batch * p.arch.seq_len);
@@ -457,7 +490,7 @@ int main(int argc, char** argv) {
                                  : "n/a (unknown device)";
     std::printf(
         "| %s | %.1fM | %.1fM | %.3f | %.0f | %.2f | %.0f | %.1f | %.1f | %s | %.1f%% | %s |\n",
-        p.name.c_str(), pc.total_params / 1e6, pc.active_params / 1e6,
+        name.c_str(), pc.total_params / 1e6, pc.active_params / 1e6,
         double(pc.active_params) / double(pc.total_params), tokens, t * 1e3, tokens / t, tf_useful,
         tf_exec, mfu_peak.c_str(), 100 * tf_useful / ceiling,
         (std::string(p.arch.is_dense()                    ? "-"
@@ -473,16 +506,19 @@ int main(int argc, char** argv) {
               : "; fused attention") +
          (model.pass_seqs() < batch ? fmt::format("; passes of {}", model.pass_seqs()) : "") +
          (p.arch.d_shared > 0 && p.serial_shared ? "; shared expert not overlapped" : "") +
-         (p.wgrad_beside ? "; weight gradients on a second stream" : ""))
+         (p.wgrad_beside ? "; weight gradients on a second stream" : "") +
+         (table ? fmt::format("; {} of {} products by the GEMM table",
+                              model.gemm_counts().from_table, model.gemm_counts().products)
+                : ""))
             .c_str());
     std::fprintf(stderr, "[%s] loss %.4f -> %.4f over %d steps; %.2f GiB device buffers\n",
-                 p.name.c_str(), loss0, loss_last, warmup + steps,
+                 name.c_str(), loss0, loss_last, warmup + steps,
                  double(model.device_bytes()) / double(1u << 30));
     json += fmt::format(
         "{}{{\"name\": \"{}\", \"total_params\": {}, \"active_params\": {}, \"step_seconds\": {}, "
         "\"tokens_per_second_consumed\": {}, \"tflops_exact_causal\": {}, "
         "\"tflops_executed\": {}, \"kernels\": \"{}\", \"micro_batch\": {}, \"logit_rows\": {}}}",
-        first ? "" : ", ", p.name, pc.total_params, pc.active_params, t, tokens / t, tf_useful,
+        first ? "" : ", ", name, pc.total_params, pc.active_params, t, tokens / t, tf_useful,
         tf_exec, cu::to_string(cu::KernelChoice{p.attention, p.experts, 0}), p.micro_batch,
         model.logit_rows());
     first = false;
@@ -490,5 +526,19 @@ int main(int argc, char** argv) {
     if (!json_path.empty()) std::ofstream(json_path) << json << "]}\n";
   }
   if (!json_path.empty() && first) std::ofstream(json_path) << json << "]}\n";
+  if (!tune_path.empty()) {
+    // Keep a candidate that saves at least 3 % of the default's time: below that the medians of
+    // 20 calls do not tell them apart reliably.
+    const cu::GemmTable t = cu::tune_gemm_table(tune_shapes, 0.03, 20);
+    cu::save_gemm_table(tune_path, t);
+    std::printf(
+        "\nGEMM table (%s, cuBLASLt %llu): %zu of the products' shapes faster through a "
+        "cuBLASLt candidate than cublasGemmEx's default (kept: at least 3 %% faster)\n\n"
+        "| product | default ms | cuBLASLt ms | saved |\n|---|---|---|---|\n",
+        tune_path.c_str(), (unsigned long long)t.cublaslt_version, t.entries.size());
+    for (const auto& e : t.entries)
+      std::printf("| %s | %.4f | %.4f | %.1f %% |\n", cu::to_string(e.shape).c_str(), e.ms_default,
+                  e.ms_chosen, 100 * (1 - e.ms_chosen / e.ms_default));
+  }
   return 0;
 }

@@ -10,6 +10,8 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
+#include <memory>
 #include <string>
 #include <utility>
 
@@ -768,6 +770,163 @@ TEST_CASE("weight gradients on a second stream give the one-stream steps bit for
     }
   }
   use_stream_order(nullptr);
+}
+
+TEST_CASE("a GEMM table runs the products it lists through cuBLASLt: the same step") {
+  // The shapes one step asks for (both streams: the MoE's shared expert and the weight gradients
+  // run beside), a table tuned for them that keeps every shape's fastest cuBLASLt candidate
+  // (min_gain -inf: kept even when slower), then the same step with the table. Every product
+  // must go through it, and the step must be the same: bit for bit in the emulation (whose
+  // cuBLASLt multiplies as its cublasGemmEx does, from the layouts as cuBLASLt reads them), within
+  // bf16 tolerance on a GPU (another algorithm sums in another order).
+  ModelOptions opt;
+  opt.positions = "rope";
+  const int64_t B = 3;
+  for (const Arch& a : {dense_arch(), moe_arch()}) {
+    INFO((a.experts > 0 ? "moe" : "dense"));
+    cu::Model plain(a, opt, 11, B, DType::bf16), listed(a, opt, 11, B, DType::bf16);
+    for (cu::Model* m : {&plain, &listed}) {
+      m->set_expert_path(cu::ExpertPath::tiled);
+      m->set_weight_grad_overlap(true);
+    }
+    plain.record_gemm_shapes(true);
+    const Batch b = random_batch(B, a.seq_len, a.vocab, 31);
+    const StepResult r0 = plain.train_step(b.inputs.data(), b.targets.data(), 0, OptimConfig{});
+    const auto shapes = plain.gemm_shapes();
+    REQUIRE(shapes.size() >= 5);  // qkv, attention out, FFN or experts' neighbours, LM head, ...
+    for (const auto& [shape, align] : shapes) CHECK(align >= 16);
+    const cu::GemmTable table =
+        cu::tune_gemm_table(shapes, -std::numeric_limits<double>::infinity(), 1);
+    std::vector<cu::GemmShape> distinct;
+    for (const auto& [shape, align] : shapes)
+      if (shape.in == DType::bf16 &&
+          std::find(distinct.begin(), distinct.end(), shape) == distinct.end())
+        distinct.push_back(shape);
+    CHECK(table.entries.size() == distinct.size());
+    for (const auto& e : table.entries) CHECK(e.ms_chosen > 0);
+    listed.set_gemm_table(std::make_shared<const cu::GemmTable>(table));
+    const StepResult r1 = listed.train_step(b.inputs.data(), b.targets.data(), 0, OptimConfig{});
+    const cu::Blas::Counts c = listed.gemm_counts();
+    CHECK(c.from_table > 0);
+    CHECK(c.from_table == c.products);  // a bf16 model: every product is bf16 and listed
+    CHECK(plain.gemm_counts().from_table == 0);
+    CHECK(r1.flops.flops == r0.flops.flops);
+#ifdef MOEPLAN_CUDA_EMULATION
+    CHECK(r1.loss == r0.loss);
+    CHECK(listed.gradients() == plain.gradients());
+    CHECK(listed.parameters() == plain.parameters());
+#else
+    CHECK(std::abs(r1.loss - r0.loss) <= 2e-2 * std::abs(r0.loss));
+    CHECK(rel_err(listed.gradients(), plain.gradients()) < 2e-2);
+#endif
+  }
+}
+
+TEST_CASE("a GEMM table from elsewhere, or one cuBLASLt refuses, is an error, not a fallback") {
+  const Arch a = dense_arch();
+  ModelOptions opt;
+  cu::Model m(a, opt, 3, 2, DType::bf16);
+  m.record_gemm_shapes(true);
+  const Batch b = random_batch(2, a.seq_len, a.vocab, 5);
+  m.compute_gradients(b.inputs.data(), b.targets.data());
+  const cu::GemmTable good =
+      cu::tune_gemm_table(m.gemm_shapes(), -std::numeric_limits<double>::infinity(), 1);
+  REQUIRE_FALSE(good.entries.empty());
+  auto refused = [&](const cu::GemmTable& t, const std::string& names) {
+    try {
+      m.set_gemm_table(std::make_shared<const cu::GemmTable>(t));
+    } catch (const moeplan::InputError& e) {
+      const std::string what = e.what();
+      CHECK(what.find(names) != std::string::npos);
+      CHECK(what.find('\n') == std::string::npos);
+      return true;
+    }
+    return false;
+  };
+  cu::GemmTable other = good;
+  other.device = "a device of another kind";
+  CHECK(refused(other, "'a device of another kind'"));
+  other = good;
+  other.cublaslt_version += 1;
+  CHECK(refused(other, std::to_string(other.cublaslt_version)));
+  other = good;
+  other.workspace_bytes /= 2;
+  CHECK(refused(other, std::to_string(other.workspace_bytes)));
+  CHECK(m.gemm_counts().from_table == 0);  // none of them was taken
+#ifdef MOEPLAN_CUDA_EMULATION
+  // An algorithm cuBLASLt does not accept for its shape (the emulation's check knows its own
+  // three): refused at its first use, in one line. (On a GPU a made-up algorithm is left alone.)
+  other = good;
+  other.entries[0].algo[0] ^= 0xff;
+  m.set_gemm_table(std::make_shared<const cu::GemmTable>(other));
+  try {
+    m.compute_gradients(b.inputs.data(), b.targets.data());
+    FAIL("a refused algorithm ran");
+  } catch (const moeplan::InputError& e) {
+    CHECK(std::string(e.what()).find("refuses the listed algorithm") != std::string::npos);
+  }
+#endif
+}
+
+TEST_CASE("a GEMM table round-trips through its file; a malformed one names what is wrong") {
+  cu::GemmTable t;
+  t.device = "NVIDIA H200";
+  t.cublaslt_version = 130001;
+  t.workspace_bytes = 32u << 20;
+  cu::GemmTable::Entry e;
+  e.shape = {false, true, 8192, 2304, 768, 768, 768, 2304, DType::bf16, DType::f32};
+  e.algo = {0x1, 0xffffffffffffffffull, 0x0123456789abcdefull, 0, 7, 8, 9, 10};
+  e.align = 256;
+  e.ms_default = 0.163;
+  e.ms_chosen = 0.131;
+  t.entries.push_back(e);
+  e.shape = {true, false, 768, 3456, 8192, 768, 3456, 3456, DType::bf16, DType::bf16};
+  e.align = 16;
+  t.entries.push_back(e);
+  const auto dir = std::filesystem::temp_directory_path() / "moeplan-gemm-table-test";
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / "table.json").string();
+  cu::save_gemm_table(path, t);
+  const cu::GemmTable r = cu::load_gemm_table(path);
+  CHECK(r.device == t.device);
+  CHECK(r.cublaslt_version == t.cublaslt_version);
+  CHECK(r.workspace_bytes == t.workspace_bytes);
+  REQUIRE(r.entries.size() == 2);
+  for (size_t i = 0; i < 2; ++i) {
+    CHECK(r.entries[i].shape == t.entries[i].shape);
+    CHECK(r.entries[i].algo == t.entries[i].algo);
+    CHECK(r.entries[i].align == t.entries[i].align);
+    CHECK(r.entries[i].ms_chosen == t.entries[i].ms_chosen);
+  }
+  std::filesystem::remove_all(dir);
+
+  const std::string json = cu::gemm_table_json(t);
+  auto error_of = [](const std::string& text) -> std::string {
+    try {
+      cu::parse_gemm_table(text, "t.json");
+    } catch (const moeplan::InputError& x) {
+      return x.what();
+    }
+    return "(accepted)";
+  };
+  auto edited = [&](const std::string& from, const std::string& to) {
+    std::string s = json;
+    const size_t at = s.find(from);
+    REQUIRE(at != std::string::npos);
+    return s.replace(at, from.size(), to);
+  };
+  CHECK(error_of("{").find("t.json: not JSON") == 0);
+  CHECK(error_of(edited("moeplan-gemm-table-1", "x")).find("'format'") != std::string::npos);
+  CHECK(error_of(edited("\"m\": 8192", "\"m\": 0")) ==
+        "t.json: entry 1's 'm' must be a positive whole number");
+  CHECK(error_of(edited("\"in\": \"bf16\"", "\"in\": \"fp16\"")) ==
+        "t.json: entry 1's 'in' must be bf16 or f32");
+  CHECK(error_of(edited("\"0000000000000001\"", "\"0x1g\"")) ==
+        "t.json: entry 1's 'algo' must be a list of 8 hexadecimal words");
+  cu::GemmTable twice = t;
+  twice.entries[1] = twice.entries[0];
+  CHECK(error_of(cu::gemm_table_json(twice)).find("t.json: entry 2 (bf16 8192x2304x768") == 0);
+  CHECK(error_of(cu::gemm_table_json(twice)).find("must be listed once") != std::string::npos);
 }
 
 TEST_CASE("same seed, same data: bit-for-bit the same losses and weights; save/load resumes") {

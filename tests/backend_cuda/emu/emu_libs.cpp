@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "cublasLt.h"
 #include "cublas_v2.h"
 #include "cuda_runtime.h"
 #include "nccl.h"
@@ -252,6 +253,189 @@ cublasStatus_t cublasGemmGroupedBatchedEx(cublasHandle_t handle, const cublasOpe
       if (s != CUBLAS_STATUS_SUCCESS) return s;
     }
   return CUBLAS_STATUS_SUCCESS;
+}
+
+// ---- cuBLASLt
+// ------------------------------------------------------------------------------------
+struct cublasLtContext {};
+struct cublasLtMatmulDescOpaque {
+  cublasOperation_t ta = CUBLAS_OP_N, tb = CUBLAS_OP_N;
+};
+struct cublasLtMatrixLayoutOpaque {
+  cudaDataType_t type;
+  uint64_t rows, cols;
+  int64_t ld;
+};
+struct cublasLtMatmulPreferenceOpaque {
+  uint64_t max_workspace = 0;
+  uint32_t min_align = 256;  // cuBLASLt's default: operands 256-byte aligned
+};
+
+namespace {
+
+constexpr uint64_t kEmuAlgo = 0x6d6f65706c616e00;  // "moeplan\0": the emulation's algorithms
+constexpr int kEmuAlgos = 3;
+
+// m, n, k of D = op(A)·op(B) + C from the layouts, or false when they do not fit together.
+bool lt_shape(const cublasLtMatmulDescOpaque& d, const cublasLtMatrixLayoutOpaque& a,
+              const cublasLtMatrixLayoutOpaque& b, const cublasLtMatrixLayoutOpaque& c,
+              const cublasLtMatrixLayoutOpaque& dd, int* m, int* n, int* k) {
+  const uint64_t am = d.ta == CUBLAS_OP_N ? a.rows : a.cols,
+                 ak = d.ta == CUBLAS_OP_N ? a.cols : a.rows;
+  const uint64_t bk = d.tb == CUBLAS_OP_N ? b.rows : b.cols,
+                 bn = d.tb == CUBLAS_OP_N ? b.cols : b.rows;
+  if (ak != bk || c.rows != am || c.cols != bn || a.type != b.type || c.type != dd.type ||
+      c.rows != dd.rows || c.cols != dd.cols || c.ld != dd.ld)
+    return false;
+  for (const auto* l : {&a, &b, &c})
+    if (l->ld < int64_t(l->rows > 1 ? l->rows : 1)) return false;
+  *m = int(am);
+  *n = int(bn);
+  *k = int(ak);
+  return true;
+}
+
+uint32_t address_alignment(const void* p) {
+  const auto v = reinterpret_cast<uintptr_t>(p);
+  return v == 0 ? 256u : uint32_t(std::min<uintptr_t>(256, v & (~v + 1)));
+}
+
+}  // namespace
+
+std::size_t cublasLtGetVersion() {
+  return 900000;  // not a real cuBLASLt: a table tuned here is refused on a GPU, and one from
+                  // a GPU here
+}
+cublasStatus_t cublasLtCreate(cublasLtHandle_t* handle) {
+  *handle = new cublasLtContext;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtDestroy(cublasLtHandle_t handle) {
+  delete handle;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* desc, cublasComputeType_t compute,
+                                        cudaDataType_t scale) {
+  if (compute != CUBLAS_COMPUTE_32F || scale != CUDA_R_32F) return CUBLAS_STATUS_NOT_SUPPORTED;
+  *desc = new cublasLtMatmulDescOpaque;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t desc) {
+  delete desc;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc,
+                                              cublasLtMatmulDescAttributes_t attr, const void* buf,
+                                              std::size_t bytes) {
+  if (bytes != sizeof(cublasOperation_t)) return CUBLAS_STATUS_INVALID_VALUE;
+  const auto v = *static_cast<const cublasOperation_t*>(buf);
+  if (attr == CUBLASLT_MATMUL_DESC_TRANSA)
+    desc->ta = v;
+  else if (attr == CUBLASLT_MATMUL_DESC_TRANSB)
+    desc->tb = v;
+  else
+    return CUBLAS_STATUS_INVALID_VALUE;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* layout, cudaDataType_t type,
+                                          uint64_t rows, uint64_t cols, int64_t ld) {
+  if (!known(type)) return CUBLAS_STATUS_INVALID_VALUE;
+  *layout = new cublasLtMatrixLayoutOpaque{type, rows, cols, ld};
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t layout) {
+  delete layout;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t* pref) {
+  *pref = new cublasLtMatmulPreferenceOpaque;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t pref) {
+  delete pref;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t pref,
+                                                    cublasLtMatmulPreferenceAttributes_t attr,
+                                                    const void* buf, std::size_t bytes) {
+  if (attr == CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES && bytes == sizeof(uint64_t)) {
+    pref->max_workspace = *static_cast<const uint64_t*>(buf);
+    return CUBLAS_STATUS_SUCCESS;
+  }
+  if (attr >= CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES &&
+      attr <= CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES && bytes == sizeof(uint32_t)) {
+    // One figure for the four operands: the least asked for (what every algorithm offered takes).
+    pref->min_align = std::min(pref->min_align, *static_cast<const uint32_t*>(buf));
+    return CUBLAS_STATUS_SUCCESS;
+  }
+  return CUBLAS_STATUS_INVALID_VALUE;
+}
+// Three algorithms using 0, 1 and 2 MiB of workspace (those that fit the preference's), each
+// taking operands as little aligned as the preference says.
+cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDesc_t desc,
+                                              cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
+                                              cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t d,
+                                              cublasLtMatmulPreference_t pref, int requested,
+                                              cublasLtMatmulHeuristicResult_t results[],
+                                              int* returned) {
+  int m, n, k;
+  if (!lt_shape(*desc, *a, *b, *c, *d, &m, &n, &k)) return CUBLAS_STATUS_INVALID_VALUE;
+  *returned = 0;
+  for (int i = 0; i < kEmuAlgos && *returned < requested; ++i) {
+    const std::size_t ws = std::size_t(i) << 20;
+    if (ws > pref->max_workspace) continue;
+    cublasLtMatmulHeuristicResult_t& r = results[(*returned)++];
+    r = {};
+    r.algo.data[0] = kEmuAlgo + uint64_t(i);
+    r.algo.data[1] = pref->min_align;
+    r.workspaceSize = ws;
+    r.state = CUBLAS_STATUS_SUCCESS;
+    r.wavesCount = 1.f;
+  }
+  return *returned > 0 ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_NOT_SUPPORTED;
+}
+cublasStatus_t cublasLtMatmulAlgoCheck(cublasLtHandle_t, cublasLtMatmulDesc_t desc,
+                                       cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
+                                       cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t d,
+                                       const cublasLtMatmulAlgo_t* algo,
+                                       cublasLtMatmulHeuristicResult_t* result) {
+  int m, n, k;
+  if (!lt_shape(*desc, *a, *b, *c, *d, &m, &n, &k)) return CUBLAS_STATUS_INVALID_VALUE;
+  if (algo->data[0] < kEmuAlgo || algo->data[0] >= kEmuAlgo + kEmuAlgos)
+    return CUBLAS_STATUS_INVALID_VALUE;
+  *result = {};
+  result->algo = *algo;
+  result->workspaceSize = std::size_t(algo->data[0] - kEmuAlgo) << 20;
+  result->state = CUBLAS_STATUS_SUCCESS;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc, const void* alpha,
+                              const void* A, cublasLtMatrixLayout_t a, const void* B,
+                              cublasLtMatrixLayout_t b, const void* beta, const void* C,
+                              cublasLtMatrixLayout_t c, void* D, cublasLtMatrixLayout_t d,
+                              const cublasLtMatmulAlgo_t* algo, void* workspace,
+                              std::size_t workspace_bytes, cudaStream_t stream) {
+  cublasLtMatmulHeuristicResult_t r;
+  const cublasStatus_t ok = cublasLtMatmulAlgoCheck(handle, desc, a, b, c, d, algo, &r);
+  if (ok != CUBLAS_STATUS_SUCCESS) return ok;
+  if (r.workspaceSize > workspace_bytes || (r.workspaceSize > 0 && !workspace))
+    return CUBLAS_STATUS_INVALID_VALUE;
+  const uint32_t need = uint32_t(algo->data[1]);
+  for (const void* p : {A, B, C, static_cast<const void*>(D)})
+    if (address_alignment(p) < need) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (C != D) return CUBLAS_STATUS_NOT_SUPPORTED;  // the emulation multiplies in place only
+  int m, n, k;
+  lt_shape(*desc, *a, *b, *c, *d, &m, &n, &k);
+  const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
+  const cublasOperation_t ta = desc->ta, tb = desc->tb;
+  const cudaDataType_t at = a->type, bt = b->type, ct = c->type;
+  const int lda = int(a->ld), ldb = int(b->ld), ldc = int(c->ld);
+  if (moeplan_emu::defer(stream)) {
+    moeplan_emu::enqueue(
+        stream, [=] { gemm(ta, tb, m, n, k, al, A, at, lda, B, bt, ldb, be, D, ct, ldc); });
+    return CUBLAS_STATUS_SUCCESS;
+  }
+  return gemm(ta, tb, m, n, k, al, A, at, lda, B, bt, ldb, be, D, ct, ldc);
 }
 
 // ---- NCCL: one process per rank, ranks meet in a shared-memory file ----------------------------

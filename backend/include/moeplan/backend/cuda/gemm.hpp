@@ -1,8 +1,12 @@
 #pragma once
 // Matrix products through cuBLAS, in row-major terms, each recorded in a FlopLedger with the
 // shapes actually passed (2·M·N·K), the same (m, n, k) the CPU path records.
+#include <array>
+#include <compare>
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "moeplan/accounting/ledger.hpp"
 #include "moeplan/backend/cuda/device.hpp"
@@ -16,6 +20,48 @@ struct LedgerEntry {
   FlopCategory category = FlopCategory::projection;
   Phase phase = Phase::forward;
 };
+
+// One matrix product as Blas::gemm is asked for it (row-major, leading dimensions included):
+// what a GemmTable is keyed by.
+struct GemmShape {
+  bool trans_a = false, trans_b = false;
+  int64_t m = 0, n = 0, k = 0, lda = 0, ldb = 0, ldc = 0;
+  DType in = DType::bf16, out = DType::f32;
+  auto operator<=>(const GemmShape&) const = default;
+};
+std::string to_string(const GemmShape& s);  // "bf16 8192x2304x768 (A^T, fp32 out)" style
+
+// cuBLASLt algorithms for some bf16 products, chosen once by timing (tune_gemm_table) and then
+// fixed, so that every process of a run multiplies the same way and a run stays repeatable bit
+// for bit (choosing by timing in each process would not). An algorithm is only valid for the
+// cuBLASLt version, device and workspace it was chosen with: a table for another is refused.
+// Products the table does not list run through cublasGemmEx's default, as without a table.
+struct GemmTable {
+  struct Entry {
+    GemmShape shape;
+    std::array<uint64_t, 8> algo{};  // cublasLtMatmulAlgo_t, serialised as cuBLASLt allows
+    int64_t align = 16;              // the operands' address alignment (bytes) it was chosen for
+    double ms_default = 0;           // median ms through cublasGemmEx's default (for people)
+    double ms_chosen = 0;            // median ms through this algorithm
+  };
+  std::string device;             // the device name (cudaDeviceProp::name)
+  uint64_t cublaslt_version = 0;  // cublasLtGetVersion()
+  uint64_t workspace_bytes = 0;   // the workspace the algorithms may use
+  std::vector<Entry> entries;
+};
+std::string gemm_table_json(const GemmTable& table);
+// Throws InputError naming `what` (e.g. the file) and the field on a malformed table.
+GemmTable parse_gemm_table(const std::string& json, const std::string& what);
+GemmTable load_gemm_table(const std::string& path);
+void save_gemm_table(const std::string& path, const GemmTable& table);  // atomic
+
+// For each bf16 shape (others are skipped; each shape once): times cublasGemmEx's default and
+// cuBLASLt's heuristic candidates (up to 16, for the shape's alignment and the Blas workspace)
+// on random operands, median of `reps` after warm-up, and lists the fastest candidate when it
+// takes at most (1 - min_gain) of the default's time. `align`: each shape's operand alignment
+// in bytes (as Blas::shapes_seen reports it; 16 where missing).
+GemmTable tune_gemm_table(const std::vector<std::pair<GemmShape, int64_t>>& shapes,
+                          double min_gain = 0.03, int reps = 10);
 
 class Blas {
  public:
@@ -62,6 +108,20 @@ class Blas {
                     const void* const* dA, int64_t lda, const void* const* hB,
                     const void* const* dB, int64_t ldb, void* const* hC, void* const* dC,
                     int64_t ldc, float beta, DType in, DType out, int64_t count, bool loop);
+
+  // Products that `table` lists run through cuBLASLt with its algorithm (gemm() only; the
+  // batched and grouped calls are unaffected); null: none. Throws InputError when the table was
+  // chosen on another device, cuBLASLt version or workspace size, and when cuBLASLt refuses an
+  // entry's algorithm for its shape (checked at its first use).
+  void set_table(std::shared_ptr<const GemmTable> table);
+  // Whether gemm() remembers each shape it is asked for and its operands' least alignment.
+  void record_shapes(bool on);
+  std::vector<std::pair<GemmShape, int64_t>> shapes_seen() const;  // (shape, alignment in bytes)
+  struct Counts {
+    int64_t products = 0;    // gemm() calls that ran a product
+    int64_t from_table = 0;  // of which through the table's cuBLASLt algorithm
+  };
+  Counts counts() const;
 
  private:
   struct Impl;

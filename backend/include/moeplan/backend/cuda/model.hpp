@@ -13,6 +13,7 @@
 #include "moeplan/accounting/arch.hpp"
 #include "moeplan/accounting/ledger.hpp"
 #include "moeplan/backend/cuda/device.hpp"
+#include "moeplan/backend/cuda/gemm.hpp"
 #include "moeplan/backend/model.hpp"
 
 namespace moeplan::backend::cuda {
@@ -137,6 +138,15 @@ class Model {
   // second cuBLAS workspace (32 MiB) and a T·Dm residual-gradient buffer, taken when first set.
   void set_weight_grad_overlap(bool on);
   bool weight_grad_overlap() const;  // whether a step overlaps them now
+  // cuBLASLt algorithms for the products a GemmTable lists (Blas::set_table; null: none), on
+  // both streams. Throws InputError for a table chosen on another device or cuBLASLt version.
+  void set_gemm_table(std::shared_ptr<const GemmTable> table);
+  // Whether the products remember their shapes from now on (for tune_gemm_table), and what they
+  // remembered: each (shape, least operand alignment in bytes), both streams' (a shape may come
+  // twice). gemm_counts: the products run and how many went through the table.
+  void record_gemm_shapes(bool on);
+  std::vector<std::pair<GemmShape, int64_t>> gemm_shapes() const;
+  Blas::Counts gemm_counts() const;
   std::vector<std::pair<std::string, double>> profile_ms_per_step() const;
   size_t device_bytes() const;
 
