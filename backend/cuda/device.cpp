@@ -2,6 +2,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <stdexcept>
@@ -134,6 +135,11 @@ SideStream::SideStream() {
   check_cuda(cudaEventCreateWithFlags(&b, cudaEventDisableTiming), "cudaEventCreateWithFlags");
   forked_ = a;
   done_ = b;
+  for (void*& slot : slots_) {
+    cudaEvent_t e = nullptr;
+    check_cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    slot = e;
+  }
 }
 
 SideStream::~SideStream() {
@@ -141,6 +147,8 @@ SideStream::~SideStream() {
   if (stream_) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
   if (forked_) cudaEventDestroy(static_cast<cudaEvent_t>(forked_));
   if (done_) cudaEventDestroy(static_cast<cudaEvent_t>(done_));
+  for (void* slot : slots_)
+    if (slot) cudaEventDestroy(static_cast<cudaEvent_t>(slot));
 }
 
 void SideStream::fork() {
@@ -153,6 +161,19 @@ void SideStream::join() {
   const auto e = static_cast<cudaEvent_t>(done_);
   check_cuda(cudaEventRecord(e, static_cast<cudaStream_t>(stream_)), "cudaEventRecord (join)");
   check_cuda(cudaStreamWaitEvent(nullptr, e, 0), "cudaStreamWaitEvent");
+  std::fill(std::begin(marked_), std::end(marked_), false);
+}
+
+void SideStream::mark(int slot) {
+  const auto e = static_cast<cudaEvent_t>(slots_[slot]);
+  check_cuda(cudaEventRecord(e, static_cast<cudaStream_t>(stream_)), "cudaEventRecord (mark)");
+  marked_[slot] = true;
+}
+
+void SideStream::wait(int slot) {
+  if (!marked_[slot]) return;
+  check_cuda(cudaStreamWaitEvent(nullptr, static_cast<cudaEvent_t>(slots_[slot]), 0),
+             "cudaStreamWaitEvent");
 }
 
 }  // namespace moeplan::backend::cuda

@@ -182,6 +182,10 @@ struct Model::Impl {
   std::unique_ptr<Blas> side_blas;
   DeviceBuffer side_dact, side_dh13, dresid_mm_attn;
   bool wgrad_side = false;  // this backward's weight gradients go to the side stream
+  // The side stream's fence slots (SideStream::mark/wait) while they do: the buffer each slot's
+  // weight-gradient product reads.
+  enum : int { kReadsDresid, kReadsDh13, kReadsDresidAttn, kReadsDqkv };
+  static_assert(SideStream::kSlots >= 4);
   bool overlapping() const { return overlap_shared && side_dact.data() && !prof.on; }
   bool overlapping_wgrad() const { return overlap_wgrad && dresid_mm_attn.data() && !prof.on; }
   // What Model::set_gemm_table and record_gemm_shapes asked, for both handles.
@@ -1166,13 +1170,17 @@ struct Model::Impl {
     Blas& b = on.blas ? *on.blas : blas;
     void* da = on.stream ? side_dact.data() : dact.data();
     void* dh = on.stream ? side_dh13.data() : dh13.data();
+    const bool fenced = wgrad_side && !on.blas;  // its weight gradients on the side stream
     // dresid_mm holds d(out) as product input; da (T,F) in mm feeds only the SwiGLU backward.
     b.gemm(rec(lg, cat, Phase::input_grad), false, true, Tp, F, Dm, dresid_mm.data(), Dm, Wm(w2),
            Dm, da, F, 0.f, mm, mm);
     weight_grad_on(on.blas).gemm(rec(lg, cat, Phase::weight_grad), true, false, F, Dm, Tp, act, F,
                                  dresid_mm.data(), Dm, G(w2), Dm, 1.f, mm);
+    if (fenced) side->mark(kReadsDresid);
+    if (fenced) side->wait(kReadsDh13);  // the later layer's W13 gradient still reads dh13
     k::swiglu_backward(dh, mm, da, h13, Tp, F, on.stream);
     matmul_backward(dln.as<float>(), false, w13, dh, ln, Tp, Dm, 2 * F, lg, cat, on.blas);
+    if (fenced) side->mark(kReadsDh13);
   }
 
   void moe_backward(int64_t l, FlopLedger& lg) {
@@ -1258,8 +1266,12 @@ struct Model::Impl {
     lg.elementwise += elementwise_per_pass(Bp);  // the backward kernels mirror them
     // With the weight gradients beside: the FFN's read dresid_mm and dh13, attention-out's
     // dresid_mm_attn (the norm2 backward writes there instead, so that the FFN's is still
-    // dresid_mm's), qkv's dqkv_mm; the default stream waits for them all before the norm1
-    // backward writes dresid_mm for the next layer, so none is overwritten while still read.
+    // dresid_mm's), qkv's dqkv_mm. Each buffer has a fence slot (kReads*): marked after the
+    // product that reads it is issued to the side stream, waited for right before the default
+    // stream next writes the buffer (this layer's norm1 backward for dresid_mm; the next layer's
+    // SwiGLU or routed backward, norm2 backward and attention backward for the others). So a
+    // layer's qkv and attention-out gradients run beside the next layer's FFN backward; all are
+    // joined before the embedding backward.
     wgrad_side = overlapping_wgrad();
     void* dresid_attn = wgrad_side ? dresid_mm_attn.data() : dresid_mm.data();
     // dln holds d(objective)/d(lnf) from the forward's chunked LM head backward.
@@ -1273,18 +1285,23 @@ struct Model::Impl {
     for (int64_t l = L - 1; l >= 0; --l) {
       const LayerParams& q = lp[size_t(l)];
       Acts& x = acts[size_t(l)];
-      if (l < a.dense_layers)
+      if (l < a.dense_layers) {
         swiglu_ffn_backward(x.ln2.data(), x.h13.data(), x.act.data(), q.w13, q.w2, Dffn, lg,
                             FlopCategory::dense_ffn);
-      else
+      } else {
+        if (wgrad_side) side->wait(kReadsDh13);  // the routed backward writes dh13 too
         moe_backward(l, lg);
+      }
       prof.mark(l < a.dense_layers ? "bwd dense ffn" : "bwd moe rest");
+      if (wgrad_side) side->wait(kReadsDresidAttn);  // the later layer's attention-out gradient
       k::rmsnorm_backward(dresid.as<float>(), G(q.norm2), dln.as<float>(), x.mid.as<float>(),
                           P(q.norm2), x.rstd2.as<float>(), Tp, Dm, col_scratch.as<float>(),
                           dresid_attn, mm);
       matmul_backward_mm(datty_mm.data(), q.attn_out, dresid_attn, x.atty.data(), Tp, H * Dh, Dm,
                          lg, FlopCategory::projection);
+      if (wgrad_side) side->mark(kReadsDresidAttn);
       prof.mark("bwd norm2 + out proj");
+      if (wgrad_side) side->wait(kReadsDqkv);  // the later layer's qkv gradient reads dqkv_mm
       attention_backward(x, lg);
       prof.mark("bwd attention core");
       if (!dqkv_direct())
@@ -1292,12 +1309,16 @@ struct Model::Impl {
                                 rope ? rope_table.as<float>() : nullptr, Bp, S, H, Hkv, Dh);
       matmul_backward(dln.as<float>(), false, q.qkv, dqkv_mm.data(), x.ln1.data(), Tp, Dm, W, lg,
                       FlopCategory::projection);
-      if (wgrad_side) side->join();
+      if (wgrad_side) {
+        side->mark(kReadsDqkv);
+        side->wait(kReadsDresid);  // this layer's W2 gradient reads the dresid_mm norm1 writes
+      }
       k::rmsnorm_backward(dresid.as<float>(), G(q.norm1), dln.as<float>(), x.resid_in.as<float>(),
                           P(q.norm1), x.rstd1.as<float>(), Tp, Dm, col_scratch.as<float>(),
                           l > 0 ? dresid_mm.data() : nullptr, mm);  // layer 0: the embedding
       prof.mark("bwd qkv + norm1");  // per layer: else the next layer's ffn phase takes it
     }
+    if (wgrad_side) side->join();  // every weight gradient, before anything reads them
     wgrad_side = false;
     k::embedding_backward(G(embedding), dresid.as<float>(), emb_ids.as<int32_t>(),
                           emb_seg.as<int32_t>(), emb_pos.as<int32_t>(), emb_unique, Dm);

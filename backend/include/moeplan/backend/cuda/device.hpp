@@ -97,11 +97,19 @@ class SideStream {
   void* handle() const { return stream_; }
   void fork();
   void join();
+  // Finer fences than join(), one event a slot: mark(slot) records the side stream's work issued
+  // so far; wait(slot) makes the default stream wait for the slot's last mark (nothing when it
+  // has none since the last join(), which covers everything).
+  static constexpr int kSlots = 4;
+  void mark(int slot);
+  void wait(int slot);
 
  private:
   void* stream_ = nullptr;
   void* forked_ = nullptr;  // events
   void* done_ = nullptr;
+  void* slots_[kSlots] = {};
+  bool marked_[kSlots] = {};
 };
 
 }  // namespace moeplan::backend::cuda
