@@ -203,10 +203,12 @@ void Blas::gemm(const LedgerEntry& rec, bool transA, bool transB, int64_t M, int
       cublasLtMatmulHeuristicResult_t checked{};
       if (cublasLtMatmulAlgoCheck(impl_->lt, plan->desc, plan->a, plan->b, plan->c, plan->c, &algo,
                                   &checked) != CUBLAS_STATUS_SUCCESS ||
-          checked.workspaceSize > impl_->workspace.bytes())
+          checked.workspaceSize > impl_->workspace.bytes()) {
+        impl_->plans.erase(shape);  // checked again if asked again
         throw InputError(fmt::format(
             "gemm table: cuBLASLt refuses the listed algorithm for {} (tune the table again)",
             to_string(shape)));
+      }
     }
     check_blas(cublasLtMatmul(impl_->lt, plan->desc, &alpha, B, plan->a, A, plan->b, &beta, C,
                               plan->c, C, plan->c, &algo, impl_->workspace.data(),
@@ -448,7 +450,7 @@ GemmTable tune_gemm_table(const std::vector<std::pair<GemmShape, int64_t>>& shap
   check_lt(cublasLtCreate(&lt), "cublasLtCreate");
   std::map<GemmShape, int64_t> todo;
   for (const auto& [s, align] : shapes)
-    if (s.in == DType::bf16) {
+    if (s.in == DType::bf16 && s.k > 0) {  // (a product of depth 0 only scales C)
       auto [it, fresh] = todo.emplace(s, align);
       if (!fresh) it->second = std::min(it->second, align);
     }

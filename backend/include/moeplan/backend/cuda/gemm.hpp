@@ -55,11 +55,11 @@ GemmTable parse_gemm_table(const std::string& json, const std::string& what);
 GemmTable load_gemm_table(const std::string& path);
 void save_gemm_table(const std::string& path, const GemmTable& table);  // atomic
 
-// For each bf16 shape (others are skipped; each shape once): times cublasGemmEx's default and
-// cuBLASLt's heuristic candidates (up to 16, for the shape's alignment and the Blas workspace)
-// on random operands, median of `reps` after warm-up, and lists the fastest candidate when it
-// takes at most (1 - min_gain) of the default's time. `align`: each shape's operand alignment
-// in bytes (as Blas::shapes_seen reports it; 16 where missing).
+// For each bf16 shape of positive depth (others are skipped; each shape once): times
+// cublasGemmEx's default and cuBLASLt's heuristic candidates (up to 16, for the shape's alignment
+// and the Blas workspace) on random operands, median of `reps` after warm-up, and lists the
+// fastest candidate when it takes at most (1 - min_gain) of the default's time. The int of each
+// pair: the shape's least operand alignment in bytes, as Blas::shapes_seen reports it.
 GemmTable tune_gemm_table(const std::vector<std::pair<GemmShape, int64_t>>& shapes,
                           double min_gain = 0.03, int reps = 10);
 
