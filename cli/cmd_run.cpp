@@ -276,9 +276,10 @@ const bool registered = register_command(
                       "cpu or cuda (default: the manifest's [train].device)");
        app.add_option("--kernels", f->kernels,
                       "cuda only: attention=auto|cublas|fused|fused_mma|fused_mma_wide, "
-                      "experts=auto|grouped|loop|tiled|batched, logits=auto|<rows> (default: auto "
-                      "for each: fused_mma and tiled in bf16 where they apply, LM head chunks of "
-                      "8192 rows; docs/running.md)");
+                      "experts=auto|grouped|loop|tiled|batched, logits=auto|<rows>, "
+                      "gemm=auto|<table.json> (default: auto for each: fused_mma and tiled in "
+                      "bf16 where they apply, LM head chunks of 8192 rows, no GEMM table; "
+                      "docs/running.md)");
        app.add_option("--checkpoint-every", f->checkpoint_every,
                       "steps between checkpoints (default: the manifest's, else ~20 per point)");
        app.add_option("--threads", f->threads, "CPU threads (0: the default)");

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "moeplan/backend/cuda/attention.hpp"
 #include "moeplan/backend/cuda/comm.hpp"
 #include "moeplan/backend/cuda/device.hpp"
+#include "moeplan/backend/cuda/gemm.hpp"
 #include "moeplan/backend/cuda/model.hpp"
 #include "moeplan/backend/engine.hpp"
 
@@ -114,11 +116,59 @@ class CudaEngine final : public Engine {
                                        comm_.get(), *kernels_.attention, sharded_,
                                        kernels_.logit_rows);
       model_->set_expert_path(*kernels_.experts);
+      if (!kernels_.gemm_table.empty()) gemm_note_ = use_gemm_table(kernels_.gemm_table);
     } catch (const DeviceOutOfMemory& e) {
       throw InputError(out_of_memory_message(e, r, local_batch_, kernels_,
                                              sharded_ ? info_.world_size : 1));
     }
     request_ = r;
+  }
+
+  // --kernels gemm=FILE: the GEMM table in FILE (a new one when there is none yet), with the
+  // point's products it does not list tuned and added first, so that every step of the point,
+  // and every later run given FILE, multiplies the same way. One forward and backward on a batch
+  // of token 0 records the products (it leaves no weight, moment or ledger changed; the first
+  // step zeroes the gradients). Returns what describe() says of it.
+  std::string use_gemm_table(const std::string& path) {
+    std::error_code ec;
+    const bool exists = std::filesystem::exists(path, ec);
+    GemmTable table;
+    if (exists) {
+      table = load_gemm_table(path);
+      model_->set_gemm_table(std::make_shared<const GemmTable>(table));  // refuses a foreign one
+    }
+    model_->record_gemm_shapes(true);
+    const std::vector<int32_t> tokens(size_t(local_batch_ * seq_len_), 0);
+    model_->compute_gradients(tokens.data(), tokens.data());
+    model_->record_gemm_shapes(false);
+    const auto shapes = model_->gemm_shapes();
+    const auto missing = untuned_shapes(table, shapes);
+    if (!missing.empty()) {
+      if (info_.world_size > 1)  // ranks timing apart could choose apart
+        throw InputError(fmt::format(
+            "--kernels gemm={}: the table does not list {} of this point's matrix-product shapes, "
+            "and data-parallel ranks must not time them each on their own; add them in one "
+            "process first (the same command without --nproc or WORLD_SIZE, e.g. with "
+            "--estimate 1)",
+            path, missing.size()));
+      GemmTable tuned = tune_gemm_table(missing, 0.03, 20);
+      if (exists)
+        table.entries.insert(table.entries.end(), tuned.entries.begin(), tuned.entries.end());
+      else
+        table = std::move(tuned);
+      save_gemm_table(path, table);
+      model_->set_gemm_table(std::make_shared<const GemmTable>(table));
+    }
+    int64_t listed = 0, by_lt = 0;
+    for (const auto& e : table.entries)
+      if (std::any_of(shapes.begin(), shapes.end(),
+                      [&](const auto& p) { return p.first == e.shape; })) {
+        ++listed;
+        by_lt += e.lt;
+      }
+    return fmt::format(", GEMM table {}: {} of the point's {} product shapes through cuBLASLt{}",
+                       path, by_lt, listed,
+                       missing.empty() ? "" : fmt::format(" ({} tuned now)", missing.size()));
   }
   std::string device() const override { return "cuda"; }
   std::string kernels() const override { return to_string(kernels_); }
@@ -199,16 +249,15 @@ class CudaEngine final : public Engine {
   int64_t pass_seqs() const override { return model_->pass_seqs(); }
   std::string describe() const override {
     const int64_t rows = model_->pass_seqs() * seq_len_;
-    return fmt::format("cuda{}: {} of the device's {} for passes of {} sequences ({}{}{})",
-                       info_.world_size > 1 ? fmt::format(" rank 0 of {}", info_.world_size) : "",
-                       bytes_text(double(device_bytes_in_use())),
-                       bytes_text(double(device_memory().second)),
-                       model_->pass_seqs(), to_string(kernels_),
-                       model_->logit_rows() < rows
-                           ? fmt::format(", LM head in chunks of {} of {} rows",
-                                         model_->logit_rows(), rows)
-                           : "",
-                       sharded_ ? ", optimizer sharded" : "");
+    return fmt::format(
+        "cuda{}: {} of the device's {} for passes of {} sequences ({}{}{}{})",
+        info_.world_size > 1 ? fmt::format(" rank 0 of {}", info_.world_size) : "",
+        bytes_text(double(device_bytes_in_use())), bytes_text(double(device_memory().second)),
+        model_->pass_seqs(), to_string(kernels_),
+        model_->logit_rows() < rows
+            ? fmt::format(", LM head in chunks of {} of {} rows", model_->logit_rows(), rows)
+            : "",
+        sharded_ ? ", optimizer sharded" : "", gemm_note_);
   }
   bool any_rank(bool flag) override {
     if (!comm_ || info_.world_size == 1) return flag;
@@ -221,6 +270,7 @@ class CudaEngine final : public Engine {
   RankInfo info_;
   EngineRequest request_;
   KernelChoice kernels_;
+  std::string gemm_note_;  // describe()'s words on the GEMM table, if any
   int64_t local_batch_ = 0, batch_ = 0, seq_len_ = 0;
   bool sharded_ = false;
   FlopLedger eval_ledger_;  // data parallel: the job's evaluation products

@@ -112,6 +112,9 @@ struct Blas::Impl {
   std::map<GemmShape, std::unique_ptr<LtProduct>> plans;  // made at each shape's first use
   bool recording = false;
   std::map<GemmShape, int64_t> seen;  // shape -> least operand alignment
+  // Inside gemm_grouped's per-expert loop: the shapes follow the routing, so they are neither
+  // recorded nor looked up (cublasGemmEx's default, as documented for experts=loop).
+  bool per_expert = false;
   Counts counts;
 };
 
@@ -150,11 +153,12 @@ void Blas::set_table(std::shared_ptr<const GemmTable> table) {
     throw InputError(fmt::format(
         "gemm table: chosen on '{}' with cuBLASLt {} and a {}-byte workspace, but this process "
         "has '{}', cuBLASLt {} and {} bytes; its algorithms are valid only where they were "
-        "chosen (tune a table on this machine: bench_gpu --gemm-tune FILE)",
+        "chosen (tune one here: --kernels gemm=<a new file>, or bench_gpu --gemm-tune FILE)",
         table->device, table->cublaslt_version, table->workspace_bytes, name, version,
         impl_->workspace.bytes()));
   if (!impl_->lt) check_lt(cublasLtCreate(&impl_->lt), "cublasLtCreate");
-  for (const GemmTable::Entry& e : table->entries) impl_->listed[e.shape] = &e;
+  for (const GemmTable::Entry& e : table->entries)
+    if (e.lt) impl_->listed[e.shape] = &e;
   impl_->table = std::move(table);
 }
 
@@ -186,11 +190,12 @@ void Blas::gemm(const LedgerEntry& rec, bool transA, bool transB, int64_t M, int
   ++impl_->counts.products;
   const GemmShape shape{transA, transB, M, N, K, lda, ldb, ldc, in, out};
   const int64_t align = std::min({alignment(A), alignment(B), alignment(C)});
-  if (impl_->recording) {
+  if (impl_->recording && !impl_->per_expert) {
     auto [it, fresh] = impl_->seen.emplace(shape, align);
     if (!fresh) it->second = std::min(it->second, align);
   }
-  if (const auto hit = impl_->listed.find(shape); hit != impl_->listed.end()) {
+  if (const auto hit = impl_->per_expert ? impl_->listed.end() : impl_->listed.find(shape);
+      hit != impl_->listed.end()) {
     const GemmTable::Entry& e = *hit->second;
     if (align < e.align)  // the algorithm may assume more: refuse rather than risk a fault
       throw std::logic_error(fmt::format(
@@ -259,6 +264,11 @@ void Blas::gemm_grouped(const LedgerEntry& rec, bool transA, bool transB, const 
     for (int64_t g = 0; g < count; ++g)
       rec.ledger->add_gemm(rec.category, rec.phase, M[g], N[g], K[g]);
   if (loop) {  // recorded above: the single products record nothing
+    struct PerExpert {
+      bool& flag;
+      explicit PerExpert(bool& f) : flag(f) { flag = true; }
+      ~PerExpert() { flag = false; }
+    } per_expert(impl_->per_expert);
     for (int64_t g = 0; g < count; ++g)
       gemm({}, transA, transB, M[g], N[g], K[g], hA[g], lda, hB[g], ldb, hC[g], ldc, beta, in,
            out);
@@ -281,6 +291,24 @@ void Blas::gemm_grouped(const LedgerEntry& rec, bool transA, bool transB, const 
                                         cuda_type(in), lb.data(), betas.data(), dC, cuda_type(out),
                                         lc.data(), int(count), sizes.data(), CUBLAS_COMPUTE_32F),
              "cublasGemmGroupedBatchedEx");
+}
+
+std::vector<std::pair<GemmShape, int64_t>> untuned_shapes(
+    const GemmTable& table, const std::vector<std::pair<GemmShape, int64_t>>& shapes) {
+  std::vector<std::pair<GemmShape, int64_t>> out;
+  for (const auto& [s, align] : shapes) {
+    if (s.in != DType::bf16 || s.k <= 0 ||
+        std::any_of(table.entries.begin(), table.entries.end(),
+                    [&](const GemmTable::Entry& e) { return e.shape == s; }))
+      continue;
+    const auto seen =
+        std::find_if(out.begin(), out.end(), [&](const auto& q) { return q.first == s; });
+    if (seen == out.end())
+      out.emplace_back(s, align);
+    else
+      seen->second = std::min(seen->second, align);  // the least alignment it is asked with
+  }
+  return out;
 }
 
 // ---- GEMM tables: saved as JSON, chosen by timing --------------------------------------------
@@ -307,8 +335,12 @@ std::string gemm_table_json(const GemmTable& t) {
     r["in"] = dtype_name(e.shape.in);
     r["out"] = dtype_name(e.shape.out);
     r["align"] = e.align;
-    auto& algo = r["algo"] = nlohmann::ordered_json::array();
-    for (uint64_t w : e.algo) algo.push_back(fmt::format("{:016x}", w));
+    if (e.lt) {
+      auto& algo = r["algo"] = nlohmann::ordered_json::array();
+      for (uint64_t w : e.algo) algo.push_back(fmt::format("{:016x}", w));
+    } else {
+      r["algo"] = nullptr;  // cublasGemmEx's default kept
+    }
     r["ms_default"] = e.ms_default;
     r["ms_chosen"] = e.ms_chosen;
     j["entries"].push_back(std::move(r));
@@ -366,9 +398,11 @@ GemmTable parse_gemm_table(const std::string& text, const std::string& what) {
       if (v != "bf16" && v != "f32") throw bad(fmt::format("{}'s '{}'", at, k), "bf16 or f32");
       *type = v == "bf16" ? DType::bf16 : DType::f32;
     }
-    if (!r.contains("algo") || !r["algo"].is_array() || r["algo"].size() != 8)
-      throw bad(fmt::format("{}'s 'algo'", at), "a list of 8 hexadecimal words");
-    for (size_t w = 0; w < 8; ++w) {
+    if (!r.contains("algo") || !(r["algo"].is_null() || r["algo"].size() == 8))
+      throw bad(fmt::format("{}'s 'algo'", at),
+                "a list of 8 hexadecimal words, or null (cublasGemmEx's default)");
+    e.lt = !r["algo"].is_null();
+    for (size_t w = 0; e.lt && w < 8; ++w) {
       const std::string h = r["algo"][w].is_string() ? r["algo"][w].get<std::string>() : "";
       size_t used = 0;
       try {
@@ -377,7 +411,8 @@ GemmTable parse_gemm_table(const std::string& text, const std::string& what) {
         used = 0;
       }
       if (h.empty() || used != h.size())
-        throw bad(fmt::format("{}'s 'algo'", at), "a list of 8 hexadecimal words");
+        throw bad(fmt::format("{}'s 'algo'", at),
+                  "a list of 8 hexadecimal words, or null (cublasGemmEx's default)");
     }
     e.ms_default = r.value("ms_default", 0.0);
     e.ms_chosen = r.value("ms_chosen", 0.0);
@@ -514,8 +549,9 @@ GemmTable tune_gemm_table(const std::vector<std::pair<GemmShape, int64_t>>& shap
           std::copy(found[i].algo.data, found[i].algo.data + 8, best.algo.begin());
         }
       }
-      if (best.ms_chosen > 0 && base > 0 && best.ms_chosen <= (1.0 - min_gain) * base)
-        t.entries.push_back(best);
+      best.lt = best.ms_chosen > 0 && base > 0 && best.ms_chosen <= (1.0 - min_gain) * base;
+      if (!best.lt) best.algo = {};
+      t.entries.push_back(best);
     }
   } catch (...) {
     cublasLtDestroy(lt);

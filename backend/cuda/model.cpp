@@ -1769,7 +1769,7 @@ static int64_t parse_logit_rows(const std::string& value) {
 
 KernelChoice parse_kernel_choice(const std::string& spec) {
   KernelChoice k;
-  constexpr const char* kNames = "attention, experts, logits";
+  constexpr const char* kNames = "attention, experts, logits, gemm";
   std::vector<std::string> seen;
   size_t pos = 0;
   while (pos < spec.size()) {
@@ -1781,7 +1781,7 @@ KernelChoice parse_kernel_choice(const std::string& spec) {
     if (eq == std::string::npos || value.empty())
       throw InputError(
           fmt::format("--kernels: '{}' is not name=value (valid names: {})", item, kNames));
-    const bool known = key == "attention" || key == "experts" || key == "logits";
+    const bool known = key == "attention" || key == "experts" || key == "logits" || key == "gemm";
     if (!known || std::find(seen.begin(), seen.end(), key) != seen.end())
       throw InputError(fmt::format("--kernels: '{}' {} (valid names, each at most once: {})", key,
                                    known ? "is given twice" : "is not a kernel name", kNames));
@@ -1790,18 +1790,21 @@ KernelChoice parse_kernel_choice(const std::string& spec) {
       k.attention = value == "auto" ? std::nullopt : std::optional(lookup(kAttention, key, value));
     else if (key == "experts")
       k.experts = value == "auto" ? std::nullopt : std::optional(lookup(kExperts, key, value));
-    else
+    else if (key == "logits")
       k.logit_rows = parse_logit_rows(value);
+    else
+      k.gemm_table = value == "auto" ? "" : value;
     pos = end + 1;
   }
   return k;
 }
 
 std::string to_string(const KernelChoice& k) {
-  return fmt::format("attention={},experts={}{}",
+  return fmt::format("attention={},experts={}{}{}",
                      k.attention ? name_of(kAttention, *k.attention) : "auto",
                      k.experts ? name_of(kExperts, *k.experts) : "auto",
-                     k.logit_rows > 0 ? fmt::format(",logits={}", k.logit_rows) : "");
+                     k.logit_rows > 0 ? fmt::format(",logits={}", k.logit_rows) : "",
+                     k.gemm_table.empty() ? "" : ",gemm=" + k.gemm_table);
 }
 
 KernelChoice resolve_kernels(const KernelChoice& asked, int64_t head_dim, DType matmul) {

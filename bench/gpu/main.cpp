@@ -519,7 +519,7 @@ int main(int argc, char** argv) {
         "\"tokens_per_second_consumed\": {}, \"tflops_exact_causal\": {}, "
         "\"tflops_executed\": {}, \"kernels\": \"{}\", \"micro_batch\": {}, \"logit_rows\": {}}}",
         first ? "" : ", ", name, pc.total_params, pc.active_params, t, tokens / t, tf_useful,
-        tf_exec, cu::to_string(cu::KernelChoice{p.attention, p.experts, 0}), p.micro_batch,
+        tf_exec, cu::to_string(cu::KernelChoice{p.attention, p.experts, 0, ""}), p.micro_batch,
         model.logit_rows());
     first = false;
     // Written after every point, so that a later point that fails keeps the earlier ones.
@@ -531,14 +531,19 @@ int main(int argc, char** argv) {
     // 20 calls do not tell them apart reliably.
     const cu::GemmTable t = cu::tune_gemm_table(tune_shapes, 0.03, 20);
     cu::save_gemm_table(tune_path, t);
+    const auto faster =
+        std::count_if(t.entries.begin(), t.entries.end(), [](const auto& e) { return e.lt; });
     std::printf(
-        "\nGEMM table (%s, cuBLASLt %llu): %zu of the products' shapes faster through a "
-        "cuBLASLt candidate than cublasGemmEx's default (kept: at least 3 %% faster)\n\n"
-        "| product | default ms | cuBLASLt ms | saved |\n|---|---|---|---|\n",
-        tune_path.c_str(), (unsigned long long)t.cublaslt_version, t.entries.size());
+        "\nGEMM table (%s, cuBLASLt %llu): %zu of the %zu product shapes faster through "
+        "a cuBLASLt candidate than cublasGemmEx's default (taken when at least 3 %% "
+        "faster)\n\n| product | default ms | best cuBLASLt ms | saved | taken |\n"
+        "|---|---|---|---|---|\n",
+        tune_path.c_str(), (unsigned long long)t.cublaslt_version, size_t(faster),
+        t.entries.size());
     for (const auto& e : t.entries)
-      std::printf("| %s | %.4f | %.4f | %.1f %% |\n", cu::to_string(e.shape).c_str(), e.ms_default,
-                  e.ms_chosen, 100 * (1 - e.ms_chosen / e.ms_default));
+      std::printf("| %s | %.4f | %.4f | %.1f %% | %s |\n", cu::to_string(e.shape).c_str(),
+                  e.ms_default, e.ms_chosen, 100 * (1 - e.ms_chosen / e.ms_default),
+                  e.lt ? "yes" : "no");
   }
   return 0;
 }

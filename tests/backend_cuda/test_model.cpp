@@ -822,6 +822,30 @@ TEST_CASE("a GEMM table runs the products it lists through cuBLASLt: the same st
   }
 }
 
+TEST_CASE("a GEMM table leaves the per-expert products alone: their shapes follow the routing") {
+  // experts=loop runs one product per expert through Blas::gemm, shaped by that step's routing:
+  // recorded, they would be tuned for one routing and met by chance later. Its recorded shapes
+  // must be those of the tiled experts (whose products are our own kernels, not Blas's).
+  const Arch a = moe_arch();
+  ModelOptions opt;
+  auto shapes_of = [&](cu::ExpertPath path) {
+    cu::Model m(a, opt, 4, 2, DType::bf16);
+    m.set_expert_path(path);
+    m.record_gemm_shapes(true);
+    const Batch b = random_batch(2, a.seq_len, a.vocab, 8);
+    m.compute_gradients(b.inputs.data(), b.targets.data());
+    std::vector<cu::GemmShape> s;
+    for (const auto& [shape, align] : m.gemm_shapes()) s.push_back(shape);
+    std::sort(s.begin(), s.end());
+    s.erase(std::unique(s.begin(), s.end()), s.end());
+    return std::pair{s, m.gemm_counts().products};
+  };
+  const auto [loop, loop_products] = shapes_of(cu::ExpertPath::loop);
+  const auto [tiled, tiled_products] = shapes_of(cu::ExpertPath::tiled);
+  CHECK(loop == tiled);
+  CHECK(loop_products > tiled_products);  // the per-expert products ran, unrecorded
+}
+
 TEST_CASE("a GEMM table from elsewhere, or one cuBLASLt refuses, is an error, not a fallback") {
   const Arch a = dense_arch();
   ModelOptions opt;
@@ -883,6 +907,10 @@ TEST_CASE("a GEMM table round-trips through its file; a malformed one names what
   e.shape = {true, false, 768, 3456, 8192, 768, 3456, 3456, DType::bf16, DType::bf16};
   e.align = 16;
   t.entries.push_back(e);
+  e.shape.m = 512;  // tuned, cublasGemmEx's default kept
+  e.lt = false;
+  e.algo = {};
+  t.entries.push_back(e);
   const auto dir = std::filesystem::temp_directory_path() / "moeplan-gemm-table-test";
   std::filesystem::create_directories(dir);
   const std::string path = (dir / "table.json").string();
@@ -891,9 +919,10 @@ TEST_CASE("a GEMM table round-trips through its file; a malformed one names what
   CHECK(r.device == t.device);
   CHECK(r.cublaslt_version == t.cublaslt_version);
   CHECK(r.workspace_bytes == t.workspace_bytes);
-  REQUIRE(r.entries.size() == 2);
-  for (size_t i = 0; i < 2; ++i) {
+  REQUIRE(r.entries.size() == 3);
+  for (size_t i = 0; i < 3; ++i) {
     CHECK(r.entries[i].shape == t.entries[i].shape);
+    CHECK(r.entries[i].lt == t.entries[i].lt);
     CHECK(r.entries[i].algo == t.entries[i].algo);
     CHECK(r.entries[i].align == t.entries[i].align);
     CHECK(r.entries[i].ms_chosen == t.entries[i].ms_chosen);
@@ -922,7 +951,9 @@ TEST_CASE("a GEMM table round-trips through its file; a malformed one names what
   CHECK(error_of(edited("\"in\": \"bf16\"", "\"in\": \"fp16\"")) ==
         "t.json: entry 1's 'in' must be bf16 or f32");
   CHECK(error_of(edited("\"0000000000000001\"", "\"0x1g\"")) ==
-        "t.json: entry 1's 'algo' must be a list of 8 hexadecimal words");
+        "t.json: entry 1's 'algo' must be a list of 8 hexadecimal words, or null (cublasGemmEx's "
+        "default)");
+  CHECK(json.find("\"algo\": null") != std::string::npos);
   cu::GemmTable twice = t;
   twice.entries[1] = twice.entries[0];
   CHECK(error_of(cu::gemm_table_json(twice)).find("t.json: entry 2 (bf16 8192x2304x768") == 0);

@@ -8,6 +8,7 @@
 #include <unistd.h>
 #include <cstdio>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <filesystem>
@@ -618,6 +619,65 @@ TEST_CASE("moeplan run --device cuda (emulated): the CPU's tokens and ledger, ke
   CHECK_MESSAGE(est.out.find("x 12 steps + 1 evaluations x ") != std::string::npos, est.out);
   CHECK_MESSAGE(est.out.find("estimate for 1 point(s) on cuda: ") != std::string::npos, est.out);
   CHECK_FALSE(fs::exists(dir / "estimate"));
+}
+
+// --kernels gemm=FILE on the emulated device: the first run tunes the point's products into a new
+// table, a later run reads it unchanged; the emulation's cuBLASLt multiplies as its cublasGemmEx
+// does, so the loss curve must equal the run without a table bit for bit (on a GPU another
+// algorithm sums in another order).
+TEST_CASE("moeplan run --device cuda --kernels gemm=FILE (emulated): tuned once, then the same") {
+  const fs::path dir = fresh_dir("cuda_gemm_table");
+  write_manifest_atomic(tiny_manifest(tiny_plan("dense", true, 6, 4, 40, 3e-3, 16),
+                                      {tiny_plan("moe-a", false, 6, 4, 40, 3e-3, 16)}),
+                        dir / "sweep.toml");
+  const std::string sweep = (dir / "sweep.toml").string(), table = (dir / "t.json").string();
+  auto run = [&](const std::string& out, const std::string& kernels) {
+    std::vector<std::string> args = {"run",     sweep,   "--out",    (dir / out).string(),
+                                     "--point", "moe-a", "--device", "cuda"};
+    if (!kernels.empty()) args.insert(args.end(), {"--kernels", kernels});
+    return run_cli(args, MOEPLAN_EMULATED_BINARY);
+  };
+  const Result plain = run("plain", "");
+  REQUIRE_MESSAGE(plain.status == 0, plain.err);
+  const json want = record(dir / "plain", "moe-a");
+
+  const Result first = run("first", "gemm=" + table);
+  REQUIRE_MESSAGE(first.status == 0, first.err);
+  REQUIRE(fs::exists(table));
+  const json t = json::parse(read_file(table));
+  CHECK(t["format"] == "moeplan-gemm-table-1");
+  CHECK(t["entries"].size() >= 5);  // qkv, attention out, shared expert, router, LM head, ...
+  CHECK_MESSAGE(first.out.find(", GEMM table " + table + ": ") != std::string::npos, first.out);
+  CHECK_MESSAGE(first.out.find(fmt::format(" product shapes through cuBLASLt ({} tuned now)",
+                                           t["entries"].size())) != std::string::npos,
+                first.out);
+  const json got = record(dir / "first", "moe-a");
+  CHECK(got["kernels"] == "attention=fused_mma,experts=tiled,gemm=" + table);
+  CHECK(got["loss_curve"] == want["loss_curve"]);
+  CHECK(got["measured"]["flops"] == want["measured"]["flops"]);
+
+  const std::string bytes = read_file(table);
+  const Result again = run("again", "gemm=" + table);
+  REQUIRE_MESSAGE(again.status == 0, again.err);
+  CHECK(read_file(table) == bytes);  // nothing left to tune: the file is not rewritten
+  CHECK(again.out.find("tuned now") == std::string::npos);
+  CHECK(record(dir / "again", "moe-a")["loss_curve"] == want["loss_curve"]);
+
+  // A table chosen elsewhere is refused in one line, before any step; the file stays as it was.
+  json foreign = json::parse(bytes);
+  foreign["device"] = "NVIDIA H200";
+  const std::string other = (dir / "other.json").string();
+  write_file_atomic(other, foreign.dump());
+  const Result refused = run("refused", "gemm=" + other);
+  CHECK(refused.status != 0);
+  CHECK_MESSAGE(refused.err.find("gemm table: chosen on 'NVIDIA H200'") != std::string::npos,
+                refused.err);
+  CHECK(std::count(refused.err.begin(), refused.err.end(), '\n') == 1);
+  CHECK(read_file(other) == foreign.dump());
+  CHECK_FALSE(fs::exists(dir / "refused" / "moe-a" / "record.json"));
+  const Result empty = run("empty", "gemm=");
+  CHECK(empty.status != 0);
+  CHECK_MESSAGE(empty.err.find("'gemm=' is not name=value") != std::string::npos, empty.err);
 }
 
 // Data parallelism end to end: `moeplan run --device cuda` as two processes with WORLD_SIZE=2,

@@ -39,6 +39,9 @@ std::string to_string(const GemmShape& s);  // "bf16 8192x2304x768 (A^T, fp32 ou
 struct GemmTable {
   struct Entry {
     GemmShape shape;
+    // Whether the shape runs through cuBLASLt with `algo`; false: tuned, and cublasGemmEx's
+    // default kept (no candidate saved enough), so that tuning it again cannot change a run.
+    bool lt = true;
     std::array<uint64_t, 8> algo{};  // cublasLtMatmulAlgo_t, serialised as cuBLASLt allows
     int64_t align = 16;              // the operands' address alignment (bytes) it was chosen for
     double ms_default = 0;           // median ms through cublasGemmEx's default (for people)
@@ -58,10 +61,14 @@ void save_gemm_table(const std::string& path, const GemmTable& table);  // atomi
 // For each bf16 shape of positive depth (others are skipped; each shape once): times
 // cublasGemmEx's default and cuBLASLt's heuristic candidates (up to 16, for the shape's alignment
 // and the Blas workspace) on random operands, median of `reps` after warm-up, and lists the
-// fastest candidate when it takes at most (1 - min_gain) of the default's time. The int of each
-// pair: the shape's least operand alignment in bytes, as Blas::shapes_seen reports it.
+// fastest candidate when it takes at most (1 - min_gain) of the default's time, else the shape
+// with lt = false. The int of each pair: the shape's least operand alignment in bytes, as
+// Blas::shapes_seen reports it.
 GemmTable tune_gemm_table(const std::vector<std::pair<GemmShape, int64_t>>& shapes,
                           double min_gain = 0.03, int reps = 10);
+// The shapes tune_gemm_table would time that `table` does not list yet.
+std::vector<std::pair<GemmShape, int64_t>> untuned_shapes(
+    const GemmTable& table, const std::vector<std::pair<GemmShape, int64_t>>& shapes);
 
 class Blas {
  public:
@@ -110,8 +117,9 @@ class Blas {
                     int64_t ldc, float beta, DType in, DType out, int64_t count, bool loop);
 
   // Products that `table` lists run through cuBLASLt with its algorithm (gemm() only; the
-  // batched and grouped calls are unaffected); null: none. Throws InputError when the table was
-  // chosen on another device, cuBLASLt version or workspace size, and when cuBLASLt refuses an
+  // batched and grouped calls, gemm_grouped's per-product loop included, are neither looked up
+  // nor recorded: their shapes follow the routing); null: none. Throws InputError when the table
+  // was chosen on another device, cuBLASLt version or workspace size, and when cuBLASLt refuses an
   // entry's algorithm for its shape (checked at its first use).
   void set_table(std::shared_ptr<const GemmTable> table);
   // Whether gemm() remembers each shape it is asked for and its operands' least alignment.

@@ -42,14 +42,17 @@ enum class ExpertPath { grouped, loop, tiled, batched };
 inline constexpr int64_t kLogitRowsAuto = 8192;
 
 // The kernel choice of a run, from EngineRequest::kernels: "attention=fused_mma,experts=tiled,
-// logits=2048"; any key may be left out or given as `auto`. `logits` is the LM head's chunk in
-// rows (a positive count, or `auto` for kLogitRowsAuto). Anything else is an InputError naming
-// the valid spellings. to_string gives the canonical form: attention and experts always (`auto`
-// while unresolved), logits only when a row count was asked for.
+// logits=2048,gemm=table.json"; any key may be left out or given as `auto`. `logits` is the LM
+// head's chunk in rows (a positive count, or `auto` for kLogitRowsAuto). `gemm` names a GEMM
+// table file (gemm.hpp; `auto`: none): the engine tunes the point's products that the file does
+// not list yet, adds them to it, and runs the listed ones through cuBLASLt. Anything else is an
+// InputError naming the valid spellings. to_string gives the canonical form: attention and
+// experts always (`auto` while unresolved), logits and gemm only when asked for.
 struct KernelChoice {
   std::optional<AttentionPath> attention;  // unset: automatic (resolve_kernels)
   std::optional<ExpertPath> experts;       // unset: automatic
   int64_t logit_rows = 0;                  // 0: kLogitRowsAuto
+  std::string gemm_table;                  // empty: no table (cublasGemmEx's defaults)
 };
 KernelChoice parse_kernel_choice(const std::string& spec);
 // The automatic choices made: the kernels measured fastest on an H200 that can run the point
