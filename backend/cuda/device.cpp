@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "check.hpp"
 
@@ -50,6 +51,16 @@ void set_device(int device) {
 
 void synchronize() {
   check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+}
+
+std::vector<uint16_t> random_bf16(size_t n, uint64_t seed) {
+  std::vector<uint16_t> h(n);
+  uint64_t x = seed;
+  for (auto& v : h) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    v = float_to_bf16(float(int64_t(x >> 40) % 2001 - 1000) / 1000.f);
+  }
+  return h;
 }
 
 uint16_t float_to_bf16(float x) {

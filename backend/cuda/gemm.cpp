@@ -459,17 +459,6 @@ double median_ms(Run&& run, int reps) {
   return ms[ms.size() / 2];
 }
 
-// n bf16 values in [-1, 1] (random operands: zeros multiply faster than real data).
-std::vector<uint16_t> random_operand(size_t n, uint64_t seed) {
-  std::vector<uint16_t> h(n);
-  uint64_t x = seed;
-  for (auto& v : h) {
-    x = x * 6364136223846793005ull + 1442695040888963407ull;
-    v = float_to_bf16(float(int64_t(x >> 40) % 2001 - 1000) / 1000.f);
-  }
-  return h;
-}
-
 }  // namespace
 
 GemmTable tune_gemm_table(const std::vector<std::pair<GemmShape, int64_t>>& shapes, double min_gain,
@@ -497,8 +486,8 @@ GemmTable tune_gemm_table(const std::vector<std::pair<GemmShape, int64_t>>& shap
                     b_elems = (s.trans_b ? s.n : s.k) * s.ldb, c_elems = s.m * s.ldc;
       DeviceBuffer A(size_t(a_elems) * 2), B(size_t(b_elems) * 2),
           C(size_t(c_elems) * (s.out == DType::f32 ? 4 : 2));
-      const std::vector<uint16_t> ha = random_operand(size_t(a_elems), 1 + uint64_t(s.m)),
-                                  hb = random_operand(size_t(b_elems), 7 + uint64_t(s.n));
+      const std::vector<uint16_t> ha = random_bf16(size_t(a_elems), 1 + uint64_t(s.m)),
+                                  hb = random_bf16(size_t(b_elems), 7 + uint64_t(s.n));
       A.upload(ha.data(), ha.size() * 2);
       B.upload(hb.data(), hb.size() * 2);
       C.fill_zero();

@@ -64,21 +64,10 @@ double gemm_ms(cu::Blas& blas, bool ta, bool tb, int64_t M, int64_t N, int64_t K
   return median(ms);
 }
 
-// n bf16 values uniform in [-1, 1] (random inputs: zeros run faster than real data).
-std::vector<uint16_t> random_bf16(size_t n, uint64_t seed) {
-  std::vector<uint16_t> h(n);
-  uint64_t x = seed;
-  for (auto& v : h) {
-    x = x * 6364136223846793005ull + 1442695040888963407ull;
-    v = cu::float_to_bf16(float(int64_t(x >> 40) % 2001 - 1000) / 1000.f);
-  }
-  return h;
-}
-
 // bf16 8192³ through the same wrapper the model uses, fp32 out: the measured ceiling.
 double gemm_ceiling_tflops() {
   const int64_t n = 8192;
-  const std::vector<uint16_t> h = random_bf16(size_t(n * n), 12345);
+  const std::vector<uint16_t> h = cu::random_bf16(size_t(n * n), 12345);
   cu::DeviceBuffer A(h.size() * 2), B(h.size() * 2), C(size_t(n * n) * 4);
   A.upload(h.data(), h.size() * 2);
   B.upload(h.data(), h.size() * 2);
@@ -181,7 +170,7 @@ std::string gemm_shapes_table(const char* model, int64_t T, const std::vector<Pr
   size_t most = 0;
   for (const Product& p : products)
     most = std::max({most, size_t(T * p.C), size_t(T * p.OC), size_t(p.C * p.OC)});
-  const std::vector<uint16_t> h = random_bf16(most, 777);
+  const std::vector<uint16_t> h = cu::random_bf16(most, 777);
   cu::DeviceBuffer A(most * 2), B(most * 2), C(most * 4);
   A.upload(h.data(), most * 2);
   B.upload(h.data(), most * 2);

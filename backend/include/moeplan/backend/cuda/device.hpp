@@ -6,6 +6,7 @@
 #include <stdexcept>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace moeplan::backend::cuda {
 
@@ -37,6 +38,9 @@ inline std::size_t dtype_size(DType t) {
 // bf16 conversions for host-side references (round to nearest even, as the device does).
 uint16_t float_to_bf16(float x);
 float bf16_to_float(uint16_t x);
+// n bf16 values in [-1, 1] from `seed` (operands for timing products: zeros multiply faster than
+// real data).
+std::vector<uint16_t> random_bf16(size_t n, uint64_t seed);
 
 // The current device's free and total memory in bytes (cudaMemGetInfo).
 std::pair<std::size_t, std::size_t> device_memory();
