@@ -674,6 +674,10 @@ template <class S>
 void Model<S>::freeze_erc_noise(bool frozen) {
   impl_->erc_frozen = frozen;
 }
+template <class S>
+std::array<uint64_t, 4> Model<S>::rng_state() const {
+  return impl_->rng.state();
+}
 
 namespace {
 constexpr char kStateMagic[8] = {'M', 'O', 'E', 'P', 'C', 'P', 'U', '1'};

@@ -127,8 +127,8 @@ class CudaEngine final : public Engine {
   // --kernels gemm=FILE: the GEMM table in FILE (a new one when there is none yet), with the
   // point's products it does not list tuned and added first, so that every step of the point,
   // and every later run given FILE, multiplies the same way. One forward and backward on a batch
-  // of token 0 records the products (it leaves no weight, moment or ledger changed; the first
-  // step zeroes the gradients). Returns what describe() says of it.
+  // of token 0 records the products (it leaves no weight, moment, ledger or generator state
+  // changed; the first step zeroes the gradients). Returns what describe() says of it.
   std::string use_gemm_table(const std::string& path) {
     std::error_code ec;
     const bool exists = std::filesystem::exists(path, ec);
@@ -139,7 +139,9 @@ class CudaEngine final : public Engine {
     }
     model_->record_gemm_shapes(true);
     const std::vector<int32_t> tokens(size_t(local_batch_ * seq_len_), 0);
+    const auto rng = model_->rng_state();  // the probe's ERC noise draws are given back
     model_->compute_gradients(tokens.data(), tokens.data());
+    model_->set_rng_state(rng);
     model_->record_gemm_shapes(false);
     const auto shapes = model_->gemm_shapes();
     const auto missing = untuned_shapes(table, shapes);

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <stdexcept>
 
 #include "async_copy.cuh"
 #include "check.hpp"
@@ -1058,6 +1059,147 @@ __global__ void adamw4_kernel(float* p, bf16* p_mm, float* m, float* v, const fl
   if (p_mm) store4(p_mm + 4 * i, w);
 }
 
+// ---- the expert-router coupling loss -------------------------------------------------------
+
+__device__ __forceinline__ double warp_sum_double(double x) {
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+
+// Block per router row i (blockDim a multiple of 32, ≤ 1024): each warp takes rows j in turn and
+// finds its squared distance to row i (lanes over the columns, in double); the smallest over
+// the warps is exact whatever the order. Then δ and rt.
+__global__ void erc_noise_kernel(float* delta, float* rt, const float* router, const double* u,
+                                 int64_t E, int64_t D) {
+  const int64_t i = blockIdx.x;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  const float* ri = router + i * D;
+  double nearest = INFINITY, own = 0;
+  for (int64_t j = warp; j < E; j += warps) {
+    const float* rj = router + j * D;
+    double s = 0;
+    for (int64_t c = lane; c < D; c += 32) {
+      const double d = double(ri[c]) - double(rj[c]);
+      s += d * d;
+    }
+    s = warp_sum_double(s);
+    if (j != i) nearest = fmin(nearest, s);
+  }
+  if (warp == 0) {
+    for (int64_t c = lane; c < D; c += 32) own += double(ri[c]) * double(ri[c]);
+    own = warp_sum_double(own);
+  }
+  __shared__ double part[32];
+  __syncthreads();
+  if (lane == 0) part[warp] = nearest;
+  __syncthreads();
+  __shared__ double eps_row;
+  if (threadIdx.x == 0) {
+    double n = INFINITY;
+    for (int w = 0; w < warps; ++w) n = fmin(n, part[w]);
+    const double norm = sqrt(own);
+    eps_row = (E > 1 && norm > 0) ? sqrt(n) / (2.0 * norm) : 0.0;
+  }
+  __syncthreads();
+  const double eps = eps_row;
+  for (int64_t c = threadIdx.x; c < D; c += blockDim.x) {
+    const float dl = float(1.0 - eps + 2.0 * eps * u[i * D + c]);
+    delta[i * D + c] = dl;
+    rt[i * D + c] = ri[c] * dl;
+  }
+}
+
+// n = D·E·De elements of wg (D, E·De); element (d, j·De + c) of it is element (d, c) of expert
+// j's w13 (D, 2·De).
+__global__ void erc_gather_gate_kernel(float* wg, const float* w13, int64_t stride, int64_t E,
+                                       int64_t D, int64_t De) {
+  const int64_t n = D * E * De;
+  for (int64_t q = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; q < n;
+       q += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t d = q / (E * De), r = q % (E * De), j = r / De, c = r % De;
+    wg[q] = w13[j * stride + d * 2 * De + c];
+  }
+}
+
+// Each gradient element is added to by one thread: no order to fix.
+__global__ void erc_scatter_gate_grad_kernel(float* dw13, const float* dwg, int64_t stride,
+                                             int64_t E, int64_t D, int64_t De) {
+  const int64_t n = D * E * De;
+  for (int64_t q = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; q < n;
+       q += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t d = q / (E * De), r = q % (E * De), j = r / De, c = r % De;
+    dw13[j * stride + d * 2 * De + c] += dwg[q];
+  }
+}
+
+// Warp per (i, j): the norm of one De-wide block of act's row i.
+__global__ void erc_norms_kernel(float* m, const float* act, int64_t E, int64_t De) {
+  const int64_t q = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  if (q >= E * E) return;
+  const int lane = threadIdx.x & 31;
+  const int64_t i = q / E, j = q % E;
+  const float* a = act + i * E * De + j * De;
+  float s = 0.f;
+  for (int64_t c = lane; c < De; c += 32) s += a[c] * a[c];
+  s = warp_sum(s);
+  if (lane == 0) m[q] = sqrtf(s);
+}
+
+// One block. Thread a owns row a of dm: the off-diagonal entries get w per active hinge they
+// enter (at most two: against either end's diagonal), the diagonal w·α subtracted per active
+// hinge of row a, in the CPU's order (j ascending, its [i,j] hinge before its [j,i] one). The
+// loss: per-row sums in double, then the rows in order.
+__global__ void erc_hinge_kernel(double* loss, float* dm, const float* m, int64_t E, double alpha,
+                                 double coef, double grad_weight) {
+  extern __shared__ double row_loss[];
+  const double w = grad_weight * coef / double(E * E);
+  const float wf = float(w), waf = float(w * alpha);
+  for (int64_t i = threadIdx.x; i < E; i += blockDim.x) {
+    const double diag = alpha * double(m[i * E + i]);
+    double s = 0;
+    float dd = 0.f;
+    for (int64_t j = 0; j < E; ++j) {
+      if (j == i) continue;
+      const double a = double(m[i * E + j]) - diag, b = double(m[j * E + i]) - diag;
+      if (a > 0) {
+        s += a;
+        dd -= waf;
+      }
+      if (b > 0) {
+        s += b;
+        dd -= waf;
+      }
+      const double dj = alpha * double(m[j * E + j]);  // entry [i,j] against row j's diagonal
+      dm[i * E + j] = float(a > 0) * wf + float(double(m[i * E + j]) - dj > 0) * wf;
+    }
+    dm[i * E + i] = dd;
+    row_loss[i] = s;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double s = 0;
+    for (int64_t i = 0; i < E; ++i) s += row_loss[i];
+    *loss = coef * s / double(E * E);
+  }
+}
+
+__global__ void erc_scale_kernel(float* act, const float* m, const float* dm, int64_t E,
+                                 int64_t De) {
+  const int64_t n = E * E * De;
+  for (int64_t q = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; q < n;
+       q += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t ij = q / De;  // = i·E + j: act's row i, block j
+    const float mv = m[ij];
+    act[q] *= mv > 0.f ? dm[ij] / mv : 0.f;
+  }
+}
+
+__global__ void erc_router_grad_kernel(float* drouter, const float* drt, const float* delta,
+                                       int64_t n) {
+  const int64_t q = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (q < n) drouter[q] += drt[q] * delta[q];
+}
+
 }  // namespace
 
 void cast(void* out, DType mm, const float* in, int64_t n) {
@@ -1425,6 +1567,57 @@ void adamw(float* params, uint16_t* params_mm, float* m, float* v, const float* 
                                                      norm, n - done, a);
     check_launch("adamw");
   }
+}
+
+void erc_noise(float* delta, float* rt, const float* router, const double* u, int64_t E,
+               int64_t D) {
+  if (E == 0) return;
+  erc_noise_kernel<<<unsigned(E), 256>>>(delta, rt, router, u, E, D);
+  check_launch("erc_noise");
+}
+
+namespace {
+unsigned grid_for(int64_t n) {  // grid-stride kernels: enough blocks to fill the device
+  return unsigned(std::clamp<int64_t>((n + 255) / 256, 1, 4096));
+}
+}  // namespace
+
+void erc_gather_gate(float* wg, const float* w13, int64_t stride, int64_t E, int64_t D,
+                     int64_t De) {
+  erc_gather_gate_kernel<<<grid_for(D * E * De), 256>>>(wg, w13, stride, E, D, De);
+  check_launch("erc_gather_gate");
+}
+
+void erc_scatter_gate_grad(float* dw13, const float* dwg, int64_t stride, int64_t E, int64_t D,
+                           int64_t De) {
+  erc_scatter_gate_grad_kernel<<<grid_for(D * E * De), 256>>>(dw13, dwg, stride, E, D, De);
+  check_launch("erc_scatter_gate_grad");
+}
+
+void erc_norms(float* m, const float* act, int64_t E, int64_t De) {
+  if (E == 0) return;
+  erc_norms_kernel<<<blocks_for(E * E, 8), 256>>>(m, act, E, De);
+  check_launch("erc_norms");
+}
+
+void erc_hinge(double* loss, float* dm, const float* m, int64_t E, double alpha, double coef,
+               double grad_weight) {
+  if (E > 6144)  // its row sums live in shared memory: 8 bytes an expert, at most 48 KB
+    throw std::invalid_argument("erc_hinge: at most 6144 experts");
+  erc_hinge_kernel<<<1, 256, size_t(std::max<int64_t>(E, 1)) * sizeof(double)>>>(loss, dm, m, E,
+                                                                                  alpha, coef, grad_weight);
+  check_launch("erc_hinge");
+}
+
+void erc_scale(float* act, const float* m, const float* dm, int64_t E, int64_t De) {
+  erc_scale_kernel<<<grid_for(E * E * De), 256>>>(act, m, dm, E, De);
+  check_launch("erc_scale");
+}
+
+void erc_router_grad(float* drouter, const float* drt, const float* delta, int64_t n) {
+  if (n == 0) return;
+  erc_router_grad_kernel<<<blocks_for(n, 256), 256>>>(drouter, drt, delta, n);
+  check_launch("erc_router_grad");
 }
 
 }  // namespace moeplan::backend::cuda::kernels

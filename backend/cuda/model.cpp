@@ -15,6 +15,7 @@
 #include <numeric>
 
 #include "../cpu/layers.hpp"
+#include "../cpu/rng.hpp"
 #include "check.hpp"
 #include "moeplan/accounting/error.hpp"
 #include "moeplan/backend/cuda/attention.hpp"
@@ -243,6 +244,13 @@ struct Model::Impl {
     Phase phase;
   };
   std::vector<TiledProduct> tiled_pending;
+  // The expert-router coupling loss (ModelOptions::erc_loss): the CPU reference's generator,
+  // continued (the noise is drawn on the host in the CPU's order), and scratch shared by the MoE
+  // layers, taken at construction when the loss is on.
+  cpu::Rng rng;
+  std::vector<double> erc_u_host;
+  DeviceBuffer erc_u, erc_delta, erc_rt, erc_drt, erc_wg, erc_dwg, erc_act, erc_m, erc_dm,
+      erc_losses;
   Profiler prof;
   // Per-step outputs.
   std::vector<int64_t> routed;
@@ -279,12 +287,11 @@ struct Model::Impl {
       throw InputError(
           fmt::format("capacity_factor {} is not supported by the cuda device (dropless only)",
                       o.capacity_factor));
-    if (o.erc_loss > 0)
-      throw InputError(fmt::format(
-          "erc_loss {} is not supported by the cuda device (use --device cpu)", o.erc_loss));
-    // The CPU reference validates the options and gives the layout and the initial weights.
+    // The CPU reference validates the options and gives the layout, the initial weights and the
+    // generator's state after drawing them (the ERC noise continues from it).
     backend::Model<float> ref(arch, o, seed, 1);
     tensors = ref.tensors();
+    rng.state() = ref.rng_state();
     step_B = batch_seqs;
     B = o.micro_batch_seqs > 0 ? std::min(o.micro_batch_seqs, batch_seqs) : batch_seqs;
     S = a.seq_len;
@@ -362,6 +369,7 @@ struct Model::Impl {
       slopes.upload(sf.data(), sf.size() * 4);
     }
     allocate_activations();
+    if (erc_on()) allocate_erc();
   }
 
   int64_t offset_of(const std::string& name) const {
@@ -1020,6 +1028,67 @@ struct Model::Impl {
                           float(opt.load_balance), float(opt.z_loss), col_scratch.as<float>());
   }
 
+  bool erc_on() const { return opt.erc_loss > 0 && a.moe_layers() > 0; }
+  void allocate_erc() {
+    check_expert_stride();  // the gate projections are gathered at one stride
+    const int64_t n_moe = a.moe_layers();
+    erc_u_host.resize(size_t(n_moe * E * Dm));
+    erc_u = alloc(erc_u_host.size() * 8);
+    erc_delta = alloc_f(E * Dm);
+    erc_rt = alloc_f(E * Dm);
+    erc_drt = alloc_f(E * Dm);
+    erc_wg = alloc_f(Dm * E * De);
+    erc_dwg = alloc_f(Dm * E * De);
+    erc_act = alloc_f(E * E * De);
+    erc_m = alloc_f(E * E);
+    erc_dm = alloc_f(E * E);
+    erc_losses = alloc(size_t(n_moe) * 8);
+  }
+  // The ERC loss of every MoE layer (the CPU's erc_forward_backward), once a step before the
+  // passes, as on the CPU: its gradients go into the zeroed gradients first. Each layer's expert
+  // gate projections are gathered side by side into wg (Dm, E·De), so each of the CPU's E
+  // products per phase is one product here (the same FLOPs, booked under aux-loss); fp32 products
+  // whatever the model's matrix type. The losses stay on the device until erc_losses is read.
+  // Under data parallelism every rank draws the noise (so the generators stay equal) and rank 0
+  // alone computes the loss, its gradients weighted by the world size W (the ranks' gradients are
+  // then averaged): the job executes and books its products once, as one process would.
+  void erc_step(FlopLedger& lg, bool compute, float grad_weight) {
+    for (double& u : erc_u_host) u = rng.uniform();  // layer, row, column: the CPU's order
+    if (!compute) return;
+    erc_u.upload(erc_u_host.data(), erc_u_host.size() * 8);
+    float *rt = erc_rt.as<float>(), *drt = erc_drt.as<float>(), *wg = erc_wg.as<float>(),
+          *dwg = erc_dwg.as<float>(), *act = erc_act.as<float>(), *m = erc_m.as<float>(),
+          *dm = erc_dm.as<float>();
+    const int64_t N = E * De;
+    for (int64_t l = a.dense_layers; l < L; ++l) {
+      const int64_t mi = l - a.dense_layers;
+      const LayerParams& q = lp[size_t(l)];
+      k::erc_noise(erc_delta.as<float>(), rt, P(q.router), erc_u.as<double>() + mi * E * Dm, E, Dm);
+      k::erc_gather_gate(wg, P(q.expert_w13[0]), expert_stride, E, Dm, De);
+      // act (E, E·De) = rt (E, Dm) · wg (Dm, E·De); m[i,j] = ‖block j of act's row i‖
+      blas.gemm(rec(lg, FlopCategory::aux_loss, Phase::forward), false, false, E, N, Dm, rt, Dm, wg,
+                N, act, N, 0.f, DType::f32);
+      k::erc_norms(m, act, E, De);
+      k::erc_hinge(erc_losses.as<double>() + mi, dm, m, E, opt.erc_alpha, opt.erc_loss,
+                   grad_weight);
+      k::erc_scale(act, m, dm, E, De);  // act now holds d loss / d act
+      // drt (E, Dm) = dact · wg^T;  dwg (Dm, E·De) = rt^T · dact
+      blas.gemm(rec(lg, FlopCategory::aux_loss, Phase::input_grad), false, true, E, Dm, N, act, N,
+                wg, N, drt, Dm, 0.f, DType::f32);
+      blas.gemm(rec(lg, FlopCategory::aux_loss, Phase::weight_grad), true, false, Dm, N, E, rt, Dm,
+                act, N, dwg, N, 0.f, DType::f32);
+      k::erc_scatter_gate_grad(G(q.expert_w13[0]), dwg, expert_stride, E, Dm, De);
+      k::erc_router_grad(G(q.router), drt, erc_delta.as<float>(), E * Dm);
+    }
+  }
+  double erc_losses_sum() const {  // in layer order, as the CPU sums them
+    std::vector<double> v(size_t(a.moe_layers()));
+    erc_losses.download(v.data(), v.size() * 8);
+    double s = 0;
+    for (double x : v) s += x;
+    return s;
+  }
+
   void upload_tokens(const int32_t* inputs, const int32_t* tgts, int64_t Tn) {
     tokens.upload(inputs, size_t(Tn) * 4);
     targets.upload(tgts, size_t(Tn) * 4);
@@ -1349,12 +1418,18 @@ struct Model::Impl {
     grads.fill_zero();
     FlopLedger lg;
     std::fill(routed.begin(), routed.end(), 0);
+    const int world = comm ? comm->info().world_size : 1;
+    const bool erc_here = erc_on() && (!comm || comm->info().rank == 0);
+    if (erc_on()) {
+      prof.mark("zero grads");
+      erc_step(lg, erc_here, float(world));
+      prof.mark("erc loss");
+    }
     // Cross-entropy gradient scale: 1/(the job's loss-bearing targets), times W under data
     // parallelism, where the gradients are then averaged over the W ranks; so the gradient is
     // that of the mean over every target of the job however the ranks and passes split it.
     // Auxiliary losses: each pass's weighs by its share of the job's sequences (W·n_p/n_job
     // before the average over ranks); one rank in one pass gets weight 1.
-    const int world = comm ? comm->info().world_size : 1;
     job_seqs = step_B;
     int64_t job_bearing = bearing;
     if (world > 1) {
@@ -1391,17 +1466,18 @@ struct Model::Impl {
     aux_grad_w = 1;
     last_ce_sum = ce_sum;
     const double ce = bearing > 0 ? ce_sum / double(bearing) : 0.0;
+    const double erc = erc_here ? erc_losses_sum() : 0.0;
     if (r) {
       r->loss = ce;
       r->aux_load_balance = lb;
       r->aux_z = z;
-      r->aux_erc = 0;
+      r->aux_erc = erc;
       r->flops = lg;
       r->routed_per_moe_layer = routed;
       r->dropped_assignments = 0;
       r->loss_bearing_targets = bearing;
     }
-    return ce + lb + z;
+    return ce + lb + z + erc;
   }
 
   void reduce_over_ranks(StepResult& r) {
@@ -1413,10 +1489,11 @@ struct Model::Impl {
     else
       comm->all_reduce_mean(grads.as<float>(), n_params);
     const double share = double(step_B) / double(job_seqs);
-    std::vector<double> d = {last_ce_sum, r.aux_load_balance * share, r.aux_z * share};
+    std::vector<double> d = {last_ce_sum, r.aux_load_balance * share, r.aux_z * share, r.aux_erc};
     comm->all_reduce_sum_host(d.data(), int64_t(d.size()));
     r.aux_load_balance = d[1];
     r.aux_z = d[2];
+    r.aux_erc = d[3];  // rank 0's (erc_step)
     std::vector<int64_t*> counters{&r.loss_bearing_targets};
     for (int64_t& v : r.routed_per_moe_layer) counters.push_back(&v);
     comm->all_reduce_sum_host(r.flops, counters);
@@ -1538,7 +1615,10 @@ std::vector<float> Model::gradients() const {
 }
 
 namespace {
-constexpr char kMagic[8] = {'M', 'O', 'E', 'P', 'C', 'U', 'D', '1'};
+// Version 2 adds the generator's state after the AdamW step count; version 1 (no ERC loss on the
+// cuda device then, so nothing was drawn after the initial weights) still loads.
+constexpr char kMagic[8] = {'M', 'O', 'E', 'P', 'C', 'U', 'D', '2'};
+constexpr char kMagicV1[8] = {'M', 'O', 'E', 'P', 'C', 'U', 'D', '1'};
 template <class T>
 void put(std::vector<char>& out, const T* p, size_t n) {
   const size_t old = out.size();
@@ -1569,6 +1649,7 @@ void Model::save_state(std::vector<char>& out) const {
     put(out, buf.data(), buf.size());
   }
   put(out, &m.adam_steps, 1);
+  put(out, m.rng.state().data(), 4);
   for (const FlopLedger* l : {&m.ledger, &m.eval_ledger}) {
     for (const auto& row : l->flops) put(out, row.data(), row.size());
     put(out, &l->elementwise, 1);
@@ -1580,7 +1661,8 @@ void Model::load_state(const std::vector<char>& in) {
   size_t pos = 0;
   char magic[8];
   get(in, pos, magic, 8);
-  if (std::memcmp(magic, kMagic, 8) != 0)
+  const bool v1 = std::memcmp(magic, kMagicV1, 8) == 0;
+  if (!v1 && std::memcmp(magic, kMagic, 8) != 0)
     throw InputError("model state does not start with the CUDA model's magic");
   int64_t n = 0;
   get(in, pos, &n, 1);
@@ -1599,6 +1681,7 @@ void Model::load_state(const std::vector<char>& in) {
     }
   }
   get(in, pos, &m.adam_steps, 1);
+  if (!v1) get(in, pos, m.rng.state().data(), 4);
   for (FlopLedger* l : {&m.ledger, &m.eval_ledger}) {
     for (auto& row : l->flops) get(in, pos, row.data(), row.size());
     get(in, pos, &l->elementwise, 1);
@@ -1606,6 +1689,13 @@ void Model::load_state(const std::vector<char>& in) {
   if (pos != in.size())
     throw InputError(fmt::format("model state has {} trailing bytes", in.size() - pos));
   m.refresh_mm_weights();
+}
+
+std::array<uint64_t, 4> Model::rng_state() const {
+  return impl_->rng.state();
+}
+void Model::set_rng_state(const std::array<uint64_t, 4>& state) {
+  impl_->rng.state() = state;
 }
 
 const FlopLedger& Model::ledger() const {

@@ -146,9 +146,13 @@ TEST_CASE("fp32: one training step's loss, gradients and ledger equal the CPU mo
   rope.z_loss = 1e-3;
   Arch tied = moe_arch();
   tied.tied_embeddings = true;
+  ModelOptions erc;  // the ERC loss of Lv et al.: noise from the CPU's generator, continued
+  erc.erc_loss = 0.5;
+  erc.erc_alpha = 0.8;
   const Case cases[] = {{"dense alibi", dense_arch(), alibi},
                         {"moe rope gqa z-loss renorm", moe_arch(), rope},
-                        {"moe alibi tied", tied, alibi}};
+                        {"moe alibi tied", tied, alibi},
+                        {"moe alibi erc", moe_arch(), erc}};
   const int64_t B = 3;
   for (const Case& c : cases) {
     INFO(c.name);
@@ -167,6 +171,8 @@ TEST_CASE("fp32: one training step's loss, gradients and ledger equal the CPU mo
     CHECK(std::abs(og - oc) / oc < 1e-5);
     CHECK(std::abs(rg.aux_load_balance - rc.aux_load_balance) <= 1e-5 * rc.aux_load_balance + 1e-9);
     CHECK(std::abs(rg.aux_z - rc.aux_z) <= 1e-5 * rc.aux_z + 1e-12);
+    CHECK(std::abs(rg.aux_erc - rc.aux_erc) <= 1e-5 * rc.aux_erc + 1e-12);
+    if (c.opt.erc_loss > 0) CHECK(rc.aux_erc > 0);  // the case tests something
     CHECK(grad_err < 1e-4);
     CHECK(rg.routed_per_moe_layer == rc.routed_per_moe_layer);
     check_ledgers(rg.flops, rc.flops, c.arch, B, 2 * B * c.arch.heads * c.arch.layers,
@@ -176,6 +182,7 @@ TEST_CASE("fp32: one training step's loss, gradients and ledger equal the CPU mo
     g.flops[int(FlopCategory::padding)] = {};
     moeplan::ExactStepOptions eo;
     eo.routed_per_moe_layer = rg.routed_per_moe_layer;
+    eo.erc_loss = c.opt.erc_loss > 0;
     CHECK(g.flops == moeplan::exact_step_ledger(c.arch, B, eo).flops);
   }
 }
@@ -317,18 +324,27 @@ TEST_CASE("LM head in chunks of rows: the CPU's step and evaluation, less memory
 
 TEST_CASE("bf16: one step within bf16 tolerance of the CPU") {
   const Arch a = moe_arch();
-  ModelOptions opt;
-  const int64_t B = 8, S = a.seq_len;
-  moeplan::backend::Model<float> ref(a, opt, 7, B);
-  cu::Model gpu(a, opt, 7, B, DType::bf16);
-  const Batch b = random_batch(B, S, a.vocab, 5);
-  const double oc = ref.compute_gradients(b.inputs.data(), b.targets.data());
-  const double og = gpu.compute_gradients(b.inputs.data(), b.targets.data());
-  const double grad_err = rel_err(gpu.gradients(), vec(ref.gradients()));
-  std::printf("[bf16 step] objective cpu %.6f gpu %.6f, gradient rel err %.2e\n", oc, og, grad_err);
-  print_worst_tensors(gpu.tensors(), gpu.gradients(), vec(ref.gradients()));
-  CHECK(std::abs(og - oc) / oc < 2e-2);
-  CHECK(grad_err < 5e-2);
+  ModelOptions plain, erc;
+  erc.erc_loss = 0.5;  // its products run in fp32 in either mode
+  for (const ModelOptions& opt : {plain, erc}) {
+    INFO("erc_loss " << opt.erc_loss);
+    const int64_t B = 8, S = a.seq_len;
+    moeplan::backend::Model<float> ref(a, opt, 7, B);
+    cu::Model gpu(a, opt, 7, B, DType::bf16);
+    const Batch b = random_batch(B, S, a.vocab, 5);
+    StepResult rc, rg;
+    const double oc = ref.compute_gradients(b.inputs.data(), b.targets.data(), &rc);
+    const double og = gpu.compute_gradients(b.inputs.data(), b.targets.data(), &rg);
+    const double grad_err = rel_err(gpu.gradients(), vec(ref.gradients()));
+    std::printf(
+        "[bf16 step, erc %.1f] objective cpu %.6f gpu %.6f (erc cpu %.3e gpu %.3e), "
+        "gradient rel err %.2e\n",
+        opt.erc_loss, oc, og, rc.aux_erc, rg.aux_erc, grad_err);
+    print_worst_tensors(gpu.tensors(), gpu.gradients(), vec(ref.gradients()));
+    CHECK(std::abs(og - oc) / oc < 2e-2);
+    CHECK(std::abs(rg.aux_erc - rc.aux_erc) <= 2e-2 * rc.aux_erc);
+    CHECK(grad_err < 5e-2);
+  }
 }
 
 TEST_CASE("bf16: 200 steps on the built-in corpus follow the CPU's loss curve") {
@@ -964,26 +980,36 @@ TEST_CASE("same seed, same data: bit-for-bit the same losses and weights; save/l
   const Arch a = moe_arch();
   ModelOptions opt;
   opt.positions = "rope";
+  opt.erc_loss = 0.2;  // its noise draws continue from the saved generator state
   const int64_t B = 4;
   OptimConfig cfg;
   cfg.lr_peak = 1e-3;
   cfg.total_steps = 10;
   cu::Model m1(a, opt, 5, B), m2(a, opt, 5, B);
   std::vector<char> state;
-  double resumed_loss = 0;
+  StepResult at2;
+  std::vector<float> weights_after2;
   for (int64_t s = 0; s < 4; ++s) {
     const Batch b = random_batch(B, a.seq_len, a.vocab, 100 + s);
     const StepResult r1 = m1.train_step(b.inputs.data(), b.targets.data(), s, cfg);
     const StepResult r2 = m2.train_step(b.inputs.data(), b.targets.data(), s, cfg);
     CHECK(r1.loss == r2.loss);
+    CHECK(r1.aux_erc == r2.aux_erc);
     CHECK(r1.grad_norm == r2.grad_norm);
     if (s == 1) m1.save_state(state);
-    if (s == 2) resumed_loss = r1.loss;
+    if (s == 2) {
+      at2 = r1;
+      weights_after2 = m1.parameters();
+    }
   }
   CHECK(m1.parameters() == m2.parameters());
   m2.load_state(state);
   const Batch b = random_batch(B, a.seq_len, a.vocab, 102);
-  CHECK(m2.train_step(b.inputs.data(), b.targets.data(), 2, cfg).loss == resumed_loss);
+  const StepResult resumed = m2.train_step(b.inputs.data(), b.targets.data(), 2, cfg);
+  CHECK(resumed.loss == at2.loss);
+  CHECK(resumed.aux_erc > 0);
+  CHECK(resumed.aux_erc == at2.aux_erc);  // the same noise: the generator came back with the state
+  CHECK(m2.parameters() == weights_after2);
 }
 
 TEST_CASE("NCCL data-parallel path at world size 1 equals the plain step; windows split by rank") {
@@ -1112,6 +1138,8 @@ TEST_CASE(
   // trainer; it is not the whole batch's, so it is off here where the steps must be equal.
   moe_opt.load_balance = 0;
   moe_opt.z_loss = 1e-3;  // z-loss is a mean of per-token terms: equal over ranks and batch
+  // ERC depends on the weights only: rank 0 computes it for the job (gradients weighted by W).
+  moe_opt.erc_loss = 0.5;
   ModelOptions passes_opt = moe_opt;
   passes_opt.micro_batch_seqs = 2;
   struct Sized {
@@ -1201,9 +1229,12 @@ TEST_CASE(
       CHECK(got_s.loss == doctest::Approx(want_s.loss).epsilon(1e-6));
       CHECK(got_s.loss_bearing_targets == want_s.loss_bearing_targets);
       CHECK(got_s.aux_z == doctest::Approx(want_s.aux_z).epsilon(1e-5));
+      CHECK(got_s.aux_erc == doctest::Approx(want_s.aux_erc).epsilon(1e-5));
+      CHECK((c.opt.erc_loss == 0 || got_s.aux_erc > 0));
       CHECK(got_s.grad_norm == doctest::Approx(want_s.grad_norm).epsilon(1e-5));
-      // Ledgers and routed counts are the job's: the ranks' sums equal the whole batch's, but
-      // the AdamW update, which each rank executes on every parameter (sharded: on its chunk).
+      // Ledgers and routed counts are the job's: the ranks' sums equal the whole batch's (ERC's
+      // products run on rank 0 alone), but the AdamW update, which each rank executes on every
+      // parameter (sharded: on its chunk).
       CHECK(got_s.flops.flops == want_s.flops.flops);
       CHECK(got_s.flops.elementwise == want_s.flops.elementwise + (sized.shard ? 0 : n_params));
       CHECK(got_s.routed_per_moe_layer == want_s.routed_per_moe_layer);

@@ -627,9 +627,12 @@ TEST_CASE("moeplan run --device cuda (emulated): the CPU's tokens and ledger, ke
 // algorithm sums in another order).
 TEST_CASE("moeplan run --device cuda --kernels gemm=FILE (emulated): tuned once, then the same") {
   const fs::path dir = fresh_dir("cuda_gemm_table");
-  write_manifest_atomic(tiny_manifest(tiny_plan("dense", true, 6, 4, 40, 3e-3, 16),
-                                      {tiny_plan("moe-a", false, 6, 4, 40, 3e-3, 16)}),
-                        dir / "sweep.toml");
+  Manifest m = tiny_manifest(tiny_plan("dense", true, 6, 4, 40, 3e-3, 16),
+                             {tiny_plan("moe-a", false, 6, 4, 40, 3e-3, 16)});
+  // With the ERC loss on, a probe that drew noise would move every later step's: the table's
+  // probe must give the generator back.
+  m.train.erc_loss = 0.5;
+  write_manifest_atomic(m, dir / "sweep.toml");
   const std::string sweep = (dir / "sweep.toml").string(), table = (dir / "t.json").string();
   auto run = [&](const std::string& out, const std::string& kernels) {
     std::vector<std::string> args = {"run",     sweep,   "--out",    (dir / out).string(),

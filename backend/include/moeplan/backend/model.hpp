@@ -1,6 +1,7 @@
 #pragma once
 // The decoder-only dense/MoE transformer of BACKEND.md and its training step (CPU reference).
 // Eigen stays behind the pimpl: this header is what the run and CUDA helpers code against.
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -99,6 +100,10 @@ class Model {
   std::span<const Scalar> gradients() const;
   // Test hook: when frozen, the ERC noise δ drawn last is reused instead of drawing a new one.
   void freeze_erc_noise(bool frozen);
+  // The state of the generator the ERC noise is drawn from (xoshiro256**, four words), which
+  // after construction has drawn the initial weights: the CUDA model continues from it, so that
+  // both draw the same noise.
+  std::array<uint64_t, 4> rng_state() const;
 
   // Weights, Adam m/v, Adam step count, RNG state and both ledgers: a bit-exact resume.
   void save_state(std::vector<char>& out) const;

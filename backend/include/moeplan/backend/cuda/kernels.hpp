@@ -112,6 +112,30 @@ void router_backward(void* dlogits, DType mm, const float* probs, const float* l
 int64_t colsum_scratch_floats(int64_t C);
 
 // ---- loss ---------------------------------------------------------------------------------
+// ---- expert-router coupling (ERC) loss (BACKEND.md; the CPU's erc.hpp) ------------------------
+// All fp32 (the products too: the loss compares norms, and its products are small). E router rows
+// of width D, experts of width De; w13 points at expert 0's (D, 2·De) w13, expert j's is `stride`
+// elements further (the gradients alike).
+// Block per router row i: ε_i = ‖R_i − R_nearest‖/(2‖R_i‖) in double, δ (E,D) = 1 − ε_i + 2ε_i·u
+// (u (E,D) uniforms in [0,1) drawn on the host, as the CPU draws them), rounded to fp32 as the
+// CPU's; rt (E,D) = R ⊙ δ.
+void erc_noise(float* delta, float* rt, const float* router, const double* u, int64_t E, int64_t D);
+// wg (D, E·De): column block j = expert j's gate projection (the first De columns of its w13).
+void erc_gather_gate(float* wg, const float* w13, int64_t stride, int64_t E, int64_t D, int64_t De);
+// dw13 of expert j, first De columns, += column block j of dwg (D, E·De).
+void erc_scatter_gate_grad(float* dw13, const float* dwg, int64_t stride, int64_t E, int64_t D,
+                           int64_t De);
+// m (E,E): m[i,j] = ‖act[i, j·De : (j+1)·De]‖ (act (E, E·De)).
+void erc_norms(float* m, const float* act, int64_t E, int64_t De);
+// The hinge: loss (1) = coef/E²·Σ_i Σ_{j≠i} [max(m[i,j] − α·m[i,i], 0) + max(m[j,i] − α·m[i,i], 0)]
+// in double; dm (E,E) = grad_weight · d loss / d m, each diagonal entry summed in the CPU's order.
+void erc_hinge(double* loss, float* dm, const float* m, int64_t E, double alpha, double coef,
+               double grad_weight = 1);
+// act[i, j·De + c] *= dm[i,j]/m[i,j] (0 where m[i,j] = 0): d loss / d act in place.
+void erc_scale(float* act, const float* m, const float* dm, int64_t E, int64_t De);
+// drouter (E,D) += drt ⊙ δ.
+void erc_router_grad(float* drouter, const float* drt, const float* delta, int64_t n);
+
 // losses (T) = lse − logit[target] (0 where target < 0); dlogits (T,V) =
 // grad_scale·(softmax − onehot), zero rows where target < 0 (skipped when dlogits is null). Logits
 // and dlogits in `mm` (the LM head's product writes bf16 logits in bf16 mode); fp32 arithmetic.

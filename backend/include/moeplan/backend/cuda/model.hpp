@@ -2,6 +2,7 @@
 // The CUDA model: the same transformer, parameter layout, initial weights and training step as
 // the CPU reference (moeplan::backend::Model), with fp32 master weights and AdamW state on the
 // GPU and matrix-product inputs in bf16 (or fp32 for the tight tests). No CUDA header needed.
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -25,7 +26,8 @@ class Communicator;
 // square. Either way the ledger records the causal part under attention-core (as the CPU does),
 // the executed masked rest under `padding` and recomputed backward products under `recompute`,
 // so every executed product is counted once and nothing is hidden.
-// Not supported here (InputError): capacity_factor > 0 and the ERC loss.
+// Not supported here (InputError): capacity_factor > 0. The ERC loss runs in fp32 whatever the
+// matrix type, its noise drawn from the CPU reference's generator, continued (rng_state).
 // Which attention kernels a bf16 model runs (fp32 models and unsupported head widths always run
 // the cuBLAS path): `fused`, the WMMA kernels forward and backward; `fused_mma`, the same tiles
 // with register-resident fragments (attention::forward_mma, and backward_mma for head widths up to
@@ -95,6 +97,10 @@ class Model {
 
   void save_state(std::vector<char>& out) const;
   void load_state(const std::vector<char>& in);
+  // The generator the ERC noise is drawn from (the CPU reference's, continued; in the state). A
+  // pass that must leave the run as it was (the engine's GEMM-shape probe) puts it back after.
+  std::array<uint64_t, 4> rng_state() const;
+  void set_rng_state(const std::array<uint64_t, 4>& state);
 
   const FlopLedger& ledger() const;
   const FlopLedger& eval_ledger() const;
