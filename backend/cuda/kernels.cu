@@ -616,11 +616,15 @@ __global__ void expert_count_kernel(int32_t* counts, const int32_t* idx, int64_t
   }
 }
 
-__global__ void exclusive_scan_kernel(int32_t* offsets, const int32_t* counts, int64_t E) {
+// offsets from the kept counts min(assigned, cap); kept written where it is another buffer.
+__global__ void exclusive_scan_kernel(int32_t* offsets, int32_t* kept, const int32_t* assigned,
+                                      int64_t E, int32_t cap) {
   int32_t s = 0;
   for (int64_t e = 0; e < E; ++e) {
     offsets[e] = s;
-    s += counts[e];
+    const int32_t c = min(assigned[e], cap);
+    if (kept != assigned) kept[e] = c;
+    s += c;
   }
   offsets[E] = s;
 }
@@ -628,10 +632,12 @@ __global__ void exclusive_scan_kernel(int32_t* offsets, const int32_t* counts, i
 // Block per expert scans the assignments in order and places its own: a stable counting sort.
 // Each thread takes 4 consecutive assignments a round (4·blockDim a round: 10 rounds at T 8192,
 // K 5 with 1024 threads, where one a thread took 160 rounds of two barriers each); the ranks
-// inside a warp come from three ballots of the per-thread counts' bits.
+// inside a warp come from three ballots of the per-thread counts' bits. An expert's assignments
+// past its first `cap` (in assignment order) are dropped: slot_of −1, not placed.
 __global__ void expert_place_kernel(int32_t* sorted, int32_t* slot_of, const int32_t* offsets,
-                                    const int32_t* idx, int64_t N) {
+                                    const int32_t* idx, int64_t N, int32_t cap) {
   const int32_t e = blockIdx.x;
+  const int32_t end = offsets[e] + cap;  // slots from here on are dropped (cap ≤ N < 2^30)
   __shared__ int warp_tot[32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   const unsigned below = (1u << lane) - 1u;
@@ -663,8 +669,12 @@ __global__ void expert_place_kernel(int32_t* sorted, int32_t* slot_of, const int
 #pragma unroll
     for (int j = 0; j < 4; ++j)
       if (mine[j]) {
-        sorted[slot] = int32_t(a0 + j);
-        slot_of[a0 + j] = slot;
+        if (slot < end) {
+          sorted[slot] = int32_t(a0 + j);
+          slot_of[a0 + j] = slot;
+        } else {
+          slot_of[a0 + j] = -1;
+        }
         ++slot;
       }
     running += total;
@@ -721,8 +731,10 @@ __global__ void moe_combine_forward_kernel(float* y, const float* ys, const floa
     for (int64_t c = 4 * int64_t(threadIdx.x); c < C; c += 4 * int64_t(blockDim.x)) {
       float4 s = load4(y + t * C + c);
       for (int64_t k = 0; k < K; ++k) {
+        const int32_t r = slot_of[t * K + k];
+        if (r < 0) continue;  // dropped (over capacity)
         const float g = gate[t * K + k];
-        const float4 v = load4(ys + int64_t(slot_of[t * K + k]) * C + c);
+        const float4 v = load4(ys + int64_t(r) * C + c);
         s.x += g * v.x;
         s.y += g * v.y;
         s.z += g * v.z;
@@ -733,8 +745,10 @@ __global__ void moe_combine_forward_kernel(float* y, const float* ys, const floa
   } else {
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
       float s = y[t * C + c];
-      for (int64_t k = 0; k < K; ++k)
-        s += gate[t * K + k] * ys[int64_t(slot_of[t * K + k]) * C + c];
+      for (int64_t k = 0; k < K; ++k) {
+        const int32_t r = slot_of[t * K + k];
+        if (r >= 0) s += gate[t * K + k] * ys[int64_t(r) * C + c];
+      }
       y[t * C + c] = s;
     }
   }
@@ -761,6 +775,11 @@ __global__ void moe_combine_backward_kernel(OutT* dys, float* dgate, const float
   if (lane == 0) dgate[a] = dot;
 }
 
+__global__ void zero_dropped_kernel(float* dgate, const int32_t* slot_of, int64_t n) {
+  const int64_t a = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (a < n && slot_of[a] < 0) dgate[a] = 0.f;
+}
+
 template <bool VEC4>
 __global__ void moe_scatter_add_kernel(float* dx, const float* dxs, const int32_t* slot_of,
                                        int64_t K, int64_t C) {
@@ -769,7 +788,9 @@ __global__ void moe_scatter_add_kernel(float* dx, const float* dxs, const int32_
     for (int64_t c = 4 * int64_t(threadIdx.x); c < C; c += 4 * int64_t(blockDim.x)) {
       float4 s = load4(dx + t * C + c);
       for (int64_t k = 0; k < K; ++k) {
-        const float4 v = load4(dxs + int64_t(slot_of[t * K + k]) * C + c);
+        const int32_t r = slot_of[t * K + k];
+        if (r < 0) continue;  // dropped (over capacity)
+        const float4 v = load4(dxs + int64_t(r) * C + c);
         s.x += v.x;
         s.y += v.y;
         s.z += v.z;
@@ -780,7 +801,10 @@ __global__ void moe_scatter_add_kernel(float* dx, const float* dxs, const int32_
   } else {
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
       float s = dx[t * C + c];
-      for (int64_t k = 0; k < K; ++k) s += dxs[int64_t(slot_of[t * K + k]) * C + c];
+      for (int64_t k = 0; k < K; ++k) {
+        const int32_t r = slot_of[t * K + k];
+        if (r >= 0) s += dxs[int64_t(r) * C + c];
+      }
       dx[t * C + c] = s;
     }
   }
@@ -1376,16 +1400,23 @@ void router_topk(float* probs, float* lse, int32_t* topk_idx, float* topk_gate, 
 }
 
 void sort_by_expert(int32_t* counts, int32_t* offsets, int32_t* sorted, int32_t* slot_of,
-                    const int32_t* topk_idx, int64_t T, int64_t K, int64_t E) {
+                    const int32_t* topk_idx, int64_t T, int64_t K, int64_t E, int32_t* assigned,
+                    int64_t capacity) {
   const int64_t N = T * K;
+  if (N >= int64_t(INT32_MAX) / 2)
+    throw std::invalid_argument("sort_by_expert: at most 2^30 assignments");
+  if (capacity > 0 && !assigned)
+    throw std::invalid_argument("sort_by_expert: a capacity needs the assigned counts' buffer");
+  int32_t* raw = capacity > 0 ? assigned : counts;
+  const int32_t cap = capacity > 0 ? int32_t(std::min(capacity, N)) : int32_t(N);
   if (aligned16(topk_idx))
-    expert_count_kernel<true><<<unsigned(E), 1024>>>(counts, topk_idx, N);
+    expert_count_kernel<true><<<unsigned(E), 1024>>>(raw, topk_idx, N);
   else
-    expert_count_kernel<false><<<unsigned(E), 1024>>>(counts, topk_idx, N);
+    expert_count_kernel<false><<<unsigned(E), 1024>>>(raw, topk_idx, N);
   check_launch("expert_count");
-  exclusive_scan_kernel<<<1, 1>>>(offsets, counts, E);
+  exclusive_scan_kernel<<<1, 1>>>(offsets, counts, raw, E, cap);
   check_launch("exclusive_scan");
-  expert_place_kernel<<<unsigned(E), 1024>>>(sorted, slot_of, offsets, topk_idx, N);
+  expert_place_kernel<<<unsigned(E), 1024>>>(sorted, slot_of, offsets, topk_idx, N, cap);
   check_launch("expert_place");
 }
 
@@ -1433,7 +1464,11 @@ void moe_combine_forward(float* y, const float* ys, const float* gate, const int
 
 void moe_combine_backward(void* dys, DType mm, float* dgate, const float* dy, const float* ys,
                           const float* gate, const int32_t* sorted, int64_t N, int64_t K,
-                          int64_t C) {
+                          int64_t C, const int32_t* slot_of, int64_t assignments) {
+  if (slot_of && assignments > 0) {
+    zero_dropped_kernel<<<blocks_for(assignments, 256), 256>>>(dgate, slot_of, assignments);
+    check_launch("zero_dropped");
+  }
   if (N == 0) return;
   MOEPLAN_DISPATCH_MM(mm, moe_combine_backward_kernel<<<blocks_for(N, 8), 256>>>(
                               static_cast<OutT*>(dys), dgate, dy, ys, gate, sorted, N, K, C));

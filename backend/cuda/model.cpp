@@ -213,6 +213,10 @@ struct Model::Impl {
     DeviceBuffer aux, p_mean;        // (2) (E)
     DeviceBuffer tile_map, n_tiles;  // tiled expert path: the row tiles of this step's routing
     std::vector<int32_t> counts_host;
+    // With a capacity factor: every expert's assignments before the drop (the load balance's
+    // f_i; `counts` holds the kept ones), and the pass's kept rows (rows, set by the forward).
+    DeviceBuffer assigned;
+    int64_t rows = 0;
     int64_t cap = 0;  // batched expert path: rows per expert in the padded layout, this pass
     DeviceBuffer attn_ptrs;  // kTables × B·H device pointers
   };
@@ -254,6 +258,7 @@ struct Model::Impl {
   Profiler prof;
   // Per-step outputs.
   std::vector<int64_t> routed;
+  int64_t dropped = 0;  // assignments over capacity, this step (all MoE layers and passes)
   std::vector<float> aux_host;
 
   DeviceBuffer alloc(size_t n_bytes) {
@@ -283,10 +288,6 @@ struct Model::Impl {
       throw std::logic_error("logit_rows must be 0 (automatic) or a row count");
     if (shard && !c)
       throw std::logic_error("optimizer sharding needs a communicator (data parallelism)");
-    if (o.capacity_factor > 0)
-      throw InputError(
-          fmt::format("capacity_factor {} is not supported by the cuda device (dropless only)",
-                      o.capacity_factor));
     // The CPU reference validates the options and gives the layout, the initial weights and the
     // generator's state after drawing them (the ERC noise continues from it).
     backend::Model<float> ref(arch, o, seed, 1);
@@ -471,6 +472,9 @@ struct Model::Impl {
         x.aux = alloc_f(2);
         x.p_mean = alloc_f(E);
         x.counts_host.assign(size_t(E), 0);
+        if (opt.capacity_factor > 0) {
+          x.assigned = alloc(size_t(E) * 4);
+        }
         if (mm == DType::bf16) {
           x.tile_map = alloc(size_t(3 * expert_gemm::max_row_tiles(TK, E)) * 4);
           x.n_tiles = alloc(4);
@@ -986,13 +990,22 @@ struct Model::Impl {
               Dm, Wm(q.router), Dm, router_logits.as<float>(), E, 0.f, mm);
     k::router_topk(x.probs.as<float>(), x.lse.as<float>(), x.idx.as<int32_t>(), x.gate.as<float>(),
                    router_logits.as<float>(), Tn, E, K, opt.renormalize_gates);
+    const int64_t cap = pass_capacity(Tn);
     k::sort_by_expert(x.counts.as<int32_t>(), x.offsets.as<int32_t>(), x.sorted.as<int32_t>(),
-                      x.slot_of.as<int32_t>(), x.idx.as<int32_t>(), Tn, K, E);
-    const int64_t R = Tn * K;
+                      x.slot_of.as<int32_t>(), x.idx.as<int32_t>(), Tn, K, E,
+                      cap > 0 ? x.assigned.as<int32_t>() : nullptr, cap);
     const bool tiled = expert_path == ExpertPath::tiled;
-    // On the cuBLAS paths the routed counts size the products and the ledger: one wait per layer.
-    if (!tiled) x.counts.download(x.counts_host.data(), size_t(E) * 4);
-    prof.mark(tiled ? "fwd router + sort" : "fwd router + sort (+ host wait)");
+    // On the cuBLAS paths the routed counts size the products and the ledger, and with a
+    // capacity the kept rows size every path's: one wait per layer.
+    const bool wait = !tiled || cap > 0;
+    if (wait) x.counts.download(x.counts_host.data(), size_t(E) * 4);
+    int64_t R = Tn * K;
+    if (cap > 0) {
+      R = std::accumulate(x.counts_host.begin(), x.counts_host.end(), int64_t(0));
+      if (train) dropped += Tn * K - R;
+    }
+    x.rows = R;
+    prof.mark(wait ? "fwd router + sort (+ host wait)" : "fwd router + sort");
     k::gather_rows(x.xg.data(), x.ln2.data(), mm, x.sorted.as<int32_t>(), R, K, Dm);
     if (expert_path == ExpertPath::batched) {
       batched_forward(l, R, lg);
@@ -1024,8 +1037,8 @@ struct Model::Impl {
     if (!train) return;
     routed[size_t(moe_index)] += R;
     k::router_aux_forward(x.aux.as<float>(), x.p_mean.as<float>(), x.probs.as<float>(),
-                          x.lse.as<float>(), x.counts.as<int32_t>(), Tn, E, K,
-                          float(opt.load_balance), float(opt.z_loss), col_scratch.as<float>());
+                          x.lse.as<float>(), assigned_counts(x), Tn, E, K, float(opt.load_balance),
+                          float(opt.z_loss), col_scratch.as<float>());
   }
 
   bool erc_on() const { return opt.erc_loss > 0 && a.moe_layers() > 0; }
@@ -1087,6 +1100,18 @@ struct Model::Impl {
     double s = 0;
     for (double x : v) s += x;
     return s;
+  }
+
+  // The capacity of each expert in a pass of Tn tokens (the CPU's: ceil(cf·Tn·K/E), at most
+  // Tn·K); 0 without a capacity factor (dropless).
+  int64_t pass_capacity(int64_t Tn) const {
+    if (opt.capacity_factor <= 0) return 0;
+    return std::min<int64_t>(Tn * K,
+                             int64_t(std::ceil(opt.capacity_factor * double(Tn * K) / double(E))));
+  }
+  // Every expert's assignments before any drop (the load balance's f_i).
+  const int32_t* assigned_counts(const Acts& x) const {
+    return opt.capacity_factor > 0 ? x.assigned.as<int32_t>() : x.counts.as<int32_t>();
   }
 
   void upload_tokens(const int32_t* inputs, const int32_t* tgts, int64_t Tn) {
@@ -1170,10 +1195,11 @@ struct Model::Impl {
     k::sum_double(loss_sum.as<double>(), losses.as<float>(), Tn);
   }
 
-  // The CPU reference's element-wise count (layers.hpp); dropless routing: every MoE layer routes
-  // nb·S·K rows.
+  // The CPU reference's element-wise count (layers.hpp), with the pass's kept rows per MoE layer
+  // (set by its forward).
   int64_t elementwise_per_pass(int64_t nb) const {
-    const std::vector<int64_t> routed_rows(size_t(a.moe_layers()), nb * S * K);
+    std::vector<int64_t> routed_rows;
+    for (int64_t l = a.dense_layers; l < L; ++l) routed_rows.push_back(acts[size_t(l)].rows);
     return cpu::elementwise_per_pass(a, nb, rope, routed_rows);
   }
 
@@ -1253,7 +1279,7 @@ struct Model::Impl {
   }
 
   void moe_backward(int64_t l, FlopLedger& lg) {
-    const int64_t moe_index = l - a.dense_layers, R = Tp * K;
+    const int64_t moe_index = l - a.dense_layers, R = acts[size_t(l)].rows;
     const LayerParams& q = lp[size_t(l)];
     Acts& x = acts[size_t(l)];
     // On the side stream the shared expert reads dresid_mm, ln2 and its activations and writes
@@ -1269,8 +1295,10 @@ struct Model::Impl {
                           overlap ? side_lane() : Lane{&blas, nullptr});
     else
       check_cuda(cudaMemsetAsync(dln.data(), 0, size_t(Tp * Dm) * 4, nullptr), "memset dln");
+    const bool drops = opt.capacity_factor > 0;  // dropped assignments' gates get 0
     k::moe_combine_backward(dye.data(), mm, dgate.as<float>(), dresid.as<float>(), x.ye.as<float>(),
-                            x.gate.as<float>(), x.sorted.as<int32_t>(), R, K, Dm);
+                            x.gate.as<float>(), x.sorted.as<int32_t>(), R, K, Dm,
+                            drops ? x.slot_of.as<int32_t>() : nullptr, drops ? Tp * K : 0);
     prof.mark("bwd shared expert + combine");
     if (expert_path == ExpertPath::batched) {
       batched_backward(l, R, lg);
@@ -1301,7 +1329,7 @@ struct Model::Impl {
     if (overlap) side->join();
     k::moe_scatter_add(dln.as<float>(), dxg.as<float>(), x.slot_of.as<int32_t>(), Tp, K, Dm);
     k::router_backward(dlog.data(), mm, x.probs.as<float>(), x.lse.as<float>(), x.idx.as<int32_t>(),
-                       x.gate.as<float>(), dgate.as<float>(), x.counts.as<int32_t>(), Tp, E, K,
+                       x.gate.as<float>(), dgate.as<float>(), assigned_counts(x), Tp, E, K,
                        opt.renormalize_gates, float(aux_grad_w * opt.load_balance),
                        float(aux_grad_w * opt.z_loss));
     // router stored (E, Dm): dln += dlog · router; drouter += dlog^T · ln2
@@ -1418,6 +1446,7 @@ struct Model::Impl {
     grads.fill_zero();
     FlopLedger lg;
     std::fill(routed.begin(), routed.end(), 0);
+    dropped = 0;
     const int world = comm ? comm->info().world_size : 1;
     const bool erc_here = erc_on() && (!comm || comm->info().rank == 0);
     if (erc_on()) {
@@ -1474,7 +1503,7 @@ struct Model::Impl {
       r->aux_erc = erc;
       r->flops = lg;
       r->routed_per_moe_layer = routed;
-      r->dropped_assignments = 0;
+      r->dropped_assignments = dropped;
       r->loss_bearing_targets = bearing;
     }
     return ce + lb + z + erc;
@@ -1494,7 +1523,7 @@ struct Model::Impl {
     r.aux_load_balance = d[1];
     r.aux_z = d[2];
     r.aux_erc = d[3];  // rank 0's (erc_step)
-    std::vector<int64_t*> counters{&r.loss_bearing_targets};
+    std::vector<int64_t*> counters{&r.loss_bearing_targets, &r.dropped_assignments};
     for (int64_t& v : r.routed_per_moe_layer) counters.push_back(&v);
     comm->all_reduce_sum_host(r.flops, counters);
     r.loss = r.loss_bearing_targets > 0 ? d[0] / double(r.loss_bearing_targets) : 0.0;

@@ -249,78 +249,93 @@ TEST_CASE("router top-K, stable sort by expert, combine and router backward matc
       std::vector<float> probs = logits, lse(T), gate(T * K);
       std::vector<int32_t> idx(T * K);
       cpu::router_forward(probs.data(), lse.data(), idx.data(), gate.data(), T, E, K, renorm);
-      std::vector<int64_t> assigned(E), offsets(E + 1), cursor(E);
-      std::vector<int32_t> slot_row(T * K), row_token(T * K);
-      cpu::dispatch(assigned.data(), offsets.data(), cursor.data(), slot_row.data(),
-                    row_token.data(), idx.data(), T, E, K, T * K);
+      for (const bool capped : {false, true}) {
+        INFO((capped ? "capacity 0.6·T·K/E" : "dropless"));
+        std::vector<int64_t> assigned(E), offsets(E + 1), cursor(E);
+        std::vector<int32_t> slot_row(T * K), row_token(T * K);
+        const int64_t cap = capped ? int64_t(std::ceil(0.6 * double(T * K) / double(E))) : 0;
+        const int64_t dropped =
+            cpu::dispatch(assigned.data(), offsets.data(), cursor.data(), slot_row.data(),
+                          row_token.data(), idx.data(), T, E, K, capped ? cap : T * K);
+        CHECK((dropped > 0) == capped);  // the capped case drops some
+        const int64_t R = T * K - dropped;
 
-      auto dL = to_device(logits);
-      DeviceBuffer dP(T * E * 4), dLse(T * 4), dIdx(T * K * 4), dGate(T * K * 4), dCounts(E * 4),
-          dOff((E + 1) * 4), dSorted(T * K * 4), dSlot(T * K * 4);
-      k::router_topk(dP.as<float>(), dLse.as<float>(), dIdx.as<int32_t>(), dGate.as<float>(),
-                     dL.as<float>(), T, E, K, renorm);
-      k::sort_by_expert(dCounts.as<int32_t>(), dOff.as<int32_t>(), dSorted.as<int32_t>(),
-                        dSlot.as<int32_t>(), dIdx.as<int32_t>(), T, K, E);
-      synchronize();
-      std::vector<int32_t> gidx(T * K), gslot(T * K), gsorted(T * K), gcounts(E);
-      dIdx.download(gidx.data(), T * K * 4);
-      dSlot.download(gslot.data(), T * K * 4);
-      dSorted.download(gsorted.data(), T * K * 4);
-      dCounts.download(gcounts.data(), E * 4);
-      CHECK(gidx == idx);
-      CHECK(gslot == slot_row);
-      for (int64_t e = 0; e < E; ++e) CHECK(int64_t(gcounts[e]) == assigned[e]);
-      for (int64_t r = 0; r < T * K; ++r) CHECK(gsorted[r] / K == row_token[r]);
-      {  // the same sort from indices one element off 16-byte alignment (element loads)
-        std::vector<int32_t> shifted(size_t(T * K + 1), -1);
-        std::copy(gidx.begin(), gidx.end(), shifted.begin() + 1);
-        auto dShifted = to_device(shifted);
-        DeviceBuffer c2(E * 4), o2((E + 1) * 4), s2(T * K * 4), sl2(T * K * 4);
-        k::sort_by_expert(c2.as<int32_t>(), o2.as<int32_t>(), s2.as<int32_t>(), sl2.as<int32_t>(),
-                          dShifted.as<int32_t>() + 1, T, K, E);
+        auto dL = to_device(logits);
+        DeviceBuffer dP(T * E * 4), dLse(T * 4), dIdx(T * K * 4), dGate(T * K * 4), dCounts(E * 4),
+            dOff((E + 1) * 4), dSorted(T * K * 4), dSlot(T * K * 4), dAssigned(E * 4);
+        k::router_topk(dP.as<float>(), dLse.as<float>(), dIdx.as<int32_t>(), dGate.as<float>(),
+                       dL.as<float>(), T, E, K, renorm);
+        k::sort_by_expert(dCounts.as<int32_t>(), dOff.as<int32_t>(), dSorted.as<int32_t>(),
+                          dSlot.as<int32_t>(), dIdx.as<int32_t>(), T, K, E,
+                          capped ? dAssigned.as<int32_t>() : nullptr, cap);
         synchronize();
-        std::vector<int32_t> counts2(E), slot2(T * K);
-        c2.download(counts2.data(), E * 4);
-        sl2.download(slot2.data(), T * K * 4);
-        CHECK(counts2 == gcounts);
-        CHECK(slot2 == gslot);
+        // The load balance's counts: every assignment, kept or dropped.
+        const DeviceBuffer& dRaw = capped ? dAssigned : dCounts;
+        std::vector<int32_t> graw(E);
+        dRaw.download(graw.data(), E * 4);
+        for (int64_t e = 0; e < E; ++e) CHECK(int64_t(graw[e]) == assigned[e]);
+        std::vector<int32_t> gidx(T * K), gslot(T * K), gsorted(T * K), gcounts(E);
+        dIdx.download(gidx.data(), T * K * 4);
+        dSlot.download(gslot.data(), T * K * 4);
+        dSorted.download(gsorted.data(), T * K * 4);
+        dCounts.download(gcounts.data(), E * 4);
+        CHECK(gidx == idx);
+        CHECK(gslot == slot_row);
+        for (int64_t e = 0; e < E; ++e) CHECK(int64_t(gcounts[e]) == offsets[e + 1] - offsets[e]);
+        for (int64_t r = 0; r < R; ++r) CHECK(gsorted[r] / K == row_token[r]);
+        {  // the same sort from indices one element off 16-byte alignment (element loads)
+          std::vector<int32_t> shifted(size_t(T * K + 1), -1);
+          std::copy(gidx.begin(), gidx.end(), shifted.begin() + 1);
+          auto dShifted = to_device(shifted);
+          DeviceBuffer c2(E * 4), o2((E + 1) * 4), s2(T * K * 4), sl2(T * K * 4);
+          DeviceBuffer a2(E * 4);
+          k::sort_by_expert(c2.as<int32_t>(), o2.as<int32_t>(), s2.as<int32_t>(), sl2.as<int32_t>(),
+                            dShifted.as<int32_t>() + 1, T, K, E, a2.as<int32_t>(), cap);
+          synchronize();
+          std::vector<int32_t> counts2(E), slot2(T * K);
+          c2.download(counts2.data(), E * 4);
+          sl2.download(slot2.data(), T * K * 4);
+          CHECK(counts2 == gcounts);
+          CHECK(slot2 == gslot);
+        }
+        CHECK(rel_err(download_f(dP, T * E), probs) < 1e-5);
+        CHECK(rel_err(download_f(dGate, T * K), gate) < 1e-5);
+        CHECK(rel_err(download_f(dLse, T), lse) < 1e-5);
+
+        // combine forward/backward on random expert outputs
+        const auto ye = randn(T * K * C, 11), out0 = randn(T * C, 12), dout = randn(T * C, 13);
+        std::vector<float> out = out0, dye(T * K * C), dgate(T * K);
+        cpu::combine_forward(out.data(), ye.data(), gate.data(), slot_row.data(), T, K, C);
+        cpu::combine_backward(dye.data(), dgate.data(), dout.data(), ye.data(), gate.data(),
+                              slot_row.data(), T, K, C);
+        auto dY = to_device(ye), dOut = to_device(out0), dDout = to_device(dout);
+        auto dDye = poisoned(T * K * C * 4), dDg = poisoned(T * K * 4);
+        k::moe_combine_forward(dOut.as<float>(), dY.as<float>(), dGate.as<float>(),
+                               dSlot.as<int32_t>(), T, K, C);
+        k::moe_combine_backward(dDye.data(), DType::f32, dDg.as<float>(), dDout.as<float>(),
+                                dY.as<float>(), dGate.as<float>(), dSorted.as<int32_t>(), R, K, C,
+                                capped ? dSlot.as<int32_t>() : nullptr, capped ? T * K : 0);
+        synchronize();
+        CHECK(rel_err(download_f(dOut, T * C), out) < 1e-5);
+        CHECK(rel_err(download_f(dDye, R * C),
+                      std::vector<float>(dye.begin(), dye.begin() + R * C)) < 1e-5);
+        CHECK(rel_err(download_f(dDg, T * K), dgate) < 1e-5);
+
+        // router backward with load balance and z-loss
+        const float lb = 0.01f, z = 0.001f;
+        std::vector<double> lb_dp(E);
+        for (int64_t e = 0; e < E; ++e)
+          lb_dp[e] = double(lb) * double(E) * (double(assigned[e]) / double(T * K)) / double(T);
+        std::vector<float> dlog(T * E);
+        cpu::router_backward(dlog.data(), probs.data(), lse.data(), idx.data(), gate.data(),
+                             dgate.data(), lb_dp.data(), 2.0 * z / double(T), T, E, K, renorm);
+        auto dDlog = poisoned(T * E * 4);
+        k::router_backward(dDlog.data(), DType::f32, dP.as<float>(), dLse.as<float>(),
+                           dIdx.as<int32_t>(), dGate.as<float>(), dDg.as<float>(),
+                           dRaw.as<int32_t>(), T, E, K, renorm, lb, z);
+        synchronize();
+        CHECK(rel_err(download_f(dDlog, T * E), dlog) < 1e-5);
       }
-      CHECK(rel_err(download_f(dP, T * E), probs) < 1e-5);
-      CHECK(rel_err(download_f(dGate, T * K), gate) < 1e-5);
-      CHECK(rel_err(download_f(dLse, T), lse) < 1e-5);
-
-      // combine forward/backward on random expert outputs
-      const auto ye = randn(T * K * C, 11), out0 = randn(T * C, 12), dout = randn(T * C, 13);
-      std::vector<float> out = out0, dye(T * K * C), dgate(T * K);
-      cpu::combine_forward(out.data(), ye.data(), gate.data(), slot_row.data(), T, K, C);
-      cpu::combine_backward(dye.data(), dgate.data(), dout.data(), ye.data(), gate.data(),
-                            slot_row.data(), T, K, C);
-      auto dY = to_device(ye), dOut = to_device(out0), dDout = to_device(dout);
-      auto dDye = poisoned(T * K * C * 4), dDg = poisoned(T * K * 4);
-      k::moe_combine_forward(dOut.as<float>(), dY.as<float>(), dGate.as<float>(),
-                             dSlot.as<int32_t>(), T, K, C);
-      k::moe_combine_backward(dDye.data(), DType::f32, dDg.as<float>(), dDout.as<float>(),
-                              dY.as<float>(), dGate.as<float>(), dSorted.as<int32_t>(), T * K, K,
-                              C);
-      synchronize();
-      CHECK(rel_err(download_f(dOut, T * C), out) < 1e-5);
-      CHECK(rel_err(download_f(dDye, T * K * C), dye) < 1e-5);
-      CHECK(rel_err(download_f(dDg, T * K), dgate) < 1e-5);
-
-      // router backward with load balance and z-loss
-      const float lb = 0.01f, z = 0.001f;
-      std::vector<double> lb_dp(E);
-      for (int64_t e = 0; e < E; ++e)
-        lb_dp[e] = double(lb) * double(E) * (double(assigned[e]) / double(T * K)) / double(T);
-      std::vector<float> dlog(T * E);
-      cpu::router_backward(dlog.data(), probs.data(), lse.data(), idx.data(), gate.data(),
-                           dgate.data(), lb_dp.data(), 2.0 * z / double(T), T, E, K, renorm);
-      auto dDlog = poisoned(T * E * 4);
-      k::router_backward(dDlog.data(), DType::f32, dP.as<float>(), dLse.as<float>(),
-                         dIdx.as<int32_t>(), dGate.as<float>(), dDg.as<float>(),
-                         dCounts.as<int32_t>(), T, E, K, renorm, lb, z);
-      synchronize();
-      CHECK(rel_err(download_f(dDlog, T * E), dlog) < 1e-5);
     }
 }
 
@@ -355,26 +370,35 @@ TEST_CASE("gather_rows, combine and scatter-add equal a host loop, in 16-byte wo
           wrong += got[size_t(i * C + c)] != xin[size_t(sorted[size_t(i)] / K * C + c)];
       CHECK(wrong == 0);
     }
-    std::vector<float> y = y0, dx = y0;
-    for (int64_t tk = 0; tk < T; ++tk)
-      for (int64_t c = 0; c < C; ++c) {
-        float s = y[size_t(tk * C + c)], d = dx[size_t(tk * C + c)];
-        for (int64_t k2 = 0; k2 < K; ++k2) {
-          const int64_t slot = slot_of[size_t(tk * K + k2)];
-          s += gate[size_t(tk * K + k2)] * ys[size_t(slot * C + c)];
-          d += ys[size_t(slot * C + c)];
+    // Then with every fifth assignment dropped (slot −1, over capacity): it adds nothing.
+    for (const bool drop : {false, true}) {
+      INFO((drop ? "with dropped assignments" : "dropless"));
+      std::vector<int32_t> slots = slot_of;
+      if (drop)
+        for (int64_t a = 2; a < N; a += 5) slots[size_t(a)] = -1;
+      auto dSlots = to_device(slots);
+      std::vector<float> y = y0, dx = y0;
+      for (int64_t tk = 0; tk < T; ++tk)
+        for (int64_t c = 0; c < C; ++c) {
+          float s = y[size_t(tk * C + c)], d = dx[size_t(tk * C + c)];
+          for (int64_t k2 = 0; k2 < K; ++k2) {
+            const int64_t slot = slots[size_t(tk * K + k2)];
+            if (slot < 0) continue;
+            s += gate[size_t(tk * K + k2)] * ys[size_t(slot * C + c)];
+            d += ys[size_t(slot * C + c)];
+          }
+          y[size_t(tk * C + c)] = s;
+          dx[size_t(tk * C + c)] = d;
         }
-        y[size_t(tk * C + c)] = s;
-        dx[size_t(tk * C + c)] = d;
-      }
-    auto dY = to_device(y0), dDx = to_device(y0);
-    k::moe_combine_forward(dY.as<float>(), dYs.as<float>(), dGate.as<float>(), dSlot.as<int32_t>(),
-                           T, K, C);
-    k::moe_scatter_add(dDx.as<float>(), dYs.as<float>(), dSlot.as<int32_t>(), T, K, C);
-    synchronize();
-    // The host's float sums in the kernels' order: equal but for FMA contraction on a GPU.
-    CHECK(rel_err(download_f(dY, T * C), y) < 1e-6);
-    CHECK(download_f(dDx, T * C) == dx);
+      auto dY = to_device(y0), dDx = to_device(y0);
+      k::moe_combine_forward(dY.as<float>(), dYs.as<float>(), dGate.as<float>(),
+                             dSlots.as<int32_t>(), T, K, C);
+      k::moe_scatter_add(dDx.as<float>(), dYs.as<float>(), dSlots.as<int32_t>(), T, K, C);
+      synchronize();
+      // The host's float sums in the kernels' order: equal but for FMA contraction on a GPU.
+      CHECK(rel_err(download_f(dY, T * C), y) < 1e-6);
+      CHECK(download_f(dDx, T * C) == dx);
+    }
   }
 }
 

@@ -581,6 +581,76 @@ TEST_CASE("routed experts: the tiled kernels give the per-expert products' step;
   CHECK_THROWS_AS(f32.set_expert_path(cu::ExpertPath::tiled), moeplan::InputError);
 }
 
+// A capacity factor (BACKEND.md: each expert keeps its first ceil(cf·T·K/E) assignments of a
+// pass, in token order; the load balance counts every assignment): what the CPU drops, on every
+// expert path, in one pass and in passes, training and evaluating.
+TEST_CASE("capacity factor: every expert path drops what the CPU drops") {
+  const Arch a = moe_arch();
+  ModelOptions opt;
+  opt.capacity_factor = 0.75;
+  opt.z_loss = 1e-3;
+  const auto no_padding = [](FlopLedger l) {
+    l.flops[int(FlopCategory::padding)] = {};
+    return l;
+  };
+  for (const int64_t passes_of : {0, 2}) {  // one pass of 5 sequences; passes of 2 + 2 + 1
+    INFO("passes of " << passes_of);
+    ModelOptions o = opt;
+    o.micro_batch_seqs = passes_of;
+    const int64_t B = 5;
+    const Batch b = random_batch(B, a.seq_len, a.vocab, 91);
+    moeplan::backend::Model<float> ref(a, o, 13, B);
+    StepResult rc;
+    const double oc = ref.compute_gradients(b.inputs.data(), b.targets.data(), &rc);
+    const std::vector<float> gc = vec(ref.gradients());
+    REQUIRE(rc.dropped_assignments > 0);  // the case tests something
+    const double ec = ref.forward_loss(b.inputs.data(), b.targets.data(), B);
+    for (const cu::ExpertPath path :
+         {cu::ExpertPath::grouped, cu::ExpertPath::loop, cu::ExpertPath::batched}) {
+      INFO("fp32 experts " << int(path));
+      cu::Model gpu(a, o, 13, B, DType::f32);
+      gpu.set_expert_path(path);
+      StepResult rg;
+      const double og = gpu.compute_gradients(b.inputs.data(), b.targets.data(), &rg);
+      const double err = rel_err(gpu.gradients(), gc);
+      std::printf(
+          "[capacity, passes of %lld, fp32 path %d] objective cpu %.7f gpu %.7f, dropped "
+          "%lld, gradient rel err %.2e\n",
+          (long long)passes_of, int(path), oc, og, (long long)rg.dropped_assignments, err);
+      CHECK(std::abs(og - oc) / oc < 1e-5);
+      CHECK(std::abs(rg.aux_load_balance - rc.aux_load_balance) <= 1e-5 * rc.aux_load_balance);
+      CHECK(err < 1e-4);
+      CHECK(rg.dropped_assignments == rc.dropped_assignments);
+      CHECK(rg.routed_per_moe_layer == rc.routed_per_moe_layer);
+      print_ledger_diff(no_padding(rg.flops), no_padding(rc.flops));
+      CHECK(no_padding(rg.flops) == no_padding(rc.flops));
+      const double eg = gpu.forward_loss(b.inputs.data(), b.targets.data(), B);
+      CHECK(std::abs(eg - ec) / ec < 1e-5);
+    }
+    // bf16: the tiled kernels against the per-expert products, the same drops.
+    cu::Model tiled(a, o, 13, B, DType::bf16), loop(a, o, 13, B, DType::bf16);
+    tiled.set_expert_path(cu::ExpertPath::tiled);
+    loop.set_expert_path(cu::ExpertPath::loop);
+    StepResult rt, rl;
+    const double ot = tiled.compute_gradients(b.inputs.data(), b.targets.data(), &rt);
+    const double ol = loop.compute_gradients(b.inputs.data(), b.targets.data(), &rl);
+    const double err = rel_err(tiled.gradients(), loop.gradients());
+    std::printf(
+        "[capacity, passes of %lld, bf16 tiled] objective tiled %.7f loop %.7f cpu %.7f, "
+        "gradient rel diff %.2e\n",
+        (long long)passes_of, ot, ol, oc, err);
+    CHECK(std::abs(ot - ol) / ol < 1e-3);
+    CHECK(std::abs(ot - oc) / oc < 2e-2);
+    CHECK(err < 2e-2);
+    CHECK(rt.dropped_assignments == rl.dropped_assignments);
+    CHECK(rt.dropped_assignments > 0);
+    CHECK(rt.routed_per_moe_layer == rl.routed_per_moe_layer);
+    CHECK(no_padding(rt.flops) == no_padding(rl.flops));
+    const double et = tiled.forward_loss(b.inputs.data(), b.targets.data(), B);
+    CHECK(std::abs(et - ec) / ec < 2e-2);
+  }
+}
+
 namespace {
 
 // A bf16 step with the given fused attention against the cuBLAS attention. The two paths differ

@@ -621,6 +621,41 @@ TEST_CASE("moeplan run --device cuda (emulated): the CPU's tokens and ledger, ke
   CHECK_FALSE(fs::exists(dir / "estimate"));
 }
 
+// The training options the cuda device once refused: a capacity factor (drops) and the ERC loss.
+// bf16 routing may tip a token to another expert where the CPU's fp32 does not, so the drops are
+// compared within a margin; the ERC products depend on the shapes alone, so their ledger equals.
+TEST_CASE(
+    "moeplan run --device cuda (emulated): a capacity factor and the ERC loss, as on the CPU") {
+  const fs::path dir = fresh_dir("cuda_capacity_erc");
+  Manifest m = tiny_manifest(tiny_plan("dense", true, 8, 4, 40, 3e-3, 16),
+                             {tiny_plan("moe-a", false, 8, 4, 40, 3e-3, 16)});
+  m.train.capacity_factor = 0.75;
+  m.train.erc_loss = 0.3;
+  write_manifest_atomic(m, dir / "sweep.toml");
+  const std::string sweep = (dir / "sweep.toml").string();
+  const Result cpu = run_cli({"run", sweep, "--out", (dir / "cpu").string(), "--point", "moe-a"});
+  REQUIRE_MESSAGE(cpu.status == 0, cpu.err);
+  const Result gpu = run_cli(
+      {"run", sweep, "--out", (dir / "cuda").string(), "--point", "moe-a", "--device", "cuda"},
+      MOEPLAN_EMULATED_BINARY);
+  REQUIRE_MESSAGE(gpu.status == 0, gpu.err);
+  const json want = record(dir / "cpu", "moe-a"), got = record(dir / "cuda", "moe-a");
+  CHECK(got["status"] == "complete");
+  const int64_t dc = want["measured"]["tokens"]["dropped_assignments"].get<int64_t>();
+  const int64_t dg = got["measured"]["tokens"]["dropped_assignments"].get<int64_t>();
+  INFO("dropped assignments: cpu " << dc << ", cuda " << dg);
+  CHECK(dc > 0);
+  CHECK(std::abs(double(dg - dc)) <= 0.05 * double(dc));
+  CHECK(got["measured"]["tokens"]["consumed"] == want["measured"]["tokens"]["consumed"]);
+  CHECK(got["measured"]["tokens"]["unique"] == want["measured"]["tokens"]["unique"]);
+  const json& aux = got["measured"]["flops"]["by_category"]["aux-loss"];
+  CHECK(aux.at("forward").get<int64_t>() > 0);
+  CHECK(aux == want["measured"]["flops"]["by_category"]["aux-loss"]);
+  const double lc = want["loss_curve"].back()["train_loss"].get<double>();
+  const double lg = got["loss_curve"].back()["train_loss"].get<double>();
+  CHECK(std::abs(lg - lc) / lc < 2e-2);
+}
+
 // --kernels gemm=FILE on the emulated device: the first run tunes the point's products into a new
 // table, a later run reads it unchanged; the emulation's cuBLASLt multiplies as its cublasGemmEx
 // does, so the loss curve must equal the run without a table bit for bit (on a GPU another

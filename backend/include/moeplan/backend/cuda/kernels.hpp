@@ -75,8 +75,13 @@ void router_topk(float* probs, float* lse, int32_t* topk_idx, float* topk_gate, 
                  int64_t T, int64_t E, int64_t K, bool renormalize);
 // Stable sort of the T·K assignments (a = t·K + k) by expert: counts (E), offsets (E+1),
 // sorted (T·K) = assignment ids in (expert, a) order, slot_of (T·K) = where each assignment went.
+// With a capacity > 0 (the CPU's dispatch): each expert keeps its first `capacity` assignments
+// in assignment order; assigned (E) gets every expert's assignments, counts the kept ones,
+// offsets and sorted cover the kept rows only (offsets[E] of them), and slot_of is −1 for a
+// dropped assignment.
 void sort_by_expert(int32_t* counts, int32_t* offsets, int32_t* sorted, int32_t* slot_of,
-                    const int32_t* topk_idx, int64_t T, int64_t K, int64_t E);
+                    const int32_t* topk_idx, int64_t T, int64_t K, int64_t E,
+                    int32_t* assigned = nullptr, int64_t capacity = 0);
 // The expert-padded layout of the routed rows (experts=batched): expert e's j-th row at e·cap + j,
 // so that one strided-batched product covers every expert. pad[p] (p < E·cap) = offsets[e] + j
 // for j < counts[e], -1 past the expert's rows; unpad[offsets[e] + j] = e·cap + j.
@@ -88,14 +93,16 @@ void copy_rows(void* dst, const void* src, DType t, const int32_t* map, int64_t 
 // out (N, C) = rows of in (T, C) for token sorted[i] / K; both in `mm`
 void gather_rows(void* out, const void* in, DType mm, const int32_t* sorted, int64_t N, int64_t K,
                  int64_t C);
-// y (T,C) += Σ_k gate[t,k]·ys[slot_of[t·K+k]] in k order; ys (T·K, C)
+// y (T,C) += Σ_k gate[t,k]·ys[slot_of[t·K+k]] in k order; ys (T·K, C); dropped slots (−1) add
+// nothing
 void moe_combine_forward(float* y, const float* ys, const float* gate, const int32_t* slot_of,
                          int64_t T, int64_t K, int64_t C);
-// dys (N,C) in `mm` = gate[a]·dy[a/K]; dgate (T·K) = dy[a/K]·ys[i], a = sorted[i]
+// dys (N,C) in `mm` = gate[a]·dy[a/K]; dgate (T·K) = dy[a/K]·ys[i], a = sorted[i]. With
+// slot_of: dgate is 0 for each of the `assignments` that was dropped (slot_of −1).
 void moe_combine_backward(void* dys, DType mm, float* dgate, const float* dy, const float* ys,
-                          const float* gate, const int32_t* sorted, int64_t N, int64_t K,
-                          int64_t C);
-// dx (T,C) += Σ_k dxs[slot_of[t·K+k]] in k order
+                          const float* gate, const int32_t* sorted, int64_t N, int64_t K, int64_t C,
+                          const int32_t* slot_of = nullptr, int64_t assignments = 0);
+// dx (T,C) += Σ_k dxs[slot_of[t·K+k]] in k order, dropped slots (−1) skipped
 void moe_scatter_add(float* dx, const float* dxs, const int32_t* slot_of, int64_t T, int64_t K,
                      int64_t C);
 // aux (2) = {λ·E·Σ_i f_i·P_i, z·mean_t lse²}; f_i = counts_i/(T·K), P_i = mean_t probs. p_mean (E)

@@ -26,8 +26,10 @@ class Communicator;
 // square. Either way the ledger records the causal part under attention-core (as the CPU does),
 // the executed masked rest under `padding` and recomputed backward products under `recompute`,
 // so every executed product is counted once and nothing is hidden.
-// Not supported here (InputError): capacity_factor > 0. The ERC loss runs in fp32 whatever the
-// matrix type, its noise drawn from the CPU reference's generator, continued (rng_state).
+// A capacity factor drops what the CPU drops (each expert keeps its first ceil(cf·T·K/E)
+// assignments of a pass) on every expert path, with one host wait per MoE layer (the kept rows
+// size the products). The ERC loss runs in fp32 whatever the matrix type, its noise drawn from
+// the CPU reference's generator, continued (rng_state).
 // Which attention kernels a bf16 model runs (fp32 models and unsupported head widths always run
 // the cuBLAS path): `fused`, the WMMA kernels forward and backward; `fused_mma`, the same tiles
 // with register-resident fragments (attention::forward_mma, and backward_mma for head widths up to
