@@ -225,6 +225,8 @@ struct Point {
   int64_t logit_rows = 0;   // the LM head's chunk in rows (0: the model's automatic one)
   bool serial_shared = false;  // the MoE's shared expert on the default stream (not beside)
   bool wgrad_beside = false;   // weight gradients on the second stream (set_weight_grad_overlap)
+  double capacity_factor = 0;  // ModelOptions::capacity_factor (0: dropless)
+  double erc_loss = 0;         // ModelOptions::erc_loss (0: off)
 };
 
 Arch dense124() {
@@ -389,12 +391,21 @@ int main(int argc, char** argv) {
         Point{"dense-124M-fused-mma-attn-wgrad-beside", dense124(), fused_mma,
               cu::ExpertPath::grouped, 0, 0, false, true},
         Point{"moe-ra0.2-tiled-fused-mma-attn-wgrad-beside", moe_equal_n(), fused_mma, tiled, 0, 0,
-              false, true}}) {
+              false, true},
+        // The default MoE point with the training options that cost time of their own: a
+        // capacity factor (one host wait per MoE layer for the kept rows) and the ERC loss (fp32
+        // products of E x Dm x E*De a layer, three a step).
+        Point{"moe-ra0.2-tiled-fused-mma-attn-capacity-1.25", moe_equal_n(), fused_mma, tiled, 0,
+              0, false, false, 1.25},
+        Point{"moe-ra0.2-tiled-fused-mma-attn-erc", moe_equal_n(), fused_mma, tiled, 0, 0, false,
+              false, 0, 0.01}}) {
     if (!only.empty() && only.find("," + p.name + ",") == std::string::npos) continue;
     const std::string name = table ? p.name + "-lt-table" : p.name;
     const ParamCounts pc = count_params(p.arch);
     ModelOptions opt;
     opt.micro_batch_seqs = p.micro_batch;
+    opt.capacity_factor = p.capacity_factor;
+    opt.erc_loss = p.erc_loss;
     OptimConfig cfg;
     cfg.lr_peak = 6e-4;
     cfg.warmup_steps = 2;
