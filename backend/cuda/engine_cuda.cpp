@@ -153,7 +153,19 @@ class CudaEngine final : public Engine {
             "process first (the same command without --nproc or WORLD_SIZE, e.g. with "
             "--estimate 1)",
             path, missing.size()));
-      GemmTable tuned = tune_gemm_table(missing, 0.03, 20);
+      GemmTable tuned;
+      try {
+        tuned = tune_gemm_table(missing, 0.03, 20);
+      } catch (const DeviceOutOfMemory& e) {  // its operands come beside the model's buffers
+        throw InputError(fmt::format(
+            "--kernels gemm={}: timing the point's products needs a cuBLASLt workspace and random "
+            "operands beside the "
+            "model's buffers, and {} more did not fit next to the {} held (the device has {}); "
+            "run in smaller passes (--micro-batch n: smaller products, so smaller operands to "
+            "time), or without gemm=",
+            path, bytes_text(double(e.requested)), bytes_text(double(e.in_use)),
+            bytes_text(double(device_memory().second))));
+      }
       if (exists)
         table.entries.insert(table.entries.end(), tuned.entries.begin(), tuned.entries.end());
       else

@@ -902,6 +902,12 @@ TEST_CASE("out of device memory (emulated): one line naming the passes; --micro-
                "cuda", "--micro-batch", "16", "--kernels",
                "attention=cublas,experts=grouped,logits=64"},
               MOEPLAN_EMULATED_BINARY);
+  // The passes fit, but a GEMM table's tuning needs its own 32 MiB workspace and operands too.
+  const std::string table = (dir / "table.json").string();
+  const Result tune = run_cli(
+      {"run", sweep, "--point", "dense", "--out", (dir / "tune").string(), "--device", "cuda",
+       "--micro-batch", "16", "--kernels", "attention=cublas,experts=grouped,gemm=" + table},
+      MOEPLAN_EMULATED_BINARY);
   ::setenv("MOEPLAN_EMU_MEMORY_KIB", "20480", 1);  // not even cuBLAS's workspace
   const Result none = run_dense("none", "1");
   ::unsetenv("MOEPLAN_EMU_MEMORY_KIB");
@@ -938,6 +944,15 @@ TEST_CASE("out of device memory (emulated): one line naming the passes; --micro-
   CHECK(crec["measured"]["tokens"] == rec["measured"]["tokens"]);
   CHECK(std::abs(crec["loss_curve"].back()["train_loss"].get<double>() -
                  rec["loss_curve"].back()["train_loss"].get<double>()) < 1e-4);
+  CHECK(tune.status == 2);
+  CHECK(one_line(tune.err));
+  CHECK_MESSAGE(tune.err.find("--kernels gemm=" + table +
+                              ": timing the point's products needs a cuBLASLt workspace and "
+                              "random operands beside the model's buffers, and 32.0 MiB more did "
+                              "not fit") != std::string::npos,
+                tune.err);
+  CHECK_FALSE(fs::exists(table));
+  CHECK_FALSE(fs::exists(dir / "tune" / "dense" / "record.json"));
   CHECK(none.status == 2);
   CHECK(one_line(none.err));
   CHECK_MESSAGE(none.err.find("with passes of 1 sequence of 16 tokens; the weights, gradients and "
