@@ -1322,4 +1322,55 @@ TEST_CASE(
     CHECK(apart < 5e-3 * moved);
   }
 }
+// A capacity limit under data parallelism is each rank's, over its own pass (as expert-parallel
+// trainers apply it per device), and the job's counts are the ranks' sums: the first step's drops
+// and routed rows equal those of one process per rank share (the same initial weights).
+TEST_CASE("data parallel at world size 2 (emulated, two processes): capacity drops are summed") {
+  ::setenv("MOEPLAN_EMU_DEVICES", "2", 1);
+  ::setenv("MOEPLAN_EMU_NCCL_TIMEOUT", "60", 1);
+  const Arch a = moe_arch();
+  ModelOptions opt;
+  opt.capacity_factor = 0.75;
+  const int64_t B = 4;
+  OptimConfig cfg;
+  cfg.lr_peak = 1e-3;
+  cfg.total_steps = 1;
+  const std::vector<Batch> batches = {random_batch(B, a.seq_len, a.vocab, 808)};
+  int64_t want_dropped = 0;
+  std::vector<int64_t> want_routed(size_t(a.moe_layers()), 0);
+  for (int r = 0; r < 2; ++r) {
+    const cu::RankInfo info{r, 2, r};
+    std::vector<int32_t> in, tg;
+    cu::take_rank_share(in, batches[0].inputs.data(), B, a.seq_len, info);
+    cu::take_rank_share(tg, batches[0].targets.data(), B, a.seq_len, info);
+    cu::Model one(a, opt, 5, cu::rank_batch(B, info), DType::f32);
+    StepResult res;
+    one.compute_gradients(in.data(), tg.data(), &res);
+    want_dropped += res.dropped_assignments;
+    for (size_t l = 0; l < want_routed.size(); ++l) want_routed[l] += res.routed_per_moe_layer[l];
+  }
+  REQUIRE(want_dropped > 0);
+  const std::string id_file =
+      (std::filesystem::temp_directory_path() / ("moeplan-nccl-cap-" + std::to_string(getpid())))
+          .string();
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {  // rank 1
+    int status = 0;
+    try {
+      train_rank(1, a, opt, B, batches, cfg, id_file, false);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "rank 1: %s\n", e.what());
+      status = 1;
+    }
+    ::_exit(status);
+  }
+  const RankRun r0 = train_rank(0, a, opt, B, batches, cfg, id_file, false);
+  int st = 0;
+  ::waitpid(child, &st, 0);
+  REQUIRE_MESSAGE((WIFEXITED(st) && WEXITSTATUS(st) == 0), "rank 1 failed");
+  CHECK(r0.steps[0].dropped_assignments == want_dropped);
+  CHECK(r0.steps[0].routed_per_moe_layer == want_routed);
+}
+
 #endif
