@@ -72,7 +72,7 @@ struct Model<S>::Impl {
   // train_step reads (B·passes, the last pass possibly shorter).
   int64_t step_B = 0;
   int64_t B = 0, seq = 0, Dm = 0, H = 0, Hkv = 0, Dh = 0, Wqkv = 0, V = 0, E = 0, K = 0, De = 0,
-          Dse = 0, Dffn = 0, L = 0, capacity = 0;
+          Dse = 0, Dffn = 0, L = 0;
   bool rope = false, serial = false;
   int threads = 1;
 
@@ -161,10 +161,6 @@ struct Model<S>::Impl {
     rope = o.positions == "rope";
     const int64_t T = B * seq;
     serial = T * Dm < kParallelStream;
-    capacity = T * K;
-    if (o.capacity_factor > 0 && E > 0)
-      capacity = std::min<int64_t>(
-          T * K, int64_t(std::ceil(o.capacity_factor * double(T * K) / double(E))));
 #ifdef _OPENMP
     threads = omp_get_max_threads();
 #endif
@@ -326,13 +322,7 @@ struct Model<S>::Impl {
                       FlopCategory::router);
     router_forward(x.probs.data(), x.lse.data(), x.idx.data(), x.gate.data(), T, E, K,
                    opt.renormalize_gates);
-    const int64_t cap =
-        nb == B
-            ? capacity
-            : (opt.capacity_factor > 0
-                   ? std::min<int64_t>(
-                         T * K, int64_t(std::ceil(opt.capacity_factor * double(T * K) / double(E))))
-                   : T * K);
+    const int64_t cap = expert_capacity(opt.capacity_factor, T, K, E);  // per pass
     const int64_t drop =
         dispatch(x.assigned.data(), x.offsets.data(), x.cursor.data(), x.slot_row.data(),
                  x.row_token.data(), x.idx.data(), T, E, K, cap);

@@ -41,6 +41,11 @@ void router_forward(S* probs, S* lse, int32_t* idx, S* gate, int64_t T, int64_t 
   }
 }
 
+int64_t expert_capacity(double capacity_factor, int64_t T, int64_t K, int64_t E) {
+  if (capacity_factor <= 0 || E <= 0) return T * K;
+  return std::min<int64_t>(T * K, int64_t(std::ceil(capacity_factor * double(T * K) / double(E))));
+}
+
 int64_t dispatch(int64_t* assigned, int64_t* offsets, int64_t* cursor, int32_t* slot_row,
                  int32_t* row_token, const int32_t* idx, int64_t T, int64_t E, int64_t K,
                  int64_t capacity) {

@@ -12,6 +12,10 @@ template <class S>
 void router_forward(S* probs, S* lse, int32_t* idx, S* gate, int64_t T, int64_t E, int64_t K,
                     bool renormalize);
 
+// The rows each expert keeps of T tokens' T·K assignments: ceil(capacity_factor·T·K/E), at most
+// T·K; T·K (every one, dropless) when capacity_factor is 0. Both devices take it from here.
+int64_t expert_capacity(double capacity_factor, int64_t T, int64_t K, int64_t E);
+
 // Stable counting sort of the T·K assignments by expert. assigned (E) = assignments before any
 // drop; offsets (E+1) = kept rows per expert in the sorted order; slot_row (T·K) = sorted row
 // of each (token, slot) or −1 if dropped (beyond `capacity` per expert); row_token (T·K) = token

@@ -1085,11 +1085,6 @@ __global__ void adamw4_kernel(float* p, bf16* p_mm, float* m, float* v, const fl
 
 // ---- the expert-router coupling loss -------------------------------------------------------
 
-__device__ __forceinline__ double warp_sum_double(double x) {
-  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
-  return x;
-}
-
 // Block per router row i (blockDim a multiple of 32, ≤ 1024): each warp takes rows j in turn and
 // finds its squared distance to row i (lanes over the columns, in double); the smallest over
 // the warps is exact whatever the order. Then δ and rt.
@@ -1106,12 +1101,12 @@ __global__ void erc_noise_kernel(float* delta, float* rt, const float* router, c
       const double d = double(ri[c]) - double(rj[c]);
       s += d * d;
     }
-    s = warp_sum_double(s);
+    s = warp_sum(s);
     if (j != i) nearest = fmin(nearest, s);
   }
   if (warp == 0) {
     for (int64_t c = lane; c < D; c += 32) own += double(ri[c]) * double(ri[c]);
-    own = warp_sum_double(own);
+    own = warp_sum(own);
   }
   __shared__ double part[32];
   __syncthreads();
@@ -1133,27 +1128,23 @@ __global__ void erc_noise_kernel(float* delta, float* rt, const float* router, c
   }
 }
 
-// n = D·E·De elements of wg (D, E·De); element (d, j·De + c) of it is element (d, c) of expert
-// j's w13 (D, 2·De).
+// A thread an element of wg (D, E·De): element (d, j·De + c) is element (d, c) of expert j's w13
+// (D, 2·De).
 __global__ void erc_gather_gate_kernel(float* wg, const float* w13, int64_t stride, int64_t E,
                                        int64_t D, int64_t De) {
-  const int64_t n = D * E * De;
-  for (int64_t q = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; q < n;
-       q += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t d = q / (E * De), r = q % (E * De), j = r / De, c = r % De;
-    wg[q] = w13[j * stride + d * 2 * De + c];
-  }
+  const int64_t q = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (q >= D * E * De) return;
+  const int64_t d = q / (E * De), r = q % (E * De), j = r / De, c = r % De;
+  wg[q] = w13[j * stride + d * 2 * De + c];
 }
 
-// Each gradient element is added to by one thread: no order to fix.
+// The way back: each gradient element is added to by one thread, so no order to fix.
 __global__ void erc_scatter_gate_grad_kernel(float* dw13, const float* dwg, int64_t stride,
                                              int64_t E, int64_t D, int64_t De) {
-  const int64_t n = D * E * De;
-  for (int64_t q = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; q < n;
-       q += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t d = q / (E * De), r = q % (E * De), j = r / De, c = r % De;
-    dw13[j * stride + d * 2 * De + c] += dwg[q];
-  }
+  const int64_t q = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (q >= D * E * De) return;
+  const int64_t d = q / (E * De), r = q % (E * De), j = r / De, c = r % De;
+  dw13[j * stride + d * 2 * De + c] += dwg[q];
 }
 
 // Warp per (i, j): the norm of one De-wide block of act's row i.
@@ -1209,13 +1200,11 @@ __global__ void erc_hinge_kernel(double* loss, float* dm, const float* m, int64_
 
 __global__ void erc_scale_kernel(float* act, const float* m, const float* dm, int64_t E,
                                  int64_t De) {
-  const int64_t n = E * E * De;
-  for (int64_t q = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; q < n;
-       q += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t ij = q / De;  // = i·E + j: act's row i, block j
-    const float mv = m[ij];
-    act[q] *= mv > 0.f ? dm[ij] / mv : 0.f;
-  }
+  const int64_t q = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (q >= E * E * De) return;
+  const int64_t ij = q / De;  // = i·E + j: act's row i, block j
+  const float mv = m[ij];
+  act[q] *= mv > 0.f ? dm[ij] / mv : 0.f;
 }
 
 __global__ void erc_router_grad_kernel(float* drouter, const float* drt, const float* delta,
@@ -1611,21 +1600,18 @@ void erc_noise(float* delta, float* rt, const float* router, const double* u, in
   check_launch("erc_noise");
 }
 
-namespace {
-unsigned grid_for(int64_t n) {  // grid-stride kernels: enough blocks to fill the device
-  return unsigned(std::clamp<int64_t>((n + 255) / 256, 1, 4096));
-}
-}  // namespace
-
 void erc_gather_gate(float* wg, const float* w13, int64_t stride, int64_t E, int64_t D,
                      int64_t De) {
-  erc_gather_gate_kernel<<<grid_for(D * E * De), 256>>>(wg, w13, stride, E, D, De);
+  if (D * E * De == 0) return;
+  erc_gather_gate_kernel<<<blocks_for(D * E * De, 256), 256>>>(wg, w13, stride, E, D, De);
   check_launch("erc_gather_gate");
 }
 
 void erc_scatter_gate_grad(float* dw13, const float* dwg, int64_t stride, int64_t E, int64_t D,
                            int64_t De) {
-  erc_scatter_gate_grad_kernel<<<grid_for(D * E * De), 256>>>(dw13, dwg, stride, E, D, De);
+  if (D * E * De == 0) return;
+  erc_scatter_gate_grad_kernel<<<blocks_for(D * E * De, 256), 256>>>(dw13, dwg, stride, E, D,
+                                                                      De);
   check_launch("erc_scatter_gate_grad");
 }
 
@@ -1645,7 +1631,8 @@ void erc_hinge(double* loss, float* dm, const float* m, int64_t E, double alpha,
 }
 
 void erc_scale(float* act, const float* m, const float* dm, int64_t E, int64_t De) {
-  erc_scale_kernel<<<grid_for(E * E * De), 256>>>(act, m, dm, E, De);
+  if (E * De == 0) return;
+  erc_scale_kernel<<<blocks_for(E * E * De, 256), 256>>>(act, m, dm, E, De);
   check_launch("erc_scale");
 }
 

@@ -15,6 +15,7 @@
 #include <numeric>
 
 #include "../cpu/layers.hpp"
+#include "../cpu/moe.hpp"
 #include "../cpu/rng.hpp"
 #include "check.hpp"
 #include "moeplan/accounting/error.hpp"
@@ -1102,12 +1103,10 @@ struct Model::Impl {
     return s;
   }
 
-  // The capacity of each expert in a pass of Tn tokens (the CPU's: ceil(cf·Tn·K/E), at most
-  // Tn·K); 0 without a capacity factor (dropless).
+  // The capacity of each expert in a pass of Tn tokens (the CPU's); 0 without a capacity factor
+  // (dropless).
   int64_t pass_capacity(int64_t Tn) const {
-    if (opt.capacity_factor <= 0) return 0;
-    return std::min<int64_t>(Tn * K,
-                             int64_t(std::ceil(opt.capacity_factor * double(Tn * K) / double(E))));
+    return opt.capacity_factor > 0 ? cpu::expert_capacity(opt.capacity_factor, Tn, K, E) : 0;
   }
   // Every expert's assignments before any drop (the load balance's f_i).
   const int32_t* assigned_counts(const Acts& x) const {
