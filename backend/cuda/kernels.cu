@@ -1625,8 +1625,8 @@ void erc_hinge(double* loss, float* dm, const float* m, int64_t E, double alpha,
                double grad_weight) {
   if (E > 6144)  // its row sums live in shared memory: 8 bytes an expert, at most 48 KB
     throw std::invalid_argument("erc_hinge: at most 6144 experts");
-  erc_hinge_kernel<<<1, 256, size_t(std::max<int64_t>(E, 1)) * sizeof(double)>>>(loss, dm, m, E,
-                                                                                  alpha, coef, grad_weight);
+  erc_hinge_kernel<<<1, 256, size_t(std::max<int64_t>(E, 1)) * sizeof(double)>>>(
+      loss, dm, m, E, alpha, coef, grad_weight);
   check_launch("erc_hinge");
 }
 

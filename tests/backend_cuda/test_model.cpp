@@ -1082,6 +1082,37 @@ TEST_CASE("same seed, same data: bit-for-bit the same losses and weights; save/l
   CHECK(m2.parameters() == weights_after2);
 }
 
+// Model states written before the generator was saved (format 1: no ERC on the cuda device
+// then, so nothing drawn after the initial weights) still load and resume bit for bit.
+TEST_CASE("a model state of format 1 (without the generator) still loads") {
+  const Arch a = moe_arch();
+  const ModelOptions opt;
+  const int64_t B = 2;
+  OptimConfig cfg;
+  cfg.lr_peak = 1e-3;
+  cfg.total_steps = 4;
+  cu::Model m1(a, opt, 9, B), m2(a, opt, 9, B);
+  const Batch b0 = random_batch(B, a.seq_len, a.vocab, 600),
+              b1 = random_batch(B, a.seq_len, a.vocab, 601);
+  m1.train_step(b0.inputs.data(), b0.targets.data(), 0, cfg);
+  std::vector<char> state;
+  m1.save_state(state);
+  REQUIRE(std::string(state.data(), 8) == "MOEPCUD2");
+  // Format 1: magic ...1, and no generator state (4 words) after the AdamW step count.
+  const size_t at = 8 + 8 + 3 * size_t(m1.trainable_params()) * 4 + 8;
+  std::vector<char> v1(state.begin(), state.begin() + std::ptrdiff_t(at));
+  v1.insert(v1.end(), state.begin() + std::ptrdiff_t(at + 32), state.end());
+  v1[7] = '1';
+  m2.load_state(v1);
+  CHECK(m2.adam_steps() == 1);
+  const StepResult r1 = m1.train_step(b1.inputs.data(), b1.targets.data(), 1, cfg);
+  const StepResult r2 = m2.train_step(b1.inputs.data(), b1.targets.data(), 1, cfg);
+  CHECK(r1.loss == r2.loss);
+  CHECK(m1.parameters() == m2.parameters());
+  v1[7] = '3';
+  CHECK_THROWS_AS(m2.load_state(v1), moeplan::InputError);
+}
+
 TEST_CASE("NCCL data-parallel path at world size 1 equals the plain step; windows split by rank") {
   CHECK(cu::windows_of_rank(10, 0, 3) == 4);  // windows 0, 3, 6, 9
   CHECK(cu::windows_of_rank(10, 1, 3) == 3);  // 1, 4, 7
