@@ -413,6 +413,9 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
            {"lr", r.lr},
            {"aux_load_balance", r.aux_load_balance},
            {"grad_norm", r.grad_norm}});
+      // The optional auxiliary losses, when on (coefficient-weighted, summed over MoE layers).
+      if (model_opt.z_loss > 0) st.loss_curve.back()["aux_z"] = r.aux_z;
+      if (model_opt.erc_loss > 0) st.loss_curve.back()["aux_erc"] = r.aux_erc;
       st.loss_sum_since_log = 0;
       st.steps_since_log = 0;
     }

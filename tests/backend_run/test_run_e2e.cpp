@@ -654,6 +654,14 @@ TEST_CASE(
   const double lc = want["loss_curve"].back()["train_loss"].get<double>();
   const double lg = got["loss_curve"].back()["train_loss"].get<double>();
   CHECK(std::abs(lg - lc) / lc < 2e-2);
+  // The ERC loss is in the curve (it is on); the z-loss is not (it is off).
+  const json& last = got["loss_curve"].back();
+  REQUIRE(last.contains("aux_erc"));
+  CHECK(last["aux_erc"].get<double>() > 0);
+  CHECK(std::abs(last["aux_erc"].get<double>() -
+                 want["loss_curve"].back()["aux_erc"].get<double>()) <=
+        0.05 * last["aux_erc"].get<double>());
+  CHECK_FALSE(last.contains("aux_z"));
 }
 
 // --kernels gemm=FILE on the emulated device: the first run tunes the point's products into a new
