@@ -197,6 +197,26 @@ std::string verdict_of(const std::vector<json>& records, const json* dense) {
       "the planned D̂ unique, ran the planned epochs and steps, with C [paper] within the plan's "
       "rounding",
       matching, complete_count);
+  // A capacity factor drops routed assignments: those points' experts computed less than K per
+  // token, which an equal-resource claim should state.
+  std::string drops;
+  for (const json& r : records) {
+    const int64_t dropped = r["measured"]["tokens"].value("dropped_assignments", int64_t{0});
+    if (dropped <= 0 || !r["plan"].contains("arch")) continue;
+    const json& a = r["plan"]["arch"];
+    const double assignments =
+        double(r["measured"]["tokens"].value("consumed", int64_t{0})) *
+        double(a.value("top_k", int64_t{0})) *
+        double(a.value("layers", int64_t{0}) - a.value("dense_layers", int64_t{0}));
+    if (assignments <= 0) continue;
+    drops += fmt::format("{}{} {:.1f} % ({} of {})", drops.empty() ? "" : ", ",
+                         r.value("point_id", "?"), 100.0 * double(dropped) / assignments,
+                         human(double(dropped)), human(assignments));
+  }
+  if (!drops.empty())
+    v +=
+        "\ncapacity drops (routed assignments over an expert's capacity, computed by no expert): " +
+        drops;
   return v;
 }
 

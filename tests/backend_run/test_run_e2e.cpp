@@ -662,6 +662,18 @@ TEST_CASE(
                  want["loss_curve"].back()["aux_erc"].get<double>()) <=
         0.05 * last["aux_erc"].get<double>());
   CHECK_FALSE(last.contains("aux_z"));
+  // The report states the drops: dropped / (consumed tokens · K · MoE layers).
+  const Result rep = run_cli({"report", (dir / "cpu").string()});
+  REQUIRE_MESSAGE(rep.status == 0, rep.err);
+  const json& arch = want["plan"]["arch"];
+  const double share =
+      100.0 * double(dc) /
+      double(want["measured"]["tokens"]["consumed"].get<int64_t>() * arch["top_k"].get<int64_t>() *
+             (arch["layers"].get<int64_t>() - arch["dense_layers"].get<int64_t>()));
+  CHECK_MESSAGE(rep.out.find(fmt::format("capacity drops (routed assignments over an expert's "
+                                         "capacity, computed by no expert): moe-a {:.1f} % (",
+                                         share)) != std::string::npos,
+                rep.out);
 }
 
 // --kernels gemm=FILE on the emulated device: the first run tunes the point's products into a new
