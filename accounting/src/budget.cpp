@@ -29,7 +29,16 @@ Budget make_budget(const BudgetRequest& r) {
   b.batch_seqs = r.batch_seqs;
   b.reuse = r.reuse;
   const double step_tokens = double(r.batch_seqs) * double(r.seq_len);
-  b.steps = std::max<int64_t>(1, std::llround(r.compute / r.flops_per_token / step_tokens));
+  const double steps = r.compute / r.flops_per_token / step_tokens;
+  // Fewer than half a step would round to none; planning one step anyway would train on several
+  // times the budget and still call it equal.
+  if (!(steps >= 0.5))
+    throw InputError(fmt::format(
+        "compute C = {:.4g} FLOPs is {:.2g} of one training step ({} x {} tokens at M = {:.4g} "
+        "FLOPs/token costs {:.4g} FLOPs); give a budget of at least one step",
+        r.compute, steps, r.batch_seqs, r.seq_len, r.flops_per_token,
+        r.flops_per_token * step_tokens));
+  b.steps = std::llround(steps);
   b.tokens_consumed = b.steps * r.batch_seqs * r.seq_len;
   b.compute = r.flops_per_token * double(b.tokens_consumed);
   b.compute_rel_diff = (b.compute - r.compute) / r.compute;

@@ -6,6 +6,7 @@
 
 #include "moeplan/accounting/error.hpp"
 #include "moeplan/accounting/params.hpp"
+#include "moeplan/accounting/units.hpp"
 #include "moeplan/planner/point.hpp"
 
 namespace moeplan {
@@ -69,10 +70,20 @@ EqualResourcePlanner::EqualResourcePlanner(const PlanRequest& request)
   dense_.id = "dense";
   dense_.role = "dense";
   dense_.activation_rate_target = 0;
-  tokens_unique_ = request.budget.reuse == Reuse::strict
-                       ? (request.budget.tokens_unique > 0 ? request.budget.tokens_unique
-                                                           : double(dense_.budget.tokens_consumed))
-                       : 0;
+  // Strict reuse fixes D̂ to the dense baseline's unique data as planned (ACCOUNTING.md, "Data,
+  // epochs and reuse"): whole windows, and at most what the baseline consumes. A MoE point, with
+  // its lower M, consumes more tokens; it repeats those D̂ rather than reading more unique ones,
+  // or the sweep would not be equal in unique data.
+  tokens_unique_ = request.budget.reuse == Reuse::strict ? double(dense_.budget.tokens_unique) : 0;
+  const double asked = request.budget.tokens_unique;
+  if (request.budget.reuse == Reuse::strict && asked > 0 &&
+      asked > double(dense_.budget.tokens_consumed))
+    dense_.note = fmt::format(
+        "--unique-tokens {:.4g} is more than the dense baseline consumes ({} tokens); every point "
+        "trains on the baseline's {} unique tokens (equal D̂). For no repetition in any point, "
+        "use --epochs 1 (loose reuse) instead",
+        asked, human(double(dense_.budget.tokens_consumed)),
+        human(double(dense_.budget.tokens_unique)));
 }
 
 Plan EqualResourcePlanner::plan_point(double ra_target) const {

@@ -70,10 +70,11 @@ std::string preamble(const Manifest& m, const char* bullet) {
   int flagged = 0;
   for (const Plan& p : m.points) flagged += !p.reachable;
   std::string out = fmt::format(
-      "{}family {}, N target {} (±{:.1f}%), r_a within ±{:.2f} points; {} points + dense "
+      "{}family {}, N target {} (±{:.1f}%), r_a within ±{:.2f} points; {} point{} + dense "
       "baseline{}\n",
       bullet, m.family, human(m.n_target), 100 * m.n_tolerance, 100 * m.ra_tolerance,
-      m.points.size(), flagged ? fmt::format(", {} flagged (!)", flagged) : "");
+      m.points.size(), m.points.size() == 1 ? "" : "s",
+      flagged ? fmt::format(", {} flagged (!)", flagged) : "");
   out += fmt::format(
       "{}compute C = {} FLOPs [{}] for every point (spread {:.3f}% from step rounding); {}\n",
       bullet, human(d.budget.compute_target), label_of(d), 100 * compute_spread(m), reuse);
@@ -82,6 +83,7 @@ std::string preamble(const Manifest& m, const char* bullet) {
 
 std::string notes(const Manifest& m, const char* bullet) {
   std::string out;
+  if (!m.dense.note.empty()) out += fmt::format("{}  {}: {}\n", bullet, m.dense.id, m.dense.note);
   for (const Plan& p : m.points)
     if (!p.reachable || !p.note.empty())
       out += fmt::format("{}{} {}: {}\n", bullet, p.reachable ? " " : "!", p.id, p.note);

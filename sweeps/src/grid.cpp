@@ -72,12 +72,10 @@ std::vector<double> parse_ra_spec(std::string_view text, int points) {
                       text, b, a));
     if (points < 1)
       throw InputError(fmt::format("--points {} is invalid; it must be at least 1", points));
-    if (points == 1) {
-      if (a != b)
-        throw InputError(
-            fmt::format("--ra '{}' with --points 1: a range needs at least 2 points", text));
-      return {a};
-    }
+    if (a == b) return {a};  // A:A is one rate, not --points copies of it
+    if (points == 1)
+      throw InputError(
+          fmt::format("--ra '{}' with --points 1: a range needs at least 2 points", text));
     std::vector<double> out(static_cast<size_t>(points));
     // Rounded to 1e-12 so that 0.1:0.5 gives 0.3, not 0.30000000000000004, in ids and files.
     for (int i = 0; i < points; ++i)

@@ -1,4 +1,5 @@
 #include <cmath>
+#include <string>
 
 #include <doctest/doctest.h>
 
@@ -32,6 +33,29 @@ TEST_CASE("budget: integer steps, rounded C, unique windows, epochs") {
   q.reuse = Reuse::loose;
   q.epochs = 2;
   CHECK(make_budget(q).tokens_unique == 3'906'252 * 128);
+}
+
+TEST_CASE("budget: a compute budget below half a step is refused, not rounded up to a step") {
+  // M = 1e6 FLOPs/token, B·S = 8·128 = 1024 tokens: one step costs 1.024e9 FLOPs.
+  BudgetRequest q;
+  q.flops_per_token = 1e6;
+  q.total_params = 1'000'000;
+  q.seq_len = 128;
+  q.batch_seqs = 8;
+  q.tokens_unique = 1024;
+  q.compute = 0.6 * 1.024e9;  // 0.6 of a step rounds to one step: C' = 1.024e9, +66.7 %
+  CHECK(make_budget(q).steps == 1);
+  CHECK(make_budget(q).compute_rel_diff == doctest::Approx(1.0 / 0.6 - 1.0));
+  q.compute = 0.3 * 1.024e9;  // 0.3 of a step would round to none
+  try {
+    make_budget(q);
+    FAIL("a budget of 0.3 steps was accepted");
+  } catch (const InputError& e) {
+    const std::string what = e.what();
+    CHECK(what.find("C = 3.072e+08") != std::string::npos);
+    CHECK(what.find("0.3 of one training step") != std::string::npos);
+    CHECK(what.find("costs 1.024e+09 FLOPs") != std::string::npos);
+  }
 }
 
 TEST_CASE("effective data after repetition (Muennighoff et al. 2023)") {

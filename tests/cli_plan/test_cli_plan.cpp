@@ -193,6 +193,8 @@ TEST_CASE("bad input: one line naming the value, exit status 2") {
   expect_bad_input("grid --N 2e9 --ra 1.5", "outside (0, 1]");
   expect_bad_input("grid --N 2e9 --ra 0.4:0.1", "below its start");
   expect_bad_input("grid --N 2e9 --ra x:0.4", "'x' is not a number");
+  expect_bad_input("grid --N 2e9 --ra 0.2 --compute 1e10", "C = 1e+10 FLOPs is 0.00036 of one");
+  expect_bad_input("grid --N 2e9 --ra 0.2 --dense-tokens 100", "of one training step");
   expect_bad_input("grid --N 2e9 --ra 0.1 --family llama", "--family 'llama'");
   expect_bad_input("grid --N 2e9 --ra 0.1 --format xml", "--format 'xml'");
   expect_bad_input("grid --N 2e9 --ra 0.1 --convention flops", "--convention 'flops'");

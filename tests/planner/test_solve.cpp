@@ -226,6 +226,33 @@ TEST_CASE("equal resources: same C up to step rounding, same unique data, D rati
   }
 }
 
+TEST_CASE(
+    "strict reuse: a unique budget above what the baseline consumes gives every point the "
+    "baseline's D̂") {
+  PlanRequest r;
+  r.n_target = 2e6;
+  r.budget.tokens_unique = 1e15;  // far more than 20 tokens per parameter
+  const EqualResourcePlanner planner(r);
+  const Plan& d = planner.dense();
+  CHECK(d.budget.tokens_unique == d.budget.tokens_consumed);  // capped: nothing to repeat
+  CHECK(d.note.find("--unique-tokens 1e+15") != std::string::npos);
+  CHECK(d.note.find("--epochs 1") != std::string::npos);
+  for (double ra : {0.2, 0.5}) {
+    const Plan p = planner.plan_point(ra);
+    CAPTURE(ra);
+    // Equal unique data: the MoE repeats the baseline's D̂ instead of reading 1e15 unique tokens.
+    CHECK(p.budget.tokens_unique == d.budget.tokens_unique);
+    CHECK(p.budget.epochs > 1.0);
+  }
+  // A unique budget below the baseline's D is every point's D̂ as asked, with no note.
+  r.budget.tokens_unique = 1e7;
+  const EqualResourcePlanner b(r);
+  CHECK(b.dense().note.empty());
+  CHECK(b.dense().budget.tokens_unique ==
+        std::llround(1e7 / double(b.dense().arch.seq_len)) * b.dense().arch.seq_len);
+  CHECK(b.plan_point(0.2).budget.tokens_unique == b.dense().budget.tokens_unique);
+}
+
 TEST_CASE("budget kinds: --compute, --dense-tokens, loose reuse") {
   PlanRequest r;
   r.n_target = 2e6;

@@ -81,6 +81,8 @@ TEST_CASE("parse_ra_spec: ranges, lists, single values") {
   CHECK(parse_ra_spec("0.2") == std::vector<double>{0.2});
   CHECK(parse_ra_spec("1") == std::vector<double>{1.0});
   CHECK(parse_ra_spec("0.3:0.3", 1) == std::vector<double>{0.3});
+  // A range whose ends agree is one rate, not --points identical copies of it.
+  CHECK(parse_ra_spec("0.2:0.2", 8) == std::vector<double>{0.2});
 }
 
 TEST_CASE("parse_ra_spec: malformed input names the text and what is valid") {
