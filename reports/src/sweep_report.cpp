@@ -75,9 +75,16 @@ std::string preamble(const Manifest& m, const char* bullet) {
       bullet, m.family, human(m.n_target), 100 * m.n_tolerance, 100 * m.ra_tolerance,
       m.points.size(), m.points.size() == 1 ? "" : "s",
       flagged ? fmt::format(", {} flagged (!)", flagged) : "");
+  const double spread = compute_spread(m);
+  // Few, large steps round coarsely; say so where the rounding alone breaks the C tolerance.
+  const std::string over =
+      m.compute_tolerance > 0 && spread > m.compute_tolerance
+          ? fmt::format(", ABOVE the sweep's tolerance of {:.1f}%: too few steps to round finely",
+                        100 * m.compute_tolerance)
+          : "";
   out += fmt::format(
-      "{}compute C = {} FLOPs [{}] for every point (spread {:.3f}% from step rounding); {}\n",
-      bullet, human(d.budget.compute_target), label_of(d), 100 * compute_spread(m), reuse);
+      "{}compute C = {} FLOPs [{}] for every point (spread {:.3f}% from step rounding{}); {}\n",
+      bullet, human(d.budget.compute_target), label_of(d), 100 * spread, over, reuse);
   return out;
 }
 

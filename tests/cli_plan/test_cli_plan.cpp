@@ -111,6 +111,21 @@ TEST_CASE("grid --N 2e9 --ra 0.05:0.4: table with 8 points, the dense baseline, 
   CHECK(rows + flagged == 8);
   CHECK(flagged == 1);  // r_a 0.05 < the 7.17 % floor of the 2B backbone
   CHECK(r.out.find("! moe-ra0.050: r_a 5.00% not reachable") != std::string::npos);
+  CHECK(r.out.find("ABOVE the sweep's tolerance") == std::string::npos);
+}
+
+TEST_CASE("grid: the header says when step rounding alone breaks the C tolerance") {
+  // A data-parallel width of 1e6 sequences a step leaves the 2B dense baseline 20 steps and the
+  // r_a 0.2 point 90: rounding to whole steps moves C by up to half a step, 2.5 % and 0.56 %.
+  const Result r = run_moeplan("grid --N 2e9 --ra 0.2 --dp-width 1e6");
+  CHECK(r.status == 0);
+  CHECK(r.out.find("ABOVE the sweep's tolerance of 1.0%") != std::string::npos);
+  // The planner's own note: a unique budget above the baseline's consumption is capped, said.
+  const Result u = run_moeplan("grid --N 2e9 --ra 0.2 --unique-tokens 1e20");
+  CHECK(u.status == 0);
+  CHECK(u.out.find("dense: --unique-tokens 1e+20 is more than the dense baseline consumes") !=
+        std::string::npos);
+  CHECK(u.out.find("1 point + dense baseline") != std::string::npos);
 }
 
 TEST_CASE("-o sweep.toml writes a manifest that reads back; formats by extension and flag") {
