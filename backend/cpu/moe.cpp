@@ -4,40 +4,53 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <limits>
+#include <numeric>
+#include <vector>
 
 namespace moeplan::backend::cpu {
 
 template <class S>
 void router_forward(S* probs, S* lse, int32_t* idx, S* gate, int64_t T, int64_t E, int64_t K,
                     bool renormalize) {
-#pragma omp parallel for schedule(static) if (T * E * K >= kParallelWork)
-  for (int64_t t = 0; t < T; ++t) {
-    S* p = probs + t * E;
-    S mx = p[0];
-    for (int64_t e = 1; e < E; ++e) mx = std::max(mx, p[e]);
-    S sum = 0;
-    for (int64_t e = 0; e < E; ++e) {
-      p[e] = std::exp(p[e] - mx);
-      sum += p[e];
-    }
-    for (int64_t e = 0; e < E; ++e) p[e] /= sum;
-    lse[t] = mx + std::log(sum);
-    int32_t* ix = idx + t * K;
-    S* g = gate + t * K;
-    S chosen = 0;
-    for (int64_t k = 0; k < K; ++k) {
-      int32_t best = -1;
+#pragma omp parallel if (T * E * K >= kParallelWork)
+  {
+    std::vector<int32_t> order(static_cast<size_t>(E));
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < T; ++t) {
+      S* p = probs + t * E;
+      S mx = p[0];
+      for (int64_t e = 1; e < E; ++e) mx = std::max(mx, p[e]);
+      S sum = 0;
       for (int64_t e = 0; e < E; ++e) {
-        bool taken = false;
-        for (int64_t m = 0; m < k; ++m) taken |= ix[m] == e;
-        if (!taken && (best < 0 || p[e] > p[best])) best = int32_t(e);
+        p[e] = std::exp(p[e] - mx);
+        sum += p[e];
       }
-      ix[k] = best;
-      g[k] = p[best];
-      chosen += p[best];
+      for (int64_t e = 0; e < E; ++e) p[e] /= sum;
+      lse[t] = mx + std::log(sum);
+      // The K most probable experts in order, the lower index first on ties (a NaN, from
+      // non-finite logits, ranks last): O(E log K) a token, not K passes over E.
+      const auto key = [p](int32_t e) {
+        return std::isnan(p[e]) ? -std::numeric_limits<S>::infinity() : p[e];
+      };
+      std::iota(order.begin(), order.end(), 0);
+      std::partial_sort(order.begin(), order.begin() + K, order.end(),
+                        [&key](int32_t a, int32_t b) {
+                          const S ka = key(a), kb = key(b);
+                          return ka > kb || (ka == kb && a < b);
+                        });
+      int32_t* ix = idx + t * K;
+      S* g = gate + t * K;
+      S chosen = 0;
+      for (int64_t k = 0; k < K; ++k) {
+        ix[k] = order[size_t(k)];
+        g[k] = p[ix[k]];
+        chosen += g[k];
+      }
+      if (renormalize)
+        for (int64_t k = 0; k < K; ++k) g[k] /= chosen;
     }
-    if (renormalize)
-      for (int64_t k = 0; k < K; ++k) g[k] /= chosen;
   }
 }
 
