@@ -8,6 +8,7 @@
 
 #include "moeplan/accounting/error.hpp"
 #include "moeplan/accounting/units.hpp"
+#include "moeplan/reports/plot.hpp"
 #include "moeplan/reports/text_table.hpp"
 
 namespace moeplan {
@@ -220,6 +221,82 @@ std::string verdict_of(const std::vector<json>& records, const json* dense) {
   return v;
 }
 
+// The report's charts: the sweep's outcome (final BPC against r_a, the dense baseline as a
+// line), validation BPC against training compute (every point ends at the same C), and training
+// loss against consumed tokens (the MoE points read more, repeating D̂).
+std::vector<plot::Chart> charts_of(const std::vector<json>& records, const json* dense) {
+  std::vector<plot::Chart> charts;
+  plot::Series moe{"MoE points", {}, true, false};
+  for (const json& r : records)
+    if (!is_dense(r) && is_complete(r))
+      moe.points.emplace_back(r["plan"].value("activation_rate", 0.0),
+                              r.value("final_val_bpc", 0.0));
+  if (!moe.points.empty()) {
+    plot::Chart c{"Final validation BPC against the activation rate (equal N, C and D̂)",
+                  "activation rate r_a = N_a / N",
+                  "validation bits per byte (lower is better)",
+                  {},
+                  0,
+                  "bpc-ra"};
+    double x0 = moe.points.front().first, x1 = x0;
+    for (const auto& [x, y] : moe.points) x0 = std::min(x0, x), x1 = std::max(x1, x);
+    if (x1 - x0 < 0.1) x0 -= 0.05, x1 += 0.05;
+    c.series.push_back(moe);
+    if (dense) {
+      const double b = dense->value("final_val_bpc", 0.0);
+      c.series.push_back(
+          {fmt::format("dense baseline ({:.4f})", b), {{x0, b}, {x1, b}}, false, true});
+    }
+    charts.push_back(std::move(c));
+  }
+  std::string convention = "paper";
+  plot::Chart val{"Validation BPC during training, against training compute",
+                  "",
+                  "validation bits per byte",
+                  {},
+                  0,
+                  "val-c"};
+  plot::Chart loss{"Training loss against consumed tokens (y axis fitted from 15 % of each run on)",
+                   "tokens consumed (repeats counted)",
+                   "training loss (nats per token)",
+                   {},
+                   0.15,
+                   "loss-d"};
+  for (const json& r : records) {
+    const json& p = r["plan"];
+    const std::string id = r.value("point_id", "?");
+    convention = p.value("convention", convention);
+    const double steps = p.value("steps", 0.0);
+    const double per_step = steps > 0 ? p.value("tokens_consumed", 0.0) / steps : 0.0;
+    const double m = p.value("flops_per_token", 0.0);
+    plot::Series v{id, {}, false, is_dense(r)};
+    for (const json& e : r.value("val_curve", json::array()))
+      v.points.emplace_back(e.value("step", 0.0) * per_step * m, e.value("val_bpc", 0.0));
+    if (!v.points.empty()) val.series.push_back(std::move(v));
+    std::vector<plot::XY> l;
+    for (const json& e : r.value("loss_curve", json::array()))
+      l.emplace_back(e.value("tokens_consumed", 0.0), e.value("train_loss", 0.0));
+    if (!l.empty()) loss.series.push_back({id, plot::bucket_means(l, 150), false, is_dense(r)});
+  }
+  val.x_label = fmt::format("training compute C [{}] (FLOPs)", convention);
+  if (!val.series.empty()) charts.push_back(std::move(val));
+  if (!loss.series.empty()) charts.push_back(std::move(loss));
+  return charts;
+}
+
+// Each complete MoE point's final BPC minus the dense baseline's, as bars.
+std::string bars_of(const std::vector<json>& records, const json* dense) {
+  if (!dense) return "";
+  std::vector<std::pair<std::string, double>> bars;
+  for (const json& r : records)
+    if (!is_dense(r) && is_complete(r))
+      bars.emplace_back(r.value("point_id", "?"),
+                        r.value("final_val_bpc", 0.0) - dense->value("final_val_bpc", 0.0));
+  if (bars.empty()) return "";
+  return "val BPC minus the dense baseline's (# below dense: better; + above: worse)\n" +
+         plot::text_bars(bars, "{:+.4f}");
+}
+
 }  // namespace
 
 std::vector<json> load_run_records(const fs::path& dir) {
@@ -285,16 +362,21 @@ std::string render_run_report(const std::vector<json>& records, const std::strin
       "paper convention (6·N_a + 12·L·D_m·S per consumed token); D consumed counts repeats, D̂ "
       "unique does not",
       records.size(), source);
+  const std::string bars = bars_of(records, dense);
   switch (format) {
     case ReportFormat::text:
-      return title + "\n\n" + t.render() + "\n" + verdict + "\n\n" + time_title + "\n\n" +
-             tt.render();
+      return title + "\n\n" + t.render() + "\n" + verdict + "\n\n" +
+             (bars.empty() ? "" : bars + "\n") + time_title + "\n\n" + tt.render();
     case ReportFormat::markdown:
-      return "# " + title + "\n\n" + t.render_markdown() + "\n" + verdict + "\n\n## " + time_title +
-             "\n\n" + tt.render_markdown();
+      return "# " + title + "\n\n" + t.render_markdown() + "\n" + verdict + "\n\n" +
+             (bars.empty() ? "" : "```\n" + bars + "```\n\n") + "## " + time_title + "\n\n" +
+             tt.render_markdown();
     case ReportFormat::html:
       break;
   }
+  std::string figures;
+  for (const plot::Chart& c : charts_of(records, dense))
+    figures += "<figure>\n" + plot::render_svg(c) + "</figure>\n";
   auto html_table = [](const std::vector<std::string>& headers,
                        const std::vector<std::vector<std::string>>& body) {
     std::string h = "<table>\n<tr>";
@@ -312,8 +394,8 @@ std::string render_run_report(const std::vector<json>& records, const std::strin
          "table{border-collapse:collapse}tr:nth-child(even){background:#f4f4f4}</style>"
          "</head><body>\n<p>" +
          html_escape(title) + "</p>\n" + html_table(kHeaders, rows) + "<p>" + html_escape(verdict) +
-         "</p>\n<p>" + html_escape(time_title) + "</p>\n" + html_table(kTimeHeaders, time_rows) +
-         "</body></html>\n";
+         "</p>\n" + figures + "<p>" + html_escape(time_title) + "</p>\n" +
+         html_table(kTimeHeaders, time_rows) + "</body></html>\n";
 }
 
 }  // namespace moeplan

@@ -1,0 +1,221 @@
+#include "moeplan/reports/plot.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include <fmt/format.h>
+
+#include "moeplan/accounting/units.hpp"
+
+namespace moeplan::plot {
+
+namespace {
+
+bool finite(const XY& p) {
+  return std::isfinite(p.first) && std::isfinite(p.second);
+}
+
+std::string escape(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    switch (c) {
+      case '<':
+        o += "&lt;";
+        break;
+      case '>':
+        o += "&gt;";
+        break;
+      case '&':
+        o += "&amp;";
+        break;
+      case '"':
+        o += "&quot;";
+        break;
+      default:
+        o += c;
+    }
+  }
+  return o;
+}
+
+// Distinguishable on white and for the common colour-vision deficiencies (Okabe and Ito's set).
+constexpr const char* kPalette[] = {"#0072B2", "#D55E00", "#009E73", "#CC79A7",
+                                    "#E69F00", "#56B4E9", "#F0E442", "#999999"};
+
+}  // namespace
+
+std::vector<double> nice_ticks(double lo, double hi, int target) {
+  if (!std::isfinite(lo) || !std::isfinite(hi)) return {0, 1};
+  if (hi < lo) std::swap(lo, hi);
+  target = std::max(1, target);
+  double range = hi - lo;
+  if (range <= 0) range = lo != 0 ? std::fabs(lo) * 0.1 : 1;
+  const double raw = range / target;
+  const double decade = std::pow(10.0, std::floor(std::log10(raw)));
+  double step = 10 * decade;
+  for (double m : {1.0, 2.0, 5.0, 10.0})
+    if (m * decade >= raw * (1 - 1e-9)) {
+      step = m * decade;
+      break;
+    }
+  // Integer multiples of the step, so that 0.1·3 prints as 0.3.
+  auto first = int64_t(std::floor(lo / step + 1e-9));
+  auto last = int64_t(std::ceil(hi / step - 1e-9));
+  if (last <= first) {  // lo == hi on a tick: one step either side
+    --first;
+    ++last;
+  }
+  std::vector<double> ticks;
+  for (int64_t i = first; i <= last; ++i) {
+    const double v = double(i) * step;
+    ticks.push_back(std::fabs(v) < step * 1e-9 ? 0.0 : v);
+  }
+  return ticks;
+}
+
+std::string tick_label(double v) {
+  if (v == 0) return "0";
+  if (std::fabs(v) >= 1e4) return human(v, 4);
+  return fmt::format("{:.4g}", v);
+}
+
+std::vector<XY> bucket_means(const std::vector<XY>& points, size_t max_points) {
+  if (points.size() <= max_points || max_points < 3) return points;
+  std::vector<XY> out;
+  out.reserve(max_points);
+  out.push_back(points.front());
+  const size_t inner = points.size() - 2, buckets = max_points - 2;
+  for (size_t b = 0; b < buckets; ++b) {
+    const size_t from = 1 + b * inner / buckets, to = 1 + (b + 1) * inner / buckets;
+    double sx = 0, sy = 0;
+    for (size_t i = from; i < to; ++i) {
+      sx += points[i].first;
+      sy += points[i].second;
+    }
+    const double n = double(to - from);
+    out.emplace_back(sx / n, sy / n);
+  }
+  out.push_back(points.back());
+  return out;
+}
+
+double Frame::x_px(double x) const {
+  return kLeft + (x - x_lo) / (x_hi - x_lo) * (kWidth - kLeft - kRight);
+}
+
+double Frame::y_px(double y) const {
+  return kHeight - kBottom - (y - y_lo) / (y_hi - y_lo) * (kHeight - kTop - kBottom);
+}
+
+Frame frame_for(const Chart& chart) {
+  double x0 = std::numeric_limits<double>::infinity(), x1 = -x0, y0 = x0, y1 = -x0;
+  for (const Series& s : chart.series) {
+    double sx0 = std::numeric_limits<double>::infinity(), sx1 = -sx0;
+    for (const XY& p : s.points)
+      if (finite(p)) {
+        sx0 = std::min(sx0, p.first);
+        sx1 = std::max(sx1, p.first);
+      }
+    const double from = sx0 + chart.y_from_fraction * (sx1 - sx0);
+    for (const XY& p : s.points)
+      if (finite(p)) {
+        x0 = std::min(x0, p.first);
+        x1 = std::max(x1, p.first);
+        if (p.first < from) continue;
+        y0 = std::min(y0, p.second);
+        y1 = std::max(y1, p.second);
+      }
+  }
+  if (!(x0 <= x1)) x0 = 0, x1 = 1, y0 = 0, y1 = 1;  // nothing to draw
+  const std::vector<double> xt = nice_ticks(x0, x1), yt = nice_ticks(y0, y1);
+  return Frame{xt.front(), xt.back(), yt.front(), yt.back()};
+}
+
+std::string render_svg(const Chart& chart) {
+  const Frame f = frame_for(chart);
+  const double W = Frame::kWidth, H = Frame::kHeight;
+  const double left = Frame::kLeft, right = W - Frame::kRight, top = Frame::kTop,
+               bottom = H - Frame::kBottom;
+  std::string s = fmt::format(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0}\" height=\"{1}\" viewBox=\"0 0 {0} "
+      "{1}\" font-family=\"sans-serif\" font-size=\"12\" role=\"img\">\n<title>{2}</title>\n"
+      "<text x=\"{3}\" y=\"20\" font-size=\"14\" font-weight=\"bold\">{2}</text>\n",
+      W, H, escape(chart.title), left);
+  // Grid, ticks and their labels.
+  for (double t : nice_ticks(f.x_lo, f.x_hi)) {
+    const double x = f.x_px(t);
+    s += fmt::format(
+        "<line x1=\"{0:.1f}\" y1=\"{1}\" x2=\"{0:.1f}\" y2=\"{2}\" stroke=\"#e4e4e4\"/>"
+        "<text x=\"{0:.1f}\" y=\"{3}\" text-anchor=\"middle\">{4}</text>\n",
+        x, top, bottom, bottom + 16, tick_label(t));
+  }
+  for (double t : nice_ticks(f.y_lo, f.y_hi)) {
+    const double y = f.y_px(t);
+    s += fmt::format(
+        "<line x1=\"{0}\" y1=\"{1:.1f}\" x2=\"{2}\" y2=\"{1:.1f}\" stroke=\"#e4e4e4\"/>"
+        "<text x=\"{3}\" y=\"{4:.1f}\" text-anchor=\"end\">{5}</text>\n",
+        left, y, right, left - 6, y + 4, tick_label(t));
+  }
+  s += fmt::format(
+      "<rect x=\"{0}\" y=\"{1}\" width=\"{2}\" height=\"{3}\" fill=\"none\" stroke=\"#444\"/>\n"
+      "<text x=\"{4}\" y=\"{5}\" text-anchor=\"middle\">{6}</text>\n"
+      "<text transform=\"translate(16 {7}) rotate(-90)\" text-anchor=\"middle\">{8}</text>\n",
+      left, top, right - left, bottom - top, (left + right) / 2, H - 8, escape(chart.x_label),
+      (top + bottom) / 2, escape(chart.y_label));
+  // Series (clipped at the frame), then the legend beside the frame.
+  const std::string clip = "clip-" + escape(chart.id);
+  s += fmt::format(
+      "<clipPath id=\"{}\"><rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\"/></clipPath>\n"
+      "<g clip-path=\"url(#{})\">\n",
+      clip, left, top, right - left, bottom - top, clip);
+  size_t colour = 0;
+  std::string legend;
+  double legend_y = top + 6;
+  for (const Series& ser : chart.series) {
+    const char* c = ser.dashed ? "#000000" : kPalette[colour++ % std::size(kPalette)];
+    std::string pts;
+    for (const XY& p : ser.points)
+      if (finite(p)) pts += fmt::format("{:.1f},{:.1f} ", f.x_px(p.first), f.y_px(p.second));
+    if (!pts.empty()) pts.pop_back();
+    s += fmt::format(
+        "<polyline data-series=\"{}\" points=\"{}\" fill=\"none\" stroke=\"{}\" "
+        "stroke-width=\"1.8\"{}/>\n",
+        escape(ser.name), pts, c, ser.dashed ? " stroke-dasharray=\"6 4\"" : "");
+    if (ser.markers)
+      for (const XY& p : ser.points)
+        if (finite(p))
+          s += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3.5\" fill=\"{}\"/>\n",
+                           f.x_px(p.first), f.y_px(p.second), c);
+    legend += fmt::format(
+        "<line x1=\"{0}\" y1=\"{1:.1f}\" x2=\"{2}\" y2=\"{1:.1f}\" stroke=\"{3}\" "
+        "stroke-width=\"2\"{4}/><text x=\"{5}\" y=\"{6:.1f}\">{7}</text>\n",
+        right + 12, legend_y, right + 34, c, ser.dashed ? " stroke-dasharray=\"6 4\"" : "",
+        right + 40, legend_y + 4, escape(ser.name));
+    legend_y += 18;
+  }
+  return s + "</g>\n" + legend + "</svg>\n";
+}
+
+std::string text_bars(const std::vector<std::pair<std::string, double>>& bars,
+                      const std::string& value_format, int width) {
+  size_t label_w = 0, value_w = 0;
+  double most = 0;
+  std::vector<std::string> values;
+  for (const auto& [label, v] : bars) {
+    label_w = std::max(label_w, label.size());
+    values.push_back(fmt::format(fmt::runtime(value_format), v));
+    value_w = std::max(value_w, values.back().size());
+    if (std::isfinite(v)) most = std::max(most, std::fabs(v));
+  }
+  std::string out;
+  for (size_t i = 0; i < bars.size(); ++i) {
+    const double v = bars[i].second;
+    const int n = most > 0 && std::isfinite(v) ? int(std::lround(std::fabs(v) / most * width)) : 0;
+    out += fmt::format("  {:<{}}  {:>{}}  {}\n", bars[i].first, label_w, values[i], value_w,
+                       std::string(size_t(n), v < 0 ? '#' : '+'));
+  }
+  return out;
+}
+
+}  // namespace moeplan::plot

@@ -1,0 +1,92 @@
+// The report's charts: tick choice, labels, thinning, the data-to-pixel mapping and the SVG it
+// writes, each against values worked out by hand here.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "moeplan/reports/plot.hpp"
+
+using namespace moeplan::plot;
+
+namespace {
+
+void check_ticks(double lo, double hi, const std::vector<double>& want) {
+  CAPTURE(lo);
+  CAPTURE(hi);
+  const std::vector<double> got = nice_ticks(lo, hi);
+  REQUIRE(got.size() == want.size());
+  for (size_t i = 0; i < got.size(); ++i) CHECK(got[i] == doctest::Approx(want[i]).epsilon(1e-12));
+}
+
+}  // namespace
+
+TEST_CASE("nice ticks: steps of 1, 2 or 5 times a power of ten, covering the range") {
+  check_ticks(0, 1.87, {0, 0.5, 1, 1.5, 2});                  // 1.87/5 = 0.374 -> 0.5
+  check_ticks(1.7699, 1.8813, {1.75, 1.8, 1.85, 1.9});        // 0.0223 -> 0.05
+  check_ticks(0.2, 0.495, {0.2, 0.3, 0.4, 0.5});              // 0.059 -> 0.1
+  check_ticks(0, 9.5e11, {0, 2e11, 4e11, 6e11, 8e11, 1e12});  // 1.9e11 -> 2e11
+  check_ticks(-0.3, 0.3, {-0.4, -0.2, 0, 0.2, 0.4});          // 0.12 -> 0.2
+  check_ticks(3, 3, {2.9, 3, 3.1});                           // one value: a step either side
+  CHECK(nice_ticks(-0.3, 0.3)[2] == 0.0);                     // exactly zero, not 5.55e-17
+}
+
+TEST_CASE("tick labels") {
+  CHECK(tick_label(0.3) == "0.3");
+  CHECK(tick_label(1.85) == "1.85");
+  CHECK(tick_label(2e11) == "200B");
+  CHECK(tick_label(1e12) == "1T");
+  CHECK(tick_label(4e6) == "4M");
+  CHECK(tick_label(-0.0) == "0");
+}
+
+TEST_CASE("bucket means keep the ends and average runs of points") {
+  std::vector<XY> p;
+  for (int i = 0; i < 10; ++i) p.emplace_back(i, 2 * i);
+  // Inner points 1..8 in 3 buckets: [1, 3), [3, 6), [6, 9).
+  const std::vector<XY> want = {{0, 0}, {1.5, 3}, {4, 8}, {7, 14}, {9, 18}};
+  CHECK(bucket_means(p, 5) == want);
+  CHECK(bucket_means(p, 10) == p);
+  CHECK(bucket_means(p, 50) == p);
+}
+
+TEST_CASE("frame: data corners to the drawing area's corners; a hand-placed polyline") {
+  Chart c;
+  c.series.push_back({"a<b", {{0, 0}, {1, 1}, {2, 2}}, false, false});
+  const Frame f = frame_for(c);  // ticks 0, 0.5, ..., 2 on both axes
+  CHECK(f.x_lo == 0);
+  CHECK(f.x_hi == 2);
+  CHECK(f.x_px(0) == Frame::kLeft);
+  CHECK(f.x_px(2) == Frame::kWidth - Frame::kRight);
+  CHECK(f.y_px(0) == Frame::kHeight - Frame::kBottom);
+  CHECK(f.y_px(2) == Frame::kTop);
+  // x: 70 + 1/2 · (720 − 70 − 190) = 300; y: 360 − 46 − 1/2 · (360 − 34 − 46) = 174.
+  const std::string svg = render_svg(c);
+  CHECK(svg.find("points=\"70.0,314.0 300.0,174.0 530.0,34.0\"") != std::string::npos);
+  CHECK(svg.find("data-series=\"a&lt;b\"") != std::string::npos);  // names escaped
+  CHECK(svg.find("a<b") == std::string::npos);
+}
+
+TEST_CASE("frame: non-finite points are left out; the y axis can skip each curve's start") {
+  Chart c;
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  c.series.push_back({"s", {{0, 100}, {1, nan}, {2, 1.2}, {10, 1.9}}, false, false});
+  const std::string svg = render_svg(c);
+  CHECK(svg.find("nan") == std::string::npos);
+  CHECK(frame_for(c).y_hi == 100);
+  // From 15 % of x on (x >= 1.5) the points at x 2 and 10 set y: 1.2 .. 1.9; 0.7 / 5 = 0.14 ->
+  // a step of 0.2, ticks 1.2 .. 2.
+  c.y_from_fraction = 0.15;
+  const Frame f = frame_for(c);
+  CHECK(f.y_lo == doctest::Approx(1.2));
+  CHECK(f.y_hi == doctest::Approx(2.0));
+  CHECK(f.x_lo == 0);
+  CHECK(f.x_hi == 10);
+}
+
+TEST_CASE("text bars: scaled to the largest magnitude, # below zero and + above") {
+  const std::string got = text_bars({{"a", -0.1}, {"bb", 0.05}}, "{:+.4f}", 10);
+  CHECK(got == "  a   -0.1000  ##########\n  bb  +0.0500  +++++\n");
+}

@@ -1,0 +1,89 @@
+// `moeplan report` on records made here: the HTML report carries its three charts, the text and
+// markdown reports the bars of each MoE point's BPC against the dense baseline.
+#include <doctest/doctest.h>
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "moeplan/reports/run_report.hpp"
+
+using nlohmann::json;
+
+namespace {
+
+// A record with what the report reads: 4 steps of 100 tokens, validation at steps 2 and 4.
+json record(const std::string& id, bool dense, double ra, double bpc, bool complete = true) {
+  json r;
+  r["point_id"] = id;
+  r["status"] = complete ? "complete" : "running";
+  r["final_val_bpc"] = bpc;
+  r["device"] = "cpu";
+  r["train_seconds"] = 10.0;
+  r["wall_seconds"] = 11.0;
+  r["plan"] = {{"role", dense ? "dense" : "moe"},
+               {"activation_rate", ra},
+               {"total_params", 1000.0},
+               {"compute", 4e5},
+               {"tokens_consumed", 400.0},
+               {"tokens_unique", 100.0},
+               {"epochs", 4.0},
+               {"steps", 4},
+               {"flops_per_token", 1000.0},
+               {"convention", "paper"},
+               {"batch_seqs", 1}};
+  r["measured"] = {{"total_params", 1000},
+                   {"steps", complete ? 4 : 2},
+                   {"compute", {{"paper", 4e5}, {"within_rounding", true}}},
+                   {"tokens", {{"consumed", 400}, {"unique", 100}, {"epochs", 4.0}}},
+                   {"matches_plan", {{"tokens_consumed", true}}},
+                   {"flops", {{"total", 5e5}}}};
+  r["val_curve"] = json::array({{{"step", 2}, {"val_bpc", bpc + 0.5}, {"parts", json::object()}},
+                                {{"step", 4}, {"val_bpc", bpc}, {"parts", json::object()}}});
+  json loss = json::array();
+  for (int s = 1; s <= 4; ++s)
+    loss.push_back({{"step", s}, {"tokens_consumed", 100 * s}, {"train_loss", 3.0 - 0.1 * s}});
+  r["loss_curve"] = loss;
+  return r;
+}
+
+size_t count(const std::string& s, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = s.find(what); at != std::string::npos; at = s.find(what, at + 1)) ++n;
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("report: charts in HTML, bars in text and markdown") {
+  const std::vector<json> recs = {record("dense", true, 1.0, 2.0), record("moe-a", false, 0.2, 1.8),
+                                  record("moe-b", false, 0.4, 2.1)};
+  const std::string html = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::html);
+  CHECK(count(html, "<svg") == 3);
+  CHECK(html.find("Final validation BPC against the activation rate") != std::string::npos);
+  CHECK(html.find("dense baseline (2.0000)") != std::string::npos);
+  // Validation against compute: step 4 of 100 tokens at M 1000 is C = 4e5 [paper].
+  CHECK(html.find("training compute C [paper] (FLOPs)") != std::string::npos);
+  CHECK(count(html, "data-series=\"moe-a\"") == 2);  // validation and training-loss charts
+  CHECK(count(html, "data-series=\"dense\"") == 2);
+
+  const std::string text = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::text);
+  // −0.2 is the longest bar (40 characters); +0.1 half of it.
+  CHECK(text.find("  moe-a  -0.2000  " + std::string(40, '#') + "\n") != std::string::npos);
+  CHECK(text.find("  moe-b  +0.1000  " + std::string(20, '+') + "\n") != std::string::npos);
+  CHECK(text.find("<svg") == std::string::npos);
+  const std::string md = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::markdown);
+  CHECK(md.find("```\nval BPC minus the dense baseline's") != std::string::npos);
+}
+
+TEST_CASE("report: without a complete dense baseline, no bars and no baseline line") {
+  const std::vector<json> recs = {record("dense", true, 1.0, 2.0, false),
+                                  record("moe-a", false, 0.2, 1.8)};
+  const std::string text = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::text);
+  CHECK(text.find("val BPC minus") == std::string::npos);
+  const std::string html = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::html);
+  CHECK(count(html, "<svg") == 3);
+  CHECK(html.find("dense baseline (") == std::string::npos);
+  CHECK(count(html, "data-series=\"dense\"") == 2);  // its curves so far are still drawn
+}
