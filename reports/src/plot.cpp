@@ -129,7 +129,7 @@ Frame frame_for(const Chart& chart) {
   }
   if (!(x0 <= x1)) x0 = 0, x1 = 1, y0 = 0, y1 = 1;  // nothing to draw
   const std::vector<double> xt = nice_ticks(x0, x1), yt = nice_ticks(y0, y1);
-  return Frame{xt.front(), xt.back(), yt.front(), yt.back()};
+  return Frame{xt.front(), xt.back(), yt.front(), yt.back(), xt, yt};
 }
 
 std::string render_svg(const Chart& chart) {
@@ -143,14 +143,14 @@ std::string render_svg(const Chart& chart) {
       "<text x=\"{3}\" y=\"20\" font-size=\"14\" font-weight=\"bold\">{2}</text>\n",
       W, H, escape(chart.title), left);
   // Grid, ticks and their labels.
-  for (double t : nice_ticks(f.x_lo, f.x_hi)) {
+  for (double t : f.x_ticks) {
     const double x = f.x_px(t);
     s += fmt::format(
         "<line x1=\"{0:.1f}\" y1=\"{1}\" x2=\"{0:.1f}\" y2=\"{2}\" stroke=\"#e4e4e4\"/>"
         "<text x=\"{0:.1f}\" y=\"{3}\" text-anchor=\"middle\">{4}</text>\n",
         x, top, bottom, bottom + 16, tick_label(t));
   }
-  for (double t : nice_ticks(f.y_lo, f.y_hi)) {
+  for (double t : f.y_ticks) {
     const double y = f.y_px(t);
     s += fmt::format(
         "<line x1=\"{0}\" y1=\"{1:.1f}\" x2=\"{2}\" y2=\"{1:.1f}\" stroke=\"#e4e4e4\"/>"

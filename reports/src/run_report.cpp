@@ -249,6 +249,32 @@ std::vector<plot::Chart> charts_of(const std::vector<json>& records, const json*
     }
     charts.push_back(std::move(c));
   }
+  // Training time against r_a, beside the BPC chart: equal C is not equal time. Only records
+  // of the dense baseline's device label (the time table's rule).
+  if (dense && !moe.points.empty()) {
+    plot::Series t{"MoE points", {}, true, false};
+    for (const json& r : records)
+      if (!is_dense(r) && is_complete(r) && device_label(r) == device_label(*dense))
+        t.points.emplace_back(r["plan"].value("activation_rate", 0.0),
+                              r.value("train_seconds", 0.0));
+    if (!t.points.empty()) {
+      plot::Chart c{
+          fmt::format("Training time against the activation rate ({})", device_label(*dense)),
+          "activation rate r_a = N_a / N",
+          "training seconds",
+          {},
+          0,
+          "time-ra"};
+      double x0 = t.points.front().first, x1 = x0;
+      for (const auto& [x, y] : t.points) x0 = std::min(x0, x), x1 = std::max(x1, x);
+      if (x1 - x0 < 0.1) x0 -= 0.05, x1 += 0.05;
+      const double d = dense->value("train_seconds", 0.0);
+      c.series.push_back(std::move(t));
+      c.series.push_back(
+          {fmt::format("dense baseline ({:.1f} s)", d), {{x0, d}, {x1, d}}, false, true});
+      charts.push_back(std::move(c));
+    }
+  }
   std::string convention = "paper";
   plot::Chart val{"Validation BPC during training, against training compute",
                   "",

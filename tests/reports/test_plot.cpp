@@ -86,6 +86,19 @@ TEST_CASE("frame: non-finite points are left out; the y axis can skip each curve
   CHECK(f.x_hi == 10);
 }
 
+TEST_CASE("the ticks drawn are the frame's own: every label inside the frame") {
+  // y 19.9 .. 65.2: 45.3 / 5 = 9.06 -> a step of 10, ticks 10 .. 70 (a second pass over the
+  // frame's 10 .. 70 would pick a step of 20 and label 0 and 80 outside it).
+  Chart c;
+  c.series.push_back({"t", {{0.2, 54.5}, {0.5, 65.2}}, true, false});
+  c.series.push_back({"d", {{0.2, 19.9}, {0.5, 19.9}}, false, true});
+  const Frame f = frame_for(c);
+  CHECK(f.y_ticks == std::vector<double>{10, 20, 30, 40, 50, 60, 70});
+  const std::string svg = render_svg(c);
+  for (const char* label : {">10<", ">30<", ">70<"}) CHECK(svg.find(label) != std::string::npos);
+  for (const char* label : {">0<", ">80<"}) CHECK(svg.find(label) == std::string::npos);
+}
+
 TEST_CASE("text bars: scaled to the largest magnitude, # below zero and + above") {
   const std::string got = text_bars({{"a", -0.1}, {"bb", 0.05}}, "{:+.4f}", 10);
   CHECK(got == "  a   -0.1000  ##########\n  bb  +0.0500  +++++\n");

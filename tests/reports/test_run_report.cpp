@@ -1,4 +1,4 @@
-// `moeplan report` on records made here: the HTML report carries its three charts, the text and
+// `moeplan report` on records made here: the HTML report carries its four charts, the text and
 // markdown reports the bars of each MoE point's BPC against the dense baseline.
 #include <doctest/doctest.h>
 
@@ -60,8 +60,10 @@ TEST_CASE("report: charts in HTML, bars in text and markdown") {
   const std::vector<json> recs = {record("dense", true, 1.0, 2.0), record("moe-a", false, 0.2, 1.8),
                                   record("moe-b", false, 0.4, 2.1)};
   const std::string html = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::html);
-  CHECK(count(html, "<svg") == 3);
+  CHECK(count(html, "<svg") == 4);
   CHECK(html.find("Final validation BPC against the activation rate") != std::string::npos);
+  CHECK(html.find("Training time against the activation rate (cpu)") != std::string::npos);
+  CHECK(html.find("dense baseline (10.0 s)") != std::string::npos);
   CHECK(html.find("dense baseline (2.0000)") != std::string::npos);
   // Validation against compute: step 4 of 100 tokens at M 1000 is C = 4e5 [paper].
   CHECK(html.find("training compute C [paper] (FLOPs)") != std::string::npos);
@@ -83,7 +85,7 @@ TEST_CASE("report: without a complete dense baseline, no bars and no baseline li
   const std::string text = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::text);
   CHECK(text.find("val BPC minus") == std::string::npos);
   const std::string html = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::html);
-  CHECK(count(html, "<svg") == 3);
+  CHECK(count(html, "<svg") == 3);  // no time chart without the baseline's time
   CHECK(html.find("dense baseline (") == std::string::npos);
   CHECK(count(html, "data-series=\"dense\"") == 2);  // its curves so far are still drawn
 }

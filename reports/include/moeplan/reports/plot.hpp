@@ -44,6 +44,7 @@ struct Frame {
   static constexpr double kWidth = 720, kHeight = 360;
   static constexpr double kLeft = 70, kRight = 190, kTop = 34, kBottom = 46;  // margins
   double x_lo = 0, x_hi = 1, y_lo = 0, y_hi = 1;
+  std::vector<double> x_ticks, y_ticks;  // from lo to hi: the axes' labelled values
   double x_px(double x) const;
   double y_px(double y) const;
 };
