@@ -7,6 +7,7 @@
 #include "moeplan/reports/sweep_report.hpp"
 #include "moeplan/sweeps/atomic_file.hpp"
 #include "moeplan/sweeps/grid.hpp"
+#include "moeplan/sweeps/manifest_io.hpp"
 #include "plan_flags.hpp"
 
 namespace moeplan::cli {
@@ -18,6 +19,7 @@ struct GridFlags {
   int points = 8;
   std::string format;
   std::string output;
+  std::vector<std::string> train;
 };
 
 const bool registered = register_command(
@@ -33,12 +35,19 @@ const bool registered = register_command(
                       "extension)");
        app.add_option("-o,--output", f->output,
                       "write to this file (atomically) instead of stdout");
+       app.add_option(
+              "--train", f->train,
+              "a [train] setting of the manifest, KEY=VALUE (repeatable): source=text:FILE, "
+              "erc_loss=0.01, capacity_factor=1.25, positions=rope, device=cuda, ...")
+           ->take_all()
+           ->allow_extra_args(false);
        return [f] {
          const Format format = output_format(f->format, f->output);
          SweepRequest req;
          req.plan = make_plan_request(f->plan);
          req.activation_rates = parse_ra_spec(f->ra, f->points);
          req.created_by = command_line_for_record("moeplan grid");
+         apply_train_settings(req.train, f->train);
          const Manifest m = plan_sweep(req);
          const std::string text = render_manifest(m, format);
          if (f->output.empty()) {
@@ -46,8 +55,8 @@ const bool registered = register_command(
          } else {
            write_file_atomic(f->output, text);
            if (format != Format::table) fmt::print("{}", render_manifest(m, Format::table));
-           fmt::print("wrote {} ({}: dense baseline + {} points)\n", f->output, name(format),
-                      m.points.size());
+           fmt::print("wrote {} ({}: dense baseline + {} point{})\n", f->output, name(format),
+                      m.points.size(), m.points.size() == 1 ? "" : "s");
          }
          return kExitOk;
        };

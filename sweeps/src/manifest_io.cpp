@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -10,6 +11,7 @@
 #include "moeplan/accounting/error.hpp"
 #include "moeplan/accounting/hyper.hpp"
 #include "moeplan/accounting/params.hpp"
+#include "moeplan/accounting/units.hpp"
 #include "moeplan/planner/point.hpp"
 #include "moeplan/sweeps/arch_io.hpp"
 #include "moeplan/sweeps/atomic_file.hpp"
@@ -250,9 +252,8 @@ Plan read_plan(const toml::value& v, const std::string& origin, const std::strin
   return p;
 }
 
-TrainSettings read_train(TomlTable& top) {
-  TrainSettings s;
-  if (!top.has("train")) return s;  // every setting at its default
+TrainSettings read_train(TomlTable& top, TrainSettings s = {}) {
+  if (!top.has("train")) return s;  // every setting as it was (the defaults)
   TomlTable t(top.table("train"), top.origin(), "train");
   s.source = t.string_or("source", s.source);
   const int64_t seed = t.integer_or("seed", int64_t(s.seed));
@@ -275,11 +276,71 @@ TrainSettings read_train(TomlTable& top) {
   s.eval_tokens = t.integer_or("eval_tokens", s.eval_tokens);
   s.checkpoint_every = t.integer_or("checkpoint_every", s.checkpoint_every);
   s.device = t.string_or("device", s.device);
+  // Coefficients of the auxiliary losses are >= 0 (a negative one rewards what it should
+  // penalise); the step counts are >= 0 (0 = automatic). NaN fails every test.
+  for (const auto& [key, v] :
+       {std::pair{"load_balance", s.load_balance}, {"z_loss", s.z_loss}, {"erc_loss", s.erc_loss}})
+    if (!(v >= 0 && std::isfinite(v)))
+      t.fail(key, fmt::format("= {} is invalid; it must be a finite number >= 0 (0 = off)",
+                              toml_double(v)));
+  if (!(s.erc_alpha > 0 && std::isfinite(s.erc_alpha)))
+    t.fail("erc_alpha", fmt::format("= {} is invalid; it must be a finite number > 0 (default 1)",
+                                    toml_double(s.erc_alpha)));
+  if (!std::isfinite(s.capacity_factor))
+    t.fail("capacity_factor", "must be a finite number >= 0 (0 = dropless)");
+  for (const auto& [key, v] : {std::pair{"eval_every", s.eval_every},
+                               {"eval_tokens", s.eval_tokens},
+                               {"checkpoint_every", s.checkpoint_every}})
+    if (v < 0) t.fail(key, fmt::format("= {} is invalid; it must be >= 0 (0 = automatic)", v));
   t.reject_unknown();
   return s;
 }
 
 }  // namespace
+
+void apply_train_settings(TrainSettings& settings, const std::vector<std::string>& assignments) {
+  static const std::set<std::string> kStrings = {"source", "positions", "device"};
+  static const std::set<std::string> kBools = {"renormalize_gates"};
+  static const std::set<std::string> kIntegers = {"seed", "data_seed", "eval_every", "eval_tokens",
+                                                  "checkpoint_every"};
+  static const std::set<std::string> kNumbers = {"capacity_factor", "load_balance", "z_loss",
+                                                 "erc_loss", "erc_alpha"};
+  const std::string known =
+      "source, seed, data_seed, positions, renormalize_gates, capacity_factor, load_balance, "
+      "z_loss, erc_loss, erc_alpha, eval_every, eval_tokens, checkpoint_every, device";
+  std::map<std::string, std::string> literal;  // a later KEY=VALUE replaces an earlier one
+  for (const std::string& a : assignments) {
+    const size_t eq = a.find('=');
+    if (eq == std::string::npos || eq == 0)
+      throw InputError(fmt::format(
+          "--train '{}': write KEY=VALUE (e.g. erc_loss=0.01, source=text:book.txt)", a));
+    const std::string key = a.substr(0, eq), value = a.substr(eq + 1);
+    const std::string flag = "--train " + key;
+    if (kStrings.count(key)) {
+      literal[key] = toml_string(value);
+    } else if (kBools.count(key)) {
+      if (value != "true" && value != "false")
+        throw InputError(fmt::format("{} = '{}' is invalid; write true or false", flag, value));
+      literal[key] = value;
+    } else if (kIntegers.count(key)) {
+      const double v = parse_quantity(value, flag);
+      if (v != std::floor(v) || std::fabs(v) > 9e15)
+        throw InputError(
+            fmt::format("{} = '{}' is invalid; it must be a whole number", flag, value));
+      literal[key] = fmt::format("{}", int64_t(v));
+    } else if (kNumbers.count(key)) {
+      literal[key] = toml_double(parse_quantity(value, flag));
+    } else {
+      throw InputError(
+          fmt::format("--train '{}': '{}' is not a training setting; known: {}", a, key, known));
+    }
+  }
+  std::string doc = "[train]\n";
+  for (const auto& [k, v] : literal) doc += k + " = " + v + "\n";
+  const toml::value root = detail::parse_toml(doc, "--train");
+  TomlTable top(root, "--train", "");
+  settings = read_train(top, settings);
+}
 
 std::string manifest_to_toml(const Manifest& m) {
   TomlOut o;

@@ -136,6 +136,20 @@ TEST_CASE("-o sweep.toml writes a manifest that reads back; formats by extension
   const moeplan::Manifest m = moeplan::read_manifest(toml);
   CHECK(m.points.size() == 4);
   CHECK(m.created_by.find("grid --N 2e6") != std::string::npos);
+  CHECK(m.train == moeplan::TrainSettings{});
+
+  // --train sets the manifest's [train] table, and the command line it came from is kept.
+  r = run_moeplan(
+      "grid --N 2e6 --ra 0.2 --train erc_loss=0.01 --train source=text:book.txt "
+      "--train eval_tokens=4k -o '" +
+      (scratch() / "train.toml").string() + "'");
+  CHECK(r.status == 0);
+  CHECK(r.out.find("dense baseline + 1 point)") != std::string::npos);
+  const moeplan::Manifest t = moeplan::read_manifest(scratch() / "train.toml");
+  CHECK(t.train.erc_loss == 0.01);
+  CHECK(t.train.source == "text:book.txt");
+  CHECK(t.train.eval_tokens == 4000);
+  CHECK(t.created_by.find("--train erc_loss=0.01") != std::string::npos);
 
   const fs::path json = scratch() / "sweep.json";
   r = run_moeplan("grid --N 2e6 --ra 0.1:0.4 --points 4 -o '" + json.string() + "'");
@@ -210,6 +224,8 @@ TEST_CASE("bad input: one line naming the value, exit status 2") {
   expect_bad_input("grid --N 2e9 --ra x:0.4", "'x' is not a number");
   expect_bad_input("grid --N 2e9 --ra 0.2 --compute 1e10", "C = 1e+10 FLOPs is 0.00036 of one");
   expect_bad_input("grid --N 2e9 --ra 0.2 --dense-tokens 100", "of one training step");
+  expect_bad_input("grid --N 2e9 --ra 0.2 --train lr=1", "'lr' is not a training setting");
+  expect_bad_input("grid --N 2e9 --ra 0.2 --train erc_loss=-1", "train.erc_loss");
   expect_bad_input("grid --N 2e9 --ra 0.1 --family llama", "--family 'llama'");
   expect_bad_input("grid --N 2e9 --ra 0.1 --format xml", "--format 'xml'");
   expect_bad_input("grid --N 2e9 --ra 0.1 --convention flops", "--convention 'flops'");

@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "moeplan/accounting/error.hpp"
 #include "moeplan/sweeps/grid.hpp"
@@ -219,4 +220,57 @@ TEST_CASE("missing, mistyped, unknown and stale keys are refused with file and k
   e = error_of("schema = 1\nfamily = [");
   CHECK(e.find("not valid TOML") != std::string::npos);
   CHECK(e.find('\n') == std::string::npos);  // one line
+}
+
+TEST_CASE("[train]: negative coefficients and step counts are refused with the key named") {
+  const std::string text = manifest_to_toml(small_sweep(2e6, "0.2:0.4"));
+  for (const char* key : {"load_balance", "z_loss", "erc_loss"}) {
+    CAPTURE(key);
+    const std::string e =
+        error_of(edit(text, std::string(key) + " = ", std::string(key) + " = -0.5 #", "[train]"));
+    CHECK(e.find(std::string("train.") + key) != std::string::npos);
+    CHECK(e.find(">= 0") != std::string::npos);
+  }
+  CHECK(error_of(edit(text, "erc_alpha = ", "erc_alpha = 0.0 #", "[train]")).find("> 0") !=
+        std::string::npos);
+  CHECK(error_of(edit(text, "z_loss = ", "z_loss = nan #", "[train]")).find("train.z_loss") !=
+        std::string::npos);
+  for (const char* key : {"eval_every", "eval_tokens", "checkpoint_every"}) {
+    CAPTURE(key);
+    const std::string e =
+        error_of(edit(text, std::string(key) + " = ", std::string(key) + " = -3 #", "[train]"));
+    CHECK(e.find(std::string("train.") + key + "' = -3 is invalid") != std::string::npos);
+  }
+}
+
+TEST_CASE("apply_train_settings: KEY=VALUE from the command line, checked like the file") {
+  TrainSettings t;
+  apply_train_settings(
+      t, {"source=text:my book.txt", "erc_loss=1e-2", "eval_tokens=4k", "renormalize_gates=true",
+          "positions=rope", "capacity_factor=1.25", "seed=7", "seed=9"});
+  CHECK(t.source == "text:my book.txt");
+  CHECK(t.erc_loss == 0.01);
+  CHECK(t.eval_tokens == 4000);
+  CHECK(t.renormalize_gates);
+  CHECK(t.positions == "rope");
+  CHECK(t.capacity_factor == 1.25);
+  CHECK(t.seed == 9);                                     // the later assignment wins
+  CHECK(t.load_balance == TrainSettings{}.load_balance);  // untouched settings keep theirs
+  auto error = [](std::vector<std::string> a) {
+    TrainSettings s;
+    try {
+      apply_train_settings(s, a);
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  CHECK(error({"lr=0.1"}).find("'lr' is not a training setting; known: source") !=
+        std::string::npos);
+  CHECK(error({"erc_loss"}).find("write KEY=VALUE") != std::string::npos);
+  CHECK(error({"seed=1.5"}).find("whole number") != std::string::npos);
+  CHECK(error({"renormalize_gates=1"}).find("true or false") != std::string::npos);
+  CHECK(error({"positions=xpos"}).find("train.positions") != std::string::npos);
+  CHECK(error({"capacity_factor=-1"}).find("train.capacity_factor") != std::string::npos);
+  CHECK(error({"source=a\"b"}).empty());  // quoted for TOML, not broken by it
 }

@@ -3,6 +3,7 @@
 // and that each point's stored counts, M and budget agree with what its arch implies.
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -15,6 +16,12 @@ namespace moeplan {
 // unknown key, inconsistent values such as a total_params that its arch does not give).
 Manifest read_manifest(const std::filesystem::path& path);
 Manifest manifest_from_toml_string(const std::string& text, const std::string& origin);
+
+// `moeplan grid --train KEY=VALUE ...`: the [train] settings of a manifest from the command line,
+// checked as the manifest reader checks them (strings as written; numbers as parse_quantity
+// reads them, 64k and 1e-2 included; a later KEY=VALUE replaces an earlier one). InputError
+// names the assignment and what would be valid.
+void apply_train_settings(TrainSettings& settings, const std::vector<std::string>& assignments);
 
 // Temp file in the same folder, fsync, rename: a crash never leaves a half-written manifest.
 void write_manifest_atomic(const Manifest& manifest, const std::filesystem::path& path);
