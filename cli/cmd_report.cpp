@@ -1,7 +1,9 @@
-// `moeplan report runs/ [-o report.md|report.html|report.txt]`: the sweep's comparison table.
+// `moeplan report runs/ [more-runs/ ...] [-o report.md|report.html|report.txt]`: the sweep's
+// comparison table; over several runs folders of one sweep (other seeds), the replicates'.
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -13,13 +15,20 @@ namespace moeplan::cli {
 namespace {
 
 struct ReportFlags {
-  std::string runs_dir = "runs";
+  std::vector<std::string> runs_dirs{"runs"};
   std::string output;
 };
 
 int report(const ReportFlags& f) {
   const ReportFormat format = report_format_for(f.output);  // refuse a bad -o before reading
-  const std::string text = render_run_report(load_run_records(f.runs_dir), f.runs_dir, format);
+  std::string text;
+  if (f.runs_dirs.size() == 1) {
+    text = render_run_report(load_run_records(f.runs_dirs[0]), f.runs_dirs[0], format);
+  } else {
+    std::vector<std::vector<nlohmann::json>> folders;
+    for (const std::string& d : f.runs_dirs) folders.push_back(load_run_records(d));
+    text = render_replicate_report(folders, f.runs_dirs, format);
+  }
   if (f.output.empty()) {
     fmt::print("{}", text);
     return kExitOk;
@@ -34,7 +43,9 @@ const bool registered = register_command(
      "Compare a sweep's runs: validation BPC per point against dense, measured vs planned", 50,
      [](CLI::App& app) -> std::function<int()> {
        auto f = std::make_shared<ReportFlags>();
-       app.add_option("runs", f->runs_dir, "the runs folder of `moeplan run --out`")
+       app.add_option("runs", f->runs_dirs,
+                      "the runs folder of `moeplan run --out`; several: replicates of one sweep "
+                      "run with other seeds (mean, sd, how often each point beats dense)")
            ->capture_default_str();
        app.add_option("-o,--output", f->output, "write report.md, report.html or report.txt");
        return [f] { return report(*f); };

@@ -83,6 +83,7 @@ nlohmann::json make_record(const RecordInputs& in) {
           {"within_rounding", complete && within_rounding(paper, target_paper, plan_paper)}}},
         {"matches_plan", matches}}},
       {"data", in.data},
+      {"train", in.train},
       {"loss_curve", st.loss_curve},
       {"val_curve", st.val_curve},
       {"checkpoint_every", in.checkpoint_every},

@@ -17,6 +17,7 @@
 #include "moeplan/backend/engine.hpp"
 #include "moeplan/backend/record.hpp"
 #include "moeplan/backend/rng.hpp"
+#include "moeplan/sweeps/manifest_io.hpp"
 
 namespace moeplan::backend {
 
@@ -352,6 +353,7 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
   rin.optimizer_sharded = opt.shard_optimizer;
   rin.params = params;
   rin.data = data_json;
+  rin.train = train_to_json(train);
   rin.checkpoint_every = ckpt_every;
   rin.eval_every = eval_every;
   rin.eval_tokens = eval_windows * seq_len;

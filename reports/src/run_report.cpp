@@ -1,7 +1,9 @@
 #include "moeplan/reports/run_report.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -422,6 +424,210 @@ std::string render_run_report(const std::vector<json>& records, const std::strin
          html_escape(title) + "</p>\n" + html_table(kHeaders, rows) + "<p>" + html_escape(verdict) +
          "</p>\n" + figures + "<p>" + html_escape(time_title) + "</p>\n" +
          html_table(kTimeHeaders, time_rows) + "</body></html>\n";
+}
+
+namespace {
+
+struct Stats {
+  int n = 0;
+  double mean = 0, sd = NAN, lo = 0, hi = 0;
+};
+
+Stats stats_of(const std::vector<double>& v) {
+  Stats s;
+  s.n = int(v.size());
+  if (v.empty()) return s;
+  s.lo = *std::min_element(v.begin(), v.end());
+  s.hi = *std::max_element(v.begin(), v.end());
+  for (double x : v) s.mean += x;
+  s.mean /= double(v.size());
+  if (v.size() > 1) {
+    double ss = 0;
+    for (double x : v) ss += (x - s.mean) * (x - s.mean);
+    s.sd = std::sqrt(ss / double(v.size() - 1));
+  }
+  return s;
+}
+
+std::string sd_text(const Stats& s) {
+  return std::isnan(s.sd) ? "-" : fmt::format("{:.4f}", s.sd);
+}
+
+// The first key where two plans differ ("" when equal).
+std::string first_difference(const json& a, const json& b) {
+  for (const auto& [k, v] : a.items())
+    if (!b.contains(k) || b[k] != v) return k;
+  for (const auto& [k, v] : b.items())
+    if (!a.contains(k)) return k;
+  return "";
+}
+
+}  // namespace
+
+std::string render_replicate_report(const std::vector<std::vector<json>>& folders,
+                                    const std::vector<std::string>& names, ReportFormat format) {
+  // Points in the order of the first folder that has them (dense first, then by r_a).
+  std::vector<std::string> order;
+  std::map<std::string, std::vector<std::pair<size_t, const json*>>> by_point;
+  std::map<std::string, const json*> plan_of;
+  std::map<std::string, size_t> plan_folder;
+  for (size_t f = 0; f < folders.size(); ++f)
+    for (const json& r : folders[f]) {
+      const std::string id = r.value("point_id", "?");
+      if (!by_point.count(id)) order.push_back(id);
+      if (plan_of.count(id)) {
+        const std::string key = first_difference(*plan_of[id], r["plan"]);
+        if (!key.empty())
+          throw InputError(fmt::format(
+              "point '{}' has another plan in '{}' than in '{}' (plan.{} differs); replicates "
+              "must train the same plan: plan them with the same `moeplan grid` flags and "
+              "another --train seed",
+              id, names[f], names[plan_folder[id]], key));
+      } else {
+        plan_of[id] = &r["plan"];
+        plan_folder[id] = f;
+      }
+      by_point[id].emplace_back(f, &r);
+    }
+  std::sort(order.begin(), order.end(), [&](const std::string& a, const std::string& b) {
+    const json &pa = *plan_of[a], &pb = *plan_of[b];
+    const bool da = pa.value("role", "") == "dense", db = pb.value("role", "") == "dense";
+    if (da != db) return da;
+    return pa.value("activation_rate", 0.0) < pb.value("activation_rate", 0.0);
+  });
+  // Each folder's complete dense baseline, for the paired differences.
+  std::vector<const json*> dense(folders.size(), nullptr);
+  for (size_t f = 0; f < folders.size(); ++f)
+    for (const json& r : folders[f])
+      if (is_dense(r) && is_complete(r)) dense[f] = &r;
+  // Folders whose runs share their seeds are not independent replicates: say so.
+  std::string same_seeds;
+  std::vector<std::string> seeds(folders.size(), "not recorded");
+  for (size_t f = 0; f < folders.size(); ++f)
+    for (const json& r : folders[f])
+      if (r.contains("train")) {
+        seeds[f] = fmt::format("{}/{}", r["train"].value("seed", uint64_t(0)),
+                               r["train"].value("data_seed", uint64_t(0)));
+        break;
+      }
+  for (size_t a = 0; a < folders.size(); ++a)
+    for (size_t b = a + 1; b < folders.size(); ++b)
+      if (seeds[a] != "not recorded" && seeds[a] == seeds[b])
+        same_seeds += fmt::format("{}'{}' and '{}' (seed/data_seed {})",
+                                  same_seeds.empty() ? "" : ", ", names[a], names[b], seeds[a]);
+
+  TextTable t;
+  const std::vector<std::string> headers = {
+      "point", "r_a", "replicates",    "val BPC mean", "sd (n-1)",
+      "min",   "max", "vs dense mean", "vs dense sd",  "beats dense"};
+  for (const auto& h : headers)
+    t.add_column(h, h == "point" ? TextTable::Align::left : TextTable::Align::right);
+  std::vector<std::vector<std::string>> rows;
+  plot::Series reps_mean{"MoE mean", {}, true, false};
+  std::vector<plot::Series> per_folder(folders.size());
+  for (size_t f = 0; f < folders.size(); ++f) per_folder[f] = {names[f], {}, true, false};
+  std::vector<double> dense_bpcs;
+  std::vector<std::pair<std::string, double>> bars;
+  int moe_points = 0, moe_always = 0;
+  for (const std::string& id : order) {
+    const json& plan = *plan_of[id];
+    const bool is_d = plan.value("role", "") == "dense";
+    std::vector<double> bpc, diff;
+    int beats = 0, paired = 0;
+    for (const auto& [f, r] : by_point[id]) {
+      if (!is_complete(*r)) continue;
+      const double b = r->value("final_val_bpc", 0.0);
+      bpc.push_back(b);
+      if (is_d) dense_bpcs.push_back(b);
+      if (!is_d && dense[f]) {
+        const double d = b - dense[f]->value("final_val_bpc", 0.0);
+        diff.push_back(d);
+        ++paired;
+        beats += d < 0;
+        per_folder[f].points.emplace_back(plan.value("activation_rate", 0.0), b);
+      }
+    }
+    const Stats sb = stats_of(bpc), sdf = stats_of(diff);
+    if (!is_d && sb.n > 0)
+      reps_mean.points.emplace_back(plan.value("activation_rate", 0.0), sb.mean);
+    if (!is_d && paired > 0) {
+      ++moe_points;
+      moe_always += beats == paired;
+      bars.emplace_back(id, sdf.mean);
+    }
+    rows.push_back(
+        {id, fmt::format("{:.3f}", plan.value("activation_rate", 0.0)),
+         fmt::format("{} of {}", sb.n, by_point[id].size()),
+         sb.n ? fmt::format("{:.4f}", sb.mean) : "-", sd_text(sb),
+         sb.n ? fmt::format("{:.4f}", sb.lo) : "-", sb.n ? fmt::format("{:.4f}", sb.hi) : "-",
+         is_d || !sdf.n ? "-" : fmt::format("{:+.4f}", sdf.mean), is_d ? "-" : sd_text(sdf),
+         is_d || !paired ? "-" : fmt::format("{} of {}", beats, paired)});
+    t.add_row(rows.back());
+  }
+  std::string folders_text;
+  for (size_t f = 0; f < names.size(); ++f)
+    folders_text += fmt::format("{}{} (seed/data_seed {})", f ? ", " : "", names[f], seeds[f]);
+  const std::string title = fmt::format(
+      "moeplan report: {} points over {} runs folders of one sweep: {}. val BPC = final "
+      "validation bits per byte; vs dense = a point's BPC minus the dense baseline's of the same "
+      "folder (its seeds); sd is the sample standard deviation over the replicates",
+      order.size(), folders.size(), folders_text);
+  std::string verdict =
+      fmt::format("MoE points below their folder's dense baseline in every replicate: {} of {}",
+                  moe_always, moe_points);
+  if (!same_seeds.empty())
+    verdict += "\nnot independent: " + same_seeds +
+               " ran with the same seeds, so their runs repeat each other bit for bit";
+  const std::string bar_text =
+      bars.empty() ? ""
+                   : "mean val BPC minus the dense baseline's (# below dense: better; + above: "
+                     "worse)\n" +
+                         plot::text_bars(bars, "{:+.4f}");
+  switch (format) {
+    case ReportFormat::text:
+      return title + "\n\n" + t.render() + "\n" + verdict + "\n\n" + bar_text;
+    case ReportFormat::markdown:
+      return "# " + title + "\n\n" + t.render_markdown() + "\n" + verdict + "\n\n" +
+             (bar_text.empty() ? "" : "```\n" + bar_text + "```\n");
+    case ReportFormat::html:
+      break;
+  }
+  plot::Chart c{"Final validation BPC against the activation rate, every replicate",
+                "activation rate r_a = N_a / N",
+                "validation bits per byte (lower is better)",
+                {},
+                0,
+                "replicates"};
+  for (const plot::Series& s : per_folder)
+    if (!s.points.empty()) c.series.push_back(s);
+  if (!reps_mean.points.empty()) {
+    double x0 = reps_mean.points.front().first, x1 = x0;
+    for (const auto& [x, y] : reps_mean.points) x0 = std::min(x0, x), x1 = std::max(x1, x);
+    if (x1 - x0 < 0.1) x0 -= 0.05, x1 += 0.05;
+    c.series.push_back(reps_mean);
+    const Stats sd = stats_of(dense_bpcs);
+    if (sd.n)
+      c.series.push_back({fmt::format("dense mean ({:.4f})", sd.mean),
+                          {{x0, sd.mean}, {x1, sd.mean}},
+                          false,
+                          true});
+  }
+  std::string table = "<table>\n<tr>";
+  for (const auto& h : headers) table += "<th>" + html_escape(h) + "</th>";
+  table += "</tr>\n";
+  for (const auto& row : rows) {
+    table += "<tr>";
+    for (const auto& cell : row) table += "<td>" + html_escape(cell) + "</td>";
+    table += "</tr>\n";
+  }
+  table += "</table>\n";
+  return "<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>moeplan report</title>"
+         "<style>td,th{padding:2px 8px;text-align:right}td:first-child{text-align:left}"
+         "table{border-collapse:collapse}tr:nth-child(even){background:#f4f4f4}</style>"
+         "</head><body>\n<p>" +
+         html_escape(title) + "</p>\n" + table + "<p>" + html_escape(verdict) + "</p>\n" +
+         (c.series.empty() ? "" : "<figure>\n" + plot::render_svg(c) + "</figure>\n") +
+         "</body></html>\n";
 }
 
 }  // namespace moeplan

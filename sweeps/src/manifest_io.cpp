@@ -455,8 +455,24 @@ nlohmann::json plan_to_json(const Plan& p) {
                         {"arch", arch_to_json(p.arch)}};
 }
 
+nlohmann::json train_to_json(const TrainSettings& t) {
+  return nlohmann::json{{"source", t.source},
+                        {"seed", t.seed},
+                        {"data_seed", t.data_seed},
+                        {"positions", t.positions},
+                        {"renormalize_gates", t.renormalize_gates},
+                        {"capacity_factor", t.capacity_factor},
+                        {"load_balance", t.load_balance},
+                        {"z_loss", t.z_loss},
+                        {"erc_loss", t.erc_loss},
+                        {"erc_alpha", t.erc_alpha},
+                        {"eval_every", t.eval_every},
+                        {"eval_tokens", t.eval_tokens},
+                        {"checkpoint_every", t.checkpoint_every},
+                        {"device", t.device}};
+}
+
 nlohmann::json manifest_to_json(const Manifest& m) {
-  const TrainSettings& t = m.train;
   nlohmann::json points = nlohmann::json::array();
   for (const Plan& p : m.points) points.push_back(plan_to_json(p));
   return nlohmann::json{{"schema", m.schema},
@@ -466,21 +482,7 @@ nlohmann::json manifest_to_json(const Manifest& m) {
                         {"n_tolerance", m.n_tolerance},
                         {"ra_tolerance", m.ra_tolerance},
                         {"compute_tolerance", m.compute_tolerance},
-                        {"train",
-                         {{"source", t.source},
-                          {"seed", t.seed},
-                          {"data_seed", t.data_seed},
-                          {"positions", t.positions},
-                          {"renormalize_gates", t.renormalize_gates},
-                          {"capacity_factor", t.capacity_factor},
-                          {"load_balance", t.load_balance},
-                          {"z_loss", t.z_loss},
-                          {"erc_loss", t.erc_loss},
-                          {"erc_alpha", t.erc_alpha},
-                          {"eval_every", t.eval_every},
-                          {"eval_tokens", t.eval_tokens},
-                          {"checkpoint_every", t.checkpoint_every},
-                          {"device", t.device}}},
+                        {"train", train_to_json(m.train)},
                         {"dense", plan_to_json(m.dense)},
                         {"points", points}};
 }

@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "moeplan/accounting/error.hpp"
 #include "moeplan/reports/run_report.hpp"
 
 using nlohmann::json;
@@ -88,4 +89,71 @@ TEST_CASE("report: without a complete dense baseline, no bars and no baseline li
   CHECK(count(html, "<svg") == 3);  // no time chart without the baseline's time
   CHECK(html.find("dense baseline (") == std::string::npos);
   CHECK(count(html, "data-series=\"dense\"") == 2);  // its curves so far are still drawn
+}
+
+namespace {
+
+json with_seed(json r, int seed) {
+  r["train"] = {{"seed", seed}, {"data_seed", 1}};
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("replicates: mean, sample sd and paired differences over folders, by hand") {
+  // Folder A (seed 1): dense 2.0, moe-a 1.8, moe-b 2.1. Folder B (seed 2): dense 1.9, moe-a 1.8,
+  // moe-b 1.8. moe-a: mean 1.8, sd 0; vs dense -0.2 and -0.1: mean -0.15, sd 0.0707 (√0.005);
+  // beats dense 2 of 2. moe-b: mean 1.95, sd 0.2121 (√0.045); vs dense +0.1 and -0.1: mean 0,
+  // sd 0.1414; beats 1 of 2.
+  const std::vector<std::vector<json>> folders = {{with_seed(record("dense", true, 1.0, 2.0), 1),
+                                                   with_seed(record("moe-a", false, 0.2, 1.8), 1),
+                                                   with_seed(record("moe-b", false, 0.4, 2.1), 1)},
+                                                  {with_seed(record("dense", true, 1.0, 1.9), 2),
+                                                   with_seed(record("moe-a", false, 0.2, 1.8), 2),
+                                                   with_seed(record("moe-b", false, 0.4, 1.8), 2)}};
+  const std::string text =
+      moeplan::render_replicate_report(folders, {"a", "b"}, moeplan::ReportFormat::text);
+  CAPTURE(text);
+  auto line_of = [&](const std::string& id) {
+    const size_t at = text.find("\n" + id + " ");
+    REQUIRE(at != std::string::npos);
+    return text.substr(at + 1, text.find('\n', at + 1) - at - 1);
+  };
+  auto has = [](const std::string& line, const std::vector<std::string>& cells) {
+    size_t from = 0;
+    for (const auto& c : cells) {
+      const size_t at = line.find(c, from);
+      if (at == std::string::npos) return false;
+      from = at + c.size();
+    }
+    return true;
+  };
+  CHECK(has(line_of("dense"), {"2 of 2", "1.9500", "0.0707", "1.9000", "2.0000"}));
+  CHECK(has(line_of("moe-a"), {"2 of 2", "1.8000", "0.0000", "-0.1500", "0.0707", "2 of 2"}));
+  CHECK(has(line_of("moe-b"), {"2 of 2", "1.9500", "0.2121", "+0.0000", "0.1414", "1 of 2"}));
+  CHECK(text.find("every replicate: 1 of 2") != std::string::npos);
+  CHECK(text.find("a (seed/data_seed 1/1), b (seed/data_seed 2/1)") != std::string::npos);
+  CHECK(text.find("not independent") == std::string::npos);
+  const std::string html =
+      moeplan::render_replicate_report(folders, {"a", "b"}, moeplan::ReportFormat::html);
+  CHECK(count(html, "<svg") == 1);
+  CHECK(html.find("dense mean (1.9500)") != std::string::npos);
+}
+
+TEST_CASE("replicates: the same seeds are named; a differing plan is refused") {
+  const std::vector<std::vector<json>> same = {{with_seed(record("dense", true, 1.0, 2.0), 5)},
+                                               {with_seed(record("dense", true, 1.0, 2.0), 5)}};
+  const std::string text =
+      moeplan::render_replicate_report(same, {"x", "y"}, moeplan::ReportFormat::text);
+  CHECK(text.find("not independent: 'x' and 'y' (seed/data_seed 5/1)") != std::string::npos);
+  json other = record("moe-a", false, 0.2, 1.8);
+  other["plan"]["steps"] = 5;
+  try {
+    moeplan::render_replicate_report({{record("moe-a", false, 0.2, 1.8)}, {other}}, {"x", "y"},
+                                     moeplan::ReportFormat::text);
+    FAIL("a differing plan was accepted");
+  } catch (const moeplan::InputError& e) {
+    CHECK(std::string(e.what()).find("point 'moe-a' has another plan in 'y' than in 'x' "
+                                     "(plan.steps differs)") != std::string::npos);
+  }
 }

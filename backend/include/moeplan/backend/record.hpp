@@ -31,6 +31,7 @@ struct RecordInputs {
   bool optimizer_sharded = false;  // AdamW moments split over the data-parallel ranks
   MeasuredParams params;
   nlohmann::json data;  // source description and split sizes
+  nlohmann::json train;  // the manifest's [train] settings the point ran with (seed, aux losses)
   int64_t checkpoint_every = 0, eval_every = 0, eval_tokens = 0;
 };
 

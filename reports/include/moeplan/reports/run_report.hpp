@@ -21,4 +21,12 @@ ReportFormat report_format_for(const std::filesystem::path& output);
 std::string render_run_report(const std::vector<nlohmann::json>& records, const std::string& source,
                               ReportFormat format);
 
+// Several runs folders of the same sweep, each trained with other seeds: per point, the final
+// validation BPC over the replicates (mean, sample sd, range), its difference from the dense
+// baseline of the same folder, and in how many folders the point beat that baseline. InputError
+// when a point's plan differs between folders (replicates train the same plan). `names` are the
+// folders as given.
+std::string render_replicate_report(const std::vector<std::vector<nlohmann::json>>& folders,
+                                    const std::vector<std::string>& names, ReportFormat format);
+
 }  // namespace moeplan

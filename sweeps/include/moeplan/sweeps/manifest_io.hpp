@@ -30,5 +30,7 @@ std::string manifest_to_toml(const Manifest& manifest);
 // JSON with the code names of ACCOUNTING.md (total_params, activation_rate, flops_per_token, ...).
 nlohmann::json plan_to_json(const Plan& plan);
 nlohmann::json manifest_to_json(const Manifest& manifest);
+// The [train] settings (the manifest's JSON and each run record carry them).
+nlohmann::json train_to_json(const TrainSettings& train);
 
 }  // namespace moeplan
