@@ -100,6 +100,14 @@ std::vector<XY> bucket_means(const std::vector<XY>& points, size_t max_points) {
   return out;
 }
 
+Series reference_line(const Series& over, std::string name, double y) {
+  double x0 = 0, x1 = 0;
+  if (!over.points.empty()) x0 = x1 = over.points.front().first;
+  for (const auto& [x, v] : over.points) x0 = std::min(x0, x), x1 = std::max(x1, x);
+  if (x1 - x0 < 0.1) x0 -= 0.05, x1 += 0.05;
+  return Series{std::move(name), {{x0, y}, {x1, y}}, false, true};
+}
+
 double Frame::x_px(double x) const {
   return kLeft + (x - x_lo) / (x_hi - x_lo) * (kWidth - kLeft - kRight);
 }

@@ -240,14 +240,10 @@ std::vector<plot::Chart> charts_of(const std::vector<json>& records, const json*
                   {},
                   0,
                   "bpc-ra"};
-    double x0 = moe.points.front().first, x1 = x0;
-    for (const auto& [x, y] : moe.points) x0 = std::min(x0, x), x1 = std::max(x1, x);
-    if (x1 - x0 < 0.1) x0 -= 0.05, x1 += 0.05;
     c.series.push_back(moe);
     if (dense) {
       const double b = dense->value("final_val_bpc", 0.0);
-      c.series.push_back(
-          {fmt::format("dense baseline ({:.4f})", b), {{x0, b}, {x1, b}}, false, true});
+      c.series.push_back(plot::reference_line(moe, fmt::format("dense baseline ({:.4f})", b), b));
     }
     charts.push_back(std::move(c));
   }
@@ -267,13 +263,9 @@ std::vector<plot::Chart> charts_of(const std::vector<json>& records, const json*
           {},
           0,
           "time-ra"};
-      double x0 = t.points.front().first, x1 = x0;
-      for (const auto& [x, y] : t.points) x0 = std::min(x0, x), x1 = std::max(x1, x);
-      if (x1 - x0 < 0.1) x0 -= 0.05, x1 += 0.05;
       const double d = dense->value("train_seconds", 0.0);
-      c.series.push_back(std::move(t));
-      c.series.push_back(
-          {fmt::format("dense baseline ({:.1f} s)", d), {{x0, d}, {x1, d}}, false, true});
+      c.series.push_back(plot::reference_line(t, fmt::format("dense baseline ({:.1f} s)", d), d));
+      c.series.insert(c.series.end() - 1, std::move(t));
       charts.push_back(std::move(c));
     }
   }
@@ -601,16 +593,11 @@ std::string render_replicate_report(const std::vector<std::vector<json>>& folder
   for (const plot::Series& s : per_folder)
     if (!s.points.empty()) c.series.push_back(s);
   if (!reps_mean.points.empty()) {
-    double x0 = reps_mean.points.front().first, x1 = x0;
-    for (const auto& [x, y] : reps_mean.points) x0 = std::min(x0, x), x1 = std::max(x1, x);
-    if (x1 - x0 < 0.1) x0 -= 0.05, x1 += 0.05;
     c.series.push_back(reps_mean);
     const Stats sd = stats_of(dense_bpcs);
     if (sd.n)
-      c.series.push_back({fmt::format("dense mean ({:.4f})", sd.mean),
-                          {{x0, sd.mean}, {x1, sd.mean}},
-                          false,
-                          true});
+      c.series.push_back(
+          plot::reference_line(reps_mean, fmt::format("dense mean ({:.4f})", sd.mean), sd.mean));
   }
   std::string table = "<table>\n<tr>";
   for (const auto& h : headers) table += "<th>" + html_escape(h) + "</th>";

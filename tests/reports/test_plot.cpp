@@ -103,3 +103,15 @@ TEST_CASE("text bars: scaled to the largest magnitude, # below zero and + above"
   const std::string got = text_bars({{"a", -0.1}, {"bb", 0.05}}, "{:+.4f}", 10);
   CHECK(got == "  a   -0.1000  ##########\n  bb  +0.0500  +++++\n");
 }
+
+TEST_CASE("reference line: across the points' x range, at least 0.1 wide, dashed") {
+  const Series two{"s", {{0.2, 1}, {0.5, 2}}, true, false};
+  const Series line = reference_line(two, "base", 1.5);
+  CHECK(line.points == std::vector<XY>{{0.2, 1.5}, {0.5, 1.5}});
+  CHECK(line.dashed);
+  const Series one{"s", {{0.3, 1}}, true, false};
+  const Series wide = reference_line(one, "base", 2);
+  REQUIRE(wide.points.size() == 2);
+  CHECK(wide.points[0].first == doctest::Approx(0.25));
+  CHECK(wide.points[1].first == doctest::Approx(0.35));
+}

@@ -17,6 +17,10 @@ struct Series {
   bool dashed = false;     // a reference line (the dense baseline)
 };
 
+// A dashed horizontal line at y (a baseline) across the x range of `over`'s points, widened to
+// at least 0.1 (a single point's r_a) so that it still reads as a line.
+Series reference_line(const Series& over, std::string name, double y);
+
 struct Chart {
   std::string title;
   std::string x_label, y_label;
