@@ -54,6 +54,26 @@ std::string html_escape(const std::string& s) {
   return o;
 }
 
+// The HTML report's page head (both reports share its table style).
+constexpr const char* kHtmlHead =
+    "<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>moeplan report</title>"
+    "<style>td,th{padding:2px 8px;text-align:right}td:first-child{text-align:left}"
+    "table{border-collapse:collapse}tr:nth-child(even){background:#f4f4f4}</style>"
+    "</head><body>\n";
+
+std::string html_table(const std::vector<std::string>& headers,
+                       const std::vector<std::vector<std::string>>& body) {
+  std::string h = "<table>\n<tr>";
+  for (const auto& c : headers) h += "<th>" + html_escape(c) + "</th>";
+  h += "</tr>\n";
+  for (const auto& row : body) {
+    h += "<tr>";
+    for (const auto& c : row) h += "<td>" + html_escape(c) + "</td>";
+    h += "</tr>\n";
+  }
+  return h + "</table>\n";
+}
+
 const std::vector<std::string> kHeaders = {"point",
                                            "r_a",
                                            "N plan",
@@ -397,25 +417,10 @@ std::string render_run_report(const std::vector<json>& records, const std::strin
   std::string figures;
   for (const plot::Chart& c : charts_of(records, dense))
     figures += "<figure>\n" + plot::render_svg(c) + "</figure>\n";
-  auto html_table = [](const std::vector<std::string>& headers,
-                       const std::vector<std::vector<std::string>>& body) {
-    std::string h = "<table>\n<tr>";
-    for (const auto& c : headers) h += "<th>" + html_escape(c) + "</th>";
-    h += "</tr>\n";
-    for (const auto& row : body) {
-      h += "<tr>";
-      for (const auto& c : row) h += "<td>" + html_escape(c) + "</td>";
-      h += "</tr>\n";
-    }
-    return h + "</table>\n";
-  };
-  return "<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>moeplan report</title>"
-         "<style>td,th{padding:2px 8px;text-align:right}td:first-child{text-align:left}"
-         "table{border-collapse:collapse}tr:nth-child(even){background:#f4f4f4}</style>"
-         "</head><body>\n<p>" +
-         html_escape(title) + "</p>\n" + html_table(kHeaders, rows) + "<p>" + html_escape(verdict) +
-         "</p>\n" + figures + "<p>" + html_escape(time_title) + "</p>\n" +
-         html_table(kTimeHeaders, time_rows) + "</body></html>\n";
+  return std::string(kHtmlHead) + "<p>" + html_escape(title) + "</p>\n" +
+         html_table(kHeaders, rows) + "<p>" + html_escape(verdict) + "</p>\n" + figures + "<p>" +
+         html_escape(time_title) + "</p>\n" + html_table(kTimeHeaders, time_rows) +
+         "</body></html>\n";
 }
 
 namespace {
@@ -599,20 +604,8 @@ std::string render_replicate_report(const std::vector<std::vector<json>>& folder
       c.series.push_back(
           plot::reference_line(reps_mean, fmt::format("dense mean ({:.4f})", sd.mean), sd.mean));
   }
-  std::string table = "<table>\n<tr>";
-  for (const auto& h : headers) table += "<th>" + html_escape(h) + "</th>";
-  table += "</tr>\n";
-  for (const auto& row : rows) {
-    table += "<tr>";
-    for (const auto& cell : row) table += "<td>" + html_escape(cell) + "</td>";
-    table += "</tr>\n";
-  }
-  table += "</table>\n";
-  return "<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>moeplan report</title>"
-         "<style>td,th{padding:2px 8px;text-align:right}td:first-child{text-align:left}"
-         "table{border-collapse:collapse}tr:nth-child(even){background:#f4f4f4}</style>"
-         "</head><body>\n<p>" +
-         html_escape(title) + "</p>\n" + table + "<p>" + html_escape(verdict) + "</p>\n" +
+  return std::string(kHtmlHead) + "<p>" + html_escape(title) + "</p>\n" +
+         html_table(headers, rows) + "<p>" + html_escape(verdict) + "</p>\n" +
          (c.series.empty() ? "" : "<figure>\n" + plot::render_svg(c) + "</figure>\n") +
          "</body></html>\n";
 }
