@@ -76,8 +76,7 @@ EqualResourcePlanner::EqualResourcePlanner(const PlanRequest& request)
   // or the sweep would not be equal in unique data.
   tokens_unique_ = request.budget.reuse == Reuse::strict ? double(dense_.budget.tokens_unique) : 0;
   const double asked = request.budget.tokens_unique;
-  if (request.budget.reuse == Reuse::strict && asked > 0 &&
-      asked > double(dense_.budget.tokens_consumed))
+  if (request.budget.reuse == Reuse::strict && asked > double(dense_.budget.tokens_consumed))
     dense_.note = fmt::format(
         "--unique-tokens {:.4g} is more than the dense baseline consumes ({} tokens); every point "
         "trains on the baseline's {} unique tokens (equal D̂). For no repetition in any point, "

@@ -1,5 +1,6 @@
 #include "moeplan/sweeps/manifest_io.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <map>
@@ -299,15 +300,25 @@ TrainSettings read_train(TomlTable& top, TrainSettings s = {}) {
 }  // namespace
 
 void apply_train_settings(TrainSettings& settings, const std::vector<std::string>& assignments) {
-  static const std::set<std::string> kStrings = {"source", "positions", "device"};
-  static const std::set<std::string> kBools = {"renormalize_gates"};
-  static const std::set<std::string> kIntegers = {"seed", "data_seed", "eval_every", "eval_tokens",
-                                                  "checkpoint_every"};
-  static const std::set<std::string> kNumbers = {"capacity_factor", "load_balance", "z_loss",
-                                                 "erc_loss", "erc_alpha"};
-  const std::string known =
-      "source, seed, data_seed, positions, renormalize_gates, capacity_factor, load_balance, "
-      "z_loss, erc_loss, erc_alpha, eval_every, eval_tokens, checkpoint_every, device";
+  // Each [train] key by how its value is written, in the manifest's order.
+  enum class Kind { string, boolean, integer, number };
+  static const std::vector<std::pair<std::string, Kind>> kKeys = {
+      {"source", Kind::string},
+      {"seed", Kind::integer},
+      {"data_seed", Kind::integer},
+      {"positions", Kind::string},
+      {"renormalize_gates", Kind::boolean},
+      {"capacity_factor", Kind::number},
+      {"load_balance", Kind::number},
+      {"z_loss", Kind::number},
+      {"erc_loss", Kind::number},
+      {"erc_alpha", Kind::number},
+      {"eval_every", Kind::integer},
+      {"eval_tokens", Kind::integer},
+      {"checkpoint_every", Kind::integer},
+      {"device", Kind::string}};
+  std::string known;
+  for (const auto& [k, kind] : kKeys) known += (known.empty() ? "" : ", ") + k;
   std::map<std::string, std::string> literal;  // a later KEY=VALUE replaces an earlier one
   for (const std::string& a : assignments) {
     const size_t eq = a.find('=');
@@ -316,23 +327,31 @@ void apply_train_settings(TrainSettings& settings, const std::vector<std::string
           "--train '{}': write KEY=VALUE (e.g. erc_loss=0.01, source=text:book.txt)", a));
     const std::string key = a.substr(0, eq), value = a.substr(eq + 1);
     const std::string flag = "--train " + key;
-    if (kStrings.count(key)) {
-      literal[key] = toml_string(value);
-    } else if (kBools.count(key)) {
-      if (value != "true" && value != "false")
-        throw InputError(fmt::format("{} = '{}' is invalid; write true or false", flag, value));
-      literal[key] = value;
-    } else if (kIntegers.count(key)) {
-      const double v = parse_quantity(value, flag);
-      if (v != std::floor(v) || std::fabs(v) > 9e15)
-        throw InputError(
-            fmt::format("{} = '{}' is invalid; it must be a whole number", flag, value));
-      literal[key] = fmt::format("{}", int64_t(v));
-    } else if (kNumbers.count(key)) {
-      literal[key] = toml_double(parse_quantity(value, flag));
-    } else {
+    const auto it =
+        std::find_if(kKeys.begin(), kKeys.end(), [&key](const auto& k) { return k.first == key; });
+    if (it == kKeys.end())
       throw InputError(
           fmt::format("--train '{}': '{}' is not a training setting; known: {}", a, key, known));
+    switch (it->second) {
+      case Kind::string:
+        literal[key] = toml_string(value);
+        break;
+      case Kind::boolean:
+        if (value != "true" && value != "false")
+          throw InputError(fmt::format("{} = '{}' is invalid; write true or false", flag, value));
+        literal[key] = value;
+        break;
+      case Kind::integer: {
+        const double v = parse_quantity(value, flag);
+        if (v != std::floor(v) || std::fabs(v) > 9e15)
+          throw InputError(
+              fmt::format("{} = '{}' is invalid; it must be a whole number", flag, value));
+        literal[key] = fmt::format("{}", int64_t(v));
+        break;
+      }
+      case Kind::number:
+        literal[key] = toml_double(parse_quantity(value, flag));
+        break;
     }
   }
   std::string doc = "[train]\n";
