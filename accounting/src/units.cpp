@@ -55,7 +55,8 @@ double parse_quantity(std::string_view text, std::string_view what) {
 }
 
 std::string human(double v, int digits) {
-  const double a = std::fabs(v);
+  // Round to the digits shown before choosing the unit, so 999.99e12 reads 1.00e+15, not 1e+03T.
+  const double a = std::fabs(std::stod(fmt::format("{:.{}e}", v, std::max(0, digits - 1))));
   struct S {
     double f;
     const char* s;

@@ -232,6 +232,30 @@ Estimate estimate_point(Engine& engine, const Plan& plan, const DataSplit& data,
   return e;
 }
 
+// The [train] settings that decide what a point's training computes: all but where checkpoints
+// fall and the manifest's default device (a resume compares the device it ran on itself).
+nlohmann::json result_settings(nlohmann::json train) {
+  train.erase("checkpoint_every");
+  train.erase("device");
+  return train;
+}
+
+// Empty when `stored` (a record's or checkpoint's [train] settings) trained what `wanted` asks
+// for, else "key = stored (the manifest: wanted)" for each that differs. A record or checkpoint
+// written before they were stored (no "train") is taken as it is.
+std::string settings_differ(const nlohmann::json& stored, const nlohmann::json& wanted) {
+  if (!stored.is_object()) return {};
+  const nlohmann::json a = result_settings(stored), b = result_settings(wanted);
+  std::string out;
+  for (const auto& [key, value] : b.items()) {
+    const auto it = a.find(key);
+    if (it != a.end() && *it == value) continue;
+    out += fmt::format("{}{} = {} (the manifest: {})", out.empty() ? "" : ", ", key,
+                       it == a.end() ? std::string("unset") : it->dump(), value.dump());
+  }
+  return out;
+}
+
 }  // namespace
 
 PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
@@ -258,6 +282,13 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
           fmt::format("'{}' was made from a different plan for point '{}'; move the "
                       "folder away or choose another --out",
                       outcome.record_path.string(), plan.id));
+    if (const std::string d = settings_differ(rec.value("train", nlohmann::json()),
+                                              train_to_json(train));
+        !d.empty())
+      throw InputError(fmt::format(
+          "'{}' was trained with other [train] settings: {}; move the folder away or choose "
+          "another --out (a sweep with another seed or data belongs in a folder of its own)",
+          outcome.record_path.string(), d));
     if (rec.value("status", "") == "complete") {
       outcome.status = PointStatus::skipped;
       outcome.record = std::move(rec);
@@ -317,6 +348,11 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
           fmt::format("checkpoint '{}' was made for a different plan of point '{}'; "
                       "move the folder away or choose another --out",
                       ckpt_path.string(), plan.id));
+    if (const std::string d = settings_differ(ck.train, train_to_json(train)); !d.empty())
+      throw InputError(fmt::format(
+          "checkpoint '{}' of point '{}' was trained with other [train] settings: {}; move the "
+          "folder away or choose another --out",
+          ckpt_path.string(), plan.id, d));
     if (!ck.state.device.empty() && ck.state.device != opt.device)
       throw InputError(fmt::format(
           "checkpoint '{}' of point '{}' was trained with --device {}, this run asks for {}; "
@@ -366,7 +402,7 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
     outcome.record = make_record(rin);
     std::vector<char> state = engine->save_state();  // every rank: a collective when sharded
     if (!writer) return;
-    write_checkpoint(ckpt_path, {plan_json, st, std::move(state)});
+    write_checkpoint(ckpt_path, {plan_json, rin.train, st, std::move(state)});
     write_file_atomic(outcome.record_path, outcome.record.dump(1) + "\n");
   };
 

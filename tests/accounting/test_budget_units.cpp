@@ -87,6 +87,11 @@ TEST_CASE("quantities as people write them") {
   }
   CHECK(human(2.15e9) == "2.15B");
   CHECK(human(3.46e8) == "346M");
+  // Rounding to three digits carries into the next unit: 999.6M shows as 1B, not 1e+03M.
+  CHECK(human(999.6e6) == "1B");
+  CHECK(human(999.4e6) == "999M");
+  CHECK(human(999.99e12) == "1.00e+15");
+  CHECK(human(-999.7e3) == "-1M");
 }
 
 TEST_CASE("arch validation names the offending field") {

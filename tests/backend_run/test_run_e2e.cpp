@@ -358,6 +358,27 @@ TEST_CASE("refusals: one line, non-zero exit, earlier records and checkpoints in
       CHECK(record(out, "moe-a")["status"] == "running");
     }
   }
+  // A finished point under other [train] settings (another seed): not skipped as if it were the
+  // manifest's, refused with the setting named. Where checkpoints fall changes no result.
+  {
+    Manifest seed = good;
+    seed.train.seed = 7;
+    write_manifest_atomic(seed, dir / "seed.toml");
+    const Result r =
+        run_cli({"run", (dir / "seed.toml").string(), "--point", "dense", "--out", out.string()});
+    CHECK(r.status == 2);
+    CHECK_MESSAGE(one_line(r.err), r.err);
+    CHECK_MESSAGE(r.err.find("seed = 1234 (the manifest: 7)") != std::string::npos, r.err);
+    intact();
+    Manifest every = good;
+    every.train.checkpoint_every = 3;
+    write_manifest_atomic(every, dir / "every.toml");
+    const Result k =
+        run_cli({"run", (dir / "every.toml").string(), "--point", "dense", "--out", out.string()});
+    CHECK_MESSAGE(k.status == 0, k.err);
+    CHECK(k.out.find("already complete") != std::string::npos);
+    intact();
+  }
 }
 
 TEST_CASE(
@@ -465,6 +486,30 @@ TEST_CASE(
   CHECK_MESSAGE(est.out.find("estimate for 1 point(s) on cpu: ") != std::string::npos, est.out);
   CHECK(read_file(out / "moe-i" / "record.json") == before);
   CHECK(read_checkpoint(out / "moe-i" / "checkpoint" / "state.ckpt").state.step == c.state.step);
+  // A resume under another auxiliary loss would train half the point with each: refused, and the
+  // checkpoint and record are left as they were.
+  {
+    Manifest z = read_manifest(sweep);
+    z.train.z_loss = 1e-3;
+    write_manifest_atomic(z, dir / "z.toml");
+    const std::vector<std::string> args{"run", (dir / "z.toml").string(), "--point", "moe-i",
+                                        "--out", out.string()};
+    const Result r = run_cli(args);
+    CHECK(r.status == 2);
+    CHECK_MESSAGE(one_line(r.err), r.err);
+    CHECK_MESSAGE(r.err.find("z_loss = 0.0 (the manifest: 0.001)") != std::string::npos, r.err);
+    CHECK(read_file(out / "moe-i" / "record.json") == before);
+    // The checkpoint says so on its own (a crash can leave one without its record).
+    fs::rename(out / "moe-i" / "record.json", dir / "record.json.aside");
+    const Result k = run_cli(args);
+    CHECK(k.status == 2);
+    CHECK_MESSAGE(k.err.find("checkpoint '") != std::string::npos, k.err);
+    CHECK_MESSAGE(k.err.find("z_loss = 0.0 (the manifest: 0.001)") != std::string::npos, k.err);
+    fs::rename(dir / "record.json.aside", out / "moe-i" / "record.json");
+    CHECK(read_file(out / "moe-i" / "record.json") == before);
+    CHECK(read_checkpoint(out / "moe-i" / "checkpoint" / "state.ckpt").state.step ==
+          c.state.step);
+  }
   const Result again = run_cli({"run", sweep, "--point", "moe-i", "--out", out.string()});
   CHECK(again.status == 0);
   CHECK(record(out, "moe-i")["status"] == "complete");
