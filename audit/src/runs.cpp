@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -385,6 +386,20 @@ ClaimVerdict equal_claim(const std::string& name, const std::string& q,
 
 }  // namespace
 
+namespace {
+std::map<std::string, std::string> settings_map(const json& train) {
+  std::map<std::string, std::string> out;
+  if (!train.is_object()) return out;
+  for (const auto& [key, value] : train.items())
+    if (key != "checkpoint_every" && key != "device") out[key] = value.dump();
+  return out;
+}
+}  // namespace
+
+std::map<std::string, std::string> result_settings(std::string_view train_json_text) {
+  return settings_map(json::parse(train_json_text));
+}
+
 RunRecord parse_run_record(std::string_view text, std::string source) {
   RunRecord r;
   r.source = std::move(source);
@@ -402,6 +417,13 @@ RunRecord parse_run_record(std::string_view text, std::string source) {
   r.point_id = rd.text(j, "point_id");
   r.status = rd.text(j, "status");
   r.plan = parse_plan(rd, rd.obj(j, "plan"));
+  if (j.contains("data")) {
+    const json& d = rd.obj(j, "data");
+    r.data_source = rd.text(d, "source");
+    r.data_description = rd.text(d, "description");
+    r.validation_tokens = rd.integer(d, "validation_tokens");
+  }
+  if (j.contains("train")) r.train = settings_map(rd.obj(j, "train"));
   if (r.status != "complete") return r;  // a running record carries only partial fields
   const json& m = rd.obj(j, "measured");
   r.has_measured = true;
@@ -438,11 +460,103 @@ RunRecord parse_run_record(std::string_view text, std::string source) {
   return r;
 }
 
+namespace {
+
+// What a record read, in words: the source, the built-in generator's seed, the held-out tokens.
+std::string data_read(const RunRecord& r) {
+  std::string s = r.data_source;
+  if (r.data_source == "builtin") {
+    const auto it = r.train.find("data_seed");
+    s += fmt::format(", data_seed {}", it == r.train.end() ? "unrecorded" : it->second);
+  }
+  return s + fmt::format(", {} validation tokens", r.validation_tokens);
+}
+
+// Equal D̂ is the same unique tokens only from the same source, and the BPCs compare only on the
+// same held-out set: every point must have read what the dense baseline (or the first) read.
+// The [train] settings that change training but not the data (seed, losses, positions, ...) are
+// compared too: a difference is a warning, the points were not trained alike.
+void same_data_claim(const std::vector<PointValues>& pts, const std::vector<const RunRecord*>& rs,
+                     AuditReport& report) {
+  const auto base_at = std::find_if(pts.begin(), pts.end(), [](auto& p) { return p.dense; });
+  const size_t b = base_at == pts.end() ? 0 : size_t(base_at - pts.begin());
+  const RunRecord& base = *rs[b];
+  const std::string who = base_at == pts.end() ? "the first point" : "the dense baseline";
+  for (const RunRecord* r : rs)
+    if (r->data_source.empty()) {
+      report.findings.push_back(
+          Finding{Severity::info,
+                  r->point_id,
+                  0,
+                  "data",
+                  {},
+                  {},
+                  {},
+                  0,
+                  fmt::format("{} does not say which data it read (an older record): the same-data "
+                              "claim is not checked",
+                              r->source)});
+      return;
+    }
+  ClaimVerdict cv;
+  const std::string want = data_read(base);
+  cv.name = fmt::format("the same data for every point (source, held-out set) as {}: {}",
+                        base.point_id, want);
+  for (const RunRecord* r : rs) {
+    cv.rows.push_back(r->point_id);
+    const std::string got = data_read(*r);
+    if (got == want) continue;
+    cv.holds = false;
+    report.findings.push_back(
+        Finding{Severity::error,
+                r->point_id,
+                0,
+                "data",
+                {},
+                {},
+                {},
+                0,
+                fmt::format("read {}; {} {} read {}", got, who, base.point_id, want)});
+  }
+  report.claims.push_back(cv);
+  std::set<std::string> keys;
+  for (const RunRecord* r : rs)
+    for (const auto& kv : r->train) keys.insert(kv.first);
+  for (const std::string& key : keys) {
+    if (key == "source" || key == "data_seed" || key == "eval_every" || key == "eval_tokens")
+      continue;  // the data claim above, or when and how much validation: not the training
+    auto value = [&](const RunRecord& r) {
+      const auto it = r.train.find(key);
+      return it == r.train.end() ? std::string("unrecorded") : it->second;
+    };
+    std::string differ;
+    for (const RunRecord* r : rs)
+      if (value(*r) != value(base))
+        differ += fmt::format("{}{} {}", differ.empty() ? "" : ", ", r->point_id, value(*r));
+    if (!differ.empty())
+      report.findings.push_back(
+          Finding{Severity::warning,
+                  "",
+                  0,
+                  "train",
+                  {},
+                  {},
+                  {},
+                  0,
+                  fmt::format("[train] {} differs across the sweep: {} against {} for {} {}; the "
+                              "points were not trained alike",
+                              key, differ, value(base), who, base.point_id)});
+  }
+}
+
+}  // namespace
+
 AuditReport audit_runs(const std::vector<RunRecord>& records, const std::vector<Plan>& planned,
                        const RunsAuditOptions& opt) {
   AuditReport report;
   RunAuditor au(opt, report);
   std::vector<PointValues> pts;
+  std::vector<const RunRecord*> done;  // the complete records, as pts
   for (const RunRecord& r : records) {
     const Plan* plan = &r.plan;
     if (!planned.empty()) {
@@ -462,6 +576,18 @@ AuditReport audit_runs(const std::vector<RunRecord>& records, const std::vector<
                  "(shape or consumed tokens differ); audited against the manifest");
       }
     }
+    if (!opt.manifest_train.empty() && !r.train.empty()) {
+      std::string d;
+      for (const auto& [key, want] : opt.manifest_train) {
+        const auto it = r.train.find(key);
+        const std::string got = it == r.train.end() ? "unset" : it->second;
+        if (got != want)
+          d += fmt::format("{}{} = {} (the manifest: {})", d.empty() ? "" : ", ", key, got, want);
+      }
+      if (!d.empty())
+        au.add(Severity::warning, r.point_id, "train", {}, {}, 0,
+               fmt::format("trained with other [train] settings than the manifest's: {}", d));
+    }
     if (r.status != "complete") {
       au.add(Severity::warning, r.point_id, "", {}, {}, 0,
              fmt::format("record is '{}', not complete: not audited", r.status));
@@ -477,6 +603,7 @@ AuditReport audit_runs(const std::vector<RunRecord>& records, const std::vector<
     for (size_t i = first; i < report.findings.size(); ++i)
       if (report.findings[i].severity == Severity::error) point.holds = false;
     report.claims.push_back(point);
+    done.push_back(&r);
     pts.push_back(
         {r.point_id, plan->role == "dense", n, c, double(r.tokens_unique), plan->budget.reuse});
   }
@@ -500,6 +627,7 @@ AuditReport audit_runs(const std::vector<RunRecord>& records, const std::vector<
       report.claims.push_back(equal_claim("equal unique data D̂ (strict reuse) across the sweep",
                                           "tokens_unique", pts, &PointValues::d_unique, 0,
                                           report.findings));
+    same_data_claim(pts, done, report);
   }
   report.sort_findings();
   return report;

@@ -39,6 +39,24 @@ bool is_complete(const json& r) {
   return r.value("status", "") == "complete";
 }
 
+// What a record's validation BPC was measured on and what it trained from: the source, the
+// built-in generator's seed, the held-out tokens a pass scores ("" in records that do not say).
+std::string data_label(const json& r) {
+  if (!r.contains("data") || !r["data"].is_object()) return "";
+  const json& d = r["data"];
+  std::string s = d.value("source", "?");
+  if (s == "builtin" && r.contains("train") && r["train"].contains("data_seed"))
+    s += fmt::format(", data_seed {}", r["train"]["data_seed"].dump());
+  return s + fmt::format(", {} validation tokens", d.value("validation_tokens", int64_t{0}));
+}
+
+// A point's BPC is compared with the dense baseline's only when both read the same data (a
+// record that does not say is taken at its word).
+bool same_data(const json& r, const json& dense) {
+  const std::string a = data_label(r), b = data_label(dense);
+  return a.empty() || b.empty() || a == b;
+}
+
 std::string html_escape(const std::string& s) {
   std::string o;
   for (char c : s) {
@@ -108,7 +126,8 @@ std::vector<std::string> row_of(const json& r, const json* dense) {
   }
   std::string vs = "-";
   if (!is_dense(r) && dense && complete)
-    vs = fmt::format("{:+.3f}", bpc - dense->value("final_val_bpc", 0.0));
+    vs = same_data(r, *dense) ? fmt::format("{:+.3f}", bpc - dense->value("final_val_bpc", 0.0))
+                              : "other data";
   return {r.value("point_id", "?"),
           fmt::format("{:.3f}", p.value("activation_rate", 0.0)),
           human(p.value("total_params", 0.0)),
@@ -190,7 +209,7 @@ std::vector<std::string> time_row_of(const json& r, const json* dense) {
 // One paragraph: how many MoE points beat dense, and how many records match their plan.
 std::string verdict_of(const std::vector<json>& records, const json* dense) {
   int moe_total = 0, moe_better = 0, complete_count = 0, matching = 0;
-  std::string best;
+  std::string best, other_data;
   double best_bpc = 1e300;
   const double dense_bpc = dense ? dense->value("final_val_bpc", 0.0) : 0.0;
   for (const json& r : records) {
@@ -201,6 +220,11 @@ std::string verdict_of(const std::vector<json>& records, const json* dense) {
     for (const auto& [k, v] : m["matches_plan"].items()) all = all && v == true;
     if (all) ++matching;
     const double bpc = r.value("final_val_bpc", 0.0);
+    if (dense && !same_data(r, *dense)) {
+      other_data += fmt::format("{}{} ({})", other_data.empty() ? "" : ", ",
+                                r.value("point_id", "?"), data_label(r));
+      continue;
+    }
     if (!is_dense(r) && dense) {
       ++moe_total;
       if (bpc < dense_bpc) ++moe_better;
@@ -215,6 +239,11 @@ std::string verdict_of(const std::vector<json>& records, const json* dense) {
                               "BPC: {} of {}; best point: {} ({:.4f} BPC)",
                               dense_bpc, moe_better, moe_total, best, best_bpc)
                         : std::string("no complete dense baseline record: no comparison");
+  if (!other_data.empty())
+    v += fmt::format(
+        "\nnot compared with the dense baseline, which read {}: trained or validated on other "
+        "data: {}",
+        data_label(*dense), other_data);
   v += fmt::format(
       "\nmeasured vs plan: {} of {} complete point(s) consumed exactly the planned D, read exactly "
       "the planned D̂ unique, ran the planned epochs and steps, with C [paper] within the plan's "
@@ -250,7 +279,7 @@ std::vector<plot::Chart> charts_of(const std::vector<json>& records, const json*
   std::vector<plot::Chart> charts;
   plot::Series moe{"MoE points", {}, true, false};
   for (const json& r : records)
-    if (!is_dense(r) && is_complete(r))
+    if (!is_dense(r) && is_complete(r) && (!dense || same_data(r, *dense)))
       moe.points.emplace_back(r["plan"].value("activation_rate", 0.0),
                               r.value("final_val_bpc", 0.0));
   if (!moe.points.empty()) {
@@ -329,7 +358,7 @@ std::string bars_of(const std::vector<json>& records, const json* dense) {
   if (!dense) return "";
   std::vector<std::pair<std::string, double>> bars;
   for (const json& r : records)
-    if (!is_dense(r) && is_complete(r))
+    if (!is_dense(r) && is_complete(r) && same_data(r, *dense))
       bars.emplace_back(r.value("point_id", "?"),
                         r.value("final_val_bpc", 0.0) - dense->value("final_val_bpc", 0.0));
   if (bars.empty()) return "";
@@ -536,7 +565,7 @@ std::string render_replicate_report(const std::vector<std::vector<json>>& folder
       const double b = r->value("final_val_bpc", 0.0);
       bpc.push_back(b);
       if (is_d) dense_bpcs.push_back(b);
-      if (!is_d && dense[f]) {
+      if (!is_d && dense[f] && same_data(*r, *dense[f])) {
         const double d = b - dense[f]->value("final_val_bpc", 0.0);
         diff.push_back(d);
         ++paired;

@@ -169,3 +169,79 @@ TEST_CASE("a GPU record and a CPU record of the same point: same ledger but for 
   REQUIRE(!pad.empty());
   CHECK(pad[0]->message.find("masked part of attention squares") != std::string::npos);
 }
+
+TEST_CASE("the same data for every point: source and held-out set; [train] settings compared") {
+  // The H200 record is a real one: it says what it read.
+  const auto real = load_run_records(fixture("runs_h200"));
+  REQUIRE(real.size() == 1);
+  CHECK(real[0].data_source == "builtin");
+  CHECK(real[0].validation_tokens == 16384);
+  CHECK(real[0].train.empty());  // written before records carried their [train] settings
+
+  auto recs = load_run_records(fixture("runs_ok"));  // hand-made: they do not say
+  {
+    const AuditReport r = audit_runs(recs, {}, {});
+    const auto info = matching(r.findings, Severity::info, "dense", 0, "data");
+    REQUIRE(info.size() == 1);
+    CHECK(info[0]->message.find("does not say which data it read") != std::string::npos);
+    CHECK(r.all_hold());
+  }
+  for (RunRecord& x : recs) {
+    x.data_source = "builtin";
+    x.data_description = "builtin corpus v1";
+    x.validation_tokens = 256;
+    x.train = {{"seed", "1234"}, {"data_seed", "1"}, {"z_loss", "0.0"}, {"eval_every", "0"}};
+  }
+  const std::string name =
+      "the same data for every point (source, held-out set) as dense: builtin, data_seed 1, 256 "
+      "validation tokens";
+  {
+    const AuditReport r = audit_runs(recs, {}, {});
+    const ClaimVerdict* same = claim(r, name);
+    REQUIRE(same);
+    CHECK(same->holds);
+    CHECK(same->rows == std::vector<std::string>{"dense", "moe-k1"});
+    CHECK(r.all_hold());
+    CHECK(matching(r.findings, Severity::warning, "", 0, "train").empty());
+  }
+  // The MoE point read a text file (equal D̂ is then not the same tokens) and validated on a
+  // smaller held-out set; its seed and z-loss differ too; only when validation runs does not.
+  recs[1].data_source = "text:t.txt";
+  recs[1].validation_tokens = 128;
+  recs[1].train["seed"] = "7";
+  recs[1].train["z_loss"] = "0.001";
+  recs[1].train["eval_every"] = "5";
+  {
+    const AuditReport r = audit_runs(recs, {}, {});
+    const ClaimVerdict* same = claim(r, name);
+    REQUIRE(same);
+    CHECK_FALSE(same->holds);
+    CHECK_FALSE(r.all_hold());
+    const auto e = matching(r.findings, Severity::error, "moe-k1", 0, "data");
+    REQUIRE(e.size() == 1);
+    CHECK(e[0]->message ==
+          "read text:t.txt, 128 validation tokens; the dense baseline dense read builtin, "
+          "data_seed 1, 256 validation tokens");
+    const auto w = matching(r.findings, Severity::warning, "", 0, "train");
+    REQUIRE(w.size() == 2);  // seed and z_loss, in key order; eval_every is not training
+    CHECK(w[0]->message ==
+          "[train] seed differs across the sweep: moe-k1 7 against 1234 for the dense baseline "
+          "dense; the points were not trained alike");
+    CHECK(w[1]->message.find("[train] z_loss differs across the sweep: moe-k1 0.001 against "
+                             "0.0") == 0);
+  }
+  // Against the manifest's [train]: each record that trained otherwise is named.
+  RunsAuditOptions opt;
+  opt.manifest_train = result_settings(
+      R"({"seed": 7, "data_seed": 1, "z_loss": 0.001, "eval_every": 5, "checkpoint_every": 9,
+          "device": "cuda"})");
+  CHECK(opt.manifest_train.count("checkpoint_every") == 0);  // change no result
+  CHECK(opt.manifest_train.count("device") == 0);
+  const AuditReport r = audit_runs(recs, {}, opt);
+  const auto d = matching(r.findings, Severity::warning, "dense", 0, "train");
+  REQUIRE(d.size() == 1);
+  CHECK(d[0]->message ==
+        "trained with other [train] settings than the manifest's: eval_every = 0 (the manifest: "
+        "5), seed = 1234 (the manifest: 7), z_loss = 0.0 (the manifest: 0.001)");
+  CHECK(matching(r.findings, Severity::warning, "moe-k1", 0, "train").empty());
+}

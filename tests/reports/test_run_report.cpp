@@ -157,3 +157,43 @@ TEST_CASE("replicates: the same seeds are named; a differing plan is refused") {
                                      "(plan.steps differs)") != std::string::npos);
   }
 }
+
+TEST_CASE("report: a point that read other data than the dense baseline is not compared with it") {
+  auto reading = [](json r, const std::string& source, int64_t validation) {
+    r["data"] = {{"source", source}, {"validation_tokens", validation}};
+    r["train"] = {{"seed", 1234}, {"data_seed", 1}};
+    return r;
+  };
+  // moe-a read the baseline's data; moe-b a text file (its 0.1 BPC says nothing against dense's
+  // 2.0); moe-c the built-in corpus with a smaller held-out set.
+  const std::vector<json> recs = {reading(record("dense", true, 1.0, 2.0), "builtin", 256),
+                                  reading(record("moe-a", false, 0.2, 1.8), "builtin", 256),
+                                  reading(record("moe-b", false, 0.3, 0.1), "text:t.txt", 256),
+                                  reading(record("moe-c", false, 0.4, 1.7), "builtin", 128)};
+  const std::string text = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::text);
+  CAPTURE(text);
+  CHECK(text.find("MoE points with lower validation BPC: 1 of 1; best point: moe-a (1.8000 BPC)") !=
+        std::string::npos);
+  CHECK(text.find("not compared with the dense baseline, which read builtin, data_seed 1, 256 "
+                  "validation tokens: trained or validated on other data: moe-b (text:t.txt, "
+                  "256 validation tokens), moe-c (builtin, data_seed 1, 128 validation "
+                  "tokens)") != std::string::npos);
+  CHECK(count(text, "other data") == 3);  // two cells and the sentence
+  CHECK(text.find("  moe-a  -0.2000") != std::string::npos);
+  CHECK(text.find("  moe-b  ") == std::string::npos);  // no bar
+  const std::string html = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::html);
+  CHECK(count(html, "data-series=\"MoE points\"") == 2);  // the BPC and time charts
+  // Replicates pair a point with its own folder's baseline only on the same data.
+  const std::vector<std::vector<json>> folders = {
+      {reading(record("dense", true, 1.0, 2.0), "builtin", 256),
+       reading(record("moe-b", false, 0.3, 1.9), "builtin", 256)},
+      {reading(record("dense", true, 1.0, 2.0), "builtin", 256),
+       reading(record("moe-b", false, 0.3, 0.1), "text:t.txt", 256)}};
+  const std::string reps =
+      moeplan::render_replicate_report(folders, {"a", "b"}, moeplan::ReportFormat::text);
+  const size_t at = reps.find("\nmoe-b ");
+  REQUIRE(at != std::string::npos);
+  const std::string line = reps.substr(at + 1, reps.find('\n', at + 1) - at - 1);
+  CHECK_MESSAGE(line.find("-0.1000") != std::string::npos, line);  // a's pair only
+  CHECK_MESSAGE(line.find("1 of 1") != std::string::npos, line);
+}

@@ -31,15 +31,26 @@ struct RunRecord {
   std::map<std::string, double> conventions;  // the record's lens() figures, by label
   int64_t tokens_consumed = 0, tokens_unique = 0, tokens_dropped = 0;
   double epochs = 0;
+  // What it read: the [train] source, its description and the held-out tokens each validation
+  // pass scored (empty / -1 in records that do not say).
+  std::string data_source, data_description;
+  int64_t validation_tokens = -1;
+  // The [train] settings it trained with, each value as JSON text ("1234", "\"alibi\""), without
+  // those that change no result (checkpoint_every, device). Empty in records older than them.
+  std::map<std::string, std::string> train;
 };
 
 // Parse record.json text. Throws InputError naming the file and the missing or mistyped key.
 RunRecord parse_run_record(std::string_view json_text, std::string source);
 
+// A [train] table as JSON text (a record's "train", a manifest's) to RunRecord::train's form.
+std::map<std::string, std::string> result_settings(std::string_view train_json_text);
+
 struct RunsAuditOptions {
   double tolerance = 0.01;                  // relative, for planned-vs-measured FLOPs
   std::optional<double> n_tolerance;        // equal N across the sweep (manifest's, else tolerance)
   std::optional<double> compute_tolerance;  // equal C across the sweep (manifest's, else tolerance)
+  std::map<std::string, std::string> manifest_train;  // the manifest's [train], as RunRecord::train
 };
 
 // `planned`: the manifest's points (dense baseline included, role "dense"), or empty to audit
