@@ -8,6 +8,7 @@
 #include "moeplan/accounting/error.hpp"
 #include "moeplan/audit/audit_tables.hpp"
 #include "moeplan/audit/io.hpp"
+#include "moeplan/audit/quantity.hpp"
 #include "moeplan/audit/render.hpp"
 #include "moeplan/audit/runs_io.hpp"
 
@@ -22,7 +23,60 @@ struct AuditFlags {
   std::string format = "table";
   std::string out;
   std::optional<double> tolerance;
+  std::vector<std::string> equal;  // a claim from the command line: these equal across the rows
+  std::string baseline;            // ... measured against this row ("table:3" or a row label)
+  bool strict_reuse = false;
 };
+
+// The command line's claim (--equal, --baseline, --strict-reuse) over every row of every table:
+// the common question "do these rows really share N and C?" without writing a spec.
+audit::ClaimSpec command_line_claim(const AuditFlags& f,
+                                    const std::vector<audit::ClaimTable>& tables) {
+  using namespace moeplan::audit;
+  ClaimSpec c;
+  std::string names;
+  for (const std::string& item : f.equal) {
+    const auto meaning = column_meaning(item);
+    if (!meaning)
+      throw InputError(fmt::format(
+          "--equal {}: not a quantity moeplan knows; give paper headers or code names, e.g. "
+          "--equal N,C,D_hat or --equal total_params,compute,tokens_unique",
+          item));
+    c.equal.push_back(meaning->quantity);
+    names += fmt::format("{}{}", names.empty() ? "" : ", ", item);
+  }
+  c.strict_reuse = f.strict_reuse;
+  if (!f.baseline.empty()) {
+    // A row label (a label/id/name/run/model column) names one row; else table:row.
+    std::vector<RowSelector> found;
+    for (const ClaimTable& t : tables)
+      for (size_t i = 0; i < t.labels.size(); ++i)
+        if (t.labels[i] == f.baseline) found.push_back({t.name, int(i) + 1, int(i) + 1});
+    if (found.size() > 1)
+      throw InputError(fmt::format("--baseline {}: {} rows carry this label; write table:row",
+                                   f.baseline, found.size()));
+    if (found.empty() && f.baseline.find(':') == std::string::npos) {
+      std::string labels;
+      for (const ClaimTable& t : tables)
+        for (const std::string& l : t.labels) labels += (labels.empty() ? "" : ", ") + l;
+      throw InputError(fmt::format(
+          "--baseline {}: no row carries this label ({}); name one row by its label or as "
+          "table:row",
+          f.baseline, labels.empty() ? "the tables have no label column" : "labels: " + labels));
+    }
+    c.baseline = found.empty() ? parse_row_selector(f.baseline, "--baseline") : found[0];
+    if (c.baseline->first == 0 || c.baseline->first != c.baseline->last)
+      throw InputError(
+          fmt::format("--baseline {}: name one row, as a row label or table:3", f.baseline));
+  }
+  if (c.strict_reuse && !c.baseline)
+    throw InputError("--strict-reuse needs --baseline ROW (the dense run whose D̂ every row uses)");
+  c.name =
+      fmt::format("every row {}{}{}", names.empty() ? "" : "equal in " + names,
+                  c.strict_reuse ? (names.empty() ? "" : ", ") + std::string("strict reuse") : "",
+                  c.baseline ? fmt::format(" (baseline {})", f.baseline) : "");
+  return c;
+}
 
 int run_audit(const AuditFlags& f) {
   namespace fs = std::filesystem;
@@ -32,9 +86,14 @@ int run_audit(const AuditFlags& f) {
     throw InputError(
         fmt::format("--tolerance {} must be a relative value in (0, 1), e.g. 0.01", *f.tolerance));
   AuditReport report;
+  const bool cli_claim = !f.equal.empty() || !f.baseline.empty() || f.strict_reuse;
   if (!f.runs_dir.empty()) {
     if (!f.claims.empty() || !f.spec.empty())
       throw InputError("give either a runs folder or --claims/--spec, not both");
+    if (cli_claim)
+      throw InputError(
+          "--equal, --baseline and --strict-reuse go with --claims tables; a runs folder is "
+          "audited for equal N, C and D̂ against its dense baseline already");
     RunsAuditOptions opt;
     if (f.tolerance) opt.tolerance = *f.tolerance;
     report = audit_runs_dir(f.runs_dir, f.plan, opt);
@@ -55,7 +114,15 @@ int run_audit(const AuditFlags& f) {
     }
     if (f.tolerance) spec.tolerance = *f.tolerance;
     std::vector<fs::path> files(f.claims.begin(), f.claims.end());
-    report = audit_tables(load_claim_tables(files, spec, spec_dir), spec);
+    const std::vector<ClaimTable> tables = load_claim_tables(files, spec, spec_dir);
+    if (cli_claim) {
+      if (f.equal.empty() && !f.strict_reuse)
+        throw InputError(
+            "--baseline needs a claim to measure against it: --equal N,C (or "
+            "--strict-reuse)");
+      spec.claims.push_back(command_line_claim(f, tables));
+    }
+    report = audit_tables(tables, spec);
   }
   const std::string text = render(report, format);
   if (f.out.empty()) {
@@ -82,9 +149,18 @@ const bool registered = register_command(
        app.add_option("-o,--out", f->out, "Write the report to this file (atomically)");
        app.add_option("--tolerance", f->tolerance,
                       "Relative tolerance (default 0.01, or the spec's)");
+       app.add_option("--equal", f->equal,
+                      "Claim: these quantities are equal across every row (N,C,D_hat or "
+                      "total_params,compute,...)")
+           ->delimiter(',');
+       app.add_option("--baseline", f->baseline,
+                      "The row --equal is measured against: a row label or table:row");
+       app.add_flag("--strict-reuse", f->strict_reuse,
+                    "Claim: every row's unique data D̂ is the baseline's (data reuse)");
        app.footer(
            "Exit status: 0 every claim holds, 1 a claim fails, 2 unusable input.\n"
-           "Example: moeplan audit --spec examples/audit-paper/claims.toml");
+           "Examples: moeplan audit --spec examples/audit-paper/claims.toml\n"
+           "          moeplan audit --claims table.csv --equal N,C --baseline dense-1b");
        return [f] { return run_audit(*f); };
      }});
 

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <array>
+#include <cctype>
+#include <string>
 
 namespace moeplan::audit {
 
@@ -75,7 +77,9 @@ std::string_view symbol(std::string_view quantity) {
 }
 
 bool is_label_column(std::string_view h) {
-  return h == "label" || h == "id" || h == "run" || h == "name";
+  std::string lower(h);
+  for (char& c : lower) c = char(std::tolower(static_cast<unsigned char>(c)));
+  return lower == "label" || lower == "id" || lower == "run" || lower == "name" || lower == "model";
 }
 
 }  // namespace moeplan::audit

@@ -128,7 +128,8 @@ ClaimTable parse_claim_table(std::string_view text, std::string name, std::strin
     if (!meaning)
       throw InputError(fmt::format(
           "{}: unknown column '{}' (use a paper header such as N, Na, ra_pct, M, D, C or a code "
-          "name such as total_params; or list it under the table's ignore = [...] in the spec)",
+          "name such as total_params; a column of row names is headed label, id, name, run or "
+          "model; or list it under the table's ignore = [...] in the spec)",
           t.source, h));
     if (t.has_column(meaning->quantity))
       throw InputError(

@@ -138,3 +138,16 @@ TEST_CASE("a spec naming a missing table or a quantity no row has is unusable in
   CHECK_THROWS_WITH_AS(parse_spec("schema = 2\n", "s.toml"), doctest::Contains("schema = 1"),
                        InputError);
 }
+
+TEST_CASE("a column of row names: label, id, name, run or model, in any case") {
+  for (const char* h : {"label", "id", "name", "run", "model", "Model", "NAME"}) {
+    CAPTURE(h);
+    const ClaimTable t = parse_claim_table(
+        std::string(h) + ",N,C\ndense-1b,1e9,1.2e20\nmoe-1b,1.01e9,1.2e20\n", "t", "t.csv");
+    CHECK(t.labels == std::vector<std::string>{"dense-1b", "moe-1b"});
+    CHECK(t.quantities[0].empty());
+    CHECK(t.quantities[1] == "total_params");
+  }
+  CHECK_THROWS_WITH_AS(parse_claim_table("models,N\nx,1e9\n", "t", "t.csv"),
+                       doctest::Contains("unknown column 'models'"), InputError);
+}

@@ -9,6 +9,9 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "audit_test_util.hpp"
 
@@ -101,4 +104,49 @@ TEST_CASE("unusable input: one line on stderr, exit 2, no output file") {
   CHECK(run("--claims " + fixture("ragged.csv")).err.find("data row 2") != std::string::npos);
   CHECK(run("--claims " + fixture("bad_number.csv")).err.find("1.4x4e10") != std::string::npos);
   CHECK(run("--claims " + fixture("unknown_column.csv")).err.find("'Dx'") != std::string::npos);
+}
+
+TEST_CASE("a claim from the command line: --equal, --baseline by row label, --strict-reuse") {
+  // labelled_claim.csv, by hand against dense-1b (N 1e9, C 1.2e20): moe-1b-a200m N +0.50 %, C
+  // 0 %; moe-1b-a100m N 0.98e9 = -2.00 %, C 1.14e20 = -5.00 %: it breaks both at 1 %.
+  const std::string table = " --claims " + fixture("labelled_claim.csv");
+  const Result r = run(table + " --equal N,C --baseline dense-1b");
+  CHECK(r.status == 1);
+  CHECK(r.err.empty());
+  CHECK(r.out.find("FAILS  every row equal in N, C (baseline dense-1b)") != std::string::npos);
+  CHECK(r.out.find("C = 1.14e20 is -5.00% from the baseline labelled_claim:1's 1.2e20") !=
+        std::string::npos);
+  CHECK(r.out.find("N = 9.8e8 is -2.00% from the baseline labelled_claim:1's 1e9") !=
+        std::string::npos);
+  CHECK(r.out.find("error    labelled_claim:2") == std::string::npos);  // +0.50 % holds
+  CHECK(r.out.find("broken by labelled_claim:3\n") != std::string::npos);
+  // At 6 % both hold; table:row names the same baseline.
+  const Result loose = run(table +
+                           " --equal total_params,compute --baseline labelled_claim:1 "
+                           "--tolerance 0.06");
+  CHECK(loose.status == 0);
+  CHECK(loose.out.find("HOLDS  every row equal in total_params, compute (baseline "
+                       "labelled_claim:1)") != std::string::npos);
+  // Refusals: one line each, exit 2.
+  for (const auto& [args, needle] : std::vector<std::pair<std::string, std::string>>{
+           {" --equal foo", "--equal foo: not a quantity moeplan knows"},
+           {" --equal N --baseline nope",
+            "--baseline nope: no row carries this label (labels: dense-1b, moe-1b-a200m, "
+            "moe-1b-a100m)"},
+           {" --equal N --baseline labelled_claim:2-3",
+            "--baseline labelled_claim:2-3: name one "
+            "row"},
+           {" --baseline dense-1b", "--baseline needs a claim"},
+           {" --equal N --strict-reuse", "--strict-reuse needs --baseline"},
+           {" --strict-reuse --baseline dense-1b",
+            "needs tokens_unique (D_hat) of row "
+            "labelled_claim:1"}}) {
+    const Result e = run(table + args);
+    CHECK_MESSAGE(e.status == 2, args);
+    CHECK_MESSAGE(lines(e.err) == 1, e.err);
+    CHECK_MESSAGE(e.err.find(needle) != std::string::npos, e.err);
+  }
+  const Result both = run(fixture("runs_ok") + " --equal N");
+  CHECK(both.status == 2);
+  CHECK(both.err.find("go with --claims tables") != std::string::npos);
 }

@@ -24,7 +24,8 @@ bool is_known_quantity(std::string_view name);
 // The paper's symbol for a code name, for messages: "total_params" -> "N".
 std::string_view symbol(std::string_view quantity);
 
-// Text column holding a row label (not a number): "label", "id", "run", "name".
+// Text column holding a row label (not a number): "label", "id", "run", "name", "model", in any
+// case ("Model").
 bool is_label_column(std::string_view header);
 
 }  // namespace moeplan::audit
