@@ -26,6 +26,8 @@ AuditReport audit_tables(const std::vector<ClaimTable>& tables, const AuditSpec&
                                      spec.source, ts.name, h, it->source));
   }
   AuditReport report;
+  for (const ClaimTable& t : tables)
+    if (!t.labels.empty()) report.row_labels[t.name] = t.labels;
   std::vector<Finding> consistency;
   for (const ClaimTable& t : tables) {
     const TableSpec* ts = spec.table(t.name);

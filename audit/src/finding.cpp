@@ -34,4 +34,10 @@ std::string row_ref(const std::string& table, int row) {
   return fmt::format("{}:{}", table, row);
 }
 
+std::string AuditReport::label(const std::string& table, int row) const {
+  const auto it = row_labels.find(table);
+  if (it == row_labels.end() || row < 1 || size_t(row) > it->second.size()) return "";
+  return it->second[size_t(row) - 1];
+}
+
 }  // namespace moeplan::audit

@@ -11,8 +11,10 @@ namespace moeplan::audit {
 
 namespace {
 
-std::string where(const Finding& f) {
-  return f.row > 0 ? row_ref(f.table, f.row) : f.table;
+std::string where(const Finding& f, const AuditReport& r) {
+  if (f.row <= 0) return f.table;
+  const std::string label = r.label(f.table, f.row);
+  return row_ref(f.table, f.row) + (label.empty() ? "" : " " + label);
 }
 
 std::string num(double v) {
@@ -72,7 +74,7 @@ std::string render_terminal(const AuditReport& r) {
   for (const Finding& f : r.findings) ++counts[int(f.severity)];
   out += fmt::format("Findings: {} error, {} warning, {} info\n", counts[0], counts[1], counts[2]);
   for (const Finding& f : r.findings)
-    out += fmt::format("  {:<7}  {:<12}  {:<16}  {}\n", name(f.severity), where(f), f.quantity,
+    out += fmt::format("  {:<7}  {:<12}  {:<16}  {}\n", name(f.severity), where(f, r), f.quantity,
                        f.message);
   return out;
 }
@@ -102,15 +104,18 @@ std::string render_json(const AuditReport& r) {
   }
   j["findings"] = nlohmann::json::array();
   for (const Finding& f : r.findings)
-    j["findings"].push_back({{"severity", name(f.severity)},
-                             {"table", f.table},
-                             {"row", f.row > 0 ? nlohmann::json(f.row) : nlohmann::json(nullptr)},
-                             {"quantity", f.quantity},
-                             {"expected", opt(f.expected)},
-                             {"found", opt(f.found)},
-                             {"rel_diff", opt(f.rel_diff)},
-                             {"tolerance", f.tolerance},
-                             {"message", f.message}});
+    j["findings"].push_back(
+        {{"severity", name(f.severity)},
+         {"table", f.table},
+         {"row", f.row > 0 ? nlohmann::json(f.row) : nlohmann::json(nullptr)},
+         {"label", r.label(f.table, f.row).empty() ? nlohmann::json(nullptr)
+                                                   : nlohmann::json(r.label(f.table, f.row))},
+         {"quantity", f.quantity},
+         {"expected", opt(f.expected)},
+         {"found", opt(f.found)},
+         {"rel_diff", opt(f.rel_diff)},
+         {"tolerance", f.tolerance},
+         {"message", f.message}});
   return j.dump(2) + "\n";
 }
 
@@ -132,7 +137,7 @@ std::string render_markdown(const AuditReport& r) {
     std::string msg = f.message;
     for (size_t p = msg.find('|'); p != std::string::npos; p = msg.find('|', p + 2))
       msg.replace(p, 1, "\\|");
-    out += fmt::format("| {} | {} | {} | {} | {} | {} | {} |\n", name(f.severity), where(f),
+    out += fmt::format("| {} | {} | {} | {} | {} | {} | {} |\n", name(f.severity), where(f, r),
                        f.quantity, f.expected ? num(*f.expected) : "", f.found ? num(*f.found) : "",
                        f.rel_diff ? fmt::format("{:+.2f}%", 100 * *f.rel_diff) : "", msg);
   }

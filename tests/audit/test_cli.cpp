@@ -118,7 +118,10 @@ TEST_CASE("a claim from the command line: --equal, --baseline by row label, --st
         std::string::npos);
   CHECK(r.out.find("N = 9.8e8 is -2.00% from the baseline labelled_claim:1's 1e9") !=
         std::string::npos);
+  CHECK(r.out.find("error    labelled_claim:3 moe-1b-a100m  compute") != std::string::npos);
   CHECK(r.out.find("error    labelled_claim:2") == std::string::npos);  // +0.50 % holds
+  const Result j = run(table + " --equal N,C --baseline dense-1b --format json");
+  CHECK(j.out.find("\"label\": \"moe-1b-a100m\"") != std::string::npos);
   CHECK(r.out.find("broken by labelled_claim:3\n") != std::string::npos);
   // At 6 % both hold; table:row names the same baseline.
   const Result loose = run(table +

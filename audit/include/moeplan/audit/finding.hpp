@@ -1,6 +1,7 @@
 #pragma once
 // What an audit says: a verdict per claim, and findings (error | warning | info) that each name
 // the table, the row, the quantity, the expected and found values and the tolerance.
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -46,6 +47,9 @@ struct ClaimVerdict {
 struct AuditReport {
   std::vector<ClaimVerdict> claims;
   std::vector<Finding> findings;
+  // Tables with a label column: table -> each data row's label, shown beside "table:row".
+  std::map<std::string, std::vector<std::string>> row_labels;
+  std::string label(const std::string& table, int row) const;  // "" when it has none
   bool all_hold() const;
   // Findings ordered by severity (errors first), then table, row, quantity: stable output.
   void sort_findings();
