@@ -41,11 +41,11 @@ bool is_complete(const json& r) {
 
 // What a record's validation BPC was measured on and what it trained from: the source, the
 // built-in generator's seed, the held-out tokens a pass scores ("" in records that do not say).
-std::string data_label(const json& r) {
+std::string data_label(const json& r, bool with_data_seed = true) {
   if (!r.contains("data") || !r["data"].is_object()) return "";
   const json& d = r["data"];
   std::string s = d.value("source", "?");
-  if (s == "builtin" && r.contains("train") && r["train"].contains("data_seed"))
+  if (with_data_seed && s == "builtin" && r.contains("train") && r["train"].contains("data_seed"))
     s += fmt::format(", data_seed {}", r["train"]["data_seed"].dump());
   return s + fmt::format(", {} validation tokens", d.value("validation_tokens", int64_t{0}));
 }
@@ -497,10 +497,21 @@ std::string render_replicate_report(const std::vector<std::vector<json>>& folder
   std::map<std::string, std::vector<std::pair<size_t, const json*>>> by_point;
   std::map<std::string, const json*> plan_of;
   std::map<std::string, size_t> plan_folder;
+  std::map<std::string, std::pair<std::string, size_t>> source_of;  // without data_seed
   for (size_t f = 0; f < folders.size(); ++f)
     for (const json& r : folders[f]) {
       const std::string id = r.value("point_id", "?");
       if (!by_point.count(id)) order.push_back(id);
+      // Replicates vary the seeds (data_seed too: another draw of the built-in corpus), not the
+      // source or the held-out set: a mean over two sources describes neither.
+      if (const std::string src = data_label(r, false); !src.empty()) {
+        const auto [it, fresh] = source_of.try_emplace(id, src, f);
+        if (!fresh && it->second.first != src)
+          throw InputError(fmt::format(
+              "point '{}' read other data in '{}' ({}) than in '{}' ({}); replicates train the "
+              "same plan on the same source and held-out set, with other seeds",
+              id, names[f], src, names[it->second.second], it->second.first));
+      }
       if (plan_of.count(id)) {
         const std::string key = first_difference(*plan_of[id], r["plan"]);
         if (!key.empty())

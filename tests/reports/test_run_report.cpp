@@ -183,12 +183,17 @@ TEST_CASE("report: a point that read other data than the dense baseline is not c
   CHECK(text.find("  moe-b  ") == std::string::npos);  // no bar
   const std::string html = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::html);
   CHECK(count(html, "data-series=\"MoE points\"") == 2);  // the BPC and time charts
-  // Replicates pair a point with its own folder's baseline only on the same data.
+  // Replicates pair a point with its own folder's baseline only on the same data: folder b's
+  // baseline drew another built-in corpus (data_seed 2, a legitimate replicate), its moe-b not.
+  auto seed2 = [](json r) {
+    r["train"]["data_seed"] = 2;
+    return r;
+  };
   const std::vector<std::vector<json>> folders = {
       {reading(record("dense", true, 1.0, 2.0), "builtin", 256),
        reading(record("moe-b", false, 0.3, 1.9), "builtin", 256)},
-      {reading(record("dense", true, 1.0, 2.0), "builtin", 256),
-       reading(record("moe-b", false, 0.3, 0.1), "text:t.txt", 256)}};
+      {seed2(reading(record("dense", true, 1.0, 2.0), "builtin", 256)),
+       reading(record("moe-b", false, 0.3, 1.7), "builtin", 256)}};
   const std::string reps =
       moeplan::render_replicate_report(folders, {"a", "b"}, moeplan::ReportFormat::text);
   const size_t at = reps.find("\nmoe-b ");
@@ -196,4 +201,17 @@ TEST_CASE("report: a point that read other data than the dense baseline is not c
   const std::string line = reps.substr(at + 1, reps.find('\n', at + 1) - at - 1);
   CHECK_MESSAGE(line.find("-0.1000") != std::string::npos, line);  // a's pair only
   CHECK_MESSAGE(line.find("1 of 1") != std::string::npos, line);
+  // Another source for the same point: not a replicate, refused.
+  try {
+    moeplan::render_replicate_report(
+        {{reading(record("moe-b", false, 0.3, 1.9), "builtin", 256)},
+         {reading(record("moe-b", false, 0.3, 0.1), "text:t.txt", 256)}},
+        {"a", "b"}, moeplan::ReportFormat::text);
+    FAIL("replicates over two sources were accepted");
+  } catch (const moeplan::InputError& e) {
+    CHECK(std::string(e.what()) ==
+          "point 'moe-b' read other data in 'b' (text:t.txt, 256 validation tokens) than in 'a' "
+          "(builtin, 256 validation tokens); replicates train the same plan on the same source "
+          "and held-out set, with other seeds");
+  }
 }
