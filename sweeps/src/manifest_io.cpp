@@ -383,6 +383,30 @@ std::string manifest_to_toml(const Manifest& m) {
   return o.s;
 }
 
+// What every point of a sweep shares with its dense baseline, or the comparison is not at equal
+// resources (N under another reading, C in another convention, other windows or vocabulary).
+void check_like_dense(const Plan& p, const Plan& dense, const std::string& origin,
+                      const std::string& where) {
+  auto differ = [&](const char* key, const std::string& mine, const std::string& theirs) {
+    if (mine == theirs) return;
+    throw InputError(fmt::format(
+        "{}: key '{}.{}' = {} differs from the dense baseline's {}; the points of a sweep share "
+        "seq_len, vocab, the counting readings, the FLOP convention and the reuse rule (re-plan "
+        "it with `moeplan grid`)",
+        origin, where, key, mine, theirs));
+  };
+  const Arch &a = p.arch, &d = dense.arch;
+  differ("arch.seq_len", std::to_string(a.seq_len), std::to_string(d.seq_len));
+  differ("arch.vocab", std::to_string(a.vocab), std::to_string(d.vocab));
+  differ("arch.count_router", a.count_router ? "true" : "false", d.count_router ? "true" : "false");
+  differ("arch.count_norms", a.count_norms ? "true" : "false", d.count_norms ? "true" : "false");
+  differ("convention", fmt::format("\"{}\"", name(p.convention)),
+         fmt::format("\"{}\"", name(dense.convention)));
+  differ("mask", fmt::format("\"{}\"", name(p.mask)), fmt::format("\"{}\"", name(dense.mask)));
+  auto reuse = [](Reuse r) { return std::string(r == Reuse::strict ? "\"strict\"" : "\"loose\""); };
+  differ("reuse", reuse(p.budget.reuse), reuse(dense.budget.reuse));
+}
+
 Manifest manifest_from_toml_string(const std::string& text, const std::string& origin) {
   const toml::value root = detail::parse_toml(text, origin);
   TomlTable top(root, origin, "");
@@ -416,6 +440,7 @@ Manifest manifest_from_toml_string(const std::string& text, const std::string& o
     if (!ids.insert(p.id).second)
       throw InputError(fmt::format(
           "{}: key '{}.id' = '{}' repeats an earlier id; ids must be unique", origin, where, p.id));
+    check_like_dense(p, m.dense, origin, where);
     m.points.push_back(std::move(p));
   }
   top.reject_unknown();

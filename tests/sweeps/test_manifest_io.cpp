@@ -168,6 +168,26 @@ TEST_CASE("JSON uses the ACCOUNTING.md code names") {
   CHECK(again.at("points")[1].at("lr_peak").get<double>() == p.hyper.lr_peak);
 }
 
+TEST_CASE("a point must share the dense baseline's vocab, seq_len, readings and convention") {
+  const Manifest m = small_sweep(2e6, "0.2:0.4");
+  const std::string text = manifest_to_toml(m);
+  REQUIRE(error_of(text).empty());
+  const std::string vocab = "vocab = " + std::to_string(m.dense.arch.vocab) + "\n";
+  std::string e = error_of(edit(text, vocab, "vocab = 512\n", "[points.arch]"));
+  CHECK(e == "sweep.toml: key 'points[0].arch.vocab' = 512 differs from the dense baseline's " +
+                 std::to_string(m.dense.arch.vocab) +
+                 "; the points of a sweep share seq_len, vocab, the counting readings, the FLOP "
+                 "convention and the reuse rule (re-plan it with `moeplan grid`)");
+  // The paper convention does not read the mask, so only this check sees an edited one.
+  e = error_of(edit(text, "mask = \"full\"", "mask = \"causal\"", "[[points]]"));
+  CHECK(e.find("key 'points[0].mask' = \"causal\" differs from the dense baseline's \"full\"") !=
+        std::string::npos);
+  // The dense baseline edited alike is refused for every point, the first named.
+  e = error_of(edit(text, vocab, "vocab = 300\n"));
+  CHECK(e.find("key 'points[0].arch.vocab' = " + std::to_string(m.dense.arch.vocab) +
+               " differs from the dense baseline's 300") != std::string::npos);
+}
+
 TEST_CASE("missing, mistyped, unknown and stale keys are refused with file and key named") {
   const std::string text = manifest_to_toml(small_sweep(2e6, "0.2:0.4"));
   REQUIRE(error_of(text).empty());
