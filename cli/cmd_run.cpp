@@ -8,6 +8,7 @@
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -43,7 +44,7 @@ struct RunFlags {
   int nproc = 1;
   int64_t micro_batch = 0;
   bool shard_optimizer = false;
-  int64_t estimate = 0;
+  std::optional<int64_t> estimate;  // given: time this many steps a point, train nothing
 };
 
 // The ranks' arguments: this command line without --nproc.
@@ -169,14 +170,16 @@ int run(const RunFlags& f) {
   opt.micro_batch_seqs = f.micro_batch;
   opt.shard_optimizer = f.shard_optimizer;
   opt.stop = &g_stop;
-  if (f.estimate < 0)
+  // --estimate 0 must not quietly train the whole sweep: leaving the flag out trains.
+  if (f.estimate && *f.estimate < 1)
     throw InputError(fmt::format(
-        "--estimate {} must be >= 1 (steps to time a point by; 0: train)", f.estimate));
-  opt.estimate_steps = f.estimate;
+        "--estimate {} must be >= 1 (steps to time each point by); leave it out to train",
+        *f.estimate));
+  opt.estimate_steps = f.estimate.value_or(0);
   // Everything that can be refused is refused before the first step of the first point.
   backend::require_device(opt.device);
   for (const Plan* p : points) backend::check_plan_consistent(*p);
-  if (f.estimate == 0) backend::ensure_writable_dir(opt.out_dir);  // an estimate writes nothing
+  if (!f.estimate) backend::ensure_writable_dir(opt.out_dir);  // an estimate writes nothing
 
   std::signal(SIGINT, on_stop_signal);
   std::signal(SIGTERM, on_stop_signal);
@@ -257,7 +260,7 @@ int run(const RunFlags& f) {
     }
     std::fflush(stdout);
   }
-  if (f.estimate > 0 && estimated > 0)
+  if (f.estimate && estimated > 0)
     fmt::print("estimate for {} point(s) on {}: {} of training and evaluation (checkpoint writes "
                "and start-up not included; nothing was written)\n",
                estimated, opt.device, duration(estimated_seconds));

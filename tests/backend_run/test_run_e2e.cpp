@@ -599,6 +599,14 @@ TEST_CASE("moeplan run --micro-batch 2: the one-pass run's tokens and ledger; re
   CHECK(est_bad.status == 2);
   CHECK(one_line(est_bad.err));
   CHECK_MESSAGE(est_bad.err.find("--estimate -2 must be >= 1") != std::string::npos, est_bad.err);
+  // --estimate 0 is refused too: it once meant "train", and trained the whole sweep unasked.
+  const Result est_zero = run_cli({"run", sweep, "--out", (dir / "z").string(), "--estimate", "0"});
+  CHECK(est_zero.status == 2);
+  CHECK(one_line(est_zero.err));
+  CHECK_MESSAGE(est_zero.err.find("--estimate 0 must be >= 1 (steps to time each point by); "
+                                  "leave it out to train") != std::string::npos,
+                est_zero.err);
+  CHECK_FALSE(fs::exists(dir / "z"));
   const Result bad = run_cli({"run", sweep, "--out", (dir / "d").string(), "--micro-batch", "-1"});
   CHECK(bad.status == 2);
   CHECK(one_line(bad.err));
@@ -1032,10 +1040,10 @@ TEST_CASE("out of device memory (emulated): one line naming the passes; --micro-
 // 1,671,168 bytes, 1.6 MiB.
 TEST_CASE("out of device memory (emulated): at S 256 the line also offers the fused attention") {
   const fs::path dir = fresh_dir("cuda_oom_long");
-  Arch a = tiny_arch(true, 16);
-  a.seq_len = 256;
+  Arch a = tiny_arch(true, 16), b = tiny_arch(false, 16);
+  a.seq_len = b.seq_len = 256;  // a sweep's points share the baseline's S
   write_manifest_atomic(
-      tiny_manifest(plan_for("dense", a, 1, 64, 64), {tiny_plan("moe-o", false, 1, 4, 40)}),
+      tiny_manifest(plan_for("dense", a, 1, 64, 64), {plan_for("moe-o", b, 1, 4, 40)}),
       dir / "sweep.toml");
   ::setenv("MOEPLAN_EMU_MEMORY_KIB", "38912", 1);
   const Result r = run_cli({"run", (dir / "sweep.toml").string(), "--point", "dense", "--out",
