@@ -422,6 +422,10 @@ RunRecord parse_run_record(std::string_view text, std::string source) {
     r.data_source = rd.text(d, "source");
     r.data_description = rd.text(d, "description");
     r.validation_tokens = rd.integer(d, "validation_tokens");
+    if (d.contains("training_fingerprint"))
+      r.training_fingerprint = rd.text(d, "training_fingerprint");
+    if (d.contains("validation_fingerprint"))
+      r.validation_fingerprint = rd.text(d, "validation_fingerprint");
   }
   if (j.contains("train")) r.train = settings_map(rd.obj(j, "train"));
   if (r.status != "complete") return r;  // a running record carries only partial fields
@@ -502,21 +506,35 @@ void same_data_claim(const std::vector<PointValues>& pts, const std::vector<cons
   const std::string want = data_read(base);
   cv.name = fmt::format("the same data for every point (source, held-out set) as {}: {}",
                         base.point_id, want);
+  // The same source by name can still be other tokens (a file edited between runs): the
+  // fingerprints of the held-out set, and of the training region when D̂ is the same, must agree.
+  auto other_tokens = [&](const RunRecord& r) {
+    std::string s;
+    if (!r.validation_fingerprint.empty() && !base.validation_fingerprint.empty() &&
+        r.validation_fingerprint != base.validation_fingerprint)
+      s = fmt::format("held-out set {} against {}", r.validation_fingerprint,
+                      base.validation_fingerprint);
+    if (r.tokens_unique == base.tokens_unique && !r.training_fingerprint.empty() &&
+        !base.training_fingerprint.empty() && r.training_fingerprint != base.training_fingerprint)
+      s += fmt::format("{}training region {} against {}", s.empty() ? "" : ", ",
+                       r.training_fingerprint, base.training_fingerprint);
+    return s;
+  };
   for (const RunRecord* r : rs) {
     cv.rows.push_back(r->point_id);
     const std::string got = data_read(*r);
-    if (got == want) continue;
+    std::string msg;
+    if (got != want)
+      msg = fmt::format("read {}; {} {} read {}", got, who, base.point_id, want);
+    else if (const std::string diff = other_tokens(*r); !diff.empty())
+      msg = fmt::format(
+          "read {} as {} {} did, but other tokens (fingerprints: {}): the source "
+          "changed between the runs",
+          got, who, base.point_id, diff);
+    if (msg.empty()) continue;
     cv.holds = false;
     report.findings.push_back(
-        Finding{Severity::error,
-                r->point_id,
-                0,
-                "data",
-                {},
-                {},
-                {},
-                0,
-                fmt::format("read {}; {} {} read {}", got, who, base.point_id, want)});
+        Finding{Severity::error, r->point_id, 0, "data", {}, {}, {}, 0, std::move(msg)});
   }
   report.claims.push_back(cv);
   std::set<std::string> keys;

@@ -241,6 +241,34 @@ void TokenStream::copy(int64_t begin, int64_t n, uint16_t* out) const {
     std::memcpy(out, tokens.data() + begin, size_t(n) * 2);
 }
 
+std::string token_fingerprint(const TokenStream& s, int64_t samples) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  auto mix = [&h](uint64_t v, int bytes) {  // little-endian bytes: the same on every machine
+    for (int b = 0; b < bytes; ++b) {
+      h ^= (v >> (8 * b)) & 0xffu;
+      h *= 0x100000001b3ull;
+    }
+  };
+  const int64_t n = s.size();
+  mix(uint64_t(n), 8);
+  if (n <= samples) {
+    std::vector<uint16_t> buf(size_t(std::min<int64_t>(n, 1 << 16)));
+    for (int64_t at = 0; at < n; at += int64_t(buf.size())) {
+      const int64_t k = std::min<int64_t>(int64_t(buf.size()), n - at);
+      s.copy(at, k, buf.data());
+      for (int64_t i = 0; i < k; ++i) mix(buf[size_t(i)], 2);
+    }
+  } else {
+    const int64_t q = n / samples, r = n % samples;  // position i·n/samples without overflow
+    for (int64_t i = 0; i < samples; ++i) {
+      uint16_t t = 0;
+      s.copy(i * q + i * r / samples, 1, &t);
+      mix(t, 2);
+    }
+  }
+  return fmt::format("{:016x}", h);
+}
+
 void write_shard(const fs::path& path, const std::vector<uint16_t>& tokens) {
   std::string bytes(size_t(kShardHeaderBytes) + tokens.size() * 2, '\0');
   std::array<int32_t, 3> head{kShardMagic, kShardVersion, int32_t(tokens.size())};

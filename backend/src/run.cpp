@@ -319,7 +319,9 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
                                     {"validation_tokens", eval_windows * seq_len},
                                     {"unused_source_tokens", data.unused_tokens},
                                     {"byte_tokens", data.byte_tokens},
-                                    {"parts", data.part_names}};
+                                    {"parts", data.part_names},
+                                    {"training_fingerprint", token_fingerprint(data.train)},
+                                    {"validation_fingerprint", token_fingerprint(data.validation)}};
 
   if (opt.micro_batch_seqs < 0)
     throw InputError(fmt::format(

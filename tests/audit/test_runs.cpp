@@ -230,6 +230,26 @@ TEST_CASE("the same data for every point: source and held-out set; [train] setti
     CHECK(w[1]->message.find("[train] z_loss differs across the sweep: moe-k1 0.001 against "
                              "0.0") == 0);
   }
+  // The same source by name, other tokens: a file edited between the runs. The fingerprints
+  // say so (the training region's only where D̂ is the same: here 40 unique tokens each).
+  recs[1].data_source = "builtin";
+  recs[1].validation_tokens = 256;
+  for (RunRecord& x : recs) x.training_fingerprint = x.validation_fingerprint = "00000000000000aa";
+  CHECK(claim(audit_runs(recs, {}, {}), name)->holds);
+  recs[1].validation_fingerprint = "00000000000000bb";
+  recs[1].training_fingerprint = "00000000000000cc";
+  {
+    const AuditReport r = audit_runs(recs, {}, {});
+    CHECK_FALSE(claim(r, name)->holds);
+    const auto e = matching(r.findings, Severity::error, "moe-k1", 0, "data");
+    REQUIRE(e.size() == 1);
+    CHECK(e[0]->message ==
+          "read builtin, data_seed 1, 256 validation tokens as the dense baseline dense did, but "
+          "other tokens (fingerprints: held-out set 00000000000000bb against 00000000000000aa, "
+          "training region 00000000000000cc against 00000000000000aa): the source changed "
+          "between the runs");
+  }
+  recs[1].validation_fingerprint = recs[1].training_fingerprint = "00000000000000aa";
   // Against the manifest's [train]: each record that trained otherwise is named.
   RunsAuditOptions opt;
   opt.manifest_train = result_settings(

@@ -179,6 +179,17 @@ TEST_CASE("report: a point that read other data than the dense baseline is not c
                   "256 validation tokens), moe-c (builtin, data_seed 1, 128 validation "
                   "tokens)") != std::string::npos);
   CHECK(count(text, "other data") == 3);  // two cells and the sentence
+  // The same source by name, another held-out set by content (the file changed): not compared.
+  std::vector<json> edited = {reading(record("dense", true, 1.0, 2.0), "text:t.txt", 256),
+                              reading(record("moe-a", false, 0.2, 1.8), "text:t.txt", 256)};
+  edited[0]["data"]["validation_fingerprint"] = "00000000000000aa";
+  edited[1]["data"]["validation_fingerprint"] = "00000000000000bb";
+  const std::string e = moeplan::render_run_report(edited, "runs", moeplan::ReportFormat::text);
+  CHECK(e.find("moe-a (text:t.txt, 256 validation tokens; other tokens: the source changed "
+               "between runs)") != std::string::npos);
+  edited[1]["data"]["validation_fingerprint"] = "00000000000000aa";
+  CHECK(moeplan::render_run_report(edited, "runs", moeplan::ReportFormat::text)
+            .find("MoE points with lower validation BPC: 1 of 1") != std::string::npos);
   CHECK(text.find("  moe-a  -0.2000") != std::string::npos);
   CHECK(text.find("  moe-b  ") == std::string::npos);  // no bar
   const std::string html = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::html);

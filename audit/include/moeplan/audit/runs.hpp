@@ -35,6 +35,8 @@ struct RunRecord {
   // pass scored (empty / -1 in records that do not say).
   std::string data_source, data_description;
   int64_t validation_tokens = -1;
+  // Fingerprints of the tokens read (backend token_fingerprint; empty in older records).
+  std::string training_fingerprint, validation_fingerprint;
   // The [train] settings it trained with, each value as JSON text ("1234", "\"alibi\""), without
   // those that change no result (checkpoint_every, device). Empty in records older than them.
   std::map<std::string, std::string> train;

@@ -58,6 +58,13 @@ struct DataSplit {
   bool byte_tokens = false;             // tokens are bytes (loss in bits per byte is BPC)
 };
 
+// A fingerprint of a stream's tokens: FNV-1a (64 bits, 16 hex digits) over its length and its
+// tokens, all of them when it holds at most `samples`, else `samples` positions spread evenly
+// over it. Records carry one of the training region and one of the held-out set, so the audit
+// can tell that two points read the same tokens (a cheap check, not a proof) even when a file
+// under the same path changed between their runs.
+std::string token_fingerprint(const TokenStream& stream, int64_t samples = int64_t(1) << 20);
+
 // `spec`: "builtin", "text:PATH", "bytes:PATH", "shards:PATH-OR-GLOB" (glob in the file name part,
 // matches sorted by name and concatenated). Training takes the first `train_tokens` positions,
 // validation the last `validation_tokens` (so it never depends on D̂). Throws InputError with one
