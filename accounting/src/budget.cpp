@@ -38,6 +38,15 @@ Budget make_budget(const BudgetRequest& r) {
         "FLOPs/token costs {:.4g} FLOPs); give a budget of at least one step",
         r.compute, steps, r.batch_seqs, r.seq_len, r.flops_per_token,
         r.flops_per_token * step_tokens));
+  // Tokens are counted in 64-bit integers; 2^62 (4.6e18) consumed tokens is 10^4 times the
+  // largest published run and leaves room for every product of them the ledgers form.
+  constexpr double kMaxTokens = 4611686018427387904.0;  // 2^62
+  if (!(steps * step_tokens <= kMaxTokens))
+    throw InputError(fmt::format(
+        "compute C = {:.4g} FLOPs at M = {:.4g} FLOPs/token is D = {:.4g} tokens consumed, above "
+        "the {:.3g} moeplan counts (64-bit integers); give a budget under {:.3g} FLOPs",
+        r.compute, r.flops_per_token, steps * step_tokens, kMaxTokens,
+        kMaxTokens * r.flops_per_token));
   b.steps = std::llround(steps);
   b.tokens_consumed = b.steps * r.batch_seqs * r.seq_len;
   b.compute = r.flops_per_token * double(b.tokens_consumed);
@@ -54,6 +63,16 @@ Budget make_budget(const BudgetRequest& r) {
     unique = double(b.tokens_consumed) / r.epochs;
   }
   // Whole windows, and never more unique tokens than are consumed.
+  if (!(unique >= 0.5 * double(r.seq_len)))
+    throw InputError(
+        r.reuse == Reuse::strict
+            ? fmt::format("unique tokens D̂ = {:.4g} is under half a window of S = {} tokens; "
+                          "give at least one window of unique data",
+                          unique, r.seq_len)
+            : fmt::format("epochs = {:.4g} leaves {:.4g} unique tokens, under half a window of "
+                          "S = {} tokens; give at most {:.4g} epochs (D = {} tokens consumed)",
+                          r.epochs, unique, r.seq_len,
+                          double(b.tokens_consumed) / double(r.seq_len), b.tokens_consumed));
   int64_t windows = std::max<int64_t>(1, std::llround(unique / double(r.seq_len)));
   windows = std::min(windows, b.tokens_consumed / r.seq_len);
   b.tokens_unique = windows * r.seq_len;

@@ -58,6 +58,44 @@ TEST_CASE("budget: a compute budget below half a step is refused, not rounded up
   }
 }
 
+TEST_CASE("budget: D beyond 64-bit token counts, and unique data under half a window, refused") {
+  BudgetRequest q;
+  q.flops_per_token = 1e6;
+  q.total_params = 1'000'000;
+  q.seq_len = 128;
+  q.batch_seqs = 8;
+  q.tokens_unique = 1024;
+  // 2^62 tokens is the limit: C = 1e6 · 2^62 = 4.61e24 FLOPs. Twice that (D = 9.2e18, which
+  // would wrap an int64 product of steps, batch and S) is refused, naming C, M, D and the limit.
+  q.compute = 1e6 * 4611686018427387904.0 * 0.999;
+  CHECK(make_budget(q).tokens_consumed > 0);
+  q.compute = 1e6 * 9.2e18;
+  CHECK_THROWS_WITH_AS(make_budget(q),
+                       "compute C = 9.2e+24 FLOPs at M = 1e+06 FLOPs/token is D = 9.2e+18 tokens "
+                       "consumed, above the 4.61e+18 moeplan counts (64-bit integers); give a "
+                       "budget under 4.61e+24 FLOPs",
+                       InputError);
+  // Loose reuse: 10 steps of 1024 tokens over 200 epochs leave 51.2 unique tokens, under half of
+  // S = 128; at most 10240/128 = 80 epochs keep a whole window.
+  q.compute = 1e6 * 10240;
+  q.reuse = Reuse::loose;
+  q.epochs = 200;
+  CHECK_THROWS_WITH_AS(make_budget(q),
+                       "epochs = 200 leaves 51.2 unique tokens, under half a window of S = 128 "
+                       "tokens; give at most 80 epochs (D = 10240 tokens consumed)",
+                       InputError);
+  q.epochs = 80;
+  CHECK(make_budget(q).tokens_unique == 128);
+  q.reuse = Reuse::strict;
+  q.tokens_unique = 63;  // under half of 128
+  CHECK_THROWS_WITH_AS(make_budget(q),
+                       "unique tokens D̂ = 63 is under half a window of S = 128 tokens; give at "
+                       "least one window of unique data",
+                       InputError);
+  q.tokens_unique = 64;  // half a window rounds to one
+  CHECK(make_budget(q).tokens_unique == 128);
+}
+
 TEST_CASE("effective data after repetition (Muennighoff et al. 2023)") {
   // U = 1e9, 3 epochs → R = 2: D' = 1e9·(1 + 15.4·(1 − e^(−2/15.4))) = 2.875574e9.
   CHECK(effective_data(1e9, 3.0) == doctest::Approx(2.875574e9).epsilon(1e-6));
