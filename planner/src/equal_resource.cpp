@@ -95,6 +95,16 @@ Plan EqualResourcePlanner::plan_point(double ra_target) const {
   p.activation_rate_target = ra_target;
   p.reachable = sol.reachable;
   p.note = sol.note;
+  // A point with a higher M than the baseline's consumes fewer tokens than the baseline's D̂:
+  // it cannot read them all, and the sweep is then not equal in unique data. Say so.
+  if (request_.budget.reuse == Reuse::strict &&
+      p.budget.tokens_unique < dense_.budget.tokens_unique)
+    p.note += fmt::format(
+        "{}consumes D = {} tokens, fewer than the dense baseline's {} unique ones (its M {} is "
+        "above the baseline's {}): it reads only {} of them, so its D̂ is not the baseline's",
+        p.note.empty() ? "" : "; ", human(double(p.budget.tokens_consumed)),
+        human(double(dense_.budget.tokens_unique)), human(p.flops_per_token),
+        human(dense_.flops_per_token), human(double(p.budget.tokens_unique)));
   return p;
 }
 

@@ -62,9 +62,15 @@ TextTable sweep_table(const Manifest& m) {
 
 std::string preamble(const Manifest& m, const char* bullet) {
   const Plan& d = m.dense;
+  int short_of_unique = 0;  // strict reuse points that consume fewer tokens than D̂ (notes say)
+  for (const Plan& p : m.points)
+    short_of_unique += p.budget.tokens_unique != d.budget.tokens_unique;
   const std::string reuse =
       d.budget.reuse == Reuse::strict
-          ? fmt::format("strict reuse: every point trains on the same {} unique tokens",
+          ? fmt::format("strict reuse: {} trains on the same {} unique tokens",
+                        short_of_unique
+                            ? fmt::format("every point but {} (see the notes)", short_of_unique)
+                            : std::string("every point"),
                         human(double(d.budget.tokens_unique)))
           : fmt::format("loose reuse: every point repeats its data {:.3g} times", d.budget.epochs);
   int flagged = 0;

@@ -253,6 +253,36 @@ TEST_CASE(
   CHECK(b.plan_point(0.2).budget.tokens_unique == b.dense().budget.tokens_unique);
 }
 
+TEST_CASE("strict reuse: a point with a higher M than the baseline's cannot read its D̂: noted") {
+  // A deep, narrow backbone (64 layers of D_m 512 at S 8192): its attention term 12·L·D_m·S is
+  // 3.2e9 FLOPs a token, so at r_a 1 its M is above the dense baseline's and at equal C it
+  // consumes fewer tokens than the baseline's unique D̂.
+  PlanRequest r;
+  r.n_target = 3e8;
+  Arch bb;
+  bb.d_model = 512;
+  bb.layers = 64;
+  bb.dense_layers = 1;
+  bb.heads = bb.kv_heads = 4;
+  bb.head_dim = 128;
+  bb.d_ffn = 1408;
+  bb.seq_len = 8192;
+  bb.vocab = 65536;
+  r.given_backbone = bb;
+  const EqualResourcePlanner planner(r);
+  const Plan& d = planner.dense();
+  const Plan p = planner.plan_point(1.0);
+  REQUIRE(p.flops_per_token > d.flops_per_token);
+  CHECK(p.budget.tokens_unique == p.budget.tokens_consumed);  // all it can read
+  CHECK(p.budget.tokens_unique < d.budget.tokens_unique);
+  CHECK(p.note.find("fewer than the dense baseline's") != std::string::npos);
+  CHECK(p.note.find("so its D̂ is not the baseline's") != std::string::npos);
+  // A point below the baseline's M repeats D̂ as usual, with no such note.
+  const Plan q = planner.plan_point(0.2);
+  CHECK(q.budget.tokens_unique == d.budget.tokens_unique);
+  CHECK(q.note.find("fewer than the dense baseline's") == std::string::npos);
+}
+
 TEST_CASE("budget kinds: --compute, --dense-tokens, loose reuse") {
   PlanRequest r;
   r.n_target = 2e6;
