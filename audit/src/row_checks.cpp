@@ -127,19 +127,34 @@ class RowChecker {
     bool any = false;
     for (const char* q : kParams) any = any || r.has(q);
     if (!any) return;
+    const auto published_n = r.value("total_params", {"tokens_per_param"});
+    // r_a against printed N_a / N (N printed or derived from D and D/N, never from r_a itself):
+    // a check of the printed values alone, with or without a shape.
+    if (const auto ra = r.value("activation_rate"); ra && ra->source == "published") {
+      const auto na = r.value("active_params");
+      if (na && na->source == "published" && published_n)
+        identity(r, "activation_rate", *ra, na->value / published_n->value,
+                 na->rel_band + published_n->rel_band,
+                 fmt::format("N_a / N (N {})", published_n->source == "published"
+                                                   ? "printed"
+                                                   : "from " + published_n->source));
+    }
     const ShapeResolution& sh = r.shape();
     std::string missing;
     for (const std::string& m : sh.missing) missing += (missing.empty() ? "" : ", ") + m;
     if (!need(sh.known(), "N, N_a, r_a against the shape", missing)) return;
+    // Parameter counts do not read S or V: a table that prints neither is still checked.
+    Arch shape = sh.arch;
+    if (!sh.has_seq_len) shape.seq_len = 1;
+    if (!sh.has_vocab) shape.vocab = 1;
     try {
-      validate(sh.arch);
+      validate(shape);
     } catch (const InputError& e) {
       throw InputError(fmt::format("table '{}' row {}: {}", t_.name, r.row(), e.what()));
     }
-    Arch out = sh.arch, in = sh.arch;
+    Arch out = shape, in = shape;
     in.count_router = true;
     const ParamCounts po = count_params(out), pi = count_params(in);
-    const auto published_n = r.value("total_params", {"tokens_per_param"});
     for (const char* q : kParams) {
       if (!r.printed(q)) continue;
       const auto found = r.value(q);
@@ -180,16 +195,6 @@ class RowChecker {
         add(Severity::error, r.row(), sq, near.expected, found->value, near.rel_diff,
             fmt::format("{}: no reading fits; nearest {} is {} off", head, near_name,
                         pct(near.rel_diff)));
-    }
-    // r_a against printed N_a / N (N printed or derived from D and D/N, never from r_a itself).
-    if (const auto ra = r.value("activation_rate"); ra && ra->source == "published") {
-      const auto na = r.value("active_params");
-      if (na && na->source == "published" && published_n)
-        identity(r, "activation_rate", *ra, na->value / published_n->value,
-                 na->rel_band + published_n->rel_band,
-                 fmt::format("N_a / N (N {})", published_n->source == "published"
-                                                   ? "printed"
-                                                   : "from " + published_n->source));
     }
   }
 

@@ -124,6 +124,33 @@ TEST_CASE("without a spec: checks that need shared values are skipped, with one 
   CHECK(skipped[0]->message.find("d_model") != std::string::npos);
 }
 
+TEST_CASE("r_a against the printed N_a / N, with no shape at all") {
+  // Row 1: N_a/N = 4e8/2e9 = 20 %, printed 25 %: +25 % off. Row 2: 20.0 % printed: no finding.
+  const ClaimTable t = parse_claim_table(
+      "id,N,Na,ra_pct\na,2.00e9,4.00e8,25.0\nb,2.00e9,4.00e8,20.0\n", "t", "t.csv");
+  const auto fs = check_table_rows(t, nullptr, 0.01);
+  const auto f = matching(fs, Severity::error, "t", 1, "activation_rate");
+  REQUIRE(f.size() == 1);
+  CHECK(*f[0]->expected == doctest::Approx(0.2));
+  CHECK(*f[0]->found == doctest::Approx(0.25));
+  CHECK(count(fs, Severity::error) == 1);
+}
+
+TEST_CASE("a shape without S or V: N is still checked, M is skipped (parameters read neither)") {
+  // Dense, L 2, D_m 64, H 4 (D_h 16), D_ffn 128: N = 2·(4·64² + 3·64·128) = 81,920. Row 2 prints
+  // 90,000 (+9.86 %). No S, no V: M against the conventions is skipped with an info line.
+  const ClaimTable t = parse_claim_table(
+      "L_layers,Dm,H,Dffn,N,M\n2,64,4,128,81920,1e6\n2,64,4,128,90000,1e6\n", "t", "t.csv");
+  const auto fs = check_table_rows(t, nullptr, 0.01);
+  const auto f = matching(fs, Severity::error, "t", 2, "total_params");
+  REQUIRE(f.size() == 1);
+  CHECK(*f[0]->expected == doctest::Approx(81920.0));
+  CHECK(count(fs, Severity::error) == 1);
+  const auto skipped = matching(fs, Severity::info, "t", 0, "");
+  REQUIRE(skipped.size() == 1);
+  CHECK(skipped[0]->message.find("needs seq_len, vocab") != std::string::npos);
+}
+
 TEST_CASE("with a spec entry, a check missing a shared value is unusable input naming it") {
   const AuditSpec spec = load_spec(fixture("spec_missing_shared.toml"));
   const auto tables = load_claim_tables({}, spec, fixture(""));
