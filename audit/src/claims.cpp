@@ -146,7 +146,10 @@ std::vector<RowRef> select_rows(const std::vector<ClaimTable>& tables, const Aud
     if (last > int(t.rows.size()))
       throw InputError(fmt::format("claim '{}' names row {} of table '{}', which has {} data rows",
                                    claim.name, last, t.name, t.rows.size()));
-    for (int r = first; r <= last; ++r) rows.push_back({&t, r});
+    for (int r = first; r <= last; ++r)  // selectors may overlap: each row counts once
+      if (std::none_of(rows.begin(), rows.end(),
+                       [&](const RowRef& x) { return x.table == &t && x.row == r; }))
+        rows.push_back({&t, r});
   };
   if (claim.rows.empty()) {
     for (const ClaimTable& t : tables) add_all(t, 1, int(t.rows.size()));

@@ -1,6 +1,8 @@
 // Claim checks: spread, bounds, baseline, strict reuse, duplicated runs, row selection.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+
 #include "audit_test_util.hpp"
 #include "moeplan/accounting/error.hpp"
 #include "moeplan/audit/audit_tables.hpp"
@@ -123,6 +125,31 @@ equal = ["tokens_consumed"]
   CHECK_THROWS_AS(parse_row_selector("t:0", "x"), InputError);
   CHECK_THROWS_AS(parse_row_selector("t:3-2", "x"), InputError);
   CHECK(parse_row_selector("t:2-4", "x").last == 4);
+}
+
+TEST_CASE("overlapping row selectors count each row once") {
+  // N 1.000B, 1.005B, 1.020B, 0.980B: the median of the four is 1.0025B; at 1 % the fewest
+  // outliers to remove are rows 3 (+1.7 %) and 4 (-2.2 %), as with every row listed once.
+  const ClaimTable t =
+      parse_claim_table("name,N\na,1.000B\nb,1.005B\nc,1.020B\nd,0.980B\n", "sp1", "sp1.csv");
+  const AuditSpec spec = parse_spec(R"(schema = 1
+[[claims]]
+name = "dups"
+rows = ["sp1:*", "sp1:3-4", "sp1:4"]
+equal = ["total_params"]
+)",
+                                    "inline.toml");
+  const auto rows = select_rows({t}, spec, spec.claims[0]);
+  REQUIRE(rows.size() == 4);
+  for (int i = 0; i < 4; ++i) CHECK(rows[size_t(i)].row == i + 1);
+  std::vector<Finding> fs;
+  const auto verdicts = evaluate_claims({t}, spec, fs);
+  REQUIRE(verdicts.size() == 1);
+  CHECK(verdicts[0].rows == std::vector<std::string>{"sp1:1", "sp1:2", "sp1:3", "sp1:4"});
+  REQUIRE(verdicts[0].quantities.size() == 1);
+  auto breaking = verdicts[0].quantities[0].breaking;
+  std::sort(breaking.begin(), breaking.end());
+  CHECK(breaking == std::vector<std::string>{"sp1:3", "sp1:4"});
 }
 
 TEST_CASE("a spec naming a missing table or a quantity no row has is unusable input") {
