@@ -51,6 +51,15 @@ bool same_run(const RowView& a, const RowView& b) {
   return (a.printed("experts") != nullptr) == (b.printed("experts") != nullptr);
 }
 
+// M and C compare only between tables that claim them in one convention (and mask), both
+// training or both forward: the same run's M is 3x apart between a training and a forward table.
+bool same_flops_reading(const TableSpec* a, const TableSpec* b) {
+  const TableSpec dflt;
+  const TableSpec& x = a ? *a : dflt;
+  const TableSpec& y = b ? *b : dflt;
+  return x.convention == y.convention && x.mask == y.mask && x.flops == y.flops;
+}
+
 }  // namespace
 
 std::vector<Finding> find_duplicate_runs(const std::vector<ClaimTable>& tables,
@@ -64,8 +73,11 @@ std::vector<Finding> find_duplicate_runs(const std::vector<ClaimTable>& tables,
       const RowView &a = views[i], &b = views[j];
       if (!same_run(a, b)) continue;
       const std::string ref_a = row_ref(a.table().name, a.row());
+      const bool flops_comparable =
+          same_flops_reading(spec.table(a.table().name), spec.table(b.table().name));
       for (const std::string& q : known_quantities()) {
         if (is_identity_key(q)) continue;
+        if (!flops_comparable && (q == "flops_per_token" || q == "compute")) continue;
         const Cell *x = a.printed(q), *y = b.printed(q);
         if (!x || !y || same(*x, *y)) continue;
         out.push_back(Finding{

@@ -77,6 +77,35 @@ TEST_CASE("a duplicated run with different numbers, across two tables") {
   CHECK(fs[0].message.find("a:1") != std::string::npos);
 }
 
+TEST_CASE("duplicated runs: M compares only between tables of one FLOP reading") {
+  // The same dense run (L 28, D_m 2176, D_ffn 8848, H 17, S 2048) in a training table and a
+  // forward table: M 1.438e10 training is 3 x 4.794e9 forward (paper: 6·N + 12·L·D_m·S vs a
+  // third of it). Not a contradiction; the same M in both tables under one reading would be.
+  const std::string shared = R"(
+layers = 28
+dense_layers = 28
+d_model = 2176
+d_ffn = 8848
+heads = 17
+seq_len = 2048
+vocab = 65536
+)";
+  const ClaimTable trn = parse_claim_table("name,M,D\na,1.438e10,1.00e11\n", "trn", "trn.csv");
+  const ClaimTable fwd = parse_claim_table("name,M,D\na,4.794e9,1.00e11\n", "fwd", "fwd.csv");
+  const AuditSpec mixed = parse_spec("schema = 1\n[tables.trn]\n[tables.trn.shared]" + shared +
+                                         "[tables.fwd]\nflops = \"forward\"\n"
+                                         "[tables.fwd.shared]" + shared,
+                                     "inline.toml");
+  CHECK(find_duplicate_runs({trn, fwd}, mixed, 0.01).empty());
+  const AuditSpec alike = parse_spec("schema = 1\n[tables.trn]\n[tables.trn.shared]" + shared +
+                                         "[tables.fwd]\n[tables.fwd.shared]" + shared,
+                                     "inline.toml");
+  const auto fs = find_duplicate_runs({trn, fwd}, alike, 0.01);
+  REQUIRE(fs.size() == 1);
+  CHECK(fs[0].quantity == "flops_per_token");
+  CHECK(fs[0].table == "fwd");
+}
+
 TEST_CASE("strict reuse: every row's unique data equals the baseline's") {
   // Dense baseline D̂ = D = 68B (1 epoch, shared). MoE rows: D̂ printed 68B; D/epochs =
   // 136B/2 = 68B; D̂ 60B breaks it by (60 − 68)/68 = −11.8 %.
