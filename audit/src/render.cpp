@@ -17,6 +17,14 @@ std::string where(const Finding& f, const AuditReport& r) {
   return row_ref(f.table, f.row) + (label.empty() ? "" : " " + label);
 }
 
+// A markdown table cell: a '|' would end the cell, a line break the row.
+std::string md_cell(std::string s) {
+  for (size_t p = s.find('|'); p != std::string::npos; p = s.find('|', p + 2)) s.replace(p, 1, "\\|");
+  for (char& c : s)
+    if (c == '\n') c = ' ';
+  return s;
+}
+
 std::string num(double v) {
   return sci(v);
 }
@@ -125,19 +133,18 @@ std::string render_markdown(const AuditReport& r) {
       "|\n|---|---|---|---|\n";
   for (const ClaimVerdict& c : r.claims) {
     if (c.quantities.empty())
-      out += fmt::format("| {} | {} | | |\n", c.holds ? "holds" : "**fails**", c.name);
+      out += fmt::format("| {} | {} | | |\n", c.holds ? "holds" : "**fails**", md_cell(c.name));
     for (const QuantityVerdict& q : c.quantities)
-      out += fmt::format("| {} | {} | {} | {} |\n", q.holds ? "holds" : "**fails**", c.name,
-                         q.quantity, spread_line(q));
+      out += fmt::format("| {} | {} | {} | {} |\n", q.holds ? "holds" : "**fails**",
+                         md_cell(c.name), q.quantity, md_cell(spread_line(q)));
   }
   out +=
       "\n## Findings\n\n| severity | where | quantity | expected | found | rel. diff | message |\n"
       "|---|---|---|---|---|---|---|\n";
   for (const Finding& f : r.findings) {
-    std::string msg = f.message;
-    for (size_t p = msg.find('|'); p != std::string::npos; p = msg.find('|', p + 2))
-      msg.replace(p, 1, "\\|");
-    out += fmt::format("| {} | {} | {} | {} | {} | {} | {} |\n", name(f.severity), where(f, r),
+    const std::string msg = md_cell(f.message);
+    out += fmt::format("| {} | {} | {} | {} | {} | {} | {} |\n", name(f.severity),
+                       md_cell(where(f, r)),
                        f.quantity, f.expected ? num(*f.expected) : "", f.found ? num(*f.found) : "",
                        f.rel_diff ? fmt::format("{:+.2f}%", 100 * *f.rel_diff) : "", msg);
   }

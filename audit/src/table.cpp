@@ -20,15 +20,34 @@ std::string trim(std::string_view s) {
   return std::string(s.substr(b, e - b));
 }
 
-std::vector<std::string> split_fields(std::string_view line) {
+// One CSV line into fields: commas separate, a field in double quotes may hold commas, and ""
+// inside it is one quote (RFC 4180, without line breaks inside a field). Fields are trimmed.
+std::vector<std::string> split_fields(std::string_view line, const std::string& where) {
   std::vector<std::string> out;
-  size_t start = 0;
+  std::string f;
+  bool quoted = false, was_quoted = false;
   for (size_t i = 0; i <= line.size(); ++i) {
-    if (i == line.size() || line[i] == ',') {
-      std::string f = trim(line.substr(start, i - start));
-      if (f.size() >= 2 && f.front() == '"' && f.back() == '"') f = f.substr(1, f.size() - 2);
-      out.push_back(std::move(f));
-      start = i + 1;
+    const char c = i < line.size() ? line[i] : ',';
+    if (quoted && i == line.size())
+      throw InputError(fmt::format("{}: a quoted field is not closed (a \" is missing)", where));
+    if (quoted) {
+      if (c == '"' && i + 1 < line.size() && line[i + 1] == '"') {
+        f += '"';
+        ++i;
+      } else if (c == '"') {
+        quoted = false;
+      } else {
+        f += c;
+      }
+    } else if (c == '"' && trim(f).empty() && !was_quoted) {
+      quoted = was_quoted = true;
+      f.clear();
+    } else if (c == ',') {
+      out.push_back(was_quoted ? f : trim(f));
+      f.clear();
+      was_quoted = false;
+    } else if (!was_quoted || c != ' ') {
+      f += c;
     }
   }
   return out;
@@ -106,7 +125,7 @@ ClaimTable parse_claim_table(std::string_view text, std::string name, std::strin
   while (!lines.empty() && trim(lines.back()).empty()) lines.pop_back();
   if (lines.empty())
     throw InputError(fmt::format("{}: empty table (expected a header line)", t.source));
-  t.headers = split_fields(lines[0]);
+  t.headers = split_fields(lines[0], fmt::format("{} line 1", t.source));
   std::vector<double> scales;
   int label_col = -1;
   for (size_t c = 0; c < t.headers.size(); ++c) {
@@ -139,7 +158,8 @@ ClaimTable parse_claim_table(std::string_view text, std::string name, std::strin
   }
   for (size_t li = 1; li < lines.size(); ++li) {
     if (trim(lines[li]).empty()) continue;
-    const std::vector<std::string> fields = split_fields(lines[li]);
+    const std::vector<std::string> fields =
+        split_fields(lines[li], fmt::format("{} line {}", t.source, li + 1));
     const size_t row_number = t.rows.size() + 1;
     if (fields.size() != t.headers.size())
       throw InputError(fmt::format("{}: data row {} (line {}) has {} fields, the header has {}",

@@ -2,6 +2,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <sstream>
 
 #include "audit_test_util.hpp"
 #include "moeplan/accounting/error.hpp"
@@ -9,6 +10,7 @@
 #include "moeplan/audit/claims.hpp"
 #include "moeplan/audit/duplicates.hpp"
 #include "moeplan/audit/io.hpp"
+#include "moeplan/audit/render.hpp"
 
 using namespace moeplan;
 using namespace moeplan::audit;
@@ -206,4 +208,41 @@ TEST_CASE("a column of row names: label, id, name, run or model, in any case") {
   }
   CHECK_THROWS_WITH_AS(parse_claim_table("models,N\nx,1e9\n", "t", "t.csv"),
                        doctest::Contains("unknown column 'models'"), InputError);
+}
+
+TEST_CASE("CSV quoting: commas and doubled quotes inside a quoted field; an open quote refused") {
+  const ClaimTable t = parse_claim_table(
+      "name,N\n\"moe, k=2\",1e9\n\"say \"\"hi\"\"\",2e9\n  \"padded\" ,3e9\n", "q", "q.csv");
+  CHECK(t.labels == std::vector<std::string>{"moe, k=2", "say \"hi\"", "padded"});
+  CHECK(t.rows[2].at("total_params").value == 3e9);
+  CHECK_THROWS_WITH_AS(parse_claim_table("name,N\n\"open,1e9\n", "q", "q.csv"),
+                       "q.csv line 2: a quoted field is not closed (a \" is missing)", InputError);
+  // A number written with a thousands comma inside quotes is one field, and not a number.
+  CHECK_THROWS_WITH_AS(parse_claim_table("name,N\na,\"2,000\"\n", "q", "q.csv"),
+                       doctest::Contains("'2,000' is not a number"), InputError);
+}
+
+TEST_CASE("markdown: a '|' in a claim name, a label or a message does not break the table") {
+  const ClaimTable t = parse_claim_table("name,N\nmoe|k=2,1e9\nb,2e9\n", "p", "p.csv");
+  AuditSpec spec = parse_spec(R"(schema = 1
+[[claims]]
+name = "N | C equal"
+equal = ["total_params"]
+)",
+                              "inline.toml");
+  const std::string md = render(audit_tables({t}, spec), ReportFormat::md);
+  CAPTURE(md);
+  // Every table line has as many unescaped '|' as its header line.
+  size_t header_cells = 0;
+  std::istringstream in(md);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("| ", 0) != 0) continue;
+    size_t bars = 0;
+    for (size_t i = 0; i < line.size(); ++i) bars += line[i] == '|' && (i == 0 || line[i - 1] != '\\');
+    if (line.find("verdict") != std::string::npos || line.find("severity") != std::string::npos)
+      header_cells = bars;
+    CHECK_MESSAGE(bars == header_cells, line);
+  }
+  CHECK(md.find("N \\| C equal") != std::string::npos);
+  CHECK(md.find("p:1 moe\\|k=2") != std::string::npos);
 }
