@@ -51,7 +51,7 @@ audit::ClaimSpec command_line_claim(const AuditFlags& f,
     std::vector<RowSelector> found;
     for (const ClaimTable& t : tables)
       for (size_t i = 0; i < t.labels.size(); ++i)
-        if (t.labels[i] == f.baseline) found.push_back({t.name, int(i) + 1, int(i) + 1});
+        if (t.labels[i] == f.baseline) found.push_back({t.name, int(i) + 1, int(i) + 1, ""});
     if (found.size() > 1)
       throw InputError(fmt::format("--baseline {}: {} rows carry this label; write table:row",
                                    f.baseline, found.size()));

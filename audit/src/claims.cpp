@@ -49,9 +49,10 @@ std::vector<Valued> values_of(const std::vector<RowRef>& rows, const AuditSpec& 
     const auto v = view.value_or_shape(q);
     if (!v)
       throw InputError(fmt::format(
-          "claim '{}' needs {} ({}) of row {}, which has no such column, no shared value in the "
-          "spec, and nothing to derive it from",
-          claim, q, symbol(q), row_ref(r.table->name, r.row)));
+          "claim '{}' needs {} ({}) of row {}, {}, no shared value in the spec, and nothing to "
+          "derive it from",
+          claim, q, symbol(q), row_ref(r.table->name, r.row),
+          r.table->has_column(q) ? "whose cell is empty" : "which has no such column"));
     out.push_back({r, *v});
   }
   return out;
@@ -190,13 +191,31 @@ std::vector<ClaimVerdict> evaluate_claims(const std::vector<ClaimTable>& tables,
     std::vector<RowRef> rows = select_rows(tables, spec, c);
     std::optional<RowRef> baseline;
     if (c.baseline) {
-      const ClaimTable& t = find_table(tables, c.baseline->table, c.name);
-      if (c.baseline->first > int(t.rows.size()))
+      RowSelector sel = *c.baseline;
+      if (!sel.label.empty()) {  // a row label: exactly one row of the loaded tables
+        std::string all;
+        int found = 0;
+        for (const ClaimTable& t : tables)
+          for (size_t i = 0; i < t.labels.size(); ++i) {
+            all += fmt::format("{}{}", all.empty() ? "" : ", ", t.labels[i]);
+            if (t.labels[i] == sel.label) sel = {t.name, int(i) + 1, int(i) + 1, ""}, ++found;
+          }
+        if (found != 1)
+          throw InputError(
+              fmt::format("claim '{}': baseline '{}' {}; name one row by its label or as table:row",
+                          c.name, c.baseline->label,
+                          found > 1 ? fmt::format("labels {} rows", found)
+                                    : fmt::format("is no row's label ({})",
+                                                  all.empty() ? "the tables have no label column"
+                                                              : "labels: " + all)));
+      }
+      const ClaimTable& t = find_table(tables, sel.table, c.name);
+      if (sel.first > int(t.rows.size()))
         throw InputError(
             fmt::format("claim '{}': baseline row {} of table '{}' does not exist ({} "
                         "data rows)",
-                        c.name, c.baseline->first, t.name, t.rows.size()));
-      baseline = RowRef{&t, c.baseline->first};
+                        c.name, sel.first, t.name, t.rows.size()));
+      baseline = RowRef{&t, sel.first};
       // The baseline leads the group, whether the selection listed it or not.
       std::erase_if(rows, [&](const RowRef& r) {
         return r.table == baseline->table && r.row == baseline->row;

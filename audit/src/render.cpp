@@ -34,8 +34,9 @@ std::string spread_line(const QuantityVerdict& q) {
                               num(q.min), q.min_row, num(q.max), q.max_row, 100 * q.rel_range);
   if (q.kind == "equal" || q.kind == "equal_to_baseline")
     s += fmt::format(", tolerance {:.2f}%", 100 * q.tolerance);
-  if (q.lower) s += fmt::format(", at least {}", num(*q.lower));
-  if (q.upper) s += fmt::format(", at most {}", num(*q.upper));
+  // Bounds as given (shortest exact form): rounded, 19.875 would read as 19.88.
+  if (q.lower) s += fmt::format(", at least {}", *q.lower);
+  if (q.upper) s += fmt::format(", at most {}", *q.upper);
   s += q.holds ? " -> holds" : " -> FAILS";
   if (!q.breaking.empty()) {
     s += "; broken by";

@@ -106,7 +106,10 @@ class RowChecker {
       std::string list;
       for (const std::string& s : skipped_) list += (list.empty() ? "" : "; ") + s;
       add(Severity::info, 0, "", {}, {}, {},
-          fmt::format("skipped without a spec entry for this table: {}", list));
+          spec_ ? fmt::format("skipped, the table gives no shape (no layers, d_model, ... as "
+                              "columns or shared values): {}",
+                              list)
+                : fmt::format("skipped without a spec entry for this table: {}", list));
     }
   }
 

@@ -31,6 +31,8 @@ Cell cell(const AuditSpec& s, const Value& v, const std::string& key) {
   if (v.is_string()) return parse_cell(v.as_string().str, fmt::format("{}: {}", s.source, key));
   Cell c;
   c.value = number(s, v, key);
+  if (!(c.value >= 0))
+    bad(s, fmt::format("{} = {} is negative; every quantity is >= 0", key, c.value));
   c.text = v.is_integer() ? std::to_string(v.as_integer()) : fmt::format("{}", c.value);
   return c;  // a number written into the spec is taken as exact
 }
@@ -38,6 +40,12 @@ Cell cell(const AuditSpec& s, const Value& v, const std::string& key) {
 std::string string_of(const AuditSpec& s, const Value& v, const std::string& key) {
   if (!v.is_string()) bad(s, fmt::format("{} must be a string", key));
   return v.as_string().str;
+}
+
+// A quantity named by its code name or its paper header ("N", "D_hat"): the code name.
+std::string quantity_name(const std::string& q) {
+  const auto m = column_meaning(q);
+  return m && m->scale == 1.0 ? m->quantity : q;
 }
 
 void require_quantity(const AuditSpec& s, const std::string& q, const std::string& key) {
@@ -129,7 +137,8 @@ ClaimSpec parse_claim(const AuditSpec& s, const Value& c, size_t index) {
   }
   if (c.contains("where")) {
     if (!c.at("where").is_table()) bad(s, where + ".where must be a table of quantity = value");
-    for (const auto& [k, v] : c.at("where").as_table()) {
+    for (const auto& [given, v] : c.at("where").as_table()) {
+      const std::string k = quantity_name(given);
       require_quantity(s, k, where + ".where");
       WhereClause w{k, {}, {}, {}};
       if (v.is_array()) {
@@ -137,6 +146,10 @@ ClaimSpec parse_claim(const AuditSpec& s, const Value& c, size_t index) {
           bad(s, fmt::format("{}.where.{} must be [low, high]", where, k));
         w.lower = number(s, v.as_array()[0], where + ".where." + k);
         w.upper = number(s, v.as_array()[1], where + ".where." + k);
+        if (*w.lower > *w.upper)
+          bad(s, fmt::format("{}.where.{} = [{}, {}]: the low bound is above the high one; "
+                             "write [low, high]",
+                             where, k, *w.lower, *w.upper));
       } else {
         w.equals = number(s, v, where + ".where." + k);
       }
@@ -144,7 +157,8 @@ ClaimSpec parse_claim(const AuditSpec& s, const Value& c, size_t index) {
     }
   }
   if (c.contains("equal"))
-    for (const std::string& q : string_list(s, c.at("equal"), where + ".equal")) {
+    for (const std::string& given : string_list(s, c.at("equal"), where + ".equal")) {
+      const std::string q = quantity_name(given);
       require_quantity(s, q, where + ".equal");
       cs.equal.push_back(q);
     }
@@ -152,7 +166,8 @@ ClaimSpec parse_claim(const AuditSpec& s, const Value& c, size_t index) {
     if (!c.contains(key)) return;
     const std::string k = fmt::format("{}.{}", where, key);
     if (!c.at(key).is_table()) bad(s, fmt::format("{} must be a table, e.g. {{ epochs = 2 }}", k));
-    for (const auto& [q, v] : c.at(key).as_table()) {
+    for (const auto& [given, v] : c.at(key).as_table()) {
+      const std::string q = quantity_name(given);
       require_quantity(s, q, k);
       BoundClaim b{q, {}, {}};
       if (lower && upper) {
@@ -160,6 +175,10 @@ ClaimSpec parse_claim(const AuditSpec& s, const Value& c, size_t index) {
           bad(s, fmt::format("{}.{} must be [low, high]", k, q));
         b.at_least = number(s, v.as_array()[0], k + "." + q);
         b.at_most = number(s, v.as_array()[1], k + "." + q);
+        if (*b.at_least > *b.at_most)
+          bad(s, fmt::format("{}.{} = [{}, {}]: the low bound is above the high one; write "
+                             "[low, high]",
+                             k, q, *b.at_least, *b.at_most));
       } else if (lower) {
         b.at_least = number(s, v, k + "." + q);
       } else {
@@ -172,10 +191,15 @@ ClaimSpec parse_claim(const AuditSpec& s, const Value& c, size_t index) {
   bounds("at_most", false, true);
   bounds("between", true, true);
   if (c.contains("baseline")) {
-    cs.baseline = parse_row_selector(string_of(s, c.at("baseline"), where + ".baseline"),
-                                     where + ".baseline");
-    if (cs.baseline->first == 0 || cs.baseline->first != cs.baseline->last)
-      bad(s, fmt::format("{}.baseline must name one row, e.g. \"dense:5\"", where));
+    const std::string text = string_of(s, c.at("baseline"), where + ".baseline");
+    if (text.find(':') == std::string::npos) {
+      cs.baseline = RowSelector{"", 0, 0, text};  // a row label: resolved against the tables
+    } else {
+      cs.baseline = parse_row_selector(text, where + ".baseline");
+      if (cs.baseline->first == 0 || cs.baseline->first != cs.baseline->last)
+        bad(s,
+            fmt::format("{}.baseline must name one row, e.g. \"dense:5\" or a row label", where));
+    }
   }
   if (c.contains("strict_reuse")) {
     if (!c.at("strict_reuse").is_boolean()) bad(s, where + ".strict_reuse must be true or false");

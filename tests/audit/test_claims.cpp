@@ -246,3 +246,55 @@ equal = ["total_params"]
   CHECK(md.find("N \\| C equal") != std::string::npos);
   CHECK(md.find("p:1 moe\\|k=2") != std::string::npos);
 }
+
+TEST_CASE("specs: paper headers as quantities, a baseline by row label, bounds as given") {
+  // dense-1b N 1e9, C 1e20; moe N 1.005e9 (+0.5 %), C 1e20; epochs 19.875 and 20.
+  const ClaimTable t = parse_claim_table(
+      "name,N,C,Epoch\ndense-1b,1e9,1e20,19.875\nmoe,1.005e9,1e20,20\n", "lab", "lab.csv");
+  const AuditSpec spec = parse_spec(R"(schema = 1
+[[claims]]
+name = "equal"
+equal = ["N", "C"]
+baseline = "dense-1b"
+[[claims]]
+name = "epochs"
+at_least = { Epoch = 19.875 }
+)",
+                                    "inline.toml");
+  REQUIRE(spec.claims.size() == 2);
+  CHECK(spec.claims[0].equal == std::vector<std::string>{"total_params", "compute"});
+  CHECK(spec.claims[1].bounds[0].quantity == "epochs");
+  const AuditReport r = audit_tables({t}, spec);
+  const ClaimVerdict* eq = claim(r, "equal");
+  REQUIRE(eq);
+  CHECK(eq->holds);
+  CHECK(eq->rows.front() == "lab:1");  // the labelled baseline leads
+  // 19.875 is met exactly; the verdict line prints the bound as given, not rounded to 19.88.
+  const std::string text = render(r, ReportFormat::table);
+  CHECK(text.find("at least 19.875 -> holds") != std::string::npos);
+  // A label no row carries, and [high, low] bounds, are refused.
+  const AuditSpec missing = parse_spec(
+      "schema = 1\n[[claims]]\nname = \"x\"\nequal = [\"N\"]\nbaseline = \"dense-2b\"\n", "m.toml");
+  CHECK_THROWS_WITH_AS(audit_tables({t}, missing),
+                       "claim 'x': baseline 'dense-2b' is no row's label (labels: dense-1b, moe); "
+                       "name one row by its label or as table:row",
+                       InputError);
+  CHECK_THROWS_WITH_AS(
+      parse_spec("schema = 1\n[[claims]]\nname = \"b\"\nbetween = { C = [2e21, 1e20] }\n",
+                 "b.toml"),
+      doctest::Contains("the low bound is above the high one"), InputError);
+}
+
+TEST_CASE("cells: a negative value is refused; an empty cell a claim needs is named as empty") {
+  CHECK_THROWS_WITH_AS(parse_claim_table("name,N\na,-2B\n", "t", "t.csv"),
+                       "t.csv data row 1 column N: '-2B' is negative; every quantity here is >= 0",
+                       InputError);
+  const ClaimTable t = parse_claim_table("name,N,C\na,1e9,1e20\nb,,1e20\n", "t", "t.csv");
+  const AuditSpec spec =
+      parse_spec("schema = 1\n[[claims]]\nname = \"n\"\nequal = [\"N\"]\n", "s.toml");
+  CHECK_THROWS_WITH_AS(
+      audit_tables({t}, spec),
+      "claim 'n' needs total_params (N) of row t:2, whose cell is empty, no shared "
+      "value in the spec, and nothing to derive it from",
+      InputError);
+}

@@ -29,6 +29,7 @@ struct TableSpec {
 struct RowSelector {
   std::string table;
   int first = 0, last = 0;  // 1-based inclusive; 0,0 = every row
+  std::string label;  // a baseline named by its row label instead (table empty until resolved)
 };
 
 struct WhereClause {  // keep rows whose quantity equals a value (within tolerance) or lies in [lo,
