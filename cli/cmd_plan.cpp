@@ -26,6 +26,18 @@ struct PlanCmdFlags {
   std::string format = "table";
 };
 
+// A budget refused for a point given --tokens names the flag: the budget's own line speaks of
+// the compute the tokens make.
+template <class F>
+Plan with_flag_named(const PlanCmdFlags& f, F&& make) {
+  try {
+    return make();
+  } catch (const InputError& e) {
+    if (f.tokens.empty()) throw;
+    throw InputError(fmt::format("--tokens {}: {}", f.tokens, e.what()));
+  }
+}
+
 // --tokens D: C = M·D of this point; otherwise the C the equal-resource rules gave it.
 Plan rebudget(const Plan& p, const PlanCmdFlags& f, const PointBudget& base) {
   PointBudget pb = base;
@@ -77,7 +89,7 @@ int run(const PlanCmdFlags& f) {
     }
     const std::string& unique = !f.tokens_unique.empty() ? f.tokens_unique : f.plan.unique_tokens;
     if (!unique.empty()) pb.tokens_unique = parse_positive(unique, "--tokens-unique");
-    plan = plan_for_arch(arch, pb);
+    plan = with_flag_named(f, [&] { return plan_for_arch(arch, pb); });
     plan.id = f.arch;
     plan.role = arch.is_dense() ? "dense" : "moe";
   } else {
@@ -96,11 +108,12 @@ int run(const PlanCmdFlags& f) {
         "equal-resource dense baseline: {}  N {}  C {} [{}]  D̂ {} unique tokens\n",
         describe(d.arch), human(double(d.counts.total_params)), human(planner.compute_target()),
         convention_label(d.convention, d.mask), human(double(d.budget.tokens_unique)));
+    if (!d.note.empty()) context += fmt::format("  {}: {}\n", d.id, d.note);
     if (!f.tokens.empty() || !f.tokens_unique.empty()) {
       const PointBudget base{
           planner.compute_target(), req.convention,    req.mask,    req.budget.reuse,
           planner.tokens_unique(),  req.budget.epochs, req.dp_width};
-      plan = rebudget(plan, f, base);
+      plan = with_flag_named(f, [&] { return rebudget(plan, f, base); });
       context += "budget of this point set by --tokens / --tokens-unique (not equal-resource)\n";
     }
   }

@@ -22,7 +22,8 @@ void validate(const Arch& a, bool require_mha_width) {
           a.kv_heads, fmt::format("it must divide heads = {}", a.heads).c_str());
   require(a.head_dim > 0, "head_dim", a.head_dim, "it must be a positive integer");
   require(a.seq_len > 0, "seq_len", a.seq_len, "it must be a positive integer");
-  require(a.vocab > 0, "vocab", a.vocab, "it must be a positive integer");
+  require(a.vocab >= 2, "vocab", a.vocab,
+          "it must be an integer >= 2 (a language model predicts one of several tokens)");
   if (require_mha_width && a.heads * a.head_dim != a.d_model)
     throw InputError(fmt::format(
         "arch: heads·head_dim = {}·{} = {} must equal d_model = {} for multi-head attention",

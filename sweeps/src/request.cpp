@@ -65,7 +65,14 @@ PlanRequest make_plan_request(const PlanFlags& f) {
 
   r.backbone.count_router = f.count_router;
   r.backbone.count_norms = f.count_norms;
-  if (!f.vocab.empty()) r.backbone.vocab = parse_positive_integer(f.vocab, "--vocab");
+  if (!f.vocab.empty()) {
+    r.backbone.vocab = parse_positive_integer(f.vocab, "--vocab");
+    if (r.backbone.vocab < 2)
+      throw InputError(
+          fmt::format("--vocab = {} is invalid; it must be a whole number >= 2 (a "
+                      "language model predicts one of several tokens)",
+                      f.vocab));
+  }
   if (!f.seq_len.empty()) r.backbone.seq_len = parse_positive_integer(f.seq_len, "--seq-len");
   if (!f.head_dim.empty()) r.backbone.head_dim = parse_positive_integer(f.head_dim, "--head-dim");
   r.dp_width = parse_positive_integer(f.dp_width, "--dp-width");

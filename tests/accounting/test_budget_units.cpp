@@ -159,6 +159,11 @@ TEST_CASE("arch validation names the offending field") {
   bad.kv_heads = 3;
   CHECK_THROWS_WITH_AS(validate(bad), doctest::Contains("kv_heads = 3"), InputError);
   bad = a;
+  bad.vocab = 1;  // one token to predict: no language model
+  CHECK_THROWS_WITH_AS(validate(bad), doctest::Contains("vocab = 1 is invalid"), InputError);
+  bad.vocab = 2;
+  CHECK_NOTHROW(validate(bad));
+  bad = a;
   bad.dense_layers = 2;  // no MoE layers left, yet experts are set
   CHECK_THROWS_AS(validate(bad), InputError);
 }

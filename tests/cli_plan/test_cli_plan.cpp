@@ -202,6 +202,18 @@ TEST_CASE("plan --arch reproduces the ACCOUNTING.md worked check") {
   CHECK(j.at("flops_per_token_by_convention").contains("exact/full"));
 }
 
+TEST_CASE("plan: the dense baseline's note is printed; a refused --tokens budget names the flag") {
+  // 2B dense baseline consumes 40B tokens: a unique budget of 1e11 is capped to them, and said.
+  Result r = run_moeplan("plan --N 2e9 --ra 0.2 --unique-tokens 1e11");
+  CHECK(r.status == 0);
+  CHECK(r.out.find("dense: --unique-tokens 1e+11 is more than the dense baseline consumes") !=
+        std::string::npos);
+  r = run_moeplan("plan --arch " + std::string(MOEPLAN_SOURCE_DIR) +
+                  "/examples/arch-2b-moe.toml --tokens 100");
+  CHECK(r.status == 2);
+  CHECK(r.err.find("moeplan: error: --tokens 100: compute C = ") == 0);
+}
+
 TEST_CASE("plan --N --ra solves a point; --convention names the summary's convention") {
   Result r = run_moeplan("plan --N 2e9 --ra 0.2 --convention exact");
   CHECK(r.status == 0);
