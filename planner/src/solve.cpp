@@ -129,26 +129,35 @@ MoeSolution MoeSolver::solve(double t) const {
     double miss = kInf, cost = kInf;
     int64_t experts = 0, top_k = 0, d_expert = 0, total = 0, active = 0;
   } best;
-  for (const WidthRow& row : rows_) {
-    const int64_t de = row.d_expert;
-    const double k_cont = (active_target - double(r) * row.e_at_k0) / double(3 * (s + 1) * de);
-    const int64_t k_floor = std::clamp<int64_t>(int64_t(std::floor(k_cont)), 1, row.k_max);
-    const int64_t k_ceil = std::clamp<int64_t>(k_floor + 1, 1, row.k_max);
-    for (int64_t k = k_floor; k <= k_ceil; ++k) {
-      const int64_t e = int64_t(std::floor(row.e_at_k0 - row.e_per_k * double(k) + 0.5));
-      if (e < k || e > family_.experts_max) continue;
-      const int64_t n = base_ + u * (3 * (s * k + e) * de + r * e);
-      if (std::fabs(double(n) - n_target_) > tol_n) continue;
-      const int64_t na = base_ + u * (3 * (s * k + k) * de + r * e);
-      const double ra = double(na) / double(n);
-      const double err = std::fabs(ra - t);
-      const double miss = std::max(0.0, err - tol_ra);
-      if (miss > best.miss + 1e-15) continue;
-      const double cost = family_cost(family_, e, k) + 0.5 * err / tol_ra +
-                          0.1 * std::fabs(double(n) - n_target_) / tol_n;
-      if (miss < best.miss - 1e-15 || cost < best.cost) best = {miss, cost, e, k, de, n, na};
+  // E is first the count nearest N for each (D_e, K); where no such pick reaches r_a, E's
+  // neighbours within the N tolerance are tried too (at small N one expert more or less moves
+  // r_a by points, and the nearest E can miss a target a neighbour meets).
+  auto scan = [&](int64_t spread) {
+    for (const WidthRow& row : rows_) {
+      const int64_t de = row.d_expert;
+      const double k_cont = (active_target - double(r) * row.e_at_k0) / double(3 * (s + 1) * de);
+      const int64_t k_floor = std::clamp<int64_t>(int64_t(std::floor(k_cont)), 1, row.k_max);
+      const int64_t k_ceil = std::clamp<int64_t>(k_floor + 1, 1, row.k_max);
+      for (int64_t k = k_floor; k <= k_ceil; ++k) {
+        const int64_t e_near = int64_t(std::floor(row.e_at_k0 - row.e_per_k * double(k) + 0.5));
+        for (int64_t e = e_near - spread; e <= e_near + spread; ++e) {
+          if (e < k || e > family_.experts_max) continue;
+          const int64_t n = base_ + u * (3 * (s * k + e) * de + r * e);
+          if (std::fabs(double(n) - n_target_) > tol_n) continue;
+          const int64_t na = base_ + u * (3 * (s * k + k) * de + r * e);
+          const double ra = double(na) / double(n);
+          const double err = std::fabs(ra - t);
+          const double miss = std::max(0.0, err - tol_ra);
+          if (miss > best.miss + 1e-15) continue;
+          const double cost = family_cost(family_, e, k) + 0.5 * err / tol_ra +
+                              0.1 * std::fabs(double(n) - n_target_) / tol_n;
+          if (miss < best.miss - 1e-15 || cost < best.cost) best = {miss, cost, e, k, de, n, na};
+        }
+      }
     }
-  }
+  };
+  scan(0);
+  if (best.miss > 0) scan(3);
   if (best.experts == 0)
     throw InputError(fmt::format(
         "no MoE layer on backbone '{}' brings N within {:.2g}% of {:.4g} with d_expert a "

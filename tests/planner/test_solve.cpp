@@ -145,6 +145,25 @@ TEST_CASE("unreachable r_a is flagged with the nearest reachable value") {
   CHECK_THROWS_AS(solver.solve(1.5), InputError);
 }
 
+TEST_CASE("a target the nearest-N expert count misses is met by a neighbouring count") {
+  // N 1e5: backbone L2 (1 dense) D_m 40, H 5x8, D_ffn 112: attention 2·4·40² = 12,800, dense
+  // FFN 3·40·112 = 13,440: base 26,240; one MoE layer, unit D_m = 40. At D_e 8, K 33 (shared
+  // 33·8 = 264): E 44 gives N = 26,240 + 40·3·8·(33 + 44) = 100,160 and N_a = 26,240 +
+  // 40·3·8·66 = 89,600: r_a 89.46 %, 0.54 points short of 90 %. E 43 gives N = 99,200 (-0.8 %,
+  // inside 1 %) and r_a 89,600 / 99,200 = 90.32 %: inside ±0.5 points.
+  const Arch backbone = solve_moe_backbone(1e5, FamilyRules{});
+  REQUIRE(backbone.d_model == 40);
+  const MoeSolver solver(backbone, 1e5, FamilyRules{});
+  const MoeSolution s = solver.solve(0.9);
+  CHECK(s.reachable);
+  CHECK(std::fabs(s.activation_rate - 0.9) <= 0.005);
+  CHECK(std::fabs(double(s.total_params) - 1e5) <= 0.01 * 1e5);
+  CHECK(s.arch.experts == 43);
+  CHECK(s.arch.top_k == 33);
+  CHECK(s.total_params == 99200);
+  CHECK(s.active_params == 89600);
+}
+
 TEST_CASE("explicit alignment and tolerance options are obeyed") {
   const Arch backbone = solve_moe_backbone(2e9, FamilyRules{});
   SolveOptions o;
