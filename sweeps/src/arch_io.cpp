@@ -66,7 +66,10 @@ Arch arch_from_toml_string(const std::string& text, const std::string& origin) {
   try {
     validate(a, attention != "any");
   } catch (const InputError& e) {
-    throw InputError(fmt::format("{}: {}", origin, e.what()));
+    const bool width = std::string_view(e.what()).find("must equal d_model") != std::string::npos;
+    throw InputError(
+        fmt::format("{}: {}{}", origin, e.what(),
+                    width ? " (attention = \"any\" in the arch file lifts this rule)" : ""));
   }
   return a;
 }

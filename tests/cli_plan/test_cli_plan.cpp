@@ -251,7 +251,11 @@ TEST_CASE("bad input: one line naming the value, exit status 2") {
   bad = kArch2b;
   bad.replace(bad.find("heads = 11"), 10, "heads = 12");
   expect_bad_input("plan --arch '" + write("mha.toml", bad).string() + "'",
-                   "must equal d_model = 1408");
+                   "must equal d_model = 1408 for multi-head attention (attention = \"any\" in "
+                   "the arch file lifts this rule)");
+  expect_bad_input("grid --N 2e9 --ra 0.2 --vocab 1",
+                   "--vocab = 1 is invalid; it must be a whole "
+                   "number >= 2");
   bad = kArch2b;
   bad.replace(bad.find("d_model = 1408"), 14, "d_model = \"wide\"");
   expect_bad_input("plan --arch '" + write("typed.toml", bad).string() + "'", "'d_model'");

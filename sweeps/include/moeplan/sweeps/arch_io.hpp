@@ -13,8 +13,9 @@ namespace moeplan {
 // Required: d_model, layers, heads, head_dim, seq_len, vocab; d_ffn when a layer is dense;
 // experts, top_k, d_expert when one is MoE. Optional: kv_heads (= heads), dense_layers (= layers
 // without experts, else 1), d_shared (0), tied_embeddings, count_router, count_norms (false),
-// attention = "mha" (default; heads·head_dim must equal d_model, kv_heads = heads) | "gqa"
-// (heads·head_dim = d_model, kv_heads divides heads) | "any" (no width rule).
+// attention = "mha" (the default when kv_heads = heads; heads·head_dim must equal d_model) |
+// "gqa" (the default when kv_heads differs: heads·head_dim = d_model, kv_heads divides heads) |
+// "any" (no width rule).
 // Throws InputError naming the file, the key and what is expected; validate() runs on the result.
 Arch read_arch(const std::filesystem::path& path);
 Arch arch_from_toml_string(const std::string& text, const std::string& origin);
