@@ -53,7 +53,9 @@ std::string data_label(const json& r, bool with_data_seed = true) {
 // A point's BPC is compared with the dense baseline's only when both read the same data (a
 // record that does not say is taken at its word).
 bool same_data(const json& r, const json& dense) {
-  const std::string a = data_label(r), b = data_label(dense);
+  // data_seed only where both records carry their [train] settings (older records do not).
+  const bool seeds = r.contains("train") && dense.contains("train");
+  const std::string a = data_label(r, seeds), b = data_label(dense, seeds);
   if (a.empty() || b.empty()) return true;
   // The same source by name but another held-out set by content (a file edited between runs).
   const std::string fa = r["data"].value("validation_fingerprint", ""),
@@ -132,23 +134,18 @@ std::vector<std::string> row_of(const json& r, const json* dense) {
   if (!is_dense(r) && dense && complete)
     vs = same_data(r, *dense) ? fmt::format("{:+.3f}", bpc - dense->value("final_val_bpc", 0.0))
                               : "other data";
-  return {r.value("point_id", "?"),
-          fmt::format("{:.3f}", p.value("activation_rate", 0.0)),
-          human(p.value("total_params", 0.0)),
-          human(double(m.value("total_params", int64_t{0}))),
-          human(p.value("compute", 0.0)),
+  return {r.value("point_id", "?"), fmt::format("{:.3f}", p.value("activation_rate", 0.0)),
+          human(p.value("total_params", 0.0)), human(double(m.value("total_params", int64_t{0}))),
+          // The plan's C through the paper lens (the column's convention), not plan.compute,
+          // which is in the plan's own convention.
+          human(m["compute"].value("plan_paper", p.value("compute", 0.0))),
           human(m["compute"].value("paper", 0.0)),
           m["compute"].value("within_rounding", false) ? "yes" : "no",
-          human(p.value("tokens_consumed", 0.0)),
-          human(double(tok.value("consumed", int64_t{0}))),
-          human(p.value("tokens_unique", 0.0)),
-          human(double(tok.value("unique", int64_t{0}))),
+          human(p.value("tokens_consumed", 0.0)), human(double(tok.value("consumed", int64_t{0}))),
+          human(p.value("tokens_unique", 0.0)), human(double(tok.value("unique", int64_t{0}))),
           fmt::format("{:.3f}", p.value("epochs", 0.0)),
           fmt::format("{:.3f}", tok.value("epochs", 0.0)),
-          complete ? fmt::format("{:.4f}", bpc) : "-",
-          vs,
-          facts,
-          arith,
+          complete ? fmt::format("{:.4f}", bpc) : "-", vs, facts, arith,
           fmt::format("{:.0f}", r.value("wall_seconds", 0.0)),
           complete ? "complete"
                    : fmt::format("{} (step {})", r.value("status", "?"), m.value("steps", 0))};
@@ -289,7 +286,11 @@ std::vector<plot::Chart> charts_of(const std::vector<json>& records, const json*
       moe.points.emplace_back(r["plan"].value("activation_rate", 0.0),
                               r.value("final_val_bpc", 0.0));
   if (!moe.points.empty()) {
-    plot::Chart c{"Final validation BPC against the activation rate (equal N, C and D̂)",
+    const bool strict =
+        (dense ? *dense : records.front())["plan"].value("reuse", "strict") == "strict";
+    plot::Chart c{strict ? "Final validation BPC against the activation rate (equal N, C and D̂)"
+                         : "Final validation BPC against the activation rate (equal N and C; "
+                           "loose reuse: D̂ per point)",
                   "activation rate r_a = N_a / N",
                   "validation bits per byte (lower is better)",
                   {},
@@ -374,6 +375,53 @@ std::string bars_of(const std::vector<json>& records, const json* dense) {
 
 }  // namespace
 
+namespace {
+
+// What the report reads of a record, with its type: a damaged or hand-edited record is refused
+// naming the file and the key, rather than read as zeros.
+void check_record(const json& r, const fs::path& f) {
+  auto fail = [&](const std::string& key, const char* want) {
+    throw InputError(
+        fmt::format("record '{}': '{}' is {}; the record is damaged (move the "
+                    "point's folder away and run it again)",
+                    f.string(), key, want));
+  };
+  auto at = [&](const json& j, const std::string& path, const char* key) -> const json& {
+    if (!j.is_object() || !j.contains(key)) fail(path + key, "missing");
+    return j.at(key);
+  };
+  auto number = [&](const json& j, const std::string& path, const char* key) {
+    if (!at(j, path, key).is_number()) fail(path + key, "not a number");
+  };
+  auto object = [&](const json& j, const std::string& path, const char* key) -> const json& {
+    const json& v = at(j, path, key);
+    if (!v.is_object()) fail(path + key, "not an object");
+    return v;
+  };
+  if (!r.is_object()) fail("(the whole record)", "not a JSON object");
+  if (!at(r, "", "point_id").is_string()) fail("point_id", "not a string");
+  if (!at(r, "", "status").is_string()) fail("status", "not a string");
+  const json& plan = object(r, "", "plan");
+  for (const char* k : {"activation_rate", "total_params", "compute", "tokens_consumed",
+                        "tokens_unique", "epochs", "steps", "flops_per_token"})
+    number(plan, "plan.", k);
+  const json& m = object(r, "", "measured");
+  number(m, "measured.", "total_params");
+  number(m, "measured.", "steps");
+  const json& c = object(m, "measured.", "compute");
+  number(c, "measured.compute.", "paper");
+  const json& t = object(m, "measured.", "tokens");
+  for (const char* k : {"consumed", "unique", "epochs"}) number(t, "measured.tokens.", k);
+  number(object(m, "measured.", "flops"), "measured.flops.", "total");
+  if (!is_complete(r)) return;
+  object(m, "measured.", "matches_plan");
+  for (const char* k : {"final_val_bpc", "train_seconds", "wall_seconds"}) number(r, "", k);
+  if (!at(c, "measured.compute.", "within_rounding").is_boolean())
+    fail("measured.compute.within_rounding", "not true or false");
+}
+
+}  // namespace
+
 std::vector<json> load_run_records(const fs::path& dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec))
@@ -383,7 +431,10 @@ std::vector<json> load_run_records(const fs::path& dir) {
   std::vector<json> out;
   for (const auto& e : fs::directory_iterator(dir)) {
     const fs::path f = e.path() / "record.json";
-    if (fs::exists(f, ec)) out.push_back(read_record(f));
+    if (fs::exists(f, ec)) {
+      out.push_back(read_record(f));
+      check_record(out.back(), f);
+    }
   }
   if (out.empty())
     throw InputError(fmt::format("no runs/<point>/record.json under '{}'", dir.string()));
@@ -571,7 +622,7 @@ std::string render_replicate_report(const std::vector<std::vector<json>>& folder
   for (size_t f = 0; f < folders.size(); ++f) per_folder[f] = {names[f], {}, true, false};
   std::vector<double> dense_bpcs;
   std::vector<std::pair<std::string, double>> bars;
-  int moe_points = 0, moe_always = 0;
+  int moe_points = 0, moe_always = 0, moe_partial = 0;
   for (const std::string& id : order) {
     const json& plan = *plan_of[id];
     const bool is_d = plan.value("role", "") == "dense";
@@ -595,14 +646,19 @@ std::string render_replicate_report(const std::vector<std::vector<json>>& folder
       reps_mean.points.emplace_back(plan.value("activation_rate", 0.0), sb.mean);
     if (!is_d && paired > 0) {
       ++moe_points;
-      moe_always += beats == paired;
+      // "Every replicate" only where every folder gave a pair (a folder without its dense
+      // baseline or with the point unfinished gives none).
+      if (size_t(paired) == folders.size())
+        moe_always += beats == paired;
+      else
+        ++moe_partial;
       bars.emplace_back(id, sdf.mean);
     }
     rows.push_back(
         {id, fmt::format("{:.3f}", plan.value("activation_rate", 0.0)),
-         fmt::format("{} of {}", sb.n, by_point[id].size()),
-         sb.n ? fmt::format("{:.4f}", sb.mean) : "-", sd_text(sb),
-         sb.n ? fmt::format("{:.4f}", sb.lo) : "-", sb.n ? fmt::format("{:.4f}", sb.hi) : "-",
+         fmt::format("{} of {}", sb.n, folders.size()), sb.n ? fmt::format("{:.4f}", sb.mean) : "-",
+         sd_text(sb), sb.n ? fmt::format("{:.4f}", sb.lo) : "-",
+         sb.n ? fmt::format("{:.4f}", sb.hi) : "-",
          is_d || !sdf.n ? "-" : fmt::format("{:+.4f}", sdf.mean), is_d ? "-" : sd_text(sdf),
          is_d || !paired ? "-" : fmt::format("{} of {}", beats, paired)});
     t.add_row(rows.back());
@@ -616,8 +672,12 @@ std::string render_replicate_report(const std::vector<std::vector<json>>& folder
       "folder (its seeds); sd is the sample standard deviation over the replicates",
       order.size(), folders.size(), folders_text);
   std::string verdict =
-      fmt::format("MoE points below their folder's dense baseline in every replicate: {} of {}",
-                  moe_always, moe_points);
+      fmt::format("MoE points below their folder's dense baseline in every replicate: {} of {}{}",
+                  moe_always, moe_points,
+                  moe_partial ? fmt::format(" ({} paired in fewer than the {} folders: not "
+                                            "counted as every replicate)",
+                                            moe_partial, folders.size())
+                              : "");
   if (!same_seeds.empty())
     verdict += "\nnot independent: " + same_seeds +
                " ran with the same seeds, so their runs repeat each other bit for bit";

@@ -2,6 +2,8 @@
 // markdown reports the bars of each MoE point's BPC against the dense baseline.
 #include <doctest/doctest.h>
 
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -188,6 +190,12 @@ TEST_CASE("report: a point that read other data than the dense baseline is not c
   CHECK(e.find("moe-a (text:t.txt, 256 validation tokens; other tokens: the source changed "
                "between runs)") != std::string::npos);
   edited[1]["data"]["validation_fingerprint"] = "00000000000000aa";
+  // A record without its [train] settings (older) compares by source and held-out size alone.
+  std::vector<json> older = {reading(record("dense", true, 1.0, 2.0), "builtin", 256),
+                             reading(record("moe-a", false, 0.2, 1.8), "builtin", 256)};
+  older[1].erase("train");
+  CHECK(moeplan::render_run_report(older, "runs", moeplan::ReportFormat::text).find("other data") ==
+        std::string::npos);
   CHECK(moeplan::render_run_report(edited, "runs", moeplan::ReportFormat::text)
             .find("MoE points with lower validation BPC: 1 of 1") != std::string::npos);
   CHECK(text.find("  moe-a  -0.2000") != std::string::npos);
@@ -225,4 +233,82 @@ TEST_CASE("report: a point that read other data than the dense baseline is not c
           "(builtin, 256 validation tokens); replicates train the same plan on the same source "
           "and held-out set, with other seeds");
   }
+}
+
+TEST_CASE(
+    "report: C plan [paper] is the plan's C through the paper lens, whatever its convention") {
+  // A plan in the exact convention: plan.compute 5e5 [exact], its paper reading 4e5.
+  std::vector<json> recs = {record("dense", true, 1.0, 2.0), record("moe-a", false, 0.2, 1.8)};
+  for (json& r : recs) {
+    r["plan"]["convention"] = "exact";
+    r["plan"]["compute"] = 5e5;
+    r["measured"]["compute"]["plan_paper"] = 4e5;
+  }
+  const std::string text = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::text);
+  const size_t at = text.find("\nmoe-a ");
+  REQUIRE(at != std::string::npos);
+  const std::string row = text.substr(at + 1, text.find('\n', at + 1) - at - 1);
+  CHECK_MESSAGE(row.find("400k") != std::string::npos, row);  // plan and measured, both paper
+  CHECK_MESSAGE(row.find("500k") == std::string::npos, row);
+}
+
+TEST_CASE("report: the BPC chart under loose reuse does not claim equal D̂") {
+  std::vector<json> recs = {record("dense", true, 1.0, 2.0), record("moe-a", false, 0.2, 1.8)};
+  for (json& r : recs) r["plan"]["reuse"] = "loose";
+  const std::string html = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::html);
+  CHECK(html.find("(equal N, C and D̂)") == std::string::npos);
+  CHECK(html.find("loose reuse: D̂ per point") != std::string::npos);
+}
+
+TEST_CASE("replicates: every replicate means every folder; the count is over all folders") {
+  // Folder b has no dense baseline: moe-a pairs only in a (1 of 1 beats there), which is not
+  // "every replicate" of two folders.
+  const std::vector<std::vector<json>> folders = {{with_seed(record("dense", true, 1.0, 2.0), 1),
+                                                   with_seed(record("moe-a", false, 0.2, 1.8), 1)},
+                                                  {with_seed(record("moe-a", false, 0.2, 1.7), 2)}};
+  const std::string text =
+      moeplan::render_replicate_report(folders, {"a", "b"}, moeplan::ReportFormat::text);
+  CAPTURE(text);
+  CHECK(text.find("in every replicate: 0 of 1 (1 paired in fewer than the 2 folders: not counted "
+                  "as every replicate)") != std::string::npos);
+  const size_t at = text.find("\ndense ");
+  REQUIRE(at != std::string::npos);
+  CHECK(text.substr(at, text.find('\n', at + 1) - at).find("1 of 2") != std::string::npos);
+}
+
+TEST_CASE("report: a damaged record is refused naming the file and the key, not read as zeros") {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / "moeplan_report_damaged";
+  std::filesystem::remove_all(dir);
+  auto put = [&](const std::string& id, const json& r) {
+    std::filesystem::create_directories(dir / id);
+    std::ofstream(dir / id / "record.json") << r.dump();
+  };
+  json d = record("dense", true, 1.0, 2.0);
+  put("dense", d);
+  json m = record("moe-a", false, 0.2, 1.8);
+  m.erase("final_val_bpc");
+  put("moe-a", m);
+  try {
+    moeplan::load_run_records(dir);
+    FAIL("a record without final_val_bpc was read");
+  } catch (const moeplan::InputError& e) {
+    const std::string what = e.what();
+    CHECK_MESSAGE(
+        what.find("moe-a/record.json': 'final_val_bpc' is missing; the record is damaged") !=
+            std::string::npos,
+        what);
+  }
+  m = record("moe-a", false, 0.2, 1.8);
+  m["measured"].erase("flops");
+  put("moe-a", m);
+  CHECK_THROWS_WITH_AS(moeplan::load_run_records(dir),
+                       doctest::Contains("'measured.flops' is missing"), moeplan::InputError);
+  put("moe-a", json::array());
+  CHECK_THROWS_WITH_AS(moeplan::load_run_records(dir),
+                       doctest::Contains("'(the whole record)' is not a JSON object"),
+                       moeplan::InputError);
+  put("moe-a", record("moe-a", false, 0.2, 1.8));
+  CHECK(moeplan::load_run_records(dir).size() == 2);
+  std::filesystem::remove_all(dir);
 }
