@@ -149,7 +149,7 @@ class RowChecker {
     // Parameter counts do not read S or V: a table that prints neither is still checked.
     Arch shape = sh.arch;
     if (!sh.has_seq_len) shape.seq_len = 1;
-    if (!sh.has_vocab) shape.vocab = 1;
+    if (!sh.has_vocab) shape.vocab = 2;
     try {
       validate(shape);
     } catch (const InputError& e) {

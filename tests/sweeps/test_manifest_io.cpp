@@ -1,6 +1,8 @@
 // Manifest I/O: TOML round trip, JSON keys, and errors for missing, mistyped and stale keys.
 #include <doctest/doctest.h>
 
+#include <fmt/format.h>
+
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -166,6 +168,18 @@ TEST_CASE("JSON uses the ACCOUNTING.md code names") {
   // JSON text parses back to the same doubles.
   const nlohmann::json again = nlohmann::json::parse(j.dump());
   CHECK(again.at("points")[1].at("lr_peak").get<double>() == p.hyper.lr_peak);
+}
+
+TEST_CASE("grid's json, csv and md outputs are not read as manifests: one line says so") {
+  const auto dir = std::filesystem::temp_directory_path();
+  for (const char* ext : {"json", "csv", "md"}) {
+    const auto path = dir / (std::string("moeplan_not_a_manifest.") + ext);
+    CHECK_THROWS_WITH_AS(read_manifest(path),
+                         doctest::Contains(fmt::format("is grid's {} output, not a manifest: "
+                                                       "manifests are TOML",
+                                                       ext)),
+                         InputError);
+  }
 }
 
 TEST_CASE("a point must share the dense baseline's vocab, seq_len, readings and convention") {
