@@ -177,7 +177,8 @@ TEST_CASE("grid's json, csv and md outputs are not read as manifests: one line s
     CHECK_THROWS_WITH_AS(read_manifest(path),
                          doctest::Contains(fmt::format("is grid's {} output, not a manifest: "
                                                        "manifests are TOML",
-                                                       ext)),
+                                                       ext)
+                                               .c_str()),
                          InputError);
   }
 }
