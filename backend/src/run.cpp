@@ -1,5 +1,9 @@
 #include "moeplan/backend/run.hpp"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -232,6 +236,24 @@ Estimate estimate_point(Engine& engine, const Plan& plan, const DataSplit& data,
   return e;
 }
 
+// An exclusive advisory lock on runs/<point>/.lock for as long as a process trains the point:
+// a second `moeplan run` of the same point into the same folder is refused instead of training
+// beside it and overwriting its checkpoints. flock is released by the kernel when the process
+// ends, however it ends, so a killed run leaves no stale lock.
+class PointLock {
+ public:
+  bool acquire(const fs::path& path) {
+    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    return fd_ >= 0 && ::flock(fd_, LOCK_EX | LOCK_NB) == 0;
+  }
+  ~PointLock() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+
+ private:
+  int fd_ = -1;
+};
+
 // The [train] settings that decide what a point's training computes: all but where checkpoints
 // fall and the manifest's default device (a resume compares the device it ran on itself).
 nlohmann::json result_settings(nlohmann::json train) {
@@ -341,6 +363,16 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
                                       outcome.record);
     return outcome;
   }
+
+  // One trainer a point: decided by every rank together (rank 0 holds the lock), before the
+  // checkpoint is read.
+  PointLock lock;
+  const bool taken = engine->writes_files() && !lock.acquire(dir / ".lock");
+  if (engine->any_rank(taken))
+    throw InputError(fmt::format(
+        "point '{}' is being trained by another moeplan process into '{}' (it holds {}); wait "
+        "for it to finish, or choose another --out",
+        plan.id, opt.out_dir.string(), (dir / ".lock").string()));
 
   RunState st;
   if (fs::exists(ckpt_path, ec)) {

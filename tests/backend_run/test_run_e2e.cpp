@@ -4,6 +4,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <cstdio>
@@ -447,6 +448,33 @@ TEST_CASE(
   REQUIRE(at != std::string::npos);
   const std::string row = rep2.out.substr(at, rep2.out.find('\n', at) - at);
   CHECK(row.find('x') == std::string::npos);  // no "N.NNx" ratio on that row
+}
+
+TEST_CASE("a point another process is training is refused; a lock its dead owner left is not") {
+  const fs::path dir = fresh_dir("lock");
+  write_manifest_atomic(
+      tiny_manifest(tiny_plan("dense", true, 10, 4, 50), {tiny_plan("moe-l", false, 10, 4, 50)}),
+      dir / "sweep.toml");
+  const fs::path out = dir / "runs";
+  fs::create_directories(out / "moe-l");
+  // This process plays the other trainer: it holds runs/moe-l/.lock as a run does.
+  const int fd = ::open((out / "moe-l" / ".lock").c_str(), O_RDWR | O_CREAT, 0644);
+  REQUIRE(fd >= 0);
+  REQUIRE(::flock(fd, LOCK_EX | LOCK_NB) == 0);
+  const std::vector<std::string> args{
+      "run", (dir / "sweep.toml").string(), "--point", "moe-l", "--out", out.string()};
+  const Result busy = run_cli(args);
+  CHECK(busy.status == 2);
+  CHECK_MESSAGE(one_line(busy.err), busy.err);
+  CHECK_MESSAGE(busy.err.find("point 'moe-l' is being trained by another moeplan process into '" +
+                              out.string() + "'") != std::string::npos,
+                busy.err);
+  CHECK_FALSE(fs::exists(out / "moe-l" / "record.json"));
+  // The owner gone (the kernel drops a dead process's flock), the lock file alone blocks nothing.
+  ::close(fd);
+  const Result free = run_cli(args);
+  CHECK_MESSAGE(free.status == 0, free.err);
+  CHECK(record(out, "moe-l")["status"] == "complete");
 }
 
 TEST_CASE(
