@@ -35,7 +35,7 @@ extern "C" void on_stop_signal(int sig) {
 
 struct RunFlags {
   std::string manifest;
-  std::string point;
+  std::optional<std::string> point;  // given (even empty): only this point
   std::string out = "runs";
   std::string device;
   std::string kernels;
@@ -142,16 +142,16 @@ int run(const RunFlags& f) {
   const Manifest m = read_manifest(f.manifest);
   std::vector<const Plan*> points{&m.dense};
   for (const Plan& p : m.points) points.push_back(&p);
-  if (!f.point.empty()) {
+  if (f.point) {
     std::vector<const Plan*> one;
     std::string ids;
     for (const Plan* p : points) {
-      if (p->id == f.point) one.push_back(p);
+      if (p->id == *f.point) one.push_back(p);
       ids += (ids.empty() ? "" : ", ") + p->id;
     }
     if (one.empty())
       throw InputError(
-          fmt::format("--point '{}' is not in {}; its points are: {}", f.point, f.manifest, ids));
+          fmt::format("--point '{}' is not in {}; its points are: {}", *f.point, f.manifest, ids));
     points = one;
   }
   if (f.checkpoint_every < 0)
@@ -178,7 +178,10 @@ int run(const RunFlags& f) {
   opt.estimate_steps = f.estimate.value_or(0);
   // Everything that can be refused is refused before the first step of the first point.
   backend::require_device(opt.device);
-  for (const Plan* p : points) backend::check_plan_consistent(*p);
+  for (const Plan* p : points) {
+    backend::check_plan_consistent(*p);
+    backend::check_source_fits(*p, m.train);
+  }
   if (!f.estimate) backend::ensure_writable_dir(opt.out_dir);  // an estimate writes nothing
 
   std::signal(SIGINT, on_stop_signal);

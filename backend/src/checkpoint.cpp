@@ -108,6 +108,7 @@ void write_checkpoint(const std::filesystem::path& path, const Checkpoint& ckpt)
                          {"schema", 1},
                          {"plan", ckpt.plan},
                          {"train", ckpt.train},
+                         {"data", ckpt.data},
                          {"state", state_to_json(ckpt.state)}};
   const std::string head_text = head.dump();
   std::string out(kMagic);
@@ -140,6 +141,7 @@ Checkpoint read_checkpoint(const std::filesystem::path& path) {
     const nlohmann::json head = nlohmann::json::parse(r.section());
     ck.plan = head.at("plan");
     ck.train = head.value("train", nlohmann::json());
+    ck.data = head.value("data", nlohmann::json());
     const nlohmann::json& s = head.at("state");
     const std::string_view model = r.section();
     ck.model_state.assign(model.begin(), model.end());

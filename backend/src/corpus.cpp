@@ -89,7 +89,14 @@ std::string describe_count(int64_t n) {
 std::vector<fs::path> expand_glob(const std::string& pattern) {
   const fs::path p(pattern);
   const std::string name = p.filename().string();
-  if (name.find_first_of("*?[") == std::string::npos) return {p};
+  if (name.find_first_of("*?[") == std::string::npos) {
+    std::error_code ec;
+    if (fs::is_directory(p, ec))
+      throw InputError(
+          fmt::format("shards: '{}' is a folder; give a shard file or a pattern such as '{}/*.bin'",
+                      pattern, pattern));
+    return {p};
+  }
   const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
   std::vector<fs::path> out;
   std::error_code ec;
@@ -241,6 +248,30 @@ void TokenStream::copy(int64_t begin, int64_t n, uint16_t* out) const {
     std::memcpy(out, tokens.data() + begin, size_t(n) * 2);
 }
 
+int64_t source_token_count(const std::string& spec) {
+  if (spec == "builtin") return -1;
+  const auto colon = spec.find(':');
+  const std::string kind = colon == std::string::npos ? spec : spec.substr(0, colon);
+  const std::string arg = colon == std::string::npos ? "" : spec.substr(colon + 1);
+  if ((kind == "text" || kind == "bytes") && !arg.empty()) {
+    std::error_code ec;
+    if (fs::is_directory(arg, ec))
+      throw InputError(fmt::format("source '{}': '{}' is a folder; give a file", spec, arg));
+    const auto bytes = fs::file_size(arg, ec);
+    if (ec)
+      throw InputError(fmt::format("source '{}': cannot read '{}' ({})", spec, arg, ec.message()));
+    return int64_t(bytes);
+  }
+  if (kind == "shards" && !arg.empty()) {
+    const std::vector<fs::path> files = expand_glob(arg);
+    if (files.empty())
+      throw InputError(fmt::format("source '{}': no shard matches '{}'", spec, arg));
+    return MappedShards(files).size();  // headers checked against sizes; nothing read
+  }
+  throw InputError(
+      fmt::format("source '{}' is not one of: builtin, text:PATH, bytes:PATH, shards:GLOB", spec));
+}
+
 std::string token_fingerprint(const TokenStream& s, int64_t samples) {
   uint64_t h = 0xcbf29ce484222325ull;
   auto mix = [&h](uint64_t v, int bytes) {  // little-endian bytes: the same on every machine
@@ -310,6 +341,9 @@ DataSplit load_source(const std::string& spec, int64_t train_tokens, int64_t val
   std::vector<uint16_t> all;
   std::shared_ptr<const MappedShards> shards;
   if ((kind == "text" || kind == "bytes") && !arg.empty()) {
+    std::error_code ec;
+    if (fs::is_directory(arg, ec))
+      throw InputError(fmt::format("source '{}': '{}' is a folder; give a file", spec, arg));
     const std::string bytes = read_file(arg);
     all.reserve(bytes.size());
     for (char c : bytes) all.push_back(uint16_t(static_cast<unsigned char>(c)));

@@ -186,6 +186,18 @@ int64_t eval_windows_for(const Plan& p, const TrainSettings& t) {
   return std::max<int64_t>(1, (tokens + s - 1) / s);
 }
 
+void check_source_fits(const Plan& p, const TrainSettings& t) {
+  const int64_t have = source_token_count(t.source);
+  if (have < 0) return;  // generated to size
+  const int64_t train = p.budget.tokens_unique + 1;
+  const int64_t validation = eval_windows_for(p, t) * p.arch.seq_len + 1;
+  if (have < train + validation)
+    throw InputError(fmt::format(
+        "point '{}': source '{}' has {} tokens; the plan needs {} for training (D̂ + 1 target) "
+        "plus {} held-out validation tokens = {}",
+        p.id, t.source, have, train, validation, train + validation));
+}
+
 int64_t eval_every_for(const Plan& p, const TrainSettings& t) {
   if (t.eval_every > 0) return t.eval_every;
   return std::max<int64_t>(1, p.budget.steps / 10);
@@ -374,9 +386,32 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
         "for it to finish, or choose another --out",
         plan.id, opt.out_dir.string(), (dir / ".lock").string()));
 
+  // Temp files of writes a killed run left unfinished (write_file_atomic's ".NAME.tmp.XXXXXX";
+  // a checkpoint's is a checkpoint's size): no one else writes here while we hold the lock.
+  if (engine->writes_files())
+    for (const fs::path& d : {dir, ckpt_dir})
+      for (const auto& e : fs::directory_iterator(d, ec)) {
+        const std::string name = e.path().filename().string();
+        if (name.size() > 1 && name[0] == '.' && name.find(".tmp.") != std::string::npos)
+          fs::remove(e.path(), ec);
+      }
+  const nlohmann::json fingerprints = {
+      {"training_fingerprint", data_json.at("training_fingerprint")},
+      {"validation_fingerprint", data_json.at("validation_fingerprint")}};
   RunState st;
   if (fs::exists(ckpt_path, ec)) {
     Checkpoint ck = read_checkpoint(ckpt_path);
+    // The same source by name must still hold the same tokens, or the resumed half of the point
+    // trains on other data than the first half did.
+    if (ck.data.is_object() && ck.data != fingerprints)
+      throw InputError(fmt::format(
+          "checkpoint '{}' of point '{}' was trained on other tokens than source '{}' holds now "
+          "(fingerprints: training region {} then, {} now; held-out set {} then, {} now): the "
+          "source changed; restore it, or move the folder away to start the point over",
+          ckpt_path.string(), plan.id, train.source, ck.data.value("training_fingerprint", "?"),
+          fingerprints.at("training_fingerprint").get<std::string>(),
+          ck.data.value("validation_fingerprint", "?"),
+          fingerprints.at("validation_fingerprint").get<std::string>()));
     if (ck.plan != plan_json)
       throw InputError(
           fmt::format("checkpoint '{}' was made for a different plan of point '{}'; "
@@ -436,7 +471,7 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
     outcome.record = make_record(rin);
     std::vector<char> state = engine->save_state();  // every rank: a collective when sharded
     if (!writer) return;
-    write_checkpoint(ckpt_path, {plan_json, rin.train, st, std::move(state)});
+    write_checkpoint(ckpt_path, {plan_json, rin.train, fingerprints, st, std::move(state)});
     write_file_atomic(outcome.record_path, outcome.record.dump(1) + "\n");
   };
 

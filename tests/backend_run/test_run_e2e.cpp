@@ -450,6 +450,88 @@ TEST_CASE(
   CHECK(row.find('x') == std::string::npos);  // no "N.NNx" ratio on that row
 }
 
+TEST_CASE("a source too short for a later point is refused before any point trains") {
+  const fs::path dir = fresh_dir("short_source");
+  // Loose reuse: the dense point reads 20 windows of 16, the MoE point 200. Validation: 256
+  // tokens (the manifest's eval_tokens) + 1. A 2,000-byte file feeds the first (321 + 257), not
+  // the second (3,201 + 257 = 3,458).
+  Manifest m =
+      tiny_manifest(tiny_plan("dense", true, 10, 4, 20), {tiny_plan("moe-big", false, 50, 4, 200)});
+  write_file_atomic(dir / "t.txt", std::string(2000, 'a'));
+  m.train.source = "text:" + (dir / "t.txt").string();
+  write_manifest_atomic(m, dir / "sweep.toml");
+  const Result r =
+      run_cli({"run", (dir / "sweep.toml").string(), "--out", (dir / "runs").string()});
+  CHECK(r.status == 2);
+  CHECK_MESSAGE(one_line(r.err), r.err);
+  CHECK_MESSAGE(r.err.find("point 'moe-big': source 'text:" + (dir / "t.txt").string() +
+                           "' has 2000 tokens; the plan needs 3201 for training (D̂ + 1 target) "
+                           "plus 257 held-out validation tokens = 3458") != std::string::npos,
+                r.err);
+  CHECK_FALSE(fs::exists(dir / "runs" / "dense" / "record.json"));
+  // --point names one point: an id not in the manifest, or an empty one, is refused with the list.
+  for (const char* id : {"nope", ""}) {
+    const Result p = run_cli(
+        {"run", (dir / "sweep.toml").string(), "--point", id, "--out", (dir / "runs").string()});
+    CHECK(p.status == 2);
+    CHECK_MESSAGE(p.err.find(fmt::format("--point '{}' is not in ", id)) != std::string::npos,
+                  p.err);
+    CHECK_MESSAGE(p.err.find("its points are: dense, moe-big") != std::string::npos, p.err);
+  }
+  // A folder given as a text source says so.
+  m.train.source = "text:" + dir.string();
+  write_manifest_atomic(m, dir / "folder.toml");
+  const Result f = run_cli({"run", (dir / "folder.toml").string(), "--out", (dir / "r2").string()});
+  CHECK(f.status == 2);
+  CHECK_MESSAGE(f.err.find("is a folder; give a file") != std::string::npos, f.err);
+  m.train.source = "shards:" + dir.string();
+  write_manifest_atomic(m, dir / "shards.toml");
+  const Result sh =
+      run_cli({"run", (dir / "shards.toml").string(), "--out", (dir / "r3").string()});
+  CHECK(sh.status == 2);
+  CHECK_MESSAGE(
+      sh.err.find("is a folder; give a shard file or a pattern such as") != std::string::npos,
+      sh.err);
+}
+
+TEST_CASE("resume refuses a source whose tokens changed; stale temp files are cleared") {
+  const fs::path dir = fresh_dir("changed_source");
+  Manifest m =
+      tiny_manifest(tiny_plan("dense", true, 12, 4, 20), {tiny_plan("moe-a", false, 12, 4, 20)});
+  std::string text;
+  for (int i = 0; i < 3000; ++i) text += char('a' + (i * 7) % 26);
+  write_file_atomic(dir / "t.txt", text);
+  m.train.source = "text:" + (dir / "t.txt").string();
+  write_manifest_atomic(m, dir / "sweep.toml");
+  const fs::path out = dir / "runs";
+  const std::vector<std::string> args{
+      "run", (dir / "sweep.toml").string(), "--point", "dense", "--out", out.string()};
+  // Leftovers of writes a killed run never finished: cleared when the point trains again.
+  fs::create_directories(out / "dense" / "checkpoint");
+  write_file_atomic(out / "dense" / ".record.json.tmp.AbC123", "half a record");
+  write_file_atomic(out / "dense" / "checkpoint" / ".state.ckpt.tmp.XyZ789", "half a checkpoint");
+  const Result first = run_cli(args);
+  REQUIRE_MESSAGE(first.status == 0, first.err);
+  CHECK_FALSE(fs::exists(out / "dense" / ".record.json.tmp.AbC123"));
+  CHECK_FALSE(fs::exists(out / "dense" / "checkpoint" / ".state.ckpt.tmp.XyZ789"));
+  // Make the point resumable again (as an interrupted one would be), then change the file's
+  // first bytes, keeping its size: the resume is refused, naming both fingerprints.
+  json rec = record(out, "dense");
+  rec["status"] = "running";
+  write_file_atomic(out / "dense" / "record.json", rec.dump(1));
+  text[0] = 'Z';
+  write_file_atomic(dir / "t.txt", text);
+  const Result r = run_cli(args);
+  CHECK(r.status == 2);
+  CHECK_MESSAGE(one_line(r.err), r.err);
+  CHECK_MESSAGE(r.err.find("was trained on other tokens than source 'text:") != std::string::npos,
+                r.err);
+  CHECK_MESSAGE(
+      r.err.find("training region " + rec["data"]["training_fingerprint"].get<std::string>() +
+                 " then") != std::string::npos,
+      r.err);
+}
+
 TEST_CASE("a point another process is training is refused; a lock its dead owner left is not") {
   const fs::path dir = fresh_dir("lock");
   write_manifest_atomic(

@@ -41,6 +41,7 @@ struct RunState {
 struct Checkpoint {
   nlohmann::json plan;   // the plan it was made for (a resume under another plan is refused)
   nlohmann::json train;  // the [train] settings it trained with (null in older checkpoints)
+  nlohmann::json data;   // fingerprints of the tokens it trained on (null in older checkpoints)
   RunState state;
   std::vector<char> model_state;
 };

@@ -65,6 +65,12 @@ struct DataSplit {
 // under the same path changed between their runs.
 std::string token_fingerprint(const TokenStream& stream, int64_t samples = int64_t(1) << 20);
 
+// How many tokens a source holds, without reading them (file sizes; shard headers), or -1 for the
+// built-in corpus, which generates what it is asked for. Throws InputError as load_source does
+// for a missing or unreadable source. For refusing, before any point trains, a point that the
+// source cannot feed.
+int64_t source_token_count(const std::string& spec);
+
 // `spec`: "builtin", "text:PATH", "bytes:PATH", "shards:PATH-OR-GLOB" (glob in the file name part,
 // matches sorted by name and concatenated). Training takes the first `train_tokens` positions,
 // validation the last `validation_tokens` (so it never depends on D̂). Throws InputError with one

@@ -83,6 +83,11 @@ void check_plan_consistent(const Plan& plan);
 PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
                        const TrainSettings& train, const RunOptions& options);
 
+// Throws InputError (one line, the same as the point's own start would) when the [train] source
+// holds fewer tokens than the plan's D̂ + 1 and its validation set: run before any point trains,
+// so that a later point the source cannot feed does not fail after earlier ones have trained.
+void check_source_fits(const Plan& plan, const TrainSettings& train);
+
 // Validation set size and cadence actually used for a plan (auto rules when the manifest says 0).
 int64_t eval_windows_for(const Plan& plan, const TrainSettings& train);
 int64_t eval_every_for(const Plan& plan, const TrainSettings& train);
