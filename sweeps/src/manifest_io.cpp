@@ -277,6 +277,8 @@ TrainSettings read_train(TomlTable& top, TrainSettings s = {}) {
   s.eval_tokens = t.integer_or("eval_tokens", s.eval_tokens);
   s.checkpoint_every = t.integer_or("checkpoint_every", s.checkpoint_every);
   s.device = t.string_or("device", s.device);
+  if (s.device != "cpu" && s.device != "cuda")
+    t.fail("device", fmt::format("= '{}' is not known; use \"cpu\" or \"cuda\"", s.device));
   // Coefficients of the auxiliary losses are >= 0 (a negative one rewards what it should
   // penalise); the step counts are >= 0 (0 = automatic). NaN fails every test.
   for (const auto& [key, v] :

@@ -238,6 +238,8 @@ TEST_CASE("bad input: one line naming the value, exit status 2") {
   expect_bad_input("grid --N 2e9 --ra 0.2 --dense-tokens 100", "of one training step");
   expect_bad_input("grid --N 2e9 --ra 0.2 --train lr=1", "'lr' is not a training setting");
   expect_bad_input("grid --N 2e9 --ra 0.2 --train erc_loss=-1", "train.erc_loss");
+  expect_bad_input("grid --N 2e9 --ra 0.2 --train device=tpu",
+                   "key 'train.device' = 'tpu' is not known; use \"cpu\" or \"cuda\"");
   expect_bad_input("grid --N 2e9 --ra 0.1 --family llama", "--family 'llama'");
   expect_bad_input("grid --N 2e9 --ra 0.1 --format xml", "--format 'xml'");
   expect_bad_input("grid --N 2e9 --ra 0.1 --convention flops", "--convention 'flops'");
