@@ -611,7 +611,7 @@ __global__ void __launch_bounds__(kThreads)
                 const float* slopes, int S, int H, int Hkv, float scale) {
   extern __shared__ __align__(128) unsigned char raw[];
   BwdSmem<D>& sm = *reinterpret_cast<BwdSmem<D>*>(raw);
-  const int kb = blockIdx.x, b = blockIdx.y / Hkv, kvh = blockIdx.y % Hkv, group = H / Hkv;
+  const int kb = blockIdx.y, b = blockIdx.x / Hkv, kvh = blockIdx.x % Hkv, group = H / Hkv;
   const int64_t W = int64_t(H + 2 * Hkv) * D, ldo = int64_t(H) * D;
   const bf16* base = qkv + int64_t(b) * S * W;
   const int k0 = kb * BN, kvalid = min(BN, S - k0), nq = (S + BM - 1) / BM;
@@ -679,7 +679,7 @@ __global__ void __launch_bounds__(kThreads)
               const float* slopes, int S, int H, int Hkv, float scale) {
   extern __shared__ __align__(128) unsigned char raw[];
   BwdSmem<D>& sm = *reinterpret_cast<BwdSmem<D>*>(raw);
-  const int qb = blockIdx.x, bh = blockIdx.y, b = bh / H, h = bh % H, kvh = h / (H / Hkv);
+  const int qb = blockIdx.y, bh = blockIdx.x, b = bh / H, h = bh % H, kvh = h / (H / Hkv);
   const int64_t W = int64_t(H + 2 * Hkv) * D, ldo = int64_t(H) * D;
   const bf16* base = qkv + int64_t(b) * S * W;
   const int q0 = qb * BM, qvalid = min(BM, S - q0);
@@ -976,8 +976,9 @@ void launch_delta(float* delta, const uint16_t* dO, const uint16_t* O, int64_t B
   check_launch("attention::delta");
 }
 
-// The WMMA backward: delta = rowsum(dO∘O), then dK/dV per (key tile, sequence·kv head) and dQ per
-// (query tile, sequence·head).
+// The WMMA backward: delta = rowsum(dO∘O), then dK/dV per (sequence·kv head, key tile) and dQ per
+// (sequence·head, query tile). Sequences·heads go on grid x (up to 2^31 − 1), tiles on y (at
+// most S/64): on y, a pass of 1,024 sequences of 64 heads would exceed its 65,535.
 template <class KernelKV, class KernelQ>
 void launch_backward(KernelKV dkdv, KernelQ dq, size_t smem_kv, size_t smem_q, const char* name,
                      float* dqkv, float* delta, const uint16_t* dO, const uint16_t* O,
@@ -987,12 +988,12 @@ void launch_backward(KernelKV dkdv, KernelQ dq, size_t smem_kv, size_t smem_q, c
   const float scale = 1.f / sqrtf(float(D));
   const unsigned tiles = unsigned((S + BM - 1) / BM);
   allow_smem(dkdv, smem_kv);
-  dkdv<<<dim3(tiles, unsigned(B * Hkv)), kThreads, smem_kv>>>(
+  dkdv<<<dim3(unsigned(B * Hkv), tiles), kThreads, smem_kv>>>(
       dqkv, reinterpret_cast<const bf16*>(dO), lse, delta, reinterpret_cast<const bf16*>(qkv),
       slopes, int(S), int(H), int(Hkv), scale);
   check_launch(name);
   allow_smem(dq, smem_q);
-  dq<<<dim3(tiles, unsigned(B * H)), kThreads, smem_q>>>(
+  dq<<<dim3(unsigned(B * H), tiles), kThreads, smem_q>>>(
       dqkv, reinterpret_cast<const bf16*>(dO), lse, delta, reinterpret_cast<const bf16*>(qkv),
       slopes, int(S), int(H), int(Hkv), scale);
   check_launch(name);

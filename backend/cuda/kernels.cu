@@ -1576,7 +1576,12 @@ int max_shared_optin() {
 template <class OutT>
 void launch_cross_entropy(float* losses, OutT* dlogits, const OutT* logits, const int32_t* targets,
                           int64_t T, int64_t V, float grad_scale) {
-  static const int64_t optin = max_shared_optin();
+  // The kernel's static shared memory (block_merge_max_sum's pm and ps, 256 B by ptxas) counts
+  // against the same opt-in: a row may take what is left. 1 KB is kept back, not 256 B, so that
+  // what a compiler adds cannot turn the opt-in call into an error; a row just under the limit
+  // takes the unstaged kernel instead, which is slower and as exact.
+  constexpr int64_t kStaticReserve = 1024;
+  static const int64_t optin = max_shared_optin() - kStaticReserve;
   const int64_t row_bytes = V * int64_t(sizeof(OutT));
   if (T == 0) return;
   if (row_bytes <= optin) {

@@ -450,6 +450,23 @@ TEST_CASE(
   CHECK(row.find('x') == std::string::npos);  // no "N.NNx" ratio on that row
 }
 
+TEST_CASE("a point beyond what the FLOP ledger counts is refused before anything trains") {
+  // The 2B grid's dense baseline: M [exact/causal] · D is about 5.5e20 FLOPs, far above the
+  // ledger's 2^62 = 4.61e18 (64-bit counts with room for padding and recompute).
+  const fs::path dir = fresh_dir("ledger_limit");
+  const std::string sweep = (dir / "sweep.toml").string();
+  REQUIRE(run_cli({"grid", "--N", "2e9", "--ra", "0.2", "-o", sweep}).status == 0);
+  const Result r = run_cli({"run", sweep, "--out", (dir / "runs").string()});
+  CHECK(r.status == 2);
+  CHECK_MESSAGE(one_line(r.err), r.err);
+  CHECK_MESSAGE(r.err.find("point 'dense': training executes about 5.5") != std::string::npos,
+                r.err);
+  CHECK_MESSAGE(r.err.find("more than the 4.61e+18 the FLOP ledger counts in 64-bit integers") !=
+                    std::string::npos,
+                r.err);
+  CHECK_FALSE(fs::exists(dir / "runs"));
+}
+
 TEST_CASE("a source too short for a later point is refused before any point trains") {
   const fs::path dir = fresh_dir("short_source");
   // Loose reuse: the dense point reads 20 windows of 16, the MoE point 200. Validation: 256
