@@ -30,8 +30,10 @@ std::string_view name(Phase p);         // "forward", "input-grad", "weight-grad
 std::optional<FlopCategory> parse_flop_category(std::string_view s);
 std::optional<Phase> parse_phase(std::string_view s);
 
-// Counts are exact integers. int64 holds 9.2e18 FLOPs: ample for what one backend run executes;
-// budgets of published runs (1e21) are carried as double in Budget, not in a ledger.
+// Counts are exact integers. int64 holds 9.2e18 FLOPs: a CPU run, or about 8 h of one H200, but
+// not the 1e20–1e21 of published runs (their budgets are carried as double in Budget, not in a
+// ledger). `moeplan run` refuses a point that would execute more than 2^62 (backend
+// check_ledger_fits); measuring such runs needs a wider cumulative ledger.
 struct FlopLedger {
   std::array<std::array<int64_t, kPhases>, kFlopCategories> flops{};
   int64_t elementwise = 0;  // informational; not part of any convention's M
