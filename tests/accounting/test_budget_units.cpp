@@ -10,6 +10,19 @@
 
 using namespace moeplan;
 
+namespace {
+// M = 1e6 FLOPs/token, N = 1e6, B·S = 8·128 = 1024 tokens a step, D̂ one window of 1024.
+BudgetRequest small_request() {
+  BudgetRequest q;
+  q.flops_per_token = 1e6;
+  q.total_params = 1'000'000;
+  q.seq_len = 128;
+  q.batch_seqs = 8;
+  q.tokens_unique = 1024;
+  return q;
+}
+}  // namespace
+
 TEST_CASE("budget: integer steps, rounded C, unique windows, epochs") {
   // C = 1e15, M = 1e6, B·S = 8·128 = 1024 tokens: 1e9 / 1024 = 976,562.5 steps → 976,563
   // (llround, half away from zero); D = 976,563·1024 = 1,000,000,512; C' = 1.000000512e15.
@@ -37,12 +50,7 @@ TEST_CASE("budget: integer steps, rounded C, unique windows, epochs") {
 
 TEST_CASE("budget: a compute budget below half a step is refused, not rounded up to a step") {
   // M = 1e6 FLOPs/token, B·S = 8·128 = 1024 tokens: one step costs 1.024e9 FLOPs.
-  BudgetRequest q;
-  q.flops_per_token = 1e6;
-  q.total_params = 1'000'000;
-  q.seq_len = 128;
-  q.batch_seqs = 8;
-  q.tokens_unique = 1024;
+  BudgetRequest q = small_request();
   q.compute = 0.6 * 1.024e9;  // 0.6 of a step rounds to one step: C' = 1.024e9, +66.7 %
   CHECK(make_budget(q).steps == 1);
   CHECK(make_budget(q).compute_rel_diff == doctest::Approx(1.0 / 0.6 - 1.0));
@@ -59,12 +67,7 @@ TEST_CASE("budget: a compute budget below half a step is refused, not rounded up
 }
 
 TEST_CASE("budget: D beyond 64-bit token counts, and unique data under half a window, refused") {
-  BudgetRequest q;
-  q.flops_per_token = 1e6;
-  q.total_params = 1'000'000;
-  q.seq_len = 128;
-  q.batch_seqs = 8;
-  q.tokens_unique = 1024;
+  BudgetRequest q = small_request();
   // 2^62 tokens is the limit: C = 1e6 · 2^62 = 4.61e24 FLOPs. Twice that (D = 9.2e18, which
   // would wrap an int64 product of steps, batch and S) is refused, naming C, M, D and the limit.
   q.compute = 1e6 * 4611686018427387904.0 * 0.999;
