@@ -11,6 +11,7 @@
 #include "moeplan/accounting/params.hpp"
 #include "moeplan/accounting/units.hpp"
 #include "moeplan/audit/claims.hpp"
+#include "moeplan/sweeps/manifest_io.hpp"
 
 namespace moeplan::audit {
 
@@ -390,13 +391,13 @@ namespace {
 std::map<std::string, std::string> settings_map(const json& train) {
   std::map<std::string, std::string> out;
   if (!train.is_object()) return out;
-  for (const auto& [key, value] : train.items())
-    if (key != "checkpoint_every" && key != "device") out[key] = value.dump();
+  const json kept = moeplan::result_settings(train);  // items() of a temporary would dangle
+  for (const auto& [key, value] : kept.items()) out[key] = value.dump();
   return out;
 }
 }  // namespace
 
-std::map<std::string, std::string> result_settings(std::string_view train_json_text) {
+std::map<std::string, std::string> settings_from_text(std::string_view train_json_text) {
   return settings_map(json::parse(train_json_text));
 }
 

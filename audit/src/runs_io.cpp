@@ -44,7 +44,7 @@ AuditReport audit_runs_dir(const fs::path& runs_dir, const fs::path& plan_path,
     planned.insert(planned.end(), m.points.begin(), m.points.end());
     if (!options.n_tolerance) options.n_tolerance = m.n_tolerance;
     if (!options.compute_tolerance) options.compute_tolerance = m.compute_tolerance;
-    options.manifest_train = result_settings(train_to_json(m.train).dump());
+    options.manifest_train = settings_from_text(train_to_json(m.train).dump());
 #else
     throw InputError(
         fmt::format("--plan {}: this build cannot read manifests yet; audit the runs "

@@ -283,14 +283,6 @@ class PointLock {
   int fd_ = -1;
 };
 
-// The [train] settings that decide what a point's training computes: all but where checkpoints
-// fall and the manifest's default device (a resume compares the device it ran on itself).
-nlohmann::json result_settings(nlohmann::json train) {
-  train.erase("checkpoint_every");
-  train.erase("device");
-  return train;
-}
-
 // Empty when `stored` (a record's or checkpoint's [train] settings) trained what `wanted` asks
 // for, else "key = stored (the manifest: wanted)" for each that differs. A record or checkpoint
 // written before they were stored (no "train") is taken as it is.

@@ -525,6 +525,14 @@ nlohmann::json train_to_json(const TrainSettings& t) {
                         {"device", t.device}};
 }
 
+nlohmann::json result_settings(nlohmann::json train) {
+  if (train.is_object()) {
+    train.erase("checkpoint_every");
+    train.erase("device");
+  }
+  return train;
+}
+
 nlohmann::json manifest_to_json(const Manifest& m) {
   nlohmann::json points = nlohmann::json::array();
   for (const Plan& p : m.points) points.push_back(plan_to_json(p));

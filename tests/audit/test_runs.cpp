@@ -252,7 +252,7 @@ TEST_CASE("the same data for every point: source and held-out set; [train] setti
   recs[1].validation_fingerprint = recs[1].training_fingerprint = "00000000000000aa";
   // Against the manifest's [train]: each record that trained otherwise is named.
   RunsAuditOptions opt;
-  opt.manifest_train = result_settings(
+  opt.manifest_train = settings_from_text(
       R"({"seed": 7, "data_seed": 1, "z_loss": 0.001, "eval_every": 5, "checkpoint_every": 9,
           "device": "cuda"})");
   CHECK(opt.manifest_train.count("checkpoint_every") == 0);  // change no result

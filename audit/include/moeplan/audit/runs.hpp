@@ -46,7 +46,7 @@ struct RunRecord {
 RunRecord parse_run_record(std::string_view json_text, std::string source);
 
 // A [train] table as JSON text (a record's "train", a manifest's) to RunRecord::train's form.
-std::map<std::string, std::string> result_settings(std::string_view train_json_text);
+std::map<std::string, std::string> settings_from_text(std::string_view train_json_text);
 
 struct RunsAuditOptions {
   double tolerance = 0.01;                  // relative, for planned-vs-measured FLOPs

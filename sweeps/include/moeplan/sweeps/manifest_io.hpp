@@ -32,5 +32,9 @@ nlohmann::json plan_to_json(const Plan& plan);
 nlohmann::json manifest_to_json(const Manifest& manifest);
 // The [train] settings (the manifest's JSON and each run record carry them).
 nlohmann::json train_to_json(const TrainSettings& train);
+// Those of a [train] JSON object that decide what training computes: all but where checkpoints
+// fall and the manifest's default device. What a record or checkpoint must match to count as
+// trained under a manifest's settings, and what the audit compares across points.
+nlohmann::json result_settings(nlohmann::json train_json);
 
 }  // namespace moeplan
