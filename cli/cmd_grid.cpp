@@ -34,7 +34,8 @@ const bool registered = register_command(
                       "table, csv, json, toml, md (default: table, or -o's "
                       "extension)");
        app.add_option("-o,--output", f->output,
-                      "write to this file (atomically) instead of stdout");
+                      "also write the sweep to this file (atomically), in the format of its "
+                      "extension");
        app.add_option(
               "--train", f->train,
               "a [train] setting of the manifest, KEY=VALUE (repeatable): source=text:FILE, "

@@ -47,6 +47,9 @@ Plan plan_for_arch(const Arch& arch, const PointBudget& pb) {
   p.hyper.batch_seqs = p.budget.batch_seqs;
   p.hyper.batch_tokens = p.budget.batch_seqs * arch.seq_len;
   p.hyper.lr_peak = step_law_lr(double(p.counts.total_params), double(p.budget.tokens_consumed));
+  // The cosine floor is 1e-5, or η itself where the step law gives less (a tiny budget at a large
+  // N): the schedule never rises at its end, and the manifest reads back (lr_min <= lr_peak).
+  p.hyper.lr_min = std::min(p.hyper.lr_min, p.hyper.lr_peak);
   p.hyper.warmup_steps = warmup_steps(p.budget.steps);
   return p;
 }

@@ -302,6 +302,22 @@ TEST_CASE("strict reuse: a point with a higher M than the baseline's cannot read
   CHECK(q.note.find("fewer than the dense baseline's") == std::string::npos);
 }
 
+TEST_CASE("a step-law η below the 1e-5 cosine floor lowers the floor to η") {
+  // N 2e9 with 2e4 dense tokens: η = 1.79·N^-0.713·D^0.307 is about 8.8e-6 for the baseline.
+  PlanRequest r;
+  r.n_target = 2e9;
+  r.budget.kind = BudgetKind::dense_tokens;
+  r.budget.value = 2e4;
+  const EqualResourcePlanner planner(r);
+  const Plan& d = planner.dense();
+  REQUIRE(d.hyper.lr_peak < 1e-5);
+  CHECK(d.hyper.lr_min == d.hyper.lr_peak);
+  // At an ordinary budget the floor stays 1e-5.
+  PlanRequest ordinary;
+  ordinary.n_target = 2e9;
+  CHECK(EqualResourcePlanner(ordinary).dense().hyper.lr_min == 1e-5);
+}
+
 TEST_CASE("budget kinds: --compute, --dense-tokens, loose reuse") {
   PlanRequest r;
   r.n_target = 2e6;

@@ -9,7 +9,7 @@ namespace moeplan {
 struct HyperParams {
   std::string rule = "step-law";
   double lr_peak = 0;        // η
-  double lr_min = 1e-5;      // cosine floor
+  double lr_min = 1e-5;      // cosine floor (the planner lowers it to lr_peak when η is below)
   int64_t batch_seqs = 0;    // B in sequences
   int64_t batch_tokens = 0;  // B·S
   int64_t warmup_steps = 0;  // clip(0.01·steps, 200, 2000), never more than steps
