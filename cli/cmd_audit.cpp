@@ -30,8 +30,7 @@ struct AuditFlags {
 
 // The command line's claim (--equal, --baseline, --strict-reuse) over every row of every table:
 // the common question "do these rows really share N and C?" without writing a spec.
-audit::ClaimSpec command_line_claim(const AuditFlags& f,
-                                    const std::vector<audit::ClaimTable>& tables) {
+audit::ClaimSpec command_line_claim(const AuditFlags& f) {
   using namespace moeplan::audit;
   ClaimSpec c;
   std::string names;
@@ -46,29 +45,7 @@ audit::ClaimSpec command_line_claim(const AuditFlags& f,
     names += fmt::format("{}{}", names.empty() ? "" : ", ", item);
   }
   c.strict_reuse = f.strict_reuse;
-  if (!f.baseline.empty()) {
-    // A row label (a label/id/name/run/model column) names one row; else table:row.
-    std::vector<RowSelector> found;
-    for (const ClaimTable& t : tables)
-      for (size_t i = 0; i < t.labels.size(); ++i)
-        if (t.labels[i] == f.baseline) found.push_back({t.name, int(i) + 1, int(i) + 1, ""});
-    if (found.size() > 1)
-      throw InputError(fmt::format("--baseline {}: {} rows carry this label; write table:row",
-                                   f.baseline, found.size()));
-    if (found.empty() && f.baseline.find(':') == std::string::npos) {
-      std::string labels;
-      for (const ClaimTable& t : tables)
-        for (const std::string& l : t.labels) labels += (labels.empty() ? "" : ", ") + l;
-      throw InputError(fmt::format(
-          "--baseline {}: no row carries this label ({}); name one row by its label or as "
-          "table:row",
-          f.baseline, labels.empty() ? "the tables have no label column" : "labels: " + labels));
-    }
-    c.baseline = found.empty() ? parse_row_selector(f.baseline, "--baseline") : found[0];
-    if (c.baseline->first == 0 || c.baseline->first != c.baseline->last)
-      throw InputError(
-          fmt::format("--baseline {}: name one row, as a row label or table:3", f.baseline));
-  }
+  if (!f.baseline.empty()) c.baseline = parse_baseline(f.baseline, "--baseline");
   if (c.strict_reuse && !c.baseline)
     throw InputError("--strict-reuse needs --baseline ROW (the dense run whose D̂ every row uses)");
   c.name =
@@ -120,7 +97,7 @@ int run_audit(const AuditFlags& f) {
         throw InputError(
             "--baseline needs a claim to measure against it: --equal N,C (or "
             "--strict-reuse)");
-      spec.claims.push_back(command_line_claim(f, tables));
+      spec.claims.push_back(command_line_claim(f));
     }
     report = audit_tables(tables, spec);
   }

@@ -191,15 +191,8 @@ ClaimSpec parse_claim(const AuditSpec& s, const Value& c, size_t index) {
   bounds("at_most", false, true);
   bounds("between", true, true);
   if (c.contains("baseline")) {
-    const std::string text = string_of(s, c.at("baseline"), where + ".baseline");
-    if (text.find(':') == std::string::npos) {
-      cs.baseline = RowSelector{"", 0, 0, text};  // a row label: resolved against the tables
-    } else {
-      cs.baseline = parse_row_selector(text, where + ".baseline");
-      if (cs.baseline->first == 0 || cs.baseline->first != cs.baseline->last)
-        bad(s,
-            fmt::format("{}.baseline must name one row, e.g. \"dense:5\" or a row label", where));
-    }
+    cs.baseline = parse_baseline(string_of(s, c.at("baseline"), where + ".baseline"),
+                                 fmt::format("{}: {}.baseline", s.source, where));
   }
   if (c.contains("strict_reuse")) {
     if (!c.at("strict_reuse").is_boolean()) bad(s, where + ".strict_reuse must be true or false");
@@ -221,6 +214,16 @@ const TableSpec* AuditSpec::table(std::string_view name) const {
   for (const TableSpec& t : tables)
     if (t.name == name) return &t;
   return nullptr;
+}
+
+RowSelector parse_baseline(std::string_view text, std::string_view where) {
+  if (text.find(':') == std::string_view::npos)
+    return RowSelector{"", 0, 0, std::string(text)};  // a row label: resolved with the tables
+  RowSelector r = parse_row_selector(text, where);
+  if (r.first == 0 || r.first != r.last)
+    throw InputError(
+        fmt::format("{} = '{}' must name one row, e.g. \"dense:5\" or a row label", where, text));
+  return r;
 }
 
 RowSelector parse_row_selector(std::string_view text, std::string_view where) {

@@ -134,11 +134,9 @@ TEST_CASE("a claim from the command line: --equal, --baseline by row label, --st
   for (const auto& [args, needle] : std::vector<std::pair<std::string, std::string>>{
            {" --equal foo", "--equal foo: not a quantity moeplan knows"},
            {" --equal N --baseline nope",
-            "--baseline nope: no row carries this label (labels: dense-1b, moe-1b-a200m, "
-            "moe-1b-a100m)"},
+            "baseline 'nope' is no row's label (labels: dense-1b, moe-1b-a200m, moe-1b-a100m)"},
            {" --equal N --baseline labelled_claim:2-3",
-            "--baseline labelled_claim:2-3: name one "
-            "row"},
+            "--baseline = 'labelled_claim:2-3' must name one row"},
            {" --baseline dense-1b", "--baseline needs a claim"},
            {" --equal N --strict-reuse", "--strict-reuse needs --baseline"},
            {" --strict-reuse --baseline dense-1b",

@@ -68,5 +68,8 @@ AuditSpec parse_spec(std::string_view toml_text, std::string source);
 
 // "moe7b:3", "moe7b:2-5", "moe7b:*" (or "moe7b").
 RowSelector parse_row_selector(std::string_view text, std::string_view where);
+// A claim's baseline: one row as "table:row", or a row label (no ':'), which evaluate_claims
+// resolves against the loaded tables. Throws InputError naming `where` for a range or a table.
+RowSelector parse_baseline(std::string_view text, std::string_view where);
 
 }  // namespace moeplan::audit
