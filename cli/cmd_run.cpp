@@ -180,7 +180,6 @@ int run(const RunFlags& f) {
   backend::require_device(opt.device);
   for (const Plan* p : points) {
     backend::check_plan_consistent(*p);
-    if (!f.estimate) backend::check_ledger_fits(*p);
     backend::check_source_fits(*p, m.train);
   }
   if (!f.estimate) backend::ensure_writable_dir(opt.out_dir);  // an estimate writes nothing

@@ -1,5 +1,8 @@
 #include "moeplan/accounting/ledger.hpp"
 
+#include <ostream>
+#include <stdexcept>
+
 namespace moeplan {
 
 namespace {
@@ -27,20 +30,56 @@ std::optional<Phase> parse_phase(std::string_view s) {
   return std::nullopt;
 }
 
-int64_t FlopLedger::category(FlopCategory c) const {
-  int64_t s = 0;
-  for (int64_t v : flops[int(c)]) s += v;
+int64_t FlopCount::to_int64() const {
+  if (!fits_int64())
+    throw std::overflow_error(to_string(*this) + " FLOPs do not fit a 64-bit integer");
+  return int64_t(v_);
+}
+
+std::string to_string(FlopCount c) {
+  // The digits of |v| from the right, each from a remainder's magnitude, so that the most
+  // negative value needs no negation.
+  std::string digits;
+  FlopCount::Wide v = c.v_;
+  do {
+    const int d = int(v % 10);
+    digits.push_back(char('0' + (d < 0 ? -d : d)));
+    v /= 10;
+  } while (v != 0);
+  if (c.v_ < 0) digits.push_back('-');
+  return {digits.rbegin(), digits.rend()};
+}
+
+std::optional<FlopCount> parse_flop_count(std::string_view s) {
+  const bool negative = !s.empty() && s.front() == '-';
+  if (negative) s.remove_prefix(1);
+  if (s.empty() || s.size() > 38) return std::nullopt;  // 10^38 - 1 < 2^127 - 1
+  FlopCount::Wide v = 0;
+  for (char ch : s) {
+    if (ch < '0' || ch > '9') return std::nullopt;
+    v = v * 10 + (ch - '0');
+  }
+  return FlopCount::from_wide(negative ? -v : v);
+}
+
+std::ostream& operator<<(std::ostream& os, FlopCount c) {
+  return os << to_string(c);
+}
+
+FlopCount FlopLedger::category(FlopCategory c) const {
+  FlopCount s = 0;
+  for (FlopCount v : flops[int(c)]) s += v;
   return s;
 }
-int64_t FlopLedger::phase(Phase p) const {
-  int64_t s = 0;
+FlopCount FlopLedger::phase(Phase p) const {
+  FlopCount s = 0;
   for (const auto& row : flops) s += row[int(p)];
   return s;
 }
-int64_t FlopLedger::total() const {
-  int64_t s = 0;
+FlopCount FlopLedger::total() const {
+  FlopCount s = 0;
   for (const auto& row : flops)
-    for (int64_t v : row) s += v;
+    for (FlopCount v : row) s += v;
   return s;
 }
 FlopLedger& FlopLedger::operator+=(const FlopLedger& o) {
@@ -54,6 +93,14 @@ FlopLedger FlopLedger::operator-(const FlopLedger& o) const {
   for (int c = 0; c < kFlopCategories; ++c)
     for (int p = 0; p < kPhases; ++p) r.flops[c][p] -= o.flops[c][p];
   r.elementwise -= o.elementwise;
+  return r;
+}
+
+FlopLedger FlopLedger::operator*(int64_t times) const {
+  FlopLedger r = *this;
+  for (auto& row : r.flops)
+    for (FlopCount& v : row) v = v * times;
+  r.elementwise = r.elementwise * times;
   return r;
 }
 

@@ -11,6 +11,7 @@
 #include "moeplan/accounting/params.hpp"
 #include "moeplan/accounting/units.hpp"
 #include "moeplan/audit/claims.hpp"
+#include "moeplan/sweeps/ledger_json.hpp"
 #include "moeplan/sweeps/manifest_io.hpp"
 
 namespace moeplan::audit {
@@ -32,6 +33,13 @@ struct Reader {
     if (!j.contains(key) || !j.at(key).is_number()) fail(key, "a number");
     const json& v = j.at(key);
     return v.is_number_integer() ? v.get<int64_t>() : std::llround(v.get<double>());
+  }
+  // A FLOP count: an integer, or a string of digits past 64 bits (sweeps/ledger_json.hpp).
+  FlopCount count(const json& j, const std::string& key) const {
+    const auto c = j.contains(key) ? flop_count_from_json(j.at(key)) : std::nullopt;
+    if (!c)
+      fail(key, "an integer FLOP count (a JSON integer below 2^64, or a string of decimal digits)");
+    return *c;
   }
   int64_t integer_or(const json& j, const std::string& key, int64_t dflt) const {
     return j.contains(key) ? integer(j, key) : dflt;
@@ -196,18 +204,16 @@ class RunAuditor {
     if (r.ledger.total() != r.ledger_total)
       add(Severity::error, id, "flops", double(r.ledger.total()), double(r.ledger_total), 0,
           fmt::format("the record's flops.total {} is not the sum of its categories {}",
-                      r.ledger_total, r.ledger.total()));
+                      to_string(r.ledger_total), to_string(r.ledger.total())));
     // exact: the analytic ledger of the steps the tokens say were run (dropless routing).
     if (step_tokens > 0 && r.tokens_consumed % step_tokens == 0) {
       const int64_t steps = r.tokens_consumed / step_tokens;
-      FlopLedger analytic;
-      const FlopLedger one =
-          exact_step_ledger(a, p.budget.batch_seqs, {r.executed_mask, false, {}});
-      for (int64_t s = 0; s < steps; ++s) analytic += one;
+      const FlopLedger analytic =
+          exact_step_ledger(a, p.budget.batch_seqs, {r.executed_mask, false, {}}) * steps;
       const std::string label = convention_label(Convention::exact, r.executed_mask);
       for (int c = 0; c < kFlopCategories; ++c) {
         const FlopCategory cat = FlopCategory(c);
-        const int64_t m = r.ledger.category(cat), e = analytic.category(cat);
+        const FlopCount m = r.ledger.category(cat), e = analytic.category(cat);
         if (m == e) continue;
         std::string why;
         Severity sev = Severity::info;
@@ -237,7 +243,7 @@ class RunAuditor {
         }
         add(sev, id, fmt::format("flops:{}", name(cat)), double(e), double(m), 0,
             fmt::format("{} {} FLOPs: measured {} vs analytic {} for {} steps ({}): {}", label,
-                        name(cat), m, e, steps,
+                        name(cat), to_string(m), to_string(e), steps,
                         e != 0 ? pct(rel(double(m), double(e))) : std::string("none expected"),
                         why));
       }
@@ -440,7 +446,7 @@ RunRecord parse_run_record(std::string_view text, std::string source) {
   if (!mk)
     throw InputError(fmt::format("{}: executed_mask '{}' (valid: causal, full)", r.source, mask));
   r.executed_mask = *mk;
-  r.ledger_total = rd.integer(f, "total");
+  r.ledger_total = rd.count(f, "total");
   const json& cats = rd.obj(f, "by_category");
   for (const auto& [cname, phases] : cats.items()) {
     const auto cat = parse_flop_category(cname);
@@ -450,10 +456,10 @@ RunRecord parse_run_record(std::string_view text, std::string source) {
       const auto ph = parse_phase(pname);
       if (!ph)
         throw InputError(fmt::format("{}: unknown phase '{}' under {}", r.source, pname, cname));
-      r.ledger.flops[size_t(*cat)][size_t(*ph)] = rd.integer(phases, pname);
+      r.ledger.flops[size_t(*cat)][size_t(*ph)] = rd.count(phases, pname);
     }
   }
-  r.ledger.elementwise = rd.integer_or(f, "elementwise", 0);
+  if (f.contains("elementwise")) r.ledger.elementwise = rd.count(f, "elementwise");
   if (f.contains("conventions") && f.at("conventions").is_object())
     for (const auto& [k, v] : f.at("conventions").items())
       if (v.is_number()) r.conventions[k] = v.get<double>();

@@ -670,7 +670,9 @@ std::array<uint64_t, 4> Model<S>::rng_state() const {
 }
 
 namespace {
-constexpr char kStateMagic[8] = {'M', 'O', 'E', 'P', 'C', 'P', 'U', '1'};
+// Version 2 counts the ledgers in 128 bits (FlopCount); version 1 (64-bit counts) still loads.
+constexpr char kStateMagic[8] = {'M', 'O', 'E', 'P', 'C', 'P', 'U', '2'};
+constexpr char kStateMagicV1[8] = {'M', 'O', 'E', 'P', 'C', 'P', 'U', '1'};
 
 template <class T>
 void put(std::vector<char>& out, const T* p, size_t n) {
@@ -689,9 +691,16 @@ void put_ledger(std::vector<char>& out, const FlopLedger& l) {
   for (const auto& row : l.flops) put(out, row.data(), row.size());
   put(out, &l.elementwise, 1);
 }
-void get_ledger(const std::vector<char>& in, size_t& pos, FlopLedger& l) {
-  for (auto& row : l.flops) get(in, pos, row.data(), row.size());
-  get(in, pos, &l.elementwise, 1);
+void get_ledger(const std::vector<char>& in, size_t& pos, FlopLedger& l, bool narrow) {
+  auto one = [&](FlopCount& c) {
+    if (!narrow) return get(in, pos, &c, 1);
+    int64_t v = 0;
+    get(in, pos, &v, 1);
+    c = v;
+  };
+  for (auto& row : l.flops)
+    for (FlopCount& c : row) one(c);
+  one(l.elementwise);
 }
 }  // namespace
 
@@ -717,7 +726,8 @@ void Model<S>::load_state(const std::vector<char>& in) {
   size_t pos = 0;
   char magic[8];
   get(in, pos, magic, 8);
-  if (std::memcmp(magic, kStateMagic, 8) != 0)
+  const bool v1 = std::memcmp(magic, kStateMagicV1, 8) == 0;
+  if (!v1 && std::memcmp(magic, kStateMagic, 8) != 0)
     throw InputError("model state does not start with the CPU model's magic");
   int64_t header[2];
   get(in, pos, header, 2);
@@ -730,8 +740,8 @@ void Model<S>::load_state(const std::vector<char>& in) {
   get(in, pos, m.adam_v.data(), m.adam_v.size());
   get(in, pos, &m.adam_steps, 1);
   get(in, pos, m.rng.state().data(), 4);
-  get_ledger(in, pos, m.ledger);
-  get_ledger(in, pos, m.eval_ledger);
+  get_ledger(in, pos, m.ledger, v1);
+  get_ledger(in, pos, m.eval_ledger, v1);
   if (pos != in.size())
     throw InputError(fmt::format("model state has {} trailing bytes", in.size() - pos));
 }

@@ -172,9 +172,11 @@ void Communicator::all_reduce_sum_host(int64_t* h, int64_t n) {
   }
 }
 void Communicator::all_reduce_sum_host(FlopLedger& ledger, std::vector<int64_t*> extra) {
+  // One step's or one evaluation's counts: 64 bits hold them (to_int64 refuses what does not).
   std::vector<int64_t> c;
-  for (const auto& row : ledger.flops) c.insert(c.end(), row.begin(), row.end());
-  c.push_back(ledger.elementwise);
+  for (const auto& row : ledger.flops)
+    for (FlopCount v : row) c.push_back(v.to_int64());
+  c.push_back(ledger.elementwise.to_int64());
   for (const int64_t* e : extra) c.push_back(*e);
   all_reduce_sum_host(c.data(), int64_t(c.size()));
   size_t i = 0;

@@ -1644,8 +1644,10 @@ std::vector<float> Model::gradients() const {
 
 namespace {
 // Version 2 adds the generator's state after the AdamW step count; version 1 (no ERC loss on the
-// cuda device then, so nothing was drawn after the initial weights) still loads.
-constexpr char kMagic[8] = {'M', 'O', 'E', 'P', 'C', 'U', 'D', '2'};
+// cuda device then, so nothing was drawn after the initial weights) still loads. Version 3
+// counts the ledgers in 128 bits (FlopCount); versions 1 and 2 hold 64-bit counts.
+constexpr char kMagic[8] = {'M', 'O', 'E', 'P', 'C', 'U', 'D', '3'};
+constexpr char kMagicV2[8] = {'M', 'O', 'E', 'P', 'C', 'U', 'D', '2'};
 constexpr char kMagicV1[8] = {'M', 'O', 'E', 'P', 'C', 'U', 'D', '1'};
 template <class T>
 void put(std::vector<char>& out, const T* p, size_t n) {
@@ -1690,7 +1692,8 @@ void Model::load_state(const std::vector<char>& in) {
   char magic[8];
   get(in, pos, magic, 8);
   const bool v1 = std::memcmp(magic, kMagicV1, 8) == 0;
-  if (!v1 && std::memcmp(magic, kMagic, 8) != 0)
+  const bool v2 = std::memcmp(magic, kMagicV2, 8) == 0;
+  if (!v1 && !v2 && std::memcmp(magic, kMagic, 8) != 0)
     throw InputError("model state does not start with the CUDA model's magic");
   int64_t n = 0;
   get(in, pos, &n, 1);
@@ -1710,9 +1713,16 @@ void Model::load_state(const std::vector<char>& in) {
   }
   get(in, pos, &m.adam_steps, 1);
   if (!v1) get(in, pos, m.rng.state().data(), 4);
+  auto count = [&](FlopCount& c) {
+    if (!v1 && !v2) return get(in, pos, &c, 1);
+    int64_t v = 0;
+    get(in, pos, &v, 1);
+    c = v;
+  };
   for (FlopLedger* l : {&m.ledger, &m.eval_ledger}) {
-    for (auto& row : l->flops) get(in, pos, row.data(), row.size());
-    get(in, pos, &l->elementwise, 1);
+    for (auto& row : l->flops)
+      for (FlopCount& c : row) count(c);
+    count(l->elementwise);
   }
   if (pos != in.size())
     throw InputError(fmt::format("model state has {} trailing bytes", in.size() - pos));

@@ -7,6 +7,7 @@
 
 #include "moeplan/accounting/error.hpp"
 #include "moeplan/backend/atomic_file.hpp"
+#include "moeplan/sweeps/ledger_json.hpp"
 
 namespace moeplan::backend {
 
@@ -80,29 +81,6 @@ nlohmann::json state_to_json(const RunState& s) {
 
 }  // namespace
 
-nlohmann::json flop_ledger_to_json(const FlopLedger& ledger) {
-  nlohmann::json by = nlohmann::json::object();
-  for (int c = 0; c < kFlopCategories; ++c) {
-    nlohmann::json phases = nlohmann::json::object();
-    for (int p = 0; p < kPhases; ++p)
-      phases[std::string(name(Phase(p)))] = ledger.at(FlopCategory(c), Phase(p));
-    by[std::string(name(FlopCategory(c)))] = phases;
-  }
-  return {{"by_category", by}, {"elementwise", ledger.elementwise}, {"total", ledger.total()}};
-}
-
-FlopLedger flop_ledger_from_json(const nlohmann::json& j) {
-  FlopLedger l;
-  for (int c = 0; c < kFlopCategories; ++c)
-    for (int p = 0; p < kPhases; ++p)
-      l.flops[size_t(c)][size_t(p)] = j.at("by_category")
-                                          .at(std::string(name(FlopCategory(c))))
-                                          .at(std::string(name(Phase(p))))
-                                          .get<int64_t>();
-  l.elementwise = j.at("elementwise").get<int64_t>();
-  return l;
-}
-
 void write_checkpoint(const std::filesystem::path& path, const Checkpoint& ckpt) {
   nlohmann::json head = {{"format", "moeplan-checkpoint"},
                          {"schema", 1},
@@ -165,8 +143,8 @@ Checkpoint read_checkpoint(const std::filesystem::path& path) {
     const nlohmann::json& o = s.at("order");
     st.order = WindowOrder(int64_t(perm.size()), o.at("seed").get<uint64_t>());
     st.order.restore(o.at("epoch").get<int64_t>(), o.at("cursor").get<int64_t>(), std::move(perm));
-    st.train_flops = flop_ledger_from_json(s.at("train_flops"));
-    st.eval_flops = flop_ledger_from_json(s.at("eval_flops"));
+    st.train_flops = flop_ledger_from_json(s.at("train_flops"), where + ": train_flops");
+    st.eval_flops = flop_ledger_from_json(s.at("eval_flops"), where + ": eval_flops");
     st.dropped_assignments = s.at("dropped_assignments").get<int64_t>();
     st.loss_curve = s.at("loss_curve");
     st.val_curve = s.at("val_curve");

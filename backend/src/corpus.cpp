@@ -248,6 +248,18 @@ void TokenStream::copy(int64_t begin, int64_t n, uint16_t* out) const {
     std::memcpy(out, tokens.data() + begin, size_t(n) * 2);
 }
 
+void check_builtin_fits(int64_t train_tokens, int64_t validation_tokens) {
+  // Generated in memory: a uint16 token and a uint8 part label each.
+  const double need = 3.0 * (double(train_tokens) + double(validation_tokens));
+  const std::size_t host = host_memory_bytes();
+  if (host > 0 && need > 0.5 * double(host))
+    throw InputError(fmt::format(
+        "source builtin: {} training + {} validation tokens are generated in memory ({} at 3 "
+        "bytes a token, this machine has {}); the built-in corpus is for small sweeps: set "
+        "[train] source = \"shards:GLOB\" (llm.c token shards, memory-mapped)",
+        train_tokens, validation_tokens, bytes_text(need), bytes_text(double(host))));
+}
+
 int64_t source_token_count(const std::string& spec) {
   if (spec == "builtin") return -1;
   const auto colon = spec.find(':');
@@ -312,15 +324,7 @@ DataSplit load_source(const std::string& spec, int64_t train_tokens, int64_t val
                       uint64_t data_seed, int64_t vocab) {
   DataSplit split;
   if (spec == "builtin") {
-    // Generated in memory: a uint16 token and a uint8 part label each.
-    const double need = 3.0 * double(train_tokens + validation_tokens);
-    const std::size_t host = host_memory_bytes();
-    if (host > 0 && need > 0.5 * double(host))
-      throw InputError(fmt::format(
-          "source builtin: {} training + {} validation tokens are generated in memory ({} at 3 "
-          "bytes a token, this machine has {}); the built-in corpus is for small sweeps: set "
-          "[train] source = \"shards:GLOB\" (llm.c token shards, memory-mapped)",
-          train_tokens, validation_tokens, bytes_text(need), bytes_text(double(host))));
+    check_builtin_fits(train_tokens, validation_tokens);
     split.train = builtin_corpus(data_seed, 0, train_tokens);
     split.validation = builtin_corpus(data_seed, 1, validation_tokens);
     split.part_names = {"facts", "arith"};

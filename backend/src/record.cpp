@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "moeplan/accounting/flops.hpp"
+#include "moeplan/sweeps/ledger_json.hpp"
 
 namespace moeplan::backend {
 

@@ -180,23 +180,6 @@ void check_plan_consistent(const Plan& p) {
                                 p.hyper.warmup_steps, b.steps));
 }
 
-void check_ledger_fits(const Plan& p) {
-  const Budget& b = p.budget;
-  // The FLOP ledger counts in 64-bit integers (to the FLOP: it is compared with the analytic
-  // count exactly). Half of their range is kept for what the plan does not count (padding of
-  // the masked half of attention squares, recompute): a point executing more is refused before
-  // it trains, not let to wrap its ledger negative hours into a run.
-  constexpr double kLedgerLimit = 4611686018427387904.0;  // 2^62
-  const double executed = flops_per_token(p.arch, Convention::exact, AttentionMask::causal).total *
-                          double(b.tokens_consumed);
-  if (executed > kLedgerLimit)
-    throw InputError(fmt::format(
-        "point '{}': training executes about {:.3g} FLOPs [exact/causal] (M {:.4g} x D {}), "
-        "more than the {:.3g} the FLOP ledger counts in 64-bit integers; moeplan cannot yet "
-        "measure a run this large (about 4 h of one H200): plan smaller points",
-        p.id, executed, executed / double(b.tokens_consumed), b.tokens_consumed, kLedgerLimit));
-}
-
 int64_t eval_windows_for(const Plan& p, const TrainSettings& t) {
   const int64_t s = p.arch.seq_len;
   const int64_t tokens = t.eval_tokens > 0 ? t.eval_tokens : std::max<int64_t>(16384, 64 * s);
@@ -205,9 +188,9 @@ int64_t eval_windows_for(const Plan& p, const TrainSettings& t) {
 
 void check_source_fits(const Plan& p, const TrainSettings& t) {
   const int64_t have = source_token_count(t.source);
-  if (have < 0) return;  // generated to size
   const int64_t train = p.budget.tokens_unique + 1;
   const int64_t validation = eval_windows_for(p, t) * p.arch.seq_len + 1;
+  if (have < 0) return check_builtin_fits(train, validation);  // generated to size, in memory
   if (have < train + validation)
     throw InputError(fmt::format(
         "point '{}': source '{}' has {} tokens; the plan needs {} for training (D̂ + 1 target) "
@@ -340,7 +323,6 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
     outcome.record = std::move(rec);  // an interrupted point's: an estimate counts what is left
   }
   const bool estimating = opt.estimate_steps > 0;
-  if (!estimating) check_ledger_fits(plan);  // an estimate of a larger point is still useful
   if (!estimating) ensure_writable_dir(ckpt_dir);
 
   const Budget& b = plan.budget;

@@ -131,7 +131,7 @@ int main(int argc, char** argv) {
       const auto r = m.train_step(in.data(), tg.data(), i, cfg);
       const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
       if (i >= 2) secs.push_back(dt);
-      flops = r.flops.total();
+      flops = r.flops.total().to_int64();  // one step's count
     }
     const double med = median(secs), best = *std::min_element(secs.begin(), secs.end());
     const double gf = double(flops) / med / 1e9, gf_best = double(flops) / best / 1e9;

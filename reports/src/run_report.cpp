@@ -12,6 +12,7 @@
 #include "moeplan/accounting/units.hpp"
 #include "moeplan/reports/plot.hpp"
 #include "moeplan/reports/text_table.hpp"
+#include "moeplan/sweeps/ledger_json.hpp"
 
 namespace moeplan {
 
@@ -163,10 +164,17 @@ const std::vector<std::string> kTimeHeaders = {"point",
                                                "TFLOP/s useful",
                                                "train time vs dense"};
 
+// A FLOP count of a record as a double (an integer, or digits past 64 bits); check_record has
+// refused a record whose total is neither.
+double count_of(const json& v) {
+  const auto c = flop_count_from_json(v);
+  return c ? double(*c) : 0.0;
+}
+
 double category_sum(const json& flops, const char* category) {
   double s = 0;
   if (flops.contains("by_category") && flops["by_category"].contains(category))
-    for (const auto& [phase, v] : flops["by_category"][category].items()) s += v.get<double>();
+    for (const auto& [phase, v] : flops["by_category"][category].items()) s += count_of(v);
   return s;
 }
 
@@ -190,7 +198,7 @@ std::string device_label(const json& r) {
 std::vector<std::string> time_row_of(const json& r, const json* dense) {
   const json& flops = r["measured"]["flops"];
   const double secs = r.value("train_seconds", 0.0);
-  const double total = flops.value("total", 0.0);
+  const double total = flops.contains("total") ? count_of(flops["total"]) : 0.0;
   const double useful = total - category_sum(flops, "padding") - category_sum(flops, "recompute");
   auto rate = [&](double f) { return secs > 0 ? fmt::format("{:.3g}", f / secs / 1e12) : "-"; };
   std::string vs = "-";
@@ -412,7 +420,8 @@ void check_record(const json& r, const fs::path& f) {
   number(c, "measured.compute.", "paper");
   const json& t = object(m, "measured.", "tokens");
   for (const char* k : {"consumed", "unique", "epochs"}) number(t, "measured.tokens.", k);
-  number(object(m, "measured.", "flops"), "measured.flops.", "total");
+  if (!flop_count_from_json(at(object(m, "measured.", "flops"), "measured.flops.", "total")))
+    fail("measured.flops.total", "not an integer FLOP count");
   if (!is_complete(r)) return;
   object(m, "measured.", "matches_plan");
   for (const char* k : {"final_val_bpc", "train_seconds", "wall_seconds"}) number(r, "", k);

@@ -26,6 +26,12 @@
 //   all, paper C 470,784: −0.487 %) and unique tokens 36 instead of 40 (epochs 1.556, not 1.4).
 #include <doctest/doctest.h>
 
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
+#include <nlohmann/json.hpp>
+
 #include "audit_test_util.hpp"
 #include "moeplan/accounting/error.hpp"
 #include "moeplan/audit/runs.hpp"
@@ -73,6 +79,120 @@ TEST_CASE("runs that match their plans: every claim holds, residuals explained b
   REQUIRE(eqc);
   CHECK(eqc->holds);
   CHECK(eqc->quantities[0].rel_range == doctest::Approx(476160.0 / 473088.0 - 1));
+}
+
+namespace {
+
+// runs_ok at 10^14 times the steps: every token and step count × 10^14 (fits 64 bits: 5.6e15
+// tokens), every FLOP count the same digits followed by 14 zeros, written as a string (the
+// moe-k1 total 510720 becomes 51072000000000000000 = 5.1e19, past 2^64 = 1.8e19), the C figures
+// × 1e14. Everything is linear in the steps, so the widened runs match their plans as runs_ok do.
+std::filesystem::path widened_runs() {
+  namespace fs = std::filesystem;
+  using nlohmann::json;
+  const fs::path out = fs::temp_directory_path() / "moeplan_audit_wide";
+  fs::remove_all(out);
+  const int64_t k = 100000000000000;  // 10^14
+  const std::string zeros(14, '0');
+  auto digits = [&](json& v) {
+    const int64_t x = v.get<int64_t>();
+    v = x == 0 ? json(0) : json(std::to_string(x) + zeros);
+  };
+  for (const char* id : {"dense", "moe-k1"}) {
+    std::ifstream in(fixture("runs_ok") + "/" + id + "/record.json");
+    json r = json::parse(in);
+    json& p = r["plan"];
+    for (const char* key : {"tokens_consumed", "tokens_unique", "steps"})
+      p[key] = p[key].get<int64_t>() * k;
+    p["compute"] = p["compute"].get<double>() * 1e14;
+    json& m = r["measured"];
+    for (const char* key : {"consumed", "loss_bearing", "unique", "windows"})
+      m["tokens"][key] = m["tokens"][key].get<int64_t>() * k;
+    json& f = m["flops"];
+    for (auto& [cat, phases] : f["by_category"].items())
+      for (auto& [phase, v] : phases.items()) digits(v);
+    digits(f["total"]);
+    digits(f["elementwise"]);
+    for (auto& [label, v] : f["conventions"].items()) v = v.get<double>() * 1e14;
+    for (const char* key : {"paper", "plan_paper"})
+      m["compute"][key] = m["compute"][key].get<double>() * 1e14;
+    fs::create_directories(out / id);
+    std::ofstream(out / id / "record.json") << r.dump(1);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "runs past 2^64 FLOPs: the ledger is read exactly and the audit holds as at small scale") {
+  const auto recs = load_run_records(widened_runs().string());
+  REQUIRE(recs.size() == 2);
+  const RunRecord& m = recs[1];
+  REQUIRE(m.point_id == "moe-k1");
+  CHECK(to_string(m.ledger.total()) == "51072000000000000000");
+  CHECK(to_string(m.ledger_total) == "51072000000000000000");
+  // Router: 3 phases × 3584 per phase in runs_ok = 10,752, here 1,075,200,000,000,000,000.
+  CHECK(to_string(m.ledger.category(FlopCategory::router)) == "1075200000000000000");
+  CHECK(m.plan.budget.steps == 700000000000000);
+  const AuditReport r = audit_runs(recs, {}, {});
+  for (const Finding& f : r.findings) CHECK_MESSAGE(f.severity == Severity::info, f.message);
+  CHECK(r.all_hold());
+  const auto c = matching(r.findings, Severity::info, "moe-k1", 0, "compute");
+  REQUIRE(c.size() == 1);
+  CHECK(*c[0]->found == doctest::Approx(473088e14));
+  const auto att = matching(r.findings, Severity::info, "moe-k1", 0, "flops:attention-core");
+  REQUIRE(att.size() == 1);
+  CHECK(*att[0]->expected == doctest::Approx(43008e14));
+  CHECK(*att[0]->found == doctest::Approx(26880e14));
+  const ClaimVerdict* eqc = claim(r, "equal training compute C (paper) across the sweep");
+  REQUIRE(eqc);
+  CHECK(eqc->holds);
+  CHECK(eqc->quantities[0].rel_range == doctest::Approx(476160.0 / 473088.0 - 1));
+
+  // The same total as a bare JSON integer past 2^64 (as Python's json writes one): a JSON
+  // reader can hold it only as a double, which has lost its last digits, so it is refused.
+  const std::filesystem::path f = widened_runs() / "moe-k1" / "record.json";
+  std::string text;
+  {
+    std::ifstream in(f);
+    text.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  const std::string quoted = "\"total\": \"51072000000000000000\"";
+  const size_t at = text.find(quoted);
+  REQUIRE(at != std::string::npos);
+  text.replace(at, quoted.size(), "\"total\": 51072000000000000000");
+  std::ofstream(f) << text;
+  CHECK_THROWS_WITH_AS(load_run_records(f.parent_path().parent_path().string()),
+                       doctest::Contains("'total' is missing or not an integer FLOP count (a "
+                                         "JSON integer below 2^64, or a string of decimal "
+                                         "digits)"),
+                       InputError);
+}
+
+TEST_CASE("runs past 2^64 FLOPs: one FLOP missing of 5.1e19 is found, which a double cannot see") {
+  // moe-k1's expert products are 3 × 21504 × 10^14 = 6451200000000000000; one FLOP less in the
+  // forward phase (and in the total) is the same double (6.4512e18 has 53 bits of mantissa).
+  auto recs = load_run_records(widened_runs().string());
+  RunRecord& m = recs[1];
+  m.ledger.flops[int(FlopCategory::expert)][int(Phase::forward)] -= 1;
+  m.ledger_total -= 1;
+  CHECK(double(m.ledger.category(FlopCategory::expert)) == 6451200000000000000.0);
+  const AuditReport r = audit_runs(recs, {}, {});
+  const auto w = matching(r.findings, Severity::warning, "moe-k1", 0, "flops:expert");
+  REQUIRE(w.size() == 1);
+  CHECK_MESSAGE(w[0]->message.find("expert FLOPs: measured 6451199999999999999 vs analytic "
+                                   "6451200000000000000") != std::string::npos,
+                w[0]->message);
+  CHECK(w[0]->message.find("capacity drops") != std::string::npos);
+  // The record's total disagreeing with its categories by one FLOP is an error.
+  recs[1].ledger_total += 1;
+  const AuditReport r2 = audit_runs(recs, {}, {});
+  const auto e = matching(r2.findings, Severity::error, "moe-k1", 0, "flops");
+  REQUIRE(e.size() == 1);
+  CHECK_MESSAGE(e[0]->message.find("flops.total 51072000000000000000 is not the sum of its "
+                                   "categories 51071999999999999999") != std::string::npos,
+                e[0]->message);
 }
 
 TEST_CASE("planted defects in a run: capacity drops and unique data off the plan") {

@@ -112,6 +112,25 @@ TEST_CASE("same seed, same data: bit-identical losses; save/load resumes bit for
 
   Model<float> other(overfit_arch(false), o, 5, 2);
   CHECK_THROWS_AS(other.load_state(state), InputError);
+
+  // A state written before the ledger counted in 128 bits ("MOEPCPU1": the two ledgers at the
+  // end as 31 int64 counts each, where version 2 has 16-byte counts) still loads, ledgers and all.
+  constexpr size_t kCounts = 2 * (kFlopCategories * kPhases + 1);
+  REQUIRE(state.size() > kCounts * 16);
+  std::vector<char> v1(state.begin(), state.end() - ptrdiff_t(kCounts * 16));
+  v1[7] = '1';
+  for (size_t i = 0; i < kCounts; ++i) {  // little-endian: the low 8 bytes come first
+    const char* wide = state.data() + state.size() - kCounts * 16 + i * 16;
+    v1.insert(v1.end(), wide, wide + 8);
+  }
+  Model<float> m5(a, o, 77, 2);
+  m5.load_state(v1);
+  CHECK(m5.ledger() == m3.ledger());
+  CHECK(m5.ledger().total() > 0);
+  CHECK(m5.eval_ledger() == m3.eval_ledger());
+  v1[7] = '9';
+  CHECK_THROWS_WITH_AS(m5.load_state(v1), "model state does not start with the CPU model's magic",
+                       InputError);
 }
 
 TEST_CASE("bad input names the value") {

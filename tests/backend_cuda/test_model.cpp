@@ -127,8 +127,8 @@ void print_ledger_diff(const FlopLedger& g, const FlopLedger& c) {
       if (g.flops[i][p] != c.flops[i][p])
         std::printf("    ledger %s/%s: gpu %lld cpu %lld\n",
                     std::string(moeplan::name(FlopCategory(i))).c_str(),
-                    std::string(moeplan::name(Phase(p))).c_str(), (long long)g.flops[i][p],
-                    (long long)c.flops[i][p]);
+                    std::string(moeplan::name(Phase(p))).c_str(),
+                    (long long)g.flops[i][p].to_int64(), (long long)c.flops[i][p].to_int64());
 }
 
 }  // namespace
@@ -462,7 +462,8 @@ TEST_CASE("routed experts: strided-batched products over padded rows give the pe
     loop_useful.flops[int(FlopCategory::padding)] = {};
     CHECK(useful == loop_useful);
     auto expert_padding = [&](Phase ph) {
-      return rb.flops.at(FlopCategory::padding, ph) - rl.flops.at(FlopCategory::padding, ph);
+      return (rb.flops.at(FlopCategory::padding, ph) - rl.flops.at(FlopCategory::padding, ph))
+          .to_int64();
     };
     const int64_t per_row = 2 * 3 * Dm * De;
     const int64_t pad_fwd = expert_padding(Phase::forward);
@@ -561,7 +562,8 @@ TEST_CASE("routed experts: the tiled kernels give the per-expert products' step;
   CHECK(int64_t(rt.routed_per_moe_layer.size()) == a.moe_layers());
   for (Phase ph : {Phase::forward, Phase::input_grad, Phase::weight_grad}) {
     const int64_t extra =
-        rt.flops.at(FlopCategory::padding, ph) - rl.flops.at(FlopCategory::padding, ph);
+        (rt.flops.at(FlopCategory::padding, ph) - rl.flops.at(FlopCategory::padding, ph))
+            .to_int64();
     CHECK(extra > 0);
     if (ph == Phase::forward) CHECK(extra <= bound);
   }
@@ -1083,34 +1085,50 @@ TEST_CASE("same seed, same data: bit-for-bit the same losses and weights; save/l
 }
 
 // Model states written before the generator was saved (format 1: no ERC on the cuda device
-// then, so nothing drawn after the initial weights) still load and resume bit for bit.
-TEST_CASE("a model state of format 1 (without the generator) still loads") {
+// then, so nothing drawn after the initial weights), or before the ledgers counted in 128 bits
+// (formats 1 and 2: 64-bit counts), still load and resume bit for bit.
+TEST_CASE("model states of formats 1 and 2 (no generator; 64-bit ledgers) still load") {
   const Arch a = moe_arch();
   const ModelOptions opt;
   const int64_t B = 2;
   OptimConfig cfg;
   cfg.lr_peak = 1e-3;
   cfg.total_steps = 4;
-  cu::Model m1(a, opt, 9, B), m2(a, opt, 9, B);
+  cu::Model m1(a, opt, 9, B);
   const Batch b0 = random_batch(B, a.seq_len, a.vocab, 600),
               b1 = random_batch(B, a.seq_len, a.vocab, 601);
   m1.train_step(b0.inputs.data(), b0.targets.data(), 0, cfg);
   std::vector<char> state;
   m1.save_state(state);
-  REQUIRE(std::string(state.data(), 8) == "MOEPCUD2");
+  REQUIRE(std::string(state.data(), 8) == "MOEPCUD3");
+  // The two ledgers end the state: 31 counts each, 16 bytes in format 3, 8 before (the low 8
+  // bytes of each, little-endian, as the counts fit 64 bits).
+  constexpr size_t kCounts = 2 * (moeplan::kFlopCategories * moeplan::kPhases + 1);
+  REQUIRE(state.size() > kCounts * 16);
+  std::vector<char> v2(state.begin(), state.end() - std::ptrdiff_t(kCounts * 16));
+  for (size_t i = 0; i < kCounts; ++i) {
+    const char* wide = state.data() + state.size() - kCounts * 16 + i * 16;
+    v2.insert(v2.end(), wide, wide + 8);
+  }
+  v2[7] = '2';
   // Format 1: magic ...1, and no generator state (4 words) after the AdamW step count.
   const size_t at = 8 + 8 + 3 * size_t(m1.trainable_params()) * 4 + 8;
-  std::vector<char> v1(state.begin(), state.begin() + std::ptrdiff_t(at));
-  v1.insert(v1.end(), state.begin() + std::ptrdiff_t(at + 32), state.end());
+  std::vector<char> v1(v2.begin(), v2.begin() + std::ptrdiff_t(at));
+  v1.insert(v1.end(), v2.begin() + std::ptrdiff_t(at + 32), v2.end());
   v1[7] = '1';
-  m2.load_state(v1);
-  CHECK(m2.adam_steps() == 1);
   const StepResult r1 = m1.train_step(b1.inputs.data(), b1.targets.data(), 1, cfg);
-  const StepResult r2 = m2.train_step(b1.inputs.data(), b1.targets.data(), 1, cfg);
-  CHECK(r1.loss == r2.loss);
-  CHECK(m1.parameters() == m2.parameters());
-  v1[7] = '3';
-  CHECK_THROWS_AS(m2.load_state(v1), moeplan::InputError);
+  for (const std::vector<char>* old : {&v1, &v2}) {
+    cu::Model m2(a, opt, 9, B);
+    m2.load_state(*old);
+    CHECK(m2.adam_steps() == 1);
+    CHECK(m2.ledger().total() > 0);
+    const StepResult r2 = m2.train_step(b1.inputs.data(), b1.targets.data(), 1, cfg);
+    CHECK(r1.loss == r2.loss);
+    CHECK(m1.parameters() == m2.parameters());
+    CHECK(m1.ledger() == m2.ledger());
+  }
+  v1[7] = '9';
+  CHECK_THROWS_AS(cu::Model(a, opt, 9, B).load_state(v1), moeplan::InputError);
 }
 
 TEST_CASE("NCCL data-parallel path at world size 1 equals the plain step; windows split by rank") {

@@ -290,6 +290,11 @@ TEST_CASE("checkpoint round trip; a flipped byte is detected") {
   ck.state.order = WindowOrder(130, 11);
   for (int k = 0; k < 200; ++k) ck.state.tokens.record_window(ck.state.order.next());
   ck.state.train_flops.add_gemm(FlopCategory::expert, Phase::forward, 3, 5, 7);
+  // A long run's cumulative count: 16 products of 2^20 cubed, 2 · 2^60 each, are 2^65 =
+  // 36893488147419103232 FLOPs, past 64 bits; kept to the FLOP.
+  const int64_t n = int64_t(1) << 20;
+  for (int i = 0; i < 16; ++i)
+    ck.state.train_flops.add_gemm(FlopCategory::projection, Phase::weight_grad, n, n, n);
   ck.state.loss_curve.push_back({{"step", 1}, {"train_loss", 0.1 + 0.2}});
   ck.state.loss_sum_since_log = 1.0 / 3.0;
   ck.model_state = {'a', 'b', '\0', 'c'};
@@ -300,6 +305,8 @@ TEST_CASE("checkpoint round trip; a flipped byte is detected") {
   CHECK(back.state.tokens == ck.state.tokens);
   CHECK(back.state.order == ck.state.order);
   CHECK(back.state.train_flops == ck.state.train_flops);
+  CHECK(to_string(back.state.train_flops.at(FlopCategory::projection, Phase::weight_grad)) ==
+        "36893488147419103232");
   CHECK(back.state.loss_curve == ck.state.loss_curve);
   CHECK(back.state.loss_sum_since_log == 1.0 / 3.0);  // bit for bit through JSON
   CHECK(back.state.loss_curve[0]["train_loss"].get<double>() == 0.1 + 0.2);

@@ -450,21 +450,26 @@ TEST_CASE(
   CHECK(row.find('x') == std::string::npos);  // no "N.NNx" ratio on that row
 }
 
-TEST_CASE("a point beyond what the FLOP ledger counts is refused before anything trains") {
-  // The 2B grid's dense baseline: M [exact/causal] · D is about 5.5e20 FLOPs, far above the
-  // ledger's 2^62 = 4.61e18 (64-bit counts with room for padding and recompute).
+TEST_CASE("a 5e22-FLOP point is not refused for its ledger; the built-in source it would need is") {
+  // The 20B grid's dense baseline: M [exact/causal] · D is about 5e22 FLOPs, far past 64-bit
+  // counts (9.2e18); the ledger counts in 128 bits, so what refuses it is the built-in corpus:
+  // D̂ = 400B tokens generated in memory at 3 bytes each (1.1 TiB). Refused before anything is
+  // written, with --estimate too (it reads the same source).
   const fs::path dir = fresh_dir("ledger_limit");
   const std::string sweep = (dir / "sweep.toml").string();
-  REQUIRE(run_cli({"grid", "--N", "2e9", "--ra", "0.2", "-o", sweep}).status == 0);
-  const Result r = run_cli({"run", sweep, "--out", (dir / "runs").string()});
-  CHECK(r.status == 2);
-  CHECK_MESSAGE(one_line(r.err), r.err);
-  CHECK_MESSAGE(r.err.find("point 'dense': training executes about 5.5") != std::string::npos,
-                r.err);
-  CHECK_MESSAGE(r.err.find("more than the 4.61e+18 the FLOP ledger counts in 64-bit integers") !=
-                    std::string::npos,
-                r.err);
-  CHECK_FALSE(fs::exists(dir / "runs"));
+  REQUIRE(run_cli({"grid", "--N", "2e10", "--ra", "0.2", "-o", sweep}).status == 0);
+  for (bool estimate : {false, true}) {
+    std::vector<std::string> args = {"run", sweep, "--out", (dir / "runs").string()};
+    if (estimate) args.insert(args.end(), {"--estimate", "2"});
+    const Result r = run_cli(args);
+    CHECK(r.status == 2);
+    CHECK_MESSAGE(one_line(r.err), r.err);
+    CHECK_MESSAGE(r.err.find("FLOP ledger") == std::string::npos, r.err);
+    CHECK_MESSAGE(r.err.find("source builtin: ") != std::string::npos, r.err);
+    CHECK_MESSAGE(r.err.find(" validation tokens are generated in memory (") != std::string::npos,
+                  r.err);
+    CHECK_FALSE(fs::exists(dir / "runs"));
+  }
 }
 
 TEST_CASE("a source too short for a later point is refused before any point trains") {

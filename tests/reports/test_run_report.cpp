@@ -308,7 +308,29 @@ TEST_CASE("report: a damaged record is refused naming the file and the key, not 
   CHECK_THROWS_WITH_AS(moeplan::load_run_records(dir),
                        doctest::Contains("'(the whole record)' is not a JSON object"),
                        moeplan::InputError);
+  m = record("moe-a", false, 0.2, 1.8);
+  m["measured"]["flops"]["total"] = "5e19";  // digits only, or a number
+  put("moe-a", m);
+  CHECK_THROWS_WITH_AS(moeplan::load_run_records(dir),
+                       doctest::Contains("'measured.flops.total' is not an integer FLOP count"),
+                       moeplan::InputError);
   put("moe-a", record("moe-a", false, 0.2, 1.8));
   CHECK(moeplan::load_run_records(dir).size() == 2);
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("report: FLOP counts past 64 bits (strings of digits) give the time table its rates") {
+  // 5.1072e19 FLOPs in 10 s of training is 5.1072e18 FLOP/s = 5.11e+06 TFLOP/s; padding of
+  // 1.072e19 leaves 5.1072e19 - 1.072e19 = 4.0352e19 useful: 4.04e+06 TFLOP/s.
+  json m = record("moe-a", false, 0.2, 1.8);
+  m["measured"]["flops"]["total"] = "51072000000000000000";
+  m["measured"]["flops"]["by_category"]["padding"] = {
+      {"forward", "10720000000000000000"}, {"input-grad", 0}, {"weight-grad", 0}};
+  const std::vector<json> recs = {record("dense", true, 1.0, 2.0), m};
+  const std::string text = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::text);
+  const size_t at = text.find("\nmoe-a  cpu") + 1;
+  REQUIRE_MESSAGE(at != 0, text);
+  const std::string row = text.substr(at, text.find('\n', at) - at);
+  CHECK_MESSAGE(row.find("5.11e+06") != std::string::npos, row);
+  CHECK_MESSAGE(row.find("4.04e+06") != std::string::npos, row);
 }

@@ -3,7 +3,9 @@
 // Element-wise work is kept apart and is never part of M.
 #include <array>
 #include <cstdint>
+#include <iosfwd>
 #include <optional>
+#include <string>
 #include <string_view>
 
 namespace moeplan {
@@ -30,24 +32,69 @@ std::string_view name(Phase p);         // "forward", "input-grad", "weight-grad
 std::optional<FlopCategory> parse_flop_category(std::string_view s);
 std::optional<Phase> parse_phase(std::string_view s);
 
-// Counts are exact integers. int64 holds 9.2e18 FLOPs: a CPU run, or about 8 h of one H200, but
-// not the 1e20–1e21 of published runs (their budgets are carried as double in Budget, not in a
-// ledger). `moeplan run` refuses a point that would execute more than 2^62 (backend
-// check_ledger_fits); measuring such runs needs a wider cumulative ledger.
+// An exact FLOP count, 128 bits wide. 64 bits hold 9.2e18 FLOPs, about 8 h of one H200: less
+// than the 1e20–1e21 FLOPs of the published equal-resource runs. This holds 1.7e38, so a run's
+// cumulative ledger never overflows; one product's 2·m·n·k is computed in it too. A count that
+// must leave as a 64-bit integer (NCCL, a JSON number) says so with to_int64, which refuses what
+// does not fit rather than wrapping.
+class FlopCount {
+ public:
+  constexpr FlopCount() = default;
+  constexpr FlopCount(int64_t v) : v_(v) {}  // implicit: every product count is an int64
+  constexpr FlopCount& operator+=(FlopCount o) {
+    v_ += o.v_;
+    return *this;
+  }
+  constexpr FlopCount& operator-=(FlopCount o) {
+    v_ -= o.v_;
+    return *this;
+  }
+  friend constexpr FlopCount operator+(FlopCount a, FlopCount b) { return a += b; }
+  friend constexpr FlopCount operator-(FlopCount a, FlopCount b) { return a -= b; }
+  friend constexpr FlopCount operator*(FlopCount a, FlopCount b) { return from_wide(a.v_ * b.v_); }
+  friend constexpr bool operator==(FlopCount a, FlopCount b) { return a.v_ == b.v_; }
+  friend constexpr bool operator<(FlopCount a, FlopCount b) { return a.v_ < b.v_; }
+  friend constexpr bool operator>(FlopCount a, FlopCount b) { return b < a; }
+  friend constexpr bool operator<=(FlopCount a, FlopCount b) { return !(b < a); }
+  friend constexpr bool operator>=(FlopCount a, FlopCount b) { return !(a < b); }
+  explicit constexpr operator double() const { return static_cast<double>(v_); }
+  constexpr bool fits_int64() const { return v_ >= kMin64 && v_ <= kMax64; }
+  int64_t to_int64() const;  // throws std::overflow_error naming the count when it does not fit
+
+ private:
+  __extension__ typedef __int128 Wide;
+  static constexpr Wide kMax64 = Wide(INT64_MAX), kMin64 = Wide(INT64_MIN);
+  static constexpr FlopCount from_wide(Wide w) {
+    FlopCount c;
+    c.v_ = w;
+    return c;
+  }
+  Wide v_ = 0;
+  friend std::string to_string(FlopCount c);
+  friend std::optional<FlopCount> parse_flop_count(std::string_view s);
+};
+
+std::string to_string(FlopCount c);  // exact decimal digits, '-' first when negative
+// Decimal digits with an optional leading '-'; nullopt for anything else, or for more than 38
+// digits (10^38 < 2^127).
+std::optional<FlopCount> parse_flop_count(std::string_view s);
+std::ostream& operator<<(std::ostream& os, FlopCount c);
+
 struct FlopLedger {
-  std::array<std::array<int64_t, kPhases>, kFlopCategories> flops{};
-  int64_t elementwise = 0;  // informational; not part of any convention's M
+  std::array<std::array<FlopCount, kPhases>, kFlopCategories> flops{};
+  FlopCount elementwise = 0;  // informational; not part of any convention's M
 
   // One product C(m×n) = A(m×k)·B(k×n).
   void add_gemm(FlopCategory c, Phase p, int64_t m, int64_t n, int64_t k) {
-    flops[int(c)][int(p)] += 2 * m * n * k;
+    flops[int(c)][int(p)] += FlopCount(2 * m) * n * k;
   }
-  int64_t at(FlopCategory c, Phase p) const { return flops[int(c)][int(p)]; }
-  int64_t category(FlopCategory c) const;  // all phases
-  int64_t phase(Phase p) const;            // all categories
-  int64_t total() const;                   // all matrix products
+  FlopCount at(FlopCategory c, Phase p) const { return flops[int(c)][int(p)]; }
+  FlopCount category(FlopCategory c) const;  // all phases
+  FlopCount phase(Phase p) const;            // all categories
+  FlopCount total() const;                   // all matrix products
   FlopLedger& operator+=(const FlopLedger& o);
   FlopLedger operator-(const FlopLedger& o) const;
+  FlopLedger operator*(int64_t times) const;  // `times` repeats of the same work (e.g. steps)
   bool operator==(const FlopLedger&) const = default;
 };
 

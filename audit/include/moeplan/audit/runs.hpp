@@ -27,7 +27,7 @@ struct RunRecord {
   int64_t total_params = 0, active_params = 0;  // counted from the allocated tensors
   AttentionMask executed_mask = AttentionMask::causal;
   FlopLedger ledger;                          // training FLOPs by category and phase
-  int64_t ledger_total = 0;                   // the record's own "total" (exact)
+  FlopCount ledger_total = 0;                 // the record's own "total" (exact)
   std::map<std::string, double> conventions;  // the record's lens() figures, by label
   int64_t tokens_consumed = 0, tokens_unique = 0, tokens_dropped = 0;
   double epochs = 0;

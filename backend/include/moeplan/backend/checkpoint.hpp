@@ -50,7 +50,4 @@ void write_checkpoint(const std::filesystem::path& path, const Checkpoint& ckpt)
 // Throws InputError naming the file when it is unreadable, corrupt (checksum) or of another format.
 Checkpoint read_checkpoint(const std::filesystem::path& path);
 
-nlohmann::json flop_ledger_to_json(const FlopLedger& ledger);
-FlopLedger flop_ledger_from_json(const nlohmann::json& j);
-
 }  // namespace moeplan::backend

@@ -70,6 +70,9 @@ std::string token_fingerprint(const TokenStream& stream, int64_t samples = int64
 // for a missing or unreadable source. For refusing, before any point trains, a point that the
 // source cannot feed.
 int64_t source_token_count(const std::string& spec);
+// The built-in corpus is generated in memory (3 bytes a token): throws InputError, naming the
+// sizes and the machine's memory, when they would take more than half of it.
+void check_builtin_fits(int64_t train_tokens, int64_t validation_tokens);
 
 // `spec`: "builtin", "text:PATH", "bytes:PATH", "shards:PATH-OR-GLOB" (glob in the file name part,
 // matches sorted by name and concatenated). Training takes the first `train_tokens` positions,

@@ -78,10 +78,6 @@ class TrainingDiverged : public std::runtime_error {
 // follow from the Arch, M that does not follow from Arch + convention, D ≠ steps·B·S, ...
 void check_plan_consistent(const Plan& plan);
 
-// Throws InputError (one line) when training the point would execute more FLOPs than the FLOP
-// ledger counts (64-bit integers, with room for padding and recompute: 2^62). --estimate skips it.
-void check_ledger_fits(const Plan& plan);
-
 // `plan_json` is the manifest's JSON form of the plan; it is stored in the record and in the
 // checkpoint, and a record or checkpoint made for a different plan is refused, never mixed.
 PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,

@@ -1,0 +1,71 @@
+// FlopCount: the ledger's 128-bit exact count. Golden values are powers of two and products
+// worked by hand in the comments, not produced by the code under test.
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <sstream>
+#include <stdexcept>
+
+#include "moeplan/accounting/flops.hpp"
+#include "moeplan/accounting/ledger.hpp"
+
+using namespace moeplan;
+
+TEST_CASE("flop counts: decimal text both ways, exact past 64 bits") {
+  CHECK(to_string(FlopCount(0)) == "0");
+  CHECK(to_string(FlopCount(-42)) == "-42");
+  CHECK(to_string(FlopCount(INT64_MAX)) == "9223372036854775807");
+  CHECK(to_string(FlopCount(INT64_MIN)) == "-9223372036854775808");
+  // 2^64 = 18446744073709551616; 2^100 = 1267650600228229401496703205376.
+  const FlopCount two64 = FlopCount(int64_t(1) << 32) * (int64_t(1) << 32);
+  CHECK(to_string(two64) == "18446744073709551616");
+  CHECK(to_string(two64 * (int64_t(1) << 36)) == "1267650600228229401496703205376");
+  CHECK(to_string(FlopCount(0) - two64) == "-18446744073709551616");
+  for (const char* s : {"0", "7", "-7", "9223372036854775808", "18446744073709551616",
+                        "99999999999999999999999999999999999999"}) {  // 38 nines < 2^127
+    const auto c = parse_flop_count(s);
+    REQUIRE_MESSAGE(c, s);
+    CHECK(to_string(*c) == s);
+  }
+  for (const char* s : {"", "-", "+1", " 1", "1 ", "1e20", "1.0", "0x10", "12a",
+                        "100000000000000000000000000000000000000"})  // 39 digits: refused
+    CHECK_MESSAGE(!parse_flop_count(s), s);
+  std::ostringstream os;
+  os << two64;
+  CHECK(os.str() == "18446744073709551616");
+}
+
+TEST_CASE("flop counts: order, conversion, and a 64-bit exit that refuses rather than wraps") {
+  const FlopCount big = *parse_flop_count("9223372036854775808");  // 2^63
+  CHECK(big > FlopCount(INT64_MAX));
+  CHECK(FlopCount(INT64_MAX) < big);
+  CHECK(big - 1 == FlopCount(INT64_MAX));
+  CHECK(FlopCount(INT64_MAX).fits_int64());
+  CHECK_FALSE(big.fits_int64());
+  CHECK((big - 1).to_int64() == INT64_MAX);
+  CHECK_THROWS_WITH_AS(big.to_int64(), "9223372036854775808 FLOPs do not fit a 64-bit integer",
+                       std::overflow_error);
+  CHECK(double(big) == 9223372036854775808.0);
+  CHECK(double(FlopCount(-3)) == -3.0);
+}
+
+TEST_CASE("a ledger accumulates past 2^64 without wrapping") {
+  // One product of 2^20 × 2^20 × 2^20 costs 2·2^60 = 2^61 FLOPs; 16 of them are 2^65 =
+  // 36893488147419103232, which a 64-bit counter would have wrapped (to 0 unsigned, negative
+  // signed after 2^63).
+  FlopLedger step;
+  const int64_t n = int64_t(1) << 20;
+  step.add_gemm(FlopCategory::expert, Phase::forward, n, n, n);
+  CHECK(to_string(step.total()) == "2305843009213693952");  // 2^61
+  FlopLedger run;
+  for (int i = 0; i < 16; ++i) run += step;
+  CHECK(to_string(run.total()) == "36893488147419103232");
+  CHECK(to_string(run.category(FlopCategory::expert)) == "36893488147419103232");
+  CHECK(to_string(run.phase(Phase::forward)) == "36893488147419103232");
+  CHECK(run == step * 16);
+  CHECK((run - step * 15) == step);
+  // A published-scale run: 5.5e20 FLOPs [exact/causal] as 10^5 steps of 5.5e15 each.
+  FlopLedger s2;
+  s2.flops[int(FlopCategory::projection)][int(Phase::forward)] = 5500000000000000;
+  CHECK(to_string((s2 * 100000).total()) == "550000000000000000000");
+}

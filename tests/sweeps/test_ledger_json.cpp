@@ -1,0 +1,57 @@
+// A FLOP ledger as JSON: integers while they fit 64 bits, decimal strings past them.
+#include <doctest/doctest.h>
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "moeplan/accounting/error.hpp"
+#include "moeplan/sweeps/ledger_json.hpp"
+
+using namespace moeplan;
+using nlohmann::json;
+
+TEST_CASE("flop counts in JSON: a number while it fits 64 bits, digits beyond") {
+  CHECK(flop_count_to_json(FlopCount(510720)) == json(510720));
+  CHECK(flop_count_to_json(FlopCount(INT64_MAX)) == json(INT64_MAX));
+  const FlopCount past = FlopCount(INT64_MAX) + 1;  // 2^63
+  CHECK(flop_count_to_json(past) == json("9223372036854775808"));
+  // Readers take an integer, an unsigned integer (2^63 .. 2^64-1 as a JSON reader parses it),
+  // digits, and a whole float below 2^63; never a fraction or a float past 2^63.
+  CHECK(*flop_count_from_json(json::parse("510720")) == FlopCount(510720));
+  CHECK(*flop_count_from_json(json::parse("18446744073709551615")) ==
+        *parse_flop_count("18446744073709551615"));
+  CHECK(*flop_count_from_json(json("51072000000000000000")) ==
+        *parse_flop_count("51072000000000000000"));
+  CHECK(*flop_count_from_json(json::parse("5e5")) == FlopCount(500000));
+  for (const char* bad : {"1.5", "1e19", "\"1e19\"", "null", "true", "[1]", "\"\""})
+    CHECK_MESSAGE(!flop_count_from_json(json::parse(bad)), bad);
+}
+
+TEST_CASE("a ledger past 2^64 round-trips through JSON exactly") {
+  FlopLedger l;
+  // 2^61 per product (2^20 cubed, times 2), 16 products: 2^65 = 36893488147419103232.
+  const int64_t n = int64_t(1) << 20;
+  for (int i = 0; i < 16; ++i) l.add_gemm(FlopCategory::projection, Phase::weight_grad, n, n, n);
+  l.add_gemm(FlopCategory::router, Phase::forward, 2, 3, 4);  // 48
+  l.elementwise = 1000;
+  const json j = flop_ledger_to_json(l);
+  CHECK(j.at("by_category").at("projection").at("weight-grad") == json("36893488147419103232"));
+  CHECK(j.at("by_category").at("router").at("forward") == json(48));
+  CHECK(j.at("total") == json("36893488147419103280"));
+  CHECK(j.at("elementwise") == json(1000));
+  CHECK(flop_ledger_from_json(json::parse(j.dump()), "r.json") == l);
+}
+
+TEST_CASE("a damaged ledger is refused naming the file and the key") {
+  json j = flop_ledger_to_json(FlopLedger{});
+  j["by_category"]["expert"]["input-grad"] = 1.5;
+  CHECK_THROWS_WITH_AS(
+      flop_ledger_from_json(j, "r.json"),
+      "r.json: FLOP count 'by_category.expert.input-grad' is missing or not an integer (valid: a "
+      "JSON integer below 2^64, or a string of decimal digits)",
+      InputError);
+  j["by_category"].erase("expert");
+  CHECK_THROWS_WITH_AS(flop_ledger_from_json(j, "r.json"),
+                       "r.json: 'by_category.expert' is missing or not an object", InputError);
+}
