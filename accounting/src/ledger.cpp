@@ -53,13 +53,20 @@ std::string to_string(FlopCount c) {
 std::optional<FlopCount> parse_flop_count(std::string_view s) {
   const bool negative = !s.empty() && s.front() == '-';
   if (negative) s.remove_prefix(1);
-  if (s.empty() || s.size() > 38) return std::nullopt;  // 10^38 - 1 < 2^127 - 1
-  FlopCount::Wide v = 0;
+  if (s.empty()) return std::nullopt;
+  FlopCount::Wide v = 0;  // accumulated negative when `negative`, so that -2^127 parses too
   for (char ch : s) {
     if (ch < '0' || ch > '9') return std::nullopt;
-    v = v * 10 + (ch - '0');
+    const int d = ch - '0';
+    if (__builtin_mul_overflow(v, 10, &v) ||
+        (negative ? __builtin_sub_overflow(v, d, &v) : __builtin_add_overflow(v, d, &v)))
+      return std::nullopt;
   }
-  return FlopCount::from_wide(negative ? -v : v);
+  return FlopCount::from_wide(v);
+}
+
+void FlopCount::overflow() {
+  throw std::overflow_error("a FLOP count went beyond 128 bits (±1.7e38)");
 }
 
 std::ostream& operator<<(std::ostream& os, FlopCount c) {

@@ -112,7 +112,7 @@ std::string render_json(const AuditReport& r) {
     j["claims"].push_back(std::move(cj));
   }
   j["findings"] = nlohmann::json::array();
-  for (const Finding& f : r.findings)
+  for (const Finding& f : r.findings) {
     j["findings"].push_back(
         {{"severity", name(f.severity)},
          {"table", f.table},
@@ -125,6 +125,9 @@ std::string render_json(const AuditReport& r) {
          {"rel_diff", opt(f.rel_diff)},
          {"tolerance", f.tolerance},
          {"message", f.message}});
+    if (!f.expected_exact.empty()) j["findings"].back()["expected_exact"] = f.expected_exact;
+    if (!f.found_exact.empty()) j["findings"].back()["found_exact"] = f.found_exact;
+  }
   return j.dump(2) + "\n";
 }
 

@@ -35,10 +35,11 @@ struct Reader {
     return v.is_number_integer() ? v.get<int64_t>() : std::llround(v.get<double>());
   }
   // A FLOP count: an integer, or a string of digits past 64 bits (sweeps/ledger_json.hpp).
-  FlopCount count(const json& j, const std::string& key) const {
-    const auto c = j.contains(key) ? flop_count_from_json(j.at(key)) : std::nullopt;
-    if (!c)
-      fail(key, "an integer FLOP count (a JSON integer below 2^64, or a string of decimal digits)");
+  // `path`: the key's place in the record, for the message.
+  FlopCount count(const json& j, const std::string& key, const std::string& path) const {
+    const auto c =
+        j.is_object() && j.contains(key) ? flop_count_from_json(j.at(key)) : std::nullopt;
+    if (!c) fail(path, fmt::format("a FLOP count ({})", kFlopCountForms).c_str());
     return *c;
   }
   int64_t integer_or(const json& j, const std::string& key, int64_t dflt) const {
@@ -142,6 +143,11 @@ class RunAuditor {
     if (e && f) rd = rel(*f, *e);
     report_.findings.push_back(Finding{s, point, 0, q, e, f, rd, tol, std::move(msg)});
   }
+  // The exact counts behind the last finding's expected and found values.
+  void exact(FlopCount expected, FlopCount found) {
+    report_.findings.back().expected_exact = to_string(expected);
+    report_.findings.back().found_exact = to_string(found);
+  }
 
   // Measured N and N_a against the plan; a difference must be a counting reading.
   // Returns N under the plan's reading when the difference is explained.
@@ -201,10 +207,12 @@ class RunAuditor {
     const double tol = opt_.tolerance;
     const Arch& a = p.arch;
     const int64_t step_tokens = p.budget.batch_seqs * a.seq_len;
-    if (r.ledger.total() != r.ledger_total)
+    if (r.ledger.total() != r.ledger_total) {
       add(Severity::error, id, "flops", double(r.ledger.total()), double(r.ledger_total), 0,
           fmt::format("the record's flops.total {} is not the sum of its categories {}",
                       to_string(r.ledger_total), to_string(r.ledger.total())));
+      exact(r.ledger.total(), r.ledger_total);
+    }
     // exact: the analytic ledger of the steps the tokens say were run (dropless routing).
     if (step_tokens > 0 && r.tokens_consumed % step_tokens == 0) {
       const int64_t steps = r.tokens_consumed / step_tokens;
@@ -246,6 +254,7 @@ class RunAuditor {
                         name(cat), to_string(m), to_string(e), steps,
                         e != 0 ? pct(rel(double(m), double(e))) : std::string("none expected"),
                         why));
+        exact(e, m);
       }
     } else {
       add(Severity::warning, id, "tokens_consumed", {}, double(r.tokens_consumed), 0,
@@ -293,7 +302,9 @@ class RunAuditor {
             "comparison)";
       add(Severity::info, id, fmt::format("flops:{}", name(cat)), conv, meas, 0,
           fmt::format("{}: {} counts {}, measured (exact/{}) {}: {}", name(cat), label,
-                      count_str(conv), name(r.executed_mask), count_str(meas), why));
+                      count_str(conv), name(r.executed_mask), to_string(r.ledger.category(cat)),
+                      why));
+      report_.findings.back().found_exact = to_string(r.ledger.category(cat));
     }
     return measured_conv;
   }
@@ -446,20 +457,27 @@ RunRecord parse_run_record(std::string_view text, std::string source) {
   if (!mk)
     throw InputError(fmt::format("{}: executed_mask '{}' (valid: causal, full)", r.source, mask));
   r.executed_mask = *mk;
-  r.ledger_total = rd.count(f, "total");
+  r.ledger_total = rd.count(f, "total", "measured.flops.total");
+  // Every category and phase, each a count: one missing is not read as zero.
   const json& cats = rd.obj(f, "by_category");
   for (const auto& [cname, phases] : cats.items()) {
-    const auto cat = parse_flop_category(cname);
-    if (!cat) throw InputError(fmt::format("{}: unknown FLOP category '{}'", r.source, cname));
-    if (!phases.is_object()) rd.fail("by_category." + cname, "an object");
-    for (const auto& [pname, v] : phases.items()) {
-      const auto ph = parse_phase(pname);
-      if (!ph)
+    if (!parse_flop_category(cname))
+      throw InputError(fmt::format("{}: unknown FLOP category '{}'", r.source, cname));
+    if (!phases.is_object()) rd.fail("measured.flops.by_category." + cname, "an object");
+    for (const auto& [pname, v] : phases.items())
+      if (!parse_phase(pname))
         throw InputError(fmt::format("{}: unknown phase '{}' under {}", r.source, pname, cname));
-      r.ledger.flops[size_t(*cat)][size_t(*ph)] = rd.count(phases, pname);
-    }
   }
-  if (f.contains("elementwise")) r.ledger.elementwise = rd.count(f, "elementwise");
+  for (int c = 0; c < kFlopCategories; ++c)
+    for (int p = 0; p < kPhases; ++p) {
+      const std::string cname(name(FlopCategory(c))), pname(name(Phase(p)));
+      const json none;
+      const json& phases = cats.contains(cname) ? cats.at(cname) : none;
+      r.ledger.flops[size_t(c)][size_t(p)] =
+          rd.count(phases, pname, "measured.flops.by_category." + cname + "." + pname);
+    }
+  if (f.contains("elementwise"))
+    r.ledger.elementwise = rd.count(f, "elementwise", "measured.flops.elementwise");
   if (f.contains("conventions") && f.at("conventions").is_object())
     for (const auto& [k, v] : f.at("conventions").items())
       if (v.is_number()) r.conventions[k] = v.get<double>();

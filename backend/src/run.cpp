@@ -187,6 +187,15 @@ int64_t eval_windows_for(const Plan& p, const TrainSettings& t) {
 }
 
 void check_source_fits(const Plan& p, const TrainSettings& t) {
+  // The window order is a permutation of 32-bit window indices (checkpointed as int32).
+  const int64_t windows = p.budget.tokens_unique / p.arch.seq_len;
+  if (windows > INT32_MAX)
+    throw InputError(fmt::format(
+        "point '{}': D̂ = {} unique tokens is {} windows of {} tokens; the backend numbers "
+        "windows in 32 bits (at most {}, D̂ up to {} at this seq_len): moeplan cannot yet train "
+        "a point with this many unique tokens",
+        p.id, p.budget.tokens_unique, windows, p.arch.seq_len, INT32_MAX,
+        int64_t(INT32_MAX) * p.arch.seq_len));
   const int64_t have = source_token_count(t.source);
   const int64_t train = p.budget.tokens_unique + 1;
   const int64_t validation = eval_windows_for(p, t) * p.arch.seq_len + 1;

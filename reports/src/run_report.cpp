@@ -420,8 +420,19 @@ void check_record(const json& r, const fs::path& f) {
   number(c, "measured.compute.", "paper");
   const json& t = object(m, "measured.", "tokens");
   for (const char* k : {"consumed", "unique", "epochs"}) number(t, "measured.tokens.", k);
-  if (!flop_count_from_json(at(object(m, "measured.", "flops"), "measured.flops.", "total")))
-    fail("measured.flops.total", "not an integer FLOP count");
+  const json& flops = object(m, "measured.", "flops");
+  if (!flop_count_from_json(at(flops, "measured.flops.", "total")))
+    fail("measured.flops.total", "not a FLOP count");
+  // The categories the time table reads (padding, recompute): each count given must be one.
+  if (flops.contains("by_category")) {
+    const json& by = object(flops, "measured.flops.", "by_category");
+    for (const auto& [cat, phases] : by.items()) {
+      const std::string path = "measured.flops.by_category." + cat;
+      if (!phases.is_object()) fail(path, "not an object");
+      for (const auto& [phase, v] : phases.items())
+        if (!flop_count_from_json(v)) fail(path + "." + phase, "not a FLOP count");
+    }
+  }
   if (!is_complete(r)) return;
   object(m, "measured.", "matches_plan");
   for (const char* k : {"final_val_bpc", "train_seconds", "wall_seconds"}) number(r, "", k);

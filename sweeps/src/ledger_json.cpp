@@ -13,20 +13,31 @@ nlohmann::json flop_count_to_json(FlopCount c) {
   return to_string(c);
 }
 
-std::optional<FlopCount> flop_count_from_json(const nlohmann::json& j) {
+namespace {
+std::optional<FlopCount> any_count(const nlohmann::json& j) {
   if (j.is_number_integer() && !j.is_number_unsigned()) return FlopCount(j.get<int64_t>());
   if (j.is_number_unsigned()) {  // 2^63 up to 2^64 - 1: exact as digits
     return parse_flop_count(std::to_string(j.get<uint64_t>()));
   }
   if (j.is_string()) return parse_flop_count(j.get<std::string>());
   if (j.is_number_float()) {
-    // A whole number below 2^63 ("5e5" in a hand-made record) is exact in a double; past it a
-    // double has lost the writer's digits.
+    // A whole number below 2^53 ("5e5" in a hand-made record) is exact in a double; from 2^53
+    // on, a double may have lost the writer's last digit (2^53 + 1 reads as 2^53).
     const double v = j.get<double>();
-    if (std::isfinite(v) && v == std::floor(v) && std::fabs(v) < 9223372036854775808.0)
+    if (std::isfinite(v) && v == std::floor(v) && std::fabs(v) < 9007199254740992.0)
       return FlopCount(int64_t(v));
   }
   return std::nullopt;
+}
+}  // namespace
+
+std::optional<FlopCount> flop_count_from_json(const nlohmann::json& j) {
+  const auto c = any_count(j);
+  // Nothing executes a negative number of FLOPs, nor 10^36 (a thousand years of a zettaFLOP/s);
+  // the bound keeps the sum of a ledger's 31 counts far inside 128 bits.
+  if (c && (*c < 0 || *c >= *parse_flop_count("1000000000000000000000000000000000000")))
+    return std::nullopt;
+  return c;
 }
 
 nlohmann::json flop_ledger_to_json(const FlopLedger& ledger) {
@@ -48,11 +59,8 @@ FlopLedger flop_ledger_from_json(const nlohmann::json& j, const std::string& whe
     const auto c =
         obj.is_object() && obj.contains(key) ? flop_count_from_json(obj.at(key)) : std::nullopt;
     if (!c)
-      throw InputError(
-          fmt::format("{}: FLOP count '{}' is missing or not an integer (valid: a JSON integer "
-                      "below 2^64, or a "
-                      "string of decimal digits)",
-                      where, path));
+      throw InputError(fmt::format("{}: FLOP count '{}' is missing or not a count ({})", where,
+                                   path, kFlopCountForms));
     return *c;
   };
   if (!j.is_object() || !j.contains("by_category") || !j.at("by_category").is_object())

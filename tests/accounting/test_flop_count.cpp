@@ -21,14 +21,18 @@ TEST_CASE("flop counts: decimal text both ways, exact past 64 bits") {
   CHECK(to_string(two64) == "18446744073709551616");
   CHECK(to_string(two64 * (int64_t(1) << 36)) == "1267650600228229401496703205376");
   CHECK(to_string(FlopCount(0) - two64) == "-18446744073709551616");
-  for (const char* s : {"0", "7", "-7", "9223372036854775808", "18446744073709551616",
-                        "99999999999999999999999999999999999999"}) {  // 38 nines < 2^127
+  // 2^127 = 170141183460469231731687303715884105728: the range is -2^127 .. 2^127 - 1.
+  for (const char* s :
+       {"0", "7", "-7", "9223372036854775808", "18446744073709551616",
+        "170141183460469231731687303715884105727", "-170141183460469231731687303715884105728"}) {
     const auto c = parse_flop_count(s);
     REQUIRE_MESSAGE(c, s);
     CHECK(to_string(*c) == s);
   }
   for (const char* s : {"", "-", "+1", " 1", "1 ", "1e20", "1.0", "0x10", "12a",
-                        "100000000000000000000000000000000000000"})  // 39 digits: refused
+                        "170141183460469231731687303715884105728",  // 2^127
+                        "-170141183460469231731687303715884105729",
+                        "1000000000000000000000000000000000000000"})  // 10^39
     CHECK_MESSAGE(!parse_flop_count(s), s);
   std::ostringstream os;
   os << two64;
@@ -47,6 +51,17 @@ TEST_CASE("flop counts: order, conversion, and a 64-bit exit that refuses rather
                        std::overflow_error);
   CHECK(double(big) == 9223372036854775808.0);
   CHECK(double(FlopCount(-3)) == -3.0);
+  // Past 2^127 - 1 arithmetic throws rather than wrapping negative.
+  const FlopCount max = *parse_flop_count("170141183460469231731687303715884105727");
+  CHECK_THROWS_WITH_AS(max + 1, "a FLOP count went beyond 128 bits (±1.7e38)", std::overflow_error);
+  CHECK_THROWS_AS(FlopCount(0) - max - 2, std::overflow_error);
+  CHECK(to_string(big * big) == "85070591730234615865843651857942052864");  // 2^126 fits
+  CHECK_THROWS_AS(big * big * 2, std::overflow_error);                      // 2^127 does not
+  CHECK(to_string(big * FlopCount(INT64_MIN) * -1) == "85070591730234615865843651857942052864");
+  FlopLedger l;
+  l.flops[0][0] = max;
+  l.flops[0][1] = 1;
+  CHECK_THROWS_AS(l.total(), std::overflow_error);
 }
 
 TEST_CASE("a ledger accumulates past 2^64 without wrapping") {

@@ -34,6 +34,7 @@
 
 #include "audit_test_util.hpp"
 #include "moeplan/accounting/error.hpp"
+#include "moeplan/audit/render.hpp"
 #include "moeplan/audit/runs.hpp"
 #include "moeplan/audit/runs_io.hpp"
 
@@ -164,9 +165,9 @@ TEST_CASE(
   text.replace(at, quoted.size(), "\"total\": 51072000000000000000");
   std::ofstream(f) << text;
   CHECK_THROWS_WITH_AS(load_run_records(f.parent_path().parent_path().string()),
-                       doctest::Contains("'total' is missing or not an integer FLOP count (a "
-                                         "JSON integer below 2^64, or a string of decimal "
-                                         "digits)"),
+                       doctest::Contains("record.json: 'measured.flops.total' is missing or "
+                                         "not a FLOP count (0 to 10^36 - 1, as a JSON integer "
+                                         "below 2^64 or a string of decimal digits)"),
                        InputError);
 }
 
@@ -185,6 +186,17 @@ TEST_CASE("runs past 2^64 FLOPs: one FLOP missing of 5.1e19 is found, which a do
                                    "6451200000000000000") != std::string::npos,
                 w[0]->message);
   CHECK(w[0]->message.find("capacity drops") != std::string::npos);
+  // --format json carries the exact counts beside the doubles, which are equal here.
+  const nlohmann::json j = nlohmann::json::parse(render_json(r));
+  bool seen = false;
+  for (const auto& f : j.at("findings"))
+    if (f.at("quantity") == "flops:expert" && f.at("severity") == "warning") {
+      seen = true;
+      CHECK(f.at("expected") == f.at("found"));
+      CHECK(f.at("expected_exact") == "6451200000000000000");
+      CHECK(f.at("found_exact") == "6451199999999999999");
+    }
+  CHECK(seen);
   // The record's total disagreeing with its categories by one FLOP is an error.
   recs[1].ledger_total += 1;
   const AuditReport r2 = audit_runs(recs, {}, {});
@@ -193,6 +205,44 @@ TEST_CASE("runs past 2^64 FLOPs: one FLOP missing of 5.1e19 is found, which a do
   CHECK_MESSAGE(e[0]->message.find("flops.total 51072000000000000000 is not the sum of its "
                                    "categories 51071999999999999999") != std::string::npos,
                 e[0]->message);
+}
+
+TEST_CASE("a record's FLOP ledger must be whole: a missing or negative count is refused") {
+  namespace fs = std::filesystem;
+  const fs::path dir = widened_runs();
+  const fs::path f = dir / "moe-k1" / "record.json";
+  nlohmann::json original;
+  {
+    std::ifstream in(f);
+    original = nlohmann::json::parse(in);
+  }
+  auto refused = [&](const nlohmann::json& r) {
+    std::ofstream(f) << r.dump();
+    try {
+      load_run_records(dir.string());
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(read)");
+  };
+  nlohmann::json r = original;
+  r["measured"]["flops"]["by_category"]["padding"].erase("forward");
+  CHECK(refused(r).find("record.json: 'measured.flops.by_category.padding.forward' is missing or "
+                        "not a FLOP count") != std::string::npos);
+  for (const nlohmann::json& bad :
+       {nlohmann::json(-1), nlohmann::json("-1"), nlohmann::json("5e19"), nlohmann::json(1.5),
+        nlohmann::json("170141183460469231731687303715884105727")}) {  // 2^127 - 1
+    r = original;
+    r["measured"]["flops"]["by_category"]["expert"]["forward"] = bad;
+    CHECK_MESSAGE(refused(r).find("'measured.flops.by_category.expert.forward' is missing or not a "
+                                  "FLOP count") != std::string::npos,
+                  bad.dump());
+  }
+  r = original;
+  r["measured"]["flops"]["elementwise"] = "-1";
+  CHECK(refused(r).find("'measured.flops.elementwise' is missing or not a FLOP count") !=
+        std::string::npos);
+  CHECK(refused(original) == "(read)");
 }
 
 TEST_CASE("planted defects in a run: capacity drops and unique data off the plan") {

@@ -312,8 +312,15 @@ TEST_CASE("report: a damaged record is refused naming the file and the key, not 
   m["measured"]["flops"]["total"] = "5e19";  // digits only, or a number
   put("moe-a", m);
   CHECK_THROWS_WITH_AS(moeplan::load_run_records(dir),
-                       doctest::Contains("'measured.flops.total' is not an integer FLOP count"),
+                       doctest::Contains("'measured.flops.total' is not a FLOP count"),
                        moeplan::InputError);
+  m = record("moe-a", false, 0.2, 1.8);
+  m["measured"]["flops"]["by_category"]["padding"] = {{"forward", -1}};  // no negative FLOPs
+  put("moe-a", m);
+  CHECK_THROWS_WITH_AS(
+      moeplan::load_run_records(dir),
+      doctest::Contains("'measured.flops.by_category.padding.forward' is not a FLOP count"),
+      moeplan::InputError);
   put("moe-a", record("moe-a", false, 0.2, 1.8));
   CHECK(moeplan::load_run_records(dir).size() == 2);
   std::filesystem::remove_all(dir);

@@ -12,8 +12,11 @@ using namespace moeplan;
 using nlohmann::json;
 
 TEST_CASE("flop counts in JSON: a number while it fits 64 bits, digits beyond") {
+  // (nlohmann's == equates 510720 and 510720.0: the type is checked apart.)
   CHECK(flop_count_to_json(FlopCount(510720)) == json(510720));
+  CHECK(flop_count_to_json(FlopCount(510720)).is_number_integer());
   CHECK(flop_count_to_json(FlopCount(INT64_MAX)) == json(INT64_MAX));
+  CHECK(flop_count_to_json(FlopCount(INT64_MAX)).is_number_integer());
   const FlopCount past = FlopCount(INT64_MAX) + 1;  // 2^63
   CHECK(flop_count_to_json(past) == json("9223372036854775808"));
   // Readers take an integer, an unsigned integer (2^63 .. 2^64-1 as a JSON reader parses it),
@@ -24,7 +27,17 @@ TEST_CASE("flop counts in JSON: a number while it fits 64 bits, digits beyond") 
   CHECK(*flop_count_from_json(json("51072000000000000000")) ==
         *parse_flop_count("51072000000000000000"));
   CHECK(*flop_count_from_json(json::parse("5e5")) == FlopCount(500000));
-  for (const char* bad : {"1.5", "1e19", "\"1e19\"", "null", "true", "[1]", "\"\""})
+  // A float reads exactly below 2^53 = 9007199254740992; 2^53 + 1 reads as 2^53, so from 2^53 on
+  // a float is refused.
+  CHECK(*flop_count_from_json(json::parse("9007199254740991.0")) == FlopCount(9007199254740991));
+  CHECK_FALSE(flop_count_from_json(json::parse("9007199254740992.0")));
+  CHECK_FALSE(flop_count_from_json(json::parse("9007199254740993.0")));
+  // 10^36 - 1 is the largest count read; 10^36 is refused.
+  const std::string nines(36, '9');
+  CHECK(to_string(*flop_count_from_json(json(nines))) == nines);
+  CHECK_FALSE(flop_count_from_json(json("1" + std::string(36, '0'))));
+  for (const char* bad :
+       {"1.5", "1e19", "\"1e19\"", "null", "true", "[1]", "\"\"", "-1", "\"-1\"", "-5e5"})
     CHECK_MESSAGE(!flop_count_from_json(json::parse(bad)), bad);
 }
 
@@ -38,8 +51,10 @@ TEST_CASE("a ledger past 2^64 round-trips through JSON exactly") {
   const json j = flop_ledger_to_json(l);
   CHECK(j.at("by_category").at("projection").at("weight-grad") == json("36893488147419103232"));
   CHECK(j.at("by_category").at("router").at("forward") == json(48));
+  CHECK(j.at("by_category").at("router").at("forward").is_number_integer());
   CHECK(j.at("total") == json("36893488147419103280"));
   CHECK(j.at("elementwise") == json(1000));
+  CHECK(j.at("elementwise").is_number_integer());
   CHECK(flop_ledger_from_json(json::parse(j.dump()), "r.json") == l);
 }
 
@@ -48,8 +63,8 @@ TEST_CASE("a damaged ledger is refused naming the file and the key") {
   j["by_category"]["expert"]["input-grad"] = 1.5;
   CHECK_THROWS_WITH_AS(
       flop_ledger_from_json(j, "r.json"),
-      "r.json: FLOP count 'by_category.expert.input-grad' is missing or not an integer (valid: a "
-      "JSON integer below 2^64, or a string of decimal digits)",
+      "r.json: FLOP count 'by_category.expert.input-grad' is missing or not a count (0 to "
+      "10^36 - 1, as a JSON integer below 2^64 or a string of decimal digits)",
       InputError);
   j["by_category"].erase("expert");
   CHECK_THROWS_WITH_AS(flop_ledger_from_json(j, "r.json"),

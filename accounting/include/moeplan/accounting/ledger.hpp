@@ -33,25 +33,29 @@ std::optional<FlopCategory> parse_flop_category(std::string_view s);
 std::optional<Phase> parse_phase(std::string_view s);
 
 // An exact FLOP count, 128 bits wide. 64 bits hold 9.2e18 FLOPs, about 8 h of one H200: less
-// than the 1e20–1e21 FLOPs of the published equal-resource runs. This holds 1.7e38, so a run's
-// cumulative ledger never overflows; one product's 2·m·n·k is computed in it too. A count that
-// must leave as a 64-bit integer (NCCL, a JSON number) says so with to_int64, which refuses what
-// does not fit rather than wrapping.
+// than the 1e20–1e21 FLOPs of the published equal-resource runs. This holds ±1.7e38 (2^127 − 1),
+// so a run's cumulative ledger does not overflow; one product's 2·m·n·k is computed in it too.
+// A count that must leave as a 64-bit integer (NCCL, a JSON number) says so with to_int64, which
+// refuses what does not fit rather than wrapping.
 class FlopCount {
  public:
   constexpr FlopCount() = default;
   constexpr FlopCount(int64_t v) : v_(v) {}  // implicit: every product count is an int64
+  // Arithmetic is checked: past ±1.7e38 it throws std::overflow_error rather than wrap.
   constexpr FlopCount& operator+=(FlopCount o) {
-    v_ += o.v_;
+    if (__builtin_add_overflow(v_, o.v_, &v_)) overflow();
     return *this;
   }
   constexpr FlopCount& operator-=(FlopCount o) {
-    v_ -= o.v_;
+    if (__builtin_sub_overflow(v_, o.v_, &v_)) overflow();
     return *this;
   }
   friend constexpr FlopCount operator+(FlopCount a, FlopCount b) { return a += b; }
   friend constexpr FlopCount operator-(FlopCount a, FlopCount b) { return a -= b; }
-  friend constexpr FlopCount operator*(FlopCount a, FlopCount b) { return from_wide(a.v_ * b.v_); }
+  friend constexpr FlopCount operator*(FlopCount a, FlopCount b) {
+    if (__builtin_mul_overflow(a.v_, b.v_, &a.v_)) overflow();
+    return a;
+  }
   friend constexpr bool operator==(FlopCount a, FlopCount b) { return a.v_ == b.v_; }
   friend constexpr bool operator<(FlopCount a, FlopCount b) { return a.v_ < b.v_; }
   friend constexpr bool operator>(FlopCount a, FlopCount b) { return b < a; }
@@ -69,14 +73,14 @@ class FlopCount {
     c.v_ = w;
     return c;
   }
+  [[noreturn]] static void overflow();
   Wide v_ = 0;
   friend std::string to_string(FlopCount c);
   friend std::optional<FlopCount> parse_flop_count(std::string_view s);
 };
 
 std::string to_string(FlopCount c);  // exact decimal digits, '-' first when negative
-// Decimal digits with an optional leading '-'; nullopt for anything else, or for more than 38
-// digits (10^38 < 2^127).
+// Decimal digits with an optional leading '-'; nullopt for anything else, or beyond ±(2^127 − 1).
 std::optional<FlopCount> parse_flop_count(std::string_view s);
 std::ostream& operator<<(std::ostream& os, FlopCount c);
 

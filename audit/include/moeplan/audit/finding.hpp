@@ -21,6 +21,9 @@ struct Finding {
   std::optional<double> rel_diff;  // (found − expected) / expected
   double tolerance = 0;            // relative
   std::string message;             // one line, says why
+  // Exact integers (FLOP counts) behind `expected` and `found` where a double may round them: a
+  // ledger of 5e19 FLOPs one FLOP off reads the same as a double. Empty otherwise.
+  std::string expected_exact = {}, found_exact = {};
 };
 
 // One quantity of one claim: the spread over the claim's rows and its verdict.

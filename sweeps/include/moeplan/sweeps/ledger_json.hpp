@@ -12,9 +12,14 @@
 
 namespace moeplan {
 
+// What a reader takes, for messages.
+inline constexpr const char* kFlopCountForms =
+    "0 to 10^36 - 1, as a JSON integer below 2^64 or a string of decimal digits";
+
 nlohmann::json flop_count_to_json(FlopCount c);
-// An integer, a whole number below 2^63 written as a float ("5e5"), or a string of digits;
-// nullopt for anything else (a fraction; a float past 2^63, whose digits a double has lost).
+// A count from 0 to 10^36 − 1: an integer, a whole number below 2^53 written as a float ("5e5"),
+// or a string of digits; nullopt for anything else (a negative count; a fraction; a float from
+// 2^53 on, whose last digit a double may have lost; 10^36 or more, which no run executes).
 std::optional<FlopCount> flop_count_from_json(const nlohmann::json& j);
 
 // {"by_category": {category: {phase: count}}, "elementwise": count, "total": count}
