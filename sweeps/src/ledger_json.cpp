@@ -15,10 +15,12 @@ nlohmann::json flop_count_to_json(FlopCount c) {
 
 namespace {
 std::optional<FlopCount> any_count(const nlohmann::json& j) {
-  if (j.is_number_integer() && !j.is_number_unsigned()) return FlopCount(j.get<int64_t>());
-  if (j.is_number_unsigned()) {  // 2^63 up to 2^64 - 1: exact as digits
-    return parse_flop_count(std::to_string(j.get<uint64_t>()));
+  if (j.is_number_unsigned()) {  // how a JSON reader holds a non-negative integer
+    const uint64_t v = j.get<uint64_t>();
+    if (v <= uint64_t(INT64_MAX)) return FlopCount(int64_t(v));
+    return parse_flop_count(std::to_string(v));  // 2^63 up to 2^64 - 1, exact as digits
   }
+  if (j.is_number_integer()) return FlopCount(j.get<int64_t>());
   if (j.is_string()) return parse_flop_count(j.get<std::string>());
   if (j.is_number_float()) {
     // A whole number below 2^53 ("5e5" in a hand-made record) is exact in a double; from 2^53
@@ -32,11 +34,12 @@ std::optional<FlopCount> any_count(const nlohmann::json& j) {
 }  // namespace
 
 std::optional<FlopCount> flop_count_from_json(const nlohmann::json& j) {
-  const auto c = any_count(j);
   // Nothing executes a negative number of FLOPs, nor 10^36 (a thousand years of a zettaFLOP/s);
   // the bound keeps the sum of a ledger's 31 counts far inside 128 bits.
-  if (c && (*c < 0 || *c >= *parse_flop_count("1000000000000000000000000000000000000")))
-    return std::nullopt;
+  constexpr int64_t kE18 = 1'000'000'000'000'000'000;
+  constexpr FlopCount kLimit = FlopCount(kE18) * kE18;
+  const auto c = any_count(j);
+  if (c && (*c < 0 || *c >= kLimit)) return std::nullopt;
   return c;
 }
 
