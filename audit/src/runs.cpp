@@ -459,25 +459,7 @@ RunRecord parse_run_record(std::string_view text, std::string source) {
   r.executed_mask = *mk;
   r.ledger_total = rd.count(f, "total", "measured.flops.total");
   // Every category and phase, each a count: one missing is not read as zero.
-  const json& cats = rd.obj(f, "by_category");
-  for (const auto& [cname, phases] : cats.items()) {
-    if (!parse_flop_category(cname))
-      throw InputError(fmt::format("{}: unknown FLOP category '{}'", r.source, cname));
-    if (!phases.is_object()) rd.fail("measured.flops.by_category." + cname, "an object");
-    for (const auto& [pname, v] : phases.items())
-      if (!parse_phase(pname))
-        throw InputError(fmt::format("{}: unknown phase '{}' under {}", r.source, pname, cname));
-  }
-  for (int c = 0; c < kFlopCategories; ++c)
-    for (int p = 0; p < kPhases; ++p) {
-      const std::string cname(name(FlopCategory(c))), pname(name(Phase(p)));
-      const json none;
-      const json& phases = cats.contains(cname) ? cats.at(cname) : none;
-      r.ledger.flops[size_t(c)][size_t(p)] =
-          rd.count(phases, pname, "measured.flops.by_category." + cname + "." + pname);
-    }
-  if (f.contains("elementwise"))
-    r.ledger.elementwise = rd.count(f, "elementwise", "measured.flops.elementwise");
+  r.ledger = flop_ledger_from_json(f, r.source, "measured.flops.");
   if (f.contains("conventions") && f.at("conventions").is_object())
     for (const auto& [k, v] : f.at("conventions").items())
       if (v.is_number()) r.conventions[k] = v.get<double>();

@@ -57,29 +57,41 @@ nlohmann::json flop_ledger_to_json(const FlopLedger& ledger) {
           {"total", flop_count_to_json(ledger.total())}};
 }
 
-FlopLedger flop_ledger_from_json(const nlohmann::json& j, const std::string& where) {
+FlopLedger flop_ledger_from_json(const nlohmann::json& j, const std::string& where,
+                                 const std::string& prefix) {
+  auto missing = [&](const std::string& key, const char* want) {
+    return InputError(fmt::format("{}: '{}{}' is missing or not {}", where, prefix, key, want));
+  };
   auto count = [&](const nlohmann::json& obj, const std::string& key, const std::string& path) {
     const auto c =
         obj.is_object() && obj.contains(key) ? flop_count_from_json(obj.at(key)) : std::nullopt;
-    if (!c)
-      throw InputError(fmt::format("{}: FLOP count '{}' is missing or not a count ({})", where,
-                                   path, kFlopCountForms));
+    if (!c) throw missing(path, fmt::format("a FLOP count ({})", kFlopCountForms).c_str());
     return *c;
   };
   if (!j.is_object() || !j.contains("by_category") || !j.at("by_category").is_object())
-    throw InputError(fmt::format("{}: 'by_category' is missing or not an object", where));
+    throw missing("by_category", "an object");
+  const nlohmann::json& by = j.at("by_category");
+  // A name the ledger does not have is a typo or another tool's ledger, not a count to drop.
+  for (const auto& [cat, phases] : by.items()) {
+    if (!parse_flop_category(cat))
+      throw InputError(
+          fmt::format("{}: unknown FLOP category '{}' under {}by_category", where, cat, prefix));
+    if (!phases.is_object()) throw missing("by_category." + cat, "an object");
+    for (const auto& [phase, v] : phases.items())
+      if (!parse_phase(phase))
+        throw InputError(fmt::format("{}: unknown phase '{}' under {}by_category.{}", where, phase,
+                                     prefix, cat));
+  }
   FlopLedger l;
   for (int c = 0; c < kFlopCategories; ++c) {
     const std::string cat(name(FlopCategory(c)));
-    const auto& by = j.at("by_category");
-    if (!by.contains(cat) || !by.at(cat).is_object())
-      throw InputError(fmt::format("{}: 'by_category.{}' is missing or not an object", where, cat));
+    if (!by.contains(cat)) throw missing("by_category." + cat, "an object");
     for (int p = 0; p < kPhases; ++p) {
       const std::string phase(name(Phase(p)));
       l.flops[size_t(c)][size_t(p)] = count(by.at(cat), phase, "by_category." + cat + "." + phase);
     }
   }
-  l.elementwise = count(j, "elementwise", "elementwise");
+  if (j.contains("elementwise")) l.elementwise = count(j, "elementwise", "elementwise");
   return l;
 }
 

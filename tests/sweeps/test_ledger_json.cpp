@@ -62,11 +62,22 @@ TEST_CASE("a damaged ledger is refused naming the file and the key") {
   json j = flop_ledger_to_json(FlopLedger{});
   j["by_category"]["expert"]["input-grad"] = 1.5;
   CHECK_THROWS_WITH_AS(
-      flop_ledger_from_json(j, "r.json"),
-      "r.json: FLOP count 'by_category.expert.input-grad' is missing or not a count (0 to "
-      "10^36 - 1, as a JSON integer below 2^64 or a string of decimal digits)",
+      flop_ledger_from_json(j, "r.json", "measured.flops."),
+      "r.json: 'measured.flops.by_category.expert.input-grad' is missing or not a FLOP count (0 "
+      "to 10^36 - 1, as a JSON integer below 2^64 or a string of decimal digits)",
       InputError);
   j["by_category"].erase("expert");
   CHECK_THROWS_WITH_AS(flop_ledger_from_json(j, "r.json"),
                        "r.json: 'by_category.expert' is missing or not an object", InputError);
+  j["by_category"]["expert"] = flop_ledger_to_json(FlopLedger{})["by_category"]["router"];
+  j["by_category"]["experts"] = j["by_category"]["expert"];  // a typo is not dropped
+  CHECK_THROWS_WITH_AS(flop_ledger_from_json(j, "r.json"),
+                       "r.json: unknown FLOP category 'experts' under by_category", InputError);
+  j["by_category"].erase("experts");
+  j["by_category"]["router"]["backward"] = 0;
+  CHECK_THROWS_WITH_AS(flop_ledger_from_json(j, "r.json"),
+                       "r.json: unknown phase 'backward' under by_category.router", InputError);
+  j["by_category"]["router"].erase("backward");
+  j.erase("elementwise");  // informational: may be left out
+  CHECK(flop_ledger_from_json(j, "r.json") == FlopLedger{});
 }

@@ -24,7 +24,10 @@ std::optional<FlopCount> flop_count_from_json(const nlohmann::json& j);
 
 // {"by_category": {category: {phase: count}}, "elementwise": count, "total": count}
 nlohmann::json flop_ledger_to_json(const FlopLedger& ledger);
-// Every category and phase must be present; throws InputError naming `where` and the key.
-FlopLedger flop_ledger_from_json(const nlohmann::json& j, const std::string& where);
+// Every category and phase must be present, and no other (elementwise, informational, may be
+// left out); throws InputError naming `where` (the file) and the key after `prefix` (the
+// ledger's place in the file, e.g. "measured.flops.").
+FlopLedger flop_ledger_from_json(const nlohmann::json& j, const std::string& where,
+                                 const std::string& prefix = "");
 
 }  // namespace moeplan
