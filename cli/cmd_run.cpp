@@ -8,6 +8,7 @@
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <optional>
 
 #include <fmt/format.h>
@@ -16,6 +17,7 @@
 #include "command.hpp"
 #include "moeplan/accounting/error.hpp"
 #include "moeplan/accounting/units.hpp"
+#include "moeplan/audit/runs.hpp"
 #include "moeplan/backend/atomic_file.hpp"
 #include "moeplan/backend/engine.hpp"
 #include "moeplan/backend/launch.hpp"
@@ -137,6 +139,24 @@ class ProgressPrinter {
   std::chrono::steady_clock::time_point last_print_{};
 };
 
+// A complete record is skipped, not trained again: it must read as the audit reads it (a damaged
+// one is refused, before anything trains) and hold to its plan (when not, the skip line says
+// which check fails). Returns that line's addition, empty when the record holds.
+std::string check_complete_record(const nlohmann::json& rec, const std::string& path) {
+  const audit::RunRecord r = audit::parse_run_record(rec.dump(), path);
+  const audit::AuditReport report = audit::audit_runs({r}, {}, {});
+  std::vector<const audit::Finding*> errors;
+  for (const audit::Finding& f : report.findings)
+    if (f.severity == audit::Severity::error) errors.push_back(&f);
+  if (errors.empty()) return {};
+  return fmt::format(
+      "; its record does not hold to its plan: {}{} (`moeplan audit {}` lists "
+      "every finding; move the folder away to train the point again)",
+      errors.front()->message,
+      errors.size() > 1 ? fmt::format(" (and {} more)", errors.size() - 1) : "",
+      std::filesystem::path(path).parent_path().parent_path().string());
+}
+
 int run(const RunFlags& f) {
   namespace fs = std::filesystem;
   const Manifest m = read_manifest(f.manifest);
@@ -178,9 +198,14 @@ int run(const RunFlags& f) {
   opt.estimate_steps = f.estimate.value_or(0);
   // Everything that can be refused is refused before the first step of the first point.
   backend::require_device(opt.device);
+  std::map<std::string, std::string> skip_notes;  // point id: what its complete record fails
   for (const Plan* p : points) {
     backend::check_plan_consistent(*p);
     backend::check_source_fits(*p, m.train);
+    const nlohmann::json rec = backend::existing_record(*p, plan_to_json(*p), m.train, opt.out_dir);
+    if (rec.is_object() && rec.value("status", "") == "complete")
+      skip_notes[p->id] =
+          check_complete_record(rec, (opt.out_dir / p->id / "record.json").string());
   }
   if (!f.estimate) backend::ensure_writable_dir(opt.out_dir);  // an estimate writes nothing
 
@@ -232,7 +257,8 @@ int run(const RunFlags& f) {
         break;
       }
       case backend::PointStatus::skipped:
-        fmt::print("{} already complete ({}), skipped\n", label, out.record_path.string());
+        fmt::print("{} already complete ({}), skipped{}\n", label, out.record_path.string(),
+                   skip_notes[p->id]);
         break;
       case backend::PointStatus::interrupted:
         fmt::print(

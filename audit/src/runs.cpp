@@ -200,6 +200,90 @@ class RunAuditor {
     return n_plan_reading;
   }
 
+  // A measured ledger against an analytic one, category by category: every difference is
+  // named with its reason, and those no routing, auxiliary loss, recompute or padding explains
+  // are errors. `q` prefixes each finding's quantity ("flops", "validation-flops"); `what` says
+  // what the analytic ledger counts ("45 steps").
+  void compare_exact(const std::string& id, const std::string& q, const FlopLedger& measured,
+                     const FlopLedger& analytic, AttentionMask mask, const std::string& what) {
+    const std::string label = convention_label(Convention::exact, mask);
+    const std::string whose = q == "flops" ? "" : "validation ";
+    for (int c = 0; c < kFlopCategories; ++c) {
+      const FlopCategory cat = FlopCategory(c);
+      const FlopCount m = measured.category(cat), e = analytic.category(cat);
+      if (m == e) continue;
+      std::string why;
+      Severity sev = Severity::info;
+      switch (cat) {
+        case FlopCategory::expert:
+          why = m < e ? "fewer routed assignments than dropless K per token: capacity drops"
+                      : "more routed assignments than K per token: a routing bug";
+          sev = m < e ? Severity::warning : Severity::error;
+          break;
+        case FlopCategory::aux_loss:
+          why = "auxiliary loss (ERC) products, not in the dropless model";
+          break;
+        case FlopCategory::recompute:
+          why =
+              "products executed again (activation recompute, or the fused attention's "
+              "backward recomputing scores)";
+          break;
+        case FlopCategory::padding:
+          why =
+              "executed beyond the model's useful work (padding tokens, the masked part "
+              "of attention squares a device computes, or the unfilled rows of expert "
+              "tiles)";
+          break;
+        default:
+          why = "not explained by routing, auxiliary losses, recompute or padding";
+          sev = Severity::error;
+      }
+      add(sev, id, fmt::format("{}:{}", q, name(cat)), double(e), double(m), 0,
+          fmt::format("{}{} {} FLOPs: measured {} vs analytic {} for {} ({}): {}", whose, label,
+                      name(cat), to_string(m), to_string(e), what,
+                      e != 0 ? pct(rel(double(m), double(e))) : std::string("none expected"), why));
+      exact(e, m);
+    }
+  }
+
+  // The validation ledger (not part of C): forward products only, each evaluation one forward
+  // pass over the held-out windows. A damaged or inflated one means the BPC was not measured on
+  // what the record says.
+  void check_validation_flops(const RunRecord& r, const Plan& p) {
+    if (!r.has_validation_ledger) return;  // an older record
+    const std::string& id = r.point_id;
+    if (r.validation_ledger.total() != r.validation_total) {
+      add(Severity::error, id, "validation-flops", double(r.validation_ledger.total()),
+          double(r.validation_total), 0,
+          fmt::format("the record's flops.validation.total {} is not the sum of its categories {}",
+                      to_string(r.validation_total), to_string(r.validation_ledger.total())));
+      exact(r.validation_ledger.total(), r.validation_total);
+    }
+    for (Phase ph : {Phase::input_grad, Phase::weight_grad})
+      if (const FlopCount b = r.validation_ledger.phase(ph); b != 0) {
+        add(Severity::error, id, "validation-flops", 0, double(b), 0,
+            fmt::format("the validation ledger has {} {} FLOPs: an evaluation runs no backward "
+                        "pass",
+                        to_string(b), name(ph)));
+        exact(0, b);
+      }
+    const int64_t seq = p.arch.seq_len;
+    if (r.evaluations < 0 || r.validation_tokens <= 0 || seq <= 0 ||
+        r.validation_tokens % seq != 0) {
+      add(Severity::info, id, "validation-flops", {}, double(r.validation_ledger.total()), 0,
+          "the validation ledger is not compared with an analytic one: the record does not say "
+          "how many evaluations of how many held-out windows it ran");
+      return;
+    }
+    FlopLedger forward =
+        exact_step_ledger(p.arch, r.validation_tokens / seq, {r.executed_mask, false, {}});
+    for (auto& by_phase : forward.flops)
+      by_phase[size_t(Phase::input_grad)] = by_phase[size_t(Phase::weight_grad)] = 0;
+    compare_exact(
+        id, "validation-flops", r.validation_ledger, forward * r.evaluations, r.executed_mask,
+        fmt::format("{} evaluations of {} held-out tokens", r.evaluations, r.validation_tokens));
+  }
+
   // Measured ledger against the analytic `exact` ledger for the steps actually run, and against
   // the plan's convention through lens(); every category that differs is named with its reason.
   double check_flops(const RunRecord& r, const Plan& p) {
@@ -216,46 +300,9 @@ class RunAuditor {
     // exact: the analytic ledger of the steps the tokens say were run (dropless routing).
     if (step_tokens > 0 && r.tokens_consumed % step_tokens == 0) {
       const int64_t steps = r.tokens_consumed / step_tokens;
-      const FlopLedger analytic =
-          exact_step_ledger(a, p.budget.batch_seqs, {r.executed_mask, false, {}}) * steps;
-      const std::string label = convention_label(Convention::exact, r.executed_mask);
-      for (int c = 0; c < kFlopCategories; ++c) {
-        const FlopCategory cat = FlopCategory(c);
-        const FlopCount m = r.ledger.category(cat), e = analytic.category(cat);
-        if (m == e) continue;
-        std::string why;
-        Severity sev = Severity::info;
-        switch (cat) {
-          case FlopCategory::expert:
-            why = m < e ? "fewer routed assignments than dropless K per token: capacity drops"
-                        : "more routed assignments than K per token: a routing bug";
-            sev = m < e ? Severity::warning : Severity::error;
-            break;
-          case FlopCategory::aux_loss:
-            why = "auxiliary loss (ERC) products, not in the dropless model";
-            break;
-          case FlopCategory::recompute:
-            why =
-                "products executed again (activation recompute, or the fused attention's "
-                "backward recomputing scores)";
-            break;
-          case FlopCategory::padding:
-            why =
-                "executed beyond the model's useful work (padding tokens, the masked part "
-                "of attention squares a device computes, or the unfilled rows of expert "
-                "tiles)";
-            break;
-          default:
-            why = "not explained by routing, auxiliary losses, recompute or padding";
-            sev = Severity::error;
-        }
-        add(sev, id, fmt::format("flops:{}", name(cat)), double(e), double(m), 0,
-            fmt::format("{} {} FLOPs: measured {} vs analytic {} for {} steps ({}): {}", label,
-                        name(cat), to_string(m), to_string(e), steps,
-                        e != 0 ? pct(rel(double(m), double(e))) : std::string("none expected"),
-                        why));
-        exact(e, m);
-      }
+      compare_exact(id, "flops", r.ledger,
+                    exact_step_ledger(a, p.budget.batch_seqs, {r.executed_mask, false, {}}) * steps,
+                    r.executed_mask, fmt::format("{} steps", steps));
     } else {
       add(Severity::warning, id, "tokens_consumed", {}, double(r.tokens_consumed), 0,
           fmt::format("{} tokens consumed is not a whole number of steps of {} tokens: the exact "
@@ -463,6 +510,14 @@ RunRecord parse_run_record(std::string_view text, std::string source) {
   if (f.contains("conventions") && f.at("conventions").is_object())
     for (const auto& [k, v] : f.at("conventions").items())
       if (v.is_number()) r.conventions[k] = v.get<double>();
+  if (f.contains("validation")) {
+    const json& v = rd.obj(f, "validation");
+    r.has_validation_ledger = true;
+    r.validation_total = rd.count(v, "total", "measured.flops.validation.total");
+    r.validation_ledger = flop_ledger_from_json(v, r.source, "measured.flops.validation.");
+  }
+  if (j.contains("val_curve") && j.at("val_curve").is_array())
+    r.evaluations = int64_t(j.at("val_curve").size());
   const json& t = rd.obj(m, "tokens");
   r.tokens_consumed = rd.integer(t, "consumed");
   r.tokens_unique = rd.integer(t, "unique");
@@ -625,6 +680,7 @@ AuditReport audit_runs(const std::vector<RunRecord>& records, const std::vector<
     const double n = au.check_params(r, *plan);
     const double c = au.check_flops(r, *plan);
     au.check_tokens(r, *plan);
+    au.check_validation_flops(r, *plan);
     for (size_t i = first; i < report.findings.size(); ++i)
       if (report.findings[i].severity == Severity::error) point.holds = false;
     report.claims.push_back(point);

@@ -293,6 +293,36 @@ std::string settings_differ(const nlohmann::json& stored, const nlohmann::json& 
 
 }  // namespace
 
+nlohmann::json existing_record(const Plan& plan, const nlohmann::json& plan_json,
+                               const TrainSettings& train, const std::filesystem::path& out_dir) {
+  const fs::path path = out_dir / plan.id / "record.json";
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return nullptr;
+  nlohmann::json rec;
+  try {
+    rec = nlohmann::json::parse(read_file(path));
+  } catch (const nlohmann::json::exception& e) {
+    throw InputError(fmt::format("record '{}' is unreadable ({}); move it away to rerun the point",
+                                 path.string(), e.what()));
+  }
+  if (!rec.is_object())
+    throw InputError(fmt::format(
+        "record '{}' is not a JSON object; move it away to rerun the point", path.string()));
+  if (rec.value("plan", nlohmann::json()) != plan_json)
+    throw InputError(fmt::format(
+        "'{}' was made from a different plan for point '{}'; move the folder away or choose "
+        "another --out",
+        path.string(), plan.id));
+  if (const std::string d =
+          settings_differ(rec.value("train", nlohmann::json()), train_to_json(train));
+      !d.empty())
+    throw InputError(fmt::format(
+        "'{}' was trained with other [train] settings: {}; move the folder away or choose "
+        "another --out (a sweep with another seed or data belongs in a folder of its own)",
+        path.string(), d));
+  return rec;
+}
+
 PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
                        const TrainSettings& train, const RunOptions& opt) {
   check_plan_consistent(plan);
@@ -302,35 +332,15 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
   PointOutcome outcome;
   outcome.record_path = dir / "record.json";
 
-  std::error_code ec;
-  if (fs::exists(outcome.record_path, ec)) {
-    nlohmann::json rec;
-    try {
-      rec = nlohmann::json::parse(read_file(outcome.record_path));
-    } catch (const nlohmann::json::exception& e) {
-      throw InputError(
-          fmt::format("record '{}' is unreadable ({}); move it away to rerun the point",
-                      outcome.record_path.string(), e.what()));
-    }
-    if (rec.value("plan", nlohmann::json()) != plan_json)
-      throw InputError(
-          fmt::format("'{}' was made from a different plan for point '{}'; move the "
-                      "folder away or choose another --out",
-                      outcome.record_path.string(), plan.id));
-    if (const std::string d = settings_differ(rec.value("train", nlohmann::json()),
-                                              train_to_json(train));
-        !d.empty())
-      throw InputError(fmt::format(
-          "'{}' was trained with other [train] settings: {}; move the folder away or choose "
-          "another --out (a sweep with another seed or data belongs in a folder of its own)",
-          outcome.record_path.string(), d));
-    if (rec.value("status", "") == "complete") {
+  if (nlohmann::json rec = existing_record(plan, plan_json, train, opt.out_dir); rec.is_object()) {
+    const bool complete = rec.value("status", "") == "complete";
+    outcome.record = std::move(rec);  // an interrupted point's: an estimate counts what is left
+    if (complete) {
       outcome.status = PointStatus::skipped;
-      outcome.record = std::move(rec);
       return outcome;
     }
-    outcome.record = std::move(rec);  // an interrupted point's: an estimate counts what is left
   }
+  std::error_code ec;
   const bool estimating = opt.estimate_steps > 0;
   if (!estimating) ensure_writable_dir(ckpt_dir);
 

@@ -245,6 +245,102 @@ TEST_CASE("a record's FLOP ledger must be whole: a missing or negative count is 
   CHECK(refused(original) == "(read)");
 }
 
+TEST_CASE("the validation ledger: forward only, one pass over the held-out windows each time") {
+  // moe-k1 evaluated twice on 2 held-out windows (8 tokens): each evaluation is one training
+  // step's forward (2 sequences of S = 4). Per evaluation, from the header's products:
+  //   projection 8192, attention-core 2 layers · 640 = 1280, dense-ffn 6144, expert 3072,
+  //   shared-expert 3072, router 512, lm-head 2048: 24,320. Two evaluations: 48,640.
+  namespace fs = std::filesystem;
+  using nlohmann::json;
+  const fs::path dir = fs::temp_directory_path() / "moeplan_audit_validation";
+  fs::remove_all(dir);
+  json rec;
+  for (const char* id : {"dense", "moe-k1"}) {
+    std::ifstream in(fixture("runs_ok") + "/" + id + "/record.json");
+    json r = json::parse(in);
+    if (std::string(id) == "moe-k1") rec = r;
+    fs::create_directories(dir / id);
+    std::ofstream(dir / id / "record.json") << r.dump();
+  }
+  const std::pair<const char*, int64_t> per_eval[] = {
+      {"projection", 8192},    {"attention-core", 1280}, {"dense-ffn", 6144}, {"expert", 3072},
+      {"shared-expert", 3072}, {"router", 512},          {"lm-head", 2048},   {"padding", 0},
+      {"recompute", 0},        {"aux-loss", 0}};
+  json v;
+  for (const auto& [cat, f] : per_eval)
+    v["by_category"][cat] = {{"forward", 2 * f}, {"input-grad", 0}, {"weight-grad", 0}};
+  v["total"] = 48640;
+  v["elementwise"] = 100;
+  rec["measured"]["flops"]["validation"] = v;
+  rec["data"] = {{"source", "builtin"}, {"description", "d"}, {"validation_tokens", 8}};
+  rec["val_curve"] = json::array({json{{"step", 3}}, json{{"step", 7}}});
+  auto audit = [&](const json& r) {
+    std::ofstream(dir / "moe-k1" / "record.json") << r.dump();
+    return audit_runs(load_run_records(dir.string()), {}, {});
+  };
+  auto errors = [](const AuditReport& r, const std::string& q) {
+    return matching(r.findings, Severity::error, "moe-k1", 0, q);
+  };
+  {
+    const AuditReport r = audit(rec);
+    for (const Finding& f : r.findings)
+      CHECK_MESSAGE(f.quantity.rfind("validation", 0) != 0, f.message);
+    const RunRecord m = load_run_records(dir.string())[1];
+    CHECK(m.has_validation_ledger);
+    CHECK(m.evaluations == 2);
+    CHECK(m.validation_ledger.total() == 48640);
+  }
+  {  // one router FLOP more than two passes: not explained
+    json r = rec;
+    r["measured"]["flops"]["validation"]["by_category"]["router"]["forward"] = 1025;
+    r["measured"]["flops"]["validation"]["total"] = 48641;
+    const AuditReport a = audit(r);
+    const auto e = errors(a, "validation-flops:router");
+    REQUIRE(e.size() == 1);
+    CHECK_MESSAGE(e[0]->message.find("validation exact/causal router FLOPs: measured 1025 vs "
+                                     "analytic 1024 for 2 evaluations of 8 held-out tokens") !=
+                      std::string::npos,
+                  e[0]->message);
+  }
+  {  // three evaluations in the curve, two in the ledger: every category differs
+    json r = rec;
+    r["val_curve"].push_back(json{{"step", 9}});
+    const AuditReport a = audit(r);
+    CHECK(errors(a, "validation-flops:projection").size() == 1);
+    CHECK(errors(a, "validation-flops:lm-head").size() == 1);
+    CHECK(matching(a.findings, Severity::warning, "moe-k1", 0, "validation-flops:expert").size() ==
+          1);  // fewer routed products than dropless: read as capacity drops
+  }
+  {  // a backward pass in the validation ledger, and a total that is not the sum
+    json r = rec;
+    r["measured"]["flops"]["validation"]["by_category"]["lm-head"]["input-grad"] = 4096;
+    const AuditReport a = audit(r);
+    const auto e = errors(a, "validation-flops");
+    REQUIRE(e.size() == 2);
+    CHECK(e[0]->message.find("flops.validation.total 48640 is not the sum of its categories "
+                             "52736") != std::string::npos);
+    CHECK(e[1]->message.find("4096 input-grad FLOPs: an evaluation runs no backward pass") !=
+          std::string::npos);
+  }
+  {  // a damaged count is refused by its full key
+    json r = rec;
+    r["measured"]["flops"]["validation"]["by_category"]["expert"]["forward"] = -6;
+    std::ofstream(dir / "moe-k1" / "record.json") << r.dump();
+    CHECK_THROWS_WITH_AS(load_run_records(dir.string()),
+                         doctest::Contains("'measured.flops.validation.by_category.expert."
+                                           "forward' is missing or not a FLOP count"),
+                         InputError);
+  }
+  {  // a record that does not say its held-out size: said, not compared
+    json r = rec;
+    r.erase("data");
+    const AuditReport a = audit(r);
+    const auto i = matching(a.findings, Severity::info, "moe-k1", 0, "validation-flops");
+    REQUIRE(i.size() == 1);
+    CHECK(i[0]->message.find("not compared") != std::string::npos);
+  }
+}
+
 TEST_CASE("planted defects in a run: capacity drops and unique data off the plan") {
   const AuditReport r = audit_runs(load_run_records(fixture("runs_bad")), {}, {});
   const auto drop = matching(r.findings, Severity::warning, "moe-k1", 0, "flops:expert");
@@ -338,6 +434,21 @@ TEST_CASE("a GPU record and a CPU record of the same point: same ledger but for 
   const auto pad = matching(r.findings, Severity::info, "moe-ra0.200", 0, "flops:padding");
   REQUIRE(!pad.empty());
   CHECK(pad[0]->message.find("masked part of attention squares") != std::string::npos);
+  // The validation ledgers (11 evaluations of 16,384 held-out tokens each) likewise: equal but
+  // for the GPU's padding, which is explained; the CPU's equals the analytic forward exactly.
+  REQUIRE(gpu[0].has_validation_ledger);
+  REQUIRE(cpu[0].has_validation_ledger);
+  CHECK(gpu[0].evaluations == 11);
+  for (int i = 0; i < kFlopCategories; ++i)
+    if (FlopCategory(i) != FlopCategory::padding) {
+      INFO(name(FlopCategory(i)));
+      CHECK(gpu[0].validation_ledger.flops[i] == cpu[0].validation_ledger.flops[i]);
+    }
+  CHECK(gpu[0].validation_ledger.category(FlopCategory::padding) > 0);
+  CHECK(matching(r.findings, Severity::info, "moe-ra0.200", 0, "validation-flops:padding").size() ==
+        1);
+  for (const Finding& f : audit_runs(cpu, {}, {}).findings)
+    CHECK_MESSAGE(f.quantity.rfind("validation", 0) != 0, f.message);
 }
 
 TEST_CASE("the same data for every point: source and held-out set; [train] settings compared") {

@@ -207,7 +207,37 @@ TEST_CASE("moeplan run: ledgers equal the plan and an independent count; reruns 
   const Result again = run_cli({"run", (dir / "sweep.toml").string(), "--out", out.string()});
   CHECK(again.status == 0);
   CHECK(again.out.find("already complete") != std::string::npos);
+  CHECK(again.out.find("does not hold") == std::string::npos);
   CHECK(read_file(out / "dense" / "record.json") == before);
+
+  // A complete record is read as the audit reads it before it is skipped. One that holds to its
+  // plan in every count but one: the skip line names the count (the record is left as it is).
+  const std::string moe_before = read_file(out / "moe-a" / "record.json");
+  json inflated = json::parse(moe_before);
+  json& f = inflated["measured"]["flops"];
+  f["by_category"]["lm-head"]["forward"] =
+      f["by_category"]["lm-head"]["forward"].get<int64_t>() + 1;
+  f["total"] = f["total"].get<int64_t>() + 1;
+  write_file_atomic(out / "moe-a" / "record.json", inflated.dump());
+  const Result noted = run_cli({"run", (dir / "sweep.toml").string(), "--out", out.string()});
+  CHECK(noted.status == 0);
+  CHECK_MESSAGE(noted.out.find("skipped; its record does not hold to its plan: exact/causal "
+                               "lm-head FLOPs: measured ") != std::string::npos,
+                noted.out);
+
+  // A damaged one is refused before any point trains: the dense point, moved away, is not
+  // trained again, and the message names the file and the key.
+  json damaged = json::parse(moe_before);
+  damaged["measured"]["flops"]["validation"]["by_category"]["router"]["forward"] = -3;
+  write_file_atomic(out / "moe-a" / "record.json", damaged.dump());
+  fs::remove_all(out / "dense");
+  const Result refused = run_cli({"run", (dir / "sweep.toml").string(), "--out", out.string()});
+  CHECK(refused.status == 2);
+  CHECK(one_line(refused.err));
+  CHECK_MESSAGE(refused.err.find("moe-a/record.json: 'measured.flops.validation.by_category.router."
+                                 "forward' is missing or not a FLOP count") != std::string::npos,
+                refused.err);
+  CHECK(!fs::exists(out / "dense"));
 }
 
 TEST_CASE(

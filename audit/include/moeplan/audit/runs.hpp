@@ -29,6 +29,12 @@ struct RunRecord {
   FlopLedger ledger;                          // training FLOPs by category and phase
   FlopCount ledger_total = 0;                 // the record's own "total" (exact)
   std::map<std::string, double> conventions;  // the record's lens() figures, by label
+  // The validation passes' ledger (forward only, not part of C) and the number of passes
+  // (val_curve's length); absent (false / -1) in older records.
+  bool has_validation_ledger = false;
+  FlopLedger validation_ledger;
+  FlopCount validation_total = 0;
+  int64_t evaluations = -1;
   int64_t tokens_consumed = 0, tokens_unique = 0, tokens_dropped = 0;
   double epochs = 0;
   // What it read: the [train] source, its description and the held-out tokens each validation

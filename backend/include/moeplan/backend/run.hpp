@@ -78,6 +78,12 @@ class TrainingDiverged : public std::runtime_error {
 // follow from the Arch, M that does not follow from Arch + convention, D ≠ steps·B·S, ...
 void check_plan_consistent(const Plan& plan);
 
+// The record an earlier run left in out_dir/<point>/record.json, or null when there is none.
+// Throws InputError (one line) when it is unreadable or was made from another plan or other
+// [train] settings: run_point refuses such a folder rather than mix two runs in it.
+nlohmann::json existing_record(const Plan& plan, const nlohmann::json& plan_json,
+                               const TrainSettings& train, const std::filesystem::path& out_dir);
+
 // `plan_json` is the manifest's JSON form of the plan; it is stored in the record and in the
 // checkpoint, and a record or checkpoint made for a different plan is refused, never mixed.
 PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
