@@ -68,4 +68,8 @@ std::string human(double v, int digits) {
   return fmt::format("{:.{}g}", v, digits);
 }
 
+std::string ratio(double v, int decimals) {
+  return std::fabs(v) < 1e5 ? fmt::format("{:.{}f}", v, decimals) : human(v);
+}
+
 }  // namespace moeplan

@@ -112,9 +112,9 @@ std::string render_plan_breakdown(const Plan& p) {
                   fmt::format("{:.4g} ({:+.4f}%)", b.compute, 100 * b.compute_rel_diff)});
   budget.add_row({"D tokens_consumed", human(double(b.tokens_consumed))});
   budget.add_row({"D̂ tokens_unique", human(double(b.tokens_unique))});
-  budget.add_row({"epochs (D/D̂)", fmt::format("{:.3f} ({} reuse)", b.epochs,
+  budget.add_row({"epochs (D/D̂)", fmt::format("{} ({} reuse)", ratio(b.epochs, 3),
                                               b.reuse == Reuse::strict ? "strict" : "loose")});
-  budget.add_row({"TPP tokens_per_param (consumed)", fmt::format("{:.2f}", b.tokens_per_param)});
+  budget.add_row({"TPP tokens_per_param (consumed)", ratio(b.tokens_per_param, 2)});
   budget.add_row({"D' effective_data (Muennighoff)", human(b.effective_data)});
   budget.add_row({"steps", std::to_string(b.steps)});
   budget.add_row({"batch", fmt::format("{} seqs = {} tokens", b.batch_seqs, p.hyper.batch_tokens)});

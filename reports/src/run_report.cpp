@@ -144,8 +144,7 @@ std::vector<std::string> row_of(const json& r, const json* dense) {
           m["compute"].value("within_rounding", false) ? "yes" : "no",
           human(p.value("tokens_consumed", 0.0)), human(double(tok.value("consumed", int64_t{0}))),
           human(p.value("tokens_unique", 0.0)), human(double(tok.value("unique", int64_t{0}))),
-          fmt::format("{:.3f}", p.value("epochs", 0.0)),
-          fmt::format("{:.3f}", tok.value("epochs", 0.0)),
+          ratio(p.value("epochs", 0.0), 3), ratio(tok.value("epochs", 0.0), 3),
           complete ? fmt::format("{:.4f}", bpc) : "-", vs, facts, arith,
           fmt::format("{:.0f}", r.value("wall_seconds", 0.0)),
           complete ? "complete"

@@ -50,8 +50,7 @@ TextTable sweep_table(const Manifest& m) {
                p.role == "dense" ? "dense" : pct(p.activation_rate_target),
                human(p.flops_per_token) + own, human(p.budget.compute) + own,
                human(double(p.budget.tokens_consumed)), human(double(p.budget.tokens_unique)),
-               fmt::format("{:.2f}", p.budget.epochs),
-               fmt::format("{:.1f}", p.budget.tokens_per_param), human(p.budget.effective_data),
+               ratio(p.budget.epochs, 2), ratio(p.budget.tokens_per_param, 1), human(p.budget.effective_data),
                fmt::format("{:.3g}", p.hyper.lr_peak), std::to_string(p.budget.batch_seqs),
                std::to_string(p.budget.steps)});
   };

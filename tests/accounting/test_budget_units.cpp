@@ -132,6 +132,10 @@ TEST_CASE("quantities as people write them") {
   CHECK(human(999.6e6) == "1B");
   CHECK(human(999.4e6) == "999M");
   CHECK(human(999.99e12) == "1.00e+15");
+  // Ratios: fixed places while short, human form from 10^5 (a 1e14-scale budget's TPP).
+  CHECK(ratio(20.4, 2) == "20.40");
+  CHECK(ratio(99999.94, 1) == "99999.9");
+  CHECK(ratio(49787234042553.2, 1) == "49.8T");
   CHECK(human(-999.7e3) == "-1M");
 }
 

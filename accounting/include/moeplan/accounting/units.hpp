@@ -9,5 +9,8 @@ namespace moeplan {
 double parse_quantity(std::string_view text, std::string_view what);
 // Compact human form: 2.15e9 -> "2.15B", 3.46e8 -> "346M", 1.64e21 -> "1.64e21".
 std::string human(double value, int digits = 3);
+// A ratio (tokens per parameter, epochs) with `decimals` places while it reads at a glance
+// (below 10^5), in human() form beyond: 20.4 -> "20.40", 4.98e13 -> "49.8T".
+std::string ratio(double value, int decimals);
 
 }  // namespace moeplan
