@@ -315,15 +315,26 @@ class RunAuditor {
     const ConventionLens ln = lens(lens_arch, p.convention, r.executed_mask);
     const double measured_conv = ln.apply(r.ledger);
     const std::string label = convention_label(p.convention, p.mask);
-    const double planned_c = p.flops_per_token * double(r.tokens_consumed);
+    // Planned C is M times the plan's D: a run that consumed other tokens spent another C, and
+    // the line says so, with the measured C per consumed token against M beside it.
+    const int64_t planned_d = p.budget.tokens_consumed;
+    const double planned_c = p.flops_per_token * double(planned_d);
     const double d = rel(measured_conv, planned_c);
+    std::string per_token;
+    if (r.tokens_consumed != planned_d && r.tokens_consumed > 0)
+      per_token = fmt::format(
+          "; the run consumed {} tokens, not the planned {}: per consumed token {:.6g} vs M = "
+          "{:.6g} ({})",
+          r.tokens_consumed, planned_d, measured_conv / double(r.tokens_consumed),
+          p.flops_per_token,
+          pct(rel(measured_conv / double(r.tokens_consumed), p.flops_per_token)));
     add(std::fabs(d) <= tol ? Severity::info : Severity::error, id, "compute", planned_c,
         measured_conv, tol,
         fmt::format(
             "C ({}): measured ledger through the {} lens = {} vs plan M·D (D = {} consumed) "
-            "= {}: {}",
-            label, label, count_str(measured_conv), r.tokens_consumed, count_str(planned_c),
-            pct(d)));
+            "= {}: {}{}",
+            label, label, count_str(measured_conv), planned_d, count_str(planned_c), pct(d),
+            per_token));
     if (const auto it = r.conventions.find(label);
         it != r.conventions.end() && std::fabs(rel(it->second, measured_conv)) > 1e-9)
       add(Severity::warning, id, "compute", measured_conv, it->second, 0,

@@ -401,6 +401,17 @@ TEST_CASE("against manifest points: a planned point without a record, a record o
   REQUIRE(d.size() == 1);
   CHECK(*d[0]->expected == 64.0);
   CHECK(*d[0]->found == 56.0);
+  // C against the manifest's plan: paper M = 8448 per token (header) times the planned 64 is
+  // 540,672; the ledger through the paper lens is the 473,088 of 56 tokens: −12.5 %, and per
+  // consumed token 8448 = M exactly.
+  const auto c = matching(r.findings, Severity::error, "moe-k1", 0, "compute");
+  REQUIRE(c.size() == 1);
+  CHECK(*c[0]->expected == doctest::Approx(540672.0));
+  CHECK(*c[0]->found == doctest::Approx(473088.0));
+  CHECK_MESSAGE(c[0]->message.find("(D = 64 consumed) = 540672: -12.5000%; the run consumed 56 "
+                                   "tokens, not the planned 64: per consumed token 8448 vs M = "
+                                   "8448 (+0.0000%)") != std::string::npos,
+                c[0]->message);
 }
 
 // Real records, not hand-made: sweep-tiny's point moe-ra0.200 trained by `moeplan run` on an
