@@ -21,9 +21,24 @@ namespace {
 }
 }  // namespace
 
-void write_file_atomic(const std::filesystem::path& path, std::string_view content) {
-  const std::filesystem::path dir =
-      path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
+void write_file_atomic(const std::filesystem::path& link, std::string_view content) {
+  namespace fs = std::filesystem;
+  // A symlink is written through: its target is replaced, the link stays (a sweep.toml linked
+  // from a shared folder keeps being the shared file).
+  std::error_code ec;
+  fs::path path = link;
+  for (int hops = 0; fs::is_symlink(path, ec) && hops < 40; ++hops) {
+    const fs::path to = fs::read_symlink(path, ec);
+    if (ec) fail(link, "reading the symlink", ec.value());
+    path = to.is_absolute() ? to : path.parent_path() / to;
+  }
+  if (fs::is_symlink(path, ec)) fail(link, "following the symlink", ELOOP);
+  const fs::path dir = path.has_parent_path() ? path.parent_path() : fs::path(".");
+  // A file replaced keeps its permission bits; a new one is 0644 (these files are shared).
+  struct stat old_st {};
+  const mode_t mode = ::stat(path.c_str(), &old_st) == 0 && S_ISREG(old_st.st_mode)
+                          ? mode_t(old_st.st_mode & 07777)
+                          : mode_t(0644);
   // A unique temp name beside the target, so concurrent writers never share one.
   std::string tmp = (dir / fmt::format(".{}.tmp.XXXXXX", path.filename().string())).string();
   const int fd = ::mkstemp(tmp.data());
@@ -34,7 +49,7 @@ void write_file_atomic(const std::filesystem::path& path, std::string_view conte
     ::unlink(tmp.c_str());
     fail(path, step, err);
   };
-  if (::fchmod(fd, 0644) != 0) abandon("fchmod");  // mkstemp makes 0600; these files are shared
+  if (::fchmod(fd, mode) != 0) abandon("fchmod");  // mkstemp makes 0600
   size_t done = 0;
   while (done < content.size()) {
     const ssize_t n = ::write(fd, content.data() + done, content.size() - done);

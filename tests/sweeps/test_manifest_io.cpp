@@ -5,10 +5,12 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
 #include "moeplan/accounting/error.hpp"
+#include "moeplan/sweeps/atomic_file.hpp"
 #include "moeplan/sweeps/grid.hpp"
 #include "moeplan/sweeps/manifest_io.hpp"
 
@@ -128,6 +130,39 @@ TEST_CASE("write_manifest_atomic then read_manifest") {
   CHECK(files == 1);
   std::filesystem::remove_all(dir);
   CHECK_THROWS_AS(read_manifest(dir / "missing.toml"), InputError);
+}
+
+TEST_CASE("an atomic write keeps a file's permission bits and writes through a symlink") {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / "moeplan_test_atomic";
+  fs::remove_all(dir);
+  fs::create_directories(dir / "shared");
+  const fs::path file = dir / "shared" / "sweep.toml";
+  write_file_atomic(file, "a");
+  CHECK(fs::status(file).permissions() == (fs::perms::owner_read | fs::perms::owner_write |
+                                           fs::perms::group_read | fs::perms::others_read));
+  fs::permissions(file, fs::perms::owner_read | fs::perms::owner_write);  // 0600
+  write_file_atomic(file, "b");
+  CHECK(fs::status(file).permissions() == (fs::perms::owner_read | fs::perms::owner_write));
+  // Two links deep, one relative: the target gets the content, both links stay links.
+  fs::create_symlink("shared/sweep.toml", dir / "link1.toml");
+  fs::create_symlink(dir / "link1.toml", dir / "link2.toml");
+  write_file_atomic(dir / "link2.toml", "c");
+  CHECK(fs::is_symlink(dir / "link1.toml"));
+  CHECK(fs::is_symlink(dir / "link2.toml"));
+  std::ifstream in(file);
+  CHECK(std::string(std::istreambuf_iterator<char>(in), {}) == "c");
+  CHECK(fs::status(file).permissions() == (fs::perms::owner_read | fs::perms::owner_write));
+  int files = 0;
+  for (const auto& e : fs::directory_iterator(dir / "shared")) files += e.is_regular_file();
+  CHECK(files == 1);  // no temp file left beside the target
+  // A loop of links is refused in one line, not replaced by a file.
+  fs::create_symlink(dir / "loop-b", dir / "loop-a");
+  fs::create_symlink(dir / "loop-a", dir / "loop-b");
+  CHECK_THROWS_WITH_AS(write_file_atomic(dir / "loop-a", "d"),
+                       doctest::Contains("following the symlink failed"), InputError);
+  CHECK(fs::is_symlink(dir / "loop-a"));
+  fs::remove_all(dir);
 }
 
 TEST_CASE("JSON uses the ACCOUNTING.md code names") {

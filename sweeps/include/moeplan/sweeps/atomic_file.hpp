@@ -6,7 +6,9 @@
 namespace moeplan {
 
 // Writes `content` to a temp file beside `path`, fsyncs it, renames it over `path` and fsyncs
-// the folder. Throws InputError naming the path and the system's reason on failure.
+// the folder. A file replaced keeps its permission bits (a new one is 0644); a symlink is
+// followed and its target replaced, the link kept. Throws InputError naming the path and the
+// system's reason on failure.
 void write_file_atomic(const std::filesystem::path& path, std::string_view content);
 
 }  // namespace moeplan
