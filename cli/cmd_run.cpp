@@ -196,7 +196,9 @@ int run(const RunFlags& f) {
         "--estimate {} must be >= 1 (steps to time each point by); leave it out to train",
         *f.estimate));
   opt.estimate_steps = f.estimate.value_or(0);
-  // Everything that can be refused is refused before the first step of the first point.
+  // Everything that can be refused is refused before the first step of the first point: the
+  // plans, the source's size, every point's record and checkpoint (all but the source's
+  // fingerprints, compared when a point resumes).
   backend::require_device(opt.device);
   std::map<std::string, std::string> skip_notes;  // point id: what its complete record fails
   for (const Plan* p : points) {
@@ -206,6 +208,8 @@ int run(const RunFlags& f) {
     if (rec.is_object() && rec.value("status", "") == "complete")
       skip_notes[p->id] =
           check_complete_record(rec, (opt.out_dir / p->id / "record.json").string());
+    else if (!f.estimate)  // an estimate may time another device or passes than the checkpoint's
+      backend::check_resumable(*p, plan_to_json(*p), m.train, opt);
   }
   if (!f.estimate) backend::ensure_writable_dir(opt.out_dir);  // an estimate writes nothing
 

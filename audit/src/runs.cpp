@@ -20,33 +20,48 @@ namespace {
 
 using json = nlohmann::json;
 
+// Reads one record's keys; `prefix` is the place of the object read ("measured.tokens."), so that
+// a message names the full key. Counts are whole and not negative: a fraction, a negative or a
+// number past int64 is refused, never rounded.
 struct Reader {
   const std::string& source;
+  std::string prefix;
+  Reader in(const std::string& key) const { return Reader{source, prefix + key + "."}; }
   [[noreturn]] void fail(const std::string& key, const char* want) const {
-    throw InputError(fmt::format("{}: '{}' is missing or not {}", source, key, want));
+    throw InputError(fmt::format("{}: '{}{}' is missing or not {}", source, prefix, key, want));
   }
   const json& obj(const json& j, const std::string& key) const {
     if (!j.contains(key) || !j.at(key).is_object()) fail(key, "an object");
     return j.at(key);
   }
   int64_t integer(const json& j, const std::string& key) const {
-    if (!j.contains(key) || !j.at(key).is_number()) fail(key, "a number");
+    if (!j.contains(key) || !j.at(key).is_number()) fail(key, "a whole number >= 0");
     const json& v = j.at(key);
-    return v.is_number_integer() ? v.get<int64_t>() : std::llround(v.get<double>());
+    if (v.is_number_unsigned()) {
+      if (v.get<uint64_t>() > uint64_t(INT64_MAX)) fail(key, "a whole number >= 0 below 2^63");
+      return int64_t(v.get<uint64_t>());
+    }
+    if (v.is_number_integer()) {
+      if (v.get<int64_t>() < 0) fail(key, "a whole number >= 0");
+      return v.get<int64_t>();
+    }
+    const double d = v.get<double>();  // 1e3 as JSON writes it: whole and in range only
+    if (!(d >= 0) || d != std::floor(d) || d >= 0x1p63) fail(key, "a whole number >= 0");
+    return int64_t(d);
   }
   // A FLOP count: an integer, or a string of digits past 64 bits (sweeps/ledger_json.hpp).
-  // `path`: the key's place in the record, for the message.
-  FlopCount count(const json& j, const std::string& key, const std::string& path) const {
+  FlopCount count(const json& j, const std::string& key) const {
     const auto c =
         j.is_object() && j.contains(key) ? flop_count_from_json(j.at(key)) : std::nullopt;
-    if (!c) fail(path, fmt::format("a FLOP count ({})", kFlopCountForms).c_str());
+    if (!c) fail(key, fmt::format("a FLOP count ({})", kFlopCountForms).c_str());
     return *c;
   }
   int64_t integer_or(const json& j, const std::string& key, int64_t dflt) const {
     return j.contains(key) ? integer(j, key) : dflt;
   }
   double real(const json& j, const std::string& key) const {
-    if (!j.contains(key) || !j.at(key).is_number()) fail(key, "a number");
+    if (!j.contains(key) || !j.at(key).is_number() || !std::isfinite(j.at(key).get<double>()))
+      fail(key, "a finite number");
     return j.at(key).get<double>();
   }
   double real_or(const json& j, const std::string& key, double dflt) const {
@@ -63,20 +78,21 @@ Plan parse_plan(const Reader& rd, const json& p) {
   plan.id = rd.text(p, "id");
   plan.role = p.contains("role") ? rd.text(p, "role") : "moe";
   const json& a = rd.obj(p, "arch");
+  const Reader ra = rd.in("arch");
   Arch& arch = plan.arch;
-  arch.d_model = rd.integer(a, "d_model");
-  arch.layers = rd.integer(a, "layers");
-  arch.dense_layers = rd.integer_or(a, "dense_layers", arch.layers);
-  arch.heads = rd.integer(a, "heads");
-  arch.kv_heads = rd.integer_or(a, "kv_heads", arch.heads);
-  arch.head_dim = rd.integer(a, "head_dim");
-  arch.d_ffn = rd.integer_or(a, "d_ffn", 0);
-  arch.experts = rd.integer_or(a, "experts", 0);
-  arch.top_k = rd.integer_or(a, "top_k", 0);
-  arch.d_expert = rd.integer_or(a, "d_expert", 0);
-  arch.d_shared = rd.integer_or(a, "d_shared", 0);
-  arch.seq_len = rd.integer_or(a, "seq_len", rd.integer_or(p, "seq_len", 0));
-  arch.vocab = rd.integer(a, "vocab");
+  arch.d_model = ra.integer(a, "d_model");
+  arch.layers = ra.integer(a, "layers");
+  arch.dense_layers = ra.integer_or(a, "dense_layers", arch.layers);
+  arch.heads = ra.integer(a, "heads");
+  arch.kv_heads = ra.integer_or(a, "kv_heads", arch.heads);
+  arch.head_dim = ra.integer(a, "head_dim");
+  arch.d_ffn = ra.integer_or(a, "d_ffn", 0);
+  arch.experts = ra.integer_or(a, "experts", 0);
+  arch.top_k = ra.integer_or(a, "top_k", 0);
+  arch.d_expert = ra.integer_or(a, "d_expert", 0);
+  arch.d_shared = ra.integer_or(a, "d_shared", 0);
+  arch.seq_len = ra.integer_or(a, "seq_len", rd.integer_or(p, "seq_len", 0));
+  arch.vocab = ra.integer(a, "vocab");
   if (a.contains("tied_embeddings") && a.at("tied_embeddings").is_boolean())
     arch.tied_embeddings = a.at("tied_embeddings").get<bool>();
   if (a.contains("count_router") && a.at("count_router").is_boolean())
@@ -479,7 +495,7 @@ std::map<std::string, std::string> settings_from_text(std::string_view train_jso
 RunRecord parse_run_record(std::string_view text, std::string source) {
   RunRecord r;
   r.source = std::move(source);
-  const Reader rd{r.source};
+  const Reader rd{r.source, ""};
   json j;
   try {
     j = json::parse(text);
@@ -492,48 +508,55 @@ RunRecord parse_run_record(std::string_view text, std::string source) {
                                  rd.integer(j, "schema")));
   r.point_id = rd.text(j, "point_id");
   r.status = rd.text(j, "status");
-  r.plan = parse_plan(rd, rd.obj(j, "plan"));
+  r.plan = parse_plan(rd.in("plan"), rd.obj(j, "plan"));
   if (j.contains("data")) {
     const json& d = rd.obj(j, "data");
-    r.data_source = rd.text(d, "source");
-    r.data_description = rd.text(d, "description");
-    r.validation_tokens = rd.integer(d, "validation_tokens");
+    const Reader rdd = rd.in("data");
+    r.data_source = rdd.text(d, "source");
+    r.data_description = rdd.text(d, "description");
+    r.validation_tokens = rdd.integer(d, "validation_tokens");
     if (d.contains("training_fingerprint"))
-      r.training_fingerprint = rd.text(d, "training_fingerprint");
+      r.training_fingerprint = rdd.text(d, "training_fingerprint");
     if (d.contains("validation_fingerprint"))
-      r.validation_fingerprint = rd.text(d, "validation_fingerprint");
+      r.validation_fingerprint = rdd.text(d, "validation_fingerprint");
   }
   if (j.contains("train")) r.train = settings_map(rd.obj(j, "train"));
   if (r.status != "complete") return r;  // a running record carries only partial fields
   const json& m = rd.obj(j, "measured");
+  const Reader rm = rd.in("measured");
   r.has_measured = true;
-  r.total_params = rd.integer(m, "total_params");
-  r.active_params = rd.integer(m, "active_params");
-  const json& f = rd.obj(m, "flops");
-  const std::string mask = rd.text(f, "executed_mask");
+  r.total_params = rm.integer(m, "total_params");
+  r.active_params = rm.integer(m, "active_params");
+  const json& f = rm.obj(m, "flops");
+  const Reader rf = rm.in("flops");
+  const std::string mask = rf.text(f, "executed_mask");
   const auto mk = parse_attention_mask(mask);
   if (!mk)
     throw InputError(fmt::format("{}: executed_mask '{}' (valid: causal, full)", r.source, mask));
   r.executed_mask = *mk;
-  r.ledger_total = rd.count(f, "total", "measured.flops.total");
+  r.ledger_total = rf.count(f, "total");
   // Every category and phase, each a count: one missing is not read as zero.
   r.ledger = flop_ledger_from_json(f, r.source, "measured.flops.");
   if (f.contains("conventions") && f.at("conventions").is_object())
     for (const auto& [k, v] : f.at("conventions").items())
       if (v.is_number()) r.conventions[k] = v.get<double>();
   if (f.contains("validation")) {
-    const json& v = rd.obj(f, "validation");
+    const json& v = rf.obj(f, "validation");
     r.has_validation_ledger = true;
-    r.validation_total = rd.count(v, "total", "measured.flops.validation.total");
+    r.validation_total = rf.in("validation").count(v, "total");
     r.validation_ledger = flop_ledger_from_json(v, r.source, "measured.flops.validation.");
+    // Its evaluations are val_curve's entries: a record with the ledger must say them.
+    if (!j.contains("val_curve") || !j.at("val_curve").is_array())
+      rd.fail("val_curve", "an array (the evaluations the validation ledger counts)");
   }
   if (j.contains("val_curve") && j.at("val_curve").is_array())
     r.evaluations = int64_t(j.at("val_curve").size());
-  const json& t = rd.obj(m, "tokens");
-  r.tokens_consumed = rd.integer(t, "consumed");
-  r.tokens_unique = rd.integer(t, "unique");
-  r.epochs = rd.real(t, "epochs");
-  r.tokens_dropped = rd.integer_or(t, "dropped", 0);
+  const json& t = rm.obj(m, "tokens");
+  const Reader rt = rm.in("tokens");
+  r.tokens_consumed = rt.integer(t, "consumed");
+  r.tokens_unique = rt.integer(t, "unique");
+  r.epochs = rt.real(t, "epochs");
+  r.tokens_dropped = rt.integer_or(t, "dropped", 0);
   return r;
 }
 

@@ -293,21 +293,58 @@ std::string settings_differ(const nlohmann::json& stored, const nlohmann::json& 
 
 }  // namespace
 
+// A checkpoint resumes only under the plan, [train] settings, device and passes it was made with.
+static void check_checkpoint_head(const CheckpointHead& h, const fs::path& ckpt_path,
+                                  const Plan& plan, const nlohmann::json& plan_json,
+                                  const TrainSettings& train, const RunOptions& opt) {
+  if (h.plan != plan_json)
+    throw InputError(
+        fmt::format("checkpoint '{}' was made for a different plan of point '{}'; "
+                    "move the folder away or choose another --out",
+                    ckpt_path.string(), plan.id));
+  if (const std::string d = settings_differ(h.train, train_to_json(train)); !d.empty())
+    throw InputError(fmt::format(
+        "checkpoint '{}' of point '{}' was trained with other [train] settings: {}; move the "
+        "folder away or choose another --out",
+        ckpt_path.string(), plan.id, d));
+  if (!h.device.empty() && h.device != opt.device)
+    throw InputError(fmt::format(
+        "checkpoint '{}' of point '{}' was trained with --device {}, this run asks for {}; "
+        "resume with --device {} (a point's times are one device's), or move the folder away "
+        "to start the point over",
+        ckpt_path.string(), plan.id, h.device, opt.device, h.device));
+  // Passes decide the auxiliary losses, not only rounding: a resume runs the same ones. (The
+  // request is compared, not a rank's pass: ranks of an uneven split run different passes.)
+  if (h.micro_batch_seqs != opt.micro_batch_seqs)
+    throw InputError(fmt::format(
+        "checkpoint '{}' of point '{}' was trained with --micro-batch {}, this run asks for {}; "
+        "resume with --micro-batch {}",
+        ckpt_path.string(), plan.id, h.micro_batch_seqs, opt.micro_batch_seqs, h.micro_batch_seqs));
+}
+
 nlohmann::json existing_record(const Plan& plan, const nlohmann::json& plan_json,
                                const TrainSettings& train, const std::filesystem::path& out_dir) {
   const fs::path path = out_dir / plan.id / "record.json";
   std::error_code ec;
   if (!fs::exists(path, ec)) return nullptr;
+  // Moving record.json alone would rebuild it from the last checkpoint: the folder must go.
+  const std::string move = "move the point's folder away to train it again";
+  if (!fs::is_regular_file(path, ec))
+    throw InputError(fmt::format("record '{}' is not a file; {}", path.string(), move));
   nlohmann::json rec;
   try {
     rec = nlohmann::json::parse(read_file(path));
   } catch (const nlohmann::json::exception& e) {
-    throw InputError(fmt::format("record '{}' is unreadable ({}); move it away to rerun the point",
-                                 path.string(), e.what()));
+    throw InputError(
+        fmt::format("record '{}' is unreadable ({}); {}", path.string(), e.what(), move));
   }
   if (!rec.is_object())
-    throw InputError(fmt::format(
-        "record '{}' is not a JSON object; move it away to rerun the point", path.string()));
+    throw InputError(fmt::format("record '{}' is not a JSON object; {}", path.string(), move));
+  if (const auto st = rec.find("status");
+      st == rec.end() || !st->is_string() || (*st != "running" && *st != "complete"))
+    throw InputError(
+        fmt::format("record '{}': 'status' is {} (valid: \"running\", \"complete\"); {}",
+                    path.string(), st == rec.end() ? std::string("missing") : st->dump(), move));
   if (rec.value("plan", nlohmann::json()) != plan_json)
     throw InputError(fmt::format(
         "'{}' was made from a different plan for point '{}'; move the folder away or choose "
@@ -321,6 +358,14 @@ nlohmann::json existing_record(const Plan& plan, const nlohmann::json& plan_json
         "another --out (a sweep with another seed or data belongs in a folder of its own)",
         path.string(), d));
   return rec;
+}
+
+void check_resumable(const Plan& plan, const nlohmann::json& plan_json, const TrainSettings& train,
+                     const RunOptions& opt) {
+  const fs::path path = opt.out_dir / plan.id / "checkpoint" / "state.ckpt";
+  std::error_code ec;
+  if (fs::exists(path, ec))
+    check_checkpoint_head(read_checkpoint_head(path), path, plan, plan_json, train, opt);
 }
 
 PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
@@ -423,30 +468,8 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
           fingerprints.at("training_fingerprint").get<std::string>(),
           ck.data.value("validation_fingerprint", "?"),
           fingerprints.at("validation_fingerprint").get<std::string>()));
-    if (ck.plan != plan_json)
-      throw InputError(
-          fmt::format("checkpoint '{}' was made for a different plan of point '{}'; "
-                      "move the folder away or choose another --out",
-                      ckpt_path.string(), plan.id));
-    if (const std::string d = settings_differ(ck.train, train_to_json(train)); !d.empty())
-      throw InputError(fmt::format(
-          "checkpoint '{}' of point '{}' was trained with other [train] settings: {}; move the "
-          "folder away or choose another --out",
-          ckpt_path.string(), plan.id, d));
-    if (!ck.state.device.empty() && ck.state.device != opt.device)
-      throw InputError(fmt::format(
-          "checkpoint '{}' of point '{}' was trained with --device {}, this run asks for {}; "
-          "resume with --device {} (a point's times are one device's), or move the folder away "
-          "to start the point over",
-          ckpt_path.string(), plan.id, ck.state.device, opt.device, ck.state.device));
-    // Passes decide the auxiliary losses, not only rounding: a resume runs the same ones. (The
-    // request is compared, not a rank's pass: ranks of an uneven split run different passes.)
-    if (ck.state.micro_batch_seqs != opt.micro_batch_seqs)
-      throw InputError(fmt::format(
-          "checkpoint '{}' of point '{}' was trained with --micro-batch {}, this run asks for {}; "
-          "resume with --micro-batch {}",
-          ckpt_path.string(), plan.id, ck.state.micro_batch_seqs, opt.micro_batch_seqs,
-          ck.state.micro_batch_seqs));
+    check_checkpoint_head({ck.plan, ck.train, ck.state.device, ck.state.micro_batch_seqs},
+                          ckpt_path, plan, plan_json, train, opt);
     engine->load_state(ck.model_state);
     st = std::move(ck.state);
     ++st.resumes;

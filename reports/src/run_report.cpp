@@ -1,6 +1,7 @@
 #include "moeplan/reports/run_report.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <fstream>
 #include <map>
@@ -126,7 +127,8 @@ std::vector<std::string> row_of(const json& r, const json* dense) {
   const bool complete = is_complete(r);
   const double bpc = r.value("final_val_bpc", 0.0);
   std::string facts = "-", arith = "-";
-  if (!r["val_curve"].empty()) {
+  if (r.contains("val_curve") && !r["val_curve"].empty() &&
+      r["val_curve"].back().contains("parts")) {
     const json& parts = r["val_curve"].back()["parts"];
     if (parts.contains("facts")) facts = fmt::format("{:.3f}", parts["facts"].get<double>());
     if (parts.contains("arith")) arith = fmt::format("{:.3f}", parts["arith"].get<double>());
@@ -430,6 +432,24 @@ void check_record(const json& r, const fs::path& f) {
       if (!phases.is_object()) fail(path, "not an object");
       for (const auto& [phase, v] : phases.items())
         if (!flop_count_from_json(v)) fail(path + "." + phase, "not a FLOP count");
+    }
+  }
+  // The curves the charts and the per-part columns read: arrays of objects with numbers.
+  for (const auto& [curve, keys] :
+       {std::pair<const char*, std::array<const char*, 2>>{"val_curve", {"step", "val_bpc"}},
+        {"loss_curve", {"tokens_consumed", "train_loss"}}}) {
+    if (!r.contains(curve)) continue;
+    const json& c = r.at(curve);
+    if (!c.is_array()) fail(curve, "not an array");
+    for (size_t i = 0; i < c.size(); ++i) {
+      const std::string path = fmt::format("{}[{}].", curve, i);
+      if (!c[i].is_object()) fail(path.substr(0, path.size() - 1), "not an object");
+      for (const char* k : keys) number(c[i], path, k);
+      if (c[i].contains("parts")) {
+        const json& parts = object(c[i], path, "parts");
+        for (const auto& [part, v] : parts.items())
+          if (!v.is_number()) fail(path + "parts." + part, "not a number");
+      }
     }
   }
   if (!is_complete(r)) return;

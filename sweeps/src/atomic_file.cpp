@@ -15,9 +15,13 @@
 namespace moeplan {
 
 namespace {
-[[noreturn]] void fail(const std::filesystem::path& path, const char* step, int err) {
-  throw InputError(
-      fmt::format("cannot write '{}': {} failed: {}", path.string(), step, std::strerror(err)));
+// Names the file given and, when it is a link, the file written.
+[[noreturn]] void fail(const std::filesystem::path& link, const std::filesystem::path& path,
+                       const char* step, int err) {
+  const std::string through =
+      link == path ? std::string() : fmt::format(" (a link to '{}')", path.string());
+  throw InputError(fmt::format("cannot write '{}'{}: {} failed: {}", link.string(), through, step,
+                               std::strerror(err)));
 }
 }  // namespace
 
@@ -29,10 +33,10 @@ void write_file_atomic(const std::filesystem::path& link, std::string_view conte
   fs::path path = link;
   for (int hops = 0; fs::is_symlink(path, ec) && hops < 40; ++hops) {
     const fs::path to = fs::read_symlink(path, ec);
-    if (ec) fail(link, "reading the symlink", ec.value());
+    if (ec) fail(link, link, "reading the symlink", ec.value());
     path = to.is_absolute() ? to : path.parent_path() / to;
   }
-  if (fs::is_symlink(path, ec)) fail(link, "following the symlink", ELOOP);
+  if (fs::is_symlink(path, ec)) fail(link, link, "following the symlink", ELOOP);
   const fs::path dir = path.has_parent_path() ? path.parent_path() : fs::path(".");
   // A file replaced keeps its permission bits; a new one is 0644 (these files are shared).
   struct stat old_st {};
@@ -42,12 +46,12 @@ void write_file_atomic(const std::filesystem::path& link, std::string_view conte
   // A unique temp name beside the target, so concurrent writers never share one.
   std::string tmp = (dir / fmt::format(".{}.tmp.XXXXXX", path.filename().string())).string();
   const int fd = ::mkstemp(tmp.data());
-  if (fd < 0) fail(path, "creating a temp file in its folder", errno);
+  if (fd < 0) fail(link, path, "creating a temp file in its folder", errno);
   auto abandon = [&](const char* step) {
     const int err = errno;
     ::close(fd);
     ::unlink(tmp.c_str());
-    fail(path, step, err);
+    fail(link, path, step, err);
   };
   if (::fchmod(fd, mode) != 0) abandon("fchmod");  // mkstemp makes 0600
   size_t done = 0;
@@ -63,12 +67,12 @@ void write_file_atomic(const std::filesystem::path& link, std::string_view conte
   if (::close(fd) != 0) {
     const int err = errno;
     ::unlink(tmp.c_str());
-    fail(path, "close", err);
+    fail(link, path, "close", err);
   }
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     const int err = errno;
     ::unlink(tmp.c_str());
-    fail(path, "rename", err);
+    fail(link, path, "rename", err);
   }
   // The rename itself must reach the disk too.
   const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);

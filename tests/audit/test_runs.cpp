@@ -238,6 +238,37 @@ TEST_CASE("a record's FLOP ledger must be whole: a missing or negative count is 
                                   "FLOP count") != std::string::npos,
                   bad.dump());
   }
+  // Every other count is whole and not negative, refused by its full key rather than rounded.
+  const std::pair<std::vector<const char*>, nlohmann::json> counts[] = {
+      {{"measured", "tokens", "consumed"}, 56.4}, {{"measured", "tokens", "consumed"}, -5},
+      {{"measured", "tokens", "consumed"}, 1e30}, {{"measured", "total_params"}, -1},
+      {{"plan", "arch", "d_model"}, 8.5},         {{"schema"}, 1.4}};
+  for (const auto& [keys, bad] : counts) {
+    r = original;
+    nlohmann::json* at = &r;
+    std::string path;
+    for (const char* k : keys) {
+      at = &(*at)[k];
+      if (!path.empty()) path += '.';
+      path.append(k);
+    }
+    *at = bad;
+    CHECK_MESSAGE(refused(r).find("'" + path + "' is missing or not a whole number >= 0") !=
+                      std::string::npos,
+                  path, " = ", bad.dump(), ": ", refused(r));
+  }
+  r = original;
+  r["measured"]["tokens"]["epochs"] = "1.4";
+  CHECK(refused(r).find("'measured.tokens.epochs' is missing or not a finite number") !=
+        std::string::npos);
+  // A validation ledger counts evaluations: without val_curve to say them, the record is damaged.
+  r = original;
+  r["measured"]["flops"]["validation"] = r["measured"]["flops"];
+  r["measured"]["flops"]["validation"].erase("validation");
+  r.erase("val_curve");
+  CHECK(refused(r).find("'val_curve' is missing or not an array") != std::string::npos);
+  r["val_curve"] = "oops";
+  CHECK(refused(r).find("'val_curve' is missing or not an array") != std::string::npos);
   r = original;
   r["measured"]["flops"]["elementwise"] = "-1";
   CHECK(refused(r).find("'measured.flops.elementwise' is missing or not a FLOP count") !=

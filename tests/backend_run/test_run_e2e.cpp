@@ -238,6 +238,16 @@ TEST_CASE("moeplan run: ledgers equal the plan and an independent count; reruns 
                                  "forward' is missing or not a FLOP count") != std::string::npos,
                 refused.err);
   CHECK(!fs::exists(out / "dense"));
+  damaged = json::parse(moe_before);
+  damaged["status"] = 1;
+  write_file_atomic(out / "moe-a" / "record.json", damaged.dump());
+  const Result bad_status = run_cli({"run", (dir / "sweep.toml").string(), "--out", out.string()});
+  CHECK(bad_status.status == 2);
+  CHECK(one_line(bad_status.err));
+  CHECK_MESSAGE(
+      bad_status.err.find("moe-a/record.json': 'status' is 1 (valid: \"running\", "
+                          "\"complete\"); move the point's folder away") != std::string::npos,
+      bad_status.err);
 }
 
 TEST_CASE(
@@ -754,6 +764,14 @@ TEST_CASE("moeplan run --micro-batch 2: the one-pass run's tokens and ledger; re
                                "with --micro-batch 2") != std::string::npos,
                 other.err);
   CHECK(read_file(out / "moe-m" / "record.json") == before);
+  // The whole sweep is refused as well, and before the dense point (first, untrained) trains.
+  const Result sweep_other = run_cli({"run", sweep, "--out", out.string(), "--micro-batch", "3"});
+  CHECK(sweep_other.status == 2);
+  CHECK(one_line(sweep_other.err));
+  CHECK_MESSAGE(sweep_other.err.find("was trained with --micro-batch 2, this run asks for 3") !=
+                    std::string::npos,
+                sweep_other.err);
+  CHECK_FALSE(fs::exists(out / "dense"));
   // Nor on another device: the record's times would mix two devices'.
   const Result cuda = run_cli({"run", sweep, "--point", "moe-m", "--out", out.string(),
                                "--micro-batch", "2", "--device", "cuda"},

@@ -321,6 +321,23 @@ TEST_CASE("report: a damaged record is refused naming the file and the key, not 
       moeplan::load_run_records(dir),
       doctest::Contains("'measured.flops.by_category.padding.forward' is not a FLOP count"),
       moeplan::InputError);
+  // The curves the charts read: arrays of objects with numbers.
+  m = record("moe-a", false, 0.2, 1.8);
+  m["val_curve"] = "oops";
+  put("moe-a", m);
+  CHECK_THROWS_WITH_AS(moeplan::load_run_records(dir),
+                       doctest::Contains("'val_curve' is not an array"), moeplan::InputError);
+  m["val_curve"] = json::array({json{{"step", 5}, {"val_bpc", 1.9}, {"parts", {{"facts", "x"}}}}});
+  put("moe-a", m);
+  CHECK_THROWS_WITH_AS(moeplan::load_run_records(dir),
+                       doctest::Contains("'val_curve[0].parts.facts' is not a number"),
+                       moeplan::InputError);
+  m["val_curve"] = json::array({json{{"step", 5}, {"val_bpc", 1.9}}});
+  m["loss_curve"] = json::array({json{{"tokens_consumed", 64}}});
+  put("moe-a", m);
+  CHECK_THROWS_WITH_AS(moeplan::load_run_records(dir),
+                       doctest::Contains("'loss_curve[0].train_loss' is missing"),
+                       moeplan::InputError);
   put("moe-a", record("moe-a", false, 0.2, 1.8));
   CHECK(moeplan::load_run_records(dir).size() == 2);
   std::filesystem::remove_all(dir);

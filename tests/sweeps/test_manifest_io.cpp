@@ -156,6 +156,12 @@ TEST_CASE("an atomic write keeps a file's permission bits and writes through a s
   int files = 0;
   for (const auto& e : fs::directory_iterator(dir / "shared")) files += e.is_regular_file();
   CHECK(files == 1);  // no temp file left beside the target
+  // A write that fails through a link (into a folder that does not exist) names both.
+  fs::create_symlink(dir / "none" / "f.toml", dir / "dangling.toml");
+  const std::string want =
+      "dangling.toml' (a link to '" + (dir / "none" / "f.toml").string() + "'): creating a temp";
+  CHECK_THROWS_WITH_AS(write_file_atomic(dir / "dangling.toml", "e"),
+                       doctest::Contains(want.c_str()), InputError);
   // A loop of links is refused in one line, not replaced by a file.
   fs::create_symlink(dir / "loop-b", dir / "loop-a");
   fs::create_symlink(dir / "loop-a", dir / "loop-b");

@@ -84,6 +84,12 @@ void check_plan_consistent(const Plan& plan);
 nlohmann::json existing_record(const Plan& plan, const nlohmann::json& plan_json,
                                const TrainSettings& train, const std::filesystem::path& out_dir);
 
+// Throws InputError (one line, as the point's resume would) when the point's checkpoint was made
+// under another plan, [train] settings, --device or --micro-batch; reads only its head. The
+// source's fingerprints are compared when the point resumes.
+void check_resumable(const Plan& plan, const nlohmann::json& plan_json, const TrainSettings& train,
+                     const RunOptions& options);
+
 // `plan_json` is the manifest's JSON form of the plan; it is stored in the record and in the
 // checkpoint, and a record or checkpoint made for a different plan is refused, never mixed.
 PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
