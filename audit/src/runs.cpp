@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <set>
+#include <tuple>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -46,7 +47,8 @@ struct Reader {
       return v.get<int64_t>();
     }
     const double d = v.get<double>();  // 1e3 as JSON writes it: whole and in range only
-    if (!(d >= 0) || d != std::floor(d) || d >= 0x1p63) fail(key, "a whole number >= 0");
+    if (!(d >= 0) || d != std::floor(d)) fail(key, "a whole number >= 0");
+    if (d >= 0x1p63) fail(key, "a whole number >= 0 below 2^63");
     return int64_t(d);
   }
   // A FLOP count: an integer, or a string of digits past 64 bits (sweeps/ledger_json.hpp).
@@ -549,8 +551,21 @@ RunRecord parse_run_record(std::string_view text, std::string source) {
     if (!j.contains("val_curve") || !j.at("val_curve").is_array())
       rd.fail("val_curve", "an array (the evaluations the validation ledger counts)");
   }
-  if (j.contains("val_curve") && j.at("val_curve").is_array())
-    r.evaluations = int64_t(j.at("val_curve").size());
+  // The curves: arrays of objects with numbers, as `moeplan report` reads them.
+  for (const auto& [curve, a, b] :
+       {std::tuple<const char*, const char*, const char*>{"val_curve", "step", "val_bpc"},
+        {"loss_curve", "tokens_consumed", "train_loss"}}) {
+    if (!j.contains(curve)) continue;
+    if (!j.at(curve).is_array()) rd.fail(curve, "an array");
+    const json& c = j.at(curve);
+    for (size_t i = 0; i < c.size(); ++i) {
+      const std::string entry = fmt::format("{}[{}]", curve, i);
+      if (!c[i].is_object()) rd.fail(entry, "an object");
+      rd.in(entry).real(c[i], a);
+      rd.in(entry).real(c[i], b);
+    }
+  }
+  if (j.contains("val_curve")) r.evaluations = int64_t(j.at("val_curve").size());
   const json& t = rm.obj(m, "tokens");
   const Reader rt = rm.in("tokens");
   r.tokens_consumed = rt.integer(t, "consumed");

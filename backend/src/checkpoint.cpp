@@ -101,34 +101,6 @@ void write_checkpoint(const std::filesystem::path& path, const Checkpoint& ckpt)
   write_file_atomic(path, out);
 }
 
-CheckpointHead read_checkpoint_head(const std::filesystem::path& path) {
-  const std::string where = path.string();
-  std::ifstream in(path, std::ios::binary);
-  std::string magic(kMagic.size(), '\0');
-  uint64_t n = 0;
-  if (!in.read(magic.data(), std::streamsize(magic.size())) || magic != kMagic ||
-      !in.read(reinterpret_cast<char*>(&n), 8))
-    throw InputError(fmt::format("checkpoint '{}' is not a moeplan checkpoint", where));
-  std::error_code ec;
-  const auto size = std::filesystem::file_size(path, ec);
-  if (ec || n > size) throw InputError(fmt::format("checkpoint '{}': truncated", where));
-  std::string text(n, '\0');
-  if (!in.read(text.data(), std::streamsize(n)))
-    throw InputError(fmt::format("checkpoint '{}': truncated", where));
-  CheckpointHead h;
-  try {
-    const nlohmann::json head = nlohmann::json::parse(text);
-    h.plan = head.at("plan");
-    h.train = head.value("train", nlohmann::json());
-    const nlohmann::json& s = head.at("state");
-    h.micro_batch_seqs = s.value("micro_batch_seqs", int64_t(0));
-    h.device = s.value("device", std::string());
-  } catch (const nlohmann::json::exception& e) {
-    throw InputError(fmt::format("checkpoint '{}' is unreadable: {}", where, e.what()));
-  }
-  return h;
-}
-
 Checkpoint read_checkpoint(const std::filesystem::path& path) {
   const std::string where = path.string();
   const std::string bytes = read_file(path);

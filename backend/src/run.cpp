@@ -293,6 +293,13 @@ std::string settings_differ(const nlohmann::json& stored, const nlohmann::json& 
 
 }  // namespace
 
+// What a resume must match.
+struct CheckpointHead {
+  nlohmann::json plan, train;
+  std::string device;
+  int64_t micro_batch_seqs = 0;
+};
+
 // A checkpoint resumes only under the plan, [train] settings, device and passes it was made with.
 static void check_checkpoint_head(const CheckpointHead& h, const fs::path& ckpt_path,
                                   const Plan& plan, const nlohmann::json& plan_json,
@@ -326,7 +333,7 @@ nlohmann::json existing_record(const Plan& plan, const nlohmann::json& plan_json
                                const TrainSettings& train, const std::filesystem::path& out_dir) {
   const fs::path path = out_dir / plan.id / "record.json";
   std::error_code ec;
-  if (!fs::exists(path, ec)) return nullptr;
+  if (!fs::exists(fs::symlink_status(path, ec))) return nullptr;  // a dangling link is not "none"
   // Moving record.json alone would rebuild it from the last checkpoint: the folder must go.
   const std::string move = "move the point's folder away to train it again";
   if (!fs::is_regular_file(path, ec))
@@ -364,8 +371,11 @@ void check_resumable(const Plan& plan, const nlohmann::json& plan_json, const Tr
                      const RunOptions& opt) {
   const fs::path path = opt.out_dir / plan.id / "checkpoint" / "state.ckpt";
   std::error_code ec;
-  if (fs::exists(path, ec))
-    check_checkpoint_head(read_checkpoint_head(path), path, plan, plan_json, train, opt);
+  if (!fs::exists(fs::symlink_status(path, ec))) return;
+  // The whole file, checksum included: a damaged checkpoint is refused before any point trains.
+  const Checkpoint ck = read_checkpoint(path);
+  check_checkpoint_head({ck.plan, ck.train, ck.state.device, ck.state.micro_batch_seqs}, path, plan,
+                        plan_json, train, opt);
 }
 
 PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,

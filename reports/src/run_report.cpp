@@ -402,6 +402,15 @@ void check_record(const json& r, const fs::path& f) {
   auto number = [&](const json& j, const std::string& path, const char* key) {
     if (!at(j, path, key).is_number()) fail(path + key, "not a number");
   };
+  // A count: whole and not negative (a fraction or a negative is damage, not a count).
+  auto count = [&](const json& j, const std::string& path, const char* key) {
+    const json& v = at(j, path, key);
+    if (v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() >= 0)) return;
+    if (v.is_number_float() && v.get<double>() >= 0 && v.get<double>() < 0x1p63 &&
+        v.get<double>() == std::floor(v.get<double>()))
+      return;
+    fail(path + key, "not a whole number >= 0 below 2^63");
+  };
   auto object = [&](const json& j, const std::string& path, const char* key) -> const json& {
     const json& v = at(j, path, key);
     if (!v.is_object()) fail(path + key, "not an object");
@@ -411,16 +420,18 @@ void check_record(const json& r, const fs::path& f) {
   if (!at(r, "", "point_id").is_string()) fail("point_id", "not a string");
   if (!at(r, "", "status").is_string()) fail("status", "not a string");
   const json& plan = object(r, "", "plan");
-  for (const char* k : {"activation_rate", "total_params", "compute", "tokens_consumed",
-                        "tokens_unique", "epochs", "steps", "flops_per_token"})
+  for (const char* k : {"activation_rate", "compute", "epochs", "flops_per_token"})
     number(plan, "plan.", k);
+  for (const char* k : {"total_params", "tokens_consumed", "tokens_unique", "steps"})
+    count(plan, "plan.", k);
   const json& m = object(r, "", "measured");
-  number(m, "measured.", "total_params");
-  number(m, "measured.", "steps");
+  count(m, "measured.", "total_params");
+  count(m, "measured.", "steps");
   const json& c = object(m, "measured.", "compute");
   number(c, "measured.compute.", "paper");
   const json& t = object(m, "measured.", "tokens");
-  for (const char* k : {"consumed", "unique", "epochs"}) number(t, "measured.tokens.", k);
+  for (const char* k : {"consumed", "unique"}) count(t, "measured.tokens.", k);
+  number(t, "measured.tokens.", "epochs");
   const json& flops = object(m, "measured.", "flops");
   if (!flop_count_from_json(at(flops, "measured.flops.", "total")))
     fail("measured.flops.total", "not a FLOP count");

@@ -269,6 +269,13 @@ TEST_CASE("a record's FLOP ledger must be whole: a missing or negative count is 
   CHECK(refused(r).find("'val_curve' is missing or not an array") != std::string::npos);
   r["val_curve"] = "oops";
   CHECK(refused(r).find("'val_curve' is missing or not an array") != std::string::npos);
+  // Its entries, and the loss curve's, are what `moeplan report` reads: objects with numbers.
+  r["val_curve"] = {1, 2};
+  CHECK(refused(r).find("'val_curve[0]' is missing or not an object") != std::string::npos);
+  r["val_curve"] = nlohmann::json::array();
+  r["loss_curve"] = {{{"tokens_consumed", 1}}};
+  CHECK(refused(r).find("'loss_curve[0].train_loss' is missing or not a finite number") !=
+        std::string::npos);
   r = original;
   r["measured"]["flops"]["elementwise"] = "-1";
   CHECK(refused(r).find("'measured.flops.elementwise' is missing or not a FLOP count") !=
@@ -304,7 +311,8 @@ TEST_CASE("the validation ledger: forward only, one pass over the held-out windo
   v["elementwise"] = 100;
   rec["measured"]["flops"]["validation"] = v;
   rec["data"] = {{"source", "builtin"}, {"description", "d"}, {"validation_tokens", 8}};
-  rec["val_curve"] = json::array({json{{"step", 3}}, json{{"step", 7}}});
+  rec["val_curve"] =
+      json::array({json{{"step", 3}, {"val_bpc", 2.5}}, json{{"step", 7}, {"val_bpc", 2.1}}});
   auto audit = [&](const json& r) {
     std::ofstream(dir / "moe-k1" / "record.json") << r.dump();
     return audit_runs(load_run_records(dir.string()), {}, {});
@@ -335,7 +343,7 @@ TEST_CASE("the validation ledger: forward only, one pass over the held-out windo
   }
   {  // three evaluations in the curve, two in the ledger: every category differs
     json r = rec;
-    r["val_curve"].push_back(json{{"step", 9}});
+    r["val_curve"].push_back(json{{"step", 9}, {"val_bpc", 2.0}});
     const AuditReport a = audit(r);
     CHECK(errors(a, "validation-flops:projection").size() == 1);
     CHECK(errors(a, "validation-flops:lm-head").size() == 1);

@@ -238,6 +238,16 @@ TEST_CASE("moeplan run: ledgers equal the plan and an independent count; reruns 
                                  "forward' is missing or not a FLOP count") != std::string::npos,
                 refused.err);
   CHECK(!fs::exists(out / "dense"));
+  // A record.json that is a dangling link is not "no record": refused before anything trains.
+  fs::remove(out / "moe-a" / "record.json");
+  fs::create_symlink(dir / "nowhere" / "record.json", out / "moe-a" / "record.json");
+  const Result dangling = run_cli({"run", (dir / "sweep.toml").string(), "--out", out.string()});
+  CHECK(dangling.status == 2);
+  CHECK(one_line(dangling.err));
+  CHECK_MESSAGE(dangling.err.find("moe-a/record.json' is not a file") != std::string::npos,
+                dangling.err);
+  CHECK(!fs::exists(out / "dense"));
+  fs::remove(out / "moe-a" / "record.json");
   damaged = json::parse(moe_before);
   damaged["status"] = 1;
   write_file_atomic(out / "moe-a" / "record.json", damaged.dump());
@@ -772,6 +782,20 @@ TEST_CASE("moeplan run --micro-batch 2: the one-pass run's tokens and ledger; re
                     std::string::npos,
                 sweep_other.err);
   CHECK_FALSE(fs::exists(out / "dense"));
+  {  // A checkpoint whose body is damaged is refused before the dense point trains, too.
+    const fs::path ck = out / "moe-m" / "checkpoint" / "state.ckpt";
+    const std::string good = read_file(ck);
+    std::string bad = good;
+    bad[bad.size() / 2] ^= 0x5a;
+    write_file_atomic(ck, bad);
+    const Result corrupt = run_cli({"run", sweep, "--out", out.string(), "--micro-batch", "2"});
+    CHECK(corrupt.status == 2);
+    CHECK(one_line(corrupt.err));
+    CHECK_MESSAGE(corrupt.err.find("is corrupt (checksum mismatch)") != std::string::npos,
+                  corrupt.err);
+    CHECK_FALSE(fs::exists(out / "dense"));
+    write_file_atomic(ck, good);
+  }
   // Nor on another device: the record's times would mix two devices'.
   const Result cuda = run_cli({"run", sweep, "--point", "moe-m", "--out", out.string(),
                                "--micro-batch", "2", "--device", "cuda"},

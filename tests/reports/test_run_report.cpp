@@ -338,6 +338,15 @@ TEST_CASE("report: a damaged record is refused naming the file and the key, not 
   CHECK_THROWS_WITH_AS(moeplan::load_run_records(dir),
                        doctest::Contains("'loss_curve[0].train_loss' is missing"),
                        moeplan::InputError);
+  for (const json& bad : {json(1.5), json(-1), json(1e30)}) {
+    m = record("moe-a", false, 0.2, 1.8);
+    m["measured"]["tokens"]["consumed"] = bad;
+    put("moe-a", m);
+    CHECK_THROWS_WITH_AS(
+        moeplan::load_run_records(dir),
+        doctest::Contains("'measured.tokens.consumed' is not a whole number >= 0 below 2^63"),
+        moeplan::InputError);
+  }
   put("moe-a", record("moe-a", false, 0.2, 1.8));
   CHECK(moeplan::load_run_records(dir).size() == 2);
   std::filesystem::remove_all(dir);

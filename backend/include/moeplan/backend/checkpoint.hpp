@@ -50,13 +50,4 @@ void write_checkpoint(const std::filesystem::path& path, const Checkpoint& ckpt)
 // Throws InputError naming the file when it is unreadable, corrupt (checksum) or of another format.
 Checkpoint read_checkpoint(const std::filesystem::path& path);
 
-// What a resume must match, read from the checkpoint's head alone (not its model state, not
-// its checksum: read_checkpoint checks that when the point resumes).
-struct CheckpointHead {
-  nlohmann::json plan, train;
-  std::string device;
-  int64_t micro_batch_seqs = 0;
-};
-CheckpointHead read_checkpoint_head(const std::filesystem::path& path);
-
 }  // namespace moeplan::backend

@@ -85,7 +85,7 @@ nlohmann::json existing_record(const Plan& plan, const nlohmann::json& plan_json
                                const TrainSettings& train, const std::filesystem::path& out_dir);
 
 // Throws InputError (one line, as the point's resume would) when the point's checkpoint was made
-// under another plan, [train] settings, --device or --micro-batch; reads only its head. The
+// under another plan, [train] settings, --device or --micro-batch, or is damaged (checksum). The
 // source's fingerprints are compared when the point resumes.
 void check_resumable(const Plan& plan, const nlohmann::json& plan_json, const TrainSettings& train,
                      const RunOptions& options);
