@@ -36,20 +36,9 @@ struct Reader {
     return j.at(key);
   }
   int64_t integer(const json& j, const std::string& key) const {
-    if (!j.contains(key) || !j.at(key).is_number()) fail(key, "a whole number >= 0");
-    const json& v = j.at(key);
-    if (v.is_number_unsigned()) {
-      if (v.get<uint64_t>() > uint64_t(INT64_MAX)) fail(key, "a whole number >= 0 below 2^63");
-      return int64_t(v.get<uint64_t>());
-    }
-    if (v.is_number_integer()) {
-      if (v.get<int64_t>() < 0) fail(key, "a whole number >= 0");
-      return v.get<int64_t>();
-    }
-    const double d = v.get<double>();  // 1e3 as JSON writes it: whole and in range only
-    if (!(d >= 0) || d != std::floor(d)) fail(key, "a whole number >= 0");
-    if (d >= 0x1p63) fail(key, "a whole number >= 0 below 2^63");
-    return int64_t(d);
+    const auto c = j.contains(key) ? count_from_json(j.at(key)) : std::nullopt;
+    if (!c) fail(key, "a whole number >= 0 below 2^63");
+    return *c;
   }
   // A FLOP count: an integer, or a string of digits past 64 bits (sweeps/ledger_json.hpp).
   FlopCount count(const json& j, const std::string& key) const {

@@ -404,12 +404,7 @@ void check_record(const json& r, const fs::path& f) {
   };
   // A count: whole and not negative (a fraction or a negative is damage, not a count).
   auto count = [&](const json& j, const std::string& path, const char* key) {
-    const json& v = at(j, path, key);
-    if (v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() >= 0)) return;
-    if (v.is_number_float() && v.get<double>() >= 0 && v.get<double>() < 0x1p63 &&
-        v.get<double>() == std::floor(v.get<double>()))
-      return;
-    fail(path + key, "not a whole number >= 0 below 2^63");
+    if (!count_from_json(at(j, path, key))) fail(path + key, "not a whole number >= 0 below 2^63");
   };
   auto object = [&](const json& j, const std::string& path, const char* key) -> const json& {
     const json& v = at(j, path, key);

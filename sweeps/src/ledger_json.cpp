@@ -57,6 +57,18 @@ nlohmann::json flop_ledger_to_json(const FlopLedger& ledger) {
           {"total", flop_count_to_json(ledger.total())}};
 }
 
+std::optional<int64_t> count_from_json(const nlohmann::json& j) {
+  if (j.is_number_unsigned())
+    return j.get<uint64_t>() <= uint64_t(INT64_MAX) ? std::optional(int64_t(j.get<uint64_t>()))
+                                                    : std::nullopt;
+  if (j.is_number_integer())
+    return j.get<int64_t>() >= 0 ? std::optional(j.get<int64_t>()) : std::nullopt;
+  if (!j.is_number_float()) return std::nullopt;
+  const double d = j.get<double>();
+  if (!(d >= 0) || d >= 0x1p63 || d != std::floor(d)) return std::nullopt;
+  return int64_t(d);
+}
+
 FlopLedger flop_ledger_from_json(const nlohmann::json& j, const std::string& where,
                                  const std::string& prefix) {
   auto missing = [&](const std::string& key, const char* want) {

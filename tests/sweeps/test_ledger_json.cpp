@@ -81,3 +81,15 @@ TEST_CASE("a damaged ledger is refused naming the file and the key") {
   j.erase("elementwise");  // informational: may be left out
   CHECK(flop_ledger_from_json(j, "r.json") == FlopLedger{});
 }
+
+TEST_CASE("a record's other counts: whole, not negative, below 2^63") {
+  CHECK(count_from_json(json(0)) == 0);
+  CHECK(count_from_json(json(1e3)) == 1000);  // a whole float, as some writers print it
+  CHECK(count_from_json(json(uint64_t(9223372036854775807ULL))) == INT64_MAX);
+  CHECK_FALSE(count_from_json(json(uint64_t(9223372036854775808ULL))));  // 2^63
+  CHECK_FALSE(count_from_json(json(9223372036854775808.0)));             // 2^63 as a double
+  CHECK_FALSE(count_from_json(json(-1)));
+  CHECK_FALSE(count_from_json(json(1.5)));
+  CHECK_FALSE(count_from_json(json("12")));
+  CHECK_FALSE(count_from_json(json(nullptr)));
+}

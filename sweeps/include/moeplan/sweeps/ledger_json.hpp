@@ -21,6 +21,9 @@ nlohmann::json flop_count_to_json(FlopCount c);
 // or a string of digits; nullopt for anything else (a negative count; a fraction; a float from
 // 2^53 on, whose last digit a double may have lost; 10^36 or more, which no run executes).
 std::optional<FlopCount> flop_count_from_json(const nlohmann::json& j);
+// A record's other counts (tokens, steps, parameters): a whole number in [0, 2^63), as an
+// integer or a whole float (1e3); nullopt for a fraction, a negative, past int64 or not a number.
+std::optional<int64_t> count_from_json(const nlohmann::json& j);
 
 // {"by_category": {category: {phase: count}}, "elementwise": count, "total": count}
 nlohmann::json flop_ledger_to_json(const FlopLedger& ledger);
