@@ -499,6 +499,9 @@ RunRecord parse_run_record(std::string_view text, std::string source) {
                                  rd.integer(j, "schema")));
   r.point_id = rd.text(j, "point_id");
   r.status = rd.text(j, "status");
+  if (r.status != "running" && r.status != "complete")
+    throw InputError(fmt::format("{}: 'status' is \"{}\" (valid: \"running\", \"complete\")",
+                                 r.source, r.status));
   r.plan = parse_plan(rd.in("plan"), rd.obj(j, "plan"));
   if (j.contains("data")) {
     const json& d = rd.obj(j, "data");
@@ -541,19 +544,7 @@ RunRecord parse_run_record(std::string_view text, std::string source) {
       rd.fail("val_curve", "an array (the evaluations the validation ledger counts)");
   }
   // The curves: arrays of objects with numbers, as `moeplan report` reads them.
-  for (const auto& [curve, a, b] :
-       {std::tuple<const char*, const char*, const char*>{"val_curve", "step", "val_bpc"},
-        {"loss_curve", "tokens_consumed", "train_loss"}}) {
-    if (!j.contains(curve)) continue;
-    if (!j.at(curve).is_array()) rd.fail(curve, "an array");
-    const json& c = j.at(curve);
-    for (size_t i = 0; i < c.size(); ++i) {
-      const std::string entry = fmt::format("{}[{}]", curve, i);
-      if (!c[i].is_object()) rd.fail(entry, "an object");
-      rd.in(entry).real(c[i], a);
-      rd.in(entry).real(c[i], b);
-    }
-  }
+  if (const auto d = curve_defect(j)) rd.fail(d->key, d->want.c_str());
   if (j.contains("val_curve")) r.evaluations = int64_t(j.at("val_curve").size());
   const json& t = rm.obj(m, "tokens");
   const Reader rt = rm.in("tokens");

@@ -291,6 +291,32 @@ std::string settings_differ(const nlohmann::json& stored, const nlohmann::json& 
   return out;
 }
 
+// Empty when `stored` (a record's or checkpoint's plan) is the manifest's, else the first value
+// that differs as "plan.arch.d_model = 8.5 (the manifest: 96)", and how many more do: the user
+// learns which edit (theirs or the file's) made the point another one.
+std::string plan_differ(const nlohmann::json& stored, const nlohmann::json& wanted) {
+  if (stored == wanted) return {};
+  if (!stored.is_object())
+    return fmt::format("plan = {} (the manifest: an object)",
+                       stored.is_null() ? std::string("unset") : stored.dump());
+  const nlohmann::json patch = nlohmann::json::diff(stored, wanted);
+  const std::string pointer = patch.at(0).at("path").get<std::string>();
+  const nlohmann::json::json_pointer at(pointer);
+  std::string key = "plan";  // "/arch/d_model" as "plan.arch.d_model" (~1 is '/', ~0 is '~')
+  for (size_t i = 0; i < pointer.size(); ++i) {
+    if (pointer[i] == '/') key += '.';
+    else if (pointer[i] == '~' && i + 1 < pointer.size())
+      key += pointer[++i] == '1' ? '/' : '~';
+    else key += pointer[i];
+  }
+  auto value = [&](const nlohmann::json& j) {
+    return j.contains(at) ? j.at(at).dump() : std::string("unset");
+  };
+  std::string out = fmt::format("{} = {} (the manifest: {})", key, value(stored), value(wanted));
+  if (patch.size() > 1) out += fmt::format(" and {} more", patch.size() - 1);
+  return out;
+}
+
 }  // namespace
 
 // What a resume must match.
@@ -304,11 +330,11 @@ struct CheckpointHead {
 static void check_checkpoint_head(const CheckpointHead& h, const fs::path& ckpt_path,
                                   const Plan& plan, const nlohmann::json& plan_json,
                                   const TrainSettings& train, const RunOptions& opt) {
-  if (h.plan != plan_json)
+  if (const std::string d = plan_differ(h.plan, plan_json); !d.empty())
     throw InputError(
-        fmt::format("checkpoint '{}' was made for a different plan of point '{}'; "
+        fmt::format("checkpoint '{}' was made for a different plan of point '{}': {}; "
                     "move the folder away or choose another --out",
-                    ckpt_path.string(), plan.id));
+                    ckpt_path.string(), plan.id, d));
   if (const std::string d = settings_differ(h.train, train_to_json(train)); !d.empty())
     throw InputError(fmt::format(
         "checkpoint '{}' of point '{}' was trained with other [train] settings: {}; move the "
@@ -352,11 +378,12 @@ nlohmann::json existing_record(const Plan& plan, const nlohmann::json& plan_json
     throw InputError(
         fmt::format("record '{}': 'status' is {} (valid: \"running\", \"complete\"); {}",
                     path.string(), st == rec.end() ? std::string("missing") : st->dump(), move));
-  if (rec.value("plan", nlohmann::json()) != plan_json)
+  if (const std::string d = plan_differ(rec.value("plan", nlohmann::json()), plan_json);
+      !d.empty())
     throw InputError(fmt::format(
-        "'{}' was made from a different plan for point '{}'; move the folder away or choose "
-        "another --out",
-        path.string(), plan.id));
+        "'{}' was made from a different plan for point '{}': {}; move the folder away or "
+        "choose another --out",
+        path.string(), plan.id, d));
   if (const std::string d =
           settings_differ(rec.value("train", nlohmann::json()), train_to_json(train));
       !d.empty())

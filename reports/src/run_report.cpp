@@ -413,7 +413,8 @@ void check_record(const json& r, const fs::path& f) {
   };
   if (!r.is_object()) fail("(the whole record)", "not a JSON object");
   if (!at(r, "", "point_id").is_string()) fail("point_id", "not a string");
-  if (!at(r, "", "status").is_string()) fail("status", "not a string");
+  if (const json& st = at(r, "", "status"); st != "running" && st != "complete")
+    fail("status", fmt::format("{} (valid: \"running\", \"complete\")", st.dump()).c_str());
   const json& plan = object(r, "", "plan");
   for (const char* k : {"activation_rate", "compute", "epochs", "flops_per_token"})
     number(plan, "plan.", k);
@@ -441,23 +442,8 @@ void check_record(const json& r, const fs::path& f) {
     }
   }
   // The curves the charts and the per-part columns read: arrays of objects with numbers.
-  for (const auto& [curve, keys] :
-       {std::pair<const char*, std::array<const char*, 2>>{"val_curve", {"step", "val_bpc"}},
-        {"loss_curve", {"tokens_consumed", "train_loss"}}}) {
-    if (!r.contains(curve)) continue;
-    const json& c = r.at(curve);
-    if (!c.is_array()) fail(curve, "not an array");
-    for (size_t i = 0; i < c.size(); ++i) {
-      const std::string path = fmt::format("{}[{}].", curve, i);
-      if (!c[i].is_object()) fail(path.substr(0, path.size() - 1), "not an object");
-      for (const char* k : keys) number(c[i], path, k);
-      if (c[i].contains("parts")) {
-        const json& parts = object(c[i], path, "parts");
-        for (const auto& [part, v] : parts.items())
-          if (!v.is_number()) fail(path + "parts." + part, "not a number");
-      }
-    }
-  }
+  if (const auto d = curve_defect(r))
+    fail(d->key, d->missing ? "missing" : fmt::format("not {}", d->want).c_str());
   if (!is_complete(r)) return;
   object(m, "measured.", "matches_plan");
   for (const char* k : {"final_val_bpc", "train_seconds", "wall_seconds"}) number(r, "", k);

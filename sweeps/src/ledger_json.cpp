@@ -1,5 +1,6 @@
 #include "moeplan/sweeps/ledger_json.hpp"
 
+#include <array>
 #include <cmath>
 
 #include <fmt/format.h>
@@ -67,6 +68,30 @@ std::optional<int64_t> count_from_json(const nlohmann::json& j) {
   const double d = j.get<double>();
   if (!(d >= 0) || d >= 0x1p63 || d != std::floor(d)) return std::nullopt;
   return int64_t(d);
+}
+
+std::optional<RecordDefect> curve_defect(const nlohmann::json& record) {
+  using Keys = std::array<const char*, 2>;
+  for (const auto& [curve, keys] : {std::pair<const char*, Keys>{"val_curve", {"step", "val_bpc"}},
+                                    {"loss_curve", {"tokens_consumed", "train_loss"}}}) {
+    if (!record.is_object() || !record.contains(curve)) continue;
+    const nlohmann::json& c = record.at(curve);
+    if (!c.is_array()) return RecordDefect{curve, "an array"};
+    for (size_t i = 0; i < c.size(); ++i) {
+      const std::string entry = fmt::format("{}[{}]", curve, i);
+      if (!c[i].is_object()) return RecordDefect{entry, "an object"};
+      for (const char* k : keys) {
+        if (!c[i].contains(k)) return RecordDefect{entry + "." + k, "a number", true};
+        if (!c[i].at(k).is_number()) return RecordDefect{entry + "." + k, "a number"};
+      }
+      if (!c[i].contains("parts")) continue;
+      const nlohmann::json& parts = c[i].at("parts");
+      if (!parts.is_object()) return RecordDefect{entry + ".parts", "an object"};
+      for (const auto& [part, v] : parts.items())
+        if (!v.is_number()) return RecordDefect{entry + ".parts." + part, "a number"};
+    }
+  }
+  return std::nullopt;
 }
 
 FlopLedger flop_ledger_from_json(const nlohmann::json& j, const std::string& where,

@@ -431,6 +431,21 @@ TEST_CASE("refusals: one line, non-zero exit, earlier records and checkpoints in
     CHECK(k.out.find("already complete") != std::string::npos);
     intact();
   }
+  // A finished point whose plan changed (a learning rate edited in the manifest): refused with
+  // the first value that differs named by its key, the record's value and the manifest's.
+  {
+    Manifest lr = good;
+    lr.dense = tiny_plan("dense", true, 12, 4, 20, 5e-3);
+    write_manifest_atomic(lr, dir / "lr.toml");
+    const Result r =
+        run_cli({"run", (dir / "lr.toml").string(), "--point", "dense", "--out", out.string()});
+    CHECK(r.status == 2);
+    CHECK_MESSAGE(one_line(r.err), r.err);
+    CHECK_MESSAGE(r.err.find("different plan for point 'dense': plan.lr_peak = 0.003 (the "
+                             "manifest: 0.005); move") != std::string::npos,
+                  r.err);
+    intact();
+  }
 }
 
 TEST_CASE(

@@ -338,6 +338,14 @@ TEST_CASE("report: a damaged record is refused naming the file and the key, not 
   CHECK_THROWS_WITH_AS(moeplan::load_run_records(dir),
                        doctest::Contains("'loss_curve[0].train_loss' is missing"),
                        moeplan::InputError);
+  // A status run never writes (a hand edit) is damage, as `run` and `audit` say.
+  m = record("moe-a", false, 0.2, 1.8);
+  m["status"] = "done";
+  put("moe-a", m);
+  CHECK_THROWS_WITH_AS(
+      moeplan::load_run_records(dir),
+      doctest::Contains("'status' is \"done\" (valid: \"running\", \"complete\")"),
+      moeplan::InputError);
   for (const json& bad : {json(1.5), json(-1), json(1e30)}) {
     m = record("moe-a", false, 0.2, 1.8);
     m["measured"]["tokens"]["consumed"] = bad;

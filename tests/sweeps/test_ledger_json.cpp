@@ -3,6 +3,7 @@
 
 #include <string>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "moeplan/accounting/error.hpp"
@@ -92,4 +93,34 @@ TEST_CASE("a record's other counts: whole, not negative, below 2^63") {
   CHECK_FALSE(count_from_json(json(1.5)));
   CHECK_FALSE(count_from_json(json("12")));
   CHECK_FALSE(count_from_json(json(nullptr)));
+}
+
+TEST_CASE("curve_defect: the first key of a curve that is not a number, by its full path") {
+  CHECK_FALSE(curve_defect(json::object()));  // no curves: nothing to read
+  json r = {{"val_curve", {{{"step", 2}, {"val_bpc", 1.5}, {"parts", {{"facts", 1.2}}}}}},
+            {"loss_curve", {{{"tokens_consumed", 64}, {"train_loss", 3.1}}}}};
+  CHECK_FALSE(curve_defect(r));
+  auto defect = [&](const json& rec) {
+    const auto d = curve_defect(rec);
+    REQUIRE(d);
+    return fmt::format("{}|{}|{}", d->key, d->want, d->missing);
+  };
+  json bad = r;
+  bad["val_curve"] = "oops";
+  CHECK(defect(bad) == "val_curve|an array|false");
+  bad = r;
+  bad["val_curve"].push_back(3);
+  CHECK(defect(bad) == "val_curve[1]|an object|false");
+  bad = r;
+  bad["val_curve"][0].erase("val_bpc");
+  CHECK(defect(bad) == "val_curve[0].val_bpc|a number|true");
+  bad = r;
+  bad["val_curve"][0]["parts"] = json::array();
+  CHECK(defect(bad) == "val_curve[0].parts|an object|false");
+  bad = r;
+  bad["val_curve"][0]["parts"]["arith"] = "0.9";
+  CHECK(defect(bad) == "val_curve[0].parts.arith|a number|false");
+  bad = r;
+  bad["loss_curve"][0]["tokens_consumed"] = nullptr;
+  CHECK(defect(bad) == "loss_curve[0].tokens_consumed|a number|false");
 }

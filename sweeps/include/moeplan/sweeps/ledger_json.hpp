@@ -25,6 +25,18 @@ std::optional<FlopCount> flop_count_from_json(const nlohmann::json& j);
 // integer or a whole float (1e3); nullopt for a fraction, a negative, past int64 or not a number.
 std::optional<int64_t> count_from_json(const nlohmann::json& j);
 
+// A record's curves, as `run` writes them and `audit` and `report` read them: `val_curve` an array
+// of objects with numbers `step` and `val_bpc` (and `parts`, if given, an object of numbers),
+// `loss_curve` an array of objects with numbers `tokens_consumed` and `train_loss`; either may be
+// absent. The first key that is not so, by its full path ("val_curve[3].val_bpc"), with what it
+// should be ("a number") and whether it is missing; nullopt when both curves are sound.
+struct RecordDefect {
+  std::string key;
+  std::string want;
+  bool missing = false;
+};
+std::optional<RecordDefect> curve_defect(const nlohmann::json& record);
+
 // {"by_category": {category: {phase: count}}, "elementwise": count, "total": count}
 nlohmann::json flop_ledger_to_json(const FlopLedger& ledger);
 // Every category and phase must be present, and no other (elementwise, informational, may be
