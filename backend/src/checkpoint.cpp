@@ -1,7 +1,10 @@
 #include "moeplan/backend/checkpoint.hpp"
 
+#include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <span>
 #include <string_view>
 
 #include <fmt/format.h>
@@ -12,45 +15,96 @@
 
 namespace moeplan::backend {
 
+namespace fs = std::filesystem;
+
 namespace {
 
 constexpr std::string_view kMagic = "MOEPCKP1";
 
-uint64_t fnv1a(std::string_view bytes) {
+// FNV-1a over the file's bytes, fed as they are written or read.
+struct Fnv1a {
   uint64_t h = 0xcbf29ce484222325ull;
-  for (unsigned char c : bytes) {
-    h ^= c;
-    h *= 0x100000001b3ull;
+  void add(std::string_view bytes) {
+    for (unsigned char c : bytes) {
+      h ^= c;
+      h *= 0x100000001b3ull;
+    }
   }
-  return h;
+};
+
+std::string u64_bytes(uint64_t v) {
+  return std::string(reinterpret_cast<const char*>(&v), 8);
 }
 
-void put_u64(std::string& out, uint64_t v) {
-  out.append(reinterpret_cast<const char*>(&v), 8);
-}
-void put_section(std::string& out, const void* data, size_t bytes) {
-  put_u64(out, bytes);
-  out.append(static_cast<const char*>(data), bytes);
-}
-
-struct Reader {
-  std::string_view in;
-  size_t at = 0;
-  const std::string& where;
+// Reads a checkpoint front to back, hashing every byte before the checksum: each section lands
+// where it is kept (or is hashed and dropped), so reading never holds the file twice over.
+class Reader {
+ public:
+  explicit Reader(const fs::path& path) : where_(path.string()), in_(path, std::ios::binary) {
+    if (!in_) throw InputError(fmt::format("cannot read '{}': {}", where_, std::strerror(errno)));
+    in_.seekg(0, std::ios::end);
+    const std::streamoff size = in_.tellg();
+    in_.seekg(0);
+    if (size < std::streamoff(kMagic.size() + 8)) not_ours();
+    left_ = uint64_t(size) - 8;  // the bytes the checksum covers
+    std::string magic(kMagic.size(), '\0');
+    read(magic.data(), magic.size());
+    if (magic != kMagic) not_ours();
+  }
   uint64_t u64() {
-    if (at + 8 > in.size()) throw InputError(fmt::format("checkpoint '{}': truncated", where));
     uint64_t v;
-    std::memcpy(&v, in.data() + at, 8);
-    at += 8;
+    read(&v, 8);
     return v;
   }
-  std::string_view section() {
+  // A section's length, checked against what is left before the checksum.
+  uint64_t length() {
     const uint64_t n = u64();
-    if (n > in.size() - at) throw InputError(fmt::format("checkpoint '{}': truncated", where));
-    std::string_view s = in.substr(at, n);
-    at += n;
-    return s;
+    if (n > left_) truncated();
+    return n;
   }
+  void read(void* to, uint64_t n) {
+    if (n > left_) truncated();
+    if (!in_.read(static_cast<char*>(to), std::streamsize(n)))
+      throw InputError(fmt::format("checkpoint '{}': read error", where_));
+    hash_.add(std::string_view(static_cast<const char*>(to), n));
+    left_ -= n;
+  }
+  void skip(uint64_t n) {  // hashed, not kept
+    std::vector<char> buf(std::min<uint64_t>(n, uint64_t(1) << 20));
+    for (uint64_t done = 0; done < n; done += buf.size()) {
+      const uint64_t k = std::min<uint64_t>(buf.size(), n - done);
+      read(buf.data(), k);
+    }
+  }
+  // After the last section: nothing but the checksum may follow, and it must match.
+  void finish() {
+    if (left_ != 0)
+      throw InputError(fmt::format(
+          "checkpoint '{}' is corrupt ({} bytes past its last section); remove it to restart the "
+          "point",
+          where_, left_));
+    uint64_t stored;
+    if (!in_.read(reinterpret_cast<char*>(&stored), 8))
+      throw InputError(fmt::format("checkpoint '{}': read error", where_));
+    if (stored != hash_.h)
+      throw InputError(fmt::format(
+          "checkpoint '{}' is corrupt (checksum mismatch); remove it to restart the point",
+          where_));
+  }
+  const std::string& where() const { return where_; }
+
+ private:
+  [[noreturn]] void not_ours() const {
+    throw InputError(fmt::format("checkpoint '{}' is not a moeplan checkpoint", where_));
+  }
+  [[noreturn]] void truncated() const {
+    throw InputError(fmt::format(
+        "checkpoint '{}' is corrupt (truncated); remove it to restart the point", where_));
+  }
+  std::string where_;
+  std::ifstream in_;
+  uint64_t left_ = 0;
+  Fnv1a hash_;
 };
 
 nlohmann::json state_to_json(const RunState& s) {
@@ -90,44 +144,95 @@ void write_checkpoint(const std::filesystem::path& path, const Checkpoint& ckpt)
                          {"data", ckpt.data},
                          {"state", state_to_json(ckpt.state)}};
   const std::string head_text = head.dump();
-  std::string out(kMagic);
-  put_section(out, head_text.data(), head_text.size());
-  put_section(out, ckpt.model_state.data(), ckpt.model_state.size());
   const auto& perm = ckpt.state.order.permutation();
-  put_section(out, perm.data(), perm.size() * sizeof(int32_t));
   const auto& bits = ckpt.state.tokens.touched;
-  put_section(out, bits.data(), bits.size() * sizeof(uint64_t));
-  put_u64(out, fnv1a(out));
-  write_file_atomic(path, out);
+  const std::string_view sections[] = {
+      head_text,
+      {ckpt.model_state.data(), ckpt.model_state.size()},
+      {reinterpret_cast<const char*>(perm.data()), perm.size() * sizeof(int32_t)},
+      {reinterpret_cast<const char*>(bits.data()), bits.size() * sizeof(uint64_t)}};
+  // The parts are written from where they lie: the model state is not copied.
+  std::vector<std::string> lengths;
+  lengths.reserve(std::size(sections));
+  std::vector<std::string_view> parts{kMagic};
+  Fnv1a hash;
+  hash.add(kMagic);
+  for (const std::string_view section : sections) {
+    lengths.push_back(u64_bytes(section.size()));
+    for (const std::string_view part : {std::string_view(lengths.back()), section}) {
+      parts.push_back(part);
+      hash.add(part);
+    }
+  }
+  const std::string checksum = u64_bytes(hash.h);
+  parts.push_back(checksum);
+  write_file_atomic(path, std::span<const std::string_view>(parts));
 }
 
-Checkpoint read_checkpoint(const std::filesystem::path& path) {
-  const std::string where = path.string();
-  const std::string bytes = read_file(path);
-  if (bytes.size() < kMagic.size() + 8 ||
-      std::string_view(bytes).substr(0, kMagic.size()) != kMagic)
-    throw InputError(fmt::format("checkpoint '{}' is not a moeplan checkpoint", where));
-  uint64_t stored;
-  std::memcpy(&stored, bytes.data() + bytes.size() - 8, 8);
-  if (stored != fnv1a(std::string_view(bytes).substr(0, bytes.size() - 8)))
+namespace {
+
+// The sections as read, the checksum verified; nothing parsed yet.
+struct Sections {
+  std::string head;
+  std::vector<char> model_state;
+  std::vector<int32_t> perm;
+  std::vector<uint64_t> bits;
+};
+
+Sections read_sections(Reader& r, bool body) {
+  Sections s;
+  s.head.resize(r.length());
+  r.read(s.head.data(), s.head.size());
+  const uint64_t model = r.length();
+  if (body) {
+    s.model_state.resize(model);
+    r.read(s.model_state.data(), model);
+  } else {
+    r.skip(model);
+  }
+  const uint64_t perm = r.length();
+  if (perm % sizeof(int32_t) != 0)
     throw InputError(
-        fmt::format("checkpoint '{}' is corrupt (checksum mismatch); remove it to "
-                    "restart the point",
-                    where));
-  Reader r{std::string_view(bytes).substr(0, bytes.size() - 8), kMagic.size(), where};
-  Checkpoint ck;
+        fmt::format("checkpoint '{}': the window order has a partial entry", r.where()));
+  s.perm.resize(perm / sizeof(int32_t));
+  r.read(s.perm.data(), perm);
+  const uint64_t bits = r.length();
+  if (bits % sizeof(uint64_t) != 0)
+    throw InputError(
+        fmt::format("checkpoint '{}': the window bitmap has a partial word", r.where()));
+  s.bits.resize(bits / sizeof(uint64_t));
+  r.read(s.bits.data(), bits);
+  r.finish();
+  return s;
+}
+
+template <class F>
+auto parsed(const std::string& where, F&& f) {
   try {
-    const nlohmann::json head = nlohmann::json::parse(r.section());
+    return f();
+  } catch (const nlohmann::json::exception& e) {
+    throw InputError(fmt::format("checkpoint '{}' is unreadable: {}", where, e.what()));
+  } catch (const InputError&) {
+    throw;
+  } catch (const std::runtime_error& e) {
+    throw InputError(fmt::format("checkpoint '{}': {}", where, e.what()));
+  }
+}
+
+}  // namespace
+
+Checkpoint read_checkpoint(const std::filesystem::path& path) {
+  Reader r(path);
+  Sections sec = read_sections(r, true);
+  const std::string& where = r.where();
+  return parsed(where, [&] {
+    const nlohmann::json head = nlohmann::json::parse(sec.head);
+    Checkpoint ck;
     ck.plan = head.at("plan");
     ck.train = head.value("train", nlohmann::json());
     ck.data = head.value("data", nlohmann::json());
     const nlohmann::json& s = head.at("state");
-    const std::string_view model = r.section();
-    ck.model_state.assign(model.begin(), model.end());
-    const std::string_view perm_bytes = r.section();
-    std::vector<int32_t> perm(perm_bytes.size() / sizeof(int32_t));
-    std::memcpy(perm.data(), perm_bytes.data(), perm.size() * sizeof(int32_t));
-    const std::string_view bit_bytes = r.section();
+    ck.model_state = std::move(sec.model_state);
 
     RunState& st = ck.state;
     st.step = s.at("step").get<int64_t>();
@@ -138,12 +243,13 @@ Checkpoint read_checkpoint(const std::filesystem::path& path) {
     st.tokens.windows_consumed = t.at("windows_consumed").get<int64_t>();
     st.tokens.dropped = t.at("dropped").get<int64_t>();
     st.tokens.windows_touched = t.at("windows_touched").get<int64_t>();
-    if (bit_bytes.size() != st.tokens.touched.size() * sizeof(uint64_t))
+    if (sec.bits.size() != st.tokens.touched.size())
       throw InputError(fmt::format("checkpoint '{}': window bitmap has the wrong size", where));
-    std::memcpy(st.tokens.touched.data(), bit_bytes.data(), bit_bytes.size());
+    st.tokens.touched = std::move(sec.bits);
     const nlohmann::json& o = s.at("order");
-    st.order = WindowOrder(int64_t(perm.size()), o.at("seed").get<uint64_t>());
-    st.order.restore(o.at("epoch").get<int64_t>(), o.at("cursor").get<int64_t>(), std::move(perm));
+    st.order = WindowOrder(int64_t(sec.perm.size()), o.at("seed").get<uint64_t>());
+    st.order.restore(o.at("epoch").get<int64_t>(), o.at("cursor").get<int64_t>(),
+                     std::move(sec.perm));
     st.train_flops = flop_ledger_from_json(s.at("train_flops"), where + ": train_flops");
     st.eval_flops = flop_ledger_from_json(s.at("eval_flops"), where + ": eval_flops");
     st.dropped_assignments = s.at("dropped_assignments").get<int64_t>();
@@ -156,13 +262,24 @@ Checkpoint read_checkpoint(const std::filesystem::path& path) {
     st.resumes = s.at("resumes").get<int64_t>();
     st.micro_batch_seqs = s.value("micro_batch_seqs", int64_t(0));
     st.device = s.value("device", std::string());
-  } catch (const nlohmann::json::exception& e) {
-    throw InputError(fmt::format("checkpoint '{}' is unreadable: {}", where, e.what()));
-  } catch (const std::runtime_error& e) {
-    if (dynamic_cast<const InputError*>(&e)) throw;
-    throw InputError(fmt::format("checkpoint '{}': {}", where, e.what()));
-  }
-  return ck;
+    return ck;
+  });
+}
+
+CheckpointHead read_checkpoint_head(const std::filesystem::path& path) {
+  Reader r(path);
+  const Sections sec = read_sections(r, false);
+  return parsed(r.where(), [&] {
+    const nlohmann::json head = nlohmann::json::parse(sec.head);
+    CheckpointHead h;
+    h.plan = head.at("plan");
+    h.train = head.value("train", nlohmann::json());
+    const nlohmann::json& s = head.at("state");
+    h.step = s.at("step").get<int64_t>();
+    h.micro_batch_seqs = s.value("micro_batch_seqs", int64_t(0));
+    h.device = s.value("device", std::string());
+    return h;
+  });
 }
 
 }  // namespace moeplan::backend

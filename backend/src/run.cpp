@@ -304,10 +304,11 @@ std::string plan_differ(const nlohmann::json& stored, const nlohmann::json& want
   const nlohmann::json::json_pointer at(pointer);
   std::string key = "plan";  // "/arch/d_model" as "plan.arch.d_model" (~1 is '/', ~0 is '~')
   for (size_t i = 0; i < pointer.size(); ++i) {
-    if (pointer[i] == '/') key += '.';
-    else if (pointer[i] == '~' && i + 1 < pointer.size())
+    if (pointer[i] == '~' && i + 1 < pointer.size()) {
       key += pointer[++i] == '1' ? '/' : '~';
-    else key += pointer[i];
+    } else {
+      key += pointer[i] == '/' ? '.' : pointer[i];
+    }
   }
   auto value = [&](const nlohmann::json& j) {
     return j.contains(at) ? j.at(at).dump() : std::string("unset");
@@ -318,13 +319,6 @@ std::string plan_differ(const nlohmann::json& stored, const nlohmann::json& want
 }
 
 }  // namespace
-
-// What a resume must match.
-struct CheckpointHead {
-  nlohmann::json plan, train;
-  std::string device;
-  int64_t micro_batch_seqs = 0;
-};
 
 // A checkpoint resumes only under the plan, [train] settings, device and passes it was made with.
 static void check_checkpoint_head(const CheckpointHead& h, const fs::path& ckpt_path,
@@ -378,8 +372,7 @@ nlohmann::json existing_record(const Plan& plan, const nlohmann::json& plan_json
     throw InputError(
         fmt::format("record '{}': 'status' is {} (valid: \"running\", \"complete\"); {}",
                     path.string(), st == rec.end() ? std::string("missing") : st->dump(), move));
-  if (const std::string d = plan_differ(rec.value("plan", nlohmann::json()), plan_json);
-      !d.empty())
+  if (const std::string d = plan_differ(rec.value("plan", nlohmann::json()), plan_json); !d.empty())
     throw InputError(fmt::format(
         "'{}' was made from a different plan for point '{}': {}; move the folder away or "
         "choose another --out",
@@ -400,9 +393,8 @@ void check_resumable(const Plan& plan, const nlohmann::json& plan_json, const Tr
   std::error_code ec;
   if (!fs::exists(fs::symlink_status(path, ec))) return;
   // The whole file, checksum included: a damaged checkpoint is refused before any point trains.
-  const Checkpoint ck = read_checkpoint(path);
-  check_checkpoint_head({ck.plan, ck.train, ck.state.device, ck.state.micro_batch_seqs}, path, plan,
-                        plan_json, train, opt);
+  // Only its head is kept: the weights and optimizer state are read again when the point resumes.
+  check_checkpoint_head(read_checkpoint_head(path), path, plan, plan_json, train, opt);
 }
 
 PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
@@ -505,8 +497,9 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
           fingerprints.at("training_fingerprint").get<std::string>(),
           ck.data.value("validation_fingerprint", "?"),
           fingerprints.at("validation_fingerprint").get<std::string>()));
-    check_checkpoint_head({ck.plan, ck.train, ck.state.device, ck.state.micro_batch_seqs},
-                          ckpt_path, plan, plan_json, train, opt);
+    check_checkpoint_head(
+        {ck.plan, ck.train, ck.state.step, ck.state.micro_batch_seqs, ck.state.device}, ckpt_path,
+        plan, plan_json, train, opt);
     engine->load_state(ck.model_state);
     st = std::move(ck.state);
     ++st.resumes;

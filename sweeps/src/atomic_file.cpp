@@ -25,7 +25,11 @@ namespace {
 }
 }  // namespace
 
-void write_file_atomic(const std::filesystem::path& link, std::string_view content) {
+void write_file_atomic(const std::filesystem::path& path, std::string_view content) {
+  write_file_atomic(path, std::span<const std::string_view>(&content, 1));
+}
+
+void write_file_atomic(const std::filesystem::path& link, std::span<const std::string_view> parts) {
   namespace fs = std::filesystem;
   // A symlink is written through: its target is replaced, the link stays (a sweep.toml linked
   // from a shared folder keeps being the shared file).
@@ -54,14 +58,16 @@ void write_file_atomic(const std::filesystem::path& link, std::string_view conte
     fail(link, path, step, err);
   };
   if (::fchmod(fd, mode) != 0) abandon("fchmod");  // mkstemp makes 0600
-  size_t done = 0;
-  while (done < content.size()) {
-    const ssize_t n = ::write(fd, content.data() + done, content.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      abandon("write");
+  for (const std::string_view content : parts) {
+    size_t done = 0;
+    while (done < content.size()) {
+      const ssize_t n = ::write(fd, content.data() + done, content.size() - done);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        abandon("write");
+      }
+      done += size_t(n);
     }
-    done += size_t(n);
   }
   if (::fsync(fd) != 0) abandon("fsync");
   if (::close(fd) != 0) {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -311,10 +312,53 @@ TEST_CASE("checkpoint round trip; a flipped byte is detected") {
   CHECK(back.state.loss_sum_since_log == 1.0 / 3.0);  // bit for bit through JSON
   CHECK(back.state.loss_curve[0]["train_loss"].get<double>() == 0.1 + 0.2);
 
+  // The layout, by hand (checkpoint.hpp): "MOEPCKP1" | u64 n | head | u64 4 | "ab\0c" | u64 520 |
+  // 130 int32 | u64 24 | 3 uint64 | u64 FNV-1a of all before. Older checkpoints read the same way.
   std::string bytes = read_file(dir / "s.ckpt");
-  bytes[bytes.size() / 2] ^= 0x40;
-  write_file_atomic(dir / "bad.ckpt", bytes);
-  CHECK(error_of([&] { read_checkpoint(dir / "bad.ckpt"); }).find("corrupt") != std::string::npos);
+  auto u64_at = [&](size_t at) {
+    uint64_t v;
+    std::memcpy(&v, bytes.data() + at, 8);
+    return v;
+  };
+  REQUIRE(bytes.substr(0, 8) == "MOEPCKP1");
+  const size_t head = u64_at(8);
+  const size_t model = 16 + head;
+  CHECK(u64_at(model) == 4);
+  CHECK(bytes.substr(model + 8, 4) == std::string("ab\0c", 4));
+  CHECK(u64_at(model + 12) == 130 * 4);
+  CHECK(u64_at(model + 20 + 520) == 3 * 8);
+  REQUIRE(bytes.size() == model + 20 + 520 + 8 + 24 + 8);
+  uint64_t fnv = 0xcbf29ce484222325ull;  // FNV-1a 64 over every byte before the checksum
+  for (size_t i = 0; i + 8 < bytes.size(); ++i) fnv = (fnv ^ uint8_t(bytes[i])) * 0x100000001b3ull;
+  CHECK(u64_at(bytes.size() - 8) == fnv);
+  // The head alone (what `run` checks of every point before the first trains).
+  const CheckpointHead h = read_checkpoint_head(dir / "s.ckpt");
+  CHECK(h.plan == ck.plan);
+  CHECK(h.step == 7);
+  // Damage anywhere is found by both readers, the weights' section included.
+  auto damaged = [&](const std::string& b) {
+    write_file_atomic(dir / "bad.ckpt", b);
+    const std::string full = error_of([&] { read_checkpoint(dir / "bad.ckpt"); });
+    const std::string head_only = error_of([&] { read_checkpoint_head(dir / "bad.ckpt"); });
+    CHECK(full == head_only);
+    return full;
+  };
+  std::string bad = bytes;
+  bad[model + 8] ^= 0x40;  // 'a' of the model state
+  CHECK(damaged(bad).find("is corrupt (checksum mismatch)") != std::string::npos);
+  bad = bytes;
+  bad[bytes.size() / 2] ^= 0x40;
+  CHECK(damaged(bad).find("is corrupt (checksum mismatch)") != std::string::npos);
+  CHECK(damaged(bytes.substr(0, bytes.size() - 5)).find("is corrupt (truncated)") !=
+        std::string::npos);
+  CHECK(damaged(bytes + "xy").find("is corrupt (2 bytes past its last section)") !=
+        std::string::npos);
+  bad = bytes;
+  bad[model] = 0x7f;  // a model section longer than the file
+  CHECK(damaged(bad).find("is corrupt (truncated)") != std::string::npos);
+  CHECK(damaged("MOEPCKP").find("is not a moeplan checkpoint") != std::string::npos);
+  CHECK(damaged(std::string("MOEPCKP2") + bytes.substr(8)).find("is not a moeplan checkpoint") !=
+        std::string::npos);
   // Atomic writes leave no temp files behind.
   for (const auto& e : fs::directory_iterator(dir))
     CHECK(e.path().filename().string().find(".tmp") == std::string::npos);

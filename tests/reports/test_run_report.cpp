@@ -342,10 +342,9 @@ TEST_CASE("report: a damaged record is refused naming the file and the key, not 
   m = record("moe-a", false, 0.2, 1.8);
   m["status"] = "done";
   put("moe-a", m);
-  CHECK_THROWS_WITH_AS(
-      moeplan::load_run_records(dir),
-      doctest::Contains("'status' is \"done\" (valid: \"running\", \"complete\")"),
-      moeplan::InputError);
+  CHECK_THROWS_WITH_AS(moeplan::load_run_records(dir),
+                       doctest::Contains("'status' is \"done\" (valid: \"running\", \"complete\")"),
+                       moeplan::InputError);
   for (const json& bad : {json(1.5), json(-1), json(1e30)}) {
     m = record("moe-a", false, 0.2, 1.8);
     m["measured"]["tokens"]["consumed"] = bad;

@@ -46,8 +46,22 @@ struct Checkpoint {
   std::vector<char> model_state;
 };
 
+// What a resume must match, read without the model state.
+struct CheckpointHead {
+  nlohmann::json plan, train;
+  int64_t step = 0;
+  int64_t micro_batch_seqs = 0;
+  std::string device;
+};
+
+// Written from where the parts lie (the model state is not copied), atomically.
 void write_checkpoint(const std::filesystem::path& path, const Checkpoint& ckpt);
-// Throws InputError naming the file when it is unreadable, corrupt (checksum) or of another format.
+// Throws InputError naming the file when it is unreadable, corrupt (checksum, truncated) or of
+// another format. Holds the file's bytes once: each section is read into where it is kept.
 Checkpoint read_checkpoint(const std::filesystem::path& path);
+// The same checks over the whole file (every byte read and checksummed, every section's length),
+// keeping only the head: what `moeplan run` checks of every point before the first trains, in
+// memory of the head's size rather than the weights' and optimizer's.
+CheckpointHead read_checkpoint_head(const std::filesystem::path& path);
 
 }  // namespace moeplan::backend

@@ -1,6 +1,7 @@
 #pragma once
 // Whole-file writes that never leave a half-written file behind.
 #include <filesystem>
+#include <span>
 #include <string_view>
 
 namespace moeplan {
@@ -10,5 +11,8 @@ namespace moeplan {
 // followed and its target replaced, the link kept. Throws InputError naming the path and the
 // system's reason on failure.
 void write_file_atomic(const std::filesystem::path& path, std::string_view content);
+// The same, the file being `parts` one after another: a large file (a checkpoint's weights and
+// optimizer state) is written from where its parts lie, without first joining them in memory.
+void write_file_atomic(const std::filesystem::path& path, std::span<const std::string_view> parts);
 
 }  // namespace moeplan
