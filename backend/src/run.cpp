@@ -473,13 +473,25 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
 
   // Temp files of writes a killed run left unfinished (write_file_atomic's ".NAME.tmp.XXXXXX";
   // a checkpoint's is a checkpoint's size): no one else writes here while we hold the lock.
-  if (engine->writes_files())
+  // A record or checkpoint that is a symlink is written through (write_file_atomic), its temp
+  // files beside the target: there only the target's own (".TARGET.tmp.") are cleared, since
+  // that folder may hold other files.
+  if (engine->writes_files()) {
     for (const fs::path& d : {dir, ckpt_dir})
       for (const auto& e : fs::directory_iterator(d, ec)) {
         const std::string name = e.path().filename().string();
         if (name.size() > 1 && name[0] == '.' && name.find(".tmp.") != std::string::npos)
           fs::remove(e.path(), ec);
       }
+    for (const fs::path& file : {dir / "record.json", ckpt_path}) {
+      if (!fs::is_symlink(file, ec)) continue;
+      const fs::path target = fs::weakly_canonical(file, ec);
+      if (ec) continue;
+      const std::string stale = "." + target.filename().string() + ".tmp.";
+      for (const auto& e : fs::directory_iterator(target.parent_path(), ec))
+        if (e.path().filename().string().starts_with(stale)) fs::remove(e.path(), ec);
+    }
+  }
   const nlohmann::json fingerprints = {
       {"training_fingerprint", data_json.at("training_fingerprint")},
       {"validation_fingerprint", data_json.at("validation_fingerprint")}};

@@ -642,6 +642,21 @@ TEST_CASE("resume refuses a source whose tokens changed; stale temp files are cl
       r.err.find("training region " + rec["data"]["training_fingerprint"].get<std::string>() +
                  " then") != std::string::npos,
       r.err);
+  // A record.json that is a symlink is written through, its temp files beside the target: a
+  // killed write's there is cleared too, the target folder's other files are not.
+  text[0] = 'a';
+  write_file_atomic(dir / "t.txt", text);
+  fs::create_directories(dir / "kept");
+  fs::rename(out / "dense" / "record.json", dir / "kept" / "rec.json");
+  fs::create_symlink(dir / "kept" / "rec.json", out / "dense" / "record.json");
+  write_file_atomic(dir / "kept" / ".rec.json.tmp.Qw9876", "half a record");
+  write_file_atomic(dir / "kept" / ".other.json.tmp.Qw9876", "someone else's");
+  const Result resumed = run_cli(args);
+  REQUIRE_MESSAGE(resumed.status == 0, resumed.err);
+  CHECK(fs::is_symlink(out / "dense" / "record.json"));
+  CHECK(record(out, "dense")["status"] == "complete");
+  CHECK_FALSE(fs::exists(dir / "kept" / ".rec.json.tmp.Qw9876"));
+  CHECK(fs::exists(dir / "kept" / ".other.json.tmp.Qw9876"));
 }
 
 TEST_CASE("a point another process is training is refused; a lock its dead owner left is not") {
