@@ -43,10 +43,16 @@ class EqualResourcePlanner {
   const MoeSolver& solver() const { return solver_; }
   double compute_target() const { return compute_; }
   double tokens_unique() const { return tokens_unique_; }
-  // One MoE point at r_a target; id "moe-ra0.200" (3 decimals).
+  // One MoE point at r_a target, within the N tolerance of the dense baseline's N; id
+  // "moe-ra0.200" (3 decimals).
   Plan plan_point(double ra_target) const;
 
  private:
+  struct Shapes {
+    Arch backbone, dense;
+  };
+  static Shapes solve_shapes(const PlanRequest& request);
+  EqualResourcePlanner(const PlanRequest& request, const Shapes& shapes);
   PlanRequest request_;
   Plan dense_;
   MoeSolver solver_;
