@@ -698,8 +698,10 @@ AuditReport audit_runs(const std::vector<RunRecord>& records, const std::vector<
                fmt::format("trained with other [train] settings than the manifest's: {}", d));
     }
     if (r.status != "complete") {
-      au.add(Severity::warning, r.point_id, "", {}, {}, 0,
-             fmt::format("record is '{}', not complete: not audited", r.status));
+      au.add(Severity::error, r.point_id, "", {}, {}, 0,
+             fmt::format("record is '{}', not complete: not audited, and the sweep's claims "
+                         "cannot hold without it",
+                         r.status));
       continue;
     }
     ClaimVerdict point;
@@ -717,10 +719,23 @@ AuditReport audit_runs(const std::vector<RunRecord>& records, const std::vector<
     pts.push_back(
         {r.point_id, plan->role == "dense", n, c, double(r.tokens_unique), plan->budget.reuse});
   }
+  // A sweep's claims are about all its points: one still running, or planned and not started,
+  // leaves them unproven (it may be the point that breaks equal N), so the audit does not pass.
+  ClaimVerdict complete;
+  complete.name = "every point of the sweep has a complete record";
+  for (const RunRecord& r : records) {
+    complete.rows.push_back(r.point_id);
+    if (r.status != "complete") complete.holds = false;
+  }
   for (const Plan& p : planned)
     if (std::none_of(records.begin(), records.end(),
-                     [&](const RunRecord& r) { return r.point_id == p.id; }))
-      au.add(Severity::warning, p.id, "", {}, {}, 0, "planned point has no record yet");
+                     [&](const RunRecord& r) { return r.point_id == p.id; })) {
+      au.add(Severity::error, p.id, "", {}, {}, 0,
+             "planned point has no record yet: the sweep's claims cannot hold without it");
+      complete.rows.push_back(p.id);
+      complete.holds = false;
+    }
+  if (!planned.empty() || !complete.holds) report.claims.push_back(complete);
   if (pts.size() >= 2) {
     const double ntol = opt.n_tolerance.value_or(opt.tolerance);
     const double ctol = opt.compute_tolerance.value_or(opt.tolerance);

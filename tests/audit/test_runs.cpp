@@ -441,7 +441,24 @@ TEST_CASE("against manifest points: a planned point without a record, a record o
   planned.push_back(extra);
   planned[1].budget.tokens_consumed = 64;
   const AuditReport r = audit_runs(recs, planned, {});
-  CHECK(matching(r.findings, Severity::warning, "moe-k2", 0, "").size() == 1);
+  // The point not run yet: the sweep is incomplete, and that claim fails (exit 1), not a warning.
+  CHECK(matching(r.findings, Severity::error, "moe-k2", 0, "").size() == 1);
+  const ClaimVerdict* all = claim(r, "every point of the sweep has a complete record");
+  REQUIRE(all);
+  CHECK_FALSE(all->holds);
+  CHECK(all->rows == std::vector<std::string>{"dense", "moe-k1", "moe-k2"});
+  // With every planned point recorded and complete, it holds.
+  const AuditReport ok = audit_runs(recs, {recs[0].plan, recs[1].plan}, {});
+  REQUIRE(claim(ok, "every point of the sweep has a complete record"));
+  CHECK(claim(ok, "every point of the sweep has a complete record")->holds);
+  // A record still running fails it as well, with or without a manifest.
+  std::vector<RunRecord> running = recs;
+  running[1].status = "running";
+  const AuditReport rr = audit_runs(running, {}, {});
+  REQUIRE(claim(rr, "every point of the sweep has a complete record"));
+  CHECK_FALSE(claim(rr, "every point of the sweep has a complete record")->holds);
+  CHECK(matching(rr.findings, Severity::error, "moe-k1", 0, "").size() == 1);
+  CHECK_FALSE(rr.all_hold());
   const auto plan_diff = matching(r.findings, Severity::warning, "moe-k1", 0, "");
   REQUIRE(plan_diff.size() == 1);
   CHECK(plan_diff[0]->message.find("different plan") != std::string::npos);
