@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "command.hpp"
+#include "moeplan/accounting/error.hpp"
 #include "moeplan/reports/run_report.hpp"
 #include "moeplan/sweeps/atomic_file.hpp"
 
@@ -25,6 +26,17 @@ int report(const ReportFlags& f) {
   if (f.runs_dirs.size() == 1) {
     text = render_run_report(load_run_records(f.runs_dirs[0]), f.runs_dirs[0], format);
   } else {
+    // Replicates are other seeds' folders: one folder named twice (runs and ./runs/) would be
+    // counted as two runs that agree perfectly.
+    for (size_t i = 0; i < f.runs_dirs.size(); ++i)
+      for (size_t j = 0; j < i; ++j) {
+        std::error_code ec;
+        if (std::filesystem::equivalent(f.runs_dirs[j], f.runs_dirs[i], ec))
+          throw InputError(fmt::format(
+              "runs folders '{}' and '{}' are the same folder; replicates are the runs folders "
+              "of one sweep trained with other seeds (e.g. runs/main-job/seed-1235/runs)",
+              f.runs_dirs[j], f.runs_dirs[i]));
+      }
     std::vector<std::vector<nlohmann::json>> folders;
     for (const std::string& d : f.runs_dirs) folders.push_back(load_run_records(d));
     text = render_replicate_report(folders, f.runs_dirs, format);

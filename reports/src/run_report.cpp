@@ -455,6 +455,11 @@ void check_record(const json& r, const fs::path& f) {
 
 std::vector<json> load_run_records(const fs::path& dir) {
   std::error_code ec;
+  if (fs::exists(dir, ec) && !fs::is_directory(dir, ec))
+    throw InputError(fmt::format(
+        "'{}' is not a folder: `moeplan report` reads the runs folder of `moeplan run sweep.toml "
+        "--out DIR` (runs/<point>/record.json)",
+        dir.string()));
   if (!fs::is_directory(dir, ec))
     throw InputError(
         fmt::format("runs folder '{}' does not exist (run `moeplan run sweep.toml --out {}` first)",

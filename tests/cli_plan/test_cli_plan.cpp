@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -279,6 +280,24 @@ TEST_CASE("bad input: one line naming the value, exit status 2") {
   const size_t arch = edited.find("[points.arch]");
   edited.replace(edited.find("d_expert = ", arch), 11, "d_expert = 1");
   expect_bad_input("show '" + write("stale.toml", edited).string() + "'", "points[0].total_params");
+}
+
+TEST_CASE("report: one folder named twice is not two replicates; a file is not a runs folder") {
+  const std::string runs = std::string(MOEPLAN_SOURCE_DIR) + "/tests/audit/fixtures/runs_cpu2";
+  const Result once = run_moeplan("report '" + runs + "'");
+  REQUIRE_MESSAGE(once.status == 0, once.err);
+  for (const std::string& again : {runs, runs + "/", runs + "/../runs_cpu2"}) {
+    const Result r = run_moeplan("report '" + runs + "' '" + again + "'");
+    CHECK(r.status == 2);
+    CHECK_MESSAGE(r.err.find("are the same folder; replicates are the runs folders of one sweep "
+                             "trained with other seeds") != std::string::npos,
+                  r.err);
+    CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+  }
+  const fs::path file = write("sweep-not-runs.toml", "x = 1\n");
+  const Result f = run_moeplan("report '" + file.string() + "'");
+  CHECK(f.status == 2);
+  CHECK_MESSAGE(f.err.find("'" + file.string() + "' is not a folder") != std::string::npos, f.err);
 }
 
 TEST_CASE("the example files plan to their hand-computed values") {
