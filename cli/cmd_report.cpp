@@ -9,6 +9,7 @@
 
 #include "command.hpp"
 #include "moeplan/accounting/error.hpp"
+#include "moeplan/audit/runs_io.hpp"
 #include "moeplan/reports/run_report.hpp"
 #include "moeplan/sweeps/atomic_file.hpp"
 
@@ -20,11 +21,19 @@ struct ReportFlags {
   std::string output;
 };
 
+// A folder's records, read as `moeplan audit` and `moeplan run` read them too: a record one of
+// them refuses as damaged is refused here, not shown.
+std::vector<nlohmann::json> records_of(const std::string& dir) {
+  std::vector<nlohmann::json> records = load_run_records(dir);
+  if (!records.empty()) (void)audit::load_run_records(dir);
+  return records;
+}
+
 int report(const ReportFlags& f) {
   const ReportFormat format = report_format_for(f.output);  // refuse a bad -o before reading
   std::string text;
   if (f.runs_dirs.size() == 1) {
-    text = render_run_report(load_run_records(f.runs_dirs[0]), f.runs_dirs[0], format);
+    text = render_run_report(records_of(f.runs_dirs[0]), f.runs_dirs[0], format);
   } else {
     // Replicates are other seeds' folders: one folder named twice (runs and ./runs/) would be
     // counted as two runs that agree perfectly.
@@ -38,7 +47,7 @@ int report(const ReportFlags& f) {
               f.runs_dirs[j], f.runs_dirs[i]));
       }
     std::vector<std::vector<nlohmann::json>> folders;
-    for (const std::string& d : f.runs_dirs) folders.push_back(load_run_records(d));
+    for (const std::string& d : f.runs_dirs) folders.push_back(records_of(d));
     text = render_replicate_report(folders, f.runs_dirs, format);
   }
   if (f.output.empty()) {

@@ -518,6 +518,15 @@ RunRecord parse_run_record(std::string_view text, std::string source) {
   if (r.status != "complete") return r;  // a running record carries only partial fields
   const json& m = rd.obj(j, "measured");
   const Reader rm = rd.in("measured");
+  // What every record `run` writes and `moeplan report` reads, checked here too, so that the two
+  // (and `run`'s skip, which reads records this way) accept the same records.
+  rm.integer(m, "steps");
+  rm.obj(m, "matches_plan");
+  const json& c = rm.obj(m, "compute");
+  rm.in("compute").real(c, "paper");
+  if (!c.contains("within_rounding") || !c.at("within_rounding").is_boolean())
+    rm.in("compute").fail("within_rounding", "true or false");
+  for (const char* k : {"final_val_bpc", "train_seconds", "wall_seconds"}) rd.real(j, k);
   r.has_measured = true;
   r.total_params = rm.integer(m, "total_params");
   r.active_params = rm.integer(m, "active_params");

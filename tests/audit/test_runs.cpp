@@ -109,6 +109,7 @@ std::filesystem::path widened_runs() {
     json& m = r["measured"];
     for (const char* key : {"consumed", "loss_bearing", "unique", "windows"})
       m["tokens"][key] = m["tokens"][key].get<int64_t>() * k;
+    m["steps"] = m["steps"].get<int64_t>() * k;
     json& f = m["flops"];
     for (auto& [cat, phases] : f["by_category"].items())
       for (auto& [phase, v] : phases.items()) digits(v);
@@ -279,6 +280,20 @@ TEST_CASE("a record's FLOP ledger must be whole: a missing or negative count is 
   r["loss_curve"] = nlohmann::json::array();
   r["val_curve"] = {{{"step", 1}, {"val_bpc", 2.0}, {"parts", {{"facts", "x"}}}}};
   CHECK(refused(r).find("'val_curve[0].parts.facts' is missing or not a number") !=
+        std::string::npos);
+  // What `run` writes and `moeplan report` reads of a complete record: required here too.
+  for (const char* key : {"train_seconds", "final_val_bpc"}) {
+    r = original;
+    r.erase(key);
+    CHECK(refused(r).find(std::string("'") + key + "' is missing or not a finite number") !=
+          std::string::npos);
+  }
+  r = original;
+  r["measured"].erase("steps");
+  CHECK(refused(r).find("'measured.steps' is missing or not a whole number") != std::string::npos);
+  r = original;
+  r["measured"]["compute"]["within_rounding"] = "yes";
+  CHECK(refused(r).find("'measured.compute.within_rounding' is missing or not true or false") !=
         std::string::npos);
   // A status `run` never writes (a hand edit): damage, not a point to pass over with a warning.
   r = original;

@@ -294,6 +294,19 @@ TEST_CASE("report: one folder named twice is not two replicates; a file is not a
                   r.err);
     CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
   }
+  // A record `moeplan audit` refuses (no plan.arch, which the table does not show) is refused
+  // here too: the two read the same records.
+  const fs::path copy = scratch() / "runs_no_arch";
+  fs::create_directories(copy / "moe-ra0.200");
+  nlohmann::json rec = nlohmann::json::parse(slurp(runs + "/moe-ra0.200/record.json"));
+  rec["plan"].erase("arch");
+  std::ofstream(copy / "moe-ra0.200" / "record.json") << rec.dump(1);
+  for (const char* cmd : {"report", "audit"}) {
+    const Result r = run_moeplan(std::string(cmd) + " '" + copy.string() + "'");
+    CHECK(r.status == 2);
+    CHECK_MESSAGE(r.err.find("'plan.arch' is missing or not an object") != std::string::npos, cmd,
+                  ": ", r.err);
+  }
   const fs::path file = write("sweep-not-runs.toml", "x = 1\n");
   const Result f = run_moeplan("report '" + file.string() + "'");
   CHECK(f.status == 2);
