@@ -20,10 +20,11 @@ struct AuditFlags {
   std::string plan;
   std::vector<std::string> claims;
   std::string spec;
-  std::string format = "table";
+  std::string format;  // "" = from -o's extension, else the terminal table
   std::string out;
-  std::optional<double> tolerance;
+  std::string tolerance;           // "" = the spec's or 0.01; "0.01" or "1%"
   std::vector<std::string> equal;  // a claim from the command line: these equal across the rows
+                                   // (each given --equal may hold a comma-separated list)
   std::string baseline;            // ... measured against this row ("table:3" or a row label)
   bool strict_reuse = false;
 };
@@ -34,7 +35,21 @@ audit::ClaimSpec command_line_claim(const AuditFlags& f) {
   using namespace moeplan::audit;
   ClaimSpec c;
   std::string names;
-  for (const std::string& item : f.equal) {
+  std::vector<std::string> items;
+  for (const std::string& given : f.equal) {
+    // Split here, not by CLI11, which drops an empty item ("N," reads as "N").
+    for (size_t start = 0;;) {
+      const size_t comma = given.find(',', start);
+      items.push_back(given.substr(start, comma - start));  // to the end when there is none
+      if (items.back().empty())
+        throw InputError(fmt::format(
+            "--equal '{}' has an empty item; give quantities separated by commas, e.g. --equal N,C",
+            given));
+      if (comma == std::string::npos) break;
+      start = comma + 1;
+    }
+  }
+  for (const std::string& item : items) {
     const auto meaning = column_meaning(item);
     if (!meaning)
       throw InputError(fmt::format(
@@ -58,10 +73,10 @@ audit::ClaimSpec command_line_claim(const AuditFlags& f) {
 int run_audit(const AuditFlags& f) {
   namespace fs = std::filesystem;
   using namespace moeplan::audit;
-  const ReportFormat format = parse_report_format(f.format);
-  if (f.tolerance && !(*f.tolerance > 0 && *f.tolerance < 1))
-    throw InputError(
-        fmt::format("--tolerance {} must be a relative value in (0, 1), e.g. 0.01", *f.tolerance));
+  const ReportFormat format = report_format_for(f.format, f.out);  // refuse a bad -o first
+  const std::optional<double> tolerance =
+      f.tolerance.empty() ? std::nullopt
+                          : std::optional(parse_tolerance(f.tolerance, "--tolerance"));
   AuditReport report;
   const bool cli_claim = !f.equal.empty() || !f.baseline.empty() || f.strict_reuse;
   if (!f.runs_dir.empty()) {
@@ -72,7 +87,7 @@ int run_audit(const AuditFlags& f) {
           "--equal, --baseline and --strict-reuse go with --claims tables; a runs folder is "
           "audited for equal N, C and D̂ against its dense baseline already");
     RunsAuditOptions opt;
-    if (f.tolerance) opt.tolerance = *f.tolerance;
+    if (tolerance) opt.tolerance = *tolerance;
     report = audit_runs_dir(f.runs_dir, f.plan, opt);
   } else {
     if (!f.plan.empty())
@@ -89,7 +104,7 @@ int run_audit(const AuditFlags& f) {
     } else {
       spec.source = "(no spec)";
     }
-    if (f.tolerance) spec.tolerance = *f.tolerance;
+    if (tolerance) spec.tolerance = *tolerance;
     std::vector<fs::path> files(f.claims.begin(), f.claims.end());
     const std::vector<ClaimTable> tables = load_claim_tables(files, spec, spec_dir);
     if (cli_claim) {
@@ -121,15 +136,16 @@ const bool registered = register_command(
        app.add_option("--plan", f->plan, "Manifest (sweep.toml) the runs were planned from");
        app.add_option("--claims", f->claims, "Claim table (CSV); repeat for several tables");
        app.add_option("--spec", f->spec, "Claim spec (TOML, schema = 1): shared values and claims");
-       app.add_option("--format", f->format, "Output: table (terminal), json or md")
-           ->capture_default_str();
-       app.add_option("-o,--out", f->out, "Write the report to this file (atomically)");
+       app.add_option("--format", f->format,
+                      "Output: table (terminal, the default), json or md; with -o, the extension "
+                      "says it");
+       app.add_option("-o,--out", f->out,
+                      "Write the report to this file (atomically): .json, .md or .txt");
        app.add_option("--tolerance", f->tolerance,
-                      "Relative tolerance (default 0.01, or the spec's)");
+                      "Relative tolerance, 0.01 or 1% (default 0.01, or the spec's)");
        app.add_option("--equal", f->equal,
                       "Claim: these quantities are equal across every row (N,C,D_hat or "
-                      "total_params,compute,...)")
-           ->delimiter(',');
+                      "total_params,compute,...)");
        app.add_option("--baseline", f->baseline,
                       "The row --equal is measured against: a row label or table:row");
        app.add_flag("--strict-reuse", f->strict_reuse,

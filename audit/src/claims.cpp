@@ -36,6 +36,75 @@ double rel_range(double lo, double hi) {
   return lo != 0 ? (hi - lo) / std::fabs(lo) : 0;
 }
 
+// A relative difference exactly at the tolerance holds: 2.8886e21 / 2.86e21 − 1 is 1 % on paper
+// but 0.010000000000000009 in doubles, so the comparison allows 1e-9 of the tolerance.
+bool within(double rel, double tol) {
+  return std::fabs(rel) <= tol * (1 + 1e-9);
+}
+
+bool same_row(const RowRef& a, const RowRef& b) {
+  return a.table == b.table && a.row == b.row;
+}
+
+// A number as a spec gives it, in its shortest exact form: 2.86e21, 2.86e12, 19.875, 8.44e-4.
+std::string as_given(double v) {
+  const double a = std::fabs(v);
+  if (a == 0 || (a >= 1e-3 && a < 1e5)) return fmt::format("{}", v);
+  std::string s;
+  for (int digits = 0; digits <= 17; ++digits)
+    if (s = fmt::format("{:.{}e}", v, digits); std::stod(s) == v) break;
+  const size_t e = s.find('e');
+  const int exponent = std::stoi(s.substr(e + 1));
+  return fmt::format("{}e{}", s.substr(0, e), exponent);
+}
+
+std::string where_text(const std::vector<WhereClause>& where) {
+  std::string s;
+  for (const WhereClause& w : where) {
+    s += s.empty() ? "where " : " and ";
+    if (w.equals)
+      s += fmt::format("{} = {}", w.quantity, as_given(*w.equals));
+    else
+      s += fmt::format("{} in [{}, {}]", w.quantity, as_given(*w.lower), as_given(*w.upper));
+  }
+  return s;
+}
+
+// The tables rows come from, in the order they first appear.
+std::vector<const ClaimTable*> tables_of(const std::vector<RowRef>& rows) {
+  std::vector<const ClaimTable*> out;
+  for (const RowRef& r : rows)
+    if (std::find(out.begin(), out.end(), r.table) == out.end()) out.push_back(r.table);
+  return out;
+}
+
+// "dense:1-4,6 moe7b:3": rows grouped by table (in `order`), runs of rows as ranges.
+std::string compact_rows(const std::vector<const ClaimTable*>& order,
+                         const std::vector<RowRef>& rows) {
+  std::string out;
+  for (const ClaimTable* t : order) {
+    std::vector<int> nums;
+    for (const RowRef& r : rows)
+      if (r.table == t) nums.push_back(r.row);
+    if (nums.empty()) continue;
+    std::sort(nums.begin(), nums.end());
+    out += fmt::format("{}{}:", out.empty() ? "" : " ", t->name);
+    for (size_t i = 0; i < nums.size();) {
+      size_t j = i;
+      while (j + 1 < nums.size() && nums[j + 1] == nums[j] + 1) ++j;
+      out += fmt::format("{}{}", i ? "," : "", nums[i]);
+      if (j > i) out += fmt::format("-{}", nums[j]);
+      i = j + 1;
+    }
+  }
+  return out;
+}
+
+struct Selection {
+  std::vector<RowRef> listed;  // by `rows`, before `where`
+  std::vector<RowRef> kept;    // after `where`
+};
+
 struct Valued {
   RowRef ref;
   RowValue value;
@@ -104,7 +173,7 @@ void recomputed_note(QuantityVerdict& qv, const std::vector<RowRef>& rows, const
                   hi, 100 * rel_range(lo, hi));
   for (const auto& [r, v] : vals) {
     const double d = baseline ? (v - ref) / ref : 0;
-    const bool breaks = baseline ? std::fabs(d) > tol : rel_range(lo, hi) > tol && v == hi;
+    const bool breaks = baseline ? !within(d, tol) : !within(rel_range(lo, hi), tol) && v == hi;
     if (!breaks) continue;
     findings.push_back(Finding{
         Severity::warning, r.table->name, r.row, qv.quantity,
@@ -117,6 +186,33 @@ void recomputed_note(QuantityVerdict& qv, const std::vector<RowRef>& rows, const
   }
 }
 
+// Which FLOP convention the rows' M is read under: as their tables state it, or paper, the
+// default, for a table that states none (no spec entry, or no convention key).
+std::string conventions_note(const std::vector<RowRef>& rows, const AuditSpec& spec) {
+  std::vector<std::string> stated, assumed;  // labels; names of tables that state none
+  auto add = [](std::vector<std::string>& v, const std::string& x) {
+    if (std::find(v.begin(), v.end(), x) == v.end()) v.push_back(x);
+  };
+  for (const RowRef& r : rows) {
+    const TableSpec* ts = spec.table(r.table->name);
+    if (ts && ts->convention_stated)
+      add(stated, convention_label(ts->convention, ts->mask));
+    else
+      add(assumed, r.table->name);
+  }
+  auto join = [](const std::vector<std::string>& v) {
+    std::string s;
+    for (const std::string& x : v) s += (s.empty() ? "" : ", ") + x;
+    return s;
+  };
+  if (assumed.empty()) return "FLOPs as each table claims them: " + join(stated);
+  if (stated.empty()) return "FLOPs read as paper, the default: no table states a convention";
+  return fmt::format(
+      "FLOPs as each table claims them: {}; paper, the default, assumed for {} (no convention "
+      "stated)",
+      join(stated), join(assumed));
+}
+
 }  // namespace
 
 std::vector<size_t> outliers_to_remove(const std::vector<double>& values, double tol) {
@@ -125,7 +221,7 @@ std::vector<size_t> outliers_to_remove(const std::vector<double>& values, double
   auto range_ok = [&]() {
     double lo = values[kept[0]], hi = lo;
     for (size_t i : kept) lo = std::min(lo, values[i]), hi = std::max(hi, values[i]);
-    return rel_range(lo, hi) <= tol;
+    return within(rel_range(lo, hi), tol);
   };
   while (kept.size() > 1 && !range_ok()) {
     std::vector<double> v;
@@ -140,8 +236,10 @@ std::vector<size_t> outliers_to_remove(const std::vector<double>& values, double
   return removed;
 }
 
-std::vector<RowRef> select_rows(const std::vector<ClaimTable>& tables, const AuditSpec& spec,
-                                const ClaimSpec& claim) {
+namespace {
+
+Selection select(const std::vector<ClaimTable>& tables, const AuditSpec& spec,
+                 const ClaimSpec& claim) {
   std::vector<RowRef> rows;
   auto add_all = [&](const ClaimTable& t, int first, int last) {
     if (last > int(t.rows.size()))
@@ -164,21 +262,53 @@ std::vector<RowRef> select_rows(const std::vector<ClaimTable>& tables, const Aud
     }
   }
   const double tol = claim.tolerance.value_or(spec.tolerance);
+  Selection sel{rows, rows};
   for (const WhereClause& w : claim.where) {
     std::vector<RowRef> kept;
-    const auto vals = values_of(rows, spec, w.quantity, claim.name);
+    const auto vals = values_of(sel.kept, spec, w.quantity, claim.name);
     for (const Valued& v : vals) {
       const double x = v.value.value;
       bool keep = true;
-      if (w.equals)
-        keep = std::fabs(x - *w.equals) <= tol * std::fabs(*w.equals) + v.value.abs_band();
+      if (w.equals) {
+        const double off = std::fabs(x - *w.equals) - v.value.abs_band();
+        keep = off <= 0 || (*w.equals != 0 && within(off / *w.equals, tol));
+      }
       if (w.lower) keep = keep && x >= *w.lower;
       if (w.upper) keep = keep && x <= *w.upper;
       if (keep) kept.push_back(v.ref);
     }
-    rows = kept;
+    sel.kept = kept;
   }
-  return rows;
+  return sel;
+}
+
+// "8 of 8 moe7b rows, 1 of 6 dense rows; where compute = 2.86e21 left out 5: dense:1-4,6", tables
+// in the order the claim lists them.
+std::string coverage(const Selection& sel, const std::vector<RowRef>& rows,
+                     const std::vector<WhereClause>& where, const std::vector<RowRef>& left_out) {
+  std::vector<RowRef> all = sel.listed;
+  all.insert(all.end(), rows.begin(), rows.end());  // a baseline the listing does not name
+  const auto order = tables_of(all);
+  std::string s;
+  for (const ClaimTable* t : order) {
+    const auto n =
+        std::count_if(rows.begin(), rows.end(), [&](const RowRef& r) { return r.table == t; });
+    if (n > 0)
+      s += fmt::format("{}{} of {} {} rows", s.empty() ? "" : ", ", n, t->rows.size(), t->name);
+  }
+  if (!where.empty())
+    s += fmt::format("; {} left out {}", where_text(where),
+                     left_out.empty()
+                         ? "none"
+                         : fmt::format("{}: {}", left_out.size(), compact_rows(order, left_out)));
+  return s;
+}
+
+}  // namespace
+
+std::vector<RowRef> select_rows(const std::vector<ClaimTable>& tables, const AuditSpec& spec,
+                                const ClaimSpec& claim) {
+  return select(tables, spec, claim).kept;
 }
 
 std::vector<ClaimVerdict> evaluate_claims(const std::vector<ClaimTable>& tables,
@@ -188,7 +318,8 @@ std::vector<ClaimVerdict> evaluate_claims(const std::vector<ClaimTable>& tables,
     ClaimVerdict cv;
     cv.name = c.name;
     const double tol = c.tolerance.value_or(spec.tolerance);
-    std::vector<RowRef> rows = select_rows(tables, spec, c);
+    const Selection picked = select(tables, spec, c);
+    std::vector<RowRef> rows = picked.kept;
     std::optional<RowRef> baseline;
     if (c.baseline) {
       RowSelector sel = *c.baseline;
@@ -222,9 +353,31 @@ std::vector<ClaimVerdict> evaluate_claims(const std::vector<ClaimTable>& tables,
       });
       rows.insert(rows.begin(), *baseline);
     }
-    if (rows.empty())
-      throw InputError(fmt::format("claim '{}' selects no rows (check rows and where)", c.name));
+    // A claim over no rows, or over its baseline alone, holds whatever the tables say: refused.
+    const size_t others = rows.size() - (baseline ? 1 : 0);
+    const bool compares = !c.equal.empty() || c.strict_reuse;
+    if (others == 0 || (!baseline && compares && rows.size() < 2)) {
+      const std::string listed = fmt::format("{} row{} listed", picked.listed.size(),
+                                             picked.listed.size() == 1 ? "" : "s");
+      const std::string kept =
+          c.where.empty() ? ""
+                          : fmt::format(", {} kept by {}", picked.kept.size(), where_text(c.where));
+      if (baseline)
+        throw InputError(fmt::format(
+            "claim '{}' has no row besides its baseline {} to compare with it ({}{}); check "
+            "rows and where",
+            c.name, row_ref(baseline->table->name, baseline->row), listed, kept));
+      throw InputError(fmt::format("claim '{}' selects {} ({}{}); check rows and where", c.name,
+                                   rows.empty() ? "no rows" : "one row, nothing to compare it with",
+                                   listed, kept));
+    }
     for (const RowRef& r : rows) cv.rows.push_back(row_ref(r.table->name, r.row));
+    std::vector<RowRef> left_out;
+    for (const RowRef& r : picked.listed)
+      if (std::none_of(rows.begin(), rows.end(), [&](const RowRef& k) { return same_row(k, r); }))
+        left_out.push_back(r);
+    for (const RowRef& r : left_out) cv.left_out.push_back(row_ref(r.table->name, r.row));
+    cv.coverage = coverage(picked, rows, c.where, left_out);
 
     auto breaking_finding = [&](const Valued& v, const std::string& q, double expected,
                                 const std::string& why) {
@@ -251,9 +404,15 @@ std::vector<ClaimVerdict> evaluate_claims(const std::vector<ClaimTable>& tables,
         for (size_t i = 0; i < vals.size(); ++i)
           if (vals[i].ref.table == baseline->table && vals[i].ref.row == baseline->row) bi = i;
         const double ref = vals[bi].value.value;
+        qv.deviation = 0.0;
+        qv.deviation_row = cv.rows[0];
         for (const Valued& v : vals) {
           const double d = (v.value.value - ref) / ref;
-          if (std::fabs(d) > tol) {
+          if (std::fabs(d) > std::fabs(*qv.deviation)) {
+            qv.deviation = d;
+            qv.deviation_row = row_ref(v.ref.table->name, v.ref.row);
+          }
+          if (!within(d, tol)) {
             qv.breaking.push_back(row_ref(v.ref.table->name, v.ref.row));
             breaking_finding(
                 v, q, ref,
@@ -279,18 +438,7 @@ std::vector<ClaimVerdict> evaluate_claims(const std::vector<ClaimTable>& tables,
       }
       if (q == "total_params" || q == "active_params")
         recomputed_note(qv, rows, spec, baseline, tol, c.name, findings);
-      if (q == "compute" || q == "flops_per_token") {
-        std::vector<std::string> convs;
-        for (const RowRef& r : rows) {
-          const TableSpec* ts = spec.table(r.table->name);
-          const std::string l = convention_label(ts ? ts->convention : Convention::paper,
-                                                 ts ? ts->mask : AttentionMask::full);
-          if (std::find(convs.begin(), convs.end(), l) == convs.end()) convs.push_back(l);
-        }
-        std::string joined;
-        for (const std::string& l : convs) joined += (joined.empty() ? "" : ", ") + l;
-        qv.note += fmt::format("; FLOPs as each table claims them: {}", joined);
-      }
+      if (q == "compute" || q == "flops_per_token") qv.note += "; " + conventions_note(rows, spec);
       qv.holds = qv.breaking.empty();
       cv.holds = cv.holds && qv.holds;
       cv.quantities.push_back(qv);

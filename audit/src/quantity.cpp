@@ -3,7 +3,13 @@
 #include <algorithm>
 #include <array>
 #include <cctype>
+#include <cmath>
+#include <cstdlib>
 #include <string>
+
+#include <fmt/format.h>
+
+#include "moeplan/accounting/error.hpp"
 
 namespace moeplan::audit {
 
@@ -80,6 +86,38 @@ bool is_label_column(std::string_view h) {
   std::string lower(h);
   for (char& c : lower) c = char(std::tolower(static_cast<unsigned char>(c)));
   return lower == "label" || lower == "id" || lower == "run" || lower == "name" || lower == "model";
+}
+
+std::optional<ShapeBounds> shape_bounds(std::string_view q) {
+  // 0 where it means "none": no dense layer, no dense FFN, no experts (a dense model), no shared
+  // expert. Widths up to 10^6; experts up to 10^7 (fine-grained MoE has used 2^20).
+  constexpr int64_t kLayers = 10'000, kWidth = 1'000'000;
+  if (q == "layers") return ShapeBounds{1, kLayers};
+  if (q == "dense_layers") return ShapeBounds{0, kLayers};
+  if (q == "heads" || q == "kv_heads") return ShapeBounds{1, 10'000};
+  if (q == "d_model" || q == "head_dim") return ShapeBounds{1, kWidth};
+  if (q == "d_ffn" || q == "d_expert" || q == "d_shared") return ShapeBounds{0, kWidth};
+  if (q == "experts") return ShapeBounds{0, 10'000'000};
+  if (q == "top_k") return ShapeBounds{0, 10'000};
+  if (q == "seq_len") return ShapeBounds{1, 100'000'000};
+  if (q == "vocab") return ShapeBounds{2, 10'000'000};
+  return std::nullopt;
+}
+
+void check_shape_value(std::string_view q, double value, std::string_view text,
+                       std::string_view what) {
+  const auto b = shape_bounds(q);
+  if (!b || (value == std::floor(value) && value >= double(b->min) && value <= double(b->max)))
+    return;
+  // The value as read, beside the text when a suffix hides it: "24B" (2.4e10).
+  const std::string plain(text);
+  char* end = nullptr;
+  const bool as_written = std::strtod(plain.c_str(), &end) == value && *end == '\0';
+  std::string read = fmt::format("{:.6g}", value);
+  if (const size_t e = read.find("e+"); e != std::string::npos) read.erase(e + 1, 1);
+  throw InputError(fmt::format("{} = {}{}: {} must be a whole number from {}{} to {}", what, text,
+                               as_written ? "" : " (" + read + ")", q, b->min,
+                               b->min == 0 ? " (none)" : "", b->max));
 }
 
 }  // namespace moeplan::audit

@@ -1,6 +1,8 @@
 #include "moeplan/audit/render.hpp"
 
 #include <cmath>
+#include <filesystem>
+#include <optional>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -30,8 +32,15 @@ std::string num(double v) {
 }
 
 std::string spread_line(const QuantityVerdict& q) {
-  std::string s = fmt::format("{} {}: min {} ({}), max {} ({}), range {:.2f}%", q.quantity, q.kind,
-                              num(q.min), q.min_row, num(q.max), q.max_row, 100 * q.rel_range);
+  std::string s = fmt::format("{} {}: min {} ({}), max {} ({}), ", q.quantity, q.kind, num(q.min),
+                              q.min_row, num(q.max), q.max_row);
+  // With a baseline the tolerance applies to each row's distance from it: print that, not the
+  // spread between the extremes.
+  if (q.deviation)
+    s += fmt::format("farthest from the baseline {} ({:+.3f}%)", q.deviation_row,
+                     100 * *q.deviation);
+  else
+    s += fmt::format("range {:.2f}%", 100 * q.rel_range);
   if (q.kind == "equal" || q.kind == "equal_to_baseline")
     s += fmt::format(", tolerance {:.2f}%", 100 * q.tolerance);
   // Bounds as given (shortest exact form): rounded, 19.875 would read as 19.88.
@@ -67,6 +76,29 @@ ReportFormat parse_report_format(std::string_view s) {
   throw InputError(fmt::format("--format '{}' is not a format (valid: table, json, md)", s));
 }
 
+ReportFormat report_format_for(std::string_view format_flag, std::string_view output) {
+  const std::optional<ReportFormat> flag =
+      format_flag.empty() ? std::nullopt : std::optional(parse_report_format(format_flag));
+  if (output.empty()) return flag.value_or(ReportFormat::table);
+  const std::string ext = std::filesystem::path(output).extension().string();
+  std::optional<ReportFormat> by_ext;
+  if (ext == ".json") by_ext = ReportFormat::json;
+  if (ext == ".md") by_ext = ReportFormat::md;
+  if (ext == ".txt") by_ext = ReportFormat::table;
+  if (ext.empty() && flag) return *flag;  // e.g. -o /dev/stdout --format json
+  if (!by_ext)
+    throw InputError(fmt::format(
+        "-o {}: cannot tell the format from {}; use .json, .md or .txt (terminal text){}", output,
+        ext.empty() ? "a name without an extension" : fmt::format("the extension '{}'", ext),
+        ext.empty() ? ", or give --format" : ""));
+  if (flag && *flag != *by_ext)
+    throw InputError(
+        fmt::format("--format {} contradicts -o {}, which is written as {}; drop "
+                    "--format or change the extension",
+                    format_flag, output, *by_ext == ReportFormat::table ? "table" : ext.substr(1)));
+  return *by_ext;
+}
+
 std::string render_terminal(const AuditReport& r) {
   std::string out;
   size_t failing = 0;
@@ -74,6 +106,7 @@ std::string render_terminal(const AuditReport& r) {
   out += fmt::format("Claims: {} of {} hold\n", r.claims.size() - failing, r.claims.size());
   for (const ClaimVerdict& c : r.claims) {
     out += fmt::format("  {}  {}\n", c.holds ? "HOLDS" : "FAILS", c.name);
+    if (!c.coverage.empty()) out += fmt::format("         covers {}\n", c.coverage);
     for (const QuantityVerdict& q : c.quantities) {
       out += fmt::format("         {}\n", spread_line(q));
       if (!q.note.empty()) out += fmt::format("           ({})\n", q.note);
@@ -93,7 +126,8 @@ std::string render_json(const AuditReport& r) {
   j["schema"] = 1;
   j["claims"] = nlohmann::json::array();
   for (const ClaimVerdict& c : r.claims) {
-    nlohmann::json cj{{"name", c.name}, {"holds", c.holds}, {"rows", c.rows}};
+    nlohmann::json cj{
+        {"name", c.name}, {"holds", c.holds}, {"rows", c.rows}, {"left_out", c.left_out}};
     cj["quantities"] = nlohmann::json::array();
     for (const QuantityVerdict& q : c.quantities)
       cj["quantities"].push_back({{"quantity", q.quantity},
@@ -103,6 +137,9 @@ std::string render_json(const AuditReport& r) {
                                   {"min_row", q.min_row},
                                   {"max_row", q.max_row},
                                   {"rel_range", q.rel_range},
+                                  {"deviation", opt(q.deviation)},
+                                  {"deviation_row", q.deviation ? nlohmann::json(q.deviation_row)
+                                                                : nlohmann::json(nullptr)},
                                   {"tolerance", q.tolerance},
                                   {"at_least", opt(q.lower)},
                                   {"at_most", opt(q.upper)},
@@ -133,14 +170,15 @@ std::string render_json(const AuditReport& r) {
 
 std::string render_markdown(const AuditReport& r) {
   std::string out =
-      "# moeplan audit\n\n## Claims\n\n| verdict | claim | quantity | spread "
-      "|\n|---|---|---|---|\n";
+      "# moeplan audit\n\n## Claims\n\n| verdict | claim | rows | quantity | spread "
+      "|\n|---|---|---|---|---|\n";
   for (const ClaimVerdict& c : r.claims) {
     if (c.quantities.empty())
-      out += fmt::format("| {} | {} | | |\n", c.holds ? "holds" : "**fails**", md_cell(c.name));
+      out += fmt::format("| {} | {} | {} | | |\n", c.holds ? "holds" : "**fails**", md_cell(c.name),
+                         md_cell(c.coverage));
     for (const QuantityVerdict& q : c.quantities)
-      out += fmt::format("| {} | {} | {} | {} |\n", q.holds ? "holds" : "**fails**",
-                         md_cell(c.name), q.quantity, md_cell(spread_line(q)));
+      out += fmt::format("| {} | {} | {} | {} | {} |\n", q.holds ? "holds" : "**fails**",
+                         md_cell(c.name), md_cell(c.coverage), q.quantity, md_cell(spread_line(q)));
   }
   out +=
       "\n## Findings\n\n| severity | where | quantity | expected | found | rel. diff | message |\n"

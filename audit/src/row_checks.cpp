@@ -355,7 +355,7 @@ class RowChecker {
     if (!D) return;
     if (const Cell* eta = r.printed("lr_peak")) {
       const auto N = r.value_or_shape("total_params");
-      if (N) {
+      if (need(N.has_value(), "η against the step-law value", "N or the shape")) {
         const double law = step_law_lr(N->value, D->value);
         add(Severity::info, r.row(), "lr_peak", law, eta->value, eta->value / law - 1,
             fmt::format("η = {} is {:.2f}x the step-law value {} (N = {}, D = {} consumed)",
@@ -363,7 +363,8 @@ class RowChecker {
                         human(D->value)));
       }
     }
-    if (const Cell* B = r.printed("batch_seqs"); B && r.shape().has_seq_len) {
+    if (const Cell* B = r.printed("batch_seqs");
+        B && need(r.shape().has_seq_len, "B against the step-law batch", "seq_len")) {
       const double law_tokens = step_law_batch_tokens(D->value);
       const double tokens = B->value * double(r.shape().arch.seq_len);
       add(Severity::info, r.row(), "batch_seqs", law_tokens / double(r.shape().arch.seq_len),

@@ -86,6 +86,7 @@ TableSpec parse_table(const AuditSpec& s, const std::string& name, const Value& 
                          where, c));
     ts.convention = *conv;
     ts.mask = *mask;
+    ts.convention_stated = true;
   }
   if (t.contains("flops")) {
     const std::string f = string_of(s, t.at("flops"), where + ".flops");
@@ -107,7 +108,11 @@ TableSpec parse_table(const AuditSpec& s, const std::string& name, const Value& 
     if (!sh.is_table()) bad(s, where + ".shared must be a table of quantity = value");
     for (const auto& [k, v] : sh.as_table()) {
       require_quantity(s, k, where + ".shared");
-      ts.shared[k] = cell(s, v, fmt::format("{}.shared.{}", where, k));
+      const std::string key = fmt::format("{}.shared.{}", where, k);
+      ts.shared[k] = cell(s, v, key);
+      const Cell& c = ts.shared[k];
+      check_shape_value(k, c.value, v.is_string() ? "\"" + c.text + "\"" : c.text,
+                        fmt::format("{}: {}", s.source, key));
     }
   }
   return ts;
@@ -214,6 +219,26 @@ const TableSpec* AuditSpec::table(std::string_view name) const {
   for (const TableSpec& t : tables)
     if (t.name == name) return &t;
   return nullptr;
+}
+
+double parse_tolerance(std::string_view text, std::string_view what) {
+  const bool percent = !text.empty() && text.back() == '%';
+  double v = 0;
+  try {
+    v = parse_quantity(percent ? text.substr(0, text.size() - 1) : text, what);
+  } catch (const InputError&) {
+    throw InputError(
+        fmt::format("{} {}: not a tolerance; give a fraction in (0, 1) such as 0.01, "
+                    "or a percentage such as 1%",
+                    what, text));
+  }
+  if (percent) v /= 100;
+  if (!(v > 0 && v < 1))
+    throw InputError(
+        fmt::format("{} {} is out of range: give a fraction in (0, 1) such as 0.01, "
+                    "or a percentage in (0%, 100%) such as 1%",
+                    what, text));
+  return v;
 }
 
 RowSelector parse_baseline(std::string_view text, std::string_view where) {

@@ -116,6 +116,9 @@ ClaimTable parse_claim_table(std::string_view text, std::string name, std::strin
   ClaimTable t;
   t.name = std::move(name);
   t.source = std::move(source);
+  // Excel's "CSV UTF-8" starts with a byte-order mark: invisible, it would glue onto the first
+  // header.
+  if (text.substr(0, 3) == "\xEF\xBB\xBF") text.remove_prefix(3);
   std::vector<std::string> lines;
   size_t start = 0;
   for (size_t i = 0; i <= text.size(); ++i) {
@@ -172,9 +175,10 @@ ClaimTable parse_claim_table(std::string_view text, std::string name, std::strin
     if (label_col >= 0) t.labels.push_back(fields[size_t(label_col)]);
     for (size_t c = 0; c < fields.size(); ++c) {
       if (t.quantities[c].empty() || fields[c].empty()) continue;  // blank = not published
-      row[t.quantities[c]] = parse_cell(
-          fields[c], fmt::format("{} data row {} column {}", t.source, row_number, t.headers[c]),
-          scales[c]);
+      const std::string what =
+          fmt::format("{} data row {} column {}", t.source, row_number, t.headers[c]);
+      const Cell& cell = row[t.quantities[c]] = parse_cell(fields[c], what, scales[c]);
+      check_shape_value(t.quantities[c], cell.value, cell.text, what);
     }
     t.rows.push_back(std::move(row));
   }

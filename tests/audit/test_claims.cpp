@@ -298,3 +298,233 @@ TEST_CASE("cells: a negative value is refused; an empty cell a claim needs is na
       "value in the spec, and nothing to derive it from",
       InputError);
 }
+
+TEST_CASE("a claim with no row besides its baseline is refused; the verdict says what it covered") {
+  // C: dense 2.80e21, 2.86e21, 5.45e21; moe 2.86e21, 2.86e21, 1.40e21. `where compute = 2.86e12`
+  // (a typo for e21) keeps none of the six: with the baseline dense:2 added back, it would be
+  // compared with itself and hold.
+  const ClaimTable dense = parse_claim_table(
+      "name,N,C\nd1,3.29e9,2.80e21\nd2,6.48e9,2.86e21\nd3,6.48e9,5.45e21\n", "dense", "dense.csv");
+  const ClaimTable moe = parse_claim_table(
+      "name,N,C\nm1,6.50e9,2.86e21\nm2,6.51e9,2.86e21\nm3,6.52e9,1.40e21\n", "moe", "moe.csv");
+  auto spec_with = [](const std::string& claim) {
+    return parse_spec("schema = 1\n[[claims]]\nname = \"x\"\nequal = [\"N\"]\n" + claim, "s.toml");
+  };
+  CHECK_THROWS_WITH_AS(
+      audit_tables({dense, moe}, spec_with("rows = [\"moe:*\", \"dense:*\"]\nwhere = { compute = "
+                                           "2.86e12 }\nbaseline = \"dense:2\"\n")),
+      "claim 'x' has no row besides its baseline dense:2 to compare with it (6 rows listed, 0 "
+      "kept by where compute = 2.86e12); check rows and where",
+      InputError);
+  CHECK_THROWS_WITH_AS(
+      audit_tables({dense, moe},
+                   spec_with("rows = [\"moe:*\", \"dense:*\"]\nwhere = { compute = 2.86e12 }\n")),
+      "claim 'x' selects no rows (6 rows listed, 0 kept by where compute = 2.86e12); check rows "
+      "and where",
+      InputError);
+  CHECK_THROWS_WITH_AS(
+      audit_tables({dense, moe}, spec_with("rows = [\"dense:2\"]\nbaseline = \"dense:2\"\n")),
+      "claim 'x' has no row besides its baseline dense:2 to compare with it (1 row listed); check "
+      "rows and where",
+      InputError);
+  CHECK_THROWS_WITH_AS(audit_tables({dense, moe}, spec_with("rows = [\"moe:1\"]\n")),
+                       "claim 'x' selects one row, nothing to compare it with (1 row listed); "
+                       "check rows and where",
+                       InputError);
+
+  // The intended 2.86e21 keeps moe:1, moe:2 and dense:2 (dense:1 is -2.1 %, dense:3 +90.6 %,
+  // moe:3 -51.0 %): 2 of 3 moe rows, 1 of 3 dense rows (in the order `rows` lists the tables);
+  // where left out 3, not counting the baseline, which is always covered.
+  const AuditReport r = audit_tables(
+      {dense, moe}, spec_with("rows = [\"moe:*\", \"dense:*\"]\nwhere = { compute = 2.86e21 }\n"
+                              "baseline = \"dense:2\"\n"));
+  const ClaimVerdict* c = claim(r, "x");
+  REQUIRE(c);
+  CHECK(c->rows == std::vector<std::string>{"dense:2", "moe:1", "moe:2"});
+  CHECK(c->left_out == std::vector<std::string>{"moe:3", "dense:1", "dense:3"});
+  CHECK(c->coverage ==
+        "2 of 3 moe rows, 1 of 3 dense rows; where compute = 2.86e21 left out 3: moe:3 dense:1,3");
+  const std::string text = render(r, ReportFormat::table);
+  CHECK(text.find("  HOLDS  x\n         covers 2 of 3 moe rows, 1 of 3 dense rows; where compute "
+                  "= 2.86e21 left out 3: moe:3 dense:1,3\n") != std::string::npos);
+  CHECK(render(r, ReportFormat::md).find("| x | 2 of 3 moe rows, 1 of 3 dense rows; where") !=
+        std::string::npos);
+  CHECK(render(r, ReportFormat::json).find("\"left_out\": [\n        \"moe:3\"") !=
+        std::string::npos);
+  // A table's own consistency claim covers its rows by definition: no coverage line.
+  CHECK(claim(r, "table dense: rows internally consistent")->coverage.empty());
+}
+
+TEST_CASE("with a baseline the distance from it is what is tested and printed; the edge holds") {
+  // Baseline C 2.86e21. By hand: 2.8886e21 / 2.86e21 = 1.0100 (+1.000 %, exactly the tolerance:
+  // holds, though 0.010000000000000009 in doubles); 2.8314e21 / 2.86e21 = 0.9900 (-1.000 %:
+  // holds); 2.8887e21 / 2.86e21 = 1.010035 (+1.0035 %: breaks it).
+  const ClaimTable t = parse_claim_table(
+      "name,C\nbase,2.86e21\nup,2.8886e21\ndown,2.8314e21\nover,2.8887e21\n", "t", "t.csv");
+  const AuditSpec spec = parse_spec(R"(schema = 1
+[[claims]]
+name = "up"
+rows = ["t:1-2"]
+baseline = "t:1"
+equal = ["C"]
+[[claims]]
+name = "down"
+rows = ["t:1", "t:3"]
+baseline = "t:1"
+equal = ["C"]
+[[claims]]
+name = "over"
+rows = ["t:1", "t:4"]
+baseline = "t:1"
+equal = ["C"]
+[[claims]]
+name = "spread at the edge"
+rows = ["t:1-2"]
+equal = ["C"]
+)",
+                                    "inline.toml");
+  const AuditReport r = audit_tables({t}, spec);
+  const std::string text = render(r, ReportFormat::table);
+  CAPTURE(text);
+  REQUIRE(claim(r, "up"));
+  CHECK(claim(r, "up")->holds);
+  CHECK(*claim(r, "up")->quantities[0].deviation == doctest::Approx(0.01));
+  CHECK(text.find("farthest from the baseline t:2 (+1.000%), tolerance 1.00% -> holds") !=
+        std::string::npos);
+  CHECK(claim(r, "down")->holds);
+  CHECK(text.find("farthest from the baseline t:3 (-1.000%), tolerance 1.00% -> holds") !=
+        std::string::npos);
+  CHECK_FALSE(claim(r, "over")->holds);
+  CHECK(claim(r, "over")->quantities[0].breaking == std::vector<std::string>{"t:4"});
+  CHECK(text.find("farthest from the baseline t:4 (+1.003%), tolerance 1.00% -> FAILS") !=
+        std::string::npos);
+  // Without a baseline the range (2.8886 - 2.86) / 2.86 = 1.000 % is what is tested: holds too.
+  CHECK(claim(r, "spread at the edge")->holds);
+  CHECK(text.find("range 1.00%, tolerance 1.00% -> holds") != std::string::npos);
+
+  // Baseline in the middle: N 1e9, 0.993e9 (-0.700 %), 1.008e9 (+0.800 %). The range
+  // (1.008 - 0.993) / 0.993 = 1.51 % is not what the claim tests; each row is within 1 %.
+  const ClaimTable m =
+      parse_claim_table("name,N\nbase,1e9\nlow,0.993e9\nhigh,1.008e9\n", "m", "m.csv");
+  const AuditSpec mid = parse_spec(
+      "schema = 1\n[[claims]]\nname = \"mid\"\nbaseline = \"base\"\nequal = [\"N\"]\n", "m.toml");
+  const AuditReport rm = audit_tables({m}, mid);
+  CHECK(claim(rm, "mid")->holds);
+  CHECK(claim(rm, "mid")->quantities[0].deviation_row == "m:3");
+  const std::string mt = render(rm, ReportFormat::table);
+  CHECK(mt.find("min 9.93e8 (m:2), max 1.008e9 (m:3), farthest from the baseline m:3 (+0.800%), "
+                "tolerance 1.00% -> holds") != std::string::npos);
+  CHECK(render(rm, ReportFormat::json).find("\"deviation_row\": \"m:3\"") != std::string::npos);
+}
+
+TEST_CASE("shape values are whole numbers within stated bounds, in the spec and in columns") {
+  auto spec = [](const std::string& shared) {
+    return parse_spec("schema = 1\n[tables.moe7b.shared]\n" + shared + "\n", "s.toml");
+  };
+  // "24B" reads as 2.4e10 layers: a unit typo, refused before any FLOP is counted.
+  CHECK_THROWS_WITH_AS(spec("layers = \"24B\""),
+                       "s.toml: [tables.moe7b].shared.layers = \"24B\" (2.4e10): layers must be a "
+                       "whole number from 1 to 10000",
+                       InputError);
+  CHECK_THROWS_WITH_AS(spec("d_model = 2048.5"),
+                       "s.toml: [tables.moe7b].shared.d_model = 2048.5: d_model must be a whole "
+                       "number from 1 to 1000000",
+                       InputError);
+  CHECK_THROWS_WITH_AS(spec("layers = 10001"),
+                       "s.toml: [tables.moe7b].shared.layers = 10001: layers must be a whole "
+                       "number from 1 to 10000",
+                       InputError);
+  CHECK_THROWS_WITH_AS(spec("layers = 0"), doctest::Contains("from 1 to 10000"), InputError);
+  CHECK_THROWS_WITH_AS(spec("d_ffn = 1000001"),
+                       "s.toml: [tables.moe7b].shared.d_ffn = 1000001: d_ffn must be a whole "
+                       "number from 0 (none) to 1000000",
+                       InputError);
+  CHECK_THROWS_WITH_AS(spec("experts = 1.5"), doctest::Contains("from 0 (none) to 10000000"),
+                       InputError);
+  // At the bounds, and 0 where it means none, are accepted; "2k" is 2000, a whole number.
+  const AuditSpec ok =
+      spec("layers = 10000\ndense_layers = 0\nd_model = \"2k\"\nd_ffn = 1000000\nexperts = 0");
+  CHECK(ok.tables[0].shared.at("layers").value == 10000);
+  CHECK(ok.tables[0].shared.at("d_model").value == 2000);
+  // Non-shape quantities keep their own rules: a fractional epoch count is fine.
+  CHECK(spec("epochs = 2.5").tables[0].shared.at("epochs").value == 2.5);
+  // The same rule for a column.
+  CHECK_THROWS_WITH_AS(parse_claim_table("name,L_layers\na,24B\n", "t", "t.csv"),
+                       "t.csv data row 1 column L_layers = 24B (2.4e10): layers must be a whole "
+                       "number from 1 to 10000",
+                       InputError);
+  CHECK_THROWS_WITH_AS(parse_claim_table("name,Dm\na,2048.5\n", "t", "t.csv"),
+                       doctest::Contains("d_model must be a whole number"), InputError);
+}
+
+TEST_CASE("a leading UTF-8 byte-order mark (Excel's CSV UTF-8) is not part of the first header") {
+  const ClaimTable t = parse_claim_table("\xEF\xBB\xBFN,C\n1e9,1e20\n", "t", "t.csv");
+  REQUIRE(t.headers.size() == 2);
+  CHECK(t.headers[0] == "N");
+  CHECK(t.quantities[0] == "total_params");
+  CHECK(t.rows[0].at("total_params").value == 1e9);
+  // Only a leading one: elsewhere it is still an unknown header.
+  CHECK_THROWS_WITH_AS(parse_claim_table("N,\xEF\xBB\xBF"
+                                         "C\n1e9,1e20\n",
+                                         "t", "t.csv"),
+                       doctest::Contains("unknown column"), InputError);
+}
+
+TEST_CASE("tolerances: a fraction or a percentage, in (0, 1)") {
+  CHECK(parse_tolerance("0.01", "--tolerance") == 0.01);
+  CHECK(parse_tolerance("1%", "--tolerance") == doctest::Approx(0.01));
+  CHECK(parse_tolerance("0.5%", "--tolerance") == doctest::Approx(0.005));
+  CHECK_THROWS_WITH_AS(parse_tolerance("abc", "--tolerance"),
+                       "--tolerance abc: not a tolerance; give a fraction in (0, 1) such as 0.01, "
+                       "or a percentage such as 1%",
+                       InputError);
+  CHECK_THROWS_WITH_AS(parse_tolerance("150%", "--tolerance"),
+                       "--tolerance 150% is out of range: give a fraction in (0, 1) such as 0.01, "
+                       "or a percentage in (0%, 100%) such as 1%",
+                       InputError);
+  CHECK_THROWS_AS(parse_tolerance("1", "--tolerance"), InputError);
+  CHECK_THROWS_AS(parse_tolerance("0%", "--tolerance"), InputError);
+  CHECK_THROWS_AS(parse_tolerance("%", "--tolerance"), InputError);
+}
+
+TEST_CASE("the report format: -o's extension, --format agreeing with it") {
+  CHECK(report_format_for("", "") == ReportFormat::table);
+  CHECK(report_format_for("json", "") == ReportFormat::json);
+  CHECK(report_format_for("", "x.json") == ReportFormat::json);
+  CHECK(report_format_for("", "out/x.md") == ReportFormat::md);
+  CHECK(report_format_for("", "x.txt") == ReportFormat::table);
+  CHECK(report_format_for("md", "x.md") == ReportFormat::md);
+  CHECK(report_format_for("json", "/dev/stdout") == ReportFormat::json);
+  CHECK_THROWS_WITH_AS(report_format_for("", "x.html"),
+                       "-o x.html: cannot tell the format from the extension '.html'; use .json, "
+                       ".md or .txt (terminal text)",
+                       InputError);
+  CHECK_THROWS_WITH_AS(report_format_for("", "report"),
+                       "-o report: cannot tell the format from a name without an extension; use "
+                       ".json, .md or .txt (terminal text), or give --format",
+                       InputError);
+  CHECK_THROWS_WITH_AS(report_format_for("table", "x.json"),
+                       "--format table contradicts -o x.json, which is written as json; drop "
+                       "--format or change the extension",
+                       InputError);
+  CHECK_THROWS_WITH_AS(report_format_for("md", "x.txt"),
+                       doctest::Contains("which is written as table"), InputError);
+  CHECK_THROWS_AS(report_format_for("html", "x.json"), InputError);
+}
+
+TEST_CASE("the FLOP convention of a compute claim: as stated, or paper as the assumed default") {
+  const ClaimTable a = parse_claim_table("name,C\na1,1e21\na2,1e21\n", "a", "a.csv");
+  const ClaimTable b = parse_claim_table("name,C\nb1,1e21\n", "b", "b.csv");
+  const std::string claim_toml = "[[claims]]\nname = \"c\"\nequal = [\"C\"]\n";
+  auto note = [&](const std::string& tables_toml) {
+    const AuditSpec spec = parse_spec("schema = 1\n" + tables_toml + claim_toml, "s.toml");
+    return claim(audit_tables({a, b}, spec), "c")->quantities[0].note;
+  };
+  CHECK(note("").find("FLOPs read as paper, the default: no table states a convention") !=
+        std::string::npos);
+  CHECK(note("[tables.a]\nconvention = \"paper\"\n[tables.b]\nconvention = \"paper\"\n")
+            .find("FLOPs as each table claims them: paper") != std::string::npos);
+  CHECK(note("[tables.a]\nconvention = \"megatron\"\n[tables.b]\nflops = \"training\"\n")
+            .find("FLOPs as each table claims them: megatron; paper, the default, assumed for b "
+                  "(no convention stated)") != std::string::npos);
+}

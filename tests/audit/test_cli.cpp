@@ -151,3 +151,59 @@ TEST_CASE("a claim from the command line: --equal, --baseline by row label, --st
   CHECK(both.status == 2);
   CHECK(both.err.find("go with --claims tables") != std::string::npos);
 }
+
+TEST_CASE(
+    "-o: the extension chooses the format; an unknown one or a contradicting --format is refused") {
+  const std::string spec = "--spec " + fixture("tiny_spec.toml");
+  auto slurp = [](const fs::path& p) {
+    std::ifstream in(p);
+    std::stringstream s;
+    s << in.rdbuf();
+    return s.str();
+  };
+  const fs::path json = out_file("by_ext.json"), md = out_file("by_ext.md");
+  CHECK(run(spec + " -o " + json.string()).status == 0);
+  CHECK(slurp(json).rfind("{\n  \"claims\"", 0) == 0);
+  CHECK(run(spec + " -o " + md.string()).status == 0);
+  CHECK(slurp(md).rfind("# moeplan audit\n", 0) == 0);
+  for (const auto& [args, needle] : std::vector<std::pair<std::string, std::string>>{
+           {" -o {}", "cannot tell the format from the extension '.html'; use .json, .md or .txt"},
+           {" --format table -o {}", "cannot tell the format from the extension '.html'"}}) {
+    const fs::path html = out_file("x.html");
+    std::string a = args;
+    a.replace(a.find("{}"), 2, html.string());
+    const Result e = run(spec + a);
+    CHECK_MESSAGE(e.status == 2, a);
+    CHECK_MESSAGE(lines(e.err) == 1, e.err);
+    CHECK_MESSAGE(e.err.find(needle) != std::string::npos, e.err);
+    CHECK(!fs::exists(html));
+  }
+  const fs::path j2 = out_file("x.json");
+  const Result e = run(spec + " --format md -o " + j2.string());
+  CHECK(e.status == 2);
+  CHECK(lines(e.err) == 1);
+  CHECK(e.err.find("--format md contradicts -o " + j2.string() + ", which is written as json") !=
+        std::string::npos);
+  CHECK(!fs::exists(j2));
+}
+
+TEST_CASE("--tolerance takes 0.06 or 6%; --equal refuses an empty item") {
+  // labelled_claim.csv against dense-1b: the farthest row is -5.00 % (C): holds at 6 %, fails at
+  // 1 % (see above). "6%" must read as 0.06, not fail or read as 6.
+  const std::string table = " --claims " + fixture("labelled_claim.csv") + " --equal N,C";
+  CHECK(run(table + " --baseline dense-1b --tolerance 6%").status == 0);
+  CHECK(run(table + " --baseline dense-1b --tolerance 1%").status == 1);
+  for (const auto& [args, needle] : std::vector<std::pair<std::string, std::string>>{
+           {" --tolerance abc",
+            "--tolerance abc: not a tolerance; give a fraction in (0, 1) such as 0.01, or a "
+            "percentage such as 1%"},
+           {" --tolerance 2", "--tolerance 2 is out of range"},
+           {" --equal N,", "--equal 'N,' has an empty item"},
+           {" --equal ,C", "--equal ',C' has an empty item"},
+           {" --equal ''", "--equal '' has an empty item"}}) {
+    const Result e = run(table + args);
+    CHECK_MESSAGE(e.status == 2, args);
+    CHECK_MESSAGE(lines(e.err) == 1, e.err);
+    CHECK_MESSAGE(e.err.find(needle) != std::string::npos, e.err);
+  }
+}

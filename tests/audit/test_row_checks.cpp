@@ -161,3 +161,17 @@ TEST_CASE("with a spec entry, a check missing a shared value is unusable input n
     CHECK(std::string(e.what()).find("seq_len") != std::string::npos);
   }
 }
+
+TEST_CASE("without a spec: the step-law checks that cannot run are listed as skipped too") {
+  // B is printed but there is no S to turn sequences into tokens; η is printed but neither N nor
+  // a shape is: both checks are skipped, and the info line says so.
+  const ClaimTable t = parse_claim_table("D,B,eta\n2e10,256,1e-3\n", "t", "t.csv");
+  const auto fs = check_table_rows(t, nullptr, 0.01);
+  const auto skipped = matching(fs, Severity::info, "t", 0, "");
+  REQUIRE(skipped.size() == 1);
+  CHECK(skipped[0]->message ==
+        "skipped without a spec entry for this table: B against the step-law batch (needs "
+        "seq_len); η against the step-law value (needs N or the shape)");
+  CHECK(matching(fs, Severity::info, "t", 1, "batch_seqs").empty());
+  CHECK(matching(fs, Severity::info, "t", 1, "lr_peak").empty());
+}

@@ -33,6 +33,9 @@ struct QuantityVerdict {
   double min = 0, max = 0;
   std::string min_row, max_row;  // "table:row"
   double rel_range = 0;          // (max − min) / |min|
+  // equal_to_baseline: what is tested, the farthest row's x / baseline − 1 (signed), and its row.
+  std::optional<double> deviation;
+  std::string deviation_row;
   double tolerance = 0;
   std::optional<double> lower, upper;  // bounds
   bool holds = true;
@@ -43,6 +46,10 @@ struct QuantityVerdict {
 struct ClaimVerdict {
   std::string name;
   std::vector<std::string> rows;  // "table:row"
+  // What the selection covered, e.g. "8 of 8 moe7b rows, 1 of 6 dense rows; where compute =
+  // 2.86e21 left out 5: dense:1-4,6" ("" for a table's own consistency claim).
+  std::string coverage;
+  std::vector<std::string> left_out;  // "table:row" of the rows `where` dropped
   std::vector<QuantityVerdict> quantities;
   bool holds = true;
 };

@@ -1,6 +1,7 @@
 #pragma once
 // The quantities a claim table can carry: one code name each (ACCOUNTING.md), recognised by
 // that name or by the header the equal-resource paper prints.
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -27,5 +28,17 @@ std::string_view symbol(std::string_view quantity);
 // Text column holding a row label (not a number): "label", "id", "run", "name", "model", in any
 // case ("Model").
 bool is_label_column(std::string_view header);
+
+// A shape quantity (layers, widths, heads, experts, top_k, S, V) is a whole number within
+// plausible bounds: "24B" layers is a unit typo, and recomputing its FLOPs would take hours.
+// nullopt for a quantity that is not part of the shape.
+struct ShapeBounds {
+  int64_t min, max;
+};
+std::optional<ShapeBounds> shape_bounds(std::string_view quantity);
+// Throws InputError "<what> = <text> (<value>): <quantity> must be a whole number from <min> to
+// <max>" when a shape quantity's value is fractional or outside its bounds; nothing otherwise.
+void check_shape_value(std::string_view quantity, double value, std::string_view text,
+                       std::string_view what);
 
 }  // namespace moeplan::audit

@@ -11,6 +11,11 @@ namespace moeplan::audit {
 enum class ReportFormat { table, json, md };
 // "table" (terminal), "json", "md"; throws InputError otherwise.
 ReportFormat parse_report_format(std::string_view s);
+// The format of a report written to `output` ("" = the terminal): the extension says it (.json,
+// .md, .txt = terminal text); `format_flag` ("" = not given) must agree with it, and decides for a
+// name without an extension. Without -o, the flag or the terminal table. Throws InputError for an
+// unknown extension or a contradiction.
+ReportFormat report_format_for(std::string_view format_flag, std::string_view output);
 
 std::string render_terminal(const AuditReport& report);
 std::string render_json(const AuditReport& report);

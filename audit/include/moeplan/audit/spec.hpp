@@ -20,6 +20,7 @@ struct TableSpec {
   std::string file;  // as written; relative to the spec's folder ("" = via --claims)
   std::map<std::string, Cell> shared;  // quantity -> value every row has unless it has a column
   Convention convention = Convention::paper;  // the convention the table's M claims
+  bool convention_stated = false;             // false: paper is the default, assumed
   AttentionMask mask = AttentionMask::full;   // for convention = exact
   FlopsKind flops = FlopsKind::training;
   std::set<std::string> ignore;  // headers to skip
@@ -65,6 +66,10 @@ struct AuditSpec {
 
 // Parse spec text (TOML). Throws InputError naming the key and what would be valid.
 AuditSpec parse_spec(std::string_view toml_text, std::string source);
+
+// A relative tolerance as a fraction ("0.01") or a percentage ("1%" = 0.01), in (0, 1). Throws
+// InputError "<what> <text> ..." naming the valid forms otherwise.
+double parse_tolerance(std::string_view text, std::string_view what);
 
 // "moe7b:3", "moe7b:2-5", "moe7b:*" (or "moe7b").
 RowSelector parse_row_selector(std::string_view text, std::string_view where);

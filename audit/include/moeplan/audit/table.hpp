@@ -36,7 +36,9 @@ struct ClaimTable {
 
 // CSV text (comma-separated, first line = headers, no quoting needed for numbers) into a table.
 // Unknown headers throw InputError naming the header and the file, unless listed in `ignore`.
-// Ragged rows and unparseable numbers throw InputError naming file, row and column.
+// Ragged rows, unparseable numbers and shape values that are not whole numbers within their
+// bounds (check_shape_value) throw InputError naming file, row and column. A leading UTF-8
+// byte-order mark is skipped.
 ClaimTable parse_claim_table(std::string_view csv_text, std::string name, std::string source,
                              const std::set<std::string>& ignore = {});
 
