@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -23,8 +24,22 @@ struct Result {
   int status;
   std::string out, err;
 };
+// This process's own scratch folder (two checkouts' test runs on one machine never share it),
+// removed when the test program exits.
+struct Scratch {
+  fs::path dir = fs::temp_directory_path() / ("moeplan-audit-cli-" + std::to_string(::getpid()));
+  Scratch() { fs::create_directories(dir); }
+  ~Scratch() {
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+  }
+};
+fs::path scratch() {
+  static const Scratch s;
+  return s.dir;
+}
 Result run(const std::string& args) {
-  const fs::path dir = fs::temp_directory_path() / "moeplan-audit-cli";
+  const fs::path dir = scratch();
   fs::create_directories(dir);
   const std::string out = (dir / "stdout").string(), err = (dir / "stderr").string();
   const std::string cmd = std::string(MOEPLAN_BINARY) + " audit " + args + " >" + out + " 2>" + err;
@@ -41,7 +56,7 @@ size_t lines(const std::string& s) {
   return size_t(std::count(s.begin(), s.end(), '\n'));
 }
 fs::path out_file(const std::string& name) {
-  const fs::path p = fs::temp_directory_path() / "moeplan-audit-cli" / name;
+  const fs::path p = scratch() / name;
   fs::remove(p);
   return p;
 }
