@@ -435,6 +435,9 @@ ClaimVerdict equal_claim(const std::string& name, const std::string& q,
     const double ref = (*base).*field;
     for (const PointValues& p : pts) {
       const double d = rel(p.*field, ref);
+      // What is tested, printed as it is tested: the farthest point from the baseline.
+      if (&p != &*base && (!qv.deviation || std::fabs(d) > std::fabs(*qv.deviation)))
+        qv.deviation = d, qv.deviation_row = p.id;
       if (std::fabs(d) <= tol) continue;
       qv.breaking.push_back(p.id);
       findings.push_back(

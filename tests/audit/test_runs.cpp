@@ -80,6 +80,10 @@ TEST_CASE("runs that match their plans: every claim holds, residuals explained b
   REQUIRE(eqc);
   CHECK(eqc->holds);
   CHECK(eqc->quantities[0].rel_range == doctest::Approx(476160.0 / 473088.0 - 1));
+  // What is tested and printed: the farthest point from the baseline, 473,088 / 476,160 − 1.
+  REQUIRE(eqc->quantities[0].deviation);
+  CHECK(*eqc->quantities[0].deviation == doctest::Approx(473088.0 / 476160.0 - 1));
+  CHECK(eqc->quantities[0].deviation_row == "moe-k1");
 }
 
 namespace {
