@@ -51,6 +51,11 @@ double parse_quantity(std::string_view text, std::string_view what) {
     if (!(std::isdigit(static_cast<unsigned char>(ch)) || ch == '.' || ch == 'e' || ch == 'E' ||
           ch == '+' || ch == '-'))
       return fail();
+  // "2e9k" would read as 2e12: one way of writing the scale, never both multiplied.
+  if (scale != 1.0 && s.find_first_of("eE") != std::string::npos)
+    throw InputError(fmt::format(
+        "{}: '{}' has both an exponent and a suffix; write one of them (e.g. 2e9 or 2B)", what,
+        text));
   return v * scale;
 }
 

@@ -126,6 +126,22 @@ TEST_CASE("quantities as people write them") {
   } catch (const InputError& e) {
     CHECK(std::string(e.what()).find("--N: 'two' is not a number") != std::string::npos);
   }
+  // An exponent and a suffix together are refused, not multiplied: "2e9k" is not 2e12, "2e9B" not
+  // 2e18. One line naming the text and the two valid ways of writing it.
+  for (const char* both : {"2e9k", "2e9B", "1.5E3M", "2e+3T", "2e-3G"}) {
+    CAPTURE(both);
+    std::string what;
+    try {
+      parse_quantity(both, "--N");
+    } catch (const InputError& e) {
+      what = e.what();
+    }
+    CHECK(what == std::string("--N: '") + both +
+                      "' has both an exponent and a suffix; write one of them (e.g. 2e9 or 2B)");
+  }
+  // Either alone still reads: 2e9 = 2B = 2000M.
+  CHECK(parse_quantity("2e9", "N") == parse_quantity("2B", "N"));
+  CHECK(parse_quantity("2000M", "N") == 2e9);
   CHECK(human(2.15e9) == "2.15B");
   CHECK(human(3.46e8) == "346M");
   // Rounding to three digits carries into the next unit: 999.6M shows as 1B, not 1e+03M.

@@ -230,6 +230,11 @@ TEST_CASE("bad input: one line naming the value, exit status 2") {
   expect_bad_input("grid --N -5 --ra 0.1:0.2", "--N = -5");
   expect_bad_input("grid --N=0 --ra 0.1:0.2", "--N = 0");
   expect_bad_input("grid --N lots --ra 0.1:0.2", "'lots' is not a number");
+  // An exponent with a suffix was multiplied: 2e9k planned N = 2T, 2e9B failed on a budget.
+  expect_bad_input("grid --N 2e9k --ra 0.2",
+                   "--N: '2e9k' has both an exponent and a suffix; write one of them (e.g. 2e9 or "
+                   "2B)");
+  expect_bad_input("grid --N 2e9B --ra 0.2", "--N: '2e9B' has both an exponent and a suffix");
   expect_bad_input("grid --ra 0.1:0.2", "--N");
   expect_bad_input("grid --N 2e9 --ra 0:0.4", "outside (0, 1]");
   expect_bad_input("grid --N 2e9 --ra 1.5", "outside (0, 1]");

@@ -5,7 +5,8 @@
 
 namespace moeplan {
 
-// Throws InputError("<what>: '<text>' is not a number (e.g. 2e9, 2.15B, 346M)").
+// Throws InputError("<what>: '<text>' is not a number (e.g. 2e9, 2.15B, 346M)"); an exponent
+// and a suffix together ("2e9k") are refused, not multiplied.
 double parse_quantity(std::string_view text, std::string_view what);
 // Compact human form: 2.15e9 -> "2.15B", 3.46e8 -> "346M", 1.64e21 -> "1.64e21".
 std::string human(double value, int digits = 3);
