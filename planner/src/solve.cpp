@@ -129,6 +129,9 @@ MoeSolution MoeSolver::solve(double t) const {
     double miss = kInf, cost = kInf;
     int64_t experts = 0, top_k = 0, d_expert = 0, total = 0, active = 0;
   } best;
+  // The r_a of the candidates nearest the target from below and from above: when none is within
+  // tolerance they say why (the floor of r_a, its ceiling, or the step between shapes).
+  double below = -kInf, above = kInf;
   // E is first the count nearest N for each (D_e, K); where no such pick reaches r_a, E's
   // neighbours within the N tolerance are tried too (at small N one expert more or less moves
   // r_a by points, and the nearest E can miss a target a neighbour meets).
@@ -146,6 +149,10 @@ MoeSolution MoeSolver::solve(double t) const {
           if (std::fabs(double(n) - n_target_) > tol_n) continue;
           const int64_t na = base_ + u * (3 * (s * k + k) * de + r * e);
           const double ra = double(na) / double(n);
+          if (ra <= t)
+            below = std::max(below, ra);
+          else
+            above = std::min(above, ra);
           const double err = std::fabs(ra - t);
           const double miss = std::max(0.0, err - tol_ra);
           if (miss > best.miss + 1e-15) continue;
@@ -174,12 +181,30 @@ MoeSolution MoeSolver::solve(double t) const {
   out.activation_rate = double(best.active) / double(best.total);
   out.reachable = best.miss == 0;
   if (!out.reachable) {
+    // Why: below the always-active share nothing reaches; between that floor and r_a = 1 the
+    // reachable r_a move in steps of one expert or one top_k, and at small N those steps can be
+    // wider than the tolerance on both sides of the target.
+    std::string why;
+    if (t < fixed_fraction())
+      why =
+          fmt::format("attention and dense layers alone are {:.2f}% of N", 100 * fixed_fraction());
+    else if (below == -kInf)
+      why = fmt::format(
+          "the lowest reachable r_a at this N: attention and dense layers are {:.2f}% of N and the "
+          "narrowest expert layer adds the rest",
+          100 * fixed_fraction());
+    else if (above == kInf)
+      why = fmt::format("the highest r_a at this N is {:.2f}%", 100 * below);
+    else
+      why = fmt::format(
+          "at this N one expert or one top_k more or less moves r_a from {:.2f}% to {:.2f}%, a "
+          "step wider than the tolerance (expert granularity)",
+          100 * below, 100 * above);
     out.note = fmt::format(
         "r_a {:.2f}% not reachable within ±{:.2f} points; nearest reachable {:.2f}% (E{} K{} "
-        "De{}); "
-        "attention and dense layers alone are {:.2f}% of N",
+        "De{}); {}",
         100 * t, 100 * tol_ra, 100 * out.activation_rate, best.experts, best.top_k, best.d_expert,
-        100 * fixed_fraction());
+        why);
   }
   return out;
 }

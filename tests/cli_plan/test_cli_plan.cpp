@@ -129,6 +129,23 @@ TEST_CASE("grid: the header says when step rounding alone breaks the C tolerance
   CHECK(u.out.find("1 point + dense baseline") != std::string::npos);
 }
 
+TEST_CASE("grid: an unreachable r_a's note gives its cause, the floor or the step size") {
+  // N 1.2e5: attention and the dense layer are 21.87 % of N, so 20 % is below the floor; 50 % is
+  // above it and missed only because one expert or one top_k moves r_a by more than ±0.5 points.
+  const Result r = run_moeplan("grid --N 1.2e5 --ra 0.2:0.5 --points 4");
+  CHECK(r.status == 0);
+  const size_t low = r.out.find("! moe-ra0.200: r_a 20.00% not reachable");
+  const size_t high = r.out.find("! moe-ra0.500: r_a 50.00% not reachable");
+  REQUIRE(low != std::string::npos);
+  REQUIRE(high != std::string::npos);
+  const std::string low_note = r.out.substr(low, r.out.find('\n', low) - low);
+  const std::string high_note = r.out.substr(high, r.out.find('\n', high) - high);
+  CHECK(low_note.find("attention and dense layers alone are 21.87% of N") != std::string::npos);
+  CHECK(high_note.find("a step wider than the tolerance (expert granularity)") !=
+        std::string::npos);
+  CHECK(high_note.find("attention and dense layers") == std::string::npos);
+}
+
 TEST_CASE("-o sweep.toml writes a manifest that reads back; formats by extension and flag") {
   const fs::path toml = scratch() / "sweep.toml";
   Result r = run_moeplan("grid --N 2e6 --ra 0.1:0.4 --points 4 -o '" + toml.string() + "'");

@@ -145,6 +145,50 @@ TEST_CASE("unreachable r_a is flagged with the nearest reachable value") {
   CHECK_THROWS_AS(solver.solve(1.5), InputError);
 }
 
+TEST_CASE("an unreachable r_a's note names the actual cause: the floor or the step size") {
+  // Backbone L2 (1 dense) D_m 16, H 2x8, D_ffn 48: attention 2·4·16² = 2,048, dense FFN
+  // 3·16·48 = 2,304: base 4,352 (always active). One MoE layer, unit 16, shared width K·D_e:
+  // N = 4,352 + 48·D_e·(K + E), N_a = 4,352 + 96·K·D_e. N target 27,392 = 4,352 + 48·480 with
+  // ±1 % = ±274 admits only D_e·(K + E) = 480 exactly (one step of K + E at D_e 8 is 384), so
+  // K·D_e is a multiple of 8 and r_a = (4,352 + 768·j)/27,392: steps of 768/27,392 = 2.80 points.
+  Arch b;
+  b.d_model = 16;
+  b.layers = 2;
+  b.dense_layers = 1;
+  b.heads = b.kv_heads = 2;
+  b.head_dim = 8;
+  b.d_ffn = 48;
+  b.seq_len = 128;
+  b.vocab = 256;
+  const MoeSolver solver(b, 27392, FamilyRules{});
+  // Floor: 4,352 / 27,392 = 15.89 %; 10 % is below it.
+  CHECK(solver.fixed_fraction() == doctest::Approx(4352.0 / 27392.0));
+  const MoeSolution floor = solver.solve(0.10);
+  CHECK_FALSE(floor.reachable);
+  CHECK(floor.note.find("attention and dense layers alone are 15.89% of N") != std::string::npos);
+  CHECK(floor.note.find("expert granularity") == std::string::npos);
+  // Above the floor but below the lowest shape, j = 1: 5,120 / 27,392 = 18.69 %.
+  const MoeSolution low = solver.solve(0.17);
+  CHECK_FALSE(low.reachable);
+  CHECK(low.note.find("nearest reachable 18.69%") != std::string::npos);
+  CHECK(low.note.find("the lowest reachable r_a at this N: attention and dense layers are 15.89% "
+                      "of N") != std::string::npos);
+  // Granularity: 45.3 % lies between j = 10, 12,032 / 27,392 = 43.93 %, and j = 11,
+  // 12,800 / 27,392 = 46.73 %, each more than 0.5 points away; the floor has nothing to do with it.
+  const MoeSolution step = solver.solve(0.453);
+  CHECK_FALSE(step.reachable);
+  CHECK(step.note.find("r_a 45.30% not reachable within ±0.50 points; nearest reachable 43.93%") ==
+        0);
+  CHECK(step.note.find("at this N one expert or one top_k more or less moves r_a from 43.93% to "
+                       "46.73%, a step wider than the tolerance (expert granularity)") !=
+        std::string::npos);
+  CHECK(step.note.find("attention and dense layers") == std::string::npos);
+  // On a grid point, j = 11, it is reachable and has no note.
+  const MoeSolution on = solver.solve(12800.0 / 27392.0);
+  CHECK(on.reachable);
+  CHECK(on.note.empty());
+}
+
 TEST_CASE("a target the nearest-N expert count misses is met by a neighbouring count") {
   // N 1e5: backbone L2 (1 dense) D_m 40, H 5x8, D_ffn 112: attention 2·4·40² = 12,800, dense
   // FFN 3·40·112 = 13,440: base 26,240; one MoE layer, unit D_m = 40. At D_e 8, K 33 (shared
