@@ -16,7 +16,7 @@ namespace {
 struct GridFlags {
   PlanFlags plan;
   std::string ra;
-  int points = 8;
+  int points = 0;  // used only when --points is given
   std::string format;
   std::string output;
   std::vector<std::string> train;
@@ -29,10 +29,11 @@ const bool registered = register_command(
        add_plan_flags(app, f->plan, true);
        app.add_option("--ra", f->ra, "activation rates: a range A:B or a list 0.1,0.2,0.3")
            ->required();
-       app.add_option("--points", f->points, "points in an A:B range, inclusive (default 8)");
-       app.add_option("--format", f->format,
-                      "table, csv, json, toml, md (default: table, or -o's "
-                      "extension)");
+       const CLI::Option* points_flag = app.add_option(
+           "--points", f->points, "points in an A:B range, inclusive (default 8; a range only)");
+       const CLI::Option* format_flag = app.add_option("--format", f->format,
+                                                       "table, csv, json, toml, md (default: "
+                                                       "table, or -o's extension)");
        app.add_option("-o,--output", f->output,
                       "also write the sweep to this file (atomically), in the format of its "
                       "extension");
@@ -42,11 +43,12 @@ const bool registered = register_command(
               "erc_loss=0.01, capacity_factor=1.25, positions=rope, device=cuda, ...")
            ->take_all()
            ->allow_extra_args(false);
-       return [f] {
-         const Format format = output_format(f->format, f->output);
+       return [f, points_flag, format_flag] {
+         const Format format = output_format(given(format_flag, f->format), f->output);
          SweepRequest req;
          req.plan = make_plan_request(f->plan);
-         req.activation_rates = parse_ra_spec(f->ra, f->points);
+         req.activation_rates = parse_ra_spec(
+             f->ra, points_flag->count() > 0 ? std::optional<int>(f->points) : std::nullopt);
          req.created_by = command_line_for_record("moeplan grid");
          apply_train_settings(req.train, f->train);
          const Manifest m = plan_sweep(req);

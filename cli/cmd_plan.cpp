@@ -99,7 +99,7 @@ int run(const PlanCmdFlags& f) {
       throw InputError(fmt::format(
           "--ra '{}': plan takes one activation rate, e.g. 0.2 (use moeplan grid for a range)",
           f.ra));
-    const std::vector<double> ra = parse_ra_spec(f.ra, 1);
+    const std::vector<double> ra = parse_ra_spec(f.ra);
     const PlanRequest req = make_plan_request(f.plan);
     const EqualResourcePlanner planner(req);
     plan = planner.plan_point(ra[0]);

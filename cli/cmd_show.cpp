@@ -24,10 +24,11 @@ const bool registered = register_command(
      [](CLI::App& app) -> std::function<int()> {
        auto f = std::make_shared<ShowFlags>();
        app.add_option("manifest", f->manifest, "the manifest, e.g. sweep.toml")->required();
-       app.add_option("--format", f->format, "table, csv, json, toml, md (default: table)");
+       const CLI::Option* format_flag =
+           app.add_option("--format", f->format, "table, csv, json, toml, md (default: table)");
        app.add_option("-o,--output", f->output, "write to this file (atomically)");
-       return [f] {
-         const Format format = output_format(f->format, f->output);
+       return [f, format_flag] {
+         const Format format = output_format(given(format_flag, f->format), f->output);
          const Manifest m = read_manifest(f->manifest);
          const std::string text = render_manifest(m, format);
          if (f->output.empty()) {

@@ -3,6 +3,7 @@
 // rules about valid values live in sweeps/request.hpp and reports/format.hpp).
 #include <fstream>
 #include <iterator>
+#include <optional>
 #include <string>
 
 #include <fmt/format.h>
@@ -40,6 +41,11 @@ inline void add_plan_flags(CLI::App& app, PlanFlags& f, bool n_required) {
   app.add_option("--dp-width", f.dp_width, "batch rounded to a multiple of this many sequences");
 }
 
+// The value of an option of `app` if it was given on the command line (even as ""), else nullopt.
+inline std::optional<std::string> given(const CLI::Option* option, const std::string& value) {
+  return option->count() > 0 ? std::optional<std::string>(value) : std::nullopt;
+}
+
 // The command line as typed (Linux /proc), recorded in manifests as created_by.
 inline std::string command_line_for_record(const char* fallback) {
   std::ifstream in("/proc/self/cmdline", std::ios::binary);
@@ -64,12 +70,13 @@ inline std::string command_line_for_record(const char* fallback) {
   return out.empty() ? std::string(fallback) : out;
 }
 
-// --format wins; else -o's extension; else the terminal table.
-inline Format output_format(const std::string& format, const std::string& output) {
-  if (!format.empty()) {
-    const auto f = parse_format(format);
+// --format wins (when given at all: --format "" is refused, not taken for absent); else -o's
+// extension; else the terminal table.
+inline Format output_format(const std::optional<std::string>& format, const std::string& output) {
+  if (format) {
+    const auto f = parse_format(*format);
     if (!f)
-      throw InputError(fmt::format("--format '{}' is not known; use {}", format, format_names()));
+      throw InputError(fmt::format("--format '{}' is not known; use {}", *format, format_names()));
     return *f;
   }
   if (output.empty()) return Format::table;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -57,10 +58,11 @@ int id_decimals(std::vector<double> rates) {
 
 }  // namespace
 
-std::vector<double> parse_ra_spec(std::string_view text, int points) {
+std::vector<double> parse_ra_spec(std::string_view text, std::optional<int> points_given) {
   if (text.empty())
     throw InputError("--ra '': give a range A:B (e.g. 0.05:0.4) or a list (e.g. 0.1,0.2,0.3)");
   if (text.find(':') != std::string_view::npos) {
+    const int points = points_given.value_or(8);
     const auto parts = split(text, ':');
     if (parts.size() != 2)
       throw InputError(fmt::format("--ra '{}' is not a range A:B (e.g. 0.05:0.4)", text));
@@ -83,8 +85,23 @@ std::vector<double> parse_ra_spec(std::string_view text, int points) {
     out.back() = b;  // exactly the requested end
     return out;
   }
+  // --points spaces a range; with a list or one rate it would be ignored.
+  if (points_given)
+    throw InputError(fmt::format(
+        "--points {} applies to a range A:B only; --ra '{}' is a {}: drop --points, or give a "
+        "range (e.g. --ra 0.1:0.4 --points {})",
+        *points_given, text, text.find(',') == std::string_view::npos ? "single rate" : "list",
+        *points_given));
   std::vector<double> out;
-  for (std::string_view part : split(text, ',')) out.push_back(parse_rate(part, text));
+  for (std::string_view part : split(text, ',')) {
+    const double v = parse_rate(part, text);
+    // The same rate twice would plan the same point twice (ids moe-ra0.100 and moe-ra0.100-2).
+    for (double seen : out)
+      if (seen == v)
+        throw InputError(fmt::format(
+            "--ra '{}': r_a {} is listed twice; give each activation rate once", text, v));
+    out.push_back(v);
+  }
   return out;
 }
 

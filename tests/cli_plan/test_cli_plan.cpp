@@ -265,6 +265,17 @@ TEST_CASE("bad input: one line naming the value, exit status 2") {
                    "key 'train.device' = 'tpu' is not known; use \"cpu\" or \"cuda\"");
   expect_bad_input("grid --N 2e9 --ra 0.1 --family llama", "--family 'llama'");
   expect_bad_input("grid --N 2e9 --ra 0.1 --format xml", "--format 'xml'");
+  // Given but empty is not absent: it used to print the table.
+  expect_bad_input("grid --N 2e9 --ra 0.1 --format ''",
+                   "--format '' is not known; use table, csv, json, toml, md");
+  expect_bad_input("grid --N 2e9 --ra 0.1 --format '' -o x.csv", "--format '' is not known");
+  expect_bad_input("show absent.toml --format ''", "--format '' is not known");
+  // --points with a list or one rate, and a repeated rate, were silently ignored or duplicated.
+  expect_bad_input("grid --N 2e9 --ra 0.1,0.2 --points 5",
+                   "--points 5 applies to a range A:B only; --ra '0.1,0.2' is a list");
+  expect_bad_input("grid --N 2e9 --ra 0.2 --points 5", "--ra '0.2' is a single rate");
+  expect_bad_input("grid --N 2e9 --ra 0.1,0.1",
+                   "--ra '0.1,0.1': r_a 0.1 is listed twice; give each activation rate once");
   expect_bad_input("grid --N 2e9 --ra 0.1 --convention flops", "--convention 'flops'");
   expect_bad_input("grid --N 2e9 --ra 0.1 -o out.yaml", "out.yaml");
   expect_bad_input("plan --N 2e9 --ra 0.2 --format csv", "--format 'csv'");

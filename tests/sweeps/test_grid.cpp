@@ -2,6 +2,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <optional>
 #include <set>
 #include <string>
 #include <tuple>
@@ -15,7 +16,7 @@ using namespace moeplan;
 
 namespace {
 
-std::string error_of_spec(const std::string& text, int points = 8) {
+std::string error_of_spec(const std::string& text, std::optional<int> points = std::nullopt) {
   try {
     parse_ra_spec(text, points);
   } catch (const InputError& e) {
@@ -97,6 +98,18 @@ TEST_CASE("parse_ra_spec: malformed input names the text and what is valid") {
   CHECK(error_of_spec("").find("--ra") != std::string::npos);
   CHECK(error_of_spec("0.1:0.4", 0).find("--points") != std::string::npos);
   CHECK(error_of_spec("0.1:0.4", 1).find("at least 2 points") != std::string::npos);
+  // --points with a list or a single rate would be ignored (0.1,0.2 --points 5 gave 2 points).
+  CHECK(error_of_spec("0.1,0.2", 5) ==
+        "--points 5 applies to a range A:B only; --ra '0.1,0.2' is a list: drop --points, or "
+        "give a range (e.g. --ra 0.1:0.4 --points 5)");
+  CHECK(error_of_spec("0.2", 5).find("--ra '0.2' is a single rate") != std::string::npos);
+  CHECK(error_of_spec("0.1:0.4", 5).empty());
+  CHECK(error_of_spec("0.1,0.2").empty());
+  // A rate listed twice would plan the same point twice: refused, naming it.
+  CHECK(error_of_spec("0.1,0.1") ==
+        "--ra '0.1,0.1': r_a 0.1 is listed twice; give each activation rate once");
+  CHECK(error_of_spec("0.3,0.1,0.30").find("r_a 0.3 is listed twice") != std::string::npos);
+  CHECK(error_of_spec("0.1,0.15,0.2").empty());
 }
 
 TEST_CASE("grid --N 2e9 --ra 0.05:0.4") {
@@ -180,7 +193,8 @@ TEST_CASE("point ids stay unique on fine grids and repeated values") {
   Manifest m = plan_sweep(r);
   CHECK(m.points[0].id == "moe-ra0.20000");
   CHECK(m.points[1].id == "moe-ra0.20005");
-  r.activation_rates = parse_ra_spec("0.2,0.2");
+  // parse_ra_spec refuses a repeated rate; a library caller's repeats still get distinct ids.
+  r.activation_rates = {0.2, 0.2};
   m = plan_sweep(r);
   CHECK(m.points[0].id == "moe-ra0.200");
   CHECK(m.points[1].id == "moe-ra0.200-2");

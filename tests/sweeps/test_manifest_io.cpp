@@ -7,6 +7,7 @@
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "moeplan/accounting/error.hpp"
@@ -23,7 +24,9 @@ Manifest small_sweep(double n, const char* ra, Reuse reuse = Reuse::strict) {
   r.plan.n_target = n;
   r.plan.budget.reuse = reuse;
   if (reuse == Reuse::loose) r.plan.budget.epochs = 2;
-  r.activation_rates = parse_ra_spec(ra, 4);
+  r.activation_rates = std::string_view(ra).find(':') != std::string_view::npos
+                           ? parse_ra_spec(ra, 4)
+                           : parse_ra_spec(ra);
   r.created_by = "test \"quoted\" line";
   r.train.seed = 7;
   r.train.positions = "rope";

@@ -1,6 +1,7 @@
 #pragma once
 // Sweeps over the activation rate: parse the r_a axis, plan every point at equal resources and
 // collect them, with the dense baseline, into a Manifest.
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -10,10 +11,11 @@
 
 namespace moeplan {
 
-// "0.05:0.4" -> `points` values, inclusive linspace (points >= 2; 1 gives A when A == B);
-// "0.1,0.2,0.3" -> that list; "0.2" -> one value. Every value must be in (0, 1].
-// Throws InputError naming the text and what is valid.
-std::vector<double> parse_ra_spec(std::string_view text, int points = 8);
+// "0.05:0.4" -> `points` values (default 8), inclusive linspace (points >= 2; 1 gives A when
+// A == B); "0.1,0.2,0.3" -> that list; "0.2" -> one value. Every value must be in (0, 1], a list
+// may not repeat a value, and `points` is refused unless the text is a range (it would be
+// ignored). Throws InputError naming the text and what is valid.
+std::vector<double> parse_ra_spec(std::string_view text, std::optional<int> points = std::nullopt);
 
 struct SweepRequest {
   PlanRequest plan;
