@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <exception>
 #include <map>
+#include <string>
 
 #include <fmt/format.h>
 
@@ -34,6 +35,22 @@ const std::vector<std::string>& program_args() {
   return args_storage();
 }
 
+namespace {
+
+// CLI11 words a single-value option given twice as "--N: At Most 1 required but received 2";
+// say what happened instead. Every other parse error reads as CLI11 words it.
+std::string parse_error_message(const CLI::ParseError& e) {
+  const std::string what = e.what();
+  const std::string at_most = ": At Most 1 required but received ";
+  const size_t at = what.find(at_most);
+  if (dynamic_cast<const CLI::ArgumentMismatch*>(&e) == nullptr || at == std::string::npos)
+    return what;
+  const std::string option = what.substr(0, at), times = what.substr(at + at_most.size());
+  return fmt::format("{} was given {} times; give it once", option, times);
+}
+
+}  // namespace
+
 }  // namespace moeplan::cli
 
 int main(int argc, char** argv) {
@@ -59,7 +76,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "moeplan: error: %s\n", e.what());
+    std::fprintf(stderr, "moeplan: error: %s\n", parse_error_message(e).c_str());
     return kExitBadInput;
   }
   try {

@@ -38,6 +38,27 @@ void check_target(double n_target) {
   if (!(n_target > 0) || !std::isfinite(n_target))
     throw InputError(
         fmt::format("N = {} is invalid; it must be a positive number of parameters", n_target));
+  if (n_target > kMaxTotalParams)
+    throw InputError(fmt::format(
+        "N = {:.4g} is above the largest N moeplan plans, 1e18 (parameters are counted in 64-bit "
+        "integers); ask for N <= 1e18",
+        n_target));
+}
+
+// "1e5" for a power of ten (how the docs write the family's limits), else the shortest form.
+std::string short_form(double v) {
+  const double e = std::round(std::log10(v));
+  return std::pow(10.0, e) == v ? fmt::format("1e{}", int(e)) : fmt::format("{:g}", v);
+}
+
+// Appended to a failure to find a shape for N: below the family's smallest N, that is the fix.
+std::string below_minimum(double n_target, const FamilyRules& f) {
+  return n_target < f.min_params
+             ? fmt::format(
+                   "; N = {:.4g} is below the {} the {} family's rules are made for: ask "
+                   "for N >= {}",
+                   n_target, short_form(f.min_params), f.name, short_form(f.min_params))
+             : std::string();
 }
 
 // Continuous width d_model for N: N = per_layer(d)·L(d) + fixed(d), L = max(min_layers, d/ζ).
@@ -94,8 +115,8 @@ MoeSolver::MoeSolver(const Arch& backbone, double n_target, const FamilyRules& f
     throw InputError(fmt::format(
         "N = {:.4g} is too small for this backbone: attention and dense layers take {} "
         "parameters and one expert of width {} brings N to {:.4g}; ask for a larger N or a "
-        "smaller backbone",
-        n_target, base_, align_, smallest));
+        "smaller backbone{}",
+        n_target, base_, align_, smallest, below_minimum(n_target, family_)));
   const double avail = n_target - double(base_);
   const double tol_n = options.n_tolerance * n_target;
   const int64_t u = unit_, r = router_;
@@ -168,8 +189,9 @@ MoeSolution MoeSolver::solve(double t) const {
   if (best.experts == 0)
     throw InputError(fmt::format(
         "no MoE layer on backbone '{}' brings N within {:.2g}% of {:.4g} with d_expert a "
-        "multiple of {} and at most {} experts",
-        describe(backbone_), 100 * options_.n_tolerance, n_target_, align_, family_.experts_max));
+        "multiple of {} and at most {} experts{}",
+        describe(backbone_), 100 * options_.n_tolerance, n_target_, align_, family_.experts_max,
+        below_minimum(n_target_, family_)));
   MoeSolution out;
   out.arch = backbone_;
   out.arch.experts = best.experts;
@@ -247,8 +269,8 @@ Arch solve_moe_backbone(double n_target, const FamilyRules& f, const BackboneOpt
   if (!(best_score < kInf))
     throw InputError(fmt::format(
         "N = {:.4g} is too small for a {}-family MoE backbone (at least {} layers with head_dim "
-        "{}); ask for N >= 1e5",
-        n_target, f.name, min_layers, hd));
+        "{}); ask for N >= {}",
+        n_target, f.name, min_layers, hd, short_form(f.min_params)));
   return best;
 }
 
@@ -292,9 +314,10 @@ Arch solve_dense(double n_target, const FamilyRules& f, const BackboneOptions& o
     if (best_score < kInf) return best;
   }
   throw InputError(fmt::format(
-      "no dense {}-family shape has N within {:.2g}% of {:.4g} (head_dim {}); ask for N >= 1e5 "
-      "or a looser --n-tolerance",
-      f.name, 100 * n_tolerance, n_target, hd));
+      "no dense {}-family shape has N within {:.2g}% of {:.4g} (head_dim {}); ask for {}a looser "
+      "--n-tolerance",
+      f.name, 100 * n_tolerance, n_target, hd,
+      n_target < f.min_params ? fmt::format("N >= {} or ", short_form(f.min_params)) : ""));
 }
 
 }  // namespace moeplan

@@ -259,8 +259,8 @@ TrainSettings read_train(TomlTable& top, TrainSettings s = {}) {
   s.source = t.string_or("source", s.source);
   const int64_t seed = t.integer_or("seed", int64_t(s.seed));
   const int64_t data_seed = t.integer_or("data_seed", int64_t(s.data_seed));
-  if (seed < 0) t.fail("seed", "must be a non-negative integer");
-  if (data_seed < 0) t.fail("data_seed", "must be a non-negative integer");
+  for (const auto& [key, v] : {std::pair{"seed", seed}, {"data_seed", data_seed}})
+    if (v < 0) t.fail(key, fmt::format("= {} is invalid; it must be a whole number >= 0", v));
   s.seed = uint64_t(seed);
   s.data_seed = uint64_t(data_seed);
   s.positions = t.string_or("positions", s.positions);

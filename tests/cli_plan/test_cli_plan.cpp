@@ -247,6 +247,21 @@ TEST_CASE("bad input: one line naming the value, exit status 2") {
   expect_bad_input("grid --N -5 --ra 0.1:0.2", "--N = -5");
   expect_bad_input("grid --N=0 --ra 0.1:0.2", "--N = 0");
   expect_bad_input("grid --N lots --ra 0.1:0.2", "'lots' is not a number");
+  // N out of range names the limit on the side it was broken: above 1e18, below 1e5.
+  expect_bad_input("grid --N 1e20 --ra 0.2",
+                   "N = 1e+20 is above the largest N moeplan plans, 1e18 (parameters are counted "
+                   "in 64-bit integers); ask for N <= 1e18");
+  expect_bad_input("grid --N 1e4 --ra 0.2", "ask for N >= 1e5");
+  expect_bad_input("grid --N 2k --ra 0.2",
+                   "; N = 2000 is below the 1e5 the paper family's rules are made for: ask for "
+                   "N >= 1e5");
+  expect_bad_input("grid --N 0.2 --ra 0.2", "ask for N >= 1e5");
+  // A single-value option given twice was CLI11's "At Most 1 required but received 2".
+  expect_bad_input("grid --N 2e9 --N 3e9 --ra 0.2", "--N was given 2 times; give it once");
+  expect_bad_input("grid --N 2e9 --ra 0.1 --ra 0.2", "--ra was given 2 times; give it once");
+  // A refused seed is echoed.
+  expect_bad_input("grid --N 2e9 --ra 0.2 --train seed=-1",
+                   "--train: key 'train.seed' = -1 is invalid; it must be a whole number >= 0");
   // An exponent with a suffix was multiplied: 2e9k planned N = 2T, 2e9B failed on a budget.
   expect_bad_input("grid --N 2e9k --ra 0.2",
                    "--N: '2e9k' has both an exponent and a suffix; write one of them (e.g. 2e9 or "

@@ -189,6 +189,44 @@ TEST_CASE("an unreachable r_a's note names the actual cause: the floor or the st
   CHECK(on.note.empty());
 }
 
+TEST_CASE("N out of range: the limit is named in the direction that helps") {
+  auto error_of = [](auto solve) {
+    try {
+      solve();
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  // Above 1e18 (64-bit parameter counts): the upper limit, not a minimum.
+  for (double n : {1.01e18, 1e19, 1e20}) {
+    CAPTURE(n);
+    const std::string dense = error_of([&] { solve_dense(n, FamilyRules{}); });
+    const std::string moe = error_of([&] { solve_moe_backbone(n, FamilyRules{}); });
+    CHECK(dense.find("ask for N <= 1e18") != std::string::npos);
+    CHECK(moe.find("ask for N <= 1e18") != std::string::npos);
+    CHECK(dense.find(">=") == std::string::npos);
+  }
+  CHECK(error_of([] { solve_dense(1e20, FamilyRules{}); }) ==
+        "N = 1e+20 is above the largest N moeplan plans, 1e18 (parameters are counted in 64-bit "
+        "integers); ask for N <= 1e18");
+  // 1e18 itself is inside: the shape is within 1 %.
+  const Arch top = solve_dense(1e18, FamilyRules{});
+  CHECK(std::fabs(double(count_params(top).total_params) - 1e18) <= 0.01 * 1e18);
+  // Below the family's 1e5, a failed search gives the minimum. N 1e4: the backbone is L2 (1 dense)
+  // D_m 16, D_ffn 48: base 2·4·16² + 3·16·48 = 4,352; one MoE layer of unit 16 (shared K·D_e):
+  // N = 4,352 + 48·D_e·(K + E). Within 1 % of 1e4 needs D_e·(K + E) in [115.6, 119.75], and no
+  // multiple of 8 (D_e is one) lies there: no layer fits.
+  const Arch small = solve_moe_backbone(1e4, FamilyRules{});
+  REQUIRE(small.d_model == 16);
+  REQUIRE(small.d_ffn == 48);
+  const MoeSolver solver(small, 1e4, FamilyRules{});
+  const std::string e = error_of([&] { solver.solve(0.2); });
+  CHECK(e.find("no MoE layer on backbone") == 0);
+  CHECK(e.find("; N = 1e+04 is below the 1e5 the paper family's rules are made for: ask for N >= "
+               "1e5") != std::string::npos);
+}
+
 TEST_CASE("a target the nearest-N expert count misses is met by a neighbouring count") {
   // N 1e5: backbone L2 (1 dense) D_m 40, H 5x8, D_ffn 112: attention 2·4·40² = 12,800, dense
   // FFN 3·40·112 = 13,440: base 26,240; one MoE layer, unit D_m = 40. At D_e 8, K 33 (shared

@@ -348,6 +348,10 @@ TEST_CASE("apply_train_settings: KEY=VALUE from the command line, checked like t
         std::string::npos);
   CHECK(error({"erc_loss"}).find("write KEY=VALUE") != std::string::npos);
   CHECK(error({"seed=1.5"}).find("whole number") != std::string::npos);
+  // A negative seed is echoed, as every other refused setting is.
+  CHECK(error({"seed=-1"}) ==
+        "--train: key 'train.seed' = -1 is invalid; it must be a whole number >= 0");
+  CHECK(error({"data_seed=-7"}).find("'train.data_seed' = -7 is invalid") != std::string::npos);
   CHECK(error({"renormalize_gates=1"}).find("true or false") != std::string::npos);
   CHECK(error({"positions=xpos"}).find("train.positions") != std::string::npos);
   CHECK(error({"capacity_factor=-1"}).find("train.capacity_factor") != std::string::npos);

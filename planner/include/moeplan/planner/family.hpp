@@ -24,6 +24,9 @@ struct FamilyRules {
   int64_t min_head_dim = 8;
   int64_t min_layers = 2;
   double full_scale_params = 1e9;  // below this, ζ shrinks as N^aspect_exponent
+  // The smallest N the scaled-down rules are made and tested for; some smaller N plan, not all
+  // (a failure below it says so).
+  double min_params = 1e5;
   double aspect_exponent = 0.14;   // ζ(3e5) ≈ 28, ζ(2e6) ≈ 37, ζ(1e8) ≈ 64
   // Default vocabulary / sequence length: the paper's 65536 / 2048; byte-level tiny models below.
   double tiny_params = 1e7;  // N <= this: vocab 256 (bytes), seq_len 256 (128 when N < 1e6)

@@ -10,6 +10,10 @@
 
 namespace moeplan {
 
+// The largest N the solvers take: parameters are counted in 64-bit integers (at most 9.2e18), and
+// the shape searches count candidates of up to about 4·N.
+inline constexpr double kMaxTotalParams = 1e18;
+
 struct SolveOptions {
   double n_tolerance = 0.01;     // |N − N_target| / N_target allowed
   double ra_tolerance = 0.005;   // |r_a − target| allowed (absolute; 0.5 percentage points)
