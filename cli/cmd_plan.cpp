@@ -107,7 +107,7 @@ int run(const PlanCmdFlags& f) {
     context = fmt::format(
         "equal-resource dense baseline: {}  N {}  C {} [{}]  D̂ {} unique tokens\n",
         describe(d.arch), human(double(d.counts.total_params)), human(planner.compute_target()),
-        convention_label(d.convention, d.mask), human(double(d.budget.tokens_unique)));
+        flops_label(d.arch, d.convention, d.mask), human(double(d.budget.tokens_unique)));
     if (!d.note.empty()) context += fmt::format("  {}: {}\n", d.id, d.note);
     if (!f.tokens.empty() || !f.tokens_unique.empty()) {
       const PointBudget base{

@@ -37,6 +37,16 @@ std::string convention_label(Convention c, AttentionMask mask) {
   return std::string(name(c));
 }
 
+std::string flops_label(const Arch& arch, Convention c, AttentionMask mask) {
+  std::string label = convention_label(c, mask);
+  if (c != Convention::paper || !(arch.count_router || arch.count_norms)) return label;
+  // paper's 6·N_a takes whatever N_a holds: a reading that puts weights in N_a puts FLOPs in M.
+  const char* router = arch.count_router ? "router in" : "";
+  const char* sep = arch.count_router && arch.count_norms ? ", " : "";
+  const char* norms = arch.count_norms ? "norms in" : "";
+  return fmt::format("{} ({}{}{})", label, router, sep, norms);
+}
+
 namespace {
 
 // Forward, input-grad and weight-grad of one weight product (m tokens, n outputs, k inputs).

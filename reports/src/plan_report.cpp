@@ -80,7 +80,7 @@ std::string render_plan_breakdown(const Plan& p) {
   std::array<FlopsPerToken, kLenses.size()> f;
   for (size_t i = 0; i < kLenses.size(); ++i) {
     f[i] = flops_per_token(a, kLenses[i].convention, kLenses[i].mask);
-    flops.add_column(f[i].label());
+    flops.add_column(flops_label(a, f[i].convention, f[i].mask));
   }
   for (int cat = 0; cat < kFlopCategories; ++cat) {
     bool any = false;
@@ -101,7 +101,7 @@ std::string render_plan_breakdown(const Plan& p) {
   out += flops.render();
 
   const Budget& b = p.budget;
-  const std::string label = convention_label(p.convention, p.mask);
+  const std::string label = flops_label(p.arch, p.convention, p.mask);
   TextTable budget;
   budget.add_column(fmt::format("budget [{}]", label), TextTable::Align::left);
   budget.add_column("value");

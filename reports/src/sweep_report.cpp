@@ -17,8 +17,10 @@ std::string pct(double fraction) {
   return fmt::format("{:.2f}%", 100 * fraction);
 }
 
+// The convention with the counting readings that change M: "paper (router in)" under
+// --count-router. The readings are the sweep's (every point shares the dense baseline's).
 std::string label_of(const Plan& p) {
-  return convention_label(p.convention, p.mask);
+  return flops_label(p.arch, p.convention, p.mask);
 }
 
 TextTable sweep_table(const Manifest& m) {
@@ -124,15 +126,15 @@ std::string manifest_to_csv(const Manifest& m) {
       "convention,flops_per_token,compute,compute_rel_diff,tokens_consumed,tokens_unique,epochs,"
       "tokens_per_param,effective_data,lr_peak,batch_seqs,steps,warmup_steps,reachable,note\n";
   auto row = [&](const Plan& p) {
-    out += fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
-                       csv_field(p.id), p.role, csv_field(describe(p.arch)), p.counts.total_params,
-                       p.counts.active_params, num(p.counts.activation_rate()),
-                       num(p.activation_rate_target), label_of(p), num(p.flops_per_token),
-                       num(p.budget.compute), num(p.budget.compute_rel_diff),
-                       p.budget.tokens_consumed, p.budget.tokens_unique, num(p.budget.epochs),
-                       num(p.budget.tokens_per_param), num(p.budget.effective_data),
-                       num(p.hyper.lr_peak), p.budget.batch_seqs, p.budget.steps,
-                       p.hyper.warmup_steps, p.reachable ? "true" : "false", csv_field(p.note));
+    out += fmt::format(
+        "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n", csv_field(p.id),
+        p.role, csv_field(describe(p.arch)), p.counts.total_params, p.counts.active_params,
+        num(p.counts.activation_rate()), num(p.activation_rate_target), csv_field(label_of(p)),
+        num(p.flops_per_token), num(p.budget.compute), num(p.budget.compute_rel_diff),
+        p.budget.tokens_consumed, p.budget.tokens_unique, num(p.budget.epochs),
+        num(p.budget.tokens_per_param), num(p.budget.effective_data), num(p.hyper.lr_peak),
+        p.budget.batch_seqs, p.budget.steps, p.hyper.warmup_steps, p.reachable ? "true" : "false",
+        csv_field(p.note));
   };
   row(m.dense);
   for (const Plan& p : m.points) row(p);

@@ -369,6 +369,13 @@ std::string manifest_to_toml(const Manifest& m) {
   o.s +=
       "# FLOP figures use each point's `convention`; tokens_consumed counts repeats, "
       "tokens_unique does not.\n";
+  // The key stays the bare convention (what readers parse); the reading is the arch's flags.
+  if (const std::string l = flops_label(m.dense.arch, m.dense.convention, m.dense.mask);
+      l != convention_label(m.dense.convention, m.dense.mask))
+    o.s += fmt::format(
+        "# M and C read {}: the arch's count_router / count_norms put those weights in N_a, so in "
+        "6·N_a.\n",
+        l);
   o.s +=
       "# Hand edits are welcome, but every stored count must still match its arch "
       "(moeplan checks on read).\n";

@@ -1,6 +1,8 @@
 // FLOP conventions on small shapes worked out by hand.
 #include <doctest/doctest.h>
 
+#include <tuple>
+
 #include "moeplan/accounting/flops.hpp"
 #include "moeplan/accounting/params.hpp"
 
@@ -133,4 +135,30 @@ TEST_CASE("names round-trip") {
   CHECK(parse_convention("megatron") == Convention::megatron);
   CHECK_FALSE(parse_convention("chinchilla").has_value());
   CHECK(name(FlopCategory::attention_core) == "attention-core");
+}
+
+TEST_CASE("flops_label names the counting readings that change M") {
+  // tiny_moe: router D_m·E = 64·4 = 256 weights; norms 2·64 per layer + 64 final = 320. Under
+  // paper they enter M as 6·N_a does: +6·256 = 1,536 with the router in, +6·320 = 1,920 with the
+  // norms in; so the label says so. exact and megatron M do not move with the readings.
+  Arch out = tiny_moe();
+  Arch router = out, norms = out, both = out;
+  router.count_router = true;
+  norms.count_norms = true;
+  both.count_router = both.count_norms = true;
+  const double m_out = flops_per_token(out, Convention::paper).total;
+  CHECK(flops_per_token(router, Convention::paper).total - m_out == 1'536.0);
+  CHECK(flops_per_token(norms, Convention::paper).total - m_out == 1'920.0);
+  CHECK(flops_label(out, Convention::paper, AttentionMask::full) == "paper");
+  CHECK(flops_label(router, Convention::paper, AttentionMask::full) == "paper (router in)");
+  CHECK(flops_label(norms, Convention::paper, AttentionMask::full) == "paper (norms in)");
+  CHECK(flops_label(both, Convention::paper, AttentionMask::full) == "paper (router in, norms in)");
+  for (const auto& [c, mask, label] :
+       {std::tuple{Convention::exact, AttentionMask::causal, "exact/causal"},
+        {Convention::exact, AttentionMask::full, "exact/full"},
+        {Convention::megatron, AttentionMask::causal, "megatron"}}) {
+    CAPTURE(label);
+    CHECK(flops_per_token(both, c, mask).total == flops_per_token(out, c, mask).total);
+    CHECK(flops_label(both, c, mask) == label);
+  }
 }

@@ -197,6 +197,48 @@ TEST_CASE("-o sweep.toml writes a manifest that reads back; formats by extension
   CHECK(count_lines(r.out) == 6);
 }
 
+TEST_CASE("grid --count-router: M and C are labelled paper (router in) wherever printed") {
+  // The flag puts the router inside N_a, so paper's 6·N_a counts it: the header said [paper].
+  Result r = run_moeplan("grid --N 2e6 --ra 0.2,0.3 --count-router");
+  CHECK(r.status == 0);
+  CHECK(r.out.find("M [paper (router in)]") != std::string::npos);
+  CHECK(r.out.find("C [paper (router in)]") != std::string::npos);
+  CHECK(r.out.find("FLOPs [paper (router in)] for every point") != std::string::npos);
+  CHECK(r.out.find("M [paper]") == std::string::npos);
+  r = run_moeplan("grid --N 2e6 --ra 0.2,0.3 --count-router --format md");
+  CHECK(r.out.find("| M [paper (router in)] |") != std::string::npos);
+  r = run_moeplan("grid --N 2e6 --ra 0.2,0.3 --count-router --count-norms --format csv");
+  CHECK(count_lines(r.out) == 1 + 1 + 2);
+  // The convention field of each row, quoted for its comma: dense, then both points.
+  size_t rows = 0;
+  for (size_t at = r.out.find(",\"paper (router in, norms in)\","); at != std::string::npos;
+       at = r.out.find(",\"paper (router in, norms in)\",", at + 1))
+    ++rows;
+  CHECK(rows == 3);
+  // Without the flags nothing changes.
+  r = run_moeplan("grid --N 2e6 --ra 0.2,0.3");
+  CHECK(r.out.find("M [paper]") != std::string::npos);
+  CHECK(r.out.find("router in") == std::string::npos);
+  // The manifest keeps the bare convention key (and the arch's count_router) and reads back; a
+  // comment says how M and C read. JSON's convention stays the key audit and run parse.
+  const fs::path toml = scratch() / "router-in.toml";
+  r = run_moeplan("grid --N 2e6 --ra 0.2,0.3 --count-router -o '" + toml.string() + "'");
+  CHECK(r.status == 0);
+  const std::string text = slurp(toml);
+  CHECK(text.find("# M and C read paper (router in)") != std::string::npos);
+  CHECK(text.find("convention = \"paper\"\n") != std::string::npos);
+  const moeplan::Manifest m = moeplan::read_manifest(toml);
+  CHECK(m.dense.arch.count_router);
+  r = run_moeplan("show '" + toml.string() + "'");
+  CHECK(r.status == 0);
+  CHECK(r.out.find("M [paper (router in)]") != std::string::npos);
+  r = run_moeplan("grid --N 2e6 --ra 0.2 --count-router --format json");
+  CHECK(nlohmann::json::parse(r.out).at("points")[0].at("convention") == "paper");
+  // plan prints the same label for its budget.
+  r = run_moeplan("plan --N 2e6 --ra 0.2 --count-router");
+  CHECK(r.out.find("budget [paper (router in)]") != std::string::npos);
+}
+
 TEST_CASE("plan --arch reproduces the ACCOUNTING.md worked check") {
   const fs::path arch = write("arch2b.toml", kArch2b);
   Result r = run_moeplan("plan --arch '" + arch.string() + "'");

@@ -22,6 +22,11 @@ std::optional<AttentionMask> parse_attention_mask(std::string_view s);
 
 // Label printed beside every FLOP figure, e.g. "paper", "exact/causal", "megatron".
 std::string convention_label(Convention c, AttentionMask mask = AttentionMask::causal);
+// The label of M and C of `arch`: convention_label plus the counting readings that change M under
+// that convention, named as the auditor names them: "paper (router in)", "paper (norms in)",
+// "paper (router in, norms in)". `exact` and `megatron` count router and norms the same way
+// whatever the readings, so their labels are convention_label's.
+std::string flops_label(const Arch& arch, Convention c, AttentionMask mask);
 
 // Training FLOPs per consumed token (forward + backward), broken down by ledger category.
 // `paper`: 6·N_a + 12·L·D_m·S (full S); norms/router only as far as the Arch's count_* readings
