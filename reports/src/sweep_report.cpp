@@ -68,11 +68,13 @@ std::string preamble(const Manifest& m, const char* bullet) {
     short_of_unique += p.budget.tokens_unique != d.budget.tokens_unique;
   const std::string reuse =
       d.budget.reuse == Reuse::strict
-          ? fmt::format("strict reuse: {} trains on the same {} unique tokens",
+          ? fmt::format("strict reuse: {} trains on the same {} unique tokens{}",
                         short_of_unique
                             ? fmt::format("every point but {} (see the notes)", short_of_unique)
                             : std::string("every point"),
-                        human(double(d.budget.tokens_unique)))
+                        human(double(d.budget.tokens_unique)),
+                        // e.g. a --unique-tokens above what the baseline consumes, capped
+                        d.note.empty() ? "" : " (see the dense baseline's note)")
           : fmt::format("loose reuse: every point repeats its data {:.3g} times", d.budget.epochs);
   int flagged = 0;
   for (const Plan& p : m.points) flagged += !p.reachable;

@@ -146,6 +146,28 @@ TEST_CASE("grid: an unreachable r_a's note gives its cause, the floor or the ste
   CHECK(high_note.find("attention and dense layers") == std::string::npos);
 }
 
+TEST_CASE("grid: a --unique-tokens above the baseline's D is capped aloud in every format") {
+  // The user's probe: N 2e9 at the default 20 tokens per parameter consumes 40B tokens in the
+  // dense baseline, so a unique budget of 1e12 is capped to them; the header points at the note.
+  const std::string probe = "grid --N 2e9 --ra 0.1,0.3 --unique-tokens 1e12";
+  const std::string note = "--unique-tokens 1e+12 is more than the dense baseline consumes";
+  Result r = run_moeplan(probe);
+  CHECK(r.status == 0);
+  CHECK(r.out.find("same 40B unique tokens (see the dense baseline's note)") != std::string::npos);
+  CHECK(r.out.find("\n  dense: " + note) != std::string::npos);
+  r = run_moeplan(probe + " --format md");
+  CHECK(r.out.find("Notes:") != std::string::npos);
+  CHECK(r.out.find("-   dense: " + note) != std::string::npos);
+  r = run_moeplan(probe + " --format csv");
+  CHECK(r.out.find(",\"" + note) != std::string::npos);
+  r = run_moeplan(probe + " --format json");
+  CHECK(nlohmann::json::parse(r.out).at("dense").at("note").get<std::string>().rfind(note, 0) == 0);
+  // Below what the baseline consumes, the budget is taken as given: no note, no pointer.
+  r = run_moeplan("grid --N 2e9 --ra 0.1,0.3 --unique-tokens 1e10");
+  CHECK(r.out.find("same 10B unique tokens\n") != std::string::npos);
+  CHECK(r.out.find("dense: ") == std::string::npos);
+}
+
 TEST_CASE("-o sweep.toml writes a manifest that reads back; formats by extension and flag") {
   const fs::path toml = scratch() / "sweep.toml";
   Result r = run_moeplan("grid --N 2e6 --ra 0.1:0.4 --points 4 -o '" + toml.string() + "'");
