@@ -34,21 +34,21 @@ double family_cost(const FamilyRules& f, int64_t experts, int64_t top_k) {
   return c;
 }
 
+// "1e5" for a power of ten (how the docs write the family's limits), else the shortest form.
+std::string short_form(double v) {
+  const double e = std::round(std::log10(v));
+  return std::pow(10.0, e) == v ? fmt::format("1e{}", int(e)) : fmt::format("{:g}", v);
+}
+
 void check_target(double n_target) {
   if (!(n_target > 0) || !std::isfinite(n_target))
     throw InputError(
         fmt::format("N = {} is invalid; it must be a positive number of parameters", n_target));
   if (n_target > kMaxTotalParams)
     throw InputError(fmt::format(
-        "N = {:.4g} is above the largest N moeplan plans, 1e18 (parameters are counted in 64-bit "
-        "integers); ask for N <= 1e18",
-        n_target));
-}
-
-// "1e5" for a power of ten (how the docs write the family's limits), else the shortest form.
-std::string short_form(double v) {
-  const double e = std::round(std::log10(v));
-  return std::pow(10.0, e) == v ? fmt::format("1e{}", int(e)) : fmt::format("{:g}", v);
+        "N = {:.4g} is above the largest N moeplan plans, {} (parameters are counted in 64-bit "
+        "integers); ask for N <= {}",
+        n_target, short_form(kMaxTotalParams), short_form(kMaxTotalParams)));
 }
 
 // Appended to a failure to find a shape for N: below the family's smallest N, that is the fix.
