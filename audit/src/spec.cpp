@@ -27,6 +27,17 @@ double number(const AuditSpec& s, const Value& v, const std::string& key) {
   bad(s, fmt::format("{} must be a number (e.g. 2048, 2.86e21 or \"65B\")", key));
 }
 
+// A tolerance as a number (0.01) or a string ("0.01", "1%"), in (0, 1), as --tolerance takes it.
+double tolerance_value(const AuditSpec& s, const Value& v, const std::string& key) {
+  const std::string what = fmt::format("{}: {} =", s.source, key);
+  if (v.is_string()) return parse_tolerance(v.as_string().str, what);
+  if (!v.is_integer() && !v.is_floating())
+    bad(s, fmt::format("{} must be a fraction in (0, 1) such as 0.01, or a percentage such as "
+                       "\"1%\"",
+                       key));
+  return parse_tolerance(fmt::format("{}", number(s, v, key)), what);
+}
+
 Cell cell(const AuditSpec& s, const Value& v, const std::string& key) {
   if (v.is_string()) return parse_cell(v.as_string().str, fmt::format("{}: {}", s.source, key));
   Cell c;
@@ -102,7 +113,8 @@ TableSpec parse_table(const AuditSpec& s, const std::string& name, const Value& 
     for (const Value& h : t.at("ignore").as_array())
       ts.ignore.insert(string_of(s, h, where + ".ignore"));
   }
-  if (t.contains("tolerance")) ts.tolerance = number(s, t.at("tolerance"), where + ".tolerance");
+  if (t.contains("tolerance"))
+    ts.tolerance = tolerance_value(s, t.at("tolerance"), where + ".tolerance");
   if (t.contains("shared")) {
     const Value& sh = t.at("shared");
     if (!sh.is_table()) bad(s, where + ".shared must be a table of quantity = value");
@@ -205,7 +217,8 @@ ClaimSpec parse_claim(const AuditSpec& s, const Value& c, size_t index) {
     if (cs.strict_reuse && !cs.baseline)
       bad(s, fmt::format("{}: strict_reuse needs baseline = \"table:row\" (the dense run)", where));
   }
-  if (c.contains("tolerance")) cs.tolerance = number(s, c.at("tolerance"), where + ".tolerance");
+  if (c.contains("tolerance"))
+    cs.tolerance = tolerance_value(s, c.at("tolerance"), where + ".tolerance");
   if (cs.equal.empty() && cs.bounds.empty() && !cs.strict_reuse)
     bad(s, fmt::format("{} claims nothing: give equal = [...], at_least/at_most/between = {{...}} "
                        "or strict_reuse = true",
@@ -298,7 +311,8 @@ AuditSpec parse_spec(std::string_view text, std::string source) {
   if (!root.contains("schema") || !root.at("schema").is_integer() ||
       root.at("schema").as_integer() != 1)
     bad(s, "schema = 1 is required (the only spec schema this moeplan reads)");
-  if (root.contains("tolerance")) s.tolerance = number(s, root.at("tolerance"), "tolerance");
+  if (root.contains("tolerance"))
+    s.tolerance = tolerance_value(s, root.at("tolerance"), "tolerance");
   if (!(s.tolerance > 0 && s.tolerance < 1))
     bad(s,
         fmt::format("tolerance = {} must be a relative value in (0, 1), e.g. 0.01", s.tolerance));

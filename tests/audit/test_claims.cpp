@@ -158,6 +158,28 @@ equal = ["tokens_consumed"]
   CHECK(parse_row_selector("t:2-4", "x").last == 4);
 }
 
+TEST_CASE("a spec's tolerances: a fraction or a percentage, as --tolerance takes them") {
+  const AuditSpec spec = parse_spec(R"(schema = 1
+tolerance = "2%"
+[tables.t]
+tolerance = 0.005
+[[claims]]
+name = "c"
+rows = ["t:1-2"]
+equal = ["compute"]
+tolerance = "0.5%"
+)",
+                                    "inline.toml");
+  CHECK(spec.tolerance == doctest::Approx(0.02));
+  REQUIRE(spec.tables.size() == 1);
+  CHECK(*spec.tables[0].tolerance == doctest::Approx(0.005));
+  CHECK(*spec.claims[0].tolerance == doctest::Approx(0.005));
+  for (const char* bad : {"tolerance = \"150%\"", "tolerance = 1.5", "tolerance = \"abc\"",
+                          "tolerance = 0", "tolerance = true"})
+    CHECK_THROWS_WITH_AS(parse_spec(std::string("schema = 1\n") + bad + "\n", "s.toml"),
+                         doctest::Contains("s.toml: tolerance"), InputError);
+}
+
 TEST_CASE("overlapping row selectors count each row once") {
   // N 1.000B, 1.005B, 1.020B, 0.980B: the median of the four is 1.0025B; at 1 % the fewest
   // outliers to remove are rows 3 (+1.7 %) and 4 (-2.2 %), as with every row listed once.
