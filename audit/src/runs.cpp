@@ -518,6 +518,10 @@ RunRecord parse_run_record(std::string_view text, std::string source) {
       r.validation_fingerprint = rdd.text(d, "validation_fingerprint");
   }
   if (j.contains("train")) r.train = settings_map(rd.obj(j, "train"));
+  // The curves (arrays of objects with numbers) and the facts of how it ran, as `moeplan report`
+  // reads them, in a running record too.
+  if (const auto d = curve_defect(j)) rd.fail(d->key, d->want.c_str());
+  if (const auto d = run_facts_defect(j)) rd.fail(d->key, d->want.c_str());
   if (r.status != "complete") return r;  // a running record carries only partial fields
   const json& m = rd.obj(j, "measured");
   const Reader rm = rd.in("measured");
@@ -555,8 +559,6 @@ RunRecord parse_run_record(std::string_view text, std::string source) {
     if (!j.contains("val_curve") || !j.at("val_curve").is_array())
       rd.fail("val_curve", "an array (the evaluations the validation ledger counts)");
   }
-  // The curves: arrays of objects with numbers, as `moeplan report` reads them.
-  if (const auto d = curve_defect(j)) rd.fail(d->key, d->want.c_str());
   if (j.contains("val_curve")) r.evaluations = int64_t(j.at("val_curve").size());
   const json& t = rm.obj(m, "tokens");
   const Reader rt = rm.in("tokens");

@@ -6,6 +6,7 @@
 
 #include "moeplan/accounting/error.hpp"
 #include "moeplan/audit/io.hpp"
+#include "moeplan/sweeps/ledger_json.hpp"
 
 #if __has_include("moeplan/sweeps/manifest_io.hpp")
 #include "moeplan/sweeps/manifest_io.hpp"
@@ -30,7 +31,10 @@ std::vector<RunRecord> load_run_records(const fs::path& runs_dir) {
                                  runs_dir.string()));
   std::sort(files.begin(), files.end());
   std::vector<RunRecord> out;
-  for (const fs::path& f : files) out.push_back(parse_run_record(read_text_file(f), f.string()));
+  for (const fs::path& f : files) {
+    out.push_back(parse_run_record(read_text_file(f), f.string()));
+    check_point_folder(out.back().point_id, f);
+  }
   return out;
 }
 

@@ -442,6 +442,8 @@ void check_record(const json& r, const fs::path& f) {
     }
   }
   // The curves the charts and the per-part columns read: arrays of objects with numbers.
+  if (const auto d = run_facts_defect(r))
+    fail(d->key, d->missing ? "missing" : fmt::format("not {}", d->want).c_str());
   if (const auto d = curve_defect(r))
     fail(d->key, d->missing ? "missing" : fmt::format("not {}", d->want).c_str());
   if (!is_complete(r)) return;
@@ -470,6 +472,7 @@ std::vector<json> load_run_records(const fs::path& dir) {
     if (fs::exists(f, ec)) {
       out.push_back(read_record(f));
       check_record(out.back(), f);
+      check_point_folder(out.back().at("point_id").get<std::string>(), f);
     }
   }
   if (out.empty())

@@ -94,6 +94,32 @@ std::optional<RecordDefect> curve_defect(const nlohmann::json& record) {
   return std::nullopt;
 }
 
+std::optional<RecordDefect> run_facts_defect(const nlohmann::json& record) {
+  if (!record.is_object()) return RecordDefect{"(the whole record)", "a JSON object"};
+  for (const char* k : {"device", "kernels"})
+    if (record.contains(k) && !record.at(k).is_string()) return RecordDefect{k, "a string"};
+  for (const char* k : {"world_size", "pass_seqs"})
+    if (record.contains(k)) {
+      const auto c = count_from_json(record.at(k));
+      if (!c || *c < 1) return RecordDefect{k, "a whole number >= 1"};
+    }
+  if (record.contains("optimizer_sharded") && !record.at("optimizer_sharded").is_boolean())
+    return RecordDefect{"optimizer_sharded", "true or false"};
+  for (const char* k : {"train_seconds", "wall_seconds", "final_val_bpc"})
+    if (record.contains(k) && !(record.at(k).is_number() && record.at(k).get<double>() >= 0))
+      return RecordDefect{k, "a number >= 0"};
+  return std::nullopt;
+}
+
+void check_point_folder(const std::string& point_id, const std::filesystem::path& record_file) {
+  const std::string folder = record_file.parent_path().filename().string();
+  if (folder != point_id)
+    throw InputError(fmt::format(
+        "{}: 'point_id' is \"{}\" but the record lies in folder '{}' (`moeplan run` keeps a "
+        "point's record in runs/<point_id>/); move it back or fix the folder's name",
+        record_file.string(), point_id, folder));
+}
+
 FlopLedger flop_ledger_from_json(const nlohmann::json& j, const std::string& where,
                                  const std::string& prefix) {
   auto missing = [&](const std::string& key, const char* want) {

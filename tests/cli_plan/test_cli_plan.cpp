@@ -10,6 +10,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
@@ -420,6 +421,24 @@ TEST_CASE("report: one folder named twice is not two replicates; a file is not a
     CHECK(r.status == 2);
     CHECK_MESSAGE(r.err.find("'plan.arch' is missing or not an object") != std::string::npos, cmd,
                   ": ", r.err);
+  }
+  // A record with world_size 0 crashed report (a division by it); one copied under another
+  // point's folder was shown as its point_id. Both commands refuse both, naming the key.
+  for (const auto& [name, key, value, expected] :
+       {std::tuple<const char*, const char*, nlohmann::json, const char*>{"runs_ws0", "world_size",
+                                                                          0, "'world_size' is"},
+        {"runs_moved", "point_id", "other",
+         "'point_id' is \"other\" but the record lies in folder 'moe-ra0.200'"}}) {
+    const fs::path d = scratch() / name;
+    fs::create_directories(d / "moe-ra0.200");
+    nlohmann::json rec2 = nlohmann::json::parse(slurp(runs + "/moe-ra0.200/record.json"));
+    rec2[key] = value;
+    std::ofstream(d / "moe-ra0.200" / "record.json") << rec2.dump(1);
+    for (const char* cmd : {"report", "audit"}) {
+      const Result r = run_moeplan(std::string(cmd) + " '" + d.string() + "'");
+      CHECK_MESSAGE(r.status == 2, cmd, " ", name, ": ", r.err);
+      CHECK_MESSAGE(r.err.find(expected) != std::string::npos, cmd, " ", name, ": ", r.err);
+    }
   }
   const fs::path file = write("sweep-not-runs.toml", "x = 1\n");
   const Result f = run_moeplan("report '" + file.string() + "'");

@@ -124,3 +124,36 @@ TEST_CASE("curve_defect: the first key of a curve that is not a number, by its f
   bad["loss_curve"][0]["tokens_consumed"] = nullptr;
   CHECK(defect(bad) == "loss_curve[0].tokens_consumed|a number|false");
 }
+
+TEST_CASE("run_facts_defect: how a record ran, where given, is of its kind") {
+  const json ok = {{"device", "cuda"},          {"kernels", "attention=fused_mma"},
+                   {"world_size", 2},           {"pass_seqs", 4},
+                   {"optimizer_sharded", true}, {"train_seconds", 0.0},
+                   {"wall_seconds", 12.5},      {"final_val_bpc", 1.8}};
+  CHECK_FALSE(run_facts_defect(ok));
+  CHECK_FALSE(run_facts_defect(json::object()));  // older records: none of them
+  auto defect = [&](const char* key, const json& v) {
+    json r = ok;
+    r[key] = v;
+    const auto d = run_facts_defect(r);
+    REQUIRE(d);
+    return d->key + "|" + d->want;
+  };
+  // world_size 0 divided the report's batch by zero (a crash, exit 136): refused.
+  CHECK(defect("world_size", 0) == "world_size|a whole number >= 1");
+  CHECK(defect("world_size", 1.5) == "world_size|a whole number >= 1");
+  CHECK(defect("world_size", -1) == "world_size|a whole number >= 1");
+  CHECK(defect("pass_seqs", 0) == "pass_seqs|a whole number >= 1");
+  CHECK(defect("device", 3) == "device|a string");
+  CHECK(defect("optimizer_sharded", "yes") == "optimizer_sharded|true or false");
+  CHECK(defect("train_seconds", -1) == "train_seconds|a number >= 0");
+  CHECK(defect("final_val_bpc", "1.8") == "final_val_bpc|a number >= 0");
+}
+
+TEST_CASE("check_point_folder: a record lies in the folder of its point_id") {
+  CHECK_NOTHROW(check_point_folder("moe-ra0.300", "runs/moe-ra0.300/record.json"));
+  CHECK_THROWS_WITH_AS(check_point_folder("other", "runs/moe-ra0.300/record.json"),
+                       doctest::Contains("runs/moe-ra0.300/record.json: 'point_id' is \"other\" "
+                                         "but the record lies in folder 'moe-ra0.300'"),
+                       InputError);
+}

@@ -3,6 +3,7 @@
 // integer while it fits 64 bits and a string of decimal digits beyond (a run past 9.2e18 FLOPs):
 // a JSON reader turns a longer integer into a double and would lose the exactness the ledger
 // exists for. Readers take either form.
+#include <filesystem>
 #include <optional>
 #include <string>
 
@@ -36,6 +37,14 @@ struct RecordDefect {
   bool missing = false;
 };
 std::optional<RecordDefect> curve_defect(const nlohmann::json& record);
+// A record's facts of how it ran, where given: `device` and `kernels` strings, `world_size` and
+// `pass_seqs` whole numbers >= 1, `optimizer_sharded` true or false, `train_seconds`,
+// `wall_seconds` and `final_val_bpc` numbers >= 0. The first that is not so; nullopt when all are.
+std::optional<RecordDefect> run_facts_defect(const nlohmann::json& record);
+// `moeplan run` writes and finds a point's record at runs/<point_id>/record.json: a record in
+// another folder (copied or renamed) would be shown, audited or skipped as another point. Throws
+// InputError naming the file, its point_id and the folder.
+void check_point_folder(const std::string& point_id, const std::filesystem::path& record_file);
 
 // {"by_category": {category: {phase: count}}, "elementwise": count, "total": count}
 nlohmann::json flop_ledger_to_json(const FlopLedger& ledger);
