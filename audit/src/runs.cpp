@@ -506,6 +506,7 @@ RunRecord parse_run_record(std::string_view text, std::string source) {
     throw InputError(fmt::format("{}: 'status' is \"{}\" (valid: \"running\", \"complete\")",
                                  r.source, r.status));
   r.plan = parse_plan(rd.in("plan"), rd.obj(j, "plan"));
+  r.plan_json = j.at("plan");
   if (j.contains("data")) {
     const json& d = rd.obj(j, "data");
     const Reader rdd = rd.in("data");
@@ -692,11 +693,13 @@ AuditReport audit_runs(const std::vector<RunRecord>& records, const std::vector<
                            r.source, r.point_id));
       } else {
         plan = &*it;
-        if (!(it->arch == r.plan.arch) ||
-            it->budget.tokens_consumed != r.plan.budget.tokens_consumed)
+        // Every value of the plan, as `moeplan run` compares them before it skips or resumes a
+        // point (a learning rate or warm-up edited since is another point, too).
+        if (const std::string d = plan_differ(r.plan_json, plan_to_json(*it)); !d.empty())
           au.add(Severity::warning, r.point_id, "", {}, {}, 0,
-                 "the record was made from a different plan than the manifest's point "
-                 "(shape or consumed tokens differ); audited against the manifest");
+                 fmt::format("the record was made from a different plan than the manifest's "
+                             "point: {}; audited against the manifest",
+                             d));
       }
     }
     if (!opt.manifest_train.empty() && !r.train.empty()) {

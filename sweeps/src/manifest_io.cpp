@@ -555,4 +555,31 @@ nlohmann::json manifest_to_json(const Manifest& m) {
                         {"points", points}};
 }
 
+// Empty when `stored` (a record's or checkpoint's plan) is the manifest's, else the first value
+// that differs as "plan.arch.d_model = 8.5 (the manifest: 96)", and how many more do: the user
+// learns which edit (theirs or the file's) made the point another one.
+std::string plan_differ(const nlohmann::json& stored, const nlohmann::json& wanted) {
+  if (stored == wanted) return {};
+  if (!stored.is_object())
+    return fmt::format("plan = {} (the manifest: an object)",
+                       stored.is_null() ? std::string("unset") : stored.dump());
+  const nlohmann::json patch = nlohmann::json::diff(stored, wanted);
+  const std::string pointer = patch.at(0).at("path").get<std::string>();
+  const nlohmann::json::json_pointer at(pointer);
+  std::string key = "plan";  // "/arch/d_model" as "plan.arch.d_model" (~1 is '/', ~0 is '~')
+  for (size_t i = 0; i < pointer.size(); ++i) {
+    if (pointer[i] == '~' && i + 1 < pointer.size()) {
+      key += pointer[++i] == '1' ? '/' : '~';
+    } else {
+      key += pointer[i] == '/' ? '.' : pointer[i];
+    }
+  }
+  auto value = [&](const nlohmann::json& j) {
+    return j.contains(at) ? j.at(at).dump() : std::string("unset");
+  };
+  std::string out = fmt::format("{} = {} (the manifest: {})", key, value(stored), value(wanted));
+  if (patch.size() > 1) out += fmt::format(" and {} more", patch.size() - 1);
+  return out;
+}
+
 }  // namespace moeplan

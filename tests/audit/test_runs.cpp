@@ -37,6 +37,7 @@
 #include "moeplan/audit/render.hpp"
 #include "moeplan/audit/runs.hpp"
 #include "moeplan/audit/runs_io.hpp"
+#include "moeplan/sweeps/manifest_io.hpp"
 
 using namespace moeplan;
 using namespace moeplan::audit;
@@ -480,7 +481,9 @@ TEST_CASE("against manifest points: a planned point without a record, a record o
   CHECK_FALSE(rr.all_hold());
   const auto plan_diff = matching(r.findings, Severity::warning, "moe-k1", 0, "");
   REQUIRE(plan_diff.size() == 1);
-  CHECK(plan_diff[0]->message.find("different plan") != std::string::npos);
+  CHECK_MESSAGE(plan_diff[0]->message.find("different plan than the manifest's point: plan.") !=
+                    std::string::npos,
+                plan_diff[0]->message);
   const auto d = matching(r.findings, Severity::error, "moe-k1", 0, "tokens_consumed");
   REQUIRE(d.size() == 1);
   CHECK(*d[0]->expected == 64.0);
@@ -496,6 +499,28 @@ TEST_CASE("against manifest points: a planned point without a record, a record o
                                    "tokens, not the planned 64: per consumed token 8448 vs M = "
                                    "8448 (+0.0000%)") != std::string::npos,
                 c[0]->message);
+}
+
+TEST_CASE("against the manifest it was trained from: every plan value compared, as run does") {
+  // runs_cpu2's record was trained from sweep-tiny as planned on 2026-11-29 (frozen in
+  // tests/fixtures): the record's plan is that manifest point's, value for value.
+  const auto recs = load_run_records(fixture("runs_cpu2"));
+  const moeplan::Manifest m = moeplan::read_manifest(std::string(MOEPLAN_SOURCE_DIR) +
+                                                     "/tests/fixtures/sweep-tiny-2026-11-29.toml");
+  std::vector<Plan> planned = {m.points[0]};
+  REQUIRE(planned[0].id == "moe-ra0.200");
+  CHECK(matching(audit_runs(recs, planned, {}).findings, Severity::warning, "moe-ra0.200", 0, "")
+            .empty());
+  // A value the claims do not read (the learning rate, edited in the manifest since) is named.
+  planned[0].hyper.lr_peak = 0.5;
+  const auto d =
+      matching(audit_runs(recs, planned, {}).findings, Severity::warning, "moe-ra0.200", 0, "");
+  REQUIRE(d.size() == 1);
+  CHECK_MESSAGE(d[0]->message.find("different plan than the manifest's point: plan.lr_peak = ") !=
+                    std::string::npos,
+                d[0]->message);
+  CHECK(d[0]->message.find("(the manifest: 0.5); audited against the manifest") !=
+        std::string::npos);
 }
 
 // Real records, not hand-made: sweep-tiny's point moe-ra0.200 trained by `moeplan run` on an

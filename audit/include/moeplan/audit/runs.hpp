@@ -10,6 +10,8 @@
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "moeplan/accounting/flops.hpp"
 #include "moeplan/accounting/ledger.hpp"
 #include "moeplan/audit/finding.hpp"
@@ -23,6 +25,7 @@ struct RunRecord {
   std::string point_id;
   std::string status;  // "complete" | "running"
   Plan plan;           // the plan embedded in the record
+  nlohmann::json plan_json;  // as written: compared whole with a manifest's point (--plan)
   bool has_measured = false;
   int64_t total_params = 0, active_params = 0;  // counted from the allocated tensors
   AttentionMask executed_mask = AttentionMask::causal;

@@ -36,5 +36,9 @@ nlohmann::json train_to_json(const TrainSettings& train);
 // fall and the manifest's default device. What a record or checkpoint must match to count as
 // trained under a manifest's settings, and what the audit compares across points.
 nlohmann::json result_settings(nlohmann::json train_json);
+// Empty when `stored` (a record's or checkpoint's plan JSON) is `wanted` (the manifest's
+// plan_to_json), else the first value that differs by its key, "plan.arch.d_model = 8.5 (the
+// manifest: 96)", and " and N more" when others do.
+std::string plan_differ(const nlohmann::json& stored, const nlohmann::json& wanted);
 
 }  // namespace moeplan
