@@ -154,7 +154,12 @@ const bool registered = register_command(
            "Exit status: 0 every claim holds, 1 a claim fails, 2 unusable input.\n"
            "Examples: moeplan audit --spec examples/audit-paper/claims.toml\n"
            "          moeplan audit --claims table.csv --equal N,C --baseline dense-1b");
-       return [f] { return run_audit(*f); };
+       CLI::Option* format = app.get_option("--format");
+       return [f, format] {
+         if (format->count() > 0 && f->format.empty())
+           throw InputError("--format '' is not known; use table, json or md");
+         return run_audit(*f);
+       };
      }});
 
 }  // namespace

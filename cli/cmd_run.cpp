@@ -228,7 +228,7 @@ int run(const RunFlags& f) {
         label, human(double(p->counts.total_params)), p->counts.activation_rate(), p->budget.steps,
         p->budget.batch_seqs, p->budget.seq_len, human(double(p->budget.tokens_consumed)),
         human(double(p->budget.tokens_unique)), human(p->budget.compute),
-        convention_label(p->convention, p->mask));
+        flops_label(p->arch, p->convention, p->mask));
     std::fflush(stdout);
     opt.on_progress = ProgressPrinter(label);
     opt.on_engine = [&label](const std::string& what) {
@@ -280,13 +280,14 @@ int run(const RunFlags& f) {
         const auto& tok = r.at("measured").at("tokens");
         fmt::print(
             "{} complete{}: val BPC {:.4f}, {} tokens consumed, {} unique, {:.3f} epochs, "
-            "C {} FLOPs [paper] measured, {:.1f} s -> {}\n",
+            "C {} FLOPs [{}] measured, {:.1f} s -> {}\n",
             label,
             out.resumed_from_step >= 0 ? fmt::format(" (resumed at step {})", out.resumed_from_step)
                                        : "",
             r.value("final_val_bpc", 0.0), human(double(tok.at("consumed").get<int64_t>())),
             human(double(tok.at("unique").get<int64_t>())), tok.at("epochs").get<double>(),
             human(r.at("measured").at("compute").at("paper").get<double>()),
+            flops_label(p->arch, Convention::paper, AttentionMask::causal),
             r.at("wall_seconds").get<double>(), out.record_path.string());
         break;
       }

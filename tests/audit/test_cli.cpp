@@ -222,3 +222,12 @@ TEST_CASE("--tolerance takes 0.06 or 6%; --equal refuses an empty item") {
     CHECK_MESSAGE(e.err.find(needle) != std::string::npos, e.err);
   }
 }
+
+TEST_CASE("an empty --format is refused, not read as the terminal table") {
+  const Result r = run("--spec " + std::string(MOEPLAN_SOURCE_DIR) +
+                       "/examples/audit-paper/claims.toml --format ''");
+  CHECK(r.status == 2);
+  CHECK(lines(r.err) == 1);
+  CHECK(r.err.find("--format '' is not known; use table, json or md") != std::string::npos);
+  CHECK(r.out.empty());
+}
