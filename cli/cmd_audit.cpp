@@ -1,4 +1,5 @@
 // `moeplan audit`: check published claim tables (--claims, --spec) or our own runs (runs/).
+#include <algorithm>
 #include <filesystem>
 #include <optional>
 
@@ -40,7 +41,9 @@ audit::ClaimSpec command_line_claim(const AuditFlags& f) {
     // Split here, not by CLI11, which drops an empty item ("N," reads as "N").
     for (size_t start = 0;;) {
       const size_t comma = given.find(',', start);
-      items.push_back(given.substr(start, comma - start));  // to the end when there is none
+      std::string item = given.substr(start, comma - start);  // to the end when there is none
+      const size_t a = item.find_first_not_of(' '), b = item.find_last_not_of(' ');
+      items.push_back(a == std::string::npos ? "" : item.substr(a, b - a + 1));  // "N, C" reads
       if (items.back().empty())
         throw InputError(fmt::format(
             "--equal '{}' has an empty item; give quantities separated by commas, e.g. --equal N,C",
@@ -56,6 +59,9 @@ audit::ClaimSpec command_line_claim(const AuditFlags& f) {
           "--equal {}: not a quantity moeplan knows; give paper headers or code names, e.g. "
           "--equal N,C,D_hat or --equal total_params,compute,tokens_unique",
           item));
+    if (std::find(c.equal.begin(), c.equal.end(), meaning->quantity) != c.equal.end())
+      throw InputError(fmt::format("--equal names {} twice ({}); give each quantity once",
+                                   meaning->quantity, item));
     c.equal.push_back(meaning->quantity);
     names += fmt::format("{}{}", names.empty() ? "" : ", ", item);
   }

@@ -208,6 +208,10 @@ TEST_CASE("--tolerance takes 0.06 or 6%; --equal refuses an empty item") {
   const std::string table = " --claims " + fixture("labelled_claim.csv") + " --equal N,C";
   CHECK(run(table + " --baseline dense-1b --tolerance 6%").status == 0);
   CHECK(run(table + " --baseline dense-1b --tolerance 1%").status == 1);
+  // Spaces around an item are not part of it: "N, C" is N and C.
+  CHECK(run(" --claims " + fixture("labelled_claim.csv") +
+            " --equal 'N, C' --baseline dense-1b --tolerance 6%")
+            .status == 0);
   for (const auto& [args, needle] : std::vector<std::pair<std::string, std::string>>{
            {" --tolerance abc",
             "--tolerance abc: not a tolerance; give a fraction in (0, 1) such as 0.01, or a "
@@ -215,7 +219,8 @@ TEST_CASE("--tolerance takes 0.06 or 6%; --equal refuses an empty item") {
            {" --tolerance 2", "--tolerance 2 is out of range"},
            {" --equal N,", "--equal 'N,' has an empty item"},
            {" --equal ,C", "--equal ',C' has an empty item"},
-           {" --equal ''", "--equal '' has an empty item"}}) {
+           {" --equal ''", "--equal '' has an empty item"},
+           {" --equal C", "--equal names compute twice (C); give each quantity once"}}) {
     const Result e = run(table + args);
     CHECK_MESSAGE(e.status == 2, args);
     CHECK_MESSAGE(lines(e.err) == 1, e.err);
