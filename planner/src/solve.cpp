@@ -160,8 +160,11 @@ MoeSolution MoeSolver::solve(double t) const {
     for (const WidthRow& row : rows_) {
       const int64_t de = row.d_expert;
       const double k_cont = (active_target - double(r) * row.e_at_k0) / double(3 * (s + 1) * de);
-      const int64_t k_floor = std::clamp<int64_t>(int64_t(std::floor(k_cont)), 1, row.k_max);
-      const int64_t k_ceil = std::clamp<int64_t>(k_floor + 1, 1, row.k_max);
+      // k_max is the largest K whose nearest E is still >= K; with E's neighbours tried, a K
+      // above it can meet E = K within the N tolerance (r_a 1 at small N: E39 K39 at N 1e5).
+      const int64_t k_hi = row.k_max + spread;
+      const int64_t k_floor = std::clamp<int64_t>(int64_t(std::floor(k_cont)), 1, k_hi);
+      const int64_t k_ceil = std::clamp<int64_t>(k_floor + 1, 1, k_hi);
       for (int64_t k = k_floor; k <= k_ceil; ++k) {
         const int64_t e_near = int64_t(std::floor(row.e_at_k0 - row.e_per_k * double(k) + 0.5));
         for (int64_t e = e_near - spread; e <= e_near + spread; ++e) {

@@ -472,3 +472,24 @@ TEST_CASE("the solver recovers the paper's Table 12 MoE layers from their r_a al
   }
   CHECK(rows == 8);
 }
+
+TEST_CASE(
+    "r_a 1 at small N: E = K above the nearest-E limit of K is tried when nothing else fits") {
+  // N 1e5: the baseline is 100,352; the MoE backbone L2 (1 dense) Dm40 Dffn112 holds attention
+  // 2·4·40² = 12,800 and a dense FFN 3·40·112 = 13,440: 26,240. E39 K39 D_e 8 with the shared
+  // expert K·D_e = 312 adds 3·40·(312 + 39·8) = 74,880: N = N_a = 101,120, +0.77 % of the
+  // baseline (inside 1 %), r_a exactly 1. The nearest E at K 39 is 38 (< K), which used to cap
+  // K at 38, and the point was flagged at 99.04 %.
+  PlanRequest r;
+  r.n_target = 1e5;
+  const EqualResourcePlanner planner(r);
+  REQUIRE(planner.dense().counts.total_params == 100352);
+  const Plan p = planner.plan_point(1.0);
+  CAPTURE(describe(p.arch));
+  CHECK(p.reachable);
+  CHECK(p.arch.experts == 39);
+  CHECK(p.arch.top_k == 39);
+  CHECK(p.arch.d_expert == 8);
+  CHECK(p.counts.total_params == 101120);
+  CHECK(p.counts.active_params == 101120);
+}
