@@ -44,14 +44,31 @@ EqualResourcePlanner::Shapes EqualResourcePlanner::solve_shapes(const PlanReques
 EqualResourcePlanner::EqualResourcePlanner(const PlanRequest& request)
     : EqualResourcePlanner(request, solve_shapes(request)) {}
 
+namespace {
+// A failure to find an MoE shape names the N it aimed at: the baseline's, not the one asked for.
+[[noreturn]] void rethrow_with_target(const InputError& e, const PlanRequest& r, double n_dense) {
+  throw InputError(fmt::format(
+      "{} (the MoE points are solved to the dense baseline's N, {}, for the N = {:.4g} asked "
+      "for; a looser --n-tolerance than {:g} or another N may fit)",
+      e.what(), int64_t(n_dense), r.n_target, r.solve.n_tolerance));
+}
+}  // namespace
+
+MoeSolver EqualResourcePlanner::moe_solver(const PlanRequest& r, const Shapes& shapes) {
+  const double n_dense = double(count_params(shapes.dense).total_params);
+  try {
+    return MoeSolver(shapes.backbone, n_dense, r.family, r.solve);
+  } catch (const InputError& e) {
+    rethrow_with_target(e, r, n_dense);
+  }
+}
+
 // The MoE points are solved to the dense baseline's N, not to the N asked for: equal N is a claim
 // against the baseline (ACCOUNTING.md, "The equal-resource contract"), and the baseline itself
 // lands within the tolerance of the ask, on either side. Solving both to the ask would let a point
 // at −0.5 % and a baseline at +0.8 % differ by 1.3 %, and fail the sweep's own audit.
 EqualResourcePlanner::EqualResourcePlanner(const PlanRequest& request, const Shapes& shapes)
-    : request_(request),
-      solver_(shapes.backbone, double(count_params(shapes.dense).total_params), request.family,
-              request.solve) {
+    : request_(request), solver_(moe_solver(request, shapes)) {
   check_budget(request.budget);
   const Arch& dense_arch = shapes.dense;
   const double dense_m = planned_flops_per_token(dense_arch, request.convention, request.mask);
@@ -95,7 +112,13 @@ EqualResourcePlanner::EqualResourcePlanner(const PlanRequest& request, const Sha
 }
 
 Plan EqualResourcePlanner::plan_point(double ra_target) const {
-  const MoeSolution sol = solver_.solve(ra_target);
+  MoeSolution sol;
+  try {
+    sol = solver_.solve(ra_target);
+  } catch (const InputError& e) {
+    if (!(ra_target > 0 && ra_target <= 1)) throw;  // the r_a itself, not the shape search
+    rethrow_with_target(e, request_, double(dense_.counts.total_params));
+  }
   PointBudget pb{compute_,       request_.convention,    request_.mask,    request_.budget.reuse,
                  tokens_unique_, request_.budget.epochs, request_.dp_width};
   Plan p = plan_for_arch(sol.arch, pb);

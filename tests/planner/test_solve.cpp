@@ -493,3 +493,17 @@ TEST_CASE(
   CHECK(p.counts.total_params == 101120);
   CHECK(p.counts.active_params == 101120);
 }
+
+TEST_CASE("a shape search that fails names the baseline's N it aimed at and the tolerance") {
+  PlanRequest r;
+  r.n_target = 1e5;
+  r.solve.n_tolerance = 0.001;
+  const EqualResourcePlanner planner(r);
+  const double dense_n = double(planner.dense().counts.total_params);
+  CHECK(std::fabs(dense_n / 1e5 - 1) <= 0.001);
+  const std::string want = "(the MoE points are solved to the dense baseline's N, " +
+                           std::to_string(int64_t(dense_n)) +
+                           ", for the N = 1e+05 asked for; a looser --n-tolerance than 0.001 or "
+                           "another N may fit)";
+  CHECK_THROWS_WITH_AS(planner.plan_point(0.2), doctest::Contains(want.c_str()), InputError);
+}

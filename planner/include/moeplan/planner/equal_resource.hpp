@@ -52,6 +52,7 @@ class EqualResourcePlanner {
     Arch backbone, dense;
   };
   static Shapes solve_shapes(const PlanRequest& request);
+  static MoeSolver moe_solver(const PlanRequest& request, const Shapes& shapes);
   EqualResourcePlanner(const PlanRequest& request, const Shapes& shapes);
   PlanRequest request_;
   Plan dense_;
