@@ -69,6 +69,16 @@ class Reader {
     hash_.add(std::string_view(static_cast<const char*>(to), n));
     left_ -= n;
   }
+  // A section of whole T's (the window order, the bitmap).
+  template <class T>
+  std::vector<T> array(const char* what) {
+    const uint64_t n = length();
+    if (n % sizeof(T) != 0)
+      throw InputError(fmt::format("checkpoint '{}': {} has a partial entry", where_, what));
+    std::vector<T> v(n / sizeof(T));
+    read(v.data(), n);
+    return v;
+  }
   void skip(uint64_t n) {  // hashed, not kept
     std::vector<char> buf(std::min<uint64_t>(n, uint64_t(1) << 20));
     for (uint64_t done = 0; done < n; done += buf.size()) {
@@ -190,18 +200,8 @@ Sections read_sections(Reader& r, bool body) {
   } else {
     r.skip(model);
   }
-  const uint64_t perm = r.length();
-  if (perm % sizeof(int32_t) != 0)
-    throw InputError(
-        fmt::format("checkpoint '{}': the window order has a partial entry", r.where()));
-  s.perm.resize(perm / sizeof(int32_t));
-  r.read(s.perm.data(), perm);
-  const uint64_t bits = r.length();
-  if (bits % sizeof(uint64_t) != 0)
-    throw InputError(
-        fmt::format("checkpoint '{}': the window bitmap has a partial word", r.where()));
-  s.bits.resize(bits / sizeof(uint64_t));
-  r.read(s.bits.data(), bits);
+  s.perm = r.array<int32_t>("the window order");
+  s.bits = r.array<uint64_t>("the window bitmap");
   r.finish();
   return s;
 }
