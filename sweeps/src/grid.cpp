@@ -117,15 +117,52 @@ Manifest plan_sweep(const SweepRequest& r) {
   m.compute_tolerance = r.compute_tolerance;
   m.train = r.train;
   m.dense = planner.dense();
-  m.points.reserve(r.activation_rates.size());
   const int decimals = id_decimals(r.activation_rates);
-  std::map<std::string, int> seen;
+  // Rates the shape rules cannot tell apart (a grid finer than the expert granularity) solve to
+  // one architecture: training it once per rate would spend the same compute on the same model.
+  // Each architecture is planned once, for the rate nearest what it reaches; the note names the
+  // other rates.
+  struct Group {
+    Plan plan;
+    std::vector<double> also;  // the other rates that solved to plan.arch, in the order given
+  };
+  std::vector<Group> groups;
   for (double ra : r.activation_rates) {
     Plan p = planner.plan_point(ra);
-    std::string id = fmt::format("moe-ra{:.{}f}", ra, decimals);
+    auto same = std::find_if(groups.begin(), groups.end(),
+                             [&](const Group& g) { return g.plan.arch == p.arch; });
+    if (same == groups.end()) {
+      groups.push_back({std::move(p), {}});
+      continue;
+    }
+    const double reached = p.counts.activation_rate();
+    if (std::fabs(reached - ra) < std::fabs(reached - same->plan.activation_rate_target)) {
+      same->also.push_back(same->plan.activation_rate_target);
+      same->plan = std::move(p);
+    } else {
+      same->also.push_back(ra);
+    }
+  }
+  m.points.reserve(groups.size());
+  std::map<std::string, int> seen;
+  for (Group& g : groups) {
+    Plan& p = g.plan;
+    std::string id = fmt::format("moe-ra{:.{}f}", p.activation_rate_target, decimals);
     const int n = ++seen[id];
     if (n > 1) id += fmt::format("-{}", n);
     p.id = std::move(id);
+    if (!g.also.empty()) {
+      std::sort(g.also.begin(), g.also.end());
+      std::string rates;
+      for (size_t i = 0; i < g.also.size(); ++i)
+        rates += fmt::format("{}{:.{}f}", i == 0 ? "" : i + 1 == g.also.size() ? " and " : ", ",
+                             g.also[i], decimals);
+      p.note += fmt::format(
+          "{}r_a {} solve{} to this architecture too; planned once, for the target nearest its "
+          "r_a {:.2f}%",
+          p.note.empty() ? "" : "; ", rates, g.also.size() == 1 ? "s" : "",
+          100 * p.counts.activation_rate());
+    }
     m.points.push_back(std::move(p));
   }
   return m;

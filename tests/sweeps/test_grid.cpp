@@ -7,6 +7,8 @@
 #include <string>
 #include <tuple>
 
+#include <fmt/format.h>
+
 #include "moeplan/accounting/error.hpp"
 #include "moeplan/accounting/params.hpp"
 #include "moeplan/sweeps/grid.hpp"
@@ -45,7 +47,20 @@ Manifest grid(const std::string& n, const std::string& ra = "0.05:0.4") {
 
 // The issue's acceptance rule for `moeplan grid --N n --ra 0.05:0.4`.
 void check_grid(const Manifest& m, double n) {
-  REQUIRE(m.points.size() >= 8);
+  // Every rate asked for is a point's target, or named in the note of the point whose
+  // architecture it solved to (rates below the always-active floor can share one).
+  for (double ra : parse_ra_spec("0.05:0.4", 8)) {
+    CAPTURE(ra);
+    bool found = false;
+    for (const Plan& p : m.points)
+      found = found || p.activation_rate_target == ra ||
+              (p.note.find(fmt::format("{:.3f}", ra)) != std::string::npos &&
+               p.note.find("to this architecture too") != std::string::npos);
+    CHECK(found);
+  }
+  REQUIRE(m.points.size() >= 7);
+  for (size_t i = 0; i < m.points.size(); ++i)
+    for (size_t j = i + 1; j < m.points.size(); ++j) CHECK_FALSE(m.points[i].arch == m.points[j].arch);
   CHECK(m.dense.role == "dense");
   CHECK(m.dense.arch.is_dense());
   CHECK(std::fabs(double(m.dense.counts.total_params) - n) <= 0.01 * n);
@@ -187,17 +202,66 @@ TEST_CASE("every point within the N tolerance of the dense baseline's N, as the 
 }
 
 TEST_CASE("point ids stay unique on fine grids and repeated values") {
+  PlanFlags f;
+  f.n = "1.5e5";
   SweepRequest r;
-  r.plan.n_target = 2e9;
-  r.activation_rates = parse_ra_spec("0.2:0.2001", 3);  // gap 5e-5 needs 5 decimals
+  r.plan = make_plan_request(f);
+  // At N 1.5e5 these three rates solve to three architectures (E127 K2, E126 K2, E128 K3; the
+  // merge test below has them); the gap of 1e-3 needs 4 decimals to keep their ids apart.
+  r.activation_rates = {0.2, 0.206, 0.207};
   Manifest m = plan_sweep(r);
-  CHECK(m.points[0].id == "moe-ra0.20000");
-  CHECK(m.points[1].id == "moe-ra0.20005");
-  // parse_ra_spec refuses a repeated rate; a library caller's repeats still get distinct ids.
+  REQUIRE(m.points.size() == 3);
+  CHECK(m.points[0].id == "moe-ra0.2000");
+  CHECK(m.points[1].id == "moe-ra0.2060");
+  CHECK(m.points[2].id == "moe-ra0.2070");
+  // parse_ra_spec refuses a repeated rate; a library caller's repeat is planned once.
   r.activation_rates = {0.2, 0.2};
   m = plan_sweep(r);
+  REQUIRE(m.points.size() == 1);
   CHECK(m.points[0].id == "moe-ra0.200");
-  CHECK(m.points[1].id == "moe-ra0.200-2");
+  CHECK(m.points[0].note.find("r_a 0.200 solves to this architecture too") != std::string::npos);
+}
+
+TEST_CASE("rates that solve to one architecture are planned once, for the nearest target") {
+  // A grid finer than the expert granularity: at N 1.5e5 (D_m 40, D_e a multiple of 8) eleven
+  // targets 0.200, 0.201, ..., 0.210 reach only four architectures. Training the same model
+  // once per rate would spend the same compute on it again and again.
+  PlanFlags f;
+  f.n = "1.5e5";
+  SweepRequest r;
+  r.plan = make_plan_request(f);
+  r.activation_rates = parse_ra_spec("0.2:0.21", 11);
+  const Manifest m = plan_sweep(r);
+  const EqualResourcePlanner planner(r.plan);  // the oracle: each rate planned on its own
+  std::vector<Plan> alone;
+  for (double ra : r.activation_rates) alone.push_back(planner.plan_point(ra));
+  std::set<std::string> archs;
+  for (const Plan& p : alone) archs.insert(describe(p.arch));
+  CHECK(archs.size() == 4);
+  REQUIRE(m.points.size() == archs.size());
+  for (const Plan& p : m.points) {
+    CAPTURE(p.id);
+    // No other point trains this model.
+    int same = 0;
+    for (const Plan& q : m.points) same += q.arch == p.arch;
+    CHECK(same == 1);
+    const double reached = p.counts.activation_rate();
+    for (size_t i = 0; i < alone.size(); ++i) {
+      if (!(alone[i].arch == p.arch)) continue;
+      const double ra = r.activation_rates[i];
+      CAPTURE(ra);
+      // Kept for the target nearest what the architecture reaches...
+      CHECK(std::fabs(reached - p.activation_rate_target) <= std::fabs(reached - ra));
+      // ...and every other rate that solved to it is named in the note.
+      if (ra != p.activation_rate_target)
+        CHECK(p.note.find(fmt::format("{:.4f}", ra)) != std::string::npos);
+    }
+  }
+  // E128 K3 De8 reaches 21.05 %: of its targets 0.207 and 0.208, 0.208 is nearer.
+  CHECK(m.points[2].id == "moe-ra0.2080");
+  CHECK(m.points[2].note.find("r_a 0.2070 solves to this architecture too") != std::string::npos);
+  CHECK(m.points[0].note.find("r_a 0.2010, 0.2020, 0.2030, 0.2040 and 0.2050 solve") !=
+        std::string::npos);
 }
 
 TEST_CASE("flags: N, family, budget and reuse choices, conventions") {

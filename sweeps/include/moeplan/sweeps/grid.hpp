@@ -25,7 +25,9 @@ struct SweepRequest {
   double compute_tolerance = 0.01;
 };
 
-// Point ids are "moe-ra0.200": three decimals, more when the grid is finer, "-2", "-3" for repeats.
+// Rates that solve to one architecture make one point, for the rate nearest the r_a it reaches;
+// its note names the others. Point ids are "moe-ra0.200": three decimals, more when the grid is
+// finer, "-2", "-3" where distinct architectures still share one.
 Manifest plan_sweep(const SweepRequest& request);
 
 // Largest |C_i − C_j| / C over the dense baseline and all points (step rounding only).
