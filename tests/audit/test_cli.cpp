@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "audit_test_util.hpp"
+#include "scratch.hpp"
 
 using namespace moeplan::audit::test;
 namespace fs = std::filesystem;
@@ -24,20 +25,7 @@ struct Result {
   int status;
   std::string out, err;
 };
-// This process's own scratch folder (two checkouts' test runs on one machine never share it),
-// removed when the test program exits.
-struct Scratch {
-  fs::path dir = fs::temp_directory_path() / ("moeplan-audit-cli-" + std::to_string(::getpid()));
-  Scratch() { fs::create_directories(dir); }
-  ~Scratch() {
-    std::error_code ec;
-    fs::remove_all(dir, ec);
-  }
-};
-fs::path scratch() {
-  static const Scratch s;
-  return s.dir;
-}
+using moeplan::test::scratch;
 Result run(const std::string& args) {
   const fs::path dir = scratch();
   fs::create_directories(dir);

@@ -38,6 +38,7 @@
 #include "moeplan/audit/runs.hpp"
 #include "moeplan/audit/runs_io.hpp"
 #include "moeplan/sweeps/manifest_io.hpp"
+#include "scratch.hpp"
 
 using namespace moeplan;
 using namespace moeplan::audit;
@@ -96,8 +97,7 @@ namespace {
 std::filesystem::path widened_runs() {
   namespace fs = std::filesystem;
   using nlohmann::json;
-  const fs::path out = fs::temp_directory_path() / "moeplan_audit_wide";
-  fs::remove_all(out);
+  const fs::path out = moeplan::test::fresh_dir("audit_wide");
   const int64_t k = 100000000000000;  // 10^14
   const std::string zeros(14, '0');
   auto digits = [&](json& v) {
@@ -319,8 +319,7 @@ TEST_CASE("the validation ledger: forward only, one pass over the held-out windo
   //   shared-expert 3072, router 512, lm-head 2048: 24,320. Two evaluations: 48,640.
   namespace fs = std::filesystem;
   using nlohmann::json;
-  const fs::path dir = fs::temp_directory_path() / "moeplan_audit_validation";
-  fs::remove_all(dir);
+  const fs::path dir = moeplan::test::fresh_dir("audit_validation");
   json rec;
   for (const char* id : {"dense", "moe-k1"}) {
     std::ifstream in(fixture("runs_ok") + "/" + id + "/record.json");

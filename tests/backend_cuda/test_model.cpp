@@ -999,7 +999,8 @@ TEST_CASE("a GEMM table round-trips through its file; a malformed one names what
   e.lt = false;
   e.algo = {};
   t.entries.push_back(e);
-  const auto dir = std::filesystem::temp_directory_path() / "moeplan-gemm-table-test";
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("moeplan-gemm-table-test-" + std::to_string(getpid()));
   std::filesystem::create_directories(dir);
   const std::string path = (dir / "table.json").string();
   cu::save_gemm_table(path, t);

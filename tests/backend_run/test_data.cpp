@@ -16,6 +16,7 @@
 #include "moeplan/backend/checkpoint.hpp"
 #include "moeplan/backend/corpus.hpp"
 #include "moeplan/backend/data.hpp"
+#include "scratch.hpp"
 
 namespace fs = std::filesystem;
 using namespace moeplan;
@@ -23,12 +24,7 @@ using namespace moeplan::backend;
 
 namespace {
 
-fs::path fresh_dir(const std::string& name) {
-  const fs::path d = fs::temp_directory_path() / ("moeplan_backend_run_" + name);
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
+using moeplan::test::fresh_dir;
 
 // Three shards whose token at global position p is p (all positions < 65536).
 fs::path position_shards(int64_t total, const std::string& name) {

@@ -27,6 +27,7 @@
 #include "moeplan/backend/corpus.hpp"
 #include "moeplan/backend/engine.hpp"
 #include "moeplan/sweeps/manifest_io.hpp"
+#include "scratch.hpp"
 
 namespace fs = std::filesystem;
 using namespace moeplan;
@@ -35,12 +36,7 @@ using nlohmann::json;
 
 namespace {
 
-fs::path fresh_dir(const std::string& name) {
-  const fs::path d = fs::temp_directory_path() / ("moeplan_run_e2e_" + name);
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
+using moeplan::test::fresh_dir;
 
 Arch tiny_arch(bool dense, int64_t head_dim = 8) {
   Arch a;
@@ -141,9 +137,8 @@ int wait_status(pid_t pid) {
 }
 
 Result run_cli(const std::vector<std::string>& args, const std::string& binary = MOEPLAN_BINARY) {
-  const fs::path d = fs::temp_directory_path();
-  const fs::path o = d / ("moeplan_e2e_out_" + std::to_string(::getpid()));
-  const fs::path e = d / ("moeplan_e2e_err_" + std::to_string(::getpid()));
+  const fs::path o = moeplan::test::scratch() / "cli_stdout";
+  const fs::path e = moeplan::test::scratch() / "cli_stderr";
   Result r;
   r.status = wait_status(spawn(args, o, e, binary));
   r.out = read_file(o);

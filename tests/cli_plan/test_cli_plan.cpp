@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "moeplan/sweeps/manifest_io.hpp"
+#include "scratch.hpp"
 
 namespace fs = std::filesystem;
 
@@ -25,20 +26,7 @@ struct Result {
   std::string out, err;
 };
 
-// A private scratch folder, removed when the test program exits.
-struct Scratch {
-  fs::path dir = fs::temp_directory_path() / ("moeplan_cli_plan_" + std::to_string(::getpid()));
-  Scratch() { fs::create_directories(dir); }
-  ~Scratch() {
-    std::error_code ec;
-    fs::remove_all(dir, ec);
-  }
-};
-
-fs::path scratch() {
-  static const Scratch s;
-  return s.dir;
-}
+using moeplan::test::scratch;
 
 std::string slurp(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);

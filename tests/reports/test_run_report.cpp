@@ -11,6 +11,7 @@
 
 #include "moeplan/accounting/error.hpp"
 #include "moeplan/reports/run_report.hpp"
+#include "scratch.hpp"
 
 using nlohmann::json;
 
@@ -277,9 +278,7 @@ TEST_CASE("replicates: every replicate means every folder; the count is over all
 }
 
 TEST_CASE("report: a damaged record is refused naming the file and the key, not read as zeros") {
-  const std::filesystem::path dir =
-      std::filesystem::temp_directory_path() / "moeplan_report_damaged";
-  std::filesystem::remove_all(dir);
+  const std::filesystem::path dir = moeplan::test::fresh_dir("report_damaged");
   auto put = [&](const std::string& id, const json& r) {
     std::filesystem::create_directories(dir / id);
     std::ofstream(dir / id / "record.json") << r.dump();

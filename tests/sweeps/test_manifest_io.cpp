@@ -14,6 +14,7 @@
 #include "moeplan/sweeps/atomic_file.hpp"
 #include "moeplan/sweeps/grid.hpp"
 #include "moeplan/sweeps/manifest_io.hpp"
+#include "scratch.hpp"
 
 using namespace moeplan;
 
@@ -122,8 +123,7 @@ TEST_CASE("manifest TOML round trip: 2B strict, 2e6 tiny, loose reuse") {
 
 TEST_CASE("write_manifest_atomic then read_manifest") {
   const Manifest m = small_sweep(2e6, "0.2:0.4");
-  const auto dir = std::filesystem::temp_directory_path() / "moeplan_test_sweeps";
-  std::filesystem::create_directories(dir);
+  const auto dir = moeplan::test::fresh_dir("sweeps");
   const auto path = dir / "sweep.toml";
   write_manifest_atomic(m, path);
   require_same(m, read_manifest(path));
@@ -137,8 +137,7 @@ TEST_CASE("write_manifest_atomic then read_manifest") {
 
 TEST_CASE("an atomic write keeps a file's permission bits and writes through a symlink") {
   namespace fs = std::filesystem;
-  const fs::path dir = fs::temp_directory_path() / "moeplan_test_atomic";
-  fs::remove_all(dir);
+  const fs::path dir = moeplan::test::fresh_dir("atomic");
   fs::create_directories(dir / "shared");
   const fs::path file = dir / "shared" / "sweep.toml";
   write_file_atomic(file, "a");
@@ -215,7 +214,7 @@ TEST_CASE("JSON uses the ACCOUNTING.md code names") {
 }
 
 TEST_CASE("grid's json, csv and md outputs are not read as manifests: one line says so") {
-  const auto dir = std::filesystem::temp_directory_path();
+  const auto dir = moeplan::test::scratch();
   for (const char* ext : {"json", "csv", "md"}) {
     const auto path = dir / (std::string("moeplan_not_a_manifest.") + ext);
     CHECK_THROWS_WITH_AS(read_manifest(path),
