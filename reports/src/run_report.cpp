@@ -65,6 +65,63 @@ bool same_data(const json& r, const json& dense) {
   return a == b && (fa.empty() || fb.empty() || fa == fb);
 }
 
+// Why a complete record is not an equal-resource peer of the dense baseline ("" when it is), from
+// what both measured: N and C [paper] within 1 % of the baseline's (audit's default tolerance),
+// and under strict reuse exactly the baseline's D̂ unique. A point that breaks the contract gets
+// no "vs dense" figure, bar or chart point: its BPC difference would not be a fair comparison.
+std::string unequal_resources(const json& r, const json& dense) {
+  if (!is_complete(r) || !is_complete(dense)) return "";
+  const json &m = r["measured"], &d = dense["measured"];
+  std::string why;
+  auto rel = [&](const char* what, double v, double base) {
+    if (base > 0 && std::fabs(v / base - 1) <= 0.01 + 1e-9) return;
+    why += fmt::format("{}{} {} is {:+.2f}% from the baseline's {}", why.empty() ? "" : ", ", what,
+                       human(v), base > 0 ? 100 * (v / base - 1) : 100.0, human(base));
+  };
+  rel("N", double(m.value("total_params", int64_t{0})),
+      double(d.value("total_params", int64_t{0})));
+  rel("C [paper]", m["compute"].value("paper", 0.0), d["compute"].value("paper", 0.0));
+  if (dense["plan"].value("reuse", "strict") == "strict") {
+    const int64_t u = m["tokens"].value("unique", int64_t{0}),
+                  du = d["tokens"].value("unique", int64_t{0});
+    if (u != du)
+      why += fmt::format("{}D̂ {} unique is not the baseline's {} (strict reuse)",
+                         why.empty() ? "" : ", ", human(double(u)), human(double(du)));
+  }
+  return why;
+}
+
+// A point's BPC is set against the baseline's only when both read the same data and had equal
+// resources.
+bool comparable(const json& r, const json& dense) {
+  return same_data(r, dense) && unequal_resources(r, dense).empty();
+}
+
+// C [paper] within the plan's rounding of its target (the record's `within_rounding`, recomputed).
+bool compute_ok(const json& r) {
+  const json &p = r["plan"], &c = r["measured"]["compute"];
+  const bool paper = p.value("convention", "") == "paper";
+  const double plan_c = paper ? p.value("compute", 0.0) : c.value("plan_paper", 0.0);
+  // Records without a target (hand-made, older) are held to the planned C itself.
+  const double target = paper && p.contains("compute_target") ? p.value("compute_target", 0.0)
+                                                              : c.value("target_paper", plan_c);
+  return is_complete(r) && std::fabs(c.value("paper", 0.0) - target) <=
+                               std::fabs(plan_c - target) + 1e-9 * std::fabs(target);
+}
+
+// Whether a record did what its plan said, from the numbers (not the record's own flags): the
+// planned steps, D consumed, D̂ unique and epochs exactly, and C [paper] within the plan's
+// rounding of its target.
+bool matches_plan(const json& r) {
+  const json &p = r["plan"], &m = r["measured"], &tok = m["tokens"];
+  const int64_t consumed = tok.value("consumed", int64_t{0}),
+                unique = tok.value("unique", int64_t{0});
+  const int64_t planned = p.value("tokens_consumed", int64_t{-1}),
+                planned_unique = p.value("tokens_unique", int64_t{-1});
+  return m.value("steps", int64_t{-1}) == p.value("steps", int64_t{-2}) && consumed == planned &&
+         unique == planned_unique && compute_ok(r);
+}
+
 std::string html_escape(const std::string& s) {
   std::string o;
   for (char c : s) {
@@ -135,15 +192,16 @@ std::vector<std::string> row_of(const json& r, const json* dense) {
   }
   std::string vs = "-";
   if (!is_dense(r) && dense && complete)
-    vs = same_data(r, *dense) ? fmt::format("{:+.3f}", bpc - dense->value("final_val_bpc", 0.0))
-                              : "other data";
+    vs = !same_data(r, *dense) ? "other data"
+         : !unequal_resources(r, *dense).empty()
+             ? "not equal"
+             : fmt::format("{:+.3f}", bpc - dense->value("final_val_bpc", 0.0));
   return {r.value("point_id", "?"), fmt::format("{:.3f}", p.value("activation_rate", 0.0)),
           human(p.value("total_params", 0.0)), human(double(m.value("total_params", int64_t{0}))),
           // The plan's C through the paper lens (the column's convention), not plan.compute,
           // which is in the plan's own convention.
           human(m["compute"].value("plan_paper", p.value("compute", 0.0))),
-          human(m["compute"].value("paper", 0.0)),
-          m["compute"].value("within_rounding", false) ? "yes" : "no",
+          human(m["compute"].value("paper", 0.0)), compute_ok(r) ? "yes" : "no",
           human(p.value("tokens_consumed", 0.0)), human(double(tok.value("consumed", int64_t{0}))),
           human(p.value("tokens_unique", 0.0)), human(double(tok.value("unique", int64_t{0}))),
           ratio(p.value("epochs", 0.0), 3), ratio(tok.value("epochs", 0.0), 3),
@@ -219,16 +277,13 @@ std::vector<std::string> time_row_of(const json& r, const json* dense) {
 // One paragraph: how many MoE points beat dense, and how many records match their plan.
 std::string verdict_of(const std::vector<json>& records, const json* dense) {
   int moe_total = 0, moe_better = 0, complete_count = 0, matching = 0;
-  std::string best, other_data;
+  std::string best, other_data, unequal;
   double best_bpc = 1e300;
   const double dense_bpc = dense ? dense->value("final_val_bpc", 0.0) : 0.0;
   for (const json& r : records) {
     if (!is_complete(r)) continue;
     ++complete_count;
-    const json& m = r["measured"];
-    bool all = m["compute"].value("within_rounding", false);
-    for (const auto& [k, v] : m["matches_plan"].items()) all = all && v == true;
-    if (all) ++matching;
+    if (matches_plan(r)) ++matching;
     const double bpc = r.value("final_val_bpc", 0.0);
     if (dense && !same_data(r, *dense)) {
       other_data += fmt::format(
@@ -236,6 +291,12 @@ std::string verdict_of(const std::vector<json>& records, const json* dense) {
           data_label(r) == data_label(*dense) ? "; other tokens: the source changed between runs"
                                               : "");
       continue;
+    }
+    if (dense && !is_dense(r)) {
+      if (const std::string why = unequal_resources(r, *dense); !why.empty()) {
+        unequal += fmt::format("\n  {}: {}", r.value("point_id", "?"), why);
+        continue;
+      }
     }
     if (!is_dense(r) && dense) {
       ++moe_total;
@@ -256,6 +317,10 @@ std::string verdict_of(const std::vector<json>& records, const json* dense) {
         "\nnot compared with the dense baseline, which read {}: trained or validated on other "
         "data: {}",
         data_label(*dense), other_data);
+  if (!unequal.empty())
+    v += "\nNOT compared with the dense baseline, not equal-resource (N and C [paper] within 1 % "
+         "of the baseline's, D̂ unique equal under strict reuse; `moeplan audit` says more):" +
+         unequal;
   v += fmt::format(
       "\nmeasured vs plan: {} of {} complete point(s) consumed exactly the planned D, read exactly "
       "the planned D̂ unique, ran the planned epochs and steps, with C [paper] within the plan's "
@@ -291,7 +356,7 @@ std::vector<plot::Chart> charts_of(const std::vector<json>& records, const json*
   std::vector<plot::Chart> charts;
   plot::Series moe{"MoE points", {}, true, false};
   for (const json& r : records)
-    if (!is_dense(r) && is_complete(r) && (!dense || same_data(r, *dense)))
+    if (!is_dense(r) && is_complete(r) && (!dense || comparable(r, *dense)))
       moe.points.emplace_back(r["plan"].value("activation_rate", 0.0),
                               r.value("final_val_bpc", 0.0));
   if (!moe.points.empty()) {
@@ -374,7 +439,7 @@ std::string bars_of(const std::vector<json>& records, const json* dense) {
   if (!dense) return "";
   std::vector<std::pair<std::string, double>> bars;
   for (const json& r : records)
-    if (!is_dense(r) && is_complete(r) && same_data(r, *dense))
+    if (!is_dense(r) && is_complete(r) && comparable(r, *dense))
       bars.emplace_back(r.value("point_id", "?"),
                         r.value("final_val_bpc", 0.0) - dense->value("final_val_bpc", 0.0));
   if (bars.empty()) return "";
@@ -672,7 +737,7 @@ std::string render_replicate_report(const std::vector<std::vector<json>>& folder
       const double b = r->value("final_val_bpc", 0.0);
       bpc.push_back(b);
       if (is_d) dense_bpcs.push_back(b);
-      if (!is_d && dense[f] && same_data(*r, *dense[f])) {
+      if (!is_d && dense[f] && comparable(*r, *dense[f])) {
         const double d = b - dense[f]->value("final_val_bpc", 0.0);
         diff.push_back(d);
         ++paired;

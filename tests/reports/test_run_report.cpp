@@ -373,3 +373,45 @@ TEST_CASE("report: FLOP counts past 64 bits (strings of digits) give the time ta
   CHECK_MESSAGE(row.find("5.11e+06") != std::string::npos, row);
   CHECK_MESSAGE(row.find("4.04e+06") != std::string::npos, row);
 }
+
+TEST_CASE("report: a point without the baseline's N, C or D̂ gets no comparison, whatever it says") {
+  // moe-a is equal-resource (N +0.5 %, C -0.9 %: within 1 %); moe-n has 30 % fewer parameters,
+  // moe-c 2 % less compute, moe-u half the unique tokens (strict reuse). Each BPC is below the
+  // baseline's 2.0: only moe-a may count as beating it.
+  std::vector<json> recs = {record("dense", true, 1.0, 2.0), record("moe-a", false, 0.2, 1.9),
+                            record("moe-n", false, 0.3, 1.5), record("moe-c", false, 0.4, 1.6),
+                            record("moe-u", false, 0.5, 1.7)};
+  recs[0]["plan"]["reuse"] = "strict";
+  recs[1]["measured"]["total_params"] = 1005;
+  recs[1]["measured"]["compute"]["paper"] = 4e5 * 0.991;
+  recs[1]["plan"]["compute"] = 4e5 * 0.991;  // its plan rounded the same way: C ok
+  recs[2]["measured"]["total_params"] = 700;
+  recs[3]["measured"]["compute"]["paper"] = 4e5 * 0.98;
+  recs[3]["plan"]["compute"] = 4e5 * 0.98;
+  recs[4]["measured"]["tokens"]["unique"] = 50;
+  recs[4]["plan"]["tokens_unique"] = 50.0;
+  const std::string text = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::text);
+  CAPTURE(text);
+  CHECK(text.find("MoE points with lower validation BPC: 1 of 1; best point: moe-a") !=
+        std::string::npos);
+  CHECK(text.find("moe-n: N 700 is -30.00% from the baseline's 1k") != std::string::npos);
+  CHECK(text.find("moe-c: C [paper] 392k is -2.00% from the baseline's 400k") != std::string::npos);
+  CHECK(text.find("moe-u: D̂ 50 unique is not the baseline's 100 (strict reuse)") !=
+        std::string::npos);
+  CHECK(count(text, "not equal   ") == 3);  // the three cells
+  // No bar for the three: one bar line, moe-a's.
+  CHECK(count(text, "-0.1000") == 1);
+  CHECK(text.find("-0.5000") == std::string::npos);
+}
+
+TEST_CASE("report: measured vs plan is read from the numbers, not from the record's own flags") {
+  // Flags that say all is well over numbers that do not: 90 unique tokens read of the 100
+  // planned, and C [paper] 2 % under its plan. Both records claim to match.
+  std::vector<json> recs = {record("dense", true, 1.0, 2.0), record("moe-a", false, 0.2, 1.9)};
+  recs[1]["measured"]["tokens"]["unique"] = 90;
+  recs[1]["measured"]["compute"]["paper"] = 4e5 * 0.98;
+  const std::string text = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::text);
+  CAPTURE(text);
+  CHECK(text.find("measured vs plan: 1 of 2 complete point(s)") != std::string::npos);
+  CHECK(count(text, "  no  ") + count(text, " no ") >= 1);  // moe-a's "C ok" cell
+}
