@@ -12,8 +12,8 @@ namespace moeplan::test {
 
 inline std::filesystem::path scratch() {
   struct Folder {
-    std::filesystem::path dir = std::filesystem::temp_directory_path() /
-                                ("moeplan-test-" + std::to_string(::getpid()));
+    std::filesystem::path dir =
+        std::filesystem::temp_directory_path() / ("moeplan-test-" + std::to_string(::getpid()));
     Folder() { std::filesystem::create_directories(dir); }
     ~Folder() {
       std::error_code ec;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include <fmt/format.h>
 
@@ -32,8 +33,16 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+// Relative to a zero, any other value is infinitely far (0 .. 1024 is not "equal"), and a zero
+// is 0 % from a zero.
 double rel_range(double lo, double hi) {
-  return lo != 0 ? (hi - lo) / std::fabs(lo) : 0;
+  if (lo == 0) return hi == 0 ? 0 : std::numeric_limits<double>::infinity();
+  return (hi - lo) / std::fabs(lo);
+}
+
+double rel_diff(double v, double ref) {
+  if (ref == 0) return v == 0 ? 0 : std::copysign(std::numeric_limits<double>::infinity(), v);
+  return (v - ref) / std::fabs(ref);
 }
 
 // A relative difference exactly at the tolerance holds: 2.8886e21 / 2.86e21 − 1 is 1 % on paper
@@ -172,7 +181,7 @@ void recomputed_note(QuantityVerdict& qv, const std::vector<RowRef>& rows, const
       fmt::format("; recomputed from the shapes (router out): {:.0f} .. {:.0f}, range {:.2f}%", lo,
                   hi, 100 * rel_range(lo, hi));
   for (const auto& [r, v] : vals) {
-    const double d = baseline ? (v - ref) / ref : 0;
+    const double d = baseline ? rel_diff(v, ref) : 0;
     const bool breaks = baseline ? !within(d, tol) : !within(rel_range(lo, hi), tol) && v == hi;
     if (!breaks) continue;
     findings.push_back(Finding{
@@ -407,7 +416,7 @@ std::vector<ClaimVerdict> evaluate_claims(const std::vector<ClaimTable>& tables,
         qv.deviation = 0.0;
         qv.deviation_row = cv.rows[0];
         for (const Valued& v : vals) {
-          const double d = (v.value.value - ref) / ref;
+          const double d = rel_diff(v.value.value, ref);
           if (std::fabs(d) > std::fabs(*qv.deviation)) {
             qv.deviation = d;
             qv.deviation_row = row_ref(v.ref.table->name, v.ref.row);

@@ -155,7 +155,10 @@ Manifest plan_sweep(const SweepRequest& r) {
       std::sort(g.also.begin(), g.also.end());
       std::string rates;
       for (size_t i = 0; i < g.also.size(); ++i)
-        rates += fmt::format("{}{:.{}f}", i == 0 ? "" : i + 1 == g.also.size() ? " and " : ", ",
+        rates += fmt::format("{}{:.{}f}",
+                             i == 0                   ? ""
+                             : i + 1 == g.also.size() ? " and "
+                                                      : ", ",
                              g.also[i], decimals);
       p.note += fmt::format(
           "{}r_a {} solve{} to this architecture too; planned once, for the target nearest its "

@@ -224,3 +224,26 @@ TEST_CASE("an empty --format is refused, not read as the terminal table") {
   CHECK(r.err.find("--format '' is not known; use table, json or md") != std::string::npos);
   CHECK(r.out.empty());
 }
+
+TEST_CASE(
+    "equal against a zero: 0 .. 1024 is not equal, and a zero baseline breaks no claim itself") {
+  // The relative range of 0 .. 1024 used to be taken as 0 % (no division by the zero), so "every
+  // row equal in Dse" held over 0, 512 and 1024 with exit 0.
+  const fs::path t = out_file("zeros.csv");
+  std::ofstream(t) << "label,N,C,Dse\na,1e9,1e21,0\nb,1e9,1e21,512\nc,1e9,1e21,1024\n";
+  const Result r = run("--claims " + t.string() + " --equal Dse");
+  CHECK(r.status == 1);
+  CHECK(r.out.find("FAILS  every row equal in Dse") != std::string::npos);
+  // All zero is equal.
+  const fs::path z = out_file("all_zero.csv");
+  std::ofstream(z) << "label,N,Dse\na,1e9,0\nb,1e9,0\n";
+  CHECK(run("--claims " + z.string() + " --equal Dse").status == 0);
+  // Against a zero baseline: the other row breaks it, the baseline (0 % from itself) does not.
+  const fs::path b = out_file("zero_base.csv");
+  std::ofstream(b) << "label,N,C\nbase,0,1e21\nx,1e9,1e21\n";
+  const Result rb = run("--claims " + b.string() + " --equal N --baseline base");
+  CAPTURE(rb.out);
+  CHECK(rb.status == 1);
+  CHECK(rb.out.find("broken by zero_base:2\n") != std::string::npos);
+  CHECK(rb.out.find("nan") == std::string::npos);
+}

@@ -60,7 +60,8 @@ void check_grid(const Manifest& m, double n) {
   }
   REQUIRE(m.points.size() >= 7);
   for (size_t i = 0; i < m.points.size(); ++i)
-    for (size_t j = i + 1; j < m.points.size(); ++j) CHECK_FALSE(m.points[i].arch == m.points[j].arch);
+    for (size_t j = i + 1; j < m.points.size(); ++j)
+      CHECK_FALSE(m.points[i].arch == m.points[j].arch);
   CHECK(m.dense.role == "dense");
   CHECK(m.dense.arch.is_dense());
   CHECK(std::fabs(double(m.dense.counts.total_params) - n) <= 0.01 * n);
