@@ -338,7 +338,9 @@ std::vector<ClaimVerdict> evaluate_claims(const std::vector<ClaimTable>& tables,
         for (const ClaimTable& t : tables)
           for (size_t i = 0; i < t.labels.size(); ++i) {
             all += fmt::format("{}{}", all.empty() ? "" : ", ", t.labels[i]);
-            if (t.labels[i] == sel.label) sel = {t.name, int(i) + 1, int(i) + 1, ""}, ++found;
+            // Against the label asked for: sel is overwritten by the first match.
+            if (t.labels[i] == c.baseline->label)
+              sel = {t.name, int(i) + 1, int(i) + 1, ""}, ++found;
           }
         if (found != 1)
           throw InputError(

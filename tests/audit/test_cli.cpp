@@ -247,3 +247,20 @@ TEST_CASE(
   CHECK(rb.out.find("broken by zero_base:2\n") != std::string::npos);
   CHECK(rb.out.find("nan") == std::string::npos);
 }
+
+TEST_CASE("a --baseline label two rows share is refused, in one table or across two") {
+  // The search compared each row with the selector it had just overwritten by the first match,
+  // so a second 'd' was never seen and the first was taken silently.
+  const fs::path t = out_file("dup_label.csv");
+  std::ofstream(t) << "label,N\nd,1e9\nd,2e9\nm,1e9\n";
+  const Result r = run("--claims " + t.string() + " --equal N --baseline d");
+  CHECK(r.status == 2);
+  CHECK(r.err.find("baseline 'd' labels 2 rows") != std::string::npos);
+  const fs::path a = out_file("lab_a.csv"), b = out_file("lab_b.csv");
+  std::ofstream(a) << "model,N\ndense-1b,1e9\nm,1.005e9\n";
+  std::ofstream(b) << "model,N\ndense-1b,1e9\nm,1.005e9\n";
+  CHECK(run("--claims " + a.string() + " --claims " + b.string() + " --equal N --baseline dense-1b")
+            .status == 2);
+  // One match is the baseline.
+  CHECK(run("--claims " + a.string() + " --equal N --baseline dense-1b").status == 0);
+}
