@@ -90,6 +90,14 @@ Plan parse_plan(const Reader& rd, const json& p) {
     arch.count_router = a.at("count_router").get<bool>();
   if (a.contains("count_norms") && a.at("count_norms").is_boolean())
     arch.count_norms = a.at("count_norms").get<bool>();
+  // A shape `run` could not have trained (heads 0, top_k above experts) is damage, not a plan
+  // to recompute FLOPs from (it gave inf findings).
+  try {
+    validate(arch);
+  } catch (const InputError& e) {
+    throw InputError(fmt::format("{}: '{}arch' is not a shape a run trains: {}", rd.source,
+                                 rd.prefix, e.what()));
+  }
   plan.counts = count_params(arch);
   const std::string conv = p.contains("convention") ? rd.text(p, "convention") : "paper";
   const size_t slash = conv.find('/');

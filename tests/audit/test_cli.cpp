@@ -11,8 +11,11 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "audit_test_util.hpp"
 #include "scratch.hpp"
@@ -263,4 +266,25 @@ TEST_CASE("a --baseline label two rows share is refused, in one table or across 
             .status == 2);
   // One match is the baseline.
   CHECK(run("--claims " + a.string() + " --equal N --baseline dense-1b").status == 0);
+}
+
+TEST_CASE("a record whose plan's shape no run could train is damage (exit 2), not inf findings") {
+  for (const auto& [key, value, says] :
+       {std::tuple{"heads", 0, "heads = 0 is invalid"},
+        std::tuple{"top_k", 9, "top_k = 9 is invalid; it must be in [1, experts = 4]"}}) {
+    const fs::path dir = scratch() / (std::string("bad_arch_") + key);
+    fs::remove_all(dir);
+    fs::copy(fixture("runs_ok"), dir, fs::copy_options::recursive);
+    const fs::path rec = dir / "moe-k1" / "record.json";
+    std::ifstream in(rec);
+    nlohmann::json r = nlohmann::json::parse(in);
+    in.close();
+    r["plan"]["arch"][key] = value;
+    std::ofstream(rec) << r.dump();
+    const Result res = run(dir.string());
+    CAPTURE(res.out);
+    CHECK(res.status == 2);
+    CHECK(res.err.find("'plan.arch' is not a shape a run trains") != std::string::npos);
+    CHECK(res.err.find(says) != std::string::npos);
+  }
 }
