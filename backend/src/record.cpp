@@ -2,15 +2,11 @@
 
 #include <cmath>
 
+#include "moeplan/accounting/budget.hpp"
 #include "moeplan/accounting/flops.hpp"
 #include "moeplan/sweeps/ledger_json.hpp"
 
 namespace moeplan::backend {
-
-bool within_rounding(double measured_compute, double compute_target, double planned_compute) {
-  const double band = std::abs(planned_compute - compute_target) + 1e-9 * std::abs(compute_target);
-  return std::abs(measured_compute - compute_target) <= band;
-}
 
 nlohmann::json make_record(const RecordInputs& in) {
   const Plan& plan = *in.plan;

@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "moeplan/accounting/budget.hpp"
 #include "moeplan/accounting/error.hpp"
 #include "moeplan/accounting/units.hpp"
 #include "moeplan/reports/plot.hpp"
@@ -105,8 +106,7 @@ bool compute_ok(const json& r) {
   // Records without a target (hand-made, older) are held to the planned C itself.
   const double target = paper && p.contains("compute_target") ? p.value("compute_target", 0.0)
                                                               : c.value("target_paper", plan_c);
-  return is_complete(r) && std::fabs(c.value("paper", 0.0) - target) <=
-                               std::fabs(plan_c - target) + 1e-9 * std::fabs(target);
+  return is_complete(r) && within_rounding(c.value("paper", 0.0), target, plan_c);
 }
 
 // Whether a record did what its plan said, from the numbers (not the record's own flags): the

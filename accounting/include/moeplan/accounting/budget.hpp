@@ -1,5 +1,6 @@
 #pragma once
 // Budgets (ACCOUNTING.md "Data, epochs and reuse"): C, consumed D, unique D̂, epochs, rounding.
+#include <cmath>
 #include <cstdint>
 #include <string>
 
@@ -43,6 +44,15 @@ Budget make_budget(const BudgetRequest& req);
 // D_b / D_a at equal C: consumed-token multiplier between two architectures = M_a / M_b.
 inline double token_multiplier(double flops_per_token_a, double flops_per_token_b) {
   return flops_per_token_a / flops_per_token_b;
+}
+
+// A measured C is within the plan's declared rounding when its distance from the compute target
+// is no larger than the rounded plan's own distance (plus 1e-9 relative for float sums). The
+// run's record states it, and the report checks it again from the record's numbers.
+inline bool within_rounding(double measured_compute, double compute_target,
+                            double planned_compute) {
+  const double band = std::abs(planned_compute - compute_target) + 1e-9 * std::abs(compute_target);
+  return std::abs(measured_compute - compute_target) <= band;
 }
 
 }  // namespace moeplan

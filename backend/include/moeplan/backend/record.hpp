@@ -37,8 +37,4 @@ struct RecordInputs {
 
 nlohmann::json make_record(const RecordInputs& in);
 
-// Measured `paper` C is within the plan's declared rounding when its distance from the compute
-// target is no larger than the rounded plan's own distance (plus 1e-9 relative for float sums).
-bool within_rounding(double measured_compute, double compute_target, double planned_compute);
-
 }  // namespace moeplan::backend
