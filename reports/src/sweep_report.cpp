@@ -78,7 +78,13 @@ std::string preamble(const Manifest& m, const char* bullet) {
           : fmt::format("loose reuse: every point repeats its data {:.3g} times", d.budget.epochs);
   int flagged = 0;
   for (const Plan& p : m.points) flagged += !p.reachable;
-  std::string out = fmt::format(
+  std::string out =
+      m.equal_resources
+          ? std::string()
+          : fmt::format("{}NOT an equal-resource sweep (equal_resources = false): its points "
+                        "are not held to one N, C or D̂; compare them with `moeplan audit`\n",
+                        bullet);
+  out += fmt::format(
       "{}family {}, N target {} (±{:.1f}%), r_a within ±{:.2f} points; {} point{} + dense "
       "baseline{}\n",
       bullet, m.family, human(m.n_target), 100 * m.n_tolerance, 100 * m.ra_tolerance,
@@ -91,9 +97,14 @@ std::string preamble(const Manifest& m, const char* bullet) {
           ? fmt::format(", ABOVE the sweep's tolerance of {:.1f}%: too few steps to round finely",
                         100 * m.compute_tolerance)
           : "";
-  out += fmt::format(
-      "{}compute C = {} FLOPs [{}] for every point (spread {:.3f}% from step rounding{}); {}\n",
-      bullet, human(d.budget.compute_target), label_of(d), 100 * spread, over, reuse);
+  if (m.equal_resources)
+    out += fmt::format(
+        "{}compute C = {} FLOPs [{}] for every point (spread {:.3f}% from step rounding{}); "
+        "{}\n",
+        bullet, human(d.budget.compute_target), label_of(d), 100 * spread, over, reuse);
+  else
+    out += fmt::format("{}compute C of the dense baseline = {} FLOPs [{}]; C spread {:.3f}%\n",
+                       bullet, human(d.budget.compute_target), label_of(d), 100 * spread);
   return out;
 }
 

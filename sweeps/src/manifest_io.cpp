@@ -13,6 +13,7 @@
 #include "moeplan/accounting/hyper.hpp"
 #include "moeplan/accounting/params.hpp"
 #include "moeplan/accounting/units.hpp"
+#include "moeplan/planner/family.hpp"
 #include "moeplan/planner/point.hpp"
 #include "moeplan/sweeps/arch_io.hpp"
 #include "moeplan/sweeps/atomic_file.hpp"
@@ -248,15 +249,149 @@ Plan read_plan(const toml::value& v, const std::string& origin, const std::strin
                                          toml_double(b.effective_data), toml_double(eff)));
   if (h.warmup_steps < 0 || h.warmup_steps > b.steps)
     t.fail("warmup_steps", fmt::format("= {} must be in [0, steps = {}]", h.warmup_steps, b.steps));
-  if (!(h.lr_peak > 0)) t.fail("lr_peak", "must be > 0");
-  if (!(h.lr_min >= 0 && h.lr_min <= h.lr_peak)) t.fail("lr_min", "must be in [0, lr_peak]");
+  if (b.tokens_unique % p.arch.seq_len != 0)
+    t.fail("tokens_unique",
+           fmt::format("= {} must be a whole number of windows of seq_len = {} tokens",
+                       b.tokens_unique, p.arch.seq_len));
+  // The id names the point's run folder (runs/<id>/): `run` could not train one it cannot name.
+  if (p.id.empty() || p.id == "." || p.id == ".." ||
+      std::any_of(p.id.begin(), p.id.end(),
+                  [](char ch) { return ch == '/' || ch == '\\' || (unsigned char)ch < 0x20; }))
+    t.fail("id", fmt::format("= {} cannot name a run folder; use letters, digits, '.', '-' or "
+                             "'_' (e.g. \"moe-ra0.200\")",
+                             toml_string(p.id)));
+  // The optimiser's settings, in the ranges AdamW is defined on (a hand edit outside them trains
+  // nothing the sweep could compare, or diverges in its first steps).
+  auto in_range = [&](const char* key, double v, bool ok, const char* valid) {
+    if (!(ok && std::isfinite(v)))
+      t.fail(key, fmt::format("= {} is invalid; it must be {}", toml_double(v), valid));
+  };
+  in_range("lr_peak", h.lr_peak, h.lr_peak > 0 && h.lr_peak <= 1,
+           "in (0, 1] (AdamW's peak learning rate; the step law gives about 1e-3)");
+  in_range("lr_min", h.lr_min, h.lr_min >= 0 && h.lr_min <= h.lr_peak, "in [0, lr_peak]");
+  in_range("adam_beta1", h.adam_beta1, h.adam_beta1 >= 0 && h.adam_beta1 < 1, "in [0, 1)");
+  in_range("adam_beta2", h.adam_beta2, h.adam_beta2 >= 0 && h.adam_beta2 < 1, "in [0, 1)");
+  in_range("weight_decay", h.weight_decay, h.weight_decay >= 0, "a number >= 0 (0 = none)");
+  in_range("grad_clip", h.grad_clip, h.grad_clip >= 0,
+           "a number >= 0 (the global norm clipped to; 0 = no clipping)");
+  if (h.rule.empty()) t.fail("rule", "is empty; name the rule the hyper-parameters follow");
   return p;
+}
+
+// The equal-resource contract (ACCOUNTING.md): what makes the points comparable, checked across
+// them. Each plan is consistent in itself (read_plan); an edit that keeps a plan consistent but
+// moves it off the sweep (N 30 % lower, D̂ halved, another C) would train an unequal comparison
+// under an equal-resource manifest.
+void check_contract(const Manifest& m, const std::string& origin) {
+  auto fail = [&](const std::string& key, const std::string& what) {
+    throw InputError(fmt::format(
+        "{}: key '{}' {} (a manifest of points that are not one sweep says equal_resources = "
+        "false)",
+        origin, key, what));
+  };
+  std::vector<std::pair<std::string, const Plan*>> plans{{"dense", &m.dense}};
+  for (size_t i = 0; i < m.points.size(); ++i)
+    plans.emplace_back(fmt::format("points[{}]", i), &m.points[i]);
+  const double slack = 1e-9;
+  const double n_dense = double(m.dense.counts.total_params);
+  // N: the baseline within n_tolerance of the ask; each point within it of the baseline (the
+  // planner solves the points to the baseline's N: equal N is a claim against the baseline).
+  if (std::fabs(n_dense - m.n_target) > (m.n_tolerance + slack) * m.n_target)
+    fail("dense.total_params",
+         fmt::format("= {} is {:+.2f}% from n_target = {}, outside n_tolerance = {:.2f}%; "
+                     "re-plan the sweep with `moeplan grid` or fix the value",
+                     m.dense.counts.total_params, 100 * (n_dense / m.n_target - 1),
+                     toml_double(m.n_target), 100 * m.n_tolerance));
+  const Budget& db = m.dense.budget;
+  for (const auto& [where, p] : plans) {
+    const Budget& b = p->budget;
+    const double n = double(p->counts.total_params);
+    // (Manifests planned before 2026-12-01 solved the points to n_target: either is the rule.)
+    if (p != &m.dense && std::fabs(n - n_dense) > (m.n_tolerance + slack) * n_dense &&
+        std::fabs(n - m.n_target) > (m.n_tolerance + slack) * m.n_target)
+      fail(where + ".total_params",
+           fmt::format("= {} is {:+.2f}% from the dense baseline's {} and {:+.2f}% from n_target "
+                       "= {}, outside n_tolerance = {:.2f}%: the point is not at equal N; re-plan "
+                       "it with `moeplan grid`",
+                       p->counts.total_params, 100 * (n / n_dense - 1),
+                       m.dense.counts.total_params, 100 * (n / m.n_target - 1),
+                       toml_double(m.n_target), 100 * m.n_tolerance));
+    if (!close(b.compute_target, db.compute_target))
+      fail(where + ".compute_target",
+           fmt::format("= {} differs from the dense baseline's {}: the points of a sweep share "
+                       "one C; re-plan it with `moeplan grid`",
+                       toml_double(b.compute_target), toml_double(db.compute_target)));
+    // Steps are C/(M·B·S) rounded to the nearest whole step: C misses by at most half a step.
+    const double half_step = 0.5 * p->flops_per_token * double(b.batch_seqs * p->arch.seq_len);
+    if (std::fabs(b.compute - b.compute_target) > half_step * (1 + slack))
+      fail(where + ".steps",
+           fmt::format("= {} gives C = {} FLOPs, {:+.3f}% from compute_target = {}; the nearest "
+                       "whole number of steps is {} (re-plan it with `moeplan grid`)",
+                       b.steps, toml_double(b.compute), 100 * b.compute_rel_diff,
+                       toml_double(b.compute_target),
+                       std::llround(b.compute_target /
+                                    (p->flops_per_token * double(b.batch_seqs * p->arch.seq_len)))));
+    if (p->role == "moe") {
+      const double miss = std::fabs(p->counts.activation_rate() - p->activation_rate_target);
+      if (p->reachable ? miss > m.ra_tolerance + 1e-12 : miss < m.ra_tolerance - 1e-12)
+        fail(where + ".reachable",
+             fmt::format("= {} but its r_a {:.4f} is {:.4f} from its target {} {} ra_tolerance "
+                         "= {}",
+                         p->reachable ? "true" : "false", p->counts.activation_rate(), miss,
+                         toml_double(p->activation_rate_target),
+                         p->reachable ? "outside" : "within", toml_double(m.ra_tolerance)));
+    }
+    // Strict reuse: every point trains on the baseline's D̂ (fewer only where it consumes less).
+    if (db.reuse == Reuse::strict) {
+      const int64_t want = std::min(db.tokens_unique, b.tokens_consumed);
+      if (b.tokens_unique != want)
+        fail(where + ".tokens_unique",
+             fmt::format("= {} but strict reuse gives every point the dense baseline's D̂ = {} "
+                         "unique tokens{} ({}); re-plan it with `moeplan grid`",
+                         b.tokens_unique, db.tokens_unique,
+                         want < db.tokens_unique ? ", capped at what it consumes" : "", want));
+    }
+  }
+  // Loose reuse: one number of epochs E for every point, each D̂ = D/E rounded to whole windows,
+  // so E lies in [D/(D̂ + S/2), D/(D̂ − S/2)] for every plan; those ranges must meet.
+  if (db.reuse == Reuse::loose) {
+    double lo = 1, hi = INFINITY;
+    size_t lo_at = 0, hi_at = 0;
+    for (size_t i = 0; i < plans.size(); ++i) {
+      const Budget& b = plans[i].second->budget;
+      const double s = double(plans[i].second->arch.seq_len), u = double(b.tokens_unique),
+                   d = double(b.tokens_consumed);
+      const double l = d / (u + 0.5 * s), h = u > 0.5 * s ? d / (u - 0.5 * s) : INFINITY;
+      if (l > lo) lo = l, lo_at = i;
+      if (h < hi) hi = h, hi_at = i;
+    }
+    if (lo > hi * (1 + slack))
+      fail(plans[hi_at].first + ".tokens_unique",
+           fmt::format("= {} repeats its data {:.4g} times, {} {:.4g} times: under loose reuse "
+                       "every point repeats its data the same number of epochs (up to rounding "
+                       "to whole windows); re-plan it with `moeplan grid`",
+                       plans[hi_at].second->budget.tokens_unique,
+                       plans[hi_at].second->budget.epochs, plans[lo_at].first,
+                       plans[lo_at].second->budget.epochs));
+  }
 }
 
 TrainSettings read_train(TomlTable& top, TrainSettings s = {}) {
   if (!top.has("train")) return s;  // every setting as it was (the defaults)
   TomlTable t(top.table("train"), top.origin(), "train");
   s.source = t.string_or("source", s.source);
+  // The form only; whether the file is there is `run`'s to check (grid may plan before the data).
+  {
+    const auto colon = s.source.find(':');
+    const std::string kind = colon == std::string::npos ? s.source : s.source.substr(0, colon);
+    const bool ok = s.source == "builtin" ||
+                    (colon != std::string::npos && colon + 1 < s.source.size() &&
+                     (kind == "text" || kind == "bytes" || kind == "shards"));
+    if (!ok)
+      t.fail("source", fmt::format("= {} is not a data source; use \"builtin\", \"text:PATH\", "
+                                   "\"bytes:PATH\" or \"shards:GLOB\"",
+                                   toml_string(s.source)));
+  }
   const int64_t seed = t.integer_or("seed", int64_t(s.seed));
   const int64_t data_seed = t.integer_or("data_seed", int64_t(s.data_seed));
   for (const auto& [key, v] : {std::pair{"seed", seed}, {"data_seed", data_seed}})
@@ -386,6 +521,10 @@ std::string manifest_to_toml(const Manifest& m) {
   o.key("n_tolerance", m.n_tolerance);
   o.key("ra_tolerance", m.ra_tolerance);
   o.key("compute_tolerance", m.compute_tolerance);
+  if (!m.equal_resources) {
+    o.s += "# Not an equal-resource sweep: its points are not held to one N, C and D̂.\n";
+    o.key("equal_resources", false);
+  }
   write_train(o, m.train);
   write_plan(o, m.dense, "[dense]", "[dense.arch]");
   for (const Plan& p : m.points) write_plan(o, p, "[[points]]", "[points.arch]");
@@ -435,8 +574,14 @@ Manifest manifest_from_toml_string(const std::string& text, const std::string& o
     const double v = k[0] == 'n'   ? m.n_tolerance
                      : k[0] == 'r' ? m.ra_tolerance
                                    : m.compute_tolerance;
-    if (!(v > 0 && v < 1)) top.fail(k, fmt::format("= {} must be in (0, 1)", toml_double(v)));
+    const double top_v = k[0] == 'n' ? 0.5 : 1;  // grid's --n-tolerance is below 0.5
+    if (!(v > 0 && v < top_v))
+      top.fail(k, fmt::format("= {} must be in (0, {})", toml_double(v), top_v));
   }
+  m.equal_resources = top.boolean_or("equal_resources", true);
+  if (!family_by_name(m.family))
+    top.fail("family", fmt::format("= {} is not a family moeplan plans; known: {}",
+                                   toml_string(m.family), family_names()));
   m.train = read_train(top);
   m.dense = read_plan(top.table("dense"), origin, "dense");
   if (m.dense.role != "dense")
@@ -453,6 +598,7 @@ Manifest manifest_from_toml_string(const std::string& text, const std::string& o
     m.points.push_back(std::move(p));
   }
   top.reject_unknown();
+  if (m.equal_resources) check_contract(m, origin);
   return m;
 }
 
@@ -550,6 +696,7 @@ nlohmann::json manifest_to_json(const Manifest& m) {
                         {"n_tolerance", m.n_tolerance},
                         {"ra_tolerance", m.ra_tolerance},
                         {"compute_tolerance", m.compute_tolerance},
+                        {"equal_resources", m.equal_resources},
                         {"train", train_to_json(m.train)},
                         {"dense", plan_to_json(m.dense)},
                         {"points", points}};

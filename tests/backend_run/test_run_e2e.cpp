@@ -92,6 +92,7 @@ Manifest tiny_manifest(Plan dense, std::vector<Plan> points) {
   Manifest m;
   m.created_by = "test_backend_run";
   m.n_target = double(dense.counts.total_params);
+  m.equal_resources = false;  // each test picks its points' steps and shapes
   m.dense = std::move(dense);
   m.points = std::move(points);
   m.train.eval_tokens = 256;
@@ -391,10 +392,18 @@ TEST_CASE("refusals: one line, non-zero exit, earlier records and checkpoints in
   CHECK(refused(good, "kernels", "--kernels 'experts=tiled' applies to --device cuda",
                 {"--kernels", "experts=tiled"})
             .status == 2);
-  // NaN: an absurd learning rate; the point's own earlier checkpoint stays readable.
+  // An absurd learning rate is refused when the manifest is read, before anything trains.
+  {
+    Manifest absurd = good;
+    absurd.points[0] = tiny_plan("moe-a", false, 12, 4, 20, 1e30);
+    CHECK(refused(absurd, "absurd-lr", "lr_peak").status == 2);
+  }
+  // NaN: an absurd weight decay (the manifest bounds it only below) blows the weights up within
+  // a few steps; the point's own earlier checkpoint stays readable.
   {
     Manifest nan = good;
-    nan.points[0] = tiny_plan("moe-a", false, 12, 4, 20, 1e30);
+    nan.points[0] = tiny_plan("moe-a", false, 12, 4, 20, 1.0);
+    nan.points[0].hyper.weight_decay = 1e30;
     const Result r = refused(nan, "nan", "moe-a", {"--checkpoint-every", "1"});
     CHECK(r.status == 4);
     CHECK(r.err.find("at step") != std::string::npos);

@@ -486,3 +486,29 @@ TEST_CASE("grid --backbone solves only the MoE layer on the given backbone") {
   expect_bad_input("grid --N 6.52e9 --ra 0.2 --backbone '" + all_dense.string() + "'",
                    "leaves no MoE layer");
 }
+
+TEST_CASE("show: an edit off the equal-resource sweep is refused; equal_resources = false says so") {
+  const fs::path toml = scratch() / "contract.toml";
+  REQUIRE(run_moeplan("grid --N 2e6 --ra 0.2,0.3 -o '" + toml.string() + "'").status == 0);
+  moeplan::Manifest m = moeplan::read_manifest(toml);
+  // The second point given the first's plan under its own id: r_a 0.2 against a target of 0.3.
+  const std::string id = m.points[1].id;
+  const double target = m.points[1].activation_rate_target;
+  m.points[1] = m.points[0];
+  m.points[1].id = id;
+  m.points[1].activation_rate_target = target;
+  moeplan::write_manifest_atomic(m, toml);
+  Result r = run_moeplan("show '" + toml.string() + "'");
+  CHECK(r.status == 2);
+  CHECK(r.err.find("key 'points[1].reachable' = true") != std::string::npos);
+  CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+  m.equal_resources = false;
+  moeplan::write_manifest_atomic(m, toml);
+  r = run_moeplan("show '" + toml.string() + "'");
+  CHECK(r.status == 0);
+  CHECK(r.out.find("NOT an equal-resource sweep (equal_resources = false)") != std::string::npos);
+  CHECK(r.out.find("for every point") == std::string::npos);
+  CHECK(r.out.find("compute C of the dense baseline = ") != std::string::npos);
+  r = run_moeplan("show '" + toml.string() + "' --format json");
+  CHECK(nlohmann::json::parse(r.out).at("equal_resources") == false);
+}

@@ -3,6 +3,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cmath>
+
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -10,6 +13,7 @@
 #include <string_view>
 #include <vector>
 
+#include "moeplan/accounting/budget.hpp"
 #include "moeplan/accounting/error.hpp"
 #include "moeplan/sweeps/atomic_file.hpp"
 #include "moeplan/sweeps/grid.hpp"
@@ -354,5 +358,191 @@ TEST_CASE("apply_train_settings: KEY=VALUE from the command line, checked like t
   CHECK(error({"renormalize_gates=1"}).find("true or false") != std::string::npos);
   CHECK(error({"positions=xpos"}).find("train.positions") != std::string::npos);
   CHECK(error({"capacity_factor=-1"}).find("train.capacity_factor") != std::string::npos);
-  CHECK(error({"source=a\"b"}).empty());  // quoted for TOML, not broken by it
+  CHECK(error({"source=text:a\"b"}).empty());  // quoted for TOML, not broken by it
+}
+
+namespace {
+
+// Re-derives every stored budget figure from steps, D̂ and C_target, as a careful hand edit would:
+// the plan stays consistent in itself, so only the cross-point contract can refuse it.
+void reshape(Plan& p, int64_t steps, int64_t tokens_unique, double compute_target) {
+  Budget& b = p.budget;
+  b.steps = steps;
+  b.tokens_consumed = steps * b.batch_seqs * p.arch.seq_len;
+  b.tokens_unique = tokens_unique;
+  b.compute_target = compute_target;
+  const double d = double(b.tokens_consumed);
+  b.compute = p.flops_per_token * d;
+  b.compute_rel_diff = (b.compute - compute_target) / compute_target;
+  b.epochs = d / double(tokens_unique);
+  b.tokens_per_param = d / double(p.counts.total_params);
+  b.effective_data = effective_data(double(tokens_unique), b.epochs);
+  p.hyper.warmup_steps = std::min(p.hyper.warmup_steps, steps);
+}
+
+std::string contract_error(const Manifest& m) { return error_of(manifest_to_toml(m)); }
+
+}  // namespace
+
+TEST_CASE("the equal-resource contract across points: a consistent edit off the sweep is refused") {
+  const Manifest m = small_sweep(2e6, "0.2:0.4");
+  REQUIRE(contract_error(m).empty());
+  const Budget& db = m.dense.budget;
+  const std::string hint = "(a manifest of points that are not one sweep says equal_resources";
+
+  // N: a point planned for a sweep 32 % smaller, spliced in (consistent in itself).
+  Manifest e = m;
+  e.points[0] = small_sweep(1.36e6, "0.2:0.4").points[0];
+  std::string err = contract_error(e);
+  CHECK(err.find("key 'points[0].total_params'") != std::string::npos);
+  CHECK(err.find("not at equal N") != std::string::npos);
+  CHECK(err.find(hint) != std::string::npos);
+  CHECK(err.find('\n') == std::string::npos);
+
+  // D̂: one point's unique tokens halved (to whole windows), everything else re-derived.
+  e = m;
+  {
+    Plan& p = e.points[1];
+    const int64_t s = p.arch.seq_len;
+    const int64_t half = p.budget.tokens_unique / 2 / s * s;
+    reshape(p, p.budget.steps, half, p.budget.compute_target);
+  }
+  err = contract_error(e);
+  CHECK(err.find("key 'points[1].tokens_unique' = " +
+                 std::to_string(e.points[1].budget.tokens_unique)) != std::string::npos);
+  CHECK(err.find("dense baseline's D̂ = " + std::to_string(db.tokens_unique)) !=
+        std::string::npos);
+
+  // C: one point given 1.5x the baseline's C_target, steps re-derived to meet it.
+  e = m;
+  {
+    Plan& p = e.points[0];
+    const double c = 1.5 * db.compute_target;
+    const int64_t steps =
+        std::llround(c / (p.flops_per_token * double(p.budget.batch_seqs * p.arch.seq_len)));
+    reshape(p, steps, std::min(db.tokens_unique, steps * p.budget.batch_seqs * p.arch.seq_len),
+            c);
+  }
+  err = contract_error(e);
+  CHECK(err.find("key 'points[0].compute_target'") != std::string::npos);
+  CHECK(err.find("share one C") != std::string::npos);
+
+  // Steps: 10 % more than C_target allows (more than half a step off); the nearest is named.
+  e = m;
+  {
+    Plan& p = e.points[0];
+    const int64_t steps = p.budget.steps + std::max<int64_t>(2, p.budget.steps / 10);
+    reshape(p, steps, p.budget.tokens_unique, p.budget.compute_target);
+  }
+  err = contract_error(e);
+  CHECK(err.find("key 'points[0].steps' = " + std::to_string(e.points[0].budget.steps)) !=
+        std::string::npos);
+  CHECK(err.find("nearest whole number of steps is " + std::to_string(m.points[0].budget.steps)) !=
+        std::string::npos);
+  // One step more or less is still within half a step only when a step is that small; the planner
+  // rounds to the nearest, so the planned count itself always passes (checked above).
+
+  // reachable: flipped on a point whose r_a is on target.
+  e = m;
+  REQUIRE(e.points[0].reachable);
+  e.points[0].reachable = false;
+  err = contract_error(e);
+  CHECK(err.find("key 'points[0].reachable' = false") != std::string::npos);
+  CHECK(err.find("within ra_tolerance") != std::string::npos);
+
+  // The dense baseline itself off n_target.
+  e = m;
+  e.n_target = 1.5 * double(m.dense.counts.total_params);
+  err = contract_error(e);
+  CHECK(err.find("key 'dense.total_params'") != std::string::npos);
+  CHECK(err.find("outside n_tolerance") != std::string::npos);
+}
+
+TEST_CASE("the contract under loose reuse: one number of epochs for every point") {
+  const Manifest m = small_sweep(3e5, "0.2:0.5", Reuse::loose);
+  REQUIRE(contract_error(m).empty());
+  REQUIRE(m.dense.budget.epochs > 1.5);
+  Manifest e = m;
+  Plan& p = e.points[0];
+  reshape(p, p.budget.steps, p.budget.tokens_consumed, p.budget.compute_target);  // one epoch
+  const std::string err = contract_error(e);
+  CHECK(err.find("repeats its data") != std::string::npos);
+  CHECK(err.find("the same number of epochs") != std::string::npos);
+  CHECK(err.find("tokens_unique") != std::string::npos);
+}
+
+TEST_CASE("equal_resources = false: an unequal manifest is read, written and round-trips") {
+  const Manifest m = small_sweep(2e6, "0.2:0.4");
+  // The key is written only when false: a planned sweep's bytes do not change.
+  CHECK(manifest_to_toml(m).find("equal_resources") == std::string::npos);
+  Manifest e = m;
+  e.points[0] = small_sweep(1.36e6, "0.2:0.4").points[0];
+  REQUIRE(!contract_error(e).empty());
+  e.equal_resources = false;
+  const std::string text = manifest_to_toml(e);
+  CHECK(text.find("equal_resources = false") != std::string::npos);
+  CHECK(error_of(text).empty());
+  const Manifest back = manifest_from_toml_string(text, "mem.toml");
+  CHECK(!back.equal_resources);
+  require_same(e, back);
+  CHECK(manifest_to_toml(back) == text);
+  // Each plan is still checked in itself.
+  e.points[0].budget.tokens_consumed += 1;
+  CHECK(error_of(manifest_to_toml(e)).find("points[0].tokens_consumed") != std::string::npos);
+  // Mistyped, it is refused with the key named.
+  CHECK(error_of(edit(text, "equal_resources = false", "equal_resources = \"no\""))
+            .find("equal_resources") != std::string::npos);
+}
+
+TEST_CASE("hyper-parameters, family, tolerances, ids and the data source: out of range is refused") {
+  const Manifest m = small_sweep(2e6, "0.2:0.4");
+  auto expect = [&](Manifest e, const std::string& needle) {
+    const std::string err = contract_error(e);
+    CAPTURE(needle);
+    CAPTURE(err);
+    CHECK(err.find(needle) != std::string::npos);
+    CHECK(err.find('\n') == std::string::npos);
+  };
+  Manifest e = m;
+  e.dense.hyper.lr_peak = 50;
+  expect(e, "key 'dense.lr_peak' = 50.0 is invalid; it must be in (0, 1]");
+  e = m;
+  e.points[1].hyper.lr_min = 2 * e.points[1].hyper.lr_peak;
+  expect(e, "key 'points[1].lr_min'");
+  e = m;
+  e.points[0].hyper.adam_beta1 = 1.5;
+  expect(e, "key 'points[0].adam_beta1' = 1.5 is invalid; it must be in [0, 1)");
+  e = m;
+  e.points[0].hyper.adam_beta2 = 1;
+  expect(e, "key 'points[0].adam_beta2' = 1.0 is invalid");
+  e = m;
+  e.dense.hyper.weight_decay = -1;
+  expect(e, "key 'dense.weight_decay' = -1.0 is invalid");
+  e = m;
+  e.dense.hyper.grad_clip = -1;
+  expect(e, "key 'dense.grad_clip' = -1.0 is invalid");
+  e = m;
+  e.family = "llama";
+  expect(e, "'family'");
+  CHECK(contract_error(e).find("llama") != std::string::npos);
+  e = m;
+  e.n_tolerance = 0.9;
+  expect(e, "'n_tolerance' = 0.9");
+  e = m;
+  e.points[0].id = "a/b";
+  expect(e, "key 'points[0].id' = \"a/b\" cannot name a run folder");
+  e = m;
+  e.points[0].id = "..";
+  expect(e, "key 'points[0].id' = \"..\" cannot name a run folder");
+  e = m;
+  e.train.source = "foo";
+  expect(e, "key 'train.source' = \"foo\" is not a data source");
+  e.train.source = "text:";
+  expect(e, "key 'train.source' = \"text:\" is not a data source");
+  // The valid forms still read.
+  for (const char* s : {"builtin", "text:a b.txt", "bytes:/x", "shards:data/*.bin"}) {
+    e = m;
+    e.train.source = s;
+    CHECK_MESSAGE(contract_error(e).empty(), s);
+  }
 }

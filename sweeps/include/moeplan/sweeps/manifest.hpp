@@ -37,6 +37,11 @@ struct Manifest {
   double n_tolerance = 0.01;        // relative
   double ra_tolerance = 0.005;      // absolute (0.5 percentage points)
   double compute_tolerance = 0.01;  // relative spread of C allowed across points
+  // The points are held to the equal-resource contract (ACCOUNTING.md): N within n_tolerance of
+  // the baseline's, one C, one D̂ (strict) or one epoch count (loose), checked on read. false
+  // only in a manifest written by hand to train models that are not one sweep (the backend's
+  // tests; a shape study): it is then written out, and `show` says so first.
+  bool equal_resources = true;
   TrainSettings train;
   Plan dense;                // the dense baseline
   std::vector<Plan> points;  // the MoE points
