@@ -1,6 +1,7 @@
 // `moeplan plan`: one point in full (parameters per component, FLOPs per category under every
 // convention, budget), either solved from --N/--ra or read from --arch arch.toml.
 #include <memory>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -55,7 +56,14 @@ Plan rebudget(const Plan& p, const PlanCmdFlags& f, const PointBudget& base) {
   return out;
 }
 
-int run(const PlanCmdFlags& f) {
+// Flags that steer the solver from --N/--ra: with --arch the file fixes the architecture and
+// they would change nothing, so a given one is refused rather than ignored.
+const char* const kSolveOnlyFlags[] = {"--family",      "--dense-tokens", "--dense-tpp",
+                                       "--n-tolerance", "--ra-tolerance", "--vocab",
+                                       "--seq-len",     "--head-dim",     "--alignment",
+                                       "--backbone"};
+
+int run(const PlanCmdFlags& f, const CLI::App& app) {
   if (f.format != "table" && f.format != "json")
     throw InputError(
         fmt::format("--format '{}' is not known for plan; use table or json", f.format));
@@ -68,6 +76,15 @@ int run(const PlanCmdFlags& f) {
   if (!f.arch.empty()) {
     if (!f.plan.n.empty() || !f.ra.empty())
       throw InputError("give either --arch FILE or --N and --ra, not both");
+    for (const char* name : kSolveOnlyFlags)
+      if (app.get_option(name)->count() > 0)
+        throw InputError(fmt::format(
+            "{} applies when plan solves the point from --N and --ra; with --arch {} the file "
+            "fixes the architecture{}",
+            name, f.arch,
+            std::string_view(name).starts_with("--dense-")
+                ? " (set its budget with --compute or --tokens; default 20 tokens per parameter)"
+                : " (edit the file, or drop the flag)"));
     Arch arch = read_arch(f.arch);
     arch.count_router = arch.count_router || f.plan.count_router;
     arch.count_norms = arch.count_norms || f.plan.count_norms;
@@ -136,7 +153,7 @@ const bool registered = register_command(
        app.add_option("--tokens", f->tokens, "consumed tokens D of this point (C = M·D)");
        app.add_option("--tokens-unique", f->tokens_unique, "unique tokens D̂ of this point");
        app.add_option("--format", f->format, "table or json");
-       return [f] { return run(*f); };
+       return [f, &app] { return run(*f, app); };
      }});
 
 }  // namespace

@@ -366,6 +366,21 @@ TEST_CASE("bad input: one line naming the value, exit status 2") {
   bad.replace(bad.find("d_model = 1408"), 14, "d_model = \"wide\"");
   expect_bad_input("plan --arch '" + write("typed.toml", bad).string() + "'", "'d_model'");
   expect_bad_input("plan --arch '" + (scratch() / "absent.toml").string() + "'", "absent.toml");
+  // With --arch the file fixes the architecture: the solver's flags were silently ignored.
+  {
+    const std::string arch = write("arch2b.toml", kArch2b).string();
+    expect_bad_input("plan --arch '" + arch + "' --vocab 512",
+                     "--vocab applies when plan solves the point from --N and --ra; with --arch");
+    expect_bad_input("plan --arch '" + arch + "' --seq-len 128", "--seq-len applies");
+    expect_bad_input("plan --arch '" + arch + "' --dense-tpp 40",
+                     "--dense-tpp applies when plan solves the point from --N and --ra; with "
+                     "--arch " + arch + " the file fixes the architecture (set its budget with "
+                     "--compute or --tokens");
+    expect_bad_input("plan --arch '" + arch + "' --n-tolerance 0.02", "--n-tolerance applies");
+    // The flags that do apply to a given arch still work.
+    CHECK(run_moeplan("plan --arch '" + arch + "' --convention exact --dp-width 8 --epochs 2")
+              .status == 0);
+  }
 
   // Manifests with a missing, mistyped or stale key.
   const fs::path good = scratch() / "good.toml";
