@@ -1,23 +1,62 @@
 #include "moeplan/accounting/params.hpp"
 
+#include <initializer_list>
+
+#include <fmt/format.h>
+
+#include "moeplan/accounting/error.hpp"
+
 namespace moeplan {
+
+namespace {
+
+// The largest parameter count moeplan plans (planner/solve.cpp asks N <= 1e18 alike): every
+// component, and any sum of them, then fits a 64-bit integer.
+constexpr double kMaxCount = 1e18;
+
+// One component's count, a product of widths: an arch file of absurd widths is refused naming
+// the component instead of wrapping to a negative count. The product is sized in long double
+// first; under the bound, the exact one in integers cannot overflow (each factor is >= 1).
+int64_t count(std::initializer_list<int64_t> factors, const char* component, const Arch& a) {
+  long double size = 1;
+  for (int64_t f : factors) {
+    if (f == 0) return 0;
+    size *= (long double)f;
+  }
+  if (size > kMaxCount || size < -kMaxCount)
+    throw InputError(fmt::format(
+        "arch: the {} would have {:.4g} parameters (vocab {}, d_model {}, layers {}), above the "
+        "1e18 moeplan counts (64-bit integers); give smaller widths",
+        component, double(size), a.vocab, a.d_model, a.layers));
+  int64_t v = 1;
+  for (int64_t f : factors) v *= f;
+  return v;
+}
+
+}  // namespace
 
 ParamCounts count_params(const Arch& a) {
   ParamCounts c;
   const int64_t L = a.layers, Le = a.moe_layers(), Ld = a.dense_layers, Dm = a.d_model;
-  c.attention = L * (2 * Dm * a.q_width() + 2 * Dm * a.kv_width());
-  c.dense_ffn = Ld * 3 * Dm * a.d_ffn;
-  c.expert_total = Le * 3 * Dm * a.experts * a.d_expert;
-  c.expert_active = Le * 3 * Dm * a.top_k * a.d_expert;
-  c.shared_expert = Le * 3 * Dm * a.d_shared;
-  c.router = Le * Dm * a.experts;
-  c.norms = L * 2 * Dm + Dm;
-  c.embedding = a.vocab * Dm;
-  c.lm_head = a.tied_embeddings ? 0 : a.vocab * Dm;
+  c.attention = count({2, L, Dm, a.heads, a.head_dim}, "attention (Q, O)", a) +
+                count({2, L, Dm, a.kv_heads, a.head_dim}, "attention (K, V)", a);
+  c.dense_ffn = count({Ld, 3, Dm, a.d_ffn}, "dense FFN", a);
+  c.expert_total = count({Le, 3, Dm, a.experts, a.d_expert}, "routed experts", a);
+  c.expert_active = count({Le, 3, Dm, a.top_k, a.d_expert}, "active experts", a);
+  c.shared_expert = count({Le, 3, Dm, a.d_shared}, "shared expert", a);
+  c.router = count({Le, Dm, a.experts}, "router", a);
+  c.norms = count({2, L, Dm}, "RMSNorm scales", a) + Dm;
+  c.embedding = count({a.vocab, Dm}, "token embedding", a);
+  c.lm_head = a.tied_embeddings ? 0 : c.embedding;
 
   const int64_t always = c.attention + c.dense_ffn + c.shared_expert +
                          (a.count_router ? c.router : 0) + (a.count_norms ? c.norms : 0);
   c.total_params = always + c.expert_total;
+  if (double(c.total_params) > kMaxCount)
+    throw InputError(fmt::format(
+        "arch: N = {:.4g} parameters is above the 1e18 moeplan counts (64-bit integers); give "
+        "smaller widths",
+        double(c.total_params)));
   c.active_params = always + c.expert_active;
   return c;
 }

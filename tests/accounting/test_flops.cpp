@@ -1,8 +1,10 @@
 // FLOP conventions on small shapes worked out by hand.
 #include <doctest/doctest.h>
 
+#include <string>
 #include <tuple>
 
+#include "moeplan/accounting/error.hpp"
 #include "moeplan/accounting/flops.hpp"
 #include "moeplan/accounting/params.hpp"
 
@@ -161,4 +163,45 @@ TEST_CASE("flops_label names the counting readings that change M") {
     CHECK(flops_per_token(both, c, mask).total == flops_per_token(out, c, mask).total);
     CHECK(flops_label(both, c, mask) == label);
   }
+}
+
+TEST_CASE("parameter counts: by hand on the tiny MoE; past 1e18 refused naming the component") {
+  const ParamCounts c = count_params(tiny_moe());
+  // By hand: attention 2 layers · (2·64·64 + 2·64·64) = 32768; dense FFN 1 · 3·64·128 = 24576;
+  // experts 1 · 3·64·4·32 = 24576, active K = 2 of 4: 12288; shared 3·64·32 = 6144;
+  // router 64·4 = 256; norms (2·2 + 1)·64 = 320; embedding 100·64 = 6400, untied head alike.
+  CHECK(c.attention == 32768);
+  CHECK(c.dense_ffn == 24576);
+  CHECK(c.expert_total == 24576);
+  CHECK(c.expert_active == 12288);
+  CHECK(c.shared_expert == 6144);
+  CHECK(c.router == 256);
+  CHECK(c.norms == 320);
+  CHECK(c.embedding == 6400);
+  CHECK(c.total_params == 32768 + 24576 + 6144 + 24576);
+  CHECK(c.active_params == 32768 + 24576 + 6144 + 12288);
+
+  auto refusal = [](const Arch& a) {
+    try {
+      count_params(a);
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  // A vocabulary of 4e15 at d_model 10752 is a 4.3e19-parameter embedding: it wrapped negative.
+  Arch a = tiny_moe();
+  a.vocab = 4'000'000'000'000'000;
+  a.d_model = 10752;
+  CHECK(refusal(a).find("arch: the token embedding would have 4.301e+19 parameters") == 0);
+  // Widths whose product passes 64 bits several times over (3·64·E·D_e with E = D_e = 2^40).
+  a = tiny_moe();
+  a.experts = a.d_expert = int64_t(1) << 40;
+  CHECK(refusal(a).find("arch: the routed experts would have") == 0);
+  a = tiny_moe();
+  a.layers = a.dense_layers = 3'000'000'000;
+  a.experts = a.top_k = a.d_expert = a.d_shared = 0;
+  a.d_model = a.heads * a.head_dim;
+  a.d_ffn = 3'000'000'000;
+  CHECK(refusal(a).find("arch: the dense FFN would have") == 0);
 }

@@ -359,6 +359,9 @@ TEST_CASE("bad input: one line naming the value, exit status 2") {
   expect_bad_input("plan --arch '" + write("mha.toml", bad).string() + "'",
                    "must equal d_model = 1408 for multi-head attention (attention = \"any\" in "
                    "the arch file lifts this rule)");
+  // A vocabulary that makes the embedding pass 64 bits: its count wrapped to a negative number.
+  expect_bad_input("plan --N 1e12 --ra 0.2 --vocab 4e15",
+                   "token embedding would have 2.56e+19 parameters");
   expect_bad_input("grid --N 2e9 --ra 0.2 --vocab 1",
                    "--vocab = 1 is invalid; it must be a whole "
                    "number >= 2");
