@@ -138,15 +138,20 @@ const bool registered = register_command(
     {"audit", "Verify equal-resource claims: published tables (--claims) or our own runs", 40,
      [](CLI::App& app) -> std::function<int()> {
        auto f = std::make_shared<AuditFlags>();
-       app.add_option("runs", f->runs_dir, "Folder of run records (runs/<point>/record.json)");
-       app.add_option("--plan", f->plan, "Manifest (sweep.toml) the runs were planned from");
-       app.add_option("--claims", f->claims, "Claim table (CSV); repeat for several tables");
-       app.add_option("--spec", f->spec, "Claim spec (TOML, schema = 1): shared values and claims");
+       app.add_option("runs", f->runs_dir, "Folder of run records (runs/<point>/record.json)")
+           ->check(non_empty_path());
+       app.add_option("--plan", f->plan, "Manifest (sweep.toml) the runs were planned from")
+           ->check(non_empty_path());
+       app.add_option("--claims", f->claims, "Claim table (CSV); repeat for several tables")
+           ->check(non_empty_path());
+       app.add_option("--spec", f->spec, "Claim spec (TOML, schema = 1): shared values and claims")
+           ->check(non_empty_path());
        app.add_option("--format", f->format,
                       "Output: table (terminal, the default), json or md; with -o, the extension "
                       "says it");
        app.add_option("-o,--out", f->out,
-                      "Write the report to this file (atomically): .json, .md or .txt");
+                      "Write the report to this file (atomically): .json, .md or .txt")
+           ->check(non_empty_path());
        app.add_option("--tolerance", f->tolerance,
                       "Relative tolerance, 0.01 or 1% (default 0.01, or the spec's)");
        app.add_option("--equal", f->equal,

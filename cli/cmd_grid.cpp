@@ -36,7 +36,8 @@ const bool registered = register_command(
                                                        "table, or -o's extension)");
        app.add_option("-o,--output", f->output,
                       "also write the sweep to this file (atomically), in the format of its "
-                      "extension");
+                      "extension")
+           ->check(non_empty_path());
        app.add_option(
               "--train", f->train,
               "a [train] setting of the manifest, KEY=VALUE (repeatable): source=text:FILE, "

@@ -67,8 +67,10 @@ const bool registered = register_command(
        app.add_option("runs", f->runs_dirs,
                       "the runs folder of `moeplan run --out`; several: replicates of one sweep "
                       "run with other seeds (mean, sd, how often each point beats dense)")
-           ->capture_default_str();
-       app.add_option("-o,--output", f->output, "write report.md, report.html or report.txt");
+           ->capture_default_str()
+           ->check(non_empty_path());
+       app.add_option("-o,--output", f->output, "write report.md, report.html or report.txt")
+           ->check(non_empty_path());
        return [f] { return report(*f); };
      }});
 

@@ -305,10 +305,13 @@ const bool registered = register_command(
     {"run", "Train a sweep's points on the built-in backend, writing runs/<point>/record.json", 30,
      [](CLI::App& app) -> std::function<int()> {
        auto f = std::make_shared<RunFlags>();
-       app.add_option("manifest", f->manifest, "sweep.toml made by `moeplan grid`")->required();
+       app.add_option("manifest", f->manifest, "sweep.toml made by `moeplan grid`")
+           ->required()
+           ->check(non_empty_path());
        app.add_option("--point", f->point, "run only this point id (e.g. dense, moe-ra0.200)");
        app.add_option("--out", f->out, "folder for runs/<point-id>/ (record.json, checkpoint/)")
-           ->capture_default_str();
+           ->capture_default_str()
+           ->check(non_empty_path());
        app.add_option("--device", f->device,
                       "cpu or cuda (default: the manifest's [train].device)");
        app.add_option("--kernels", f->kernels,

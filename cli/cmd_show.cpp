@@ -23,10 +23,13 @@ const bool registered = register_command(
     {"show", "Check a manifest (sweep.toml) and print it as table, csv, json, toml or md", 30,
      [](CLI::App& app) -> std::function<int()> {
        auto f = std::make_shared<ShowFlags>();
-       app.add_option("manifest", f->manifest, "the manifest, e.g. sweep.toml")->required();
+       app.add_option("manifest", f->manifest, "the manifest, e.g. sweep.toml")
+           ->required()
+           ->check(non_empty_path());
        const CLI::Option* format_flag =
            app.add_option("--format", f->format, "table, csv, json, toml, md (default: table)");
-       app.add_option("-o,--output", f->output, "write to this file (atomically)");
+       app.add_option("-o,--output", f->output, "write to this file (atomically)")
+           ->check(non_empty_path());
        return [f, format_flag] {
          const Format format = output_format(given(format_flag, f->format), f->output);
          const Manifest m = read_manifest(f->manifest);

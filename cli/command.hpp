@@ -23,6 +23,16 @@ struct Command {
   Setup setup;
 };
 
+// For options that name a file or folder: an empty value ('') is refused, not read as "not given".
+inline CLI::Validator non_empty_path() {
+  return CLI::Validator(
+      [](std::string& value) {
+        return value.empty() ? std::string("'' is an empty path; give a file or folder name")
+                             : std::string();
+      },
+      "PATH");
+}
+
 bool register_command(Command c);
 const std::vector<Command>& commands();
 // The command line as given, without the program name (kept by main for `run --nproc`, whose

@@ -37,7 +37,8 @@ inline void add_plan_flags(CLI::App& app, PlanFlags& f, bool n_required) {
   app.add_option("--alignment", f.alignment,
                  "d_expert multiple (default: 32 for d_model >= 1024, 16 from 512, else 8)");
   app.add_option("--backbone", f.backbone,
-                 "solve only the MoE layer on this backbone (TOML: Arch keys without experts)");
+                 "solve only the MoE layer on this backbone (TOML: Arch keys without experts)")
+      ->check(non_empty_path());
   app.add_option("--dp-width", f.dp_width, "batch rounded to a multiple of this many sequences");
 }
 

@@ -72,8 +72,10 @@ std::vector<double> parse_ra_spec(std::string_view text, std::optional<int> poin
           fmt::format("--ra '{}': the range end {} is below its start {}; write A:B "
                       "with A <= B",
                       text, b, a));
-    if (points < 1)
-      throw InputError(fmt::format("--points {} is invalid; it must be at least 1", points));
+    if (points < 1 || points > kMaxPoints)
+      throw InputError(fmt::format("--points {} is invalid; it must be in [1, {}] (each point is "
+                                   "a training run)",
+                                   points, kMaxPoints));
     if (a == b) return {a};  // A:A is one rate, not --points copies of it
     if (points == 1)
       throw InputError(

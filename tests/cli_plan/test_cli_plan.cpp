@@ -359,6 +359,14 @@ TEST_CASE("bad input: one line naming the value, exit status 2") {
   expect_bad_input("plan --arch '" + write("mha.toml", bad).string() + "'",
                    "must equal d_model = 1408 for multi-head attention (attention = \"any\" in "
                    "the arch file lifts this rule)");
+  // An empty path was read as "not given": grid printed to the terminal and wrote nothing.
+  for (const char* args :
+       {"grid --N 2e6 --ra 0.2 -o ''", "grid --N 2e6 --ra 0.2 --backbone ''", "plan --arch ''",
+        "show ''", "run ''", "run sweep.toml --out ''", "audit ''", "audit --plan '' runs",
+        "audit --claims ''", "audit --spec ''", "report ''", "report runs -o ''"})
+    expect_bad_input(args, "'' is an empty path; give a file or folder name");
+  expect_bad_input("grid --N 2e6 --ra 0.1:0.4 --points 100000000",
+                   "--points 100000000 is invalid; it must be in [1, 10000]");
   // A vocabulary that makes the embedding pass 64 bits: its count wrapped to a negative number.
   expect_bad_input("plan --N 1e12 --ra 0.2 --vocab 4e15",
                    "token embedding would have 2.56e+19 parameters");

@@ -11,7 +11,11 @@
 
 namespace moeplan {
 
-// "0.05:0.4" -> `points` values (default 8), inclusive linspace (points >= 2; 1 gives A when
+// The most points a range plans: each is a training run, and the planner's benchmark measures a
+// grid of this many (bench/planner, about 0.1 s); 1e8 would take minutes to plan and never train.
+inline constexpr int kMaxPoints = 10000;
+
+// "0.05:0.4" -> `points` values (default 8), inclusive linspace (2 <= points <= kMaxPoints; 1 gives A when
 // A == B); "0.1,0.2,0.3" -> that list; "0.2" -> one value. Every value must be in (0, 1], a list
 // may not repeat a value, and `points` is refused unless the text is a range (it would be
 // ignored). Throws InputError naming the text and what is valid.
