@@ -10,9 +10,11 @@ namespace moeplan {
 
 namespace {
 
-// The largest parameter count moeplan plans (planner/solve.cpp asks N <= 1e18 alike): every
-// component, and any sum of them, then fits a 64-bit integer.
-constexpr double kMaxCount = 1e18;
+// The largest parameter count moeplan holds. The planner asks N <= 1e18 (planner/solve.cpp) and
+// meets it within n_tolerance < 0.5, so its shapes count up to 1.5e18: the bound sits above
+// that, and a sum of three counts at the bound (N + embedding + LM head) still fits a 64-bit
+// integer (9.2e18).
+constexpr double kMaxCount = 2e18;
 
 // One component's count, a product of widths: an arch file of absurd widths is refused naming
 // the component instead of wrapping to a negative count. The product is sized in long double
@@ -26,7 +28,7 @@ int64_t count(std::initializer_list<int64_t> factors, const char* component, con
   if (size > kMaxCount || size < -kMaxCount)
     throw InputError(fmt::format(
         "arch: the {} would have {:.4g} parameters (vocab {}, d_model {}, layers {}), above the "
-        "1e18 moeplan counts (64-bit integers); give smaller widths",
+        "2e18 moeplan counts (64-bit integers); give smaller widths",
         component, double(size), a.vocab, a.d_model, a.layers));
   int64_t v = 1;
   for (int64_t f : factors) v *= f;
@@ -49,14 +51,20 @@ ParamCounts count_params(const Arch& a) {
   c.embedding = count({a.vocab, Dm}, "token embedding", a);
   c.lm_head = a.tied_embeddings ? 0 : c.embedding;
 
-  const int64_t always = c.attention + c.dense_ffn + c.shared_expert +
-                         (a.count_router ? c.router : 0) + (a.count_norms ? c.norms : 0);
-  c.total_params = always + c.expert_total;
-  if (double(c.total_params) > kMaxCount)
+  // The sums are sized first too: several components each under the bound can add past it.
+  const auto always_of = [&](auto zero) {
+    using T = decltype(zero);
+    return T(c.attention) + T(c.dense_ffn) + T(c.shared_expert) +
+           (a.count_router ? T(c.router) : zero) + (a.count_norms ? T(c.norms) : zero);
+  };
+  const long double total = always_of((long double)0) + (long double)c.expert_total;
+  if (total > kMaxCount)
     throw InputError(fmt::format(
-        "arch: N = {:.4g} parameters is above the 1e18 moeplan counts (64-bit integers); give "
+        "arch: N = {:.4g} parameters is above the 2e18 moeplan counts (64-bit integers); give "
         "smaller widths",
-        double(c.total_params)));
+        double(total)));
+  const int64_t always = always_of(int64_t{0});
+  c.total_params = always + c.expert_total;
   c.active_params = always + c.expert_active;
   return c;
 }
