@@ -10,11 +10,10 @@ namespace moeplan {
 
 namespace {
 
-// The largest parameter count moeplan holds. The planner asks N <= 1e18 (planner/solve.cpp) and
-// meets it within n_tolerance < 0.5, so its shapes count up to 1.5e18: the bound sits above
-// that, and a sum of three counts at the bound (N + embedding + LM head) still fits a 64-bit
-// integer (9.2e18).
-constexpr double kMaxCount = 2e18;
+// The largest parameter count moeplan holds. The planner asks N <= 1e18 (planner/solve.hpp) and
+// its shape searches count candidates of up to about 4·N: the bound sits above those, and a sum
+// of two counts at the bound still fits a 64-bit integer (9.2e18).
+constexpr double kMaxCount = 4e18;
 
 // One component's count, a product of widths: an arch file of absurd widths is refused naming
 // the component instead of wrapping to a negative count. The product is sized in long double
@@ -28,7 +27,7 @@ int64_t count(std::initializer_list<int64_t> factors, const char* component, con
   if (size > kMaxCount || size < -kMaxCount)
     throw InputError(fmt::format(
         "arch: the {} would have {:.4g} parameters (vocab {}, d_model {}, layers {}), above the "
-        "2e18 moeplan counts (64-bit integers); give smaller widths",
+        "4e18 moeplan counts (64-bit integers); give smaller widths",
         component, double(size), a.vocab, a.d_model, a.layers));
   int64_t v = 1;
   for (int64_t f : factors) v *= f;
@@ -60,7 +59,7 @@ ParamCounts count_params(const Arch& a) {
   const long double total = always_of((long double)0) + (long double)c.expert_total;
   if (total > kMaxCount)
     throw InputError(fmt::format(
-        "arch: N = {:.4g} parameters is above the 2e18 moeplan counts (64-bit integers); give "
+        "arch: N = {:.4g} parameters is above the 4e18 moeplan counts (64-bit integers); give "
         "smaller widths",
         double(total)));
   const int64_t always = always_of(int64_t{0});

@@ -40,11 +40,13 @@ std::string short_form(double v) {
   return std::pow(10.0, e) == v ? fmt::format("1e{}", int(e)) : fmt::format("{:g}", v);
 }
 
-void check_target(double n_target) {
+// `limit` is kMaxTotalParams for an N asked for; the MoE solver's target is a solved baseline's
+// N, which may land above it by up to the tolerance (an ask of 1e18 solves to 1.0000000123e18).
+void check_target(double n_target, double limit = kMaxTotalParams) {
   if (!(n_target > 0) || !std::isfinite(n_target))
     throw InputError(
         fmt::format("N = {} is invalid; it must be a positive number of parameters", n_target));
-  if (n_target > kMaxTotalParams)
+  if (n_target > limit)
     throw InputError(fmt::format(
         "N = {:.4g} is above the largest N moeplan plans, {} (parameters are counted in 64-bit "
         "integers); ask for N <= {}",
@@ -93,13 +95,13 @@ Arch base_arch(int64_t d_model, int64_t layers, int64_t head_dim, int64_t seq_le
 MoeSolver::MoeSolver(const Arch& backbone, double n_target, const FamilyRules& family,
                      const SolveOptions& options)
     : backbone_(backbone), family_(family), options_(options), n_target_(n_target) {
-  check_target(n_target);
-  if (backbone_.moe_layers() <= 0)
-    throw InputError(fmt::format("backbone: layers = {} with dense_layers = {} leaves no MoE layer",
-                                 backbone_.layers, backbone_.dense_layers));
   if (!(options.n_tolerance > 0))
     throw InputError(fmt::format("n_tolerance = {} is invalid; it must be > 0 (e.g. 0.01)",
                                  options.n_tolerance));
+  check_target(n_target, kMaxTotalParams * (1 + std::min(options.n_tolerance, 0.5)));
+  if (backbone_.moe_layers() <= 0)
+    throw InputError(fmt::format("backbone: layers = {} with dense_layers = {} leaves no MoE layer",
+                                 backbone_.layers, backbone_.dense_layers));
   if (!(options.ra_tolerance > 0))
     throw InputError(fmt::format("ra_tolerance = {} is invalid; it must be > 0 (e.g. 0.005)",
                                  options.ra_tolerance));

@@ -165,7 +165,7 @@ TEST_CASE("flops_label names the counting readings that change M") {
   }
 }
 
-TEST_CASE("parameter counts: by hand on the tiny MoE; past 2e18 refused naming the component") {
+TEST_CASE("parameter counts: by hand on the tiny MoE; past 4e18 refused naming the component") {
   const ParamCounts c = count_params(tiny_moe());
   // By hand: attention 2 layers · (2·64·64 + 2·64·64) = 32768; dense FFN 1 · 3·64·128 = 24576;
   // experts 1 · 3·64·4·32 = 24576, active K = 2 of 4: 12288; shared 3·64·32 = 6144;
@@ -205,19 +205,18 @@ TEST_CASE("parameter counts: by hand on the tiny MoE; past 2e18 refused naming t
   a.d_ffn = 3'000'000'000;
   CHECK(refusal(a).find("arch: the dense FFN would have") == 0);
   // Each component under the bound, their sum over it: one dense layer at d_model = 2^29 (one
-  // head of 2^29) has attention 4·2^58 = 2^60 and an FFN of width 2^30 has 3·2^29·2^30 = 3·2^59;
-  // N = 5·2^59 = 2.882e18 (norm scales not counted, as by default). Several components under
+  // head of 2^29) has attention 4·2^58 = 2^60 and an FFN of width 2^31 has 3·2^29·2^31 = 3·2^60;
+  // N = 4·2^60 = 4.612e18 (norm scales not counted, as by default). Several components under
   // the bound can add past 64 bits, so the sum is sized before it is made in integers.
   a = tiny_moe();
   a.layers = a.dense_layers = 1;
   a.experts = a.top_k = a.d_expert = a.d_shared = 0;
   a.d_model = a.head_dim = int64_t(1) << 29;
   a.heads = a.kv_heads = 1;
+  a.d_ffn = int64_t(1) << 31;
+  CHECK(refusal(a).find("arch: N = 4.612e+18 parameters is above the 4e18 moeplan counts") == 0);
+  // Under the bound a count is exact: the planner's shape searches (N <= 1e18) count candidates
+  // of up to about 4·N. Same layer at FFN width 2^30: 2^60 + 3·2^59 = 5·2^59 = 2.882e18.
   a.d_ffn = int64_t(1) << 30;
-  CHECK(refusal(a).find("arch: N = 2.882e+18 parameters is above the 2e18 moeplan counts") == 0);
-  // Under the bound a count is exact: the planner's largest shapes (N <= 1e18 met within
-  // n_tolerance < 0.5) reach 1.5e18. Same layer at FFN width 2^28: 2^60 + 3·2^57 = 11·2^57 =
-  // 1.585e18.
-  a.d_ffn = int64_t(1) << 28;
-  CHECK(count_params(a).total_params == 11 * (int64_t(1) << 57));
+  CHECK(count_params(a).total_params == 5 * (int64_t(1) << 59));
 }

@@ -213,6 +213,17 @@ TEST_CASE("N out of range: the limit is named in the direction that helps") {
   // 1e18 itself is inside: the shape is within 1 %.
   const Arch top = solve_dense(1e18, FamilyRules{});
   CHECK(std::fabs(double(count_params(top).total_params) - 1e18) <= 0.01 * 1e18);
+  // The MoE points are solved to that baseline's N, which lands above 1e18 (1.0000000123e18):
+  // it is a target the MoE solver takes, up to 1e18 · (1 + n_tolerance). It refused it once, so
+  // `grid --N 1e18` failed with "N = 1e+18 is above the largest N".
+  const double n_top = double(count_params(top).total_params);
+  REQUIRE(n_top > 1e18);
+  const MoeSolver top_solver(solve_moe_backbone(1e18, FamilyRules{}), n_top, FamilyRules{});
+  const MoeSolution top_moe = top_solver.solve(0.2);
+  CHECK(std::fabs(double(top_moe.total_params) / n_top - 1) <= 0.01);
+  CHECK(error_of([] {
+          MoeSolver(solve_moe_backbone(1e18, FamilyRules{}), 1.02e18, FamilyRules{});
+        }).find("N = 1.02e+18 is above the largest N moeplan plans, 1e18") == 0);
   // Below the family's 1e5, a failed search gives the minimum. N 1e4: the backbone is L2 (1 dense)
   // D_m 16, D_ffn 48: base 2·4·16² + 3·16·48 = 4,352; one MoE layer of unit 16 (shared K·D_e):
   // N = 4,352 + 48·D_e·(K + E). Within 1 % of 1e4 needs D_e·(K + E) in [115.6, 119.75], and no
