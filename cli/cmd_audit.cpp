@@ -93,7 +93,9 @@ int run_audit(const AuditFlags& f) {
           "--equal, --baseline and --strict-reuse go with --claims tables; a runs folder is "
           "audited for equal N, C and D̂ against its dense baseline already");
     RunsAuditOptions opt;
-    if (tolerance) opt.tolerance = *tolerance;
+    // Given, it is every tolerance of the audit: the manifest's n_tolerance and
+    // compute_tolerance (which --plan brings in otherwise) do not quietly replace it.
+    if (tolerance) opt.tolerance = *tolerance, opt.n_tolerance = opt.compute_tolerance = *tolerance;
     report = audit_runs_dir(f.runs_dir, f.plan, opt);
   } else {
     if (!f.plan.empty())
@@ -153,7 +155,9 @@ const bool registered = register_command(
                       "Write the report to this file (atomically): .json, .md or .txt")
            ->check(non_empty_path());
        app.add_option("--tolerance", f->tolerance,
-                      "Relative tolerance, 0.01 or 1% (default 0.01, or the spec's)");
+                      "Relative tolerance, 0.01 or 1% (default 0.01, or the spec's; with "
+                      "--plan, equal N and C default to the manifest's n_tolerance and "
+                      "compute_tolerance)");
        app.add_option("--equal", f->equal,
                       "Claim: these quantities are equal across every row (N,C,D_hat or "
                       "total_params,compute,...)");

@@ -7,6 +7,7 @@
 #include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <cmath>
 #include <cstdio>
 
 #include <algorithm>
@@ -488,6 +489,24 @@ TEST_CASE(
     for (auto& [k, v] : rec["measured"]["matches_plan"].items()) CHECK_MESSAGE(v == true, k);
     CHECK(rec["measured"]["total_params"].get<int64_t>() == p->counts.total_params);
   }
+  // The audit against the manifest holds at the manifest's 1 % for equal N and C. A --tolerance
+  // given is every tolerance of the audit: at 0.3 % the MoE points' N (the planner meets the
+  // baseline's within 1 %) break equal N, which the manifest's n_tolerance once quietly kept.
+  const std::vector<std::string> audit{"audit", (dir / "runs").string(), "--plan", sweep};
+  const Result held = run_cli(audit);
+  CHECK_MESSAGE(held.status == 0, held.out);
+  CHECK(held.out.find("HOLDS  equal total parameters N across the sweep") != std::string::npos);
+  double n_farthest = 0;
+  for (const Plan& p : m.points)
+    n_farthest = std::max(n_farthest, std::abs(double(p.counts.total_params) /
+                                                   double(m.dense.counts.total_params) - 1));
+  REQUIRE(n_farthest > 0.003);
+  std::vector<std::string> tight = audit;
+  tight.insert(tight.end(), {"--tolerance", "0.3%"});
+  const Result broke = run_cli(tight);
+  CHECK(broke.status == 1);
+  CHECK(broke.out.find("FAILS  equal total parameters N across the sweep") != std::string::npos);
+  CHECK(broke.out.find("tolerance 0.30% -> FAILS") != std::string::npos);
   const Result rep = run_cli({"report", (dir / "runs").string()});
   CHECK(rep.status == 0);
   CHECK(rep.out.find("3 of 3 complete point(s)") != std::string::npos);
