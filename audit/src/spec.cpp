@@ -324,7 +324,21 @@ AuditSpec parse_spec(std::string_view text, std::string source) {
   if (root.contains("claims")) {
     if (!root.at("claims").is_array()) bad(s, "claims must be an array of [[claims]] tables");
     const auto& arr = root.at("claims").as_array();
-    for (size_t i = 0; i < arr.size(); ++i) s.claims.push_back(parse_claim(s, arr[i], i));
+    for (size_t i = 0; i < arr.size(); ++i) {
+      ClaimSpec c = parse_claim(s, arr[i], i);
+      // The report and its JSON tell claims apart by name: two of one name read as one claim
+      // that both holds and fails.
+      if (c.name.find_first_not_of(' ') == std::string::npos)
+        bad(s, fmt::format("claims[{}] name = '{}' is empty; give the claim a name, e.g. name = "
+                           "\"equal N and C\"",
+                           i + 1, c.name));
+      for (size_t j = 0; j < s.claims.size(); ++j)
+        if (s.claims[j].name == c.name)
+          bad(s, fmt::format("claims[{}] name = '{}' is claims[{}]'s name too; give each claim "
+                             "its own name",
+                             i + 1, c.name, j + 1));
+      s.claims.push_back(std::move(c));
+    }
   }
   return s;
 }

@@ -219,6 +219,28 @@ TEST_CASE("a spec naming a missing table or a quantity no row has is unusable in
                        InputError);
 }
 
+TEST_CASE("claims are told apart by name: an empty or repeated name is refused") {
+  const std::string claim = "[[claims]]\nequal = [\"N\"]\n";
+  CHECK_THROWS_WITH_AS(
+      parse_spec("schema = 1\n" + claim + "name = \"a\"\n" + claim + "name = \"a\"\n", "s.toml"),
+      "s.toml: claims[2] name = 'a' is claims[1]'s name too; give each claim its own name",
+      InputError);
+  // An unnamed claim is "claim 2"; a named one may not take that name from it.
+  CHECK_THROWS_WITH_AS(
+      parse_spec("schema = 1\n" + claim + claim + claim + "name = \"claim 2\"\n", "s.toml"),
+      "s.toml: claims[3] name = 'claim 2' is claims[2]'s name too; give each claim its own name",
+      InputError);
+  CHECK_THROWS_WITH_AS(parse_spec("schema = 1\n" + claim + "name = \" \"\n", "s.toml"),
+                       doctest::Contains("claims[1] name = ' ' is empty"), InputError);
+  // Distinct names, and unnamed claims numbered apart, are read.
+  const AuditSpec ok = parse_spec(
+      "schema = 1\n" + claim + "name = \"a\"\n" + claim + "name = \"b\"\n" + claim + claim,
+      "s.toml");
+  REQUIRE(ok.claims.size() == 4);
+  CHECK(ok.claims[2].name == "claim 3");
+  CHECK(ok.claims[3].name == "claim 4");
+}
+
 TEST_CASE("a column of row names: label, id, name, run or model, in any case") {
   for (const char* h : {"label", "id", "name", "run", "model", "Model", "NAME"}) {
     CAPTURE(h);
