@@ -350,6 +350,13 @@ class RunAuditor {
             "= {}: {}{}",
             label, label, count_str(measured_conv), planned_d, count_str(planned_c), pct(d),
             per_token));
+    // The C [paper] the record states (and the report shows), whatever the plan's convention.
+    const double paper_c = lens(lens_arch, Convention::paper, r.executed_mask).apply(r.ledger);
+    if (std::fabs(rel(r.compute_paper, paper_c)) > 1e-9)
+      add(Severity::warning, id, "compute", paper_c, r.compute_paper, 0,
+          fmt::format("the record's measured.compute.paper {} differs from the paper lens applied "
+                      "to its ledger {}",
+                      count_str(r.compute_paper), count_str(paper_c)));
     if (const auto it = r.conventions.find(label);
         it != r.conventions.end() && std::fabs(rel(it->second, measured_conv)) > 1e-9)
       add(Severity::warning, id, "compute", measured_conv, it->second, 0,
@@ -393,6 +400,14 @@ class RunAuditor {
     };
     exact_int("tokens_consumed", b.tokens_consumed, r.tokens_consumed, "tokens consumed");
     exact_int("tokens_unique", b.tokens_unique, r.tokens_unique, "unique tokens");
+    exact_int("steps", b.steps, r.steps, "optimizer steps");
+    const int64_t step_tokens = b.batch_seqs * p.arch.seq_len;
+    if (step_tokens > 0 && r.tokens_consumed % step_tokens == 0 &&
+        r.steps != r.tokens_consumed / step_tokens)
+      add(Severity::error, id, "steps", double(r.tokens_consumed / step_tokens), double(r.steps), 0,
+          fmt::format("the record's steps {} is not its consumed tokens / tokens per step ({} / "
+                      "{} = {})",
+                      r.steps, r.tokens_consumed, step_tokens, r.tokens_consumed / step_tokens));
     if (std::fabs(rel(r.epochs, b.epochs)) > 1e-9)
       add(Severity::error, id, "epochs", b.epochs, r.epochs, 0,
           fmt::format("epochs (consumed / unique): measured {:.6g} vs planned {:.6g}", r.epochs,
@@ -536,10 +551,10 @@ RunRecord parse_run_record(std::string_view text, std::string source) {
   const Reader rm = rd.in("measured");
   // What every record `run` writes and `moeplan report` reads, checked here too, so that the two
   // (and `run`'s skip, which reads records this way) accept the same records.
-  rm.integer(m, "steps");
+  r.steps = rm.integer(m, "steps");
   rm.obj(m, "matches_plan");
   const json& c = rm.obj(m, "compute");
-  rm.in("compute").real(c, "paper");
+  r.compute_paper = rm.in("compute").real(c, "paper");
   if (!c.contains("within_rounding") || !c.at("within_rounding").is_boolean())
     rm.in("compute").fail("within_rounding", "true or false");
   for (const char* k : {"final_val_bpc", "train_seconds", "wall_seconds"}) rd.real(j, k);

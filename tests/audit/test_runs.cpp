@@ -441,6 +441,52 @@ TEST_CASE("planted defects in a run: capacity drops and unique data off the plan
   CHECK_FALSE(r.all_hold());
 }
 
+TEST_CASE("a record's summary is held to its counts: steps and C [paper] as the report shows them") {
+  // moe-k1 ran 7 steps of T = 8 tokens (56 consumed) and its ledger through the paper lens is
+  // 473,088 (the header): a record saying 8 steps or C [paper] 480,000 contradicts itself, and
+  // `moeplan report` would show the contradiction as the run's figure.
+  namespace fs = std::filesystem;
+  using nlohmann::json;
+  const fs::path dir = moeplan::test::fresh_dir("audit_summary");
+  json rec;
+  for (const char* id : {"dense", "moe-k1"}) {
+    std::ifstream in(fixture("runs_ok") + "/" + id + "/record.json");
+    json r = json::parse(in);
+    if (std::string(id) == "moe-k1") rec = r;
+    fs::create_directories(dir / id);
+    std::ofstream(dir / id / "record.json") << r.dump();
+  }
+  auto audit = [&](const json& r) {
+    std::ofstream(dir / "moe-k1" / "record.json") << r.dump();
+    return audit_runs(load_run_records(dir.string()), {}, {});
+  };
+  {
+    json r = rec;
+    r["measured"]["steps"] = 8;
+    const AuditReport a = audit(r);
+    const auto e = matching(a.findings, Severity::error, "moe-k1", 0, "steps");
+    REQUIRE(e.size() == 2);
+    CHECK(e[0]->message == "optimizer steps: measured 8 vs planned 7 (+14.2857%)");
+    CHECK(e[1]->message ==
+          "the record's steps 8 is not its consumed tokens / tokens per step (56 / 8 = 7)");
+    CHECK_FALSE(a.all_hold());
+  }
+  {
+    json r = rec;
+    r["measured"]["compute"]["paper"] = 480000.0;
+    const AuditReport a = audit(r);
+    const auto w = matching(a.findings, Severity::warning, "moe-k1", 0, "compute");
+    REQUIRE(w.size() == 1);
+    CHECK(w[0]->message ==
+          "the record's measured.compute.paper 480000 differs from the paper lens applied to its "
+          "ledger 473088");
+  }
+  // As written, neither is found.
+  const AuditReport ok = audit(rec);
+  CHECK(matching(ok.findings, Severity::error, "moe-k1", 0, "steps").empty());
+  CHECK(matching(ok.findings, Severity::warning, "moe-k1", 0, "compute").empty());
+}
+
 TEST_CASE("unusable run folders") {
   CHECK_THROWS_WITH_AS(load_run_records(fixture("no-such-runs")), doctest::Contains("no-such-runs"),
                        InputError);

@@ -40,6 +40,9 @@ struct RunRecord {
   int64_t evaluations = -1;
   int64_t tokens_consumed = 0, tokens_unique = 0, tokens_dropped = 0;
   double epochs = 0;
+  // The record's summary of them, which `moeplan report` shows: held to the counts above.
+  int64_t steps = 0;         // measured.steps
+  double compute_paper = 0;  // measured.compute.paper: C [paper] of its ledger
   // What it read: the [train] source, its description and the held-out tokens each validation
   // pass scored (empty / -1 in records that do not say).
   std::string data_source, data_description;
