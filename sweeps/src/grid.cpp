@@ -61,6 +61,12 @@ int id_decimals(std::vector<double> rates) {
 std::vector<double> parse_ra_spec(std::string_view text, std::optional<int> points_given) {
   if (text.empty())
     throw InputError("--ra '': give a range A:B (e.g. 0.05:0.4) or a list (e.g. 0.1,0.2,0.3)");
+  // The count first: a bad one is the error whatever --ra is (a single rate's refusal of --points
+  // would otherwise suggest the same bad count with a range).
+  if (points_given && (*points_given < 1 || *points_given > kMaxPoints))
+    throw InputError(fmt::format(
+        "--points {} is invalid; it must be in [1, {}] (each point is a training run)",
+        *points_given, kMaxPoints));
   if (text.find(':') != std::string_view::npos) {
     const int points = points_given.value_or(8);
     const auto parts = split(text, ':');
@@ -72,10 +78,6 @@ std::vector<double> parse_ra_spec(std::string_view text, std::optional<int> poin
           fmt::format("--ra '{}': the range end {} is below its start {}; write A:B "
                       "with A <= B",
                       text, b, a));
-    if (points < 1 || points > kMaxPoints)
-      throw InputError(fmt::format("--points {} is invalid; it must be in [1, {}] (each point is "
-                                   "a training run)",
-                                   points, kMaxPoints));
     if (a == b) return {a};  // A:A is one rate, not --points copies of it
     if (points == 1)
       throw InputError(
@@ -93,7 +95,7 @@ std::vector<double> parse_ra_spec(std::string_view text, std::optional<int> poin
         "--points {} applies to a range A:B only; --ra '{}' is a {}: drop --points, or give a "
         "range (e.g. --ra 0.1:0.4 --points {})",
         *points_given, text, text.find(',') == std::string_view::npos ? "single rate" : "list",
-        *points_given));
+        std::max(*points_given, 2)));
   std::vector<double> out;
   for (std::string_view part : split(text, ',')) {
     const double v = parse_rate(part, text);

@@ -119,6 +119,12 @@ TEST_CASE("parse_ra_spec: malformed input names the text and what is valid") {
         "--points 5 applies to a range A:B only; --ra '0.1,0.2' is a list: drop --points, or "
         "give a range (e.g. --ra 0.1:0.4 --points 5)");
   CHECK(error_of_spec("0.2", 5).find("--ra '0.2' is a single rate") != std::string::npos);
+  // A count out of range is that error, with any --ra: the single-rate refusal once suggested
+  // "--ra 0.1:0.4 --points 0". With one point the suggested range gets two.
+  CHECK(error_of_spec("0.2", 0) ==
+        "--points 0 is invalid; it must be in [1, 10000] (each point is a training run)");
+  CHECK(error_of_spec("0.1,0.2", 20000).find("--points 20000 is invalid") == 0);
+  CHECK(error_of_spec("0.2", 1).find("(e.g. --ra 0.1:0.4 --points 2)") != std::string::npos);
   CHECK(error_of_spec("0.1:0.4", 5).empty());
   CHECK(error_of_spec("0.1,0.2").empty());
   // A rate listed twice would plan the same point twice: refused, naming it.
