@@ -1,5 +1,6 @@
 #include "moeplan/sweeps/arch_io.hpp"
 
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -76,6 +77,10 @@ Arch arch_from_toml_string(const std::string& text, const std::string& origin) {
 
 namespace {
 std::string slurp(const std::filesystem::path& path, const char* what) {
+  // A folder opens as an empty stream on Linux and would read as a file missing every key.
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw InputError(fmt::format("'{}' is a folder; give the {} file (TOML)", path.string(), what));
   std::ifstream in(path);
   if (!in) throw InputError(fmt::format("cannot read {} file '{}'", what, path.string()));
   std::ostringstream ss;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <set>
@@ -610,6 +611,12 @@ Manifest read_manifest(const std::filesystem::path& path) {
         "'{}' is grid's {} output, not a manifest: manifests are TOML (moeplan grid ... -o "
         "sweep.toml)",
         path.string(), ext.substr(1)));
+  // A folder opens as an empty stream on Linux and would read as a manifest missing 'schema'.
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw InputError(fmt::format(
+        "'{}' is a folder, not a manifest: give the sweep.toml of moeplan grid ... -o sweep.toml",
+        path.string()));
   std::ifstream in(path, std::ios::binary);
   if (!in)
     throw InputError(

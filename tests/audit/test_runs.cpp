@@ -441,7 +441,7 @@ TEST_CASE("planted defects in a run: capacity drops and unique data off the plan
   CHECK_FALSE(r.all_hold());
 }
 
-TEST_CASE("a record's summary is held to its counts: steps and C [paper] as the report shows them") {
+TEST_CASE("a record's summary is held to its counts: steps and C [paper], as the report shows") {
   // moe-k1 ran 7 steps of T = 8 tokens (56 consumed) and its ledger through the paper lens is
   // 473,088 (the header): a record saying 8 steps or C [paper] 480,000 contradicts itself, and
   // `moeplan report` would show the contradiction as the run's figure.

@@ -365,6 +365,14 @@ TEST_CASE("bad input: one line naming the value, exit status 2") {
         "show ''", "run ''", "run sweep.toml --out ''", "audit ''", "audit --plan '' runs",
         "audit --claims ''", "audit --spec ''", "report ''", "report runs -o ''"})
     expect_bad_input(args, "'' is an empty path; give a file or folder name");
+  // A folder given for a manifest or an arch file read as an empty file: "key 'schema' is
+  // missing", "key 'd_model' is missing".
+  const std::string folder = "'" + scratch().string() + "'";
+  expect_bad_input("show " + folder, "is a folder, not a manifest");
+  expect_bad_input("run " + folder, "is a folder, not a manifest");
+  expect_bad_input("plan --arch " + folder, "is a folder; give the arch file (TOML)");
+  expect_bad_input("grid --N 2e9 --ra 0.2 --backbone " + folder,
+                   "is a folder; give the backbone file (TOML)");
   expect_bad_input("grid --N 2e6 --ra 0.1:0.4 --points 100000000",
                    "--points 100000000 is invalid; it must be in [1, 10000]");
   // A vocabulary that makes the embedding pass 64 bits: its count wrapped to a negative number.

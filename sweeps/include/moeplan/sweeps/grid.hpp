@@ -15,10 +15,11 @@ namespace moeplan {
 // grid of this many (bench/planner, about 0.1 s); 1e8 would take minutes to plan and never train.
 inline constexpr int kMaxPoints = 10000;
 
-// "0.05:0.4" -> `points` values (default 8), inclusive linspace (2 <= points <= kMaxPoints; 1 gives A when
-// A == B); "0.1,0.2,0.3" -> that list; "0.2" -> one value. Every value must be in (0, 1], a list
-// may not repeat a value, and `points` is refused unless the text is a range (it would be
-// ignored). Throws InputError naming the text and what is valid.
+// "0.05:0.4" -> `points` values (default 8), inclusive linspace (2 <= points <= kMaxPoints; 1
+// gives A when A == B); "0.1,0.2,0.3" -> that list; "0.2" -> one value. Every value must be in
+// (0, 1], a list may not repeat a value, a count outside [1, kMaxPoints] is refused whatever the
+// text, and `points` is refused unless the text is a range (it would be ignored). Throws
+// InputError naming the text and what is valid.
 std::vector<double> parse_ra_spec(std::string_view text, std::optional<int> points = std::nullopt);
 
 struct SweepRequest {
