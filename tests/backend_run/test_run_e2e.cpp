@@ -393,6 +393,13 @@ TEST_CASE("refusals: one line, non-zero exit, earlier records and checkpoints in
   CHECK(refused(good, "kernels", "--kernels 'experts=tiled' applies to --device cuda",
                 {"--kernels", "experts=tiled"})
             .status == 2);
+  // More threads than the machine has: a typo that trained hundreds of times slower.
+  if (const unsigned hw = std::thread::hardware_concurrency(); hw > 0) {  // 0: unknown, allowed
+    const std::string many = std::to_string(hw + 1);
+    CHECK(refused(good, "threads", "--threads " + many + " is more than this machine's",
+                  {"--threads", many})
+              .status == 2);
+  }
   // An absurd learning rate is refused when the manifest is read, before anything trains.
   {
     Manifest absurd = good;
