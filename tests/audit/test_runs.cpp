@@ -129,6 +129,24 @@ std::filesystem::path widened_runs() {
   return out;
 }
 
+// runs_ok copied to `dir`, for tests that edit moe-k1's record: returns that record as written.
+nlohmann::json copy_runs_ok(const std::filesystem::path& dir) {
+  nlohmann::json moe;
+  for (const char* id : {"dense", "moe-k1"}) {
+    std::ifstream in(fixture("runs_ok") + "/" + id + "/record.json");
+    const nlohmann::json r = nlohmann::json::parse(in);
+    if (std::string(id) == "moe-k1") moe = r;
+    std::filesystem::create_directories(dir / id);
+    std::ofstream(dir / id / "record.json") << r.dump();
+  }
+  return moe;
+}
+
+// The runs in `dir` audited with moe-k1's record replaced by `moe`.
+AuditReport audit_with_moe(const std::filesystem::path& dir, const nlohmann::json& moe) {
+  std::ofstream(dir / "moe-k1" / "record.json") << moe.dump();
+  return audit_runs(load_run_records(dir.string()), {}, {});
+}
 }  // namespace
 
 TEST_CASE(
@@ -320,14 +338,7 @@ TEST_CASE("the validation ledger: forward only, one pass over the held-out windo
   namespace fs = std::filesystem;
   using nlohmann::json;
   const fs::path dir = moeplan::test::fresh_dir("audit_validation");
-  json rec;
-  for (const char* id : {"dense", "moe-k1"}) {
-    std::ifstream in(fixture("runs_ok") + "/" + id + "/record.json");
-    json r = json::parse(in);
-    if (std::string(id) == "moe-k1") rec = r;
-    fs::create_directories(dir / id);
-    std::ofstream(dir / id / "record.json") << r.dump();
-  }
+  json rec = copy_runs_ok(dir);
   const std::pair<const char*, int64_t> per_eval[] = {
       {"projection", 8192},    {"attention-core", 1280}, {"dense-ffn", 6144}, {"expert", 3072},
       {"shared-expert", 3072}, {"router", 512},          {"lm-head", 2048},   {"padding", 0},
@@ -341,10 +352,7 @@ TEST_CASE("the validation ledger: forward only, one pass over the held-out windo
   rec["data"] = {{"source", "builtin"}, {"description", "d"}, {"validation_tokens", 8}};
   rec["val_curve"] =
       json::array({json{{"step", 3}, {"val_bpc", 2.5}}, json{{"step", 7}, {"val_bpc", 2.1}}});
-  auto audit = [&](const json& r) {
-    std::ofstream(dir / "moe-k1" / "record.json") << r.dump();
-    return audit_runs(load_run_records(dir.string()), {}, {});
-  };
+  auto audit = [&](const json& r) { return audit_with_moe(dir, r); };
   auto errors = [](const AuditReport& r, const std::string& q) {
     return matching(r.findings, Severity::error, "moe-k1", 0, q);
   };
@@ -448,18 +456,8 @@ TEST_CASE("a record's summary is held to its counts: steps and C [paper], as the
   namespace fs = std::filesystem;
   using nlohmann::json;
   const fs::path dir = moeplan::test::fresh_dir("audit_summary");
-  json rec;
-  for (const char* id : {"dense", "moe-k1"}) {
-    std::ifstream in(fixture("runs_ok") + "/" + id + "/record.json");
-    json r = json::parse(in);
-    if (std::string(id) == "moe-k1") rec = r;
-    fs::create_directories(dir / id);
-    std::ofstream(dir / id / "record.json") << r.dump();
-  }
-  auto audit = [&](const json& r) {
-    std::ofstream(dir / "moe-k1" / "record.json") << r.dump();
-    return audit_runs(load_run_records(dir.string()), {}, {});
-  };
+  json rec = copy_runs_ok(dir);
+  auto audit = [&](const json& r) { return audit_with_moe(dir, r); };
   {
     json r = rec;
     r["measured"]["steps"] = 8;
