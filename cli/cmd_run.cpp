@@ -243,6 +243,7 @@ int run(const RunFlags& f) {
       fmt::print("{} {}\n", label, what);
       std::fflush(stdout);
     };
+    opt.on_notice = opt.on_engine;
     backend::PointOutcome out;
     try {
       out = backend::run_point(*p, plan_to_json(*p), m.train, opt);

@@ -105,7 +105,10 @@ class Reader {
 
  private:
   [[noreturn]] void not_ours() const {
-    throw InputError(fmt::format("checkpoint '{}' is not a moeplan checkpoint", where_));
+    throw InputError(fmt::format(
+        "checkpoint '{}' is not a moeplan checkpoint (too short, or another file's first bytes); "
+        "remove it to restart the point",
+        where_));
   }
   [[noreturn]] void truncated() const {
     throw InputError(fmt::format(

@@ -293,6 +293,11 @@ std::string settings_differ(const nlohmann::json& stored, const nlohmann::json& 
 
 }  // namespace
 
+// Whether this process tells the user about the point (data parallel: rank 0 only).
+static bool writer_notice(const RunOptions& opt, const Engine& engine) {
+  return opt.on_notice && engine.writes_files();
+}
+
 // A checkpoint resumes only under the plan, [train] settings, device and passes it was made with.
 static void check_checkpoint_head(const CheckpointHead& h, const fs::path& ckpt_path,
                                   const Plan& plan, const nlohmann::json& plan_json,
@@ -327,24 +332,43 @@ nlohmann::json existing_record(const Plan& plan, const nlohmann::json& plan_json
   const fs::path path = out_dir / plan.id / "record.json";
   std::error_code ec;
   if (!fs::exists(fs::symlink_status(path, ec))) return nullptr;  // a dangling link is not "none"
-  // Moving record.json alone would rebuild it from the last checkpoint: the folder must go.
-  const std::string move = "move the point's folder away to train it again";
+  // The checkpoint, not the record, holds a run's state: when one is there, readable and made
+  // for this plan and these settings, the point resumes from it with record.json removed (the
+  // record is rebuilt from it), and moving the whole folder away would throw that work away.
+  // Read only for a damaged record: checking a checkpoint reads every byte of it.
+  const auto remedy = [&]() -> std::string {
+    const std::string move = "move the point's folder away to train it again";
+    const fs::path ckpt = out_dir / plan.id / "checkpoint" / "state.ckpt";
+    std::error_code ec2;
+    if (!fs::exists(fs::symlink_status(ckpt, ec2))) return move;
+    try {
+      const CheckpointHead h = read_checkpoint_head(ckpt);
+      if (!plan_differ(h.plan, plan_json).empty() ||
+          !settings_differ(h.train, train_to_json(train)).empty())
+        return move;
+      return fmt::format(
+          "remove only record.json to resume from '{}' (step {}), which rebuilds it, or {}",
+          ckpt.string(), h.step, move);
+    } catch (const std::exception&) {
+      return move;  // the checkpoint is damaged or unreadable too: nothing resumes
+    }
+  };
   if (!fs::is_regular_file(path, ec))
-    throw InputError(fmt::format("record '{}' is not a file; {}", path.string(), move));
+    throw InputError(fmt::format("record '{}' is not a file; {}", path.string(), remedy()));
   nlohmann::json rec;
   try {
     rec = nlohmann::json::parse(read_file(path));
   } catch (const nlohmann::json::exception& e) {
     throw InputError(
-        fmt::format("record '{}' is unreadable ({}); {}", path.string(), e.what(), move));
+        fmt::format("record '{}' is unreadable ({}); {}", path.string(), e.what(), remedy()));
   }
   if (!rec.is_object())
-    throw InputError(fmt::format("record '{}' is not a JSON object; {}", path.string(), move));
+    throw InputError(fmt::format("record '{}' is not a JSON object; {}", path.string(), remedy()));
   if (const auto st = rec.find("status");
       st == rec.end() || !st->is_string() || (*st != "running" && *st != "complete"))
     throw InputError(
         fmt::format("record '{}': 'status' is {} (valid: \"running\", \"complete\"); {}",
-                    path.string(), st == rec.end() ? std::string("missing") : st->dump(), move));
+                    path.string(), st == rec.end() ? std::string("missing") : st->dump(), remedy()));
   if (const std::string d = plan_differ(rec.value("plan", nlohmann::json()), plan_json); !d.empty())
     throw InputError(fmt::format(
         "'{}' was made from a different plan for point '{}': {}; move the folder away or "
@@ -490,6 +514,19 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
     ++st.resumes;
     outcome.resumed_from_step = st.step;
   } else {
+    // An interrupted point's record without its checkpoint (removed by hand): the record cannot
+    // resume, so the point trains from step 0 and the record is rewritten; say so first.
+    if (const nlohmann::json& rec = outcome.record;
+        rec.is_object() && writer_notice(opt, *engine)) {
+      const int64_t done = rec.contains("measured") && rec["measured"].is_object()
+                               ? rec["measured"].value("steps", int64_t(0))
+                               : int64_t(0);
+      if (done > 0)
+        opt.on_notice(fmt::format(
+            "'{}' is at step {} of {} but '{}' is missing: the point trains again from step 0 "
+            "and its record is rewritten",
+            outcome.record_path.string(), done, steps, ckpt_path.string()));
+    }
     st.tokens = TokenLedger(seq_len, windows);
     st.order = training_order(windows, train);
   }

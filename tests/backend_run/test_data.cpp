@@ -353,6 +353,7 @@ TEST_CASE("checkpoint round trip; a flipped byte is detected") {
   bad[model] = 0x7f;  // a model section longer than the file
   CHECK(damaged(bad).find("is corrupt (truncated)") != std::string::npos);
   CHECK(damaged("MOEPCKP").find("is not a moeplan checkpoint") != std::string::npos);
+  CHECK(damaged("MOEPCKP").find("remove it to restart the point") != std::string::npos);
   CHECK(damaged(std::string("MOEPCKP2") + bytes.substr(8)).find("is not a moeplan checkpoint") !=
         std::string::npos);
   // Atomic writes leave no temp files behind.

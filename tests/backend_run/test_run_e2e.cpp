@@ -253,8 +253,15 @@ TEST_CASE("moeplan run: ledgers equal the plan and an independent count; reruns 
   CHECK(one_line(bad_status.err));
   CHECK_MESSAGE(
       bad_status.err.find("moe-a/record.json': 'status' is 1 (valid: \"running\", "
-                          "\"complete\"); move the point's folder away") != std::string::npos,
+                          "\"complete\"); remove only record.json to resume from '") !=
+          std::string::npos,
       bad_status.err);
+  // The point is complete, so its checkpoint holds its final step: the remedy names that step,
+  // read from the record as it was before it was damaged.
+  const std::string final_step =
+      "(step " + std::to_string(json::parse(moe_before)["measured"]["steps"].get<long>()) + ")";
+  CHECK_MESSAGE(bad_status.err.find("checkpoint/state.ckpt' " + final_step) != std::string::npos,
+                bad_status.err);
 }
 
 TEST_CASE(
@@ -294,10 +301,56 @@ TEST_CASE(
   MESSAGE("killed after checkpoint at step ", killed["measured"]["steps"], ", epoch cursor ",
           killed["measured"]["tokens"]["epoch_cursor"]);
 
+  // Two copies of the killed folder, damaged by hand: c's record truncated (its checkpoint is
+  // good), d's checkpoint removed (its record says "running" at some step).
+  const fs::path c = dir / "c", d = dir / "d";
+  fs::copy(b, c, fs::copy_options::recursive);
+  fs::copy(b, d, fs::copy_options::recursive);
+  const int64_t killed_step = killed["measured"]["steps"].get<int64_t>();
+  const std::string rec_text = read_file(c / "moe-k" / "record.json");
+  write_file_atomic(c / "moe-k" / "record.json", rec_text.substr(0, rec_text.size() / 2));
+  fs::remove(d / "moe-k" / "checkpoint" / "state.ckpt");
+
   const Result resumed =
       run_cli({"run", sweep, "--point", "moe-k", "--out", b.string(), "--checkpoint-every", "7"});
   REQUIRE_MESSAGE(resumed.status == 0, resumed.err);
   CHECK(resumed.out.find("resumed at step") != std::string::npos);
+
+  // A damaged record beside a good checkpoint: the advice keeps the checkpoint's work, and
+  // following it resumes to the uninterrupted run's record.
+  const Result torn =
+      run_cli({"run", sweep, "--point", "moe-k", "--out", c.string(), "--checkpoint-every", "7"});
+  CHECK(torn.status == 2);
+  CHECK(one_line(torn.err));
+  CHECK_MESSAGE(torn.err.find(fmt::format("is unreadable")) != std::string::npos, torn.err);
+  CHECK_MESSAGE(torn.err.find(fmt::format("remove only record.json to resume from '{}' (step {})",
+                                          (c / "moe-k" / "checkpoint" / "state.ckpt").string(),
+                                          killed_step)) != std::string::npos,
+                torn.err);
+  fs::remove(c / "moe-k" / "record.json");
+  const Result c_resumed =
+      run_cli({"run", sweep, "--point", "moe-k", "--out", c.string(), "--checkpoint-every", "7"});
+  REQUIRE_MESSAGE(c_resumed.status == 0, c_resumed.err);
+  CHECK(c_resumed.out.find(fmt::format("resumed at step {}", killed_step)) != std::string::npos);
+  // A running record without its checkpoint: said before training, then trained from step 0.
+  const Result d_restarted =
+      run_cli({"run", sweep, "--point", "moe-k", "--out", d.string(), "--checkpoint-every", "7"});
+  REQUIRE_MESSAGE(d_restarted.status == 0, d_restarted.err);
+  CHECK_MESSAGE(d_restarted.out.find(fmt::format(
+                    "record.json' is at step {} of 250 but '{}' is missing: the point trains "
+                    "again from step 0",
+                    killed_step, (d / "moe-k" / "checkpoint" / "state.ckpt").string())) !=
+                    std::string::npos,
+                d_restarted.out);
+  CHECK(d_restarted.out.find("resumed at step") == std::string::npos);
+  for (const fs::path& other : {c, d}) {
+    const json ro = record(other, "moe-k"), ra = record(dir / "a", "moe-k");
+    CHECK(ra["loss_curve"] == ro["loss_curve"]);
+    CHECK(ra["val_curve"] == ro["val_curve"]);
+    CHECK(ra["measured"]["tokens"] == ro["measured"]["tokens"]);
+    CHECK(ra["measured"]["flops"] == ro["measured"]["flops"]);
+  }
+  CHECK(record(d, "moe-k")["resumes"].get<int>() == 0);
 
   const json ra = record(dir / "a", "moe-k"), rb = record(b, "moe-k");
   CHECK(rb["resumes"].get<int>() >= 1);

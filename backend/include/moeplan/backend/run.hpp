@@ -37,6 +37,9 @@ struct RunOptions {
   bool shard_optimizer = false;  // EngineRequest::shard_optimizer
   std::function<void(const Progress&)> on_progress;  // called after every step
   std::function<void(const std::string&)> on_engine;  // once a point's engine is built: describe()
+  // A line the user should read before the point trains (on rank 0): e.g. that an interrupted
+  // point's checkpoint is gone and it trains again from step 0.
+  std::function<void(const std::string&)> on_notice;
   const std::atomic<int>* stop = nullptr;  // non-zero: checkpoint at the next step and return
   // > 0: do not train the point; time this many steps (after one warm-up step, on the point's
   // first batches) and one evaluation on a fresh model, write nothing, and return the projected
