@@ -330,21 +330,26 @@ const bool registered = register_command(
                       "bf16 where they apply, LM head chunks of 8192 rows, no GEMM table; "
                       "docs/running.md)");
        app.add_option("--checkpoint-every", f->checkpoint_every,
-                      "steps between checkpoints (default: the manifest's, else ~20 per point)");
-       app.add_option("--threads", f->threads, "CPU threads (0: the default)");
+                      "steps between checkpoints (default: the manifest's, else ~20 per point)")
+           ->transform(decimal_integer());
+       app.add_option("--threads", f->threads, "CPU threads (0: the default)")
+           ->transform(decimal_integer());
        app.add_option("--micro-batch", f->micro_batch,
                       "sequences per forward/backward pass on each rank; a step accumulates "
-                      "its batch's gradients over the passes (0: the whole batch in one pass)");
+                      "its batch's gradients over the passes (0: the whole batch in one pass)")
+           ->transform(decimal_integer());
        app.add_option("--estimate", f->estimate,
                       "time N steps of each point (after one warm-up step) and one evaluation, "
                       "print the projected time of its remaining steps, train nothing and write "
-                      "nothing");
+                      "nothing")
+           ->transform(decimal_integer());
        app.add_flag("--shard-optimizer", f->shard_optimizer,
                     "cuda, data parallel: each rank keeps the AdamW state of 1/N of the "
                     "parameters (ZeRO stage 1: 8 bytes a parameter become 8/N)");
        app.add_option("--nproc", f->nproc,
                       "cuda: train each point data-parallel over this many GPUs of this machine, "
-                      "one rank process each (as torchrun would start them)");
+                      "one rank process each (as torchrun would start them)")
+           ->transform(decimal_integer());
        return [f] { return run(*f); };
      }});
 

@@ -33,6 +33,23 @@ inline CLI::Validator non_empty_path() {
       "PATH");
 }
 
+// For integer options: plain decimal digits with an optional sign. CLI11 reads "010" as octal 8
+// and "0x5" as hex; a count typed with a leading zero means ten. Leading zeros are dropped.
+inline CLI::Validator decimal_integer() {
+  return CLI::Validator(
+      [](std::string& value) {
+        size_t i = value.size() > 0 && (value[0] == '-' || value[0] == '+') ? 1 : 0;
+        const size_t digits = i;
+        while (i < value.size() && value[i] >= '0' && value[i] <= '9') ++i;
+        if (i == digits || i != value.size())
+          return "'" + value + "' is not a whole number in decimal digits (e.g. 8)";
+        const size_t first = value.find_first_not_of('0', digits);
+        value.erase(digits, (first == std::string::npos ? value.size() - 1 : first) - digits);
+        return std::string();
+      },
+      "INT");
+}
+
 bool register_command(Command c);
 const std::vector<Command>& commands();
 // The command line as given, without the program name (kept by main for `run --nproc`, whose

@@ -73,8 +73,13 @@ Budget make_budget(const BudgetRequest& r) {
                           "S = {} tokens; give at most {:.4g} epochs (D = {} tokens consumed)",
                           r.epochs, unique, r.seq_len,
                           double(b.tokens_consumed) / double(r.seq_len), b.tokens_consumed));
-  int64_t windows = std::max<int64_t>(1, std::llround(unique / double(r.seq_len)));
-  windows = std::min(windows, b.tokens_consumed / r.seq_len);
+  // Clamped before rounding: llround of a D̂ past 2^63 tokens (--unique-tokens 1e30) is
+  // undefined, and read as one window it would have planned 2k unique tokens.
+  const int64_t max_windows = b.tokens_consumed / r.seq_len;
+  const double asked_windows = unique / double(r.seq_len);
+  int64_t windows = asked_windows >= double(max_windows)
+                        ? max_windows
+                        : std::max<int64_t>(1, std::llround(asked_windows));
   b.tokens_unique = windows * r.seq_len;
   b.epochs = double(b.tokens_consumed) / double(b.tokens_unique);
   b.tokens_per_param = r.total_params > 0 ? double(b.tokens_consumed) / double(r.total_params) : 0;

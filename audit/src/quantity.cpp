@@ -120,4 +120,21 @@ void check_shape_value(std::string_view q, double value, std::string_view text,
                                b->min == 0 ? " (none)" : "", b->max));
 }
 
+void check_quantity_value(std::string_view q, double value, std::string_view text,
+                          std::string_view what) {
+  if (shape_bounds(q)) return check_shape_value(q, value, text, what);
+  if (q == "mu") return;  // 0: no coupling loss
+  if (q == "activation_rate") {
+    if (!(value > 0 && value <= 1))
+      throw InputError(fmt::format("{} = {}: activation_rate must be in (0, 1] (ra_pct in (0, "
+                                   "100]); a dense model is 1",
+                                   what, text));
+    return;
+  }
+  if (!(value > 0 && std::isfinite(value)))
+    throw InputError(fmt::format("{} = {}: {} ({}) must be greater than 0; leave the cell blank "
+                                 "if it is not published",
+                                 what, text, q, symbol(q)));
+}
+
 }  // namespace moeplan::audit

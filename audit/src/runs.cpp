@@ -68,6 +68,9 @@ Plan parse_plan(const Reader& rd, const json& p) {
   Plan plan;
   plan.id = rd.text(p, "id");
   plan.role = p.contains("role") ? rd.text(p, "role") : "moe";
+  if (plan.role != "moe" && plan.role != "dense")
+    throw InputError(
+        fmt::format("{}: plan role '{}' (valid: dense, moe)", rd.source, plan.role));
   const json& a = rd.obj(p, "arch");
   const Reader ra = rd.in("arch");
   Arch& arch = plan.arch;
@@ -128,8 +131,13 @@ Plan parse_plan(const Reader& rd, const json& p) {
   b.steps = rd.integer(p, "steps");
   b.batch_seqs = rd.integer(p, "batch_seqs");
   b.seq_len = rd.integer_or(p, "seq_len", arch.seq_len);
-  if (p.contains("reuse") && p.at("reuse").is_string())
-    b.reuse = p.at("reuse").get<std::string>() == "loose" ? Reuse::loose : Reuse::strict;
+  if (p.contains("reuse")) {
+    const std::string reuse = rd.text(p, "reuse");
+    if (reuse != "strict" && reuse != "loose")
+      throw InputError(
+          fmt::format("{}: plan reuse '{}' (valid: strict, loose)", rd.source, reuse));
+    b.reuse = reuse == "loose" ? Reuse::loose : Reuse::strict;
+  }
   // The plan's own N (its counting reading): keep what it printed when given.
   plan.counts.total_params = rd.integer_or(p, "total_params", plan.counts.total_params);
   plan.counts.active_params = rd.integer_or(p, "active_params", plan.counts.active_params);
@@ -516,7 +524,7 @@ RunRecord parse_run_record(std::string_view text, std::string source) {
   json j;
   try {
     j = json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, or out_of_range for a number like 1e400
     throw InputError(fmt::format("{}: not valid JSON ({})", r.source, e.what()));
   }
   if (!j.is_object()) throw InputError(fmt::format("{}: expected a JSON object", r.source));

@@ -1,5 +1,6 @@
 #include "moeplan/audit/spec.hpp"
 
+#include <cmath>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -22,6 +23,11 @@ using Value = toml::basic_value<toml::discard_comments, std::map, std::vector>;
 
 double number(const AuditSpec& s, const Value& v, const std::string& key) {
   if (v.is_integer()) return double(v.as_integer());
+  // TOML spells nan and inf; a NaN bound compares false both ways, so a claim on it would hold
+  // for every row.
+  if (v.is_floating() && !std::isfinite(v.as_floating()))
+    bad(s, fmt::format("{} = {} must be a finite number (e.g. 2048, 2.86e21 or \"65B\")", key,
+                       v.as_floating()));
   if (v.is_floating()) return v.as_floating();
   if (v.is_string()) return parse_quantity(v.as_string().str, fmt::format("{}: {}", s.source, key));
   bad(s, fmt::format("{} must be a number (e.g. 2048, 2.86e21 or \"65B\")", key));
@@ -123,7 +129,7 @@ TableSpec parse_table(const AuditSpec& s, const std::string& name, const Value& 
       const std::string key = fmt::format("{}.shared.{}", where, k);
       ts.shared[k] = cell(s, v, key);
       const Cell& c = ts.shared[k];
-      check_shape_value(k, c.value, v.is_string() ? "\"" + c.text + "\"" : c.text,
+      check_quantity_value(k, c.value, v.is_string() ? "\"" + c.text + "\"" : c.text,
                         fmt::format("{}: {}", s.source, key));
     }
   }

@@ -178,7 +178,7 @@ ClaimTable parse_claim_table(std::string_view text, std::string name, std::strin
       const std::string what =
           fmt::format("{} data row {} column {}", t.source, row_number, t.headers[c]);
       const Cell& cell = row[t.quantities[c]] = parse_cell(fields[c], what, scales[c]);
-      check_shape_value(t.quantities[c], cell.value, cell.text, what);
+      check_quantity_value(t.quantities[c], cell.value, cell.text, what);
     }
     t.rows.push_back(std::move(row));
   }

@@ -352,7 +352,7 @@ GemmTable parse_gemm_table(const std::string& text, const std::string& what) {
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // out_of_range too: a number like 1e400
     throw InputError(fmt::format("{}: not JSON ({})", what, e.what()));
   }
   auto bad = [&](const std::string& where, const std::string& want) {

@@ -476,23 +476,54 @@ void check_record(const json& r, const fs::path& f) {
     if (!v.is_object()) fail(path + key, "not an object");
     return v;
   };
+  // Keys a record may leave out (older records, CPU runs) but, when given, are read as this type.
+  auto optional = [&](const json& j, const std::string& path, const char* key, auto check) {
+    if (j.is_object() && j.contains(key)) check(j, path, key);
+  };
+  auto text = [&](const json& j, const std::string& path, const char* key) {
+    if (!at(j, path, key).is_string()) fail(path + key, "not a string");
+  };
+  auto one_of = [&](const json& j, const std::string& path, const char* key, const char* a,
+                    const char* b) {
+    const json& v = at(j, path, key);
+    if (v != a && v != b)
+      fail(path + key, fmt::format("{} (valid: \"{}\", \"{}\")", v.dump(), a, b).c_str());
+  };
   if (!r.is_object()) fail("(the whole record)", "not a JSON object");
   if (!at(r, "", "point_id").is_string()) fail("point_id", "not a string");
-  if (const json& st = at(r, "", "status"); st != "running" && st != "complete")
-    fail("status", fmt::format("{} (valid: \"running\", \"complete\")", st.dump()).c_str());
+  one_of(r, "", "status", "running", "complete");
   const json& plan = object(r, "", "plan");
+  if (plan.contains("role")) one_of(plan, "plan.", "role", "dense", "moe");
+  if (plan.contains("reuse")) one_of(plan, "plan.", "reuse", "strict", "loose");
+  optional(plan, "plan.", "convention", text);
   for (const char* k : {"activation_rate", "compute", "epochs", "flops_per_token"})
     number(plan, "plan.", k);
   for (const char* k : {"total_params", "tokens_consumed", "tokens_unique", "steps"})
     count(plan, "plan.", k);
+  optional(plan, "plan.", "batch_seqs", count);
+  if (plan.contains("arch")) {
+    const json& a = object(plan, "plan.", "arch");
+    for (const char* k : {"top_k", "layers", "dense_layers"}) optional(a, "plan.arch.", k, count);
+  }
+  if (r.contains("data")) {
+    const json& d = object(r, "", "data");
+    for (const char* k : {"source", "validation_fingerprint"}) optional(d, "data.", k, text);
+    optional(d, "data.", "validation_tokens", count);
+  }
+  if (r.contains("train")) {
+    const json& tr = object(r, "", "train");
+    for (const char* k : {"seed", "data_seed"}) optional(tr, "train.", k, count);
+  }
   const json& m = object(r, "", "measured");
   count(m, "measured.", "total_params");
   count(m, "measured.", "steps");
   const json& c = object(m, "measured.", "compute");
   number(c, "measured.compute.", "paper");
+  optional(c, "measured.compute.", "plan_paper", number);
   const json& t = object(m, "measured.", "tokens");
   for (const char* k : {"consumed", "unique"}) count(t, "measured.tokens.", k);
   number(t, "measured.tokens.", "epochs");
+  optional(t, "measured.tokens.", "dropped_assignments", count);
   const json& flops = object(m, "measured.", "flops");
   if (!flop_count_from_json(at(flops, "measured.flops.", "total")))
     fail("measured.flops.total", "not a FLOP count");

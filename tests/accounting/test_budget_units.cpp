@@ -99,6 +99,21 @@ TEST_CASE("budget: D beyond 64-bit token counts, and unique data under half a wi
   CHECK(make_budget(q).tokens_unique == 128);
 }
 
+TEST_CASE("budget: strict D̂ above what is consumed is every consumed token, however large") {
+  // 10 steps of 8·128 tokens consume D = 10240 tokens, 80 windows. D̂ = 1e6 (above D) is D, one
+  // epoch. D̂ = 1e30 is 7.8e27 windows, past int64: it is D as well, not a wrapped count of one
+  // window (which planned 128 unique tokens, 80 epochs).
+  BudgetRequest q = small_request();
+  q.compute = 1e6 * 10240;
+  q.reuse = Reuse::strict;
+  for (const double asked : {10240.0, 1e6, 1.9e22, 1e30, 1e300}) {
+    q.tokens_unique = asked;
+    const Budget b = make_budget(q);
+    CHECK_MESSAGE(b.tokens_unique == 10240, asked);
+    CHECK_MESSAGE(b.epochs == 1.0, asked);
+  }
+}
+
 TEST_CASE("effective data after repetition (Muennighoff et al. 2023)") {
   // U = 1e9, 3 epochs → R = 2: D' = 1e9·(1 + 15.4·(1 − e^(−2/15.4))) = 2.875574e9.
   CHECK(effective_data(1e9, 3.0) == doctest::Approx(2.875574e9).epsilon(1e-6));

@@ -1,5 +1,6 @@
 // Claim checks: spread, bounds, baseline, strict reuse, duplicated runs, row selection.
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <sstream>
@@ -327,12 +328,43 @@ at_least = { Epoch = 19.875 }
       parse_spec("schema = 1\n[[claims]]\nname = \"b\"\nbetween = { C = [2e21, 1e20] }\n",
                  "b.toml"),
       doctest::Contains("the low bound is above the high one"), InputError);
+  // TOML's nan and inf are refused wherever a number is read: a NaN bound compares false both
+  // ways, so "at least nan" held for every row, and where = { C = nan } ended in "stoi".
+  for (const char* claim :
+       {"at_least = { tokens_per_param = nan }", "at_most = { epochs = nan }",
+        "between = { C = [nan, 1e21] }", "at_least = { C = inf }",
+        "equal = [\"N\"]\nwhere = { compute = nan }", "equal = [\"N\"]\nwhere = { N = [0, inf] }"})
+    CHECK_THROWS_WITH_AS(
+        parse_spec(fmt::format("schema = 1\n[[claims]]\nname = \"b\"\n{}\n", claim), "b.toml"),
+        doctest::Contains("must be a finite number"), InputError);
 }
 
 TEST_CASE("cells: a negative value is refused; an empty cell a claim needs is named as empty") {
   CHECK_THROWS_WITH_AS(parse_claim_table("name,N\na,-2B\n", "t", "t.csv"),
                        "t.csv data row 1 column N: '-2B' is negative; every quantity here is >= 0",
                        InputError);
+  // Zero: D = 0 made C vs M·D = 0 print "+0.00 %, within tolerance" and the row consistent;
+  // ra_pct = 0 and D_over_N = 0 printed infinite ratios. mu = 0 (no coupling loss) is a value.
+  CHECK_THROWS_WITH_AS(parse_claim_table("name,N,M,D,C\na,2.15e9,1.44e10,0,9.36e20\n", "t",
+                                         "t.csv"),
+                       "t.csv data row 1 column D = 0: tokens_consumed (D) must be greater than "
+                       "0; leave the cell blank if it is not published",
+                       InputError);
+  for (const char* header : {"N", "Na", "M", "C", "D_hat", "Epoch", "D_over_N", "eta", "B",
+                             "iters", "BPC", "Loss"})
+    CHECK_THROWS_WITH_AS(parse_claim_table(fmt::format("{}\n0\n", header), "t", "t.csv"),
+                         doctest::Contains("must be greater than 0"), InputError);
+  CHECK_THROWS_WITH_AS(parse_claim_table("ra_pct\n0\n", "t", "t.csv"),
+                       doctest::Contains("activation_rate must be in (0, 1] (ra_pct in (0, 100])"),
+                       InputError);
+  CHECK_THROWS_WITH_AS(parse_claim_table("ra_pct\n150\n", "t", "t.csv"),
+                       doctest::Contains("t.csv data row 1 column ra_pct = 150: activation_rate"),
+                       InputError);
+  CHECK(parse_claim_table("ra_pct,mu\n100,0\n", "t", "t.csv").rows.size() == 1);
+  // A spec's shared value is held to the same: a zero there reaches every row.
+  CHECK_THROWS_WITH_AS(
+      parse_spec("schema = 1\n[tables.t.shared]\nseq_len = 2048\ncompute = 0\n", "s.toml"),
+      doctest::Contains("shared.compute = 0: compute (C) must be greater than 0"), InputError);
   const ClaimTable t = parse_claim_table("name,N,C\na,1e9,1e20\nb,,1e20\n", "t", "t.csv");
   const AuditSpec spec =
       parse_spec("schema = 1\n[[claims]]\nname = \"n\"\nequal = [\"N\"]\n", "s.toml");

@@ -241,14 +241,24 @@ TEST_CASE(
   const fs::path z = out_file("all_zero.csv");
   std::ofstream(z) << "label,N,Dse\na,1e9,0\nb,1e9,0\n";
   CHECK(run("--claims " + z.string() + " --equal Dse").status == 0);
-  // Against a zero baseline: the other row breaks it, the baseline (0 % from itself) does not.
+  // Against a zero baseline (no shared expert): the other row breaks it, the baseline (0 % from
+  // itself) does not.
   const fs::path b = out_file("zero_base.csv");
-  std::ofstream(b) << "label,N,C\nbase,0,1e21\nx,1e9,1e21\n";
-  const Result rb = run("--claims " + b.string() + " --equal N --baseline base");
+  std::ofstream(b) << "label,N,Dse\nbase,1e9,0\nx,1e9,512\n";
+  const Result rb = run("--claims " + b.string() + " --equal Dse --baseline base");
   CAPTURE(rb.out);
   CHECK(rb.status == 1);
   CHECK(rb.out.find("broken by zero_base:2\n") != std::string::npos);
   CHECK(rb.out.find("nan") == std::string::npos);
+  // N = 0 is no model: refused as input, naming the cell (it was a baseline 0 % from itself).
+  const fs::path n0 = out_file("zero_n.csv");
+  std::ofstream(n0) << "label,N,C\nbase,0,1e21\nx,1e9,1e21\n";
+  const Result rn = run("--claims " + n0.string() + " --equal N --baseline base");
+  CHECK(rn.status == 2);
+  CHECK(lines(rn.err) == 1);
+  CHECK_MESSAGE(rn.err.find("zero_n.csv data row 1 column N = 0: total_params (N) must be "
+                            "greater than 0") != std::string::npos,
+                rn.err);
 }
 
 TEST_CASE("a --baseline label two rows share is refused, in one table or across two") {

@@ -492,6 +492,10 @@ TEST_CASE("unusable run folders") {
                        doctest::Contains("'status'"), InputError);
   CHECK_THROWS_WITH_AS(parse_run_record("{not json", "r.json"), doctest::Contains("r.json"),
                        InputError);
+  // A number past a double (1e400) is nlohmann's out_of_range, not a parse_error: it ended the
+  // audit with the raw exception and no file named.
+  CHECK_THROWS_WITH_AS(parse_run_record("{\"schema\": 1, \"wall_seconds\": 1e400}", "r.json"),
+                       doctest::Contains("r.json: not valid JSON"), InputError);
 }
 
 TEST_CASE("against manifest points: a planned point without a record, a record off the plan") {

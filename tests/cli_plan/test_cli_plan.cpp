@@ -344,6 +344,23 @@ TEST_CASE("bad input: one line naming the value, exit status 2") {
   expect_bad_input("grid --N 2e9 --ra 0.1,0.2 --points 5",
                    "--points 5 applies to a range A:B only; --ra '0.1,0.2' is a list");
   expect_bad_input("grid --N 2e9 --ra 0.2 --points 5", "--ra '0.2' is a single rate");
+  // Counts are decimal: CLI11 alone read 010 as octal 8 and 0x5 as hex.
+  for (const char* points : {"0x5", "0b11", "2.5", "5e1", "''"})
+    expect_bad_input(std::string("grid --N 2e9 --ra 0.1:0.3 --points ") + points,
+                     "is not a whole number in decimal digits (e.g. 8)");
+  {
+    const Result ten = run_moeplan("grid --N 2e9 --ra 0.1:0.3 --points 010");
+    CHECK(ten.status == 0);
+    CHECK_MESSAGE(ten.out.find("; 10 points + dense baseline") != std::string::npos, ten.out);
+  }
+  // A D̂ past 2^63 tokens is every consumed token, as any D̂ above D is: it wrapped to one window
+  // of S = 2048 (printed 2.05k unique tokens).
+  {
+    const Result huge = run_moeplan("grid --N 2e9 --ra 0.2 --unique-tokens 1e30");
+    CHECK(huge.status == 0);
+    CHECK_MESSAGE(huge.out.find("2.05k") == std::string::npos, huge.out);
+    CHECK_MESSAGE(huge.out.find("the same 40B unique tokens") != std::string::npos, huge.out);
+  }
   expect_bad_input("grid --N 2e9 --ra 0.1,0.1",
                    "--ra '0.1,0.1': r_a 0.1 is listed twice; give each activation rate once");
   expect_bad_input("grid --N 2e9 --ra 0.1 --convention flops", "--convention 'flops'");

@@ -41,4 +41,11 @@ std::optional<ShapeBounds> shape_bounds(std::string_view quantity);
 void check_shape_value(std::string_view quantity, double value, std::string_view text,
                        std::string_view what);
 
+// Every value a table or a spec gives for a quantity: a shape value as check_shape_value; a
+// count, FLOP figure, token figure, rate, η or loss is > 0 (a zero N, D or C makes every ratio
+// built on it 0 or infinite, and a 0 = 0 "match" proves nothing); r_a is at most 1. mu may be 0
+// (no coupling loss). Throws InputError "<what> = <text>: <quantity> must be ..." otherwise.
+void check_quantity_value(std::string_view quantity, double value, std::string_view text,
+                          std::string_view what);
+
 }  // namespace moeplan::audit
