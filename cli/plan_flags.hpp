@@ -78,6 +78,14 @@ inline Format output_format(const std::optional<std::string>& format, const std:
     const auto f = parse_format(*format);
     if (!f)
       throw InputError(fmt::format("--format '{}' is not known; use {}", *format, format_names()));
+    // A file named for one format holding another (CSV in s.toml) reads back as garbage; .txt
+    // and an extension that names no format (.out) hold what --format says.
+    if (!output.empty())
+      if (const auto ext = format_from_extension(output); ext && *ext != Format::table && *ext != *f)
+        throw InputError(fmt::format(
+            "--format {} contradicts -o {}, which is written as {}; leave out --format or name "
+            "the file for the format",
+            *format, output, name(*ext)));
     return *f;
   }
   if (output.empty()) return Format::table;

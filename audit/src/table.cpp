@@ -138,7 +138,11 @@ ClaimTable parse_claim_table(std::string_view text, std::string name, std::strin
   for (size_t c = 0; c < t.headers.size(); ++c) {
     const std::string& h = t.headers[c];
     if (h.empty())
-      throw InputError(fmt::format("{}: column {} has an empty header", t.source, c + 1));
+      throw InputError(fmt::format(
+          "{}: column {} has an empty header{}", t.source, c + 1,
+          c == 0 ? " (pandas writes its row index so: save with to_csv(index=False), or head the "
+                   "column id)"
+                 : "; give it a header, or remove the column"));
     if (ignore.count(h)) {
       t.quantities.emplace_back();
       scales.push_back(1.0);
@@ -163,8 +167,10 @@ ClaimTable parse_claim_table(std::string_view text, std::string name, std::strin
     t.quantities.push_back(meaning->quantity);
     scales.push_back(meaning->scale);
   }
+  // A line of nothing but separators is blank too: spreadsheets save empty rows as ",,,".
+  auto blank = [](const std::string& l) { return l.find_first_not_of(" \t,") == std::string::npos; };
   for (size_t li = 1; li < lines.size(); ++li) {
-    if (trim(lines[li]).empty()) continue;
+    if (blank(lines[li])) continue;
     const std::vector<std::string> fields =
         split_fields(lines[li], fmt::format("{} line {}", t.source, li + 1));
     const size_t row_number = t.rows.size() + 1;

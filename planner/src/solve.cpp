@@ -42,10 +42,15 @@ std::string short_form(double v) {
 
 // `limit` is kMaxTotalParams for an N asked for; the MoE solver's target is a solved baseline's
 // N, which may land above it by up to the tolerance (an ask of 1e18 solves to 1.0000000123e18).
-void check_target(double n_target, double limit = kMaxTotalParams) {
+void check_target(double n_target, const FamilyRules& f, double limit = kMaxTotalParams) {
   if (!(n_target > 0) || !std::isfinite(n_target))
     throw InputError(
         fmt::format("N = {} is invalid; it must be a positive number of parameters", n_target));
+  // Under one parameter the width solve underflows and the layer count overflows int64.
+  if (n_target < 1)
+    throw InputError(fmt::format(
+        "N = {:.4g} is less than one parameter (N counts parameters: 2e9 or 2B); ask for N >= {}",
+        n_target, short_form(f.min_params)));
   if (n_target > limit)
     throw InputError(fmt::format(
         "N = {:.4g} is above the largest N moeplan plans, {} (parameters are counted in 64-bit "
@@ -98,7 +103,7 @@ MoeSolver::MoeSolver(const Arch& backbone, double n_target, const FamilyRules& f
   if (!(options.n_tolerance > 0))
     throw InputError(fmt::format("n_tolerance = {} is invalid; it must be > 0 (e.g. 0.01)",
                                  options.n_tolerance));
-  check_target(n_target, kMaxTotalParams * (1 + std::min(options.n_tolerance, 0.5)));
+  check_target(n_target, family, kMaxTotalParams * (1 + std::min(options.n_tolerance, 0.5)));
   if (backbone_.moe_layers() <= 0)
     throw InputError(fmt::format("backbone: layers = {} with dense_layers = {} leaves no MoE layer",
                                  backbone_.layers, backbone_.dense_layers));
@@ -237,7 +242,7 @@ MoeSolution MoeSolver::solve(double t) const {
 }
 
 Arch solve_moe_backbone(double n_target, const FamilyRules& f, const BackboneOptions& o) {
-  check_target(n_target);
+  check_target(n_target, f);
   const double zeta = aspect_ratio_for(f, n_target), mu = f.moe_width_ratio, alpha = f.ffn_ratio;
   const int64_t ld = f.dense_first_layers;
   const int64_t min_layers = std::max(f.min_layers, ld + 1);
@@ -271,17 +276,26 @@ Arch solve_moe_backbone(double n_target, const FamilyRules& f, const BackboneOpt
       if (score < best_score) best_score = score, best = a;
     }
   }
-  if (!(best_score < kInf))
+  if (!(best_score < kInf)) {
+    // With --head-dim given, a head wider than N affords is the cause when the rules' own
+    // head_dim fits: say so, not "ask for N >= 1e5" to someone asking for 2e9.
+    const int64_t rules_hd = head_dim_for(f, width);
+    if (o.head_dim > 0 && o.head_dim > rules_hd && n_target >= f.min_params)
+      throw InputError(fmt::format(
+          "--head-dim {} is too wide for N = {:.4g}: a {}-family MoE backbone needs at least {} "
+          "layers of d_model >= head_dim; give a smaller --head-dim (the rules take {} here)",
+          o.head_dim, n_target, f.name, min_layers, rules_hd));
     throw InputError(fmt::format(
         "N = {:.4g} is too small for a {}-family MoE backbone (at least {} layers with head_dim "
         "{}); ask for N >= {}",
         n_target, f.name, min_layers, hd, short_form(f.min_params)));
+  }
   return best;
 }
 
 Arch solve_dense(double n_target, const FamilyRules& f, const BackboneOptions& o,
                  double n_tolerance) {
-  check_target(n_target);
+  check_target(n_target, f);
   const double zeta = aspect_ratio_for(f, n_target), alpha = f.ffn_ratio;
   const double width = continuous_width(n_target, [&](double d) {
     return d * d * std::max(double(f.min_layers), d / zeta) * (4 + 3 * alpha);
@@ -318,6 +332,12 @@ Arch solve_dense(double n_target, const FamilyRules& f, const BackboneOptions& o
     }
     if (best_score < kInf) return best;
   }
+  if (const int64_t rules_hd = head_dim_for(f, width);
+      o.head_dim > 0 && o.head_dim > rules_hd && n_target >= f.min_params)
+    throw InputError(fmt::format(
+        "--head-dim {} is too wide for N = {:.4g}: no dense {}-family shape of d_model >= "
+        "head_dim has N within {:.2g}%; give a smaller --head-dim (the rules take {} here)",
+        o.head_dim, n_target, f.name, 100 * n_tolerance, rules_hd));
   throw InputError(fmt::format(
       "no dense {}-family shape has N within {:.2g}% of {:.4g} (head_dim {}); ask for {}a looser "
       "--n-tolerance",

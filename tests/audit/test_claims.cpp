@@ -375,6 +375,21 @@ TEST_CASE("cells: a negative value is refused; an empty cell a claim needs is na
       InputError);
 }
 
+TEST_CASE("spreadsheet and pandas habits: empty rows of separators, an unnamed index column") {
+  // Excel saves an emptied row as ",": it is blank, not a third row with nothing published.
+  const ClaimTable t = parse_claim_table("N,C\r\n1e9,1e21\r\n,\r\n1e9,1e21\r\n, \r\n", "t", "t.csv");
+  CHECK(t.rows.size() == 2);
+  // pandas' to_csv writes its index under an empty header.
+  CHECK_THROWS_WITH_AS(parse_claim_table(",N,C\n0,1e9,1e21\n", "t", "t.csv"),
+                       doctest::Contains("t.csv: column 1 has an empty header (pandas writes its "
+                                         "row index so: save with to_csv(index=False)"),
+                       InputError);
+  CHECK_THROWS_WITH_AS(parse_claim_table("N,,C\n1e9,,1e21\n", "t", "t.csv"),
+                       "t.csv: column 2 has an empty header; give it a header, or remove the "
+                       "column",
+                       InputError);
+}
+
 TEST_CASE("a claim with no row besides its baseline is refused; the verdict says what it covered") {
   // C: dense 2.80e21, 2.86e21, 5.45e21; moe 2.86e21, 2.86e21, 1.40e21. `where compute = 2.86e12`
   // (a typo for e21) keeps none of the six: with the baseline dense:2 added back, it would be

@@ -339,11 +339,27 @@ TEST_CASE("bad input: one line naming the value, exit status 2") {
   expect_bad_input("grid --N 2e9 --ra 0.1 --format ''",
                    "--format '' is not known; use table, csv, json, toml, md");
   expect_bad_input("grid --N 2e9 --ra 0.1 --format '' -o x.csv", "--format '' is not known");
+  // CSV written into a file named .toml read back as a broken manifest; as `audit -o` does, a
+  // --format that contradicts the extension is refused (.txt and unknown extensions take any).
+  expect_bad_input("grid --N 2e9 --ra 0.1 --format csv -o s.toml",
+                   "--format csv contradicts -o s.toml, which is written as toml");
+  expect_bad_input("show absent.toml --format json -o x.md",
+                   "--format json contradicts -o x.md, which is written as md");
+  CHECK(!fs::exists("s.toml"));
   expect_bad_input("show absent.toml --format ''", "--format '' is not known");
   // --points with a list or one rate, and a repeated rate, were silently ignored or duplicated.
   expect_bad_input("grid --N 2e9 --ra 0.1,0.2 --points 5",
                    "--points 5 applies to a range A:B only; --ra '0.1,0.2' is a list");
   expect_bad_input("grid --N 2e9 --ra 0.2 --points 5", "--ra '0.2' is a single rate");
+  // N under one parameter overflowed the layer count into an "attention above 4e18" message; a
+  // head wider than N affords was told to ask for N >= 1e5 at N = 2e9.
+  expect_bad_input("grid --N 1e-300 --ra 0.2",
+                   "N = 1e-300 is less than one parameter (N counts parameters: 2e9 or 2B); ask "
+                   "for N >= 1e5");
+  expect_bad_input("grid --N 2e9 --ra 0.2 --head-dim 1e6",
+                   "--head-dim 1000000 is too wide for N = 2e+09: a paper-family MoE backbone "
+                   "needs at least 2 layers of d_model >= head_dim; give a smaller --head-dim "
+                   "(the rules take 128 here)");
   // Counts are decimal: CLI11 alone read 010 as octal 8 and 0x5 as hex.
   for (const char* points : {"0x5", "0b11", "2.5", "5e1", "''"})
     expect_bad_input(std::string("grid --N 2e9 --ra 0.1:0.3 --points ") + points,
@@ -536,6 +552,13 @@ TEST_CASE("grid --backbone solves only the MoE layer on the given backbone") {
             "d_ffn = 5464\nseq_len = 2048\nvocab = 65536\n");
   expect_bad_input("grid --N 6.52e9 --ra 0.2 --backbone '" + all_dense.string() + "'",
                    "leaves no MoE layer");
+  // A negative layer count is named as such, not as "dense_layers = 1 leaves no MoE layer".
+  const fs::path negative =
+      write("bb3.toml",
+            "d_model = 2048\nlayers = -24\nheads = 16\nhead_dim = 128\nd_ffn = 5464\n"
+            "seq_len = 2048\nvocab = 65536\n");
+  expect_bad_input("grid --N 6.52e9 --ra 0.2 --backbone '" + negative.string() + "'",
+                   "key 'layers' = -24 is invalid; it must be >= 1 (and above dense_layers)");
 }
 
 TEST_CASE("show: an edit off the equal-resource sweep is refused; equal_resources = false says so") {
