@@ -1,6 +1,8 @@
 #include "toml_reader.hpp"
 
 #include <cmath>
+#include <cstdint>
+#include <limits>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -24,17 +26,51 @@ std::string one_line(const std::string& s) {
   }
   return out;
 }
+
+// toml11 3.7 reads a decimal integer past 64 bits as the nearest int64 limit, silently: seed =
+// 99999999999999999999 became 9223372036854775807. A limit whose text is not the limit itself
+// is such an overflow.
+void refuse_wrapped_integers(const toml::value& v, const std::string& origin,
+                             const std::string& key) {
+  if (v.is_table()) {
+    for (const auto& [k, e] : v.as_table()) refuse_wrapped_integers(e, origin, key.empty() ? k : key + "." + k);
+  } else if (v.is_array()) {
+    for (const toml::value& e : v.as_array()) refuse_wrapped_integers(e, origin, key);
+  } else if (v.is_integer() && (v.as_integer() == std::numeric_limits<int64_t>::max() ||
+                                v.as_integer() == std::numeric_limits<int64_t>::min())) {
+    const toml::source_location loc = v.location();
+    const std::string& line = loc.line_str();
+    std::string text = loc.column() >= 1 && loc.column() - 1 < line.size()
+                           ? line.substr(loc.column() - 1, loc.region())
+                           : std::string();
+    std::string digits;
+    for (char c : text)
+      if (c != '_' && c != '+') digits += c;
+    const std::string limit = std::to_string(v.as_integer());
+    const bool is_limit = digits == limit || digits == "0x7fffffffffffffff" ||
+                          digits == "0x7FFFFFFFFFFFFFFF" || digits == "0o777777777777777777777" ||
+                          digits == "0b" + std::string(63, '1');
+    if (!is_limit)
+      throw InputError(fmt::format(
+          "{}: key '{}' = {} is past the 64-bit integers TOML holds ({} to {})", origin, key,
+          text.empty() ? limit : text, std::numeric_limits<int64_t>::min(),
+          std::numeric_limits<int64_t>::max()));
+  }
+}
 }  // namespace
 
 toml::value parse_toml(const std::string& text, const std::string& origin) {
   std::istringstream in(text);
+  toml::value root;
   try {
-    return toml::parse(in, origin);
+    root = toml::parse(in, origin);
   } catch (const toml::syntax_error& e) {
     throw InputError(fmt::format("{}: not valid TOML: {}", origin, one_line(e.what())));
   } catch (const std::exception& e) {
     throw InputError(fmt::format("{}: not valid TOML: {}", origin, one_line(e.what())));
   }
+  refuse_wrapped_integers(root, origin, "");
+  return root;
 }
 
 std::string toml_double(double v) {
