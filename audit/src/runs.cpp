@@ -554,6 +554,7 @@ RunRecord parse_run_record(std::string_view text, std::string source) {
   // reads them, in a running record too.
   if (const auto d = curve_defect(j)) rd.fail(d->key, d->want.c_str());
   if (const auto d = run_facts_defect(j)) rd.fail(d->key, d->want.c_str());
+  if (const auto d = plan_defect(j)) rd.fail(d->key, d->want.c_str());
   if (r.status != "complete") return r;  // a running record carries only partial fields
   const json& m = rd.obj(j, "measured");
   const Reader rm = rd.in("measured");

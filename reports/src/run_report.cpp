@@ -542,6 +542,7 @@ void check_record(const json& r, const fs::path& f) {
     fail(d->key, d->missing ? "missing" : fmt::format("not {}", d->want).c_str());
   if (const auto d = curve_defect(r))
     fail(d->key, d->missing ? "missing" : fmt::format("not {}", d->want).c_str());
+  if (const auto d = plan_defect(r)) fail(d->key, fmt::format("not {}", d->want).c_str());
   if (!is_complete(r)) return;
   object(m, "measured.", "matches_plan");
   for (const char* k : {"final_val_bpc", "train_seconds", "wall_seconds"}) number(r, "", k);

@@ -1,6 +1,8 @@
 #include "moeplan/sweeps/ledger_json.hpp"
 
+#include <algorithm>
 #include <array>
+#include <climits>
 #include <cmath>
 
 #include <fmt/format.h>
@@ -105,9 +107,57 @@ std::optional<RecordDefect> run_facts_defect(const nlohmann::json& record) {
     }
   if (record.contains("optimizer_sharded") && !record.at("optimizer_sharded").is_boolean())
     return RecordDefect{"optimizer_sharded", "true or false"};
-  for (const char* k : {"train_seconds", "wall_seconds", "final_val_bpc"})
+  for (const char* k : {"train_seconds", "wall_seconds"})
     if (record.contains(k) && !(record.at(k).is_number() && record.at(k).get<double>() >= 0))
       return RecordDefect{k, "a number >= 0"};
+  // Bits per byte of a held-out set are never 0: a model that predicts real text perfectly does
+  // not exist, and 0 would be the "best point" of every report.
+  if (record.contains("final_val_bpc") &&
+      !(record.at("final_val_bpc").is_number() && record.at("final_val_bpc").get<double>() > 0))
+    return RecordDefect{"final_val_bpc", "a number > 0"};
+  return std::nullopt;
+}
+
+std::optional<RecordDefect> plan_defect(const nlohmann::json& record) {
+  if (!record.is_object() || !record.contains("plan") || !record.at("plan").is_object())
+    return std::nullopt;  // the readers name a missing plan themselves
+  const nlohmann::json& p = record.at("plan");
+  auto number = [&](const char* k) -> std::optional<double> {
+    if (p.contains(k) && p.at(k).is_number()) return p.at(k).get<double>();
+    return std::nullopt;
+  };
+  auto count = [&](const nlohmann::json& j, const char* k) -> std::optional<int64_t> {
+    return j.is_object() && j.contains(k) ? count_from_json(j.at(k)) : std::nullopt;
+  };
+  auto close = [](double a, double b) {
+    return std::fabs(a - b) <= 1e-9 * std::max(std::fabs(a), std::fabs(b));
+  };
+  const auto rate = number("activation_rate");
+  const auto n = count(p, "total_params"), na = count(p, "active_params");
+  if (rate && !(*rate > 0 && *rate <= 1))
+    return RecordDefect{"plan.activation_rate", "in (0, 1]"};
+  if (rate && n && na && *n > 0 && !close(*rate, double(*na) / double(*n)))
+    return RecordDefect{"plan.activation_rate",
+                        fmt::format("active_params / total_params = {} / {} = {:.6g}", *na, *n,
+                                    double(*na) / double(*n))};
+  const auto m = number("flops_per_token"), c = number("compute");
+  const auto d = count(p, "tokens_consumed"), du = count(p, "tokens_unique");
+  if (m && c && d && !close(*c, *m * double(*d)))
+    return RecordDefect{"plan.compute", fmt::format("flops_per_token · tokens_consumed = {:.6g}",
+                                                    *m * double(*d))};
+  const auto steps = count(p, "steps"), batch = count(p, "batch_seqs");
+  const auto seq = p.contains("arch") ? count(p.at("arch"), "seq_len") : std::nullopt;
+  if (d && steps && batch && seq && *steps <= INT64_MAX / std::max<int64_t>(1, *batch) &&
+      *steps * *batch <= INT64_MAX / std::max<int64_t>(1, *seq) && *d != *steps * *batch * *seq)
+    return RecordDefect{"plan.tokens_consumed",
+                        fmt::format("steps · batch_seqs · seq_len = {} · {} · {} = {}", *steps,
+                                    *batch, *seq, *steps * *batch * *seq)};
+  if (d && du && !(*du >= 1 && *du <= *d))
+    return RecordDefect{"plan.tokens_unique", fmt::format("in [1, tokens_consumed = {}]", *d)};
+  const auto epochs = number("epochs");
+  if (epochs && d && du && !close(*epochs, double(*d) / double(*du)))
+    return RecordDefect{"plan.epochs", fmt::format("tokens_consumed / tokens_unique = {:.6g}",
+                                                   double(*d) / double(*du))};
   return std::nullopt;
 }
 

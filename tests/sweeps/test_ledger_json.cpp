@@ -147,7 +147,48 @@ TEST_CASE("run_facts_defect: how a record ran, where given, is of its kind") {
   CHECK(defect("device", 3) == "device|a string");
   CHECK(defect("optimizer_sharded", "yes") == "optimizer_sharded|true or false");
   CHECK(defect("train_seconds", -1) == "train_seconds|a number >= 0");
-  CHECK(defect("final_val_bpc", "1.8") == "final_val_bpc|a number >= 0");
+  CHECK(defect("final_val_bpc", "1.8") == "final_val_bpc|a number > 0");
+  // 0 BPC is no measurement: it was every report's "best point".
+  CHECK(defect("final_val_bpc", 0.0) == "final_val_bpc|a number > 0");
+}
+
+TEST_CASE("plan_defect: a record's plan agrees with itself") {
+  // By hand: N_a / N = 30,000 / 100,000 = 0.3; C = M·D = 2.0e5 · 409,600 = 8.192e10;
+  // D = steps · B · S = 50 · 4 · 2048 = 409,600; epochs = D / D̂ = 409,600 / 204,800 = 2.
+  const json ok = {{"plan",
+                    {{"activation_rate", 0.3},
+                     {"total_params", 100000},
+                     {"active_params", 30000},
+                     {"flops_per_token", 2.0e5},
+                     {"compute", 8.192e10},
+                     {"tokens_consumed", 409600},
+                     {"tokens_unique", 204800},
+                     {"epochs", 2.0},
+                     {"steps", 50},
+                     {"batch_seqs", 4},
+                     {"arch", {{"seq_len", 2048}}}}}};
+  CHECK_FALSE(plan_defect(ok));
+  CHECK_FALSE(plan_defect(json{{"plan", json::object()}}));  // keys not given: nothing to hold
+  auto defect = [&](const char* key, const json& v) {
+    json r = ok;
+    r["plan"][key] = v;
+    const auto d = plan_defect(r);
+    REQUIRE(d);
+    return d->key + "|" + d->want;
+  };
+  // An edited r_a moved the point on the report's chart and in its table; 1e30 printed 31 digits.
+  CHECK(defect("activation_rate", 0.9) ==
+        "plan.activation_rate|active_params / total_params = 30000 / 100000 = 0.3");
+  CHECK(defect("activation_rate", 1e30) == "plan.activation_rate|in (0, 1]");
+  CHECK(defect("compute", 5.0) == "plan.compute|flops_per_token · tokens_consumed = 8.192e+10");
+  CHECK(defect("steps", 49) ==
+        "plan.tokens_consumed|steps · batch_seqs · seq_len = 49 · 4 · 2048 = 401408");
+  CHECK(defect("epochs", 7.0) == "plan.epochs|tokens_consumed / tokens_unique = 2");
+  CHECK(defect("tokens_unique", 409601) == "plan.tokens_unique|in [1, tokens_consumed = 409600]");
+  // The last digit of a double written and read back is not a defect.
+  CHECK_FALSE(plan_defect(json{{"plan", {{"activation_rate", 0.1 + 0.2},
+                                         {"total_params", 10},
+                                         {"active_params", 3}}}}));
 }
 
 TEST_CASE("check_point_folder: a record lies in the folder of its point_id") {

@@ -39,8 +39,14 @@ struct RecordDefect {
 std::optional<RecordDefect> curve_defect(const nlohmann::json& record);
 // A record's facts of how it ran, where given: `device` and `kernels` strings, `world_size` and
 // `pass_seqs` whole numbers >= 1, `optimizer_sharded` true or false, `train_seconds`,
-// `wall_seconds` and `final_val_bpc` numbers >= 0. The first that is not so; nullopt when all are.
+// `wall_seconds` numbers >= 0 and `final_val_bpc` a number > 0. The first that is not so; nullopt when all are.
 std::optional<RecordDefect> run_facts_defect(const nlohmann::json& record);
+// A record's plan against itself, where the keys are given: activation_rate = active_params /
+// total_params (in (0, 1]), compute = flops_per_token · tokens_consumed, tokens_consumed =
+// steps · batch_seqs · arch.seq_len, 1 <= tokens_unique <= tokens_consumed, epochs =
+// tokens_consumed / tokens_unique (relative 1e-9: `run` writes them from one another). A hand
+// edit that breaks one would put a point at another r_a or C in the report and the audit.
+std::optional<RecordDefect> plan_defect(const nlohmann::json& record);
 // `moeplan run` writes and finds a point's record at runs/<point_id>/record.json: a record in
 // another folder (copied or renamed) would be shown, audited or skipped as another point. Throws
 // InputError naming the file, its point_id and the folder.
