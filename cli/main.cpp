@@ -67,6 +67,20 @@ int main(int argc, char** argv) {
     CLI::App* sub = app.add_subcommand(c.name, c.description);
     actions[sub] = c.setup(*sub);
   }
+  // "A subcommand is required" is all CLI11 says to `moeplan foo` and to a bare `moeplan`.
+  std::string names;
+  for (const Command& c : cmds) names += (names.empty() ? "" : ", ") + c.name;
+  const std::string first = argc > 1 ? argv[1] : "";
+  const bool known = std::any_of(cmds.begin(), cmds.end(),
+                                 [&](const Command& c) { return c.name == first; });
+  if (argc < 2 || (!known && first.rfind('-', 0) != 0)) {
+    std::fprintf(stderr, "moeplan: error: %s\n",
+                 (argc < 2 ? fmt::format("give a command: {} (moeplan --help)", names)
+                           : fmt::format("'{}' is not a moeplan command; use {} (moeplan --help)",
+                                         first, names))
+                     .c_str());
+    return kExitBadInput;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

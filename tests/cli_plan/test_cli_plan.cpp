@@ -311,6 +311,10 @@ TEST_CASE("bad input: one line naming the value, exit status 2") {
                    "; N = 2000 is below the 1e5 the paper family's rules are made for: ask for "
                    "N >= 1e5");
   expect_bad_input("grid --N 0.2 --ra 0.2", "ask for N >= 1e5");
+  // An unknown or missing command was CLI11's "A subcommand is required".
+  expect_bad_input("gird --N 2e9", "'gird' is not a moeplan command; use grid, plan, ");
+  expect_bad_input("", "give a command: grid, plan, ");
+  CHECK(run_moeplan("--version").status == 0);
   // A single-value option given twice was CLI11's "At Most 1 required but received 2".
   expect_bad_input("grid --N 2e9 --N 3e9 --ra 0.2", "--N was given 2 times; give it once");
   expect_bad_input("grid --N 2e9 --ra 0.1 --ra 0.2", "--ra was given 2 times; give it once");
