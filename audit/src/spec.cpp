@@ -1,5 +1,6 @@
 #include "moeplan/audit/spec.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 
@@ -179,12 +180,19 @@ ClaimSpec parse_claim(const AuditSpec& s, const Value& c, size_t index) {
       cs.where.push_back(w);
     }
   }
-  if (c.contains("equal"))
-    for (const std::string& given : string_list(s, c.at("equal"), where + ".equal")) {
-      const std::string q = quantity_name(given);
+  if (c.contains("equal")) {
+    const std::vector<std::string> given = string_list(s, c.at("equal"), where + ".equal");
+    for (size_t i = 0; i < given.size(); ++i) {
+      const std::string q = quantity_name(given[i]);
       require_quantity(s, q, where + ".equal");
+      // "N" and "total_params" are one quantity: listed twice it would be tested twice.
+      const auto seen = std::find(cs.equal.begin(), cs.equal.end(), q);
+      if (seen != cs.equal.end())
+        bad(s, fmt::format("{}.equal names {} twice ('{}' and '{}'); give each quantity once",
+                           where, q, given[size_t(seen - cs.equal.begin())], given[i]));
       cs.equal.push_back(q);
     }
+  }
   auto bounds = [&](const char* key, bool lower, bool upper) {
     if (!c.contains(key)) return;
     const std::string k = fmt::format("{}.{}", where, key);

@@ -328,6 +328,12 @@ at_least = { Epoch = 19.875 }
       parse_spec("schema = 1\n[[claims]]\nname = \"b\"\nbetween = { C = [2e21, 1e20] }\n",
                  "b.toml"),
       doctest::Contains("the low bound is above the high one"), InputError);
+  CHECK_THROWS_WITH_AS(
+      parse_spec("schema = 1\n[[claims]]\nname = \"b\"\nequal = [\"N\", \"total_params\"]\n",
+                 "b.toml"),
+      "b.toml: claim 'b'.equal names total_params twice ('N' and 'total_params'); give each "
+      "quantity once",
+      InputError);
   // TOML's nan and inf are refused wherever a number is read: a NaN bound compares false both
   // ways, so "at least nan" held for every row, and where = { C = nan } ended in "stoi".
   for (const char* claim :
