@@ -109,6 +109,34 @@ std::string compact_rows(const std::vector<const ClaimTable*>& order,
   return out;
 }
 
+// A claim on M or C (equal, a bound, or a where filter) reads one number per row: rows from
+// tables that count FLOPs differently (paper vs megatron, training vs forward) are not
+// comparable as printed, and converting them needs every row's shape. Refused, naming the tables.
+void require_one_flops_reading(const std::vector<RowRef>& rows, const AuditSpec& spec,
+                               const std::string& claim, const std::string& q,
+                               const std::string& use) {
+  if (q != "compute" && q != "flops_per_token") return;
+  std::vector<std::string> readings;  // "table: reading", one per table
+  std::vector<const ClaimTable*> seen;
+  bool mixed = false;
+  const TableSpec* first = rows.empty() ? nullptr : spec.table(rows.front().table->name);
+  for (const RowRef& r : rows) {
+    if (std::find(seen.begin(), seen.end(), r.table) != seen.end()) continue;
+    seen.push_back(r.table);
+    const TableSpec* ts = spec.table(r.table->name);
+    mixed = mixed || !same_flops_reading(first, ts);
+    readings.push_back(fmt::format("{}: {}", r.table->name, flops_reading_label(ts)));
+  }
+  if (!mixed) return;
+  std::string list;
+  for (const std::string& x : readings) list += (list.empty() ? "" : ", ") + x;
+  throw InputError(fmt::format(
+      "claim '{}' {} {} ({}) across tables that count FLOPs differently ({}); the same run's {} "
+      "differs between these readings, so compare tables of one convention, or restate one "
+      "table's values in the other's convention (`moeplan conventions` shows the terms)",
+      claim, use, symbol(q), q, list, symbol(q)));
+}
+
 struct Selection {
   std::vector<RowRef> listed;  // by `rows`, before `where`
   std::vector<RowRef> kept;    // after `where`
@@ -205,7 +233,7 @@ std::string conventions_note(const std::vector<RowRef>& rows, const AuditSpec& s
   for (const RowRef& r : rows) {
     const TableSpec* ts = spec.table(r.table->name);
     if (ts && ts->convention_stated)
-      add(stated, convention_label(ts->convention, ts->mask));
+      add(stated, flops_reading_label(ts));
     else
       add(assumed, r.table->name);
   }
@@ -215,10 +243,11 @@ std::string conventions_note(const std::vector<RowRef>& rows, const AuditSpec& s
     return s;
   };
   if (assumed.empty()) return "FLOPs as each table claims them: " + join(stated);
-  if (stated.empty()) return "FLOPs read as paper, the default: no table states a convention";
+  if (stated.empty())
+    return "FLOPs read as paper training, the default: no table states a convention";
   return fmt::format(
-      "FLOPs as each table claims them: {}; paper, the default, assumed for {} (no convention "
-      "stated)",
+      "FLOPs as each table claims them: {}; paper training, the default, assumed for {} (no "
+      "convention stated)",
       join(stated), join(assumed));
 }
 
@@ -273,6 +302,7 @@ Selection select(const std::vector<ClaimTable>& tables, const AuditSpec& spec,
   const double tol = claim.tolerance.value_or(spec.tolerance);
   Selection sel{rows, rows};
   for (const WhereClause& w : claim.where) {
+    require_one_flops_reading(sel.kept, spec, claim.name, w.quantity, "filters rows by");
     std::vector<RowRef> kept;
     const auto vals = values_of(sel.kept, spec, w.quantity, claim.name);
     for (const Valued& v : vals) {
@@ -403,6 +433,7 @@ std::vector<ClaimVerdict> evaluate_claims(const std::vector<ClaimTable>& tables,
     if (c.strict_reuse && std::find(equal.begin(), equal.end(), "tokens_unique") == equal.end())
       equal.push_back("tokens_unique");
     for (const std::string& q : equal) {
+      require_one_flops_reading(rows, spec, c.name, q, "compares");
       const auto vals = values_of(rows, spec, q, c.name);
       QuantityVerdict qv;
       qv.quantity = q;
@@ -455,6 +486,7 @@ std::vector<ClaimVerdict> evaluate_claims(const std::vector<ClaimTable>& tables,
       cv.quantities.push_back(qv);
     }
     for (const BoundClaim& b : c.bounds) {
+      require_one_flops_reading(rows, spec, c.name, b.quantity, "bounds");
       const auto vals = values_of(rows, spec, b.quantity, c.name);
       QuantityVerdict qv;
       qv.quantity = b.quantity;

@@ -12,10 +12,14 @@ namespace moeplan::audit {
 namespace {
 
 // What makes two rows the same run. Shape fields must be printed in both (column or shared).
-constexpr const char* kShapeKeys[] = {"layers",   "dense_layers", "d_model", "d_ffn",
-                                      "heads",    "head_dim",     "experts", "top_k",
-                                      "d_expert", "d_shared",     "seq_len"};
-constexpr const char* kRunKeys[] = {"tokens_consumed", "lr_peak", "batch_seqs"};
+// GQA (kv_heads) and the vocabulary change N and M; D̂ and epochs tell a strict-reuse run from
+// a fresh-data run of the same D (the equal-resource paper's own comparison); mu is a training
+// setting (the coupling loss's weight).
+constexpr const char* kShapeKeys[] = {"layers",   "dense_layers", "d_model", "d_ffn",   "heads",
+                                      "kv_heads", "head_dim",     "experts", "top_k",   "d_expert",
+                                      "d_shared", "seq_len",      "vocab"};
+constexpr const char* kRunKeys[] = {"tokens_consumed", "tokens_unique", "epochs",
+                                    "lr_peak",         "batch_seqs",    "mu"};
 
 bool same(const Cell& a, const Cell& b) {
   return std::fabs(a.value - b.value) <= a.half_width + b.half_width + 1e-12 * std::fabs(a.value);
@@ -49,15 +53,6 @@ bool same_run(const RowView& a, const RowView& b) {
   }
   // A dense row and a MoE row are never the same run.
   return (a.printed("experts") != nullptr) == (b.printed("experts") != nullptr);
-}
-
-// M and C compare only between tables that claim them in one convention (and mask), both
-// training or both forward: the same run's M is 3x apart between a training and a forward table.
-bool same_flops_reading(const TableSpec* a, const TableSpec* b) {
-  const TableSpec dflt;
-  const TableSpec& x = a ? *a : dflt;
-  const TableSpec& y = b ? *b : dflt;
-  return x.convention == y.convention && x.mask == y.mask && x.flops == y.flops;
 }
 
 }  // namespace

@@ -3,6 +3,8 @@
 #include <cmath>
 #include <functional>
 
+#include <fmt/format.h>
+
 #include "moeplan/accounting/flops.hpp"
 #include "moeplan/accounting/params.hpp"
 
@@ -155,8 +157,21 @@ std::optional<RowValue> RowView::value_or_shape(const std::string& q) const {
   if (q == "total_params") return RowValue{double(p.total_params), 0, "shape (router out)"};
   if (q == "active_params") return RowValue{double(p.active_params), 0, "shape (router out)"};
   if (q == "activation_rate") return RowValue{p.activation_rate(), 0, "shape (router out)"};
-  if (q == "flops_per_token" && shape_.has_seq_len)
-    return RowValue{flops_per_token(shape_.arch, Convention::paper).total, 0, "shape (paper)"};
+  if (q == "flops_per_token" && shape_.has_seq_len) {
+    // In the FLOP reading the table claims (paper training unless its spec says otherwise): a
+    // megatron table's M from its shape is megatron's, or equal M would compare two readings.
+    const TableSpec dflt;
+    const TableSpec& ts = spec_ ? *spec_ : dflt;
+    if (ts.convention != Convention::paper && !shape_.has_vocab) return std::nullopt;
+    const AttentionMask mask = ts.convention == Convention::exact      ? ts.mask
+                               : ts.convention == Convention::megatron ? AttentionMask::causal
+                                                                       : AttentionMask::full;
+    const FlopsPerToken f = flops_per_token(shape_.arch, ts.convention, mask);
+    const bool training = ts.flops == FlopsKind::training;
+    return RowValue{training ? f.total : f.forward, 0,
+                    fmt::format("shape ({} {})", convention_label(ts.convention, mask),
+                                training ? "training" : "forward")};
+  }
   return std::nullopt;
 }
 

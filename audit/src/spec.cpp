@@ -242,6 +242,22 @@ ClaimSpec parse_claim(const AuditSpec& s, const Value& c, size_t index) {
 
 }  // namespace
 
+bool same_flops_reading(const TableSpec* a, const TableSpec* b) {
+  const TableSpec dflt;
+  const TableSpec& x = a ? *a : dflt;
+  const TableSpec& y = b ? *b : dflt;
+  // The mask changes M only under exact: paper and megatron fix their own attention term.
+  return x.convention == y.convention && x.flops == y.flops &&
+         (x.convention != Convention::exact || x.mask == y.mask);
+}
+
+std::string flops_reading_label(const TableSpec* t) {
+  const TableSpec dflt;
+  const TableSpec& x = t ? *t : dflt;
+  return fmt::format("{} {}", convention_label(x.convention, x.mask),
+                     x.flops == FlopsKind::training ? "training" : "forward");
+}
+
 const TableSpec* AuditSpec::table(std::string_view name) const {
   for (const TableSpec& t : tables)
     if (t.name == name) return &t;

@@ -80,6 +80,27 @@ TEST_CASE("a duplicated run with different numbers, across two tables") {
   CHECK(fs[0].message.find("a:1") != std::string::npos);
 }
 
+TEST_CASE("duplicated runs: GQA, another vocabulary or reused data make another run") {
+  // MHA vs GQA of one 7B shape: N = 32·(2·4096² + 2·4096·1024 + 3·4096·11008) = 5.671e9 with 8
+  // KV heads, 6.476e9 with 32: both rows correct, and two runs, not one run printed twice.
+  const ClaimTable gqa = parse_claim_table(
+      "label,N,L_layers,H,H_kv,Dm,Dffn,D,BPC\nmha,6.48e9,32,32,32,4096,11008,6.80e10,0.4736\n"
+      "gqa,5.67e9,32,32,8,4096,11008,6.80e10,0.4790\n",
+      "gqa", "gqa.csv");
+  CHECK(find_duplicate_runs({gqa}, AuditSpec{}, 0.01).empty());
+  const ClaimTable voc = parse_claim_table(
+      "label,L_layers,H,Dm,Dffn,V,D,BPC\na,32,32,4096,11008,65536,6.80e10,0.4736\n"
+      "b,32,32,4096,11008,151936,6.80e10,0.4712\n",
+      "voc", "voc.csv");
+  CHECK(find_duplicate_runs({voc}, AuditSpec{}, 0.01).empty());
+  // The paper's strict-reuse comparison: one D, fresh data (D̂ = D) or 4.65 epochs of less.
+  const ClaimTable reuse = parse_claim_table(
+      "label,L_layers,H,Dm,Dffn,D,D_hat,Epoch,BPC\nfresh,32,32,4096,11008,3.16e11,3.16e11,1.00,"
+      "0.4590\nreuse,32,32,4096,11008,3.16e11,6.80e10,4.65,0.4650\n",
+      "reuse", "reuse.csv");
+  CHECK(find_duplicate_runs({reuse}, AuditSpec{}, 0.01).empty());
+}
+
 TEST_CASE("duplicated runs: M compares only between tables of one FLOP reading") {
   // The same dense run (L 28, D_m 2176, D_ffn 8848, H 17, S 2048) in a training table and a
   // forward table: M 1.438e10 training is 3 x 4.794e9 forward (paper: 6·N + 12·L·D_m·S vs a
@@ -617,11 +638,39 @@ TEST_CASE("the FLOP convention of a compute claim: as stated, or paper as the as
     const AuditSpec spec = parse_spec("schema = 1\n" + tables_toml + claim_toml, "s.toml");
     return claim(audit_tables({a, b}, spec), "c")->quantities[0].note;
   };
-  CHECK(note("").find("FLOPs read as paper, the default: no table states a convention") !=
+  CHECK(note("").find("FLOPs read as paper training, the default: no table states a convention") !=
         std::string::npos);
   CHECK(note("[tables.a]\nconvention = \"paper\"\n[tables.b]\nconvention = \"paper\"\n")
-            .find("FLOPs as each table claims them: paper") != std::string::npos);
-  CHECK(note("[tables.a]\nconvention = \"megatron\"\n[tables.b]\nflops = \"training\"\n")
-            .find("FLOPs as each table claims them: megatron; paper, the default, assumed for b "
-                  "(no convention stated)") != std::string::npos);
+            .find("FLOPs as each table claims them: paper training") != std::string::npos);
+  CHECK(note("[tables.a]\nconvention = \"paper\"\n[tables.b]\nflops = \"training\"\n")
+            .find("FLOPs as each table claims them: paper training; paper training, the default, "
+                  "assumed for b (no convention stated)") != std::string::npos);
+  // Tables that count FLOPs differently are not compared as printed: a megatron C (LM head in)
+  // against a paper one, or a forward C (a third of training) against a training one, "held"
+  // at +0.00 % with the same numbers printed.
+  for (const char* tables :
+       {"[tables.a]\nconvention = \"megatron\"\n", "[tables.b]\nflops = \"forward\"\n",
+        "[tables.a]\nconvention = \"exact/causal\"\n[tables.b]\nconvention = \"exact/full\"\n"})
+    CHECK_THROWS_WITH_AS(note(tables), doctest::Contains("claim 'c' compares C (compute) across "
+                                                         "tables that count FLOPs differently"),
+                         InputError);
+  CHECK_THROWS_WITH_AS(
+      note("[tables.a]\nconvention = \"megatron\"\n"),
+      doctest::Contains("(a: megatron training, b: paper training)"), InputError);
+  // A where filter and a bound on C read one number per row too.
+  const AuditSpec where = parse_spec(
+      "schema = 1\n[tables.b]\nflops = \"forward\"\n[[claims]]\nname = \"w\"\n"
+      "where = { compute = 1e21 }\nat_least = { epochs = 1 }\n",
+      "s.toml");
+  CHECK_THROWS_WITH_AS(audit_tables({a, b}, where),
+                       doctest::Contains("claim 'w' filters rows by C (compute) across tables"),
+                       InputError);
+  const AuditSpec bound = parse_spec(
+      "schema = 1\n[tables.b]\nflops = \"forward\"\n[[claims]]\nname = \"b\"\n"
+      "at_most = { C = 2e21 }\n",
+      "s.toml");
+  CHECK_THROWS_WITH_AS(audit_tables({a, b}, bound),
+                       doctest::Contains("claim 'b' bounds C (compute) across tables"), InputError);
+  // One table's paper/causal and another's paper are one reading (paper has its own mask).
+  CHECK_NOTHROW(note("[tables.a]\nconvention = \"paper/causal\"\n"));
 }

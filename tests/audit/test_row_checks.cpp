@@ -26,6 +26,8 @@
 #include "moeplan/audit/audit_tables.hpp"
 #include "moeplan/audit/io.hpp"
 #include "moeplan/audit/row_checks.hpp"
+#include "moeplan/audit/row_values.hpp"
+#include "moeplan/audit/spec.hpp"
 
 using namespace moeplan;
 using namespace moeplan::audit;
@@ -134,6 +136,56 @@ TEST_CASE("r_a against the printed N_a / N, with no shape at all") {
   CHECK(*f[0]->expected == doctest::Approx(0.2));
   CHECK(*f[0]->found == doctest::Approx(0.25));
   CHECK(count(fs, Severity::error) == 1);
+}
+
+TEST_CASE("r_a against N_a / N with N from D / (D/N), never from N_a / r_a itself") {
+  // Row b: N = D / (D/N) = 1e11 / 50 = 2e9, N_a/N = 4e8 / 2e9 = 20 %, printed 4 %: -80 % off.
+  // N taken as N_a / r_a = 1e10 made r_a = N_a / (N_a / r_a) hold whatever was printed.
+  const ClaimTable t = parse_claim_table(
+      "label,Na,ra_pct,D,D_over_N\na,2.00e9,100,1.000e11,50.00\nb,4.00e8,4.00,1.000e11,50.00\n",
+      "t", "t.csv");
+  const auto fs = check_table_rows(t, nullptr, 0.01);
+  const auto f = matching(fs, Severity::error, "t", 2, "activation_rate");
+  REQUIRE(f.size() == 1);
+  CHECK(*f[0]->expected == doctest::Approx(0.2));
+  CHECK(*f[0]->found == doctest::Approx(0.04));
+  CHECK(f[0]->message.find("N_a / N (N from D / (D/N))") != std::string::npos);
+  CHECK(matching(fs, Severity::error, "t", 1, "activation_rate").empty());  // 2e9/2e9 = 100 %
+}
+
+TEST_CASE("M from a row's shape is read in the FLOP convention its table claims") {
+  // The tiny shape at K = 2: paper training M = 20,250,624, forward 6,750,208 (header). A
+  // megatron table's M from the shape was paper's too, so "equal M" set a printed megatron M
+  // against a paper one.
+  const ClaimTable t = parse_claim_table(
+      "L_layers,L_dense,Dm,H,Dh,Dffn,E,K,De,Dse,S,V\n4,1,256,4,64,512,8,2,128,128,512,1000\n", "t",
+      "t.csv");
+  auto m = [&](const std::string& spec_text) {
+    const AuditSpec spec = parse_spec("schema = 1\n[tables.t]\n" + spec_text, "s.toml");
+    const auto v = RowView(t, 0, spec.table("t")).value_or_shape("flops_per_token");
+    REQUIRE(v);
+    return *v;
+  };
+  CHECK(m("").value == 20'250'624.0);
+  CHECK(m("").source == "shape (paper training)");
+  CHECK(m("flops = \"forward\"\n").value == 6'750'208.0);
+  CHECK(m("flops = \"forward\"\n").source == "shape (paper forward)");
+  const RowValue meg = m("convention = \"megatron\"\n");
+  CHECK(meg.source == "shape (megatron training)");
+  CHECK(meg.value != 20'250'624.0);
+}
+
+TEST_CASE("a row identity exactly at the tolerance is info, beyond it an error") {
+  // C = 2.8886e21 vs M·D = 2.86e10 · 1e11 = 2.86e21: +1.000 % (0.010000000000000009 in
+  // doubles), the tolerance itself; 2.8887e21 is +1.0035 %.
+  const ClaimTable t = parse_claim_table(
+      "label,M,D,C\nat,28600000000,100000000000,2888600000000000000000\n"
+      "over,28600000000,100000000000,2888700000000000000000\n",
+      "t", "t.csv");
+  const auto fs = check_table_rows(t, nullptr, 0.01);
+  CHECK(matching(fs, Severity::error, "t", 1, "compute").empty());
+  CHECK(matching(fs, Severity::info, "t", 1, "compute").size() == 1);
+  CHECK(matching(fs, Severity::error, "t", 2, "compute").size() == 1);
 }
 
 TEST_CASE("a shape without S or V: N is still checked, M is skipped (parameters read neither)") {

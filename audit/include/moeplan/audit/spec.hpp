@@ -64,6 +64,14 @@ struct AuditSpec {
   const TableSpec* table(std::string_view name) const;
 };
 
+// M and C compare only between tables that claim them in one convention (and mask), both
+// training or both forward: the same run's M is 3x apart between a training and a forward table,
+// and megatron counts the LM head that paper leaves out. A table without a spec entry (nullptr)
+// reads as paper training.
+bool same_flops_reading(const TableSpec* a, const TableSpec* b);
+// "paper training", "megatron forward", "exact/causal training".
+std::string flops_reading_label(const TableSpec* t);
+
 // Parse spec text (TOML). Throws InputError naming the key and what would be valid.
 AuditSpec parse_spec(std::string_view toml_text, std::string source);
 
