@@ -5,6 +5,7 @@
 #include <cmath>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -67,9 +68,26 @@ bool same_data(const json& r, const json& dense) {
 }
 
 // Why a complete record is not an equal-resource peer of the dense baseline ("" when it is), from
-// what both measured: N and C [paper] within 1 % of the baseline's (audit's default tolerance),
+// what both measured: N and C (in the convention the sweep was planned in) within 1 % of the
+// baseline's (audit's default tolerance),
 // and under strict reuse exactly the baseline's D̂ unique. A point that breaks the contract gets
 // no "vs dense" figure, bar or chart point: its BPC difference would not be a fair comparison.
+// The FLOP convention a record's plan equalised C in ("paper", "exact/causal", "megatron"), and
+// its measured C through that convention's lens, from the ledger (nullopt where the record does
+// not carry it: older records; paper is always there).
+std::string plan_convention(const json& r) {
+  const std::string c = r["plan"].value("convention", "paper");
+  return c == "exact" ? "exact/" + r["plan"].value("mask", "causal") : c;
+}
+std::optional<double> measured_compute(const json& r, const std::string& label) {
+  const json& m = r["measured"];
+  if (label == "paper") return m["compute"].value("paper", 0.0);
+  const json& f = m["flops"];
+  if (f.contains("conventions") && f["conventions"].contains(label))
+    return f["conventions"][label].get<double>();
+  return std::nullopt;
+}
+
 std::string unequal_resources(const json& r, const json& dense) {
   if (!is_complete(r) || !is_complete(dense)) return "";
   const json &m = r["measured"], &d = dense["measured"];
@@ -81,7 +99,13 @@ std::string unequal_resources(const json& r, const json& dense) {
   };
   rel("N", double(m.value("total_params", int64_t{0})),
       double(d.value("total_params", int64_t{0})));
-  rel("C [paper]", m["compute"].value("paper", 0.0), d["compute"].value("paper", 0.0));
+  // C in the convention the sweep was planned in: an exact-planned sweep is equal in exact C and
+  // may be 3 % apart in paper C (the attention term differs), which the audit does not call
+  // unequal either.
+  std::string conv = plan_convention(dense);
+  auto c = measured_compute(r, conv), dc = measured_compute(dense, conv);
+  if (!c || !dc) conv = "paper", c = measured_compute(r, conv), dc = measured_compute(dense, conv);
+  rel(fmt::format("C [{}]", conv).c_str(), *c, *dc);
   if (dense["plan"].value("reuse", "strict") == "strict") {
     const int64_t u = m["tokens"].value("unique", int64_t{0}),
                   du = d["tokens"].value("unique", int64_t{0});
@@ -318,8 +342,10 @@ std::string verdict_of(const std::vector<json>& records, const json* dense) {
         "data: {}",
         data_label(*dense), other_data);
   if (!unequal.empty())
-    v += "\nNOT compared with the dense baseline, not equal-resource (N and C [paper] within 1 % "
-         "of the baseline's, D̂ unique equal under strict reuse; `moeplan audit` says more):" +
+    v += fmt::format(
+             "\nNOT compared with the dense baseline, not equal-resource (N and C [{}] within 1 % "
+             "of the baseline's, D̂ unique equal under strict reuse; `moeplan audit` says more):",
+             plan_convention(*dense)) +
          unequal;
   v += fmt::format(
       "\nmeasured vs plan: {} of {} complete point(s) consumed exactly the planned D, read exactly "
@@ -525,6 +551,11 @@ void check_record(const json& r, const fs::path& f) {
   number(t, "measured.tokens.", "epochs");
   optional(t, "measured.tokens.", "dropped_assignments", count);
   const json& flops = object(m, "measured.", "flops");
+  if (flops.contains("conventions")) {
+    const json& conv = object(flops, "measured.flops.", "conventions");
+    for (const auto& [label, v] : conv.items())
+      if (!v.is_number()) fail("measured.flops.conventions." + label, "not a number");
+  }
   if (!flop_count_from_json(at(flops, "measured.flops.", "total")))
     fail("measured.flops.total", "not a FLOP count");
   // The categories the time table reads (padding, recompute): each count given must be one.

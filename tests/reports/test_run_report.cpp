@@ -431,6 +431,32 @@ TEST_CASE("report: a point without the baseline's N, C or D̂ gets no comparison
   CHECK(text.find("-0.5000") == std::string::npos);
 }
 
+TEST_CASE("report: equal C is judged in the convention the sweep was planned in") {
+  // A sweep planned in exact/causal: both points measured 4.0e5 FLOPs through the exact/causal
+  // lens (equal), while their paper C differ by 3.5 % (3.86e5 vs 4e5: the attention term is
+  // counted otherwise). The audit holds them equal in the plan's convention; the report said
+  // "not equal" from C [paper].
+  std::vector<json> recs = {record("dense", true, 1.0, 2.0), record("moe-a", false, 0.2, 1.9)};
+  for (json& r : recs) {
+    r["plan"]["convention"] = "exact";
+    r["plan"]["mask"] = "causal";
+    r["measured"]["flops"]["conventions"] = {{"exact/causal", 4e5}, {"paper", 4e5}};
+  }
+  recs[1]["measured"]["compute"]["paper"] = 3.86e5;
+  recs[1]["measured"]["flops"]["conventions"]["paper"] = 3.86e5;
+  std::string text = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::text);
+  CAPTURE(text);
+  CHECK(text.find("not equal   ") == std::string::npos);
+  CHECK(text.find("MoE points with lower validation BPC: 1 of 1; best point: moe-a") !=
+        std::string::npos);
+  // 2 % apart in exact/causal C: not equal, and the reason names that convention.
+  recs[1]["measured"]["flops"]["conventions"]["exact/causal"] = 3.92e5;
+  text = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::text);
+  CHECK(text.find("moe-a: C [exact/causal] 392k is -2.00% from the baseline's 400k") !=
+        std::string::npos);
+  CHECK(text.find("(N and C [exact/causal] within 1 %") != std::string::npos);
+}
+
 TEST_CASE("report: measured vs plan is read from the numbers, not from the record's own flags") {
   // Flags that say all is well over numbers that do not: 90 unique tokens read of the 100
   // planned, and C [paper] 2 % under its plan. Both records claim to match.
