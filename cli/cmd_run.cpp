@@ -120,8 +120,8 @@ class ProgressPrinter {
     }
     last_print_ = now;
     const std::string line =
-        fmt::format("{} step {}/{}  {} tokens consumed  loss {:.4f}  {} tok/s  {} FLOP/s "
-                    "[exact/causal]  ETA {}",
+        fmt::format("{} step {}/{}  {} tokens consumed  loss {:.4f}  {} tok/s consumed  {} "
+                    "FLOP/s [exact/causal]  ETA {}",
                     label_, p.step, p.steps, human(double(p.tokens_consumed)), p.train_loss,
                     human(p.tokens_per_second), human(p.flops_per_second),
                     duration(p.eta_seconds));

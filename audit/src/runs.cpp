@@ -162,8 +162,9 @@ class RunAuditor {
 
   void add(Severity s, const std::string& point, const std::string& q, std::optional<double> e,
            std::optional<double> f, double tol, std::string msg) {
+    // Against an expected 0 a non-zero value has no relative difference (it read +0.00 %).
     std::optional<double> rd;
-    if (e && f) rd = rel(*f, *e);
+    if (e && f && (*e != 0 || *f == 0)) rd = rel(*f, *e);
     report_.findings.push_back(Finding{s, point, 0, q, e, f, rd, tol, std::move(msg)});
   }
   // The exact counts behind the last finding's expected and found values.

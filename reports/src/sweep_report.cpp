@@ -99,11 +99,12 @@ std::string preamble(const Manifest& m, const char* bullet) {
           : "";
   if (m.equal_resources)
     out += fmt::format(
-        "{}compute C = {} FLOPs [{}] for every point (spread {:.3f}% from step rounding{}); "
-        "{}\n",
+        "{}compute C target = {} FLOPs [{}] for every point (each point's C rounds to whole "
+        "steps: spread {:.3f}%{}); {}\n",
         bullet, human(d.budget.compute_target), label_of(d), 100 * spread, over, reuse);
   else
-    out += fmt::format("{}compute C of the dense baseline = {} FLOPs [{}]; C spread {:.3f}%\n",
+    out += fmt::format("{}compute C target of the dense baseline = {} FLOPs [{}]; C spread "
+                       "{:.3f}%\n",
                        bullet, human(d.budget.compute_target), label_of(d), 100 * spread);
   return out;
 }

@@ -74,6 +74,12 @@ TEST_CASE("runs that match their plans: every claim holds, residuals explained b
   REQUIRE(router.size() == 1);
   CHECK(*router[0]->found == doctest::Approx(10752.0));
   CHECK(router[0]->message.find("router FLOPs are not part of paper") != std::string::npos);
+  // Paper counts 0 router FLOPs: a measured 10,752 has no relative difference from 0 (it read
+  // +0.00 %), where attention's has one.
+  CHECK(*router[0]->expected == 0.0);
+  CHECK_FALSE(router[0]->rel_diff);
+  REQUIRE(att[0]->rel_diff);
+  CHECK(*att[0]->rel_diff == doctest::Approx(26880.0 / 43008.0 - 1));
   // Measured N 1888 = planned 1856 + router 32: explained by the counting reading.
   const auto n = matching(r.findings, Severity::info, "moe-k1", 0, "total_params");
   REQUIRE(n.size() == 1);

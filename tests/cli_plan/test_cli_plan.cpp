@@ -586,7 +586,7 @@ TEST_CASE("show: an edit off the equal-resource sweep is refused; equal_resource
   CHECK(r.status == 0);
   CHECK(r.out.find("NOT an equal-resource sweep (equal_resources = false)") != std::string::npos);
   CHECK(r.out.find("for every point") == std::string::npos);
-  CHECK(r.out.find("compute C of the dense baseline = ") != std::string::npos);
+  CHECK(r.out.find("compute C target of the dense baseline = ") != std::string::npos);
   r = run_moeplan("show '" + toml.string() + "' --format json");
   CHECK(nlohmann::json::parse(r.out).at("equal_resources") == false);
 }

@@ -20,7 +20,8 @@ struct Progress {
   int64_t step = 0, steps = 0;
   int64_t tokens_consumed = 0;
   double train_loss = 0;  // latest step
-  double tokens_per_second = 0;   // consumed tokens over this session's wall time
+  double tokens_per_second = 0;   // consumed tokens over this session's training time (its wall
+                                  // time less its evaluations)
   double flops_per_second = 0;    // the training ledger (exact/causal) over the same time
   double eta_seconds = 0;
   bool evaluated = false;  // a validation pass just finished
