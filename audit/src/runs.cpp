@@ -338,7 +338,8 @@ class RunAuditor {
     lens_arch.count_router = p.arch.count_router;
     const ConventionLens ln = lens(lens_arch, p.convention, r.executed_mask);
     const double measured_conv = ln.apply(r.ledger);
-    const std::string label = convention_label(p.convention, p.mask);
+    // "paper (router in)" where the plan's N_a counts the router: the lens's 6·N_a does too.
+    const std::string label = flops_label(p.arch, p.convention, p.mask);
     // Planned C is M times the plan's D: a run that consumed other tokens spent another C, and
     // the line says so, with the measured C per consumed token against M beside it.
     const int64_t planned_d = p.budget.tokens_consumed;
@@ -790,7 +791,9 @@ AuditReport audit_runs(const std::vector<RunRecord>& records, const std::vector<
     const double ntol = opt.n_tolerance.value_or(opt.tolerance);
     const double ctol = opt.compute_tolerance.value_or(opt.tolerance);
     const std::string conv =
-        records.empty() ? "" : convention_label(records[0].plan.convention, records[0].plan.mask);
+        records.empty() ? ""
+                        : flops_label(records[0].plan.arch, records[0].plan.convention,
+                                      records[0].plan.mask);
     report.claims.push_back(equal_claim("equal total parameters N across the sweep", "total_params",
                                         pts, &PointValues::n, ntol, report.findings));
     report.claims.push_back(

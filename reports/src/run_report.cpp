@@ -4,6 +4,7 @@
 #include <array>
 #include <cmath>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <optional>
 #include <sstream>
@@ -12,6 +13,7 @@
 
 #include "moeplan/accounting/budget.hpp"
 #include "moeplan/accounting/error.hpp"
+#include "moeplan/accounting/flops.hpp"
 #include "moeplan/accounting/units.hpp"
 #include "moeplan/reports/plot.hpp"
 #include "moeplan/reports/text_table.hpp"
@@ -88,6 +90,31 @@ std::optional<double> measured_compute(const json& r, const std::string& label) 
   return std::nullopt;
 }
 
+// The paper lens of a record's ledger counts what its N_a counts: with the router's or the
+// norms' weights in N_a (--count-router, --count-norms), its C is "paper (router in)", as grid
+// and run label it.
+std::string paper_label(const json& r) {
+  Arch a;
+  if (r["plan"].contains("arch")) {
+    const json& arch = r["plan"]["arch"];
+    a.count_router = arch.value("count_router", false);
+    a.count_norms = arch.value("count_norms", false);
+  }
+  return flops_label(a, Convention::paper, AttentionMask::full);
+}
+
+// One label for a column or an axis over every record; where records differ, each is named.
+std::string common_label(const std::vector<json>& records,
+                         const std::function<std::string(const json&)>& label_of) {
+  std::vector<std::string> seen;
+  for (const json& r : records)
+    if (std::find(seen.begin(), seen.end(), label_of(r)) == seen.end()) seen.push_back(label_of(r));
+  if (seen.empty()) return "paper";
+  std::string s = seen[0];
+  for (size_t i = 1; i < seen.size(); ++i) s += " or " + seen[i];
+  return s;
+}
+
 std::string unequal_resources(const json& r, const json& dense) {
   if (!is_complete(r) || !is_complete(dense)) return "";
   const json &m = r["measured"], &d = dense["measured"];
@@ -105,7 +132,7 @@ std::string unequal_resources(const json& r, const json& dense) {
   std::string conv = plan_convention(dense);
   auto c = measured_compute(r, conv), dc = measured_compute(dense, conv);
   if (!c || !dc) conv = "paper", c = measured_compute(r, conv), dc = measured_compute(dense, conv);
-  rel(fmt::format("C [{}]", conv).c_str(), *c, *dc);
+  rel(fmt::format("C [{}]", conv == "paper" ? paper_label(dense) : conv).c_str(), *c, *dc);
   if (dense["plan"].value("reuse", "strict") == "strict") {
     const int64_t u = m["tokens"].value("unique", int64_t{0}),
                   du = d["tokens"].value("unique", int64_t{0});
@@ -181,25 +208,28 @@ std::string html_table(const std::vector<std::string>& headers,
   return h + "</table>\n";
 }
 
-const std::vector<std::string> kHeaders = {"point",
-                                           "r_a",
-                                           "N plan",
-                                           "N meas",
-                                           "C plan [paper]",
-                                           "C meas [paper]",
-                                           "C ok",
-                                           "D plan (consumed)",
-                                           "D meas (consumed)",
-                                           "D̂ plan (unique)",
-                                           "D̂ meas (unique)",
-                                           "epochs plan",
-                                           "epochs meas",
-                                           "val BPC",
-                                           "vs dense",
-                                           "facts BPC",
-                                           "arith BPC",
-                                           "wall s",
-                                           "status"};
+// The C columns carry the paper lens's label: "paper (router in)" where N_a counts the router.
+std::vector<std::string> headers(const std::string& paper) {
+  return {"point",
+          "r_a",
+          "N plan",
+          "N meas",
+          "C plan [" + paper + "]",
+          "C meas [" + paper + "]",
+          "C ok",
+          "D plan (consumed)",
+          "D meas (consumed)",
+          "D̂ plan (unique)",
+          "D̂ meas (unique)",
+          "epochs plan",
+          "epochs meas",
+          "val BPC",
+          "vs dense",
+          "facts BPC",
+          "arith BPC",
+          "wall s",
+          "status"};
+}
 
 std::vector<std::string> row_of(const json& r, const json* dense) {
   const json& p = r["plan"];
@@ -425,7 +455,6 @@ std::vector<plot::Chart> charts_of(const std::vector<json>& records, const json*
       charts.push_back(std::move(c));
     }
   }
-  std::string convention = "paper";
   plot::Chart val{"Validation BPC during training, against training compute",
                   "",
                   "validation bits per byte",
@@ -441,7 +470,6 @@ std::vector<plot::Chart> charts_of(const std::vector<json>& records, const json*
   for (const json& r : records) {
     const json& p = r["plan"];
     const std::string id = r.value("point_id", "?");
-    convention = p.value("convention", convention);
     const double steps = p.value("steps", 0.0);
     const double per_step = steps > 0 ? p.value("tokens_consumed", 0.0) / steps : 0.0;
     const double m = p.value("flops_per_token", 0.0);
@@ -454,7 +482,11 @@ std::vector<plot::Chart> charts_of(const std::vector<json>& records, const json*
       l.emplace_back(e.value("tokens_consumed", 0.0), e.value("train_loss", 0.0));
     if (!l.empty()) loss.series.push_back({id, plot::bucket_means(l, 150), false, is_dense(r)});
   }
-  val.x_label = fmt::format("training compute C [{}] (FLOPs)", convention);
+  val.x_label = fmt::format("training compute C [{}] (FLOPs)",
+                            common_label(records, [](const json& r) {
+                              const std::string c = plan_convention(r);
+                              return c == "paper" ? paper_label(r) : c;
+                            }));
   if (!val.series.empty()) charts.push_back(std::move(val));
   if (!loss.series.empty()) charts.push_back(std::move(loss));
   return charts;
@@ -530,6 +562,9 @@ void check_record(const json& r, const fs::path& f) {
   if (plan.contains("arch")) {
     const json& a = object(plan, "plan.", "arch");
     for (const char* k : {"top_k", "layers", "dense_layers"}) optional(a, "plan.arch.", k, count);
+    for (const char* k : {"count_router", "count_norms"})
+      if (a.contains(k) && !a.at(k).is_boolean())
+        fail(std::string("plan.arch.") + k, "not true or false");
   }
   if (r.contains("data")) {
     const json& d = object(r, "", "data");
@@ -627,6 +662,8 @@ std::string render_run_report(const std::vector<json>& records, const std::strin
   for (const json& r : records)
     if (is_dense(r) && is_complete(r)) dense = &r;
   TextTable t;
+  const std::string paper = common_label(records, paper_label);
+  const std::vector<std::string> kHeaders = headers(paper);
   for (const auto& h : kHeaders)
     t.add_column(h,
                  h == "point" || h == "status" ? TextTable::Align::left : TextTable::Align::right);
@@ -652,9 +689,9 @@ std::string render_run_report(const std::vector<json>& records, const std::strin
   const std::string verdict = verdict_of(records, dense);
   const std::string title = fmt::format(
       "moeplan report: {} run(s) in {}. BPC = validation bits per byte (held-out data); C in the "
-      "paper convention (6·N_a + 12·L·D_m·S per consumed token); D consumed counts repeats, D̂ "
+      "{} convention (6·N_a + 12·L·D_m·S per consumed token); D consumed counts repeats, D̂ "
       "unique does not",
-      records.size(), source);
+      records.size(), source, paper);
   const std::string bars = bars_of(records, dense);
   switch (format) {
     case ReportFormat::text:

@@ -491,6 +491,16 @@ TEST_CASE("a record's summary is held to its counts: steps and C [paper], as the
   CHECK(matching(ok.findings, Severity::warning, "moe-k1", 0, "compute").empty());
 }
 
+TEST_CASE("a sweep planned with the router in N_a names that reading in its C claim") {
+  // --count-router: paper's 6·N_a counts the router, so the sweep's C is "paper (router in)",
+  // as grid and run print it; the claim said "(paper)".
+  auto recs = load_run_records(fixture("runs_ok"));
+  for (RunRecord& r : recs) r.plan.arch.count_router = true;
+  const AuditReport r = audit_runs(recs, {}, {});
+  CHECK(claim(r, "equal training compute C (paper (router in)) across the sweep"));
+  CHECK_FALSE(claim(r, "equal training compute C (paper) across the sweep"));
+}
+
 TEST_CASE("unusable run folders") {
   CHECK_THROWS_WITH_AS(load_run_records(fixture("no-such-runs")), doctest::Contains("no-such-runs"),
                        InputError);

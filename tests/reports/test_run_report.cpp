@@ -431,6 +431,37 @@ TEST_CASE("report: a point without the baseline's N, C or D̂ gets no comparison
   CHECK(text.find("-0.5000") == std::string::npos);
 }
 
+TEST_CASE("report: the C columns and chart name the reading N_a was counted under") {
+  // --count-router puts the router's weights in N_a and so in paper's 6·N_a: the record's
+  // measured.compute.paper is then "paper (router in)", as grid and run print it.
+  std::vector<json> recs = {record("dense", true, 1.0, 2.0), record("moe-a", false, 0.2, 1.9)};
+  for (json& r : recs) r["plan"]["arch"] = {{"count_router", true}};
+  std::string text = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::text);
+  CHECK(text.find("C plan [paper (router in)]") != std::string::npos);
+  CHECK(text.find("C in the paper (router in) convention") != std::string::npos);
+  std::string html = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::html);
+  CHECK(html.find("training compute C [paper (router in)] (FLOPs)") != std::string::npos);
+  // Without the reading: plain paper; an exact-planned sweep's chart is in exact/causal.
+  recs = {record("dense", true, 1.0, 2.0), record("moe-a", false, 0.2, 1.9)};
+  text = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::text);
+  CHECK(text.find("C plan [paper]") != std::string::npos);
+  for (json& r : recs) r["plan"]["convention"] = "exact", r["plan"]["mask"] = "causal";
+  html = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::html);
+  CHECK(html.find("training compute C [exact/causal] (FLOPs)") != std::string::npos);
+  // A mistyped reading is damage, named.
+  recs[1]["plan"]["arch"] = {{"count_router", "yes"}};
+  const auto dir = std::filesystem::temp_directory_path() / "moeplan-report-reading";
+  std::filesystem::remove_all(dir);
+  for (const json& r : recs) {
+    std::filesystem::create_directories(dir / r["point_id"].get<std::string>());
+    std::ofstream(dir / r["point_id"].get<std::string>() / "record.json") << r.dump();
+  }
+  CHECK_THROWS_WITH_AS(moeplan::load_run_records(dir),
+                       doctest::Contains("'plan.arch.count_router' is not true or false"),
+                       moeplan::InputError);
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("report: equal C is judged in the convention the sweep was planned in") {
   // A sweep planned in exact/causal: both points measured 4.0e5 FLOPs through the exact/causal
   // lens (equal), while their paper C differ by 3.5 % (3.86e5 vs 4e5: the attention term is
