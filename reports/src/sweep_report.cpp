@@ -39,7 +39,7 @@ TextTable sweep_table(const Manifest& m) {
   t.add_column("D consumed");
   t.add_column("D̂ unique");
   t.add_column("epochs");
-  t.add_column("TPP");
+  t.add_column("TPP consumed");
   t.add_column("D' effective");
   t.add_column("η");
   t.add_column("batch (seqs)");
