@@ -254,23 +254,36 @@ std::string conventions_note(const std::vector<RowRef>& rows, const AuditSpec& s
 }  // namespace
 
 std::vector<size_t> outliers_to_remove(const std::vector<double>& values, double tol) {
-  std::vector<size_t> kept(values.size()), removed;
-  for (size_t i = 0; i < kept.size(); ++i) kept[i] = i;
-  auto range_ok = [&]() {
-    double lo = values[kept[0]], hi = lo;
-    for (size_t i : kept) lo = std::min(lo, values[i]), hi = std::max(hi, values[i]);
-    return within(rel_range(lo, hi), tol);
-  };
-  while (kept.size() > 1 && !range_ok()) {
-    std::vector<double> v;
-    for (size_t i : kept) v.push_back(values[i]);
-    const double m = median(v);
-    size_t worst = 0;
-    for (size_t k = 1; k < kept.size(); ++k)
-      if (std::fabs(values[kept[k]] - m) > std::fabs(values[kept[worst]] - m)) worst = k;
-    removed.push_back(kept[worst]);
-    kept.erase(kept.begin() + long(worst));
+  // The largest group of values within the tolerance of one another is kept, the rest removed:
+  // over the sorted values, every window [lo, hi] whose relative range is within tolerance; the
+  // widest keeps the most. Removing greedily from the median blamed two rows of 1.0095, 1.0095,
+  // 1.0192, 1.0192 against 1.0000 where dropping the 1.0000 alone suffices. Of windows keeping
+  // as many, the one nearest the median (then the lowest) is kept.
+  const size_t n = values.size();
+  if (n < 2) return {};
+  std::vector<size_t> order(n);
+  for (size_t i = 0; i < n; ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return values[a] < values[b]; });
+  const double m = median(values);
+  size_t best_lo = 0, best_len = 0;
+  double best_off = 0;
+  for (size_t lo = 0, hi = 0; lo < n; ++lo) {
+    if (hi < lo) hi = lo;
+    while (hi + 1 < n && within(rel_range(values[order[lo]], values[order[hi + 1]]), tol)) ++hi;
+    const size_t len = hi - lo + 1;
+    const double mid = 0.5 * (values[order[lo]] + values[order[hi]]);
+    const double off = std::fabs(mid - m);
+    if (len > best_len || (len == best_len && off < best_off))
+      best_lo = lo, best_len = len, best_off = off;
   }
+  // The removed, farthest from the median first.
+  std::vector<size_t> removed;
+  for (size_t k = 0; k < n; ++k)
+    if (k < best_lo || k >= best_lo + best_len) removed.push_back(order[k]);
+  std::stable_sort(removed.begin(), removed.end(), [&](size_t a, size_t b) {
+    return std::fabs(values[a] - m) > std::fabs(values[b] - m);
+  });
   return removed;
 }
 

@@ -53,8 +53,17 @@ TEST_CASE("an 'equal C' group with a 3 % spread fails and names the row that bre
 TEST_CASE("outliers_to_remove removes the fewest, most outlying values") {
   CHECK(outliers_to_remove({1.0, 1.005, 1.03}, 0.01) == std::vector<size_t>{2});
   CHECK(outliers_to_remove({1.0, 1.001, 1.002}, 0.01).empty());
-  // 0.9 and 1.1 are both 10 % from the median 1.0; 0.9 is found first, then 1.1.
-  CHECK(outliers_to_remove({0.9, 1.0, 1.0, 1.1}, 0.01).size() == 2);
+  // 0.9 and 1.1 are both 10 % from the median 1.0: both go, the two 1.0 stay.
+  auto removed = outliers_to_remove({0.9, 1.0, 1.0, 1.1}, 0.01);
+  std::sort(removed.begin(), removed.end());
+  CHECK(removed == std::vector<size_t>{0, 3});
+  // By hand: without 1.0000 the rest span (1.0192 - 1.0095) / 1.0095 = 0.96 % <= 1 %: one row
+  // to blame. Greedy removal from the median (1.0095) dropped both 1.0192 rows instead.
+  CHECK(outliers_to_remove({1.0000, 1.0095, 1.0095, 1.0192, 1.0192}, 0.01) ==
+        std::vector<size_t>{0});
+  // Two groups as large: 1.00, 1.005 and 1.10, 1.105 around the median 1.0525 tie; the lower
+  // is kept.
+  CHECK(outliers_to_remove({1.10, 1.00, 1.105, 1.005}, 0.01) == std::vector<size_t>{2, 0});
 }
 
 TEST_CASE("a duplicated run with different numbers, across two tables") {
@@ -289,7 +298,7 @@ TEST_CASE("CSV quoting: commas and doubled quotes inside a quoted field; an open
 }
 
 TEST_CASE("markdown: a '|' in a claim name, a label or a message does not break the table") {
-  const ClaimTable t = parse_claim_table("name,N\nmoe|k=2,1e9\nb,2e9\n", "p", "p.csv");
+  const ClaimTable t = parse_claim_table("name,N\nmoe|k=2,2e9\nb,1e9\nc,1e9\n", "p", "p.csv");
   AuditSpec spec = parse_spec(R"(schema = 1
 [[claims]]
 name = "N | C equal"

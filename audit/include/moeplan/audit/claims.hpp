@@ -24,8 +24,9 @@ struct RowRef {
 std::vector<RowRef> select_rows(const std::vector<ClaimTable>& tables, const AuditSpec& spec,
                                 const ClaimSpec& claim);
 
-// Rows whose removal brings a group's relative range within tolerance, most outlying first
-// (distance from the median of the rows still kept). Indices into `values`.
+// The fewest rows whose removal brings a group's relative range within tolerance (the largest
+// group within tolerance is kept; of several as large, the one nearest the median), farthest
+// from the median first. Indices into `values`.
 std::vector<size_t> outliers_to_remove(const std::vector<double>& values, double tolerance);
 
 }  // namespace moeplan::audit
