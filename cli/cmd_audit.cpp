@@ -112,7 +112,14 @@ int run_audit(const AuditFlags& f) {
     } else {
       spec.source = "(no spec)";
     }
-    if (tolerance) spec.tolerance = *tolerance;
+    // Given, it is every tolerance of the audit, as for runs: a claim's or a table's own
+    // tolerance in the spec does not quietly keep a looser one (--tolerance 0.5% left a claim
+    // of tolerance = 0.02 holding at +1 %).
+    if (tolerance) {
+      spec.tolerance = *tolerance;
+      for (ClaimSpec& c : spec.claims) c.tolerance.reset();
+      for (TableSpec& t : spec.tables) t.tolerance.reset();
+    }
     std::vector<fs::path> files(f.claims.begin(), f.claims.end());
     const std::vector<ClaimTable> tables = load_claim_tables(files, spec, spec_dir);
     if (cli_claim) {
@@ -157,7 +164,8 @@ const bool registered = register_command(
        app.add_option("--tolerance", f->tolerance,
                       "Relative tolerance, 0.01 or 1% (default 0.01, or the spec's; with "
                       "--plan, equal N and C default to the manifest's n_tolerance and "
-                      "compute_tolerance)");
+                      "compute_tolerance); given, every tolerance of the audit, the spec's "
+                      "per-claim and per-table ones included");
        app.add_option("--equal", f->equal,
                       "Claim: these quantities are equal across every row (N,C,D_hat or "
                       "total_params,compute,...)");

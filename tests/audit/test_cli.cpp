@@ -219,6 +219,22 @@ TEST_CASE("--tolerance takes 0.06 or 6%; --equal refuses an empty item") {
   }
 }
 
+TEST_CASE("--tolerance is every tolerance: a claim's own tolerance in the spec gives way") {
+  // C 2.86e21 vs 2.8886e21: +1.000 %. The claim's own tolerance 2 % holds it; --tolerance 0.5%
+  // must break it (it held, exit 0), and --tolerance 3% hold it.
+  const fs::path t = out_file("tol.csv");
+  std::ofstream(t) << "label,C\nbase,2.86e21\nup,2.8886e21\n";
+  const fs::path s = out_file("tol.toml");
+  std::ofstream(s) << "schema = 1\n[tables.tol]\nfile = \"tol.csv\"\ntolerance = 0.02\n"
+                      "[[claims]]\nname = \"c\"\nbaseline = \"base\"\nequal = [\"C\"]\n"
+                      "tolerance = 0.02\n";
+  CHECK(run("--spec " + s.string()).status == 0);
+  const Result strict = run("--spec " + s.string() + " --tolerance 0.5%");
+  CHECK(strict.status == 1);
+  CHECK(strict.out.find("tolerance 0.50% -> FAILS") != std::string::npos);
+  CHECK(run("--spec " + s.string() + " --tolerance 3%").status == 0);
+}
+
 TEST_CASE("an empty --format is refused, not read as the terminal table") {
   const Result r = run("--spec " + std::string(MOEPLAN_SOURCE_DIR) +
                        "/examples/audit-paper/claims.toml --format ''");
