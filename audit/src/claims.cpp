@@ -511,15 +511,15 @@ std::vector<ClaimVerdict> evaluate_claims(const std::vector<ClaimTable>& tables,
       qv.note = sources_note(vals);
       for (const Valued& v : vals) {
         const double x = v.value.value;
-        // A printed value may sit on the bound after rounding: allow its own half-unit.
-        const double slack = v.value.abs_band();
+        // A printed value may sit on the bound after rounding: allow its own half-unit, and a
+        // derived one the exact range its inputs' rounding allows.
         std::optional<double> broken;
         std::string why;
-        if (b.at_least && x + slack < *b.at_least) {
+        if (b.at_least && v.value.high() < *b.at_least) {
           broken = *b.at_least;
           why = fmt::format("{} = {} is below the claimed at least {}", symbol(b.quantity), sci(x),
                             sci(*b.at_least));
-        } else if (b.at_most && x - slack > *b.at_most) {
+        } else if (b.at_most && v.value.low() > *b.at_most) {
           broken = *b.at_most;
           why = fmt::format("{} = {} is above the claimed at most {}", symbol(b.quantity), sci(x),
                             sci(*b.at_most));

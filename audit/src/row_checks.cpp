@@ -327,7 +327,7 @@ class RowChecker {
     auto pub = [&](const char* q) -> std::optional<RowValue> {
       const Cell* c = r.printed(q);
       if (!c) return std::nullopt;
-      return RowValue{c->value, c->rel_half_width(), "published"};
+      return RowValue{c->value, c->rel_half_width(), "published", {}, {}};
     };
     const auto C = pub("compute"), M = pub("flops_per_token"), D = pub("tokens_consumed");
     if (C && M && D)

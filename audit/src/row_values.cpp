@@ -1,7 +1,9 @@
 #include "moeplan/audit/row_values.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
+#include <limits>
 
 #include <fmt/format.h>
 
@@ -127,12 +129,13 @@ std::optional<RowValue> RowView::value(const std::string& q,
                                        const std::set<std::string>& avoid) const {
   if (const Cell* c = printed(q)) {
     const auto& row = table_.rows[size_t(row_)];
-    return RowValue{c->value, c->rel_half_width(), row.count(q) ? "published" : "shared"};
+    return RowValue{c->value, c->rel_half_width(), row.count(q) ? "published" : "shared", {},
+                    {}};
   }
   std::optional<RowValue> best;
   for (const Derivation& d : derivations()) {
     if (q != d.quantity) continue;
-    std::vector<double> in;
+    std::vector<double> in, bands;
     double band = 0;
     bool ok = true;
     for (const char* i : d.inputs) {
@@ -142,10 +145,20 @@ std::optional<RowValue> RowView::value(const std::string& q,
         break;
       }
       in.push_back(c->value);
+      bands.push_back(c->rel_half_width());
       band += c->rel_half_width();
     }
     if (!ok) continue;
-    if (!best || band < best->rel_band) best = RowValue{d.f(in), band, d.label};
+    if (best && band >= best->rel_band) continue;
+    // Products and ratios of positive inputs are monotonic in each: the range is at a corner.
+    double lo = std::numeric_limits<double>::infinity(), hi = -lo;
+    for (unsigned corner = 0; corner < (1u << in.size()); ++corner) {
+      std::vector<double> x = in;
+      for (size_t k = 0; k < x.size(); ++k) x[k] *= (corner >> k) & 1u ? 1 + bands[k] : 1 - bands[k];
+      const double y = d.f(x);
+      lo = std::min(lo, y), hi = std::max(hi, y);
+    }
+    best = RowValue{d.f(in), band, d.label, lo, hi};
   }
   return best;
 }
@@ -154,9 +167,9 @@ std::optional<RowValue> RowView::value_or_shape(const std::string& q) const {
   if (auto v = value(q)) return v;
   if (!shape_.known()) return std::nullopt;
   const ParamCounts p = count_params(shape_.arch);
-  if (q == "total_params") return RowValue{double(p.total_params), 0, "shape (router out)"};
-  if (q == "active_params") return RowValue{double(p.active_params), 0, "shape (router out)"};
-  if (q == "activation_rate") return RowValue{p.activation_rate(), 0, "shape (router out)"};
+  if (q == "total_params") return RowValue{double(p.total_params), 0, "shape (router out)", {}, {}};
+  if (q == "active_params") return RowValue{double(p.active_params), 0, "shape (router out)", {}, {}};
+  if (q == "activation_rate") return RowValue{p.activation_rate(), 0, "shape (router out)", {}, {}};
   if (q == "flops_per_token" && shape_.has_seq_len) {
     // In the FLOP reading the table claims (paper training unless its spec says otherwise): a
     // megatron table's M from its shape is megatron's, or equal M would compare two readings.
@@ -170,7 +183,9 @@ std::optional<RowValue> RowView::value_or_shape(const std::string& q) const {
     const bool training = ts.flops == FlopsKind::training;
     return RowValue{training ? f.total : f.forward, 0,
                     fmt::format("shape ({} {})", convention_label(ts.convention, mask),
-                                training ? "training" : "forward")};
+                                training ? "training" : "forward"),
+                    {},
+                    {}};
   }
   return std::nullopt;
 }

@@ -375,6 +375,22 @@ at_least = { Epoch = 19.875 }
         doctest::Contains("must be a finite number"), InputError);
 }
 
+TEST_CASE("bounds on a derived value allow exactly the range its inputs' rounding allows") {
+  // D = 3e11 (±0.5e11), D̂ = 1e11 (±0.5e11): epochs = D / D̂ is 3, and anywhere in
+  // [2.5e11 / 1.5e11, 3.5e11 / 0.5e11] = [1.667, 7] as printed. Adding relative bands (1/6 + 1/2)
+  // allowed [1, 5]: "at most 1.5 epochs" held.
+  const ClaimTable t = parse_claim_table("label,D,D_hat\nx,3e11,1e11\n", "ep", "ep.csv");
+  auto holds = [&](const std::string& bound) {
+    const AuditSpec spec =
+        parse_spec("schema = 1\n[[claims]]\nname = \"b\"\n" + bound + "\n", "s.toml");
+    return claim(audit_tables({t}, spec), "b")->holds;
+  };
+  CHECK_FALSE(holds("at_most = { epochs = 1.5 }"));
+  CHECK(holds("at_most = { epochs = 1.7 }"));
+  CHECK(holds("at_least = { epochs = 6.9 }"));
+  CHECK_FALSE(holds("at_least = { epochs = 7.1 }"));
+}
+
 TEST_CASE("cells: a negative value is refused; an empty cell a claim needs is named as empty") {
   CHECK_THROWS_WITH_AS(parse_claim_table("name,N\na,-2B\n", "t", "t.csv"),
                        "t.csv data row 1 column N: '-2B' is negative; every quantity here is >= 0",

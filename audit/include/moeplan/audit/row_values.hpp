@@ -17,7 +17,12 @@ struct RowValue {
   double value = 0;
   double rel_band = 0;  // relative half-width of the rounding it carries
   std::string source;   // "published", "shared", "D / (D/N)", "shape (router out)"
+  // A derived value's exact range over its inputs' rounding (a ratio of coarse numbers is
+  // lopsided: 3e11 / 1e11 lies in [2.5/1.5, 3.5/0.5] = [1.67, 7]); unset: value ± abs_band().
+  std::optional<double> lo, hi;
   double abs_band() const { return rel_band * (value < 0 ? -value : value); }
+  double low() const { return lo ? *lo : value - abs_band(); }
+  double high() const { return hi ? *hi : value + abs_band(); }
 };
 
 // Shape of a row: columns override the table's shared values. Missing fields are listed by code
