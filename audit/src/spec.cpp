@@ -60,10 +60,16 @@ std::string string_of(const AuditSpec& s, const Value& v, const std::string& key
   return v.as_string().str;
 }
 
-// A quantity named by its code name or its paper header ("N", "D_hat"): the code name.
+// A quantity named by its code name or its paper header ("N", "D_hat", "ra_pct"): the code name.
 std::string quantity_name(const std::string& q) {
   const auto m = column_meaning(q);
-  return m && m->scale == 1.0 ? m->quantity : q;
+  return m ? m->quantity : q;
+}
+// What a number given under that name is multiplied by to be in code units: ra_pct = 20 is
+// r_a = 0.2, as in a table's ra_pct column.
+double quantity_scale(const std::string& q) {
+  const auto m = column_meaning(q);
+  return m ? m->scale : 1.0;
 }
 
 void require_quantity(const AuditSpec& s, const std::string& q, const std::string& key) {
@@ -165,17 +171,18 @@ ClaimSpec parse_claim(const AuditSpec& s, const Value& c, size_t index) {
       const std::string k = quantity_name(given);
       require_quantity(s, k, where + ".where");
       WhereClause w{k, {}, {}, {}};
+      const double scale = quantity_scale(given);
       if (v.is_array()) {
         if (v.as_array().size() != 2)
           bad(s, fmt::format("{}.where.{} must be [low, high]", where, k));
-        w.lower = number(s, v.as_array()[0], where + ".where." + k);
-        w.upper = number(s, v.as_array()[1], where + ".where." + k);
+        w.lower = scale * number(s, v.as_array()[0], where + ".where." + k);
+        w.upper = scale * number(s, v.as_array()[1], where + ".where." + k);
         if (*w.lower > *w.upper)
           bad(s, fmt::format("{}.where.{} = [{}, {}]: the low bound is above the high one; "
                              "write [low, high]",
                              where, k, *w.lower, *w.upper));
       } else {
-        w.equals = number(s, v, where + ".where." + k);
+        w.equals = scale * number(s, v, where + ".where." + k);
       }
       cs.where.push_back(w);
     }
@@ -201,19 +208,20 @@ ClaimSpec parse_claim(const AuditSpec& s, const Value& c, size_t index) {
       const std::string q = quantity_name(given);
       require_quantity(s, q, k);
       BoundClaim b{q, {}, {}};
+      const double scale = quantity_scale(given);
       if (lower && upper) {
         if (!v.is_array() || v.as_array().size() != 2)
           bad(s, fmt::format("{}.{} must be [low, high]", k, q));
-        b.at_least = number(s, v.as_array()[0], k + "." + q);
-        b.at_most = number(s, v.as_array()[1], k + "." + q);
+        b.at_least = scale * number(s, v.as_array()[0], k + "." + q);
+        b.at_most = scale * number(s, v.as_array()[1], k + "." + q);
         if (*b.at_least > *b.at_most)
           bad(s, fmt::format("{}.{} = [{}, {}]: the low bound is above the high one; write "
                              "[low, high]",
                              k, q, *b.at_least, *b.at_most));
       } else if (lower) {
-        b.at_least = number(s, v, k + "." + q);
+        b.at_least = scale * number(s, v, k + "." + q);
       } else {
-        b.at_most = number(s, v, k + "." + q);
+        b.at_most = scale * number(s, v, k + "." + q);
       }
       cs.bounds.push_back(b);
     }

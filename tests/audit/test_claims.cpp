@@ -375,6 +375,23 @@ at_least = { Epoch = 19.875 }
         doctest::Contains("must be a finite number"), InputError);
 }
 
+TEST_CASE("a spec may name r_a as ra_pct, in percent, as tables and --equal do") {
+  // ra_pct 19.9 and 20.1: r_a 0.199 and 0.201, a range of 1.005 %; at least 15 % holds, 25 %
+  // does not. The spec refused "ra_pct" as an unknown quantity.
+  const ClaimTable t = parse_claim_table("label,ra_pct\na,19.9\nb,20.1\n", "t", "t.csv");
+  auto verdict = [&](const std::string& claim_text) {
+    const AuditSpec spec =
+        parse_spec("schema = 1\n[[claims]]\nname = \"r\"\n" + claim_text + "\n", "s.toml");
+    return *claim(audit_tables({t}, spec), "r");
+  };
+  CHECK(verdict("at_least = { ra_pct = 15 }").holds);
+  CHECK_FALSE(verdict("at_least = { ra_pct = 25 }").holds);
+  CHECK(verdict("between = { ra_pct = [19, 21] }").holds);
+  const ClaimVerdict eq = verdict("equal = [\"ra_pct\"]\ntolerance = 0.02");
+  CHECK(eq.holds);
+  CHECK(eq.quantities[0].quantity == "activation_rate");
+}
+
 TEST_CASE("bounds on a derived value allow exactly the range its inputs' rounding allows") {
   // D = 3e11 (±0.5e11), D̂ = 1e11 (±0.5e11): epochs = D / D̂ is 3, and anywhere in
   // [2.5e11 / 1.5e11, 3.5e11 / 0.5e11] = [1.667, 7] as printed. Adding relative bands (1/6 + 1/2)
