@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "moeplan/accounting/error.hpp"
 #include "moeplan/audit/io.hpp"
@@ -31,10 +32,19 @@ std::vector<RunRecord> load_run_records(const fs::path& runs_dir) {
                                  runs_dir.string()));
   std::sort(files.begin(), files.end());
   std::vector<RunRecord> out;
+  std::vector<std::string> dense;
   for (const fs::path& f : files) {
     out.push_back(parse_run_record(read_text_file(f), f.string()));
     check_point_folder(out.back().point_id, f);
+    if (out.back().plan.role == "dense") dense.push_back(out.back().point_id);
   }
+  // One sweep, one dense baseline: with two, every equal claim would be measured against
+  // whichever sorts first.
+  if (dense.size() > 1)
+    throw InputError(fmt::format(
+        "{}: holds {} dense baselines ({}): a runs folder is one sweep with one; audit each "
+        "sweep's folder on its own, or move the extra one away",
+        runs_dir.string(), dense.size(), fmt::join(dense, ", ")));
   return out;
 }
 

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "moeplan/accounting/budget.hpp"
 #include "moeplan/accounting/error.hpp"
@@ -169,8 +170,11 @@ bool matches_plan(const json& r) {
                 unique = tok.value("unique", int64_t{0});
   const int64_t planned = p.value("tokens_consumed", int64_t{-1}),
                 planned_unique = p.value("tokens_unique", int64_t{-1});
+  // The epochs the record states, against its plan's (the table prints both).
+  const double epochs = tok.value("epochs", 0.0), planned_epochs = p.value("epochs", -1.0);
+  const bool epochs_ok = std::fabs(epochs - planned_epochs) <= 1e-9 * std::fabs(planned_epochs);
   return m.value("steps", int64_t{-1}) == p.value("steps", int64_t{-2}) && consumed == planned &&
-         unique == planned_unique && compute_ok(r);
+         unique == planned_unique && epochs_ok && compute_ok(r);
 }
 
 std::string html_escape(const std::string& s) {
@@ -331,13 +335,16 @@ std::vector<std::string> time_row_of(const json& r, const json* dense) {
 // One paragraph: how many MoE points beat dense, and how many records match their plan.
 std::string verdict_of(const std::vector<json>& records, const json* dense) {
   int moe_total = 0, moe_better = 0, complete_count = 0, matching = 0;
-  std::string best, other_data, unequal;
+  std::string best, other_data, unequal, off_plan;
   double best_bpc = 1e300;
   const double dense_bpc = dense ? dense->value("final_val_bpc", 0.0) : 0.0;
   for (const json& r : records) {
     if (!is_complete(r)) continue;
     ++complete_count;
-    if (matches_plan(r)) ++matching;
+    if (matches_plan(r))
+      ++matching;
+    else
+      off_plan += fmt::format("{}{}", off_plan.empty() ? "" : ", ", r.value("point_id", "?"));
     const double bpc = r.value("final_val_bpc", 0.0);
     if (dense && !same_data(r, *dense)) {
       other_data += fmt::format(
@@ -380,8 +387,10 @@ std::string verdict_of(const std::vector<json>& records, const json* dense) {
   v += fmt::format(
       "\nmeasured vs plan: {} of {} complete point(s) consumed exactly the planned D, read exactly "
       "the planned D̂ unique, ran the planned epochs and steps, with C [paper] within the plan's "
-      "rounding",
-      matching, complete_count);
+      "rounding{}",
+      matching, complete_count,
+      off_plan.empty() ? "" : fmt::format(" (off the plan: {}; `moeplan audit` says where)",
+                                          off_plan));
   // A capacity factor drops routed assignments: those points' experts computed less than K per
   // token, which an equal-resource claim should state.
   std::string drops;
@@ -640,9 +649,24 @@ std::vector<json> load_run_records(const fs::path& dir) {
   }
   if (out.empty())
     throw InputError(fmt::format("no runs/<point>/record.json under '{}'", dir.string()));
+  // One sweep, one dense baseline: with two, which one every "vs dense" figure used followed
+  // the directory's listing order.
+  std::vector<std::string> dense_ids;
+  for (const json& r : out)
+    if (is_dense(r)) dense_ids.push_back(r.at("point_id").get<std::string>());
+  std::sort(dense_ids.begin(), dense_ids.end());
+  if (dense_ids.size() > 1)
+    throw InputError(fmt::format(
+        "'{}' holds {} dense baselines ({}): a runs folder is one sweep with one; report each "
+        "sweep's folder on its own, or move the extra one away",
+        dir.string(), dense_ids.size(), fmt::join(dense_ids, ", ")));
+  // Dense first, then by r_a, then by id: the same order whatever the directory lists first.
   std::sort(out.begin(), out.end(), [](const json& a, const json& b) {
     if (is_dense(a) != is_dense(b)) return is_dense(a);
-    return a["plan"].value("activation_rate", 0.0) < b["plan"].value("activation_rate", 0.0);
+    const double ra = a["plan"].value("activation_rate", 0.0),
+                 rb = b["plan"].value("activation_rate", 0.0);
+    if (ra != rb) return ra < rb;
+    return a.at("point_id").get<std::string>() < b.at("point_id").get<std::string>();
   });
   return out;
 }

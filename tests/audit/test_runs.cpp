@@ -501,6 +501,23 @@ TEST_CASE("a sweep planned with the router in N_a names that reading in its C cl
   CHECK_FALSE(claim(r, "equal training compute C (paper) across the sweep"));
 }
 
+TEST_CASE("a runs folder with two dense baselines is refused") {
+  // Every equal claim is measured against the dense baseline: with two, against whichever
+  // sorted first.
+  const auto dir = std::filesystem::temp_directory_path() / "moeplan-audit-two-dense";
+  std::filesystem::remove_all(dir);
+  copy_runs_ok(dir);
+  std::ifstream in(dir / "dense" / "record.json");
+  nlohmann::json other = nlohmann::json::parse(in);
+  other["point_id"] = "a-dense";
+  other["plan"]["id"] = "a-dense";
+  std::filesystem::create_directories(dir / "a-dense");
+  std::ofstream(dir / "a-dense" / "record.json") << other.dump();
+  CHECK_THROWS_WITH_AS(load_run_records(dir.string()),
+                       doctest::Contains("holds 2 dense baselines (a-dense, dense)"), InputError);
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("unusable run folders") {
   CHECK_THROWS_WITH_AS(load_run_records(fixture("no-such-runs")), doctest::Contains("no-such-runs"),
                        InputError);

@@ -497,5 +497,33 @@ TEST_CASE("report: measured vs plan is read from the numbers, not from the recor
   const std::string text = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::text);
   CAPTURE(text);
   CHECK(text.find("measured vs plan: 1 of 2 complete point(s)") != std::string::npos);
+  CHECK(text.find("rounding (off the plan: moe-a; `moeplan audit` says where)") !=
+        std::string::npos);
   CHECK(count(text, "  no  ") + count(text, " no ") >= 1);  // moe-a's "C ok" cell
+  // The epochs the record states, 5 against the planned 4: said to match before.
+  recs = {record("dense", true, 1.0, 2.0), record("moe-a", false, 0.2, 1.9)};
+  recs[1]["measured"]["tokens"]["epochs"] = 5.0;
+  CHECK(moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::text)
+            .find("measured vs plan: 1 of 2 complete point(s)") != std::string::npos);
+}
+
+TEST_CASE("report: a folder with two dense baselines is refused; ties in r_a sort by id") {
+  const auto dir = std::filesystem::temp_directory_path() / "moeplan-report-two-dense";
+  std::filesystem::remove_all(dir);
+  auto put = [&](const json& r) {
+    std::filesystem::create_directories(dir / r["point_id"].get<std::string>());
+    std::ofstream(dir / r["point_id"].get<std::string>() / "record.json") << r.dump();
+  };
+  put(record("dense", true, 1.0, 2.0));
+  put(record("moe-b", false, 0.2, 1.9));
+  put(record("moe-a", false, 0.2, 1.8));
+  const auto recs = moeplan::load_run_records(dir);
+  REQUIRE(recs.size() == 3);
+  CHECK(recs[1]["point_id"] == "moe-a");
+  CHECK(recs[2]["point_id"] == "moe-b");
+  put(record("a-dense", true, 1.0, 1.5));
+  CHECK_THROWS_WITH_AS(moeplan::load_run_records(dir),
+                       doctest::Contains("holds 2 dense baselines (a-dense, dense)"),
+                       moeplan::InputError);
+  std::filesystem::remove_all(dir);
 }
