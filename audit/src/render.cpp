@@ -20,11 +20,33 @@ std::string where(const Finding& f, const AuditReport& r) {
 }
 
 // A markdown table cell: a '|' would end the cell, a line break the row.
-std::string md_cell(std::string s) {
-  for (size_t p = s.find('|'); p != std::string::npos; p = s.find('|', p + 2)) s.replace(p, 1, "\\|");
-  for (char& c : s)
-    if (c == '\n') c = ' ';
-  return s;
+// A table cell's text: '|' would end the cell and a line break the row; '<', '>' and '&' are
+// raw HTML to a Markdown renderer (a claim name or label "<img onerror=...>" ran as HTML).
+std::string md_cell(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    switch (c) {
+      case '|':
+        out += "\\|";
+        break;
+      case '\n':
+      case '\r':
+        out += ' ';
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '&':
+        out += "&amp;";
+        break;
+      default:
+        out += c;
+    }
+  }
+  return out;
 }
 
 std::string num(double v) {

@@ -192,6 +192,35 @@ std::string html_escape(const std::string& s) {
   return o;
 }
 
+// A paragraph of several lines (the verdict): one <p> a line in HTML, one Markdown paragraph a
+// line with '<', '>' and '&' escaped (point ids and data sources are the user's text).
+std::string html_paragraphs(const std::string& text) {
+  std::string out;
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t end = std::min(text.find('\n', start), text.size());
+    if (end > start) out += "<p>" + html_escape(text.substr(start, end - start)) + "</p>\n";
+    start = end + 1;
+  }
+  return out;
+}
+std::string md_paragraphs(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    if (c == '<')
+      out += "&lt;";
+    else if (c == '>')
+      out += "&gt;";
+    else if (c == '&')
+      out += "&amp;";
+    else if (c == '\n')
+      out += "\n\n";
+    else
+      out += c;
+  }
+  return out;
+}
+
 // The HTML report's page head (both reports share its table style).
 constexpr const char* kHtmlHead =
     "<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>moeplan report</title>"
@@ -722,9 +751,9 @@ std::string render_run_report(const std::vector<json>& records, const std::strin
       return title + "\n\n" + t.render() + "\n" + verdict + "\n\n" +
              (bars.empty() ? "" : bars + "\n") + time_title + "\n\n" + tt.render();
     case ReportFormat::markdown:
-      return "# " + title + "\n\n" + t.render_markdown() + "\n" + verdict + "\n\n" +
-             (bars.empty() ? "" : "```\n" + bars + "```\n\n") + "## " + time_title + "\n\n" +
-             tt.render_markdown();
+      return "# " + md_paragraphs(title) + "\n\n" + t.render_markdown() + "\n" +
+             md_paragraphs(verdict) + "\n\n" + (bars.empty() ? "" : "```\n" + bars + "```\n\n") +
+             "## " + time_title + "\n\n" + tt.render_markdown();
     case ReportFormat::html:
       break;
   }
@@ -732,7 +761,7 @@ std::string render_run_report(const std::vector<json>& records, const std::strin
   for (const plot::Chart& c : charts_of(records, dense))
     figures += "<figure>\n" + plot::render_svg(c) + "</figure>\n";
   return std::string(kHtmlHead) + "<p>" + html_escape(title) + "</p>\n" +
-         html_table(kHeaders, rows) + "<p>" + html_escape(verdict) + "</p>\n" + figures + "<p>" +
+         html_table(kHeaders, rows) + html_paragraphs(verdict) + figures + "<p>" +
          html_escape(time_title) + "</p>\n" + html_table(kTimeHeaders, time_rows) +
          "</body></html>\n";
 }
@@ -918,7 +947,8 @@ std::string render_replicate_report(const std::vector<std::vector<json>>& folder
     case ReportFormat::text:
       return title + "\n\n" + t.render() + "\n" + verdict + "\n\n" + bar_text;
     case ReportFormat::markdown:
-      return "# " + title + "\n\n" + t.render_markdown() + "\n" + verdict + "\n\n" +
+      return "# " + md_paragraphs(title) + "\n\n" + t.render_markdown() + "\n" +
+             md_paragraphs(verdict) + "\n\n" +
              (bar_text.empty() ? "" : "```\n" + bar_text + "```\n");
     case ReportFormat::html:
       break;
@@ -939,7 +969,7 @@ std::string render_replicate_report(const std::vector<std::vector<json>>& folder
           plot::reference_line(reps_mean, fmt::format("dense mean ({:.4f})", sd.mean), sd.mean));
   }
   return std::string(kHtmlHead) + "<p>" + html_escape(title) + "</p>\n" +
-         html_table(headers, rows) + "<p>" + html_escape(verdict) + "</p>\n" +
+         html_table(headers, rows) + html_paragraphs(verdict) +
          (c.series.empty() ? "" : "<figure>\n" + plot::render_svg(c) + "</figure>\n") +
          "</body></html>\n";
 }

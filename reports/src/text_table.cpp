@@ -28,11 +28,31 @@ std::string pad(const std::string& s, size_t width, TextTable::Align align) {
   return align == TextTable::Align::left ? s + fill : fill + s;
 }
 
+// A Markdown table cell: '|' ends a cell and a line break ends the row; '<', '>' and '&' would be
+// raw HTML to the renderer (a point id "<img onerror=...>" is a legal folder name).
 std::string escape_md(const std::string& s) {
   std::string out;
   for (char c : s) {
-    if (c == '|') out += '\\';
-    out += c;
+    switch (c) {
+      case '|':
+        out += "\\|";
+        break;
+      case '\n':
+      case '\r':
+        out += ' ';
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '&':
+        out += "&amp;";
+        break;
+      default:
+        out += c;
+    }
   }
   return out;
 }

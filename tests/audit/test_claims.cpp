@@ -320,6 +320,11 @@ equal = ["total_params"]
   }
   CHECK(md.find("N \\| C equal") != std::string::npos);
   CHECK(md.find("p:1 moe\\|k=2") != std::string::npos);
+  // '<', '>' and '&' are raw HTML to a Markdown renderer: escaped as entities.
+  spec.claims[0].name = "<script>alert(1)</script> & co";
+  const std::string md2 = render(audit_tables({t}, spec), ReportFormat::md);
+  CHECK(md2.find("<script>") == std::string::npos);
+  CHECK(md2.find("&lt;script&gt;alert(1)&lt;/script&gt; &amp; co") != std::string::npos);
 }
 
 TEST_CASE("specs: paper headers as quantities, a baseline by row label, bounds as given") {

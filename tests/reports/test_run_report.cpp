@@ -507,6 +507,26 @@ TEST_CASE("report: measured vs plan is read from the numbers, not from the recor
             .find("measured vs plan: 1 of 2 complete point(s)") != std::string::npos);
 }
 
+TEST_CASE("report: user text is escaped in Markdown; the verdict's lines are paragraphs") {
+  // A point id is a folder name: "<img src=x onerror=alert(1)>" is a legal one, and Markdown
+  // renderers pass raw HTML through; a '|' or a line break would split the table.
+  std::vector<json> recs = {record("dense", true, 1.0, 2.0),
+                            record("moe<img src=x onerror=alert(1)>|a&b\nc", false, 0.2, 1.9)};
+  recs[1]["measured"]["tokens"]["unique"] = 90;  // off its plan: named in the verdict
+  const std::string md =
+      moeplan::render_run_report(recs, "runs<x>", moeplan::ReportFormat::markdown);
+  CAPTURE(md);
+  CHECK(md.find("<img") == std::string::npos);
+  CHECK(md.find("moe&lt;img src=x onerror=alert(1)&gt;\\|a&amp;b c") != std::string::npos);
+  CHECK(md.find("(off the plan: moe&lt;img") != std::string::npos);
+  CHECK(md.find("runs&lt;x&gt;") != std::string::npos);
+  // Each verdict line its own paragraph (they ran together), in Markdown and in HTML.
+  CHECK(md.find("\n\nmeasured vs plan: ") != std::string::npos);
+  const std::string html = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::html);
+  CHECK(html.find("<p>measured vs plan: ") != std::string::npos);
+  CHECK(html.find("<img") == std::string::npos);
+}
+
 TEST_CASE("report: a folder with two dense baselines is refused; ties in r_a sort by id") {
   const auto dir = std::filesystem::temp_directory_path() / "moeplan-report-two-dense";
   std::filesystem::remove_all(dir);
