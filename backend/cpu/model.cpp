@@ -27,16 +27,16 @@ using namespace cpu;
 
 namespace cpu {
 SerialScope::SerialScope(bool serial) {
+  if (!serial) return;
+  previous_eigen_ = Eigen::nbThreads();
+  Eigen::setNbThreads(1);
 #ifdef _OPENMP
-  if (serial) {
-    previous_ = omp_get_max_threads();
-    omp_set_num_threads(1);
-  }
-#else
-  (void)serial;
+  previous_ = omp_get_max_threads();
+  omp_set_num_threads(1);
 #endif
 }
 SerialScope::~SerialScope() {
+  if (previous_eigen_ > 0) Eigen::setNbThreads(previous_eigen_);
 #ifdef _OPENMP
   if (previous_ > 0) omp_set_num_threads(previous_);
 #endif
@@ -777,6 +777,10 @@ int64_t Model<S>::batch_seqs() const {
 template <class S>
 int64_t Model<S>::pass_seqs() const {
   return impl_->B;
+}
+template <class S>
+int Model<S>::threads() const {
+  return impl_->serial ? 1 : Eigen::nbThreads();
 }
 
 template class Model<float>;

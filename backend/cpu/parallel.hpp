@@ -10,7 +10,9 @@ inline constexpr int64_t kParallelWork = int64_t(1) << 15;
 // one thread: even Eigen's products would otherwise split work of a few microseconds.
 inline constexpr int64_t kParallelStream = int64_t(1) << 16;
 
-// Caps OpenMP (and so Eigen) at one thread for the lifetime of the guard when `serial`.
+// Caps OpenMP and Eigen at one thread for the lifetime of the guard when `serial`. Both: once
+// --threads has called Eigen::setNbThreads, Eigen no longer reads the OpenMP count, and a small
+// model's products ran threaded (~190x slower a step at 2 threads, and other bits).
 class SerialScope {
  public:
   explicit SerialScope(bool serial);
@@ -19,6 +21,6 @@ class SerialScope {
   SerialScope& operator=(const SerialScope&) = delete;
 
  private:
-  int previous_ = 0;
+  int previous_ = 0, previous_eigen_ = 0;
 };
 }  // namespace moeplan::backend::cpu

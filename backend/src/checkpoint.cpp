@@ -144,7 +144,8 @@ nlohmann::json state_to_json(const RunState& s) {
           {"eval_seconds", s.eval_seconds},
           {"resumes", s.resumes},
           {"micro_batch_seqs", s.micro_batch_seqs},
-          {"device", s.device}};
+          {"device", s.device},
+          {"threads", s.threads}};
 }
 
 }  // namespace
@@ -265,6 +266,7 @@ Checkpoint read_checkpoint(const std::filesystem::path& path) {
     st.resumes = s.at("resumes").get<int64_t>();
     st.micro_batch_seqs = s.value("micro_batch_seqs", int64_t(0));
     st.device = s.value("device", std::string());
+    st.threads = s.value("threads", int64_t(0));
     return ck;
   });
 }

@@ -32,10 +32,14 @@ class CpuEngine final : public Engine {
           r.kernels));
   }
   std::string device() const override { return "cpu"; }
-  std::string kernels() const override { return "eigen-fp32"; }
+  // The thread count where it is more than one: it decides speed, and Eigen's product blocking.
+  std::string kernels() const override {
+    return threads() == 1 ? "eigen-fp32" : fmt::format("eigen-fp32, {} threads", threads());
+  }
+  int threads() const override { return model_.threads(); }
   int64_t pass_seqs() const override { return model_.pass_seqs(); }
   std::string describe() const override {
-    return fmt::format("cpu (eigen-fp32): passes of {} sequences", model_.pass_seqs());
+    return fmt::format("cpu ({}): passes of {} sequences", kernels(), model_.pass_seqs());
   }
   StepResult train_step(const int32_t* inputs, const int32_t* targets, int64_t step,
                         const OptimConfig& cfg) override {

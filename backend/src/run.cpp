@@ -509,6 +509,12 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
     check_checkpoint_head(
         {ck.plan, ck.train, ck.state.step, ck.state.micro_batch_seqs, ck.state.device}, ckpt_path,
         plan, plan_json, train, opt);
+    if (ck.state.threads > 0 && engine->threads() > 0 && ck.state.threads != engine->threads())
+      throw InputError(fmt::format(
+          "checkpoint '{}' of point '{}' was trained with {} CPU threads, this run has {}; "
+          "resume with --threads {} (the thread count sets how the products sum, so another "
+          "would not continue the same run), or move the folder away to start the point over",
+          ckpt_path.string(), plan.id, ck.state.threads, engine->threads(), ck.state.threads));
     engine->load_state(ck.model_state);
     st = std::move(ck.state);
     ++st.resumes;
@@ -532,6 +538,7 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
   }
   st.micro_batch_seqs = opt.micro_batch_seqs;
   st.device = opt.device;
+  st.threads = engine->threads();
 
   RecordInputs rin;
   rin.plan = &plan;

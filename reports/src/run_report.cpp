@@ -937,7 +937,9 @@ std::string render_replicate_report(const std::vector<std::vector<json>>& folder
                               : "");
   if (!same_seeds.empty())
     verdict += "\nnot independent: " + same_seeds +
-               " ran with the same seeds, so their runs repeat each other bit for bit";
+               " ran with the same seeds: one initialisation and one data order, so their "
+               "differences measure the device, kernels or thread count, not training noise (on "
+               "the same ones they repeat each other bit for bit)";
   const std::string bar_text =
       bars.empty() ? ""
                    : "mean val BPC minus the dense baseline's (# below dense: better; + above: "

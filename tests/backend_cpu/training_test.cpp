@@ -7,6 +7,8 @@
 #include <cstring>
 #include <vector>
 
+#include <Eigen/Core>
+
 #include "moeplan/accounting/error.hpp"
 #include "moeplan/backend/model.hpp"
 #include "tiny.hpp"
@@ -131,6 +133,34 @@ TEST_CASE("same seed, same data: bit-identical losses; save/load resumes bit for
   v1[7] = '9';
   CHECK_THROWS_WITH_AS(m5.load_state(v1), "model state does not start with the CPU model's magic",
                        InputError);
+}
+
+TEST_CASE("a model below the parallel size runs on one thread whatever --threads set") {
+  // --threads calls Eigen::setNbThreads, after which Eigen no longer reads the OpenMP count
+  // that the serial guard lowered: a small model's products ran on 2 threads, ~190x slower a
+  // step on a loaded 2-core machine. Residual stream 4 · 128 · 64 = 32,768 < 2^16: serial.
+  Arch a = overfit_arch(true);
+  a.d_model = 64;
+  a.head_dim = 16;
+  a.seq_len = 128;
+  OptimConfig cfg;
+  cfg.lr_peak = 3e-3;
+  cfg.warmup_steps = 2;
+  cfg.total_steps = 4;
+  Eigen::setNbThreads(1);
+  Model<float> one(a, ModelOptions{}, 5, 4);
+  const auto l1 = losses(one, 0, 4, cfg);
+  Eigen::setNbThreads(2);
+  Model<float> two(a, ModelOptions{}, 5, 4);
+  CHECK(two.threads() == 1);
+  const auto l2 = losses(two, 0, 4, cfg);
+  CHECK(Eigen::nbThreads() == 2);  // the guard restores the count it lowered
+  REQUIRE(l1.size() == l2.size());
+  CHECK(std::memcmp(l1.data(), l2.data(), l1.size() * sizeof(double)) == 0);
+  // At 2^16 and above the products run on Eigen's count, which a checkpoint records.
+  Model<float> wide(a, ModelOptions{}, 5, 8);  // 8 · 128 · 64 = 65,536
+  CHECK(wide.threads() == 2);
+  Eigen::setNbThreads(0);  // back to the OpenMP default for the other tests
 }
 
 TEST_CASE("bad input names the value") {

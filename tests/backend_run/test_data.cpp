@@ -295,8 +295,10 @@ TEST_CASE("checkpoint round trip; a flipped byte is detected") {
   ck.state.loss_curve.push_back({{"step", 1}, {"train_loss", 0.1 + 0.2}});
   ck.state.loss_sum_since_log = 1.0 / 3.0;
   ck.model_state = {'a', 'b', '\0', 'c'};
+  ck.state.threads = 3;
   write_checkpoint(dir / "s.ckpt", ck);
   const Checkpoint back = read_checkpoint(dir / "s.ckpt");
+  CHECK(back.state.threads == 3);
   CHECK(back.plan == ck.plan);
   CHECK(back.model_state == ck.model_state);
   CHECK(back.state.tokens == ck.state.tokens);

@@ -806,6 +806,25 @@ TEST_CASE(
   CHECK_MESSAGE(est.out.find("estimate for 1 point(s) on cpu: ") != std::string::npos, est.out);
   CHECK(read_file(out / "moe-i" / "record.json") == before);
   CHECK(read_checkpoint(out / "moe-i" / "checkpoint" / "state.ckpt").state.step == c.state.step);
+  // A checkpoint trained with another CPU thread count (Eigen blocks its products by it, so the
+  // sums run in another order): refused by name, in a copy, the original left to resume.
+  {
+    const fs::path copy = dir / "threads-copy";
+    fs::copy(out, copy, fs::copy_options::recursive);
+    const fs::path ckpt = copy / "moe-i" / "checkpoint" / "state.ckpt";
+    Checkpoint edited = read_checkpoint(ckpt);
+    CHECK(edited.state.threads == 1);  // a model this small runs its products on one thread
+    edited.state.threads = 3;
+    write_checkpoint(ckpt, edited);
+    const Result r =
+        run_cli({"run", sweep, "--point", "moe-i", "--out", copy.string(), "--threads", "1"});
+    CHECK(r.status == 2);
+    CHECK_MESSAGE(one_line(r.err), r.err);
+    CHECK_MESSAGE(r.err.find("was trained with 3 CPU threads, this run has 1; resume with "
+                             "--threads 3") != std::string::npos,
+                  r.err);
+    CHECK(read_checkpoint(ckpt).state.step == c.state.step);
+  }
   // A resume under another auxiliary loss would train half the point with each: refused, and the
   // checkpoint and record are left as they were.
   {

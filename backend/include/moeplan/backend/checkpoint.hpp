@@ -36,6 +36,9 @@ struct RunState {
   // The --device that trained it ("" in checkpoints written before it was kept). A point's
   // times and throughput are one device's, so a resume runs on the same device.
   std::string device;
+  // CPU threads its products ran with (0: not recorded, or not a CPU run): another count may
+  // sum in another order, so a resume keeps it.
+  int64_t threads = 0;
 };
 
 struct Checkpoint {

@@ -39,6 +39,8 @@ class Engine {
   virtual bool writes_files() const { return true; }
   // Data-parallel ranks training this point together (1 without data parallelism).
   virtual int world_size() const { return 1; }
+  // CPU threads the products run with (0: not a CPU engine); recorded in checkpoints.
+  virtual int threads() const { return 0; }
   // Sequences of one forward/backward pass on this rank (EngineRequest::options
   // .micro_batch_seqs, or the rank's whole share of the batch when that is 0 or larger).
   virtual int64_t pass_seqs() const = 0;

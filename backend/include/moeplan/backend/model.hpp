@@ -117,6 +117,10 @@ class Model {
   const ModelOptions& options() const;
   int64_t batch_seqs() const;        // sequences a train_step reads
   int64_t pass_seqs() const;         // sequences one forward/backward pass holds
+  // Threads its products run with: 1 for a model small enough to run serially, else Eigen's
+  // count (--threads, or the OpenMP default). Eigen sizes its product blocks by it, so another
+  // count may sum in another order: a resume keeps it.
+  int threads() const;
 
  private:
   struct Impl;
