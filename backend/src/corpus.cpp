@@ -117,10 +117,12 @@ void check_vocab(const TokenStream& s, int64_t vocab, const std::string& what) {
     s.copy(at, n, block.data());
     for (int64_t i = 0; i < n; ++i)
       if (block[size_t(i)] >= vocab)
-        throw InputError(
-            fmt::format("{}: token {} at position {} is outside the model's vocabulary "
-                        "(V = {}); plan with a larger vocab or use byte data",
-                        what, block[size_t(i)], at + i, vocab));
+        throw InputError(fmt::format(
+            "{}: token {} at position {} is outside the model's vocabulary (V = {}); {}", what,
+            block[size_t(i)], at + i, vocab,
+            block[size_t(i)] < 256
+                ? "a byte's tokens run to 255: plan with V >= 256 (grid --vocab 256)"
+                : "plan with a larger vocab, or train on bytes (source=text:FILE, V >= 256)"));
   }
 }
 

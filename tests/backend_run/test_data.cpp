@@ -194,6 +194,12 @@ TEST_CASE("corrupt shards and small sources fail with one line naming the proble
   // A token outside the vocabulary is refused before training.
   e = error_of([&] { load_source("shards:" + (dir / "good.bin").string(), 50, 10, 1, 5); });
   CHECK(e.find("outside the model's vocabulary") != std::string::npos);
+  // A byte source with V under 256 is told the V bytes need, not to "use byte data".
+  write_file_atomic(dir / "bytes.txt", std::string(200, '\xC3'));
+  e = error_of([&] { load_source("text:" + (dir / "bytes.txt").string(), 50, 10, 1, 128); });
+  CHECK_MESSAGE(e.find("token 195 at position 0 is outside the model's vocabulary (V = 128); a "
+                       "byte's tokens run to 255: plan with V >= 256") != std::string::npos,
+                e);
   CHECK(error_of([&] { load_source("nonsense", 10, 10, 1, 256); }).find("is not one of") !=
         std::string::npos);
   CHECK(error_of([&] { load_source("text:/no/such/file", 10, 10, 1, 256); }).find("cannot read") !=
