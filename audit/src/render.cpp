@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "moeplan/accounting/error.hpp"
+#include "moeplan/sweeps/atomic_file.hpp"
 
 namespace moeplan::audit {
 
@@ -102,7 +103,7 @@ ReportFormat report_format_for(std::string_view format_flag, std::string_view ou
   const std::optional<ReportFormat> flag =
       format_flag.empty() ? std::nullopt : std::optional(parse_report_format(format_flag));
   if (output.empty()) return flag.value_or(ReportFormat::table);
-  const std::string ext = std::filesystem::path(output).extension().string();
+  const std::string ext = extension_lower(std::filesystem::path(output));
   std::optional<ReportFormat> by_ext;
   if (ext == ".json") by_ext = ReportFormat::json;
   if (ext == ".md") by_ext = ReportFormat::md;

@@ -1,5 +1,7 @@
 #include "moeplan/reports/format.hpp"
 
+#include "moeplan/sweeps/atomic_file.hpp"
+
 namespace moeplan {
 
 std::string_view name(Format f) {
@@ -25,7 +27,7 @@ std::optional<Format> parse_format(std::string_view s) {
 }
 
 std::optional<Format> format_from_extension(const std::filesystem::path& path) {
-  const std::string ext = path.extension().string();
+  const std::string ext = extension_lower(path);
   if (ext == ".toml") return Format::toml;
   if (ext == ".json") return Format::json;
   if (ext == ".csv") return Format::csv;

@@ -190,7 +190,10 @@ std::string render_svg(const Chart& chart) {
         "<polyline data-series=\"{}\" points=\"{}\" fill=\"none\" stroke=\"{}\" "
         "stroke-width=\"1.8\"{}/>\n",
         escape(ser.name), pts, c, ser.dashed ? " stroke-dasharray=\"6 4\"" : "");
-    if (ser.markers)
+    // A line through one point draws nothing: a single point gets its dot whatever `markers`.
+    size_t drawn = 0;
+    for (const XY& p : ser.points) drawn += finite(p);
+    if (ser.markers || drawn == 1)
       for (const XY& p : ser.points)
         if (finite(p))
           s += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3.5\" fill=\"{}\"/>\n",

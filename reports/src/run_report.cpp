@@ -18,6 +18,7 @@
 #include "moeplan/accounting/units.hpp"
 #include "moeplan/reports/plot.hpp"
 #include "moeplan/reports/text_table.hpp"
+#include "moeplan/sweeps/atomic_file.hpp"
 #include "moeplan/sweeps/ledger_json.hpp"
 
 namespace moeplan {
@@ -271,7 +272,8 @@ std::vector<std::string> row_of(const json& r, const json* dense) {
   const bool complete = is_complete(r);
   const double bpc = r.value("final_val_bpc", 0.0);
   std::string facts = "-", arith = "-";
-  if (r.contains("val_curve") && !r["val_curve"].empty() &&
+  // The parts of the final evaluation, as val BPC: a running point has none yet.
+  if (complete && r.contains("val_curve") && !r["val_curve"].empty() &&
       r["val_curve"].back().contains("parts")) {
     const json& parts = r["val_curve"].back()["parts"];
     if (parts.contains("facts")) facts = fmt::format("{:.3f}", parts["facts"].get<double>());
@@ -288,7 +290,8 @@ std::vector<std::string> row_of(const json& r, const json* dense) {
           // The plan's C through the paper lens (the column's convention), not plan.compute,
           // which is in the plan's own convention.
           human(m["compute"].value("plan_paper", p.value("compute", 0.0))),
-          human(m["compute"].value("paper", 0.0)), compute_ok(r) ? "yes" : "no",
+          human(m["compute"].value("paper", 0.0)),
+          !complete ? "-" : compute_ok(r) ? "yes" : "no",  // a running point's C is partial
           human(p.value("tokens_consumed", 0.0)), human(double(tok.value("consumed", int64_t{0}))),
           human(p.value("tokens_unique", 0.0)), human(double(tok.value("unique", int64_t{0}))),
           ratio(p.value("epochs", 0.0), 3), ratio(tok.value("epochs", 0.0), 3),
@@ -507,7 +510,15 @@ std::vector<plot::Chart> charts_of(const std::vector<json>& records, const json*
                    "loss-d"};
   for (const json& r : records) {
     const json& p = r["plan"];
-    const std::string id = r.value("point_id", "?");
+    // A point the comparison leaves out (other data, unequal resources) keeps its curves, named
+    // as left out: they are its training, not an equal-resource comparison.
+    std::string id = r.value("point_id", "?");
+    if (dense && !is_dense(r) && is_complete(r)) {
+      if (!same_data(r, *dense))
+        id += " (other data)";
+      else if (!unequal_resources(r, *dense).empty())
+        id += " (not equal-resource)";
+    }
     const double steps = p.value("steps", 0.0);
     const double per_step = steps > 0 ? p.value("tokens_consumed", 0.0) / steps : 0.0;
     const double m = p.value("flops_per_token", 0.0);
@@ -701,12 +712,19 @@ std::vector<json> load_run_records(const fs::path& dir) {
 }
 
 ReportFormat report_format_for(const fs::path& output) {
-  const std::string ext = output.extension().string();
+  const std::string ext = extension_lower(output);
   if (output.empty() || ext == ".txt") return ReportFormat::text;
   if (ext == ".md") return ReportFormat::markdown;
   if (ext == ".html") return ReportFormat::html;
-  throw InputError(
-      fmt::format("-o '{}': the report is written as .md, .html or .txt", output.string()));
+  // ".md" alone is a hidden file's name with no extension.
+  const std::string name = output.filename().string();
+  throw InputError(fmt::format("-o '{}': the report is written as .md, .html or .txt{}",
+                               output.string(),
+                               ext.empty() && name.size() > 1 && name[0] == '.'
+                                   ? fmt::format(" ('{}' is a name without an extension: give "
+                                                 "e.g. report{})",
+                                                 name, name)
+                                   : ""));
 }
 
 std::string render_run_report(const std::vector<json>& records, const std::string& source,

@@ -605,7 +605,7 @@ Manifest manifest_from_toml_string(const std::string& text, const std::string& o
 
 Manifest read_manifest(const std::filesystem::path& path) {
   // grid writes csv, json and md too; only the TOML manifest reads back (it is the contract).
-  const std::string ext = path.extension().string();
+  const std::string ext = extension_lower(path);
   if (ext == ".json" || ext == ".csv" || ext == ".md")
     throw InputError(fmt::format(
         "'{}' is grid's {} output, not a manifest: manifests are TOML (moeplan grid ... -o "

@@ -347,6 +347,13 @@ TEST_CASE("bad input: one line naming the value, exit status 2") {
   // --format that contradicts the extension is refused (.txt and unknown extensions take any).
   expect_bad_input("grid --N 2e9 --ra 0.1 --format csv -o s.toml",
                    "--format csv contradicts -o s.toml, which is written as toml");
+  // Extensions in any case: S.CSV is a CSV file (it was "cannot tell the format").
+  {
+    const fs::path upper = scratch() / "S.CSV";
+    const Result r = run_moeplan("grid --N 2e6 --ra 0.2 -o '" + upper.string() + "'");
+    CHECK_MESSAGE(r.status == 0, r.err);
+    CHECK(slurp(upper).rfind("id,role,", 0) == 0);
+  }
   expect_bad_input("show absent.toml --format json -o x.md",
                    "--format json contradicts -o x.md, which is written as md");
   CHECK(!fs::exists("s.toml"));

@@ -67,6 +67,11 @@ TEST_CASE("frame: data corners to the drawing area's corners; a hand-placed poly
   CHECK(svg.find("points=\"70.0,314.0 300.0,174.0 530.0,34.0\"") != std::string::npos);
   CHECK(svg.find("data-series=\"a&lt;b\"") != std::string::npos);  // names escaped
   CHECK(svg.find("a<b") == std::string::npos);
+  CHECK(svg.find("<circle") == std::string::npos);  // a line of three points: no markers
+  // A series of one point (a run evaluated once) is a polyline through one point, which draws
+  // nothing: it gets its dot, at (300, 174) for (1, 1) in the same frame.
+  c.series.push_back({"one", {{1, 1}}, false, false});
+  CHECK(render_svg(c).find("<circle cx=\"300.0\" cy=\"174.0\"") != std::string::npos);
 }
 
 TEST_CASE("frame: non-finite points are left out; the y axis can skip each curve's start") {

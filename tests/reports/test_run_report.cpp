@@ -92,6 +92,18 @@ TEST_CASE("report: without a complete dense baseline, no bars and no baseline li
   CHECK(count(html, "<svg") == 3);  // no time chart without the baseline's time
   CHECK(html.find("dense baseline (") == std::string::npos);
   CHECK(count(html, "data-series=\"dense\"") == 2);  // its curves so far are still drawn
+  // The running baseline's row: no "C ok" verdict on a partial C (it read "no"), no final parts.
+  json running = record("dense", true, 1.0, 2.0, false);
+  running["val_curve"][1]["parts"] = {{"facts", 1.25}};
+  const std::string row_text =
+      moeplan::render_run_report({running, record("moe-a", false, 0.2, 1.8)}, "runs",
+                                 moeplan::ReportFormat::markdown);
+  const size_t at = row_text.find("| dense |");
+  REQUIRE(at != std::string::npos);
+  const std::string row = row_text.substr(at, row_text.find('\n', at) - at);
+  CAPTURE(row);
+  CHECK(row.find("| no |") == std::string::npos);
+  CHECK(row.find("1.250") == std::string::npos);
 }
 
 namespace {
@@ -426,6 +438,10 @@ TEST_CASE("report: a point without the baseline's N, C or D̂ gets no comparison
   CHECK(text.find("moe-u: D̂ 50 unique is not the baseline's 100 (strict reuse)") !=
         std::string::npos);
   CHECK(count(text, "not equal   ") == 3);  // the three cells
+  // Their training curves stay in the HTML charts, named as left out of the comparison.
+  const std::string html = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::html);
+  CHECK(count(html, "data-series=\"moe-c (not equal-resource)\"") == 2);
+  CHECK(count(html, "data-series=\"moe-a\"") == 2);
   // No bar for the three: one bar line, moe-a's.
   CHECK(count(text, "-0.1000") == 1);
   CHECK(text.find("-0.5000") == std::string::npos);
@@ -525,6 +541,16 @@ TEST_CASE("report: user text is escaped in Markdown; the verdict's lines are par
   const std::string html = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::html);
   CHECK(html.find("<p>measured vs plan: ") != std::string::npos);
   CHECK(html.find("<img") == std::string::npos);
+}
+
+TEST_CASE("report: -o's extension in any case; a bare '.md' is told it has no name") {
+  CHECK(moeplan::report_format_for("r.HTML") == moeplan::ReportFormat::html);
+  CHECK(moeplan::report_format_for("out/R.Md") == moeplan::ReportFormat::markdown);
+  CHECK(moeplan::report_format_for("r.TXT") == moeplan::ReportFormat::text);
+  CHECK_THROWS_WITH_AS(moeplan::report_format_for(".md"),
+                       doctest::Contains("('.md' is a name without an extension: give e.g. "
+                                         "report.md)"),
+                       moeplan::InputError);
 }
 
 TEST_CASE("report: a folder with two dense baselines is refused; ties in r_a sort by id") {

@@ -2,6 +2,7 @@
 // Whole-file writes that never leave a half-written file behind.
 #include <filesystem>
 #include <span>
+#include <string>
 #include <string_view>
 
 namespace moeplan {
@@ -14,5 +15,14 @@ void write_file_atomic(const std::filesystem::path& path, std::string_view conte
 // The same, the file being `parts` one after another: a large file (a checkpoint's weights and
 // optimizer state) is written from where its parts lie, without first joining them in memory.
 void write_file_atomic(const std::filesystem::path& path, std::span<const std::string_view> parts);
+
+// A file name's extension in lower case, with its dot: "r.HTML" -> ".html", "x" -> "". The output
+// formats are chosen by it (-o r.MD is Markdown as r.md is).
+inline std::string extension_lower(const std::filesystem::path& path) {
+  std::string ext = path.extension().string();
+  for (char& c : ext)
+    if (c >= 'A' && c <= 'Z') c = char(c - 'A' + 'a');
+  return ext;
+}
 
 }  // namespace moeplan
