@@ -208,6 +208,11 @@ int run(const RunFlags& f) {
   // plans, the source's size, every point's record and checkpoint (all but the source's
   // fingerprints, compared when a point resumes).
   backend::require_device(opt.device);
+  // A build with the backend on a machine without the device: refused here, before a point's
+  // plan line is printed and its folder made (make_engine said so only inside the first point).
+  if (backend::visible_devices(opt.device) == 0)
+    throw InputError(fmt::format("--device {}: no {} device is visible on this machine",
+                                 opt.device, opt.device == "cuda" ? "CUDA" : opt.device));
   std::map<std::string, std::string> skip_notes;  // point id: what its complete record fails
   for (const Plan* p : points) {
     backend::check_plan_consistent(*p);

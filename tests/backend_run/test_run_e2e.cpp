@@ -441,6 +441,9 @@ TEST_CASE("refusals: one line, non-zero exit, earlier records and checkpoints in
     const Result r = refused(good, "cuda", "--device cuda: ", {"--device", "cuda"});
     CHECK((r.err.find("no CUDA backend") != std::string::npos ||
            r.err.find("no CUDA device is visible") != std::string::npos));
+    // Before any point starts: no plan line printed (a CUDA build printed moe-a's, then failed
+    // inside the point after making its folder).
+    CHECK_MESSAGE(r.out.empty(), r.out);
   }
   // --kernels chooses among the cuda device's kernels: the cpu device refuses it.
   CHECK(refused(good, "kernels", "--kernels 'experts=tiled' applies to --device cuda",
