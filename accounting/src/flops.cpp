@@ -163,7 +163,16 @@ ConventionLens lens(const Arch& a, Convention c, AttentionMask executed) {
       for (int i = 0; i < kFlopCategories; ++i) add(FlopCategory(i), 1.0, "counted as executed");
       break;
     case Convention::paper: {
-      add(FlopCategory::projection, 1.0, "6·N_a term");
+      // The norm scales inside N_a (count_norms) are 6·norms per token that no product executes:
+      // carried by the attention projections' term, which is exactly 6·attention per token.
+      const ParamCounts p = count_params(a);
+      if (a.count_norms && p.attention > 0)
+        add(FlopCategory::projection, double(p.attention + p.norms) / double(p.attention),
+            fmt::format("6·N_a term, with the norm scales inside N_a (count_norms): 6·(attention "
+                        "{} + norms {}) per token",
+                        p.attention, p.norms));
+      else
+        add(FlopCategory::projection, 1.0, "6·N_a term");
       add(FlopCategory::dense_ffn, 1.0, "6·N_a term");
       add(FlopCategory::expert, 1.0, "6·N_a term (K experts per token)");
       add(FlopCategory::shared_expert, 1.0, "6·N_a term");

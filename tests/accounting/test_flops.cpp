@@ -129,6 +129,19 @@ TEST_CASE("convention lenses reproduce the conventions from an exact ledger") {
   const FlopLedger lf = exact_step_ledger(a, B, ExactStepOptions{AttentionMask::full, false, {}});
   CHECK(lens(a, Convention::paper, AttentionMask::full).apply(lf) ==
         doctest::Approx(flops_per_token(a, Convention::paper).total * tokens));
+  // Under the counting readings paper's 6·N_a grows by 6·router (executed: the router's
+  // products) and 6·norms (no product executes them: the lens scales the attention projections,
+  // 6·attention per token exactly, by (attention + norms) / attention). Without the norms term
+  // a --count-norms run's measured C [paper] fell 6·norms·D short of its plan.
+  for (const auto& [router, norms] : {std::pair{true, false}, {false, true}, {true, true}}) {
+    Arch r = a;
+    r.count_router = router;
+    r.count_norms = norms;
+    CAPTURE(router);
+    CAPTURE(norms);
+    CHECK(lens(r, Convention::paper, AttentionMask::causal).apply(exact_step_ledger(r, B)) ==
+          doctest::Approx(flops_per_token(r, Convention::paper).total * tokens).epsilon(1e-12));
+  }
 }
 
 TEST_CASE("names round-trip") {
