@@ -9,6 +9,7 @@
 
 #include "moeplan/accounting/error.hpp"
 #include "moeplan/sweeps/atomic_file.hpp"
+#include "moeplan/sweeps/escape.hpp"
 
 namespace moeplan::audit {
 
@@ -21,33 +22,8 @@ std::string where(const Finding& f, const AuditReport& r) {
 }
 
 // A markdown table cell: a '|' would end the cell, a line break the row.
-// A table cell's text: '|' would end the cell and a line break the row; '<', '>' and '&' are
-// raw HTML to a Markdown renderer (a claim name or label "<img onerror=...>" ran as HTML).
 std::string md_cell(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    switch (c) {
-      case '|':
-        out += "\\|";
-        break;
-      case '\n':
-      case '\r':
-        out += ' ';
-        break;
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '&':
-        out += "&amp;";
-        break;
-      default:
-        out += c;
-    }
-  }
-  return out;
+  return escape_markdown(s);
 }
 
 std::string num(double v) {

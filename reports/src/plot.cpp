@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "moeplan/accounting/units.hpp"
+#include "moeplan/sweeps/escape.hpp"
 
 namespace moeplan::plot {
 
@@ -17,26 +18,7 @@ bool finite(const XY& p) {
 }
 
 std::string escape(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    switch (c) {
-      case '<':
-        o += "&lt;";
-        break;
-      case '>':
-        o += "&gt;";
-        break;
-      case '&':
-        o += "&amp;";
-        break;
-      case '"':
-        o += "&quot;";
-        break;
-      default:
-        o += c;
-    }
-  }
-  return o;
+  return escape_html(s);
 }
 
 // Distinguishable on white and for the common colour-vision deficiencies (Okabe and Ito's set).

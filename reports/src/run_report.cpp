@@ -19,6 +19,7 @@
 #include "moeplan/reports/plot.hpp"
 #include "moeplan/reports/text_table.hpp"
 #include "moeplan/sweeps/atomic_file.hpp"
+#include "moeplan/sweeps/escape.hpp"
 #include "moeplan/sweeps/ledger_json.hpp"
 
 namespace moeplan {
@@ -179,18 +180,7 @@ bool matches_plan(const json& r) {
 }
 
 std::string html_escape(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    if (c == '<')
-      o += "&lt;";
-    else if (c == '>')
-      o += "&gt;";
-    else if (c == '&')
-      o += "&amp;";
-    else
-      o += c;
-  }
-  return o;
+  return escape_html(s);
 }
 
 // A paragraph of several lines (the verdict): one <p> a line in HTML, one Markdown paragraph a
@@ -206,20 +196,7 @@ std::string html_paragraphs(const std::string& text) {
   return out;
 }
 std::string md_paragraphs(const std::string& text) {
-  std::string out;
-  for (char c : text) {
-    if (c == '<')
-      out += "&lt;";
-    else if (c == '>')
-      out += "&gt;";
-    else if (c == '&')
-      out += "&amp;";
-    else if (c == '\n')
-      out += "\n\n";
-    else
-      out += c;
-  }
-  return out;
+  return escape_markdown(text, "\n\n");
 }
 
 // The HTML report's page head (both reports share its table style).

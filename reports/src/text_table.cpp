@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "moeplan/sweeps/escape.hpp"
+
 namespace moeplan {
 
 namespace {
@@ -28,33 +30,8 @@ std::string pad(const std::string& s, size_t width, TextTable::Align align) {
   return align == TextTable::Align::left ? s + fill : fill + s;
 }
 
-// A Markdown table cell: '|' ends a cell and a line break ends the row; '<', '>' and '&' would be
-// raw HTML to the renderer (a point id "<img onerror=...>" is a legal folder name).
 std::string escape_md(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    switch (c) {
-      case '|':
-        out += "\\|";
-        break;
-      case '\n':
-      case '\r':
-        out += ' ';
-        break;
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '&':
-        out += "&amp;";
-        break;
-      default:
-        out += c;
-    }
-  }
-  return out;
+  return escape_markdown(s);
 }
 
 }  // namespace
