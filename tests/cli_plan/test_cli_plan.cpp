@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -551,25 +552,18 @@ TEST_CASE("grid --backbone solves only the MoE layer on the given backbone") {
   CHECK(a.at("experts") == 78);
   CHECK(a.at("top_k") == 6);
   CHECK(a.at("d_expert") == 512);
-  const fs::path with_experts =
-      write("bb.toml",
-            "d_model = 2048\nlayers = 24\nheads = 16\nhead_dim = 128\nd_ffn = 5464\n"
-            "seq_len = 2048\nvocab = 65536\nexperts = 8\n");
-  expect_bad_input("grid --N 6.52e9 --ra 0.2 --backbone '" + with_experts.string() + "'",
-                   "'experts' is not allowed in a backbone");
-  const fs::path all_dense =
-      write("bb2.toml",
-            "d_model = 2048\nlayers = 2\ndense_layers = 2\nheads = 16\nhead_dim = 128\n"
-            "d_ffn = 5464\nseq_len = 2048\nvocab = 65536\n");
-  expect_bad_input("grid --N 6.52e9 --ra 0.2 --backbone '" + all_dense.string() + "'",
-                   "leaves no MoE layer");
-  // A negative layer count is named as such, not as "dense_layers = 1 leaves no MoE layer".
-  const fs::path negative =
-      write("bb3.toml",
-            "d_model = 2048\nlayers = -24\nheads = 16\nhead_dim = 128\nd_ffn = 5464\n"
-            "seq_len = 2048\nvocab = 65536\n");
-  expect_bad_input("grid --N 6.52e9 --ra 0.2 --backbone '" + negative.string() + "'",
-                   "key 'layers' = -24 is invalid; it must be >= 1 (and above dense_layers)");
+  // Backbones the planner cannot take: experts given (it solves them), no MoE layer left, and
+  // a negative layer count (named as such, not as "dense_layers = 1 leaves no MoE layer").
+  const std::string rest = "heads = 16\nhead_dim = 128\nd_ffn = 5464\nseq_len = 2048\nvocab = 65536\n";
+  for (const auto& [name, text, needle] : std::vector<std::array<std::string, 3>>{
+           {"bb.toml", "d_model = 2048\nlayers = 24\nexperts = 8\n" + rest,
+            "'experts' is not allowed in a backbone"},
+           {"bb2.toml", "d_model = 2048\nlayers = 2\ndense_layers = 2\n" + rest,
+            "leaves no MoE layer"},
+           {"bb3.toml", "d_model = 2048\nlayers = -24\n" + rest,
+            "key 'layers' = -24 is invalid; it must be >= 1 (and above dense_layers)"}})
+    expect_bad_input("grid --N 6.52e9 --ra 0.2 --backbone '" + write(name, text).string() + "'",
+                     needle);
 }
 
 TEST_CASE("show: an edit off the equal-resource sweep is refused; equal_resources = false says so") {
