@@ -151,7 +151,7 @@ double ConventionLens::apply(const FlopLedger& ledger) const {
   return s;
 }
 
-ConventionLens lens(const Arch& a, Convention c, AttentionMask executed) {
+ConventionLens lens(const Arch& a, Convention c, AttentionMask executed, AttentionMask counted) {
   ConventionLens out{c, {}};
   const double S = double(a.seq_len);
   const double causal_to_full = executed == AttentionMask::causal ? 2.0 * S / (S + 1.0) : 1.0;
@@ -160,7 +160,17 @@ ConventionLens lens(const Arch& a, Convention c, AttentionMask executed) {
   };
   switch (c) {
     case Convention::exact:
-      for (int i = 0; i < kFlopCategories; ++i) add(FlopCategory(i), 1.0, "counted as executed");
+      for (int i = 0; i < kFlopCategories; ++i) {
+        // exact/full counts every key of every query; a causal run executed (S+1)/(2S) of that.
+        if (FlopCategory(i) == FlopCategory::attention_core && counted == AttentionMask::full &&
+            executed == AttentionMask::causal)
+          add(FlopCategory(i), causal_to_full,
+              fmt::format("exact/full counts S keys a query: executed causal is (S+1)/(2S) = "
+                          "{:.4f}x of it",
+                          (S + 1.0) / (2.0 * S)));
+        else
+          add(FlopCategory(i), 1.0, "counted as executed");
+      }
       break;
     case Convention::paper: {
       // The norm scales inside N_a (count_norms) are 6·norms per token that no product executes:

@@ -138,9 +138,17 @@ Plan parse_plan(const Reader& rd, const json& p) {
           fmt::format("{}: plan reuse '{}' (valid: strict, loose)", rd.source, reuse));
     b.reuse = reuse == "loose" ? Reuse::loose : Reuse::strict;
   }
-  // The plan's own N (its counting reading): keep what it printed when given.
-  plan.counts.total_params = rd.integer_or(p, "total_params", plan.counts.total_params);
-  plan.counts.active_params = rd.integer_or(p, "active_params", plan.counts.active_params);
+  // The plan's own N (its counting reading): what it printed, which must be what its arch gives
+  // under that reading (an arch edited to twice the experts under the old N held every claim:
+  // the measured N was compared with the printed one only).
+  for (const auto& [key, from_arch] : {std::pair{"total_params", plan.counts.total_params},
+                                       {"active_params", plan.counts.active_params}})
+    if (p.contains(key) && rd.integer(p, key) != from_arch)
+      throw InputError(fmt::format(
+          "{}: 'plan.{}' = {} disagrees with its arch, which gives {} (router {}, norms {}); "
+          "the record is damaged or was edited",
+          rd.source, key, rd.integer(p, key), from_arch, arch.count_router ? "in" : "out",
+          arch.count_norms ? "in" : "out"));
   return plan;
 }
 
@@ -292,8 +300,16 @@ class RunAuditor {
         exact(0, b);
       }
     const int64_t seq = p.arch.seq_len;
-    if (r.evaluations < 0 || r.validation_tokens <= 0 || seq <= 0 ||
-        r.validation_tokens % seq != 0) {
+    // Held-out tokens are whole windows: another count is not one `run` writes.
+    if (r.evaluations >= 0 && r.validation_tokens > 0 && seq > 0 && r.validation_tokens % seq != 0) {
+      add(Severity::error, id, "validation-flops", {}, double(r.validation_tokens), 0,
+          fmt::format("the record's data.validation_tokens {} is not a whole number of windows of "
+                      "S = {}: `run` scores whole windows, so its validation ledger cannot be "
+                      "checked",
+                      r.validation_tokens, seq));
+      return;
+    }
+    if (r.evaluations < 0 || r.validation_tokens <= 0 || seq <= 0) {
       add(Severity::info, id, "validation-flops", {}, double(r.validation_ledger.total()), 0,
           "the validation ledger is not compared with an analytic one: the record does not say "
           "how many evaluations of how many held-out windows it ran");
@@ -336,7 +352,7 @@ class RunAuditor {
     // The plan's convention: the measured ledger through lens() against the planned C.
     Arch lens_arch = a;
     lens_arch.count_router = p.arch.count_router;
-    const ConventionLens ln = lens(lens_arch, p.convention, r.executed_mask);
+    const ConventionLens ln = lens(lens_arch, p.convention, r.executed_mask, p.mask);
     const double measured_conv = ln.apply(r.ledger);
     // "paper (router in)" where the plan's N_a counts the router: the lens's 6·N_a does too.
     const std::string label = flops_label(p.arch, p.convention, p.mask);
@@ -367,7 +383,8 @@ class RunAuditor {
           fmt::format("the record's measured.compute.paper {} differs from the paper lens applied "
                       "to its ledger {}",
                       count_str(r.compute_paper), count_str(paper_c)));
-    if (const auto it = r.conventions.find(label);
+    // The record keys its figures by the bare convention ("paper", "exact/causal").
+    if (const auto it = r.conventions.find(convention_label(p.convention, p.mask));
         it != r.conventions.end() && std::fabs(rel(it->second, measured_conv)) > 1e-9)
       add(Severity::warning, id, "compute", measured_conv, it->second, 0,
           fmt::format("the record's own {} figure {} differs from lens() applied to its ledger {}",
@@ -442,6 +459,7 @@ struct PointValues {
   bool dense;
   double n, c, d_unique;
   Reuse reuse;
+  double epochs = 0;
 };
 
 ClaimVerdict equal_claim(const std::string& name, const std::string& q,
@@ -687,14 +705,16 @@ void same_data_claim(const std::vector<PointValues>& pts, const std::vector<cons
       const auto it = r.train.find(key);
       return it == r.train.end() ? std::string("unrecorded") : it->second;
     };
-    std::string differ;
+    std::string differ, first;  // the finding is filed under the first point that differs
     for (const RunRecord* r : rs)
-      if (value(*r) != value(base))
+      if (value(*r) != value(base)) {
+        if (first.empty()) first = r->point_id;
         differ += fmt::format("{}{} {}", differ.empty() ? "" : ", ", r->point_id, value(*r));
+      }
     if (!differ.empty())
       report.findings.push_back(
           Finding{Severity::warning,
-                  "",
+                  first,
                   0,
                   "train",
                   {},
@@ -715,13 +735,14 @@ AuditReport audit_runs(const std::vector<RunRecord>& records, const std::vector<
   RunAuditor au(opt, report);
   std::vector<PointValues> pts;
   std::vector<const RunRecord*> done;  // the complete records, as pts
+  std::vector<std::pair<std::string, const Plan*>> audited;  // every record's plan, as audited
   for (const RunRecord& r : records) {
     const Plan* plan = &r.plan;
     if (!planned.empty()) {
       const auto it = std::find_if(planned.begin(), planned.end(),
                                    [&](const Plan& p) { return p.id == r.point_id; });
       if (it == planned.end()) {
-        au.add(Severity::warning, r.point_id, "", {}, {}, 0,
+        au.add(Severity::warning, r.point_id, "plan", {}, {}, 0,
                fmt::format("{}: point '{}' is not in the manifest; audited against the plan it "
                            "carries",
                            r.source, r.point_id));
@@ -730,7 +751,7 @@ AuditReport audit_runs(const std::vector<RunRecord>& records, const std::vector<
         // Every value of the plan, as `moeplan run` compares them before it skips or resumes a
         // point (a learning rate or warm-up edited since is another point, too).
         if (const std::string d = plan_differ(r.plan_json, plan_to_json(*it)); !d.empty())
-          au.add(Severity::warning, r.point_id, "", {}, {}, 0,
+          au.add(Severity::warning, r.point_id, "plan", {}, {}, 0,
                  fmt::format("the record was made from a different plan than the manifest's "
                              "point: {}; audited against the manifest",
                              d));
@@ -748,8 +769,9 @@ AuditReport audit_runs(const std::vector<RunRecord>& records, const std::vector<
         au.add(Severity::warning, r.point_id, "train", {}, {}, 0,
                fmt::format("trained with other [train] settings than the manifest's: {}", d));
     }
+    audited.emplace_back(r.point_id, plan);
     if (r.status != "complete") {
-      au.add(Severity::error, r.point_id, "", {}, {}, 0,
+      au.add(Severity::error, r.point_id, "status", {}, {}, 0,
              fmt::format("record is '{}', not complete: not audited, and the sweep's claims "
                          "cannot hold without it",
                          r.status));
@@ -767,9 +789,23 @@ AuditReport audit_runs(const std::vector<RunRecord>& records, const std::vector<
       if (report.findings[i].severity == Severity::error) point.holds = false;
     report.claims.push_back(point);
     done.push_back(&r);
-    pts.push_back(
-        {r.point_id, plan->role == "dense", n, c, double(r.tokens_unique), plan->budget.reuse});
+    pts.push_back({r.point_id, plan->role == "dense", n, c, double(r.tokens_unique),
+                   plan->budget.reuse, r.epochs});
   }
+  // One sweep: its points planned in one FLOP convention under one counting reading and one
+  // reuse rule (what `moeplan grid` makes and `show` checks). Records put together from two
+  // sweeps would compare C in two conventions, or D̂ of a strict point with a loose one's.
+  auto reading = [](const Plan& p) {
+    return fmt::format("{} with {} reuse", flops_label(p.arch, p.convention, p.mask),
+                       p.budget.reuse == Reuse::strict ? "strict" : "loose");
+  };
+  for (const auto& [id, plan] : audited)
+    if (reading(*plan) != reading(*audited.front().second))
+      throw InputError(fmt::format(
+          "point '{}' was planned in {}, point '{}' in {}: the records are not one sweep (its "
+          "points share the FLOP convention, the counting readings and the reuse rule); audit "
+          "each sweep's folder on its own",
+          id, reading(*plan), audited.front().first, reading(*audited.front().second)));
   // A sweep's claims are about all its points: one still running, or planned and not started,
   // leaves them unproven (it may be the point that breaks equal N), so the audit does not pass.
   ClaimVerdict complete;
@@ -781,7 +817,7 @@ AuditReport audit_runs(const std::vector<RunRecord>& records, const std::vector<
   for (const Plan& p : planned)
     if (std::none_of(records.begin(), records.end(),
                      [&](const RunRecord& r) { return r.point_id == p.id; })) {
-      au.add(Severity::error, p.id, "", {}, {}, 0,
+      au.add(Severity::error, p.id, "record", {}, {}, 0,
              "planned point has no record yet: the sweep's claims cannot hold without it");
       complete.rows.push_back(p.id);
       complete.holds = false;
@@ -804,6 +840,10 @@ AuditReport audit_runs(const std::vector<RunRecord>& records, const std::vector<
     if (strict)
       report.claims.push_back(equal_claim("equal unique data D̂ (strict reuse) across the sweep",
                                           "tokens_unique", pts, &PointValues::d_unique, 0,
+                                          report.findings));
+    else  // loose reuse: one number of epochs for every point (up to D̂'s whole windows)
+      report.claims.push_back(equal_claim("equal epochs (loose reuse) across the sweep", "epochs",
+                                          pts, &PointValues::epochs, opt.tolerance,
                                           report.findings));
     same_data_claim(pts, done, report);
   }

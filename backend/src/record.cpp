@@ -20,11 +20,19 @@ nlohmann::json make_record(const RecordInputs& in) {
   const double exact_total = double(ledger.total());
   const double paper = lens(arch, Convention::paper, AttentionMask::causal).apply(ledger);
   const double megatron = lens(arch, Convention::megatron, AttentionMask::causal).apply(ledger);
+  // exact/full: the causal attention core counted at S keys a query (an exact/full plan's C).
+  const std::string full_label = convention_label(Convention::exact, AttentionMask::full);
+  const double exact_full =
+      lens(arch, Convention::exact, AttentionMask::causal, AttentionMask::full).apply(ledger);
 
   nlohmann::json flops = flop_ledger_to_json(ledger);
   flops["executed_mask"] = std::string(name(AttentionMask::causal));
-  flops["conventions"] = {{exact_label, exact_total}, {"paper", paper}, {"megatron", megatron}};
+  flops["conventions"] = {{exact_label, exact_total},
+                          {full_label, exact_full},
+                          {"paper", paper},
+                          {"megatron", megatron}};
   flops["per_token"] = {{exact_label, per_token(exact_total)},
+                        {full_label, per_token(exact_full)},
                         {"paper", per_token(paper)},
                         {"megatron", per_token(megatron)}};
   flops["validation"] = flop_ledger_to_json(st.eval_flops);  // not part of C

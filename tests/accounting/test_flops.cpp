@@ -129,6 +129,13 @@ TEST_CASE("convention lenses reproduce the conventions from an exact ledger") {
   const FlopLedger lf = exact_step_ledger(a, B, ExactStepOptions{AttentionMask::full, false, {}});
   CHECK(lens(a, Convention::paper, AttentionMask::full).apply(lf) ==
         doctest::Approx(flops_per_token(a, Convention::paper).total * tokens));
+  // exact/full from a causal run: the attention core scaled to S keys a query. Without the
+  // counted mask an exact/full sweep's faithful runs fell 3 % short of their plan.
+  CHECK(lens(a, Convention::exact, AttentionMask::causal, AttentionMask::full).apply(l) ==
+        doctest::Approx(flops_per_token(a, Convention::exact, AttentionMask::full).total * tokens)
+            .epsilon(1e-12));
+  CHECK(lens(a, Convention::exact, AttentionMask::full, AttentionMask::full).apply(lf) ==
+        double(lf.total()));
   // Under the counting readings paper's 6·N_a grows by 6·router (executed: the router's
   // products) and 6·norms (no product executes them: the lens scales the attention projections,
   // 6·attention per token exactly, by (attention + norms) / attention). Without the norms term

@@ -403,6 +403,18 @@ TEST_CASE("the validation ledger: forward only, one pass over the held-out windo
     CHECK(e[1]->message.find("4096 input-grad FLOPs: an evaluation runs no backward pass") !=
           std::string::npos);
   }
+  {  // held-out tokens that are not whole windows of S = 4 (run scores whole windows): it was an
+     // info line, the ledger left unchecked, however large
+    json r = rec;
+    r["data"]["validation_tokens"] = 9;
+    r["measured"]["flops"]["validation"]["by_category"]["projection"]["forward"] = 10'000'000;
+    const AuditReport a = audit(r);
+    const auto e = errors(a, "validation-flops");
+    REQUIRE(e.size() >= 1);
+    CHECK_MESSAGE(e.back()->message.find("data.validation_tokens 9 is not a whole number of "
+                                         "windows of S = 4") != std::string::npos,
+                  e.back()->message);
+  }
   {  // a damaged count is refused by its full key
     json r = rec;
     r["measured"]["flops"]["validation"]["by_category"]["expert"]["forward"] = -6;
@@ -501,6 +513,51 @@ TEST_CASE("a sweep planned with the router in N_a names that reading in its C cl
   CHECK_FALSE(claim(r, "equal training compute C (paper) across the sweep"));
 }
 
+TEST_CASE("records of one sweep: one convention, reading and reuse rule; loose reuse claims equal epochs") {
+  // Put together from two sweeps, equal C compared a megatron C with a paper one, and one loose
+  // point switched the equal-D̂ claim off for every point.
+  auto recs = load_run_records(fixture("runs_ok"));
+  auto mixed = recs;
+  mixed[1].plan.convention = Convention::megatron;
+  CHECK_THROWS_WITH_AS(audit_runs(mixed, {}, {}),
+                       doctest::Contains("point 'moe-k1' was planned in megatron with strict "
+                                         "reuse, point 'dense' in paper with strict reuse: the "
+                                         "records are not one sweep"),
+                       InputError);
+  mixed = recs;
+  mixed[1].plan.budget.reuse = Reuse::loose;
+  CHECK_THROWS_WITH_AS(audit_runs(mixed, {}, {}),
+                       doctest::Contains("in paper with loose reuse, point 'dense' in paper with "
+                                         "strict reuse"),
+                       InputError);
+  mixed[1].plan.arch.count_router = true;
+  mixed[1].plan.budget.reuse = Reuse::strict;
+  CHECK_THROWS_WITH_AS(audit_runs(mixed, {}, {}), doctest::Contains("paper (router in)"),
+                       InputError);
+  // Both loose: the claim is one number of epochs, and 1.4 (moe-k1) against 1.0 breaks it.
+  for (RunRecord& r : recs) r.plan.budget.reuse = Reuse::loose;
+  const AuditReport loose = audit_runs(recs, {}, {});
+  CHECK_FALSE(claim(loose, "equal unique data D̂ (strict reuse) across the sweep"));
+  const ClaimVerdict* e = claim(loose, "equal epochs (loose reuse) across the sweep");
+  REQUIRE(e);
+  CHECK_FALSE(e->holds);
+  CHECK(e->quantities[0].deviation == doctest::Approx(0.4));
+}
+
+TEST_CASE("a record whose plan's N is not what its arch gives is refused") {
+  // Twice the experts under the printed N: the measured N was compared with the printed one only,
+  // so every claim held on a model of another size.
+  const auto dir = std::filesystem::temp_directory_path() / "moeplan-audit-arch-n";
+  std::filesystem::remove_all(dir);
+  nlohmann::json moe = copy_runs_ok(dir);
+  moe["plan"]["arch"]["experts"] = moe["plan"]["arch"]["experts"].get<int64_t>() * 2;
+  std::ofstream(dir / "moe-k1" / "record.json") << moe.dump();
+  CHECK_THROWS_WITH_AS(load_run_records(dir.string()),
+                       doctest::Contains("'plan.total_params' = 1856 disagrees with its arch"),
+                       InputError);
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("a runs folder with two dense baselines is refused") {
   // Every equal claim is measured against the dense baseline: with two, against whichever
   // sorted first.
@@ -542,7 +599,7 @@ TEST_CASE("against manifest points: a planned point without a record, a record o
   planned[1].budget.tokens_consumed = 64;
   const AuditReport r = audit_runs(recs, planned, {});
   // The point not run yet: the sweep is incomplete, and that claim fails (exit 1), not a warning.
-  CHECK(matching(r.findings, Severity::error, "moe-k2", 0, "").size() == 1);
+  CHECK(matching(r.findings, Severity::error, "moe-k2", 0, "record").size() == 1);
   const ClaimVerdict* all = claim(r, "every point of the sweep has a complete record");
   REQUIRE(all);
   CHECK_FALSE(all->holds);
@@ -557,9 +614,9 @@ TEST_CASE("against manifest points: a planned point without a record, a record o
   const AuditReport rr = audit_runs(running, {}, {});
   REQUIRE(claim(rr, "every point of the sweep has a complete record"));
   CHECK_FALSE(claim(rr, "every point of the sweep has a complete record")->holds);
-  CHECK(matching(rr.findings, Severity::error, "moe-k1", 0, "").size() == 1);
+  CHECK(matching(rr.findings, Severity::error, "moe-k1", 0, "status").size() == 1);
   CHECK_FALSE(rr.all_hold());
-  const auto plan_diff = matching(r.findings, Severity::warning, "moe-k1", 0, "");
+  const auto plan_diff = matching(r.findings, Severity::warning, "moe-k1", 0, "plan");
   REQUIRE(plan_diff.size() == 1);
   CHECK_MESSAGE(plan_diff[0]->message.find("different plan than the manifest's point: plan.") !=
                     std::string::npos,
@@ -594,7 +651,7 @@ TEST_CASE("against the manifest it was trained from: every plan value compared, 
   // A value the claims do not read (the learning rate, edited in the manifest since) is named.
   planned[0].hyper.lr_peak = 0.5;
   const auto d =
-      matching(audit_runs(recs, planned, {}).findings, Severity::warning, "moe-ra0.200", 0, "");
+      matching(audit_runs(recs, planned, {}).findings, Severity::warning, "moe-ra0.200", 0, "plan");
   REQUIRE(d.size() == 1);
   CHECK_MESSAGE(d[0]->message.find("different plan than the manifest's point: plan.lr_peak = ") !=
                     std::string::npos,
@@ -703,7 +760,8 @@ TEST_CASE("the same data for every point: source and held-out set; [train] setti
     CHECK(e[0]->message ==
           "read text:t.txt, 128 validation tokens; the dense baseline dense read builtin, "
           "data_seed 1, 256 validation tokens");
-    const auto w = matching(r.findings, Severity::warning, "", 0, "train");
+    // Filed under the first point that differs (it was under no point).
+    const auto w = matching(r.findings, Severity::warning, "moe-k1", 0, "train");
     REQUIRE(w.size() == 2);  // seed and z_loss, in key order; eval_every is not training
     CHECK(w[0]->message ==
           "[train] seed differs across the sweep: moe-k1 7 against 1234 for the dense baseline "
@@ -744,5 +802,7 @@ TEST_CASE("the same data for every point: source and held-out set; [train] setti
   CHECK(d[0]->message ==
         "trained with other [train] settings than the manifest's: eval_every = 0 (the manifest: "
         "5), seed = 1234 (the manifest: 7), z_loss = 0.0 (the manifest: 0.001)");
-  CHECK(matching(r.findings, Severity::warning, "moe-k1", 0, "train").empty());
+  // moe-k1 trained as the manifest says: its only [train] finding is the sweep-wide one.
+  for (const Finding* f : matching(r.findings, Severity::warning, "moe-k1", 0, "train"))
+    CHECK(f->message.rfind("[train] ", 0) == 0);
 }

@@ -72,6 +72,10 @@ struct ConventionLens {
   std::vector<LensTerm> terms;  // categories not listed count 0
   double apply(const FlopLedger& ledger) const;
 };
-ConventionLens lens(const Arch& arch, Convention c, AttentionMask executed_mask);
+// `counted`: the mask the convention counts under `exact` (exact/full counts S keys a query, so
+// an executed causal attention core is scaled up by 2S/(S+1)); paper counts full and megatron
+// S/2 whatever it says.
+ConventionLens lens(const Arch& arch, Convention c, AttentionMask executed_mask,
+                    AttentionMask counted = AttentionMask::causal);
 
 }  // namespace moeplan
