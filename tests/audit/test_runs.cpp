@@ -544,6 +544,26 @@ TEST_CASE("records of one sweep: one convention, reading and reuse rule; loose r
   CHECK(e->quantities[0].deviation == doctest::Approx(0.4));
 }
 
+TEST_CASE("a ledger whose categories hold the right totals split otherwise between passes") {
+  // The dense record's projection FLOPs all booked as forward: every category total is right,
+  // but no training step runs without its backward pass. It passed every check.
+  const auto dir = std::filesystem::temp_directory_path() / "moeplan-audit-phases";
+  std::filesystem::remove_all(dir);
+  nlohmann::json moe = copy_runs_ok(dir);
+  nlohmann::json& proj = moe["measured"]["flops"]["by_category"]["projection"];
+  const int64_t total = proj["forward"].get<int64_t>() + proj["input-grad"].get<int64_t>() +
+                        proj["weight-grad"].get<int64_t>();
+  proj = {{"forward", total}, {"input-grad", 0}, {"weight-grad", 0}};
+  const AuditReport r = audit_with_moe(dir, moe);
+  const auto e = matching(r.findings, Severity::error, "moe-k1", 0, "flops:projection");
+  REQUIRE(e.size() == 1);
+  CHECK_MESSAGE(e[0]->message.find("the same total, split as no training step splits it") !=
+                    std::string::npos,
+                e[0]->message);
+  CHECK_FALSE(r.all_hold());
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("a record whose plan's N is not what its arch gives is refused") {
   // Twice the experts under the printed N: the measured N was compared with the printed one only,
   // so every claim held on a model of another size.
