@@ -69,8 +69,7 @@ Plan parse_plan(const Reader& rd, const json& p) {
   plan.id = rd.text(p, "id");
   plan.role = p.contains("role") ? rd.text(p, "role") : "moe";
   if (plan.role != "moe" && plan.role != "dense")
-    throw InputError(
-        fmt::format("{}: plan role '{}' (valid: dense, moe)", rd.source, plan.role));
+    throw InputError(fmt::format("{}: plan role '{}' (valid: dense, moe)", rd.source, plan.role));
   const json& a = rd.obj(p, "arch");
   const Reader ra = rd.in("arch");
   Arch& arch = plan.arch;
@@ -134,8 +133,7 @@ Plan parse_plan(const Reader& rd, const json& p) {
   if (p.contains("reuse")) {
     const std::string reuse = rd.text(p, "reuse");
     if (reuse != "strict" && reuse != "loose")
-      throw InputError(
-          fmt::format("{}: plan reuse '{}' (valid: strict, loose)", rd.source, reuse));
+      throw InputError(fmt::format("{}: plan reuse '{}' (valid: strict, loose)", rd.source, reuse));
     b.reuse = reuse == "loose" ? Reuse::loose : Reuse::strict;
   }
   // The plan's own N (its counting reading): what it printed, which must be what its arch gives
@@ -319,7 +317,8 @@ class RunAuditor {
       }
     const int64_t seq = p.arch.seq_len;
     // Held-out tokens are whole windows: another count is not one `run` writes.
-    if (r.evaluations >= 0 && r.validation_tokens > 0 && seq > 0 && r.validation_tokens % seq != 0) {
+    if (r.evaluations >= 0 && r.validation_tokens > 0 && seq > 0 &&
+        r.validation_tokens % seq != 0) {
       add(Severity::error, id, "validation-flops", {}, double(r.validation_tokens), 0,
           fmt::format("the record's data.validation_tokens {} is not a whole number of windows of "
                       "S = {}: `run` scores whole windows, so its validation ledger cannot be "
@@ -662,62 +661,80 @@ void same_data_claim(const std::vector<PointValues>& pts, const std::vector<cons
   const size_t b = base_at == pts.end() ? 0 : size_t(base_at - pts.begin());
   const RunRecord& base = *rs[b];
   const std::string who = base_at == pts.end() ? "the first point" : "the dense baseline";
-  for (const RunRecord* r : rs)
-    if (r->data_source.empty()) {
-      report.findings.push_back(
-          Finding{Severity::info,
-                  r->point_id,
-                  0,
-                  "data",
-                  {},
-                  {},
-                  {},
-                  0,
-                  fmt::format("{} does not say which data it read (an older record): the same-data "
-                              "claim is not checked",
-                              r->source)});
-      return;
-    }
+  // Records that do not say which data they read: a sweep of older records is only told so;
+  // one such record among records that say it (a `data` removed by hand) fails the claim.
+  const auto unsaid = std::count_if(rs.begin(), rs.end(),
+                                    [](const RunRecord* r) { return r->data_source.empty(); });
+  const bool mixed = unsaid > 0 && size_t(unsaid) < rs.size();
   ClaimVerdict cv;
   const std::string want = data_read(base);
-  cv.name = fmt::format("the same data for every point (source, held-out set) as {}: {}",
-                        base.point_id, want);
-  // The same source by name can still be other tokens (a file edited between runs): the
-  // fingerprints of the held-out set, and of the training region when D̂ is the same, must agree.
-  auto other_tokens = [&](const RunRecord& r) {
-    std::string s;
-    if (!r.validation_fingerprint.empty() && !base.validation_fingerprint.empty() &&
-        r.validation_fingerprint != base.validation_fingerprint)
-      s = fmt::format("held-out set {} against {}", r.validation_fingerprint,
-                      base.validation_fingerprint);
-    if (r.tokens_unique == base.tokens_unique && !r.training_fingerprint.empty() &&
-        !base.training_fingerprint.empty() && r.training_fingerprint != base.training_fingerprint)
-      s += fmt::format("{}training region {} against {}", s.empty() ? "" : ", ",
-                       r.training_fingerprint, base.training_fingerprint);
-    return s;
-  };
-  for (const RunRecord* r : rs) {
-    cv.rows.push_back(r->point_id);
-    const std::string got = data_read(*r);
-    std::string msg;
-    if (got != want)
-      msg = fmt::format("read {}; {} {} read {}", got, who, base.point_id, want);
-    else if (const std::string diff = other_tokens(*r); !diff.empty())
-      msg = fmt::format(
-          "read {} as {} {} did, but other tokens (fingerprints: {}): the source "
-          "changed between the runs",
-          got, who, base.point_id, diff);
-    if (msg.empty()) continue;
-    cv.holds = false;
-    report.findings.push_back(
-        Finding{Severity::error, r->point_id, 0, "data", {}, {}, {}, 0, std::move(msg)});
+  cv.name = base.data_source.empty()
+                ? std::string("the same data for every point (source, held-out set)")
+                : fmt::format("the same data for every point (source, held-out set) as {}: {}",
+                              base.point_id, want);
+  for (const RunRecord* r : rs)
+    if (r->data_source.empty())
+      report.findings.push_back(Finding{
+          mixed ? Severity::error : Severity::info,
+          r->point_id,
+          0,
+          "data",
+          {},
+          {},
+          {},
+          0,
+          mixed ? fmt::format("{} does not say which data it read while the sweep's other records "
+                              "do: the same-data claim cannot hold",
+                              r->source)
+                : fmt::format("{} does not say which data it read (an older record): the same-data "
+                              "claim is not checked",
+                              r->source)});
+  if (unsaid > 0) {
+    if (mixed) {
+      for (const RunRecord* r : rs) cv.rows.push_back(r->point_id);
+      cv.holds = false;
+      report.claims.push_back(cv);
+    }
+  } else {
+    // The same source by name can still be other tokens (a file edited between runs): the
+    // fingerprints of the held-out set, and of the training region when D̂ is the same, must agree.
+    auto other_tokens = [&](const RunRecord& r) {
+      std::string s;
+      if (!r.validation_fingerprint.empty() && !base.validation_fingerprint.empty() &&
+          r.validation_fingerprint != base.validation_fingerprint)
+        s = fmt::format("held-out set {} against {}", r.validation_fingerprint,
+                        base.validation_fingerprint);
+      if (r.tokens_unique == base.tokens_unique && !r.training_fingerprint.empty() &&
+          !base.training_fingerprint.empty() && r.training_fingerprint != base.training_fingerprint)
+        s += fmt::format("{}training region {} against {}", s.empty() ? "" : ", ",
+                         r.training_fingerprint, base.training_fingerprint);
+      return s;
+    };
+    for (const RunRecord* r : rs) {
+      cv.rows.push_back(r->point_id);
+      const std::string got = data_read(*r);
+      std::string msg;
+      if (got != want)
+        msg = fmt::format("read {}; {} {} read {}", got, who, base.point_id, want);
+      else if (const std::string diff = other_tokens(*r); !diff.empty())
+        msg = fmt::format(
+            "read {} as {} {} did, but other tokens (fingerprints: {}): the source "
+            "changed between the runs",
+            got, who, base.point_id, diff);
+      if (msg.empty()) continue;
+      cv.holds = false;
+      report.findings.push_back(
+          Finding{Severity::error, r->point_id, 0, "data", {}, {}, {}, 0, std::move(msg)});
+    }
+    report.claims.push_back(cv);
   }
-  report.claims.push_back(cv);
+  // The [train] settings, whether or not the records say their data.
   std::set<std::string> keys;
   for (const RunRecord* r : rs)
     for (const auto& kv : r->train) keys.insert(kv.first);
   for (const std::string& key : keys) {
-    if (key == "source" || key == "data_seed" || key == "eval_every" || key == "eval_tokens")
+    if (key == "source" || (key == "data_seed" && unsaid == 0) || key == "eval_every" ||
+        key == "eval_tokens")
       continue;  // the data claim above, or when and how much validation: not the training
     auto value = [&](const RunRecord& r) {
       const auto it = r.train.find(key);
@@ -752,7 +769,7 @@ AuditReport audit_runs(const std::vector<RunRecord>& records, const std::vector<
   AuditReport report;
   RunAuditor au(opt, report);
   std::vector<PointValues> pts;
-  std::vector<const RunRecord*> done;  // the complete records, as pts
+  std::vector<const RunRecord*> done;                        // the complete records, as pts
   std::vector<std::pair<std::string, const Plan*>> audited;  // every record's plan, as audited
   for (const RunRecord& r : records) {
     const Plan* plan = &r.plan;
@@ -845,9 +862,9 @@ AuditReport audit_runs(const std::vector<RunRecord>& records, const std::vector<
     const double ntol = opt.n_tolerance.value_or(opt.tolerance);
     const double ctol = opt.compute_tolerance.value_or(opt.tolerance);
     const std::string conv =
-        records.empty() ? ""
-                        : flops_label(records[0].plan.arch, records[0].plan.convention,
-                                      records[0].plan.mask);
+        records.empty()
+            ? ""
+            : flops_label(records[0].plan.arch, records[0].plan.convention, records[0].plan.mask);
     report.claims.push_back(equal_claim("equal total parameters N across the sweep", "total_params",
                                         pts, &PointValues::n, ntol, report.findings));
     report.claims.push_back(

@@ -26,6 +26,7 @@
 //   all, paper C 470,784: −0.487 %) and unique tokens 36 instead of 40 (epochs 1.556, not 1.4).
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -753,6 +754,22 @@ TEST_CASE("the same data for every point: source and held-out set; [train] setti
   const std::string name =
       "the same data for every point (source, held-out set) as dense: builtin, data_seed 1, 256 "
       "validation tokens";
+  {  // one record's data removed by hand, its data_seed changed: it switched the claim off
+    auto edited = recs;
+    edited[1].data_source.clear();
+    edited[1].train["data_seed"] = "2";
+    const AuditReport r = audit_runs(edited, {}, {});
+    const auto e = matching(r.findings, Severity::error, "moe-k1", 0, "data");
+    REQUIRE(e.size() == 1);
+    CHECK(e[0]->message.find("does not say which data it read while the sweep's other records "
+                             "do") != std::string::npos);
+    CHECK_FALSE(r.all_hold());
+    // and the data_seed it trained with is compared as a [train] setting
+    const auto w = matching(r.findings, Severity::warning, "moe-k1", 0, "train");
+    CHECK(std::any_of(w.begin(), w.end(), [](const Finding* f) {
+      return f->message.rfind("[train] data_seed differs across the sweep: moe-k1 2", 0) == 0;
+    }));
+  }
   {
     const AuditReport r = audit_runs(recs, {}, {});
     const ClaimVerdict* same = claim(r, name);
