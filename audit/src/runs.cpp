@@ -858,6 +858,12 @@ AuditReport audit_runs(const std::vector<RunRecord>& records, const std::vector<
       complete.holds = false;
     }
   if (!planned.empty() || !complete.holds) report.claims.push_back(complete);
+  // An equal-resource sweep is measured against its dense baseline: without one the claims
+  // below are spreads over the MoE points, which says nothing about MoE against dense.
+  if (pts.size() >= 2 && std::none_of(pts.begin(), pts.end(), [](auto& p) { return p.dense; }))
+    au.add(Severity::warning, pts.front().id, "baseline", {}, {}, 0,
+           "no complete dense baseline record among the runs: the equal N, C and D̂ claims are "
+           "spreads over the MoE points only, not a comparison with dense");
   if (pts.size() >= 2) {
     const double ntol = opt.n_tolerance.value_or(opt.tolerance);
     const double ctol = opt.compute_tolerance.value_or(opt.tolerance);

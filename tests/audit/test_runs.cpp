@@ -565,6 +565,19 @@ TEST_CASE("a ledger whose categories hold the right totals split otherwise betwe
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("runs without a dense baseline are warned of") {
+  auto recs = load_run_records(fixture("runs_ok"));
+  const AuditReport with_dense = audit_runs(recs, {}, {});
+  CHECK(matching(with_dense.findings, Severity::warning, "moe-k1", 0, "baseline").empty());
+  // The dense record read as a second MoE point: two points, no baseline.
+  recs[0].plan.role = "moe";
+  recs[0].point_id = "moe-k0";
+  const AuditReport r = audit_runs(recs, {}, {});
+  const auto w = matching(r.findings, Severity::warning, "moe-k0", 0, "baseline");
+  REQUIRE(w.size() == 1);
+  CHECK(w[0]->message.find("no complete dense baseline record") == 0);
+}
+
 TEST_CASE("a record whose plan's N is not what its arch gives is refused") {
   // Twice the experts under the printed N: the measured N was compared with the printed one only,
   // so every claim held on a model of another size.
@@ -667,12 +680,13 @@ TEST_CASE("against the manifest it was trained from: every plan value compared, 
                                                      "/tests/fixtures/sweep-tiny-2026-11-29.toml");
   std::vector<Plan> planned = {m.points[0]};
   REQUIRE(planned[0].id == "moe-ra0.200");
-  CHECK(matching(audit_runs(recs, planned, {}).findings, Severity::warning, "moe-ra0.200", 0, "")
-            .empty());
+  const AuditReport same = audit_runs(recs, planned, {});
+  CHECK(matching(same.findings, Severity::warning, "moe-ra0.200", 0, "plan").empty());
   // A value the claims do not read (the learning rate, edited in the manifest since) is named.
   planned[0].hyper.lr_peak = 0.5;
-  const auto d =
-      matching(audit_runs(recs, planned, {}).findings, Severity::warning, "moe-ra0.200", 0, "plan");
+  // (The report is kept: matching() points into its findings.)
+  const AuditReport edited = audit_runs(recs, planned, {});
+  const auto d = matching(edited.findings, Severity::warning, "moe-ra0.200", 0, "plan");
   REQUIRE(d.size() == 1);
   CHECK_MESSAGE(d[0]->message.find("different plan than the manifest's point: plan.lr_peak = ") !=
                     std::string::npos,
