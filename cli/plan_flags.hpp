@@ -48,25 +48,36 @@ inline std::optional<std::string> given(const CLI::Option* option, const std::st
 }
 
 // The command line as typed (Linux /proc), recorded in manifests as created_by.
+// An argument as a POSIX shell reads it back: plain when it holds only characters no shell
+// treats specially, else in single quotes ('' for an empty one, ' as '\'').
+inline std::string shell_quoted(const std::string& arg) {
+  const bool plain = !arg.empty() && arg.find_first_not_of(
+                                         "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+                                         "0123456789_./:=,+-@%") == std::string::npos;
+  if (plain) return arg;
+  std::string out = "'";
+  for (char c : arg) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
 inline std::string command_line_for_record(const char* fallback) {
   std::ifstream in("/proc/self/cmdline", std::ios::binary);
   std::string raw((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // NUL-terminated arguments; the program by its name, each argument quoted as a shell reads it
+  // (a path with a space pasted back was two arguments).
   std::string out;
   bool first = true;
-  size_t start = 0;
-  for (size_t i = 0; i <= raw.size(); ++i) {
-    if (i < raw.size() && raw[i] != '\0') continue;
-    if (i > start) {
-      std::string arg = raw.substr(start, i - start);
-      if (first) {
-        const size_t slash = arg.rfind('/');
-        if (slash != std::string::npos) arg = arg.substr(slash + 1);
-        first = false;
-      }
-      if (!out.empty()) out += ' ';
-      out += arg;
+  for (size_t start = 0; start < raw.size();) {
+    size_t end = raw.find('\0', start);
+    if (end == std::string::npos) end = raw.size();
+    std::string arg = raw.substr(start, end - start);
+    if (first) {
+      const size_t slash = arg.rfind('/');
+      if (slash != std::string::npos) arg = arg.substr(slash + 1);
+      first = false;
     }
-    start = i + 1;
+    out += (out.empty() ? "" : " ") + shell_quoted(arg);
+    start = end + 1;
   }
   return out.empty() ? std::string(fallback) : out;
 }

@@ -322,8 +322,11 @@ Selection select(const std::vector<ClaimTable>& tables, const AuditSpec& spec,
       const double x = v.value.value;
       bool keep = true;
       if (w.equals) {
-        const double off = std::fabs(x - *w.equals) - v.value.abs_band();
-        keep = off <= 0 || (*w.equals != 0 && within(off / *w.equals, tol));
+        // Within the range the printed value allows (a derived value's is lopsided), or within
+        // the tolerance of it.
+        const double lo = v.value.low(), hi = v.value.high(), e = *w.equals;
+        const double off = e < lo ? lo - e : e > hi ? e - hi : 0;
+        keep = off <= 0 || (e != 0 && within(off / std::fabs(e), tol));
       }
       if (w.lower) keep = keep && x >= *w.lower;
       if (w.upper) keep = keep && x <= *w.upper;

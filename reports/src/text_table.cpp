@@ -8,17 +8,27 @@ namespace moeplan {
 
 namespace {
 
-// Display width of UTF-8 text: one per code point, combining marks (U+0300..U+036F) excluded,
-// so that "D̂" and "η" line up like "D".
+// East Asian wide and fullwidth code points take two terminal columns (the main blocks of
+// Unicode's EastAsianWidth W and F: Hangul Jamo, CJK, Hiragana/Katakana, Hangul syllables,
+// compatibility ideographs, fullwidth forms, and the supplementary ideograph planes).
+bool is_wide(unsigned cp) {
+  return (cp >= 0x1100 && cp <= 0x115F) || (cp >= 0x2E80 && cp <= 0xA4CF && cp != 0x303F) ||
+         (cp >= 0xAC00 && cp <= 0xD7A3) || (cp >= 0xF900 && cp <= 0xFAFF) ||
+         (cp >= 0xFE30 && cp <= 0xFE4F) || (cp >= 0xFF00 && cp <= 0xFF60) ||
+         (cp >= 0xFFE0 && cp <= 0xFFE6) || (cp >= 0x20000 && cp <= 0x3FFFD);
+}
+
+// Display width of UTF-8 text: one column per code point, two for East Asian wide ones, none
+// for combining marks (U+0300..U+036F), so that "D̂" and "η" line up like "D" and "模型" like "ab".
 size_t display_width(const std::string& s) {
   size_t width = 0;
   for (size_t i = 0; i < s.size();) {
     const unsigned char c = static_cast<unsigned char>(s[i]);
     const size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : 4;
-    unsigned cp = c;
-    if (len == 2 && i + 1 < s.size())
-      cp = ((c & 0x1Fu) << 6) | (static_cast<unsigned char>(s[i + 1]) & 0x3Fu);
-    if (!(cp >= 0x300 && cp <= 0x36F)) ++width;
+    unsigned cp = len == 1 ? c : len == 2 ? c & 0x1Fu : len == 3 ? c & 0x0Fu : c & 0x07u;
+    for (size_t k = 1; k < len && i + k < s.size(); ++k)
+      cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3Fu);
+    if (!(cp >= 0x300 && cp <= 0x36F)) width += is_wide(cp) ? 2 : 1;
     i += len;
   }
   return width;

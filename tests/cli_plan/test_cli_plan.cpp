@@ -182,6 +182,14 @@ TEST_CASE("-o sweep.toml writes a manifest that reads back; formats by extension
   CHECK(t.train.source == "text:book.txt");
   CHECK(t.train.eval_tokens == 4000);
   CHECK(t.created_by.find("--train erc_loss=0.01") != std::string::npos);
+  // Arguments a shell would split or expand are quoted, so the line pastes back as typed.
+  r = run_moeplan("grid --N 2e6 --ra 0.2 --train \"source=text:my book's.txt\" -o '" +
+                  (scratch() / "quoted.toml").string() + "'");
+  CHECK(r.status == 0);
+  CHECK_MESSAGE(moeplan::read_manifest(scratch() / "quoted.toml")
+                        .created_by.find("--train 'source=text:my book'\\''s.txt'") !=
+                    std::string::npos,
+                moeplan::read_manifest(scratch() / "quoted.toml").created_by);
 
   const fs::path json = scratch() / "sweep.json";
   r = run_moeplan("grid --N 2e6 --ra 0.1:0.4 --points 4 -o '" + json.string() + "'");

@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -11,6 +12,7 @@
 
 #include "moeplan/accounting/error.hpp"
 #include "moeplan/reports/run_report.hpp"
+#include "moeplan/reports/text_table.hpp"
 #include "scratch.hpp"
 
 using nlohmann::json;
@@ -395,6 +397,32 @@ TEST_CASE("report: a damaged record is refused naming the file and the key, not 
   put("moe-a", record("moe-a", false, 0.2, 1.8));
   CHECK(moeplan::load_run_records(dir).size() == 2);
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("text tables: wide CJK characters take two columns, combining marks none") {
+  // "模型" is two wide characters (4 columns), "D̂" is D plus a combining mark (1 column): the
+  // second column starts in the same terminal column on every line.
+  moeplan::TextTable t;
+  t.add_column("id", moeplan::TextTable::Align::left);
+  t.add_column("x");
+  t.add_row({"模型", "1"});
+  t.add_row({"abcd", "2"});
+  t.add_row({"D̂", "3"});
+  std::istringstream in(t.render());
+  std::vector<size_t> ends;
+  for (std::string line; std::getline(in, line);) {
+    size_t columns = 0;  // by hand: ASCII 1, the two ideographs 2 each, U+0302 0
+    for (size_t i = 0; i < line.size();) {
+      const unsigned char c = static_cast<unsigned char>(line[i]);
+      if (c < 0x80) columns += 1, i += 1;
+      else if (line.compare(i, 3, "模") == 0 || line.compare(i, 3, "型") == 0) columns += 2, i += 3;
+      else if (line.compare(i, 2, "\u0302") == 0) i += 2;
+      else columns += 1, i += (c >> 5) == 0x6 ? 2 : 3;
+    }
+    ends.push_back(columns);
+  }
+  REQUIRE(ends.size() == 5);  // header, rule, three rows
+  for (size_t e : ends) CHECK(e == ends[0]);
 }
 
 TEST_CASE("report: FLOP counts past 64 bits (strings of digits) give the time table its rates") {
