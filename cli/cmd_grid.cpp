@@ -29,9 +29,10 @@ const bool registered = register_command(
        add_plan_flags(app, f->plan, true);
        app.add_option("--ra", f->ra, "activation rates: a range A:B or a list 0.1,0.2,0.3")
            ->required();
-       const CLI::Option* points_flag = app.add_option(
-           "--points", f->points, "points in an A:B range, inclusive (default 8; a range only)")
-           ->transform(decimal_integer());
+       const CLI::Option* points_flag =
+           app.add_option("--points", f->points,
+                          "points in an A:B range, inclusive (default 8; a range only)")
+               ->transform(decimal_integer());
        const CLI::Option* format_flag = app.add_option("--format", f->format,
                                                        "table, csv, json, toml, md (default: "
                                                        "table, or -o's extension)");

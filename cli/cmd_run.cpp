@@ -119,12 +119,11 @@ class ProgressPrinter {
       return;
     }
     last_print_ = now;
-    const std::string line =
-        fmt::format("{} step {}/{}  {} tokens consumed  loss {:.4f}  {} tok/s consumed  {} "
-                    "FLOP/s [exact/causal]  ETA {}",
-                    label_, p.step, p.steps, human(double(p.tokens_consumed)), p.train_loss,
-                    human(p.tokens_per_second), human(p.flops_per_second),
-                    duration(p.eta_seconds));
+    const std::string line = fmt::format(
+        "{} step {}/{}  {} tokens consumed  loss {:.4f}  {} tok/s consumed  {} "
+        "FLOP/s [exact/causal]  ETA {}",
+        label_, p.step, p.steps, human(double(p.tokens_consumed)), p.train_loss,
+        human(p.tokens_per_second), human(p.flops_per_second), duration(p.eta_seconds));
     if (tty_) {
       fmt::print("\r\033[K{}", line);
       if (last) fmt::print("\n");
@@ -211,8 +210,8 @@ int run(const RunFlags& f) {
   // A build with the backend on a machine without the device: refused here, before a point's
   // plan line is printed and its folder made (make_engine said so only inside the first point).
   if (backend::visible_devices(opt.device) == 0)
-    throw InputError(fmt::format("--device {}: no {} device is visible on this machine",
-                                 opt.device, opt.device == "cuda" ? "CUDA" : opt.device));
+    throw InputError(fmt::format("--device {}: no {} device is visible on this machine", opt.device,
+                                 opt.device == "cuda" ? "CUDA" : opt.device));
   std::map<std::string, std::string> skip_notes;  // point id: what its complete record fails
   for (const Plan* p : points) {
     backend::check_plan_consistent(*p);

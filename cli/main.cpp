@@ -71,8 +71,8 @@ int main(int argc, char** argv) {
   std::string names;
   for (const Command& c : cmds) names += (names.empty() ? "" : ", ") + c.name;
   const std::string first = argc > 1 ? argv[1] : "";
-  const bool known = std::any_of(cmds.begin(), cmds.end(),
-                                 [&](const Command& c) { return c.name == first; });
+  const bool known =
+      std::any_of(cmds.begin(), cmds.end(), [&](const Command& c) { return c.name == first; });
   if (argc < 2 || (!known && first.rfind('-', 0) != 0)) {
     std::fprintf(stderr, "moeplan: error: %s\n",
                  (argc < 2 ? fmt::format("give a command: {} (moeplan --help)", names)

@@ -92,7 +92,8 @@ inline Format output_format(const std::optional<std::string>& format, const std:
     // A file named for one format holding another (CSV in s.toml) reads back as garbage; .txt
     // and an extension that names no format (.out) hold what --format says.
     if (!output.empty())
-      if (const auto ext = format_from_extension(output); ext && *ext != Format::table && *ext != *f)
+      if (const auto ext = format_from_extension(output);
+          ext && *ext != Format::table && *ext != *f)
         throw InputError(fmt::format(
             "--format {} contradicts -o {}, which is written as {}; leave out --format or name "
             "the file for the format",

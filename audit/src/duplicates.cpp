@@ -15,8 +15,8 @@ namespace {
 // GQA (kv_heads) and the vocabulary change N and M; D̂ and epochs tell a strict-reuse run from
 // a fresh-data run of the same D (the equal-resource paper's own comparison); mu is a training
 // setting (the coupling loss's weight).
-constexpr const char* kShapeKeys[] = {"layers",   "dense_layers", "d_model", "d_ffn",   "heads",
-                                      "kv_heads", "head_dim",     "experts", "top_k",   "d_expert",
+constexpr const char* kShapeKeys[] = {"layers",   "dense_layers", "d_model", "d_ffn", "heads",
+                                      "kv_heads", "head_dim",     "experts", "top_k", "d_expert",
                                       "d_shared", "seq_len",      "vocab"};
 constexpr const char* kRunKeys[] = {"tokens_consumed", "tokens_unique", "epochs",
                                     "lr_peak",         "batch_seqs",    "mu"};

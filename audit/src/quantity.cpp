@@ -126,15 +126,17 @@ void check_quantity_value(std::string_view q, double value, std::string_view tex
   if (q == "mu") return;  // 0: no coupling loss
   if (q == "activation_rate") {
     if (!(value > 0 && value <= 1))
-      throw InputError(fmt::format("{} = {}: activation_rate must be in (0, 1] (ra_pct in (0, "
-                                   "100]); a dense model is 1",
-                                   what, text));
+      throw InputError(
+          fmt::format("{} = {}: activation_rate must be in (0, 1] (ra_pct in (0, "
+                      "100]); a dense model is 1",
+                      what, text));
     return;
   }
   if (!(value > 0 && std::isfinite(value)))
-    throw InputError(fmt::format("{} = {}: {} ({}) must be greater than 0; leave the cell blank "
-                                 "if it is not published",
-                                 what, text, q, symbol(q)));
+    throw InputError(
+        fmt::format("{} = {}: {} ({}) must be greater than 0; leave the cell blank "
+                    "if it is not published",
+                    what, text, q, symbol(q)));
 }
 
 }  // namespace moeplan::audit

@@ -129,8 +129,7 @@ std::optional<RowValue> RowView::value(const std::string& q,
                                        const std::set<std::string>& avoid) const {
   if (const Cell* c = printed(q)) {
     const auto& row = table_.rows[size_t(row_)];
-    return RowValue{c->value, c->rel_half_width(), row.count(q) ? "published" : "shared", {},
-                    {}};
+    return RowValue{c->value, c->rel_half_width(), row.count(q) ? "published" : "shared", {}, {}};
   }
   std::optional<RowValue> best;
   for (const Derivation& d : derivations()) {
@@ -154,7 +153,8 @@ std::optional<RowValue> RowView::value(const std::string& q,
     double lo = std::numeric_limits<double>::infinity(), hi = -lo;
     for (unsigned corner = 0; corner < (1u << in.size()); ++corner) {
       std::vector<double> x = in;
-      for (size_t k = 0; k < x.size(); ++k) x[k] *= (corner >> k) & 1u ? 1 + bands[k] : 1 - bands[k];
+      for (size_t k = 0; k < x.size(); ++k)
+        x[k] *= (corner >> k) & 1u ? 1 + bands[k] : 1 - bands[k];
       const double y = d.f(x);
       lo = std::min(lo, y), hi = std::max(hi, y);
     }
@@ -168,7 +168,8 @@ std::optional<RowValue> RowView::value_or_shape(const std::string& q) const {
   if (!shape_.known()) return std::nullopt;
   const ParamCounts p = count_params(shape_.arch);
   if (q == "total_params") return RowValue{double(p.total_params), 0, "shape (router out)", {}, {}};
-  if (q == "active_params") return RowValue{double(p.active_params), 0, "shape (router out)", {}, {}};
+  if (q == "active_params")
+    return RowValue{double(p.active_params), 0, "shape (router out)", {}, {}};
   if (q == "activation_rate") return RowValue{p.activation_rate(), 0, "shape (router out)", {}, {}};
   if (q == "flops_per_token" && shape_.has_seq_len) {
     // In the FLOP reading the table claims (paper training unless its spec says otherwise): a
@@ -181,7 +182,8 @@ std::optional<RowValue> RowView::value_or_shape(const std::string& q) const {
                                                                        : AttentionMask::full;
     const FlopsPerToken f = flops_per_token(shape_.arch, ts.convention, mask);
     const bool training = ts.flops == FlopsKind::training;
-    return RowValue{training ? f.total : f.forward, 0,
+    return RowValue{training ? f.total : f.forward,
+                    0,
                     fmt::format("shape ({} {})", convention_label(ts.convention, mask),
                                 training ? "training" : "forward"),
                     {},

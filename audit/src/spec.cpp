@@ -137,7 +137,7 @@ TableSpec parse_table(const AuditSpec& s, const std::string& name, const Value& 
       ts.shared[k] = cell(s, v, key);
       const Cell& c = ts.shared[k];
       check_quantity_value(k, c.value, v.is_string() ? "\"" + c.text + "\"" : c.text,
-                        fmt::format("{}: {}", s.source, key));
+                           fmt::format("{}: {}", s.source, key));
     }
   }
   return ts;

@@ -168,7 +168,9 @@ ClaimTable parse_claim_table(std::string_view text, std::string name, std::strin
     scales.push_back(meaning->scale);
   }
   // A line of nothing but separators is blank too: spreadsheets save empty rows as ",,,".
-  auto blank = [](const std::string& l) { return l.find_first_not_of(" \t,") == std::string::npos; };
+  auto blank = [](const std::string& l) {
+    return l.find_first_not_of(" \t,") == std::string::npos;
+  };
   for (size_t li = 1; li < lines.size(); ++li) {
     if (blank(lines[li])) continue;
     const std::vector<std::string> fields =

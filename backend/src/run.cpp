@@ -366,9 +366,9 @@ nlohmann::json existing_record(const Plan& plan, const nlohmann::json& plan_json
     throw InputError(fmt::format("record '{}' is not a JSON object; {}", path.string(), remedy()));
   if (const auto st = rec.find("status");
       st == rec.end() || !st->is_string() || (*st != "running" && *st != "complete"))
-    throw InputError(
-        fmt::format("record '{}': 'status' is {} (valid: \"running\", \"complete\"); {}",
-                    path.string(), st == rec.end() ? std::string("missing") : st->dump(), remedy()));
+    throw InputError(fmt::format(
+        "record '{}': 'status' is {} (valid: \"running\", \"complete\"); {}", path.string(),
+        st == rec.end() ? std::string("missing") : st->dump(), remedy()));
   if (const std::string d = plan_differ(rec.value("plan", nlohmann::json()), plan_json); !d.empty())
     throw InputError(fmt::format(
         "'{}' was made from a different plan for point '{}': {}; move the folder away or "

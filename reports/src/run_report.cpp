@@ -268,7 +268,9 @@ std::vector<std::string> row_of(const json& r, const json* dense) {
           // which is in the plan's own convention.
           human(m["compute"].value("plan_paper", p.value("compute", 0.0))),
           human(m["compute"].value("paper", 0.0)),
-          !complete ? "-" : compute_ok(r) ? "yes" : "no",  // a running point's C is partial
+          !complete       ? "-"
+          : compute_ok(r) ? "yes"
+                          : "no",  // a running point's C is partial
           human(p.value("tokens_consumed", 0.0)), human(double(tok.value("consumed", int64_t{0}))),
           human(p.value("tokens_unique", 0.0)), human(double(tok.value("unique", int64_t{0}))),
           ratio(p.value("epochs", 0.0), 3), ratio(tok.value("epochs", 0.0), 3),
@@ -398,8 +400,8 @@ std::string verdict_of(const std::vector<json>& records, const json* dense) {
       "the planned D̂ unique, ran the planned epochs and steps, with C [paper] within the plan's "
       "rounding{}",
       matching, complete_count,
-      off_plan.empty() ? "" : fmt::format(" (off the plan: {}; `moeplan audit` says where)",
-                                          off_plan));
+      off_plan.empty() ? ""
+                       : fmt::format(" (off the plan: {}; `moeplan audit` says where)", off_plan));
   // A capacity factor drops routed assignments: those points' experts computed less than K per
   // token, which an equal-resource claim should state.
   std::string drops;
@@ -508,11 +510,11 @@ std::vector<plot::Chart> charts_of(const std::vector<json>& records, const json*
       l.emplace_back(e.value("tokens_consumed", 0.0), e.value("train_loss", 0.0));
     if (!l.empty()) loss.series.push_back({id, plot::bucket_means(l, 150), false, is_dense(r)});
   }
-  val.x_label = fmt::format("training compute C [{}] (FLOPs)",
-                            common_label(records, [](const json& r) {
-                              const std::string c = plan_convention(r);
-                              return c == "paper" ? paper_label(r) : c;
-                            }));
+  val.x_label =
+      fmt::format("training compute C [{}] (FLOPs)", common_label(records, [](const json& r) {
+                    const std::string c = plan_convention(r);
+                    return c == "paper" ? paper_label(r) : c;
+                  }));
   if (!val.series.empty()) charts.push_back(std::move(val));
   if (!loss.series.empty()) charts.push_back(std::move(loss));
   return charts;

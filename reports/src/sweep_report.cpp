@@ -103,9 +103,10 @@ std::string preamble(const Manifest& m, const char* bullet) {
         "steps: spread {:.3f}%{}); {}\n",
         bullet, human(d.budget.compute_target), label_of(d), 100 * spread, over, reuse);
   else
-    out += fmt::format("{}compute C target of the dense baseline = {} FLOPs [{}]; C spread "
-                       "{:.3f}%\n",
-                       bullet, human(d.budget.compute_target), label_of(d), 100 * spread);
+    out += fmt::format(
+        "{}compute C target of the dense baseline = {} FLOPs [{}]; C spread "
+        "{:.3f}%\n",
+        bullet, human(d.budget.compute_target), label_of(d), 100 * spread);
   return out;
 }
 

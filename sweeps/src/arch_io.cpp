@@ -110,8 +110,8 @@ Arch backbone_from_toml_string(const std::string& text, const std::string& origi
   a.dense_layers = t.integer_or("dense_layers", 1);
   const std::string attention = read_tail_keys(t, a);
   if (a.layers < 1)
-    t.fail("layers", fmt::format("= {} is invalid; it must be >= 1 (and above dense_layers)",
-                                 a.layers));
+    t.fail("layers",
+           fmt::format("= {} is invalid; it must be >= 1 (and above dense_layers)", a.layers));
   if (a.dense_layers >= a.layers)
     t.fail("dense_layers",
            fmt::format("= {} leaves no MoE layer (layers = {})", a.dense_layers, a.layers));

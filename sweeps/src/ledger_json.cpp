@@ -134,8 +134,7 @@ std::optional<RecordDefect> plan_defect(const nlohmann::json& record) {
   };
   const auto rate = number("activation_rate");
   const auto n = count(p, "total_params"), na = count(p, "active_params");
-  if (rate && !(*rate > 0 && *rate <= 1))
-    return RecordDefect{"plan.activation_rate", "in (0, 1]"};
+  if (rate && !(*rate > 0 && *rate <= 1)) return RecordDefect{"plan.activation_rate", "in (0, 1]"};
   if (rate && n && na && *n > 0 && !close(*rate, double(*na) / double(*n)))
     return RecordDefect{"plan.activation_rate",
                         fmt::format("active_params / total_params = {} / {} = {:.6g}", *na, *n,
@@ -143,8 +142,8 @@ std::optional<RecordDefect> plan_defect(const nlohmann::json& record) {
   const auto m = number("flops_per_token"), c = number("compute");
   const auto d = count(p, "tokens_consumed"), du = count(p, "tokens_unique");
   if (m && c && d && !close(*c, *m * double(*d)))
-    return RecordDefect{"plan.compute", fmt::format("flops_per_token · tokens_consumed = {:.6g}",
-                                                    *m * double(*d))};
+    return RecordDefect{"plan.compute",
+                        fmt::format("flops_per_token · tokens_consumed = {:.6g}", *m * double(*d))};
   const auto steps = count(p, "steps"), batch = count(p, "batch_seqs");
   const auto seq = p.contains("arch") ? count(p.at("arch"), "seq_len") : std::nullopt;
   if (d && steps && batch && seq && *steps <= INT64_MAX / std::max<int64_t>(1, *batch) &&

@@ -33,7 +33,8 @@ std::string one_line(const std::string& s) {
 void refuse_wrapped_integers(const toml::value& v, const std::string& origin,
                              const std::string& key) {
   if (v.is_table()) {
-    for (const auto& [k, e] : v.as_table()) refuse_wrapped_integers(e, origin, key.empty() ? k : key + "." + k);
+    for (const auto& [k, e] : v.as_table())
+      refuse_wrapped_integers(e, origin, key.empty() ? k : key + "." + k);
   } else if (v.is_array()) {
     for (const toml::value& e : v.as_array()) refuse_wrapped_integers(e, origin, key);
   } else if (v.is_integer() && (v.as_integer() == std::numeric_limits<int64_t>::max() ||
@@ -51,10 +52,10 @@ void refuse_wrapped_integers(const toml::value& v, const std::string& origin,
                           digits == "0x7FFFFFFFFFFFFFFF" || digits == "0o777777777777777777777" ||
                           digits == "0b" + std::string(63, '1');
     if (!is_limit)
-      throw InputError(fmt::format(
-          "{}: key '{}' = {} is past the 64-bit integers TOML holds ({} to {})", origin, key,
-          text.empty() ? limit : text, std::numeric_limits<int64_t>::min(),
-          std::numeric_limits<int64_t>::max()));
+      throw InputError(
+          fmt::format("{}: key '{}' = {} is past the 64-bit integers TOML holds ({} to {})", origin,
+                      key, text.empty() ? limit : text, std::numeric_limits<int64_t>::min(),
+                      std::numeric_limits<int64_t>::max()));
   }
 }
 }  // namespace

@@ -419,13 +419,13 @@ TEST_CASE("cells: a negative value is refused; an empty cell a claim needs is na
                        InputError);
   // Zero: D = 0 made C vs M·D = 0 print "+0.00 %, within tolerance" and the row consistent;
   // ra_pct = 0 and D_over_N = 0 printed infinite ratios. mu = 0 (no coupling loss) is a value.
-  CHECK_THROWS_WITH_AS(parse_claim_table("name,N,M,D,C\na,2.15e9,1.44e10,0,9.36e20\n", "t",
-                                         "t.csv"),
-                       "t.csv data row 1 column D = 0: tokens_consumed (D) must be greater than "
-                       "0; leave the cell blank if it is not published",
-                       InputError);
-  for (const char* header : {"N", "Na", "M", "C", "D_hat", "Epoch", "D_over_N", "eta", "B",
-                             "iters", "BPC", "Loss"})
+  CHECK_THROWS_WITH_AS(
+      parse_claim_table("name,N,M,D,C\na,2.15e9,1.44e10,0,9.36e20\n", "t", "t.csv"),
+      "t.csv data row 1 column D = 0: tokens_consumed (D) must be greater than "
+      "0; leave the cell blank if it is not published",
+      InputError);
+  for (const char* header :
+       {"N", "Na", "M", "C", "D_hat", "Epoch", "D_over_N", "eta", "B", "iters", "BPC", "Loss"})
     CHECK_THROWS_WITH_AS(parse_claim_table(fmt::format("{}\n0\n", header), "t", "t.csv"),
                          doctest::Contains("must be greater than 0"), InputError);
   CHECK_THROWS_WITH_AS(parse_claim_table("ra_pct\n0\n", "t", "t.csv"),
@@ -451,7 +451,8 @@ TEST_CASE("cells: a negative value is refused; an empty cell a claim needs is na
 
 TEST_CASE("spreadsheet and pandas habits: empty rows of separators, an unnamed index column") {
   // Excel saves an emptied row as ",": it is blank, not a third row with nothing published.
-  const ClaimTable t = parse_claim_table("N,C\r\n1e9,1e21\r\n,\r\n1e9,1e21\r\n, \r\n", "t", "t.csv");
+  const ClaimTable t =
+      parse_claim_table("N,C\r\n1e9,1e21\r\n,\r\n1e9,1e21\r\n, \r\n", "t", "t.csv");
   CHECK(t.rows.size() == 2);
   // pandas' to_csv writes its index under an empty header.
   CHECK_THROWS_WITH_AS(parse_claim_table(",N,C\n0,1e9,1e21\n", "t", "t.csv"),
@@ -698,12 +699,12 @@ TEST_CASE("the FLOP convention of a compute claim: as stated, or paper as the as
   for (const char* tables :
        {"[tables.a]\nconvention = \"megatron\"\n", "[tables.b]\nflops = \"forward\"\n",
         "[tables.a]\nconvention = \"exact/causal\"\n[tables.b]\nconvention = \"exact/full\"\n"})
-    CHECK_THROWS_WITH_AS(note(tables), doctest::Contains("claim 'c' compares C (compute) across "
-                                                         "tables that count FLOPs differently"),
+    CHECK_THROWS_WITH_AS(note(tables),
+                         doctest::Contains("claim 'c' compares C (compute) across "
+                                           "tables that count FLOPs differently"),
                          InputError);
-  CHECK_THROWS_WITH_AS(
-      note("[tables.a]\nconvention = \"megatron\"\n"),
-      doctest::Contains("(a: megatron training, b: paper training)"), InputError);
+  CHECK_THROWS_WITH_AS(note("[tables.a]\nconvention = \"megatron\"\n"),
+                       doctest::Contains("(a: megatron training, b: paper training)"), InputError);
   // A where filter and a bound on C read one number per row too.
   const AuditSpec where = parse_spec(
       "schema = 1\n[tables.b]\nflops = \"forward\"\n[[claims]]\nname = \"w\"\n"

@@ -514,7 +514,9 @@ TEST_CASE("a sweep planned with the router in N_a names that reading in its C cl
   CHECK_FALSE(claim(r, "equal training compute C (paper) across the sweep"));
 }
 
-TEST_CASE("records of one sweep: one convention, reading and reuse rule; loose reuse claims equal epochs") {
+TEST_CASE(
+    "records of one sweep: one convention, reading and reuse rule; loose reuse claims equal "
+    "epochs") {
   // Put together from two sweeps, equal C compared a megatron C with a paper one, and one loose
   // point switched the equal-D̂ claim off for every point.
   auto recs = load_run_records(fixture("runs_ok"));

@@ -251,11 +251,10 @@ TEST_CASE("moeplan run: ledgers equal the plan and an independent count; reruns 
   const Result bad_status = run_cli({"run", (dir / "sweep.toml").string(), "--out", out.string()});
   CHECK(bad_status.status == 2);
   CHECK(one_line(bad_status.err));
-  CHECK_MESSAGE(
-      bad_status.err.find("moe-a/record.json': 'status' is 1 (valid: \"running\", "
-                          "\"complete\"); remove only record.json to resume from '") !=
-          std::string::npos,
-      bad_status.err);
+  CHECK_MESSAGE(bad_status.err.find("moe-a/record.json': 'status' is 1 (valid: \"running\", "
+                                    "\"complete\"); remove only record.json to resume from '") !=
+                    std::string::npos,
+                bad_status.err);
   // The point is complete, so its checkpoint holds its final step: the remedy names that step,
   // read from the record as it was before it was damaged.
   const std::string final_step =
@@ -336,12 +335,12 @@ TEST_CASE(
   const Result d_restarted =
       run_cli({"run", sweep, "--point", "moe-k", "--out", d.string(), "--checkpoint-every", "7"});
   REQUIRE_MESSAGE(d_restarted.status == 0, d_restarted.err);
-  CHECK_MESSAGE(d_restarted.out.find(fmt::format(
-                    "record.json' is at step {} of 250 but '{}' is missing: the point trains "
-                    "again from step 0",
-                    killed_step, (d / "moe-k" / "checkpoint" / "state.ckpt").string())) !=
-                    std::string::npos,
-                d_restarted.out);
+  CHECK_MESSAGE(
+      d_restarted.out.find(fmt::format(
+          "record.json' is at step {} of 250 but '{}' is missing: the point trains "
+          "again from step 0",
+          killed_step, (d / "moe-k" / "checkpoint" / "state.ckpt").string())) != std::string::npos,
+      d_restarted.out);
   CHECK(d_restarted.out.find("resumed at step") == std::string::npos);
   for (const fs::path& other : {c, d}) {
     const json ro = record(other, "moe-k"), ra = record(dir / "a", "moe-k");

@@ -186,10 +186,10 @@ TEST_CASE("-o sweep.toml writes a manifest that reads back; formats by extension
   r = run_moeplan("grid --N 2e6 --ra 0.2 --train \"source=text:my book's.txt\" -o '" +
                   (scratch() / "quoted.toml").string() + "'");
   CHECK(r.status == 0);
-  CHECK_MESSAGE(moeplan::read_manifest(scratch() / "quoted.toml")
-                        .created_by.find("--train 'source=text:my book'\\''s.txt'") !=
-                    std::string::npos,
-                moeplan::read_manifest(scratch() / "quoted.toml").created_by);
+  CHECK_MESSAGE(
+      moeplan::read_manifest(scratch() / "quoted.toml")
+              .created_by.find("--train 'source=text:my book'\\''s.txt'") != std::string::npos,
+      moeplan::read_manifest(scratch() / "quoted.toml").created_by);
 
   const fs::path json = scratch() / "sweep.json";
   r = run_moeplan("grid --N 2e6 --ra 0.1:0.4 --points 4 -o '" + json.string() + "'");
@@ -562,7 +562,8 @@ TEST_CASE("grid --backbone solves only the MoE layer on the given backbone") {
   CHECK(a.at("d_expert") == 512);
   // Backbones the planner cannot take: experts given (it solves them), no MoE layer left, and
   // a negative layer count (named as such, not as "dense_layers = 1 leaves no MoE layer").
-  const std::string rest = "heads = 16\nhead_dim = 128\nd_ffn = 5464\nseq_len = 2048\nvocab = 65536\n";
+  const std::string rest =
+      "heads = 16\nhead_dim = 128\nd_ffn = 5464\nseq_len = 2048\nvocab = 65536\n";
   for (const auto& [name, text, needle] : std::vector<std::array<std::string, 3>>{
            {"bb.toml", "d_model = 2048\nlayers = 24\nexperts = 8\n" + rest,
             "'experts' is not allowed in a backbone"},

@@ -97,9 +97,8 @@ TEST_CASE("report: without a complete dense baseline, no bars and no baseline li
   // The running baseline's row: no "C ok" verdict on a partial C (it read "no"), no final parts.
   json running = record("dense", true, 1.0, 2.0, false);
   running["val_curve"][1]["parts"] = {{"facts", 1.25}};
-  const std::string row_text =
-      moeplan::render_run_report({running, record("moe-a", false, 0.2, 1.8)}, "runs",
-                                 moeplan::ReportFormat::markdown);
+  const std::string row_text = moeplan::render_run_report(
+      {running, record("moe-a", false, 0.2, 1.8)}, "runs", moeplan::ReportFormat::markdown);
   const size_t at = row_text.find("| dense |");
   REQUIRE(at != std::string::npos);
   const std::string row = row_text.substr(at, row_text.find('\n', at) - at);
@@ -378,7 +377,9 @@ TEST_CASE("report: a damaged record is refused naming the file and the key, not 
       {{"measured", "tokens", "dropped_assignments"},
        nullptr,
        "'measured.tokens.dropped_assignments' is not a whole number >= 0"},
-      {{"measured", "compute", "plan_paper"}, nullptr, "'measured.compute.plan_paper' is not a number"},
+      {{"measured", "compute", "plan_paper"},
+       nullptr,
+       "'measured.compute.plan_paper' is not a number"},
       {{"plan", "role"}, 5, "'plan.role' is 5 (valid: \"dense\", \"moe\")"},
       {{"plan", "reuse"}, "loosely", "'plan.reuse' is \"loosely\" (valid: \"strict\", \"loose\")"},
       {{"plan", "batch_seqs"}, -4, "'plan.batch_seqs' is not a whole number >= 0"},
@@ -414,10 +415,14 @@ TEST_CASE("text tables: wide CJK characters take two columns, combining marks no
     size_t columns = 0;  // by hand: ASCII 1, the two ideographs 2 each, U+0302 0
     for (size_t i = 0; i < line.size();) {
       const unsigned char c = static_cast<unsigned char>(line[i]);
-      if (c < 0x80) columns += 1, i += 1;
-      else if (line.compare(i, 3, "模") == 0 || line.compare(i, 3, "型") == 0) columns += 2, i += 3;
-      else if (line.compare(i, 2, "\u0302") == 0) i += 2;
-      else columns += 1, i += (c >> 5) == 0x6 ? 2 : 3;
+      if (c < 0x80)
+        columns += 1, i += 1;
+      else if (line.compare(i, 3, "模") == 0 || line.compare(i, 3, "型") == 0)
+        columns += 2, i += 3;
+      else if (line.compare(i, 2, "\u0302") == 0)
+        i += 2;
+      else
+        columns += 1, i += (c >> 5) == 0x6 ? 2 : 3;
     }
     ends.push_back(columns);
   }

@@ -186,9 +186,8 @@ TEST_CASE("plan_defect: a record's plan agrees with itself") {
   CHECK(defect("epochs", 7.0) == "plan.epochs|tokens_consumed / tokens_unique = 2");
   CHECK(defect("tokens_unique", 409601) == "plan.tokens_unique|in [1, tokens_consumed = 409600]");
   // The last digit of a double written and read back is not a defect.
-  CHECK_FALSE(plan_defect(json{{"plan", {{"activation_rate", 0.1 + 0.2},
-                                         {"total_params", 10},
-                                         {"active_params", 3}}}}));
+  CHECK_FALSE(plan_defect(json{
+      {"plan", {{"activation_rate", 0.1 + 0.2}, {"total_params", 10}, {"active_params", 3}}}}));
 }
 
 TEST_CASE("check_point_folder: a record lies in the folder of its point_id") {

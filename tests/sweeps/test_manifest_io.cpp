@@ -306,9 +306,11 @@ TEST_CASE("missing, mistyped, unknown and stale keys are refused with file and k
   // Past 64 bits: toml11 read 99999999999999999999 as 2^63 - 1 and the run used another seed
   // than the file says. The limits written as themselves are values.
   e = error_of(edit(text, "seed = ", "seed = 99999999999999999999 #", "[train]"));
-  CHECK(e == "sweep.toml: key 'train.seed' = 99999999999999999999 is past the 64-bit integers "
-             "TOML holds (-9223372036854775808 to 9223372036854775807)");
-  e = error_of(edit(text, "d_model = ", "d_model = -1_000_000_000_000_000_000_000 #", "[dense.arch]"));
+  CHECK(e ==
+        "sweep.toml: key 'train.seed' = 99999999999999999999 is past the 64-bit integers "
+        "TOML holds (-9223372036854775808 to 9223372036854775807)");
+  e = error_of(
+      edit(text, "d_model = ", "d_model = -1_000_000_000_000_000_000_000 #", "[dense.arch]"));
   CHECK(e.find("key 'dense.arch.d_model' = -1_000_000_000_000_000_000_000 is past the 64-bit") !=
         std::string::npos);
   CHECK(error_of(edit(text, "seed = ", "seed = 9223372036854775807 #", "[train]"))

@@ -39,7 +39,8 @@ struct RecordDefect {
 std::optional<RecordDefect> curve_defect(const nlohmann::json& record);
 // A record's facts of how it ran, where given: `device` and `kernels` strings, `world_size` and
 // `pass_seqs` whole numbers >= 1, `optimizer_sharded` true or false, `train_seconds`,
-// `wall_seconds` numbers >= 0 and `final_val_bpc` a number > 0. The first that is not so; nullopt when all are.
+// `wall_seconds` numbers >= 0 and `final_val_bpc` a number > 0. The first that is not so; nullopt
+// when all are.
 std::optional<RecordDefect> run_facts_defect(const nlohmann::json& record);
 // A record's plan against itself, where the keys are given: activation_rate = active_params /
 // total_params (in (0, 1]), compute = flops_per_token · tokens_consumed, tokens_consumed =
