@@ -23,6 +23,26 @@ namespace {
   throw InputError(fmt::format("cannot write '{}'{}: {} failed: {}", link.string(), through, step,
                                std::strerror(err)));
 }
+
+// Writes `parts` to a file that is not a regular one (a terminal, a pipe), opened as it is.
+void write_stream(const std::filesystem::path& path, std::span<const std::string_view> parts) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) fail(path, path, "opening it", errno);
+  for (const std::string_view content : parts) {
+    size_t done = 0;
+    while (done < content.size()) {
+      const ssize_t n = ::write(fd, content.data() + done, content.size() - done);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        const int err = errno;
+        ::close(fd);
+        fail(path, path, "write", err);
+      }
+      done += size_t(n);
+    }
+  }
+  if (::close(fd) != 0) fail(path, path, "close", errno);
+}
 }  // namespace
 
 void write_file_atomic(const std::filesystem::path& path, std::string_view content) {
@@ -31,6 +51,13 @@ void write_file_atomic(const std::filesystem::path& path, std::string_view conte
 
 void write_file_atomic(const std::filesystem::path& link, std::span<const std::string_view> parts) {
   namespace fs = std::filesystem;
+  // A terminal, pipe or other device (-o /dev/stdout) has no folder to rename into and no
+  // half-written state to avoid: it is written as it is, in order.
+  struct stat target {};
+  if (::stat(link.c_str(), &target) == 0 && !S_ISREG(target.st_mode) && !S_ISDIR(target.st_mode)) {
+    write_stream(link, parts);
+    return;
+  }
   // A symlink is written through: its target is replaced, the link stays (a sweep.toml linked
   // from a shared folder keeps being the shared file).
   std::error_code ec;

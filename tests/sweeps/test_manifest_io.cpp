@@ -10,8 +10,11 @@
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <span>
 #include <string_view>
 #include <vector>
+
+#include <unistd.h>
 
 #include "moeplan/accounting/budget.hpp"
 #include "moeplan/accounting/error.hpp"
@@ -175,6 +178,22 @@ TEST_CASE("an atomic write keeps a file's permission bits and writes through a s
                        doctest::Contains("following the symlink failed"), InputError);
   CHECK(fs::is_symlink(dir / "loop-a"));
   fs::remove_all(dir);
+}
+
+TEST_CASE("an atomic write to a pipe (-o /dev/stdout) writes the stream, through its /proc link") {
+  // /proc/self/fd/N links to "pipe:[inode]", not to a path: there is no folder to put a temp file
+  // in, so the bytes go straight to the pipe, in order.
+  int fds[2];
+  REQUIRE(::pipe(fds) == 0);
+  const std::string link = fmt::format("/proc/self/fd/{}", fds[1]);
+  const std::string_view parts[] = {"first ", "second\n"};
+  write_file_atomic(link, std::span<const std::string_view>(parts));
+  ::close(fds[1]);
+  std::string got;
+  char buf[64];
+  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;) got.append(buf, size_t(n));
+  ::close(fds[0]);
+  CHECK(got == "first second\n");
 }
 
 TEST_CASE("JSON uses the ACCOUNTING.md code names") {
