@@ -58,18 +58,28 @@ void add_weight_product(FlopLedger& l, FlopCategory c, int64_t m, int64_t n, int
 
 // Attention core of one sequence and one head, as executed: Q·K^T and P·V forward; backward
 // dP = dO·V^T, dV = P^T·dO, dQ = dS·K, dK = dS^T·Q (four products, all input gradients).
-// Causal: query i meets i+1 keys, so each product costs 2·D_h·S(S+1)/2 in all.
-int64_t attention_core_product(int64_t S, int64_t Dh, AttentionMask mask) {
-  return mask == AttentionMask::causal ? Dh * S * (S + 1) : 2 * S * S * Dh;
+// Causal: query i meets i+1 keys, so each product costs 2·D_h·S(S+1)/2 in all. Counted in
+// FlopCount: at S 1e7 and 150 heads of 128 the core alone passes what 64 bits hold.
+FlopCount attention_core_product(int64_t S, int64_t Dh, AttentionMask mask) {
+  return mask == AttentionMask::causal ? FlopCount(Dh) * S * (S + 1) : FlopCount(2) * S * S * Dh;
+}
+
+// m·n for a token count, refused in one line rather than wrapped.
+int64_t checked_product(int64_t m, int64_t n, const char* what) {
+  int64_t out = 0;
+  if (__builtin_mul_overflow(m, n, &out))
+    throw InputError(fmt::format("{} = {}·{} is past 2^63 tokens; a smaller batch or seq_len fits",
+                                 what, m, n));
+  return out;
 }
 
 }  // namespace
 
 FlopLedger exact_step_ledger(const Arch& a, int64_t batch_seqs, const ExactStepOptions& opt) {
   FlopLedger l;
-  const int64_t T = batch_seqs * a.seq_len, Dm = a.d_model;
-  const int64_t core =
-      batch_seqs * a.heads * attention_core_product(a.seq_len, a.head_dim, opt.mask);
+  const int64_t T = checked_product(batch_seqs, a.seq_len, "tokens a step"), Dm = a.d_model;
+  const FlopCount core = FlopCount(batch_seqs) * a.heads *
+                         attention_core_product(a.seq_len, a.head_dim, opt.mask);
   if (opt.routed_per_moe_layer && int64_t(opt.routed_per_moe_layer->size()) != a.moe_layers())
     throw InputError(fmt::format("exact_step_ledger: {} routed counts given for {} MoE layers",
                                  opt.routed_per_moe_layer->size(), a.moe_layers()));
@@ -78,8 +88,8 @@ FlopLedger exact_step_ledger(const Arch& a, int64_t batch_seqs, const ExactStepO
     add_weight_product(l, FlopCategory::projection, T, a.kv_width(), Dm);  // K
     add_weight_product(l, FlopCategory::projection, T, a.kv_width(), Dm);  // V
     add_weight_product(l, FlopCategory::projection, T, Dm, a.q_width());   // O
-    l.flops[int(FlopCategory::attention_core)][int(Phase::forward)] += 2 * core;
-    l.flops[int(FlopCategory::attention_core)][int(Phase::input_grad)] += 4 * core;
+    l.flops[int(FlopCategory::attention_core)][int(Phase::forward)] += FlopCount(2) * core;
+    l.flops[int(FlopCategory::attention_core)][int(Phase::input_grad)] += FlopCount(4) * core;
     if (layer < a.dense_layers) {
       add_weight_product(l, FlopCategory::dense_ffn, T, a.d_ffn, Dm);  // W1
       add_weight_product(l, FlopCategory::dense_ffn, T, a.d_ffn, Dm);  // W3
@@ -88,7 +98,8 @@ FlopLedger exact_step_ledger(const Arch& a, int64_t batch_seqs, const ExactStepO
     }
     const int64_t moe_index = layer - a.dense_layers;
     const int64_t routed =
-        opt.routed_per_moe_layer ? (*opt.routed_per_moe_layer)[moe_index] : T * a.top_k;
+        opt.routed_per_moe_layer ? (*opt.routed_per_moe_layer)[moe_index]
+                                 : checked_product(T, a.top_k, "routed tokens a step");
     add_weight_product(l, FlopCategory::router, T, a.experts, Dm);
     add_weight_product(l, FlopCategory::expert, routed, a.d_expert, Dm);
     add_weight_product(l, FlopCategory::expert, routed, a.d_expert, Dm);

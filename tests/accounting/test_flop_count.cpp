@@ -6,6 +6,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "moeplan/accounting/error.hpp"
 #include "moeplan/accounting/flops.hpp"
 #include "moeplan/accounting/ledger.hpp"
 
@@ -83,4 +84,32 @@ TEST_CASE("a ledger accumulates past 2^64 without wrapping") {
   FlopLedger s2;
   s2.flops[int(FlopCategory::projection)][int(Phase::forward)] = 5500000000000000;
   CHECK(to_string((s2 * 100000).total()) == "550000000000000000000");
+}
+
+TEST_CASE("one step's attention core is counted past 2^63 at long contexts, not wrapped") {
+  // One layer, 150 heads of 128 (q width 19200), S = 10^7, one sequence. exact/full: forward
+  // 2 products of 2·S·S·D_h per head = 4·150·128·10^14 = 7.68e18; backward 4 products =
+  // 1.536e19, which is past 2^63 ≈ 9.22e18. Per token: (7.68e18 + 1.536e19) / 10^7 = 2.304e12
+  // (= 12·S·q_width). Causal: each product is D_h·S·(S+1) per head, 6 products in all.
+  Arch a;
+  a.d_model = 19200;
+  a.layers = 1;
+  a.dense_layers = 1;
+  a.heads = 150;
+  a.kv_heads = 150;
+  a.head_dim = 128;
+  a.d_ffn = 1;
+  a.seq_len = 10000000;
+  a.vocab = 1;
+  const FlopLedger full = exact_step_ledger(a, 1, ExactStepOptions{AttentionMask::full, false, std::nullopt});
+  CHECK(to_string(full.at(FlopCategory::attention_core, Phase::forward)) == "7680000000000000000");
+  CHECK(to_string(full.at(FlopCategory::attention_core, Phase::input_grad)) ==
+        "15360000000000000000");
+  const FlopLedger causal = exact_step_ledger(a, 1, ExactStepOptions{AttentionMask::causal, false, std::nullopt});
+  // 6 · 150 · 128 · 10^7 · (10^7 + 1) = 115200 · 100000010000000 = 11520001152000000000.
+  CHECK(to_string(causal.category(FlopCategory::attention_core)) == "11520001152000000000");
+  const FlopsPerToken f = flops_per_token(a, Convention::exact, AttentionMask::full);
+  CHECK(f.by_category[int(FlopCategory::attention_core)] == doctest::Approx(2.304e12));
+  // Tokens a step past 2^63 are refused in one line, not wrapped into a negative count.
+  CHECK_THROWS_AS(exact_step_ledger(a, int64_t(1) << 60, ExactStepOptions{}), InputError);
 }

@@ -90,7 +90,7 @@ struct FlopLedger {
 
   // One product C(m×n) = A(m×k)·B(k×n).
   void add_gemm(FlopCategory c, Phase p, int64_t m, int64_t n, int64_t k) {
-    flops[int(c)][int(p)] += FlopCount(2 * m) * n * k;
+    flops[int(c)][int(p)] += FlopCount(2) * m * n * k;
   }
   FlopCount at(FlopCategory c, Phase p) const { return flops[int(c)][int(p)]; }
   FlopCount category(FlopCategory c) const;  // all phases
