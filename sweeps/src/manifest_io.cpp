@@ -145,6 +145,13 @@ Plan read_plan(const toml::value& v, const std::string& origin, const std::strin
   p.role = t.string("role", "\"moe\" or \"dense\"");
   if (p.role != "moe" && p.role != "dense") t.fail("role", "must be \"moe\" or \"dense\"");
   p.activation_rate_target = t.number("activation_rate_target");
+  if (p.role == "dense" && p.activation_rate_target != 0.0)
+    t.fail("activation_rate_target",
+           fmt::format("= {} but a dense point has no r_a target: 0.0",
+                       toml_double(p.activation_rate_target)));
+  if (p.role == "moe" && !(p.activation_rate_target > 0 && p.activation_rate_target <= 1))
+    t.fail("activation_rate_target",
+           fmt::format("= {} must be in (0, 1] (r_a = N_a/N)", toml_double(p.activation_rate_target)));
   p.reachable = t.boolean("reachable");
   p.note = t.string("note");
   const int64_t total = t.integer("total_params");
@@ -217,14 +224,18 @@ Plan read_plan(const toml::value& v, const std::string& origin, const std::strin
   if (b.steps <= 0) t.fail("steps", fmt::format("= {} must be a positive integer", b.steps));
   if (b.batch_seqs <= 0)
     t.fail("batch_seqs", fmt::format("= {} must be a positive integer", b.batch_seqs));
-  if (b.tokens_consumed != b.steps * b.batch_seqs * p.arch.seq_len)
+  // Checked products: steps edited to 2^44 more must not wrap back onto tokens_consumed.
+  int64_t batch_tokens = 0, consumed = 0;
+  if (__builtin_mul_overflow(b.batch_seqs, p.arch.seq_len, &batch_tokens) ||
+      __builtin_mul_overflow(b.steps, batch_tokens, &consumed))
+    t.fail("steps", fmt::format("= {} with batch_seqs {} and seq_len {} is past 2^63 tokens",
+                                b.steps, b.batch_seqs, p.arch.seq_len));
+  if (b.tokens_consumed != consumed)
     t.fail("tokens_consumed",
            fmt::format("= {} must equal steps·batch_seqs·seq_len = {}·{}·{} = {}",
-                       b.tokens_consumed, b.steps, b.batch_seqs, p.arch.seq_len,
-                       b.steps * b.batch_seqs * p.arch.seq_len));
-  if (h.batch_tokens != b.batch_seqs * p.arch.seq_len)
-    disagree("batch_tokens", std::to_string(h.batch_tokens),
-             std::to_string(b.batch_seqs * p.arch.seq_len));
+                       b.tokens_consumed, b.steps, b.batch_seqs, p.arch.seq_len, consumed));
+  if (h.batch_tokens != batch_tokens)
+    disagree("batch_tokens", std::to_string(h.batch_tokens), std::to_string(batch_tokens));
   if (b.tokens_unique <= 0 || b.tokens_unique > b.tokens_consumed)
     t.fail("tokens_unique", fmt::format("= {} must be in [1, tokens_consumed = {}]",
                                         b.tokens_unique, b.tokens_consumed));
@@ -258,8 +269,8 @@ Plan read_plan(const toml::value& v, const std::string& origin, const std::strin
   if (p.id.empty() || p.id == "." || p.id == ".." ||
       std::any_of(p.id.begin(), p.id.end(),
                   [](char ch) { return ch == '/' || ch == '\\' || (unsigned char)ch < 0x20; }))
-    t.fail("id", fmt::format("= {} cannot name a run folder; use letters, digits, '.', '-' or "
-                             "'_' (e.g. \"moe-ra0.200\")",
+    t.fail("id", fmt::format("= {} cannot name a run folder: it must be non-empty, not '.' or "
+                             "'..', without '/', '\\' or control characters (e.g. \"moe-ra0.200\")",
                              toml_string(p.id)));
   // The optimiser's settings, in the ranges AdamW is defined on (a hand edit outside them trains
   // nothing the sweep could compare, or diverges in its first steps).

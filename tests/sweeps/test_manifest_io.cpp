@@ -338,6 +338,53 @@ TEST_CASE("missing, mistyped, unknown and stale keys are refused with file and k
             .find("past the 64-bit") == std::string::npos);
 }
 
+TEST_CASE("inf, NaN, out-of-range targets and wrapped products are refused, the key named") {
+  const Manifest m = small_sweep(2e6, "0.2:0.4");
+  const std::string text = manifest_to_toml(m);
+  REQUIRE(error_of(text).empty());
+  // inf passed every relative comparison with the arch (|inf - x| <= 1e-9 * inf); a run of such
+  // a manifest trained and wrote a record whose plan report and audit refuse as damaged.
+  for (const char* key : {"flops_per_token = ", "activation_rate = ", "tokens_per_param = ",
+                          "effective_data = "}) {
+    const std::string e = error_of(edit(text, key, std::string(key) + "inf #", "[[points]]"));
+    CAPTURE(key);
+    CHECK(e.find("points[0]." + std::string(key).substr(0, std::string(key).size() - 3) +
+                 "' = inf must be") != std::string::npos);
+  }
+  std::string e = error_of(edit(text, "n_target = ", "n_target = inf #"));
+  CHECK(e.find("'n_target' = inf must be") != std::string::npos);
+  e = error_of(edit(text, "compute_rel_diff = ", "compute_rel_diff = nan #", "[[points]]"));
+  CHECK(e.find("'points[0].compute_rel_diff' = nan must be") != std::string::npos);
+  // A MoE point's r_a target is in (0, 1]; the dense baseline has none (0.0).
+  for (const char* bad : {"-0.2", "7.0", "0.0"}) {
+    e = error_of(edit(text, "activation_rate_target = ",
+                      "activation_rate_target = " + std::string(bad) + " #", "[[points]]"));
+    CAPTURE(bad);
+    CHECK(e.find("points[0].activation_rate_target") != std::string::npos);
+    CHECK(e.find("must be in (0, 1]") != std::string::npos);
+  }
+  e = error_of(edit(text, "activation_rate_target = 0.0", "activation_rate_target = 0.3", "[dense]"));
+  CHECK(e.find("'dense.activation_rate_target' = 0.3 but a dense point has no r_a target") !=
+        std::string::npos);
+  // steps edited by 2^44 wrapped back onto tokens_consumed in the int64 product at 2^64 tokens:
+  // batch_seqs·seq_len = 2^20 here makes steps·2^20 wrap for steps = 2^44 + s.
+  {
+    const std::string steps = "steps = " + std::to_string(m.points[0].budget.steps) + "\n";
+    const int64_t per_step = m.points[0].budget.batch_seqs * m.points[0].arch.seq_len;
+    const std::string more =
+        "steps = " + std::to_string(m.points[0].budget.steps + (int64_t(1) << 62) / per_step * 4) +
+        "\n";
+    e = error_of(edit(text, steps, more, "[[points]]"));
+    CHECK(e.find("'points[0].steps' = ") != std::string::npos);
+    CHECK(e.find("is past 2^63 tokens") != std::string::npos);
+  }
+  // A misspelled required key is named beside the missing one.
+  e = error_of(edit(text, "n_tolerance = ", "n_tolerence = "));
+  CAPTURE(e);
+  CHECK(e.find("'n_tolerance' is missing (is 'n_tolerence' a misspelling of it?)") !=
+        std::string::npos);
+}
+
 TEST_CASE("[train]: negative coefficients and step counts are refused with the key named") {
   const std::string text = manifest_to_toml(small_sweep(2e6, "0.2:0.4"));
   for (const char* key : {"load_balance", "z_loss", "erc_loss"}) {
