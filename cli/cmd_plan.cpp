@@ -93,6 +93,7 @@ int run(const PlanCmdFlags& f, const CLI::App& app) {
     pb.convention = conv.convention;
     pb.mask = conv.mask;
     pb.dp_width = parse_positive_integer(f.plan.dp_width, "--dp-width");
+    pb.warmup_fraction = parse_warmup_fraction(f.plan.warmup_frac);
     const double m = planned_flops_per_token(arch, conv.convention, conv.mask);
     // Default budget: 20 consumed tokens per total parameter of this model.
     pb.compute = !f.plan.compute.empty() ? parse_positive(f.plan.compute, "--compute")
@@ -129,7 +130,7 @@ int run(const PlanCmdFlags& f, const CLI::App& app) {
     if (!f.tokens.empty() || !f.tokens_unique.empty()) {
       const PointBudget base{
           planner.compute_target(), req.convention,    req.mask,    req.budget.reuse,
-          planner.tokens_unique(),  req.budget.epochs, req.dp_width};
+          planner.tokens_unique(),  req.budget.epochs, req.dp_width, req.warmup_fraction};
       plan = with_flag_named(f, [&] { return rebudget(plan, f, base); });
       context += "budget of this point set by --tokens / --tokens-unique (not equal-resource)\n";
     }

@@ -109,6 +109,33 @@ std::vector<double> parse_ra_spec(std::string_view text, std::optional<int> poin
   return out;
 }
 
+namespace {
+// The paper's warm-up, clip(0.01·steps, 200, 2000), is its 200-step floor in a short run: a third
+// of a 600-step dense baseline's steps and a fifth of a MoE point's that trains twice as many.
+// The sweep then differs in schedule beside architecture; the dense baseline's note says so.
+void note_unequal_warmup(Manifest& m, double warmup_fraction) {
+  if (warmup_fraction >= 0 || m.points.empty()) return;
+  auto share = [](const Plan& p) {
+    return double(p.hyper.warmup_steps) / double(p.budget.steps);
+  };
+  double lo = share(m.points.front()), hi = lo;
+  for (const Plan& p : m.points) {
+    lo = std::min(lo, share(p));
+    hi = std::max(hi, share(p));
+  }
+  const double dense = share(m.dense);
+  const double all_lo = std::min(lo, dense), all_hi = std::max(hi, dense);
+  if (!(all_hi > 0.05 && all_hi > 1.2 * all_lo)) return;
+  const std::string moe = lo == hi ? fmt::format("{:.1f}%", 100 * lo)
+                                   : fmt::format("{:.1f}–{:.1f}%", 100 * lo, 100 * hi);
+  m.dense.note += fmt::format(
+      "{}warm-up (clip(0.01·steps, 200, 2000)) is {:.1f}% of the dense baseline's steps and {} "
+      "of the MoE points': the points differ in schedule too; --warmup-frac F gives every point "
+      "the same share",
+      m.dense.note.empty() ? "" : "; ", 100 * dense, moe);
+}
+}  // namespace
+
 Manifest plan_sweep(const SweepRequest& r) {
   if (r.activation_rates.empty()) throw InputError("--ra: the sweep has no activation rates");
   EqualResourcePlanner planner(r.plan);
@@ -172,6 +199,7 @@ Manifest plan_sweep(const SweepRequest& r) {
     }
     m.points.push_back(std::move(p));
   }
+  note_unequal_warmup(m, r.plan.warmup_fraction);
   return m;
 }
 

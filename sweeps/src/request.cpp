@@ -34,6 +34,17 @@ ConventionChoice parse_convention_flag(const std::string& text) {
       text));
 }
 
+double parse_warmup_fraction(const std::string& text) {
+  if (text.empty()) return -1;
+  const double f = parse_quantity(text, "--warmup-frac");
+  if (!(f >= 0 && f < 1))
+    throw InputError(fmt::format(
+        "--warmup-frac = {} is invalid; it must be in [0, 1): the share of each point's steps "
+        "spent warming up (0.01 is the paper's rule without its 200-step floor)",
+        text));
+  return f;
+}
+
 PlanRequest make_plan_request(const PlanFlags& f) {
   PlanRequest r;
   if (f.n.empty()) throw InputError("--N is required: the total parameters N (e.g. 2e9, 2B)");
@@ -76,6 +87,7 @@ PlanRequest make_plan_request(const PlanFlags& f) {
   if (!f.seq_len.empty()) r.backbone.seq_len = parse_positive_integer(f.seq_len, "--seq-len");
   if (!f.head_dim.empty()) r.backbone.head_dim = parse_positive_integer(f.head_dim, "--head-dim");
   r.dp_width = parse_positive_integer(f.dp_width, "--dp-width");
+  r.warmup_fraction = parse_warmup_fraction(f.warmup_frac);
 
   const int budgets = !f.compute.empty() + !f.dense_tokens.empty() + !f.dense_tpp.empty();
   if (budgets > 1)

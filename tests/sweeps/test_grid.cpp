@@ -312,3 +312,49 @@ TEST_CASE("flags: N, family, budget and reuse choices, conventions") {
   bad([](PlanFlags& g) { g.vocab = "2.5"; }, "--vocab = 2.5 is invalid");
   bad([](PlanFlags& g) { g.dense_tpp = "-1"; }, "--dense-tpp = -1");
 }
+
+TEST_CASE("warm-up: the paper's 200-step floor is noted where it skews a short sweep; "
+          "--warmup-frac gives every point the same share") {
+  // The main job's sweep: dense 614 steps, MoE 836–1156. The paper's clip(0.01·steps, 200, 2000)
+  // gives each 200 steps: 200/614 = 32.6 % of dense's, 200/1156 = 17.3 % of moe-ra0.200's.
+  PlanFlags f;
+  f.n = "1.5e5";
+  f.dense_tpp = "6";
+  f.seq_len = "64";
+  f.ra_tolerance = "0.01";
+  SweepRequest r;
+  r.plan = make_plan_request(f);
+  r.activation_rates = parse_ra_spec("0.2:0.5", 4);
+  const Manifest paper = plan_sweep(r);
+  CHECK(paper.dense.hyper.warmup_steps == 200);
+  for (const Plan& p : paper.points) CHECK(p.hyper.warmup_steps == 200);
+  const std::string want = fmt::format(
+      "warm-up (clip(0.01·steps, 200, 2000)) is {:.1f}% of the dense baseline's steps",
+      100.0 * 200 / double(paper.dense.budget.steps));
+  CAPTURE(paper.dense.note);
+  CHECK(paper.dense.note.find(want) != std::string::npos);
+  CHECK(paper.dense.note.find("--warmup-frac") != std::string::npos);
+
+  // 5 % of each point's steps, rounded: the same share everywhere, and no note.
+  f.warmup_frac = "0.05";
+  r.plan = make_plan_request(f);
+  const Manifest share = plan_sweep(r);
+  CHECK(share.dense.note.find("warm-up") == std::string::npos);
+  CHECK(share.dense.hyper.warmup_steps == std::llround(0.05 * double(share.dense.budget.steps)));
+  for (const Plan& p : share.points) {
+    CHECK(p.hyper.warmup_steps == std::llround(0.05 * double(p.budget.steps)));
+    CHECK(p.budget.steps == paper.points[&p - share.points.data()].budget.steps);  // same budget
+  }
+  // A 2B sweep at 20 tokens a parameter runs tens of thousands of steps: 1 % everywhere, no note.
+  CHECK(grid("2e9").dense.note.find("warm-up") == std::string::npos);
+
+  auto error_for = [&](const char* v) {
+    PlanFlags g = f;
+    g.warmup_frac = v;
+    return error_of_flags(g);
+  };
+  CHECK(error_for("1").find("--warmup-frac = 1 is invalid; it must be in [0, 1)") !=
+        std::string::npos);
+  CHECK(error_for("-0.1").find("--warmup-frac = -0.1 is invalid") != std::string::npos);
+  CHECK(error_for("0").empty());
+}

@@ -33,6 +33,7 @@ struct PlanRequest {
   Convention convention = Convention::paper;
   AttentionMask mask = AttentionMask::causal;
   int64_t dp_width = 1;
+  double warmup_fraction = -1;  // PointBudget::warmup_fraction
 };
 
 class EqualResourcePlanner {

@@ -18,10 +18,14 @@ struct PointBudget {
   double tokens_unique = 0;  // strict: D̂; 0 = the point's own consumed tokens (one epoch)
   double epochs = 0;         // loose
   int64_t dp_width = 1;      // batch rounded to a multiple of this many sequences
+  // Warm-up as a share of the point's steps (round(f·steps), at least 1 when f > 0); negative:
+  // the paper's clip(0.01·steps, 200, 2000).
+  double warmup_fraction = -1;
 };
 
 // D ≈ C/M; batch B = step-law(D) in whole sequences (at least dp_width); steps = round(D/(B·S));
-// η = step-law(N, D rounded); warm-up clip(0.01·steps, 200, 2000). Validates the arch.
+// η = step-law(N, D rounded); warm-up clip(0.01·steps, 200, 2000) or the budget's fraction.
+// Validates the arch.
 Plan plan_for_arch(const Arch& arch, const PointBudget& budget);
 
 // Training FLOPs per consumed token of `arch` under the budget's convention.

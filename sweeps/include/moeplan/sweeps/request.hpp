@@ -25,10 +25,14 @@ struct PlanFlags {
   bool count_norms = false;
   std::string vocab, seq_len, head_dim, alignment;  // empty = the family's rule for N
   std::string dp_width = "1";
+  std::string warmup_frac;  // --warmup-frac F: every point warms up for F of its steps
   std::string backbone;  // --backbone FILE: solve the MoE layer on this backbone
 };
 
 PlanRequest make_plan_request(const PlanFlags& flags);
+
+// --warmup-frac: "" = -1 (the paper's clip(0.01·steps, 200, 2000)); else a share in [0, 1).
+double parse_warmup_fraction(const std::string& text);
 
 // "paper", "exact" (= exact/causal), "exact/causal", "exact/full", "megatron".
 struct ConventionChoice {
