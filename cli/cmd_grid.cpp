@@ -1,5 +1,7 @@
 // `moeplan grid`: an equal-resource sweep over the activation rate, as a table or a manifest.
+#include <filesystem>
 #include <memory>
+#include <string>
 
 #include <fmt/format.h>
 
@@ -21,6 +23,21 @@ struct GridFlags {
   std::string output;
   std::vector<std::string> train;
 };
+
+// `moeplan run` reads a relative source path from the manifest's folder; as typed here it is
+// relative to the folder grid runs in. Written relative to -o's folder, it names the same file.
+std::string source_for_manifest(const std::string& spec, const std::filesystem::path& output) {
+  namespace fs = std::filesystem;
+  const auto colon = spec.find(':');
+  if (colon == std::string::npos) return spec;
+  const std::string kind = spec.substr(0, colon);
+  const fs::path arg = spec.substr(colon + 1);
+  if ((kind != "text" && kind != "bytes" && kind != "shards") || arg.empty() || arg.is_absolute())
+    return spec;
+  const fs::path file = fs::absolute(arg).lexically_normal();
+  const fs::path rel = file.lexically_relative(fs::absolute(output).parent_path().lexically_normal());
+  return kind + ":" + (rel.empty() ? file : rel).string();
+}
 
 const bool registered = register_command(
     {"grid", "Plan an equal-resource sweep over the activation rate r_a (and its dense baseline)",
@@ -54,6 +71,8 @@ const bool registered = register_command(
              f->ra, points_flag->count() > 0 ? std::optional<int>(f->points) : std::nullopt);
          req.created_by = command_line_for_record("moeplan grid");
          apply_train_settings(req.train, f->train);
+         if (!f->output.empty())
+           req.train.source = source_for_manifest(req.train.source, f->output);
          const Manifest m = plan_sweep(req);
          const std::string text = render_manifest(m, format);
          if (f->output.empty()) {

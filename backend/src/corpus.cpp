@@ -262,6 +262,16 @@ void check_builtin_fits(int64_t train_tokens, int64_t validation_tokens) {
         train_tokens, validation_tokens, bytes_text(need), bytes_text(double(host))));
 }
 
+std::string source_from(const std::string& spec, const fs::path& base) {
+  const auto colon = spec.find(':');
+  if (base.empty() || colon == std::string::npos) return spec;
+  const std::string kind = spec.substr(0, colon);
+  const fs::path arg = spec.substr(colon + 1);
+  if ((kind != "text" && kind != "bytes" && kind != "shards") || arg.empty() || arg.is_absolute())
+    return spec;
+  return kind + ":" + (base / arg).lexically_normal().string();
+}
+
 int64_t source_token_count(const std::string& spec) {
   if (spec == "builtin") return -1;
   const auto colon = spec.find(':');

@@ -186,7 +186,24 @@ int64_t eval_windows_for(const Plan& p, const TrainSettings& t) {
   return std::max<int64_t>(1, (tokens + s - 1) / s);
 }
 
-void check_source_fits(const Plan& p, const TrainSettings& t) {
+namespace {
+// `read(spec)` for the source as read from `base`; an error from a relative path says where it
+// was looked for.
+template <class Read>
+auto with_source_from(const std::string& spec, const std::filesystem::path& base, Read read) {
+  const std::string from = source_from(spec, base);
+  try {
+    return read(from);
+  } catch (const InputError& e) {
+    if (from == spec) throw;
+    throw InputError(fmt::format("{} (a relative source path is read from the manifest's folder, "
+                                 "'{}')",
+                                 e.what(), base.string()));
+  }
+}
+}  // namespace
+
+void check_source_fits(const Plan& p, const TrainSettings& t, const std::filesystem::path& base) {
   // The window order is a permutation of 32-bit window indices (checkpointed as int32).
   const int64_t windows = p.budget.tokens_unique / p.arch.seq_len;
   if (windows > INT32_MAX)
@@ -196,7 +213,8 @@ void check_source_fits(const Plan& p, const TrainSettings& t) {
         "a point with this many unique tokens",
         p.id, p.budget.tokens_unique, windows, p.arch.seq_len, INT32_MAX,
         int64_t(INT32_MAX) * p.arch.seq_len));
-  const int64_t have = source_token_count(t.source);
+  const int64_t have =
+      with_source_from(t.source, base, [](const std::string& s) { return source_token_count(s); });
   const int64_t train = p.budget.tokens_unique + 1;
   const int64_t validation = eval_windows_for(p, t) * p.arch.seq_len + 1;
   if (have < 0) return check_builtin_fits(train, validation);  // generated to size, in memory
@@ -426,8 +444,10 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
   const int64_t log_every = std::max<int64_t>(1, steps / 1000);
 
   // Data first: a source too small or corrupt fails before any training.
-  const DataSplit data = load_source(train.source, b.tokens_unique + 1, eval_windows * seq_len + 1,
-                                     train.data_seed, plan.arch.vocab);
+  const DataSplit data = with_source_from(train.source, opt.source_base, [&](const std::string& s) {
+    return load_source(s, b.tokens_unique + 1, eval_windows * seq_len + 1, train.data_seed,
+                       plan.arch.vocab);
+  });
   const nlohmann::json data_json = {{"source", train.source},
                                     {"description", data.description},
                                     {"source_tokens", data.source_tokens},

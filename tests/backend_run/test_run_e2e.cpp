@@ -691,6 +691,37 @@ TEST_CASE("a source too short for a later point is refused before any point trai
       sh.err);
 }
 
+TEST_CASE("a relative source path is read from the manifest's folder; a finished point needs none") {
+  const fs::path dir = fresh_dir("relative_source");
+  fs::create_directories(dir / "sweeps");
+  std::string text;
+  for (int i = 0; i < 400; ++i) text += fmt::format("line {} of the file beside the sweeps\n", i);
+  write_file_atomic(dir / "t.txt", text);
+  Manifest m = tiny_manifest(tiny_plan("dense", true, 10, 4, 20),
+                             {tiny_plan("moe", false, 10, 4, 20)});
+  m.train.source = "text:../t.txt";  // the manifest's folder's parent, not the test's folder
+  write_manifest_atomic(m, dir / "sweeps" / "sweep.toml");
+  REQUIRE(fs::current_path() != dir / "sweeps");
+  const std::string sweep = (dir / "sweeps" / "sweep.toml").string(), runs = (dir / "runs").string();
+  Result r = run_cli({"run", sweep, "--out", runs});
+  REQUIRE_MESSAGE(r.status == 0, r.err);
+  CHECK(record(dir / "runs", "dense").at("data").at("source") == "text:../t.txt");
+  CHECK(record(dir / "runs", "moe").at("status") == "complete");
+  // Complete: rerun with the source gone, the point is skipped, nothing read.
+  fs::rename(dir / "t.txt", dir / "t.moved");
+  r = run_cli({"run", sweep, "--out", runs});
+  CHECK_MESSAGE(r.status == 0, r.err);
+  // A point that still has to train names the folder the path was read from.
+  r = run_cli({"run", sweep, "--out", (dir / "runs2").string()});
+  CHECK(r.status == 2);
+  CHECK_MESSAGE(one_line(r.err), r.err);
+  CHECK_MESSAGE(r.err.find("cannot read '" + (dir / "t.txt").string() + "'") != std::string::npos,
+                r.err);
+  CHECK_MESSAGE(r.err.find("(a relative source path is read from the manifest's folder, '" +
+                           (dir / "sweeps").string() + "')") != std::string::npos,
+                r.err);
+}
+
 TEST_CASE("resume refuses a source whose tokens changed; stale temp files are cleared") {
   const fs::path dir = fresh_dir("changed_source");
   Manifest m =

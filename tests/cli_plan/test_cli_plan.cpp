@@ -179,7 +179,20 @@ TEST_CASE("-o sweep.toml writes a manifest that reads back; formats by extension
   CHECK(r.out.find("dense baseline + 1 point)") != std::string::npos);
   const moeplan::Manifest t = moeplan::read_manifest(scratch() / "train.toml");
   CHECK(t.train.erc_loss == 0.01);
-  CHECK(t.train.source == "text:book.txt");
+  // Typed relative to the folder grid runs in; written relative to -o's folder, which is where
+  // `moeplan run` reads a relative path from: the same file seen from there.
+  CHECK(t.train.source ==
+        "text:" + (fs::current_path() / "book.txt").lexically_relative(scratch()).string());
+  fs::create_directories(scratch() / "sub");
+  r = run_moeplan("grid --N 2e6 --ra 0.2 --train source=text:book.txt -o '" +
+                  (scratch() / "sub" / "rel.toml").string() + "'");
+  CHECK(r.status == 0);
+  CHECK(moeplan::read_manifest(scratch() / "sub" / "rel.toml").train.source ==
+        "text:" + (fs::current_path() / "book.txt").lexically_relative(scratch() / "sub").string());
+  r = run_moeplan("grid --N 2e6 --ra 0.2 --train source=text:/data/book.txt -o '" +
+                  (scratch() / "sub" / "abs.toml").string() + "'");
+  CHECK(moeplan::read_manifest(scratch() / "sub" / "abs.toml").train.source ==
+        "text:/data/book.txt");  // an absolute path is kept
   CHECK(t.train.eval_tokens == 4000);
   CHECK(t.created_by.find("--train erc_loss=0.01") != std::string::npos);
   // Arguments a shell would split or expand are quoted, so the line pastes back as typed.

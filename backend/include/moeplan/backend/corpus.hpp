@@ -74,6 +74,11 @@ int64_t source_token_count(const std::string& spec);
 // sizes and the machine's memory, when they would take more than half of it.
 void check_builtin_fits(int64_t train_tokens, int64_t validation_tokens);
 
+// `spec` with a relative PATH (text:, bytes:, shards:) read from `base` (a manifest's folder:
+// `moeplan run` reads a sweep's source from where its sweep.toml is, not from the folder it runs
+// in). Unchanged for builtin, an absolute path, or an empty base.
+std::string source_from(const std::string& spec, const std::filesystem::path& base);
+
 // `spec`: "builtin", "text:PATH", "bytes:PATH", "shards:PATH-OR-GLOB" (glob in the file name part,
 // matches sorted by name and concatenated). Training takes the first `train_tokens` positions,
 // validation the last `validation_tokens` (so it never depends on D̂). Throws InputError with one

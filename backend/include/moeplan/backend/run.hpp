@@ -33,6 +33,7 @@ struct RunOptions {
   std::string device = "cpu";
   int64_t checkpoint_every = 0;  // 0: the manifest's [train] value, else about 20 per run
   int threads = 0;
+  std::filesystem::path source_base;  // relative source paths are read from here (source_from)
   std::string kernels;                               // EngineRequest::kernels
   int64_t micro_batch_seqs = 0;  // ModelOptions::micro_batch_seqs (0: one pass a step)
   bool shard_optimizer = false;  // EngineRequest::shard_optimizer
@@ -102,7 +103,8 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
 // Throws InputError (one line, the same as the point's own start would) when the [train] source
 // holds fewer tokens than the plan's D̂ + 1 and its validation set: run before any point trains,
 // so that a later point the source cannot feed does not fail after earlier ones have trained.
-void check_source_fits(const Plan& plan, const TrainSettings& train);
+void check_source_fits(const Plan& plan, const TrainSettings& train,
+                       const std::filesystem::path& source_base = {});
 
 // Validation set size and cadence actually used for a plan (auto rules when the manifest says 0).
 int64_t eval_windows_for(const Plan& plan, const TrainSettings& train);
