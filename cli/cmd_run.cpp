@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cmath>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -98,7 +99,10 @@ int launch(const RunFlags& f, const std::string& device, const std::vector<const
 }
 
 std::string duration(double seconds) {
-  if (!(seconds >= 0) || seconds > 1e7) return "?";
+  if (!(seconds >= 0) || !std::isfinite(seconds)) return "?";
+  // A published-scale point on one device runs for months: days, then years, not "?".
+  if (seconds >= 365.25 * 86400) return fmt::format("{:.1f} years", seconds / (365.25 * 86400));
+  if (seconds >= 4 * 86400) return fmt::format("{:.1f} days", seconds / 86400);
   const auto s = int64_t(seconds + 0.5);
   if (s >= 3600) return fmt::format("{}h{:02}m", s / 3600, s / 60 % 60);
   if (s >= 60) return fmt::format("{}m{:02}s", s / 60, s % 60);
@@ -263,8 +267,12 @@ int run(const RunFlags& f) {
     }
     switch (out.status) {
       case backend::PointStatus::estimated: {
-        if (!out.wrote_files) break;  // rank 0 says it
         const backend::Estimate& e = out.estimate;
+        if (e.interrupted) {
+          if (out.wrote_files) fmt::print("\n{} estimate interrupted; nothing was written\n", label);
+          return kExitInterrupted;
+        }
+        if (!out.wrote_files) break;  // rank 0 says it
         fmt::print(
             "{} estimate: {:.3f} s a step (median of {}, after 1 warm-up) x {} {}steps + {} "
             "evaluations x {:.2f} s = {}; {} tokens/s consumed, {} FLOP/s [exact/causal]\n",

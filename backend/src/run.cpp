@@ -240,8 +240,11 @@ WindowOrder training_order(int64_t windows, const TrainSettings& train) {
 // Time `n` steps after one warm-up step (the first steps pay one-off set-up: allocations, cuBLAS's
 // per-shape choices) on the point's first batches, and one evaluation; the model is thrown away.
 // `record`: an interrupted point's record (null when none), whose steps are done already.
+// At most the plan's steps are timed (a point of 156 steps is not timed over 1000); Ctrl-C
+// (`stop`, agreed across ranks as training does) ends the timing at the next step.
 Estimate estimate_point(Engine& engine, const Plan& plan, const DataSplit& data,
-                        const TrainSettings& train, int64_t n, const nlohmann::json& record) {
+                        const TrainSettings& train, int64_t n, const nlohmann::json& record,
+                        const std::atomic<int>* stop) {
   const Budget& b = plan.budget;
   const int64_t seq_len = b.seq_len, batch = b.batch_seqs;
   const int64_t windows = b.tokens_unique / seq_len;
@@ -252,7 +255,12 @@ Estimate estimate_point(Engine& engine, const Plan& plan, const DataSplit& data,
   std::vector<int32_t> inputs(size_t(batch * seq_len)), targets(size_t(batch * seq_len));
   std::vector<double> secs;
   Estimate e;
+  n = std::min(n, b.steps);
   for (int64_t i = 0; i <= n; ++i) {
+    if (engine.any_rank(stop && stop->load() != 0)) {
+      e.interrupted = true;
+      return e;
+    }
     fill_batch(data.train, seq_len, batch, order, tokens, inputs.data(), targets.data());
     const auto t0 = Clock::now();
     const StepResult r = engine.train_step(inputs.data(), targets.data(), i, cfg);
@@ -474,7 +482,7 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
     outcome.status = PointStatus::estimated;
     outcome.wrote_files = engine->writes_files();
     outcome.estimate = estimate_point(*engine, plan, data, train, opt.estimate_steps,
-                                      outcome.record);
+                                      outcome.record, opt.stop);
     return outcome;
   }
 

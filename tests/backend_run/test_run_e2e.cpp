@@ -989,6 +989,12 @@ TEST_CASE("moeplan run --micro-batch 2: the one-pass run's tokens and ledger; re
   CHECK_MESSAGE(est.out.find("x 400 steps + 16 evaluations x ") != std::string::npos, est.out);
   CHECK_MESSAGE(est.out.find("estimate for 2 point(s) on cpu: ") != std::string::npos, est.out);
   CHECK_FALSE(fs::exists(dir / "e"));
+  // More steps asked for than a point has: its own 20 are timed (1000 ran 1000 steps of it).
+  const Result est_more =
+      run_cli({"run", sweep, "--point", "dense", "--out", (dir / "e").string(), "--estimate", "1000"});
+  REQUIRE_MESSAGE(est_more.status == 0, est_more.err);
+  CHECK_MESSAGE(est_more.out.find("(median of 20, after 1 warm-up) x 20 steps") != std::string::npos,
+                est_more.out);
   const Result est_bad = run_cli({"run", sweep, "--estimate", "-2"});
   CHECK(est_bad.status == 2);
   CHECK(one_line(est_bad.err));
