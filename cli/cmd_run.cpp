@@ -31,6 +31,7 @@ namespace {
 
 constexpr int kExitInterrupted = 130;
 constexpr int kExitDiverged = 4;
+constexpr int kExitBusy = 3;  // every other point done; some left to another process training them
 
 std::atomic<int> g_stop{0};
 extern "C" void on_stop_signal(int sig) {
@@ -239,6 +240,7 @@ int run(const RunFlags& f) {
   int index = 0;
   double estimated_seconds = 0;
   int estimated = 0;
+  std::vector<std::string> busy;  // points another process is training
   for (const Plan* p : points) {
     ++index;
     const std::string label = fmt::format("[{} {}/{}]", p->id, index, points.size());
@@ -285,6 +287,13 @@ int run(const RunFlags& f) {
         ++estimated;
         break;
       }
+      case backend::PointStatus::busy:
+        if (!out.wrote_files) break;  // rank 0 says it
+        fmt::print("{} is being trained by another moeplan process into '{}' (it holds {}); left "
+                   "to it\n",
+                   label, opt.out_dir.string(), (opt.out_dir / p->id / ".lock").string());
+        busy.push_back(p->id);
+        break;
       case backend::PointStatus::skipped:
         fmt::print("{} already complete ({}), skipped{}\n", label, out.record_path.string(),
                    skip_notes[p->id]);
@@ -323,6 +332,12 @@ int run(const RunFlags& f) {
     fmt::print("estimate for {} point(s) on {}: {} of training and evaluation (checkpoint writes "
                "and start-up not included; nothing was written)\n",
                estimated, opt.device, duration(estimated_seconds));
+  if (!busy.empty()) {
+    fmt::print("{} point{} left to another moeplan process ({}); run the same command again when "
+               "it has finished\n",
+               busy.size(), busy.size() == 1 ? "" : "s", fmt::join(busy, ", "));
+    return kExitBusy;
+  }
   return kExitOk;
 }
 

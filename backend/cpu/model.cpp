@@ -778,9 +778,14 @@ template <class S>
 int64_t Model<S>::pass_seqs() const {
   return impl_->B;
 }
+int cpu_threads_for(const Arch& arch, int64_t pass_seqs, int requested) {
+  if (pass_seqs * arch.seq_len * arch.d_model < cpu::kParallelStream) return 1;
+  return requested > 0 ? requested : Eigen::nbThreads();
+}
+
 template <class S>
 int Model<S>::threads() const {
-  return impl_->serial ? 1 : Eigen::nbThreads();
+  return cpu_threads_for(impl_->a, impl_->B, 0);  // the engine has set Eigen's count
 }
 
 template class Model<float>;

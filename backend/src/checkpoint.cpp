@@ -145,7 +145,10 @@ nlohmann::json state_to_json(const RunState& s) {
           {"resumes", s.resumes},
           {"micro_batch_seqs", s.micro_batch_seqs},
           {"device", s.device},
-          {"threads", s.threads}};
+          {"threads", s.threads},
+          {"kernels_requested", s.kernels_requested ? nlohmann::json(*s.kernels_requested)
+                                                    : nlohmann::json()},
+          {"kernels", s.kernels}};
 }
 
 }  // namespace
@@ -267,6 +270,9 @@ Checkpoint read_checkpoint(const std::filesystem::path& path) {
     st.micro_batch_seqs = s.value("micro_batch_seqs", int64_t(0));
     st.device = s.value("device", std::string());
     st.threads = s.value("threads", int64_t(0));
+    if (const auto k = s.find("kernels_requested"); k != s.end() && k->is_string())
+      st.kernels_requested = k->get<std::string>();
+    st.kernels = s.value("kernels", std::string());
     return ck;
   });
 }
@@ -283,6 +289,9 @@ CheckpointHead read_checkpoint_head(const std::filesystem::path& path) {
     h.step = s.at("step").get<int64_t>();
     h.micro_batch_seqs = s.value("micro_batch_seqs", int64_t(0));
     h.device = s.value("device", std::string());
+    h.threads = s.value("threads", int64_t(0));
+    if (const auto k = s.find("kernels_requested"); k != s.end() && k->is_string())
+      h.kernels_requested = k->get<std::string>();
     return h;
   });
 }

@@ -351,6 +351,25 @@ static void check_checkpoint_head(const CheckpointHead& h, const fs::path& ckpt_
         "checkpoint '{}' of point '{}' was trained with --micro-batch {}, this run asks for {}; "
         "resume with --micro-batch {}",
         ckpt_path.string(), plan.id, h.micro_batch_seqs, opt.micro_batch_seqs, h.micro_batch_seqs));
+  // The thread count sets how a cpu model's products sum: checked here, before any point
+  // trains, by the rule the model applies (cpu_threads_for), not when this point's turn comes.
+  if (h.device == "cpu" && h.threads > 0) {
+    const int64_t pass = opt.micro_batch_seqs > 0
+                             ? std::min(opt.micro_batch_seqs, plan.budget.batch_seqs)
+                             : plan.budget.batch_seqs;
+    if (const int now = cpu_threads_for(plan.arch, pass, opt.threads); now != h.threads)
+      throw InputError(fmt::format(
+          "checkpoint '{}' of point '{}' was trained with {} CPU threads, this run has {}; "
+          "resume with --threads {} (the thread count sets how the products sum, so another "
+          "would not continue the same run), or move the folder away to start the point over",
+          ckpt_path.string(), plan.id, h.threads, now, h.threads));
+  }
+  if (h.kernels_requested && *h.kernels_requested != opt.kernels)
+    throw InputError(fmt::format(
+        "checkpoint '{}' of point '{}' was trained with --kernels '{}', this run asks for '{}'; "
+        "resume with --kernels '{}' (a point's kernels, and the record's `kernels`, are one "
+        "choice), or move the folder away to start the point over",
+        ckpt_path.string(), plan.id, *h.kernels_requested, opt.kernels, *h.kernels_requested));
 }
 
 nlohmann::json existing_record(const Plan& plan, const nlohmann::json& plan_json,
@@ -490,11 +509,13 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
   // checkpoint is read.
   PointLock lock;
   const bool taken = engine->writes_files() && !lock.acquire(dir / ".lock");
-  if (engine->any_rank(taken))
-    throw InputError(fmt::format(
-        "point '{}' is being trained by another moeplan process into '{}' (it holds {}); wait "
-        "for it to finish, or choose another --out",
-        plan.id, opt.out_dir.string(), (dir / ".lock").string()));
+  if (engine->any_rank(taken)) {
+    // Left to its trainer: the rest of the sweep goes on (two `moeplan run`s of one sweep into
+    // one folder share its points out between them).
+    outcome.status = PointStatus::busy;
+    outcome.wrote_files = engine->writes_files();
+    return outcome;
+  }
 
   // Temp files of writes a killed run left unfinished (write_file_atomic's ".NAME.tmp.XXXXXX";
   // a checkpoint's is a checkpoint's size): no one else writes here while we hold the lock.
@@ -534,15 +555,16 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
           fingerprints.at("training_fingerprint").get<std::string>(),
           ck.data.value("validation_fingerprint", "?"),
           fingerprints.at("validation_fingerprint").get<std::string>()));
-    check_checkpoint_head(
-        {ck.plan, ck.train, ck.state.step, ck.state.micro_batch_seqs, ck.state.device}, ckpt_path,
-        plan, plan_json, train, opt);
-    if (ck.state.threads > 0 && engine->threads() > 0 && ck.state.threads != engine->threads())
+    check_checkpoint_head({ck.plan, ck.train, ck.state.step, ck.state.micro_batch_seqs,
+                           ck.state.device, ck.state.threads, ck.state.kernels_requested},
+                          ckpt_path, plan, plan_json, train, opt);
+    // The same request may resolve otherwise (`auto` on another GPU, another cuBLASLt).
+    if (!ck.state.kernels.empty() && ck.state.kernels != engine->kernels())
       throw InputError(fmt::format(
-          "checkpoint '{}' of point '{}' was trained with {} CPU threads, this run has {}; "
-          "resume with --threads {} (the thread count sets how the products sum, so another "
-          "would not continue the same run), or move the folder away to start the point over",
-          ckpt_path.string(), plan.id, ck.state.threads, engine->threads(), ck.state.threads));
+          "checkpoint '{}' of point '{}' was trained with kernels '{}', this run's engine chose "
+          "'{}'; resume where the same kernels are chosen (--kernels naming each), or move the "
+          "folder away to start the point over",
+          ckpt_path.string(), plan.id, ck.state.kernels, engine->kernels()));
     engine->load_state(ck.model_state);
     st = std::move(ck.state);
     ++st.resumes;
@@ -567,6 +589,8 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
   st.micro_batch_seqs = opt.micro_batch_seqs;
   st.device = opt.device;
   st.threads = engine->threads();
+  st.kernels_requested = opt.kernels;
+  st.kernels = engine->kernels();
 
   RecordInputs rin;
   rin.plan = &plan;

@@ -775,7 +775,7 @@ TEST_CASE("resume refuses a source whose tokens changed; stale temp files are cl
   CHECK(fs::exists(dir / "kept" / ".other.json.tmp.Qw9876"));
 }
 
-TEST_CASE("a point another process is training is refused; a lock its dead owner left is not") {
+TEST_CASE("a point another process is training is left to it; a lock its dead owner left is not") {
   const fs::path dir = fresh_dir("lock");
   write_manifest_atomic(
       tiny_manifest(tiny_plan("dense", true, 10, 4, 50), {tiny_plan("moe-l", false, 10, 4, 50)}),
@@ -789,11 +789,19 @@ TEST_CASE("a point another process is training is refused; a lock its dead owner
   const std::vector<std::string> args{
       "run", (dir / "sweep.toml").string(), "--point", "moe-l", "--out", out.string()};
   const Result busy = run_cli(args);
-  CHECK(busy.status == 2);
-  CHECK_MESSAGE(one_line(busy.err), busy.err);
-  CHECK_MESSAGE(busy.err.find("point 'moe-l' is being trained by another moeplan process into '" +
+  CHECK(busy.status == 3);
+  CHECK_MESSAGE(busy.out.find("[moe-l 1/1] is being trained by another moeplan process into '" +
                               out.string() + "'") != std::string::npos,
-                busy.err);
+                busy.out);
+  CHECK_MESSAGE(busy.out.find("1 point left to another moeplan process (moe-l); run the same "
+                              "command again when it has finished") != std::string::npos,
+                busy.out);
+  CHECK_FALSE(fs::exists(out / "moe-l" / "record.json"));
+  // The whole sweep: the point held elsewhere is left to its trainer, the others train (it
+  // stopped the sweep with exit 2 once, after the points before it had trained).
+  const Result sweep = run_cli({"run", (dir / "sweep.toml").string(), "--out", out.string()});
+  CHECK(sweep.status == 3);
+  CHECK(record(out, "dense")["status"] == "complete");
   CHECK_FALSE(fs::exists(out / "moe-l" / "record.json"));
   // The owner gone (the kernel drops a dead process's flock), the lock file alone blocks nothing.
   ::close(fd);
@@ -857,6 +865,25 @@ TEST_CASE(
                              "--threads 3") != std::string::npos,
                   r.err);
     CHECK(read_checkpoint(ckpt).state.step == c.state.step);
+    // The whole sweep: refused before its first point (dense, untrained in this folder) trains,
+    // not when moe-i's turn comes after it.
+    REQUIRE_FALSE(fs::exists(copy / "dense" / "record.json"));
+    const Result all = run_cli({"run", sweep, "--out", copy.string(), "--threads", "1"});
+    CHECK(all.status == 2);
+    CHECK_MESSAGE(all.err.find("was trained with 3 CPU threads") != std::string::npos, all.err);
+    CHECK_FALSE(fs::exists(copy / "dense" / "record.json"));
+    // Another --kernels than the checkpoint's: refused the same way, before anything trains.
+    edited.state.threads = 1;
+    edited.state.kernels_requested = "attention=cublas";
+    write_checkpoint(ckpt, edited);
+    const Result k = run_cli({"run", sweep, "--out", copy.string()});
+    CHECK(k.status == 2);
+    CHECK_MESSAGE(k.err.find("was trained with --kernels 'attention=cublas', this run asks for "
+                             "''; resume with --kernels 'attention=cublas'") != std::string::npos,
+                  k.err);
+    CHECK_FALSE(fs::exists(copy / "dense" / "record.json"));
+    CHECK(read_checkpoint(out / "moe-i" / "checkpoint" / "state.ckpt").state.kernels ==
+          "eigen-fp32");  // what the engine chose is kept beside the request
   }
   // A resume under another auxiliary loss would train half the point with each: refused, and the
   // checkpoint and record are left as they were.

@@ -5,6 +5,7 @@
 // The model state (weights, Adam moments and step, RNG) is the engine's save_state() verbatim.
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,11 @@ struct RunState {
   // CPU threads its products ran with (0: not recorded, or not a CPU run): another count may
   // sum in another order, so a resume keeps it.
   int64_t threads = 0;
+  // --kernels as asked for (nullopt in checkpoints written before it was kept) and as the engine
+  // chose them (Engine::kernels()): a resume runs the same kernels, or the record's `kernels`
+  // would name only the last part's.
+  std::optional<std::string> kernels_requested;
+  std::string kernels;
 };
 
 struct Checkpoint {
@@ -55,6 +61,8 @@ struct CheckpointHead {
   int64_t step = 0;
   int64_t micro_batch_seqs = 0;
   std::string device;
+  int64_t threads = 0;
+  std::optional<std::string> kernels_requested;
 };
 
 // Written from where the parts lie (the model state is not copied), atomically.

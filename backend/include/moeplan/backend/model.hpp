@@ -127,6 +127,12 @@ class Model {
   std::unique_ptr<Impl> impl_;
 };
 
+// The threads a cpu model of `arch` with passes of `pass_seqs` sequences runs its products with:
+// 1 when its residual stream is small enough to run serially, else `requested` (--threads) or,
+// when 0, Eigen's count now (the OpenMP default). Model::threads() is this rule; `run` applies it
+// before any point trains, to refuse a checkpoint made with another count.
+int cpu_threads_for(const Arch& arch, int64_t pass_seqs, int requested);
+
 extern template class Model<float>;
 extern template class Model<double>;
 

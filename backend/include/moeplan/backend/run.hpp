@@ -64,7 +64,8 @@ struct Estimate {
   }
 };
 
-enum class PointStatus { completed, skipped, interrupted, estimated };
+// busy: another process holds the point's lock (is training it); this run left it alone.
+enum class PointStatus { completed, skipped, interrupted, estimated, busy };
 struct PointOutcome {
   PointStatus status = PointStatus::completed;
   int64_t resumed_from_step = -1;  // -1: started fresh
