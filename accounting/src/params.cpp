@@ -62,6 +62,15 @@ ParamCounts count_params(const Arch& a) {
         "arch: N = {:.4g} parameters is above the 4e18 moeplan counts (64-bit integers); give "
         "smaller widths",
         double(total)));
+  // Every trainable scalar (trainable(): what a backend allocates) fits the same bound: a vocab of
+  // 1e15 made its sum wrap negative and pass the memory checks it feeds.
+  const long double all = (long double)c.attention + c.dense_ffn + c.expert_total +
+                          c.shared_expert + c.router + c.norms + c.embedding + c.lm_head;
+  if (all > kMaxCount)
+    throw InputError(fmt::format(
+        "arch: {:.4g} trainable parameters (vocabulary, router and norms included) is above the "
+        "4e18 moeplan counts (64-bit integers); give a smaller vocab or smaller widths",
+        double(all)));
   const int64_t always = always_of(int64_t{0});
   c.total_params = always + c.expert_total;
   c.active_params = always + c.expert_active;

@@ -239,4 +239,11 @@ TEST_CASE("parameter counts: by hand on the tiny MoE; past 4e18 refused naming t
   // of up to about 4·N. Same layer at FFN width 2^30: 2^60 + 3·2^59 = 5·2^59 = 2.882e18.
   a.d_ffn = int64_t(1) << 30;
   CHECK(count_params(a).total_params == 5 * (int64_t(1) << 59));
+  // The vocabulary is outside N but inside what a backend allocates (trainable()): at d_model
+  // 2^29 and V 2^31 the embedding and the untied LM head are 2^60 each, under the bound alone;
+  // with N above (5·2^59) all trainable scalars are 5·2^59 + 2^61 + norms (3·2^29) = 5.188e18.
+  a.vocab = int64_t(1) << 31;
+  a.tied_embeddings = false;
+  CHECK(refusal(a).find("arch: 5.188e+18 trainable parameters (vocabulary, router and norms "
+                        "included) is above the 4e18") == 0);
 }

@@ -358,3 +358,24 @@ TEST_CASE("warm-up: the paper's 200-step floor is noted where it skews a short s
   CHECK(error_for("-0.1").find("--warmup-frac = -0.1 is invalid") != std::string::npos);
   CHECK(error_for("0").empty());
 }
+
+TEST_CASE("a plan whose step-law η is above 1 is refused when planned, not when read back") {
+  // N = 100,352 at 2e12 tokens: η = 1.79 · 100352^-0.713 · 2e12^0.307 = 2.905 (by hand), which
+  // the manifest reader refuses (lr_peak in (0, 1]): grid wrote a manifest show and run refused.
+  PlanFlags f;
+  f.n = "1e5";
+  f.dense_tokens = "2e12";
+  SweepRequest r;
+  r.plan = make_plan_request(f);
+  r.activation_rates = parse_ra_spec("0.3", std::nullopt);
+  std::string e;
+  try {
+    plan_sweep(r);
+  } catch (const InputError& x) {
+    e = x.what();
+  }
+  CHECK_MESSAGE(e.find("the step law gives η = 2.905 at N = 100352") != std::string::npos, e);
+  CHECK_MESSAGE(e.find("above 1 (AdamW's range); plan fewer tokens per parameter") !=
+                    std::string::npos,
+                e);
+}
