@@ -78,7 +78,14 @@ std::vector<double> parse_ra_spec(std::string_view text, std::optional<int> poin
           fmt::format("--ra '{}': the range end {} is below its start {}; write A:B "
                       "with A <= B",
                       text, b, a));
-    if (a == b) return {a};  // A:A is one rate, not --points copies of it
+    if (a == b) {  // A:A is one rate, not --points copies of it: a count given is refused
+      if (points_given && *points_given != 1)
+        throw InputError(fmt::format(
+            "--ra '{}' is one rate; --points {} would be ignored (give a range A:B with A < B, "
+            "or drop --points)",
+            text, *points_given));
+      return {a};
+    }
     if (points == 1)
       throw InputError(
           fmt::format("--ra '{}' with --points 1: a range needs at least 2 points", text));

@@ -551,7 +551,7 @@ void check_like_dense(const Plan& p, const Plan& dense, const std::string& origi
     if (mine == theirs) return;
     throw InputError(fmt::format(
         "{}: key '{}.{}' = {} differs from the dense baseline's {}; the points of a sweep share "
-        "seq_len, vocab, the counting readings, the FLOP convention and the reuse rule (re-plan "
+        "seq_len, vocab, tied embeddings, the counting readings, the FLOP convention and the reuse rule (re-plan "
         "it with `moeplan grid`)",
         origin, where, key, mine, theirs));
   };
@@ -560,6 +560,10 @@ void check_like_dense(const Plan& p, const Plan& dense, const std::string& origi
   differ("arch.vocab", std::to_string(a.vocab), std::to_string(d.vocab));
   differ("arch.count_router", a.count_router ? "true" : "false", d.count_router ? "true" : "false");
   differ("arch.count_norms", a.count_norms ? "true" : "false", d.count_norms ? "true" : "false");
+  // Tied or not changes the LM head's weights (trained scalars, outside N) and the first layer's
+  // input gradient: one point tied and another not compare two model families.
+  differ("arch.tied_embeddings", a.tied_embeddings ? "true" : "false",
+         d.tied_embeddings ? "true" : "false");
   differ("convention", fmt::format("\"{}\"", name(p.convention)),
          fmt::format("\"{}\"", name(dense.convention)));
   differ("mask", fmt::format("\"{}\"", name(p.mask)), fmt::format("\"{}\"", name(dense.mask)));

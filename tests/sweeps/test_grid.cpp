@@ -99,8 +99,12 @@ TEST_CASE("parse_ra_spec: ranges, lists, single values") {
   CHECK(parse_ra_spec("0.2") == std::vector<double>{0.2});
   CHECK(parse_ra_spec("1") == std::vector<double>{1.0});
   CHECK(parse_ra_spec("0.3:0.3", 1) == std::vector<double>{0.3});
-  // A range whose ends agree is one rate, not --points identical copies of it.
-  CHECK(parse_ra_spec("0.2:0.2", 8) == std::vector<double>{0.2});
+  // A range whose ends agree is one rate, not --points identical copies of it; a count given
+  // for it would be ignored, so it is refused as with a single rate (it planned one point).
+  CHECK(parse_ra_spec("0.2:0.2", std::nullopt) == std::vector<double>{0.2});
+  CHECK(error_of_spec("0.2:0.2", 8) ==
+        "--ra '0.2:0.2' is one rate; --points 8 would be ignored (give a range A:B with A < B, "
+        "or drop --points)");
 }
 
 TEST_CASE("parse_ra_spec: malformed input names the text and what is valid") {

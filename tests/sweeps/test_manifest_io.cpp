@@ -257,8 +257,18 @@ TEST_CASE("a point must share the dense baseline's vocab, seq_len, readings and 
   std::string e = error_of(edit(text, vocab, "vocab = 512\n", "[points.arch]"));
   CHECK(e == "sweep.toml: key 'points[0].arch.vocab' = 512 differs from the dense baseline's " +
                  std::to_string(m.dense.arch.vocab) +
-                 "; the points of a sweep share seq_len, vocab, the counting readings, the FLOP "
-                 "convention and the reuse rule (re-plan it with `moeplan grid`)");
+                 "; the points of a sweep share seq_len, vocab, tied embeddings, the counting "
+                 "readings, the FLOP convention and the reuse rule (re-plan it with `moeplan "
+                 "grid`)");
+  // Tied embeddings on one point only: the points would be two model families (it was read).
+  const std::string tied = std::string("tied_embeddings = ") +
+                           (m.dense.arch.tied_embeddings ? "true" : "false");
+  const std::string other = std::string("tied_embeddings = ") +
+                            (m.dense.arch.tied_embeddings ? "false" : "true");
+  e = error_of(edit(text, tied, other, "[points.arch]"));
+  CHECK(e.find("key 'points[0].arch.tied_embeddings' = " +
+               std::string(m.dense.arch.tied_embeddings ? "false" : "true") +
+               " differs from the dense baseline's") != std::string::npos);
   // The paper convention does not read the mask, so only this check sees an edited one.
   e = error_of(edit(text, "mask = \"full\"", "mask = \"causal\"", "[[points]]"));
   CHECK(e.find("key 'points[0].mask' = \"causal\" differs from the dense baseline's \"full\"") !=
