@@ -345,8 +345,12 @@ static void check_checkpoint_head(const CheckpointHead& h, const fs::path& ckpt_
         "to start the point over",
         ckpt_path.string(), plan.id, h.device, opt.device, h.device));
   // Passes decide the auxiliary losses, not only rounding: a resume runs the same ones. (The
-  // request is compared, not a rank's pass: ranks of an uneven split run different passes.)
-  if (h.micro_batch_seqs != opt.micro_batch_seqs)
+  // request is compared, not a rank's pass: ranks of an uneven split run different passes. A
+  // request of the whole batch or more is the whole batch: --micro-batch 16 or 100 of a batch
+  // of 16 is 0's one pass.)
+  const int64_t batch = plan.budget.batch_seqs;
+  const auto pass = [batch](int64_t m) { return m > 0 ? std::min(m, batch) : batch; };
+  if (pass(h.micro_batch_seqs) != pass(opt.micro_batch_seqs))
     throw InputError(fmt::format(
         "checkpoint '{}' of point '{}' was trained with --micro-batch {}, this run asks for {}; "
         "resume with --micro-batch {}",
@@ -569,6 +573,9 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
     st = std::move(ck.state);
     ++st.resumes;
     outcome.resumed_from_step = st.step;
+    if (writer_notice(opt, *engine))
+      opt.on_notice(fmt::format("resuming at step {} of {} from '{}'", st.step, steps,
+                                ckpt_path.string()));
   } else {
     // An interrupted point's record without its checkpoint (removed by hand): the record cannot
     // resume, so the point trains from step 0 and the record is rewritten; say so first.

@@ -331,6 +331,10 @@ TEST_CASE(
       run_cli({"run", sweep, "--point", "moe-k", "--out", c.string(), "--checkpoint-every", "7"});
   REQUIRE_MESSAGE(c_resumed.status == 0, c_resumed.err);
   CHECK(c_resumed.out.find(fmt::format("resumed at step {}", killed_step)) != std::string::npos);
+  // Said before the point trains too, not only in its last line.
+  CHECK_MESSAGE(c_resumed.out.find(fmt::format("[moe-k 1/1] resuming at step {} of ", killed_step)) <
+                    c_resumed.out.find("complete"),
+                c_resumed.out);
   // A running record without its checkpoint: said before training, then trained from step 0.
   const Result d_restarted =
       run_cli({"run", sweep, "--point", "moe-k", "--out", d.string(), "--checkpoint-every", "7"});
@@ -966,6 +970,18 @@ TEST_CASE("moeplan run --micro-batch 2: the one-pass run's tokens and ledger; re
                                "with --micro-batch 2") != std::string::npos,
                 other.err);
   CHECK(read_file(out / "moe-m" / "record.json") == before);
+  {  // Asking for the whole batch or more is one pass, as 0 is: a one-pass checkpoint resumes.
+    const fs::path copy = dir / "one-pass";
+    fs::copy(out, copy, fs::copy_options::recursive);
+    const fs::path ck = copy / "moe-m" / "checkpoint" / "state.ckpt";
+    Checkpoint c = read_checkpoint(ck);
+    c.state.micro_batch_seqs = 0;
+    write_checkpoint(ck, c);
+    const Result more = run_cli({"run", sweep, "--point", "moe-m", "--out", copy.string(),
+                                 "--micro-batch", "9"});  // the plan's batch is 5
+    CHECK_MESSAGE(more.status == 0, more.err);
+    CHECK(record(copy, "moe-m")["status"] == "complete");
+  }
   // The whole sweep is refused as well, and before the dense point (first, untrained) trains.
   const Result sweep_other = run_cli({"run", sweep, "--out", out.string(), "--micro-batch", "3"});
   CHECK(sweep_other.status == 2);
