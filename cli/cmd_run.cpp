@@ -214,6 +214,12 @@ int run(const RunFlags& f) {
   // plans, the source's size, every point's record and checkpoint (all but the source's
   // fingerprints, compared when a point resumes).
   backend::require_device(opt.device);
+  // Refused here, before a point's folder is made (the cpu engine said so only when built).
+  if (opt.shard_optimizer && opt.device != "cuda")
+    throw InputError(fmt::format(
+        "--shard-optimizer splits the AdamW state over data-parallel GPUs; it needs --device "
+        "cuda with --nproc N (or WORLD_SIZE), not --device {}",
+        opt.device));
   // A build with the backend on a machine without the device: refused here, before a point's
   // plan line is printed and its folder made (make_engine said so only inside the first point).
   if (backend::visible_devices(opt.device) == 0)

@@ -1646,6 +1646,8 @@ TEST_CASE("moeplan run --nproc 2 --shard-optimizer (emulated): the same training
     CHECK_MESSAGE(r.err.find("--shard-optimizer splits the AdamW state over data-parallel") !=
                       std::string::npos,
                   r.err);
+    // On the cpu it is refused before anything is made (it left an empty point folder).
+    if (std::string(device) == "cpu") CHECK_FALSE(fs::exists(dir / "no"));
   }
   CHECK_FALSE(fs::exists(dir / "no" / "dense" / "record.json"));
 }
