@@ -4,9 +4,11 @@
 #include <optional>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "command.hpp"
 #include "moeplan/accounting/error.hpp"
+#include "moeplan/accounting/units.hpp"
 #include "moeplan/audit/audit_tables.hpp"
 #include "moeplan/audit/io.hpp"
 #include "moeplan/audit/quantity.hpp"
@@ -28,7 +30,35 @@ struct AuditFlags {
                                    // (each given --equal may hold a comma-separated list)
   std::string baseline;            // ... measured against this row ("table:3" or a row label)
   bool strict_reuse = false;
+  std::vector<std::string> where;  // Q=V or Q=LO:HI: the claim keeps only rows that match
+  std::vector<std::string> rows;   // table, table:3 or table:2-5: the claim covers only these
 };
+
+// "--where compute=2.86e21" or "--where ra_pct=5:25": a spec's `where`, from the command line.
+audit::WhereClause parse_where_flag(const std::string& text) {
+  const size_t eq = text.find('=');
+  const auto meaning =
+      eq == std::string::npos ? std::nullopt : audit::column_meaning(text.substr(0, eq));
+  if (!meaning)
+    throw InputError(fmt::format(
+        "--where '{}' is not QUANTITY=VALUE or QUANTITY=LOW:HIGH with a quantity moeplan knows "
+        "(e.g. --where compute=2.86e21 or --where ra_pct=5:25)",
+        text));
+  const std::string value = text.substr(eq + 1);
+  audit::WhereClause w{meaning->quantity, {}, {}, {}};
+  const std::string what = fmt::format("--where {}", text);
+  if (const size_t colon = value.find(':'); colon != std::string::npos) {
+    w.lower = meaning->scale * parse_quantity(value.substr(0, colon), what);
+    w.upper = meaning->scale * parse_quantity(value.substr(colon + 1), what);
+    if (*w.lower > *w.upper)
+      throw InputError(fmt::format("--where '{}': the low bound is above the high one; write "
+                                   "LOW:HIGH",
+                                   text));
+  } else {
+    w.equals = meaning->scale * parse_quantity(value, what);
+  }
+  return w;
+}
 
 // The command line's claim (--equal, --baseline, --strict-reuse) over every row of every table:
 // the common question "do these rows really share N and C?" without writing a spec.
@@ -66,11 +96,24 @@ audit::ClaimSpec command_line_claim(const AuditFlags& f) {
     names += fmt::format("{}{}", names.empty() ? "" : ", ", item);
   }
   c.strict_reuse = f.strict_reuse;
+  std::string filters;
+  for (const std::string& given : f.rows)
+    for (size_t start = 0;;) {
+      const size_t comma = given.find(',', start);
+      c.rows.push_back(parse_row_selector(given.substr(start, comma - start), "--rows"));
+      if (comma == std::string::npos) break;
+      start = comma + 1;
+    }
+  if (!f.rows.empty()) filters += fmt::format(" of {}", fmt::join(f.rows, ","));
+  for (const std::string& w : f.where) {
+    c.where.push_back(parse_where_flag(w));
+    filters += fmt::format(" where {}", w);
+  }
   if (!f.baseline.empty()) c.baseline = parse_baseline(f.baseline, "--baseline");
   if (c.strict_reuse && !c.baseline)
     throw InputError("--strict-reuse needs --baseline ROW (the dense run whose D̂ every row uses)");
   c.name =
-      fmt::format("every row {}{}{}", names.empty() ? "" : "equal in " + names,
+      fmt::format("every row{} {}{}{}", filters, names.empty() ? "" : "equal in " + names,
                   c.strict_reuse ? (names.empty() ? "" : ", ") + std::string("strict reuse") : "",
                   c.baseline ? fmt::format(" (baseline {})", f.baseline) : "");
   return c;
@@ -84,14 +127,15 @@ int run_audit(const AuditFlags& f) {
       f.tolerance.empty() ? std::nullopt
                           : std::optional(parse_tolerance(f.tolerance, "--tolerance"));
   AuditReport report;
-  const bool cli_claim = !f.equal.empty() || !f.baseline.empty() || f.strict_reuse;
+  const bool cli_claim = !f.equal.empty() || !f.baseline.empty() || f.strict_reuse ||
+                         !f.where.empty() || !f.rows.empty();
   if (!f.runs_dir.empty()) {
     if (!f.claims.empty() || !f.spec.empty())
       throw InputError("give either a runs folder or --claims/--spec, not both");
     if (cli_claim)
       throw InputError(
-          "--equal, --baseline and --strict-reuse go with --claims tables; a runs folder is "
-          "audited for equal N, C and D̂ against its dense baseline already");
+          "--equal, --baseline, --strict-reuse, --where and --rows go with --claims tables; a runs "
+          "folder is audited for equal N, C and D̂ against its dense baseline already");
     RunsAuditOptions opt;
     // Given, it is every tolerance of the audit: the manifest's n_tolerance and
     // compute_tolerance (which --plan brings in otherwise) do not quietly replace it.
@@ -124,12 +168,33 @@ int run_audit(const AuditFlags& f) {
     const std::vector<ClaimTable> tables = load_claim_tables(files, spec, spec_dir);
     if (cli_claim) {
       if (f.equal.empty() && !f.strict_reuse)
-        throw InputError(
-            "--baseline needs a claim to measure against it: --equal N,C (or "
-            "--strict-reuse)");
+        throw InputError(fmt::format(
+            "{} needs a claim: --equal N,C (or --strict-reuse)",
+            !f.baseline.empty() ? "--baseline" : !f.where.empty() ? "--where" : "--rows"));
       spec.claims.push_back(command_line_claim(f));
     }
     report = audit_tables(tables, spec);
+    // Equal N and C without D̂ is two of the three resources: the verdict says which it tested,
+    // and this says what it did not, and whether the tables could tell.
+    if (cli_claim && !f.strict_reuse) {
+      const ClaimSpec& c = spec.claims.back();
+      if (std::find(c.equal.begin(), c.equal.end(), "tokens_unique") == c.equal.end()) {
+        const bool readable = std::any_of(tables.begin(), tables.end(), [](const ClaimTable& t) {
+          return t.has_column("tokens_unique") || t.has_column("epochs");
+        });
+        report.findings.push_back(
+            {Severity::info, "", 0, "tokens_unique", {}, {}, {}, 0,
+             fmt::format("claim '{}' does not test equal unique data D̂, the third equal "
+                         "resource: {}",
+                         c.name,
+                         readable ? "add --strict-reuse (every row's D̂ the baseline's) or --equal "
+                                    "D_hat to test it"
+                                  : "no table prints D̂ (a D_hat column, or Epoch beside D), so "
+                                    "these tables cannot show it; a spec's [tables.NAME.shared] "
+                                    "can state a value the paper gives in its text")});
+        report.sort_findings();
+      }
+    }
   }
   const std::string text = render(report, format);
   if (f.out.empty()) {
@@ -173,6 +238,12 @@ const bool registered = register_command(
                       "The row --equal is measured against: a row label or table:row");
        app.add_flag("--strict-reuse", f->strict_reuse,
                     "Claim: every row's unique data D̂ is the baseline's (data reuse)");
+       app.add_option("--where", f->where,
+                      "Claim over the rows whose quantity matches: Q=VALUE (within tolerance) "
+                      "or Q=LOW:HIGH (repeatable), e.g. compute=2.86e21");
+       app.add_option("--rows", f->rows,
+                      "Claim over these rows only: TABLE, TABLE:ROW or TABLE:FIRST-LAST, "
+                      "comma-separated (the table name is its file name without .csv)");
        app.footer(
            "Exit status: 0 every claim holds, 1 a claim fails, 2 unusable input.\n"
            "Examples: moeplan audit --spec examples/audit-paper/claims.toml\n"

@@ -156,6 +156,40 @@ TEST_CASE("a claim from the command line: --equal, --baseline by row label, --st
   const Result both = run(fixture("runs_ok") + " --equal N");
   CHECK(both.status == 2);
   CHECK(both.err.find("go with --claims tables") != std::string::npos);
+  // Without D̂ claimed, the report says the third resource went untested (and why: this table
+  // prints no D_hat or Epoch).
+  CHECK(r.out.find("does not test equal unique data D̂, the third equal resource: no table "
+                   "prints D̂") != std::string::npos);
+}
+
+TEST_CASE("a command-line claim over some rows: --where QUANTITY=VALUE|LOW:HIGH, --rows") {
+  // labelled_claim.csv: C 1.2e20 (rows 1, 2) and 1.14e20 (row 3). Where C = 1.2e20, against
+  // dense-1b: N +0.50 % (row 2) holds at 1 %; row 3 (N -2 %, C -5 %) is left out.
+  const std::string table = " --claims " + fixture("labelled_claim.csv");
+  const Result w = run(table + " --equal N,C --baseline dense-1b --where C=1.2e20");
+  CHECK_MESSAGE(w.status == 0, (w.out + w.err));
+  CHECK(w.out.find("HOLDS  every row where C=1.2e20 equal in N, C (baseline dense-1b)") !=
+        std::string::npos);
+  CHECK(w.out.find("where compute = 1.2e20 left out 1: labelled_claim:3") != std::string::npos);
+  // A range: N_a from 1.5e8 to 1e9 keeps rows 1 and 2.
+  const Result range = run(table + " --equal N --baseline dense-1b --where Na=1.5e8:1e9");
+  CHECK_MESSAGE(range.status == 0, (range.out + range.err));
+  // --rows: rows 1-2 hold, all three do not.
+  CHECK(run(table + " --equal N,C --baseline dense-1b --rows labelled_claim:1-2").status == 0);
+  const Result all = run(table + " --equal N,C --baseline dense-1b --rows labelled_claim");
+  CHECK(all.status == 1);
+  CHECK(all.out.find("FAILS  every row of labelled_claim equal in N, C") != std::string::npos);
+  for (const auto& [args, needle] : std::vector<std::pair<std::string, std::string>>{
+           {" --equal N --where foo=1", "--where 'foo=1' is not QUANTITY=VALUE"},
+           {" --equal N --where C", "--where 'C' is not QUANTITY=VALUE"},
+           {" --equal N --where C=2:1", "--where 'C=2:1': the low bound is above the high one"},
+           {" --where C=1.2e20", "--where needs a claim: --equal N,C"},
+           {" --equal N --rows nosuch:1", "nosuch"}}) {
+    const Result e = run(table + args);
+    CHECK_MESSAGE(e.status == 2, args);
+    CHECK_MESSAGE(lines(e.err) == 1, e.err);
+    CHECK_MESSAGE(e.err.find(needle) != std::string::npos, e.err);
+  }
 }
 
 TEST_CASE(
