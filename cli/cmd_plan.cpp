@@ -135,6 +135,18 @@ int run(const PlanCmdFlags& f, const CLI::App& app) {
       context += "budget of this point set by --tokens / --tokens-unique (not equal-resource)\n";
     }
   }
+  // D̂ asked for beyond what the point consumes is capped to it (one epoch): said, as grid says it.
+  const std::string& unique_flag = !f.tokens_unique.empty() ? f.tokens_unique : f.plan.unique_tokens;
+  if (!unique_flag.empty() && plan.budget.reuse == Reuse::strict &&
+      plan.budget.tokens_unique == plan.budget.tokens_consumed &&
+      parse_positive(unique_flag, "--tokens-unique") > double(plan.budget.tokens_consumed)) {
+    const std::string note = fmt::format(
+        "unique tokens {} are more than this point consumes ({} tokens): D̂ is capped to them "
+        "(one epoch, no repetition)",
+        unique_flag, human(double(plan.budget.tokens_consumed)));
+    plan.note += (plan.note.empty() ? "" : "; ") + note;
+    context += note + "\n";
+  }
   if (f.format == "json") {
     fmt::print("{}\n", plan_breakdown_json(plan).dump(2));
   } else {

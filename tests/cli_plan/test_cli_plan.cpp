@@ -303,6 +303,16 @@ TEST_CASE("plan: the dense baseline's note is printed; a refused --tokens budget
   CHECK(r.status == 0);
   CHECK(r.out.find("dense: --unique-tokens 1e+11 is more than the dense baseline consumes") !=
         std::string::npos);
+  // The point's own budget: 1e6 tokens consumed cannot hold 2e6 unique ones; capped, and said
+  // (it was replaced in silence), in the table's notes and the JSON's note.
+  r = run_moeplan("plan --N 3e5 --ra 0.2 --tokens 1e6 --tokens-unique 2e6");
+  CHECK(r.status == 0);
+  CHECK_MESSAGE(r.out.find("unique tokens 2e6 are more than this point consumes (1M tokens): D̂ "
+                           "is capped to them") != std::string::npos,
+                r.out);
+  r = run_moeplan("plan --N 3e5 --ra 0.2 --tokens 1e6 --tokens-unique 2e6 --format json");
+  CHECK(nlohmann::json::parse(r.out).at("note").get<std::string>().find("capped") !=
+        std::string::npos);
   r = run_moeplan("plan --arch " + std::string(MOEPLAN_SOURCE_DIR) +
                   "/examples/arch-2b-moe.toml --tokens 100");
   CHECK(r.status == 2);
