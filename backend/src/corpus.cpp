@@ -257,9 +257,12 @@ void check_builtin_fits(int64_t train_tokens, int64_t validation_tokens) {
   if (host > 0 && need > 0.5 * double(host))
     throw InputError(fmt::format(
         "source builtin: {} training + {} validation tokens are generated in memory ({} at 3 "
-        "bytes a token, this machine has {}); the built-in corpus is for small sweeps: set "
-        "[train] source = \"shards:GLOB\" (llm.c token shards, memory-mapped)",
-        train_tokens, validation_tokens, bytes_text(need), bytes_text(double(host))));
+        "bytes a token, this machine has {}); {}",
+        train_tokens, validation_tokens, bytes_text(need), bytes_text(double(host)),
+        validation_tokens > train_tokens
+            ? "the held-out set is most of it: lower [train] eval_tokens"
+            : "the built-in corpus is for small sweeps: set [train] source = \"shards:GLOB\" "
+              "(llm.c token shards, memory-mapped)"));
 }
 
 std::string source_from(const std::string& spec, const fs::path& base) {

@@ -629,8 +629,19 @@ TEST_CASE("a 5e22-FLOP point is not refused for its ledger; the built-in source 
     CHECK_MESSAGE(r.err.find("source builtin: ") != std::string::npos, r.err);
     CHECK_MESSAGE(r.err.find(" validation tokens are generated in memory (") != std::string::npos,
                   r.err);
+    CHECK_MESSAGE(r.err.find("set [train] source = \"shards:GLOB\"") != std::string::npos, r.err);
     CHECK_FALSE(fs::exists(dir / "runs"));
   }
+  // A vast held-out set on a small point: the remedy is a smaller eval_tokens, not shards.
+  const std::string small = (dir / "small.toml").string();
+  REQUIRE(run_cli({"grid", "--N", "3e5", "--ra", "0.3", "--dense-tokens", "20000", "--train",
+                   "eval_tokens=99999999999999", "-o", small})
+              .status == 0);
+  const Result v = run_cli({"run", small, "--estimate", "1", "--out", (dir / "runs").string()});
+  CHECK(v.status == 2);
+  CHECK_MESSAGE(v.err.find("the held-out set is most of it: lower [train] eval_tokens") !=
+                    std::string::npos,
+                v.err);
 }
 
 TEST_CASE("more than 2^31 - 1 windows of unique data is refused before anything trains") {
