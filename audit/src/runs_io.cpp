@@ -28,8 +28,13 @@ std::vector<RunRecord> load_run_records(const fs::path& runs_dir) {
     if (e.is_directory() && fs::exists(e.path() / "record.json"))
       files.push_back(e.path() / "record.json");
   if (files.empty())
-    throw InputError(fmt::format("{}: no <point>/record.json inside; run `moeplan run` first",
-                                 runs_dir.string()));
+    throw InputError(
+        fs::exists(runs_dir / "record.json", ec)
+            ? fmt::format("{}: one point's folder, not a runs folder; give the folder that holds "
+                          "it, '{}'",
+                          runs_dir.string(), runs_dir.parent_path().string())
+            : fmt::format("{}: no <point>/record.json inside; run `moeplan run` first",
+                          runs_dir.string()));
   std::sort(files.begin(), files.end());
   std::vector<RunRecord> out;
   std::vector<std::string> dense;

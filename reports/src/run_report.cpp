@@ -667,7 +667,12 @@ std::vector<json> load_run_records(const fs::path& dir) {
     }
   }
   if (out.empty())
-    throw InputError(fmt::format("no runs/<point>/record.json under '{}'", dir.string()));
+    throw InputError(fmt::format(
+        "no runs/<point>/record.json under '{}'{}", dir.string(),
+        fs::exists(dir / "record.json", ec)
+            ? fmt::format(" (it is one point's folder; give the runs folder that holds it, '{}')",
+                          dir.parent_path().string())
+            : ""));
   // One sweep, one dense baseline: with two, which one every "vs dense" figure used followed
   // the directory's listing order.
   std::vector<std::string> dense_ids;

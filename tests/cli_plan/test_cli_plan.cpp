@@ -507,6 +507,13 @@ TEST_CASE("report: one folder named twice is not two replicates; a file is not a
                   r.err);
     CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
   }
+  // One point's folder instead of the runs folder: both commands say which folder to give.
+  for (const char* cmd : {"report", "audit"}) {
+    const Result r = run_moeplan(std::string(cmd) + " '" + runs + "/moe-ra0.200'");
+    CHECK(r.status == 2);
+    CHECK_MESSAGE(r.err.find("one point's folder") != std::string::npos, cmd, ": ", r.err);
+    CHECK_MESSAGE(r.err.find("'" + runs + "'") != std::string::npos, cmd, ": ", r.err);
+  }
   // A record `moeplan audit` refuses (no plan.arch, which the table does not show) is refused
   // here too: the two read the same records.
   const fs::path copy = scratch() / "runs_no_arch";
