@@ -718,15 +718,26 @@ std::string render_run_report(const std::vector<json>& records, const std::strin
     if (is_dense(r) && is_complete(r)) dense = &r;
   TextTable t;
   const std::string paper = common_label(records, paper_label);
-  const std::vector<std::string> kHeaders = headers(paper);
+  std::vector<std::string> kHeaders = headers(paper);
+  std::vector<std::vector<std::string>> rows;
+  for (const json& r : records) rows.push_back(row_of(r, dense));
+  // The per-part columns are the built-in corpus's (facts, arith): a text or shard source has
+  // no parts, and two columns of "-" would read as missing results.
+  const bool parts = std::any_of(records.begin(), records.end(), [](const json& r) {
+    const json d = r.value("data", json::object());
+    return d.is_object() && d.contains("parts") && d["parts"].is_array() && !d["parts"].empty();
+  });
+  if (!parts)
+    for (const char* drop : {"facts BPC", "arith BPC"}) {
+      const auto at = std::find(kHeaders.begin(), kHeaders.end(), drop);
+      const auto i = at - kHeaders.begin();
+      kHeaders.erase(at);
+      for (auto& row : rows) row.erase(row.begin() + i);
+    }
   for (const auto& h : kHeaders)
     t.add_column(h,
                  h == "point" || h == "status" ? TextTable::Align::left : TextTable::Align::right);
-  std::vector<std::vector<std::string>> rows;
-  for (const json& r : records) {
-    rows.push_back(row_of(r, dense));
-    t.add_row(rows.back());
-  }
+  for (const auto& row : rows) t.add_row(row);
   TextTable tt;
   for (const auto& h : kTimeHeaders)
     tt.add_column(h,

@@ -507,6 +507,25 @@ TEST_CASE("report: one folder named twice is not two replicates; a file is not a
                   r.err);
     CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
   }
+  // The built-in corpus's per-part columns are shown for it, and left out for a source without
+  // parts (a text file's: two columns of "-" read as missing results).
+  CHECK(once.out.find("facts BPC") != std::string::npos);
+  {
+    const fs::path text = scratch() / "runs_text";
+    for (const char* point : {"moe-ra0.200"}) {  // the fixture's one point
+      fs::create_directories(text / point);
+      nlohmann::json rec =
+          nlohmann::json::parse(slurp(runs + "/" + point + "/record.json"));
+      rec["data"]["parts"] = nlohmann::json::array();
+      for (auto& e : rec["val_curve"]) e.erase("parts");
+      std::ofstream(text / point / "record.json") << rec.dump(1);
+    }
+    const Result r = run_moeplan("report '" + text.string() + "'");
+    CHECK_MESSAGE(r.status == 0, r.err);
+    CHECK(r.out.find("val BPC") != std::string::npos);
+    CHECK(r.out.find("facts BPC") == std::string::npos);
+    CHECK(r.out.find("arith BPC") == std::string::npos);
+  }
   // One point's folder instead of the runs folder: both commands say which folder to give.
   for (const char* cmd : {"report", "audit"}) {
     const Result r = run_moeplan(std::string(cmd) + " '" + runs + "/moe-ra0.200'");
