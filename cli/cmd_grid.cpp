@@ -1,11 +1,15 @@
 // `moeplan grid`: an equal-resource sweep over the activation rate, as a table or a manifest.
 #include <filesystem>
 #include <memory>
+#include <cstdio>
 #include <string>
+#include <vector>
 
 #include <fmt/format.h>
 
 #include "command.hpp"
+#include "moeplan/accounting/error.hpp"
+#include "moeplan/backend/run.hpp"
 #include "moeplan/reports/sweep_report.hpp"
 #include "moeplan/sweeps/atomic_file.hpp"
 #include "moeplan/sweeps/grid.hpp"
@@ -82,6 +86,25 @@ const bool registered = register_command(
            if (format != Format::table) fmt::print("{}", render_manifest(m, Format::table));
            fmt::print("wrote {} ({}: dense baseline + {} point{})\n", f->output, name(format),
                       m.points.size(), m.points.size() == 1 ? "" : "s");
+         }
+         // A file source that cannot feed the sweep is said now, not when `run` refuses it: a
+         // warning, since the data may be made after the plan (the built-in corpus is generated
+         // to size, and checked by run against this machine's memory).
+         if (m.train.source != "builtin") {
+           const std::filesystem::path base =
+               f->output.empty() ? std::filesystem::path()
+                                 : std::filesystem::path(f->output).parent_path();
+           std::vector<const Plan*> plans{&m.dense};
+           for (const Plan& p : m.points) plans.push_back(&p);
+           for (const Plan* p : plans) {
+             try {
+               backend::check_source_fits(*p, m.train, base);
+             } catch (const InputError& e) {
+               std::fprintf(stderr, "moeplan: warning: %s; `moeplan run` refuses it until it can\n",
+                            e.what());
+               break;
+             }
+           }
          }
          return kExitOk;
        };

@@ -189,6 +189,17 @@ TEST_CASE("-o sweep.toml writes a manifest that reads back; formats by extension
   CHECK(r.status == 0);
   CHECK(moeplan::read_manifest(scratch() / "sub" / "rel.toml").train.source ==
         "text:" + (fs::current_path() / "book.txt").lexically_relative(scratch() / "sub").string());
+  // A source that cannot feed the sweep is warned of (it may be made later): the file is written.
+  CHECK(r.err.find("moeplan: warning: source 'text:") != std::string::npos);
+  CHECK(r.err.find("cannot read") != std::string::npos);
+  std::ofstream(scratch() / "short.txt") << "far too short for a 2e6-parameter sweep";
+  r = run_moeplan("grid --N 2e6 --ra 0.2 --train 'source=text:" + (scratch() / "short.txt").string() +
+                  "' -o '" +
+                  (scratch() / "short.toml").string() + "'");
+  CHECK(r.status == 0);
+  CHECK_MESSAGE(r.err.find("moeplan: warning: point 'dense': source 'text:") != std::string::npos,
+                r.err);
+  CHECK_MESSAGE(r.err.find("has 39 tokens; the plan needs") != std::string::npos, r.err);
   r = run_moeplan("grid --N 2e6 --ra 0.2 --train source=text:/data/book.txt -o '" +
                   (scratch() / "sub" / "abs.toml").string() + "'");
   CHECK(moeplan::read_manifest(scratch() / "sub" / "abs.toml").train.source ==
