@@ -179,9 +179,14 @@ int run_audit(const AuditFlags& f) {
     if (cli_claim && !f.strict_reuse) {
       const ClaimSpec& c = spec.claims.back();
       if (std::find(c.equal.begin(), c.equal.end(), "tokens_unique") == c.equal.end()) {
-        const bool readable = std::any_of(tables.begin(), tables.end(), [](const ClaimTable& t) {
-          return t.has_column("tokens_unique") || t.has_column("epochs");
-        });
+        const bool readable =
+            std::any_of(tables.begin(), tables.end(),
+                        [](const ClaimTable& t) {
+                          return t.has_column("tokens_unique") || t.has_column("epochs");
+                        }) ||
+            std::any_of(spec.tables.begin(), spec.tables.end(), [](const TableSpec& t) {
+              return t.shared.count("tokens_unique") > 0 || t.shared.count("epochs") > 0;
+            });
         report.findings.push_back(
             {Severity::info, "", 0, "tokens_unique", {}, {}, {}, 0,
              fmt::format("claim '{}' does not test equal unique data D̂, the third equal "
@@ -189,9 +194,10 @@ int run_audit(const AuditFlags& f) {
                          c.name,
                          readable ? "add --strict-reuse (every row's D̂ the baseline's) or --equal "
                                     "D_hat to test it"
-                                  : "no table prints D̂ (a D_hat column, or Epoch beside D), so "
-                                    "these tables cannot show it; a spec's [tables.NAME.shared] "
-                                    "can state a value the paper gives in its text")});
+                                  : "no table prints D̂ (a D_hat column, or Epoch beside D) and "
+                                    "no spec states it, so these tables cannot show it; a spec's "
+                                    "[tables.NAME.shared] can state a value the paper gives in "
+                                    "its text")});
         report.sort_findings();
       }
     }

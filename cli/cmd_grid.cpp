@@ -28,8 +28,10 @@ struct GridFlags {
   std::vector<std::string> train;
 };
 
-// `moeplan run` reads a relative source path from the manifest's folder; as typed here it is
-// relative to the folder grid runs in. Written relative to -o's folder, it names the same file.
+// `moeplan run` reads a relative source path from the manifest's folder (symlinks resolved); as
+// typed here it is relative to the folder grid runs in. Written relative to -o's folder, it names
+// the same file from there. Where that folder is unknown (no -o, or -o /dev/stdout and the like:
+// the shell puts the manifest somewhere), the path is written absolute.
 std::string source_for_manifest(const std::string& spec, const std::filesystem::path& output) {
   namespace fs = std::filesystem;
   const auto colon = spec.find(':');
@@ -38,8 +40,13 @@ std::string source_for_manifest(const std::string& spec, const std::filesystem::
   const fs::path arg = spec.substr(colon + 1);
   if ((kind != "text" && kind != "bytes" && kind != "shards") || arg.empty() || arg.is_absolute())
     return spec;
-  const fs::path file = fs::absolute(arg).lexically_normal();
-  const fs::path rel = file.lexically_relative(fs::absolute(output).parent_path().lexically_normal());
+  std::error_code ec;
+  // A glob's folder is resolved; its file-name pattern is kept as written.
+  const fs::path file = fs::weakly_canonical(fs::absolute(arg).parent_path(), ec) / arg.filename();
+  const bool stream = output.empty() || (fs::exists(output, ec) && !fs::is_regular_file(output, ec));
+  if (stream) return kind + ":" + file.string();
+  const fs::path dir = fs::weakly_canonical(fs::absolute(output), ec).parent_path();
+  const fs::path rel = file.lexically_relative(dir);
   return kind + ":" + (rel.empty() ? file : rel).string();
 }
 
@@ -75,8 +82,7 @@ const bool registered = register_command(
              f->ra, points_flag->count() > 0 ? std::optional<int>(f->points) : std::nullopt);
          req.created_by = command_line_for_record("moeplan grid");
          apply_train_settings(req.train, f->train);
-         if (!f->output.empty())
-           req.train.source = source_for_manifest(req.train.source, f->output);
+         req.train.source = source_for_manifest(req.train.source, f->output);
          const Manifest m = plan_sweep(req);
          const std::string text = render_manifest(m, format);
          if (f->output.empty()) {
@@ -91,16 +97,19 @@ const bool registered = register_command(
          // warning, since the data may be made after the plan (the built-in corpus is generated
          // to size, and checked by run against this machine's memory).
          if (m.train.source != "builtin") {
+           std::error_code ec;
            const std::filesystem::path base =
-               f->output.empty() ? std::filesystem::path()
-                                 : std::filesystem::path(f->output).parent_path();
+               f->output.empty()
+                   ? std::filesystem::path()
+                   : std::filesystem::weakly_canonical(std::filesystem::absolute(f->output), ec)
+                         .parent_path();
            std::vector<const Plan*> plans{&m.dense};
            for (const Plan& p : m.points) plans.push_back(&p);
            for (const Plan* p : plans) {
              try {
                backend::check_source_fits(*p, m.train, base);
              } catch (const InputError& e) {
-               std::fprintf(stderr, "moeplan: warning: %s; `moeplan run` refuses it until it can\n",
+               std::fprintf(stderr, "moeplan: warning: %s; `moeplan run` would refuse this sweep\n",
                             e.what());
                break;
              }

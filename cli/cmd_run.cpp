@@ -202,7 +202,12 @@ int run(const RunFlags& f) {
   opt.micro_batch_seqs = f.micro_batch;
   opt.shard_optimizer = f.shard_optimizer;
   // A relative text:/bytes:/shards: path is the manifest's neighbour, wherever run is started.
-  opt.source_base = std::filesystem::path(f.manifest).parent_path();
+  // Symlinks resolved: a manifest linked from elsewhere reads from the folder the file is in.
+  {
+    std::error_code ec;
+    opt.source_base =
+        std::filesystem::weakly_canonical(std::filesystem::absolute(f.manifest), ec).parent_path();
+  }
   opt.stop = &g_stop;
   // --estimate 0 must not quietly train the whole sweep: leaving the flag out trains.
   if (f.estimate && *f.estimate < 1)
@@ -231,7 +236,7 @@ int run(const RunFlags& f) {
     const nlohmann::json rec = backend::existing_record(*p, plan_to_json(*p), m.train, opt.out_dir);
     const bool complete = rec.is_object() && rec.value("status", "") == "complete";
     // A complete point reads nothing: its source may be gone (a runs folder moved elsewhere).
-    if (!complete || f.estimate) backend::check_source_fits(*p, m.train, opt.source_base);
+    if (!complete) backend::check_source_fits(*p, m.train, opt.source_base);
     if (complete)
       skip_notes[p->id] =
           check_complete_record(rec, (opt.out_dir / p->id / "record.json").string());

@@ -89,6 +89,7 @@ LaunchOutcome launch_ranks(const LaunchRequest& req) {
 
   LaunchOutcome out;
   int remaining = req.nproc, forwarded = 0, interrupted = 0;
+  bool left_to_other = false;
   bool killed_rest = false;
   Clock::time_point deadline{};
   while (remaining > 0) {
@@ -121,6 +122,12 @@ LaunchOutcome launch_ranks(const LaunchRequest& req) {
       ++interrupted;
       continue;
     }
+    // `moeplan run`'s 3: the sweep done but for points another process is training (rank 0
+    // says which). Not a failed rank.
+    if (code == 3) {
+      left_to_other = true;
+      continue;
+    }
     if (out.failed_rank < 0 && !(killed_rest && WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL)) {
       out.failed_rank = rank;
       out.status = code;
@@ -136,6 +143,7 @@ LaunchOutcome launch_ranks(const LaunchRequest& req) {
     return out;
   }
   if (interrupted > 0) out.status = 130;
+  else if (left_to_other) out.status = 3;
   return out;
 }
 

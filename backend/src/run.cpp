@@ -7,7 +7,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <numbers>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -195,7 +198,12 @@ auto with_source_from(const std::string& spec, const std::filesystem::path& base
   try {
     return read(from);
   } catch (const InputError& e) {
-    if (from == spec) throw;
+    // Only an error about finding the path says where it was looked for.
+    const std::string_view what = e.what();
+    const bool path = what.find("cannot read") != std::string_view::npos ||
+                      what.find("no shard matches") != std::string_view::npos ||
+                      what.find("is a folder") != std::string_view::npos;
+    if (from == spec || !path) throw;
     throw InputError(fmt::format("{} (a relative source path is read from the manifest's folder, "
                                  "'{}')",
                                  e.what(), base.string()));
@@ -289,9 +297,15 @@ Estimate estimate_point(Engine& engine, const Plan& plan, const DataSplit& data,
 // ends, however it ends, so a killed run leaves no stale lock.
 class PointLock {
  public:
+  // False when another process holds it. A lock file that cannot be opened (another user's) is
+  // an error, not "busy": no one may be training the point, and waiting would not change it.
   bool acquire(const fs::path& path) {
     fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    return fd_ >= 0 && ::flock(fd_, LOCK_EX | LOCK_NB) == 0;
+    if (fd_ < 0)
+      throw InputError(fmt::format("cannot open the point's lock file '{}' ({}); check its owner "
+                                   "and permissions, or choose another --out",
+                                   path.string(), std::strerror(errno)));
+    return ::flock(fd_, LOCK_EX | LOCK_NB) == 0;
   }
   ~PointLock() {
     if (fd_ >= 0) ::close(fd_);
@@ -463,6 +477,16 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
   std::error_code ec;
   const bool estimating = opt.estimate_steps > 0;
   if (!estimating) ensure_writable_dir(ckpt_dir);
+  // One trainer a point. A process of its own (not a data-parallel rank) decides before it loads
+  // data or builds a model: a point another process trains is left at once, without a second
+  // copy of its model in memory. Ranks decide together once their engine exists (below).
+  PointLock lock;
+  const char* world = std::getenv("WORLD_SIZE");
+  const bool solo = world == nullptr || *world == '\0' || std::string_view(world) == "1";
+  if (!estimating && solo && !lock.acquire(dir / ".lock")) {
+    outcome.status = PointStatus::busy;
+    return outcome;
+  }
 
   const Budget& b = plan.budget;
   const int64_t seq_len = b.seq_len, batch = b.batch_seqs, steps = b.steps;
@@ -509,10 +533,9 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
     return outcome;
   }
 
-  // One trainer a point: decided by every rank together (rank 0 holds the lock), before the
+  // Data-parallel ranks: decided by every rank together (rank 0 holds the lock), before the
   // checkpoint is read.
-  PointLock lock;
-  const bool taken = engine->writes_files() && !lock.acquire(dir / ".lock");
+  const bool taken = !solo && engine->writes_files() && !lock.acquire(dir / ".lock");
   if (engine->any_rank(taken)) {
     // Left to its trainer: the rest of the sweep goes on (two `moeplan run`s of one sweep into
     // one folder share its points out between them).

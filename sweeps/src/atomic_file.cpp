@@ -24,22 +24,29 @@ namespace {
                                std::strerror(err)));
 }
 
-// Writes `parts` to a file that is not a regular one (a terminal, a pipe), opened as it is.
-void write_stream(const std::filesystem::path& path, std::span<const std::string_view> parts) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
-  if (fd < 0) fail(path, path, "opening it", errno);
+// Writes every byte of `parts` to `fd`, retrying short and interrupted writes: false (errno
+// set) on an error.
+bool write_all(int fd, std::span<const std::string_view> parts) {
   for (const std::string_view content : parts) {
     size_t done = 0;
     while (done < content.size()) {
       const ssize_t n = ::write(fd, content.data() + done, content.size() - done);
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        const int err = errno;
-        ::close(fd);
-        fail(path, path, "write", err);
-      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return false;
       done += size_t(n);
     }
+  }
+  return true;
+}
+
+// Writes `parts` to a file that is not a regular one (a terminal, a pipe), opened as it is.
+void write_stream(const std::filesystem::path& path, std::span<const std::string_view> parts) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) fail(path, path, "opening it", errno);
+  if (!write_all(fd, parts)) {
+    const int err = errno;
+    ::close(fd);
+    fail(path, path, "write", err);
   }
   if (::close(fd) != 0) fail(path, path, "close", errno);
 }
@@ -85,17 +92,7 @@ void write_file_atomic(const std::filesystem::path& link, std::span<const std::s
     fail(link, path, step, err);
   };
   if (::fchmod(fd, mode) != 0) abandon("fchmod");  // mkstemp makes 0600
-  for (const std::string_view content : parts) {
-    size_t done = 0;
-    while (done < content.size()) {
-      const ssize_t n = ::write(fd, content.data() + done, content.size() - done);
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        abandon("write");
-      }
-      done += size_t(n);
-    }
-  }
+  if (!write_all(fd, parts)) abandon("write");
   if (::fsync(fd) != 0) abandon("fsync");
   if (::close(fd) != 0) {
     const int err = errno;

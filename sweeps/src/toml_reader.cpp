@@ -1,11 +1,9 @@
 #include "toml_reader.hpp"
 
-#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <sstream>
-#include <vector>
 
 #include <fmt/format.h>
 
@@ -133,43 +131,11 @@ bool TomlTable::has(const std::string& key) const {
   return table_.as_table().count(key) > 0;
 }
 
-namespace {
-// Levenshtein distance between two short keys.
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diag = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diag = up;
-    }
-  }
-  return row[b.size()];
-}
-}  // namespace
-
 const toml::value* TomlTable::find(const std::string& key, const char* expected) {
   read_.insert(key);
   const auto& t = table_.as_table();
   const auto it = t.find(key);
-  if (it == t.end()) {
-    // A misspelled key is what a hand edit most often leaves: name it beside the missing one.
-    // The nearest unread key within two edits (another key may be as near: ra_ for n_).
-    const std::string* near = nullptr;
-    size_t best = 3;
-    for (const auto& [other, value] : t)
-      if (const size_t d = edit_distance(other, key); !read_.count(other) && d < best) {
-        best = d;
-        near = &other;
-      }
-    if (near)
-      fail(key, fmt::format("is missing (is '{}' a misspelling of it?); expected {}", *near,
-                            expected));
-    fail(key, fmt::format("is missing; expected {}", expected));
-  }
+  if (it == t.end()) fail(key, fmt::format("is missing; expected {}", expected));
   return &it->second;
 }
 

@@ -722,9 +722,11 @@ TEST_CASE("a relative source path is read from the manifest's folder; a finished
   REQUIRE_MESSAGE(r.status == 0, r.err);
   CHECK(record(dir / "runs", "dense").at("data").at("source") == "text:../t.txt");
   CHECK(record(dir / "runs", "moe").at("status") == "complete");
-  // Complete: rerun with the source gone, the point is skipped, nothing read.
+  // Complete: rerun with the source gone, the point is skipped, nothing read; an estimate too.
   fs::rename(dir / "t.txt", dir / "t.moved");
   r = run_cli({"run", sweep, "--out", runs});
+  CHECK_MESSAGE(r.status == 0, r.err);
+  r = run_cli({"run", sweep, "--out", runs, "--estimate", "1"});
   CHECK_MESSAGE(r.status == 0, r.err);
   // A point that still has to train names the folder the path was read from.
   r = run_cli({"run", sweep, "--out", (dir / "runs2").string()});
@@ -735,6 +737,39 @@ TEST_CASE("a relative source path is read from the manifest's folder; a finished
   CHECK_MESSAGE(r.err.find("(a relative source path is read from the manifest's folder, '" +
                            (dir / "sweeps").string() + "')") != std::string::npos,
                 r.err);
+}
+
+TEST_CASE("grid then run: a relative --train source names one file, whatever the folders") {
+  // The source typed relative to the folder grid runs in (this test's); the manifest written
+  // into another folder, to stdout, or read through a symlink: run finds the same file.
+  const fs::path dir = fresh_dir("grid_source");
+  std::string text;
+  for (int i = 0; i < 6000; ++i) text += fmt::format("{} plus {} is {}\n", i, i % 7, i + i % 7);
+  write_file_atomic(dir / "corpus.txt", text);
+  const std::string rel = "text:" + fs::relative(dir / "corpus.txt", fs::current_path()).string();
+  const std::vector<std::string> grid = {"grid", "--N", "3e4", "--ra", "0.5", "--dense-tpp", "2",
+                                         "--seq-len", "32", "--train", "source=" + rel};
+  auto with = [](std::vector<std::string> a, std::initializer_list<std::string> more) {
+    a.insert(a.end(), more);
+    return a;
+  };
+  fs::create_directories(dir / "sub");
+  REQUIRE(run_cli(with(grid, {"-o", (dir / "sub" / "s.toml").string()})).status == 0);
+  const Result g = run_cli(with(grid, {"--format", "toml"}));  // to stdout: an absolute path
+  REQUIRE(g.status == 0);
+  fs::create_directories(dir / "other");
+  write_file_atomic(dir / "other" / "s.toml", g.out);
+  CHECK(read_manifest(dir / "other" / "s.toml").train.source ==
+        "text:" + (dir / "corpus.txt").string());
+  // A link one folder deeper: "../corpus.txt" from the link's folder would be other/corpus.txt.
+  fs::create_directories(dir / "other" / "deep");
+  fs::create_symlink(dir / "sub" / "s.toml", dir / "other" / "deep" / "link.toml");
+  for (const fs::path& m : {dir / "sub" / "s.toml", dir / "other" / "s.toml",
+                            dir / "other" / "deep" / "link.toml"}) {
+    const Result r = run_cli({"run", m.string(), "--point", "dense", "--estimate", "1", "--out",
+                              (dir / "runs").string()});
+    CHECK_MESSAGE(r.status == 0, m.string(), ": ", r.err);
+  }
 }
 
 TEST_CASE("resume refuses a source whose tokens changed; stale temp files are cleared") {
@@ -811,6 +846,8 @@ TEST_CASE("a point another process is training is left to it; a lock its dead ow
   CHECK_MESSAGE(busy.out.find("1 point left to another moeplan process (moe-l); run the same "
                               "command again when it has finished") != std::string::npos,
                 busy.out);
+  // Left before its data is read or its model built (no engine line: no second copy in memory).
+  CHECK_MESSAGE(busy.out.find("passes of") == std::string::npos, busy.out);
   CHECK_FALSE(fs::exists(out / "moe-l" / "record.json"));
   // The whole sweep: the point held elsewhere is left to its trainer, the others train (it
   // stopped the sweep with exit 2 once, after the points before it had trained).
