@@ -51,9 +51,10 @@ audit::WhereClause parse_where_flag(const std::string& text) {
     w.lower = meaning->scale * parse_quantity(value.substr(0, colon), what);
     w.upper = meaning->scale * parse_quantity(value.substr(colon + 1), what);
     if (*w.lower > *w.upper)
-      throw InputError(fmt::format("--where '{}': the low bound is above the high one; write "
-                                   "LOW:HIGH",
-                                   text));
+      throw InputError(
+          fmt::format("--where '{}': the low bound is above the high one; write "
+                      "LOW:HIGH",
+                      text));
   } else {
     w.equals = meaning->scale * parse_quantity(value, what);
   }
@@ -168,9 +169,10 @@ int run_audit(const AuditFlags& f) {
     const std::vector<ClaimTable> tables = load_claim_tables(files, spec, spec_dir);
     if (cli_claim) {
       if (f.equal.empty() && !f.strict_reuse)
-        throw InputError(fmt::format(
-            "{} needs a claim: --equal N,C (or --strict-reuse)",
-            !f.baseline.empty() ? "--baseline" : !f.where.empty() ? "--where" : "--rows"));
+        throw InputError(fmt::format("{} needs a claim: --equal N,C (or --strict-reuse)",
+                                     !f.baseline.empty() ? "--baseline"
+                                     : !f.where.empty()  ? "--where"
+                                                         : "--rows"));
       spec.claims.push_back(command_line_claim(f));
     }
     report = audit_tables(tables, spec);
@@ -188,7 +190,14 @@ int run_audit(const AuditFlags& f) {
               return t.shared.count("tokens_unique") > 0 || t.shared.count("epochs") > 0;
             });
         report.findings.push_back(
-            {Severity::info, "", 0, "tokens_unique", {}, {}, {}, 0,
+            {Severity::info,
+             "",
+             0,
+             "tokens_unique",
+             {},
+             {},
+             {},
+             0,
              fmt::format("claim '{}' does not test equal unique data D̂, the third equal "
                          "resource: {}",
                          c.name,

@@ -1,7 +1,7 @@
 // `moeplan grid`: an equal-resource sweep over the activation rate, as a table or a manifest.
+#include <cstdio>
 #include <filesystem>
 #include <memory>
-#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -43,7 +43,8 @@ std::string source_for_manifest(const std::string& spec, const std::filesystem::
   std::error_code ec;
   // A glob's folder is resolved; its file-name pattern is kept as written.
   const fs::path file = fs::weakly_canonical(fs::absolute(arg).parent_path(), ec) / arg.filename();
-  const bool stream = output.empty() || (fs::exists(output, ec) && !fs::is_regular_file(output, ec));
+  const bool stream =
+      output.empty() || (fs::exists(output, ec) && !fs::is_regular_file(output, ec));
   if (stream) return kind + ":" + file.string();
   const fs::path dir = fs::weakly_canonical(fs::absolute(output), ec).parent_path();
   const fs::path rel = file.lexically_relative(dir);

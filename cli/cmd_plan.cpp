@@ -129,14 +129,15 @@ int run(const PlanCmdFlags& f, const CLI::App& app) {
     if (!d.note.empty()) context += fmt::format("  {}: {}\n", d.id, d.note);
     if (!f.tokens.empty() || !f.tokens_unique.empty()) {
       const PointBudget base{
-          planner.compute_target(), req.convention,    req.mask,    req.budget.reuse,
+          planner.compute_target(), req.convention,    req.mask,     req.budget.reuse,
           planner.tokens_unique(),  req.budget.epochs, req.dp_width, req.warmup_fraction};
       plan = with_flag_named(f, [&] { return rebudget(plan, f, base); });
       context += "budget of this point set by --tokens / --tokens-unique (not equal-resource)\n";
     }
   }
   // D̂ asked for beyond what the point consumes is capped to it (one epoch): said, as grid says it.
-  const std::string& unique_flag = !f.tokens_unique.empty() ? f.tokens_unique : f.plan.unique_tokens;
+  const std::string& unique_flag =
+      !f.tokens_unique.empty() ? f.tokens_unique : f.plan.unique_tokens;
   if (!unique_flag.empty() && plan.budget.reuse == Reuse::strict &&
       plan.budget.tokens_unique == plan.budget.tokens_consumed &&
       parse_positive(unique_flag, "--tokens-unique") > double(plan.budget.tokens_consumed)) {

@@ -4,8 +4,8 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <cmath>
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -282,7 +282,8 @@ int run(const RunFlags& f) {
       case backend::PointStatus::estimated: {
         const backend::Estimate& e = out.estimate;
         if (e.interrupted) {
-          if (out.wrote_files) fmt::print("\n{} estimate interrupted; nothing was written\n", label);
+          if (out.wrote_files)
+            fmt::print("\n{} estimate interrupted; nothing was written\n", label);
           return kExitInterrupted;
         }
         if (!out.wrote_files) break;  // rank 0 says it
@@ -300,9 +301,10 @@ int run(const RunFlags& f) {
       }
       case backend::PointStatus::busy:
         if (!out.wrote_files) break;  // rank 0 says it
-        fmt::print("{} is being trained by another moeplan process into '{}' (it holds {}); left "
-                   "to it\n",
-                   label, opt.out_dir.string(), (opt.out_dir / p->id / ".lock").string());
+        fmt::print(
+            "{} is being trained by another moeplan process into '{}' (it holds {}); left "
+            "to it\n",
+            label, opt.out_dir.string(), (opt.out_dir / p->id / ".lock").string());
         busy.push_back(p->id);
         break;
       case backend::PointStatus::skipped:
@@ -344,9 +346,10 @@ int run(const RunFlags& f) {
                "and start-up not included; nothing was written)\n",
                estimated, opt.device, duration(estimated_seconds));
   if (!busy.empty()) {
-    fmt::print("{} point{} left to another moeplan process ({}); run the same command again when "
-               "it has finished\n",
-               busy.size(), busy.size() == 1 ? "" : "s", fmt::join(busy, ", "));
+    fmt::print(
+        "{} point{} left to another moeplan process ({}); run the same command again when "
+        "it has finished\n",
+        busy.size(), busy.size() == 1 ? "" : "s", fmt::join(busy, ", "));
     return kExitBusy;
   }
   return kExitOk;

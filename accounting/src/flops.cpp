@@ -68,8 +68,8 @@ FlopCount attention_core_product(int64_t S, int64_t Dh, AttentionMask mask) {
 int64_t checked_product(int64_t m, int64_t n, const char* what) {
   int64_t out = 0;
   if (__builtin_mul_overflow(m, n, &out))
-    throw InputError(fmt::format("{} = {}·{} is past 2^63 tokens; a smaller batch or seq_len fits",
-                                 what, m, n));
+    throw InputError(
+        fmt::format("{} = {}·{} is past 2^63 tokens; a smaller batch or seq_len fits", what, m, n));
   return out;
 }
 
@@ -78,8 +78,8 @@ int64_t checked_product(int64_t m, int64_t n, const char* what) {
 FlopLedger exact_step_ledger(const Arch& a, int64_t batch_seqs, const ExactStepOptions& opt) {
   FlopLedger l;
   const int64_t T = checked_product(batch_seqs, a.seq_len, "tokens a step"), Dm = a.d_model;
-  const FlopCount core = FlopCount(batch_seqs) * a.heads *
-                         attention_core_product(a.seq_len, a.head_dim, opt.mask);
+  const FlopCount core =
+      FlopCount(batch_seqs) * a.heads * attention_core_product(a.seq_len, a.head_dim, opt.mask);
   if (opt.routed_per_moe_layer && int64_t(opt.routed_per_moe_layer->size()) != a.moe_layers())
     throw InputError(fmt::format("exact_step_ledger: {} routed counts given for {} MoE layers",
                                  opt.routed_per_moe_layer->size(), a.moe_layers()));
@@ -97,9 +97,9 @@ FlopLedger exact_step_ledger(const Arch& a, int64_t batch_seqs, const ExactStepO
       continue;
     }
     const int64_t moe_index = layer - a.dense_layers;
-    const int64_t routed =
-        opt.routed_per_moe_layer ? (*opt.routed_per_moe_layer)[moe_index]
-                                 : checked_product(T, a.top_k, "routed tokens a step");
+    const int64_t routed = opt.routed_per_moe_layer
+                               ? (*opt.routed_per_moe_layer)[moe_index]
+                               : checked_product(T, a.top_k, "routed tokens a step");
     add_weight_product(l, FlopCategory::router, T, a.experts, Dm);
     add_weight_product(l, FlopCategory::expert, routed, a.d_expert, Dm);
     add_weight_product(l, FlopCategory::expert, routed, a.d_expert, Dm);

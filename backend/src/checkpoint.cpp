@@ -146,8 +146,8 @@ nlohmann::json state_to_json(const RunState& s) {
           {"micro_batch_seqs", s.micro_batch_seqs},
           {"device", s.device},
           {"threads", s.threads},
-          {"kernels_requested", s.kernels_requested ? nlohmann::json(*s.kernels_requested)
-                                                    : nlohmann::json()},
+          {"kernels_requested",
+           s.kernels_requested ? nlohmann::json(*s.kernels_requested) : nlohmann::json()},
           {"kernels", s.kernels}};
 }
 

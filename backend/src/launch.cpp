@@ -143,7 +143,8 @@ LaunchOutcome launch_ranks(const LaunchRequest& req) {
     return out;
   }
   if (interrupted > 0) out.status = 130;
-  else if (left_to_other) out.status = 3;
+  else if (left_to_other)
+    out.status = 3;
   return out;
 }
 

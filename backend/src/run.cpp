@@ -204,9 +204,10 @@ auto with_source_from(const std::string& spec, const std::filesystem::path& base
                       what.find("no shard matches") != std::string_view::npos ||
                       what.find("is a folder") != std::string_view::npos;
     if (from == spec || !path) throw;
-    throw InputError(fmt::format("{} (a relative source path is read from the manifest's folder, "
-                                 "'{}')",
-                                 e.what(), base.string()));
+    throw InputError(
+        fmt::format("{} (a relative source path is read from the manifest's folder, "
+                    "'{}')",
+                    e.what(), base.string()));
   }
 }
 }  // namespace
@@ -302,9 +303,10 @@ class PointLock {
   bool acquire(const fs::path& path) {
     fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd_ < 0)
-      throw InputError(fmt::format("cannot open the point's lock file '{}' ({}); check its owner "
-                                   "and permissions, or choose another --out",
-                                   path.string(), std::strerror(errno)));
+      throw InputError(
+          fmt::format("cannot open the point's lock file '{}' ({}); check its owner "
+                      "and permissions, or choose another --out",
+                      path.string(), std::strerror(errno)));
     return ::flock(fd_, LOCK_EX | LOCK_NB) == 0;
   }
   ~PointLock() {
@@ -528,8 +530,8 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
   if (estimating) {
     outcome.status = PointStatus::estimated;
     outcome.wrote_files = engine->writes_files();
-    outcome.estimate = estimate_point(*engine, plan, data, train, opt.estimate_steps,
-                                      outcome.record, opt.stop);
+    outcome.estimate =
+        estimate_point(*engine, plan, data, train, opt.estimate_steps, outcome.record, opt.stop);
     return outcome;
   }
 
@@ -597,8 +599,8 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
     ++st.resumes;
     outcome.resumed_from_step = st.step;
     if (writer_notice(opt, *engine))
-      opt.on_notice(fmt::format("resuming at step {} of {} from '{}'", st.step, steps,
-                                ckpt_path.string()));
+      opt.on_notice(
+          fmt::format("resuming at step {} of {} from '{}'", st.step, steps, ckpt_path.string()));
   } else {
     // An interrupted point's record without its checkpoint (removed by hand): the record cannot
     // resume, so the point trains from step 0 and the record is rewritten; say so first.

@@ -120,9 +120,9 @@ Plan EqualResourcePlanner::plan_point(double ra_target) const {
     if (!(ra_target > 0 && ra_target <= 1)) throw;  // the r_a itself, not the shape search
     rethrow_with_target(e, request_, double(dense_.counts.total_params));
   }
-  PointBudget pb{compute_,          request_.convention,    request_.mask,
-                 request_.budget.reuse, tokens_unique_,   request_.budget.epochs,
-                 request_.dp_width, request_.warmup_fraction};
+  PointBudget pb{
+      compute_,       request_.convention,    request_.mask,     request_.budget.reuse,
+      tokens_unique_, request_.budget.epochs, request_.dp_width, request_.warmup_fraction};
   Plan p = plan_for_arch(sol.arch, pb);
   p.id = fmt::format("moe-ra{:.3f}", ra_target);
   p.role = "moe";

@@ -63,7 +63,8 @@ Plan plan_for_arch(const Arch& arch, const PointBudget& pb) {
       throw InputError(fmt::format("warm-up fraction = {} is invalid; it must be in [0, 1)",
                                    pb.warmup_fraction));
     const int64_t w = std::llround(pb.warmup_fraction * double(p.budget.steps));
-    p.hyper.warmup_steps = std::min(p.budget.steps, pb.warmup_fraction > 0 ? std::max<int64_t>(1, w) : 0);
+    p.hyper.warmup_steps =
+        std::min(p.budget.steps, pb.warmup_fraction > 0 ? std::max<int64_t>(1, w) : 0);
   } else {
     p.hyper.warmup_steps = warmup_steps(p.budget.steps);
   }

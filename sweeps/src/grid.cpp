@@ -122,9 +122,7 @@ namespace {
 // The sweep then differs in schedule beside architecture; the dense baseline's note says so.
 void note_unequal_warmup(Manifest& m, double warmup_fraction) {
   if (warmup_fraction >= 0 || m.points.empty()) return;
-  auto share = [](const Plan& p) {
-    return double(p.hyper.warmup_steps) / double(p.budget.steps);
-  };
+  auto share = [](const Plan& p) { return double(p.hyper.warmup_steps) / double(p.budget.steps); };
   double lo = share(m.points.front()), hi = lo;
   for (const Plan& p : m.points) {
     lo = std::min(lo, share(p));

@@ -146,12 +146,11 @@ Plan read_plan(const toml::value& v, const std::string& origin, const std::strin
   if (p.role != "moe" && p.role != "dense") t.fail("role", "must be \"moe\" or \"dense\"");
   p.activation_rate_target = t.number("activation_rate_target");
   if (p.role == "dense" && p.activation_rate_target != 0.0)
-    t.fail("activation_rate_target",
-           fmt::format("= {} but a dense point has no r_a target: 0.0",
-                       toml_double(p.activation_rate_target)));
+    t.fail("activation_rate_target", fmt::format("= {} but a dense point has no r_a target: 0.0",
+                                                 toml_double(p.activation_rate_target)));
   if (p.role == "moe" && !(p.activation_rate_target > 0 && p.activation_rate_target <= 1))
-    t.fail("activation_rate_target",
-           fmt::format("= {} must be in (0, 1] (r_a = N_a/N)", toml_double(p.activation_rate_target)));
+    t.fail("activation_rate_target", fmt::format("= {} must be in (0, 1] (r_a = N_a/N)",
+                                                 toml_double(p.activation_rate_target)));
   p.reachable = t.boolean("reachable");
   p.note = t.string("note");
   const int64_t total = t.integer("total_params");
@@ -551,7 +550,8 @@ void check_like_dense(const Plan& p, const Plan& dense, const std::string& origi
     if (mine == theirs) return;
     throw InputError(fmt::format(
         "{}: key '{}.{}' = {} differs from the dense baseline's {}; the points of a sweep share "
-        "seq_len, vocab, tied embeddings, the counting readings, the FLOP convention and the reuse rule (re-plan "
+        "seq_len, vocab, tied embeddings, the counting readings, the FLOP convention and the reuse "
+        "rule (re-plan "
         "it with `moeplan grid`)",
         origin, where, key, mine, theirs));
   };

@@ -101,11 +101,13 @@ TEST_CASE("one step's attention core is counted past 2^63 at long contexts, not 
   a.d_ffn = 1;
   a.seq_len = 10000000;
   a.vocab = 1;
-  const FlopLedger full = exact_step_ledger(a, 1, ExactStepOptions{AttentionMask::full, false, std::nullopt});
+  const FlopLedger full =
+      exact_step_ledger(a, 1, ExactStepOptions{AttentionMask::full, false, std::nullopt});
   CHECK(to_string(full.at(FlopCategory::attention_core, Phase::forward)) == "7680000000000000000");
   CHECK(to_string(full.at(FlopCategory::attention_core, Phase::input_grad)) ==
         "15360000000000000000");
-  const FlopLedger causal = exact_step_ledger(a, 1, ExactStepOptions{AttentionMask::causal, false, std::nullopt});
+  const FlopLedger causal =
+      exact_step_ledger(a, 1, ExactStepOptions{AttentionMask::causal, false, std::nullopt});
   // 6 · 150 · 128 · 10^7 · (10^7 + 1) = 115200 · 100000010000000 = 11520001152000000000.
   CHECK(to_string(causal.category(FlopCategory::attention_core)) == "11520001152000000000");
   const FlopsPerToken f = flops_per_token(a, Convention::exact, AttentionMask::full);

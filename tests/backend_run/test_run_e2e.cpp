@@ -332,8 +332,8 @@ TEST_CASE(
   REQUIRE_MESSAGE(c_resumed.status == 0, c_resumed.err);
   CHECK(c_resumed.out.find(fmt::format("resumed at step {}", killed_step)) != std::string::npos);
   // Said before the point trains too, not only in its last line.
-  CHECK_MESSAGE(c_resumed.out.find(fmt::format("[moe-k 1/1] resuming at step {} of ", killed_step)) <
-                    c_resumed.out.find("complete"),
+  CHECK_MESSAGE(c_resumed.out.find(fmt::format("[moe-k 1/1] resuming at step {} of ",
+                                               killed_step)) < c_resumed.out.find("complete"),
                 c_resumed.out);
   // A running record without its checkpoint: said before training, then trained from step 0.
   const Result d_restarted =
@@ -639,9 +639,9 @@ TEST_CASE("a 5e22-FLOP point is not refused for its ledger; the built-in source 
               .status == 0);
   const Result v = run_cli({"run", small, "--estimate", "1", "--out", (dir / "runs").string()});
   CHECK(v.status == 2);
-  CHECK_MESSAGE(v.err.find("the held-out set is most of it: lower [train] eval_tokens") !=
-                    std::string::npos,
-                v.err);
+  CHECK_MESSAGE(
+      v.err.find("the held-out set is most of it: lower [train] eval_tokens") != std::string::npos,
+      v.err);
 }
 
 TEST_CASE("more than 2^31 - 1 windows of unique data is refused before anything trains") {
@@ -706,18 +706,20 @@ TEST_CASE("a source too short for a later point is refused before any point trai
       sh.err);
 }
 
-TEST_CASE("a relative source path is read from the manifest's folder; a finished point needs none") {
+TEST_CASE(
+    "a relative source path is read from the manifest's folder; a finished point needs none") {
   const fs::path dir = fresh_dir("relative_source");
   fs::create_directories(dir / "sweeps");
   std::string text;
   for (int i = 0; i < 400; ++i) text += fmt::format("line {} of the file beside the sweeps\n", i);
   write_file_atomic(dir / "t.txt", text);
-  Manifest m = tiny_manifest(tiny_plan("dense", true, 10, 4, 20),
-                             {tiny_plan("moe", false, 10, 4, 20)});
+  Manifest m =
+      tiny_manifest(tiny_plan("dense", true, 10, 4, 20), {tiny_plan("moe", false, 10, 4, 20)});
   m.train.source = "text:../t.txt";  // the manifest's folder's parent, not the test's folder
   write_manifest_atomic(m, dir / "sweeps" / "sweep.toml");
   REQUIRE(fs::current_path() != dir / "sweeps");
-  const std::string sweep = (dir / "sweeps" / "sweep.toml").string(), runs = (dir / "runs").string();
+  const std::string sweep = (dir / "sweeps" / "sweep.toml").string(),
+                    runs = (dir / "runs").string();
   Result r = run_cli({"run", sweep, "--out", runs});
   REQUIRE_MESSAGE(r.status == 0, r.err);
   CHECK(record(dir / "runs", "dense").at("data").at("source") == "text:../t.txt");
@@ -747,8 +749,9 @@ TEST_CASE("grid then run: a relative --train source names one file, whatever the
   for (int i = 0; i < 6000; ++i) text += fmt::format("{} plus {} is {}\n", i, i % 7, i + i % 7);
   write_file_atomic(dir / "corpus.txt", text);
   const std::string rel = "text:" + fs::relative(dir / "corpus.txt", fs::current_path()).string();
-  const std::vector<std::string> grid = {"grid", "--N", "3e4", "--ra", "0.5", "--dense-tpp", "2",
-                                         "--seq-len", "32", "--train", "source=" + rel};
+  const std::vector<std::string> grid = {"grid",         "--N", "3e4",       "--ra", "0.5",
+                                         "--dense-tpp",  "2",   "--seq-len", "32",   "--train",
+                                         "source=" + rel};
   auto with = [](std::vector<std::string> a, std::initializer_list<std::string> more) {
     a.insert(a.end(), more);
     return a;
@@ -764,8 +767,8 @@ TEST_CASE("grid then run: a relative --train source names one file, whatever the
   // A link one folder deeper: "../corpus.txt" from the link's folder would be other/corpus.txt.
   fs::create_directories(dir / "other" / "deep");
   fs::create_symlink(dir / "sub" / "s.toml", dir / "other" / "deep" / "link.toml");
-  for (const fs::path& m : {dir / "sub" / "s.toml", dir / "other" / "s.toml",
-                            dir / "other" / "deep" / "link.toml"}) {
+  for (const fs::path& m :
+       {dir / "sub" / "s.toml", dir / "other" / "s.toml", dir / "other" / "deep" / "link.toml"}) {
     const Result r = run_cli({"run", m.string(), "--point", "dense", "--estimate", "1", "--out",
                               (dir / "runs").string()});
     CHECK_MESSAGE(r.status == 0, m.string(), ": ", r.err);
@@ -1081,11 +1084,12 @@ TEST_CASE("moeplan run --micro-batch 2: the one-pass run's tokens and ledger; re
   CHECK_MESSAGE(est.out.find("estimate for 2 point(s) on cpu: ") != std::string::npos, est.out);
   CHECK_FALSE(fs::exists(dir / "e"));
   // More steps asked for than a point has: its own 20 are timed (1000 ran 1000 steps of it).
-  const Result est_more =
-      run_cli({"run", sweep, "--point", "dense", "--out", (dir / "e").string(), "--estimate", "1000"});
+  const Result est_more = run_cli(
+      {"run", sweep, "--point", "dense", "--out", (dir / "e").string(), "--estimate", "1000"});
   REQUIRE_MESSAGE(est_more.status == 0, est_more.err);
-  CHECK_MESSAGE(est_more.out.find("(median of 20, after 1 warm-up) x 20 steps") != std::string::npos,
-                est_more.out);
+  CHECK_MESSAGE(
+      est_more.out.find("(median of 20, after 1 warm-up) x 20 steps") != std::string::npos,
+      est_more.out);
   const Result est_bad = run_cli({"run", sweep, "--estimate", "-2"});
   CHECK(est_bad.status == 2);
   CHECK(one_line(est_bad.err));

@@ -193,9 +193,9 @@ TEST_CASE("-o sweep.toml writes a manifest that reads back; formats by extension
   CHECK(r.err.find("moeplan: warning: source 'text:") != std::string::npos);
   CHECK(r.err.find("cannot read") != std::string::npos);
   std::ofstream(scratch() / "short.txt") << "far too short for a 2e6-parameter sweep";
-  r = run_moeplan("grid --N 2e6 --ra 0.2 --train 'source=text:" + (scratch() / "short.txt").string() +
-                  "' -o '" +
-                  (scratch() / "short.toml").string() + "'");
+  r = run_moeplan(
+      "grid --N 2e6 --ra 0.2 --train 'source=text:" + (scratch() / "short.txt").string() +
+      "' -o '" + (scratch() / "short.toml").string() + "'");
   CHECK(r.status == 0);
   CHECK_MESSAGE(r.err.find("moeplan: warning: point 'dense': source 'text:") != std::string::npos,
                 r.err);
@@ -525,8 +525,7 @@ TEST_CASE("report: one folder named twice is not two replicates; a file is not a
     const fs::path text = scratch() / "runs_text";
     for (const char* point : {"moe-ra0.200"}) {  // the fixture's one point
       fs::create_directories(text / point);
-      nlohmann::json rec =
-          nlohmann::json::parse(slurp(runs + "/" + point + "/record.json"));
+      nlohmann::json rec = nlohmann::json::parse(slurp(runs + "/" + point + "/record.json"));
       rec["data"]["parts"] = nlohmann::json::array();
       for (auto& e : rec["val_curve"]) e.erase("parts");
       std::ofstream(text / point / "record.json") << rec.dump(1);

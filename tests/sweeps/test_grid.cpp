@@ -317,8 +317,9 @@ TEST_CASE("flags: N, family, budget and reuse choices, conventions") {
   bad([](PlanFlags& g) { g.dense_tpp = "-1"; }, "--dense-tpp = -1");
 }
 
-TEST_CASE("warm-up: the paper's 200-step floor is noted where it skews a short sweep; "
-          "--warmup-frac gives every point the same share") {
+TEST_CASE(
+    "warm-up: the paper's 200-step floor is noted where it skews a short sweep; "
+    "--warmup-frac gives every point the same share") {
   // The main job's sweep: dense 614 steps, MoE 836–1156. The paper's clip(0.01·steps, 200, 2000)
   // gives each 200 steps: 200/614 = 32.6 % of dense's, 200/1156 = 17.3 % of moe-ra0.200's.
   PlanFlags f;
@@ -332,9 +333,9 @@ TEST_CASE("warm-up: the paper's 200-step floor is noted where it skews a short s
   const Manifest paper = plan_sweep(r);
   CHECK(paper.dense.hyper.warmup_steps == 200);
   for (const Plan& p : paper.points) CHECK(p.hyper.warmup_steps == 200);
-  const std::string want = fmt::format(
-      "warm-up (clip(0.01·steps, 200, 2000)) is {:.1f}% of the dense baseline's steps",
-      100.0 * 200 / double(paper.dense.budget.steps));
+  const std::string want =
+      fmt::format("warm-up (clip(0.01·steps, 200, 2000)) is {:.1f}% of the dense baseline's steps",
+                  100.0 * 200 / double(paper.dense.budget.steps));
   CAPTURE(paper.dense.note);
   CHECK(paper.dense.note.find(want) != std::string::npos);
   CHECK(paper.dense.note.find("--warmup-frac") != std::string::npos);
@@ -379,7 +380,6 @@ TEST_CASE("a plan whose step-law η is above 1 is refused when planned, not when
     e = x.what();
   }
   CHECK_MESSAGE(e.find("the step law gives η = 2.905 at N = 100352") != std::string::npos, e);
-  CHECK_MESSAGE(e.find("above 1 (AdamW's range); plan fewer tokens per parameter") !=
-                    std::string::npos,
-                e);
+  CHECK_MESSAGE(
+      e.find("above 1 (AdamW's range); plan fewer tokens per parameter") != std::string::npos, e);
 }

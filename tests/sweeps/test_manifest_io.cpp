@@ -9,8 +9,8 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
-#include <string>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -261,10 +261,10 @@ TEST_CASE("a point must share the dense baseline's vocab, seq_len, readings and 
                  "readings, the FLOP convention and the reuse rule (re-plan it with `moeplan "
                  "grid`)");
   // Tied embeddings on one point only: the points would be two model families (it was read).
-  const std::string tied = std::string("tied_embeddings = ") +
-                           (m.dense.arch.tied_embeddings ? "true" : "false");
-  const std::string other = std::string("tied_embeddings = ") +
-                            (m.dense.arch.tied_embeddings ? "false" : "true");
+  const std::string tied =
+      std::string("tied_embeddings = ") + (m.dense.arch.tied_embeddings ? "true" : "false");
+  const std::string other =
+      std::string("tied_embeddings = ") + (m.dense.arch.tied_embeddings ? "false" : "true");
   e = error_of(edit(text, tied, other, "[points.arch]"));
   CHECK(e.find("key 'points[0].arch.tied_embeddings' = " +
                std::string(m.dense.arch.tied_embeddings ? "false" : "true") +
@@ -354,8 +354,8 @@ TEST_CASE("inf, NaN, out-of-range targets and wrapped products are refused, the 
   REQUIRE(error_of(text).empty());
   // inf passed every relative comparison with the arch (|inf - x| <= 1e-9 * inf); a run of such
   // a manifest trained and wrote a record whose plan report and audit refuse as damaged.
-  for (const char* key : {"flops_per_token = ", "activation_rate = ", "tokens_per_param = ",
-                          "effective_data = "}) {
+  for (const char* key :
+       {"flops_per_token = ", "activation_rate = ", "tokens_per_param = ", "effective_data = "}) {
     const std::string e = error_of(edit(text, key, std::string(key) + "inf #", "[[points]]"));
     CAPTURE(key);
     CHECK(e.find("points[0]." + std::string(key).substr(0, std::string(key).size() - 3) +
@@ -373,7 +373,8 @@ TEST_CASE("inf, NaN, out-of-range targets and wrapped products are refused, the 
     CHECK(e.find("points[0].activation_rate_target") != std::string::npos);
     CHECK(e.find("must be in (0, 1]") != std::string::npos);
   }
-  e = error_of(edit(text, "activation_rate_target = 0.0", "activation_rate_target = 0.3", "[dense]"));
+  e = error_of(
+      edit(text, "activation_rate_target = 0.0", "activation_rate_target = 0.3", "[dense]"));
   CHECK(e.find("'dense.activation_rate_target' = 0.3 but a dense point has no r_a target") !=
         std::string::npos);
   // steps edited up by about 2^64 tokens' worth: steps·batch_seqs·seq_len is past 2^63 and is

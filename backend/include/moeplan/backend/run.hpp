@@ -51,8 +51,8 @@ struct RunOptions {
 
 // What run_point measured for RunOptions::estimate_steps.
 struct Estimate {
-  bool interrupted = false;  // Ctrl-C before the timing ended: nothing else is set
-  int64_t steps_timed = 0;  // at most the plan's steps
+  bool interrupted = false;     // Ctrl-C before the timing ended: nothing else is set
+  int64_t steps_timed = 0;      // at most the plan's steps
   int64_t steps_remaining = 0;  // the plan's steps less those a record says are done
   int64_t evals_remaining = 0;  // evaluations those steps will run
   double step_seconds = 0;      // median of the timed steps
