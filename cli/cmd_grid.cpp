@@ -9,6 +9,7 @@
 
 #include "command.hpp"
 #include "moeplan/accounting/error.hpp"
+#include "moeplan/backend/corpus.hpp"
 #include "moeplan/backend/run.hpp"
 #include "moeplan/reports/sweep_report.hpp"
 #include "moeplan/sweeps/atomic_file.hpp"
@@ -34,21 +35,17 @@ struct GridFlags {
 // the shell puts the manifest somewhere), the path is written absolute.
 std::string source_for_manifest(const std::string& spec, const std::filesystem::path& output) {
   namespace fs = std::filesystem;
-  const auto colon = spec.find(':');
-  if (colon == std::string::npos) return spec;
-  const std::string kind = spec.substr(0, colon);
-  const fs::path arg = spec.substr(colon + 1);
-  if ((kind != "text" && kind != "bytes" && kind != "shards") || arg.empty() || arg.is_absolute())
-    return spec;
+  const auto f = backend::source_file(spec);
+  if (!f || f->path.is_absolute()) return spec;
   std::error_code ec;
   // A glob's folder is resolved; its file-name pattern is kept as written.
-  const fs::path file = fs::weakly_canonical(fs::absolute(arg).parent_path(), ec) / arg.filename();
+  const fs::path file =
+      fs::weakly_canonical(fs::absolute(f->path).parent_path(), ec) / f->path.filename();
   const bool stream =
       output.empty() || (fs::exists(output, ec) && !fs::is_regular_file(output, ec));
-  if (stream) return kind + ":" + file.string();
-  const fs::path dir = fs::weakly_canonical(fs::absolute(output), ec).parent_path();
-  const fs::path rel = file.lexically_relative(dir);
-  return kind + ":" + (rel.empty() ? file : rel).string();
+  if (stream) return f->kind + ":" + file.string();
+  const fs::path rel = file.lexically_relative(backend::source_base_of(output));
+  return f->kind + ":" + (rel.empty() ? file : rel).string();
 }
 
 const bool registered = register_command(
@@ -98,12 +95,8 @@ const bool registered = register_command(
          // warning, since the data may be made after the plan (the built-in corpus is generated
          // to size, and checked by run against this machine's memory).
          if (m.train.source != "builtin") {
-           std::error_code ec;
            const std::filesystem::path base =
-               f->output.empty()
-                   ? std::filesystem::path()
-                   : std::filesystem::weakly_canonical(std::filesystem::absolute(f->output), ec)
-                         .parent_path();
+               f->output.empty() ? std::filesystem::path() : backend::source_base_of(f->output);
            std::vector<const Plan*> plans{&m.dense};
            for (const Plan& p : m.points) plans.push_back(&p);
            for (const Plan* p : plans) {

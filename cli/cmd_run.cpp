@@ -21,6 +21,7 @@
 #include "moeplan/accounting/units.hpp"
 #include "moeplan/audit/runs.hpp"
 #include "moeplan/backend/atomic_file.hpp"
+#include "moeplan/backend/corpus.hpp"
 #include "moeplan/backend/engine.hpp"
 #include "moeplan/backend/launch.hpp"
 #include "moeplan/backend/run.hpp"
@@ -202,12 +203,7 @@ int run(const RunFlags& f) {
   opt.micro_batch_seqs = f.micro_batch;
   opt.shard_optimizer = f.shard_optimizer;
   // A relative text:/bytes:/shards: path is the manifest's neighbour, wherever run is started.
-  // Symlinks resolved: a manifest linked from elsewhere reads from the folder the file is in.
-  {
-    std::error_code ec;
-    opt.source_base =
-        std::filesystem::weakly_canonical(std::filesystem::absolute(f.manifest), ec).parent_path();
-  }
+  opt.source_base = backend::source_base_of(f.manifest);
   opt.stop = &g_stop;
   // --estimate 0 must not quietly train the whole sweep: leaving the flag out trains.
   if (f.estimate && *f.estimate < 1)

@@ -3,6 +3,10 @@
 #include <algorithm>
 #include <cmath>
 
+#include <fmt/format.h>
+
+#include "moeplan/accounting/error.hpp"
+
 namespace moeplan {
 
 double step_law_lr(double N, double D) {
@@ -21,6 +25,14 @@ int64_t step_law_batch_seqs(double D, int64_t seq_len, int64_t dp_width) {
 int64_t warmup_steps(int64_t steps, int64_t floor, int64_t ceil) {
   const int64_t w = std::clamp<int64_t>(std::llround(0.01 * double(steps)), floor, ceil);
   return std::min(w, steps);
+}
+
+int64_t warmup_steps_share(int64_t steps, double fraction) {
+  if (!(fraction >= 0 && fraction < 1))
+    throw InputError(
+        fmt::format("warm-up fraction = {} is invalid; it must be in [0, 1)", fraction));
+  const int64_t w = std::llround(fraction * double(steps));
+  return std::min(steps, fraction > 0 ? std::max<int64_t>(1, w) : 0);
 }
 
 }  // namespace moeplan

@@ -265,22 +265,30 @@ void check_builtin_fits(int64_t train_tokens, int64_t validation_tokens) {
               "(llm.c token shards, memory-mapped)"));
 }
 
-std::string source_from(const std::string& spec, const fs::path& base) {
+std::optional<SourceFile> source_file(const std::string& spec) {
   const auto colon = spec.find(':');
-  if (base.empty() || colon == std::string::npos) return spec;
-  const std::string kind = spec.substr(0, colon);
-  const fs::path arg = spec.substr(colon + 1);
-  if ((kind != "text" && kind != "bytes" && kind != "shards") || arg.empty() || arg.is_absolute())
-    return spec;
-  return kind + ":" + (base / arg).lexically_normal().string();
+  if (colon == std::string::npos || colon + 1 == spec.size()) return std::nullopt;
+  SourceFile f{spec.substr(0, colon), spec.substr(colon + 1)};
+  if (f.kind != "text" && f.kind != "bytes" && f.kind != "shards") return std::nullopt;
+  return f;
+}
+
+fs::path source_base_of(const fs::path& manifest) {
+  std::error_code ec;
+  return fs::weakly_canonical(fs::absolute(manifest), ec).parent_path();
+}
+
+std::string source_from(const std::string& spec, const fs::path& base) {
+  const auto f = source_file(spec);
+  if (base.empty() || !f || f->path.is_absolute()) return spec;
+  return f->kind + ":" + (base / f->path).lexically_normal().string();
 }
 
 int64_t source_token_count(const std::string& spec) {
   if (spec == "builtin") return -1;
-  const auto colon = spec.find(':');
-  const std::string kind = colon == std::string::npos ? spec : spec.substr(0, colon);
-  const std::string arg = colon == std::string::npos ? "" : spec.substr(colon + 1);
-  if ((kind == "text" || kind == "bytes") && !arg.empty()) {
+  const auto f = source_file(spec);
+  const std::string kind = f ? f->kind : "", arg = f ? f->path.string() : "";
+  if (kind == "text" || kind == "bytes") {
     std::error_code ec;
     if (fs::is_directory(arg, ec))
       throw InputError(fmt::format("source '{}': '{}' is a folder; give a file", spec, arg));
@@ -289,7 +297,7 @@ int64_t source_token_count(const std::string& spec) {
       throw InputError(fmt::format("source '{}': cannot read '{}' ({})", spec, arg, ec.message()));
     return int64_t(bytes);
   }
-  if (kind == "shards" && !arg.empty()) {
+  if (kind == "shards") {
     const std::vector<fs::path> files = expand_glob(arg);
     if (files.empty())
       throw InputError(fmt::format("source '{}': no shard matches '{}'", spec, arg));
@@ -354,12 +362,11 @@ DataSplit load_source(const std::string& spec, int64_t train_tokens, int64_t val
           fmt::format("source builtin: byte tokens need vocab >= 256, the plan has {}", vocab));
     return split;
   }
-  const auto colon = spec.find(':');
-  const std::string kind = colon == std::string::npos ? spec : spec.substr(0, colon);
-  const std::string arg = colon == std::string::npos ? "" : spec.substr(colon + 1);
+  const auto f = source_file(spec);
+  const std::string kind = f ? f->kind : "", arg = f ? f->path.string() : "";
   std::vector<uint16_t> all;
   std::shared_ptr<const MappedShards> shards;
-  if ((kind == "text" || kind == "bytes") && !arg.empty()) {
+  if (kind == "text" || kind == "bytes") {
     std::error_code ec;
     if (fs::is_directory(arg, ec))
       throw InputError(fmt::format("source '{}': '{}' is a folder; give a file", spec, arg));
@@ -368,7 +375,7 @@ DataSplit load_source(const std::string& spec, int64_t train_tokens, int64_t val
     for (char c : bytes) all.push_back(uint16_t(static_cast<unsigned char>(c)));
     split.byte_tokens = true;
     split.description = fmt::format("{} file '{}'", kind, arg);
-  } else if (kind == "shards" && !arg.empty()) {
+  } else if (kind == "shards") {
     const std::vector<fs::path> files = expand_glob(arg);
     if (files.empty())
       throw InputError(fmt::format("source '{}': no shard matches '{}'", spec, arg));

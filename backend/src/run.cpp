@@ -189,29 +189,6 @@ int64_t eval_windows_for(const Plan& p, const TrainSettings& t) {
   return std::max<int64_t>(1, (tokens + s - 1) / s);
 }
 
-namespace {
-// `read(spec)` for the source as read from `base`; an error from a relative path says where it
-// was looked for.
-template <class Read>
-auto with_source_from(const std::string& spec, const std::filesystem::path& base, Read read) {
-  const std::string from = source_from(spec, base);
-  try {
-    return read(from);
-  } catch (const InputError& e) {
-    // Only an error about finding the path says where it was looked for.
-    const std::string_view what = e.what();
-    const bool path = what.find("cannot read") != std::string_view::npos ||
-                      what.find("no shard matches") != std::string_view::npos ||
-                      what.find("is a folder") != std::string_view::npos;
-    if (from == spec || !path) throw;
-    throw InputError(
-        fmt::format("{} (a relative source path is read from the manifest's folder, "
-                    "'{}')",
-                    e.what(), base.string()));
-  }
-}
-}  // namespace
-
 void check_source_fits(const Plan& p, const TrainSettings& t, const std::filesystem::path& base) {
   // The window order is a permutation of 32-bit window indices (checkpointed as int32).
   const int64_t windows = p.budget.tokens_unique / p.arch.seq_len;
@@ -222,8 +199,18 @@ void check_source_fits(const Plan& p, const TrainSettings& t, const std::filesys
         "a point with this many unique tokens",
         p.id, p.budget.tokens_unique, windows, p.arch.seq_len, INT32_MAX,
         int64_t(INT32_MAX) * p.arch.seq_len));
-  const int64_t have =
-      with_source_from(t.source, base, [](const std::string& s) { return source_token_count(s); });
+  // Checked for every point before any trains: an error here from a relative path says where it
+  // was read from.
+  const std::string from = source_from(t.source, base);
+  int64_t have = 0;
+  try {
+    have = source_token_count(from);
+  } catch (const InputError& e) {
+    if (from == t.source) throw;
+    throw InputError(fmt::format("{} (a relative source path is read from the manifest's folder, "
+                                 "'{}')",
+                                 e.what(), base.string()));
+  }
   const int64_t train = p.budget.tokens_unique + 1;
   const int64_t validation = eval_windows_for(p, t) * p.arch.seq_len + 1;
   if (have < 0) return check_builtin_fits(train, validation);  // generated to size, in memory
@@ -366,7 +353,8 @@ static void check_checkpoint_head(const CheckpointHead& h, const fs::path& ckpt_
   // of 16 is 0's one pass.)
   const int64_t batch = plan.budget.batch_seqs;
   const auto pass = [batch](int64_t m) { return m > 0 ? std::min(m, batch) : batch; };
-  if (pass(h.micro_batch_seqs) != pass(opt.micro_batch_seqs))
+  const int64_t pass_now = pass(opt.micro_batch_seqs);
+  if (pass(h.micro_batch_seqs) != pass_now)
     throw InputError(fmt::format(
         "checkpoint '{}' of point '{}' was trained with --micro-batch {}, this run asks for {}; "
         "resume with --micro-batch {}",
@@ -374,10 +362,7 @@ static void check_checkpoint_head(const CheckpointHead& h, const fs::path& ckpt_
   // The thread count sets how a cpu model's products sum: checked here, before any point
   // trains, by the rule the model applies (cpu_threads_for), not when this point's turn comes.
   if (h.device == "cpu" && h.threads > 0) {
-    const int64_t pass = opt.micro_batch_seqs > 0
-                             ? std::min(opt.micro_batch_seqs, plan.budget.batch_seqs)
-                             : plan.budget.batch_seqs;
-    if (const int now = cpu_threads_for(plan.arch, pass, opt.threads); now != h.threads)
+    if (const int now = cpu_threads_for(plan.arch, pass_now, opt.threads); now != h.threads)
       throw InputError(fmt::format(
           "checkpoint '{}' of point '{}' was trained with {} CPU threads, this run has {}; "
           "resume with --threads {} (the thread count sets how the products sum, so another "
@@ -501,10 +486,9 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
   const int64_t log_every = std::max<int64_t>(1, steps / 1000);
 
   // Data first: a source too small or corrupt fails before any training.
-  const DataSplit data = with_source_from(train.source, opt.source_base, [&](const std::string& s) {
-    return load_source(s, b.tokens_unique + 1, eval_windows * seq_len + 1, train.data_seed,
-                       plan.arch.vocab);
-  });
+  const DataSplit data =
+      load_source(source_from(train.source, opt.source_base), b.tokens_unique + 1,
+                  eval_windows * seq_len + 1, train.data_seed, plan.arch.vocab);
   const nlohmann::json data_json = {{"source", train.source},
                                     {"description", data.description},
                                     {"source_tokens", data.source_tokens},

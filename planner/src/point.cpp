@@ -58,16 +58,9 @@ Plan plan_for_arch(const Arch& arch, const PointBudget& pb) {
   // The cosine floor is 1e-5, or η itself where the step law gives less (a tiny budget at a large
   // N): the schedule never rises at its end, and the manifest reads back (lr_min <= lr_peak).
   p.hyper.lr_min = std::min(p.hyper.lr_min, p.hyper.lr_peak);
-  if (pb.warmup_fraction >= 0) {
-    if (!(pb.warmup_fraction < 1))
-      throw InputError(fmt::format("warm-up fraction = {} is invalid; it must be in [0, 1)",
-                                   pb.warmup_fraction));
-    const int64_t w = std::llround(pb.warmup_fraction * double(p.budget.steps));
-    p.hyper.warmup_steps =
-        std::min(p.budget.steps, pb.warmup_fraction > 0 ? std::max<int64_t>(1, w) : 0);
-  } else {
-    p.hyper.warmup_steps = warmup_steps(p.budget.steps);
-  }
+  p.hyper.warmup_steps = pb.warmup_fraction >= 0
+                             ? warmup_steps_share(p.budget.steps, pb.warmup_fraction)
+                             : warmup_steps(p.budget.steps);
   return p;
 }
 

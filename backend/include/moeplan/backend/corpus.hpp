@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -74,9 +75,21 @@ int64_t source_token_count(const std::string& spec);
 // sizes and the machine's memory, when they would take more than half of it.
 void check_builtin_fits(int64_t train_tokens, int64_t validation_tokens);
 
-// `spec` with a relative PATH (text:, bytes:, shards:) read from `base` (a manifest's folder:
-// `moeplan run` reads a sweep's source from where its sweep.toml is, not from the folder it runs
-// in). Unchanged for builtin, an absolute path, or an empty base.
+// A file source's kind ("text", "bytes" or "shards") and its PATH (or glob); nullopt for
+// builtin, or a spec of no known kind or without a path.
+struct SourceFile {
+  std::string kind;
+  std::filesystem::path path;
+};
+std::optional<SourceFile> source_file(const std::string& spec);
+
+// The folder a manifest's relative source paths are read from: its own, symlinks resolved
+// (a manifest linked from elsewhere reads beside the file it links to).
+std::filesystem::path source_base_of(const std::filesystem::path& manifest);
+
+// `spec` with a relative PATH read from `base` (source_base_of a manifest: `moeplan run` reads a
+// sweep's source from where its sweep.toml is, not from the folder it runs in). Unchanged for
+// builtin, an absolute path, or an empty base.
 std::string source_from(const std::string& spec, const std::filesystem::path& base);
 
 // `spec`: "builtin", "text:PATH", "bytes:PATH", "shards:PATH-OR-GLOB" (glob in the file name part,
