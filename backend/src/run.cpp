@@ -207,9 +207,10 @@ void check_source_fits(const Plan& p, const TrainSettings& t, const std::filesys
     have = source_token_count(from);
   } catch (const InputError& e) {
     if (from == t.source) throw;
-    throw InputError(fmt::format("{} (a relative source path is read from the manifest's folder, "
-                                 "'{}')",
-                                 e.what(), base.string()));
+    throw InputError(
+        fmt::format("{} (a relative source path is read from the manifest's folder, "
+                    "'{}')",
+                    e.what(), base.string()));
   }
   const int64_t train = p.budget.tokens_unique + 1;
   const int64_t validation = eval_windows_for(p, t) * p.arch.seq_len + 1;
