@@ -373,29 +373,67 @@ std::vector<ClaimVerdict> evaluate_claims(const std::vector<ClaimTable>& tables,
     ClaimVerdict cv;
     cv.name = c.name;
     const double tol = c.tolerance.value_or(spec.tolerance);
+    // A where on a quantity the claim tests would leave out the rows that break it (a row of
+    // 3 % more C is not kept by "where C = X", so "equal C" holds over the rest): refused.
+    for (const WhereClause& w : c.where) {
+      const std::string& q = w.quantity;
+      const bool tested = std::find(c.equal.begin(), c.equal.end(), q) != c.equal.end() ||
+                          std::any_of(c.bounds.begin(), c.bounds.end(),
+                                      [&](const BoundClaim& b) { return b.quantity == q; }) ||
+                          (c.strict_reuse && q == "tokens_unique");
+      if (tested)
+        throw InputError(fmt::format(
+            "claim '{}' selects its rows by {} ({}) and tests {} too: a row that breaks the "
+            "claim would be left out instead of failing it; name the rows instead (a spec's "
+            "rows = [\"table:2-5\"], or --rows), or leave {} out of the claim",
+            c.name, symbol(q), where_text({w}), symbol(q), symbol(q)));
+    }
     const Selection picked = select(tables, spec, c);
     std::vector<RowRef> rows = picked.kept;
     std::optional<RowRef> baseline;
     if (c.baseline) {
       RowSelector sel = *c.baseline;
-      if (!sel.label.empty()) {  // a row label: exactly one row of the loaded tables
-        std::string all;
-        int found = 0;
-        for (const ClaimTable& t : tables)
-          for (size_t i = 0; i < t.labels.size(); ++i) {
-            all += fmt::format("{}{}", all.empty() ? "" : ", ", t.labels[i]);
-            // Against the label asked for: sel is overwritten by the first match.
-            if (t.labels[i] == c.baseline->label)
-              sel = {t.name, int(i) + 1, int(i) + 1, ""}, ++found;
-          }
-        if (found != 1)
-          throw InputError(
-              fmt::format("claim '{}': baseline '{}' {}; name one row by its label or as table:row",
-                          c.name, c.baseline->label,
-                          found > 1 ? fmt::format("labels {} rows", found)
-                                    : fmt::format("is no row's label ({})",
-                                                  all.empty() ? "the tables have no label column"
-                                                              : "labels: " + all)));
+      // The rows labelled as the baseline is written; a table:row baseline may be a label too.
+      std::string all;
+      std::vector<RowSelector> labelled;
+      for (const ClaimTable& t : tables)
+        for (size_t i = 0; i < t.labels.size(); ++i) {
+          all += fmt::format("{}{}", all.empty() ? "" : ", ", t.labels[i]);
+          if (t.labels[i] == c.baseline->label)
+            labelled.push_back({t.name, int(i) + 1, int(i) + 1, ""});
+        }
+      const bool names_a_row =
+          !sel.table.empty() && std::any_of(tables.begin(), tables.end(), [&](const ClaimTable& t) {
+            return t.name == sel.table && sel.first <= int(t.rows.size());
+          });
+      if (!sel.table.empty() && !labelled.empty()) {
+        if (!names_a_row && labelled.size() == 1) {
+          sel = labelled[0];  // "moe:2" is no table:row here, but one row's label
+        } else if (names_a_row &&
+                   std::any_of(labelled.begin(), labelled.end(), [&](const RowSelector& l) {
+                     return l.table != sel.table || l.first != sel.first;
+                   })) {
+          throw InputError(fmt::format(
+              "claim '{}': baseline '{}' is row {} of table '{}' and the label of {}; rename the "
+              "label or name the baseline by the other",
+              c.name, c.baseline->label, sel.first, sel.table,
+              row_ref(labelled[0].table, labelled[0].first)));
+        }
+      }
+      if (sel.table.empty()) {  // a row label: exactly one row of the loaded tables
+        if (labelled.size() != 1) {
+          std::string which;
+          for (const RowSelector& l : labelled)
+            which += fmt::format("{}{}", which.empty() ? "" : ", ", row_ref(l.table, l.first));
+          throw InputError(fmt::format(
+              "claim '{}': baseline '{}' {}; name one row by its label or as table:row", c.name,
+              c.baseline->label,
+              !labelled.empty() ? fmt::format("labels {} rows ({})", labelled.size(), which)
+                                : fmt::format("is no row's label ({})",
+                                              all.empty() ? "the tables have no label column"
+                                                          : "labels: " + all)));
+        }
+        sel = labelled[0];
       }
       const ClaimTable& t = find_table(tables, sel.table, c.name);
       if (sel.first > int(t.rows.size()))

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -52,6 +53,24 @@ std::vector<ClaimTable> load_claim_tables(const std::vector<fs::path>& claim_fil
     tables.push_back(parse_claim_table(read_text_file(file), name, file.string(),
                                        ts ? ts->ignore : std::set<std::string>{}));
     loaded.push_back(canonical_or_self(file));
+    // A printed value wins over a shared one: where the two disagree beyond their rounding, the
+    // spec said something about the table that the table does not say, refused.
+    if (ts)
+      for (const auto& [q, shared] : ts->shared)
+        for (size_t i = 0; i < tables.back().rows.size(); ++i) {
+          const auto& row = tables.back().rows[i];
+          const auto it = row.find(q);
+          if (it == row.end()) continue;
+          const Cell& c = it->second;
+          if (std::fabs(c.value - shared.value) <=
+              c.half_width + shared.half_width + 1e-12 * std::fabs(shared.value))
+            continue;
+          throw InputError(fmt::format(
+              "{} data row {} prints {} = {}, the spec's [tables.{}.shared] says {} = {}; a "
+              "shared value is for what the table does not print: remove it, or fix the one "
+              "that is wrong",
+              file.string(), i + 1, q, c.text, name, q, shared.text));
+        }
   };
   for (const fs::path& f : claim_files) {
     const fs::path cf = canonical_or_self(f);

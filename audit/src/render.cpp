@@ -151,7 +151,7 @@ std::string render_json(const AuditReport& r) {
   for (const Finding& f : r.findings) {
     j["findings"].push_back(
         {{"severity", name(f.severity)},
-         {"table", f.table},
+         {"table", f.table.empty() ? nlohmann::json(nullptr) : nlohmann::json(f.table)},
          {"row", f.row > 0 ? nlohmann::json(f.row) : nlohmann::json(nullptr)},
          {"label", r.label(f.table, f.row).empty() ? nlohmann::json(nullptr)
                                                    : nlohmann::json(r.label(f.table, f.row))},
@@ -159,12 +159,15 @@ std::string render_json(const AuditReport& r) {
          {"expected", opt(f.expected)},
          {"found", opt(f.found)},
          {"rel_diff", opt(f.rel_diff)},
-         {"tolerance", f.tolerance},
+         // A finding of no comparison (an info line of a whole claim) has no tolerance: null,
+         // not a tolerance of 0.
+         {"tolerance", f.tolerance > 0 ? nlohmann::json(f.tolerance) : nlohmann::json(nullptr)},
          {"message", f.message}});
     if (!f.expected_exact.empty()) j["findings"].back()["expected_exact"] = f.expected_exact;
     if (!f.found_exact.empty()) j["findings"].back()["found_exact"] = f.found_exact;
   }
-  return j.dump(2) + "\n";
+  // File names are bytes, not always UTF-8 (a table's name is its file's): replaced, not fatal.
+  return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
 }
 
 std::string render_markdown(const AuditReport& r) {

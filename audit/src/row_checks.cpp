@@ -144,6 +144,19 @@ class RowChecker {
                                                    ? "printed"
                                                    : "from " + published_n->source));
     }
+    // N_a is part of N: a row of more active than total parameters (beyond both roundings) has
+    // an r_a above 1, which no claim on r_a may take as a value.
+    if (const auto na = r.value("active_params", {"activation_rate"}); na && published_n) {
+      const double band = na->rel_band + published_n->rel_band;
+      if (na->value > published_n->value * (1 + band))
+        add(Severity::error, r.row(), "active_params", published_n->value, na->value,
+            na->value / published_n->value - 1,
+            fmt::format(
+                "N_a = {} is above N = {}{}: the active parameters are part of the total "
+                "(r_a = N_a / N is at most 1)",
+                show("active_params", na->value), show("total_params", published_n->value),
+                published_n->source == "published" ? "" : " (" + published_n->source + ")"));
+    }
     const ShapeResolution& sh = r.shape();
     std::string missing;
     for (const std::string& m : sh.missing) missing += (missing.empty() ? "" : ", ") + m;

@@ -293,12 +293,21 @@ double parse_tolerance(std::string_view text, std::string_view what) {
 }
 
 RowSelector parse_baseline(std::string_view text, std::string_view where) {
-  if (text.find(':') == std::string_view::npos)
-    return RowSelector{"", 0, 0, std::string(text)};  // a row label: resolved with the tables
-  RowSelector r = parse_row_selector(text, where);
+  // A row label, resolved with the tables, unless the text reads as one table:row. A label may
+  // hold a colon ("moe:k2"); one that reads as table:row too is checked against the row it
+  // names when the tables are read (claims.cpp), so that "t:2" never picks one of two rows
+  // silently.
+  RowSelector r;
+  try {
+    r = parse_row_selector(text, where);
+  } catch (const InputError&) {
+    return RowSelector{"", 0, 0, std::string(text)};
+  }
+  if (text.find(':') == std::string_view::npos) return RowSelector{"", 0, 0, std::string(text)};
   if (r.first == 0 || r.first != r.last)
     throw InputError(
         fmt::format("{} = '{}' must name one row, e.g. \"dense:5\" or a row label", where, text));
+  r.label = std::string(text);
   return r;
 }
 

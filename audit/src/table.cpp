@@ -1,5 +1,6 @@
 #include "moeplan/audit/table.hpp"
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 
@@ -111,6 +112,44 @@ bool ClaimTable::has_column(std::string_view quantity) const {
   return false;
 }
 
+namespace {
+
+// The offset of the first byte that does not belong to a well-formed UTF-8 sequence (RFC 3629:
+// no overlong forms, no surrogates, nothing above U+10FFFF), or npos.
+size_t first_invalid_utf8(std::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const auto b = static_cast<unsigned char>(s[i]);
+    size_t n = 0;
+    unsigned lo = 0x80, hi = 0xBF;  // the allowed range of the second byte
+    if (b < 0x80) {
+      ++i;
+      continue;
+    } else if (b >= 0xC2 && b <= 0xDF) {
+      n = 1;
+    } else if (b >= 0xE0 && b <= 0xEF) {
+      n = 2;
+      if (b == 0xE0) lo = 0xA0;
+      if (b == 0xED) hi = 0x9F;
+    } else if (b >= 0xF0 && b <= 0xF4) {
+      n = 3;
+      if (b == 0xF0) lo = 0x90;
+      if (b == 0xF4) hi = 0x8F;
+    } else {
+      return i;
+    }
+    for (size_t k = 1; k <= n; ++k) {
+      if (i + k >= s.size()) return i;
+      const auto c = static_cast<unsigned char>(s[i + k]);
+      if (c < (k == 1 ? lo : 0x80) || c > (k == 1 ? hi : 0xBF)) return i;
+    }
+    i += n + 1;
+  }
+  return std::string_view::npos;
+}
+
+}  // namespace
+
 ClaimTable parse_claim_table(std::string_view text, std::string name, std::string source,
                              const std::set<std::string>& ignore) {
   ClaimTable t;
@@ -119,14 +158,30 @@ ClaimTable parse_claim_table(std::string_view text, std::string name, std::strin
   // Excel's "CSV UTF-8" starts with a byte-order mark: invisible, it would glue onto the first
   // header.
   if (text.substr(0, 3) == "\xEF\xBB\xBF") text.remove_prefix(3);
+  // Labels reach the JSON report, which holds UTF-8 only: a spreadsheet's Latin-1 export is
+  // refused here, naming the line, rather than failing when the report is written.
+  if (const size_t bad = first_invalid_utf8(text); bad != std::string_view::npos)
+    throw InputError(fmt::format(
+        "{} line {}: byte 0x{:02X} is not UTF-8; save the table as UTF-8 (Excel: CSV UTF-8)",
+        t.source, 1 + std::count(text.begin(), text.begin() + std::ptrdiff_t(bad), '\n'),
+        static_cast<unsigned char>(text[bad])));
+  // Records split at line ends outside quotes (a quoted cell may hold a line break, as
+  // spreadsheets write it); "\r\n", "\n" and, in a file of no "\n" at all, "\r" end a line.
+  const char eol = text.find('\n') == std::string_view::npos ? '\r' : '\n';
   std::vector<std::string> lines;
-  size_t start = 0;
+  std::vector<size_t> line_no;  // the physical line a record starts on, for messages
+  size_t start = 0, physical = 1, record_line = 1;
+  bool quoted = false;
   for (size_t i = 0; i <= text.size(); ++i) {
-    if (i == text.size() || text[i] == '\n') {
+    if (i < text.size() && text[i] == '"') quoted = !quoted;
+    if (i < text.size() && text[i] == eol) ++physical;
+    if (i == text.size() || (text[i] == eol && !quoted)) {
       std::string l(text.substr(start, i - start));
       if (!l.empty() && l.back() == '\r') l.pop_back();
       lines.push_back(std::move(l));
+      line_no.push_back(record_line);
       start = i + 1;
+      record_line = physical;
     }
   }
   while (!lines.empty() && trim(lines.back()).empty()) lines.pop_back();
@@ -149,6 +204,12 @@ ClaimTable parse_claim_table(std::string_view text, std::string name, std::strin
       continue;
     }
     if (is_label_column(h)) {
+      // Two columns of row names (model and run): --baseline would match one of them only.
+      if (label_col >= 0)
+        throw InputError(fmt::format(
+            "{}: columns '{}' and '{}' both name the rows; keep one as the label and list the "
+            "other under the table's ignore = [...] in a spec, or rename it",
+            t.source, t.headers[size_t(label_col)], h));
       label_col = int(c);
       t.quantities.emplace_back();
       scales.push_back(1.0);
@@ -174,11 +235,12 @@ ClaimTable parse_claim_table(std::string_view text, std::string name, std::strin
   for (size_t li = 1; li < lines.size(); ++li) {
     if (blank(lines[li])) continue;
     const std::vector<std::string> fields =
-        split_fields(lines[li], fmt::format("{} line {}", t.source, li + 1));
+        split_fields(lines[li], fmt::format("{} line {}", t.source, line_no[li]));
     const size_t row_number = t.rows.size() + 1;
     if (fields.size() != t.headers.size())
       throw InputError(fmt::format("{}: data row {} (line {}) has {} fields, the header has {}",
-                                   t.source, row_number, li + 1, fields.size(), t.headers.size()));
+                                   t.source, row_number, line_no[li], fields.size(),
+                                   t.headers.size()));
     std::map<std::string, Cell> row;
     if (label_col >= 0) t.labels.push_back(fields[size_t(label_col)]);
     for (size_t c = 0; c < fields.size(); ++c) {

@@ -66,10 +66,18 @@ bool same_data(const json& r, const json& dense) {
   const bool seeds = r.contains("train") && dense.contains("train");
   const std::string a = data_label(r, seeds), b = data_label(dense, seeds);
   if (a.empty() || b.empty()) return true;
-  // The same source by name but another held-out set by content (a file edited between runs).
-  const std::string fa = r["data"].value("validation_fingerprint", ""),
-                    fb = dense["data"].value("validation_fingerprint", "");
-  return a == b && (fa.empty() || fb.empty() || fa == fb);
+  // The same source by name but other tokens by content (a file edited between runs): the
+  // held-out set, and the training region where both read the same D̂ (a point of more unique
+  // tokens reads a longer region, with its own fingerprint), as `audit` compares them.
+  const auto same = [&](const char* key) {
+    const std::string fa = r["data"].value(key, ""), fb = dense["data"].value(key, "");
+    return fa.empty() || fb.empty() || fa == fb;
+  };
+  const auto unique = [](const json& x) {
+    return x.contains("measured") ? x["measured"]["tokens"].value("unique", int64_t{-1}) : -1;
+  };
+  return a == b && same("validation_fingerprint") &&
+         (unique(r) != unique(dense) || same("training_fingerprint"));
 }
 
 // Why a complete record is not an equal-resource peer of the dense baseline ("" when it is), from
@@ -504,6 +512,8 @@ std::vector<plot::Chart> charts_of(const std::vector<json>& records, const json*
     plot::Series v{id, {}, false, is_dense(r)};
     for (const json& e : r.value("val_curve", json::array()))
       v.points.emplace_back(e.value("step", 0.0) * per_step * m, e.value("val_bpc", 0.0));
+    // Thinned as the loss curve is: a record of 200k evaluations made one 2.4 MB polyline.
+    v.points = plot::bucket_means(v.points, 300);
     if (!v.points.empty()) val.series.push_back(std::move(v));
     std::vector<plot::XY> l;
     for (const json& e : r.value("loss_curve", json::array()))
@@ -596,7 +606,8 @@ void check_record(const json& r, const fs::path& f) {
   }
   if (r.contains("data")) {
     const json& d = object(r, "", "data");
-    for (const char* k : {"source", "validation_fingerprint"}) optional(d, "data.", k, text);
+    for (const char* k : {"source", "validation_fingerprint", "training_fingerprint"})
+      optional(d, "data.", k, text);
     optional(d, "data.", "validation_tokens", count);
   }
   if (r.contains("train")) {
@@ -825,6 +836,7 @@ std::string render_replicate_report(const std::vector<std::vector<json>>& folder
   std::map<std::string, const json*> plan_of;
   std::map<std::string, size_t> plan_folder;
   std::map<std::string, std::pair<std::string, size_t>> source_of;  // without data_seed
+  std::map<std::string, std::pair<const json*, size_t>> first_read;  // for the fingerprints
   for (size_t f = 0; f < folders.size(); ++f)
     for (const json& r : folders[f]) {
       const std::string id = r.value("point_id", "?");
@@ -838,6 +850,20 @@ std::string render_replicate_report(const std::vector<std::vector<json>>& folder
               "point '{}' read other data in '{}' ({}) than in '{}' ({}); replicates train the "
               "same plan on the same source and held-out set, with other seeds",
               id, names[f], src, names[it->second.second], it->second.first));
+        // One source by name can be two corpora: two folders' own `text:corpus.txt`, or a file
+        // edited between them. Where the name and data_seed agree, so must the tokens.
+        const auto [first, none] = first_read.try_emplace(id, &r, f);
+        if (!none && data_label(*first->second.first, true) == data_label(r, true))
+          for (const char* key : {"training_fingerprint", "validation_fingerprint"}) {
+            const std::string a = (*first->second.first)["data"].value(key, ""),
+                              b = r["data"].value(key, "");
+            if (!a.empty() && !b.empty() && a != b)
+              throw InputError(fmt::format(
+                  "point '{}' read other tokens in '{}' than in '{}' from {} (data.{} {} against "
+                  "{}): the files differ between the folders; replicates train on the same data, "
+                  "with other seeds",
+                  id, names[f], names[first->second.second], src, key, b, a));
+          }
       }
       if (plan_of.count(id)) {
         const std::string key = first_difference(*plan_of[id], r["plan"]);
@@ -893,6 +919,7 @@ std::string render_replicate_report(const std::vector<std::vector<json>>& folder
   std::vector<double> dense_bpcs;
   std::vector<std::pair<std::string, double>> bars;
   int moe_points = 0, moe_always = 0, moe_partial = 0;
+  std::string left_out;
   for (const std::string& id : order) {
     const json& plan = *plan_of[id];
     const bool is_d = plan.value("role", "") == "dense";
@@ -900,6 +927,14 @@ std::string render_replicate_report(const std::vector<std::vector<json>>& folder
     int beats = 0, paired = 0;
     for (const auto& [f, r] : by_point[id]) {
       if (!is_complete(*r)) continue;
+      // A record its folder's dense baseline cannot be compared with (other data, unequal
+      // resources) is not a replicate of this point: left out of every column, and named.
+      if (!is_d && dense[f] && !comparable(*r, *dense[f])) {
+        const std::string why = !same_data(*r, *dense[f]) ? "other data than its dense baseline"
+                                                          : unequal_resources(*r, *dense[f]);
+        left_out += fmt::format("\n  {} in '{}': {}", id, names[f], why);
+        continue;
+      }
       const double b = r->value("final_val_bpc", 0.0);
       bpc.push_back(b);
       if (is_d) dense_bpcs.push_back(b);
@@ -948,6 +983,11 @@ std::string render_replicate_report(const std::vector<std::vector<json>>& folder
                                             "counted as every replicate)",
                                             moe_partial, folders.size())
                               : "");
+  if (!left_out.empty())
+    verdict +=
+        "\nleft out, not compared with their folder's dense baseline (as `moeplan report "
+        "FOLDER` says of one folder):" +
+        left_out;
   if (!same_seeds.empty())
     verdict += "\nnot independent: " + same_seeds +
                " ran with the same seeds: one initialisation and one data order, so their "

@@ -82,9 +82,12 @@ std::optional<RecordDefect> curve_defect(const nlohmann::json& record) {
     for (size_t i = 0; i < c.size(); ++i) {
       const std::string entry = fmt::format("{}[{}]", curve, i);
       if (!c[i].is_object()) return RecordDefect{entry, "an object"};
+      // Steps, tokens, losses and bits are never negative: a negative loss only came from a
+      // hand edit, and ±1.7e308 in one chart overflowed its axis range.
       for (const char* k : keys) {
-        if (!c[i].contains(k)) return RecordDefect{entry + "." + k, "a number", true};
-        if (!c[i].at(k).is_number()) return RecordDefect{entry + "." + k, "a number"};
+        if (!c[i].contains(k)) return RecordDefect{entry + "." + k, "a number >= 0", true};
+        if (!c[i].at(k).is_number() || !(c[i].at(k).get<double>() >= 0))
+          return RecordDefect{entry + "." + k, "a number >= 0"};
       }
       if (!c[i].contains("parts")) continue;
       const nlohmann::json& parts = c[i].at("parts");

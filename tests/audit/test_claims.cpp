@@ -297,6 +297,41 @@ TEST_CASE("CSV quoting: commas and doubled quotes inside a quoted field; an open
                        doctest::Contains("'2,000' is not a number"), InputError);
 }
 
+TEST_CASE("CSV records: a line break inside quotes, old-Mac CR endings, UTF-8 only, one label") {
+  // A multi-line cell (as spreadsheets write one) stays in its row; line numbers stay physical.
+  const ClaimTable t = parse_claim_table(
+      "label,N,C\nbase,1.00e9,1.00e20\n\"moe\n(top-2)\",1.05e9,1.00e20\n", "nl", "nl.csv");
+  CHECK(t.labels == std::vector<std::string>{"base", "moe\n(top-2)"});
+  CHECK(t.rows[1].at("total_params").value == 1.05e9);
+  CHECK_THROWS_WITH_AS(parse_claim_table("label,N\n\"a\nb\",1e9\nx,1e9,2\n", "nl", "nl.csv"),
+                       "nl.csv: data row 2 (line 4) has 3 fields, the header has 2", InputError);
+  // A file of CR line ends only.
+  const ClaimTable cr =
+      parse_claim_table("label,N,C\rbase,1.00e9,1.00e20\rmoe,1.05e9,1.00e20\r", "cr", "cr.csv");
+  CHECK(cr.labels == std::vector<std::string>{"base", "moe"});
+  CHECK(cr.rows[1].at("compute").value == 1e20);
+  // Latin-1 (0xE9 is é there) is no UTF-8: refused naming its line, not a crash of the JSON
+  // report later. Well-formed UTF-8 (é as C3 A9, a 4-byte emoji) is kept.
+  CHECK_THROWS_WITH_AS(
+      parse_claim_table("label,N\nbase,1e9\nMixtral-\xe9,1e9\n", "l1", "l1.csv"),
+      "l1.csv line 3: byte 0xE9 is not UTF-8; save the table as UTF-8 (Excel: CSV UTF-8)",
+      InputError);
+  CHECK_THROWS_AS(parse_claim_table("label,N\n\xed\xa0\x80,1e9\n", "s", "s.csv"),
+                  InputError);  // a UTF-16 surrogate
+  CHECK_THROWS_AS(parse_claim_table("label,N\n\xc0\xaf,1e9\n", "s", "s.csv"),
+                  InputError);  // an overlong '/'
+  CHECK(parse_claim_table("label,N\ncaf\xc3\xa9 \xf0\x9f\x98\x80,1e9\n", "u", "u.csv").labels[0] ==
+        "caf\xc3\xa9 \xf0\x9f\x98\x80");
+  // Two columns of row names: --baseline would match one of them only.
+  CHECK_THROWS_WITH_AS(parse_claim_table("model,run,N\nmoe-a,r1,1e9\n", "mr", "mr.csv"),
+                       "mr.csv: columns 'model' and 'run' both name the rows; keep one as the "
+                       "label and list the other under the table's ignore = [...] in a spec, or "
+                       "rename it",
+                       InputError);
+  CHECK(parse_claim_table("model,run,N\nmoe-a,r1,1e9\n", "mr", "mr.csv", {"run"}).labels[0] ==
+        "moe-a");
+}
+
 TEST_CASE("markdown: a '|' in a claim name, a label or a message does not break the table") {
   const ClaimTable t = parse_claim_table("name,N\nmoe|k=2,2e9\nb,1e9\nc,1e9\n", "p", "p.csv");
   AuditSpec spec = parse_spec(R"(schema = 1
@@ -462,6 +497,65 @@ TEST_CASE("spreadsheet and pandas habits: empty rows of separators, an unnamed i
   CHECK_THROWS_WITH_AS(parse_claim_table("N,,C\n1e9,,1e21\n", "t", "t.csv"),
                        "t.csv: column 2 has an empty header; give it a header, or remove the "
                        "column",
+                       InputError);
+}
+
+TEST_CASE(
+    "a where on a quantity the claim tests is refused: it would hide the rows that break it") {
+  // C: 1.00e20, 1.00e20, 1.03e20. "equal C" over all three fails (row 3 is +3 %); "where
+  // C = 1e20" keeps rows 1 and 2 only, so the same claim would hold with row 3 left out.
+  const ClaimTable t = parse_claim_table(
+      "label,N,C,Epoch\nd,1.00e9,1.00e20,2.00\na,1.00e9,1.00e20,2.00\nb,1.00e9,1.03e20,9.00\n", "w",
+      "w.csv");
+  auto spec_with = [](const std::string& claim) {
+    return parse_spec("schema = 1\n[[claims]]\nname = \"x\"\n" + claim, "s.toml");
+  };
+  const AuditReport all = audit_tables({t}, spec_with("equal = [\"C\"]\nbaseline = \"d\"\n"));
+  CHECK_FALSE(claim(all, "x")->holds);
+  CHECK_THROWS_WITH_AS(
+      audit_tables({t},
+                   spec_with("equal = [\"N\", \"C\"]\nbaseline = \"d\"\nwhere = { C = 1e20 }\n")),
+      "claim 'x' selects its rows by C (where compute = 1e20) and tests C too: a row that breaks "
+      "the claim would be left out instead of failing it; name the rows instead (a spec's rows = "
+      "[\"table:2-5\"], or --rows), or leave C out of the claim",
+      InputError);
+  // A bound or a range on the filtered quantity hides its breaking rows too.
+  CHECK_THROWS_AS(
+      audit_tables({t}, spec_with("at_most = { epochs = 8 }\nwhere = { epochs = [1, 3] }\n")),
+      InputError);
+  // Selecting by one quantity and testing another is the filter's purpose: it holds.
+  const AuditReport ok =
+      audit_tables({t}, spec_with("equal = [\"N\"]\nbaseline = \"d\"\nwhere = { C = 1e20 }\n"));
+  CHECK(claim(ok, "x")->holds);
+  CHECK(claim(ok, "x")->left_out == std::vector<std::string>{"w:3"});
+}
+
+TEST_CASE(
+    "a baseline label may hold a colon; one that is also a table:row of another row is refused") {
+  // Row 1 is labelled "moe:k2" (no table:row: "k2" is no row number); row 2 of table w is
+  // labelled "w:3", which reads as row 3 of w too.
+  const ClaimTable t =
+      parse_claim_table("label,N\nmoe:k2,1.000e9\nw:3,1.004e9\nother,1.006e9\n", "w", "w.csv");
+  auto spec_with = [](const std::string& baseline) {
+    return parse_spec(
+        "schema = 1\n[[claims]]\nname = \"x\"\nequal = [\"N\"]\nbaseline = \"" + baseline + "\"\n",
+        "s.toml");
+  };
+  const AuditReport r = audit_tables({t}, spec_with("moe:k2"));
+  REQUIRE(claim(r, "x"));
+  CHECK(claim(r, "x")->rows.front() == "w:1");
+  CHECK_THROWS_WITH_AS(audit_tables({t}, spec_with("w:3")),
+                       "claim 'x': baseline 'w:3' is row 3 of table 'w' and the label of w:2; "
+                       "rename the label or name the baseline by the other",
+                       InputError);
+  // A label that reads as table:row of a table that is not loaded is that label.
+  const ClaimTable u = parse_claim_table("label,N\ndense:5,1.000e9\nb,1.004e9\n", "u", "u.csv");
+  CHECK(claim(audit_tables({u}, spec_with("dense:5")), "x")->rows.front() == "u:1");
+  // Two rows of one label: the error names both.
+  const ClaimTable v = parse_claim_table("label,N\nd,1.000e9\nd,1.004e9\n", "v", "v.csv");
+  CHECK_THROWS_WITH_AS(audit_tables({v}, spec_with("d")),
+                       "claim 'x': baseline 'd' labels 2 rows (v:1, v:2); name one row by its "
+                       "label or as table:row",
                        InputError);
 }
 

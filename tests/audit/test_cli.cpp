@@ -61,6 +61,39 @@ TEST_CASE("the example audit of the published tables exits 0") {
   CHECK(r.err.empty());
 }
 
+TEST_CASE("a spec's shared value that a column contradicts is refused; JSON nulls for no value") {
+  const fs::path dir = scratch() / "shared_vs_column";
+  fs::create_directories(dir);
+  std::ofstream(dir / "s.csv") << "label,N,S\nd,1.00e9,4096\nm,1.00e9,4096\n";
+  std::ofstream(dir / "spec.toml") << "schema = 1\n[tables.s]\nfile = \"s.csv\"\n"
+                                      "[tables.s.shared]\nseq_len = 2048\n"
+                                      "[[claims]]\nequal = [\"N\"]\nbaseline = \"d\"\n";
+  const Result r = run("--spec " + (dir / "spec.toml").string());
+  CHECK(r.status == 2);
+  CHECK(lines(r.err) == 1);
+  CHECK_MESSAGE(r.err.find("s.csv data row 1 prints seq_len = 4096, the spec's "
+                           "[tables.s.shared] says seq_len = 2048") != std::string::npos,
+                r.err);
+  std::ofstream(dir / "s.csv") << "label,N,S\nd,1.00e9,2048\nm,1.00e9,2048\n";
+  CHECK(run("--spec " + (dir / "spec.toml").string()).status == 0);
+  // A command-line claim's "D̂ went untested" line belongs to no table and compares nothing:
+  // null table and tolerance in JSON (not "" and 0).
+  std::ofstream(dir / "t.csv") << "label,N,C\nd,1.00e9,1e20\nm,1.00e9,1e20\n";
+  const Result ok =
+      run("--claims " + (dir / "t.csv").string() + " --equal N,C --baseline d --format json");
+  CHECK_MESSAGE(ok.status == 0, (ok.out + ok.err));
+  const auto j = nlohmann::json::parse(ok.out);
+  bool seen = false;
+  for (const auto& f : j["findings"])
+    if (f["message"].get<std::string>().find("does not test equal unique data") !=
+        std::string::npos) {
+      seen = true;
+      CHECK(f["table"].is_null());
+      CHECK(f["tolerance"].is_null());
+    }
+  CHECK(seen);
+}
+
 TEST_CASE("json output written atomically with -o; a failing claim exits 1") {
   const fs::path o = out_file("fail.json");
   const Result r = run("--spec " + fixture("claims_fail.toml") + " --format json -o " + o.string());
@@ -166,9 +199,9 @@ TEST_CASE("a command-line claim over some rows: --where QUANTITY=VALUE|LOW:HIGH,
   // labelled_claim.csv: C 1.2e20 (rows 1, 2) and 1.14e20 (row 3). Where C = 1.2e20, against
   // dense-1b: N +0.50 % (row 2) holds at 1 %; row 3 (N -2 %, C -5 %) is left out.
   const std::string table = " --claims " + fixture("labelled_claim.csv");
-  const Result w = run(table + " --equal N,C --baseline dense-1b --where C=1.2e20");
+  const Result w = run(table + " --equal N --baseline dense-1b --where C=1.2e20");
   CHECK_MESSAGE(w.status == 0, (w.out + w.err));
-  CHECK(w.out.find("HOLDS  every row where C=1.2e20 equal in N, C (baseline dense-1b)") !=
+  CHECK(w.out.find("HOLDS  every row where C=1.2e20 equal in N (baseline dense-1b)") !=
         std::string::npos);
   CHECK(w.out.find("where compute = 1.2e20 left out 1: labelled_claim:3") != std::string::npos);
   // A range: N_a from 1.5e8 to 1e9 keeps rows 1 and 2.
@@ -184,6 +217,9 @@ TEST_CASE("a command-line claim over some rows: --where QUANTITY=VALUE|LOW:HIGH,
            {" --equal N --where C", "--where 'C' is not QUANTITY=VALUE"},
            {" --equal N --where C=2:1", "--where 'C=2:1': the low bound is above the high one"},
            {" --where C=1.2e20", "--where needs a claim: --equal N,C"},
+           // Where C = 1.2e20 would leave row 3 (C -5 %) out of "equal C" instead of failing it.
+           {" --equal N,C --baseline dense-1b --where C=1.2e20",
+            "selects its rows by C (where compute = 1.2e20) and tests C too"},
            {" --equal N --rows nosuch:1", "nosuch"}}) {
     const Result e = run(table + args);
     CHECK_MESSAGE(e.status == 2, args);

@@ -71,12 +71,12 @@ TEST_CASE("the equal-N and equal-C claim, with the numbers worked out above") {
   const ClaimVerdict* c = claim(r, "7B MoE rows vs 7B dense (C = 2.86e21): equal N and equal C");
   REQUIRE(c);
   CHECK(c->holds);
-  // The where filter keeps the 8 MoE rows and dense row 5 (dense row 4 has C = 2.80e21, −2.1 %).
+  // The claim names the 8 MoE rows and dense row 5 (the dense row of C = 2.86e21; row 4 has
+  // 2.80e21, −2.1 %): nothing is left out.
   CHECK(c->rows.size() == 9);
   CHECK(c->rows[0] == "dense:5");
-  // Dense C: 9.36e20, 1.64e21, 1.40e21, 2.80e21, 2.86e21, 5.45e21: all but row 5 left out.
-  CHECK(c->coverage ==
-        "8 of 8 moe7b rows, 1 of 6 dense rows; where compute = 2.86e21 left out 5: dense:1-4,6");
+  CHECK(c->coverage == "8 of 8 moe7b rows, 1 of 6 dense rows");
+  CHECK(c->left_out.empty());
   // The tested distance from the baseline: moe7b:7's N, 2.21e11 / 33.83 / 6.48e9 − 1 = +0.813 %.
   CHECK(c->quantities[0].deviation_row == "moe7b:7");
   CHECK(*c->quantities[0].deviation == doctest::Approx(2.21e11 / 33.83 / 6.48e9 - 1));

@@ -138,6 +138,20 @@ TEST_CASE("r_a against the printed N_a / N, with no shape at all") {
   CHECK(count(fs, Severity::error) == 1);
 }
 
+TEST_CASE("N_a above N is an error: r_a = N_a / N is at most 1") {
+  // Row 1: N_a 2e9 of N 1e9 (r_a 2). Row 2: N_a 1.004e9 of N 1.00e9 is within the two
+  // roundings (±0.5 % and ±0.05 %): no finding.
+  const ClaimTable t =
+      parse_claim_table("id,N,Na\na,1.00e9,2.00e9\nb,1.00e9,1.004e9\n", "t", "t.csv");
+  const auto fs = check_table_rows(t, nullptr, 0.01);
+  const auto f = matching(fs, Severity::error, "t", 1, "active_params");
+  REQUIRE(f.size() == 1);
+  CHECK(*f[0]->found == doctest::Approx(2e9));
+  CHECK(*f[0]->expected == doctest::Approx(1e9));
+  CHECK(f[0]->message.find("is above N") != std::string::npos);
+  CHECK(count(fs, Severity::error) == 1);
+}
+
 TEST_CASE("r_a against N_a / N with N from D / (D/N), never from N_a / r_a itself") {
   // Row b: N = D / (D/N) = 1e11 / 50 = 2e9, N_a/N = 4e8 / 2e9 = 20 %, printed 4 %: -80 % off.
   // N taken as N_a / r_a = 1e10 made r_a = N_a / (N_a / r_a) hold whatever was printed.

@@ -305,7 +305,7 @@ TEST_CASE("a record's FLOP ledger must be whole: a missing or negative count is 
   CHECK(refused(r).find("'val_curve[0]' is missing or not an object") != std::string::npos);
   r["val_curve"] = nlohmann::json::array();
   r["loss_curve"] = {{{"tokens_consumed", 1}}};
-  CHECK(refused(r).find("'loss_curve[0].train_loss' is missing or not a number") !=
+  CHECK(refused(r).find("'loss_curve[0].train_loss' is missing or not a number >= 0") !=
         std::string::npos);
   r["loss_curve"] = nlohmann::json::array();
   r["val_curve"] = {{{"step", 1}, {"val_bpc", 2.0}, {"parts", {{"facts", "x"}}}}};

@@ -249,6 +249,71 @@ TEST_CASE("report: a point that read other data than the dense baseline is not c
   }
 }
 
+TEST_CASE("report: a training region edited between two points' runs is other data") {
+  auto reading = [](json r, const std::string& train_fp) {
+    r["data"] = {{"source", "text:t.txt"},
+                 {"validation_tokens", 256},
+                 {"validation_fingerprint", "00000000000000aa"},
+                 {"training_fingerprint", train_fp}};
+    r["train"] = {{"seed", 1234}, {"data_seed", 1}};
+    return r;
+  };
+  // The held-out tokens agree, the training region (the same D̂ = 100 unique) does not.
+  std::vector<json> recs = {reading(record("dense", true, 1.0, 2.0), "00000000000000c1"),
+                            reading(record("moe-a", false, 0.2, 1.8), "00000000000000c2")};
+  const std::string text = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::text);
+  CAPTURE(text);
+  CHECK(text.find("moe-a (text:t.txt, 256 validation tokens; other tokens: the source changed "
+                  "between runs)") != std::string::npos);
+  CHECK(text.find("MoE points with lower validation BPC: 0 of 0") != std::string::npos);
+  // A point of another D̂ reads a longer region with its own fingerprint: that is no edit (its
+  // D̂ is then judged by the resources check, not as other data).
+  recs[1]["measured"]["tokens"]["unique"] = 200;
+  recs[0]["plan"]["reuse"] = "loose";
+  CHECK(
+      moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::text).find("other tokens") ==
+      std::string::npos);
+
+  // Replicates: one point, one source by name, other tokens in the two folders (each folder's
+  // own corpus.txt): refused.
+  try {
+    moeplan::render_replicate_report(
+        {{reading(record("moe-a", false, 0.2, 1.8), "0000000000000001")},
+         {reading(record("moe-a", false, 0.2, 1.7), "0000000000000002")}},
+        {"a", "b"}, moeplan::ReportFormat::text);
+    FAIL("replicates over two corpora of one name were accepted");
+  } catch (const moeplan::InputError& e) {
+    CHECK(std::string(e.what()) ==
+          "point 'moe-a' read other tokens in 'b' than in 'a' from text:t.txt, 256 validation "
+          "tokens (data.training_fingerprint 0000000000000002 against 0000000000000001): the "
+          "files differ between the folders; replicates train on the same data, with other seeds");
+  }
+}
+
+TEST_CASE("replicates: a record not comparable with its folder's baseline is left out, named") {
+  // Folder b's moe-a has 5 % more C than b's dense: it is no replicate of the equal-resource
+  // point. moe-a's columns are folder a's alone: mean 1.8, vs dense -0.2, 1 of 1.
+  json unequal = with_seed(record("moe-a", false, 0.2, 1.0), 2);
+  unequal["measured"]["compute"]["paper"] = 4.2e5;
+  const std::vector<std::vector<json>> folders = {
+      {with_seed(record("dense", true, 1.0, 2.0), 1),
+       with_seed(record("moe-a", false, 0.2, 1.8), 1)},
+      {with_seed(record("dense", true, 1.0, 1.9), 2), unequal}};
+  const std::string text =
+      moeplan::render_replicate_report(folders, {"a", "b"}, moeplan::ReportFormat::text);
+  CAPTURE(text);
+  const size_t at = text.find("\nmoe-a ");
+  REQUIRE(at != std::string::npos);
+  const std::string line = text.substr(at + 1, text.find('\n', at + 1) - at - 1);
+  CHECK(line.find("1 of 2") != std::string::npos);
+  CHECK(line.find("1.8000") != std::string::npos);
+  CHECK(line.find("1.4000") == std::string::npos);  // the mean with the unequal record
+  CHECK(line.find("-0.2000") != std::string::npos);
+  CHECK(text.find("left out, not compared with their folder's dense baseline (as `moeplan report "
+                  "FOLDER` says of one folder):\n  moe-a in 'b': C [paper] 420k is +5.00% from "
+                  "the baseline's 400k") != std::string::npos);
+}
+
 TEST_CASE(
     "report: C plan [paper] is the plan's C through the paper lens, whatever its convention") {
   // A plan in the exact convention: plan.compute 5e5 [exact], its paper reading 4e5.

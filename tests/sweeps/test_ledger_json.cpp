@@ -113,7 +113,7 @@ TEST_CASE("curve_defect: the first key of a curve that is not a number, by its f
   CHECK(defect(bad) == "val_curve[1]|an object|false");
   bad = r;
   bad["val_curve"][0].erase("val_bpc");
-  CHECK(defect(bad) == "val_curve[0].val_bpc|a number|true");
+  CHECK(defect(bad) == "val_curve[0].val_bpc|a number >= 0|true");
   bad = r;
   bad["val_curve"][0]["parts"] = json::array();
   CHECK(defect(bad) == "val_curve[0].parts|an object|false");
@@ -122,7 +122,11 @@ TEST_CASE("curve_defect: the first key of a curve that is not a number, by its f
   CHECK(defect(bad) == "val_curve[0].parts.arith|a number|false");
   bad = r;
   bad["loss_curve"][0]["tokens_consumed"] = nullptr;
-  CHECK(defect(bad) == "loss_curve[0].tokens_consumed|a number|false");
+  CHECK(defect(bad) == "loss_curve[0].tokens_consumed|a number >= 0|false");
+  // A loss is never negative: -1.7e308 beside 1.7e308 overflowed a chart's axis range.
+  bad = r;
+  bad["loss_curve"][0]["train_loss"] = -1.7e308;
+  CHECK(defect(bad) == "loss_curve[0].train_loss|a number >= 0|false");
 }
 
 TEST_CASE("run_facts_defect: how a record ran, where given, is of its kind") {

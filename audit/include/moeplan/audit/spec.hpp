@@ -30,7 +30,9 @@ struct TableSpec {
 struct RowSelector {
   std::string table;
   int first = 0, last = 0;  // 1-based inclusive; 0,0 = every row
-  std::string label;  // a baseline named by its row label instead (table empty until resolved)
+  // A baseline as written. With table empty: a row label, resolved with the tables; with a
+  // table: the table:row text, which must not also be another row's label.
+  std::string label;
 };
 
 struct WhereClause {  // keep rows whose quantity equals a value (within tolerance) or lies in [lo,
