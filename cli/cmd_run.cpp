@@ -146,21 +146,29 @@ class ProgressPrinter {
 };
 
 // A complete record is skipped, not trained again: it must read as the audit reads it (a damaged
-// one is refused, before anything trains) and hold to its plan (when not, the skip line says
-// which check fails). Returns that line's addition, empty when the record holds.
-std::string check_complete_record(const nlohmann::json& rec, const std::string& path) {
-  const audit::RunRecord r = audit::parse_run_record(rec.dump(), path);
+// one is refused before anything trains, exit 2, with `remedy`: record_remedy, its checkpoint
+// when that can rebuild the record, else moving the folder away) and hold to its plan. One that
+// does not (a `run` writes none such: an edit, or a record of an older moeplan) is still skipped,
+// and a warning on stderr says which check fails and the same remedy. Returns that warning.
+std::string check_complete_record(const nlohmann::json& rec, const std::string& path,
+                                  const std::string& remedy) {
+  audit::RunRecord r;
+  try {
+    r = audit::parse_run_record(rec.dump(), path);
+  } catch (const InputError& e) {
+    throw InputError(fmt::format("{}; {}", e.what(), remedy));
+  }
   const audit::AuditReport report = audit::audit_runs({r}, {}, {});
   std::vector<const audit::Finding*> errors;
   for (const audit::Finding& f : report.findings)
     if (f.severity == audit::Severity::error) errors.push_back(&f);
   if (errors.empty()) return {};
   return fmt::format(
-      "; its record does not hold to its plan: {}{} (`moeplan audit {}` lists "
-      "every finding; move the folder away to train the point again)",
-      errors.front()->message,
+      "record '{}' is complete but does not hold to its plan: {}{} (`moeplan audit {}` lists "
+      "every finding); it is skipped as it is: to train the point again, {}",
+      path, errors.front()->message,
       errors.size() > 1 ? fmt::format(" (and {} more)", errors.size() - 1) : "",
-      std::filesystem::path(path).parent_path().parent_path().string());
+      std::filesystem::path(path).parent_path().parent_path().string(), remedy);
 }
 
 int run(const RunFlags& f) {
@@ -226,7 +234,7 @@ int run(const RunFlags& f) {
   if (backend::visible_devices(opt.device) == 0)
     throw InputError(fmt::format("--device {}: no {} device is visible on this machine", opt.device,
                                  opt.device == "cuda" ? "CUDA" : opt.device));
-  std::map<std::string, std::string> skip_notes;  // point id: what its complete record fails
+  std::map<std::string, std::string> skip_warnings;  // point id: what its complete record fails
   for (const Plan* p : points) {
     backend::check_plan_consistent(*p);
     const nlohmann::json rec = backend::existing_record(*p, plan_to_json(*p), m.train, opt.out_dir);
@@ -234,8 +242,9 @@ int run(const RunFlags& f) {
     // A complete point reads nothing: its source may be gone (a runs folder moved elsewhere).
     if (!complete) backend::check_source_fits(*p, m.train, opt.source_base);
     if (complete)
-      skip_notes[p->id] =
-          check_complete_record(rec, (opt.out_dir / p->id / "record.json").string());
+      skip_warnings[p->id] =
+          check_complete_record(rec, (opt.out_dir / p->id / "record.json").string(),
+                                backend::record_remedy(*p, plan_to_json(*p), m.train, opt.out_dir));
     else if (!f.estimate)  // an estimate may time another device or passes than the checkpoint's
       backend::check_resumable(*p, plan_to_json(*p), m.train, opt);
   }
@@ -304,8 +313,11 @@ int run(const RunFlags& f) {
         busy.push_back(p->id);
         break;
       case backend::PointStatus::skipped:
-        fmt::print("{} already complete ({}), skipped{}\n", label, out.record_path.string(),
-                   skip_notes[p->id]);
+        fmt::print("{} already complete ({}), skipped\n", label, out.record_path.string());
+        if (!skip_warnings[p->id].empty()) {
+          std::fflush(stdout);
+          fmt::print(stderr, "moeplan: warning: {}\n", skip_warnings[p->id]);
+        }
         break;
       case backend::PointStatus::interrupted:
         fmt::print(

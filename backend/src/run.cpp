@@ -378,32 +378,35 @@ static void check_checkpoint_head(const CheckpointHead& h, const fs::path& ckpt_
         ckpt_path.string(), plan.id, *h.kernels_requested, opt.kernels, *h.kernels_requested));
 }
 
+std::string record_remedy(const Plan& plan, const nlohmann::json& plan_json,
+                          const TrainSettings& train, const std::filesystem::path& out_dir) {
+  // The checkpoint, not the record, holds a run's state: when one is there, readable and made
+  // for this plan and these settings, the point resumes from it with record.json removed (the
+  // record is rebuilt from it), and moving the whole folder away would throw that work away.
+  // Read only for a damaged record: checking a checkpoint reads every byte of it.
+  const std::string move = "move the point's folder away to train it again";
+  const fs::path ckpt = out_dir / plan.id / "checkpoint" / "state.ckpt";
+  std::error_code ec;
+  if (!fs::exists(fs::symlink_status(ckpt, ec))) return move;
+  try {
+    const CheckpointHead h = read_checkpoint_head(ckpt);
+    if (!plan_differ(h.plan, plan_json).empty() ||
+        !settings_differ(h.train, train_to_json(train)).empty())
+      return move;
+    return fmt::format(
+        "remove only record.json to resume from '{}' (step {}), which rebuilds it, or {}",
+        ckpt.string(), h.step, move);
+  } catch (const std::exception&) {
+    return move;  // the checkpoint is damaged or unreadable too: nothing resumes
+  }
+}
+
 nlohmann::json existing_record(const Plan& plan, const nlohmann::json& plan_json,
                                const TrainSettings& train, const std::filesystem::path& out_dir) {
   const fs::path path = out_dir / plan.id / "record.json";
   std::error_code ec;
   if (!fs::exists(fs::symlink_status(path, ec))) return nullptr;  // a dangling link is not "none"
-  // The checkpoint, not the record, holds a run's state: when one is there, readable and made
-  // for this plan and these settings, the point resumes from it with record.json removed (the
-  // record is rebuilt from it), and moving the whole folder away would throw that work away.
-  // Read only for a damaged record: checking a checkpoint reads every byte of it.
-  const auto remedy = [&]() -> std::string {
-    const std::string move = "move the point's folder away to train it again";
-    const fs::path ckpt = out_dir / plan.id / "checkpoint" / "state.ckpt";
-    std::error_code ec2;
-    if (!fs::exists(fs::symlink_status(ckpt, ec2))) return move;
-    try {
-      const CheckpointHead h = read_checkpoint_head(ckpt);
-      if (!plan_differ(h.plan, plan_json).empty() ||
-          !settings_differ(h.train, train_to_json(train)).empty())
-        return move;
-      return fmt::format(
-          "remove only record.json to resume from '{}' (step {}), which rebuilds it, or {}",
-          ckpt.string(), h.step, move);
-    } catch (const std::exception&) {
-      return move;  // the checkpoint is damaged or unreadable too: nothing resumes
-    }
-  };
+  const auto remedy = [&] { return record_remedy(plan, plan_json, train, out_dir); };
   if (!fs::is_regular_file(path, ec))
     throw InputError(fmt::format("record '{}' is not a file; {}", path.string(), remedy()));
   nlohmann::json rec;
@@ -533,23 +536,22 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
 
   // Temp files of writes a killed run left unfinished (write_file_atomic's ".NAME.tmp.XXXXXX";
   // a checkpoint's is a checkpoint's size): no one else writes here while we hold the lock.
-  // A record or checkpoint that is a symlink is written through (write_file_atomic), its temp
-  // files beside the target: there only the target's own (".TARGET.tmp.") are cleared, since
-  // that folder may hold other files.
+  // Only the two files a run writes have them (".record.json.tmp.", ".state.ckpt.tmp." and six
+  // characters): a user's own ".notes.tmp.txt" in the folder is not ours to delete. A record or
+  // checkpoint that is a symlink is written through, its temp files beside the link's target.
   if (engine->writes_files()) {
-    for (const fs::path& d : {dir, ckpt_dir})
-      for (const auto& e : fs::directory_iterator(d, ec)) {
+    const auto clear_stale = [&](const fs::path& folder, const std::string& target) {
+      const std::string stem = "." + target + ".tmp.";
+      for (const auto& e : fs::directory_iterator(folder, ec)) {
         const std::string name = e.path().filename().string();
-        if (name.size() > 1 && name[0] == '.' && name.find(".tmp.") != std::string::npos)
-          fs::remove(e.path(), ec);
+        if (name.size() == stem.size() + 6 && name.starts_with(stem)) fs::remove(e.path(), ec);
       }
+    };
     for (const fs::path& file : {dir / "record.json", ckpt_path}) {
+      clear_stale(file.parent_path(), file.filename().string());
       if (!fs::is_symlink(file, ec)) continue;
       const fs::path target = fs::weakly_canonical(file, ec);
-      if (ec) continue;
-      const std::string stale = "." + target.filename().string() + ".tmp.";
-      for (const auto& e : fs::directory_iterator(target.parent_path(), ec))
-        if (e.path().filename().string().starts_with(stale)) fs::remove(e.path(), ec);
+      if (!ec) clear_stale(target.parent_path(), target.filename().string());
     }
   }
   const nlohmann::json fingerprints = {

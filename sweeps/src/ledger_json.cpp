@@ -96,6 +96,18 @@ std::optional<RecordDefect> curve_defect(const nlohmann::json& record) {
         if (!v.is_number()) return RecordDefect{entry + ".parts." + part, "a number"};
     }
   }
+  // A complete record's final BPC is its last evaluation's (`run` writes it so): a
+  // final_val_bpc of its own came from a hand edit, and reports would rank the point by it.
+  if (record.is_object() && record.value("status", "") == "complete" &&
+      record.contains("final_val_bpc") && record.at("final_val_bpc").is_number() &&
+      record.contains("val_curve") && !record.at("val_curve").empty()) {
+    const nlohmann::json& c = record.at("val_curve");
+    const double last = c.back().at("val_bpc").get<double>();
+    if (record.at("final_val_bpc").get<double>() != last)
+      return RecordDefect{
+          "final_val_bpc",
+          fmt::format("the last evaluation's val_bpc, {} (val_curve[{}])", last, c.size() - 1)};
+  }
   return std::nullopt;
 }
 

@@ -311,6 +311,10 @@ TEST_CASE("a record's FLOP ledger must be whole: a missing or negative count is 
   r["val_curve"] = {{{"step", 1}, {"val_bpc", 2.0}, {"parts", {{"facts", "x"}}}}};
   CHECK(refused(r).find("'val_curve[0].parts.facts' is missing or not a number") !=
         std::string::npos);
+  // A final BPC of its own, not its last evaluation's (3.6 against 2.0): a hand edit.
+  r["val_curve"] = {{{"step", 1}, {"val_bpc", 2.0}}};
+  CHECK(refused(r).find("'final_val_bpc' is missing or not the last evaluation's val_bpc, 2 "
+                        "(val_curve[0])") != std::string::npos);
   // What `run` writes and `moeplan report` reads of a complete record: required here too.
   for (const char* key : {"train_seconds", "final_val_bpc"}) {
     r = original;
@@ -359,6 +363,7 @@ TEST_CASE("the validation ledger: forward only, one pass over the held-out windo
   rec["data"] = {{"source", "builtin"}, {"description", "d"}, {"validation_tokens", 8}};
   rec["val_curve"] =
       json::array({json{{"step", 3}, {"val_bpc", 2.5}}, json{{"step", 7}, {"val_bpc", 2.1}}});
+  rec["final_val_bpc"] = 2.1;  // the last evaluation's, as `run` writes it
   auto audit = [&](const json& r) { return audit_with_moe(dir, r); };
   auto errors = [](const AuditReport& r, const std::string& q) {
     return matching(r.findings, Severity::error, "moe-k1", 0, q);
@@ -387,6 +392,7 @@ TEST_CASE("the validation ledger: forward only, one pass over the held-out windo
   {  // three evaluations in the curve, two in the ledger: every category differs
     json r = rec;
     r["val_curve"].push_back(json{{"step", 9}, {"val_bpc", 2.0}});
+    r["final_val_bpc"] = 2.0;
     const AuditReport a = audit(r);
     CHECK(errors(a, "validation-flops:projection").size() == 1);
     CHECK(errors(a, "validation-flops:lm-head").size() == 1);

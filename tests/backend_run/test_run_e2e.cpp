@@ -208,7 +208,8 @@ TEST_CASE("moeplan run: ledgers equal the plan and an independent count; reruns 
   CHECK(read_file(out / "dense" / "record.json") == before);
 
   // A complete record is read as the audit reads it before it is skipped. One that holds to its
-  // plan in every count but one: the skip line names the count (the record is left as it is).
+  // plan in every count but one: skipped, and a warning on stderr names the count and how to
+  // train it again, keeping the checkpoint's work (the record is left as it is).
   const std::string moe_before = read_file(out / "moe-a" / "record.json");
   json inflated = json::parse(moe_before);
   json& f = inflated["measured"]["flops"];
@@ -218,9 +219,28 @@ TEST_CASE("moeplan run: ledgers equal the plan and an independent count; reruns 
   write_file_atomic(out / "moe-a" / "record.json", inflated.dump());
   const Result noted = run_cli({"run", (dir / "sweep.toml").string(), "--out", out.string()});
   CHECK(noted.status == 0);
-  CHECK_MESSAGE(noted.out.find("skipped; its record does not hold to its plan: exact/causal "
+  CHECK(noted.out.find("already complete (") != std::string::npos);
+  CHECK_MESSAGE(noted.err.find("is complete but does not hold to its plan: exact/causal "
                                "lm-head FLOPs: measured ") != std::string::npos,
-                noted.out);
+                noted.err);
+  CHECK_MESSAGE(noted.err.find("to train the point again, remove only record.json to resume "
+                               "from") != std::string::npos,
+                noted.err);
+  CHECK(one_line(noted.err));
+
+  // A final BPC that is not its last evaluation's (a hand edit a report would rank the point
+  // by): refused as damaged, before anything trains, keeping the checkpoint's work.
+  json edited_bpc = json::parse(moe_before);
+  edited_bpc["final_val_bpc"] = 0.5;
+  write_file_atomic(out / "moe-a" / "record.json", edited_bpc.dump());
+  const Result bpc = run_cli({"run", (dir / "sweep.toml").string(), "--out", out.string()});
+  CHECK(bpc.status == 2);
+  CHECK(one_line(bpc.err));
+  CHECK_MESSAGE(bpc.err.find("'final_val_bpc' is missing or not the last evaluation's val_bpc") !=
+                    std::string::npos,
+                bpc.err);
+  CHECK_MESSAGE(bpc.err.find("remove only record.json to resume from") != std::string::npos,
+                bpc.err);
 
   // A damaged one is refused before any point trains: the dense point, moved away, is not
   // trained again, and the message names the file and the key.
@@ -791,10 +811,15 @@ TEST_CASE("resume refuses a source whose tokens changed; stale temp files are cl
   fs::create_directories(out / "dense" / "checkpoint");
   write_file_atomic(out / "dense" / ".record.json.tmp.AbC123", "half a record");
   write_file_atomic(out / "dense" / "checkpoint" / ".state.ckpt.tmp.XyZ789", "half a checkpoint");
+  // A user's own files that merely look alike are not ours: kept.
+  write_file_atomic(out / "dense" / ".my.tmp.notes", "notes");
+  write_file_atomic(out / "dense" / "checkpoint" / ".backup.tmp.state.ckpt", "a backup");
   const Result first = run_cli(args);
   REQUIRE_MESSAGE(first.status == 0, first.err);
   CHECK_FALSE(fs::exists(out / "dense" / ".record.json.tmp.AbC123"));
   CHECK_FALSE(fs::exists(out / "dense" / "checkpoint" / ".state.ckpt.tmp.XyZ789"));
+  CHECK(fs::exists(out / "dense" / ".my.tmp.notes"));
+  CHECK(fs::exists(out / "dense" / "checkpoint" / ".backup.tmp.state.ckpt"));
   // Make the point resumable again (as an interrupted one would be), then change the file's
   // first bytes, keeping its size: the resume is refused, naming both fingerprints.
   json rec = record(out, "dense");

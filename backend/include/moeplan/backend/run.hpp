@@ -90,6 +90,11 @@ void check_plan_consistent(const Plan& plan);
 // [train] settings: run_point refuses such a folder rather than mix two runs in it.
 nlohmann::json existing_record(const Plan& plan, const nlohmann::json& plan_json,
                                const TrainSettings& train, const std::filesystem::path& out_dir);
+// What to do about a point's record that cannot stand: "remove only record.json to resume from
+// '<checkpoint>' (step N), which rebuilds it, or move the point's folder away ..." when its
+// checkpoint is readable and made for this plan and settings, else the move alone.
+std::string record_remedy(const Plan& plan, const nlohmann::json& plan_json,
+                          const TrainSettings& train, const std::filesystem::path& out_dir);
 
 // Throws InputError (one line, as the point's resume would) when the point's checkpoint was made
 // under another plan, [train] settings, --device or --micro-batch, or is damaged (checksum). The

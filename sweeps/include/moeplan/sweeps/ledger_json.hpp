@@ -30,7 +30,8 @@ std::optional<int64_t> count_from_json(const nlohmann::json& j);
 // of objects with numbers `step` and `val_bpc` (and `parts`, if given, an object of numbers),
 // `loss_curve` an array of objects with numbers `tokens_consumed` and `train_loss`; either may be
 // absent. The first key that is not so, by its full path ("val_curve[3].val_bpc"), with what it
-// should be ("a number") and whether it is missing; nullopt when both curves are sound.
+// should be ("a number") and whether it is missing; nullopt when both curves are sound. Of a
+// complete record with evaluations, also `final_val_bpc` its last `val_bpc`.
 struct RecordDefect {
   std::string key;
   std::string want;
