@@ -386,7 +386,7 @@ const bool registered = register_command(
                       "steps between checkpoints (default: the manifest's, else ~20 per point)")
            ->transform(decimal_integer());
        app.add_option("--threads", f->threads, "CPU threads (0: the default)")
-           ->transform(decimal_integer());
+           ->transform(decimal_integer(std::numeric_limits<int>::max()));
        app.add_option("--micro-batch", f->micro_batch,
                       "sequences per forward/backward pass on each rank; a step accumulates "
                       "its batch's gradients over the passes (0: the whole batch in one pass)")
@@ -402,7 +402,7 @@ const bool registered = register_command(
        app.add_option("--nproc", f->nproc,
                       "cuda: train each point data-parallel over this many GPUs of this machine, "
                       "one rank process each (as torchrun would start them)")
-           ->transform(decimal_integer());
+           ->transform(decimal_integer(std::numeric_limits<int>::max()));
        return [f] { return run(*f); };
      }});
 

@@ -1,7 +1,10 @@
 #pragma once
 // Each sub-command lives in its own cli/cmd_*.cpp and registers itself here at start-up.
 // The CLI only parses flags, calls the libraries and prints: no logic of its own.
+#include <charconv>
+#include <cstdint>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -13,6 +16,10 @@ namespace moeplan::cli {
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitClaimFailed = 1;  // audit: a claim does not hold
 inline constexpr int kExitBadInput = 2;     // unusable input; one line on stderr
+// Anything else that went wrong (a failed system call, an allocation, a bug): one line on
+// stderr, a status of its own (sysexits' EX_SOFTWARE), not run's 3 (points left to another
+// process) or 4 (diverged), which a script acts on.
+inline constexpr int kExitInternal = 70;
 
 // `setup` declares the sub-command's flags on `app` and returns the action to run after parsing.
 using Setup = std::function<std::function<int()>(CLI::App& app)>;
@@ -33,11 +40,14 @@ inline CLI::Validator non_empty_path() {
       "PATH");
 }
 
-// For integer options: plain decimal digits with an optional sign. CLI11 reads "010" as octal 8
-// and "0x5" as hex; a count typed with a leading zero means ten. Leading zeros are dropped.
-inline CLI::Validator decimal_integer() {
+// For integer options: plain decimal digits with an optional sign, at most hi. CLI11 reads "010"
+// as octal 8 and "0x5" as hex; a count typed with a leading zero means ten. Leading zeros are
+// dropped. A value past hi (or past int64) is refused naming the limit: CLI11 clamped one past
+// int64 to its maximum in silence, and said only "Could not convert" past an int. (Each option
+// checks its own lower bound, with its own words.)
+inline CLI::Validator decimal_integer(int64_t hi = std::numeric_limits<int64_t>::max()) {
   return CLI::Validator(
-      [](std::string& value) {
+      [hi](std::string& value) {
         size_t i = value.size() > 0 && (value[0] == '-' || value[0] == '+') ? 1 : 0;
         const size_t digits = i;
         while (i < value.size() && value[i] >= '0' && value[i] <= '9') ++i;
@@ -45,6 +55,11 @@ inline CLI::Validator decimal_integer() {
           return "'" + value + "' is not a whole number in decimal digits (e.g. 8)";
         const size_t first = value.find_first_not_of('0', digits);
         value.erase(digits, (first == std::string::npos ? value.size() - 1 : first) - digits);
+        int64_t v = 0;
+        const char* b = value.data() + (value[0] == '+' ? 1 : 0);
+        const auto [end, ec] = std::from_chars(b, value.data() + value.size(), v);
+        if (ec != std::errc() || end != value.data() + value.size() || v > hi)
+          return "'" + value + "' is out of range (at most " + std::to_string(hi) + ")";
         return std::string();
       },
       "INT");

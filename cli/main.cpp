@@ -101,7 +101,7 @@ int main(int argc, char** argv) {
     return kExitBadInput;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "moeplan: error: %s\n", e.what());
-    return 3;
+    return kExitInternal;
   }
   return kExitBadInput;
 }

@@ -342,6 +342,13 @@ static void check_checkpoint_head(const CheckpointHead& h, const fs::path& ckpt_
         "checkpoint '{}' of point '{}' was trained with other [train] settings: {}; move the "
         "folder away or choose another --out",
         ckpt_path.string(), plan.id, d));
+  // A step outside the plan's (an edited head with its checksum made again) would "resume" past
+  // the end into a complete record of too few tokens, or before the start.
+  if (h.step < 0 || h.step > plan.budget.steps)
+    throw InputError(fmt::format(
+        "checkpoint '{}' of point '{}' is at step {}, outside the plan's 0 to {}: it was edited "
+        "or belongs to another run; move the folder away to train the point again",
+        ckpt_path.string(), plan.id, h.step, plan.budget.steps));
   if (!h.device.empty() && h.device != opt.device)
     throw InputError(fmt::format(
         "checkpoint '{}' of point '{}' was trained with --device {}, this run asks for {}; "

@@ -964,6 +964,18 @@ TEST_CASE(
     CHECK_FALSE(fs::exists(copy / "dense" / "record.json"));
     CHECK(read_checkpoint(out / "moe-i" / "checkpoint" / "state.ckpt").state.kernels ==
           "eigen-fp32");  // what the engine chose is kept beside the request
+    // A step past the plan's end (an edited head, its checksum made again) would "resume" into
+    // a complete record of too few tokens: refused, as a negative one is.
+    edited.state.kernels_requested.reset();
+    for (const int64_t step : {edited.plan.at("steps").get<int64_t>() + 100, int64_t{-5}}) {
+      edited.state.step = step;
+      write_checkpoint(ckpt, edited);
+      const Result past = run_cli({"run", sweep, "--out", copy.string()});
+      CHECK(past.status == 2);
+      CHECK_MESSAGE(past.err.find(fmt::format("is at step {}, outside the plan's 0 to", step)) !=
+                        std::string::npos,
+                    past.err);
+    }
   }
   // A resume under another auxiliary loss would train half the point with each: refused, and the
   // checkpoint and record are left as they were.
