@@ -237,6 +237,7 @@ int run(const RunFlags& f) {
   std::map<std::string, std::string> skip_warnings;  // point id: what its complete record fails
   for (const Plan* p : points) {
     backend::check_plan_consistent(*p);
+    if (!f.estimate) backend::check_point_folder(opt.out_dir, p->id);
     const nlohmann::json rec = backend::existing_record(*p, plan_to_json(*p), m.train, opt.out_dir);
     const bool complete = rec.is_object() && rec.value("status", "") == "complete";
     // A complete point reads nothing: its source may be gone (a runs folder moved elsewhere).

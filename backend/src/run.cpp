@@ -445,6 +445,30 @@ nlohmann::json existing_record(const Plan& plan, const nlohmann::json& plan_json
   return rec;
 }
 
+void check_point_folder(const fs::path& out_dir, const std::string& id) {
+  // What only the point's own turn would have found, after the points before it trained.
+  if (id.size() > 255)
+    throw InputError(fmt::format(
+        "point id '{}...' is {} bytes, longer than a folder name may be (255); give it a shorter "
+        "id in the manifest",
+        id.substr(0, 40), id.size()));
+  const fs::path dir = out_dir / id;
+  std::error_code ec;
+  for (const fs::path& p : {dir, dir / "checkpoint"}) {
+    if (!fs::exists(fs::symlink_status(p, ec))) break;  // made when the point trains
+    if (!fs::is_directory(fs::status(p, ec)))
+      throw InputError(fmt::format(
+          "'{}' is in the way of point '{}': it must be a folder (the point writes its record "
+          "and checkpoint/ there); move it away",
+          p.string(), id));
+  }
+  const fs::path lock = dir / ".lock";
+  if (fs::exists(fs::symlink_status(lock, ec)) && fs::is_directory(fs::status(lock, ec)))
+    throw InputError(
+        fmt::format("'{}' is a folder: point '{}' takes its lock in that file; move it away",
+                    lock.string(), id));
+}
+
 void check_resumable(const Plan& plan, const nlohmann::json& plan_json, const TrainSettings& train,
                      const RunOptions& opt) {
   const fs::path path = opt.out_dir / plan.id / "checkpoint" / "state.ckpt";

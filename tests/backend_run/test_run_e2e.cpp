@@ -442,6 +442,33 @@ TEST_CASE("refusals: one line, non-zero exit, earlier records and checkpoints in
     CHECK(r.status == 2);
     CHECK(one_line(r.err));
     CHECK(r.err.find("cannot write to") != std::string::npos);
+    CHECK_MESSAGE(r.err.find("ok.bin' is a file, not a folder") != std::string::npos, r.err);
+    intact();
+  }
+  // What is in a point's way is found before the first point trains, not at its own turn: a
+  // file where its folder goes, a folder where its lock file goes; a link to nothing as --out.
+  {
+    const fs::path in_way = dir / "in-way";
+    fs::create_directories(in_way / "dense" / ".lock");
+    const Result lock = run_cli({"run", (dir / "good.toml").string(), "--out", in_way.string()});
+    CHECK(lock.status == 2);
+    CHECK(one_line(lock.err));
+    CHECK_MESSAGE(lock.err.find("dense/.lock' is a folder") != std::string::npos, lock.err);
+    fs::remove_all(in_way);
+    fs::create_directories(in_way);
+    write_file_atomic(in_way / "moe-a", "a user's file");
+    const Result file = run_cli({"run", (dir / "good.toml").string(), "--out", in_way.string()});
+    CHECK(file.status == 2);
+    CHECK_MESSAGE(
+        file.err.find("in-way/moe-a' is in the way of point 'moe-a'") != std::string::npos,
+        file.err);
+    CHECK_FALSE(fs::exists(in_way / "dense"));  // nothing trained first
+    CHECK(read_file(in_way / "moe-a") == "a user's file");
+    fs::create_symlink(dir / "no-such-folder", dir / "dangling");
+    const Result link =
+        run_cli({"run", (dir / "good.toml").string(), "--out", (dir / "dangling").string()});
+    CHECK(link.status == 2);
+    CHECK_MESSAGE(link.err.find("which does not exist") != std::string::npos, link.err);
     intact();
   }
   // A manifest edited to an inconsistent state: tokens_consumed no longer steps·B·S.

@@ -96,6 +96,11 @@ nlohmann::json existing_record(const Plan& plan, const nlohmann::json& plan_json
 std::string record_remedy(const Plan& plan, const nlohmann::json& plan_json,
                           const TrainSettings& train, const std::filesystem::path& out_dir);
 
+// Throws InputError (one line) when what is at out_dir/<id> would stop the point when its turn
+// comes: its folder or checkpoint/ a file, its .lock a folder, an id too long to be a folder
+// name. Checked before any point trains.
+void check_point_folder(const std::filesystem::path& out_dir, const std::string& id);
+
 // Throws InputError (one line, as the point's resume would) when the point's checkpoint was made
 // under another plan, [train] settings, --device or --micro-batch, or is damaged (checksum). The
 // source's fingerprints are compared when the point resumes.
