@@ -235,6 +235,7 @@ int run(const RunFlags& f) {
     throw InputError(fmt::format("--device {}: no {} device is visible on this machine", opt.device,
                                  opt.device == "cuda" ? "CUDA" : opt.device));
   std::map<std::string, std::string> skip_warnings;  // point id: what its complete record fails
+  std::vector<const Plan*> pending;                  // to train (or to resume)
   for (const Plan* p : points) {
     backend::check_plan_consistent(*p);
     if (!f.estimate) backend::check_point_folder(opt.out_dir, p->id);
@@ -242,6 +243,7 @@ int run(const RunFlags& f) {
     const bool complete = rec.is_object() && rec.value("status", "") == "complete";
     // A complete point reads nothing: its source may be gone (a runs folder moved elsewhere).
     if (!complete) backend::check_source_fits(*p, m.train, opt.source_base);
+    if (!complete) pending.push_back(p);
     if (complete)
       skip_warnings[p->id] =
           check_complete_record(rec, (opt.out_dir / p->id / "record.json").string(),
@@ -249,6 +251,7 @@ int run(const RunFlags& f) {
     else if (!f.estimate)  // an estimate may time another device or passes than the checkpoint's
       backend::check_resumable(*p, plan_to_json(*p), m.train, opt);
   }
+  if (!f.estimate) backend::check_source_tokens(pending, m.train, opt.source_base);
   if (!f.estimate) backend::ensure_writable_dir(opt.out_dir);  // an estimate writes nothing
 
   std::signal(SIGINT, on_stop_signal);

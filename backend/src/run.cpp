@@ -222,6 +222,32 @@ void check_source_fits(const Plan& p, const TrainSettings& t, const std::filesys
         p.id, t.source, have, train, validation, train + validation));
 }
 
+void check_source_tokens(const std::vector<const Plan*>& pending, const TrainSettings& t,
+                         const std::filesystem::path& base) {
+  // One point alone reads its tokens first thing: nothing would train before its refusal.
+  if (pending.size() < 2 || !source_file(t.source)) return;
+  // The regions the points read, largest first; one that another covers (a training prefix and
+  // a held-out tail no longer than it) is read with it. Strict reuse: one read for the sweep.
+  struct Region {
+    int64_t train, validation, vocab;
+  };
+  std::vector<Region> regions;
+  for (const Plan* p : pending)
+    regions.push_back({p->budget.tokens_unique + 1, eval_windows_for(*p, t) * p->arch.seq_len + 1,
+                       p->arch.vocab});
+  std::sort(regions.begin(), regions.end(),
+            [](const Region& a, const Region& b) { return a.train > b.train; });
+  std::vector<Region> read;
+  for (const Region& r : regions) {
+    if (std::any_of(read.begin(), read.end(), [&](const Region& d) {
+          return d.train >= r.train && d.validation >= r.validation && d.vocab <= r.vocab;
+        }))
+      continue;
+    load_source(source_from(t.source, base), r.train, r.validation, t.data_seed, r.vocab);
+    read.push_back(r);
+  }
+}
+
 int64_t eval_every_for(const Plan& p, const TrainSettings& t) {
   if (t.eval_every > 0) return t.eval_every;
   return std::max<int64_t>(1, p.budget.steps / 10);

@@ -418,6 +418,27 @@ TEST_CASE("refusals: one line, non-zero exit, earlier records and checkpoints in
     return r;
   };
 
+  // A token outside the vocabulary where only a later point reads (moe-b's D̂ is twice the
+  // dense baseline's): refused before the dense point trains, not after it.
+  {
+    const Plan dense = tiny_plan("dense", true, 12, 4, 20);
+    const int64_t seq = dense.arch.seq_len;
+    std::vector<uint16_t> longer(size_t(40 * seq + 1 + 256 + 1 + 64), 66);
+    longer[size_t(30 * seq)] = 300;
+    write_shard(dir / "late-bad.bin", longer);
+    Manifest late = tiny_manifest(dense, {tiny_plan("moe-b", false, 12, 4, 40)});
+    late.train.source = "shards:" + (dir / "late-bad.bin").string();
+    write_manifest_atomic(late, dir / "late.toml");
+    const Result r =
+        run_cli({"run", (dir / "late.toml").string(), "--out", (dir / "late-runs").string()});
+    CHECK(r.status == 2);
+    CHECK(one_line(r.err));
+    CHECK_MESSAGE(r.err.find(fmt::format("token 300 at position {} is outside the model's "
+                                         "vocabulary",
+                                         30 * seq)) != std::string::npos,
+                  r.err);
+    CHECK_FALSE(fs::exists(dir / "late-runs" / "dense"));
+  }
   // Corrupt shards: bad magic, truncated.
   std::vector<uint16_t> toks(2000, 65);
   write_shard(dir / "ok.bin", toks);

@@ -118,6 +118,13 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
 void check_source_fits(const Plan& plan, const TrainSettings& train,
                        const std::filesystem::path& source_base = {});
 
+// Throws InputError (as a point's own start would) when a file source holds a token outside a
+// pending point's vocabulary in the tokens it would read: with two or more points to train, run
+// before the first, so that a bad token in a later point's longer region does not stop the
+// sweep after earlier points trained. Reads each region once (the largest covers the others).
+void check_source_tokens(const std::vector<const Plan*>& pending, const TrainSettings& train,
+                         const std::filesystem::path& source_base = {});
+
 // Validation set size and cadence actually used for a plan (auto rules when the manifest says 0).
 int64_t eval_windows_for(const Plan& plan, const TrainSettings& train);
 int64_t eval_every_for(const Plan& plan, const TrainSettings& train);
