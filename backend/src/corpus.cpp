@@ -89,6 +89,12 @@ std::string describe_count(int64_t n) {
 std::vector<fs::path> expand_glob(const std::string& pattern) {
   const fs::path p(pattern);
   const std::string name = p.filename().string();
+  if (p.parent_path().string().find_first_of("*?[") != std::string::npos &&
+      !fs::exists(p.parent_path()))
+    throw InputError(fmt::format(
+        "shards: '{}' has a pattern in its folder part; patterns match file names in one folder "
+        "(such as 'shards/train_*.bin'): link the shards into one folder",
+        pattern));
   if (name.find_first_of("*?[") == std::string::npos) {
     std::error_code ec;
     if (fs::is_directory(p, ec))
@@ -100,10 +106,28 @@ std::vector<fs::path> expand_glob(const std::string& pattern) {
   const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
   std::vector<fs::path> out;
   std::error_code ec;
-  for (const auto& e : fs::directory_iterator(dir, ec))
-    if (e.is_regular_file() && ::fnmatch(name.c_str(), e.path().filename().c_str(), 0) == 0)
-      out.push_back(e.path());
+  // As a shell matches: a leading '.' only by a leading '.' (a half-copied ".train_002.bin" is
+  // not a shard), and every match a readable file (a link to nothing is named, not skipped).
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    if (::fnmatch(name.c_str(), e.path().filename().c_str(), FNM_PERIOD) != 0) continue;
+    std::error_code ec2;
+    if (!fs::is_regular_file(e.path(), ec2))
+      throw InputError(fmt::format(
+          "shards: '{}' matches '{}' but is not a file{}; move it away or narrow the pattern",
+          e.path().string(), pattern,
+          fs::is_symlink(e.symlink_status(ec2)) && !fs::exists(e.path(), ec2)
+              ? fmt::format(" (a link to '{}', which does not exist)",
+                            fs::read_symlink(e.path(), ec2).string())
+              : ""));
+    out.push_back(e.path());
+  }
   if (ec) throw InputError(fmt::format("shards: cannot list '{}': {}", dir.string(), ec.message()));
+  // A file whose own name holds '[' reads as a pattern: say how to name it.
+  if (out.empty() && fs::exists(p, ec))
+    throw InputError(fmt::format(
+        "shards: '{}' is read as a pattern and matches nothing, but is a file's own name: write "
+        "'[' as '\\[' (and '*' '?' as '\\*' '\\?') to name it",
+        pattern));
   std::sort(out.begin(), out.end());
   return out;
 }

@@ -208,6 +208,34 @@ TEST_CASE("corrupt shards and small sources fail with one line naming the proble
     CHECK(std::string(line).find('\n') == std::string::npos);
 }
 
+TEST_CASE("shard patterns match as a shell does: no hidden files, no silent skips") {
+  const fs::path dir = fresh_dir("globs");
+  std::vector<uint16_t> t(100, 7);
+  write_shard(dir / "s_000.bin", t);
+  write_shard(dir / "s_001.bin", t);
+  // A half-copied hidden file is no shard (ls s_*.bin and *.bin list 2 files).
+  write_shard(dir / ".s_002.bin", std::vector<uint16_t>(50, 9));
+  CHECK(source_token_count("shards:" + (dir / "*.bin").string()) == 200);
+  CHECK(source_token_count("shards:" + (dir / ".s_*.bin").string()) == 50);  // asked by name
+  // A link to nothing that the pattern matches is named, not skipped.
+  fs::create_symlink(dir / "gone.bin", dir / "s_003.bin");
+  const std::string dangling =
+      error_of([&] { source_token_count("shards:" + (dir / "s_*.bin").string()); });
+  CHECK_MESSAGE(dangling.find("s_003.bin' matches") != std::string::npos, dangling);
+  CHECK_MESSAGE(dangling.find("which does not exist") != std::string::npos, dangling);
+  fs::remove(dir / "s_003.bin");
+  // A pattern in the folder part is said to be one, not "cannot read".
+  CHECK(error_of([&] {
+          source_token_count("shards:" + (dir / "s*" / "x.bin").string());
+        }).find("has a pattern in its folder part") != std::string::npos);
+  // A file whose own name has a bracket: told how to escape it.
+  write_shard(dir / "b[1].bin", t);
+  CHECK(error_of([&] {
+          source_token_count("shards:" + (dir / "b[1].bin").string());
+        }).find("write '[' as '\\['") != std::string::npos);
+  CHECK(source_token_count("shards:" + (dir / "b\\[1].bin").string()) == 100);
+}
+
 TEST_CASE("text files are byte tokens; validation is the file's tail") {
   const fs::path dir = fresh_dir("text");
   std::string text;
