@@ -436,8 +436,28 @@ std::string verdict_of(const std::vector<json>& records, const json* dense) {
 // The report's charts: the sweep's outcome (final BPC against r_a, the dense baseline as a
 // line), validation BPC against training compute (every point ends at the same C), and training
 // loss against consumed tokens (the MoE points read more, repeating D̂).
+// What BPC is per: "byte" where every record's tokens are bytes (the built-in corpus and text
+// files; a record that does not say is a byte source), "token" where none are (llm.c shards of a
+// tokenizer's ids: about 4x the per-byte figure at GPT-2's ~4 bytes a token), else both.
+std::string bpc_per(const std::vector<json>& records) {
+  bool bytes = false, tokens = false;
+  for (const json& r : records)
+    (!r.contains("data") || r["data"].value("byte_tokens", true) ? bytes : tokens) = true;
+  return tokens && !bytes ? "token" : tokens ? "byte or token" : "byte";
+}
+
+// The title's words for it.
+std::string bpc_words(const std::vector<json>& records) {
+  const std::string per = bpc_per(records);
+  return fmt::format("validation bits per {}{}", per,
+                     per == "token"           ? " (the source's tokens are not bytes)"
+                     : per == "byte or token" ? " (each record's own source's unit)"
+                                              : "");
+}
+
 std::vector<plot::Chart> charts_of(const std::vector<json>& records, const json* dense) {
   std::vector<plot::Chart> charts;
+  const std::string bpc_axis = "validation bits per " + bpc_per(records);
   plot::Series moe{"MoE points", {}, true, false};
   for (const json& r : records)
     if (!is_dense(r) && is_complete(r) && (!dense || comparable(r, *dense)))
@@ -450,7 +470,7 @@ std::vector<plot::Chart> charts_of(const std::vector<json>& records, const json*
                          : "Final validation BPC against the activation rate (equal N and C; "
                            "loose reuse: D̂ per point)",
                   "activation rate r_a = N_a / N",
-                  "validation bits per byte (lower is better)",
+                  bpc_axis + " (lower is better)",
                   {},
                   0,
                   "bpc-ra"};
@@ -483,12 +503,8 @@ std::vector<plot::Chart> charts_of(const std::vector<json>& records, const json*
       charts.push_back(std::move(c));
     }
   }
-  plot::Chart val{"Validation BPC during training, against training compute",
-                  "",
-                  "validation bits per byte",
-                  {},
-                  0,
-                  "val-c"};
+  plot::Chart val{
+      "Validation BPC during training, against training compute", "", bpc_axis, {}, 0, "val-c"};
   plot::Chart loss{"Training loss against consumed tokens (y axis fitted from 15 % of each run on)",
                    "tokens consumed (repeats counted)",
                    "training loss (nats per token)",
@@ -765,10 +781,10 @@ std::string render_run_report(const std::vector<json>& records, const std::strin
       "dense run of the same device label (devices, kernels, passes, optimizer sharding)";
   const std::string verdict = verdict_of(records, dense);
   const std::string title = fmt::format(
-      "moeplan report: {} run(s) in {}. BPC = validation bits per byte (held-out data); C in the "
+      "moeplan report: {} run(s) in {}. BPC = {} (held-out data); C in the "
       "{} convention (6·N_a + 12·L·D_m·S per consumed token); D consumed counts repeats, D̂ "
       "unique does not",
-      records.size(), source, paper);
+      records.size(), source, bpc_words(records), paper);
   const std::string bars = bars_of(records, dense);
   switch (format) {
     case ReportFormat::text:
@@ -971,11 +987,13 @@ std::string render_replicate_report(const std::vector<std::vector<json>>& folder
   std::string folders_text;
   for (size_t f = 0; f < names.size(); ++f)
     folders_text += fmt::format("{}{} (seed/data_seed {})", f ? ", " : "", names[f], seeds[f]);
+  std::vector<json> all;
+  for (const auto& f : folders) all.insert(all.end(), f.begin(), f.end());
   const std::string title = fmt::format(
-      "moeplan report: {} points over {} runs folders of one sweep: {}. val BPC = final "
-      "validation bits per byte; vs dense = a point's BPC minus the dense baseline's of the same "
-      "folder (its seeds); sd is the sample standard deviation over the replicates",
-      order.size(), folders.size(), folders_text);
+      "moeplan report: {} points over {} runs folders of one sweep: {}. val BPC = final {}; vs "
+      "dense = a point's BPC minus the dense baseline's of the same folder (its seeds); sd is "
+      "the sample standard deviation over the replicates",
+      order.size(), folders.size(), folders_text, bpc_words(all));
   std::string verdict =
       fmt::format("MoE points below their folder's dense baseline in every replicate: {} of {}{}",
                   moe_always, moe_points,
@@ -1010,7 +1028,7 @@ std::string render_replicate_report(const std::vector<std::vector<json>>& folder
   }
   plot::Chart c{"Final validation BPC against the activation rate, every replicate",
                 "activation rate r_a = N_a / N",
-                "validation bits per byte (lower is better)",
+                "validation bits per " + bpc_per(all) + " (lower is better)",
                 {},
                 0,
                 "replicates"};

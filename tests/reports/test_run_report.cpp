@@ -290,6 +290,21 @@ TEST_CASE("report: a training region edited between two points' runs is other da
   }
 }
 
+TEST_CASE("report: BPC of a source whose tokens are not bytes is per token, and says so") {
+  std::vector<json> recs = {record("dense", true, 1.0, 2.0), record("moe-a", false, 0.2, 1.8)};
+  CHECK(moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::text)
+            .find("BPC = validation bits per byte (held-out data)") != std::string::npos);
+  for (json& r : recs)
+    r["data"] = {{"source", "shards:x_*.bin"}, {"validation_tokens", 256}, {"byte_tokens", false}};
+  const std::string text = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::text);
+  CHECK(text.find("BPC = validation bits per token (the source's tokens are not bytes)") !=
+        std::string::npos);
+  CHECK(text.find("bits per byte") == std::string::npos);
+  const std::string html = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::html);
+  CHECK(html.find("validation bits per token (lower is better)") != std::string::npos);
+  CHECK(html.find("bits per byte") == std::string::npos);
+}
+
 TEST_CASE("replicates: a record not comparable with its folder's baseline is left out, named") {
   // Folder b's moe-a has 5 % more C than b's dense: it is no replicate of the equal-resource
   // point. moe-a's columns are folder a's alone: mean 1.8, vs dense -0.2, 1 of 1.
