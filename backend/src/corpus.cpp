@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <fnmatch.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -10,6 +11,7 @@
 #include <array>
 #include <cerrno>
 #include <cstring>
+#include <mutex>
 #include <set>
 #include <string_view>
 
@@ -202,7 +204,36 @@ std::vector<uint16_t> read_shard(const fs::path& path) {
   return tokens;
 }
 
+namespace {
+
+// A mapped file cut shorter while it is mapped turns a read past its new end into SIGBUS, which
+// killed the process with "Bus error" and no word of why. Mapped shards are moeplan's only
+// mappings of files: the handler says what most likely happened and exits 70 (the last
+// checkpoint is intact: checkpoints are written whole or not at all).
+void on_sigbus(int) {
+  static const char msg[] =
+      "moeplan: error: SIGBUS reading a memory-mapped shard: a source file was most likely cut "
+      "shorter (truncated, rewritten) while the run read it; the files of a running sweep must "
+      "not change: rerun the same command to resume from the last checkpoint once they are "
+      "whole\n";
+  [[maybe_unused]] const ssize_t w = ::write(2, msg, sizeof msg - 1);
+  ::_exit(70);
+}
+
+void say_why_on_sigbus() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction sa {};
+    sa.sa_handler = on_sigbus;
+    sigemptyset(&sa.sa_mask);
+    ::sigaction(SIGBUS, &sa, nullptr);
+  });
+}
+
+}  // namespace
+
 MappedShards::MappedShards(const std::vector<fs::path>& files) {
+  say_why_on_sigbus();
   try {
     for (const fs::path& f : files) {
       const int fd = ::open(f.c_str(), O_RDONLY);

@@ -1,6 +1,9 @@
 // The data side of a run: sources, the unique window, epochs and the token ledger, checked
 // against counts made here, independently of the loader.
 #include <doctest/doctest.h>
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -234,6 +237,31 @@ TEST_CASE("shard patterns match as a shell does: no hidden files, no silent skip
           source_token_count("shards:" + (dir / "b[1].bin").string());
         }).find("write '[' as '\\['") != std::string::npos);
   CHECK(source_token_count("shards:" + (dir / "b\\[1].bin").string()) == 100);
+}
+
+TEST_CASE("a shard cut shorter while mapped: one line on stderr and exit 70, not 'Bus error'") {
+  const fs::path dir = fresh_dir("sigbus");
+  write_shard(dir / "s.bin", std::vector<uint16_t>(100000, 7));
+  const fs::path err = dir / "stderr";
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    const int e = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(e, 2);
+    const MappedShards shards({dir / "s.bin"});
+    std::error_code ec;
+    fs::resize_file(dir / "s.bin", 1024, ec);  // as `truncate -s 1024` beside a run
+    std::vector<uint16_t> out(1000);
+    shards.copy(90000, 1000, out.data());  // past the new end: SIGBUS
+    ::_exit(0);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 70);
+  const std::string said = read_file(err);
+  CHECK(said.rfind("moeplan: error: SIGBUS reading a memory-mapped shard", 0) == 0);
+  CHECK(std::count(said.begin(), said.end(), '\n') == 1);
 }
 
 TEST_CASE("text files are byte tokens; validation is the file's tail") {
