@@ -103,6 +103,8 @@ std::vector<fs::path> expand_glob(const std::string& pattern) {
       throw InputError(
           fmt::format("shards: '{}' is a folder; give a shard file or a pattern such as '{}/*.bin'",
                       pattern, pattern));
+    // A name that is no file matches nothing: the caller names the source that asked for it.
+    if (!fs::exists(fs::symlink_status(p, ec))) return {};
     return {p};
   }
   const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");

@@ -206,7 +206,10 @@ void check_source_fits(const Plan& p, const TrainSettings& t, const std::filesys
   try {
     have = source_token_count(from);
   } catch (const InputError& e) {
-    if (from == t.source) throw;
+    // Where the file was found, the relative path was not the trouble: no hint.
+    std::error_code ec;
+    const auto file = source_file(from);
+    if (from == t.source || (file && fs::exists(file->path, ec))) throw;
     throw InputError(
         fmt::format("{} (a relative source path is read from the manifest's folder, "
                     "'{}')",
@@ -218,7 +221,9 @@ void check_source_fits(const Plan& p, const TrainSettings& t, const std::filesys
   if (have < train + validation)
     throw InputError(fmt::format(
         "point '{}': source '{}' has {} tokens; the plan needs {} for training (D̂ + 1 target) "
-        "plus {} held-out validation tokens = {}",
+        "plus {} held-out validation tokens = {}: give a larger source, or plan fewer unique "
+        "tokens (grid --unique-tokens, --dense-tpp) or fewer held-out ones (--train "
+        "eval_tokens=N)",
         p.id, t.source, have, train, validation, train + validation));
 }
 
@@ -500,6 +505,12 @@ void check_resumable(const Plan& plan, const nlohmann::json& plan_json, const Tr
   const fs::path path = opt.out_dir / plan.id / "checkpoint" / "state.ckpt";
   std::error_code ec;
   if (!fs::exists(fs::symlink_status(path, ec))) return;
+  if (!fs::is_regular_file(fs::status(path, ec)))
+    throw InputError(fmt::format(
+        "checkpoint '{}' of point '{}' is not a file ({}); move it away to train the point from "
+        "step 0",
+        path.string(), plan.id,
+        fs::is_directory(fs::status(path, ec)) ? "a folder" : "a link to nothing, or no file"));
   // The whole file, checksum included: a damaged checkpoint is refused before any point trains.
   // Only its head is kept: the weights and optimizer state are read again when the point resumes.
   check_checkpoint_head(read_checkpoint_head(path), path, plan, plan_json, train, opt);

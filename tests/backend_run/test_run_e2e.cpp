@@ -485,6 +485,13 @@ TEST_CASE("refusals: one line, non-zero exit, earlier records and checkpoints in
         file.err);
     CHECK_FALSE(fs::exists(in_way / "dense"));  // nothing trained first
     CHECK(read_file(in_way / "moe-a") == "a user's file");
+    fs::remove(in_way / "moe-a");
+    fs::create_directories(in_way / "moe-a" / "checkpoint" / "state.ckpt");
+    const Result ckpt = run_cli({"run", (dir / "good.toml").string(), "--out", in_way.string()});
+    CHECK(ckpt.status == 2);
+    CHECK_MESSAGE(ckpt.err.find("state.ckpt' of point 'moe-a' is not a file (a folder); move it "
+                                "away to train the point from step 0") != std::string::npos,
+                  ckpt.err);
     fs::create_symlink(dir / "no-such-folder", dir / "dangling");
     const Result link =
         run_cli({"run", (dir / "good.toml").string(), "--out", (dir / "dangling").string()});
@@ -746,7 +753,8 @@ TEST_CASE("a source too short for a later point is refused before any point trai
   CHECK_MESSAGE(one_line(r.err), r.err);
   CHECK_MESSAGE(r.err.find("point 'moe-big': source 'text:" + (dir / "t.txt").string() +
                            "' has 2000 tokens; the plan needs 3201 for training (D̂ + 1 target) "
-                           "plus 257 held-out validation tokens = 3458") != std::string::npos,
+                           "plus 257 held-out validation tokens = 3458: give a larger source, "
+                           "or plan fewer unique tokens") != std::string::npos,
                 r.err);
   CHECK_FALSE(fs::exists(dir / "runs" / "dense" / "record.json"));
   // --point names one point: an id not in the manifest, or an empty one, is refused with the list.
@@ -807,6 +815,15 @@ TEST_CASE(
   CHECK_MESSAGE(r.err.find("(a relative source path is read from the manifest's folder, '" +
                            (dir / "sweeps").string() + "')") != std::string::npos,
                 r.err);
+  // Found there but unusable (not a shard): the path was not the trouble, no hint.
+  Manifest bad = read_manifest(sweep);
+  write_file_atomic(dir / "sweeps" / "bad.bin", std::string(4096, 'x'));
+  bad.train.source = "shards:bad.bin";
+  write_manifest_atomic(bad, dir / "sweeps" / "bad.toml");
+  r = run_cli({"run", (dir / "sweeps" / "bad.toml").string(), "--out", (dir / "runs3").string()});
+  CHECK(r.status == 2);
+  CHECK_MESSAGE(r.err.find("bad magic") != std::string::npos, r.err);
+  CHECK_MESSAGE(r.err.find("relative source path") == std::string::npos, r.err);
 }
 
 TEST_CASE("grid then run: a relative --train source names one file, whatever the folders") {
