@@ -651,12 +651,21 @@ void check_record(const json& r, const fs::path& f) {
   // The categories the time table reads (padding, recompute): each count given must be one.
   if (flops.contains("by_category")) {
     const json& by = object(flops, "measured.flops.", "by_category");
+    FlopCount sum;
     for (const auto& [cat, phases] : by.items()) {
       const std::string path = "measured.flops.by_category." + cat;
       if (!phases.is_object()) fail(path, "not an object");
-      for (const auto& [phase, v] : phases.items())
-        if (!flop_count_from_json(v)) fail(path + "." + phase, "not a FLOP count");
+      for (const auto& [phase, v] : phases.items()) {
+        const auto c = flop_count_from_json(v);
+        if (!c) fail(path + "." + phase, "not a FLOP count");
+        sum += *c;
+      }
     }
+    // The categories are parts of the total: more padding than total FLOPs printed a negative
+    // useful rate.
+    if (sum > *flop_count_from_json(flops.at("total")))
+      fail("measured.flops.total",
+           fmt::format("below the sum of its categories, {}", to_string(sum)).c_str());
   }
   // The curves the charts and the per-part columns read: arrays of objects with numbers.
   if (const auto d = run_facts_defect(r))

@@ -290,6 +290,22 @@ TEST_CASE("report: a training region edited between two points' runs is other da
   }
 }
 
+TEST_CASE("report: FLOP categories above the record's total are refused, not a negative rate") {
+  json r = record("moe-a", false, 0.2, 1.8);
+  r["measured"]["flops"]["by_category"] = {{"padding", {{"forward", 400000}}},
+                                           {"expert", {{"forward", 200000}}}};  // total 5e5
+  std::vector<json> recs = {record("dense", true, 1.0, 2.0), r};
+  const std::filesystem::path dir = moeplan::test::fresh_dir("report_categories");
+  for (const json& x : recs) {
+    std::filesystem::create_directories(dir / x["point_id"].get<std::string>());
+    std::ofstream(dir / x["point_id"].get<std::string>() / "record.json") << x.dump();
+  }
+  CHECK_THROWS_WITH_AS(moeplan::load_run_records(dir),
+                       doctest::Contains("'measured.flops.total' is below the sum of its "
+                                         "categories, 600000"),
+                       moeplan::InputError);
+}
+
 TEST_CASE("report: BPC of a source whose tokens are not bytes is per token, and says so") {
   std::vector<json> recs = {record("dense", true, 1.0, 2.0), record("moe-a", false, 0.2, 1.8)};
   CHECK(moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::text)
