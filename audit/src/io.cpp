@@ -74,6 +74,8 @@ std::vector<ClaimTable> load_claim_tables(const std::vector<fs::path>& claim_fil
   };
   for (const fs::path& f : claim_files) {
     const fs::path cf = canonical_or_self(f);
+    if (std::find(loaded.begin(), loaded.end(), cf) != loaded.end())
+      throw InputError(fmt::format("--claims {} is given twice; give each table once", f.string()));
     const TableSpec* match = nullptr;
     for (const TableSpec& ts : spec.tables)
       if (!ts.file.empty() && canonical_or_self(spec_dir / ts.file) == cf) match = &ts;
@@ -83,8 +85,25 @@ std::vector<ClaimTable> load_claim_tables(const std::vector<fs::path>& claim_fil
   for (const TableSpec& ts : spec.tables) {
     if (ts.file.empty()) continue;
     const fs::path f = spec_dir / ts.file;
-    if (std::find(loaded.begin(), loaded.end(), canonical_or_self(f)) != loaded.end()) continue;
-    load(f, ts.name, &ts);
+    if (const auto at = std::find(loaded.begin(), loaded.end(), canonical_or_self(f));
+        at != loaded.end()) {
+      // Loaded already: by --claims for this entry, or by another entry of the same file.
+      const std::string& other = tables[size_t(at - loaded.begin())].name;
+      if (other != ts.name)
+        throw InputError(
+            fmt::format("[tables.{}] file = \"{}\" is [tables.{}]'s file too; one table, one entry",
+                        ts.name, ts.file, other));
+      continue;
+    }
+    try {
+      load(f, ts.name, &ts);
+    } catch (const InputError& e) {
+      // The spec's own words for where the file was named (a relative file is read from the
+      // spec's folder).
+      if (!fs::exists(f))
+        throw InputError(fmt::format("[tables.{}] file = \"{}\": {}", ts.name, ts.file, e.what()));
+      throw;
+    }
   }
   return tables;
 }

@@ -10,6 +10,7 @@
 #include "moeplan/accounting/error.hpp"
 #include "moeplan/accounting/units.hpp"
 #include "moeplan/audit/quantity.hpp"
+#include "moeplan/sweeps/toml_error.hpp"
 
 namespace moeplan::audit {
 
@@ -350,9 +351,7 @@ AuditSpec parse_spec(std::string_view text, std::string source) {
     std::istringstream in{std::string(text)};
     root = toml::parse<toml::discard_comments, std::map, std::vector>(in, s.source);
   } catch (const std::exception& e) {
-    std::string first(e.what());
-    first = first.substr(0, first.find('\n'));
-    bad(s, fmt::format("not valid TOML: {}", first));
+    bad(s, fmt::format("not valid TOML: {}", toml_error_one_line(e.what())));
   }
   check_keys(s, root, "top level", {"schema", "tolerance", "tables", "claims"});
   if (!root.contains("schema") || !root.at("schema").is_integer() ||

@@ -8,11 +8,11 @@
 #include <fmt/format.h>
 
 #include "moeplan/accounting/error.hpp"
+#include "moeplan/sweeps/toml_error.hpp"
 
-namespace moeplan::detail {
+namespace moeplan {
 
-namespace {
-std::string one_line(const std::string& s) {
+std::string toml_error_one_line(std::string_view s) {
   std::string out;
   bool space = false;
   for (char c : s) {
@@ -26,6 +26,11 @@ std::string one_line(const std::string& s) {
   }
   return out;
 }
+
+}  // namespace moeplan
+
+namespace moeplan::detail {
+namespace {
 
 // toml11 3.7 reads a decimal integer past 64 bits as the nearest int64 limit, silently: seed =
 // 99999999999999999999 became 9223372036854775807. A limit whose text is not the limit itself
@@ -66,9 +71,9 @@ toml::value parse_toml(const std::string& text, const std::string& origin) {
   try {
     root = toml::parse(in, origin);
   } catch (const toml::syntax_error& e) {
-    throw InputError(fmt::format("{}: not valid TOML: {}", origin, one_line(e.what())));
+    throw InputError(fmt::format("{}: not valid TOML: {}", origin, toml_error_one_line(e.what())));
   } catch (const std::exception& e) {
-    throw InputError(fmt::format("{}: not valid TOML: {}", origin, one_line(e.what())));
+    throw InputError(fmt::format("{}: not valid TOML: {}", origin, toml_error_one_line(e.what())));
   }
   refuse_wrapped_integers(root, origin, "");
   return root;

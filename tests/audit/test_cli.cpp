@@ -94,6 +94,40 @@ TEST_CASE("a spec's shared value that a column contradicts is refused; JSON null
   CHECK(seen);
 }
 
+TEST_CASE("spec and --claims mistakes name where they were made") {
+  const fs::path dir = scratch() / "spec_mistakes";
+  fs::create_directories(dir);
+  std::ofstream(dir / "t.csv") << "label,N\na,1.00e9\nb,1.00e9\n";
+  auto spec = [&](const std::string& name, const std::string& text) {
+    std::ofstream(dir / name) << text;
+    return run("--spec " + (dir / name).string());
+  };
+  // A table file that is not there: the entry that named it.
+  const Result missing = spec("missing.toml",
+                              "schema = 1\n[tables.x]\nfile = \"nosuch.csv\"\n[[claims]]\nequal = "
+                              "[\"N\"]\n");
+  CHECK(missing.status == 2);
+  CHECK_MESSAGE(missing.err.find("[tables.x] file = \"nosuch.csv\": ") != std::string::npos,
+                missing.err);
+  // A key given twice: the TOML error keeps its line numbers, on one line.
+  const Result twice = spec("twice.toml", "schema = 1\n[[claims]]\nname = \"a\"\nname = \"b\"\n");
+  CHECK(twice.status == 2);
+  CHECK(lines(twice.err) == 1);
+  CHECK_MESSAGE(twice.err.find(" 4 | name = \"b\"") != std::string::npos, twice.err);
+  // Two entries of one file; one file given twice to --claims.
+  const Result shared = spec("shared.toml",
+                             "schema = 1\n[tables.x]\nfile = \"t.csv\"\n[tables.y]\n"
+                             "file = \"t.csv\"\n[[claims]]\nequal = [\"N\"]\n");
+  CHECK_MESSAGE(
+      shared.err.find("[tables.y] file = \"t.csv\" is [tables.x]'s file too") != std::string::npos,
+      shared.err);
+  const Result again = run("--claims " + (dir / "t.csv").string() + " --claims " +
+                           (dir / "." / "t.csv").string() + " --equal N");
+  CHECK(again.status == 2);
+  CHECK_MESSAGE(again.err.find("t.csv is given twice; give each table once") != std::string::npos,
+                again.err);
+}
+
 TEST_CASE("json output written atomically with -o; a failing claim exits 1") {
   const fs::path o = out_file("fail.json");
   const Result r = run("--spec " + fixture("claims_fail.toml") + " --format json -o " + o.string());
