@@ -42,7 +42,7 @@ audit::WhereClause parse_where_flag(const std::string& text) {
   if (!meaning)
     throw InputError(fmt::format(
         "--where '{}' is not QUANTITY=VALUE or QUANTITY=LOW:HIGH with a quantity moeplan knows "
-        "(e.g. --where compute=2.86e21 or --where ra_pct=5:25)",
+        "(e.g. --where ra_pct=5:25 or --where compute=2.86e21)",
         text));
   const std::string value = text.substr(eq + 1);
   audit::WhereClause w{meaning->quantity, {}, {}, {}};
@@ -255,7 +255,8 @@ const bool registered = register_command(
                     "Claim: every row's unique data D̂ is the baseline's (data reuse)");
        app.add_option("--where", f->where,
                       "Claim over the rows whose quantity matches: Q=VALUE (within tolerance) "
-                      "or Q=LOW:HIGH (repeatable), e.g. compute=2.86e21");
+                      "or Q=LOW:HIGH (repeatable), e.g. compute=2.86e21 with --equal N; not a "
+                      "quantity the claim tests");
        app.add_option("--rows", f->rows,
                       "Claim over these rows only: TABLE, TABLE:ROW or TABLE:FIRST-LAST, "
                       "comma-separated (the table name is its file name without .csv)");

@@ -9,6 +9,7 @@
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <optional>
 #include <thread>
@@ -151,12 +152,14 @@ class ProgressPrinter {
 // does not (a `run` writes none such: an edit, or a record of an older moeplan) is still skipped,
 // and a warning on stderr says which check fails and the same remedy. Returns that warning.
 std::string check_complete_record(const nlohmann::json& rec, const std::string& path,
-                                  const std::string& remedy) {
+                                  const std::function<std::string()>& remedy) {
+  // The remedy reads the point's checkpoint through (its checksum): only for a record that
+  // needs one, not for every finished point of a sweep run again.
   audit::RunRecord r;
   try {
     r = audit::parse_run_record(rec.dump(), path);
   } catch (const InputError& e) {
-    throw InputError(fmt::format("{}; {}", e.what(), remedy));
+    throw InputError(fmt::format("{}; {}", e.what(), remedy()));
   }
   const audit::AuditReport report = audit::audit_runs({r}, {}, {});
   std::vector<const audit::Finding*> errors;
@@ -168,7 +171,7 @@ std::string check_complete_record(const nlohmann::json& rec, const std::string& 
       "every finding); it is skipped as it is: to train the point again, {}",
       path, errors.front()->message,
       errors.size() > 1 ? fmt::format(" (and {} more)", errors.size() - 1) : "",
-      std::filesystem::path(path).parent_path().parent_path().string(), remedy);
+      std::filesystem::path(path).parent_path().parent_path().string(), remedy());
 }
 
 int run(const RunFlags& f) {
@@ -238,16 +241,17 @@ int run(const RunFlags& f) {
   std::vector<const Plan*> pending;                  // to train (or to resume)
   for (const Plan* p : points) {
     backend::check_plan_consistent(*p);
-    if (!f.estimate) backend::check_point_folder(opt.out_dir, p->id);
     const nlohmann::json rec = backend::existing_record(*p, plan_to_json(*p), m.train, opt.out_dir);
     const bool complete = rec.is_object() && rec.value("status", "") == "complete";
+    // A complete point is skipped before it touches checkpoint/ or .lock: only one to train.
+    if (!f.estimate && !complete) backend::check_point_folder(opt.out_dir, p->id);
     // A complete point reads nothing: its source may be gone (a runs folder moved elsewhere).
     if (!complete) backend::check_source_fits(*p, m.train, opt.source_base);
     if (!complete) pending.push_back(p);
     if (complete)
-      skip_warnings[p->id] =
-          check_complete_record(rec, (opt.out_dir / p->id / "record.json").string(),
-                                backend::record_remedy(*p, plan_to_json(*p), m.train, opt.out_dir));
+      skip_warnings[p->id] = check_complete_record(
+          rec, (opt.out_dir / p->id / "record.json").string(),
+          [&] { return backend::record_remedy(*p, plan_to_json(*p), m.train, opt.out_dir); });
     else if (!f.estimate)  // an estimate may time another device or passes than the checkpoint's
       backend::check_resumable(*p, plan_to_json(*p), m.train, opt);
   }
@@ -390,7 +394,8 @@ const bool registered = register_command(
                       "steps between checkpoints (default: the manifest's, else ~20 per point)")
            ->transform(decimal_integer());
        app.add_option("--threads", f->threads, "CPU threads (0: the default)")
-           ->transform(decimal_integer(std::numeric_limits<int>::max()));
+           ->transform(
+               decimal_integer(std::numeric_limits<int>::max(), std::numeric_limits<int>::min()));
        app.add_option("--micro-batch", f->micro_batch,
                       "sequences per forward/backward pass on each rank; a step accumulates "
                       "its batch's gradients over the passes (0: the whole batch in one pass)")
@@ -406,7 +411,8 @@ const bool registered = register_command(
        app.add_option("--nproc", f->nproc,
                       "cuda: train each point data-parallel over this many GPUs of this machine, "
                       "one rank process each (as torchrun would start them)")
-           ->transform(decimal_integer(std::numeric_limits<int>::max()));
+           ->transform(
+               decimal_integer(std::numeric_limits<int>::max(), std::numeric_limits<int>::min()));
        return [f] { return run(*f); };
      }});
 

@@ -40,14 +40,15 @@ inline CLI::Validator non_empty_path() {
       "PATH");
 }
 
-// For integer options: plain decimal digits with an optional sign, at most hi. CLI11 reads "010"
+// For integer options: plain decimal digits with an optional sign, in [lo, hi]. CLI11 reads "010"
 // as octal 8 and "0x5" as hex; a count typed with a leading zero means ten. Leading zeros are
-// dropped. A value past hi (or past int64) is refused naming the limit: CLI11 clamped one past
-// int64 to its maximum in silence, and said only "Could not convert" past an int. (Each option
-// checks its own lower bound, with its own words.)
-inline CLI::Validator decimal_integer(int64_t hi = std::numeric_limits<int64_t>::max()) {
+// dropped. A value past the type (int64, or an int's range given) is refused naming the range:
+// CLI11 clamped one past int64 to its maximum in silence, and said only "Could not convert" past
+// an int. (Each option checks its own lower bound within it, with its own words.)
+inline CLI::Validator decimal_integer(int64_t hi = std::numeric_limits<int64_t>::max(),
+                                      int64_t lo = std::numeric_limits<int64_t>::min()) {
   return CLI::Validator(
-      [hi](std::string& value) {
+      [hi, lo](std::string& value) {
         size_t i = value.size() > 0 && (value[0] == '-' || value[0] == '+') ? 1 : 0;
         const size_t digits = i;
         while (i < value.size() && value[i] >= '0' && value[i] <= '9') ++i;
@@ -58,8 +59,9 @@ inline CLI::Validator decimal_integer(int64_t hi = std::numeric_limits<int64_t>:
         int64_t v = 0;
         const char* b = value.data() + (value[0] == '+' ? 1 : 0);
         const auto [end, ec] = std::from_chars(b, value.data() + value.size(), v);
-        if (ec != std::errc() || end != value.data() + value.size() || v > hi)
-          return "'" + value + "' is out of range (at most " + std::to_string(hi) + ")";
+        if (ec != std::errc() || end != value.data() + value.size() || v > hi || v < lo)
+          return "'" + value + "' is out of range (from " + std::to_string(lo) + " to " +
+                 std::to_string(hi) + ")";
         return std::string();
       },
       "INT");

@@ -159,9 +159,10 @@ std::string render_json(const AuditReport& r) {
          {"expected", opt(f.expected)},
          {"found", opt(f.found)},
          {"rel_diff", opt(f.rel_diff)},
-         // A finding of no comparison (an info line of a whole claim) has no tolerance: null,
-         // not a tolerance of 0.
-         {"tolerance", f.tolerance > 0 ? nlohmann::json(f.tolerance) : nlohmann::json(nullptr)},
+         // A finding that compares nothing (no expected, no found: an info line of a whole
+         // claim) has no tolerance: null, not 0, which an exact comparison's is.
+         {"tolerance",
+          f.expected || f.found ? nlohmann::json(f.tolerance) : nlohmann::json(nullptr)},
          {"message", f.message}});
     if (!f.expected_exact.empty()) j["findings"].back()["expected_exact"] = f.expected_exact;
     if (!f.found_exact.empty()) j["findings"].back()["found_exact"] = f.found_exact;

@@ -168,20 +168,39 @@ ClaimTable parse_claim_table(std::string_view text, std::string name, std::strin
   // Records split at line ends outside quotes (a quoted cell may hold a line break, as
   // spreadsheets write it); "\r\n", "\n" and, in a file of no "\n" at all, "\r" end a line.
   const char eol = text.find('\n') == std::string_view::npos ? '\r' : '\n';
+  // A quote opens a quoted field only where split_fields opens one (first in its field, after
+  // blanks): the 7" of `small 7" run` is a character, not a quote left open to swallow lines.
   std::vector<std::string> lines;
   std::vector<size_t> line_no;  // the physical line a record starts on, for messages
   size_t start = 0, physical = 1, record_line = 1;
-  bool quoted = false;
+  bool quoted = false, field_blank = true, was_quoted = false;  // the field so far
   for (size_t i = 0; i <= text.size(); ++i) {
-    if (i < text.size() && text[i] == '"') quoted = !quoted;
-    if (i < text.size() && text[i] == eol) ++physical;
-    if (i == text.size() || (text[i] == eol && !quoted)) {
+    const char c = i < text.size() ? text[i] : eol;
+    if (i < text.size() && c == eol) ++physical;
+    if (quoted) {
+      if (c == '"' && i + 1 < text.size() && text[i + 1] == '"')
+        ++i;  // a doubled quote: a quote character
+      else if (c == '"')
+        quoted = false;
+      if (i < text.size()) continue;
+    }
+    if (c == '"' && field_blank && !was_quoted) {
+      quoted = was_quoted = true;
+      field_blank = false;
+    } else if (c == ',') {
+      field_blank = true;
+      was_quoted = false;
+    } else if (c == eol || i == text.size()) {
       std::string l(text.substr(start, i - start));
       if (!l.empty() && l.back() == '\r') l.pop_back();
       lines.push_back(std::move(l));
       line_no.push_back(record_line);
       start = i + 1;
       record_line = physical;
+      field_blank = true;
+      was_quoted = false;
+    } else if (c != ' ' && c != '\t' && c != '\r') {
+      field_blank = false;
     }
   }
   while (!lines.empty() && trim(lines.back()).empty()) lines.pop_back();

@@ -206,10 +206,14 @@ void check_source_fits(const Plan& p, const TrainSettings& t, const std::filesys
   try {
     have = source_token_count(from);
   } catch (const InputError& e) {
-    // Where the file was found, the relative path was not the trouble: no hint.
+    // Where the file (a pattern's folder) was found, the relative path was not the trouble.
     std::error_code ec;
     const auto file = source_file(from);
-    if (from == t.source || (file && fs::exists(file->path, ec))) throw;
+    const bool pattern =
+        file && file->path.filename().string().find_first_of("*?[") != std::string::npos;
+    if (from == t.source ||
+        (file && fs::exists(pattern ? file->path.parent_path() : file->path, ec)))
+      throw;
     throw InputError(
         fmt::format("{} (a relative source path is read from the manifest's folder, "
                     "'{}')",

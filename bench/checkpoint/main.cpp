@@ -2,8 +2,10 @@
 // reading it to resume (read_checkpoint) and of the pre-check `moeplan run` makes of every point
 // before the first trains (read_checkpoint_head). Each operation runs in a process of its own, so
 // that its peak resident memory (getrusage) is its own; the ceiling is a plain read of the same
-// file into one buffer. Medians over repeats; never a test, never fails on time.
+// file into one buffer for reads, a plain write of the state's bytes and an fsync for writes.
+// Medians over repeats; never a test, never fails on time.
 // Usage: bench_checkpoint [MiB=512] [repeats=5] [folder=/tmp]
+#include <fcntl.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -18,6 +20,7 @@
 
 #include <fmt/format.h>
 
+#include "bench_util.hpp"
 #include "moeplan/backend/checkpoint.hpp"
 
 namespace fs = std::filesystem;
@@ -30,14 +33,16 @@ struct Cost {
   double peak_mib = 0;  // the child's peak resident memory
 };
 
-// Runs `op` in a child process; its wall seconds (sent back through a pipe) and peak RSS.
-template <class F>
-Cost in_child(F&& op) {
+// Runs `setup` then `op` in a child process: the wall seconds of `op` alone (sent back through a
+// pipe) and the child's peak RSS.
+template <class S, class F>
+Cost in_child(S&& setup, F&& op) {
   int fds[2];
   if (::pipe(fds) != 0) std::exit(1);
   const pid_t pid = ::fork();
   if (pid == 0) {
     ::close(fds[0]);
+    setup();
     const auto t0 = std::chrono::steady_clock::now();
     op();
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -69,50 +74,69 @@ Checkpoint make_checkpoint(size_t bytes) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const double mib = argc > 1 ? std::atof(argv[1]) : 512;
-  const int repeats = argc > 2 ? std::atoi(argv[2]) : 5;
-  const fs::path dir = fs::path(argc > 3 ? argv[3] : "/tmp") / "moeplan_bench_checkpoint";
-  fs::create_directories(dir);
-  const fs::path file = dir / "state.ckpt";
+  const moeplan::bench::Args args(argc, argv,
+                                  "bench_checkpoint [MiB=512] [repeats=5] [folder=/tmp]", 3);
+  const double mib = args.real(1, 512, 1, 1 << 20);
+  const int repeats = int(args.integer(2, 5, 1, 1000));
+  const fs::path dir = fs::path(args.text(3, "/tmp")) / "moeplan_bench_checkpoint";
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) args.refuse(fmt::format("cannot write to '{}': {}", dir.string(), ec.message()));
+  const fs::path file = dir / "state.ckpt", plain = dir / "plain.bin";
   const size_t bytes = size_t(mib * 1024 * 1024);
 
-  const Cost idle = in_child([] {});  // the process itself, for reference
-  std::vector<Cost> write, full, head, ceiling;
+  const auto nothing = [] {};
+  const Cost idle = in_child(nothing, nothing);  // the process itself, for reference
+  std::vector<Cost> write, write_ceiling, full, head, ceiling;
+  Checkpoint ck;  // built in each child, untimed: its memory is the child's, counted in the peak
+  const auto build = [&] { ck = make_checkpoint(bytes); };
   for (int i = 0; i < repeats; ++i) {
-    // Building the state is not timed; its memory is the child's own, counted once in the peak.
-    write.push_back(in_child([&] {
-      static Checkpoint ck = make_checkpoint(bytes);
-      write_checkpoint(file, ck);
+    write.push_back(in_child(build, [&] { write_checkpoint(file, ck); }));
+    // The ceiling of a write: the same bytes in one write and an fsync, no checksum.
+    write_ceiling.push_back(in_child(build, [&] {
+      const int fd = ::open(plain.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      size_t done = 0;
+      while (done < ck.model_state.size()) {
+        const ssize_t w = ::write(fd, ck.model_state.data() + done, ck.model_state.size() - done);
+        if (w <= 0) ::_exit(1);
+        done += size_t(w);
+      }
+      ::fsync(fd);
+      ::close(fd);
     }));
-    full.push_back(in_child([&] { (void)read_checkpoint(file).model_state.size(); }));
-    head.push_back(in_child([&] { (void)read_checkpoint_head(file).step; }));
-    ceiling.push_back(in_child([&] {
+    full.push_back(in_child(nothing, [&] { (void)read_checkpoint(file).model_state.size(); }));
+    head.push_back(in_child(nothing, [&] { (void)read_checkpoint_head(file).step; }));
+    ceiling.push_back(in_child(nothing, [&] {
       std::ifstream in(file, std::ios::binary);
       std::vector<char> buf(fs::file_size(file));
       in.read(buf.data(), std::streamsize(buf.size()));
     }));
   }
-  auto median = [](std::vector<Cost> v, double Cost::*m) {
-    std::sort(v.begin(), v.end(), [&](const Cost& a, const Cost& b) { return a.*m < b.*m; });
-    return v[v.size() / 2].*m;
+  auto median = [](const std::vector<Cost>& v, double Cost::*m) {
+    std::vector<double> x;
+    for (const Cost& c : v) x.push_back(c.*m);
+    return moeplan::bench::median(x);
   };
   const double file_mib = double(fs::file_size(file)) / (1024.0 * 1024.0);
-  const double ceiling_s = median(ceiling, &Cost::seconds);
+  const double read_s = median(ceiling, &Cost::seconds),
+               write_s = median(write_ceiling, &Cost::seconds);
   fmt::print(
-      "bench_checkpoint: model state {:.0f} MiB (file {:.1f} MiB), {} repeats, medians; peak is the "
-      "process's resident memory (an idle one: {:.1f} MiB)\n",
+      "bench_checkpoint: model state {:.0f} MiB (file {:.1f} MiB), {} repeats, medians; peak is "
+      "the "
+      "process's resident memory (an idle one: {:.1f} MiB); building the state is not timed\n",
       mib, file_mib, repeats, idle.peak_mib);
-  fmt::print("{:<34} {:>9} {:>10} {:>14} {:>16}\n", "operation", "seconds", "MiB/s",
-             "x plain read", "peak MiB / state");
-  auto row = [&](const char* name, const std::vector<Cost>& v) {
+  fmt::print("{:<40} {:>9} {:>10} {:>12} {:>16}\n", "operation", "seconds", "MiB/s", "x ceiling",
+             "peak MiB / state");
+  auto row = [&](const char* name, const std::vector<Cost>& v, double ceiling_s) {
     const double s = median(v, &Cost::seconds), peak = median(v, &Cost::peak_mib);
-    fmt::print("{:<34} {:>9.3f} {:>10.0f} {:>14.2f} {:>16.2f}\n", name, s, file_mib / s,
+    fmt::print("{:<40} {:>9.3f} {:>10.0f} {:>12.2f} {:>16.2f}\n", name, s, file_mib / s,
                s / ceiling_s, (peak - idle.peak_mib) / mib);
   };
-  row("plain read into one buffer (ceiling)", ceiling);
-  row("write_checkpoint (incl. fsync)", write);
-  row("read_checkpoint (resume)", full);
-  row("read_checkpoint_head (pre-check)", head);
+  row("plain write + fsync (write ceiling)", write_ceiling, write_s);
+  row("write_checkpoint (incl. fsync)", write, write_s);
+  row("plain read into one buffer (read ceiling)", ceiling, read_s);
+  row("read_checkpoint (resume)", full, read_s);
+  row("read_checkpoint_head (pre-check)", head, read_s);
   fs::remove_all(dir);
   return 0;
 }

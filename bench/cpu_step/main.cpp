@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "bench_util.hpp"
 #include "moeplan/accounting/flops.hpp"
 #include "moeplan/accounting/params.hpp"
 #include "moeplan/backend/model.hpp"
@@ -21,11 +22,6 @@
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 struct Rate {
   double median_gflops = 0, best_gflops = 0;
@@ -42,7 +38,8 @@ Rate gemm_ceiling(int n, int reps) {
     s.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
   }
   const double flops = 2.0 * n * n * double(n);
-  return {flops / median(s) / 1e9, flops / *std::min_element(s.begin(), s.end()) / 1e9};
+  return {flops / moeplan::bench::median(s) / 1e9,
+          flops / *std::min_element(s.begin(), s.end()) / 1e9};
 }
 
 struct Case {
@@ -90,9 +87,11 @@ std::vector<Case> cases() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int threads = argc > 1 ? std::atoi(argv[1]) : 2;
-  const int64_t batch_seqs = argc > 2 ? std::atoll(argv[2]) : 16;
-  const int steps = argc > 3 ? std::atoi(argv[3]) : 7;
+  const moeplan::bench::Args args(argc, argv,
+                                  "bench_cpu_step [threads=2] [batch_seqs=16] [steps=7]", 3);
+  const int threads = int(args.integer(1, 2, 1, 1024));
+  const int64_t batch_seqs = args.integer(2, 16, 1, 4096);
+  const int steps = int(args.integer(3, 7, 1, 1000));
 #ifdef _OPENMP
   omp_set_num_threads(threads);
 #endif
@@ -133,7 +132,8 @@ int main(int argc, char** argv) {
       if (i >= 2) secs.push_back(dt);
       flops = r.flops.total().to_int64();  // one step's count
     }
-    const double med = median(secs), best = *std::min_element(secs.begin(), secs.end());
+    const double med = moeplan::bench::median(secs),
+                 best = *std::min_element(secs.begin(), secs.end());
     const double gf = double(flops) / med / 1e9, gf_best = double(flops) / best / 1e9;
     fmt::print(
         "{:<22} {:>9} {:>6.3f} {:>8.2f} {:>9.1f} {:>9.1f} {:>9.1f} {:>6.1f}% {:>6.1f}% {:>8.0f} "

@@ -9,6 +9,8 @@
 
 #include <fmt/format.h>
 
+#include "bench_util.hpp"
+#include "moeplan/accounting/error.hpp"
 #include "moeplan/sweeps/grid.hpp"
 
 using namespace moeplan;
@@ -22,10 +24,11 @@ double thread_cpu_seconds() {
 }
 }  // namespace
 
-int main(int argc, char** argv) {
-  const int points = argc > 1 ? std::atoi(argv[1]) : 10000;
-  const int repeats = argc > 2 ? std::atoi(argv[2]) : 7;
-  const double n = argc > 3 ? std::atof(argv[3]) : 2e9;
+int main(int argc, char** argv) try {
+  const bench::Args args(argc, argv, "bench_planner [points=10000] [repeats=7] [N=2e9]", 3);
+  const int points = int(args.integer(1, 10000, 2, 10000000));
+  const int repeats = int(args.integer(2, 7, 1, 1000));
+  const double n = args.real(3, 2e9, 1e5, 1e15);
   SweepRequest req;
   req.plan.n_target = n;
   req.activation_rates = parse_ra_spec("0.02:0.6", points);
@@ -42,9 +45,8 @@ int main(int argc, char** argv) {
     for (const Plan& p : m.points) flagged += !p.reachable;
   }
   std::sort(seconds.begin(), seconds.end());
-  std::sort(cpu_seconds.begin(), cpu_seconds.end());
-  const double median = seconds[seconds.size() / 2];
-  const double median_cpu = cpu_seconds[cpu_seconds.size() / 2];
+  const double median = bench::median(seconds);
+  const double median_cpu = bench::median(cpu_seconds);
   fmt::print(
       "bench_planner: grid N={:.3g} r_a 0.02:0.6, {} points (+ dense), {} repeats, one core\n", n,
       points, repeats);
@@ -54,4 +56,7 @@ int main(int argc, char** argv) {
              seconds.front(), median, seconds.back(), median_cpu, double(points) / median, flagged,
              "< 1 s");
   return 0;
+} catch (const InputError& e) {
+  std::fprintf(stderr, "bench_planner: %s\n", e.what());
+  return 2;
 }

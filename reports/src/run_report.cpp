@@ -450,8 +450,8 @@ std::string bpc_per(const std::vector<json>& records) {
 std::string bpc_words(const std::vector<json>& records) {
   const std::string per = bpc_per(records);
   return fmt::format("validation bits per {}{}", per,
-                     per == "token"           ? " (the source's tokens are not bytes)"
-                     : per == "byte or token" ? " (each record's own source's unit)"
+                     per == "token"           ? ", the source's tokens not being bytes"
+                     : per == "byte or token" ? ", each record's own source's unit"
                                               : "");
 }
 
@@ -790,7 +790,7 @@ std::string render_run_report(const std::vector<json>& records, const std::strin
       "dense run of the same device label (devices, kernels, passes, optimizer sharding)";
   const std::string verdict = verdict_of(records, dense);
   const std::string title = fmt::format(
-      "moeplan report: {} run(s) in {}. BPC = {} (held-out data); C in the "
+      "moeplan report: {} run(s) in {}. BPC = {}, on held-out data; C in the "
       "{} convention (6·N_a + 12·L·D_m·S per consumed token); D consumed counts repeats, D̂ "
       "unique does not",
       records.size(), source, bpc_words(records), paper);

@@ -305,6 +305,11 @@ TEST_CASE("CSV records: a line break inside quotes, old-Mac CR endings, UTF-8 on
   CHECK(t.rows[1].at("total_params").value == 1.05e9);
   CHECK_THROWS_WITH_AS(parse_claim_table("label,N\n\"a\nb\",1e9\nx,1e9,2\n", "nl", "nl.csv"),
                        "nl.csv: data row 2 (line 4) has 3 fields, the header has 2", InputError);
+  // A quote inside an unquoted cell is a character (7 inches), as split_fields reads it: it
+  // opens nothing that would swallow the next lines.
+  const ClaimTable inch = parse_claim_table(
+      "label,N\nsmall 7\" run,1.00e9\nbig,2.00e9\nthird,3.00e9\n", "in", "in.csv");
+  CHECK(inch.labels == std::vector<std::string>{"small 7\" run", "big", "third"});
   // A file of CR line ends only.
   const ClaimTable cr =
       parse_claim_table("label,N,C\rbase,1.00e9,1.00e20\rmoe,1.05e9,1.00e20\r", "cr", "cr.csv");

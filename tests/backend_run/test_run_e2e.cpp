@@ -492,6 +492,17 @@ TEST_CASE("refusals: one line, non-zero exit, earlier records and checkpoints in
     CHECK_MESSAGE(ckpt.err.find("state.ckpt' of point 'moe-a' is not a file (a folder); move it "
                                 "away to train the point from step 0") != std::string::npos,
                   ckpt.err);
+    // A complete point is skipped before it touches checkpoint/ or .lock: what is there is not
+    // in its way (a checkpoint folder linked to an archive that is not mounted).
+    fs::remove_all(in_way);
+    fs::create_directories(in_way);
+    fs::copy(out / "dense", in_way / "dense", fs::copy_options::recursive);
+    fs::remove_all(in_way / "dense" / "checkpoint");
+    fs::create_symlink(dir / "unmounted-archive", in_way / "dense" / "checkpoint");
+    const Result done = run_cli(
+        {"run", (dir / "good.toml").string(), "--point", "dense", "--out", in_way.string()});
+    CHECK_MESSAGE(done.status == 0, done.err);
+    CHECK(done.out.find("already complete") != std::string::npos);
     fs::create_symlink(dir / "no-such-folder", dir / "dangling");
     const Result link =
         run_cli({"run", (dir / "good.toml").string(), "--out", (dir / "dangling").string()});
@@ -822,6 +833,11 @@ TEST_CASE(
   write_manifest_atomic(bad, dir / "sweeps" / "bad.toml");
   r = run_cli({"run", (dir / "sweeps" / "bad.toml").string(), "--out", (dir / "runs3").string()});
   CHECK(r.status == 2);
+  CHECK_MESSAGE(r.err.find("bad magic") != std::string::npos, r.err);
+  CHECK_MESSAGE(r.err.find("relative source path") == std::string::npos, r.err);
+  bad.train.source = "shards:ba*.bin";  // a pattern whose folder is there: no hint either
+  write_manifest_atomic(bad, dir / "sweeps" / "bad.toml");
+  r = run_cli({"run", (dir / "sweeps" / "bad.toml").string(), "--out", (dir / "runs3").string()});
   CHECK_MESSAGE(r.err.find("bad magic") != std::string::npos, r.err);
   CHECK_MESSAGE(r.err.find("relative source path") == std::string::npos, r.err);
 }

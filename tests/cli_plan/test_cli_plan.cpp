@@ -421,12 +421,15 @@ TEST_CASE("bad input: one line naming the value, exit status 2") {
   // Past its type: refused naming the limit (CLI11 said only "Could not convert" past an int,
   // and clamped a count past int64 to its maximum without a word).
   expect_bad_input("grid --N 2e9 --ra 0.1:0.3 --points 3000000000",
-                   "--points: '3000000000' is out of range (at most 2147483647)");
+                   "--points: '3000000000' is out of range (from -2147483648 to 2147483647)");
   expect_bad_input("run x.toml --checkpoint-every 99999999999999999999",
-                   "--checkpoint-every: '99999999999999999999' is out of range (at most "
-                   "9223372036854775807)");
+                   "--checkpoint-every: '99999999999999999999' is out of range (from "
+                   "-9223372036854775808 to 9223372036854775807)");
   expect_bad_input("run x.toml --threads 99999999999999999999",
-                   "--threads: '99999999999999999999' is out of range (at most 2147483647)");
+                   "--threads: '99999999999999999999' is out of range (from -2147483648 to "
+                   "2147483647)");
+  expect_bad_input("run x.toml --threads -3000000000",
+                   "--threads: '-3000000000' is out of range (from -2147483648 to 2147483647)");
   {
     const Result ten = run_moeplan("grid --N 2e9 --ra 0.1:0.3 --points 010");
     CHECK(ten.status == 0);

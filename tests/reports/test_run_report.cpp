@@ -309,12 +309,12 @@ TEST_CASE("report: FLOP categories above the record's total are refused, not a n
 TEST_CASE("report: BPC of a source whose tokens are not bytes is per token, and says so") {
   std::vector<json> recs = {record("dense", true, 1.0, 2.0), record("moe-a", false, 0.2, 1.8)};
   CHECK(moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::text)
-            .find("BPC = validation bits per byte (held-out data)") != std::string::npos);
+            .find("BPC = validation bits per byte, on held-out data;") != std::string::npos);
   for (json& r : recs)
     r["data"] = {{"source", "shards:x_*.bin"}, {"validation_tokens", 256}, {"byte_tokens", false}};
   const std::string text = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::text);
-  CHECK(text.find("BPC = validation bits per token (the source's tokens are not bytes)") !=
-        std::string::npos);
+  CHECK(text.find("BPC = validation bits per token, the source's tokens not being bytes, on "
+                  "held-out data;") != std::string::npos);
   CHECK(text.find("bits per byte") == std::string::npos);
   const std::string html = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::html);
   CHECK(html.find("validation bits per token (lower is better)") != std::string::npos);
