@@ -71,6 +71,10 @@ int run(const PlanCmdFlags& f, const CLI::App& app) {
     throw InputError("give at most one of --tokens and --compute (each fixes C)");
   if (!f.tokens_unique.empty() && (!f.plan.unique_tokens.empty() || !f.plan.epochs.empty()))
     throw InputError("give at most one of --tokens-unique, --unique-tokens and --epochs");
+  // As grid and plan --N refuse it (sweeps/request.cpp): with --arch the epochs won in silence.
+  if (!f.plan.unique_tokens.empty() && !f.plan.epochs.empty())
+    throw InputError(
+        "give at most one of --unique-tokens (strict reuse) and --epochs (loose reuse)");
   Plan plan;
   std::string context;
   if (!f.arch.empty()) {

@@ -1,5 +1,7 @@
 #include "moeplan/accounting/arch.hpp"
 
+#include <utility>
+
 #include <fmt/format.h>
 
 #include "moeplan/accounting/error.hpp"
@@ -37,10 +39,18 @@ void validate(const Arch& a, bool require_mha_width) {
     require(a.d_expert > 0, "d_expert", a.d_expert, "MoE layers need d_expert > 0");
     require(a.d_shared >= 0, "d_shared", a.d_shared, "it must be >= 0 (0 = no shared expert)");
   } else {
-    require(a.experts == 0 && a.top_k == 0 && a.d_expert == 0 && a.d_shared == 0, "experts",
-            a.experts,
-            "a model with dense_layers == layers has no MoE layers: experts, top_k, d_expert and "
-            "d_shared must be 0");
+    // Named by the first one that is set (a dense file with a stray top_k = 2 is about top_k).
+    const std::pair<const char*, int64_t> moe_keys[] = {{"experts", a.experts},
+                                                        {"top_k", a.top_k},
+                                                        {"d_expert", a.d_expert},
+                                                        {"d_shared", a.d_shared}};
+    for (const auto& [key, v] : moe_keys)
+      require(v == 0, key, v,
+              fmt::format("a model with dense_layers == layers ({} == {}) has no MoE layers: "
+                          "experts, top_k, d_expert and d_shared must be 0 (or give MoE layers: "
+                          "dense_layers < layers)",
+                          a.dense_layers, a.layers)
+                  .c_str());
   }
 }
 

@@ -54,6 +54,14 @@ Arch arch_from_toml_string(const std::string& text, const std::string& origin) {
   Arch a;
   read_shape_keys(t, a);
   a.experts = t.integer_or("experts", 0);
+  // MoE keys without `experts`: the missing key is experts, not "experts = 0 is invalid".
+  if (a.experts == 0 && !t.has("experts"))
+    for (const char* k : {"top_k", "d_expert"})
+      if (t.has(k))
+        t.integer("experts", fmt::format("a positive integer (the experts of a MoE layer; {} is "
+                                         "given, which MoE layers use)",
+                                         k)
+                                 .c_str());
   if (a.experts > 0) {
     a.top_k = t.integer("top_k", "a positive integer (experts chosen per token)");
     a.d_expert = t.integer("d_expert", "a positive integer (SwiGLU width of one expert)");

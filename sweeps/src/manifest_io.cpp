@@ -467,13 +467,18 @@ void apply_train_settings(TrainSettings& settings, const std::vector<std::string
       {"device", Kind::string}};
   std::string known;
   for (const auto& [k, kind] : kKeys) known += (known.empty() ? "" : ", ") + k;
-  std::map<std::string, std::string> literal;  // a later KEY=VALUE replaces an earlier one
+  std::map<std::string, std::string> literal;
+  std::map<std::string, std::string> given;  // key: its KEY=VALUE, for a repeat's message
   for (const std::string& a : assignments) {
     const size_t eq = a.find('=');
     if (eq == std::string::npos || eq == 0)
       throw InputError(fmt::format(
           "--train '{}': write KEY=VALUE (e.g. erc_loss=0.01, source=text:book.txt)", a));
     const std::string key = a.substr(0, eq), value = a.substr(eq + 1);
+    // A repeated key is refused, as a repeated flag is: the last one won in silence.
+    if (const auto [at, fresh] = given.try_emplace(key, a); !fresh)
+      throw InputError(fmt::format("--train {} is given twice ('{}' and '{}'); give it once", key,
+                                   at->second, a));
     const std::string flag = "--train " + key;
     const auto it =
         std::find_if(kKeys.begin(), kKeys.end(), [&key](const auto& k) { return k.first == key; });

@@ -418,6 +418,13 @@ TEST_CASE("bad input: one line naming the value, exit status 2") {
   for (const char* points : {"0x5", "0b11", "2.5", "5e1", "''"})
     expect_bad_input(std::string("grid --N 2e9 --ra 0.1:0.3 --points ") + points,
                      "is not a whole number in decimal digits (e.g. 8)");
+  // A --train key given twice, and --unique-tokens with --epochs on the --arch path: refused,
+  // as the other repeats and conflicts are (the last or the epochs won in silence).
+  expect_bad_input("grid --N 3e5 --ra 0.2 --train seed=1 --train seed=2",
+                   "--train seed is given twice ('seed=1' and 'seed=2'); give it once");
+  expect_bad_input(std::string("plan --arch ") + MOEPLAN_SOURCE_DIR +
+                       "/examples/arch-2b-moe.toml --unique-tokens 1e9 --epochs 2",
+                   "give at most one of --unique-tokens (strict reuse) and --epochs");
   // Past its type: refused naming the limit (CLI11 said only "Could not convert" past an int,
   // and clamped a count past int64 to its maximum without a word).
   expect_bad_input("grid --N 2e9 --ra 0.1:0.3 --points 3000000000",
@@ -453,6 +460,16 @@ TEST_CASE("bad input: one line naming the value, exit status 2") {
   std::string bad = kArch2b;
   bad.replace(bad.find("top_k = 1"), 9, "top_k = 90");
   expect_bad_input("plan --arch '" + write("topk.toml", bad).string() + "'", "top_k = 90");
+  // The key that is wrong is named: `experts` left out of a MoE file is missing (not "experts
+  // = 0 is invalid"); a MoE file of one layer (all dense) names the layers.
+  bad = kArch2b;
+  bad.replace(bad.find("experts = 89\n"), 13, "");
+  expect_bad_input("plan --arch '" + write("noexperts.toml", bad).string() + "'",
+                   "key 'experts' is missing");
+  bad = kArch2b;
+  bad.replace(bad.find("layers = 16"), 11, "layers = 1");
+  expect_bad_input("plan --arch '" + write("onelayer.toml", bad).string() + "'",
+                   "a model with dense_layers == layers (1 == 1) has no MoE layers");
   bad = kArch2b;
   bad.replace(bad.find("heads = 11"), 10, "heads = 12");
   expect_bad_input("plan --arch '" + write("mha.toml", bad).string() + "'",

@@ -417,14 +417,14 @@ TEST_CASE("apply_train_settings: KEY=VALUE from the command line, checked like t
   TrainSettings t;
   apply_train_settings(
       t, {"source=text:my book.txt", "erc_loss=1e-2", "eval_tokens=4k", "renormalize_gates=true",
-          "positions=rope", "capacity_factor=1.25", "seed=7", "seed=9"});
+          "positions=rope", "capacity_factor=1.25", "seed=9"});
   CHECK(t.source == "text:my book.txt");
   CHECK(t.erc_loss == 0.01);
   CHECK(t.eval_tokens == 4000);
   CHECK(t.renormalize_gates);
   CHECK(t.positions == "rope");
   CHECK(t.capacity_factor == 1.25);
-  CHECK(t.seed == 9);                                     // the later assignment wins
+  CHECK(t.seed == 9);
   CHECK(t.load_balance == TrainSettings{}.load_balance);  // untouched settings keep theirs
   auto error = [](std::vector<std::string> a) {
     TrainSettings s;
@@ -438,6 +438,9 @@ TEST_CASE("apply_train_settings: KEY=VALUE from the command line, checked like t
   CHECK(error({"lr=0.1"}).find("'lr' is not a training setting; known: source") !=
         std::string::npos);
   CHECK(error({"erc_loss"}).find("write KEY=VALUE") != std::string::npos);
+  // A key given twice: refused, as a repeated flag is (the later one won in silence).
+  CHECK(error({"seed=7", "seed=9"}) ==
+        "--train seed is given twice ('seed=7' and 'seed=9'); give it once");
   CHECK(error({"seed=1.5"}).find("whole number") != std::string::npos);
   // A negative seed is echoed, as every other refused setting is.
   CHECK(error({"seed=-1"}) ==
