@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.hpp"
 #include "moeplan/accounting/flops.hpp"
 #include "moeplan/accounting/params.hpp"
 #include "moeplan/backend/cuda/device.hpp"
@@ -36,10 +37,7 @@ namespace cu = moeplan::backend::cuda;
 
 namespace {
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
-}
+using moeplan::bench::median;
 
 // Median milliseconds of op(A)·op(B) (M×N, depth K) through the model's wrapper, bf16 inputs and
 // fp32 or bf16 output, after three warm-up calls.
@@ -279,28 +277,56 @@ int main(int argc, char** argv) {
   std::string json_path, only;  // only: ",name,name," to run a subset of the points
   std::string tune_path, table_path;
   bool kernel_times = false;
+  bool shapes = false;
+  // Every option known and with its value, or one line and exit 2 (unknown options and a last
+  // option without its value were skipped in silence; atoi read "abc" as 0 steps).
+  const char* usage =
+      "bench_gpu [--steps N=20] [--warmup N=5] [--batch B=8] [--json FILE] [--only NAME,NAME] "
+      "[--gemm-tune FILE] [--gemm-table FILE] [--kernel-times] [--gemm-shapes]";
+  auto refuse = [&](const std::string& why) {
+    std::fprintf(stderr, "bench_gpu: %s (usage: %s)\n", why.c_str(), usage);
+    std::exit(2);
+  };
+  auto count = [&](const char* flag, const char* v, int64_t lo, int64_t hi) {
+    char* end = nullptr;
+    const long long n = std::strtoll(v, &end, 10);
+    if (end == v || *end != '\0' || n < lo || n > hi)
+      refuse(fmt::format("{} '{}': give a whole number from {} to {}", flag, v, lo, hi));
+    return int64_t(n);
+  };
   for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
+    if (k == "--help" || k == "-h") {
+      std::printf("usage: %s\n", usage);
+      return 0;
+    }
     if (k == "--kernel-times") {
       kernel_times = true;
       continue;
     }
-    if (i + 1 >= argc) break;
-    ++i;
+    if (k == "--gemm-shapes") {
+      shapes = true;
+      continue;
+    }
+    const bool known = k == "--steps" || k == "--warmup" || k == "--batch" || k == "--json" ||
+                       k == "--only" || k == "--gemm-tune" || k == "--gemm-table";
+    if (!known) refuse(fmt::format("'{}' is not an option", k));
+    if (i + 1 >= argc) refuse(fmt::format("{} needs a value", k));
+    const char* v = argv[++i];
     if (k == "--steps")
-      steps = std::atoi(argv[i]);
+      steps = int(count("--steps", v, 1, 100000));
     else if (k == "--warmup")
-      warmup = std::atoi(argv[i]);
+      warmup = int(count("--warmup", v, 0, 100000));
     else if (k == "--batch")
-      batch = std::atoll(argv[i]);
+      batch = count("--batch", v, 1, 4096);
     else if (k == "--json")
-      json_path = argv[i];
+      json_path = v;
     else if (k == "--only")
-      only = std::string(",") + argv[i] + ",";
+      only = std::string(",") + v + ",";
     else if (k == "--gemm-tune")
-      tune_path = argv[i];
-    else if (k == "--gemm-table")
-      table_path = argv[i];
+      tune_path = v;
+    else
+      table_path = v;
   }
   std::shared_ptr<const cu::GemmTable> table;
   if (!table_path.empty()) {
@@ -312,10 +338,11 @@ int main(int argc, char** argv) {
     }
   }
   std::vector<std::pair<cu::GemmShape, int64_t>> tune_shapes;  // --gemm-tune: all points' shapes
-  const bool shapes = argc == 2 && std::string(argv[1]) == "--gemm-shapes";
   if (cu::device_count() == 0) {
-    std::printf("bench_gpu: no CUDA device, nothing measured\n");
-    return 0;
+    // Not a measurement: said on stderr, with automake's "skipped" status, so that a script
+    // cannot read it as a run that measured.
+    std::fprintf(stderr, "bench_gpu: no CUDA device, nothing measured\n");
+    return 77;
   }
   const cu::DeviceInfo dev = cu::device_info(0);
   const double ceiling = gemm_ceiling_tflops();
@@ -526,6 +553,11 @@ int main(int argc, char** argv) {
     if (!json_path.empty()) std::ofstream(json_path) << json << "]}\n";
   }
   if (!json_path.empty() && first) std::ofstream(json_path) << json << "]}\n";
+  if (!only.empty() && first) {
+    std::fprintf(stderr, "bench_gpu: --only '%s' names no point; see the point names above\n",
+                 only.substr(1, only.size() - 2).c_str());
+    return 2;
+  }
   if (!tune_path.empty()) {
     // Keep a candidate that saves at least 3 % of the default's time: below that the medians of
     // 20 calls do not tell them apart reliably.
