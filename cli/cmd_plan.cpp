@@ -77,6 +77,8 @@ int run(const PlanCmdFlags& f, const CLI::App& app) {
         "give at most one of --unique-tokens (strict reuse) and --epochs (loose reuse)");
   Plan plan;
   std::string context;
+  // What the JSON says of the point's budget, as the table's closing lines say it.
+  nlohmann::json budget_from, baseline = nullptr;
   if (!f.arch.empty()) {
     if (!f.plan.n.empty() || !f.ra.empty())
       throw InputError("give either --arch FILE or --N and --ra, not both");
@@ -112,6 +114,9 @@ int run(const PlanCmdFlags& f, const CLI::App& app) {
     const std::string& unique = !f.tokens_unique.empty() ? f.tokens_unique : f.plan.unique_tokens;
     if (!unique.empty()) pb.tokens_unique = parse_positive(unique, "--tokens-unique");
     plan = with_flag_named(f, [&] { return plan_for_arch(arch, pb); });
+    budget_from = !f.plan.compute.empty() ? "--compute"
+                  : !f.tokens.empty()     ? "--tokens"
+                                          : "20 consumed tokens per parameter (the default)";
     plan.id = f.arch;
     plan.role = arch.is_dense() ? "dense" : "moe";
   } else {
@@ -131,12 +136,20 @@ int run(const PlanCmdFlags& f, const CLI::App& app) {
         describe(d.arch), human(double(d.counts.total_params)), human(planner.compute_target()),
         flops_label(d.arch, d.convention, d.mask), human(double(d.budget.tokens_unique)));
     if (!d.note.empty()) context += fmt::format("  {}: {}\n", d.id, d.note);
+    budget_from = "the equal-resource dense baseline";
+    baseline = {{"arch", describe(d.arch)},
+                {"total_params", d.counts.total_params},
+                {"compute", planner.compute_target()},
+                {"convention", flops_label(d.arch, d.convention, d.mask)},
+                {"tokens_unique", d.budget.tokens_unique},
+                {"note", d.note}};
     if (!f.tokens.empty() || !f.tokens_unique.empty()) {
       const PointBudget base{
           planner.compute_target(), req.convention,    req.mask,     req.budget.reuse,
           planner.tokens_unique(),  req.budget.epochs, req.dp_width, req.warmup_fraction};
       plan = with_flag_named(f, [&] { return rebudget(plan, f, base); });
       context += "budget of this point set by --tokens / --tokens-unique (not equal-resource)\n";
+      budget_from = "--tokens / --tokens-unique (not equal-resource)";
     }
   }
   // D̂ asked for beyond what the point consumes is capped to it (one epoch): said, as grid says it.
@@ -153,7 +166,10 @@ int run(const PlanCmdFlags& f, const CLI::App& app) {
     context += note + "\n";
   }
   if (f.format == "json") {
-    fmt::print("{}\n", plan_breakdown_json(plan).dump(2));
+    nlohmann::json j = plan_breakdown_json(plan);
+    j["budget_from"] = budget_from;
+    j["dense_baseline"] = baseline;
+    fmt::print("{}\n", j.dump(2));
   } else {
     fmt::print("{}", render_plan_breakdown(plan));
     if (!context.empty()) fmt::print("\n{}", context);

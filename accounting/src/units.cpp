@@ -45,12 +45,16 @@ double parse_quantity(std::string_view text, std::string_view what) {
   if (s.empty()) return fail();
   char* end = nullptr;
   const double v = std::strtod(s.c_str(), &end);
-  if (end != s.c_str() + s.size() || !std::isfinite(v)) return fail();
   // strtod accepts "nan", "inf", hex: refuse anything that is not plain decimal.
   for (char ch : s)
     if (!(std::isdigit(static_cast<unsigned char>(ch)) || ch == '.' || ch == 'e' || ch == 'E' ||
           ch == '+' || ch == '-'))
       return fail();
+  if (end != s.c_str() + s.size()) return fail();
+  // A number, but past what a double holds: said so ("1e400 is not a number" read as a typo).
+  if (!std::isfinite(v * scale))
+    throw InputError(
+        fmt::format("{}: '{}' is beyond the largest number a double holds (1.8e308)", what, text));
   // "2e9k" would read as 2e12: one way of writing the scale, never both multiplied.
   if (scale != 1.0 && s.find_first_of("eE") != std::string::npos)
     throw InputError(fmt::format(

@@ -418,6 +418,18 @@ TEST_CASE("bad input: one line naming the value, exit status 2") {
   for (const char* points : {"0x5", "0b11", "2.5", "5e1", "''"})
     expect_bad_input(std::string("grid --N 2e9 --ra 0.1:0.3 --points ") + points,
                      "is not a whole number in decimal digits (e.g. 8)");
+  // plan's JSON says where the point's budget came from, as the table's closing lines do.
+  {
+    const Result eq = run_moeplan("plan --N 2e9 --ra 0.2 --format json");
+    REQUIRE(eq.status == 0);
+    const nlohmann::json j = nlohmann::json::parse(eq.out);
+    CHECK(j.at("budget_from") == "the equal-resource dense baseline");
+    CHECK(j.at("dense_baseline").at("total_params").get<int64_t>() > 0);
+    const Result own = run_moeplan("plan --N 2e9 --ra 0.2 --tokens 1e11 --format json");
+    REQUIRE(own.status == 0);
+    CHECK(nlohmann::json::parse(own.out).at("budget_from") ==
+          "--tokens / --tokens-unique (not equal-resource)");
+  }
   // A --train key given twice, and --unique-tokens with --epochs on the --arch path: refused,
   // as the other repeats and conflicts are (the last or the epochs won in silence).
   expect_bad_input("grid --N 3e5 --ra 0.2 --train seed=1 --train seed=2",
