@@ -232,6 +232,12 @@ int run(const RunFlags& f) {
         "--shard-optimizer splits the AdamW state over data-parallel GPUs; it needs --device "
         "cuda with --nproc N (or WORLD_SIZE), not --device {}",
         opt.device));
+  // Likewise --kernels, and on a sweep whose points are all complete too (it trained nothing,
+  // so the engine never said so).
+  if (!opt.kernels.empty() && opt.device != "cuda")
+    throw InputError(
+        fmt::format("--kernels '{}' applies to --device cuda; the {} device has one set of kernels",
+                    opt.kernels, opt.device));
   // A build with the backend on a machine without the device: refused here, before a point's
   // plan line is printed and its folder made (make_engine said so only inside the first point).
   if (backend::visible_devices(opt.device) == 0)

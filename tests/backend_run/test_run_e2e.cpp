@@ -538,6 +538,14 @@ TEST_CASE("refusals: one line, non-zero exit, earlier records and checkpoints in
   CHECK(refused(good, "kernels", "--kernels 'experts=tiled' applies to --device cuda",
                 {"--kernels", "experts=tiled"})
             .status == 2);
+  {  // before any point's line, and on a complete point too (it trains nothing to say it)
+    const Result done = run_cli({"run", (dir / "good.toml").string(), "--point", "dense", "--out",
+                                 out.string(), "--kernels", "attention=cublas"});
+    CHECK(done.status == 2);
+    CHECK(done.out.empty());
+    CHECK_MESSAGE(done.err.find("the cpu device has one set of kernels") != std::string::npos,
+                  done.err);
+  }
   // More threads than the machine has: a typo that trained hundreds of times slower.
   if (const unsigned hw = std::thread::hardware_concurrency(); hw > 0) {  // 0: unknown, allowed
     const std::string many = std::to_string(hw + 1);
