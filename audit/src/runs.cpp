@@ -234,10 +234,28 @@ class RunAuditor {
   // named with its reason, and those no routing, auxiliary loss, recompute or padding explains
   // are errors. `q` prefixes each finding's quantity ("flops", "validation-flops"); `what` says
   // what the analytic ledger counts ("45 steps").
-  void compare_exact(const std::string& id, const std::string& q, const FlopLedger& measured,
+  // A [train] setting of the record as a number, or nullopt where the record does not say.
+  static std::optional<double> setting(const RunRecord& r, const std::string& key) {
+    const auto it = r.train.find(key);
+    if (it == r.train.end()) return std::nullopt;
+    try {
+      return std::stod(it->second);
+    } catch (const std::exception&) {
+      return std::nullopt;
+    }
+  }
+
+  void compare_exact(const RunRecord& r, const std::string& q, const FlopLedger& measured,
                      const FlopLedger& analytic, AttentionMask mask, const std::string& what) {
+    const std::string& id = r.point_id;
     const std::string label = convention_label(Convention::exact, mask);
-    const std::string whose = q == "flops" ? "" : "validation ";
+    const bool validation = q != "flops";
+    const std::string whose = validation ? "validation " : "";
+    // What the record itself rules out: the cpu engine executes no padding and no recompute, an
+    // evaluation has no backward pass to recompute in, a run without the ERC loss has no
+    // auxiliary products, and a dropless run (capacity_factor 0) drops no assignment.
+    const bool cpu = r.device == "cpu";
+    const auto erc = setting(r, "erc_loss"), capacity = setting(r, "capacity_factor");
     for (int c = 0; c < kFlopCategories; ++c) {
       const FlopCategory cat = FlopCategory(c);
       const FlopCount m = measured.category(cat), e = analytic.category(cat);
@@ -264,23 +282,48 @@ class RunAuditor {
       Severity sev = Severity::info;
       switch (cat) {
         case FlopCategory::expert:
-          why = m < e ? "fewer routed assignments than dropless K per token: capacity drops"
-                      : "more routed assignments than K per token: a routing bug";
-          sev = m < e ? Severity::warning : Severity::error;
+          if (m < e && capacity && *capacity == 0) {
+            why =
+                "fewer routed assignments than K per token, in a dropless run (capacity_factor "
+                "0): a routing or ledger bug, or an edit";
+            sev = Severity::error;
+          } else {
+            why = m < e ? "fewer routed assignments than dropless K per token: capacity drops"
+                        : "more routed assignments than K per token: a routing bug";
+            sev = m < e ? Severity::warning : Severity::error;
+          }
           break;
         case FlopCategory::aux_loss:
-          why = "auxiliary loss (ERC) products, not in the dropless model";
+          if (erc && *erc == 0) {
+            why = "auxiliary loss products in a run without the ERC loss (erc_loss 0)";
+            sev = Severity::error;
+          } else {
+            why = "auxiliary loss (ERC) products, not in the dropless model";
+          }
           break;
         case FlopCategory::recompute:
-          why =
-              "products executed again (activation recompute, or the fused attention's "
-              "backward recomputing scores)";
+          if (validation || cpu) {
+            why = validation ? "products executed again in an evaluation, which has no backward "
+                               "pass to recompute in"
+                             : "products executed again on the cpu device, which recomputes "
+                               "nothing";
+            sev = Severity::error;
+          } else {
+            why =
+                "products executed again (activation recompute, or the fused attention's "
+                "backward recomputing scores)";
+          }
           break;
         case FlopCategory::padding:
-          why =
-              "executed beyond the model's useful work (padding tokens, the masked part "
-              "of attention squares a device computes, or the unfilled rows of expert "
-              "tiles)";
+          if (cpu) {
+            why = "padding on the cpu device, which executes the useful products only";
+            sev = Severity::error;
+          } else {
+            why =
+                "executed beyond the model's useful work (padding tokens, the masked part "
+                "of attention squares a device computes, or the unfilled rows of expert "
+                "tiles)";
+          }
           break;
         default:
           why = "not explained by routing, auxiliary losses, recompute or padding";
@@ -337,7 +380,7 @@ class RunAuditor {
     for (auto& by_phase : forward.flops)
       by_phase[size_t(Phase::input_grad)] = by_phase[size_t(Phase::weight_grad)] = 0;
     compare_exact(
-        id, "validation-flops", r.validation_ledger, forward * r.evaluations, r.executed_mask,
+        r, "validation-flops", r.validation_ledger, forward * r.evaluations, r.executed_mask,
         fmt::format("{} evaluations of {} held-out tokens", r.evaluations, r.validation_tokens));
   }
 
@@ -357,7 +400,7 @@ class RunAuditor {
     // exact: the analytic ledger of the steps the tokens say were run (dropless routing).
     if (step_tokens > 0 && r.tokens_consumed % step_tokens == 0) {
       const int64_t steps = r.tokens_consumed / step_tokens;
-      compare_exact(id, "flops", r.ledger,
+      compare_exact(r, "flops", r.ledger,
                     exact_step_ledger(a, p.budget.batch_seqs, {r.executed_mask, false, {}}) * steps,
                     r.executed_mask, fmt::format("{} steps", steps));
     } else {
@@ -587,6 +630,7 @@ RunRecord parse_run_record(std::string_view text, std::string source) {
       r.validation_fingerprint = rdd.text(d, "validation_fingerprint");
   }
   if (j.contains("train")) r.train = settings_map(rd.obj(j, "train"));
+  if (j.contains("device") && j.at("device").is_string()) r.device = j.at("device");
   // The curves (arrays of objects with numbers) and the facts of how it ran, as `moeplan report`
   // reads them, in a running record too.
   if (const auto d = curve_defect(j)) rd.fail(d->key, d->want.c_str());

@@ -389,6 +389,34 @@ TEST_CASE("the validation ledger: forward only, one pass over the held-out windo
                       std::string::npos,
                   e[0]->message);
   }
+  {  // what the record rules out itself is an error, not explained as info: padding or
+     // recompute on the cpu device, recompute in an evaluation, auxiliary products without the
+     // ERC loss, fewer routed products in a dropless run
+    auto with = [&](const std::string& cat, int64_t more, const char* ledger) {
+      json r = rec;
+      json& l = std::string(ledger) == "validation" ? r["measured"]["flops"]["validation"]
+                                                    : r["measured"]["flops"];
+      l["by_category"][cat]["forward"] = l["by_category"][cat]["forward"].get<int64_t>() + more;
+      l["total"] = l["total"].get<int64_t>() + more;
+      return r;
+    };
+    CHECK(errors(audit(with("padding", 1000, "training")), "flops:padding").size() == 1);
+    CHECK(errors(audit(with("recompute", 1000, "training")), "flops:recompute").size() == 1);
+    CHECK(
+        errors(audit(with("recompute", 1000, "validation")), "validation-flops:recompute").size() ==
+        1);
+    json gpu = with("padding", 1000, "training");  // a GPU's padding is explained
+    gpu["device"] = "cuda";
+    CHECK(errors(audit(gpu), "flops:padding").empty());
+    json aux = with("aux-loss", 1000, "training");
+    aux["train"] = {{"erc_loss", 0.0}, {"capacity_factor", 0.0}};
+    CHECK(errors(audit(aux), "flops:aux-loss").size() == 1);
+    aux["train"]["erc_loss"] = 0.01;  // with the ERC loss on: its products, explained
+    CHECK(errors(audit(aux), "flops:aux-loss").empty());
+    json dropless = with("expert", -48, "training");
+    dropless["train"] = {{"erc_loss", 0.0}, {"capacity_factor", 0.0}};
+    CHECK(errors(audit(dropless), "flops:expert").size() == 1);
+  }
   {  // three evaluations in the curve, two in the ledger: every category differs
     json r = rec;
     r["val_curve"].push_back(json{{"step", 9}, {"val_bpc", 2.0}});

@@ -52,6 +52,9 @@ struct RunRecord {
   // The [train] settings it trained with, each value as JSON text ("1234", "\"alibi\""), without
   // those that change no result (checkpoint_every, device). Empty in records older than them.
   std::map<std::string, std::string> train;
+  // The device it trained on ("cpu", "cuda"; empty in records that do not say): what its ledger
+  // may hold beyond the model's products (the cpu engine executes no padding and no recompute).
+  std::string device;
 };
 
 // Parse record.json text. Throws InputError naming the file and the missing or mistyped key.
