@@ -176,12 +176,17 @@ std::string render_markdown(const AuditReport& r) {
       "# moeplan audit\n\n## Claims\n\n| verdict | claim | rows | quantity | spread "
       "|\n|---|---|---|---|---|\n";
   for (const ClaimVerdict& c : r.claims) {
+    // What the claim covered: a table claim's coverage line, else its rows (a runs audit's
+    // points), as the JSON's `rows` lists them.
+    std::string rows = c.coverage;
+    if (rows.empty())
+      for (const std::string& row : c.rows) rows += (rows.empty() ? "" : ", ") + row;
     if (c.quantities.empty())
       out += fmt::format("| {} | {} | {} | | |\n", c.holds ? "holds" : "**fails**", md_cell(c.name),
-                         md_cell(c.coverage));
+                         md_cell(rows));
     for (const QuantityVerdict& q : c.quantities)
       out += fmt::format("| {} | {} | {} | {} | {} |\n", q.holds ? "holds" : "**fails**",
-                         md_cell(c.name), md_cell(c.coverage), q.quantity, md_cell(spread_line(q)));
+                         md_cell(c.name), md_cell(rows), q.quantity, md_cell(spread_line(q)));
   }
   out +=
       "\n## Findings\n\n| severity | where | quantity | expected | found | rel. diff | message |\n"

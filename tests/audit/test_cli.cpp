@@ -150,6 +150,11 @@ TEST_CASE("a defective table exits 1; --claims alone checks rows only") {
 TEST_CASE("runs: matching records exit 0, defects exit 1") {
   CHECK(run(fixture("runs_ok")).status == 0);
   CHECK(run(fixture("runs_bad")).status == 1);
+  // Markdown's rows column says what each claim covered (it was empty for a runs audit).
+  const Result md = run(fixture("runs_ok") + " --format md");
+  CHECK_MESSAGE(md.out.find("| holds | run dense: measured ledgers match the plan | dense |") !=
+                    std::string::npos,
+                md.out);
 }
 
 TEST_CASE("unusable input: one line on stderr, exit 2, no output file") {

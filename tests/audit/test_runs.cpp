@@ -389,6 +389,18 @@ TEST_CASE("the validation ledger: forward only, one pass over the held-out windo
                       std::string::npos,
                   e[0]->message);
   }
+  {  // a plan edited to match a forged ledger: its M against its arch, D against its steps
+    json r = rec;
+    r["plan"]["flops_per_token"] = r["plan"]["flops_per_token"].get<double>() * 1.008;
+    r["plan"]["compute"] =
+        r["plan"]["flops_per_token"].get<double>() * r["plan"]["tokens_consumed"].get<double>();
+    CHECK_THROWS_WITH_AS(audit(r), doctest::Contains("'plan.flops_per_token' = "),
+                         moeplan::InputError);
+    r = rec;
+    r["plan"]["steps"] = r["plan"]["steps"].get<int64_t>() - 1;
+    CHECK_THROWS_WITH_AS(audit(r), doctest::Contains("'plan.tokens_consumed' = "),
+                         moeplan::InputError);
+  }
   {  // what the record rules out itself is an error, not explained as info: padding or
      // recompute on the cpu device, recompute in an evaluation, auxiliary products without the
      // ERC loss, fewer routed products in a dropless run
