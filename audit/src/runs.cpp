@@ -315,8 +315,10 @@ class RunAuditor {
           }
           break;
         case FlopCategory::aux_loss:
-          if (erc && *erc == 0) {
-            why = "auxiliary loss products in a run without the ERC loss (erc_loss 0)";
+          if (validation || (erc && *erc == 0)) {
+            why = validation ? "auxiliary loss products in an evaluation, which computes no loss "
+                               "but the cross-entropy"
+                             : "auxiliary loss products in a run without the ERC loss (erc_loss 0)";
             sev = Severity::error;
           } else {
             why = "auxiliary loss (ERC) products, not in the dropless model";

@@ -383,7 +383,7 @@ int main(int argc, char** argv) {
       "(consumed) | TFLOP/s exact/causal | TFLOP/s executed | MFU vs %.0f | MFU vs "
       "ceiling | expert products; attention |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
       dev.peak_bf16_tflops);
-  bool first = true;
+  bool first = true, matched = false;  // matched: a point passed --only (--gemm-tune's do too)
   const auto fused = cu::AttentionPath::fused, cublas = cu::AttentionPath::cublas,
              fused_mma = cu::AttentionPath::fused_mma;
   const auto tiled = cu::ExpertPath::tiled;
@@ -427,6 +427,7 @@ int main(int argc, char** argv) {
         Point{"moe-ra0.2-tiled-fused-mma-attn-erc", moe_equal_n(), fused_mma, tiled, 0, 0, false,
               false, 0, 0.01}}) {
     if (!only.empty() && only.find("," + p.name + ",") == std::string::npos) continue;
+    matched = true;
     const std::string name = table ? p.name + "-lt-table" : p.name;
     const ParamCounts pc = count_params(p.arch);
     ModelOptions opt;
@@ -553,7 +554,7 @@ int main(int argc, char** argv) {
     if (!json_path.empty()) std::ofstream(json_path) << json << "]}\n";
   }
   if (!json_path.empty() && first) std::ofstream(json_path) << json << "]}\n";
-  if (!only.empty() && first) {
+  if (!only.empty() && !matched) {
     std::fprintf(stderr, "bench_gpu: --only '%s' names no point; see the point names above\n",
                  only.substr(1, only.size() - 2).c_str());
     return 2;

@@ -57,7 +57,7 @@ Arch arch_from_toml_string(const std::string& text, const std::string& origin) {
   // MoE keys without `experts`: the missing key is experts, not "experts = 0 is invalid".
   if (a.experts == 0 && !t.has("experts"))
     for (const char* k : {"top_k", "d_expert"})
-      if (t.has(k))
+      if (t.integer_or(k, 0) != 0)  // a dense file may spell out top_k = 0
         t.integer("experts", fmt::format("a positive integer (the experts of a MoE layer; {} is "
                                          "given, which MoE layers use)",
                                          k)

@@ -414,9 +414,13 @@ TEST_CASE("the validation ledger: forward only, one pass over the held-out windo
     };
     CHECK(errors(audit(with("padding", 1000, "training")), "flops:padding").size() == 1);
     CHECK(errors(audit(with("recompute", 1000, "training")), "flops:recompute").size() == 1);
-    CHECK(
-        errors(audit(with("recompute", 1000, "validation")), "validation-flops:recompute").size() ==
-        1);
+    json eval_recompute = with("recompute", 1000, "validation");
+    eval_recompute["device"] = "cuda";  // not the cpu rule: an evaluation recomputes nothing
+    CHECK(errors(audit(eval_recompute), "validation-flops:recompute").size() == 1);
+    json eval_aux = with("aux-loss", 1000, "validation");
+    eval_aux["device"] = "cuda";
+    eval_aux["train"] = {{"erc_loss", 0.01}, {"capacity_factor", 0.0}};
+    CHECK(errors(audit(eval_aux), "validation-flops:aux-loss").size() == 1);
     json gpu = with("padding", 1000, "training");  // a GPU's padding is explained
     gpu["device"] = "cuda";
     CHECK(errors(audit(gpu), "flops:padding").empty());

@@ -478,6 +478,15 @@ TEST_CASE("bad input: one line naming the value, exit status 2") {
   bad.replace(bad.find("experts = 89\n"), 13, "");
   expect_bad_input("plan --arch '" + write("noexperts.toml", bad).string() + "'",
                    "key 'experts' is missing");
+  // A dense file that spells out top_k = 0 (and no experts) is dense, not "experts missing".
+  CHECK(run_moeplan("plan --arch '" +
+                    write("dense0.toml",
+                          "d_model = 24\nlayers = 2\nheads = 3\nhead_dim = 8\n"
+                          "d_ffn = 108\nvocab = 256\nseq_len = 32\ntop_k = 0\n"
+                          "d_expert = 0\n")
+                        .string() +
+                    "'")
+            .status == 0);
   bad = kArch2b;
   bad.replace(bad.find("layers = 16"), 11, "layers = 1");
   expect_bad_input("plan --arch '" + write("onelayer.toml", bad).string() + "'",
