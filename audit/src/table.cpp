@@ -21,34 +21,61 @@ std::string trim(std::string_view s) {
   return std::string(s.substr(b, e - b));
 }
 
-// One CSV line into fields: commas separate, a field in double quotes may hold commas, and ""
-// inside it is one quote (RFC 4180, without line breaks inside a field). Fields are trimmed.
-std::vector<std::string> split_fields(std::string_view line, const std::string& where) {
-  std::vector<std::string> out;
+// A table's records, in one pass: commas separate fields and a line end records; a field that
+// starts (after blanks) with a double quote may hold commas and line breaks (spreadsheets write
+// a multi-line cell so), and "" inside it is one quote (RFC 4180); a quote elsewhere is a
+// character (the 7" of `small 7" run`). Unquoted fields are trimmed. `eol` ends a line ('\n',
+// its "\r\n" too; '\r' in a file of no '\n'). Each record keeps the physical line it starts on,
+// for messages, and whether it is blank: nothing but blanks and commas (spreadsheets save empty
+// rows as ",,,"), `empty` if not even a comma.
+struct CsvRecord {
+  std::vector<std::string> fields;
+  size_t line = 1;
+  bool blank = true, empty = true;
+};
+
+std::vector<CsvRecord> split_records(std::string_view text, char eol, const std::string& source) {
+  std::vector<CsvRecord> out;
+  CsvRecord rec;
   std::string f;
   bool quoted = false, was_quoted = false;
-  for (size_t i = 0; i <= line.size(); ++i) {
-    const char c = i < line.size() ? line[i] : ',';
-    if (quoted && i == line.size())
-      throw InputError(fmt::format("{}: a quoted field is not closed (a \" is missing)", where));
+  size_t physical = 1;
+  for (size_t i = 0; i <= text.size(); ++i) {
+    const bool end = i == text.size();
+    const char c = end ? eol : text[i];
     if (quoted) {
-      if (c == '"' && i + 1 < line.size() && line[i + 1] == '"') {
+      if (end)
+        throw InputError(fmt::format("{} line {}: a quoted field is not closed (a \" is missing)",
+                                     source, rec.line));
+      if (c == '"' && i + 1 < text.size() && text[i + 1] == '"') {
         f += '"';
         ++i;
       } else if (c == '"') {
         quoted = false;
       } else {
+        if (c == eol) ++physical;
         f += c;
       }
-    } else if (c == '"' && trim(f).empty() && !was_quoted) {
+      continue;
+    }
+    if (c == '\r' && eol == '\n' && i + 1 < text.size() && text[i + 1] == '\n') continue;
+    if (c == '"' && trim(f).empty() && !was_quoted) {
       quoted = was_quoted = true;
+      rec.blank = rec.empty = false;
       f.clear();
-    } else if (c == ',') {
-      out.push_back(was_quoted ? f : trim(f));
+    } else if (c == ',' || c == eol) {
+      rec.fields.push_back(was_quoted ? f : trim(f));
       f.clear();
       was_quoted = false;
-    } else if (!was_quoted || c != ' ') {
-      f += c;
+      if (c == ',') rec.empty = false;
+      if (c == eol) {
+        out.push_back(std::move(rec));
+        rec = CsvRecord{};
+        rec.line = ++physical;
+      }
+    } else {
+      if (c != ' ' && c != '\t' && c != '\r') rec.blank = rec.empty = false;
+      if (!was_quoted || c != ' ') f += c;
     }
   }
   return out;
@@ -165,48 +192,12 @@ ClaimTable parse_claim_table(std::string_view text, std::string name, std::strin
         "{} line {}: byte 0x{:02X} is not UTF-8; save the table as UTF-8 (Excel: CSV UTF-8)",
         t.source, 1 + std::count(text.begin(), text.begin() + std::ptrdiff_t(bad), '\n'),
         static_cast<unsigned char>(text[bad])));
-  // Records split at line ends outside quotes (a quoted cell may hold a line break, as
-  // spreadsheets write it); "\r\n", "\n" and, in a file of no "\n" at all, "\r" end a line.
-  const char eol = text.find('\n') == std::string_view::npos ? '\r' : '\n';
-  // A quote opens a quoted field only where split_fields opens one (first in its field, after
-  // blanks): the 7" of `small 7" run` is a character, not a quote left open to swallow lines.
-  std::vector<std::string> lines;
-  std::vector<size_t> line_no;  // the physical line a record starts on, for messages
-  size_t start = 0, physical = 1, record_line = 1;
-  bool quoted = false, field_blank = true, was_quoted = false;  // the field so far
-  for (size_t i = 0; i <= text.size(); ++i) {
-    const char c = i < text.size() ? text[i] : eol;
-    if (i < text.size() && c == eol) ++physical;
-    if (quoted) {
-      if (c == '"' && i + 1 < text.size() && text[i + 1] == '"')
-        ++i;  // a doubled quote: a quote character
-      else if (c == '"')
-        quoted = false;
-      if (i < text.size()) continue;
-    }
-    if (c == '"' && field_blank && !was_quoted) {
-      quoted = was_quoted = true;
-      field_blank = false;
-    } else if (c == ',') {
-      field_blank = true;
-      was_quoted = false;
-    } else if (c == eol || i == text.size()) {
-      std::string l(text.substr(start, i - start));
-      if (!l.empty() && l.back() == '\r') l.pop_back();
-      lines.push_back(std::move(l));
-      line_no.push_back(record_line);
-      start = i + 1;
-      record_line = physical;
-      field_blank = true;
-      was_quoted = false;
-    } else if (c != ' ' && c != '\t' && c != '\r') {
-      field_blank = false;
-    }
-  }
-  while (!lines.empty() && trim(lines.back()).empty()) lines.pop_back();
-  if (lines.empty())
+  std::vector<CsvRecord> records =
+      split_records(text, text.find('\n') == std::string_view::npos ? '\r' : '\n', t.source);
+  while (!records.empty() && records.back().empty) records.pop_back();
+  if (records.empty())
     throw InputError(fmt::format("{}: empty table (expected a header line)", t.source));
-  t.headers = split_fields(lines[0], fmt::format("{} line 1", t.source));
+  t.headers = records[0].fields;
   std::vector<double> scales;
   int label_col = -1;
   for (size_t c = 0; c < t.headers.size(); ++c) {
@@ -247,18 +238,13 @@ ClaimTable parse_claim_table(std::string_view text, std::string name, std::strin
     t.quantities.push_back(meaning->quantity);
     scales.push_back(meaning->scale);
   }
-  // A line of nothing but separators is blank too: spreadsheets save empty rows as ",,,".
-  auto blank = [](const std::string& l) {
-    return l.find_first_not_of(" \t,") == std::string::npos;
-  };
-  for (size_t li = 1; li < lines.size(); ++li) {
-    if (blank(lines[li])) continue;
-    const std::vector<std::string> fields =
-        split_fields(lines[li], fmt::format("{} line {}", t.source, line_no[li]));
+  for (size_t li = 1; li < records.size(); ++li) {
+    if (records[li].blank) continue;
+    const std::vector<std::string>& fields = records[li].fields;
     const size_t row_number = t.rows.size() + 1;
     if (fields.size() != t.headers.size())
       throw InputError(fmt::format("{}: data row {} (line {}) has {} fields, the header has {}",
-                                   t.source, row_number, line_no[li], fields.size(),
+                                   t.source, row_number, records[li].line, fields.size(),
                                    t.headers.size()));
     std::map<std::string, Cell> row;
     if (label_col >= 0) t.labels.push_back(fields[size_t(label_col)]);
