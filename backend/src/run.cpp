@@ -233,20 +233,23 @@ void check_source_fits(const Plan& p, const TrainSettings& t, const std::filesys
 
 void check_source_tokens(const std::vector<const Plan*>& pending, const TrainSettings& t,
                          const std::filesystem::path& base) {
-  // One point alone reads its tokens first thing: nothing would train before its refusal.
-  if (pending.size() < 2 || !source_file(t.source)) return;
+  if (pending.empty() || !source_file(t.source)) return;
   // The regions the points read, largest first; one that another covers (a training prefix and
-  // a held-out tail no longer than it) is read with it. Strict reuse: one read for the sweep.
+  // a held-out tail no longer than it) is read with it. The first point to train reads its own
+  // first thing, before it trains: what it covers is not read here (under strict reuse, the
+  // whole sweep: no extra pass over the source).
   struct Region {
     int64_t train, validation, vocab;
   };
+  const auto region = [&](const Plan* p) {
+    return Region{p->budget.tokens_unique + 1, eval_windows_for(*p, t) * p->arch.seq_len + 1,
+                  p->arch.vocab};
+  };
   std::vector<Region> regions;
-  for (const Plan* p : pending)
-    regions.push_back({p->budget.tokens_unique + 1, eval_windows_for(*p, t) * p->arch.seq_len + 1,
-                       p->arch.vocab});
+  for (const Plan* p : pending) regions.push_back(region(p));
   std::sort(regions.begin(), regions.end(),
             [](const Region& a, const Region& b) { return a.train > b.train; });
-  std::vector<Region> read;
+  std::vector<Region> read{region(pending.front())};
   for (const Region& r : regions) {
     if (std::any_of(read.begin(), read.end(), [&](const Region& d) {
           return d.train >= r.train && d.validation >= r.validation && d.vocab <= r.vocab;

@@ -119,9 +119,10 @@ void check_source_fits(const Plan& plan, const TrainSettings& train,
                        const std::filesystem::path& source_base = {});
 
 // Throws InputError (as a point's own start would) when a file source holds a token outside a
-// pending point's vocabulary in the tokens it would read: with two or more points to train, run
-// before the first, so that a bad token in a later point's longer region does not stop the
-// sweep after earlier points trained. Reads each region once (the largest covers the others).
+// pending point's vocabulary in the tokens it would read, run before the first trains, so that a
+// bad token in a later point's longer region does not stop the sweep after earlier points
+// trained. `pending` in training order: what the first point reads it checks itself, first
+// thing; of the rest each region is read once (the largest covers the others).
 void check_source_tokens(const std::vector<const Plan*>& pending, const TrainSettings& train,
                          const std::filesystem::path& source_base = {});
 
