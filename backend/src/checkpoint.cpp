@@ -4,7 +4,9 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <span>
+#include <stdexcept>
 #include <string_view>
 
 #include <fmt/format.h>
@@ -13,23 +15,47 @@
 #include "moeplan/backend/atomic_file.hpp"
 #include "moeplan/sweeps/ledger_json.hpp"
 
+// Header-only: the hash functions are compiled into this file, so no library is linked.
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
 namespace moeplan::backend {
 
 namespace fs = std::filesystem;
 
 namespace {
 
-constexpr std::string_view kMagic = "MOEPCKP1";
+// The format's version is its magic. Both are read; only the newest is written.
+//   MOEPCKP1: the checksum is FNV-1a, one byte at a time (about 1 GB/s: at 7B parameters, with
+//             fp32 weights and Adam moments, some 100 GB and more than a minute a checkpoint).
+//   MOEPCKP2: the checksum is XXH3-64 (libxxhash), tens of GB/s; the sections are unchanged.
+constexpr std::string_view kMagicFnv = "MOEPCKP1";
+constexpr std::string_view kMagic = "MOEPCKP2";
+static_assert(kMagic.size() == kMagicFnv.size());
 
-// FNV-1a over the file's bytes, fed as they are written or read.
-struct Fnv1a {
-  uint64_t h = 0xcbf29ce484222325ull;
+// The checksum over the file's bytes, fed as they are written or read.
+class Checksum {
+ public:
+  explicit Checksum(bool fnv) : fnv_(fnv) {
+    if (!fnv_ && XXH3_64bits_reset(&xxh_) != XXH_OK)
+      throw std::runtime_error("XXH3_64bits_reset failed");
+  }
   void add(std::string_view bytes) {
-    for (unsigned char c : bytes) {
-      h ^= c;
-      h *= 0x100000001b3ull;
+    if (fnv_) {
+      for (unsigned char c : bytes) {
+        fnv_h_ ^= c;
+        fnv_h_ *= 0x100000001b3ull;
+      }
+    } else if (XXH3_64bits_update(&xxh_, bytes.data(), bytes.size()) != XXH_OK) {
+      throw std::runtime_error("XXH3_64bits_update failed");
     }
   }
+  uint64_t value() const { return fnv_ ? fnv_h_ : uint64_t(XXH3_64bits_digest(&xxh_)); }
+
+ private:
+  bool fnv_;
+  uint64_t fnv_h_ = 0xcbf29ce484222325ull;
+  XXH3_state_t xxh_;
 };
 
 std::string u64_bytes(uint64_t v) {
@@ -48,8 +74,12 @@ class Reader {
     if (size < std::streamoff(kMagic.size() + 8)) not_ours();
     left_ = uint64_t(size) - 8;  // the bytes the checksum covers
     std::string magic(kMagic.size(), '\0');
-    read(magic.data(), magic.size());
-    if (magic != kMagic) not_ours();
+    if (!in_.read(magic.data(), std::streamsize(magic.size())))
+      throw InputError(fmt::format("checkpoint '{}': read error", where_));
+    if (magic != kMagic && magic != kMagicFnv) not_ours();
+    hash_.emplace(magic == kMagicFnv);
+    hash_->add(magic);
+    left_ -= magic.size();
   }
   uint64_t u64() {
     uint64_t v;
@@ -66,7 +96,7 @@ class Reader {
     if (n > left_) truncated();
     if (!in_.read(static_cast<char*>(to), std::streamsize(n)))
       throw InputError(fmt::format("checkpoint '{}': read error", where_));
-    hash_.add(std::string_view(static_cast<const char*>(to), n));
+    hash_->add(std::string_view(static_cast<const char*>(to), n));
     left_ -= n;
   }
   // A section of whole T's (the window order, the bitmap).
@@ -96,7 +126,7 @@ class Reader {
     uint64_t stored;
     if (!in_.read(reinterpret_cast<char*>(&stored), 8))
       throw InputError(fmt::format("checkpoint '{}': read error", where_));
-    if (stored != hash_.h)
+    if (stored != hash_->value())
       throw InputError(fmt::format(
           "checkpoint '{}' is corrupt (checksum mismatch); remove it to restart the point",
           where_));
@@ -117,7 +147,7 @@ class Reader {
   std::string where_;
   std::ifstream in_;
   uint64_t left_ = 0;
-  Fnv1a hash_;
+  std::optional<Checksum> hash_;  // of the file's version, known once its magic is read
 };
 
 nlohmann::json state_to_json(const RunState& s) {
@@ -172,7 +202,7 @@ void write_checkpoint(const std::filesystem::path& path, const Checkpoint& ckpt)
   std::vector<std::string> lengths;
   lengths.reserve(std::size(sections));
   std::vector<std::string_view> parts{kMagic};
-  Fnv1a hash;
+  Checksum hash(false);
   hash.add(kMagic);
   for (const std::string_view section : sections) {
     lengths.push_back(u64_bytes(section.size()));
@@ -181,7 +211,7 @@ void write_checkpoint(const std::filesystem::path& path, const Checkpoint& ckpt)
       hash.add(part);
     }
   }
-  const std::string checksum = u64_bytes(hash.h);
+  const std::string checksum = u64_bytes(hash.value());
   parts.push_back(checksum);
   write_file_atomic(path, std::span<const std::string_view>(parts));
 }

@@ -21,6 +21,9 @@
 #include "moeplan/backend/data.hpp"
 #include "scratch.hpp"
 
+#define XXH_INLINE_ALL  // the library's own one-shot hash, header-only as in checkpoint.cpp
+#include <xxhash.h>
+
 namespace fs = std::filesystem;
 using namespace moeplan;
 using namespace moeplan::backend;
@@ -372,25 +375,49 @@ TEST_CASE("checkpoint round trip; a flipped byte is detected") {
   CHECK(back.state.loss_sum_since_log == 1.0 / 3.0);  // bit for bit through JSON
   CHECK(back.state.loss_curve[0]["train_loss"].get<double>() == 0.1 + 0.2);
 
-  // The layout, by hand (checkpoint.hpp): "MOEPCKP1" | u64 n | head | u64 4 | "ab\0c" | u64 520 |
-  // 130 int32 | u64 24 | 3 uint64 | u64 FNV-1a of all before. Older checkpoints read the same way.
+  // The layout, by hand (checkpoint.hpp): "MOEPCKP2" | u64 n | head | u64 4 | "ab\0c" | u64 520 |
+  // 130 int32 | u64 24 | 3 uint64 | u64 XXH3-64 of all before.
   std::string bytes = read_file(dir / "s.ckpt");
-  auto u64_at = [&](size_t at) {
+  auto u64_at = [&](const std::string& b, size_t at) {
     uint64_t v;
-    std::memcpy(&v, bytes.data() + at, 8);
+    std::memcpy(&v, b.data() + at, 8);
     return v;
   };
-  REQUIRE(bytes.substr(0, 8) == "MOEPCKP1");
-  const size_t head = u64_at(8);
+  REQUIRE(bytes.substr(0, 8) == "MOEPCKP2");
+  const size_t head = u64_at(bytes, 8);
   const size_t model = 16 + head;
-  CHECK(u64_at(model) == 4);
+  CHECK(u64_at(bytes, model) == 4);
   CHECK(bytes.substr(model + 8, 4) == std::string("ab\0c", 4));
-  CHECK(u64_at(model + 12) == 130 * 4);
-  CHECK(u64_at(model + 20 + 520) == 3 * 8);
+  CHECK(u64_at(bytes, model + 12) == 130 * 4);
+  CHECK(u64_at(bytes, model + 20 + 520) == 3 * 8);
   REQUIRE(bytes.size() == model + 20 + 520 + 8 + 24 + 8);
-  uint64_t fnv = 0xcbf29ce484222325ull;  // FNV-1a 64 over every byte before the checksum
-  for (size_t i = 0; i + 8 < bytes.size(); ++i) fnv = (fnv ^ uint8_t(bytes[i])) * 0x100000001b3ull;
-  CHECK(u64_at(bytes.size() - 8) == fnv);
+  // The checksum is libxxhash's one-shot XXH3-64 of every byte before it (the writer feeds its
+  // streaming form part by part). The library itself against its published value for no input:
+  CHECK(XXH3_64bits("", 0) == 0x2d06800538d394c2ull);
+  CHECK(u64_at(bytes, bytes.size() - 8) == XXH3_64bits(bytes.data(), bytes.size() - 8));
+  // A checkpoint of the first format (same sections, "MOEPCKP1", FNV-1a 64 over every byte
+  // before the checksum: offset 0xcbf29ce484222325, prime 0x100000001b3) still reads, whole.
+  std::string v1 = "MOEPCKP1" + bytes.substr(8, bytes.size() - 16);
+  uint64_t fnv = 0xcbf29ce484222325ull;
+  for (unsigned char c : v1) fnv = (fnv ^ c) * 0x100000001b3ull;
+  v1.append(reinterpret_cast<const char*>(&fnv), 8);
+  write_file_atomic(dir / "v1.ckpt", v1);
+  const Checkpoint old = read_checkpoint(dir / "v1.ckpt");
+  CHECK(old.plan == ck.plan);
+  CHECK(old.model_state == ck.model_state);
+  CHECK(old.state.tokens == ck.state.tokens);
+  CHECK(old.state.order == ck.state.order);
+  CHECK(read_checkpoint_head(dir / "v1.ckpt").step == 7);
+  // Each format's checksum is its own: the new one under the old magic fails, and the old one
+  // damaged fails.
+  write_file_atomic(dir / "v1.ckpt", "MOEPCKP1" + bytes.substr(8));
+  CHECK(error_of([&] { read_checkpoint(dir / "v1.ckpt"); }).find("checksum mismatch") !=
+        std::string::npos);
+  v1[model + 8] ^= 0x40;
+  write_file_atomic(dir / "v1.ckpt", v1);
+  CHECK(error_of([&] { read_checkpoint_head(dir / "v1.ckpt"); }).find("checksum mismatch") !=
+        std::string::npos);
+  fs::remove(dir / "v1.ckpt");
   // The head alone (what `run` checks of every point before the first trains).
   const CheckpointHead h = read_checkpoint_head(dir / "s.ckpt");
   CHECK(h.plan == ck.plan);
@@ -418,7 +445,7 @@ TEST_CASE("checkpoint round trip; a flipped byte is detected") {
   CHECK(damaged(bad).find("is corrupt (truncated)") != std::string::npos);
   CHECK(damaged("MOEPCKP").find("is not a moeplan checkpoint") != std::string::npos);
   CHECK(damaged("MOEPCKP").find("remove it to restart the point") != std::string::npos);
-  CHECK(damaged(std::string("MOEPCKP2") + bytes.substr(8)).find("is not a moeplan checkpoint") !=
+  CHECK(damaged(std::string("MOEPCKP3") + bytes.substr(8)).find("is not a moeplan checkpoint") !=
         std::string::npos);
   // Atomic writes leave no temp files behind.
   for (const auto& e : fs::directory_iterator(dir))

@@ -1,7 +1,8 @@
 #pragma once
 // A run's checkpoint: everything needed to continue bit for bit. One file, written atomically:
-//   "MOEPCKP1" | u64 n | run-state JSON (n bytes) | u64 n | model state | u64 n | window
-//   permutation (int32) | u64 n | touched-window bitmap (uint64) | u64 FNV-1a of all before
+//   "MOEPCKP2" | u64 n | run-state JSON (n bytes) | u64 n | model state | u64 n | window
+//   permutation (int32) | u64 n | touched-window bitmap (uint64) | u64 XXH3-64 of all before
+// "MOEPCKP1" files (the same sections, FNV-1a as the checksum) are still read.
 // The model state (weights, Adam moments and step, RNG) is the engine's save_state() verbatim.
 #include <cstdint>
 #include <filesystem>
