@@ -186,7 +186,8 @@ std::string render_markdown(const AuditReport& r) {
                          md_cell(rows));
     for (const QuantityVerdict& q : c.quantities)
       out += fmt::format("| {} | {} | {} | {} | {} |\n", q.holds ? "holds" : "**fails**",
-                         md_cell(c.name), md_cell(rows), q.quantity, md_cell(spread_line(q)));
+                         md_cell(c.name), md_cell(rows), q.quantity,
+                         md_cell(spread_line(q) + (q.note.empty() ? "" : " (" + q.note + ")")));
   }
   out +=
       "\n## Findings\n\n| severity | where | quantity | expected | found | rel. diff | message |\n"

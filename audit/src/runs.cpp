@@ -624,6 +624,9 @@ RunRecord parse_run_record(std::string_view text, std::string source) {
     throw InputError(fmt::format("{}: schema {} (this moeplan reads schema 1)", r.source,
                                  rd.integer(j, "schema")));
   r.point_id = rd.text(j, "point_id");
+  if (!is_point_id(r.point_id))
+    throw InputError(fmt::format("{}: 'point_id' is {} (a point id is {})", r.source,
+                                 j["point_id"].dump(), kPointIdRule));
   r.status = rd.text(j, "status");
   if (r.status != "running" && r.status != "complete")
     throw InputError(fmt::format("{}: 'status' is \"{}\" (valid: \"running\", \"complete\")",

@@ -133,8 +133,9 @@ nlohmann::json evaluate(Engine& engine, const DataSplit& data, int64_t seq_len, 
 }  // namespace
 
 void check_plan_consistent(const Plan& p) {
-  if (p.id.empty() || p.id.find('/') != std::string::npos || p.id == "." || p.id == "..")
-    throw InputError(fmt::format("point id '{}' cannot name a run folder", p.id));
+  if (!is_point_id(p.id))
+    throw InputError(fmt::format("point id {} cannot name a run folder: it must be {}",
+                                 nlohmann::json(p.id).dump(), kPointIdRule));
   try {
     validate(p.arch);
   } catch (const InputError& e) {

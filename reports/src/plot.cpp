@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -24,6 +25,19 @@ std::string escape(const std::string& s) {
 // Distinguishable on white and for the common colour-vision deficiencies (Okabe and Ito's set).
 constexpr const char* kPalette[] = {"#0072B2", "#D55E00", "#009E73", "#CC79A7",
                                     "#E69F00", "#56B4E9", "#F0E442", "#999999"};
+// Past the palette's eight, series repeat its colours with another stroke: solid, dotted, then
+// dash-dot (the dense baseline's reference line is black, dashed "6 4").
+constexpr const char* kStrokes[] = {"", " stroke-dasharray=\"1.5 3\"",
+                                    " stroke-dasharray=\"8 3 2 3\""};
+
+// About how wide text is drawn in a sans-serif face: 0.6 em a character (DejaVu Sans averages
+// about 0.6 em over ids like "moe-ra0.300 (not equal-resource)"; Arial about 0.53). For the
+// space a legend or a title needs, not for placing glyphs.
+double text_px(std::string_view text, double font_px) {
+  size_t chars = 0;
+  for (char c : text) chars += ((unsigned char)c & 0xC0) != 0x80;  // UTF-8 lead bytes
+  return double(chars) * 0.6 * font_px;
+}
 
 }  // namespace
 
@@ -124,9 +138,15 @@ Frame frame_for(const Chart& chart) {
 
 std::string render_svg(const Chart& chart) {
   const Frame f = frame_for(chart);
-  const double W = Frame::kWidth, H = Frame::kHeight;
-  const double left = Frame::kLeft, right = W - Frame::kRight, top = Frame::kTop,
-               bottom = H - Frame::kBottom;
+  const double left = Frame::kLeft, right = Frame::kWidth - Frame::kRight, top = Frame::kTop,
+               bottom = Frame::kHeight - Frame::kBottom;
+  // The frame keeps its size; the picture grows to hold the longest legend entry, the title and
+  // every legend entry (18 px each, from top + 6).
+  double W = Frame::kWidth, H = Frame::kHeight;
+  W = std::max(W, left + text_px(chart.title, 14 * 1.1) + 10);  // the title is bold
+  for (const Series& ser : chart.series) W = std::max(W, right + 40 + text_px(ser.name, 12) + 10);
+  if (!chart.series.empty()) H = std::max(H, top + 6 + 18 * double(chart.series.size() - 1) + 14);
+  W = std::ceil(W - 1e-9);  // whole pixels (0.6 · 15.4 · 100 is 924 and a rounding error)
   std::string s = fmt::format(
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0}\" height=\"{1}\" viewBox=\"0 0 {0} "
       "{1}\" font-family=\"sans-serif\" font-size=\"12\" role=\"img\">\n<title>{2}</title>\n"
@@ -151,8 +171,8 @@ std::string render_svg(const Chart& chart) {
       "<rect x=\"{0}\" y=\"{1}\" width=\"{2}\" height=\"{3}\" fill=\"none\" stroke=\"#444\"/>\n"
       "<text x=\"{4}\" y=\"{5}\" text-anchor=\"middle\">{6}</text>\n"
       "<text transform=\"translate(16 {7}) rotate(-90)\" text-anchor=\"middle\">{8}</text>\n",
-      left, top, right - left, bottom - top, (left + right) / 2, H - 8, escape(chart.x_label),
-      (top + bottom) / 2, escape(chart.y_label));
+      left, top, right - left, bottom - top, (left + right) / 2, Frame::kHeight - 8,
+      escape(chart.x_label), (top + bottom) / 2, escape(chart.y_label));
   // Series (clipped at the frame), then the legend beside the frame.
   const std::string clip = "clip-" + escape(chart.id);
   s += fmt::format(
@@ -163,7 +183,10 @@ std::string render_svg(const Chart& chart) {
   std::string legend;
   double legend_y = top + 6;
   for (const Series& ser : chart.series) {
-    const char* c = ser.dashed ? "#000000" : kPalette[colour++ % std::size(kPalette)];
+    const char* c = ser.dashed ? "#000000" : kPalette[colour % std::size(kPalette)];
+    const char* stroke = ser.dashed ? " stroke-dasharray=\"6 4\""
+                                    : kStrokes[colour / std::size(kPalette) % std::size(kStrokes)];
+    colour += !ser.dashed;
     std::string pts;
     for (const XY& p : ser.points)
       if (finite(p)) pts += fmt::format("{:.1f},{:.1f} ", f.x_px(p.first), f.y_px(p.second));
@@ -171,7 +194,7 @@ std::string render_svg(const Chart& chart) {
     s += fmt::format(
         "<polyline data-series=\"{}\" points=\"{}\" fill=\"none\" stroke=\"{}\" "
         "stroke-width=\"1.8\"{}/>\n",
-        escape(ser.name), pts, c, ser.dashed ? " stroke-dasharray=\"6 4\"" : "");
+        escape(ser.name), pts, c, stroke);
     // A line through one point draws nothing: a single point gets its dot whatever `markers`.
     size_t drawn = 0;
     for (const XY& p : ser.points) drawn += finite(p);
@@ -183,8 +206,7 @@ std::string render_svg(const Chart& chart) {
     legend += fmt::format(
         "<line x1=\"{0}\" y1=\"{1:.1f}\" x2=\"{2}\" y2=\"{1:.1f}\" stroke=\"{3}\" "
         "stroke-width=\"2\"{4}/><text x=\"{5}\" y=\"{6:.1f}\">{7}</text>\n",
-        right + 12, legend_y, right + 34, c, ser.dashed ? " stroke-dasharray=\"6 4\"" : "",
-        right + 40, legend_y + 4, escape(ser.name));
+        right + 12, legend_y, right + 34, c, stroke, right + 40, legend_y + 4, escape(ser.name));
     legend_y += 18;
   }
   return s + "</g>\n" + legend + "</svg>\n";

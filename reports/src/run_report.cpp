@@ -21,6 +21,7 @@
 #include "moeplan/sweeps/atomic_file.hpp"
 #include "moeplan/sweeps/escape.hpp"
 #include "moeplan/sweeps/ledger_json.hpp"
+#include "moeplan/sweeps/manifest.hpp"
 
 namespace moeplan {
 
@@ -205,6 +206,18 @@ std::string html_paragraphs(const std::string& text) {
 }
 std::string md_paragraphs(const std::string& text) {
   return escape_markdown(text, "\n\n");
+}
+// Preformatted text (the bars) as an indented code block: every line four spaces in. Unlike a
+// ``` fence, nothing in the text (a point id's backticks) can end it early.
+std::string md_code_block(const std::string& text) {
+  std::string out;
+  size_t start = 0;
+  while (start < text.size()) {
+    const size_t end = std::min(text.find('\n', start), text.size());
+    out += "    " + text.substr(start, end - start) + "\n";
+    start = end + 1;
+  }
+  return out;
 }
 
 // The HTML report's page head (both reports share its table style).
@@ -603,6 +616,9 @@ void check_record(const json& r, const fs::path& f) {
   };
   if (!r.is_object()) fail("(the whole record)", "not a JSON object");
   if (!at(r, "", "point_id").is_string()) fail("point_id", "not a string");
+  if (!is_point_id(r["point_id"].get<std::string>()))
+    fail("point_id",
+         fmt::format("{} (a point id is {})", r["point_id"].dump(), kPointIdRule).c_str());
   one_of(r, "", "status", "running", "complete");
   const json& plan = object(r, "", "plan");
   if (plan.contains("role")) one_of(plan, "plan.", "role", "dense", "moe");
@@ -800,8 +816,8 @@ std::string render_run_report(const std::vector<json>& records, const std::strin
       return title + "\n\n" + t.render() + "\n" + verdict + "\n\n" +
              (bars.empty() ? "" : bars + "\n") + time_title + "\n\n" + tt.render();
     case ReportFormat::markdown:
-      return "# " + md_paragraphs(title) + "\n\n" + t.render_markdown() + "\n" +
-             md_paragraphs(verdict) + "\n\n" + (bars.empty() ? "" : "```\n" + bars + "```\n\n") +
+      return "# " + escape_markdown(title) + "\n\n" + t.render_markdown() + "\n" +
+             md_paragraphs(verdict) + "\n\n" + (bars.empty() ? "" : md_code_block(bars) + "\n") +
              "## " + time_title + "\n\n" + tt.render_markdown();
     case ReportFormat::html:
       break;
@@ -1029,9 +1045,8 @@ std::string render_replicate_report(const std::vector<std::vector<json>>& folder
     case ReportFormat::text:
       return title + "\n\n" + t.render() + "\n" + verdict + "\n\n" + bar_text;
     case ReportFormat::markdown:
-      return "# " + md_paragraphs(title) + "\n\n" + t.render_markdown() + "\n" +
-             md_paragraphs(verdict) + "\n\n" +
-             (bar_text.empty() ? "" : "```\n" + bar_text + "```\n");
+      return "# " + escape_markdown(title) + "\n\n" + t.render_markdown() + "\n" +
+             md_paragraphs(verdict) + "\n\n" + (bar_text.empty() ? "" : md_code_block(bar_text));
     case ReportFormat::html:
       break;
   }

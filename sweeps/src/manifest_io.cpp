@@ -22,6 +22,12 @@
 
 namespace moeplan {
 
+bool is_point_id(std::string_view id) {
+  return !id.empty() && id != "." && id != ".." && std::none_of(id.begin(), id.end(), [](char ch) {
+    return ch == '/' || ch == '\\' || (unsigned char)ch < 0x20 || ch == 0x7f;
+  });
+}
+
 namespace {
 
 using detail::toml_double;
@@ -265,12 +271,9 @@ Plan read_plan(const toml::value& v, const std::string& origin, const std::strin
            fmt::format("= {} must be a whole number of windows of seq_len = {} tokens",
                        b.tokens_unique, p.arch.seq_len));
   // The id names the point's run folder (runs/<id>/): `run` could not train one it cannot name.
-  if (p.id.empty() || p.id == "." || p.id == ".." ||
-      std::any_of(p.id.begin(), p.id.end(),
-                  [](char ch) { return ch == '/' || ch == '\\' || (unsigned char)ch < 0x20; }))
-    t.fail("id", fmt::format("= {} cannot name a run folder: it must be non-empty, not '.' or "
-                             "'..', without '/', '\\' or control characters (e.g. \"moe-ra0.200\")",
-                             toml_string(p.id)));
+  if (!is_point_id(p.id))
+    t.fail("id", fmt::format("= {} cannot name a run folder: it must be {}", toml_string(p.id),
+                             kPointIdRule));
   // The optimiser's settings, in the ranges AdamW is defined on (a hand edit outside them trains
   // nothing the sweep could compare, or diverges in its first steps).
   auto in_range = [&](const char* key, double v, bool ok, const char* valid) {

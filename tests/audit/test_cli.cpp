@@ -59,6 +59,13 @@ TEST_CASE("the example audit of the published tables exits 0") {
   CHECK(r.status == 0);
   CHECK(r.out.find("HOLDS  7B MoE rows vs 7B dense") != std::string::npos);
   CHECK(r.err.empty());
+  // Markdown gives each quantity's note too: the compute row names its FLOP convention.
+  const Result md = run("--spec " + std::string(MOEPLAN_SOURCE_DIR) +
+                        "/examples/audit-paper/claims.toml --format md");
+  CHECK(md.status == 0);
+  CHECK_MESSAGE(md.out.find("-&gt; holds (values: published; FLOPs as each table claims them: "
+                            "paper training) |") != std::string::npos,
+                md.out);
 }
 
 TEST_CASE("a spec's shared value that a column contradicts is refused; JSON nulls for no value") {

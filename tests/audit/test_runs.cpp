@@ -668,6 +668,12 @@ TEST_CASE("unusable run folders") {
                        doctest::Contains("'status'"), InputError);
   CHECK_THROWS_WITH_AS(parse_run_record("{not json", "r.json"), doctest::Contains("r.json"),
                        InputError);
+  // An id `moeplan run` could not have written (a line break, an ESC): refused, shown escaped.
+  CHECK_THROWS_WITH_AS(
+      parse_run_record("{\"schema\": 1, \"point_id\": \"a\\u001b[31m\", \"status\": \"complete\"}",
+                       "r.json"),
+      doctest::Contains("r.json: 'point_id' is \"a\\u001b[31m\" (a point id is non-empty"),
+      InputError);
   // A number past a double (1e400) is nlohmann's out_of_range, not a parse_error: it ended the
   // audit with the raw exception and no file named.
   CHECK_THROWS_WITH_AS(parse_run_record("{\"schema\": 1, \"wall_seconds\": 1e400}", "r.json"),

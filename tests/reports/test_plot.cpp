@@ -120,3 +120,76 @@ TEST_CASE("reference line: across the points' x range, at least 0.1 wide, dashed
   CHECK(wide.points[0].first == doctest::Approx(0.25));
   CHECK(wide.points[1].first == doctest::Approx(0.35));
 }
+
+namespace {
+
+// "p" and i (GCC 12's -Wrestrict misreads `"p" + std::to_string(i)`, GCC bug 105329).
+std::string numbered(int i) {
+  std::string s = "p";
+  s += std::to_string(i);
+  return s;
+}
+
+double attribute(const std::string& svg, const std::string& name) {
+  const size_t at = svg.find(" " + name + "=\"");
+  REQUIRE(at != std::string::npos);
+  return std::stod(svg.substr(at + name.size() + 3));
+}
+
+}  // namespace
+
+TEST_CASE("the picture grows to hold long legend entries, a long title and many series") {
+  Chart c;
+  c.series.push_back({"dense", {{0, 1}, {1, 2}}, false, false});
+  std::string svg = render_svg(c);
+  CHECK(attribute(svg, "width") == 720);  // short names: the frame's own size
+  CHECK(attribute(svg, "height") == 360);
+  // The legend's text starts at 720 − 190 + 40 = 570; a name of 32 characters at 12 px and 0.6
+  // em a character needs 230.4 px, and 10 px to spare: 810.4, drawn 811 wide. The frame stays.
+  c.series.push_back({"moe-ra0.300 (not equal-resource)", {{0, 1}, {1, 3}}, false, false});
+  svg = render_svg(c);
+  CHECK(attribute(svg, "width") == 811);
+  CHECK(svg.find("points=\"70.0,314.0 530.0,34.0\"") != std::string::npos);
+  // A title of 100 characters, bold 14 px (0.6 · 15.4 px each): 70 + 924 + 10 = 1004.
+  c.title = std::string(100, 'x');
+  CHECK(attribute(render_svg(c), "width") == 1004);
+  // 25 series: entries every 18 px from top + 6 = 40, the last at 40 + 24 · 18 = 472, its text
+  // baseline 4 px lower; the picture is 472 + 14 = 486 high (it was 360: seven were cut off).
+  c.title.clear();
+  c.series.clear();
+  for (int i = 0; i < 25; ++i) c.series.push_back({numbered(i), {{0, 1}}, false, false});
+  svg = render_svg(c);
+  CHECK(attribute(svg, "height") == 486);
+  CHECK(svg.find("y=\"476.0\">p24</text>") != std::string::npos);
+}
+
+TEST_CASE("past eight series the palette repeats with another stroke, so no two look alike") {
+  Chart c;
+  for (int i = 0; i < 17; ++i) c.series.push_back({numbered(i), {{0, 1}}, false, false});
+  c.series.push_back({"dense", {{0, 1}}, false, true});
+  const std::string svg = render_svg(c);
+  auto polyline = [&](const std::string& name) {
+    const size_t at = svg.find("<polyline data-series=\"" + name + "\"");
+    REQUIRE(at != std::string::npos);
+    return svg.substr(at, svg.find("/>", at) - at);
+  };
+  // Series 0, 8 and 16 share the first colour: solid, dotted, dash-dot.
+  for (const char* name : {"p0", "p8", "p16"})
+    CHECK(polyline(name).find("#0072B2") != std::string::npos);
+  CHECK(polyline("p0").find("dasharray") == std::string::npos);
+  CHECK(polyline("p8").find("stroke-dasharray=\"1.5 3\"") != std::string::npos);
+  CHECK(polyline("p16").find("stroke-dasharray=\"8 3 2 3\"") != std::string::npos);
+  CHECK(polyline("dense").find("stroke-dasharray=\"6 4\"") != std::string::npos);
+  // The legend draws each entry with its series' stroke.
+  CHECK(svg.find("stroke=\"#0072B2\" stroke-width=\"2\" stroke-dasharray=\"1.5 3\"/>") !=
+        std::string::npos);
+}
+
+TEST_CASE("control characters in a name: the SVG stays well-formed XML") {
+  Chart c;
+  c.series.push_back({"moe\x01ra\x1b[31m", {{0, 1}}, false, false});
+  const std::string svg = render_svg(c);
+  for (char ch = 1; ch < 0x20; ++ch)
+    if (ch != '\n' && ch != '\t' && ch != '\r') CHECK(svg.find(ch) == std::string::npos);
+  CHECK(svg.find("moe\xEF\xBF\xBDra\xEF\xBF\xBD[31m") != std::string::npos);  // U+FFFD each
+}

@@ -82,7 +82,10 @@ TEST_CASE("report: charts in HTML, bars in text and markdown") {
   CHECK(text.find("  moe-b  +0.1000  " + std::string(20, '+') + "\n") != std::string::npos);
   CHECK(text.find("<svg") == std::string::npos);
   const std::string md = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::markdown);
-  CHECK(md.find("```\nval BPC minus the dense baseline's") != std::string::npos);
+  // The bars as an indented code block (a ``` fence could be ended by a point id's backticks).
+  CHECK(md.find("\n\n    val BPC minus the dense baseline's") != std::string::npos);
+  CHECK(md.find("\n      moe-a  -0.2000  " + std::string(40, '#') + "\n") != std::string::npos);
+  CHECK(md.find("```") == std::string::npos);
 }
 
 TEST_CASE("report: without a complete dense baseline, no bars and no baseline line") {
@@ -416,6 +419,15 @@ TEST_CASE("report: a damaged record is refused naming the file and the key, not 
   CHECK_THROWS_WITH_AS(moeplan::load_run_records(dir),
                        doctest::Contains("'(the whole record)' is not a JSON object"),
                        moeplan::InputError);
+  // A point id that could not be one (`moeplan run` refuses it): a line break would rewrite the
+  // Markdown report's paragraphs, an ESC the terminal's colours, a control character the SVG.
+  m = record("moe-a", false, 0.2, 1.8);
+  m["point_id"] = "moe\n# heading";
+  put("moe-a", m);
+  CHECK_THROWS_WITH_AS(
+      moeplan::load_run_records(dir),
+      doctest::Contains("'point_id' is \"moe\\n# heading\" (a point id is non-empty"),
+      moeplan::InputError);
   m = record("moe-a", false, 0.2, 1.8);
   m["measured"]["flops"]["total"] = "5e19";  // digits only, or a number
   put("moe-a", m);

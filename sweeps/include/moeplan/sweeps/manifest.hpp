@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "moeplan/planner/plan.hpp"
@@ -46,5 +47,12 @@ struct Manifest {
   Plan dense;                // the dense baseline
   std::vector<Plan> points;  // the MoE points
 };
+
+// Whether `id` can be a point's id: it names the point's run folder (runs/<id>/) and stands on
+// one line of every report. Non-empty, not "." or "..", without '/', '\\' or a control character.
+bool is_point_id(std::string_view id);
+// What is_point_id asks, in words (for an error message).
+inline constexpr const char* kPointIdRule =
+    "non-empty, not '.' or '..', without '/', '\\' or control characters (e.g. \"moe-ra0.200\")";
 
 }  // namespace moeplan
