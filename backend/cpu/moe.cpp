@@ -56,7 +56,10 @@ void router_forward(S* probs, S* lse, int32_t* idx, S* gate, int64_t T, int64_t 
 
 int64_t expert_capacity(double capacity_factor, int64_t T, int64_t K, int64_t E) {
   if (capacity_factor <= 0 || E <= 0) return T * K;
-  return std::min<int64_t>(T * K, int64_t(std::ceil(capacity_factor * double(T * K) / double(E))));
+  // Compared in double before the conversion: a factor of 1e20 ("no limit") is past int64_t,
+  // where the conversion is undefined (x86 gives INT64_MIN, a negative capacity).
+  const double cap = std::ceil(capacity_factor * double(T * K) / double(E));
+  return cap >= double(T * K) ? T * K : int64_t(cap);
 }
 
 int64_t dispatch(int64_t* assigned, int64_t* offsets, int64_t* cursor, int32_t* slot_row,

@@ -130,6 +130,44 @@ nlohmann::json evaluate(Engine& engine, const DataSplit& data, int64_t seq_len, 
           {"parts_loss", parts_loss}};
 }
 
+// A step whose objective or gradient is not finite: its parts, and the likelier cause. The
+// cross-entropy alone can be finite while an auxiliary term (a coefficient of 1e300 is a valid
+// double) is not, and then lr_peak is not what to lower.
+std::string diverged_message(const std::string& id, const StepResult& r, const ModelOptions& o,
+                             int64_t step, int64_t steps, int64_t last_saved_step) {
+  struct Term {
+    const char* name;  // the manifest's [train] key of its coefficient
+    double coefficient, value;
+  };
+  const Term aux[] = {{"load_balance", o.load_balance, r.aux_load_balance},
+                      {"z_loss", o.z_loss, r.aux_z},
+                      {"erc_loss", o.erc_loss, r.aux_erc}};
+  std::string parts = fmt::format("cross-entropy {}", r.loss);
+  std::string culprit, large;
+  for (const Term& t : aux) {
+    if (t.coefficient == 0) continue;
+    parts += fmt::format(", {} term {}", t.name, t.value);
+    if (!std::isfinite(t.value) && culprit.empty()) culprit = t.name;
+    if (t.coefficient > 1)
+      large += fmt::format("{}{} = {}", large.empty() ? "" : ", ", t.name, t.coefficient);
+  }
+  std::string remedy;
+  if (!culprit.empty())
+    remedy = fmt::format("its {} term is not finite: lower {} in the manifest's [train]", culprit,
+                         culprit);
+  else if (!large.empty())
+    remedy = fmt::format("lower lr_peak in the manifest, or the [train] coefficient {}", large);
+  else
+    remedy = "lower lr_peak in the manifest?";
+  return fmt::format(
+      "point '{}': training objective not finite at step {} of {} ({}; lr {:.3g}, grad norm {}); "
+      "stopped, {} and earlier records are kept ({})",
+      id, step + 1, steps, parts, r.lr, r.grad_norm,
+      last_saved_step >= 0 ? fmt::format("the last checkpoint (step {})", last_saved_step)
+                           : std::string("no checkpoint was written yet"),
+      remedy);
+}
+
 }  // namespace
 
 void check_plan_consistent(const Plan& p) {
@@ -736,12 +774,8 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
     const StepResult r = engine->train_step(inputs.data(), targets.data(), st.step, cfg);
     st.train_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
     if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm))
-      throw TrainingDiverged(fmt::format(
-          "point '{}': training loss is {} at step {} of {} (lr {:.3g}, grad norm {}); stopped, {} "
-          "and earlier records are kept (lower lr_peak in the manifest?)",
-          plan.id, r.loss, st.step + 1, steps, r.lr, r.grad_norm,
-          last_saved_step >= 0 ? fmt::format("the last checkpoint (step {})", last_saved_step)
-                               : std::string("no checkpoint was written yet")));
+      throw TrainingDiverged(
+          diverged_message(plan.id, r, model_opt, st.step, steps, last_saved_step));
     if (r.loss_bearing_targets != batch * seq_len)  // the model and the token ledger must agree
       throw std::logic_error(
           fmt::format("point '{}': the model counted {} loss-bearing targets in "

@@ -9,6 +9,7 @@
 
 #include "moeplan/accounting/error.hpp"
 #include "moeplan/accounting/units.hpp"
+#include "moeplan/sweeps/manifest_io.hpp"
 
 namespace moeplan {
 
@@ -205,6 +206,7 @@ Manifest plan_sweep(const SweepRequest& r) {
     m.points.push_back(std::move(p));
   }
   note_unequal_warmup(m, r.plan.warmup_fraction);
+  check_train_fits_points(m, "--train");
   return m;
 }
 

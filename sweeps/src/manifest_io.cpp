@@ -417,7 +417,6 @@ TrainSettings read_train(TomlTable& top, TrainSettings s = {}) {
     t.fail("positions", fmt::format("= '{}' is not known; use \"alibi\" or \"rope\"", s.positions));
   s.renormalize_gates = t.boolean_or("renormalize_gates", s.renormalize_gates);
   s.capacity_factor = t.number_or("capacity_factor", s.capacity_factor);
-  if (s.capacity_factor < 0) t.fail("capacity_factor", "must be >= 0 (0 = dropless)");
   s.load_balance = t.number_or("load_balance", s.load_balance);
   s.z_loss = t.number_or("z_loss", s.z_loss);
   s.erc_loss = t.number_or("erc_loss", s.erc_loss);
@@ -438,8 +437,10 @@ TrainSettings read_train(TomlTable& top, TrainSettings s = {}) {
   if (!(s.erc_alpha > 0 && std::isfinite(s.erc_alpha)))
     t.fail("erc_alpha", fmt::format("= {} is invalid; it must be a finite number > 0 (default 1)",
                                     toml_double(s.erc_alpha)));
-  if (!std::isfinite(s.capacity_factor))
-    t.fail("capacity_factor", "must be a finite number >= 0 (0 = dropless)");
+  if (!(s.capacity_factor >= 0 && std::isfinite(s.capacity_factor)))
+    t.fail("capacity_factor",
+           fmt::format("= {} is invalid; it must be a finite number >= 0 (0 = dropless)",
+                       toml_double(s.capacity_factor)));
   for (const auto& [key, v] : {std::pair{"eval_every", s.eval_every},
                                {"eval_tokens", s.eval_tokens},
                                {"checkpoint_every", s.checkpoint_every}})
@@ -622,8 +623,22 @@ Manifest manifest_from_toml_string(const std::string& text, const std::string& o
     m.points.push_back(std::move(p));
   }
   top.reject_unknown();
+  check_train_fits_points(m, origin);
   if (m.equal_resources) check_contract(m, origin);
   return m;
+}
+
+void check_train_fits_points(const Manifest& m, const std::string& origin) {
+  // RoPE rotates pairs of a head's dimensions.
+  if (m.train.positions != "rope") return;
+  std::vector<const Plan*> plans{&m.dense};
+  for (const Plan& p : m.points) plans.push_back(&p);
+  for (const Plan* p : plans)
+    if (p->arch.head_dim % 2 != 0)
+      throw InputError(fmt::format(
+          "{}: point '{}' has head_dim = {}, but train.positions = \"rope\" needs an even "
+          "head_dim: use positions = \"alibi\", or plan with an even --head-dim",
+          origin, p->id, p->arch.head_dim));
 }
 
 Manifest read_manifest(const std::filesystem::path& path) {

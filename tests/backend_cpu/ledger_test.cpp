@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "moe.hpp"
 #include "moeplan/accounting/flops.hpp"
 #include "moeplan/accounting/params.hpp"
 #include "moeplan/backend/model.hpp"
@@ -108,6 +109,39 @@ TEST_CASE("ledger equals the exact count every step: capacity factor 1 drops, ER
   o.capacity_factor = 1.0;
   o.erc_loss = 0.1;
   run_and_compare(o, true);
+}
+
+TEST_CASE("expert capacity: ceil(cf·T·K/E), at most T·K; a huge factor is dropless") {
+  // 8 tokens, top-2, 4 experts: 16 assignments, 4 an expert on average.
+  CHECK(cpu::expert_capacity(0, 8, 2, 4) == 16);    // dropless
+  CHECK(cpu::expert_capacity(1.0, 8, 2, 4) == 4);   // 16/4
+  CHECK(cpu::expert_capacity(1.25, 8, 2, 4) == 5);  // ceil(5.0)
+  CHECK(cpu::expert_capacity(1.3, 8, 2, 4) == 6);   // ceil(5.2)
+  CHECK(cpu::expert_capacity(4.0, 8, 2, 4) == 16);  // 16: every assignment fits
+  CHECK(cpu::expert_capacity(100, 8, 2, 4) == 16);  // capped at T·K
+  // Past int64_t (9.2e18): 1e20 · 16 / 4 was converted before the cap, which x86 makes
+  // INT64_MIN: a negative capacity that wrapped the dispatch's offsets.
+  CHECK(cpu::expert_capacity(1e20, 8, 2, 4) == 16);
+  CHECK(cpu::expert_capacity(1e300, 8, 2, 4) == 16);
+}
+
+TEST_CASE("a capacity factor no expert can reach trains as dropless: same loss, same ledger") {
+  Arch a = ledger_arch();
+  const int64_t B = 2, T = B * a.seq_len;
+  OptimConfig cfg;
+  cfg.lr_peak = 1e-3;
+  cfg.total_steps = 2;
+  const auto in = test::tokens(T, a.vocab, 3);
+  ModelOptions dropless, huge;
+  huge.capacity_factor = 1e20;
+  Model<float> m0(a, dropless, 1, B), m1(a, huge, 1, B);
+  for (int step = 0; step < 2; ++step) {
+    const StepResult r0 = m0.train_step(in.data(), in.data(), step, cfg);
+    const StepResult r1 = m1.train_step(in.data(), in.data(), step, cfg);
+    CHECK(r1.loss == r0.loss);
+    CHECK(r1.flops == r0.flops);
+    CHECK(r1.dropped_assignments == 0);
+  }
 }
 
 TEST_CASE("ledger of a dense model equals the exact count; eval FLOPs go to the eval ledger") {

@@ -568,12 +568,28 @@ TEST_CASE("refusals: one line, non-zero exit, earlier records and checkpoints in
     const Result r = refused(nan, "nan", "moe-a", {"--checkpoint-every", "1"});
     CHECK(r.status == 4);
     CHECK(r.err.find("at step") != std::string::npos);
-    CHECK(r.err.find("loss is") != std::string::npos);
+    CHECK_MESSAGE(r.err.find("objective not finite") != std::string::npos, r.err);
+    CHECK_MESSAGE(r.err.find("(lower lr_peak in the manifest?)") != std::string::npos, r.err);
     if (fs::exists(out / "moe-a" / "checkpoint" / "state.ckpt")) {
       const Checkpoint c = read_checkpoint(out / "moe-a" / "checkpoint" / "state.ckpt");
       CHECK(record(out, "moe-a")["measured"]["steps"] == c.state.step);
       CHECK(record(out, "moe-a")["status"] == "running");
     }
+  }
+  // An auxiliary coefficient past reason (1e300 is a valid double): the cross-entropy is finite,
+  // the gradient is not; the message gives each term and names the large coefficient's key.
+  {
+    Manifest z = good;
+    z.train.z_loss = 1e300;
+    write_manifest_atomic(z, dir / "z-huge.toml");
+    const Result r = run_cli({"run", (dir / "z-huge.toml").string(), "--point", "moe-a", "--out",
+                              (dir / "z-huge-out").string()});
+    CHECK(r.status == 4);
+    CHECK_MESSAGE(one_line(r.err), r.err);
+    CHECK_MESSAGE(r.err.find(", z_loss term ") != std::string::npos, r.err);
+    CHECK_MESSAGE(r.err.find("(lower lr_peak in the manifest, or the [train] coefficient z_loss = "
+                             "1e+300)") != std::string::npos,
+                  r.err);
   }
   // A finished point under other [train] settings (another seed): not skipped as if it were the
   // manifest's, refused with the setting named. Where checkpoints fall changes no result.

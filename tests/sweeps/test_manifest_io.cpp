@@ -448,7 +448,10 @@ TEST_CASE("apply_train_settings: KEY=VALUE from the command line, checked like t
   CHECK(error({"data_seed=-7"}).find("'train.data_seed' = -7 is invalid") != std::string::npos);
   CHECK(error({"renormalize_gates=1"}).find("true or false") != std::string::npos);
   CHECK(error({"positions=xpos"}).find("train.positions") != std::string::npos);
-  CHECK(error({"capacity_factor=-1"}).find("train.capacity_factor") != std::string::npos);
+  // Every refused value is echoed (capacity_factor's said only "must be >= 0").
+  CHECK(error({"capacity_factor=-1"}) ==
+        "--train: key 'train.capacity_factor' = -1.0 is invalid; it must be a finite number >= 0 "
+        "(0 = dropless)");
   CHECK(error({"source=text:a\"b"}).empty());  // quoted for TOML, not broken by it
 }
 
@@ -636,4 +639,34 @@ TEST_CASE("hyper-parameters, family, tolerances, ids and the data source: out of
     e.train.source = s;
     CHECK_MESSAGE(contract_error(e).empty(), s);
   }
+}
+
+TEST_CASE("positions = rope needs an even head_dim at every point: refused by grid and on read") {
+  // Head width 5 at N 3e4 (the points' shape search keeps the width asked for).
+  SweepRequest r;
+  r.plan.n_target = 3e4;
+  r.plan.backbone.head_dim = 5;
+  r.plan.budget.value = 2;  // dense tokens per parameter
+  r.activation_rates = parse_ra_spec("0.3");
+  r.train.positions = "rope";
+  try {
+    plan_sweep(r);
+    FAIL("an odd head_dim was planned under rope");
+  } catch (const InputError& e) {
+    CHECK(std::string(e.what()) ==
+          "--train: point 'dense' has head_dim = 5, but train.positions = \"rope\" needs an even "
+          "head_dim: use positions = \"alibi\", or plan with an even --head-dim");
+  }
+  // The same sweep under ALiBi plans; its manifest edited to rope is refused on read, naming the
+  // file and the point (run found it only when the point's model was built).
+  r.train.positions = "alibi";
+  const Manifest m = plan_sweep(r);
+  std::string text = manifest_to_toml(m);
+  const size_t at = text.find("positions = \"alibi\"");
+  REQUIRE(at != std::string::npos);
+  text.replace(at, std::string("positions = \"alibi\"").size(), "positions = \"rope\"");
+  CHECK_THROWS_WITH_AS(manifest_from_toml_string(text, "odd.toml"),
+                       doctest::Contains("odd.toml: point 'dense' has head_dim = 5, but "
+                                         "train.positions = \"rope\""),
+                       InputError);
 }

@@ -17,6 +17,11 @@ namespace moeplan {
 Manifest read_manifest(const std::filesystem::path& path);
 Manifest manifest_from_toml_string(const std::string& text, const std::string& origin);
 
+// The [train] settings against every point's shape (positions = "rope" needs an even head_dim):
+// what the manifest reader and grid check, so that `run` does not find it out only when the
+// point's model is built, after the points before it trained. InputError names the point.
+void check_train_fits_points(const Manifest& m, const std::string& origin);
+
 // `moeplan grid --train KEY=VALUE ...`: the [train] settings of a manifest from the command line,
 // checked as the manifest reader checks them (strings as written; numbers as parse_quantity
 // reads them, 64k and 1e-2 included; a later KEY=VALUE replaces an earlier one). InputError
