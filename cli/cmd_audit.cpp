@@ -245,12 +245,14 @@ const bool registered = register_command(
                       "Relative tolerance, 0.01 or 1% (default 0.01, or the spec's; with "
                       "--plan, equal N and C default to the manifest's n_tolerance and "
                       "compute_tolerance); given, every tolerance of the audit, the spec's "
-                      "per-claim and per-table ones included");
+                      "per-claim and per-table ones included")
+           ->check(non_empty_value());
        app.add_option("--equal", f->equal,
                       "Claim: these quantities are equal across every row (N,C,D_hat or "
                       "total_params,compute,...)");
        app.add_option("--baseline", f->baseline,
-                      "The row --equal is measured against: a row label or table:row");
+                      "The row --equal is measured against: a row label or table:row")
+           ->check(non_empty_value());
        app.add_flag("--strict-reuse", f->strict_reuse,
                     "Claim: every row's unique data D̂ is the baseline's (data reuse)");
        app.add_option("--where", f->where,

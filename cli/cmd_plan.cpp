@@ -182,11 +182,14 @@ const bool registered = register_command(
      [](CLI::App& app) -> std::function<int()> {
        auto f = std::make_shared<PlanCmdFlags>();
        add_plan_flags(app, f->plan, false);
-       app.add_option("--ra", f->ra, "target activation rate r_a in (0, 1], e.g. 0.2");
+       app.add_option("--ra", f->ra, "target activation rate r_a in (0, 1], e.g. 0.2")
+           ->check(non_empty_value());
        app.add_option("--arch", f->arch, "plan this architecture (TOML with the Arch keys)")
            ->check(non_empty_path());
-       app.add_option("--tokens", f->tokens, "consumed tokens D of this point (C = M·D)");
-       app.add_option("--tokens-unique", f->tokens_unique, "unique tokens D̂ of this point");
+       app.add_option("--tokens", f->tokens, "consumed tokens D of this point (C = M·D)")
+           ->check(non_empty_value());
+       app.add_option("--tokens-unique", f->tokens_unique, "unique tokens D̂ of this point")
+           ->check(non_empty_value());
        app.add_option("--format", f->format, "table or json");
        return [f, &app] { return run(*f, app); };
      }});

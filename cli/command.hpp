@@ -40,6 +40,19 @@ inline CLI::Validator non_empty_path() {
       "PATH");
 }
 
+// For options whose absence means a default (--compute, --vocab, ...): an empty value ('', a
+// shell variable left unset) is refused, not read as "not given" and planned on the default.
+inline CLI::Validator non_empty_value() {
+  return CLI::Validator(
+      [](std::string& value) {
+        return value.empty() ? std::string(
+                                   "'' is empty; give a value, or leave the flag out for "
+                                   "its default")
+                             : std::string();
+      },
+      "VALUE");
+}
+
 // For integer options: plain decimal digits with an optional sign, in [lo, hi]. CLI11 reads "010"
 // as octal 8 and "0x5" as hex; a count typed with a leading zero means ten. Leading zeros are
 // dropped. A value past the type (int64, or an int's range given) is refused naming the range:

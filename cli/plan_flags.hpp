@@ -19,30 +19,40 @@ inline void add_plan_flags(CLI::App& app, PlanFlags& f, bool n_required) {
   CLI::Option* n = app.add_option("--N", f.n, "total parameters N (non-vocabulary), e.g. 2e9, 2B");
   if (n_required) n->required();
   app.add_option("--family", f.family, "shape family (paper)");
-  app.add_option("--compute", f.compute, "training compute C in FLOPs (of --convention)");
-  app.add_option("--dense-tokens", f.dense_tokens, "C = dense baseline's M · this many tokens");
-  app.add_option("--dense-tpp", f.dense_tpp, "C = dense baseline's M · TPP · N (default 20)");
+  app.add_option("--compute", f.compute, "training compute C in FLOPs (of --convention)")
+      ->check(non_empty_value());
+  app.add_option("--dense-tokens", f.dense_tokens, "C = dense baseline's M · this many tokens")
+      ->check(non_empty_value());
+  app.add_option("--dense-tpp", f.dense_tpp, "C = dense baseline's M · TPP · N (default 20)")
+      ->check(non_empty_value());
   app.add_option("--unique-tokens", f.unique_tokens,
-                 "strict reuse: unique tokens D̂ of every point (default: dense consumed D)");
-  app.add_option("--epochs", f.epochs, "loose reuse: every point repeats its data E times");
+                 "strict reuse: unique tokens D̂ of every point (default: dense consumed D)")
+      ->check(non_empty_value());
+  app.add_option("--epochs", f.epochs, "loose reuse: every point repeats its data E times")
+      ->check(non_empty_value());
   app.add_option("--convention", f.convention,
                  "FLOP convention for M and C: paper, exact, exact/full, megatron");
   app.add_option("--n-tolerance", f.n_tolerance, "relative tolerance on N (default 0.01)");
   app.add_option("--ra-tolerance", f.ra_tolerance, "absolute tolerance on r_a (default 0.005)");
   app.add_flag("--count-router", f.count_router, "count router weights inside N and N_a");
   app.add_flag("--count-norms", f.count_norms, "count RMSNorm scales inside N and N_a");
-  app.add_option("--vocab", f.vocab, "vocabulary size (default: 65536; 256 for N <= 1e7)");
-  app.add_option("--seq-len", f.seq_len, "sequence length (default: 2048; 256/128 for tiny N)");
-  app.add_option("--head-dim", f.head_dim, "attention head width (default: family rule for N)");
+  app.add_option("--vocab", f.vocab, "vocabulary size (default: 65536; 256 for N <= 1e7)")
+      ->check(non_empty_value());
+  app.add_option("--seq-len", f.seq_len, "sequence length (default: 2048; 256/128 for tiny N)")
+      ->check(non_empty_value());
+  app.add_option("--head-dim", f.head_dim, "attention head width (default: family rule for N)")
+      ->check(non_empty_value());
   app.add_option("--alignment", f.alignment,
-                 "d_expert multiple (default: 32 for d_model >= 1024, 16 from 512, else 8)");
+                 "d_expert multiple (default: 32 for d_model >= 1024, 16 from 512, else 8)")
+      ->check(non_empty_value());
   app.add_option("--backbone", f.backbone,
                  "solve only the MoE layer on this backbone (TOML: Arch keys without experts)")
       ->check(non_empty_path());
   app.add_option("--dp-width", f.dp_width, "batch rounded to a multiple of this many sequences");
   app.add_option("--warmup-frac", f.warmup_frac,
                  "warm-up as this share of every point's steps (default: clip(0.01·steps, 200, "
-                 "2000))");
+                 "2000))")
+      ->check(non_empty_value());
 }
 
 // The value of an option of `app` if it was given on the command line (even as ""), else nullopt.

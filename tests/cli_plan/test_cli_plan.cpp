@@ -502,6 +502,21 @@ TEST_CASE("bad input: one line naming the value, exit status 2") {
         "show ''", "run ''", "run sweep.toml --out ''", "audit ''", "audit --plan '' runs",
         "audit --claims ''", "audit --spec ''", "report ''", "report runs -o ''"})
     expect_bad_input(args, "'' is an empty path; give a file or folder name");
+  // An empty value where leaving the flag out means a default (a shell variable left unset,
+  // --compute "$C"): grid planned the default 20 tokens a parameter and said nothing.
+  for (const char* args :
+       {"grid --N 2e9 --ra 0.2 --compute ''", "grid --N 2e9 --ra 0.2 --dense-tokens ''",
+        "grid --N 2e9 --ra 0.2 --dense-tpp ''", "grid --N 2e9 --ra 0.2 --unique-tokens ''",
+        "grid --N 2e9 --ra 0.2 --epochs ''", "grid --N 2e9 --ra 0.2 --compute '' --dense-tpp 5",
+        "grid --N 2e9 --ra 0.2 --vocab ''", "grid --N 2e9 --ra 0.2 --seq-len ''",
+        "grid --N 2e9 --ra 0.2 --head-dim ''", "grid --N 2e9 --ra 0.2 --alignment ''",
+        "grid --N 2e9 --ra 0.2 --warmup-frac ''", "plan --N 2e9 --ra 0.2 --tokens ''",
+        "plan --N 2e9 --ra 0.2 --tokens-unique ''", "plan --N 2e9 --ra ''",
+        "run sweep.toml --device ''", "run sweep.toml --kernels ''",
+        "audit --claims t.csv --equal N --baseline ''", "audit runs --tolerance ''"}) {
+    CAPTURE(args);
+    expect_bad_input(args, "'' is empty; give a value, or leave the flag out for its default");
+  }
   // A folder given for a manifest or an arch file read as an empty file: "key 'schema' is
   // missing", "key 'd_model' is missing".
   const std::string folder = "'" + scratch().string() + "'";
