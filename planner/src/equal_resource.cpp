@@ -104,7 +104,7 @@ EqualResourcePlanner::EqualResourcePlanner(const PlanRequest& request, const Sha
   tokens_unique_ = request.budget.reuse == Reuse::strict ? double(dense_.budget.tokens_unique) : 0;
   const double asked = request.budget.tokens_unique;
   if (request.budget.reuse == Reuse::strict && asked > double(dense_.budget.tokens_consumed))
-    dense_.note = fmt::format(
+    dense_.note = fmt::format(  // notes_unique_tokens_cap() knows it by its first words
         "--unique-tokens {:.4g} is more than the dense baseline consumes ({} tokens); every point "
         "trains on the baseline's {} unique tokens (equal D̂). For no repetition in any point, "
         "use --epochs 1 (loose reuse) instead",

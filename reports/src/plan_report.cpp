@@ -45,7 +45,9 @@ std::string render_plan_breakdown(const Plan& p) {
   std::string out = fmt::format("{}  [{}]\n", p.id.empty() ? "plan" : p.id, p.role);
   out += fmt::format("architecture: {}  (seq_len {}, vocab {}{})\n", describe(a), a.seq_len,
                      a.vocab, a.tied_embeddings ? ", tied embeddings" : "");
-  if (!p.reachable) out += fmt::format("! {}\n", p.note);
+  // Every note, not only an unreachable point's ('!'): a reachable one can still say its D̂ is
+  // not the baseline's, or which other rates solved to it.
+  if (!p.note.empty()) out += fmt::format("{} {}\n", p.reachable ? "note:" : "!", p.note);
 
   TextTable params;
   params.add_column("parameters", TextTable::Align::left);

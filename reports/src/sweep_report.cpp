@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "moeplan/accounting/units.hpp"
+#include "moeplan/planner/equal_resource.hpp"
 #include "moeplan/reports/text_table.hpp"
 #include "moeplan/sweeps/grid.hpp"
 #include "moeplan/sweeps/manifest_io.hpp"
@@ -73,11 +74,14 @@ std::string preamble(const Manifest& m, const char* bullet) {
                             ? fmt::format("every point but {} (see the notes)", short_of_unique)
                             : std::string("every point"),
                         human(double(d.budget.tokens_unique)),
-                        // e.g. a --unique-tokens above what the baseline consumes, capped
-                        d.note.empty() ? "" : " (see the dense baseline's note)")
+                        // a --unique-tokens above what the baseline consumes, capped
+                        notes_unique_tokens_cap(d) ? " (see the dense baseline's note)" : "")
           : fmt::format("loose reuse: every point repeats its data {:.3g} times", d.budget.epochs);
-  int flagged = 0;
-  for (const Plan& p : m.points) flagged += !p.reachable;
+  int flagged = 0, standing_for = 0;
+  for (const Plan& p : m.points) {
+    flagged += !p.reachable;
+    standing_for += stands_for_unreachable_rates(p);
+  }
   std::string out =
       m.equal_resources
           ? std::string()
@@ -85,11 +89,16 @@ std::string preamble(const Manifest& m, const char* bullet) {
                         "are not held to one N, C or D̂; compare them with `moeplan audit`\n",
                         bullet);
   out += fmt::format(
-      "{}family {}, N target {} (±{:.1f}%), r_a within ±{:.2f} points; {} point{} + dense "
-      "baseline{}\n",
+      "{}family {}, N target {} (every point within ±{:.1f}% of the dense baseline's N), r_a "
+      "within ±{:.2f} points; {} point{} + dense baseline{}{}\n",
       bullet, m.family, human(m.n_target), 100 * m.n_tolerance, 100 * m.ra_tolerance,
       m.points.size(), m.points.size() == 1 ? "" : "s",
-      flagged ? fmt::format(", {} flagged (!)", flagged) : "");
+      flagged ? fmt::format(", {} flagged (!)", flagged) : "",
+      standing_for
+          ? fmt::format("; {} point{} also stand{} for asked rates not reachable (see "
+                        "the notes)",
+                        standing_for, standing_for == 1 ? "" : "s", standing_for == 1 ? "s" : "")
+          : "");
   const double spread = compute_spread(m);
   // Few, large steps round coarsely; say so where the rounding alone breaks the C tolerance.
   const std::string over =

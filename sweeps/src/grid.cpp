@@ -190,18 +190,36 @@ Manifest plan_sweep(const SweepRequest& r) {
     p.id = std::move(id);
     if (!g.also.empty()) {
       std::sort(g.also.begin(), g.also.end());
-      std::string rates;
-      for (size_t i = 0; i < g.also.size(); ++i)
-        rates += fmt::format("{}{:.{}f}",
-                             i == 0                   ? ""
-                             : i + 1 == g.also.size() ? " and "
-                                                      : ", ",
-                             g.also[i], decimals);
-      p.note += fmt::format(
-          "{}r_a {} solve{} to this architecture too; planned once, for the target nearest its "
-          "r_a {:.2f}%",
-          p.note.empty() ? "" : "; ", rates, g.also.size() == 1 ? "s" : "",
-          100 * p.counts.activation_rate());
+      const double reached = p.counts.activation_rate();
+      std::vector<double> near, far;  // within the r_a tolerance of what the point reaches, or not
+      for (double ra : g.also)
+        (std::fabs(reached - ra) <= r.plan.solve.ra_tolerance + 1e-12 ? near : far).push_back(ra);
+      // "r_a 0.020", "r_a 0.020 and 0.030", or past six "870 rates from r_a 0.0200 to 0.0705".
+      auto listed = [&](const std::vector<double>& rates) {
+        if (rates.size() > 6)
+          return fmt::format("{} rates from r_a {:.{}f} to {:.{}f}", rates.size(), rates.front(),
+                             decimals, rates.back(), decimals);
+        std::string out = "r_a ";
+        for (size_t i = 0; i < rates.size(); ++i)
+          out += fmt::format("{}{:.{}f}",
+                             i == 0                  ? ""
+                             : i + 1 == rates.size() ? " and "
+                                                     : ", ",
+                             rates[i], decimals);
+        return out;
+      };
+      if (!near.empty())
+        p.note += fmt::format(
+            "{}{} solve{} to this architecture too; planned once, for the target nearest its "
+            "r_a {:.2f}%",
+            p.note.empty() ? "" : "; ", listed(near), near.size() == 1 ? "s" : "", 100 * reached);
+      if (!far.empty())
+        p.note += fmt::format(
+            "{}{}{}, not reachable within ±{:.2f} points: {} to this architecture, the nearest "
+            "reachable (r_a {:.2f}%), planned once here",
+            p.note.empty() ? "" : "; ", kMergedUnreachable, listed(far),
+            100 * r.plan.solve.ra_tolerance, far.size() == 1 ? "it solves" : "they solve",
+            100 * reached);
     }
     m.points.push_back(std::move(p));
   }

@@ -138,6 +138,37 @@ TEST_CASE("grid: an unreachable r_a's note gives its cause, the floor or the ste
   CHECK(high_note.find("attention and dense layers") == std::string::npos);
 }
 
+TEST_CASE("notes: plan prints a reachable point's note; grid's header points only where it helps") {
+  // A deep backbone (80 layers, 1024 wide) at r_a 1: its M is above the dense baseline's, so it
+  // consumes fewer tokens than the baseline's D̂ and cannot read them all. The note said so in
+  // JSON only: the table printed notes of unreachable points alone.
+  const fs::path deep =
+      write("deep.toml",
+            "d_model = 1024\nlayers = 80\ndense_layers = 1\nheads = 8\nhead_dim = 128\n"
+            "d_ffn = 2816\nseq_len = 2048\nvocab = 65536\n");
+  Result r = run_moeplan("plan --N 2e9 --ra 1 --backbone '" + deep.string() + "'");
+  CHECK(r.status == 0);
+  CHECK_MESSAGE(r.out.find("\nnote: consumes D = 39B tokens, fewer than the dense baseline's 40B "
+                           "unique ones") != std::string::npos,
+                r.out);
+  // At N 1e5 the dense baseline's note is about warm-up: the header's "strict reuse: ... unique
+  // tokens" pointed at it as if it were about D̂ (it should only for a capped --unique-tokens).
+  r = run_moeplan("grid --N 1e5 --ra 0.05:0.4");
+  CHECK(r.status == 0);
+  CHECK(r.out.find("\n  dense: warm-up") != std::string::npos);
+  CHECK(r.out.find("see the dense baseline's note") == std::string::npos);
+  // The header's N: a bound against the dense baseline, not the N asked for (rows at small N
+  // can sit 1.4 % from it); and a rate merged into a point that does not reach it is counted.
+  CHECK(r.out.find("N target 100k (every point within ±1.0% of the dense baseline's N)") !=
+        std::string::npos);
+  r = run_moeplan("grid --N 2e9 --ra 0.02,0.07041");
+  CHECK(r.status == 0);
+  CHECK(r.out.find("1 point + dense baseline; 1 point also stands for asked rates not reachable "
+                   "(see the notes)") != std::string::npos);
+  CHECK(r.out.find("moe-ra0.070: also asked for r_a 0.020, not reachable within ±0.50 points") !=
+        std::string::npos);
+}
+
 TEST_CASE("grid: a --unique-tokens above the baseline's D is capped aloud in every format") {
   // The user's probe: N 2e9 at the default 20 tokens per parameter consumes 40B tokens in the
   // dense baseline, so a unique budget of 1e12 is capped to them; the header points at the note.

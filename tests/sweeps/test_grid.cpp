@@ -55,7 +55,8 @@ void check_grid(const Manifest& m, double n) {
     for (const Plan& p : m.points)
       found = found || p.activation_rate_target == ra ||
               (p.note.find(fmt::format("{:.3f}", ra)) != std::string::npos &&
-               p.note.find("to this architecture too") != std::string::npos);
+               (p.note.find("to this architecture too") != std::string::npos ||
+                stands_for_unreachable_rates(p)));
     CHECK(found);
   }
   REQUIRE(m.points.size() >= 7);
@@ -273,6 +274,42 @@ TEST_CASE("rates that solve to one architecture are planned once, for the neares
   CHECK(m.points[2].note.find("r_a 0.2070 solves to this architecture too") != std::string::npos);
   CHECK(m.points[0].note.find("r_a 0.2010, 0.2020, 0.2030, 0.2040 and 0.2050 solve") !=
         std::string::npos);
+}
+
+TEST_CASE("a rate merged into a point that does not reach it is said, not absorbed in silence") {
+  // At N 2e9 attention and the dense layer alone are 7.17 % of N: r_a 0.02 solves to the lowest
+  // reachable shape (7.53 %), the same architecture as 0.07041 (within 0.5 points of 7.53 %).
+  PlanFlags f;
+  f.n = "2e9";
+  SweepRequest r;
+  r.plan = make_plan_request(f);
+  r.activation_rates = parse_ra_spec("0.02,0.07041");
+  const EqualResourcePlanner planner(r.plan);  // the oracle: each rate planned on its own
+  const Plan low = planner.plan_point(0.02), high = planner.plan_point(0.07041);
+  REQUIRE(low.arch == high.arch);
+  CHECK_FALSE(low.reachable);
+  CHECK(high.reachable);
+  const Manifest m = plan_sweep(r);
+  REQUIRE(m.points.size() == 1);
+  const Plan& p = m.points[0];
+  CHECK(p.id == "moe-ra0.070");  // ids in as many decimals as tell the rates apart
+  CHECK(p.reachable);            // for its own target
+  CHECK(p.note ==
+        "also asked for r_a 0.020, not reachable within ±0.50 points: it solves to this "
+        "architecture, the nearest reachable (r_a 7.53%), planned once here");
+  CHECK(stands_for_unreachable_rates(p));
+  // Before, the note said only "r_a 0.020 solves to this architecture too", and nothing in the
+  // header: a grid from 0.02 read as planned from 0.02.
+  r.activation_rates = parse_ra_spec("0.1,0.1001");
+  CHECK_FALSE(stands_for_unreachable_rates(plan_sweep(r).points[0]));
+  // Many merged rates are summed up, not listed one by one (a 10,000-point grid listed 870).
+  r.activation_rates = parse_ra_spec("0.02:0.0704", 12);
+  const Manifest many = plan_sweep(r);
+  REQUIRE(many.points.size() == 1);
+  CHECK_MESSAGE(
+      many.points[0].note.find("also asked for 11 rates from r_a 0.020 to 0.066, not "
+                               "reachable within ±0.50 points: they solve") != std::string::npos,
+      many.points[0].note);
 }
 
 TEST_CASE("flags: N, family, budget and reuse choices, conventions") {

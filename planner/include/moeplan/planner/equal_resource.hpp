@@ -36,6 +36,12 @@ struct PlanRequest {
   double warmup_fraction = -1;  // PointBudget::warmup_fraction
 };
 
+// Whether the dense baseline's note says that a --unique-tokens above what it consumes was capped
+// (the planner's note on it begins so; later notes, such as grid's on warm-up, follow it).
+inline bool notes_unique_tokens_cap(const Plan& dense) {
+  return dense.note.rfind("--unique-tokens ", 0) == 0;
+}
+
 class EqualResourcePlanner {
  public:
   explicit EqualResourcePlanner(const PlanRequest& request);

@@ -31,9 +31,18 @@ struct SweepRequest {
 };
 
 // Rates that solve to one architecture make one point, for the rate nearest the r_a it reaches;
-// its note names the others. Point ids are "moe-ra0.200": three decimals, more when the grid is
-// finer, "-2", "-3" where distinct architectures still share one.
+// its note names the others, and says which of them it does not reach within ra_tolerance (a rate
+// below what attention and the dense layers alone are solves to the lowest reachable shape). Point
+// ids are "moe-ra0.200": three decimals, more when the grid is finer, "-2", "-3" where distinct
+// architectures still share one.
 Manifest plan_sweep(const SweepRequest& request);
+
+// The words a point's note begins its list of merged rates it does not reach with, and whether
+// its note has that list: `show` and grid's header count such points beside the flagged ones.
+inline constexpr std::string_view kMergedUnreachable = "also asked for ";
+inline bool stands_for_unreachable_rates(const Plan& p) {
+  return p.note.find(kMergedUnreachable) != std::string::npos;
+}
 
 // Largest |C_i − C_j| / C over the dense baseline and all points (step rounding only).
 double compute_spread(const Manifest& manifest);
