@@ -41,12 +41,33 @@ int env_int(const char* name, int fallback) {
 }  // namespace
 
 RankInfo rank_from_env() {
+  auto given = [](const char* name) {
+    const char* v = std::getenv(name);
+    return v != nullptr && *v != '\0';
+  };
   RankInfo r;
+  if (!given("WORLD_SIZE")) {
+    // RANK or LOCAL_RANK alone: one process would train alone on GPU 0, the variables ignored.
+    for (const char* name : {"RANK", "LOCAL_RANK"})
+      if (given(name))
+        throw InputError(fmt::format(
+            "{}={} is set but WORLD_SIZE is not: set WORLD_SIZE too (torchrun sets WORLD_SIZE, "
+            "RANK and LOCAL_RANK), or unset {} to train in one process",
+            name, std::getenv(name), name));
+    return r;
+  }
   r.world_size = env_int("WORLD_SIZE", 1);
-  r.rank = env_int("RANK", 0);
-  r.local_rank = env_int("LOCAL_RANK", r.rank);
   if (r.world_size < 1)
     throw InputError(fmt::format("WORLD_SIZE={} must be at least 1", r.world_size));
+  // Every rank of a job must say which it is: two processes without RANK were both rank 0.
+  if (r.world_size > 1 && !given("RANK"))
+    throw InputError(fmt::format(
+        "WORLD_SIZE={} but RANK is not set: give each process its RANK (0 to {}), as torchrun "
+        "does, or let `moeplan run --nproc {}` start them",
+        r.world_size, r.world_size - 1, r.world_size));
+  r.rank = env_int("RANK", 0);
+  r.local_rank_given = given("LOCAL_RANK");
+  r.local_rank = env_int("LOCAL_RANK", r.rank);
   if (r.rank >= r.world_size)
     throw InputError(fmt::format("RANK={} must be below WORLD_SIZE={}", r.rank, r.world_size));
   return r;
@@ -77,7 +98,9 @@ void take_rank_share(std::vector<int32_t>& out, const int32_t* global, int64_t b
 struct Communicator::Impl {
   RankInfo info;
   ncclComm_t comm = nullptr;
-  DeviceBuffer staging{64 * sizeof(int64_t)};
+  // Allocated in the constructor, after set_device: a buffer made here would make its context
+  // on GPU 0 for every rank (7 extra contexts on GPU 0 at --nproc 8).
+  DeviceBuffer staging;
 };
 
 Communicator::Communicator(const RankInfo& info, const std::string& id_file, double timeout_seconds)

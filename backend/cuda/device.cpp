@@ -10,17 +10,29 @@
 #include <utility>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "check.hpp"
+#include "moeplan/accounting/error.hpp"
 
 namespace moeplan::backend::cuda {
 
 int device_count() {
   int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();  // clear the sticky "no device" error
-    return 0;
-  }
-  return n;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e == cudaSuccess) return n;
+  cudaGetLastError();  // clear the error
+  // No GPU, or no driver at all (the runtime says "insufficient driver" with no driver
+  // installed, as on a build machine): nothing visible. Any other failure (a driver older than
+  // the runtime, a failed initialisation) is said, not reported as "no GPU".
+  int driver = 0, runtime = 0;
+  cudaDriverGetVersion(&driver);
+  cudaRuntimeGetVersion(&runtime);
+  if (e == cudaErrorNoDevice || (e == cudaErrorInsufficientDriver && driver == 0)) return 0;
+  throw InputError(fmt::format(
+      "CUDA cannot count this machine's GPUs: {} ({}; driver API {}, runtime {}): fix the driver, "
+      "or train with --device cpu",
+      cudaGetErrorString(e), cudaGetErrorName(e), driver, runtime));
 }
 
 DeviceInfo device_info(int device) {

@@ -1,7 +1,8 @@
 // Registers the "cuda" engine with the run loop's seam (engine.hpp). Compiled into every target
 // that links moeplan::backend_cuda (an INTERFACE source), so no linker drops the registration.
 // Data parallelism: when WORLD_SIZE is set the engine joins an NCCL group (RANK, LOCAL_RANK; the
-// unique id travels through MOEPLAN_NCCL_ID_FILE, default /tmp/moeplan-nccl-<MASTER_PORT|id>).
+// unique id travels through MOEPLAN_NCCL_ID_FILE, default /tmp/moeplan-nccl-<MASTER_PORT|id>,
+// with ".<point id>" appended).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -23,10 +24,13 @@
 namespace moeplan::backend::cuda {
 namespace {
 
-std::string nccl_id_file() {
-  if (const char* f = std::getenv("MOEPLAN_NCCL_ID_FILE"); f && *f) return f;
+// The job's id file (--nproc's, or MASTER_PORT's), one per point: ranks on different points
+// never join one group.
+std::string nccl_id_file(const std::string& point_id) {
+  const std::string point = point_id.empty() ? "" : "." + point_id;
+  if (const char* f = std::getenv("MOEPLAN_NCCL_ID_FILE"); f && *f) return f + point;
   const char* port = std::getenv("MASTER_PORT");
-  return std::string("/tmp/moeplan-nccl-") + (port && *port ? port : "id");
+  return std::string("/tmp/moeplan-nccl-") + (port && *port ? port : "id") + point;
 }
 
 // The model's buffers did not fit: say how far it got and what to run instead.
@@ -95,13 +99,14 @@ class CudaEngine final : public Engine {
     kernels_ = resolve_kernels(asked, r.arch.head_dim, DType::bf16);
     if (device_count() == 0)
       throw InputError("--device cuda: no CUDA device is visible on this machine");
-    if (std::getenv("WORLD_SIZE")) {
-      info_ = rank_from_env();
+    info_ = rank_from_env();  // refuses RANK or LOCAL_RANK without WORLD_SIZE, too
+    if (const char* ws = std::getenv("WORLD_SIZE"); ws && *ws) {
       if (info_.local_rank >= device_count())
-        throw InputError(fmt::format("LOCAL_RANK={} but this machine shows {} CUDA device(s)",
-                                     info_.local_rank, device_count()));
+        throw InputError(fmt::format(
+            "LOCAL_RANK={}{} but this machine shows {} CUDA device(s)", info_.local_rank,
+            info_.local_rank_given ? "" : " (RANK: LOCAL_RANK is not set)", device_count()));
       rank_batch(r.batch_seqs, info_);  // refuses fewer sequences than ranks, before NCCL
-      comm_ = std::make_unique<Communicator>(info_, nccl_id_file());
+      comm_ = std::make_unique<Communicator>(info_, nccl_id_file(r.point_id));
     }
     local_batch_ = rank_batch(r.batch_seqs, info_);
     batch_ = r.batch_seqs;

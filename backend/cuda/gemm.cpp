@@ -130,6 +130,10 @@ Blas::Blas() : impl_(std::make_unique<Impl>()) {
 void Blas::set_stream(void* stream) {
   check_blas(cublasSetStream(impl_->handle, static_cast<cudaStream_t>(stream)), "cublasSetStream");
   impl_->stream = static_cast<cudaStream_t>(stream);
+  // cublasSetStream puts the handle back on cuBLAS's default workspace pool (cuBLAS docs,
+  // cublasSetStream): give it ours again, or cuBLAS allocates one the memory figures never see.
+  check_blas(cublasSetWorkspace(impl_->handle, impl_->workspace.data(), impl_->workspace.bytes()),
+             "cublasSetWorkspace");
 }
 
 Blas::~Blas() {

@@ -136,8 +136,12 @@ LaunchOutcome launch_ranks(const LaunchRequest& req) {
       out.failure = fmt::format("rank {} of {} {}", rank, req.nproc, describe(st));
     }
   }
+  // Rank 0 removes each point's id file (id_file.<point>) once all join; not if one failed.
   std::error_code ec;
-  std::filesystem::remove(id_file, ec);  // rank 0 removes it once all join; not if one failed
+  const std::filesystem::path id_path(id_file);
+  const std::string prefix = id_path.filename().string() + ".";
+  for (const auto& e : std::filesystem::directory_iterator(id_path.parent_path(), ec))
+    if (e.path().filename().string().rfind(prefix, 0) == 0) std::filesystem::remove(e.path(), ec);
   if (out.failed_rank >= 0) {
     if (killed_rest) out.failure += "; the other ranks were stopped";
     return out;

@@ -623,8 +623,15 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
         "--micro-batch {} must be >= 1 (or 0: the whole batch in one pass)", opt.micro_batch_seqs));
   ModelOptions model_opt = model_options(train);
   model_opt.micro_batch_seqs = opt.micro_batch_seqs;
-  EngineRequest request{plan.arch, model_opt, train.seed, batch, opt.threads, opt.kernels};
+  EngineRequest request;
+  request.arch = plan.arch;
+  request.options = model_opt;
+  request.seed = train.seed;
+  request.batch_seqs = batch;
+  request.threads = opt.threads;
+  request.kernels = opt.kernels;
   request.shard_optimizer = opt.shard_optimizer;
+  request.point_id = plan.id;
   std::unique_ptr<Engine> engine = make_engine(opt.device, request);
   const MeasuredParams params = measure_params(*engine, plan.arch);
   if (opt.on_engine && engine->writes_files()) opt.on_engine(engine->describe());
@@ -748,9 +755,14 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
     rin.status = status;
     outcome.record = make_record(rin);
     std::vector<char> state = engine->save_state();  // every rank: a collective when sharded
-    if (!writer) return;
-    write_checkpoint(ckpt_path, {plan_json, rin.train, fingerprints, st, std::move(state)});
-    write_file_atomic(outcome.record_path, outcome.record.dump(1) + "\n");
+    if (writer) {
+      write_checkpoint(ckpt_path, {plan_json, rin.train, fingerprints, st, std::move(state)});
+      write_file_atomic(outcome.record_path, outcome.record.dump(1) + "\n");
+    }
+    // Every rank leaves a save together. After the last one the others went straight on to the
+    // next point's NCCL id file (a 120 s wait) while rank 0 was still writing: at 6.5B
+    // parameters, tens of GB.
+    engine->any_rank(false);
   };
 
   const OptimConfig cfg = optim_config(plan);

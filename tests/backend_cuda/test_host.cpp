@@ -46,6 +46,34 @@ TEST_CASE("ranks read RANK / WORLD_SIZE / LOCAL_RANK; windows split r, r+W, ..."
   CHECK_THROWS_AS(cu::rank_from_env(), moeplan::InputError);  // rank must be below world size
   setenv("RANK", "x1", 1);
   CHECK_THROWS_AS(cu::rank_from_env(), moeplan::InputError);
+  // WORLD_SIZE 2 without RANK: both processes read rank 0 and both wrote the id file.
+  unsetenv("RANK");
+  CHECK_THROWS_WITH_AS(cu::rank_from_env(),
+                       "WORLD_SIZE=4 but RANK is not set: give each process its RANK (0 to 3), as "
+                       "torchrun does, or let `moeplan run --nproc 4` start them",
+                       moeplan::InputError);
+  // WORLD_SIZE 1 alone is one process, rank 0.
+  setenv("WORLD_SIZE", "1", 1);
+  CHECK(cu::rank_from_env().rank == 0);
+  // RANK or LOCAL_RANK without WORLD_SIZE: the process trained alone on GPU 0, LOCAL_RANK unread.
+  unsetenv("WORLD_SIZE");
+  setenv("RANK", "1", 1);
+  CHECK_THROWS_WITH_AS(cu::rank_from_env(),
+                       "RANK=1 is set but WORLD_SIZE is not: set WORLD_SIZE too (torchrun sets "
+                       "WORLD_SIZE, RANK and LOCAL_RANK), or unset RANK to train in one process",
+                       moeplan::InputError);
+  unsetenv("RANK");
+  setenv("LOCAL_RANK", "1", 1);
+  CHECK_THROWS_WITH_AS(cu::rank_from_env(), doctest::Contains("LOCAL_RANK=1 is set but WORLD_SIZE"),
+                       moeplan::InputError);
+  // LOCAL_RANK given or taken from RANK: the engine's error says which.
+  setenv("WORLD_SIZE", "2", 1);
+  setenv("RANK", "1", 1);
+  CHECK(cu::rank_from_env().local_rank_given);
+  unsetenv("LOCAL_RANK");
+  r = cu::rank_from_env();
+  CHECK(r.local_rank == 1);
+  CHECK_FALSE(r.local_rank_given);
   unsetenv("RANK");
   unsetenv("WORLD_SIZE");
   // 10 windows over 3 ranks: {0,3,6,9}, {1,4,7}, {2,5,8}: every window once.

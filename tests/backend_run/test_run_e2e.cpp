@@ -1760,8 +1760,14 @@ TEST_CASE("WORLD_SIZE refusals (emulated): one line naming the value, exit 2, no
   const Case cases[] = {
       {{{"WORLD_SIZE", "8"}, {"RANK", "1"}, {"MOEPLAN_EMU_DEVICES", "8"}},
        "batch_seqs 6 is smaller than WORLD_SIZE=8; every rank needs at least one sequence"},
-      {{{"WORLD_SIZE", "2"}, {"RANK", "1"}}, "LOCAL_RANK=1 but this machine shows 1 CUDA device"},
+      {{{"WORLD_SIZE", "2"}, {"RANK", "1"}},
+       "LOCAL_RANK=1 (RANK: LOCAL_RANK is not set) but this machine shows 1 CUDA device"},
+      {{{"WORLD_SIZE", "2"}, {"RANK", "1"}, {"LOCAL_RANK", "1"}},
+       "LOCAL_RANK=1 but this machine shows 1 CUDA device"},
       {{{"WORLD_SIZE", "2"}, {"RANK", "2"}}, "RANK=2 must be below WORLD_SIZE=2"},
+      // Both processes of a job without RANK were rank 0; RANK alone trained on GPU 0 alone.
+      {{{"WORLD_SIZE", "2"}}, "WORLD_SIZE=2 but RANK is not set"},
+      {{{"RANK", "1"}, {"LOCAL_RANK", "1"}}, "RANK=1 is set but WORLD_SIZE is not"},
       {{{"WORLD_SIZE", "two"}}, "WORLD_SIZE='two' is not a non-negative integer"},
   };
   for (const Case& c : cases) {

@@ -799,3 +799,14 @@ const char* cudaGetErrorString(cudaError_t e) {
   if (e == cudaSuccess) return "no error";
   return st().message.c_str();
 }
+const char* cudaGetErrorName(cudaError_t e) {
+  return e == cudaSuccess ? "cudaSuccess" : "cudaErrorEmulated";
+}
+cudaError_t cudaDriverGetVersion(int* version) {
+  *version = 12000;
+  return cudaSuccess;
+}
+cudaError_t cudaRuntimeGetVersion(int* version) {
+  *version = 12000;
+  return cudaSuccess;
+}

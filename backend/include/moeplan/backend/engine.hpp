@@ -66,6 +66,10 @@ struct EngineRequest {
   // cuda, data parallel: each rank keeps the AdamW moments of 1/W of the parameters (ZeRO
   // stage 1). Refused by the cpu device and without data parallelism.
   bool shard_optimizer = false;
+  // The point it trains (its id): data-parallel ranks meet through an id file named for it, so
+  // ranks that reached different points (one saw a point complete that another had not) fail
+  // waiting, rather than average two points' gradients.
+  std::string point_id;
 };
 using EngineFactory = std::function<std::unique_ptr<Engine>(const EngineRequest&)>;
 

@@ -12,6 +12,8 @@ enum cudaError_t {
   cudaErrorInvalidValue = 1,
   cudaErrorMemoryAllocation = 2,
   cudaErrorInvalidConfiguration = 9,
+  cudaErrorInsufficientDriver = 35,
+  cudaErrorNoDevice = 100,
   cudaErrorInvalidDevice = 101,
   cudaErrorLaunchFailure = 719,
 };
@@ -51,6 +53,9 @@ cudaError_t cudaMemcpy(void* dst, const void* src, std::size_t bytes, cudaMemcpy
 cudaError_t cudaMemset(void* p, int value, std::size_t bytes);
 cudaError_t cudaGetLastError();
 const char* cudaGetErrorString(cudaError_t e);
+const char* cudaGetErrorName(cudaError_t e);
+cudaError_t cudaDriverGetVersion(int* version);   // the emulator's: 12000, as CUDA 12.0
+cudaError_t cudaRuntimeGetVersion(int* version);  // the same
 
 // Streams. The default stream (nullptr) runs each call before it returns. A created stream's
 // work waits in its queue until something needs it done: another stream waiting on an event

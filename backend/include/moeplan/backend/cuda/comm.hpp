@@ -13,9 +13,11 @@ namespace moeplan::backend::cuda {
 
 struct RankInfo {
   int rank = 0, world_size = 1, local_rank = 0;
+  bool local_rank_given = false;  // LOCAL_RANK was set (else local_rank is RANK, one machine)
 };
 // Reads RANK / WORLD_SIZE / LOCAL_RANK (all absent: a single process, rank 0 of 1). Throws
-// InputError on a malformed or inconsistent value, naming it.
+// InputError on a malformed or inconsistent value, naming it: RANK or LOCAL_RANK without
+// WORLD_SIZE, or WORLD_SIZE above 1 without RANK.
 RankInfo rank_from_env();
 
 // Windows of the unique budget that a rank reads: r, r+W, r+2W, ... (no window read twice across
