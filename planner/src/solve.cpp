@@ -216,15 +216,17 @@ MoeSolution MoeSolver::solve(double t) const {
     // Why: below the always-active share nothing reaches; between that floor and r_a = 1 the
     // reachable r_a move in steps of one expert or one top_k, and at small N those steps can be
     // wider than the tolerance on both sides of the target.
+    // The always-active share of this point's N, as its parameter table shows it (the floor test
+    // uses the N asked for, which the point's N differs from by up to the N tolerance).
+    const double fixed_share = double(base_) / double(best.total);
     std::string why;
     if (t < fixed_fraction())
-      why =
-          fmt::format("attention and dense layers alone are {:.2f}% of N", 100 * fixed_fraction());
+      why = fmt::format("attention and dense layers alone are {:.2f}% of its N", 100 * fixed_share);
     else if (below == -kInf)
       why = fmt::format(
-          "the lowest reachable r_a at this N: attention and dense layers are {:.2f}% of N and the "
-          "narrowest expert layer adds the rest",
-          100 * fixed_fraction());
+          "the lowest reachable r_a at this N: attention and dense layers are {:.2f}% of its N "
+          "and the narrowest expert layer adds the rest",
+          100 * fixed_share);
     else if (above == kInf)
       why = fmt::format("the highest r_a at this N is {:.2f}%", 100 * below);
     else

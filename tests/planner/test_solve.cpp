@@ -135,7 +135,11 @@ TEST_CASE("unreachable r_a is flagged with the nearest reachable value") {
   CHECK(s.activation_rate > 0.0717);
   CHECK(s.activation_rate < 0.0717 + 0.01);  // the lowest the family allows (E <= 512, K = 1)
   CHECK(s.note.find("nearest reachable") != std::string::npos);
-  CHECK(s.note.find("7.17%") != std::string::npos);
+  // The note gives that share of the point's own N, as its parameter table would: E460 K1 De64
+  // with a shared expert of 64 in 15 MoE layers is 15·3·1408·64·461 = 1,869,373,440 more, N =
+  // 2,012,741,632, and 143,368,192 / N = 7.12 %.
+  CHECK(s.total_params == 2012741632);
+  CHECK(s.note.find("attention and dense layers alone are 7.12% of its N") != std::string::npos);
   CHECK(std::fabs(double(s.total_params) - 2e9) <= 0.01 * 2e9);  // N is still held
   // r_a = 1: every expert active (E = K), reachable.
   const MoeSolution all = solver.solve(1.0);
@@ -165,14 +169,15 @@ TEST_CASE("an unreachable r_a's note names the actual cause: the floor or the st
   CHECK(solver.fixed_fraction() == doctest::Approx(4352.0 / 27392.0));
   const MoeSolution floor = solver.solve(0.10);
   CHECK_FALSE(floor.reachable);
-  CHECK(floor.note.find("attention and dense layers alone are 15.89% of N") != std::string::npos);
+  CHECK(floor.note.find("attention and dense layers alone are 15.89% of its N") !=
+        std::string::npos);
   CHECK(floor.note.find("expert granularity") == std::string::npos);
   // Above the floor but below the lowest shape, j = 1: 5,120 / 27,392 = 18.69 %.
   const MoeSolution low = solver.solve(0.17);
   CHECK_FALSE(low.reachable);
   CHECK(low.note.find("nearest reachable 18.69%") != std::string::npos);
   CHECK(low.note.find("the lowest reachable r_a at this N: attention and dense layers are 15.89% "
-                      "of N") != std::string::npos);
+                      "of its N") != std::string::npos);
   // Granularity: 45.3 % lies between j = 10, 12,032 / 27,392 = 43.93 %, and j = 11,
   // 12,800 / 27,392 = 46.73 %, each more than 0.5 points away; the floor has nothing to do with it.
   const MoeSolution step = solver.solve(0.453);
