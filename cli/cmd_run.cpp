@@ -347,6 +347,16 @@ int run(const RunFlags& f) {
         }
         const auto& r = out.record;
         const auto& tok = r.at("measured").at("tokens");
+        // C in the convention the point was planned in (its plan line's), as measured: a sweep
+        // planned in exact/causal is equal there, not in paper C.
+        std::string c_label = flops_label(p->arch, Convention::paper, AttentionMask::causal);
+        double c = r.at("measured").at("compute").at("paper").get<double>();
+        if (p->convention != Convention::paper) {
+          const std::string own = flops_label(p->arch, p->convention, p->mask);
+          const auto& conv = r.at("measured").at("flops").value("conventions", nlohmann::json());
+          if (conv.is_object() && conv.contains(own) && conv[own].is_number())
+            c_label = own, c = conv[own].get<double>();
+        }
         fmt::print(
             "{} complete{}: val BPC {:.4f}, {} tokens consumed, {} unique, {:.3f} epochs, "
             "C {} FLOPs [{}] measured, {:.1f} s -> {}\n",
@@ -355,9 +365,7 @@ int run(const RunFlags& f) {
                                        : "",
             r.value("final_val_bpc", 0.0), human(double(tok.at("consumed").get<int64_t>())),
             human(double(tok.at("unique").get<int64_t>())), tok.at("epochs").get<double>(),
-            human(r.at("measured").at("compute").at("paper").get<double>()),
-            flops_label(p->arch, Convention::paper, AttentionMask::causal),
-            r.at("wall_seconds").get<double>(), out.record_path.string());
+            human(c), c_label, r.at("wall_seconds").get<double>(), out.record_path.string());
         break;
       }
     }

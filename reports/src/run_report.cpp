@@ -786,6 +786,28 @@ std::string render_run_report(const std::vector<json>& records, const std::strin
       kHeaders.erase(at);
       for (auto& row : rows) row.erase(row.begin() + i);
     }
+  // A sweep planned equal in another convention (grid --convention exact) is equal in that C,
+  // not in paper C (the attention term differs, by some percent): its C columns follow the paper
+  // ones, so that the C the sweep held equal is in the table, not only in the audit.
+  auto own_label = [&](const json& r) {
+    const std::string c = plan_convention(r);
+    return c == "paper" ? paper_label(r) : c;
+  };
+  const bool other_convention = std::any_of(
+      records.begin(), records.end(), [](const json& r) { return plan_convention(r) != "paper"; });
+  std::string own;
+  if (other_convention) {
+    own = common_label(records, own_label);
+    const auto at = std::find(kHeaders.begin(), kHeaders.end(), "C meas [" + paper + "]");
+    const auto i = at - kHeaders.begin() + 1;
+    kHeaders.insert(kHeaders.begin() + i, {"C plan [" + own + "]", "C meas [" + own + "]"});
+    for (size_t k = 0; k < rows.size(); ++k) {
+      const json& r = records[k];
+      const auto c = measured_compute(r, plan_convention(r));
+      rows[k].insert(rows[k].begin() + i,
+                     {human(r["plan"].value("compute", 0.0)), c ? human(*c) : "-"});
+    }
+  }
   for (const auto& h : kHeaders)
     t.add_column(h,
                  h == "point" || h == "status" ? TextTable::Align::left : TextTable::Align::right);
@@ -806,10 +828,13 @@ std::string render_run_report(const std::vector<json>& records, const std::strin
       "dense run of the same device label (devices, kernels, passes, optimizer sharding)";
   const std::string verdict = verdict_of(records, dense);
   const std::string title = fmt::format(
-      "moeplan report: {} run(s) in {}. BPC = {}, on held-out data; C in the "
-      "{} convention (6·N_a + 12·L·D_m·S per consumed token); D consumed counts repeats, D̂ "
+      "moeplan report: {} run(s) in {}. BPC = {}, on held-out data; C = M·D in the {} "
+      "convention (M = 6·N_a + 12·L·D_m·S per consumed token){}; D consumed counts repeats, D̂ "
       "unique does not",
-      records.size(), source, bpc_words(records), paper);
+      records.size(), source, bpc_words(records), paper,
+      other_convention
+          ? fmt::format(", and in the {} convention the sweep was planned equal in", own)
+          : "");
   const std::string bars = bars_of(records, dense);
   switch (format) {
     case ReportFormat::text:

@@ -349,20 +349,38 @@ TEST_CASE("replicates: a record not comparable with its folder's baseline is lef
 }
 
 TEST_CASE(
-    "report: C plan [paper] is the plan's C through the paper lens, whatever its convention") {
-  // A plan in the exact convention: plan.compute 5e5 [exact], its paper reading 4e5.
+    "report: C plan [paper] is the plan's C through the paper lens; a sweep planned in another "
+    "convention also gets its own C columns") {
+  // A plan in the exact convention: plan.compute 5e5 [exact/causal], its paper reading 4e5;
+  // measured 5.1e5 in exact/causal (the record's per-convention totals).
   std::vector<json> recs = {record("dense", true, 1.0, 2.0), record("moe-a", false, 0.2, 1.8)};
   for (json& r : recs) {
     r["plan"]["convention"] = "exact";
+    r["plan"]["mask"] = "causal";
     r["plan"]["compute"] = 5e5;
     r["measured"]["compute"]["plan_paper"] = 4e5;
+    r["measured"]["flops"]["conventions"] = {{"exact/causal", 5.1e5}, {"paper", 4e5}};
   }
   const std::string text = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::text);
+  CHECK(text.find("C plan [paper]  C meas [paper]  C plan [exact/causal]  C meas [exact/causal]") !=
+        std::string::npos);
+  CHECK(text.find("and in the exact/causal convention the sweep was planned equal in") !=
+        std::string::npos);
   const size_t at = text.find("\nmoe-a ");
   REQUIRE(at != std::string::npos);
-  const std::string row = text.substr(at + 1, text.find('\n', at + 1) - at - 1);
-  CHECK_MESSAGE(row.find("400k") != std::string::npos, row);  // plan and measured, both paper
-  CHECK_MESSAGE(row.find("500k") == std::string::npos, row);
+  std::istringstream row(text.substr(at + 1, text.find('\n', at + 1) - at - 1));
+  std::vector<std::string> cells;
+  for (std::string c; row >> c;) cells.push_back(c);
+  // point, r_a, N plan, N meas, then C plan and meas [paper], C plan and meas [exact/causal].
+  REQUIRE(cells.size() > 7);
+  CHECK(std::vector<std::string>(cells.begin() + 4, cells.begin() + 8) ==
+        std::vector<std::string>{"400k", "400k", "500k", "510k"});
+  // A paper-planned sweep has no such columns.
+  const std::string paper = moeplan::render_run_report(
+      {record("dense", true, 1.0, 2.0), record("moe-a", false, 0.2, 1.8)}, "runs",
+      moeplan::ReportFormat::text);
+  CHECK(paper.find("C plan [exact") == std::string::npos);
+  CHECK(paper.find("planned equal in") == std::string::npos);
 }
 
 TEST_CASE("report: the BPC chart under loose reuse does not claim equal D̂") {
@@ -595,7 +613,7 @@ TEST_CASE("report: the C columns and chart name the reading N_a was counted unde
   for (json& r : recs) r["plan"]["arch"] = {{"count_router", true}};
   std::string text = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::text);
   CHECK(text.find("C plan [paper (router in)]") != std::string::npos);
-  CHECK(text.find("C in the paper (router in) convention") != std::string::npos);
+  CHECK(text.find("C = M·D in the paper (router in) convention") != std::string::npos);
   std::string html = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::html);
   CHECK(html.find("training compute C [paper (router in)] (FLOPs)") != std::string::npos);
   // Without the reading: plain paper; an exact-planned sweep's chart is in exact/causal.
