@@ -244,6 +244,7 @@ std::string html_table(const std::vector<std::string>& headers,
 std::vector<std::string> headers(const std::string& paper) {
   return {"point",
           "r_a",
+          "r_a target",
           "N plan",
           "N meas",
           "C plan [" + paper + "]",
@@ -283,7 +284,12 @@ std::vector<std::string> row_of(const json& r, const json* dense) {
          : !unequal_resources(r, *dense).empty()
              ? "not equal"
              : fmt::format("{:+.3f}", bpc - dense->value("final_val_bpc", 0.0));
-  return {r.value("point_id", "?"), fmt::format("{:.3f}", p.value("activation_rate", 0.0)),
+  // The r_a asked for, '!' where the plan could not reach it (grid's mark).
+  const std::string target = is_dense(r) || !p.contains("activation_rate_target")
+                                 ? "-"
+                                 : fmt::format("{:.3f}{}", p.value("activation_rate_target", 0.0),
+                                               p.value("reachable", true) ? "" : " !");
+  return {r.value("point_id", "?"), fmt::format("{:.3f}", p.value("activation_rate", 0.0)), target,
           human(p.value("total_params", 0.0)), human(double(m.value("total_params", int64_t{0}))),
           // The plan's C through the paper lens (the column's convention), not plan.compute,
           // which is in the plan's own convention.
@@ -423,6 +429,20 @@ std::string verdict_of(const std::vector<json>& records, const json* dense) {
       matching, complete_count,
       off_plan.empty() ? ""
                        : fmt::format(" (off the plan: {}; `moeplan audit` says where)", off_plan));
+  // A point the shape rules could not bring to its target r_a (grid's '!'): its id names the
+  // target, so a report read without the grid output would misstate what was compared.
+  std::string missed;
+  for (const json& r : records) {
+    const json& p = r["plan"];
+    if (is_dense(r) || p.value("reachable", true)) continue;
+    missed += fmt::format("{}{} trains r_a {:.3f} (target {:.3f})", missed.empty() ? "" : ", ",
+                          r.value("point_id", "?"), p.value("activation_rate", 0.0),
+                          p.value("activation_rate_target", 0.0));
+  }
+  if (!missed.empty())
+    v +=
+        "\n! off its target r_a (not reachable under the shape rules; the plan's note says why): " +
+        missed;
   // A capacity factor drops routed assignments: those points' experts computed less than K per
   // token, which an equal-resource claim should state.
   std::string drops;

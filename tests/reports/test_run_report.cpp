@@ -371,9 +371,10 @@ TEST_CASE(
   std::istringstream row(text.substr(at + 1, text.find('\n', at + 1) - at - 1));
   std::vector<std::string> cells;
   for (std::string c; row >> c;) cells.push_back(c);
-  // point, r_a, N plan, N meas, then C plan and meas [paper], C plan and meas [exact/causal].
-  REQUIRE(cells.size() > 7);
-  CHECK(std::vector<std::string>(cells.begin() + 4, cells.begin() + 8) ==
+  // point, r_a, r_a target, N plan, N meas, then C plan and meas [paper], C plan and meas
+  // [exact/causal].
+  REQUIRE(cells.size() > 8);
+  CHECK(std::vector<std::string>(cells.begin() + 5, cells.begin() + 9) ==
         std::vector<std::string>{"400k", "400k", "500k", "510k"});
   // A paper-planned sweep has no such columns.
   const std::string paper = moeplan::render_run_report(
@@ -381,6 +382,40 @@ TEST_CASE(
       moeplan::ReportFormat::text);
   CHECK(paper.find("C plan [exact") == std::string::npos);
   CHECK(paper.find("planned equal in") == std::string::npos);
+}
+
+TEST_CASE("report: a point off its target r_a is marked, in its row and under the table") {
+  // grid's '!': the shape rules reach 0.278 where 0.2 was asked; the id still says 0.200.
+  std::vector<json> recs = {record("dense", true, 1.0, 2.0),
+                            record("moe-ra0.200", false, 0.278, 1.8),
+                            record("moe-ra0.400", false, 0.4, 1.9)};
+  recs[1]["plan"]["activation_rate_target"] = 0.2;
+  recs[1]["plan"]["reachable"] = false;
+  recs[2]["plan"]["activation_rate_target"] = 0.4;
+  recs[2]["plan"]["reachable"] = true;
+  const std::string text = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::text);
+  CHECK(text.find("r_a  r_a target") != std::string::npos);
+  auto cells_of = [&](const std::string& id) {
+    const size_t at = text.find("\n" + id + " ");
+    REQUIRE(at != std::string::npos);
+    std::istringstream row(text.substr(at + 1, text.find('\n', at + 1) - at - 1));
+    std::vector<std::string> cells;
+    for (std::string c; row >> c;) cells.push_back(c);
+    return cells;
+  };
+  const auto missed = cells_of("moe-ra0.200"), met = cells_of("moe-ra0.400");
+  REQUIRE(missed.size() > 4);
+  CHECK(std::vector<std::string>(missed.begin() + 1, missed.begin() + 4) ==
+        std::vector<std::string>{"0.278", "0.200", "!"});
+  CHECK(std::vector<std::string>(met.begin() + 1, met.begin() + 4) ==
+        std::vector<std::string>{"0.400", "0.400", "1k"});  // then N plan
+  CHECK(text.find("\n! off its target r_a (not reachable under the shape rules; the plan's note "
+                  "says why): moe-ra0.200 trains r_a 0.278 (target 0.200)") != std::string::npos);
+  // Without the target in the record (older records): no mark, no line.
+  const std::string plain = moeplan::render_run_report(
+      {record("dense", true, 1.0, 2.0), record("moe-a", false, 0.2, 1.8)}, "runs",
+      moeplan::ReportFormat::text);
+  CHECK(plain.find("off its target") == std::string::npos);
 }
 
 TEST_CASE("report: the BPC chart under loose reuse does not claim equal D̂") {
