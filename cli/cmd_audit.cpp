@@ -177,39 +177,47 @@ int run_audit(const AuditFlags& f) {
     }
     report = audit_tables(tables, spec);
     // Equal N and C without D̂ is two of the three resources: the verdict says which it tested,
-    // and this says what it did not, and whether the tables could tell.
-    if (cli_claim && !f.strict_reuse) {
-      const ClaimSpec& c = spec.claims.back();
-      if (std::find(c.equal.begin(), c.equal.end(), "tokens_unique") == c.equal.end()) {
-        const bool readable =
-            std::any_of(tables.begin(), tables.end(),
-                        [](const ClaimTable& t) {
-                          return t.has_column("tokens_unique") || t.has_column("epochs");
-                        }) ||
-            std::any_of(spec.tables.begin(), spec.tables.end(), [](const TableSpec& t) {
-              return t.shared.count("tokens_unique") > 0 || t.shared.count("epochs") > 0;
-            });
-        report.findings.push_back(
-            {Severity::info,
-             "",
-             0,
-             "tokens_unique",
-             {},
-             {},
-             {},
-             0,
-             fmt::format("claim '{}' does not test equal unique data D̂, the third equal "
-                         "resource: {}",
-                         c.name,
-                         readable ? "add --strict-reuse (every row's D̂ the baseline's) or --equal "
-                                    "D_hat to test it"
-                                  : "no table prints D̂ (a D_hat column, or Epoch beside D) and "
-                                    "no spec states it, so these tables cannot show it; a spec's "
-                                    "[tables.NAME.shared] can state a value the paper gives in "
-                                    "its text")});
-        report.sort_findings();
-      }
+    // and this says what it did not, and whether the tables could tell. For the command line's
+    // claim whatever it tests; for a spec's, where it claims equal N or C.
+    const bool readable =
+        std::any_of(tables.begin(), tables.end(),
+                    [](const ClaimTable& t) {
+                      return t.has_column("tokens_unique") || t.has_column("epochs");
+                    }) ||
+        std::any_of(spec.tables.begin(), spec.tables.end(), [](const TableSpec& t) {
+          return t.shared.count("tokens_unique") > 0 || t.shared.count("epochs") > 0;
+        });
+    bool noted = false;
+    for (size_t i = 0; i < spec.claims.size(); ++i) {
+      const ClaimSpec& c = spec.claims[i];
+      const bool from_cli = cli_claim && i + 1 == spec.claims.size();
+      auto claims = [&](const char* q) {
+        return std::find(c.equal.begin(), c.equal.end(), q) != c.equal.end();
+      };
+      if (c.strict_reuse || claims("tokens_unique")) continue;
+      if (!from_cli && !claims("total_params") && !claims("compute")) continue;
+      const std::string remedy =
+          !readable  ? "no table prints D̂ (a D_hat column, or Epoch beside D) and no spec states "
+                       "it, so these tables cannot show it; a spec's [tables.NAME.shared] can state "
+                       "a value the paper gives in its text"
+          : from_cli ? "add --strict-reuse (every row's D̂ the baseline's) or --equal D_hat to "
+                       "test it"
+                     : "add strict_reuse = true (every row's D̂ the baseline's) or \"D_hat\" to "
+                       "its equal list to test it";
+      report.findings.push_back(
+          {Severity::info,
+           "",
+           0,
+           "tokens_unique",
+           {},
+           {},
+           {},
+           0,
+           fmt::format("claim '{}' does not test equal unique data D̂, the third equal resource: {}",
+                       c.name, remedy)});
+      noted = true;
     }
+    if (noted) report.sort_findings();
   }
   const std::string text = render(report, format);
   if (f.out.empty()) {

@@ -59,6 +59,11 @@ TEST_CASE("the example audit of the published tables exits 0") {
   CHECK(r.status == 0);
   CHECK(r.out.find("HOLDS  7B MoE rows vs 7B dense") != std::string::npos);
   CHECK(r.err.empty());
+  // A spec's equal-N-and-C claim says it did not test D̂, as the command line's always did: the
+  // paper claims strictly equal resources, and "3 of 3 hold" covered two of the three.
+  CHECK(r.out.find("claim '7B MoE rows vs 7B dense (C = 2.86e21): equal N and equal C' does not "
+                   "test equal unique data D̂, the third equal resource: no table prints D̂") !=
+        std::string::npos);
   // Markdown gives each quantity's note too: the compute row names its FLOP convention.
   const Result md = run("--spec " + std::string(MOEPLAN_SOURCE_DIR) +
                         "/examples/audit-paper/claims.toml --format md");
