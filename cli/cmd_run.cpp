@@ -25,6 +25,7 @@
 #include "moeplan/backend/corpus.hpp"
 #include "moeplan/backend/engine.hpp"
 #include "moeplan/backend/launch.hpp"
+#include "moeplan/backend/model.hpp"
 #include "moeplan/backend/run.hpp"
 #include "moeplan/sweeps/manifest_io.hpp"
 
@@ -36,6 +37,11 @@ constexpr int kExitDiverged = 4;
 constexpr int kExitBusy = 3;  // every other point done; some left to another process training them
 
 std::atomic<int> g_stop{0};
+// Before the first point starts nothing has been written (the checks only read): a stop then
+// ends the process at once, with the status a stop during training gives.
+extern "C" void on_stop_before_training(int) {
+  ::_exit(130);
+}
 extern "C" void on_stop_signal(int sig) {
   g_stop.store(sig);
 }
@@ -69,8 +75,9 @@ std::vector<std::string> rank_args() {
   return out;
 }
 
-// `--nproc N`: start N data-parallel ranks of this command and wait for them.
-int launch(const RunFlags& f, const std::string& device, const std::vector<const Plan*>& points) {
+// `--nproc N` against the device and the points: refused before anything is made.
+void check_nproc(const RunFlags& f, const std::string& device,
+                 const std::vector<const Plan*>& points) {
   if (f.nproc < 1 || f.nproc > 1024)
     throw InputError(fmt::format("--nproc {} must be from 1 to 1024", f.nproc));
   if (device != "cuda")
@@ -87,6 +94,10 @@ int launch(const RunFlags& f, const std::string& device, const std::vector<const
           "--nproc {}: point '{}' has batch_seqs {}, fewer sequences than ranks; choose an "
           "--nproc of at most {}",
           f.nproc, p->id, p->budget.batch_seqs, p->budget.batch_seqs));
+}
+
+// `--nproc N`: start N data-parallel ranks of this command and wait for them.
+int launch(const RunFlags& f) {
   backend::LaunchRequest req;
   req.nproc = f.nproc;
   req.args = rank_args();
@@ -176,6 +187,8 @@ std::string check_complete_record(const nlohmann::json& rec, const std::string& 
 
 int run(const RunFlags& f) {
   namespace fs = std::filesystem;
+  std::signal(SIGINT, on_stop_before_training);
+  std::signal(SIGTERM, on_stop_before_training);
   const Manifest m = read_manifest(f.manifest);
   std::vector<const Plan*> points{&m.dense};
   for (const Plan& p : m.points) points.push_back(&p);
@@ -243,6 +256,15 @@ int run(const RunFlags& f) {
   if (backend::visible_devices(opt.device) == 0)
     throw InputError(fmt::format("--device {}: no {} device is visible on this machine", opt.device,
                                  opt.device == "cuda" ? "CUDA" : opt.device));
+  if (f.nproc != 1) check_nproc(f, opt.device, points);
+  // Ranks started by hand (torchrun's variables) train data parallel on cuda only: on cpu each
+  // "rank" trained whole points alone, and the job split the sweep between them in silence.
+  if (const char* ws = std::getenv("WORLD_SIZE");
+      ws && *ws && std::string_view(ws) != "1" && opt.device != "cuda")
+    throw InputError(fmt::format(
+        "WORLD_SIZE={} is set: data-parallel ranks need --device cuda; the {} device trains a "
+        "point in one process (unset WORLD_SIZE, RANK and LOCAL_RANK)",
+        ws, opt.device));
   std::map<std::string, std::string> skip_warnings;  // point id: what its complete record fails
   std::vector<const Plan*> pending;                  // to train (or to resume)
   for (const Plan* p : points) {
@@ -258,15 +280,39 @@ int run(const RunFlags& f) {
       skip_warnings[p->id] = check_complete_record(
           rec, (opt.out_dir / p->id / "record.json").string(),
           [&] { return backend::record_remedy(*p, plan_to_json(*p), m.train, opt.out_dir); });
-    else if (!f.estimate)  // an estimate may time another device or passes than the checkpoint's
+    else if (!f.estimate) {  // an estimate may time another device or passes than the checkpoint's
       backend::check_resumable(*p, plan_to_json(*p), m.train, opt);
+      backend::check_point_lock(*p, plan_to_json(*p), m.train, opt.out_dir);
+    }
   }
   if (!f.estimate) backend::check_source_tokens(pending, m.train, opt.source_base);
+  // A cpu model below 2^16 token·width a pass runs on one thread, a larger one on the default
+  // count: one sweep's points can train on different counts, and then the report times none of
+  // them against the dense baseline's (a run's time is one device label's).
+  if (opt.device == "cpu" && pending.size() > 1) {
+    std::map<int, std::vector<std::string>> by_threads;
+    for (const Plan* p : pending) {
+      const int64_t batch = p->budget.batch_seqs;
+      const int64_t pass = opt.micro_batch_seqs > 0 ? std::min(opt.micro_batch_seqs, batch) : batch;
+      by_threads[backend::cpu_threads_for(p->arch, pass, opt.threads)].push_back(p->id);
+    }
+    if (by_threads.size() > 1) {
+      std::string counts;
+      for (const auto& [n, ids] : by_threads)
+        counts += fmt::format("{}{} on {} thread{}", counts.empty() ? "" : "; ",
+                              fmt::join(ids, ", "), n, n == 1 ? "" : "s");
+      fmt::print(stderr,
+                 "moeplan: warning: these points train on different CPU thread counts ({}): "
+                 "their times will not compare (the report times a point only against a dense "
+                 "run of its own device label); --threads 1 trains every point on one\n",
+                 counts);
+    }
+  }
   if (!f.estimate) backend::ensure_writable_dir(opt.out_dir);  // an estimate writes nothing
 
   std::signal(SIGINT, on_stop_signal);
   std::signal(SIGTERM, on_stop_signal);
-  if (f.nproc != 1) return launch(f, opt.device, points);
+  if (f.nproc != 1) return launch(f);
   int index = 0;
   double estimated_seconds = 0;
   int estimated = 0;
@@ -274,6 +320,11 @@ int run(const RunFlags& f) {
   for (const Plan* p : points) {
     ++index;
     const std::string label = fmt::format("[{} {}/{}]", p->id, index, points.size());
+    // A stop between points (the last one's checkpoint just written) starts no other.
+    if (g_stop.load() != 0) {
+      fmt::print("{} not started: stopped; run the same command again to continue\n", label);
+      return kExitInterrupted;
+    }
     fmt::print(
         "{} N {} (r_a {:.3f}), {} steps x {} seqs x {} = {} tokens consumed, {} unique, "
         "C {} FLOPs [{}]\n",
@@ -301,8 +352,10 @@ int run(const RunFlags& f) {
       case backend::PointStatus::estimated: {
         const backend::Estimate& e = out.estimate;
         if (e.interrupted) {
-          if (out.wrote_files)
-            fmt::print("\n{} estimate interrupted; nothing was written\n", label);
+          if (out.wrote_files) {
+            if (::isatty(STDOUT_FILENO)) std::fputs("\n", stdout);  // end the progress line
+            fmt::print("{} estimate interrupted; nothing was written\n", label);
+          }
           return kExitInterrupted;
         }
         if (!out.wrote_files) break;  // rank 0 says it
@@ -334,10 +387,17 @@ int run(const RunFlags& f) {
         }
         break;
       case backend::PointStatus::interrupted:
-        fmt::print(
-            "\n{} interrupted: checkpoint written at step {}; run the same command again "
-            "to resume\n",
-            label, out.record.at("measured").at("steps").get<int64_t>());
+        if (::isatty(STDOUT_FILENO)) std::fputs("\n", stdout);  // end the progress line
+        if (out.checkpoint_step < 0)
+          fmt::print(
+              "{} interrupted before its first step: nothing written; run the same "
+              "command again to train it\n",
+              label);
+        else
+          fmt::print(
+              "{} interrupted: checkpoint at step {}; run the same command again to "
+              "resume\n",
+              label, out.checkpoint_step);
         return kExitInterrupted;
       case backend::PointStatus::completed: {
         if (!out.wrote_files) {  // a data-parallel rank other than 0
@@ -375,6 +435,22 @@ int run(const RunFlags& f) {
     fmt::print("estimate for {} point(s) on {}: {} of training and evaluation (checkpoint writes "
                "and start-up not included; nothing was written)\n",
                estimated, opt.device, duration(estimated_seconds));
+  // Points left to another process may have finished while this one trained others: only those
+  // still unfinished are said to be left (both processes of a shared sweep exited 3 on a sweep
+  // that was complete).
+  std::erase_if(busy, [&](const std::string& id) {
+    for (const Plan* p : points)
+      if (p->id == id) {
+        try {
+          const nlohmann::json rec =
+              backend::existing_record(*p, plan_to_json(*p), m.train, opt.out_dir);
+          return rec.is_object() && rec.value("status", "") == "complete";
+        } catch (const InputError&) {
+          return false;  // said when the command is run again
+        }
+      }
+    return false;
+  });
   if (!busy.empty()) {
     fmt::print(
         "{} point{} left to another moeplan process ({}); run the same command again when "
@@ -408,7 +484,9 @@ const bool registered = register_command(
        app.add_option("--checkpoint-every", f->checkpoint_every,
                       "steps between checkpoints (default: the manifest's, else ~20 per point)")
            ->transform(decimal_integer());
-       app.add_option("--threads", f->threads, "CPU threads (0: the default)")
+       app.add_option("--threads", f->threads,
+                      "CPU threads (0: OpenMP's default, this machine's hardware threads or "
+                      "OMP_NUM_THREADS; a model under 2^16 tokens x d_model a pass runs on one)")
            ->transform(
                decimal_integer(std::numeric_limits<int>::max(), std::numeric_limits<int>::min()));
        app.add_option("--micro-batch", f->micro_batch,

@@ -9,6 +9,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <numbers>
 #include <string_view>
 
@@ -374,6 +376,16 @@ class PointLock {
                       path.string(), std::strerror(errno)));
     return ::flock(fd_, LOCK_EX | LOCK_NB) == 0;
   }
+  // Held: what it trains (the plan and [train] settings), for a process that finds the point
+  // busy to tell whether it is the same point of the same sweep before any record exists.
+  void write_owner(const nlohmann::json& plan_json, const nlohmann::json& train_json) {
+    const std::string text =
+        nlohmann::json{{"plan", plan_json}, {"train", train_json}}.dump() + "\n";
+    if (::ftruncate(fd_, 0) == 0) {
+      const ssize_t n = ::pwrite(fd_, text.data(), text.size(), 0);
+      (void)n;  // informative only: an unwritten owner reads as unknown, the point as busy
+    }
+  }
   ~PointLock() {
     if (fd_ >= 0) ::close(fd_);
   }
@@ -546,6 +558,45 @@ void check_point_folder(const fs::path& out_dir, const std::string& id) {
                     lock.string(), id));
 }
 
+namespace {
+// What a held lock's owner trains that this run would not ("" when the same, or unknown: an
+// owner from before locks said, or one not written yet).
+std::string lock_owner_differs(const fs::path& lock, const nlohmann::json& plan_json,
+                               const nlohmann::json& train_json) {
+  std::ifstream in(lock);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const nlohmann::json owner = nlohmann::json::parse(text, nullptr, false);
+  if (!owner.is_object() || !owner.contains("plan")) return {};
+  if (std::string d = plan_differ(owner["plan"], plan_json); !d.empty())
+    return "another plan: " + d;
+  if (std::string d = settings_differ(owner.value("train", nlohmann::json()), train_json);
+      !d.empty())
+    return "other [train] settings: " + d;
+  return {};
+}
+
+[[noreturn]] void refuse_other_owner(const fs::path& lock, const std::string& id,
+                                     const std::string& what) {
+  throw InputError(fmt::format(
+      "point '{}' is being trained into this folder by another moeplan process under {} (it "
+      "holds '{}'); a sweep with another plan or settings belongs in a folder of its own: choose "
+      "another --out",
+      id, what, lock.string()));
+}
+}  // namespace
+
+void check_point_lock(const Plan& plan, const nlohmann::json& plan_json, const TrainSettings& train,
+                      const fs::path& out_dir) {
+  const fs::path lock = out_dir / plan.id / ".lock";
+  const int fd = ::open(lock.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return;  // no lock file: no one trains it
+  const bool held = ::flock(fd, LOCK_SH | LOCK_NB) != 0;
+  ::close(fd);
+  if (!held) return;
+  if (const std::string d = lock_owner_differs(lock, plan_json, train_to_json(train)); !d.empty())
+    refuse_other_owner(lock, plan.id, d);
+}
+
 void check_resumable(const Plan& plan, const nlohmann::json& plan_json, const TrainSettings& train,
                      const RunOptions& opt) {
   const fs::path path = opt.out_dir / plan.id / "checkpoint" / "state.ckpt";
@@ -589,9 +640,13 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
   const char* world = std::getenv("WORLD_SIZE");
   const bool solo = world == nullptr || *world == '\0' || std::string_view(world) == "1";
   if (!estimating && solo && !lock.acquire(dir / ".lock")) {
+    if (const std::string d = lock_owner_differs(dir / ".lock", plan_json, train_to_json(train));
+        !d.empty())
+      refuse_other_owner(dir / ".lock", plan.id, d);
     outcome.status = PointStatus::busy;
     return outcome;
   }
+  if (!estimating && solo) lock.write_owner(plan_json, train_to_json(train));
 
   const Budget& b = plan.budget;
   const int64_t seq_len = b.seq_len, batch = b.batch_seqs, steps = b.steps;
@@ -647,6 +702,7 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
   // Data-parallel ranks: decided by every rank together (rank 0 holds the lock), before the
   // checkpoint is read.
   const bool taken = !solo && engine->writes_files() && !lock.acquire(dir / ".lock");
+  if (!solo && engine->writes_files() && !taken) lock.write_owner(plan_json, train_to_json(train));
   if (engine->any_rank(taken)) {
     // Left to its trainer: the rest of the sweep goes on (two `moeplan run`s of one sweep into
     // one folder share its points out between them).
@@ -777,8 +833,12 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
 
   while (st.step < steps) {
     if (engine->any_rank(opt.stop && opt.stop->load() != 0)) {
-      save("running");
+      // Only what is new: a stop right after a checkpoint (or before the first step of a point
+      // with none) writes nothing; at 16 bytes a parameter a checkpoint is no small write to make
+      // after a stop was asked for.
+      if (last_saved_step != st.step && st.step > 0) save("running");
       outcome.status = PointStatus::interrupted;
+      outcome.checkpoint_step = last_saved_step;
       return outcome;
     }
     fill_batch(data.train, seq_len, batch, st.order, st.tokens, inputs.data(), targets.data());

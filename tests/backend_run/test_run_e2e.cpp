@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <cmath>
@@ -12,6 +13,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <string>
@@ -27,6 +29,7 @@
 #include "moeplan/backend/checkpoint.hpp"
 #include "moeplan/backend/corpus.hpp"
 #include "moeplan/backend/engine.hpp"
+#include "moeplan/backend/run.hpp"
 #include "moeplan/sweeps/manifest_io.hpp"
 #include "scratch.hpp"
 
@@ -553,6 +556,25 @@ TEST_CASE("refusals: one line, non-zero exit, earlier records and checkpoints in
                   {"--threads", many})
               .status == 2);
   }
+  // WORLD_SIZE on the cpu device: each "rank" trained whole points alone and the job split the
+  // sweep between them in silence. --nproc on cpu: refused before --out is made.
+  {
+    ::setenv("WORLD_SIZE", "2", 1);
+    ::setenv("RANK", "0", 1);
+    const Result ws = run_cli({"run", (dir / "good.toml").string(), "--out", out.string()});
+    ::unsetenv("WORLD_SIZE");
+    ::unsetenv("RANK");
+    CHECK(ws.status == 2);
+    CHECK_MESSAGE(ws.err.find("WORLD_SIZE=2 is set: data-parallel ranks need --device cuda") !=
+                      std::string::npos,
+                  ws.err);
+    const fs::path fresh = dir / "nproc-out";
+    const Result np =
+        run_cli({"run", (dir / "good.toml").string(), "--out", fresh.string(), "--nproc", "2"});
+    CHECK(np.status == 2);
+    CHECK_MESSAGE(np.err.find("it needs --device cuda") != std::string::npos, np.err);
+    CHECK_FALSE(fs::exists(fresh));
+  }
   // An absurd learning rate is refused when the manifest is read, before anything trains.
   {
     Manifest absurd = good;
@@ -958,6 +980,47 @@ TEST_CASE("resume refuses a source whose tokens changed; stale temp files are cl
   CHECK(fs::exists(dir / "kept" / ".other.json.tmp.Qw9876"));
 }
 
+TEST_CASE("a stop before a point's first step writes nothing; after a checkpoint, none again") {
+  const fs::path dir = fresh_dir("stop_first");
+  const Plan p = tiny_plan("dense", true, 6, 2, 20);
+  const Manifest m = tiny_manifest(p, {});
+  std::atomic<int> stop{SIGINT};  // asked for before the point started
+  RunOptions opt;
+  opt.out_dir = dir / "runs";
+  opt.device = "cpu";
+  opt.stop = &stop;
+  const PointOutcome out = run_point(p, plan_to_json(p), m.train, opt);
+  CHECK(out.status == PointStatus::interrupted);
+  CHECK(out.checkpoint_step == -1);
+  CHECK_FALSE(fs::exists(opt.out_dir / "dense" / "record.json"));
+  CHECK_FALSE(fs::exists(opt.out_dir / "dense" / "checkpoint" / "state.ckpt"));
+  // Stopped at step 4, right after its checkpoint there (every 2 steps): not written again.
+  stop = 0;
+  opt.checkpoint_every = 2;
+  opt.on_progress = [&](const Progress& pr) {
+    if (pr.step == 4) stop = SIGINT;
+  };
+  const PointOutcome at4 = run_point(p, plan_to_json(p), m.train, opt);
+  CHECK(at4.status == PointStatus::interrupted);
+  CHECK(at4.checkpoint_step == 4);
+  const fs::path ckpt = opt.out_dir / "dense" / "checkpoint" / "state.ckpt";
+  CHECK(read_checkpoint(ckpt).state.step == 4);
+  // Resumed and stopped before a step: the checkpoint it resumed from stays the file it was
+  // (each write is a new file renamed over it), and the record too.
+  auto inode = [](const fs::path& f) {
+    struct stat st {};
+    REQUIRE(::stat(f.c_str(), &st) == 0);
+    return st.st_ino;
+  };
+  const auto ckpt_inode = inode(ckpt), record_inode = inode(opt.out_dir / "dense" / "record.json");
+  opt.on_progress = nullptr;
+  const PointOutcome again = run_point(p, plan_to_json(p), m.train, opt);
+  CHECK(again.status == PointStatus::interrupted);
+  CHECK(again.checkpoint_step == 4);
+  CHECK(inode(ckpt) == ckpt_inode);
+  CHECK(inode(opt.out_dir / "dense" / "record.json") == record_inode);
+}
+
 TEST_CASE("a point another process is training is left to it; a lock its dead owner left is not") {
   const fs::path dir = fresh_dir("lock");
   write_manifest_atomic(
@@ -988,6 +1051,33 @@ TEST_CASE("a point another process is training is left to it; a lock its dead ow
   CHECK(sweep.status == 3);
   CHECK(record(out, "dense")["status"] == "complete");
   CHECK_FALSE(fs::exists(out / "moe-l" / "record.json"));
+  // A lock says what its holder trains. A second sweep of other settings (another seed) into the
+  // same folder, before the holder's first record: refused before anything trains (it trained
+  // its other points into the folder, and exited 3 "left to another process").
+  const Manifest same = read_manifest(dir / "sweep.toml");
+  Manifest seeded = same;
+  seeded.train.seed = 7;
+  write_manifest_atomic(seeded, dir / "seeded.toml");
+  auto own_lock = [&](const Manifest& m) {
+    const std::string owner = nlohmann::json{
+        {"plan", plan_to_json(m.points[0])},
+        {"train",
+         train_to_json(m.train)}}.dump();
+    REQUIRE(::ftruncate(fd, 0) == 0);
+    REQUIRE(::pwrite(fd, owner.data(), owner.size(), 0) == ssize_t(owner.size()));
+  };
+  own_lock(same);
+  const Result other =
+      run_cli({"run", (dir / "seeded.toml").string(), "--point", "moe-l", "--out", out.string()});
+  CHECK(other.status == 2);
+  CHECK(one_line(other.err));
+  CHECK_MESSAGE(other.err.find("point 'moe-l' is being trained into this folder by another "
+                               "moeplan process under other [train] settings: seed = 1234 (the "
+                               "manifest: 7)") != std::string::npos,
+                other.err);
+  CHECK(other.out.empty());  // before the first point's line
+  // The holder's own sweep, its owner written: left to it, as before.
+  CHECK(run_cli(args).status == 3);
   // The owner gone (the kernel drops a dead process's flock), the lock file alone blocks nothing.
   ::close(fd);
   const Result free = run_cli(args);
@@ -1015,8 +1105,7 @@ TEST_CASE(
   const Checkpoint c = read_checkpoint(out / "moe-i" / "checkpoint" / "state.ckpt");
   CHECK(rec["measured"]["steps"].get<int64_t>() == c.state.step);  // record and checkpoint agree
   CHECK(c.state.step >= 50);
-  CHECK(read_file(dir / "i.out").find("interrupted: checkpoint written at step") !=
-        std::string::npos);
+  CHECK(read_file(dir / "i.out").find("interrupted: checkpoint at step") != std::string::npos);
   // An estimate counts the steps left (and the final evaluation), trains nothing, writes nothing.
   const std::string before = read_file(out / "moe-i" / "record.json");
   const Result est = run_cli({"run", sweep, "--point", "moe-i", "--out", out.string(),

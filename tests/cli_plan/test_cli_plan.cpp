@@ -11,6 +11,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <tuple>
 
 #include <nlohmann/json.hpp>
@@ -756,4 +757,26 @@ TEST_CASE("show: an edit off the equal-resource sweep is refused; equal_resource
   CHECK(r.out.find("compute C target of the dense baseline = ") != std::string::npos);
   r = run_moeplan("show '" + toml.string() + "' --format json");
   CHECK(nlohmann::json::parse(r.out).at("equal_resources") == false);
+}
+
+TEST_CASE("run: points of one sweep on different CPU thread counts are warned about up front") {
+  // At N 1e5 (S 64) moe-ra0.200's passes are 39 sequences x 64 x D_m 40 = 99,840 >= 2^16 token
+  // widths, so it runs on the default thread count; the dense baseline's (9 x 64 x 72 = 41,472)
+  // runs on one. On two or more threads their times could not be compared.
+  if (std::thread::hardware_concurrency() < 2) return;  // --threads 2 is refused on one thread
+  const fs::path sweep = scratch() / "threads.toml";
+  REQUIRE(run_moeplan("grid --N 1e5 --ra 0.2 --dense-tpp 4 --seq-len 64 --warmup-frac 0.05 -o '" +
+                      sweep.string() + "'")
+              .status == 0);
+  const std::string out = (scratch() / "threads-runs").string();
+  const Result r =
+      run_moeplan("run '" + sweep.string() + "' --estimate 1 --out '" + out + "' --threads 2");
+  CHECK_MESSAGE(r.status == 0, r.err);
+  CHECK_MESSAGE(r.err.find("moeplan: warning: these points train on different CPU thread counts "
+                           "(dense on 1 thread; moe-ra0.200 on 2 threads)") != std::string::npos,
+                r.err);
+  const Result one =
+      run_moeplan("run '" + sweep.string() + "' --estimate 1 --out '" + out + "' --threads 1");
+  CHECK(one.status == 0);
+  CHECK(one.err.find("thread counts") == std::string::npos);
 }

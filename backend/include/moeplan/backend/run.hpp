@@ -73,6 +73,9 @@ struct PointOutcome {
   nlohmann::json record;  // the record as written (or as found, when skipped)
   bool wrote_files = true;  // false on data-parallel ranks other than 0 (rank 0 writes)
   Estimate estimate;        // PointStatus::estimated
+  // PointStatus::interrupted: the step of the point's checkpoint (-1: none yet, stopped before
+  // its first step; a stop right after a checkpoint writes none again).
+  int64_t checkpoint_step = -1;
 };
 
 // The training loss became NaN or infinite. what() is one line naming the point and the step.
@@ -100,6 +103,12 @@ std::string record_remedy(const Plan& plan, const nlohmann::json& plan_json,
 // comes: its folder or checkpoint/ a file, its .lock a folder, an id too long to be a folder
 // name. Checked before any point trains.
 void check_point_folder(const std::filesystem::path& out_dir, const std::string& id);
+
+// Throws InputError (one line) when another process holds the point's lock training another
+// plan or other [train] settings (a second sweep started into the same --out before the first
+// wrote a record); the same point of the same sweep is left to it, as before.
+void check_point_lock(const Plan& plan, const nlohmann::json& plan_json, const TrainSettings& train,
+                      const std::filesystem::path& out_dir);
 
 // Throws InputError (one line, as the point's resume would) when the point's checkpoint was made
 // under another plan, [train] settings, --device or --micro-batch, or is damaged (checksum). The
