@@ -246,7 +246,7 @@ const bool registered = register_command(
        app.add_option("--format", f->format,
                       "Output: table (terminal, the default), json or md; with -o, the extension "
                       "says it");
-       app.add_option("-o,--out", f->out,
+       app.add_option("-o,--out,--output", f->out,
                       "Write the report to this file (atomically): .json, .md or .txt")
            ->check(non_empty_path());
        app.add_option("--tolerance", f->tolerance,

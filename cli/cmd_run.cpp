@@ -138,7 +138,7 @@ class ProgressPrinter {
     }
     last_print_ = now;
     const std::string line = fmt::format(
-        "{} step {}/{}  {} tokens consumed  loss {:.4f}  {} tok/s consumed  {} "
+        "{} step {}/{}  {} tokens consumed  loss {:.4f} nats/token  {} tok/s consumed  {} "
         "FLOP/s [exact/causal]  ETA {}",
         label_, p.step, p.steps, human(double(p.tokens_consumed)), p.train_loss,
         human(p.tokens_per_second), human(p.flops_per_second), duration(p.eta_seconds));

@@ -27,7 +27,8 @@ const bool registered = register_command(
            ->required()
            ->check(non_empty_path());
        const CLI::Option* format_flag =
-           app.add_option("--format", f->format, "table, csv, json, toml, md (default: table)");
+           app.add_option("--format", f->format,
+                          "table, csv, json, toml, md (default: -o's extension, else table)");
        app.add_option("-o,--output", f->output, "write to this file (atomically)")
            ->check(non_empty_path());
        return [f, format_flag] {

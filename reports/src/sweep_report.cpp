@@ -76,7 +76,10 @@ std::string preamble(const Manifest& m, const char* bullet) {
                         human(double(d.budget.tokens_unique)),
                         // a --unique-tokens above what the baseline consumes, capped
                         notes_unique_tokens_cap(d) ? " (see the dense baseline's note)" : "")
-          : fmt::format("loose reuse: every point repeats its data {:.3g} times", d.budget.epochs);
+          : fmt::format(
+                "loose reuse: every point sees its own unique data {:.3g} times (epochs = D "
+                "/ D̂; D̂ differs per point, as D does)",
+                d.budget.epochs);
   int flagged = 0, standing_for = 0;
   for (const Plan& p : m.points) {
     flagged += !p.reachable;
