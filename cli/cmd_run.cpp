@@ -320,8 +320,13 @@ int run(const RunFlags& f) {
   for (const Plan* p : points) {
     ++index;
     const std::string label = fmt::format("[{} {}/{}]", p->id, index, points.size());
-    // A stop between points (the last one's checkpoint just written) starts no other.
-    if (g_stop.load() != 0) {
+    // A stop between points (the last one's checkpoint just written) starts no other. Alone
+    // only: data-parallel ranks decide a stop together (run_point's first check, which writes
+    // nothing before the first step); one rank returning here would leave the others waiting in
+    // the next point's NCCL start-up.
+    const char* world = std::getenv("WORLD_SIZE");
+    const bool alone = world == nullptr || *world == '\0' || std::string_view(world) == "1";
+    if (alone && g_stop.load() != 0) {
       fmt::print("{} not started: stopped; run the same command again to continue\n", label);
       return kExitInterrupted;
     }

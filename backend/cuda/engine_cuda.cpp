@@ -2,10 +2,11 @@
 // that links moeplan::backend_cuda (an INTERFACE source), so no linker drops the registration.
 // Data parallelism: when WORLD_SIZE is set the engine joins an NCCL group (RANK, LOCAL_RANK; the
 // unique id travels through MOEPLAN_NCCL_ID_FILE, default /tmp/moeplan-nccl-<MASTER_PORT|id>,
-// with ".<point id>" appended).
+// with "." and a hash of the point's id appended).
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
@@ -27,7 +28,10 @@ namespace {
 // The job's id file (--nproc's, or MASTER_PORT's), one per point: ranks on different points
 // never join one group.
 std::string nccl_id_file(const std::string& point_id) {
-  const std::string point = point_id.empty() ? "" : "." + point_id;
+  // The point by a hash of its id (FNV-1a 64): an id may be 255 bytes, a file name no longer.
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : point_id) h = (h ^ c) * 0x100000001b3ull;
+  const std::string point = point_id.empty() ? "" : fmt::format(".{:016x}", h);
   if (const char* f = std::getenv("MOEPLAN_NCCL_ID_FILE"); f && *f) return f + point;
   const char* port = std::getenv("MASTER_PORT");
   return std::string("/tmp/moeplan-nccl-") + (port && *port ? port : "id") + point;

@@ -18,6 +18,9 @@
 // Header-only: the hash functions are compiled into this file, so no library is linked.
 #define XXH_INLINE_ALL
 #include <xxhash.h>
+// XXH3's output is fixed from xxHash 0.8.0 on (0.7.x's differs): a checkpoint must read the same
+// under any build.
+static_assert(XXH_VERSION_NUMBER >= 800, "xxHash 0.8.0 or later is needed (libxxhash-dev)");
 
 namespace moeplan::backend {
 
@@ -46,7 +49,8 @@ class Checksum {
         fnv_h_ ^= c;
         fnv_h_ *= 0x100000001b3ull;
       }
-    } else if (XXH3_64bits_update(&xxh_, bytes.data(), bytes.size()) != XXH_OK) {
+    } else if (!bytes.empty() &&  // 0.8.0 refuses a null pointer even for no bytes
+               XXH3_64bits_update(&xxh_, bytes.data(), bytes.size()) != XXH_OK) {
       throw std::runtime_error("XXH3_64bits_update failed");
     }
   }

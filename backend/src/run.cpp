@@ -149,7 +149,9 @@ std::string diverged_message(const std::string& id, const StepResult& r, const M
   for (const Term& t : aux) {
     if (t.coefficient == 0) continue;
     parts += fmt::format(", {} term {}", t.name, t.value);
-    if (!std::isfinite(t.value) && culprit.empty()) culprit = t.name;
+    // A term alone not finite is the cause; with the cross-entropy not finite too, an overflow
+    // (a learning rate too high) reaches the z-loss's squared logsumexp first.
+    if (!std::isfinite(t.value) && std::isfinite(r.loss) && culprit.empty()) culprit = t.name;
     if (t.coefficient > 1)
       large += fmt::format("{}{} = {}", large.empty() ? "" : ", ", t.name, t.coefficient);
   }

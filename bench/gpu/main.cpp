@@ -338,7 +338,14 @@ int main(int argc, char** argv) {
     }
   }
   std::vector<std::pair<cu::GemmShape, int64_t>> tune_shapes;  // --gemm-tune: all points' shapes
-  if (cu::device_count() == 0) {
+  int devices = 0;
+  try {
+    devices = cu::device_count();
+  } catch (const std::exception& e) {  // a GPU CUDA cannot use (an old driver): a failure
+    std::fprintf(stderr, "bench_gpu: %s\n", e.what());
+    return 1;
+  }
+  if (devices == 0) {
     // Not a measurement: said on stderr, with automake's "skipped" status, so that a script
     // cannot read it as a run that measured.
     std::fprintf(stderr, "bench_gpu: no CUDA device, nothing measured\n");

@@ -220,7 +220,7 @@ MoeSolution MoeSolver::solve(double t) const {
     // uses the N asked for, which the point's N differs from by up to the N tolerance).
     const double fixed_share = double(base_) / double(best.total);
     std::string why;
-    if (t < fixed_fraction())
+    if (t < fixed_share)
       why = fmt::format("attention and dense layers alone are {:.2f}% of its N", 100 * fixed_share);
     else if (below == -kInf)
       why = fmt::format(

@@ -92,10 +92,15 @@ std::string preamble(const Manifest& m, const char* bullet) {
                         "are not held to one N, C or D̂; compare them with `moeplan audit`\n",
                         bullet);
   out += fmt::format(
-      "{}family {}, N target {} (every point within ±{:.1f}% of the dense baseline's N), r_a "
-      "within ±{:.2f} points; {} point{} + dense baseline{}{}\n",
-      bullet, m.family, human(m.n_target), 100 * m.n_tolerance, 100 * m.ra_tolerance,
-      m.points.size(), m.points.size() == 1 ? "" : "s",
+      "{}family {}, N target {} ({}), r_a within ±{:.2f} points; {} point{} + dense "
+      "baseline{}{}\n",
+      bullet, m.family, human(m.n_target),
+      // The bound the contract holds an equal-resource manifest to (not a sweep of unequal
+      // points, which is held to none).
+      m.equal_resources ? fmt::format("every point within ±{:.1f}% of the dense baseline's N",
+                                      100 * m.n_tolerance)
+                        : fmt::format("n_tolerance ±{:.1f}%, not held", 100 * m.n_tolerance),
+      100 * m.ra_tolerance, m.points.size(), m.points.size() == 1 ? "" : "s",
       flagged ? fmt::format(", {} flagged (!)", flagged) : "",
       standing_for
           ? fmt::format("; {} point{} also stand{} for asked rates not reachable (see "

@@ -754,6 +754,9 @@ TEST_CASE("show: an edit off the equal-resource sweep is refused; equal_resource
   CHECK(r.status == 0);
   CHECK(r.out.find("NOT an equal-resource sweep (equal_resources = false)") != std::string::npos);
   CHECK(r.out.find("for every point") == std::string::npos);
+  // Nor does the header claim an N bound the contract did not check.
+  CHECK(r.out.find("of the dense baseline's N") == std::string::npos);
+  CHECK(r.out.find("(n_tolerance ±1.0%, not held)") != std::string::npos);
   CHECK(r.out.find("compute C target of the dense baseline = ") != std::string::npos);
   r = run_moeplan("show '" + toml.string() + "' --format json");
   CHECK(nlohmann::json::parse(r.out).at("equal_resources") == false);
