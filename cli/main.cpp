@@ -9,6 +9,7 @@
 
 #include "command.hpp"
 #include "moeplan/accounting/error.hpp"
+#include "moeplan/sweeps/escape.hpp"
 
 namespace moeplan::cli {
 
@@ -97,10 +98,11 @@ int main(int argc, char** argv) {
     for (auto& [sub, action] : actions)
       if (sub->parsed()) return action();
   } catch (const moeplan::InputError& e) {
-    std::fprintf(stderr, "moeplan: error: %s\n", e.what());
+    // One line, shown as written: a name with a control character is escaped, not obeyed.
+    std::fprintf(stderr, "moeplan: error: %s\n", moeplan::printable(e.what()).c_str());
     return kExitBadInput;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "moeplan: error: %s\n", e.what());
+    std::fprintf(stderr, "moeplan: error: %s\n", moeplan::printable(e.what()).c_str());
     return kExitInternal;
   }
   return kExitBadInput;

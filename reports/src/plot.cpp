@@ -25,10 +25,12 @@ std::string escape(const std::string& s) {
 // Distinguishable on white and for the common colour-vision deficiencies (Okabe and Ito's set).
 constexpr const char* kPalette[] = {"#0072B2", "#D55E00", "#009E73", "#CC79A7",
                                     "#E69F00", "#56B4E9", "#F0E442", "#999999"};
-// Past the palette's eight, series repeat its colours with another stroke: solid, dotted, then
-// dash-dot (the dense baseline's reference line is black, dashed "6 4").
+// Past the palette's eight, series repeat its colours with another stroke: solid, dotted,
+// dash-dot, short dashes, long dashes (40 series apart; the dense baseline's reference line is
+// black, dashed "6 4").
 constexpr const char* kStrokes[] = {"", " stroke-dasharray=\"1.5 3\"",
-                                    " stroke-dasharray=\"8 3 2 3\""};
+                                    " stroke-dasharray=\"8 3 2 3\"", " stroke-dasharray=\"4 2\"",
+                                    " stroke-dasharray=\"12 3\""};
 
 // About how wide text is drawn in a sans-serif face: 0.6 em a character (DejaVu Sans averages
 // about 0.6 em over ids like "moe-ra0.300 (not equal-resource)"; Arial about 0.53). For the
@@ -146,6 +148,12 @@ std::string render_svg(const Chart& chart) {
   W = std::max(W, left + text_px(chart.title, 14 * 1.1) + 10);  // the title is bold
   for (const Series& ser : chart.series) W = std::max(W, right + 40 + text_px(ser.name, 12) + 10);
   if (!chart.series.empty()) H = std::max(H, top + 6 + 18 * double(chart.series.size() - 1) + 14);
+  // The y axis title is drawn rotated, centred on the frame: a long one ("validation bits per
+  // byte or token (lower is better)") is moved down until its top is inside, and the picture
+  // grows to its bottom.
+  const double y_label_px = text_px(chart.y_label, 12);
+  const double y_label_mid = std::max((top + bottom) / 2, y_label_px / 2 + 4);
+  H = std::max(H, y_label_mid + y_label_px / 2 + 4);
   W = std::ceil(W - 1e-9);  // whole pixels (0.6 · 15.4 · 100 is 924 and a rounding error)
   std::string s = fmt::format(
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0}\" height=\"{1}\" viewBox=\"0 0 {0} "
@@ -172,7 +180,7 @@ std::string render_svg(const Chart& chart) {
       "<text x=\"{4}\" y=\"{5}\" text-anchor=\"middle\">{6}</text>\n"
       "<text transform=\"translate(16 {7}) rotate(-90)\" text-anchor=\"middle\">{8}</text>\n",
       left, top, right - left, bottom - top, (left + right) / 2, Frame::kHeight - 8,
-      escape(chart.x_label), (top + bottom) / 2, escape(chart.y_label));
+      escape(chart.x_label), y_label_mid, escape(chart.y_label));
   // Series (clipped at the frame), then the legend beside the frame.
   const std::string clip = "clip-" + escape(chart.id);
   s += fmt::format(

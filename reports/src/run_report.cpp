@@ -264,6 +264,31 @@ std::vector<std::string> headers(const std::string& paper) {
           "status"};
 }
 
+// The r_a asked for, '!' where the plan could not reach it (grid's mark); "-" for the dense
+// baseline and for records without a target.
+std::string target_cell(const json& plan) {
+  if (plan.value("role", "") == "dense" || !plan.contains("activation_rate_target")) return "-";
+  return fmt::format("{:.3f}{}", plan.value("activation_rate_target", 0.0),
+                     plan.value("reachable", true) ? "" : " !");
+}
+
+// A line naming the points the shape rules could not bring to their target r_a (grid's '!'):
+// their ids name the target, so a report read without the grid output would misstate what was
+// compared. Empty when there are none.
+std::string missed_targets(const std::vector<const json*>& plans) {
+  std::string missed;
+  for (const json* p : plans) {
+    if (p->value("role", "") == "dense" || p->value("reachable", true)) continue;
+    missed += fmt::format("{}{} trains r_a {:.3f} (target {:.3f})", missed.empty() ? "" : ", ",
+                          p->value("id", "?"), p->value("activation_rate", 0.0),
+                          p->value("activation_rate_target", 0.0));
+  }
+  return missed.empty() ? ""
+                        : "\n! off its target r_a (not reachable under the shape rules; the plan's "
+                          "note says why): " +
+                              missed;
+}
+
 std::vector<std::string> row_of(const json& r, const json* dense) {
   const json& p = r["plan"];
   const json& m = r["measured"];
@@ -284,13 +309,9 @@ std::vector<std::string> row_of(const json& r, const json* dense) {
          : !unequal_resources(r, *dense).empty()
              ? "not equal"
              : fmt::format("{:+.3f}", bpc - dense->value("final_val_bpc", 0.0));
-  // The r_a asked for, '!' where the plan could not reach it (grid's mark).
-  const std::string target = is_dense(r) || !p.contains("activation_rate_target")
-                                 ? "-"
-                                 : fmt::format("{:.3f}{}", p.value("activation_rate_target", 0.0),
-                                               p.value("reachable", true) ? "" : " !");
-  return {r.value("point_id", "?"), fmt::format("{:.3f}", p.value("activation_rate", 0.0)), target,
-          human(p.value("total_params", 0.0)), human(double(m.value("total_params", int64_t{0}))),
+  return {r.value("point_id", "?"), fmt::format("{:.3f}", p.value("activation_rate", 0.0)),
+          target_cell(p), human(p.value("total_params", 0.0)),
+          human(double(m.value("total_params", int64_t{0}))),
           // The plan's C through the paper lens (the column's convention), not plan.compute,
           // which is in the plan's own convention.
           human(m["compute"].value("plan_paper", p.value("compute", 0.0))),
@@ -429,20 +450,9 @@ std::string verdict_of(const std::vector<json>& records, const json* dense) {
       matching, complete_count,
       off_plan.empty() ? ""
                        : fmt::format(" (off the plan: {}; `moeplan audit` says where)", off_plan));
-  // A point the shape rules could not bring to its target r_a (grid's '!'): its id names the
-  // target, so a report read without the grid output would misstate what was compared.
-  std::string missed;
-  for (const json& r : records) {
-    const json& p = r["plan"];
-    if (is_dense(r) || p.value("reachable", true)) continue;
-    missed += fmt::format("{}{} trains r_a {:.3f} (target {:.3f})", missed.empty() ? "" : ", ",
-                          r.value("point_id", "?"), p.value("activation_rate", 0.0),
-                          p.value("activation_rate_target", 0.0));
-  }
-  if (!missed.empty())
-    v +=
-        "\n! off its target r_a (not reachable under the shape rules; the plan's note says why): " +
-        missed;
+  std::vector<const json*> plans;
+  for (const json& r : records) plans.push_back(&r["plan"]);
+  v += missed_targets(plans);
   // A capacity factor drops routed assignments: those points' experts computed less than K per
   // token, which an equal-resource claim should state.
   std::string drops;
@@ -994,8 +1004,8 @@ std::string render_replicate_report(const std::vector<std::vector<json>>& folder
 
   TextTable t;
   const std::vector<std::string> headers = {
-      "point", "r_a", "replicates",    "val BPC mean", "sd (n-1)",
-      "min",   "max", "vs dense mean", "vs dense sd",  "beats dense"};
+      "point", "r_a", "r_a target",    "replicates",  "val BPC mean", "sd (n-1)",
+      "min",   "max", "vs dense mean", "vs dense sd", "beats dense"};
   for (const auto& h : headers)
     t.add_column(h, h == "point" ? TextTable::Align::left : TextTable::Align::right);
   std::vector<std::vector<std::string>> rows;
@@ -1046,7 +1056,7 @@ std::string render_replicate_report(const std::vector<std::vector<json>>& folder
       bars.emplace_back(id, sdf.mean);
     }
     rows.push_back(
-        {id, fmt::format("{:.3f}", plan.value("activation_rate", 0.0)),
+        {id, fmt::format("{:.3f}", plan.value("activation_rate", 0.0)), target_cell(plan),
          fmt::format("{} of {}", sb.n, folders.size()), sb.n ? fmt::format("{:.4f}", sb.mean) : "-",
          sd_text(sb), sb.n ? fmt::format("{:.4f}", sb.lo) : "-",
          sb.n ? fmt::format("{:.4f}", sb.hi) : "-",
@@ -1071,6 +1081,11 @@ std::string render_replicate_report(const std::vector<std::vector<json>>& folder
                                             "counted as every replicate)",
                                             moe_partial, folders.size())
                               : "");
+  {
+    std::vector<const json*> plans;
+    for (const std::string& id : order) plans.push_back(plan_of[id]);
+    verdict += missed_targets(plans);
+  }
   if (!left_out.empty())
     verdict +=
         "\nleft out, not compared with their folder's dense baseline (as `moeplan report "

@@ -1,5 +1,7 @@
 #include "moeplan/sweeps/escape.hpp"
 
+#include <fmt/format.h>
+
 namespace moeplan {
 
 namespace {
@@ -65,6 +67,22 @@ std::string escape_markdown(std::string_view s, std::string_view newline) {
           out += kReplacement;
         else
           out += c;
+    }
+  }
+  return out;
+}
+
+std::string printable(std::string_view s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const auto u = (unsigned char)s[i];
+    if (u < 0x20 || u == 0x7f) {
+      out += fmt::format("\\x{:02x}", u);
+    } else if (u == 0xc2 && i + 1 < s.size() && (unsigned char)s[i + 1] >= 0x80 &&
+               (unsigned char)s[i + 1] <= 0x9f) {
+      out += fmt::format("\\u00{:02x}", (unsigned char)s[++i]);
+    } else {
+      out += s[i];
     }
   }
   return out;

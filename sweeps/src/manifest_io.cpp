@@ -23,9 +23,16 @@
 namespace moeplan {
 
 bool is_point_id(std::string_view id) {
-  return !id.empty() && id != "." && id != ".." && std::none_of(id.begin(), id.end(), [](char ch) {
-    return ch == '/' || ch == '\\' || (unsigned char)ch < 0x20 || ch == 0x7f;
-  });
+  if (id.empty() || id == "." || id == "..") return false;
+  for (size_t i = 0; i < id.size(); ++i) {
+    const auto u = (unsigned char)id[i];
+    if (id[i] == '/' || id[i] == '\\' || u < 0x20 || u == 0x7f) return false;
+    // The C1 controls U+0080..U+009F (UTF-8 C2 80..C2 9F): NEL and the like draw nothing.
+    if (u == 0xc2 && i + 1 < id.size() && (unsigned char)id[i + 1] >= 0x80 &&
+        (unsigned char)id[i + 1] <= 0x9f)
+      return false;
+  }
+  return true;
 }
 
 namespace {

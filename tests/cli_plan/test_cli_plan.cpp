@@ -783,3 +783,20 @@ TEST_CASE("run: points of one sweep on different CPU thread counts are warned ab
   CHECK(one.status == 0);
   CHECK(one.err.find("thread counts") == std::string::npos);
 }
+
+TEST_CASE("errors show a control character in a file name escaped, not as a terminal command") {
+  // A runs folder with a point folder named "moe<ESC>[31mred": its record is refused, and the
+  // path in the one-line error printed the ESC raw (recolouring the terminal).
+  const fs::path runs = scratch() / "esc-runs";
+  fs::remove_all(runs);
+  fs::create_directories(runs / "moe\x1b[31mred");
+  std::ofstream(runs / "moe\x1b[31mred" / "record.json") << "{}";
+  for (const char* cmd : {"report", "audit"}) {
+    CAPTURE(cmd);
+    const Result r = run_moeplan(std::string(cmd) + " '" + runs.string() + "'");
+    CHECK(r.status == 2);
+    CHECK(count_lines(r.err) == 1);
+    CHECK(r.err.find('\x1b') == std::string::npos);
+    CHECK_MESSAGE(r.err.find("moe\\x1b[31mred") != std::string::npos, r.err);
+  }
+}

@@ -193,3 +193,28 @@ TEST_CASE("control characters in a name: the SVG stays well-formed XML") {
     if (ch != '\n' && ch != '\t' && ch != '\r') CHECK(svg.find(ch) == std::string::npos);
   CHECK(svg.find("moe\xEF\xBF\xBDra\xEF\xBF\xBD[31m") != std::string::npos);  // U+FFFD each
 }
+
+TEST_CASE("a long y axis title stays inside the picture; series 25-40 have strokes of their own") {
+  Chart c;
+  c.series.push_back({"a", {{0, 1}}, false, false});
+  c.y_label = std::string(51, 'y');  // 51 · 7.2 px = 367.2 px, longer than the frame is high
+  const std::string svg = render_svg(c);
+  // Centred at 367.2 / 2 + 4 = 187.6 instead of the frame's middle (174, top −9.6): the picture
+  // is 187.6 + 187.6 = 375.2 high, drawn 375.2.
+  CHECK(svg.find("translate(16 187.6) rotate(-90)") != std::string::npos);
+  CHECK(attribute(svg, "height") == doctest::Approx(375.2));
+  // A short title keeps the frame's middle.
+  c.y_label = "loss";
+  CHECK(render_svg(c).find("translate(16 174) rotate(-90)") != std::string::npos);
+  c.series.clear();
+  for (int i = 0; i < 40; ++i) c.series.push_back({numbered(i), {{0, 1}}, false, false});
+  const std::string many = render_svg(c);
+  auto stroke_of = [&](int i) {
+    const size_t at = many.find("<polyline data-series=\"" + numbered(i) + "\"");
+    REQUIRE(at != std::string::npos);
+    return many.substr(at, many.find("/>", at) - at).substr(many.substr(at).find(" stroke="));
+  };
+  for (int i = 0; i < 8; ++i)
+    for (int j : {i + 8, i + 16, i + 24, i + 32}) CHECK(stroke_of(i) != stroke_of(j));
+  CHECK(stroke_of(24) != stroke_of(32));
+}

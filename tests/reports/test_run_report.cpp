@@ -28,7 +28,8 @@ json record(const std::string& id, bool dense, double ra, double bpc, bool compl
   r["device"] = "cpu";
   r["train_seconds"] = 10.0;
   r["wall_seconds"] = 11.0;
-  r["plan"] = {{"role", dense ? "dense" : "moe"},
+  r["plan"] = {{"id", id},
+               {"role", dense ? "dense" : "moe"},
                {"activation_rate", ra},
                {"total_params", 1000.0},
                {"compute", 4e5},
@@ -416,6 +417,23 @@ TEST_CASE("report: a point off its target r_a is marked, in its row and under th
       {record("dense", true, 1.0, 2.0), record("moe-a", false, 0.2, 1.8)}, "runs",
       moeplan::ReportFormat::text);
   CHECK(plain.find("off its target") == std::string::npos);
+}
+
+TEST_CASE("replicates: the r_a target column and the off-target line, as one folder's report") {
+  std::vector<std::vector<json>> folders;
+  for (int seed : {1, 2}) {
+    json moe = with_seed(record("moe-ra0.200", false, 0.278, 1.8), seed);
+    moe["plan"]["activation_rate_target"] = 0.2;
+    moe["plan"]["reachable"] = false;
+    folders.push_back({with_seed(record("dense", true, 1.0, 2.0), seed), moe});
+  }
+  const std::string text =
+      moeplan::render_replicate_report(folders, {"a", "b"}, moeplan::ReportFormat::text);
+  CAPTURE(text);
+  CHECK(text.find("r_a  r_a target  replicates") != std::string::npos);
+  CHECK(text.find("0.200 !") != std::string::npos);
+  CHECK(text.find("\n! off its target r_a (not reachable under the shape rules; the plan's note "
+                  "says why): moe-ra0.200 trains r_a 0.278 (target 0.200)") != std::string::npos);
 }
 
 TEST_CASE("report: the BPC chart under loose reuse does not claim equal D̂") {

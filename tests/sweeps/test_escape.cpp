@@ -42,4 +42,15 @@ TEST_CASE("point ids: a run folder's name on one line") {
     CHECK_FALSE(is_point_id(bad));
   }
   CHECK_FALSE(is_point_id(std::string("a\0b", 3)));
+  // The C1 controls (U+0080..U+009F): NEL drew nothing and misaligned the report's row.
+  CHECK_FALSE(is_point_id("moe\xC2\x85nel"));
+  CHECK_FALSE(is_point_id("moe\xC2\x9Fx"));
+  CHECK(is_point_id("moe\xC2\xA0x"));  // U+00A0, a no-break space, is text
+}
+
+TEST_CASE("printable: control characters in an error message are shown, not obeyed") {
+  CHECK(printable("runs/moe\x1b[31mred/record.json") == "runs/moe\\x1b[31mred/record.json");
+  CHECK(printable("a\nb\tc\x7f") == "a\\x0ab\\x09c\\x7f");
+  CHECK(printable("moe\xC2\x85nel") == "moe\\u0085nel");
+  CHECK(printable("D̂ é ±1.0%") == "D̂ é ±1.0%");  // other UTF-8 as written
 }

@@ -16,4 +16,9 @@ std::string escape_html(std::string_view s);
 // characters escape_html replaces, as U+FFFD.
 std::string escape_markdown(std::string_view s, std::string_view newline = " ");
 
+// One line a terminal shows as written: C0 control characters (line breaks and tab included),
+// DEL and the C1 controls U+0080..U+009F (UTF-8 C2 80..C2 9F) as \xNN or \u00NN, so a file name
+// or id in an error message cannot move the cursor, recolour the terminal or break the line.
+std::string printable(std::string_view s);
+
 }  // namespace moeplan
