@@ -226,6 +226,8 @@ int run(const RunFlags& f) {
   opt.kernels = f.kernels;
   opt.micro_batch_seqs = f.micro_batch;
   opt.shard_optimizer = f.shard_optimizer;
+  opt.n_tolerance = m.n_tolerance;
+  opt.compute_tolerance = m.compute_tolerance;
   // A relative text:/bytes:/shards: path is the manifest's neighbour, wherever run is started.
   opt.source_base = backend::source_base_of(f.manifest);
   opt.stop = &g_stop;

@@ -624,6 +624,19 @@ RunRecord parse_run_record(std::string_view text, std::string source) {
     throw InputError(fmt::format("{}: schema {} (this moeplan reads schema 1)", r.source,
                                  rd.integer(j, "schema")));
   r.point_id = rd.text(j, "point_id");
+  if (j.contains("sweep_tolerances")) {
+    const json& t = rd.obj(j, "sweep_tolerances");
+    const Reader rt = rd.in("sweep_tolerances");
+    for (const char* k : {"n", "compute"}) {
+      const double v = rt.real(t, k);
+      if (!(v > 0 && v < 1))
+        throw InputError(
+            fmt::format("{}: 'sweep_tolerances.{}' is {} (valid: a relative "
+                        "tolerance in (0, 1))",
+                        r.source, k, v));
+      (k[0] == 'n' ? r.n_tolerance : r.compute_tolerance) = v;
+    }
+  }
   if (!is_point_id(r.point_id))
     throw InputError(fmt::format("{}: 'point_id' is {} (a point id is {})", r.source,
                                  j["point_id"].dump(), kPointIdRule));

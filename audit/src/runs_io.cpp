@@ -71,7 +71,16 @@ AuditReport audit_runs_dir(const fs::path& runs_dir, const fs::path& plan_path,
                     plan_path.string()));
 #endif
   }
-  return audit_runs(load_run_records(runs_dir), planned, options);
+  const std::vector<RunRecord> records = load_run_records(runs_dir);
+  // Without --plan (or --tolerance), equal N and C are the sweep's as its dense baseline's
+  // record says (`run` writes the manifest's): report judges the folder the same way.
+  for (const RunRecord& r : records)
+    if (r.plan.role == "dense") {
+      if (!options.n_tolerance && r.n_tolerance) options.n_tolerance = r.n_tolerance;
+      if (!options.compute_tolerance && r.compute_tolerance)
+        options.compute_tolerance = r.compute_tolerance;
+    }
+  return audit_runs(records, planned, options);
 }
 
 }  // namespace moeplan::audit

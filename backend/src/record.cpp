@@ -96,6 +96,8 @@ nlohmann::json make_record(const RecordInputs& in) {
       {"eval_tokens", in.eval_tokens},
       {"resumes", st.resumes},
   };
+  if (in.n_tolerance > 0 && in.compute_tolerance > 0)
+    rec["sweep_tolerances"] = {{"n", in.n_tolerance}, {"compute", in.compute_tolerance}};
   if (!st.val_curve.empty()) {
     rec["final_val_loss"] = st.val_curve.back().at("val_loss");
     rec["final_val_bpc"] = st.val_curve.back().at("val_bpc");

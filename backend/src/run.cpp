@@ -805,6 +805,8 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
   rin.checkpoint_every = ckpt_every;
   rin.eval_every = eval_every;
   rin.eval_tokens = eval_windows * seq_len;
+  rin.n_tolerance = opt.n_tolerance;
+  rin.compute_tolerance = opt.compute_tolerance;
   int64_t last_saved_step = outcome.resumed_from_step;
   const bool writer = engine->writes_files();  // data parallel: rank 0 only
   outcome.wrote_files = writer;

@@ -127,12 +127,21 @@ std::string common_label(const std::vector<json>& records,
   return s;
 }
 
+// The sweep's n_tolerance and compute_tolerance as its dense baseline's record carries them
+// (`run` writes the manifest's), else 1 % each, `audit`'s default.
+std::pair<double, double> sweep_tolerances(const json& dense) {
+  const json t = dense.value("sweep_tolerances", json::object());
+  return {t.value("n", 0.01), t.value("compute", 0.01)};
+}
+
 std::string unequal_resources(const json& r, const json& dense) {
   if (!is_complete(r) || !is_complete(dense)) return "";
   const json &m = r["measured"], &d = dense["measured"];
+  const auto [n_tol, c_tol] = sweep_tolerances(dense);
   std::string why;
+  double tol = n_tol;
   auto rel = [&](const char* what, double v, double base) {
-    if (base > 0 && std::fabs(v / base - 1) <= 0.01 + 1e-9) return;
+    if (base > 0 && std::fabs(v / base - 1) <= tol + 1e-9) return;
     why += fmt::format("{}{} {} is {:+.2f}% from the baseline's {}", why.empty() ? "" : ", ", what,
                        human(v), base > 0 ? 100 * (v / base - 1) : 100.0, human(base));
   };
@@ -144,6 +153,7 @@ std::string unequal_resources(const json& r, const json& dense) {
   std::string conv = plan_convention(dense);
   auto c = measured_compute(r, conv), dc = measured_compute(dense, conv);
   if (!c || !dc) conv = "paper", c = measured_compute(r, conv), dc = measured_compute(dense, conv);
+  tol = c_tol;
   rel(fmt::format("C [{}]", conv == "paper" ? paper_label(dense) : conv).c_str(), *c, *dc);
   if (dense["plan"].value("reuse", "strict") == "strict") {
     const int64_t u = m["tokens"].value("unique", int64_t{0}),
@@ -439,9 +449,11 @@ std::string verdict_of(const std::vector<json>& records, const json* dense) {
         data_label(*dense), other_data);
   if (!unequal.empty())
     v += fmt::format(
-             "\nNOT compared with the dense baseline, not equal-resource (N and C [{}] within 1 % "
-             "of the baseline's, D̂ unique equal under strict reuse; `moeplan audit` says more):",
-             plan_convention(*dense)) +
+             "\nNOT compared with the dense baseline, not equal-resource (N within {:.3g} % and C "
+             "[{}] within {:.3g} % of the baseline's, the sweep's tolerances; D̂ unique equal under "
+             "strict reuse; `moeplan audit` says more):",
+             100 * sweep_tolerances(*dense).first, plan_convention(*dense),
+             100 * sweep_tolerances(*dense).second) +
          unequal;
   v += fmt::format(
       "\nmeasured vs plan: {} of {} complete point(s) consumed exactly the planned D, read exactly "
@@ -645,6 +657,13 @@ void check_record(const json& r, const fs::path& f) {
       fail(path + key, fmt::format("{} (valid: \"{}\", \"{}\")", v.dump(), a, b).c_str());
   };
   if (!r.is_object()) fail("(the whole record)", "not a JSON object");
+  if (r.is_object() && r.contains("sweep_tolerances")) {
+    const json& t = r["sweep_tolerances"];
+    for (const char* k : {"n", "compute"})
+      if (!t.is_object() || !t.contains(k) || !t[k].is_number() || !(t[k].get<double>() > 0) ||
+          !(t[k].get<double>() < 1))
+        fail(std::string("sweep_tolerances.") + k, "not a relative tolerance in (0, 1)");
+  }
   if (!at(r, "", "point_id").is_string()) fail("point_id", "not a string");
   if (!is_point_id(r["point_id"].get<std::string>()))
     fail("point_id",

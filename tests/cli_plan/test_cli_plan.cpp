@@ -800,3 +800,33 @@ TEST_CASE("errors show a control character in a file name escaped, not as a term
     CHECK_MESSAGE(r.err.find("moe\\x1b[31mred") != std::string::npos, r.err);
   }
 }
+
+TEST_CASE("report and audit judge equal N with the sweep's own n_tolerance, as the record says") {
+  // grid --n-tolerance 0.05 at N 2e4 plans moe-ra0.600 at 21.2k, +3.75 % from the dense
+  // baseline's 20.5k: equal N for this sweep. report held every folder to 1 % and called it
+  // "not equal" while `audit --plan` held it to 5 % and said it holds.
+  const fs::path sweep = scratch() / "ntol.toml", runs = scratch() / "ntol-runs";
+  fs::remove_all(runs);
+  REQUIRE(run_moeplan("grid --N 2e4 --ra 0.6 --n-tolerance 0.05 --dense-tpp 2 -o '" +
+                      sweep.string() + "'")
+              .status == 0);
+  REQUIRE(run_moeplan("run '" + sweep.string() + "' --threads 1 --out '" + runs.string() + "'")
+              .status == 0);
+  const fs::path dense = runs / "dense" / "record.json";
+  nlohmann::json d = nlohmann::json::parse(slurp(dense));
+  REQUIRE(d.contains("sweep_tolerances"));
+  CHECK(d["sweep_tolerances"]["n"] == 0.05);
+  CHECK(d["sweep_tolerances"]["compute"] == 0.01);
+  Result report = run_moeplan("report '" + runs.string() + "'");
+  CHECK(report.status == 0);
+  CHECK(report.out.find("NOT compared with the dense baseline") == std::string::npos);
+  CHECK(run_moeplan("audit '" + runs.string() + "'").status == 0);
+  CHECK(run_moeplan("audit '" + runs.string() + "' --plan '" + sweep.string() + "'").status == 0);
+  // A record without them (older runs) is held to 1 %, by both.
+  d.erase("sweep_tolerances");
+  std::ofstream(dense) << d.dump(1);
+  report = run_moeplan("report '" + runs.string() + "'");
+  CHECK(report.out.find("NOT compared with the dense baseline") != std::string::npos);
+  CHECK(report.out.find("N within 1 % and C [paper] within 1 %") != std::string::npos);
+  CHECK(run_moeplan("audit '" + runs.string() + "'").status == 1);
+}

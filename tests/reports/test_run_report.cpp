@@ -713,7 +713,7 @@ TEST_CASE("report: equal C is judged in the convention the sweep was planned in"
   text = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::text);
   CHECK(text.find("moe-a: C [exact/causal] 392k is -2.00% from the baseline's 400k") !=
         std::string::npos);
-  CHECK(text.find("(N and C [exact/causal] within 1 %") != std::string::npos);
+  CHECK(text.find("(N within 1 % and C [exact/causal] within 1 %") != std::string::npos);
 }
 
 TEST_CASE("report: measured vs plan is read from the numbers, not from the record's own flags") {

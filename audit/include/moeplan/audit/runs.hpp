@@ -22,6 +22,9 @@ namespace moeplan::audit {
 // What one runs/<point>/record.json says: the plan it ran and what it measured.
 struct RunRecord {
   std::string source;  // file, for messages
+  // The manifest's n_tolerance and compute_tolerance, as `run` wrote them (absent in older
+  // records): a runs folder audited without --plan is held to its own sweep's tolerances.
+  std::optional<double> n_tolerance, compute_tolerance;
   std::string point_id;
   std::string status;  // "complete" | "running"
   Plan plan;           // the plan embedded in the record

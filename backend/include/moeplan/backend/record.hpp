@@ -33,6 +33,9 @@ struct RecordInputs {
   nlohmann::json data;  // source description and split sizes
   nlohmann::json train;  // the manifest's [train] settings the point ran with (seed, aux losses)
   int64_t checkpoint_every = 0, eval_every = 0, eval_tokens = 0;
+  // The manifest's n_tolerance and compute_tolerance (0: not known): what the sweep calls equal
+  // N and C, so that report and audit judge a folder of records as the manifest would.
+  double n_tolerance = 0, compute_tolerance = 0;
 };
 
 nlohmann::json make_record(const RecordInputs& in);
