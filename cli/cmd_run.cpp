@@ -261,12 +261,11 @@ int run(const RunFlags& f) {
   if (f.nproc != 1) check_nproc(f, opt.device, points);
   // Ranks started by hand (torchrun's variables) train data parallel on cuda only: on cpu each
   // "rank" trained whole points alone, and the job split the sweep between them in silence.
-  if (const char* ws = std::getenv("WORLD_SIZE");
-      ws && *ws && std::string_view(ws) != "1" && opt.device != "cuda")
+  if (const auto ws = backend::data_parallel_world(); ws && opt.device != "cuda")
     throw InputError(fmt::format(
         "WORLD_SIZE={} is set: data-parallel ranks need --device cuda; the {} device trains a "
         "point in one process (unset WORLD_SIZE, RANK and LOCAL_RANK)",
-        ws, opt.device));
+        *ws, opt.device));
   std::map<std::string, std::string> skip_warnings;  // point id: what its complete record fails
   std::vector<const Plan*> pending;                  // to train (or to resume)
   for (const Plan* p : points) {
@@ -326,9 +325,7 @@ int run(const RunFlags& f) {
     // only: data-parallel ranks decide a stop together (run_point's first check, which writes
     // nothing before the first step); one rank returning here would leave the others waiting in
     // the next point's NCCL start-up.
-    const char* world = std::getenv("WORLD_SIZE");
-    const bool alone = world == nullptr || *world == '\0' || std::string_view(world) == "1";
-    if (alone && g_stop.load() != 0) {
+    if (!backend::data_parallel_world() && g_stop.load() != 0) {
       fmt::print("{} not started: stopped; run the same command again to continue\n", label);
       return kExitInterrupted;
     }

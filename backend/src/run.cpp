@@ -13,6 +13,7 @@
 #include <iterator>
 #include <numbers>
 #include <string_view>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -173,6 +174,12 @@ std::string diverged_message(const std::string& id, const StepResult& r, const M
 }
 
 }  // namespace
+
+std::optional<std::string> data_parallel_world() {
+  const char* world = std::getenv("WORLD_SIZE");
+  if (world == nullptr || *world == '\0' || std::string_view(world) == "1") return std::nullopt;
+  return std::string(world);
+}
 
 void check_plan_consistent(const Plan& p) {
   if (!is_point_id(p.id))
@@ -376,6 +383,10 @@ class PointLock {
           fmt::format("cannot open the point's lock file '{}' ({}); check its owner "
                       "and permissions, or choose another --out",
                       path.string(), std::strerror(errno)));
+    if (::flock(fd_, LOCK_EX | LOCK_NB) == 0) return true;
+    // Held: by a trainer, or for a moment by another run's up-front check (check_point_lock's
+    // shared lock, a few microseconds). A second try after 20 ms tells the two apart.
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
     return ::flock(fd_, LOCK_EX | LOCK_NB) == 0;
   }
   // Held: what it trains (the plan and [train] settings), for a process that finds the point
@@ -639,8 +650,7 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
   // data or builds a model: a point another process trains is left at once, without a second
   // copy of its model in memory. Ranks decide together once their engine exists (below).
   PointLock lock;
-  const char* world = std::getenv("WORLD_SIZE");
-  const bool solo = world == nullptr || *world == '\0' || std::string_view(world) == "1";
+  const bool solo = !data_parallel_world();
   if (!estimating && solo && !lock.acquire(dir / ".lock")) {
     if (const std::string d = lock_owner_differs(dir / ".lock", plan_json, train_to_json(train));
         !d.empty())

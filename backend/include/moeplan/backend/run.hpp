@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -85,6 +86,10 @@ class TrainingDiverged : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
+
+// The WORLD_SIZE of a data-parallel job this process is a rank of (torchrun's variable, or
+// --nproc's), or nullopt when it runs alone (unset, empty or "1").
+std::optional<std::string> data_parallel_world();
 
 // Throws InputError (one line) when the plan is internally inconsistent: counts that do not
 // follow from the Arch, M that does not follow from Arch + convention, D ≠ steps·B·S, ...
