@@ -25,7 +25,6 @@
 #include "moeplan/backend/corpus.hpp"
 #include "moeplan/backend/engine.hpp"
 #include "moeplan/backend/launch.hpp"
-#include "moeplan/backend/model.hpp"
 #include "moeplan/backend/run.hpp"
 #include "moeplan/sweeps/manifest_io.hpp"
 
@@ -292,11 +291,7 @@ int run(const RunFlags& f) {
   // them against the dense baseline's (a run's time is one device label's).
   if (opt.device == "cpu" && pending.size() > 1) {
     std::map<int, std::vector<std::string>> by_threads;
-    for (const Plan* p : pending) {
-      const int64_t batch = p->budget.batch_seqs;
-      const int64_t pass = opt.micro_batch_seqs > 0 ? std::min(opt.micro_batch_seqs, batch) : batch;
-      by_threads[backend::cpu_threads_for(p->arch, pass, opt.threads)].push_back(p->id);
-    }
+    for (const Plan* p : pending) by_threads[backend::cpu_threads_of(*p, opt)].push_back(p->id);
     if (by_threads.size() > 1) {
       std::string counts;
       for (const auto& [n, ids] : by_threads)

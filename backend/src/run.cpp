@@ -175,6 +175,12 @@ std::string diverged_message(const std::string& id, const StepResult& r, const M
 
 }  // namespace
 
+int cpu_threads_of(const Plan& plan, const RunOptions& opt) {
+  const int64_t batch = plan.budget.batch_seqs;
+  const int64_t pass = opt.micro_batch_seqs > 0 ? std::min(opt.micro_batch_seqs, batch) : batch;
+  return cpu_threads_for(plan.arch, pass, opt.threads);
+}
+
 std::optional<std::string> data_parallel_world() {
   const char* world = std::getenv("WORLD_SIZE");
   if (world == nullptr || *world == '\0' || std::string_view(world) == "1") return std::nullopt;
@@ -472,7 +478,7 @@ static void check_checkpoint_head(const CheckpointHead& h, const fs::path& ckpt_
   // The thread count sets how a cpu model's products sum: checked here, before any point
   // trains, by the rule the model applies (cpu_threads_for), not when this point's turn comes.
   if (h.device == "cpu" && h.threads > 0) {
-    if (const int now = cpu_threads_for(plan.arch, pass_now, opt.threads); now != h.threads)
+    if (const int now = cpu_threads_of(plan, opt); now != h.threads)
       throw InputError(fmt::format(
           "checkpoint '{}' of point '{}' was trained with {} CPU threads, this run has {}; "
           "resume with --threads {} (the thread count sets how the products sum, so another "

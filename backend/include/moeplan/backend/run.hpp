@@ -87,6 +87,10 @@ class TrainingDiverged : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// The CPU threads a point's products run on under these options (cpu_threads_for on its pass
+// of --micro-batch sequences, or its whole batch): what its checkpoint records.
+int cpu_threads_of(const Plan& plan, const RunOptions& options);
+
 // The WORLD_SIZE of a data-parallel job this process is a rank of (torchrun's variable, or
 // --nproc's), or nullopt when it runs alone (unset, empty or "1").
 std::optional<std::string> data_parallel_world();
