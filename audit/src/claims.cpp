@@ -51,6 +51,12 @@ bool within(double rel, double tol) {
   return std::fabs(rel) <= tol * (1 + 1e-9);
 }
 
+// A row's value as its table printed it (the digits a finding turns on), else 4 digits. Not r_a:
+// an ra_pct column prints it in percent.
+std::string as_printed(const RowValue& v, const std::string& q) {
+  return v.text.empty() || q == "activation_rate" ? sci(v.value) : v.text;
+}
+
 bool same_row(const RowRef& a, const RowRef& b) {
   return a.table == b.table && a.row == b.row;
 }
@@ -512,9 +518,9 @@ std::vector<ClaimVerdict> evaluate_claims(const std::vector<ClaimTable>& tables,
             qv.breaking.push_back(row_ref(v.ref.table->name, v.ref.row));
             breaking_finding(
                 v, q, ref,
-                fmt::format("{} = {} is {:+.2f}% from the baseline {}'s {} (tolerance {:.2f}%)",
-                            symbol(q), sci(v.value.value), 100 * d, cv.rows[0], sci(ref),
-                            100 * tol));
+                fmt::format("{} = {} is {} from the baseline {}'s {} (tolerance {:.2f}%)",
+                            symbol(q), as_printed(v.value, q), pct_against(d, tol), cv.rows[0],
+                            as_printed(vals[bi].value, q), 100 * tol));
           }
         }
       } else {
@@ -525,11 +531,12 @@ std::vector<ClaimVerdict> evaluate_claims(const std::vector<ClaimTable>& tables,
         for (size_t i : outliers_to_remove(xs, tol)) {
           const Valued& v = vals[i];
           qv.breaking.push_back(row_ref(v.ref.table->name, v.ref.row));
-          breaking_finding(v, q, m,
-                           fmt::format("{} = {} is {:+.2f}% from the group's median {}; "
-                                       "the group spans {:.2f}% > {:.2f}%",
-                                       symbol(q), sci(v.value.value), 100 * (v.value.value - m) / m,
-                                       sci(m), 100 * qv.rel_range, 100 * tol));
+          breaking_finding(
+              v, q, m,
+              fmt::format("{} = {} is {:+.2f}% from the group's median {}; "
+                          "the group spans {} > {:.2f}%",
+                          symbol(q), as_printed(v.value, q), 100 * (v.value.value - m) / m, sci(m),
+                          pct_against(qv.rel_range, tol).substr(1), 100 * tol));
         }
       }
       if (q == "total_params" || q == "active_params")
@@ -551,19 +558,18 @@ std::vector<ClaimVerdict> evaluate_claims(const std::vector<ClaimTable>& tables,
       fill_spread(qv, vals);
       qv.note = sources_note(vals);
       for (const Valued& v : vals) {
-        const double x = v.value.value;
         // A printed value may sit on the bound after rounding: allow its own half-unit, and a
         // derived one the exact range its inputs' rounding allows.
         std::optional<double> broken;
         std::string why;
         if (b.at_least && v.value.high() < *b.at_least) {
           broken = *b.at_least;
-          why = fmt::format("{} = {} is below the claimed at least {}", symbol(b.quantity), sci(x),
-                            sci(*b.at_least));
+          why = fmt::format("{} = {} is below the claimed at least {}", symbol(b.quantity),
+                            as_printed(v.value, b.quantity), as_given(*b.at_least));
         } else if (b.at_most && v.value.low() > *b.at_most) {
           broken = *b.at_most;
-          why = fmt::format("{} = {} is above the claimed at most {}", symbol(b.quantity), sci(x),
-                            sci(*b.at_most));
+          why = fmt::format("{} = {} is above the claimed at most {}", symbol(b.quantity),
+                            as_printed(v.value, b.quantity), as_given(*b.at_most));
         }
         if (!broken) continue;
         qv.breaking.push_back(row_ref(v.ref.table->name, v.ref.row));

@@ -123,7 +123,11 @@ void check_shape_value(std::string_view q, double value, std::string_view text,
 void check_quantity_value(std::string_view q, double value, std::string_view text,
                           std::string_view what) {
   if (shape_bounds(q)) return check_shape_value(q, value, text, what);
-  if (q == "mu") return;  // 0: no coupling loss
+  if (q == "mu") {  // 0: no coupling loss
+    if (!(value >= 0 && std::isfinite(value)))
+      throw InputError(fmt::format("{} = {}: mu (µ) must be 0 or more", what, text));
+    return;
+  }
   if (q == "activation_rate") {
     if (!(value > 0 && value <= 1))
       throw InputError(

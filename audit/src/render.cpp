@@ -68,6 +68,15 @@ std::string sci(double v) {
   return fmt::format("{:.4g}e{}", m, e);
 }
 
+std::string pct_against(double rel, double tol) {
+  std::string s = fmt::format("{:+.2f}%", 100.0 * rel);
+  if (!(std::fabs(rel) > tol * (1 + 1e-9)) || !std::isfinite(rel)) return s;
+  for (int digits = 3;
+       digits <= 6 && !(std::fabs(std::stod(s.substr(0, s.size() - 1))) > 100 * tol); ++digits)
+    s = fmt::format("{:+.{}f}%", 100.0 * rel, digits);
+  return s;
+}
+
 ReportFormat parse_report_format(std::string_view s) {
   if (s == "table") return ReportFormat::table;
   if (s == "json") return ReportFormat::json;

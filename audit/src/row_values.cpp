@@ -99,11 +99,18 @@ RowView::RowView(const ClaimTable& table, int row_index, const TableSpec* spec)
   field("top_k", a.top_k, moe);
   field("d_expert", a.d_expert, moe);
   field("d_shared", a.d_shared, false);
-  // A table without experts is dense: every layer is a dense layer.
-  if (moe)
+  // A table without experts is dense: every layer is a dense layer. In a table of dense and MoE
+  // rows, the MoE fields its spec shares are for the MoE rows; a dense row's own are checked by
+  // RowChecker (a dense row that prints d_expert = 512 is a contradiction, not a dense model).
+  if (moe) {
     field("dense_layers", a.dense_layers, true);
-  else
+  } else {
     a.dense_layers = a.layers;
+    const auto& row = table_.rows[size_t(row_)];
+    if (!row.count("top_k")) a.top_k = 0;
+    if (!row.count("d_expert")) a.d_expert = 0;
+    if (!row.count("d_shared")) a.d_shared = 0;
+  }
   field("d_ffn", a.d_ffn, !moe || a.dense_layers > 0);
   a.kv_heads = a.heads;
   field("kv_heads", a.kv_heads, false);
@@ -129,7 +136,8 @@ std::optional<RowValue> RowView::value(const std::string& q,
                                        const std::set<std::string>& avoid) const {
   if (const Cell* c = printed(q)) {
     const auto& row = table_.rows[size_t(row_)];
-    return RowValue{c->value, c->rel_half_width(), row.count(q) ? "published" : "shared", {}, {}};
+    return RowValue{c->value, c->rel_half_width(), row.count(q) ? "published" : "shared", {}, {},
+                    c->text};
   }
   std::optional<RowValue> best;
   for (const Derivation& d : derivations()) {
@@ -158,7 +166,7 @@ std::optional<RowValue> RowView::value(const std::string& q,
       const double y = d.f(x);
       lo = std::min(lo, y), hi = std::max(hi, y);
     }
-    best = RowValue{d.f(in), band, d.label, lo, hi};
+    best = RowValue{d.f(in), band, d.label, lo, hi, {}};
   }
   return best;
 }
@@ -167,10 +175,12 @@ std::optional<RowValue> RowView::value_or_shape(const std::string& q) const {
   if (auto v = value(q)) return v;
   if (!shape_.known()) return std::nullopt;
   const ParamCounts p = count_params(shape_.arch);
-  if (q == "total_params") return RowValue{double(p.total_params), 0, "shape (router out)", {}, {}};
+  if (q == "total_params")
+    return RowValue{double(p.total_params), 0, "shape (router out)", {}, {}, {}};
   if (q == "active_params")
-    return RowValue{double(p.active_params), 0, "shape (router out)", {}, {}};
-  if (q == "activation_rate") return RowValue{p.activation_rate(), 0, "shape (router out)", {}, {}};
+    return RowValue{double(p.active_params), 0, "shape (router out)", {}, {}, {}};
+  if (q == "activation_rate")
+    return RowValue{p.activation_rate(), 0, "shape (router out)", {}, {}, {}};
   if (q == "flops_per_token" && shape_.has_seq_len) {
     // In the FLOP reading the table claims (paper training unless its spec says otherwise): a
     // megatron table's M from its shape is megatron's, or equal M would compare two readings.
@@ -186,6 +196,7 @@ std::optional<RowValue> RowView::value_or_shape(const std::string& q) const {
                     0,
                     fmt::format("shape ({} {})", convention_label(ts.convention, mask),
                                 training ? "training" : "forward"),
+                    {},
                     {},
                     {}};
   }

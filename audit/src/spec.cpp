@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -49,9 +50,7 @@ double tolerance_value(const AuditSpec& s, const Value& v, const std::string& ke
 Cell cell(const AuditSpec& s, const Value& v, const std::string& key) {
   if (v.is_string()) return parse_cell(v.as_string().str, fmt::format("{}: {}", s.source, key));
   Cell c;
-  c.value = number(s, v, key);
-  if (!(c.value >= 0))
-    bad(s, fmt::format("{} = {} is negative; every quantity is >= 0", key, c.value));
+  c.value = number(s, v, key);  // its sign is checked by check_quantity_value
   c.text = v.is_integer() ? std::to_string(v.as_integer()) : fmt::format("{}", c.value);
   return c;  // a number written into the spec is taken as exact
 }
@@ -132,13 +131,23 @@ TableSpec parse_table(const AuditSpec& s, const std::string& name, const Value& 
   if (t.contains("shared")) {
     const Value& sh = t.at("shared");
     if (!sh.is_table()) bad(s, where + ".shared must be a table of quantity = value");
-    for (const auto& [k, v] : sh.as_table()) {
+    std::map<std::string, std::string> given_as;  // code name -> the key that gave it
+    for (const auto& [given, v] : sh.as_table()) {
+      // Paper headers as in a CSV column, `equal` or `where`: D_hat = 68e9, ra_pct = 20.
+      const std::string k = quantity_name(given);
       require_quantity(s, k, where + ".shared");
-      const std::string key = fmt::format("{}.shared.{}", where, k);
-      ts.shared[k] = cell(s, v, key);
-      const Cell& c = ts.shared[k];
+      const std::string key = fmt::format("{}.shared.{}", where, given);
+      if (const auto it = given_as.find(k); it != given_as.end())
+        bad(s,
+            fmt::format("{} and {}.shared.{} both give {}; keep one", key, where, it->second, k));
+      given_as[k] = given;
+      Cell c = cell(s, v, key);
+      const double scale = quantity_scale(given);
+      c.value *= scale;
+      c.half_width *= scale;
       check_quantity_value(k, c.value, v.is_string() ? "\"" + c.text + "\"" : c.text,
                            fmt::format("{}: {}", s.source, key));
+      ts.shared[k] = c;
     }
   }
   return ts;

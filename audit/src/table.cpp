@@ -125,10 +125,8 @@ Cell parse_cell(std::string_view text, std::string_view what, double scale) {
   Cell c;
   c.text = trim(text);
   c.value = parse_quantity(c.text, what) * scale;
-  // No quantity a claim table carries (counts, FLOPs, tokens, rates, η, BPC) is negative.
-  if (!(c.value >= 0))
-    throw InputError(
-        fmt::format("{}: '{}' is negative; every quantity here is >= 0", what, c.text));
+  // The sign is the quantity's business (check_quantity_value): a shape count has a range, most
+  // others must be above 0.
   c.half_width = printed_half_width(c.text) * scale;
   return c;
 }

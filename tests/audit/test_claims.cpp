@@ -455,7 +455,8 @@ TEST_CASE("bounds on a derived value allow exactly the range its inputs' roundin
 
 TEST_CASE("cells: a negative value is refused; an empty cell a claim needs is named as empty") {
   CHECK_THROWS_WITH_AS(parse_claim_table("name,N\na,-2B\n", "t", "t.csv"),
-                       "t.csv data row 1 column N: '-2B' is negative; every quantity here is >= 0",
+                       "t.csv data row 1 column N = -2B: total_params (N) must be greater than 0; "
+                       "leave the cell blank if it is not published",
                        InputError);
   // Zero: D = 0 made C vs M·D = 0 print "+0.00 %, within tolerance" and the row consistent;
   // ra_pct = 0 and D_over_N = 0 printed infinite ratios. mu = 0 (no coupling loss) is a value.

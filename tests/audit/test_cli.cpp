@@ -206,7 +206,8 @@ TEST_CASE("a claim from the command line: --equal, --baseline by row label, --st
   CHECK(r.out.find("FAILS  every row equal in N, C (baseline dense-1b)") != std::string::npos);
   CHECK(r.out.find("C = 1.14e20 is -5.00% from the baseline labelled_claim:1's 1.2e20") !=
         std::string::npos);
-  CHECK(r.out.find("N = 9.8e8 is -2.00% from the baseline labelled_claim:1's 1e9") !=
+  // Values as the table prints them: "0.98e9", not 9.8e8.
+  CHECK(r.out.find("N = 0.98e9 is -2.00% from the baseline labelled_claim:1's 1.0e9") !=
         std::string::npos);
   CHECK(r.out.find("error    labelled_claim:3 moe-1b-a100m  compute") != std::string::npos);
   CHECK(r.out.find("error    labelled_claim:2") == std::string::npos);  // +0.50 % holds

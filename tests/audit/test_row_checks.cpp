@@ -241,3 +241,150 @@ TEST_CASE("without a spec: the step-law checks that cannot run are listed as ski
   CHECK(matching(fs, Severity::info, "t", 1, "batch_seqs").empty());
   CHECK(matching(fs, Severity::info, "t", 1, "lr_peak").empty());
 }
+
+namespace {
+// The 2B dense shape of the equal-resource paper's Table 12 (L 28, D_m 2176, H 17 so D_h 128,
+// D_ffn 8848, S 2048, V 65536), by hand:
+//   N = 28·(4·2176² + 3·2176·8848) = 28·(18,939,904 + 57,759,744) = 2,147,590,144
+//   paper M    = 6·N + 12·L·D_m·S = 12,885,540,864 + 1,497,366,528 = 14,382,907,392
+//   megatron M = 6·(N + V·D_m) + 6·L·S·D_m (causal core, halved) = 6·2,290,196,480 + 748,683,264
+//              = 14,489,862,144, 0.74 % above paper: inside a 1 % tolerance.
+std::vector<Finding> audit_2b(const std::string& convention, const std::string& m) {
+  const ClaimTable t = parse_claim_table(
+      "N,M,L_layers,H,Dm,Dffn\n2.15e9," + m + ",28,17,2176,8848\n", "d2b", "d2b.csv");
+  const AuditSpec spec = parse_spec("schema = 1\n[tables.d2b]\nconvention = \"" + convention +
+                                        "\"\n[tables.d2b.shared]\nseq_len = 2048\nvocab = 65536\n",
+                                    "s.toml");
+  return check_table_rows(t, spec.table("d2b"), 0.01);
+}
+}  // namespace
+
+TEST_CASE(
+    "a table labelled with the wrong FLOP convention fails though the gap is inside tolerance") {
+  // 1.44e10 is 1.435e10 .. 1.445e10: paper (1.4383e10) inside, megatron (1.4490e10) -0.62 %.
+  const auto meg = audit_2b("megatron", "1.44e10");
+  const auto f = matching(meg, Severity::error, "d2b", 1, "flops_per_token");
+  REQUIRE(f.size() == 1);
+  CHECK(f[0]->message.find("matches paper training = 1.438e10 inside the printed rounding, not "
+                           "the claimed megatron training = 1.449e10 (-0.62%") !=
+        std::string::npos);
+  // 1.449e10 is 1.4485e10 .. 1.4495e10: megatron inside, paper +0.74 %.
+  const auto pap = audit_2b("paper", "1.449e10");
+  const auto g = matching(pap, Severity::error, "d2b", 1, "flops_per_token");
+  REQUIRE(g.size() == 1);
+  CHECK(g[0]->message.find("is the table's FLOP convention megatron training?") !=
+        std::string::npos);
+  // Each value under its own convention: nothing.
+  CHECK(count(audit_2b("paper", "1.44e10"), Severity::error) == 0);
+  CHECK(count(audit_2b("megatron", "1.449e10"), Severity::error) == 0);
+  // 1.444e10 fits neither inside the rounding (±0.0005e10): within tolerance, info only.
+  CHECK(count(audit_2b("paper", "1.444e10"), Severity::error) == 0);
+  CHECK(
+      matching(audit_2b("paper", "1.444e10"), Severity::info, "d2b", 1, "flops_per_token").size() ==
+      1);
+}
+
+TEST_CASE("an M of the other router reading than the row's N_a is named with both readings") {
+  // Tiny shape at K = 2 (header): N_a router in = 2,326,528 + 6,144 = 2,332,672, so the claimed
+  // paper M reads router in: 6·2,332,672 + 6,291,456 = 20,287,488. The row prints router out's
+  // 20,250,624 (-0.18 %).
+  const ClaimTable t = parse_claim_table(
+      "L_layers,L_dense,Dm,H,Dh,Dffn,E,K,De,Dse,S,V,Na,M\n"
+      "4,1,256,4,64,512,8,2,128,128,512,1000,2332672,20250624\n",
+      "t", "t.csv");
+  const AuditSpec spec = parse_spec("schema = 1\n[tables.t]\nconvention = \"paper\"\n", "s.toml");
+  const auto fs = check_table_rows(t, spec.table("t"), 0.01);
+  const auto f = matching(fs, Severity::error, "t", 1, "flops_per_token");
+  REQUIRE(f.size() == 1);
+  CHECK(f[0]->message.find("matches paper (router out) training = 2.025e7") != std::string::npos);
+  CHECK(f[0]->message.find("not the claimed paper (router in) training = 2.029e7") !=
+        std::string::npos);
+  CHECK(*f[0]->expected == 20'287'488.0);
+}
+
+TEST_CASE("unique tokens above consumed (epochs below 1) are an error: columns swapped?") {
+  // a: D̂ 4e10 > D 2e10. b: D̂ = D / Epoch = 2e10 / 0.5 = 4e10. c: Epoch 0.5 without D.
+  // d: D̂ = D (one epoch) and e: Epoch 0.99 printed as 1.0 (rounding reaches 1): clean.
+  const ClaimTable t = parse_claim_table(
+      "label,N,D,D_hat,Epoch\na,1e9,2e10,4e10,\nb,1e9,2e10,,0.5\nc,1e9,,,0.5\nd,1e9,2e10,2e10,\n"
+      "e,1e9,,,1.0\n",
+      "t", "t.csv");
+  const auto fs = check_table_rows(t, nullptr, 0.01);
+  const auto a = matching(fs, Severity::error, "t", 1, "tokens_unique");
+  REQUIRE(a.size() == 1);
+  CHECK(a[0]->message.find("D̂ = 4e10 unique tokens is above D = 2e10 consumed") !=
+        std::string::npos);
+  const auto b = matching(fs, Severity::error, "t", 2, "tokens_unique");
+  REQUIRE(b.size() == 1);
+  CHECK(b[0]->message.find("(D / epochs)") != std::string::npos);
+  CHECK(matching(fs, Severity::error, "t", 3, "epochs").size() == 1);
+  CHECK(count(fs, Severity::error) == 3);
+}
+
+TEST_CASE("a label two rows share is one warning naming the rows") {
+  const ClaimTable t = parse_claim_table("label,N\na,1e9\na,1.5e9\nb,1e9\n", "dup", "dup.csv");
+  const auto fs = check_table_rows(t, nullptr, 0.01);
+  const auto w = matching(fs, Severity::warning, "dup", 0, "");
+  REQUIRE(w.size() == 1);
+  CHECK(w[0]->message.find("label 'a' names 2 rows (dup:1, dup:2)") != std::string::npos);
+}
+
+TEST_CASE("a spec's shared values take the paper headers a column takes, once each") {
+  const ClaimTable t = parse_claim_table("label,D\na,1e11\n", "t", "t.csv");
+  // D_hat = 5e10 shared: 2 epochs. ra_pct = 20 is r_a 0.2, as in a column.
+  const AuditSpec spec = parse_spec(
+      "schema = 1\n[tables.t]\n[tables.t.shared]\nD_hat = 5e10\nra_pct = 20\n", "s.toml");
+  const RowView r(t, 0, spec.table("t"));
+  REQUIRE(r.value("tokens_unique"));
+  CHECK(r.value("tokens_unique")->value == 5e10);
+  CHECK(r.value("epochs")->value == 2.0);
+  CHECK(r.value("activation_rate")->value == doctest::Approx(0.2));
+  CHECK_THROWS_WITH_AS(
+      parse_spec("schema = 1\n[tables.t]\n[tables.t.shared]\nD_hat = 5e10\ntokens_unique = 5e10\n",
+                 "s.toml"),
+      doctest::Contains("both give tokens_unique; keep one"), InputError);
+}
+
+TEST_CASE("error lines show the value as printed and a gap beyond tolerance as beyond it") {
+  // 20.20100 against D/N = 20: +1.005 % (printed "20.2" before). C 2.8887e21 against
+  // 2.86e21: +1.0035 %, printed "+1.00%" before, the tolerance itself.
+  const ClaimTable t = parse_claim_table(
+      "label,N,D,D_over_N,M,C\n"
+      "a,1000000000,20000000000,20.20100,,\n"
+      "b,,100000000000,,28600000000,2888700000000000000000\n",
+      "t", "t.csv");
+  const auto fs = check_table_rows(t, nullptr, 0.01);
+  const auto a = matching(fs, Severity::error, "t", 1, "tokens_per_param");
+  REQUIRE(a.size() == 1);
+  CHECK(a[0]->message.find("D_over_N = 20.20100 but D / N = 20: +1.01% off") != std::string::npos);
+  const auto b = matching(fs, Severity::error, "t", 2, "compute");
+  REQUIRE(b.size() == 1);
+  CHECK(b[0]->message.find("+1.003% off") != std::string::npos);
+}
+
+TEST_CASE("a dense row (experts 0) that gives MoE fields of its own is refused, naming them") {
+  const std::string shape = "L_layers,Dm,H,Dffn,N,E,De\n";
+  // N = 2·(4·64² + 3·64·128) = 81,920 (dense, D_h 16).
+  CHECK_THROWS_WITH_AS(
+      check_table_rows(parse_claim_table(shape + "2,64,4,128,81920,0,512\n", "t", "t.csv"), nullptr,
+                       0.01),
+      doctest::Contains("experts = 0 makes it a dense model, but it gives "
+                        "d_expert = 512"),
+      InputError);
+  // The same row without MoE fields of its own is a dense model, though the spec shares the
+  // table's MoE rows' d_expert and dense_layers.
+  const ClaimTable t = parse_claim_table(shape + "2,64,4,128,81920,0,\n", "t", "t.csv");
+  const AuditSpec spec = parse_spec(
+      "schema = 1\n[tables.t]\n[tables.t.shared]\nd_expert = 32\ntop_k = 2\ndense_layers = 1\n",
+      "s.toml");
+  const auto fs = check_table_rows(t, spec.table("t"), 0.01);
+  CHECK(count(fs, Severity::error) == 0);
+}
+
+TEST_CASE("a negative cell gets its quantity's own range") {
+  CHECK_THROWS_WITH_AS(parse_claim_table("K\n-1\n", "t", "t.csv"),
+                       doctest::Contains("top_k must be a whole number from 0 (none) to 10000"),
+                       InputError);
+  CHECK_THROWS_WITH_AS(parse_claim_table("mu\n-1\n", "t", "t.csv"),
+                       doctest::Contains("mu (µ) must be 0 or more"), InputError);
+}

@@ -24,5 +24,8 @@ std::string render(const AuditReport& report, ReportFormat format);
 
 // A number as the tables print them: 4.717e9, 6.48e9, 92.88, 8.44e-4 (4 significant digits).
 std::string sci(double v);
+// A relative difference as a signed percentage, "+0.62%"; one beyond `tol` gets the decimals it
+// takes to print beyond it (a 1.0035 % gap against 1 % is "+1.004%", not "+1.00%").
+std::string pct_against(double rel, double tol);
 
 }  // namespace moeplan::audit

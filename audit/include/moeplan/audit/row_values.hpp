@@ -20,6 +20,7 @@ struct RowValue {
   // A derived value's exact range over its inputs' rounding (a ratio of coarse numbers is
   // lopsided: 3e11 / 1e11 lies in [2.5/1.5, 3.5/0.5] = [1.67, 7]); unset: value ± abs_band().
   std::optional<double> lo, hi;
+  std::string text;  // as printed, for a published or shared value ("" otherwise)
   double abs_band() const { return rel_band * (value < 0 ? -value : value); }
   double low() const { return lo ? *lo : value - abs_band(); }
   double high() const { return hi ? *hi : value + abs_band(); }

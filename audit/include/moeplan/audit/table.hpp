@@ -21,6 +21,7 @@ struct Cell {
 
 // Parse a number as people print it ("2.15e9", "2.15B", "346M", "0.4665") with its rounding.
 // `scale` converts table units to code units (ra_pct: 0.01). Throws InputError naming `what`.
+// The sign is not checked here: check_quantity_value knows each quantity's range.
 Cell parse_cell(std::string_view text, std::string_view what, double scale = 1.0);
 
 struct ClaimTable {
