@@ -129,7 +129,10 @@ struct Model<S>::Impl {
     return off;
   }
 
-  Impl(const Arch& arch, const ModelOptions& o, uint64_t seed, int64_t batch_seqs)
+  // weights_only: the layout and the initial weights alone (Model::initial_weights), without
+  // gradients, AdamW moments and activations.
+  Impl(const Arch& arch, const ModelOptions& o, uint64_t seed, int64_t batch_seqs,
+       bool weights_only = false)
       : a(arch), opt(o), rng(seed) {
     validate(arch);
     if (o.positions != "alibi" && o.positions != "rope")
@@ -194,9 +197,6 @@ struct Model<S>::Impl {
     if (!a.tied_embeddings) lm_head = add_tensor("lm_head", Dm, V, true);
     const int64_t n = tensors.back().offset + tensors.back().size();
     params.assign(n, S(0));
-    grads.assign(n, S(0));
-    adam_m.assign(n, S(0));
-    adam_v.assign(n, S(0));
 
     // Init: N(0, 0.02); residual-output projections scaled by 1/sqrt(2L) (GPT-2); norms 1.
     for (const TensorInfo& t : tensors) {
@@ -206,6 +206,10 @@ struct Model<S>::Impl {
       for (int64_t i = 0; i < t.size(); ++i)
         params[t.offset + i] = is_norm ? S(1) : S(std * rng.normal());
     }
+    if (weights_only) return;
+    grads.assign(n, S(0));
+    adam_m.assign(n, S(0));
+    adam_v.assign(n, S(0));
 
     // Position tables.
     if (rope) {
@@ -590,6 +594,18 @@ struct Model<S>::Impl {
 template <class S>
 Model<S>::Model(const Arch& arch, const ModelOptions& options, uint64_t seed, int64_t batch_seqs)
     : impl_(std::make_unique<Impl>(arch, options, seed, batch_seqs)) {}
+template <class S>
+typename Model<S>::InitialWeights Model<S>::initial_weights(const Arch& arch,
+                                                            const ModelOptions& options,
+                                                            uint64_t seed) {
+  auto impl = std::make_shared<Impl>(arch, options, seed, 1, true);
+  InitialWeights w;
+  w.tensors = impl->tensors;
+  w.rng_state = impl->rng.state();
+  w.params = std::span<const S>(impl->params.data(), impl->params.size());
+  w.owner = impl;
+  return w;
+}
 template <class S>
 Model<S>::~Model() = default;
 template <class S>

@@ -510,9 +510,17 @@ __global__ void swiglu_backward_kernel(OutT* dab, const OutT* dh, const OutT* ab
 // warp kernels; more, the thread-per-token ones.
 constexpr int kRouterSlots = 8;
 
+// A probability's rank: a NaN (from non-finite logits) ranks last, as on the CPU. Compared as
+// floats, a NaN is neither larger nor smaller, so lanes could disagree on the best expert and a
+// token whose probabilities are all NaN chose none (idx -1, an out-of-range row later).
+__device__ __forceinline__ float rank_key(float p) {
+  return isnan(p) ? -INFINITY : p;
+}
+
 // (p, e) ← the larger probability of the two, the lower expert on equal ones (-1: none yet).
 __device__ __forceinline__ void keep_best(float& p, int32_t& e, float p2, int32_t e2) {
-  if (e2 >= 0 && (e < 0 || p2 > p || (p2 == p && e2 < e))) {
+  const float k = rank_key(p), k2 = rank_key(p2);
+  if (e2 >= 0 && (e < 0 || k2 > k || (k2 == k && e2 < e))) {
     p = p2;
     e = e2;
   }
@@ -598,7 +606,7 @@ __global__ void router_topk_kernel(float* probs, float* lse, int32_t* idx, float
       bool taken = false;
       for (int64_t j = 0; j < k; ++j) taken |= idx[t * K + j] == int32_t(e);
       const float p = probs[t * E + e];
-      if (!taken && p > bp) {  // strict: ties keep the lower expert
+      if (!taken && (best < 0 || rank_key(p) > rank_key(bp))) {  // strict: ties keep the lower
         bp = p;
         best = int32_t(e);
       }

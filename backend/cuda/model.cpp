@@ -290,10 +290,11 @@ struct Model::Impl {
     if (shard && !c)
       throw std::logic_error("optimizer sharding needs a communicator (data parallelism)");
     // The CPU reference validates the options and gives the layout, the initial weights and the
-    // generator's state after drawing them (the ERC noise continues from it).
-    backend::Model<float> ref(arch, o, seed, 1);
-    tensors = ref.tensors();
-    rng.state() = ref.rng_state();
+    // generator's state after drawing them (the ERC noise continues from it): the weights alone,
+    // not a whole CPU model (16 bytes a parameter and its activations, on every rank).
+    const auto init = backend::Model<float>::initial_weights(arch, o, seed);
+    tensors = init.tensors;
+    rng.state() = init.rng_state;
     step_B = batch_seqs;
     B = o.micro_batch_seqs > 0 ? std::min(o.micro_batch_seqs, batch_seqs) : batch_seqs;
     S = a.seq_len;
@@ -323,7 +324,7 @@ struct Model::Impl {
     forward_mma = flash && (attn == AttentionPath::fused_mma || wide);
     forward_mma_wide = flash && wide;
     backward_mma = forward_mma && attention::backward_mma_supported(Dh);
-    n_params = ref.trainable_params();
+    n_params = int64_t(init.params.size());
     locate_tensors();
 
     int64_t moments = n_params, padded = n_params;
@@ -338,7 +339,7 @@ struct Model::Impl {
     }
     params = alloc_f(padded);
     params.fill_zero();
-    params.upload(ref.parameters().data(), size_t(n_params) * 4);
+    params.upload(init.params.data(), size_t(n_params) * 4);
     if (mm == DType::bf16) params_mm = alloc(size_t(n_params) * 2);
     grads = alloc_f(padded);
     adam_m = alloc_f(moments);

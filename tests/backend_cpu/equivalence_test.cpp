@@ -6,6 +6,7 @@
 #include <cmath>
 #include <string>
 
+#include "moeplan/accounting/error.hpp"
 #include "moeplan/backend/model.hpp"
 #include "tiny.hpp"
 
@@ -58,6 +59,35 @@ TEST_CASE("MoE with E=1, K=1, no shared expert equals the dense model (loss and 
     const TensorInfo& r = mm.tensor("layer" + std::to_string(l) + ".router");
     for (int64_t i = 0; i < r.size(); ++i) CHECK(mm.gradients()[r.offset + i] == 0.0);
   }
+}
+
+}  // namespace
+}  // namespace moeplan::backend
+
+namespace moeplan::backend {
+namespace {
+
+TEST_CASE("initial_weights: the layout, weights and generator state of a full model, alone") {
+  // What the CUDA model starts from; a full CPU model of the same arguments is the reference.
+  Arch a = test::tiny_moe();
+  ModelOptions o;
+  o.positions = "rope";
+  const Model<float> full(a, o, 11, 3);
+  const auto w = Model<float>::initial_weights(a, o, 11);
+  REQUIRE(w.tensors.size() == full.tensors().size());
+  for (size_t i = 0; i < w.tensors.size(); ++i) {
+    CHECK(w.tensors[i].name == full.tensors()[i].name);
+    CHECK(w.tensors[i].offset == full.tensors()[i].offset);
+    CHECK(w.tensors[i].size() == full.tensors()[i].size());
+  }
+  REQUIRE(int64_t(w.params.size()) == full.trainable_params());
+  CHECK(std::equal(w.params.begin(), w.params.end(), full.parameters().begin()));
+  CHECK(w.rng_state == full.rng_state());
+  // Another seed draws other weights; a bad option is refused as the constructor refuses it.
+  CHECK(Model<float>::initial_weights(a, o, 12).params[0] != w.params[0]);
+  a.head_dim = 3;
+  a.heads = 4;
+  CHECK_THROWS_AS(Model<float>::initial_weights(a, o, 11), InputError);
 }
 
 }  // namespace

@@ -339,6 +339,43 @@ TEST_CASE("router top-K, stable sort by expert, combine and router backward matc
     }
 }
 
+TEST_CASE(
+    "router top-K on non-finite logits: NaN ranks last, as on the CPU, and every slot sorts") {
+  // A NaN or +inf logit makes the token's softmax NaN throughout (the sum is NaN). The CPU ranks
+  // NaN last, so the K lowest experts win, in order. The thread-per-token kernel (E 300) chose
+  // none (idx -1, a row no sort places); the warp kernel (E 12, 66) could let lanes disagree.
+  for (const int64_t E : {12, 66, 300}) {
+    const int64_t T = 40, K = 3;
+    INFO("E " << E);
+    auto logits = randn(T * E, 5);
+    for (int64_t t = 0; t < T; t += 3) logits[size_t(t * E + (t % E))] = std::nanf("");
+    for (int64_t t = 1; t < T; t += 7) logits[size_t(t * E + E - 1)] = INFINITY;
+    std::vector<float> probs = logits, lse(T), gate(T * K);
+    std::vector<int32_t> idx(T * K);
+    cpu::router_forward(probs.data(), lse.data(), idx.data(), gate.data(), T, E, K, false);
+    for (int64_t k = 0; k < K; ++k) REQUIRE(idx[size_t(k)] == k);  // token 0: NaN, experts 0..K-1
+    auto dL = to_device(logits);
+    DeviceBuffer dP(T * E * 4), dLse(T * 4), dIdx(T * K * 4), dGate(T * K * 4), dCounts(E * 4),
+        dOff((E + 1) * 4), dSorted(T * K * 4), dSlot(T * K * 4);
+    k::router_topk(dP.as<float>(), dLse.as<float>(), dIdx.as<int32_t>(), dGate.as<float>(),
+                   dL.as<float>(), T, E, K, false);
+    k::sort_by_expert(dCounts.as<int32_t>(), dOff.as<int32_t>(), dSorted.as<int32_t>(),
+                      dSlot.as<int32_t>(), dIdx.as<int32_t>(), T, K, E, nullptr, 0);
+    synchronize();
+    std::vector<int32_t> gidx(T * K), gslot(T * K);
+    std::vector<float> ggate(T * K);
+    dIdx.download(gidx.data(), T * K * 4);
+    dSlot.download(gslot.data(), T * K * 4);
+    dGate.download(ggate.data(), T * K * 4);
+    CHECK(gidx == idx);
+    for (int64_t i = 0; i < T * K; ++i) {
+      CHECK(std::isnan(ggate[size_t(i)]) == std::isnan(gate[size_t(i)]));
+      CHECK(gslot[size_t(i)] >= 0);  // dropless: every assignment has a row
+      CHECK(gslot[size_t(i)] < T * K);
+    }
+  }
+}
+
 TEST_CASE("gather_rows, combine and scatter-add equal a host loop, in 16-byte words or not") {
   // A fixed permutation of the T·K routed rows; C 40 (whole 16-byte words in fp32 and bf16) and
   // C 37 (one element at a time). Each output is the host loop's exactly (same order of sums).

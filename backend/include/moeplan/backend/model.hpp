@@ -105,6 +105,19 @@ class Model {
   // both draw the same noise.
   std::array<uint64_t, 4> rng_state() const;
 
+  // What a model of these arguments starts from, and no more: the parameter layout, the initial
+  // weights and the generator's state after drawing them, validated as the constructor does.
+  // A Model holds 16 bytes a parameter (weights, gradients, AdamW moments) and one pass's
+  // activations; this holds the weights alone. The CUDA model starts from it.
+  struct InitialWeights {
+    std::vector<TensorInfo> tensors;
+    std::span<const Scalar> params;  // valid while `owner` lives
+    std::array<uint64_t, 4> rng_state{};
+    std::shared_ptr<const void> owner;
+  };
+  static InitialWeights initial_weights(const Arch& arch, const ModelOptions& options,
+                                        uint64_t seed);
+
   // Weights, Adam m/v, Adam step count, RNG state and both ledgers: a bit-exact resume.
   void save_state(std::vector<char>& out) const;
   void load_state(const std::vector<char>& in);  // throws InputError on a mismatched state

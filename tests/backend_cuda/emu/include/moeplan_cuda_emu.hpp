@@ -43,6 +43,10 @@
 #define __shared__ static
 #define __restrict__ __restrict
 
+// CUDA's device math library declares isnan/isinf for float in the global namespace.
+using std::isinf;
+using std::isnan;
+
 // ---- vector types ------------------------------------------------------------------------------
 struct uint3 {
   unsigned x = 0, y = 0, z = 0;
