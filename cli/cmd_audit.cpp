@@ -250,10 +250,11 @@ const bool registered = register_command(
                       "Write the report to this file (atomically): .json, .md or .txt")
            ->check(non_empty_path());
        app.add_option("--tolerance", f->tolerance,
-                      "Relative tolerance, 0.01 or 1% (default 0.01, or the spec's; with "
-                      "--plan, equal N and C default to the manifest's n_tolerance and "
-                      "compute_tolerance); given, every tolerance of the audit, the spec's "
-                      "per-claim and per-table ones included")
+                      "Relative tolerance, 0.01 or 1% (default 0.01, or the spec's; for runs/, "
+                      "equal N and C default to the manifest's n_tolerance and "
+                      "compute_tolerance, from --plan or else as the records carry them); "
+                      "given, every tolerance of the audit, the spec's per-claim and per-table "
+                      "ones included")
            ->check(non_empty_value());
        app.add_option("--equal", f->equal,
                       "Claim: these quantities are equal across every row (N,C,D_hat or "

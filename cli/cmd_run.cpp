@@ -227,6 +227,7 @@ int run(const RunFlags& f) {
   opt.shard_optimizer = f.shard_optimizer;
   opt.n_tolerance = m.n_tolerance;
   opt.compute_tolerance = m.compute_tolerance;
+  opt.equal_resources = m.equal_resources;
   // A relative text:/bytes:/shards: path is the manifest's neighbour, wherever run is started.
   opt.source_base = backend::source_base_of(f.manifest);
   opt.stop = &g_stop;
@@ -417,11 +418,14 @@ int run(const RunFlags& f) {
             c_label = own, c = conv[own].get<double>();
         }
         fmt::print(
-            "{} complete{}: val BPC {:.4f}, {} tokens consumed, {} unique, {:.3f} epochs, "
+            "{} complete{}: val {} {:.4f}, {} tokens consumed, {} unique, {:.3f} epochs, "
             "C {} FLOPs [{}] measured, {:.1f} s -> {}\n",
             label,
             out.resumed_from_step >= 0 ? fmt::format(" (resumed at step {})", out.resumed_from_step)
                                        : "",
+            // Bits per byte on byte data; a shards: source's tokens are not bytes.
+            r.value("data", nlohmann::json::object()).value("byte_tokens", true) ? "BPC"
+                                                                                 : "bits/token",
             r.value("final_val_bpc", 0.0), human(double(tok.at("consumed").get<int64_t>())),
             human(double(tok.at("unique").get<int64_t>())), tok.at("epochs").get<double>(),
             human(c), c_label, r.at("wall_seconds").get<double>(), out.record_path.string());

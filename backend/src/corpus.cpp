@@ -136,8 +136,9 @@ std::vector<fs::path> expand_glob(const std::string& pattern) {
   return out;
 }
 
-// Every token of `s` below vocab, read in blocks (a mapped stream is streamed, not held).
-void check_vocab(const TokenStream& s, int64_t vocab, const std::string& what) {
+// Every token of `s` below vocab, read in blocks (a mapped stream is streamed, not held). `s`
+// starts at token `offset` of the source: a position is said in the source's numbering.
+void check_vocab(const TokenStream& s, int64_t vocab, const std::string& what, int64_t offset = 0) {
   constexpr int64_t kBlock = int64_t(1) << 20;
   std::vector<uint16_t> block(size_t(std::min(kBlock, std::max<int64_t>(s.size(), 1))));
   for (int64_t at = 0; at < s.size(); at += kBlock) {
@@ -147,7 +148,7 @@ void check_vocab(const TokenStream& s, int64_t vocab, const std::string& what) {
       if (block[size_t(i)] >= vocab)
         throw InputError(fmt::format(
             "{}: token {} at position {} is outside the model's vocabulary (V = {}); {}", what,
-            block[size_t(i)], at + i, vocab,
+            block[size_t(i)], offset + at + i, vocab,
             block[size_t(i)] < 256
                 ? "a byte's tokens run to 255: plan with V >= 256 (grid --vocab 256)"
                 : "plan with a larger vocab, or train on bytes (source=text:FILE, V >= 256)"));
@@ -463,7 +464,10 @@ DataSplit load_source(const std::string& spec, int64_t train_tokens, int64_t val
   // Every token the run can read, training and validation (unused tokens in between may be
   // anything: they are never read).
   check_vocab(split.train, vocab, fmt::format("source '{}'", spec));
-  check_vocab(split.validation, vocab, fmt::format("source '{}' (validation)", spec));
+  check_vocab(
+      split.validation, vocab,
+      fmt::format("source '{}' (held-out tail, from position {})", spec, have - validation_tokens),
+      have - validation_tokens);
   split.unused_tokens = have - train_tokens - validation_tokens;
   split.description += ": " + describe_count(have);
   return split;

@@ -96,6 +96,7 @@ nlohmann::json make_record(const RecordInputs& in) {
       {"eval_tokens", in.eval_tokens},
       {"resumes", st.resumes},
   };
+  rec["sweep_equal_resources"] = in.equal_resources;
   if (in.n_tolerance > 0 && in.compute_tolerance > 0)
     rec["sweep_tolerances"] = {{"n", in.n_tolerance}, {"compute", in.compute_tolerance}};
   if (!st.val_curve.empty()) {

@@ -823,6 +823,7 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
   rin.eval_tokens = eval_windows * seq_len;
   rin.n_tolerance = opt.n_tolerance;
   rin.compute_tolerance = opt.compute_tolerance;
+  rin.equal_resources = opt.equal_resources;
   int64_t last_saved_step = outcome.resumed_from_step;
   const bool writer = engine->writes_files();  // data parallel: rank 0 only
   outcome.wrote_files = writer;

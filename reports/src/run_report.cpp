@@ -48,6 +48,11 @@ bool is_dense(const json& r) {
 bool is_complete(const json& r) {
   return r.value("status", "") == "complete";
 }
+// Trained from a manifest that says equal_resources = false (an ablation, a test); records
+// written before 2026-12-03 do not say, and are taken as planned equal.
+bool not_equal_resource_sweep(const json& r) {
+  return r.value("sweep_equal_resources", true) == false;
+}
 
 // What a record's validation BPC was measured on and what it trained from: the source, the
 // built-in generator's seed, the held-out tokens a pass scores ("" in records that do not say).
@@ -347,7 +352,7 @@ const std::vector<std::string> kTimeHeaders = {"point",
                                                "train s",
                                                "tokens/s (consumed)",
                                                "TFLOP/s executed [exact/causal]",
-                                               "TFLOP/s useful",
+                                               "TFLOP/s useful [exact/causal]",
                                                "train time vs dense"};
 
 // A FLOP count of a record as a double (an integer, or digits past 64 bits); check_record has
@@ -437,11 +442,22 @@ std::string verdict_of(const std::vector<json>& records, const json* dense) {
       best = r.value("point_id", "");
     }
   }
+  std::string ablation;
+  for (const json& r : records)
+    if (not_equal_resource_sweep(r))
+      ablation += fmt::format("{}{}", ablation.empty() ? "" : ", ", r.value("point_id", "?"));
   std::string v = dense ? fmt::format(
                               "dense baseline val BPC {:.4f}; MoE points with lower validation "
                               "BPC: {} of {}; best point: {} ({:.4f} BPC)",
                               dense_bpc, moe_better, moe_total, best, best_bpc)
                         : std::string("no complete dense baseline record: no comparison");
+  if (!ablation.empty())
+    v = fmt::format(
+            "NOT an equal-resource sweep: {} trained from a manifest that says equal_resources = "
+            "false (an ablation or a test; grid plans none such), so the comparison below is "
+            "not an equal-resource claim whatever the tolerances say\n",
+            ablation) +
+        v;
   if (!other_data.empty())
     v += fmt::format(
         "\nnot compared with the dense baseline, which read {}: trained or validated on other "
@@ -657,6 +673,9 @@ void check_record(const json& r, const fs::path& f) {
       fail(path + key, fmt::format("{} (valid: \"{}\", \"{}\")", v.dump(), a, b).c_str());
   };
   if (!r.is_object()) fail("(the whole record)", "not a JSON object");
+  if (r.is_object() && r.contains("sweep_equal_resources") &&
+      !r["sweep_equal_resources"].is_boolean())
+    fail("sweep_equal_resources", "not true or false");
   if (r.is_object() && r.contains("sweep_tolerances")) {
     const json& t = r["sweep_tolerances"];
     for (const char* k : {"n", "compute"})

@@ -451,7 +451,10 @@ TrainSettings read_train(TomlTable& top, TrainSettings s = {}) {
   for (const auto& [key, v] : {std::pair{"eval_every", s.eval_every},
                                {"eval_tokens", s.eval_tokens},
                                {"checkpoint_every", s.checkpoint_every}})
-    if (v < 0) t.fail(key, fmt::format("= {} is invalid; it must be >= 0 (0 = automatic)", v));
+    // At most 9e15, as grid --train takes them: a held-out set near 2^63 tokens wrapped around
+    // to one window in the window arithmetic.
+    if (v < 0 || v > int64_t(9e15))
+      t.fail(key, fmt::format("= {} is invalid; it must be within 0..9e15 (0 = automatic)", v));
   t.reject_unknown();
   return s;
 }

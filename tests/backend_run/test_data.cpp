@@ -200,6 +200,16 @@ TEST_CASE("corrupt shards and small sources fail with one line naming the proble
   // A token outside the vocabulary is refused before training.
   e = error_of([&] { load_source("shards:" + (dir / "good.bin").string(), 50, 10, 1, 5); });
   CHECK(e.find("outside the model's vocabulary") != std::string::npos);
+  // In the held-out tail, at its position in the source: 150 bytes with byte 200 at 140; the
+  // tail of 20 starts at 130. It was said as position 10, counted from the tail's start.
+  std::string text(150, 'a');
+  text[140] = char(200);
+  write_file_atomic(dir / "tail.txt", text);
+  e = error_of([&] { load_source("text:" + (dir / "tail.txt").string(), 50, 20, 1, 128); });
+  CHECK_MESSAGE(
+      e.find("(held-out tail, from position 130): token 200 at position 140 is outside") !=
+          std::string::npos,
+      e);
   // A byte source with V under 256 is told the V bytes need, not to "use byte data".
   write_file_atomic(dir / "bytes.txt", std::string(200, '\xC3'));
   e = error_of([&] { load_source("text:" + (dir / "bytes.txt").string(), 50, 10, 1, 128); });

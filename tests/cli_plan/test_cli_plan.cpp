@@ -829,4 +829,18 @@ TEST_CASE("report and audit judge equal N with the sweep's own n_tolerance, as t
   CHECK(report.out.find("NOT compared with the dense baseline") != std::string::npos);
   CHECK(report.out.find("N within 1 % and C [paper] within 1 %") != std::string::npos);
   CHECK(run_moeplan("audit '" + runs.string() + "'").status == 1);
+  // Records say whether their manifest was planned as one equal-resource sweep; report says so
+  // when it was not (equal_resources = false: an ablation, a test).
+  REQUIRE(d.contains("sweep_equal_resources"));
+  CHECK(d["sweep_equal_resources"] == true);
+  CHECK(report.out.find("NOT an equal-resource sweep") == std::string::npos);
+  d["sweep_equal_resources"] = false;
+  std::ofstream(dense) << d.dump(1);
+  report = run_moeplan("report '" + runs.string() + "'");
+  CHECK(report.status == 0);
+  CHECK(report.out.find("NOT an equal-resource sweep: dense trained from a manifest that says "
+                        "equal_resources = false") != std::string::npos);
+  d["sweep_equal_resources"] = "no";
+  std::ofstream(dense) << d.dump(1);
+  CHECK(run_moeplan("report '" + runs.string() + "'").status == 2);
 }

@@ -410,6 +410,10 @@ TEST_CASE("[train]: negative coefficients and step counts are refused with the k
     const std::string e =
         error_of(edit(text, std::string(key) + " = ", std::string(key) + " = -3 #", "[train]"));
     CHECK(e.find(std::string("train.") + key + "' = -3 is invalid") != std::string::npos);
+    // Past 9e15, as grid --train refuses: an eval_tokens near 2^63 wrapped to one window.
+    const std::string big = error_of(edit(
+        text, std::string(key) + " = ", std::string(key) + " = 9223372036854775777 #", "[train]"));
+    CHECK(big.find("must be within 0..9e15") != std::string::npos);
   }
 }
 

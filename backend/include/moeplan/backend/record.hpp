@@ -36,6 +36,8 @@ struct RecordInputs {
   // The manifest's n_tolerance and compute_tolerance (0: not known): what the sweep calls equal
   // N and C, so that report and audit judge a folder of records as the manifest would.
   double n_tolerance = 0, compute_tolerance = 0;
+  // The manifest's equal_resources (false: not planned as one equal-resource sweep).
+  bool equal_resources = true;
 };
 
 nlohmann::json make_record(const RecordInputs& in);

@@ -40,6 +40,8 @@ struct RunOptions {
   bool shard_optimizer = false;  // EngineRequest::shard_optimizer
   // The manifest's n_tolerance and compute_tolerance, written into each record (0: not known).
   double n_tolerance = 0, compute_tolerance = 0;
+  // The manifest's equal_resources: false for an ablation or a test, which report says.
+  bool equal_resources = true;
   std::function<void(const Progress&)> on_progress;  // called after every step
   std::function<void(const std::string&)> on_engine;  // once a point's engine is built: describe()
   // A line the user should read before the point trains (on rank 0): e.g. that an interrupted
