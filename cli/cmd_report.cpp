@@ -29,11 +29,30 @@ std::vector<nlohmann::json> records_of(const std::string& dir) {
   return records;
 }
 
+// `moeplan audit DIR` (no --plan: each record against the plan it carries, the sweep's
+// tolerances as the records say), for the report to count no point the audit refuses.
+FolderAudit audit_of(const std::string& dir) {
+  const audit::AuditReport a = audit::audit_runs_dir(dir, "", audit::RunsAuditOptions{});
+  FolderAudit out;
+  out.claims = int(a.claims.size());
+  for (const audit::ClaimVerdict& c : a.claims) {
+    out.holding += c.holds;
+    if (!c.holds) out.failing.push_back(c.name);
+  }
+  for (const audit::Finding& f : a.findings) {
+    if (f.severity == audit::Severity::error) out.errors[f.table].push_back(f.message);
+    if (f.severity == audit::Severity::warning) out.warnings[f.table].push_back(f.message);
+  }
+  return out;
+}
+
 int report(const ReportFlags& f) {
   const ReportFormat format = report_format_for(f.output);  // refuse a bad -o before reading
   std::string text;
   if (f.runs_dirs.size() == 1) {
-    text = render_run_report(records_of(f.runs_dirs[0]), f.runs_dirs[0], format);
+    const auto records = records_of(f.runs_dirs[0]);
+    const FolderAudit audit = audit_of(f.runs_dirs[0]);
+    text = render_run_report(records, f.runs_dirs[0], format, &audit);
   } else {
     // Replicates are other seeds' folders: one folder named twice (runs and ./runs/) would be
     // counted as two runs that agree perfectly.
@@ -47,8 +66,12 @@ int report(const ReportFlags& f) {
               f.runs_dirs[j], f.runs_dirs[i]));
       }
     std::vector<std::vector<nlohmann::json>> folders;
-    for (const std::string& d : f.runs_dirs) folders.push_back(records_of(d));
-    text = render_replicate_report(folders, f.runs_dirs, format);
+    std::vector<FolderAudit> audits;
+    for (const std::string& d : f.runs_dirs) {
+      folders.push_back(records_of(d));
+      audits.push_back(audit_of(d));
+    }
+    text = render_replicate_report(folders, f.runs_dirs, format, audits);
   }
   if (f.output.empty()) {
     fmt::print("{}", text);

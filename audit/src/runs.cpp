@@ -637,6 +637,11 @@ RunRecord parse_run_record(std::string_view text, std::string source) {
       (k[0] == 'n' ? r.n_tolerance : r.compute_tolerance) = v;
     }
   }
+  if (j.contains("sweep_equal_resources")) {
+    if (!j.at("sweep_equal_resources").is_boolean())
+      rd.fail("sweep_equal_resources", "true or false");
+    r.equal_resources = j.at("sweep_equal_resources").get<bool>();
+  }
   if (!is_point_id(r.point_id))
     throw InputError(fmt::format("{}: 'point_id' is {} (a point id is {})", r.source,
                                  j["point_id"].dump(), kPointIdRule));
@@ -960,6 +965,36 @@ AuditReport audit_runs(const std::vector<RunRecord>& records, const std::vector<
                                           report.findings));
     same_data_claim(pts, done, report);
   }
+  // One sweep's records carry its tolerances alike: a folder whose records disagree holds points
+  // of two sweeps, and which one's tolerance judged equal N and C would be an accident.
+  ClaimVerdict tolerances;
+  tolerances.name = "every record carries the same sweep tolerances";
+  const RunRecord* first_tol = nullptr;  // the dense baseline's, else the first that has them
+  for (const RunRecord& r : records) {
+    if (!r.n_tolerance || !r.compute_tolerance) continue;
+    tolerances.rows.push_back(r.point_id);
+    if (!first_tol || (r.plan.role == "dense" && first_tol->plan.role != "dense")) first_tol = &r;
+  }
+  for (const RunRecord& r : records) {
+    if (!first_tol || !r.n_tolerance || !r.compute_tolerance || &r == first_tol) continue;
+    if (*r.n_tolerance == *first_tol->n_tolerance &&
+        *r.compute_tolerance == *first_tol->compute_tolerance)
+      continue;
+    tolerances.holds = false;
+    au.add(Severity::error, r.point_id, "sweep_tolerances", *first_tol->n_tolerance, *r.n_tolerance,
+           0,
+           fmt::format("carries sweep tolerances N {:g} %, C {:g} %, {} carries N {:g} %, C {:g} "
+                       "%: records of two sweeps (`--plan sweep.toml` holds every record to "
+                       "the manifest's)",
+                       100 * *r.n_tolerance, 100 * *r.compute_tolerance, first_tol->point_id,
+                       100 * *first_tol->n_tolerance, 100 * *first_tol->compute_tolerance));
+  }
+  if (!tolerances.holds) report.claims.push_back(tolerances);
+  for (const RunRecord& r : records)
+    if (r.equal_resources && !*r.equal_resources)
+      au.add(Severity::warning, r.point_id, "equal_resources", {}, {}, 0,
+             "trained from a manifest that says equal_resources = false (an ablation or a "
+             "test): these runs are not an equal-resource comparison");
   report.sort_findings();
   return report;
 }

@@ -48,10 +48,44 @@ bool is_dense(const json& r) {
 bool is_complete(const json& r) {
   return r.value("status", "") == "complete";
 }
+// The audit's findings on a record, put there by annotate() under a key no record file has:
+// {"errors": [...], "warnings": [...]}.
+constexpr const char* kAuditKey = "$audit";
+bool has_audit_error(const json& r) {
+  return r.contains(kAuditKey) && !r[kAuditKey]["errors"].empty();
+}
+std::string first_audit_error(const json& r) {
+  if (!has_audit_error(r)) return "";
+  const json& e = r[kAuditKey]["errors"];
+  return e.front().get<std::string>() +
+         (e.size() > 1 ? fmt::format(" (and {} more)", e.size() - 1) : "");
+}
+std::vector<json> annotate(const std::vector<json>& records, const FolderAudit* audit) {
+  std::vector<json> out = records;
+  if (!audit) return out;
+  for (json& r : out) {
+    const std::string id = r.value("point_id", "");
+    json a = {{"errors", json::array()}, {"warnings", json::array()}};
+    if (const auto it = audit->errors.find(id); it != audit->errors.end()) a["errors"] = it->second;
+    if (const auto it = audit->warnings.find(id); it != audit->warnings.end())
+      a["warnings"] = it->second;
+    r[kAuditKey] = a;
+  }
+  return out;
+}
+
 // Trained from a manifest that says equal_resources = false (an ablation, a test); records
 // written before 2026-12-03 do not say, and are taken as planned equal.
 bool not_equal_resource_sweep(const json& r) {
   return r.value("sweep_equal_resources", true) == false;
+}
+// The points that say so, for the banner.
+std::string ablation_points(const std::vector<json>& records) {
+  std::string s;
+  for (const json& r : records)
+    if (not_equal_resource_sweep(r))
+      s += fmt::format("{}{}", s.empty() ? "" : ", ", r.value("point_id", "?"));
+  return s;
 }
 
 // What a record's validation BPC was measured on and what it trained from: the source, the
@@ -173,7 +207,8 @@ std::string unequal_resources(const json& r, const json& dense) {
 // A point's BPC is set against the baseline's only when both read the same data and had equal
 // resources.
 bool comparable(const json& r, const json& dense) {
-  return same_data(r, dense) && unequal_resources(r, dense).empty();
+  return same_data(r, dense) && unequal_resources(r, dense).empty() && !has_audit_error(r) &&
+         !has_audit_error(dense);
 }
 
 // C [paper] within the plan's rounding of its target (the record's `within_rounding`, recomputed).
@@ -320,9 +355,10 @@ std::vector<std::string> row_of(const json& r, const json* dense) {
   }
   std::string vs = "-";
   if (!is_dense(r) && dense && complete)
-    vs = !same_data(r, *dense) ? "other data"
-         : !unequal_resources(r, *dense).empty()
-             ? "not equal"
+    vs = !same_data(r, *dense)                   ? "other data"
+         : !unequal_resources(r, *dense).empty() ? "not equal"
+         : has_audit_error(r) || has_audit_error(*dense)
+             ? "audit error"
              : fmt::format("{:+.3f}", bpc - dense->value("final_val_bpc", 0.0));
   return {r.value("point_id", "?"), fmt::format("{:.3f}", p.value("activation_rate", 0.0)),
           target_cell(p), human(p.value("total_params", 0.0)),
@@ -406,10 +442,31 @@ std::vector<std::string> time_row_of(const json& r, const json* dense) {
       vs};
 }
 
+// What the folder's audit says, in one line and its warnings (each once, at most 8 shown).
+std::string audit_line(const FolderAudit& a) {
+  size_t errors = 0;
+  for (const auto& [id, m] : a.errors) errors += m.size();
+  std::vector<std::string> warned;
+  for (const auto& [id, msgs] : a.warnings)
+    for (const std::string& m : msgs)
+      if (std::find(warned.begin(), warned.end(), m) == warned.end()) warned.push_back(m);
+  std::string s = fmt::format(
+      "\n`moeplan audit` of this folder (no --plan): {} of {} claims hold{}; {} error(s), {} "
+      "warning(s)",
+      a.holding, a.claims,
+      a.failing.empty() ? "" : fmt::format(" (failing: {})", fmt::join(a.failing, "; ")), errors,
+      warned.size());
+  for (size_t i = 0; i < warned.size() && i < 8; ++i) s += "\n  warning: " + warned[i];
+  if (warned.size() > 8) s += fmt::format("\n  ... and {} more warning(s)", warned.size() - 8);
+  return s;
+}
+
 // One paragraph: how many MoE points beat dense, and how many records match their plan.
-std::string verdict_of(const std::vector<json>& records, const json* dense) {
+std::string verdict_of(const std::vector<json>& records, const json* dense,
+                       const FolderAudit* audit) {
   int moe_total = 0, moe_better = 0, complete_count = 0, matching = 0;
-  std::string best, other_data, unequal, off_plan;
+  std::string best, other_data, unequal, off_plan, audited;
+  const bool dense_flagged = dense && has_audit_error(*dense);
   double best_bpc = 1e300;
   const double dense_bpc = dense ? dense->value("final_val_bpc", 0.0) : 0.0;
   for (const json& r : records) {
@@ -433,6 +490,11 @@ std::string verdict_of(const std::vector<json>& records, const json* dense) {
         continue;
       }
     }
+    if (dense && has_audit_error(r) && !is_dense(r)) {
+      audited += fmt::format("\n  {}: {}", r.value("point_id", "?"), first_audit_error(r));
+      continue;
+    }
+    if (dense_flagged) continue;
     if (!is_dense(r) && dense) {
       ++moe_total;
       if (bpc < dense_bpc) ++moe_better;
@@ -442,15 +504,17 @@ std::string verdict_of(const std::vector<json>& records, const json* dense) {
       best = r.value("point_id", "");
     }
   }
-  std::string ablation;
-  for (const json& r : records)
-    if (not_equal_resource_sweep(r))
-      ablation += fmt::format("{}{}", ablation.empty() ? "" : ", ", r.value("point_id", "?"));
-  std::string v = dense ? fmt::format(
-                              "dense baseline val BPC {:.4f}; MoE points with lower validation "
-                              "BPC: {} of {}; best point: {} ({:.4f} BPC)",
-                              dense_bpc, moe_better, moe_total, best, best_bpc)
-                        : std::string("no complete dense baseline record: no comparison");
+  const std::string ablation = ablation_points(records);
+  std::string v = dense_flagged
+                      ? fmt::format(
+                            "no comparison: `moeplan audit` finds an error in the dense baseline's "
+                            "record ({}), so no point is set against it",
+                            first_audit_error(*dense))
+                  : dense ? fmt::format(
+                                "dense baseline val BPC {:.4f}; MoE points with lower validation "
+                                "BPC: {} of {}; best point: {} ({:.4f} BPC)",
+                                dense_bpc, moe_better, moe_total, best, best_bpc)
+                          : std::string("no complete dense baseline record: no comparison");
   if (!ablation.empty())
     v = fmt::format(
             "NOT an equal-resource sweep: {} trained from a manifest that says equal_resources = "
@@ -463,6 +527,10 @@ std::string verdict_of(const std::vector<json>& records, const json* dense) {
         "\nnot compared with the dense baseline, which read {}: trained or validated on other "
         "data: {}",
         data_label(*dense), other_data);
+  if (!audited.empty())
+    v += "\nNOT compared with the dense baseline, `moeplan audit` finds an error in the record "
+         "(its first; `moeplan audit` lists every one):" +
+         audited;
   if (!unequal.empty())
     v += fmt::format(
              "\nNOT compared with the dense baseline, not equal-resource (N within {:.3g} % and C "
@@ -501,6 +569,7 @@ std::string verdict_of(const std::vector<json>& records, const json* dense) {
     v +=
         "\ncapacity drops (routed assignments over an expert's capacity, computed by no expert): " +
         drops;
+  if (audit) v += audit_line(*audit);
   return v;
 }
 
@@ -831,8 +900,9 @@ ReportFormat report_format_for(const fs::path& output) {
                                    : ""));
 }
 
-std::string render_run_report(const std::vector<json>& records, const std::string& source,
-                              ReportFormat format) {
+std::string render_run_report(const std::vector<json>& given, const std::string& source,
+                              ReportFormat format, const FolderAudit* audit) {
+  const std::vector<json> records = annotate(given, audit);
   const json* dense = nullptr;
   for (const json& r : records)
     if (is_dense(r) && is_complete(r)) dense = &r;
@@ -894,7 +964,7 @@ std::string render_run_report(const std::vector<json>& records, const std::strin
       "device ran, the ledger's exact/causal total; useful: without padding (e.g. the masked "
       "half of attention a GPU computes) and recompute. Train time vs dense: only against a "
       "dense run of the same device label (devices, kernels, passes, optimizer sharding)";
-  const std::string verdict = verdict_of(records, dense);
+  const std::string verdict = verdict_of(records, dense, audit);
   const std::string title = fmt::format(
       "moeplan report: {} run(s) in {}. BPC = {}, on held-out data; C = M·D in the {} "
       "convention (M = 6·N_a + 12·L·D_m·S per consumed token){}; D consumed counts repeats, D̂ "
@@ -962,8 +1032,21 @@ std::string first_difference(const json& a, const json& b) {
 
 }  // namespace
 
-std::string render_replicate_report(const std::vector<std::vector<json>>& folders,
-                                    const std::vector<std::string>& names, ReportFormat format) {
+// A record's [train] settings that replicates may vary: the seeds, and what changes no result.
+json replicate_settings(const json& r) {
+  json t = r.value("train", json::object());
+  if (!t.is_object()) return json::object();
+  for (const char* k : {"seed", "data_seed", "checkpoint_every", "device"}) t.erase(k);
+  return t;
+}
+
+std::string render_replicate_report(const std::vector<std::vector<json>>& given,
+                                    const std::vector<std::string>& names, ReportFormat format,
+                                    const std::vector<FolderAudit>& audits) {
+  std::vector<std::vector<json>> folders;
+  for (size_t f = 0; f < given.size(); ++f)
+    folders.push_back(annotate(given[f], audits.empty() ? nullptr : &audits[f]));
+  std::map<std::string, std::pair<json, size_t>> settings_of;  // first [train], less the seeds
   // Points in the order of the first folder that has them (dense first, then by r_a).
   std::vector<std::string> order;
   std::map<std::string, std::vector<std::pair<size_t, const json*>>> by_point;
@@ -999,6 +1082,21 @@ std::string render_replicate_report(const std::vector<std::vector<json>>& folder
                   id, names[f], names[first->second.second], src, key, b, a));
           }
       }
+      // Replicates differ in their seeds only: another positions or load_balance is another
+      // experiment, and its mean with this one describes neither.
+      if (r.contains("train")) {
+        const json s = replicate_settings(r);
+        const auto [it, fresh] = settings_of.try_emplace(id, s, f);
+        if (!fresh && it->second.first != s)
+          for (const auto& [k, v] : s.items())
+            if (!it->second.first.contains(k) || it->second.first[k] != v)
+              throw InputError(fmt::format(
+                  "point '{}' trained with train.{} = {} in '{}' but {} in '{}'; replicates "
+                  "differ only in seed and data_seed",
+                  id, k, v.dump(), names[f],
+                  it->second.first.contains(k) ? it->second.first[k].dump() : "(not set)",
+                  names[it->second.second]));
+      }
       if (plan_of.count(id)) {
         const std::string key = first_difference(*plan_of[id], r["plan"]);
         if (!key.empty())
@@ -1030,9 +1128,13 @@ std::string render_replicate_report(const std::vector<std::vector<json>>& folder
   for (size_t f = 0; f < folders.size(); ++f)
     for (const json& r : folders[f])
       if (r.contains("train")) {
-        seeds[f] = fmt::format("{}/{}", r["train"].value("seed", uint64_t(0)),
-                               r["train"].value("data_seed", uint64_t(0)));
-        break;
+        const std::string s = fmt::format("{}/{}", r["train"].value("seed", uint64_t(0)),
+                                          r["train"].value("data_seed", uint64_t(0)));
+        // A folder whose records ran with different seeds is not one replicate: say both.
+        if (seeds[f] == "not recorded")
+          seeds[f] = s;
+        else if (seeds[f].find(s) == std::string::npos)
+          seeds[f] += " and " + s;
       }
   for (size_t a = 0; a < folders.size(); ++a)
     for (size_t b = a + 1; b < folders.size(); ++b)
@@ -1063,9 +1165,18 @@ std::string render_replicate_report(const std::vector<std::vector<json>>& folder
       if (!is_complete(*r)) continue;
       // A record its folder's dense baseline cannot be compared with (other data, unequal
       // resources) is not a replicate of this point: left out of every column, and named.
+      if (is_d && has_audit_error(*r)) {
+        left_out += fmt::format("\n  {} in '{}': `moeplan audit` finds an error: {}", id, names[f],
+                                first_audit_error(*r));
+        continue;
+      }
       if (!is_d && dense[f] && !comparable(*r, *dense[f])) {
-        const std::string why = !same_data(*r, *dense[f]) ? "other data than its dense baseline"
-                                                          : unequal_resources(*r, *dense[f]);
+        const std::string why =
+            !same_data(*r, *dense[f])                   ? "other data than its dense baseline"
+            : !unequal_resources(*r, *dense[f]).empty() ? unequal_resources(*r, *dense[f])
+            : has_audit_error(*r) ? "`moeplan audit` finds an error: " + first_audit_error(*r)
+                                  : "`moeplan audit` finds an error in its dense baseline: " +
+                                        first_audit_error(*dense[f]);
         left_out += fmt::format("\n  {} in '{}': {}", id, names[f], why);
         continue;
       }
@@ -1113,6 +1224,11 @@ std::string render_replicate_report(const std::vector<std::vector<json>>& folder
       "the sample standard deviation over the replicates",
       order.size(), folders.size(), folders_text, bpc_words(all));
   std::string verdict =
+      (ablation_points(all).empty()
+           ? ""
+           : fmt::format("NOT an equal-resource sweep: {} trained from a manifest that says "
+                         "equal_resources = false (an ablation or a test)\n",
+                         ablation_points(all))) +
       fmt::format("MoE points below their folder's dense baseline in every replicate: {} of {}{}",
                   moe_always, moe_points,
                   moe_partial ? fmt::format(" ({} paired in fewer than the {} folders: not "
@@ -1134,6 +1250,8 @@ std::string render_replicate_report(const std::vector<std::vector<json>>& folder
                " ran with the same seeds: one initialisation and one data order, so their "
                "differences measure the device, kernels or thread count, not training noise (on "
                "the same ones they repeat each other bit for bit)";
+  for (size_t f = 0; f < audits.size(); ++f)
+    verdict += fmt::format("\nin '{}':", names[f]) + audit_line(audits[f]).substr(1);
   const std::string bar_text =
       bars.empty() ? ""
                    : "mean val BPC minus the dense baseline's (# below dense: better; + above: "

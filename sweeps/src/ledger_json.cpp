@@ -4,6 +4,7 @@
 #include <array>
 #include <climits>
 #include <cmath>
+#include <numbers>
 
 #include <fmt/format.h>
 
@@ -96,6 +97,25 @@ std::optional<RecordDefect> curve_defect(const nlohmann::json& record) {
         if (!v.is_number()) return RecordDefect{entry + ".parts." + part, "a number"};
     }
   }
+  // Bits are nats over ln 2: an evaluation whose val_bpc is not its val_loss's was edited (a
+  // BPC of 1.0 beside a loss of 1.42 nats, 2.05 bits).
+  if (record.is_object() && record.contains("val_curve"))
+    for (size_t i = 0; i < record.at("val_curve").size(); ++i) {
+      const nlohmann::json& e = record.at("val_curve")[i];
+      if (!e.contains("val_loss")) continue;
+      if (!e.at("val_loss").is_number())
+        return RecordDefect{fmt::format("val_curve[{}].val_loss", i), "a number >= 0"};
+      const double bits = e.at("val_loss").get<double>() / std::numbers::ln2;
+      if (std::fabs(e.at("val_bpc").get<double>() - bits) > 1e-9 * std::max(1.0, bits))
+        return RecordDefect{fmt::format("val_curve[{}].val_bpc", i),
+                            fmt::format("its val_loss over ln 2, {}", bits)};
+    }
+  // A complete record was evaluated at its end (`run` does): a final BPC beside an empty list of
+  // evaluations was measured by nothing. (Records written before val_curve existed have none.)
+  if (record.is_object() && record.value("status", "") == "complete" &&
+      record.contains("final_val_bpc") && record.contains("val_curve") &&
+      record.at("val_curve").empty())
+    return RecordDefect{"val_curve", "the evaluations behind final_val_bpc (none is given)"};
   // A complete record's final BPC is its last evaluation's (`run` writes it so): a
   // final_val_bpc of its own came from a hand edit, and reports would rank the point by it.
   if (record.is_object() && record.value("status", "") == "complete" &&
@@ -137,6 +157,11 @@ std::optional<RecordDefect> plan_defect(const nlohmann::json& record) {
   if (!record.is_object() || !record.contains("plan") || !record.at("plan").is_object())
     return std::nullopt;  // the readers name a missing plan themselves
   const nlohmann::json& p = record.at("plan");
+  // The plan a record ran is its point's: one run copied under another point id counts twice.
+  if (p.contains("id") && record.contains("point_id") && record.at("point_id").is_string() &&
+      p.at("id") != record.at("point_id"))
+    return RecordDefect{"plan.id",
+                        fmt::format("the record's point_id, {}", record.at("point_id").dump())};
   auto number = [&](const char* k) -> std::optional<double> {
     if (p.contains(k) && p.at(k).is_number()) return p.at(k).get<double>();
     return std::nullopt;

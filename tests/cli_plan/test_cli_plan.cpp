@@ -666,11 +666,24 @@ TEST_CASE("report: one folder named twice is not two replicates; a file is not a
     fs::create_directories(d / "moe-ra0.200");
     nlohmann::json rec2 = nlohmann::json::parse(slurp(runs + "/moe-ra0.200/record.json"));
     rec2[key] = value;
+    if (std::string(key) == "point_id") rec2["plan"]["id"] = value;  // its plan moved with it
     std::ofstream(d / "moe-ra0.200" / "record.json") << rec2.dump(1);
     for (const char* cmd : {"report", "audit"}) {
       const Result r = run_moeplan(std::string(cmd) + " '" + d.string() + "'");
       CHECK_MESSAGE(r.status == 2, cmd, " ", name, ": ", r.err);
       CHECK_MESSAGE(r.err.find(expected) != std::string::npos, cmd, " ", name, ": ", r.err);
+    }
+  }
+  {  // one run under two point ids: a point's record renamed to another point (plan.id kept)
+    const fs::path d = scratch() / "runs_twice";
+    fs::create_directories(d / "moe-ra0.900");
+    nlohmann::json rec2 = nlohmann::json::parse(slurp(runs + "/moe-ra0.200/record.json"));
+    rec2["point_id"] = "moe-ra0.900";
+    std::ofstream(d / "moe-ra0.900" / "record.json") << rec2.dump(1);
+    for (const char* cmd : {"report", "audit"}) {
+      const Result r = run_moeplan(std::string(cmd) + " '" + d.string() + "'");
+      CHECK_MESSAGE(r.status == 2, cmd, ": ", r.err);
+      CHECK_MESSAGE(r.err.find("'plan.id' is") != std::string::npos, cmd, ": ", r.err);
     }
   }
   const fs::path file = write("sweep-not-runs.toml", "x = 1\n");
@@ -843,4 +856,59 @@ TEST_CASE("report and audit judge equal N with the sweep's own n_tolerance, as t
   d["sweep_equal_resources"] = "no";
   std::ofstream(dense) << d.dump(1);
   CHECK(run_moeplan("report '" + runs.string() + "'").status == 2);
+}
+
+TEST_CASE(
+    "report counts no point the audit of its folder refuses, and replicates differ in seeds only") {
+  // A record whose FLOP ledger says twice its summary's C (a hand edit, or a record of another
+  // run): report took C from the summary and declared the point a win while `audit` failed the
+  // folder's equal C. The report now runs the folder's audit and leaves such a point out.
+  const fs::path sweep = scratch() / "au.toml", runs = scratch() / "au-runs";
+  fs::remove_all(runs);
+  REQUIRE(run_moeplan("grid --N 2e4 --ra 0.6 --dense-tpp 2 -o '" + sweep.string() + "'").status ==
+          0);
+  REQUIRE(run_moeplan("run '" + sweep.string() + "' --threads 1 --out '" + runs.string() + "'")
+              .status == 0);
+  Result report = run_moeplan("report '" + runs.string() + "'");
+  REQUIRE(report.status == 0);
+  CHECK(report.out.find("`moeplan audit` of this folder (no --plan): ") != std::string::npos);
+  CHECK(report.out.find("audit error") == std::string::npos);
+  const fs::path copy = scratch() / "au-edited";
+  fs::remove_all(copy);
+  fs::copy(runs, copy, fs::copy_options::recursive);
+  const fs::path moe = copy / "moe-ra0.600" / "record.json";
+  nlohmann::json r = nlohmann::json::parse(slurp(moe));
+  for (auto& [cat, phases] : r["measured"]["flops"]["by_category"].items())
+    for (auto& [phase, v] : phases.items()) v = v.get<int64_t>() * 2;
+  r["measured"]["flops"]["total"] = r["measured"]["flops"]["total"].get<int64_t>() * 2;
+  std::ofstream(moe) << r.dump(1);
+  CHECK(run_moeplan("audit '" + copy.string() + "'").status == 1);
+  report = run_moeplan("report '" + copy.string() + "'");
+  CHECK(report.status == 0);
+  CHECK(report.out.find("audit error") != std::string::npos);
+  CHECK(report.out.find("MoE points with lower validation BPC: 0 of 0") != std::string::npos);
+  CHECK(report.out.find("NOT compared with the dense baseline, `moeplan audit` finds an error") !=
+        std::string::npos);
+  // Records of two sweeps' tolerances in one folder: a claim of the audit, so the report's too.
+  fs::remove_all(copy);
+  fs::copy(runs, copy, fs::copy_options::recursive);
+  nlohmann::json d = nlohmann::json::parse(slurp(copy / "dense" / "record.json"));
+  d["sweep_tolerances"] = {{"n", 0.05}, {"compute", 0.05}};
+  std::ofstream(copy / "dense" / "record.json") << d.dump(1);
+  const Result a = run_moeplan("audit '" + copy.string() + "'");
+  CHECK(a.status == 1);
+  CHECK(a.out.find("FAILS  every record carries the same sweep tolerances") != std::string::npos);
+  // Replicates: another [train] setting than the seeds is another experiment, refused.
+  fs::remove_all(copy);
+  fs::copy(runs, copy, fs::copy_options::recursive);
+  for (const char* id : {"dense", "moe-ra0.600"}) {
+    nlohmann::json x = nlohmann::json::parse(slurp(copy / id / "record.json"));
+    x["train"]["load_balance"] = 0.1;
+    std::ofstream(copy / id / "record.json") << x.dump(1);
+  }
+  const Result rep = run_moeplan("report '" + runs.string() + "' '" + copy.string() + "'");
+  CHECK(rep.status == 2);
+  CHECK_MESSAGE(rep.err.find("trained with train.load_balance = 0.1 in") != std::string::npos,
+                rep.err);
+  CHECK(rep.err.find("replicates differ only in seed and data_seed") != std::string::npos);
 }

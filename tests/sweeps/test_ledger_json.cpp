@@ -1,6 +1,8 @@
 // A FLOP ledger as JSON: integers while they fit 64 bits, decimal strings past them.
 #include <doctest/doctest.h>
 
+#include <cmath>
+
 #include <string>
 
 #include <fmt/format.h>
@@ -127,6 +129,21 @@ TEST_CASE("curve_defect: the first key of a curve that is not a number, by its f
   bad = r;
   bad["loss_curve"][0]["train_loss"] = -1.7e308;
   CHECK(defect(bad) == "loss_curve[0].train_loss|a number >= 0|false");
+  // Bits are nats over ln 2: 2.0794 nats is 3.0 bits (2.0794415 / 0.6931472); a BPC of 1.0
+  // beside it was edited.
+  bad = r;
+  bad["val_curve"][0]["val_loss"] = 3 * std::log(2.0);
+  bad["val_curve"][0]["val_bpc"] = 3.0;
+  CHECK_FALSE(curve_defect(bad));
+  bad["val_curve"][0]["val_bpc"] = 1.0;
+  CHECK(defect(bad).starts_with("val_curve[0].val_bpc|its val_loss over ln 2, 3"));
+  // A complete record's final BPC with no evaluation behind it.
+  bad = r;
+  bad["status"] = "complete";
+  bad["final_val_bpc"] = 1.5;
+  CHECK_FALSE(curve_defect(bad));  // its last evaluation's
+  bad["val_curve"] = json::array();
+  CHECK(defect(bad) == "val_curve|the evaluations behind final_val_bpc (none is given)|false");
 }
 
 TEST_CASE("run_facts_defect: how a record ran, where given, is of its kind") {
@@ -154,6 +171,15 @@ TEST_CASE("run_facts_defect: how a record ran, where given, is of its kind") {
   CHECK(defect("final_val_bpc", "1.8") == "final_val_bpc|a number > 0");
   // 0 BPC is no measurement: it was every report's "best point".
   CHECK(defect("final_val_bpc", 0.0) == "final_val_bpc|a number > 0");
+}
+
+TEST_CASE("plan_defect: the plan is the record's point's (one run is not two points)") {
+  const json r = {{"point_id", "moe-ra0.500"}, {"plan", {{"id", "moe-ra0.300"}}}};
+  const auto d = plan_defect(r);
+  REQUIRE(d);
+  CHECK(d->key == "plan.id");
+  CHECK(d->want == "the record's point_id, \"moe-ra0.500\"");
+  CHECK_FALSE(plan_defect(json{{"point_id", "dense"}, {"plan", {{"id", "dense"}}}}));
 }
 
 TEST_CASE("plan_defect: a record's plan agrees with itself") {

@@ -25,6 +25,8 @@ struct RunRecord {
   // The manifest's n_tolerance and compute_tolerance, as `run` wrote them (absent in older
   // records): a runs folder audited without --plan is held to its own sweep's tolerances.
   std::optional<double> n_tolerance, compute_tolerance;
+  // The manifest's equal_resources (absent in older records): false for an ablation or a test.
+  std::optional<bool> equal_resources;
   std::string point_id;
   std::string status;  // "complete" | "running"
   Plan plan;           // the plan embedded in the record

@@ -2,6 +2,7 @@
 // The comparison of a sweep's run records: validation BPC per point against the dense baseline,
 // with the measured N, C [paper], D consumed, D̂ unique and epochs beside the planned ones.
 #include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -17,16 +18,29 @@ enum class ReportFormat { text, markdown, html };
 // From an output file's extension: none or .txt, .md, .html; InputError for anything else.
 ReportFormat report_format_for(const std::filesystem::path& output);
 
-// `source` names where the records came from (printed in the title).
+// What `moeplan audit` says of one runs folder (the command fills it from the audit, which
+// checks far more than the report: every ledger against its plan, the data, the tolerances).
+// The report counts no point whose record the audit finds an error in, nor any point when the
+// dense baseline's has one, and says so: a table must not declare a win the audit refuses.
+struct FolderAudit {
+  int claims = 0, holding = 0;
+  std::vector<std::string> failing;  // names of the claims that fail
+  std::map<std::string, std::vector<std::string>> errors, warnings;  // point id -> messages
+};
+
+// `source` names where the records came from (printed in the title). `audit`: the folder's, or
+// nullptr for none (no audit line, nothing left out for it).
 std::string render_run_report(const std::vector<nlohmann::json>& records, const std::string& source,
-                              ReportFormat format);
+                              ReportFormat format, const FolderAudit* audit = nullptr);
 
 // Several runs folders of the same sweep, each trained with other seeds: per point, the final
 // validation BPC over the replicates (mean, sample sd, range), its difference from the dense
 // baseline of the same folder, and in how many folders the point beat that baseline. InputError
 // when a point's plan differs between folders (replicates train the same plan). `names` are the
 // folders as given.
+// `audits`: one per folder, or empty.
 std::string render_replicate_report(const std::vector<std::vector<nlohmann::json>>& folders,
-                                    const std::vector<std::string>& names, ReportFormat format);
+                                    const std::vector<std::string>& names, ReportFormat format,
+                                    const std::vector<FolderAudit>& audits = {});
 
 }  // namespace moeplan
