@@ -186,8 +186,13 @@ std::string check_complete_record(const nlohmann::json& rec, const std::string& 
 
 int run(const RunFlags& f) {
   namespace fs = std::filesystem;
+  // A closed terminal (SIGHUP) stops like Ctrl-C; a closed pipe (`run ... | head`) is no reason
+  // to stop training: progress lines to a reader that left are dropped, not fatal (SIGPIPE
+  // killed the run between checkpoints, losing the steps since the last).
   std::signal(SIGINT, on_stop_before_training);
   std::signal(SIGTERM, on_stop_before_training);
+  std::signal(SIGHUP, on_stop_before_training);
+  std::signal(SIGPIPE, SIG_IGN);
   const Manifest m = read_manifest(f.manifest);
   std::vector<const Plan*> points{&m.dense};
   for (const Plan& p : m.points) points.push_back(&p);
@@ -309,6 +314,7 @@ int run(const RunFlags& f) {
 
   std::signal(SIGINT, on_stop_signal);
   std::signal(SIGTERM, on_stop_signal);
+  std::signal(SIGHUP, on_stop_signal);
   if (f.nproc != 1) return launch(f);
   int index = 0;
   double estimated_seconds = 0;

@@ -1,9 +1,13 @@
 // moeplan: plan, run, audit and report equal-resource MoE vs dense sweeps.
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <exception>
+#include <iostream>
 #include <map>
 #include <string>
+#include <system_error>
 
 #include <fmt/format.h>
 
@@ -54,56 +58,88 @@ std::string parse_error_message(const CLI::ParseError& e) {
 
 }  // namespace moeplan::cli
 
+namespace {
+// What a command printed must have reached stdout: a full disk or a closed stdout lost it, with
+// exit 0 and an empty file that looked like success. `run` is exempt: its results are its files,
+// and its progress lines to a reader that left are dropped, not a failure.
+int check_stdout(int rc, bool exempt) {
+  errno = 0;
+  std::cout.flush();
+  const bool failed = std::fflush(stdout) != 0 || std::ferror(stdout) || !std::cout;
+  if (!failed || exempt || rc != 0) return rc;  // a failed command has said why already
+  const int err = errno;
+  std::fprintf(stderr, "moeplan: error: cannot write the output to stdout%s\n",
+               err ? fmt::format(" ({})", std::strerror(err)).c_str() : "");
+  return moeplan::cli::kExitBadInput;
+}
+}  // namespace
+
 int main(int argc, char** argv) {
   using namespace moeplan::cli;
-  args_storage().assign(argv + (argc > 0 ? 1 : 0), argv + argc);
-  CLI::App app{"moeplan: plan, train, audit and report equal-resource MoE vs dense sweeps"};
-  app.require_subcommand(1);
-  app.set_version_flag("--version", "moeplan 0.1.0");
-  auto cmds = commands();
-  std::sort(cmds.begin(), cmds.end(),
-            [](const Command& a, const Command& b) { return a.order < b.order; });
-  std::map<CLI::App*, std::function<int()>> actions;
-  for (const Command& c : cmds) {
-    CLI::App* sub = app.add_subcommand(c.name, c.description);
-    actions[sub] = c.setup(*sub);
-  }
-  // "A subcommand is required" is all CLI11 says to `moeplan foo` and to a bare `moeplan`.
-  std::string names;
-  for (const Command& c : cmds) names += (names.empty() ? "" : ", ") + c.name;
-  const std::string first = argc > 1 ? argv[1] : "";
-  const bool known =
-      std::any_of(cmds.begin(), cmds.end(), [&](const Command& c) { return c.name == first; });
-  if (argc < 2 || (!known && first.rfind('-', 0) != 0)) {
-    std::fprintf(stderr, "moeplan: error: %s\n",
-                 (argc < 2 ? fmt::format("give a command: {} (moeplan --help)", names)
-                           : fmt::format("'{}' is not a moeplan command; use {} (moeplan --help)",
-                                         first, names))
-                     .c_str());
+  bool exempt = false;
+  const int rc = [&] {
+    args_storage().assign(argv + (argc > 0 ? 1 : 0), argv + argc);
+    CLI::App app{"moeplan: plan, train, audit and report equal-resource MoE vs dense sweeps"};
+    app.require_subcommand(1);
+    app.set_version_flag("--version", "moeplan 0.1.0");
+    auto cmds = commands();
+    std::sort(cmds.begin(), cmds.end(),
+              [](const Command& a, const Command& b) { return a.order < b.order; });
+    std::map<CLI::App*, std::function<int()>> actions;
+    for (const Command& c : cmds) {
+      CLI::App* sub = app.add_subcommand(c.name, c.description);
+      actions[sub] = c.setup(*sub);
+    }
+    // "A subcommand is required" is all CLI11 says to `moeplan foo` and to a bare `moeplan`.
+    std::string names;
+    for (const Command& c : cmds) names += (names.empty() ? "" : ", ") + c.name;
+    const std::string first = argc > 1 ? argv[1] : "";
+    const bool known =
+        std::any_of(cmds.begin(), cmds.end(), [&](const Command& c) { return c.name == first; });
+    if (argc < 2 || (!known && first.rfind('-', 0) != 0)) {
+      std::fprintf(stderr, "moeplan: error: %s\n",
+                   (argc < 2 ? fmt::format("give a command: {} (moeplan --help)", names)
+                             : fmt::format("'{}' is not a moeplan command; use {} (moeplan --help)",
+                                           first, names))
+                       .c_str());
+      return kExitBadInput;
+    }
+    try {
+      app.parse(argc, argv);
+    } catch (const CLI::CallForHelp& e) {
+      return app.exit(e);
+    } catch (const CLI::CallForAllHelp& e) {
+      return app.exit(e);
+    } catch (const CLI::CallForVersion& e) {
+      return app.exit(e);
+    } catch (const CLI::ParseError& e) {
+      std::fprintf(stderr, "moeplan: error: %s\n", parse_error_message(e).c_str());
+      return kExitBadInput;
+    }
+    try {
+      for (auto& [sub, action] : actions)
+        if (sub->parsed()) {
+          exempt = sub->get_name() == "run";
+          return action();
+        }
+    } catch (const std::system_error& e) {
+      // fmt::print throws this when stdout cannot take the text (a full disk, a closed stdout).
+      if (std::ferror(stdout)) {
+        std::fprintf(stderr, "moeplan: error: cannot write the output to stdout (%s)\n",
+                     moeplan::printable(e.code().message()).c_str());
+        return kExitBadInput;
+      }
+      std::fprintf(stderr, "moeplan: error: %s\n", moeplan::printable(e.what()).c_str());
+      return kExitInternal;
+    } catch (const moeplan::InputError& e) {
+      // One line, shown as written: a name with a control character is escaped, not obeyed.
+      std::fprintf(stderr, "moeplan: error: %s\n", moeplan::printable(e.what()).c_str());
+      return kExitBadInput;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "moeplan: error: %s\n", moeplan::printable(e.what()).c_str());
+      return kExitInternal;
+    }
     return kExitBadInput;
-  }
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::CallForAllHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::CallForVersion& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "moeplan: error: %s\n", parse_error_message(e).c_str());
-    return kExitBadInput;
-  }
-  try {
-    for (auto& [sub, action] : actions)
-      if (sub->parsed()) return action();
-  } catch (const moeplan::InputError& e) {
-    // One line, shown as written: a name with a control character is escaped, not obeyed.
-    std::fprintf(stderr, "moeplan: error: %s\n", moeplan::printable(e.what()).c_str());
-    return kExitBadInput;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "moeplan: error: %s\n", moeplan::printable(e.what()).c_str());
-    return kExitInternal;
-  }
-  return kExitBadInput;
+  }();
+  return check_stdout(rc, exempt);
 }

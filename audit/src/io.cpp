@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "moeplan/accounting/error.hpp"
+#include "moeplan/sweeps/atomic_file.hpp"
 
 namespace moeplan::audit {
 
@@ -19,12 +20,10 @@ std::string read_text_file(const fs::path& path) {
   std::error_code ec;
   if (fs::is_directory(path, ec))
     throw InputError(fmt::format("{}: is a folder, expected a file", path.string()));
-  std::ifstream in(path, std::ios::binary);
-  if (!in)
-    throw InputError(fmt::format("{}: cannot read ({})", path.string(), std::strerror(errno)));
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
+  const std::string ext = extension_lower(path);
+  return read_input_file(path, ext == ".csv"    ? "claim table"
+                               : ext == ".toml" ? "audit spec"
+                                                : "audit input");
 }
 
 AuditSpec load_spec(const fs::path& path) {

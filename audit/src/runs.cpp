@@ -13,6 +13,7 @@
 #include "moeplan/accounting/units.hpp"
 #include "moeplan/audit/claims.hpp"
 #include "moeplan/planner/point.hpp"
+#include "moeplan/sweeps/escape.hpp"
 #include "moeplan/sweeps/ledger_json.hpp"
 #include "moeplan/sweeps/manifest_io.hpp"
 
@@ -654,8 +655,9 @@ RunRecord parse_run_record(std::string_view text, std::string source) {
   if (j.contains("data")) {
     const json& d = rd.obj(j, "data");
     const Reader rdd = rd.in("data");
-    r.data_source = rdd.text(d, "source");
-    r.data_description = rdd.text(d, "description");
+    // As printed in findings: a line break in a path would forge a line of the report.
+    r.data_source = printable(rdd.text(d, "source"));
+    r.data_description = printable(rdd.text(d, "description"));
     r.validation_tokens = rdd.integer(d, "validation_tokens");
     if (d.contains("training_fingerprint"))
       r.training_fingerprint = rdd.text(d, "training_fingerprint");
@@ -663,7 +665,8 @@ RunRecord parse_run_record(std::string_view text, std::string source) {
       r.validation_fingerprint = rdd.text(d, "validation_fingerprint");
   }
   if (j.contains("train")) r.train = settings_map(rd.obj(j, "train"));
-  if (j.contains("device") && j.at("device").is_string()) r.device = j.at("device");
+  if (j.contains("device") && j.at("device").is_string())
+    r.device = printable(j.at("device").get<std::string>());
   // The curves (arrays of objects with numbers) and the facts of how it ran, as `moeplan report`
   // reads them, in a running record too.
   if (const auto d = curve_defect(j)) rd.fail(d->key, d->want.c_str());

@@ -44,6 +44,7 @@ std::string describe(int wait_status) {
   }
   ::signal(SIGINT, SIG_DFL);
   ::signal(SIGTERM, SIG_DFL);
+  ::signal(SIGHUP, SIG_DFL);
   std::vector<std::string> copy = args;
   std::string self = "/proc/self/exe";
   std::vector<char*> argv{self.data()};

@@ -93,7 +93,8 @@ std::string ablation_points(const std::vector<json>& records) {
 std::string data_label(const json& r, bool with_data_seed = true) {
   if (!r.contains("data") || !r["data"].is_object()) return "";
   const json& d = r["data"];
-  std::string s = d.value("source", "?");
+  // A path's line break or escape sequence would break the line it is printed in.
+  std::string s = printable(d.value("source", "?"));
   if (with_data_seed && s == "builtin" && r.contains("train") && r["train"].contains("data_seed"))
     s += fmt::format(", data_seed {}", r["train"]["data_seed"].dump());
   return s + fmt::format(", {} validation tokens", d.value("validation_tokens", int64_t{0}));
@@ -410,10 +411,10 @@ double category_sum(const json& flops, const char* category) {
 // smaller than a rank's share of the batch (`--micro-batch`) and a sharded optimizer. Times are
 // compared only between records with the same label.
 std::string device_label(const json& r) {
-  const std::string k = r.value("kernels", "");
+  const std::string k = printable(r.value("kernels", ""));
   const int w = r.value("world_size", 1);
-  std::string label =
-      r.value("device", "?") + (w > 1 ? fmt::format(" x{}", w) : "") + (k.empty() ? "" : " " + k);
+  std::string label = printable(r.value("device", "?")) + (w > 1 ? fmt::format(" x{}", w) : "") +
+                      (k.empty() ? "" : " " + k);
   const int64_t pass = r.value("pass_seqs", int64_t(0));
   const int64_t batch = r.contains("plan") ? r["plan"].value("batch_seqs", int64_t(0)) : 0;
   if (pass > 0 && batch > 0 && pass < (batch + w - 1) / w)

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "moeplan/accounting/error.hpp"
+#include "moeplan/sweeps/atomic_file.hpp"
 #include "toml_reader.hpp"
 
 namespace moeplan {
@@ -89,11 +90,7 @@ std::string slurp(const std::filesystem::path& path, const char* what) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec))
     throw InputError(fmt::format("'{}' is a folder; give the {} file (TOML)", path.string(), what));
-  std::ifstream in(path);
-  if (!in) throw InputError(fmt::format("cannot read {} file '{}'", what, path.string()));
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  return read_input_file(path, what);
 }
 }  // namespace
 

@@ -1,10 +1,12 @@
 #include "moeplan/sweeps/atomic_file.hpp"
 
 #include <cerrno>
+#include <csignal>
 #include <cstring>
 #include <string>
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -52,6 +54,39 @@ void write_stream(const std::filesystem::path& path, std::span<const std::string
 }
 }  // namespace
 
+std::string read_input_file(const std::filesystem::path& path, std::string_view what) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw InputError(fmt::format("'{}' is a folder; give the {} file", path.string(), what));
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    throw InputError(
+        fmt::format("cannot read {} file '{}' ({})", what, path.string(), std::strerror(errno)));
+  std::string out;
+  char buf[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int err = errno;
+      ::close(fd);
+      throw InputError(
+          fmt::format("cannot read {} file '{}' ({})", what, path.string(), std::strerror(err)));
+    }
+    if (n == 0) break;
+    if (out.size() + size_t(n) > kMaxInputBytes) {
+      ::close(fd);
+      throw InputError(
+          fmt::format("{} file '{}' is larger than {} MiB, more than any such text "
+                      "file moeplan reads (is it the right file?)",
+                      what, path.string(), kMaxInputBytes >> 20));
+    }
+    out.append(buf, size_t(n));
+  }
+  ::close(fd);
+  return out;
+}
+
 void write_file_atomic(const std::filesystem::path& path, std::string_view content) {
   write_file_atomic(path, std::span<const std::string_view>(&content, 1));
 }
@@ -81,6 +116,19 @@ void write_file_atomic(const std::filesystem::path& link, std::span<const std::s
   const mode_t mode = ::stat(path.c_str(), &old_st) == 0 && S_ISREG(old_st.st_mode)
                           ? mode_t(old_st.st_mode & 07777)
                           : mode_t(0644);
+  // Ctrl-C, a closed terminal or a kill between mkstemp and rename left a full-size hidden temp
+  // file beside the target, which nothing removed: those signals wait until the rename is done
+  // (or the temp removed), then act as they would have.
+  struct HoldStops {
+    sigset_t old{};
+    HoldStops() {
+      sigset_t hold;
+      sigemptyset(&hold);
+      for (int s : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) sigaddset(&hold, s);
+      pthread_sigmask(SIG_BLOCK, &hold, &old);
+    }
+    ~HoldStops() { pthread_sigmask(SIG_SETMASK, &old, nullptr); }
+  } hold;
   // A unique temp name beside the target, so concurrent writers never share one.
   std::string tmp = (dir / fmt::format(".{}.tmp.XXXXXX", path.filename().string())).string();
   const int fd = ::mkstemp(tmp.data());

@@ -511,8 +511,8 @@ void apply_train_settings(TrainSettings& settings, const std::vector<std::string
       case Kind::integer: {
         const double v = parse_quantity(value, flag);
         if (v != std::floor(v) || std::fabs(v) > 9e15)
-          throw InputError(
-              fmt::format("{} = '{}' is invalid; it must be a whole number", flag, value));
+          throw InputError(fmt::format(
+              "{} = '{}' is invalid; it must be a whole number of at most 9e15", flag, value));
         literal[key] = fmt::format("{}", int64_t(v));
         break;
       }
@@ -639,10 +639,20 @@ Manifest manifest_from_toml_string(const std::string& text, const std::string& o
 }
 
 void check_train_fits_points(const Manifest& m, const std::string& origin) {
-  // RoPE rotates pairs of a head's dimensions.
-  if (m.train.positions != "rope") return;
   std::vector<const Plan*> plans{&m.dense};
   for (const Plan& p : m.points) plans.push_back(&p);
+  // Byte sources (the built-in corpus, text:, bytes:) read tokens 0..255: `run` refused a plan
+  // of a smaller vocabulary that grid had written without a word.
+  const std::string& src = m.train.source;
+  if (src == "builtin" || src.starts_with("text:") || src.starts_with("bytes:"))
+    for (const Plan* p : plans)
+      if (p->arch.vocab < 256)
+        throw InputError(fmt::format(
+            "{}: point '{}' has vocab = {}, but train.source = \"{}\" reads bytes, tokens 0 to "
+            "255: plan with --vocab 256 or more, or train on shards of a smaller vocabulary",
+            origin, p->id, p->arch.vocab, src));
+  // RoPE rotates pairs of a head's dimensions.
+  if (m.train.positions != "rope") return;
   for (const Plan* p : plans)
     if (p->arch.head_dim % 2 != 0)
       throw InputError(fmt::format(
@@ -665,13 +675,7 @@ Manifest read_manifest(const std::filesystem::path& path) {
     throw InputError(fmt::format(
         "'{}' is a folder, not a manifest: give the sweep.toml of moeplan grid ... -o sweep.toml",
         path.string()));
-  std::ifstream in(path, std::ios::binary);
-  if (!in)
-    throw InputError(
-        fmt::format("cannot read manifest '{}' (no such file or no permission)", path.string()));
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return manifest_from_toml_string(ss.str(), path.string());
+  return manifest_from_toml_string(read_input_file(path, "manifest"), path.string());
 }
 
 void write_manifest_atomic(const Manifest& m, const std::filesystem::path& path) {

@@ -1085,6 +1085,23 @@ TEST_CASE("a point another process is training is left to it; a lock its dead ow
   CHECK(record(out, "moe-l")["status"] == "complete");
 }
 
+TEST_CASE("SIGHUP (a closed terminal) checkpoints and exits 130 as SIGINT does") {
+  // It killed the run between checkpoints, losing the steps since the last one.
+  const fs::path dir = fresh_dir("sighup");
+  write_manifest_atomic(
+      tiny_manifest(tiny_plan("dense", true, 10, 4, 50), {tiny_plan("moe-h", false, 400, 4, 50)}),
+      dir / "sweep.toml");
+  const fs::path out = dir / "runs";
+  const pid_t pid = spawn({"run", (dir / "sweep.toml").string(), "--point", "moe-h", "--out",
+                           out.string(), "--checkpoint-every", "50"},
+                          dir / "h.out", dir / "h.err");
+  wait_for_file(out / "moe-h" / "record.json");
+  ::kill(pid, SIGHUP);
+  CHECK(wait_status(pid) == 130);
+  REQUIRE_MESSAGE(record(out, "moe-h")["status"] == "running", "finished before the hang-up");
+  CHECK(read_file(dir / "h.out").find("interrupted: checkpoint at step") != std::string::npos);
+}
+
 TEST_CASE(
     "SIGINT checkpoints at the end of the step and exits 130; the rerun resumes and completes") {
   const fs::path dir = fresh_dir("sigint");

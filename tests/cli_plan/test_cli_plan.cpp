@@ -912,3 +912,22 @@ TEST_CASE(
                 rep.err);
   CHECK(rep.err.find("replicates differ only in seed and data_seed") != std::string::npos);
 }
+
+TEST_CASE("output that cannot reach stdout is an error, not exit 0; a huge input is refused") {
+  // A full disk or a closed stdout left an empty file and exit 0 (or exit 70 for JSON).
+  for (const char* args : {"conventions >/dev/full", "grid --N 3e5 --ra 0.2:0.5 >/dev/full",
+                           "grid --N 3e5 --ra 0.2:0.5 --format json >/dev/full",
+                           "plan --N 3e5 --ra 0.2 >&-", "--help >/dev/full"}) {
+    const Result r = run_moeplan(args);
+    CHECK_MESSAGE(r.status == 2, args, ": ", r.err);
+    CHECK_MESSAGE(count_lines(r.err) == 1, args, ": ", r.err);
+    CHECK_MESSAGE(r.err.find("cannot write the output to stdout") != std::string::npos, args, ": ",
+                  r.err);
+  }
+  // /dev/zero as a manifest filled memory until killed (or bad_alloc, exit 70).
+  for (const char* args : {"show /dev/zero", "plan --arch /dev/zero"}) {
+    const Result r = run_moeplan(args);
+    CHECK(r.status == 2);
+    CHECK_MESSAGE(r.err.find("is larger than 256 MiB") != std::string::npos, args, ": ", r.err);
+  }
+}

@@ -674,3 +674,19 @@ TEST_CASE("positions = rope needs an even head_dim at every point: refused by gr
                                          "train.positions = \"rope\""),
                        InputError);
 }
+
+TEST_CASE("a byte source needs vocab >= 256 at every point: refused by grid and on read") {
+  // grid --vocab 2 planned a sweep that run then refused ("byte tokens need vocab >= 256").
+  SweepRequest r;
+  r.plan.n_target = 3e4;
+  r.plan.backbone.vocab = 2;
+  r.plan.budget.value = 2;
+  r.activation_rates = parse_ra_spec("0.3");
+  CHECK_THROWS_WITH_AS(plan_sweep(r),
+                       doctest::Contains("point 'dense' has vocab = 2, but train.source = "
+                                         "\"builtin\" reads bytes, tokens 0 to 255"),
+                       InputError);
+  // Shards of a tokenizer's ids may have any vocabulary.
+  r.train.source = "shards:data/*.bin";
+  CHECK_NOTHROW(plan_sweep(r));
+}

@@ -17,6 +17,13 @@ void write_file_atomic(const std::filesystem::path& path, std::string_view conte
 // optimizer state) is written from where its parts lie, without first joining them in memory.
 void write_file_atomic(const std::filesystem::path& path, std::span<const std::string_view> parts);
 
+// An input file a user names (a manifest, an arch or backbone file, a claim table or spec), read
+// whole: at most kMaxInputBytes, so that /dev/zero or a multi-GB file by mistake is refused in a
+// line instead of filling memory. A pipe (`<(...)`) is read as a file. Throws InputError naming
+// the path, `what` it should be and the system's reason; a folder is refused as such.
+inline constexpr std::size_t kMaxInputBytes = std::size_t(256) << 20;
+std::string read_input_file(const std::filesystem::path& path, std::string_view what);
+
 // A file name's extension in lower case, with its dot: "r.HTML" -> ".html", "x" -> "". The output
 // formats are chosen by it (-o r.MD is Markdown as r.md is).
 inline std::string extension_lower(const std::filesystem::path& path) {
