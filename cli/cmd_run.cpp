@@ -44,6 +44,13 @@ extern "C" void on_stop_before_training(int) {
 extern "C" void on_stop_signal(int sig) {
   g_stop.store(sig);
 }
+// A stop signal the process was started to ignore stays ignored: `nohup moeplan run ...` must
+// outlive the terminal (SIGHUP), and a job a script put in the background ignores SIGINT.
+void on_stop(int sig, void (*handler)(int)) {
+  struct sigaction now {};
+  if (::sigaction(sig, nullptr, &now) == 0 && now.sa_handler == SIG_IGN) return;
+  std::signal(sig, handler);
+}
 
 struct RunFlags {
   std::string manifest;
@@ -189,9 +196,7 @@ int run(const RunFlags& f) {
   // A closed terminal (SIGHUP) stops like Ctrl-C; a closed pipe (`run ... | head`) is no reason
   // to stop training: progress lines to a reader that left are dropped, not fatal (SIGPIPE
   // killed the run between checkpoints, losing the steps since the last).
-  std::signal(SIGINT, on_stop_before_training);
-  std::signal(SIGTERM, on_stop_before_training);
-  std::signal(SIGHUP, on_stop_before_training);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) on_stop(sig, on_stop_before_training);
   std::signal(SIGPIPE, SIG_IGN);
   const Manifest m = read_manifest(f.manifest);
   std::vector<const Plan*> points{&m.dense};
@@ -312,9 +317,7 @@ int run(const RunFlags& f) {
   }
   if (!f.estimate) backend::ensure_writable_dir(opt.out_dir);  // an estimate writes nothing
 
-  std::signal(SIGINT, on_stop_signal);
-  std::signal(SIGTERM, on_stop_signal);
-  std::signal(SIGHUP, on_stop_signal);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) on_stop(sig, on_stop_signal);
   if (f.nproc != 1) return launch(f);
   int index = 0;
   double estimated_seconds = 0;

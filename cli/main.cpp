@@ -60,23 +60,25 @@ std::string parse_error_message(const CLI::ParseError& e) {
 
 namespace {
 // What a command printed must have reached stdout: a full disk or a closed stdout lost it, with
-// exit 0 and an empty file that looked like success. `run` is exempt: its results are its files,
-// and its progress lines to a reader that left are dropped, not a failure.
-int check_stdout(int rc, bool exempt) {
+// exit 0 and an empty file that looked like success. `run` that trains is exempt: its results
+// are its files, and its progress lines to a reader that left are dropped, not a failure (an
+// estimate's result is its output: not exempt). A command that failed keeps its status (audit's
+// 1: a claim fails) and is told that its output was lost too.
+int check_stdout(int rc, bool exempt, bool reported) {
   errno = 0;
   std::cout.flush();
   const bool failed = std::fflush(stdout) != 0 || std::ferror(stdout) || !std::cout;
-  if (!failed || exempt || rc != 0) return rc;  // a failed command has said why already
+  if (!failed || exempt || reported) return rc;
   const int err = errno;
   std::fprintf(stderr, "moeplan: error: cannot write the output to stdout%s\n",
                err ? fmt::format(" ({})", std::strerror(err)).c_str() : "");
-  return moeplan::cli::kExitBadInput;
+  return rc == 0 ? moeplan::cli::kExitBadInput : rc;
 }
 }  // namespace
 
 int main(int argc, char** argv) {
   using namespace moeplan::cli;
-  bool exempt = false;
+  bool exempt = false, reported = false;
   const int rc = [&] {
     args_storage().assign(argv + (argc > 0 ? 1 : 0), argv + argc);
     CLI::App app{"moeplan: plan, train, audit and report equal-resource MoE vs dense sweeps"};
@@ -119,7 +121,7 @@ int main(int argc, char** argv) {
     try {
       for (auto& [sub, action] : actions)
         if (sub->parsed()) {
-          exempt = sub->get_name() == "run";
+          exempt = sub->get_name() == "run" && sub->count("--estimate") == 0;
           return action();
         }
     } catch (const std::system_error& e) {
@@ -127,6 +129,7 @@ int main(int argc, char** argv) {
       if (std::ferror(stdout)) {
         std::fprintf(stderr, "moeplan: error: cannot write the output to stdout (%s)\n",
                      moeplan::printable(e.code().message()).c_str());
+        reported = true;
         return kExitBadInput;
       }
       std::fprintf(stderr, "moeplan: error: %s\n", moeplan::printable(e.what()).c_str());
@@ -141,5 +144,5 @@ int main(int argc, char** argv) {
     }
     return kExitBadInput;
   }();
-  return check_stdout(rc, exempt);
+  return check_stdout(rc, exempt, reported);
 }

@@ -22,6 +22,7 @@
 #include "moeplan/sweeps/escape.hpp"
 #include "moeplan/sweeps/ledger_json.hpp"
 #include "moeplan/sweeps/manifest.hpp"
+#include "moeplan/sweeps/manifest_io.hpp"
 
 namespace moeplan {
 
@@ -445,6 +446,9 @@ std::vector<std::string> time_row_of(const json& r, const json* dense) {
 
 // What the folder's audit says, in one line and its warnings (each once, at most 8 shown).
 std::string audit_line(const FolderAudit& a) {
+  if (!a.refused.empty())
+    return "\n`moeplan audit` of this folder refuses it: " + a.refused +
+           " (the table's own checks stand: not equal, other data)";
   size_t errors = 0;
   for (const auto& [id, m] : a.errors) errors += m.size();
   std::vector<std::string> warned;
@@ -1033,11 +1037,12 @@ std::string first_difference(const json& a, const json& b) {
 
 }  // namespace
 
-// A record's [train] settings that replicates may vary: the seeds, and what changes no result.
+// A record's [train] settings that decide its final BPC, less those replicates vary (the seeds)
+// and eval_every (when it evaluates, not what it trains or scores at the end).
 json replicate_settings(const json& r) {
-  json t = r.value("train", json::object());
+  json t = result_settings(r.value("train", json::object()));
   if (!t.is_object()) return json::object();
-  for (const char* k : {"seed", "data_seed", "checkpoint_every", "device"}) t.erase(k);
+  for (const char* k : {"seed", "data_seed", "eval_every"}) t.erase(k);
   return t;
 }
 
@@ -1088,15 +1093,20 @@ std::string render_replicate_report(const std::vector<std::vector<json>>& given,
       if (r.contains("train")) {
         const json s = replicate_settings(r);
         const auto [it, fresh] = settings_of.try_emplace(id, s, f);
-        if (!fresh && it->second.first != s)
-          for (const auto& [k, v] : s.items())
-            if (!it->second.first.contains(k) || it->second.first[k] != v)
+        if (!fresh && it->second.first != s) {
+          json both = s;  // every key of either side
+          both.update(it->second.first);
+          for (const auto& [k, unused] : both.items()) {
+            const json& first = it->second.first;
+            const std::string here = s.contains(k) ? s[k].dump() : "(not set)",
+                              there = first.contains(k) ? first[k].dump() : "(not set)";
+            if (here != there)
               throw InputError(fmt::format(
                   "point '{}' trained with train.{} = {} in '{}' but {} in '{}'; replicates "
-                  "differ only in seed and data_seed",
-                  id, k, v.dump(), names[f],
-                  it->second.first.contains(k) ? it->second.first[k].dump() : "(not set)",
-                  names[it->second.second]));
+                  "differ only in their seeds (seed, data_seed)",
+                  id, k, here, names[f], there, names[it->second.second]));
+          }
+        }
       }
       if (plan_of.count(id)) {
         const std::string key = first_difference(*plan_of[id], r["plan"]);
@@ -1126,16 +1136,17 @@ std::string render_replicate_report(const std::vector<std::vector<json>>& given,
   // Folders whose runs share their seeds are not independent replicates: say so.
   std::string same_seeds;
   std::vector<std::string> seeds(folders.size(), "not recorded");
+  std::vector<std::vector<std::string>> seeds_seen(folders.size());
   for (size_t f = 0; f < folders.size(); ++f)
     for (const json& r : folders[f])
       if (r.contains("train")) {
         const std::string s = fmt::format("{}/{}", r["train"].value("seed", uint64_t(0)),
                                           r["train"].value("data_seed", uint64_t(0)));
-        // A folder whose records ran with different seeds is not one replicate: say both.
-        if (seeds[f] == "not recorded")
-          seeds[f] = s;
-        else if (seeds[f].find(s) == std::string::npos)
-          seeds[f] += " and " + s;
+        // A folder whose records ran with different seeds is not one replicate: say each.
+        auto& seen = seeds_seen[f];
+        if (std::find(seen.begin(), seen.end(), s) != seen.end()) continue;
+        seen.push_back(s);
+        seeds[f] = fmt::format("{}", fmt::join(seen, " and "));
       }
   for (size_t a = 0; a < folders.size(); ++a)
     for (size_t b = a + 1; b < folders.size(); ++b)
@@ -1166,7 +1177,7 @@ std::string render_replicate_report(const std::vector<std::vector<json>>& given,
       if (!is_complete(*r)) continue;
       // A record its folder's dense baseline cannot be compared with (other data, unequal
       // resources) is not a replicate of this point: left out of every column, and named.
-      if (is_d && has_audit_error(*r)) {
+      if (has_audit_error(*r)) {  // with or without a dense baseline in its folder
         left_out += fmt::format("\n  {} in '{}': `moeplan audit` finds an error: {}", id, names[f],
                                 first_audit_error(*r));
         continue;
@@ -1252,7 +1263,7 @@ std::string render_replicate_report(const std::vector<std::vector<json>>& given,
                "differences measure the device, kernels or thread count, not training noise (on "
                "the same ones they repeat each other bit for bit)";
   for (size_t f = 0; f < audits.size(); ++f)
-    verdict += fmt::format("\nin '{}':", names[f]) + audit_line(audits[f]).substr(1);
+    verdict += fmt::format("\nin '{}': ", names[f]) + audit_line(audits[f]).substr(1);
   const std::string bar_text =
       bars.empty() ? ""
                    : "mean val BPC minus the dense baseline's (# below dense: better; + above: "

@@ -224,7 +224,7 @@ Manifest plan_sweep(const SweepRequest& r) {
     m.points.push_back(std::move(p));
   }
   note_unequal_warmup(m, r.plan.warmup_fraction);
-  check_train_fits_points(m, "--train");
+  check_train_fits_points(m, "grid");
   return m;
 }
 

@@ -1100,6 +1100,22 @@ TEST_CASE("SIGHUP (a closed terminal) checkpoints and exits 130 as SIGINT does")
   CHECK(wait_status(pid) == 130);
   REQUIRE_MESSAGE(record(out, "moe-h")["status"] == "running", "finished before the hang-up");
   CHECK(read_file(dir / "h.out").find("interrupted: checkpoint at step") != std::string::npos);
+  // Started ignoring SIGHUP (nohup): it stays ignored, and the run outlives the terminal.
+  fs::remove_all(out);
+  const pid_t kept = ::fork();
+  REQUIRE(kept >= 0);
+  if (kept == 0) {
+    ::signal(SIGHUP, SIG_IGN);
+    const int o = ::open((dir / "n.out").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(o, 1);
+    ::execl(MOEPLAN_BINARY, MOEPLAN_BINARY, "run", (dir / "sweep.toml").c_str(), "--point", "moe-h",
+            "--out", out.c_str(), "--checkpoint-every", "50", (char*)nullptr);
+    ::_exit(127);
+  }
+  wait_for_file(out / "moe-h" / "record.json");
+  ::kill(kept, SIGHUP);
+  CHECK(wait_status(kept) == 0);
+  CHECK(record(out, "moe-h")["status"] == "complete");
 }
 
 TEST_CASE(

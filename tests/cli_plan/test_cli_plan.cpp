@@ -889,6 +889,11 @@ TEST_CASE(
   CHECK(report.out.find("MoE points with lower validation BPC: 0 of 0") != std::string::npos);
   CHECK(report.out.find("NOT compared with the dense baseline, `moeplan audit` finds an error") !=
         std::string::npos);
+  // Its verdict lost on the way to stdout is an error, said in one line (not exit 70).
+  const Result lost = run_moeplan("audit '" + copy.string() + "' >/dev/full");
+  CHECK(lost.status == 2);
+  CHECK(count_lines(lost.err) == 1);
+  CHECK(lost.err.find("cannot write the output to stdout") != std::string::npos);
   // Records of two sweeps' tolerances in one folder: a claim of the audit, so the report's too.
   fs::remove_all(copy);
   fs::copy(runs, copy, fs::copy_options::recursive);
@@ -898,9 +903,29 @@ TEST_CASE(
   const Result a = run_moeplan("audit '" + copy.string() + "'");
   CHECK(a.status == 1);
   CHECK(a.out.find("FAILS  every record carries the same sweep tolerances") != std::string::npos);
+  report = run_moeplan("report '" + copy.string() + "'");
+  CHECK(report.out.find("MoE points with lower validation BPC: 0 of 0") != std::string::npos);
+  // Records the audit will not judge as one sweep (another reuse rule): the report still
+  // renders them, and says the audit refuses the folder.
+  fs::remove_all(copy);
+  fs::copy(runs, copy, fs::copy_options::recursive);
+  nlohmann::json lr = nlohmann::json::parse(slurp(moe));
+  lr["plan"]["reuse"] = "loose";
+  std::ofstream(moe) << lr.dump(1);
+  REQUIRE(run_moeplan("audit '" + copy.string() + "'").status == 2);
+  report = run_moeplan("report '" + copy.string() + "'");
+  CHECK_MESSAGE(report.status == 0, report.err);
+  CHECK(report.out.find("`moeplan audit` of this folder refuses it: ") != std::string::npos);
   // Replicates: another [train] setting than the seeds is another experiment, refused.
   fs::remove_all(copy);
   fs::copy(runs, copy, fs::copy_options::recursive);
+  for (const char* id : {"dense", "moe-ra0.600"}) {  // eval_every alone is a replicate still
+    nlohmann::json x = nlohmann::json::parse(slurp(copy / id / "record.json"));
+    x["train"]["eval_every"] = 7;
+    x["train"]["seed"] = 11;
+    std::ofstream(copy / id / "record.json") << x.dump(1);
+  }
+  CHECK(run_moeplan("report '" + runs.string() + "' '" + copy.string() + "'").status == 0);
   for (const char* id : {"dense", "moe-ra0.600"}) {
     nlohmann::json x = nlohmann::json::parse(slurp(copy / id / "record.json"));
     x["train"]["load_balance"] = 0.1;
@@ -910,7 +935,8 @@ TEST_CASE(
   CHECK(rep.status == 2);
   CHECK_MESSAGE(rep.err.find("trained with train.load_balance = 0.1 in") != std::string::npos,
                 rep.err);
-  CHECK(rep.err.find("replicates differ only in seed and data_seed") != std::string::npos);
+  CHECK(rep.err.find("replicates differ only in their seeds (seed, data_seed)") !=
+        std::string::npos);
 }
 
 TEST_CASE("output that cannot reach stdout is an error, not exit 0; a huge input is refused") {

@@ -658,7 +658,7 @@ TEST_CASE("positions = rope needs an even head_dim at every point: refused by gr
     FAIL("an odd head_dim was planned under rope");
   } catch (const InputError& e) {
     CHECK(std::string(e.what()) ==
-          "--train: point 'dense' has head_dim = 5, but train.positions = \"rope\" needs an even "
+          "grid: point 'dense' has head_dim = 5, but train.positions = \"rope\" needs an even "
           "head_dim: use positions = \"alibi\", or plan with an even --head-dim");
   }
   // The same sweep under ALiBi plans; its manifest edited to rope is refused on read, naming the

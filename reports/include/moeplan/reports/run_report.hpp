@@ -26,6 +26,7 @@ struct FolderAudit {
   int claims = 0, holding = 0;
   std::vector<std::string> failing;  // names of the claims that fail
   std::map<std::string, std::vector<std::string>> errors, warnings;  // point id -> messages
+  std::string refused;  // the audit's reason when it refuses the folder (records of two sweeps)
 };
 
 // `source` names where the records came from (printed in the title). `audit`: the folder's, or
