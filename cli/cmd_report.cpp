@@ -21,46 +21,45 @@ struct ReportFlags {
   std::string output;
 };
 
-// A folder's records, read as `moeplan audit` and `moeplan run` read them too: a record one of
-// them refuses as damaged is refused here, not shown.
-std::vector<nlohmann::json> records_of(const std::string& dir) {
-  std::vector<nlohmann::json> records = load_run_records(dir);
-  if (!records.empty()) (void)audit::load_run_records(dir);
-  return records;
-}
-
-// `moeplan audit DIR` (no --plan: each record against the plan it carries, the sweep's
-// tolerances as the records say), for the report to count no point the audit refuses.
-FolderAudit audit_of(const std::string& dir) {
-  FolderAudit out;
+// A folder's records, read as `moeplan audit` and `moeplan run` read them too (a record one of
+// them refuses as damaged is refused here, not shown), and what `moeplan audit DIR` says of
+// them (no --plan: each record against the plan it carries, the sweep's tolerances as the
+// records say), for the report to count no point the audit refuses.
+struct Folder {
+  std::vector<nlohmann::json> records;
+  FolderAudit audit;
+};
+Folder read_folder(const std::string& dir) {
+  Folder f{load_run_records(dir), {}};
+  const std::vector<audit::RunRecord> parsed = audit::load_run_records(dir);
+  FolderAudit& out = f.audit;
   audit::AuditReport a;
   try {
-    a = audit::audit_runs_dir(dir, "", audit::RunsAuditOptions{});
+    a = audit::audit_run_records(parsed, {}, audit::RunsAuditOptions{});
   } catch (const InputError& e) {
     // Records of two sweeps (FLOP conventions, reuse rules) the audit will not judge as one:
     // the report still shows them, its own checks marking what is not comparable.
     out.refused = e.what();
-    return out;
+    return f;
   }
   out.claims = int(a.claims.size());
   for (const audit::ClaimVerdict& c : a.claims) {
     out.holding += c.holds;
     if (!c.holds) out.failing.push_back(c.name);
   }
-  for (const audit::Finding& f : a.findings) {
-    if (f.severity == audit::Severity::error) out.errors[f.table].push_back(f.message);
-    if (f.severity == audit::Severity::warning) out.warnings[f.table].push_back(f.message);
+  for (const audit::Finding& x : a.findings) {
+    if (x.severity == audit::Severity::error) out.errors[x.table].push_back(x.message);
+    if (x.severity == audit::Severity::warning) out.warnings[x.table].push_back(x.message);
   }
-  return out;
+  return f;
 }
 
 int report(const ReportFlags& f) {
   const ReportFormat format = report_format_for(f.output);  // refuse a bad -o before reading
   std::string text;
   if (f.runs_dirs.size() == 1) {
-    const auto records = records_of(f.runs_dirs[0]);
-    const FolderAudit audit = audit_of(f.runs_dirs[0]);
-    text = render_run_report(records, f.runs_dirs[0], format, &audit);
+    const Folder one = read_folder(f.runs_dirs[0]);
+    text = render_run_report(one.records, f.runs_dirs[0], format, &one.audit);
   } else {
     // Replicates are other seeds' folders: one folder named twice (runs and ./runs/) would be
     // counted as two runs that agree perfectly.
@@ -76,8 +75,9 @@ int report(const ReportFlags& f) {
     std::vector<std::vector<nlohmann::json>> folders;
     std::vector<FolderAudit> audits;
     for (const std::string& d : f.runs_dirs) {
-      folders.push_back(records_of(d));
-      audits.push_back(audit_of(d));
+      Folder one = read_folder(d);
+      folders.push_back(std::move(one.records));
+      audits.push_back(std::move(one.audit));
     }
     text = render_replicate_report(folders, f.runs_dirs, format, audits);
   }

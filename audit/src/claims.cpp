@@ -51,10 +51,10 @@ bool within(double rel, double tol) {
   return std::fabs(rel) <= tol * (1 + 1e-9);
 }
 
-// A row's value as its table printed it (the digits a finding turns on), else 4 digits. Not r_a:
-// an ra_pct column prints it in percent.
+// A row's value as its table printed it (RowValue::printed_as), else 4 digits.
 std::string as_printed(const RowValue& v, const std::string& q) {
-  return v.text.empty() || q == "activation_rate" ? sci(v.value) : v.text;
+  const std::string t = v.printed_as(q);
+  return t.empty() ? sci(v.value) : t;
 }
 
 bool same_row(const RowRef& a, const RowRef& b) {

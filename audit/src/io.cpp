@@ -17,9 +17,6 @@ namespace moeplan::audit {
 namespace fs = std::filesystem;
 
 std::string read_text_file(const fs::path& path) {
-  std::error_code ec;
-  if (fs::is_directory(path, ec))
-    throw InputError(fmt::format("{}: is a folder, expected a file", path.string()));
   const std::string ext = extension_lower(path);
   return read_input_file(path, ext == ".csv"    ? "claim table"
                                : ext == ".toml" ? "audit spec"

@@ -45,11 +45,10 @@ std::string show(const std::string& q, double v) {
   return sci(v);
 }
 
-// A row's value as the table printed it ("20.20100", not "20.2": the digits a finding turns on),
-// else as show() gives it.
+// A row's value as the table printed it (RowValue::printed_as), else as show() gives it.
 std::string shown(const std::string& q, const RowValue& v) {
-  if (!v.text.empty() && q != "activation_rate") return v.text;
-  return show(q, v.value);
+  const std::string t = v.printed_as(q);
+  return t.empty() ? show(q, v.value) : t;
 }
 
 class RowChecker {

@@ -71,7 +71,11 @@ AuditReport audit_runs_dir(const fs::path& runs_dir, const fs::path& plan_path,
                     plan_path.string()));
 #endif
   }
-  const std::vector<RunRecord> records = load_run_records(runs_dir);
+  return audit_run_records(load_run_records(runs_dir), planned, options);
+}
+
+AuditReport audit_run_records(const std::vector<RunRecord>& records,
+                              const std::vector<Plan>& planned, RunsAuditOptions options) {
   // Without --plan (or --tolerance), equal N and C are the sweep's as its dense baseline's
   // record says (`run` writes the manifest's): report judges the folder the same way.
   for (const RunRecord& r : records)

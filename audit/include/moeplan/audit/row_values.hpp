@@ -5,6 +5,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "moeplan/accounting/arch.hpp"
@@ -21,6 +22,11 @@ struct RowValue {
   // lopsided: 3e11 / 1e11 lies in [2.5/1.5, 3.5/0.5] = [1.67, 7]); unset: value ± abs_band().
   std::optional<double> lo, hi;
   std::string text;  // as printed, for a published or shared value ("" otherwise)
+  // How a finding shows it as printed ("20.20100", not "20.2": the digits it turns on), or ""
+  // when it was not printed or is r_a (an ra_pct column prints percent, not the fraction).
+  std::string printed_as(std::string_view quantity) const {
+    return quantity == "activation_rate" ? std::string() : text;
+  }
   double abs_band() const { return rel_band * (value < 0 ? -value : value); }
   double low() const { return lo ? *lo : value - abs_band(); }
   double high() const { return hi ? *hi : value + abs_band(); }
