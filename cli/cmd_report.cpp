@@ -48,7 +48,10 @@ Folder read_folder(const std::string& dir) {
     if (!c.holds) out.failing.push_back(c.name);
   }
   for (const audit::Finding& x : a.findings) {
-    if (x.severity == audit::Severity::error) out.errors[x.table].push_back(x.message);
+    if (x.severity == audit::Severity::error) {
+      out.errors[x.table].push_back(x.message);
+      out.error_quantities[x.table].insert(x.quantity);
+    }
     if (x.severity == audit::Severity::warning) out.warnings[x.table].push_back(x.message);
   }
   return f;

@@ -61,6 +61,17 @@ std::string first_audit_error(const json& r) {
   return e.front().get<std::string>() +
          (e.size() > 1 ? fmt::format(" (and {} more)", e.size() - 1) : "");
 }
+// Whether the audit finds the record's FLOP ledger wrong (its total, a category against the
+// analytic ledger, or C through the plan's lens): the summary C the table shows is then no
+// evidence of equal compute.
+bool ledger_flagged(const json& r) {
+  if (!r.contains(kAuditKey) || !r[kAuditKey].contains("error_quantities")) return false;
+  for (const json& q : r[kAuditKey]["error_quantities"]) {
+    const std::string s = q.get<std::string>();
+    if (s == "compute" || s == "flops" || s.rfind("flops:", 0) == 0) return true;
+  }
+  return false;
+}
 std::vector<json> annotate(const std::vector<json>& records, const FolderAudit* audit) {
   std::vector<json> out = records;
   if (!audit) return out;
@@ -68,6 +79,8 @@ std::vector<json> annotate(const std::vector<json>& records, const FolderAudit* 
     const std::string id = r.value("point_id", "");
     json a = {{"errors", json::array()}, {"warnings", json::array()}};
     if (const auto it = audit->errors.find(id); it != audit->errors.end()) a["errors"] = it->second;
+    if (const auto it = audit->error_quantities.find(id); it != audit->error_quantities.end())
+      a["error_quantities"] = it->second;
     if (const auto it = audit->warnings.find(id); it != audit->warnings.end())
       a["warnings"] = it->second;
     r[kAuditKey] = a;
@@ -213,7 +226,8 @@ bool comparable(const json& r, const json& dense) {
          !has_audit_error(dense);
 }
 
-// C [paper] within the plan's rounding of its target (the record's `within_rounding`, recomputed).
+// C [paper] within the plan's rounding of its target (the record's `within_rounding`, recomputed),
+// and a FLOP ledger behind it that the folder's audit finds no error in.
 bool compute_ok(const json& r) {
   const json &p = r["plan"], &c = r["measured"]["compute"];
   const bool paper = p.value("convention", "") == "paper";
@@ -221,7 +235,8 @@ bool compute_ok(const json& r) {
   // Records without a target (hand-made, older) are held to the planned C itself.
   const double target = paper && p.contains("compute_target") ? p.value("compute_target", 0.0)
                                                               : c.value("target_paper", plan_c);
-  return is_complete(r) && within_rounding(c.value("paper", 0.0), target, plan_c);
+  return is_complete(r) && !ledger_flagged(r) &&
+         within_rounding(c.value("paper", 0.0), target, plan_c);
 }
 
 // Whether a record did what its plan said, from the numbers (not the record's own flags): the

@@ -889,6 +889,13 @@ TEST_CASE(
   CHECK(report.out.find("MoE points with lower validation BPC: 0 of 0") != std::string::npos);
   CHECK(report.out.find("NOT compared with the dense baseline, `moeplan audit` finds an error") !=
         std::string::npos);
+  // Its summary C still reads as planned, but the ledger behind it is wrong: its C is not "ok",
+  // and it does not match its plan.
+  const std::string moe_row = report.out.substr(report.out.find("\nmoe-ra0.600 "));
+  CHECK(moe_row.substr(0, moe_row.find('\n', 1)).find(" no ") != std::string::npos);
+  CHECK(moe_row.substr(0, moe_row.find('\n', 1)).find(" yes ") == std::string::npos);
+  CHECK(report.out.find("measured vs plan: 1 of 2 complete point(s)") != std::string::npos);
+  CHECK(report.out.find("(off the plan: moe-ra0.600;") != std::string::npos);
   // Its verdict lost on the way to stdout is an error, said in one line (not exit 70).
   const Result lost = run_moeplan("audit '" + copy.string() + "' >/dev/full");
   CHECK(lost.status == 2);

@@ -3,6 +3,7 @@
 // with the measured N, C [paper], D consumed, D̂ unique and epochs beside the planned ones.
 #include <filesystem>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,9 @@ struct FolderAudit {
   int claims = 0, holding = 0;
   std::vector<std::string> failing;  // names of the claims that fail
   std::map<std::string, std::vector<std::string>> errors, warnings;  // point id -> messages
+  // point id -> the quantities of its errors ("compute", "flops", "flops:attention", ...): the
+  // report's C column is not "ok" where the audit finds the FLOP ledger behind it wrong.
+  std::map<std::string, std::set<std::string>> error_quantities;
   std::string refused;  // the audit's reason when it refuses the folder (records of two sweeps)
 };
 
