@@ -1,5 +1,6 @@
 #include "moeplan/accounting/units.hpp"
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
@@ -79,6 +80,15 @@ std::string human(double v, int digits) {
 
 std::string ratio(double v, int decimals) {
   return std::fabs(v) < 1e5 ? fmt::format("{:.{}f}", v, decimals) : human(v);
+}
+
+std::string percent_text(double fraction, int decimals) {
+  const double pct = 100 * fraction;
+  for (int d = decimals; d < 6; ++d) {
+    const std::string s = fmt::format("{:.{}f}", pct, d);
+    if (std::fabs(std::stod(s) - pct) <= 1e-9 * std::max(1.0, std::fabs(pct))) return s;
+  }
+  return fmt::format("{:.6f}", pct);
 }
 
 }  // namespace moeplan

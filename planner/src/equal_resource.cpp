@@ -37,6 +37,12 @@ EqualResourcePlanner::Shapes EqualResourcePlanner::solve_shapes(const PlanReques
   // The baseline trains on the same data as the MoE points: same vocabulary and windows.
   o.vocab = s.backbone.vocab;
   o.seq_len = s.backbone.seq_len;
+  // And N is counted the same way for both, and the embeddings tied alike: a backbone file's
+  // count_router, count_norms or tied_embeddings reached only the MoE points, whose N then
+  // counted what the baseline's did not (and the manifest was refused on reading).
+  o.count_router = s.backbone.count_router;
+  o.count_norms = s.backbone.count_norms;
+  o.tied_embeddings = s.backbone.tied_embeddings;
   s.dense = solve_dense(r.n_target, r.family, o, r.solve.n_tolerance);
   return s;
 }

@@ -8,6 +8,7 @@
 
 #include "moeplan/accounting/error.hpp"
 #include "moeplan/accounting/params.hpp"
+#include "moeplan/accounting/units.hpp"
 
 namespace moeplan {
 
@@ -235,10 +236,10 @@ MoeSolution MoeSolver::solve(double t) const {
           "step wider than the tolerance (expert granularity)",
           100 * below, 100 * above);
     out.note = fmt::format(
-        "r_a {:.2f}% not reachable within ±{:.2f} points; nearest reachable {:.2f}% (E{} K{} "
+        "r_a {:.2f}% not reachable within ±{} points; nearest reachable {:.2f}% (E{} K{} "
         "De{}); {}",
-        100 * t, 100 * tol_ra, 100 * out.activation_rate, best.experts, best.top_k, best.d_expert,
-        why);
+        100 * t, percent_text(tol_ra), 100 * out.activation_rate, best.experts, best.top_k,
+        best.d_expert, why);
   }
   return out;
 }

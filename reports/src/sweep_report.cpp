@@ -7,6 +7,7 @@
 #include "moeplan/accounting/units.hpp"
 #include "moeplan/planner/equal_resource.hpp"
 #include "moeplan/reports/text_table.hpp"
+#include "moeplan/sweeps/escape.hpp"
 #include "moeplan/sweeps/grid.hpp"
 #include "moeplan/sweeps/manifest_io.hpp"
 
@@ -92,15 +93,15 @@ std::string preamble(const Manifest& m, const char* bullet) {
                         "are not held to one N, C or D̂; compare them with `moeplan audit`\n",
                         bullet);
   out += fmt::format(
-      "{}family {}, N target {} ({}), r_a within ±{:.2f} points; {} point{} + dense "
+      "{}family {}, N target {} ({}), r_a within ±{} points; {} point{} + dense "
       "baseline{}{}\n",
       bullet, m.family, human(m.n_target),
       // The bound the contract holds an equal-resource manifest to (not a sweep of unequal
       // points, which is held to none).
-      m.equal_resources ? fmt::format("every point within ±{:.1f}% of the dense baseline's N",
-                                      100 * m.n_tolerance)
-                        : fmt::format("n_tolerance ±{:.1f}%, not held", 100 * m.n_tolerance),
-      100 * m.ra_tolerance, m.points.size(), m.points.size() == 1 ? "" : "s",
+      m.equal_resources ? fmt::format("every point within ±{}% of the dense baseline's N",
+                                      percent_text(m.n_tolerance, 1))
+                        : fmt::format("n_tolerance ±{}%, not held", percent_text(m.n_tolerance, 1)),
+      percent_text(m.ra_tolerance), m.points.size(), m.points.size() == 1 ? "" : "s",
       flagged ? fmt::format(", {} flagged (!)", flagged) : "",
       standing_for
           ? fmt::format("; {} point{} also stand{} for asked rates not reachable (see "
@@ -127,12 +128,19 @@ std::string preamble(const Manifest& m, const char* bullet) {
   return out;
 }
 
-std::string notes(const Manifest& m, const char* bullet) {
+// The plans' notes, one line each: a manifest is a hand-editable file, so its ids and notes are
+// shown as text, control characters as \xNN (and in Markdown, escaped).
+std::string notes(const Manifest& m, const char* bullet, bool markdown) {
+  auto text = [&](const std::string& s) {
+    return markdown ? escape_markdown(printable(s)) : printable(s);
+  };
   std::string out;
-  if (!m.dense.note.empty()) out += fmt::format("{}  {}: {}\n", bullet, m.dense.id, m.dense.note);
+  if (!m.dense.note.empty())
+    out += fmt::format("{}  {}: {}\n", bullet, text(m.dense.id), text(m.dense.note));
   for (const Plan& p : m.points)
     if (!p.reachable || !p.note.empty())
-      out += fmt::format("{}{} {}: {}\n", bullet, p.reachable ? " " : "!", p.id, p.note);
+      out +=
+          fmt::format("{}{} {}: {}\n", bullet, p.reachable ? " " : "!", text(p.id), text(p.note));
   return out;
 }
 
@@ -179,7 +187,7 @@ std::string render_manifest(const Manifest& m, Format f) {
       std::string out = preamble(m, "");
       out += "\n";
       out += sweep_table(m).render();
-      const std::string n = notes(m, "");
+      const std::string n = notes(m, "", false);
       if (!n.empty()) {
         out += "\n";
         out += n;
@@ -190,7 +198,7 @@ std::string render_manifest(const Manifest& m, Format f) {
       std::string out = preamble(m, "- ");
       out += "\n";
       out += sweep_table(m).render_markdown();
-      const std::string n = notes(m, "- ");
+      const std::string n = notes(m, "- ", true);
       if (!n.empty()) {
         out += "\nNotes:\n\n";
         out += n;

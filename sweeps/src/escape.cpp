@@ -44,18 +44,67 @@ std::string escape_html(std::string_view s) {
 }
 
 std::string escape_markdown(std::string_view s, std::string_view newline) {
+  auto alnum = [](char c) {
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
+  };
+  // Block markers matter only where a line break starts a block (paragraphs); a table cell or a
+  // heading's text is inline, so its "-0.12" keeps its sign as written.
+  const bool paragraphs = newline.find('\n') != std::string_view::npos;
   std::string out;
-  for (char c : s) {
+  bool line_start = paragraphs;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    if (line_start) {
+      // A block's marker is read at a line's start, after up to three spaces (four make code):
+      // the spaces go, and a list's '-' or '+' and a setext or rule's '=' are escaped ('#'
+      // always is).
+      if (c == ' ' || c == '\t') continue;
+      line_start = false;
+      if (c == '-' || c == '+' || c == '=' || c == '[') {  // '[': a link reference definition
+        out += '\\';
+        out += c;
+        continue;
+      }
+      // An ordered list's "1." or "1)" before a space or the end.
+      size_t j = i;
+      while (j < s.size() && s[j] >= '0' && s[j] <= '9') ++j;
+      if (j > i && j < s.size() && (s[j] == '.' || s[j] == ')') &&
+          (j + 1 == s.size() || s[j + 1] == ' ' || s[j + 1] == '\t')) {
+        out.append(s.substr(i, j - i));
+        out += '\\';
+        out += s[j];
+        i = j;
+        continue;
+      }
+    }
     switch (c) {
       case '|':
       case '\\':
       case '*':
+      case '`':
+      case '~':
+      case '#':
         out += '\\';
         out += c;
+        break;
+      case ']':
+        // "](" and "][" make a link (or an image); a "[paper]" alone does not, and keeps its
+        // brackets as written.
+        if (i + 1 < s.size() && (s[i + 1] == '(' || s[i + 1] == '[')) out += '\\';
+        out += c;
+        break;
+      case '_':
+        // Inside a word ("my_file") it cannot open or close emphasis; elsewhere it can.
+        if (i > 0 && i + 1 < s.size() && alnum(s[i - 1]) && alnum(s[i + 1])) {
+          out += c;
+        } else {
+          out += "\\_";
+        }
         break;
       case '\n':
       case '\r':
         out += newline;
+        line_start = paragraphs;
         break;
       case '<':
       case '>':

@@ -215,10 +215,10 @@ Manifest plan_sweep(const SweepRequest& r) {
             p.note.empty() ? "" : "; ", listed(near), near.size() == 1 ? "s" : "", 100 * reached);
       if (!far.empty())
         p.note += fmt::format(
-            "{}{}{}, not reachable within ±{:.2f} points: {} to this architecture, the nearest "
+            "{}{}{}, not reachable within ±{} points: {} to this architecture, the nearest "
             "reachable (r_a {:.2f}%), planned once here",
             p.note.empty() ? "" : "; ", kMergedUnreachable, listed(far),
-            100 * r.plan.solve.ra_tolerance, far.size() == 1 ? "it solves" : "they solve",
+            percent_text(r.plan.solve.ra_tolerance), far.size() == 1 ? "it solves" : "they solve",
             100 * reached);
     }
     m.points.push_back(std::move(p));

@@ -170,6 +170,15 @@ TEST_CASE("quantities as people write them") {
   CHECK(human(-999.7e3) == "-1M");
 }
 
+TEST_CASE("tolerances in percent: two places, more where two would read as zero") {
+  CHECK(percent_text(0.005) == "0.50");
+  CHECK(percent_text(0.01, 1) == "1.0");
+  CHECK(percent_text(0.00001) == "0.001");  // --ra-tolerance 0.00001 printed "±0.00 points"
+  CHECK(percent_text(0.000123) == "0.0123");
+  CHECK(percent_text(0.0001, 1) == "0.01");
+  CHECK(percent_text(0.25) == "25.00");
+}
+
 TEST_CASE("arch validation names the offending field") {
   Arch a;
   a.d_model = 64;

@@ -731,6 +731,19 @@ TEST_CASE("grid --backbone solves only the MoE layer on the given backbone") {
   CHECK(a.at("experts") == 78);
   CHECK(a.at("top_k") == 6);
   CHECK(a.at("d_expert") == 512);
+  // count_router set in the file, not by the flag: grid wrote a manifest its own show refused
+  // (the dense baseline's N without the router, the points' with it).
+  const fs::path cr =
+      write("bb-cr.toml", slurp(dir + "backbone-7b.toml") + "count_router = true\n");
+  const fs::path sweep = scratch() / "bb-cr-sweep.toml";
+  REQUIRE(run_moeplan("grid --N 6.52e9 --backbone '" + cr.string() + "' --ra 0.2007 -o '" +
+                      sweep.string() + "'")
+              .status == 0);
+  r = run_moeplan("show '" + sweep.string() + "' --format json");
+  REQUIRE(r.status == 0);
+  const nlohmann::json s = nlohmann::json::parse(r.out);
+  CHECK(s.at("dense").at("arch").at("count_router") == true);
+  CHECK(s.at("points")[0].at("arch").at("experts") == 78);
   // Backbones the planner cannot take: experts given (it solves them), no MoE layer left, and
   // a negative layer count (named as such, not as "dense_layers = 1 leaves no MoE layer").
   const std::string rest =
@@ -773,6 +786,27 @@ TEST_CASE("show: an edit off the equal-resource sweep is refused; equal_resource
   CHECK(r.out.find("compute C target of the dense baseline = ") != std::string::npos);
   r = run_moeplan("show '" + toml.string() + "' --format json");
   CHECK(nlohmann::json::parse(r.out).at("equal_resources") == false);
+}
+
+TEST_CASE("show: a manifest's notes are text, in the terminal and in Markdown") {
+  // A hand-edited note: an escape sequence recoloured the terminal, and in Markdown its raw
+  // <script>, its line break (a heading on the next line) and a link came through as markup.
+  const fs::path toml = scratch() / "notes.toml";
+  REQUIRE(run_moeplan("grid --N 2e6 --ra 0.2 -o '" + toml.string() + "'").status == 0);
+  moeplan::Manifest m = moeplan::read_manifest(toml);
+  m.points[0].note = "first \x1b[31mRED line\n# second <script>x</script> [a](b) | c";
+  moeplan::write_manifest_atomic(m, toml);
+  Result r = run_moeplan("show '" + toml.string() + "'");
+  REQUIRE(r.status == 0);
+  CHECK(r.out.find('\x1b') == std::string::npos);
+  CHECK(r.out.find("first \\x1b[31mRED line\\x0a# second") != std::string::npos);
+  r = run_moeplan("show '" + toml.string() + "' --format md");
+  REQUIRE(r.status == 0);
+  CHECK(r.out.find('\x1b') == std::string::npos);
+  CHECK(r.out.find("<script>") == std::string::npos);
+  CHECK(r.out.find("\n# second") == std::string::npos);
+  CHECK(r.out.find("first \\\\x1b[31mRED line\\\\x0a\\# second &lt;script&gt;x&lt;/script&gt; "
+                   "[a\\](b) \\| c") != std::string::npos);
 }
 
 TEST_CASE("run: points of one sweep on different CPU thread counts are warned about up front") {

@@ -403,6 +403,38 @@ TEST_CASE("strict reuse: a point with a higher M than the baseline's cannot read
   CHECK(q.note.find("fewer than the dense baseline's") == std::string::npos);
 }
 
+TEST_CASE("a given backbone's counting flags and tied embeddings reach the dense baseline too") {
+  // A backbone file with count_router, count_norms or tied_embeddings: the MoE points took them,
+  // the dense baseline (solved from the flags alone) did not, so "equal N" compared two counts.
+  for (int flag = 0; flag < 3; ++flag) {
+    CAPTURE(flag);
+    PlanRequest r;
+    r.n_target = 6.52e9;
+    Arch bb;
+    bb.d_model = 2048;
+    bb.layers = 24;
+    bb.dense_layers = 1;
+    bb.heads = bb.kv_heads = 16;
+    bb.head_dim = 128;
+    bb.d_ffn = 5464;
+    bb.seq_len = 2048;
+    bb.vocab = 65536;
+    bb.count_router = flag == 0;
+    bb.count_norms = flag == 1;
+    bb.tied_embeddings = flag == 2;
+    r.given_backbone = bb;
+    const EqualResourcePlanner planner(r);
+    const Arch& d = planner.dense().arch;
+    CHECK(d.count_router == (flag == 0));
+    CHECK(d.count_norms == (flag == 1));
+    CHECK(d.tied_embeddings == (flag == 2));
+    const Plan p = planner.plan_point(0.2);
+    CHECK(p.arch.count_router == d.count_router);
+    CHECK(p.arch.count_norms == d.count_norms);
+    CHECK(p.arch.tied_embeddings == d.tied_embeddings);
+  }
+}
+
 TEST_CASE("a step-law η below the 1e-5 cosine floor lowers the floor to η") {
   // N 2e9 with 2e4 dense tokens: η = 1.79·N^-0.713·D^0.307 is about 8.8e-6 for the baseline.
   PlanRequest r;

@@ -35,6 +35,28 @@ TEST_CASE("escape_markdown: cell ends, backslashes and emphasis escaped; line br
   CHECK(escape_markdown("moe-ra0.200 text:my_file") == "moe-ra0.200 text:my_file");
 }
 
+TEST_CASE("escape_markdown: links, code, emphasis and block markers in user text stay text") {
+  // A point id "[click](http:x.com)" became a link, "_em_" emphasis, "`a*b`" a code span (with
+  // a stray backslash shown inside it), "# head" at a verdict line's start a heading.
+  CHECK(escape_markdown("[click](http:x.com)") == "[click\\](http:x.com)");
+  CHECK(escape_markdown("![i][r]") == "![i\\][r]");
+  CHECK(escape_markdown("M [paper]") == "M [paper]");  // no link: kept as written
+  CHECK(escape_markdown("_em_ `a*b`") == "\\_em\\_ \\`a\\*b\\`");
+  CHECK(escape_markdown("~~x~~") == "\\~\\~x\\~\\~");
+  CHECK(escape_markdown("a # b") == "a \\# b");
+  // Inside a word '_' opens no emphasis, and stays as written.
+  CHECK(escape_markdown("my_file_2 _x") == "my_file_2 \\_x");
+  // In paragraphs (a line break makes a new one) a line's leading spaces go, and a list or
+  // heading marker at its start is escaped; "1.5" is no list, "1. x" is.
+  CHECK(escape_markdown("v\n  # head: x", "\n\n") == "v\n\n\\# head: x");
+  CHECK(escape_markdown("v\n[r]: http://x", "\n\n") == "v\n\n\\[r]: http://x");
+  CHECK(escape_markdown("  - a\n+ b\n1. c\n2) d\n1.5 e\n=", "\n\n") ==
+        "\\- a\n\n\\+ b\n\n1\\. c\n\n2\\) d\n\n1.5 e\n\n\\=");
+  // In a table cell (inline) a leading sign is kept: "-0.120" is a margin, not a list.
+  CHECK(escape_markdown("-0.120") == "-0.120");
+  CHECK(escape_markdown("  +0.5") == "  +0.5");
+}
+
 TEST_CASE("point ids: a run folder's name on one line") {
   for (const char* ok : {"moe-ra0.200", "dense", "a b", "x`y", "é"}) CHECK(is_point_id(ok));
   for (const char* bad : {"", ".", "..", "a/b", "a\\b", "a\nb", "a\tb", "a\x7f", "\x1b[31m"}) {

@@ -13,5 +13,8 @@ std::string human(double value, int digits = 3);
 // A ratio (tokens per parameter, epochs) with `decimals` places while it reads at a glance
 // (below 10^5), in human() form beyond: 20.4 -> "20.40", 4.98e13 -> "49.8T".
 std::string ratio(double value, int decimals);
+// A tolerance in percentage points (or percent) with `decimals` places, and more where those
+// would not show it (up to six): 0.005 -> "0.50", 0.00001 -> "0.001", not "0.00".
+std::string percent_text(double fraction, int decimals = 2);
 
 }  // namespace moeplan

@@ -10,8 +10,11 @@ namespace moeplan {
 // allow (C0 but tab, LF, CR) as U+FFFD, so that an inline SVG stays well-formed.
 std::string escape_html(std::string_view s);
 
-// Markdown: '|' (it would end a table cell), '\\' and '*' (emphasis) backslash-escaped; '<', '>'
-// and '&' (raw HTML to a Markdown renderer) as entities; a line break (CR or LF) becomes
+// Markdown: '|' (it would end a table cell), '\\', '*', '_' outside a word, '~' (emphasis,
+// strikethrough), '`' (code), a ']' before '(' or '[' (a link) and '#' backslash-escaped; '<',
+// '>' and '&' (raw HTML to a Markdown renderer) as entities; in paragraphs, a line's leading
+// spaces dropped and a block marker at its start escaped ('-', '+', '=', '[', "1." before a
+// space); a line break (CR or LF) becomes
 // `newline`: " " inside a table cell, "\n\n" where each line is its own paragraph; the control
 // characters escape_html replaces, as U+FFFD.
 std::string escape_markdown(std::string_view s, std::string_view newline = " ");
