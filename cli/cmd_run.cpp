@@ -201,6 +201,7 @@ int run(const RunFlags& f) {
   const Manifest m = read_manifest(f.manifest);
   std::vector<const Plan*> points{&m.dense};
   for (const Plan& p : m.points) points.push_back(&p);
+  std::vector<const Plan*> siblings;  // the sweep's points --point leaves out
   if (f.point) {
     std::vector<const Plan*> one;
     std::string ids;
@@ -211,6 +212,8 @@ int run(const RunFlags& f) {
     if (one.empty())
       throw InputError(
           fmt::format("--point '{}' is not in {}; its points are: {}", *f.point, f.manifest, ids));
+    for (const Plan* p : points)
+      if (p != one.front()) siblings.push_back(p);
     points = one;
   }
   if (f.checkpoint_every < 0)
@@ -297,6 +300,11 @@ int run(const RunFlags& f) {
     }
   }
   if (!f.estimate) backend::check_source_tokens(pending, m.train, opt.source_base);
+  // The points --point leaves out are not trained, but they share the folder: a record or a
+  // trainer there of another sweep's [train] settings (another seed) is refused as the point's
+  // own would be (after the point's own checks, which name its own problems first).
+  if (!f.estimate)
+    for (const Plan* p : siblings) backend::check_sibling_point(*p, m.train, opt.out_dir);
   // A cpu model below 2^16 token·width a pass runs on one thread, a larger one on the default
   // count: one sweep's points can train on different counts, and then the report times none of
   // them against the dense baseline's (a run's time is one device label's).
@@ -315,7 +323,9 @@ int run(const RunFlags& f) {
                  counts);
     }
   }
-  if (!f.estimate) backend::ensure_writable_dir(opt.out_dir);  // an estimate writes nothing
+  // An estimate writes nothing, and a sweep whose points are all complete has nothing to write
+  // (it reruns from a read-only archive).
+  if (!f.estimate && !pending.empty()) backend::ensure_writable_dir(opt.out_dir);
 
   for (int sig : {SIGINT, SIGTERM, SIGHUP}) on_stop(sig, on_stop_signal);
   if (f.nproc != 1) return launch(f);

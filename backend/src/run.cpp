@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -398,19 +399,51 @@ class PointLock {
   // Held: what it trains (the plan and [train] settings), for a process that finds the point
   // busy to tell whether it is the same point of the same sweep before any record exists.
   void write_owner(const nlohmann::json& plan_json, const nlohmann::json& train_json) {
-    const std::string text =
-        nlohmann::json{{"plan", plan_json}, {"train", train_json}}.dump() + "\n";
-    if (::ftruncate(fd_, 0) == 0) {
-      const ssize_t n = ::pwrite(fd_, text.data(), text.size(), 0);
-      (void)n;  // informative only: an unwritten owner reads as unknown, the point as busy
+    owner_ = nlohmann::json{{"plan", plan_json}, {"train", train_json}}.dump() + "\n";
+    write_owner();
+  }
+  // Before each save: the lock file at `path` is still the one held. A user who removed .lock
+  // while the point trained (taking it for a stale lock) let a second run lock a new file and
+  // train the point beside this one. Removed, it is taken again; replaced, this run stops
+  // without writing: the point is another process's now.
+  void keep(const fs::path& path) {
+    struct stat held {};
+    struct stat now {};
+    if (fd_ < 0 || ::fstat(fd_, &held) != 0) return;
+    if (::stat(path.c_str(), &now) == 0) {
+      if (now.st_ino == held.st_ino && now.st_dev == held.st_dev) return;
+      throw std::runtime_error(replaced(path));
     }
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0 || ::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      if (fd >= 0) ::close(fd);
+      throw std::runtime_error(replaced(path));
+    }
+    ::close(fd_);
+    fd_ = fd;
+    write_owner();
   }
   ~PointLock() {
     if (fd_ >= 0) ::close(fd_);
   }
 
  private:
+  void write_owner() {
+    if (::ftruncate(fd_, 0) == 0) {
+      const ssize_t n = ::pwrite(fd_, owner_.data(), owner_.size(), 0);
+      (void)n;  // informative only: an unwritten owner reads as unknown, the point as busy
+    }
+  }
+  static std::string replaced(const fs::path& path) {
+    return fmt::format(
+        "the point's lock file '{}' was removed and taken by another process while this run "
+        "trained the point (another moeplan run may be training it now): stopped without "
+        "writing; the point's last checkpoint is kept. A killed run leaves no stale lock, so "
+        ".lock never needs removing",
+        path.string());
+  }
   int fd_ = -1;
+  std::string owner_;
 };
 
 // Empty when `stored` (a record's or checkpoint's [train] settings) trained what `wanted` asks
@@ -570,11 +603,26 @@ void check_point_folder(const fs::path& out_dir, const std::string& id) {
           "and checkpoint/ there); move it away",
           p.string(), id));
   }
+  // A folder it cannot write into (another user's, read-only): found here, not after the
+  // points before it trained.
+  for (const fs::path& p : {dir, dir / "checkpoint"}) {
+    if (!fs::is_directory(fs::status(p, ec))) break;
+    if (::access(p.c_str(), W_OK | X_OK) != 0)
+      throw InputError(fmt::format(
+          "cannot write to '{}' ({}): point '{}' writes its record and checkpoint there; fix its "
+          "permissions or choose another --out",
+          p.string(), std::strerror(errno), id));
+  }
   const fs::path lock = dir / ".lock";
   if (fs::exists(fs::symlink_status(lock, ec)) && fs::is_directory(fs::status(lock, ec)))
     throw InputError(
         fmt::format("'{}' is a folder: point '{}' takes its lock in that file; move it away",
                     lock.string(), id));
+  if (fs::exists(fs::symlink_status(lock, ec)) && ::access(lock.c_str(), R_OK | W_OK) != 0)
+    throw InputError(fmt::format(
+        "cannot open the point's lock file '{}' ({}); check its owner and permissions, or "
+        "choose another --out",
+        lock.string(), std::strerror(errno)));
 }
 
 namespace {
@@ -588,6 +636,24 @@ std::string lock_owner_differs(const fs::path& lock, const nlohmann::json& plan_
   if (!owner.is_object() || !owner.contains("plan")) return {};
   if (std::string d = plan_differ(owner["plan"], plan_json); !d.empty())
     return "another plan: " + d;
+  if (std::string d = settings_differ(owner.value("train", nlohmann::json()), train_json);
+      !d.empty())
+    return "other [train] settings: " + d;
+  return {};
+}
+
+// A held lock's owner trains under other [train] settings ("" when the same, not held, or
+// unknown).
+std::string lock_train_differs(const fs::path& lock, const nlohmann::json& train_json) {
+  const int fd = ::open(lock.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return {};
+  const bool held = ::flock(fd, LOCK_SH | LOCK_NB) != 0;
+  ::close(fd);
+  if (!held) return {};
+  std::ifstream in(lock);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const nlohmann::json owner = nlohmann::json::parse(text, nullptr, false);
+  if (!owner.is_object()) return {};
   if (std::string d = settings_differ(owner.value("train", nlohmann::json()), train_json);
       !d.empty())
     return "other [train] settings: " + d;
@@ -614,6 +680,34 @@ void check_point_lock(const Plan& plan, const nlohmann::json& plan_json, const T
   if (!held) return;
   if (const std::string d = lock_owner_differs(lock, plan_json, train_to_json(train)); !d.empty())
     refuse_other_owner(lock, plan.id, d);
+}
+
+void check_sibling_point(const Plan& plan, const TrainSettings& train, const fs::path& out_dir) {
+  const fs::path path = out_dir / plan.id / "record.json";
+  std::error_code ec;
+  if (fs::is_regular_file(path, ec)) {
+    nlohmann::json rec;
+    try {
+      rec = nlohmann::json::parse(read_file(path));
+    } catch (const std::exception&) {
+      rec = nullptr;  // damaged: the run that trains the point says so
+    }
+    // The sweep-wide settings only: another plan for that one point is its own run's to refuse.
+    if (rec.is_object()) {
+      if (const std::string d =
+              settings_differ(rec.value("train", nlohmann::json()), train_to_json(train));
+          !d.empty())
+        throw InputError(fmt::format(
+            "'{}' was trained with other [train] settings: {}; this folder holds another sweep "
+            "(--point trains one point, but into the whole sweep's folder): move it away or "
+            "choose another --out (a sweep with another seed or data belongs in a folder of its "
+            "own)",
+            path.string(), d));
+    }
+  }
+  if (const std::string d = lock_train_differs(out_dir / plan.id / ".lock", train_to_json(train));
+      !d.empty())
+    refuse_other_owner(out_dir / plan.id / ".lock", plan.id, d);
 }
 
 void check_resumable(const Plan& plan, const nlohmann::json& plan_json, const TrainSettings& train,
@@ -828,13 +922,29 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
   const bool writer = engine->writes_files();  // data parallel: rank 0 only
   outcome.wrote_files = writer;
   auto save = [&](const std::string& status) {
+    const int64_t kept_step = last_saved_step;
     last_saved_step = st.step;
     rin.status = status;
     outcome.record = make_record(rin);
     std::vector<char> state = engine->save_state();  // every rank: a collective when sharded
     if (writer) {
-      write_checkpoint(ckpt_path, {plan_json, rin.train, fingerprints, st, std::move(state)});
-      write_file_atomic(outcome.record_path, outcome.record.dump(1) + "\n");
+      if (!estimating && solo) lock.keep(dir / ".lock");
+      // A write that fails mid-run (a full disk) loses nothing written before: the atomic writes
+      // leave the last checkpoint whole. Said so, as a failure of the run (70), not of its input.
+      bool checkpoint_written = false;
+      try {
+        write_checkpoint(ckpt_path, {plan_json, rin.train, fingerprints, st, std::move(state)});
+        checkpoint_written = true;
+        write_file_atomic(outcome.record_path, outcome.record.dump(1) + "\n");
+      } catch (const InputError& e) {
+        const int64_t whole = checkpoint_written ? st.step : kept_step;
+        throw std::runtime_error(fmt::format(
+            "{} (point '{}' at step {}); {}; free space or fix the folder and run the same "
+            "command to resume",
+            e.what(), plan.id, st.step,
+            whole > 0 ? fmt::format("its checkpoint of step {} is whole", whole)
+                      : std::string("it has no checkpoint yet, and starts again at step 0")));
+      }
     }
     // Every rank leaves a save together. After the last one the others went straight on to the
     // next point's NCCL id file (a 120 s wait) while rank 0 was still writing: at 6.5B

@@ -625,6 +625,20 @@ TEST_CASE("refusals: one line, non-zero exit, earlier records and checkpoints in
     CHECK_MESSAGE(one_line(r.err), r.err);
     CHECK_MESSAGE(r.err.find("seed = 1234 (the manifest: 7)") != std::string::npos, r.err);
     intact();
+    // --point names another point, one with no record in the folder: the folder still holds the
+    // other seed's sweep (its dense record), and a point of seed 7 beside it is refused too.
+    const fs::path sib = dir / "sibling";
+    fs::remove_all(sib);
+    fs::create_directories(sib / "dense");
+    fs::copy_file(out / "dense" / "record.json", sib / "dense" / "record.json");
+    const Result s7 =
+        run_cli({"run", (dir / "seed.toml").string(), "--point", "moe-a", "--out", sib.string()});
+    CHECK(s7.status == 2);
+    CHECK_MESSAGE(one_line(s7.err), s7.err);
+    CHECK_MESSAGE(s7.err.find("seed = 1234 (the manifest: 7); this folder holds another sweep") !=
+                      std::string::npos,
+                  s7.err);
+    CHECK(!fs::exists(sib / "moe-a"));
     Manifest every = good;
     every.train.checkpoint_every = 3;
     write_manifest_atomic(every, dir / "every.toml");

@@ -113,9 +113,19 @@ std::string record_remedy(const Plan& plan, const nlohmann::json& plan_json,
                           const TrainSettings& train, const std::filesystem::path& out_dir);
 
 // Throws InputError (one line) when what is at out_dir/<id> would stop the point when its turn
-// comes: its folder or checkpoint/ a file, its .lock a folder, an id too long to be a folder
-// name. Checked before any point trains.
+// comes: its folder or checkpoint/ a file or one this process cannot write into, its .lock a
+// folder or a file it cannot open, an id too long to be a folder name. Checked before any point
+// trains.
 void check_point_folder(const std::filesystem::path& out_dir, const std::string& id);
+
+// For a point of the sweep that this run does not train (`--point` chose another): throws
+// InputError (one line) when its record was trained with other [train] settings, or another
+// process holds its lock training under them (another plan for that point alone is its own
+// run's to refuse). `run --point` of a sweep with another seed
+// trained into a folder another seed's run was using, and the folder held two sweeps. A damaged
+// record is left to the run that trains the point.
+void check_sibling_point(const Plan& plan, const TrainSettings& train,
+                         const std::filesystem::path& out_dir);
 
 // Throws InputError (one line) when another process holds the point's lock training another
 // plan or other [train] settings (a second sweep started into the same --out before the first
