@@ -12,6 +12,7 @@
 #include "moeplan/audit/runs_io.hpp"
 #include "moeplan/reports/run_report.hpp"
 #include "moeplan/sweeps/atomic_file.hpp"
+#include "moeplan/sweeps/escape.hpp"
 
 namespace moeplan::cli {
 namespace {
@@ -89,7 +90,7 @@ int report(const ReportFlags& f) {
     return kExitOk;
   }
   write_file_atomic(f.output, text);
-  fmt::print("wrote {}\n", f.output);
+  fmt::print("wrote {}\n", printable(f.output));
   return kExitOk;
 }
 

@@ -49,6 +49,7 @@ std::vector<double> nice_ticks(double lo, double hi, int target) {
   target = std::max(1, target);
   double range = hi - lo;
   if (range <= 0) range = lo != 0 ? std::fabs(lo) * 0.1 : 1;
+  if (!std::isfinite(range)) return {lo, hi};  // ends a double apart by more than the largest
   const double raw = range / target;
   const double decade = std::pow(10.0, std::floor(std::log10(raw)));
   double step = 10 * decade;
@@ -67,6 +68,9 @@ std::vector<double> nice_ticks(double lo, double hi, int target) {
   std::vector<double> ticks;
   for (int64_t i = first; i <= last; ++i) {
     const double v = double(i) * step;
+    // Near the largest double a tick rounded past it is inf, and the SVG got "nan" coordinates:
+    // the data's own ends serve as the ticks then.
+    if (!std::isfinite(v)) return {lo, hi};
     ticks.push_back(std::fabs(v) < step * 1e-9 ? 0.0 : v);
   }
   return ticks;

@@ -485,12 +485,18 @@ std::string audit_line(const FolderAudit& a) {
 std::string verdict_of(const std::vector<json>& records, const json* dense,
                        const FolderAudit* audit) {
   int moe_total = 0, moe_better = 0, complete_count = 0, matching = 0;
-  std::string best, other_data, unequal, off_plan, audited;
+  std::string best, other_data, unequal, off_plan, audited, incomplete;
   const bool dense_flagged = dense && has_audit_error(*dense);
   double best_bpc = 1e300;
   const double dense_bpc = dense ? dense->value("final_val_bpc", 0.0) : 0.0;
   for (const json& r : records) {
-    if (!is_complete(r)) continue;
+    if (!is_complete(r)) {
+      incomplete += fmt::format("{}{} ({}, step {} of {})", incomplete.empty() ? "" : ", ",
+                                r.value("point_id", "?"), r.value("status", "?"),
+                                r["measured"].value("steps", int64_t{0}),
+                                r["plan"].value("steps", int64_t{0}));
+      continue;
+    }
     ++complete_count;
     if (matches_plan(r))
       ++matching;
@@ -542,6 +548,10 @@ std::string verdict_of(const std::vector<json>& records, const json* dense,
             "not an equal-resource claim whatever the tolerances say\n",
             ablation) +
         v;
+  if (!incomplete.empty())
+    v += "\nnot compared, not complete (a run stopped or still training; the same `moeplan run` "
+         "resumes it): " +
+         incomplete;
   if (!other_data.empty())
     v += fmt::format(
         "\nnot compared with the dense baseline, which read {}: trained or validated on other "
@@ -561,9 +571,9 @@ std::string verdict_of(const std::vector<json>& records, const json* dense,
          unequal;
   v += fmt::format(
       "\nmeasured vs plan: {} of {} complete point(s) consumed exactly the planned D, read exactly "
-      "the planned D̂ unique, ran the planned epochs and steps, with C [paper] within the plan's "
+      "the planned D̂ unique, ran the planned epochs and steps, with C [{}] within the plan's "
       "rounding{}",
-      matching, complete_count,
+      matching, complete_count, common_label(records, paper_label),
       off_plan.empty() ? ""
                        : fmt::format(" (off the plan: {}; `moeplan audit` says where)", off_plan));
   std::vector<const json*> plans;
@@ -673,14 +683,20 @@ std::vector<plot::Chart> charts_of(const std::vector<json>& records, const json*
                    "loss-d"};
   for (const json& r : records) {
     const json& p = r["plan"];
-    // A point the comparison leaves out (other data, unequal resources) keeps its curves, named
-    // as left out: they are its training, not an equal-resource comparison.
+    // A point the comparison leaves out (other data, unequal resources, an audit error) keeps
+    // its curves, named as left out: they are its training, not an equal-resource comparison.
     std::string id = r.value("point_id", "?");
     if (dense && !is_dense(r) && is_complete(r)) {
       if (!same_data(r, *dense))
         id += " (other data)";
       else if (!unequal_resources(r, *dense).empty())
         id += " (not equal-resource)";
+      else if (has_audit_error(r) || has_audit_error(*dense))
+        id += " (audit error)";
+    } else if (has_audit_error(r)) {
+      id += " (audit error)";
+    } else if (!is_complete(r)) {
+      id += " (not complete)";
     }
     const double steps = p.value("steps", 0.0);
     const double per_step = steps > 0 ? p.value("tokens_consumed", 0.0) / steps : 0.0;
@@ -989,7 +1005,7 @@ std::string render_run_report(const std::vector<json>& given, const std::string&
       "moeplan report: {} run(s) in {}. BPC = {}, on held-out data; C = M·D in the {} "
       "convention (M = 6·N_a + 12·L·D_m·S per consumed token){}; D consumed counts repeats, D̂ "
       "unique does not",
-      records.size(), source, bpc_words(records), paper,
+      records.size(), printable(source), bpc_words(records), paper,
       other_convention
           ? fmt::format(", and in the {} convention the sweep was planned equal in", own)
           : "");
@@ -1062,8 +1078,12 @@ json replicate_settings(const json& r) {
 }
 
 std::string render_replicate_report(const std::vector<std::vector<json>>& given,
-                                    const std::vector<std::string>& names, ReportFormat format,
-                                    const std::vector<FolderAudit>& audits) {
+                                    const std::vector<std::string>& given_names,
+                                    ReportFormat format, const std::vector<FolderAudit>& audits) {
+  // Folder names as given on the command line: shown as text (a name's escape sequence or line
+  // break would act in a terminal).
+  std::vector<std::string> names;
+  for (const std::string& n : given_names) names.push_back(printable(n));
   std::vector<std::vector<json>> folders;
   for (size_t f = 0; f < given.size(); ++f)
     folders.push_back(annotate(given[f], audits.empty() ? nullptr : &audits[f]));
@@ -1215,8 +1235,10 @@ std::string render_replicate_report(const std::vector<std::vector<json>>& given,
         diff.push_back(d);
         ++paired;
         beats += d < 0;
-        per_folder[f].points.emplace_back(plan.value("activation_rate", 0.0), b);
       }
+      // Every replicate the BPC columns (and the MoE mean) count, paired with a dense baseline
+      // or not: the chart says "every replicate", and its mean is of these.
+      if (!is_d) per_folder[f].points.emplace_back(plan.value("activation_rate", 0.0), b);
     }
     const Stats sb = stats_of(bpc), sdf = stats_of(diff);
     if (!is_d && sb.n > 0)
@@ -1247,8 +1269,9 @@ std::string render_replicate_report(const std::vector<std::vector<json>>& given,
   for (const auto& f : folders) all.insert(all.end(), f.begin(), f.end());
   const std::string title = fmt::format(
       "moeplan report: {} points over {} runs folders of one sweep: {}. val BPC = final {}; vs "
-      "dense = a point's BPC minus the dense baseline's of the same folder (its seeds); sd is "
-      "the sample standard deviation over the replicates",
+      "dense = a point's BPC minus the dense baseline's of the same folder (its seeds), over the "
+      "replicates whose folder has one (the BPC columns count every replicate); sd is the "
+      "sample standard deviation over the replicates",
       order.size(), folders.size(), folders_text, bpc_words(all));
   std::string verdict =
       (ablation_points(all).empty()

@@ -31,6 +31,14 @@ TEST_CASE("nice ticks: steps of 1, 2 or 5 times a power of ten, covering the ran
   check_ticks(-0.3, 0.3, {-0.4, -0.2, 0, 0.2, 0.4});          // 0.12 -> 0.2
   check_ticks(3, 3, {2.9, 3, 3.1});                           // one value: a step either side
   CHECK(nice_ticks(-0.3, 0.3)[2] == 0.0);                     // exactly zero, not 5.55e-17
+  // Near the largest double a tick rounded up to 2e308 was inf, and the SVG had "nan" in it.
+  for (const auto& [lo, hi] : {std::pair{1.0, 1.7e308}, std::pair{-1.7e308, 1.7e308}}) {
+    const std::vector<double> big = nice_ticks(lo, hi);
+    REQUIRE(big.size() >= 2);
+    for (double t : big) CHECK(std::isfinite(t));
+    CHECK(big.front() <= lo);
+    CHECK(big.back() >= hi);
+  }
 }
 
 TEST_CASE("tick labels") {

@@ -97,7 +97,8 @@ TEST_CASE("report: without a complete dense baseline, no bars and no baseline li
   const std::string html = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::html);
   CHECK(count(html, "<svg") == 3);  // no time chart without the baseline's time
   CHECK(html.find("dense baseline (") == std::string::npos);
-  CHECK(count(html, "data-series=\"dense\"") == 2);  // its curves so far are still drawn
+  // Its curves so far are still drawn, named as not complete.
+  CHECK(count(html, "data-series=\"dense (not complete)\"") == 2);
   // The running baseline's row: no "C ok" verdict on a partial C (it read "no"), no final parts.
   json running = record("dense", true, 1.0, 2.0, false);
   running["val_curve"][1]["parts"] = {{"facts", 1.25}};
@@ -667,6 +668,8 @@ TEST_CASE("report: the C columns and chart name the reading N_a was counted unde
   std::string text = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::text);
   CHECK(text.find("C plan [paper (router in)]") != std::string::npos);
   CHECK(text.find("C = M·D in the paper (router in) convention") != std::string::npos);
+  // The measured-vs-plan line judges that same figure, and says so.
+  CHECK(text.find("with C [paper (router in)] within the plan's rounding") != std::string::npos);
   std::string html = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::html);
   CHECK(html.find("training compute C [paper (router in)] (FLOPs)") != std::string::npos);
   // Without the reading: plain paper; an exact-planned sweep's chart is in exact/causal.
@@ -784,4 +787,58 @@ TEST_CASE("report: a folder with two dense baselines is refused; ties in r_a sor
                        doctest::Contains("holds 2 dense baselines (a-dense, dense)"),
                        moeplan::InputError);
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("report: a point not complete is named as not compared; the folder name is text") {
+  // 3 MoE points, one interrupted: the verdict counted "2 of 2" and said nothing of the third.
+  const std::vector<json> recs = {record("dense", true, 1.0, 2.0), record("moe-a", false, 0.2, 1.9),
+                                  record("moe-b", false, 0.3, 1.8),
+                                  record("moe-c", false, 0.4, 1.7, false)};
+  const std::string text =
+      moeplan::render_run_report(recs, "runs\x1b[31m\nX", moeplan::ReportFormat::text);
+  CAPTURE(text);
+  CHECK(text.find("MoE points with lower validation BPC: 2 of 2") != std::string::npos);
+  CHECK(text.find("not compared, not complete (a run stopped or still training; the same "
+                  "`moeplan run` resumes it): moe-c (running, step 2 of 4)") != std::string::npos);
+  // The runs folder as given, its escape sequence and line break shown, not acted on.
+  CHECK(text.find('\x1b') == std::string::npos);
+  CHECK(text.find("in runs\\x1b[31m\\x0aX. BPC") != std::string::npos);
+  // The chart names its curve as not complete.
+  const std::string html = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::html);
+  CHECK(html.find("moe-c (not complete)") != std::string::npos);
+}
+
+TEST_CASE("report: a point the folder's audit finds an error in is named so in every chart") {
+  const std::vector<json> recs = {record("dense", true, 1.0, 2.0), record("moe-a", false, 0.2, 1.9),
+                                  record("moe-b", false, 0.3, 1.8)};
+  moeplan::FolderAudit audit;
+  audit.claims = audit.holding = 1;
+  audit.errors["moe-b"] = {"a ledger error"};
+  audit.error_quantities["moe-b"] = {"flops"};
+  const std::string html =
+      moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::html, &audit);
+  CHECK(html.find("moe-b (audit error)") != std::string::npos);
+  CHECK(html.find("moe-a (audit error)") == std::string::npos);
+  // Its C is not "ok": the ledger behind it is what the audit found wrong.
+  const std::string text =
+      moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::text, &audit);
+  CHECK(text.find("(off the plan: moe-b;") != std::string::npos);
+}
+
+TEST_CASE("replicates: the chart of every replicate draws every replicate the means count") {
+  // Folder b has no dense baseline: its moe-a (1.7) counts in the BPC mean (1.8 with a's 1.9)
+  // but pairs with no baseline. The chart of "every replicate" left b's point out while its
+  // mean (1.8) included it.
+  const std::vector<std::vector<json>> folders = {{with_seed(record("dense", true, 1.0, 2.0), 1),
+                                                   with_seed(record("moe-a", false, 0.2, 1.9), 1)},
+                                                  {with_seed(record("moe-a", false, 0.2, 1.7), 2)}};
+  const std::string html =
+      moeplan::render_replicate_report(folders, {"a", "b"}, moeplan::ReportFormat::html);
+  CAPTURE(html);
+  CHECK(html.find("data-series=\"b\"") != std::string::npos);
+  const std::string text =
+      moeplan::render_replicate_report(folders, {"a", "b\x1b"}, moeplan::ReportFormat::text);
+  CHECK(text.find("1.8000") != std::string::npos);   // the mean of 1.9 and 1.7
+  CHECK(text.find("-0.1000") != std::string::npos);  // vs dense: a's pair alone
+  CHECK(text.find('\x1b') == std::string::npos);
 }
