@@ -682,6 +682,26 @@ void check_point_lock(const Plan& plan, const nlohmann::json& plan_json, const T
     refuse_other_owner(lock, plan.id, d);
 }
 
+void check_step_ledger(const Arch& arch, int64_t batch_seqs, bool erc_loss, const StepResult& r,
+                       int64_t step) {
+  ExactStepOptions eo;
+  eo.erc_loss = erc_loss;
+  if (!r.routed_per_moe_layer.empty()) eo.routed_per_moe_layer = r.routed_per_moe_layer;
+  const FlopLedger want = exact_step_ledger(arch, batch_seqs, eo);
+  for (int c = 0; c < kFlopCategories; ++c) {
+    const auto cat = FlopCategory(c);
+    if (cat == FlopCategory::padding || cat == FlopCategory::recompute) continue;
+    for (int p = 0; p < kPhases; ++p)
+      if (!(r.flops.flops[size_t(c)][size_t(p)] == want.flops[size_t(c)][size_t(p)]))
+        throw std::logic_error(fmt::format(
+            "step {}: the FLOP ledger's {} {} is {}, the analytic exact count of the step's "
+            "routing {}: the backend counted products it did not run, or ran products it did "
+            "not count (please report it)",
+            step, name(cat), name(Phase(p)), to_string(r.flops.flops[size_t(c)][size_t(p)]),
+            to_string(want.flops[size_t(c)][size_t(p)])));
+  }
+}
+
 void check_sibling_point(const Plan& plan, const TrainSettings& train, const fs::path& out_dir) {
   const fs::path path = out_dir / plan.id / "record.json";
   std::error_code ec;
@@ -984,6 +1004,7 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
           fmt::format("point '{}': the model counted {} loss-bearing targets in "
                       "step {}, the token ledger {}",
                       plan.id, r.loss_bearing_targets, st.step + 1, batch * seq_len));
+    check_step_ledger(plan.arch, batch, model_opt.erc_loss > 0, r, st.step + 1);
     st.train_flops += r.flops;
     st.dropped_assignments += r.dropped_assignments;
     ++st.step;

@@ -9,6 +9,7 @@
 #include "moeplan/accounting/flops.hpp"
 #include "moeplan/accounting/params.hpp"
 #include "moeplan/backend/model.hpp"
+#include "moeplan/backend/run.hpp"
 #include "tiny.hpp"
 
 namespace moeplan::backend {
@@ -56,6 +57,24 @@ void run_and_compare(const ModelOptions& o, bool expect_drops) {
     eo.routed_per_moe_layer = r.routed_per_moe_layer;
     const FlopLedger exact = exact_step_ledger(a, B, eo);
     CHECK(r.flops.flops == exact.flops);  // every matrix product; element-wise work is apart
+    // The run loop's own check of the same (run_point calls it every step) passes, and fails on
+    // one FLOP off, a routed count off, or ERC's products missing.
+    CHECK_NOTHROW(check_step_ledger(a, B, o.erc_loss > 0, r, step + 1));
+    StepResult off = r;
+    off.flops.flops[int(FlopCategory::expert)][int(Phase::weight_grad)] += 1;
+    CHECK_THROWS_WITH_AS(check_step_ledger(a, B, o.erc_loss > 0, off, step + 1),
+                         doctest::Contains("the FLOP ledger's expert weight-grad is"),
+                         std::logic_error);
+    StepResult routed = r;
+    routed.routed_per_moe_layer[0] -= 1;
+    CHECK_THROWS_AS(check_step_ledger(a, B, o.erc_loss > 0, routed, step + 1), std::logic_error);
+    if (o.erc_loss > 0)
+      CHECK_THROWS_AS(check_step_ledger(a, B, false, r, step + 1), std::logic_error);
+    // What a device executes beyond the model's products is not the model's count.
+    StepResult padded = r;
+    padded.flops.flops[int(FlopCategory::padding)][int(Phase::forward)] += 1000;
+    padded.flops.flops[int(FlopCategory::recompute)][int(Phase::input_grad)] += 1000;
+    CHECK_NOTHROW(check_step_ledger(a, B, o.erc_loss > 0, padded, step + 1));
     CHECK(r.flops.elementwise > 0);
     for (int c = 0; c < kFlopCategories; ++c)
       for (int p = 0; p < kPhases; ++p) {

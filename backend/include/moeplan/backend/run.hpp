@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "moeplan/backend/model.hpp"
 #include "moeplan/planner/plan.hpp"
 #include "moeplan/sweeps/manifest.hpp"
 
@@ -132,6 +133,15 @@ void check_sibling_point(const Plan& plan, const TrainSettings& train,
 // wrote a record); the same point of the same sweep is left to it, as before.
 void check_point_lock(const Plan& plan, const nlohmann::json& plan_json, const TrainSettings& train,
                       const std::filesystem::path& out_dir);
+
+// The correctness ladder's rung 3, every step (BACKEND.md): a step's FLOP ledger equals the
+// analytic `exact` count of the same routing (the routed assignments the step reports, the ERC
+// products when on), category by category and phase by phase, to the FLOP. `padding` and
+// `recompute` (what a device executes beyond the model's products) are left aside. Throws
+// std::logic_error naming the step, the first category and phase that differ and both counts: a
+// mismatch is a bug in the backend, not noise.
+void check_step_ledger(const Arch& arch, int64_t batch_seqs, bool erc_loss, const StepResult& r,
+                       int64_t step);
 
 // Throws InputError (one line, as the point's resume would) when the point's checkpoint was made
 // under another plan, [train] settings, --device or --micro-batch, or is damaged (checksum). The
