@@ -213,6 +213,15 @@ TEST_CASE("-o sweep.toml writes a manifest that reads back; formats by extension
   CHECK(r.out.find("dense baseline + 1 point)") != std::string::npos);
   const moeplan::Manifest t = moeplan::read_manifest(scratch() / "train.toml");
   CHECK(t.train.erc_loss == 0.01);
+  CHECK(r.err.find("capacity_factor") == std::string::npos);  // dropless: nothing to say
+  // A capacity factor: said at plan time that its drops are FLOPs planned but not spent, which
+  // report and audit hold against equal C (at N 2e4, r_a 0.3 and 1.25, 36 % were dropped).
+  r = run_moeplan("grid --N 2e6 --ra 0.2 --train capacity_factor=1.25 -o '" +
+                  (scratch() / "cf.toml").string() + "'");
+  CHECK(r.status == 0);
+  CHECK(r.err.find("moeplan: warning: capacity_factor = 1.25 drops the routed assignments") !=
+        std::string::npos);
+  CHECK(r.err.find("the compute tolerance (1 % of C)") != std::string::npos);
   // Typed relative to the folder grid runs in; written relative to -o's folder, which is where
   // `moeplan run` reads a relative path from: the same file seen from there.
   CHECK(t.train.source ==
