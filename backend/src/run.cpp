@@ -415,6 +415,11 @@ class PointLock {
       throw std::runtime_error(replaced(path));
     }
     const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0 && errno != EEXIST)  // the folder moved or removed, or made read-only
+      throw std::runtime_error(fmt::format(
+          "cannot take the point's lock file '{}' again ({}) after it was removed while this run "
+          "trained the point: stopped without writing",
+          path.string(), std::strerror(errno)));
     if (fd < 0 || ::flock(fd, LOCK_EX | LOCK_NB) != 0) {
       if (fd >= 0) ::close(fd);
       throw std::runtime_error(replaced(path));

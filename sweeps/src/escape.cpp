@@ -78,10 +78,38 @@ std::string escape_markdown(std::string_view s, std::string_view newline) {
       }
     }
     switch (c) {
+      case '`': {
+        // A code span (a run of backticks closed by one as long before the line ends) is kept
+        // as written: inside it nothing is markup, and an escape would show ("`moeplan audit`"
+        // in a verdict; a user's "`a*b`"). In a table cell its '|' is still escaped, GFM's
+        // rule. A backtick run left unclosed is escaped.
+        size_t run = 0;
+        while (i + run < s.size() && s[i + run] == '`') ++run;
+        size_t close = std::string_view::npos;
+        for (size_t k = i + run; k < s.size() && s[k] != '\n' && s[k] != '\r';) {
+          size_t r = 0;
+          while (k + r < s.size() && s[k + r] == '`') ++r;
+          if (r == run) {
+            close = k;
+            break;
+          }
+          k += r > 0 ? r : 1;
+        }
+        if (close == std::string_view::npos) {
+          for (size_t r = 0; r < run; ++r) out += "\\`";
+          i += run - 1;
+          break;
+        }
+        for (size_t k = i; k < close + run; ++k) {
+          if (s[k] == '|' && !paragraphs) out += '\\';
+          out += forbidden_control(s[k]) ? std::string(kReplacement) : std::string(1, s[k]);
+        }
+        i = close + run - 1;
+        break;
+      }
       case '|':
       case '\\':
       case '*':
-      case '`':
       case '~':
       case '#':
         out += '\\';

@@ -823,6 +823,25 @@ TEST_CASE("report: a point the folder's audit finds an error in is named so in e
   const std::string text =
       moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::text, &audit);
   CHECK(text.find("(off the plan: moe-b;") != std::string::npos);
+  // The sweep's equal-C claim books its errors as "compute" too, for a point whose own ledger
+  // and plan agree: that point did what its plan said, and its C is "ok".
+  moeplan::FolderAudit claim;
+  claim.claims = 1;
+  claim.errors["moe-b"] = {"claim 'equal training compute C': ..."};
+  claim.error_quantities["moe-b"] = {"compute"};
+  const std::string c_text =
+      moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::text, &claim);
+  CHECK(c_text.find("measured vs plan: 3 of 3 complete point(s)") != std::string::npos);
+  // A running record: the audit errs on it (its status), and the charts say why: not complete.
+  std::vector<json> running = recs;
+  running[2] = record("moe-b", false, 0.3, 1.8, false);
+  moeplan::FolderAudit status;
+  status.errors["moe-b"] = {"record is 'running'"};
+  status.error_quantities["moe-b"] = {"status"};
+  const std::string r_html =
+      moeplan::render_run_report(running, "runs", moeplan::ReportFormat::html, &status);
+  CHECK(r_html.find("moe-b (not complete)") != std::string::npos);
+  CHECK(r_html.find("moe-b (audit error)") == std::string::npos);
 }
 
 TEST_CASE("replicates: the chart of every replicate draws every replicate the means count") {

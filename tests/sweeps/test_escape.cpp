@@ -41,7 +41,15 @@ TEST_CASE("escape_markdown: links, code, emphasis and block markers in user text
   CHECK(escape_markdown("[click](http:x.com)") == "[click\\](http:x.com)");
   CHECK(escape_markdown("![i][r]") == "![i\\][r]");
   CHECK(escape_markdown("M [paper]") == "M [paper]");  // no link: kept as written
-  CHECK(escape_markdown("_em_ `a*b`") == "\\_em\\_ \\`a\\*b\\`");
+  // A code span is kept as written (its content is no markup, and an escape in it would show);
+  // a backtick that closes nothing is escaped; in a cell the span's '|' is escaped (GFM).
+  CHECK(escape_markdown("_em_ `a*b`") == "\\_em\\_ `a*b`");
+  CHECK(escape_markdown("see `moeplan audit` <x>", "\n\n") == "see `moeplan audit` &lt;x&gt;");
+  CHECK(escape_markdown("a ` b *c*") == "a \\` b \\*c\\*");
+  CHECK(escape_markdown("``a`b`` x`") == "``a`b`` x\\`");
+  CHECK(escape_markdown("`a|b`") == "`a\\|b`");
+  CHECK(escape_markdown("`a|b`", "\n\n") == "`a|b`");
+  CHECK(escape_markdown("`a\nb`", "\n\n") == "\\`a\n\nb\\`");  // a span ends with its line
   CHECK(escape_markdown("~~x~~") == "\\~\\~x\\~\\~");
   CHECK(escape_markdown("a # b") == "a \\# b");
   // Inside a word '_' opens no emphasis, and stays as written.

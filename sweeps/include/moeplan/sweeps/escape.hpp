@@ -11,7 +11,9 @@ namespace moeplan {
 std::string escape_html(std::string_view s);
 
 // Markdown: '|' (it would end a table cell), '\\', '*', '_' outside a word, '~' (emphasis,
-// strikethrough), '`' (code), a ']' before '(' or '[' (a link) and '#' backslash-escaped; '<',
+// strikethrough), a '`' that opens no code span, a ']' before '(' or '[' (a link) and '#'
+// backslash-escaped (a code span closed on its line is kept as written, its '|' escaped in a
+// cell); '<',
 // '>' and '&' (raw HTML to a Markdown renderer) as entities; in paragraphs, a line's leading
 // spaces dropped and a block marker at its start escaped ('-', '+', '=', '[', "1." before a
 // space); a line break (CR or LF) becomes
