@@ -34,6 +34,20 @@ struct CsvRecord {
   bool blank = true, empty = true;
 };
 
+// The file's line end: the first one outside a quoted field. A bare '\r' (classic Mac, Excel
+// for Mac's "CSV (Macintosh)") ends lines even where a multi-line cell holds a '\n'; '\n' (its
+// "\r\n" too) otherwise, and for a file of one line.
+char line_end(std::string_view text) {
+  bool quoted = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text[i] == '"') quoted = !quoted;
+    if (quoted) continue;
+    if (text[i] == '\n') return '\n';
+    if (text[i] == '\r') return i + 1 < text.size() && text[i + 1] == '\n' ? '\n' : '\r';
+  }
+  return '\n';
+}
+
 std::vector<CsvRecord> split_records(std::string_view text, char eol, const std::string& source) {
   std::vector<CsvRecord> out;
   CsvRecord rec;
@@ -124,7 +138,25 @@ double printed_half_width(const std::string& text) {
 Cell parse_cell(std::string_view text, std::string_view what, double scale) {
   Cell c;
   c.text = trim(text);
-  c.value = parse_quantity(c.text, what) * scale;
+  try {
+    c.value = parse_quantity(c.text, what) * scale;
+  } catch (const InputError& e) {
+    // What a paper's table prints for a missing value, a thousands separator or a percent sign:
+    // the message says what to write instead.
+    const std::string& t = c.text;
+    const bool missing = t == "-" || t == "\xE2\x80\x94" || t == "\xE2\x80\x93" || t == "n/a" ||
+                         t == "N/A" || t == "NA" || t == "na" || t == "?" || t == "nan" ||
+                         t == "NaN";
+    const bool thousands = t.find(',') != std::string::npos;
+    const bool percent = !t.empty() && t.back() == '%';
+    if (!missing && !thousands && !percent) throw;
+    throw InputError(fmt::format(
+        "{}; {}", e.what(),
+        missing     ? "leave the cell blank if the value is not published"
+        : thousands ? "write it without thousands separators (1234000000 or 1.234e9)"
+                    : "write it without the '%' (a percent column's header says the unit, e.g. "
+                      "ra_pct)"));
+  }
   // The sign is the quantity's business (check_quantity_value): a shape count has a range, most
   // others must be above 0.
   c.half_width = printed_half_width(c.text) * scale;
@@ -190,8 +222,7 @@ ClaimTable parse_claim_table(std::string_view text, std::string name, std::strin
         "{} line {}: byte 0x{:02X} is not UTF-8; save the table as UTF-8 (Excel: CSV UTF-8)",
         t.source, 1 + std::count(text.begin(), text.begin() + std::ptrdiff_t(bad), '\n'),
         static_cast<unsigned char>(text[bad])));
-  std::vector<CsvRecord> records =
-      split_records(text, text.find('\n') == std::string_view::npos ? '\r' : '\n', t.source);
+  std::vector<CsvRecord> records = split_records(text, line_end(text), t.source);
   while (!records.empty() && records.back().empty) records.pop_back();
   if (records.empty())
     throw InputError(fmt::format("{}: empty table (expected a header line)", t.source));
@@ -245,7 +276,18 @@ ClaimTable parse_claim_table(std::string_view text, std::string name, std::strin
                                    t.source, row_number, records[li].line, fields.size(),
                                    t.headers.size()));
     std::map<std::string, Cell> row;
-    if (label_col >= 0) t.labels.push_back(fields[size_t(label_col)]);
+    // A row's name is one line: a multi-line label cell (a spreadsheet's wrapped text) has its
+    // line breaks as spaces, as the Markdown report shows it, so the terminal's lines stay one
+    // finding each.
+    if (label_col >= 0) {
+      const std::string& cell = fields[size_t(label_col)];
+      std::string label;
+      for (size_t k = 0; k < cell.size(); ++k) {
+        if (cell[k] == '\r' && k + 1 < cell.size() && cell[k + 1] == '\n') continue;
+        label += cell[k] == '\n' || cell[k] == '\r' ? ' ' : cell[k];
+      }
+      t.labels.push_back(std::move(label));
+    }
     for (size_t c = 0; c < fields.size(); ++c) {
       if (t.quantities[c].empty() || fields[c].empty()) continue;  // blank = not published
       const std::string what =

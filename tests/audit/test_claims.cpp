@@ -295,13 +295,23 @@ TEST_CASE("CSV quoting: commas and doubled quotes inside a quoted field; an open
   // A number written with a thousands comma inside quotes is one field, and not a number.
   CHECK_THROWS_WITH_AS(parse_claim_table("name,N\na,\"2,000\"\n", "q", "q.csv"),
                        doctest::Contains("'2,000' is not a number"), InputError);
+  // What a paper prints for a missing value, a separator or a percent: the fix is said.
+  CHECK_THROWS_WITH_AS(parse_claim_table("name,N\na,\"2,000\"\n", "q", "q.csv"),
+                       doctest::Contains("write it without thousands separators"), InputError);
+  for (const char* missing : {"\xE2\x80\x94", "n/a", "-", "NA"})
+    CHECK_THROWS_WITH_AS(
+        parse_claim_table(std::string("name,N,C\na,1e9,") + missing + "\n", "q", "q.csv"),
+        doctest::Contains("leave the cell blank if the value is not published"), InputError);
+  CHECK_THROWS_WITH_AS(parse_claim_table("name,ra_pct\na,20%\n", "q", "q.csv"),
+                       doctest::Contains("write it without the '%'"), InputError);
 }
 
 TEST_CASE("CSV records: a line break inside quotes, old-Mac CR endings, UTF-8 only, one label") {
   // A multi-line cell (as spreadsheets write one) stays in its row; line numbers stay physical.
   const ClaimTable t = parse_claim_table(
       "label,N,C\nbase,1.00e9,1.00e20\n\"moe\n(top-2)\",1.05e9,1.00e20\n", "nl", "nl.csv");
-  CHECK(t.labels == std::vector<std::string>{"base", "moe\n(top-2)"});
+  // Its label is one line (a finding's line in the terminal stayed broken in two).
+  CHECK(t.labels == std::vector<std::string>{"base", "moe (top-2)"});
   CHECK(t.rows[1].at("total_params").value == 1.05e9);
   CHECK_THROWS_WITH_AS(parse_claim_table("label,N\n\"a\nb\",1e9\nx,1e9,2\n", "nl", "nl.csv"),
                        "nl.csv: data row 2 (line 4) has 3 fields, the header has 2", InputError);
@@ -315,6 +325,12 @@ TEST_CASE("CSV records: a line break inside quotes, old-Mac CR endings, UTF-8 on
       parse_claim_table("label,N,C\rbase,1.00e9,1.00e20\rmoe,1.05e9,1.00e20\r", "cr", "cr.csv");
   CHECK(cr.labels == std::vector<std::string>{"base", "moe"});
   CHECK(cr.rows[1].at("compute").value == 1e20);
+  // CR line ends with a multi-line cell holding an LF (Excel for Mac's CSV): the file's line end
+  // is its first one outside quotes; any LF anywhere made it one garbled header line.
+  const ClaimTable mac = parse_claim_table(
+      "label,N,C\r\"base\",1.2e9,2e20\r\"moe\nk=2\",1.2e9,2.1e20\r", "mac", "mac.csv");
+  CHECK(mac.labels == std::vector<std::string>{"base", "moe k=2"});
+  CHECK(mac.rows[1].at("compute").value == 2.1e20);
   // Latin-1 (0xE9 is é there) is no UTF-8: refused naming its line, not a crash of the JSON
   // report later. Well-formed UTF-8 (é as C3 A9, a 4-byte emoji) is kept.
   CHECK_THROWS_WITH_AS(
