@@ -62,24 +62,27 @@ Budget make_budget(const BudgetRequest& r) {
       throw InputError(fmt::format("budget: epochs = {} must be >= 1 for loose reuse", r.epochs));
     unique = double(b.tokens_consumed) / r.epochs;
   }
-  // Whole windows, and never more unique tokens than are consumed.
-  if (!(unique >= 0.5 * double(r.seq_len)))
+  // Whole windows, and never more unique tokens than are consumed. A strict D̂ is a cap (what the
+  // corpus holds, or the baseline's whole windows): rounded down, never above it; a loose one
+  // (D / epochs) to the nearest window.
+  const bool strict = r.reuse == Reuse::strict;
+  if (!(unique >= (strict ? 1.0 : 0.5) * double(r.seq_len)))
     throw InputError(
-        r.reuse == Reuse::strict
-            ? fmt::format("unique tokens D̂ = {:.4g} is under half a window of S = {} tokens; "
-                          "give at least one window of unique data",
-                          unique, r.seq_len)
-            : fmt::format("epochs = {:.4g} leaves {:.4g} unique tokens, under half a window of "
-                          "S = {} tokens; give at most {:.4g} epochs (D = {} tokens consumed)",
-                          r.epochs, unique, r.seq_len,
-                          double(b.tokens_consumed) / double(r.seq_len), b.tokens_consumed));
+        strict ? fmt::format("unique tokens D̂ = {:.4g} is under one window of S = {} tokens; "
+                             "give at least one window of unique data",
+                             unique, r.seq_len)
+               : fmt::format("epochs = {:.4g} leaves {:.4g} unique tokens, under half a window of "
+                             "S = {} tokens; give at most {:.4g} epochs (D = {} tokens consumed)",
+                             r.epochs, unique, r.seq_len,
+                             double(b.tokens_consumed) / double(r.seq_len), b.tokens_consumed));
   // Clamped before rounding: llround of a D̂ past 2^63 tokens (--unique-tokens 1e30) is
   // undefined, and read as one window it would have planned 2k unique tokens.
   const int64_t max_windows = b.tokens_consumed / r.seq_len;
   const double asked_windows = unique / double(r.seq_len);
   int64_t windows = asked_windows >= double(max_windows)
                         ? max_windows
-                        : std::max<int64_t>(1, std::llround(asked_windows));
+                        : std::max<int64_t>(1, strict ? int64_t(std::floor(asked_windows + 1e-9))
+                                                      : std::llround(asked_windows));
   b.tokens_unique = windows * r.seq_len;
   b.epochs = double(b.tokens_consumed) / double(b.tokens_unique);
   b.tokens_per_param = r.total_params > 0 ? double(b.tokens_consumed) / double(r.total_params) : 0;

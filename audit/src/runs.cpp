@@ -947,10 +947,11 @@ AuditReport audit_runs(const std::vector<RunRecord>& records, const std::vector<
   if (pts.size() >= 2) {
     const double ntol = opt.n_tolerance.value_or(opt.tolerance);
     const double ctol = opt.compute_tolerance.value_or(opt.tolerance);
-    const std::string conv =
-        records.empty()
-            ? ""
-            : flops_label(records[0].plan.arch, records[0].plan.convention, records[0].plan.mask);
+    // The convention the points' C is in: the plan each was audited against (the manifest's with
+    // --plan), not the record's own; a record planned in another was labelled in its own while
+    // its value was the manifest's.
+    const Plan& first_plan = *audited.front().second;
+    const std::string conv = flops_label(first_plan.arch, first_plan.convention, first_plan.mask);
     report.claims.push_back(equal_claim("equal total parameters N across the sweep", "total_params",
                                         pts, &PointValues::n, ntol, report.findings));
     report.claims.push_back(

@@ -90,13 +90,17 @@ TEST_CASE("budget: D beyond 64-bit token counts, and unique data under half a wi
   q.epochs = 80;
   CHECK(make_budget(q).tokens_unique == 128);
   q.reuse = Reuse::strict;
-  q.tokens_unique = 63;  // under half of 128
+  q.tokens_unique = 127;  // under one window of 128: a strict D̂ is a cap, not rounded up
   CHECK_THROWS_WITH_AS(make_budget(q),
-                       "unique tokens D̂ = 63 is under half a window of S = 128 tokens; give at "
+                       "unique tokens D̂ = 127 is under one window of S = 128 tokens; give at "
                        "least one window of unique data",
                        InputError);
-  q.tokens_unique = 64;  // half a window rounds to one
+  q.tokens_unique = 128;
   CHECK(make_budget(q).tokens_unique == 128);
+  // A cap between windows rounds down: 3 windows and 127 tokens hold 3 windows (llround gave 4,
+  // 512 unique tokens from a corpus of 511).
+  q.tokens_unique = 3 * 128 + 127;
+  CHECK(make_budget(q).tokens_unique == 3 * 128);
 }
 
 TEST_CASE("budget: strict D̂ above what is consumed is every consumed token, however large") {

@@ -1007,3 +1007,23 @@ TEST_CASE("output that cannot reach stdout is an error, not exit 0; a huge input
     CHECK_MESSAGE(r.err.find("is larger than 256 MiB") != std::string::npos, args, ": ", r.err);
   }
 }
+
+TEST_CASE("audit --plan names the equal-C claim in the convention its values are in") {
+  // Records planned in exact/causal, audited against a manifest planned in megatron: each point's
+  // C is measured against the manifest's plan (megatron), and the claim said "exact/causal".
+  const fs::path exact = scratch() / "conv-exact.toml", meg = scratch() / "conv-meg.toml",
+                 runs = scratch() / "conv-runs";
+  fs::remove_all(runs);
+  const std::string args = "grid --N 2e4 --ra 0.5 --ra-tolerance 0.05 --dense-tpp 2 --seq-len 32 ";
+  REQUIRE(run_moeplan(args + "--convention exact -o '" + exact.string() + "'").status == 0);
+  REQUIRE(run_moeplan(args + "--convention megatron -o '" + meg.string() + "'").status == 0);
+  REQUIRE(run_moeplan("run '" + exact.string() + "' --threads 1 --out '" + runs.string() + "'")
+              .status == 0);
+  const Result own = run_moeplan("audit '" + runs.string() + "'");
+  CHECK(own.out.find("equal training compute C (exact/causal) across the sweep") !=
+        std::string::npos);
+  const Result other = run_moeplan("audit '" + runs.string() + "' --plan '" + meg.string() + "'");
+  CHECK(other.out.find("equal training compute C (megatron) across the sweep") !=
+        std::string::npos);
+  CHECK(other.out.find("equal training compute C (exact/causal)") == std::string::npos);
+}

@@ -368,8 +368,9 @@ TEST_CASE(
   r.budget.tokens_unique = 1e7;
   const EqualResourcePlanner b(r);
   CHECK(b.dense().note.empty());
+  // Whole windows, rounded down: a strict D̂ is a cap, never above what was asked.
   CHECK(b.dense().budget.tokens_unique ==
-        std::llround(1e7 / double(b.dense().arch.seq_len)) * b.dense().arch.seq_len);
+        int64_t(std::floor(1e7 / double(b.dense().arch.seq_len))) * b.dense().arch.seq_len);
   CHECK(b.plan_point(0.2).budget.tokens_unique == b.dense().budget.tokens_unique);
 }
 
@@ -475,8 +476,9 @@ TEST_CASE("budget kinds: --compute, --dense-tokens, loose reuse") {
   r.budget.reuse = Reuse::strict;
   r.budget.tokens_unique = 1e7;
   const EqualResourcePlanner e(r);
-  // 1e7 tokens in whole windows of 256: round(1e7/256) = 39063 windows = 10,000,128 tokens.
-  CHECK(e.plan_point(0.3).budget.tokens_unique == 10'000'128);
+  // 1e7 tokens in whole windows of 256: floor(1e7/256) = 39062 windows = 9,999,872 tokens (a
+  // cap: never above the 1e7 asked for).
+  CHECK(e.plan_point(0.3).budget.tokens_unique == 9'999'872);
 }
 
 TEST_CASE("bad targets are refused with InputError") {
