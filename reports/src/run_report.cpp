@@ -977,11 +977,15 @@ std::string render_run_report(const std::vector<json>& given, const std::string&
     const auto at = std::find(kHeaders.begin(), kHeaders.end(), "C meas [" + paper + "]");
     const auto i = at - kHeaders.begin() + 1;
     kHeaders.insert(kHeaders.begin() + i, {"C plan [" + own + "]", "C meas [" + own + "]"});
+    // Records of two sweeps (conventions) in one folder: each cell names its own, so that two
+    // equal-looking figures in two conventions do not read as equal C.
+    const bool mixed = own.find(" or ") != std::string::npos;
     for (size_t k = 0; k < rows.size(); ++k) {
       const json& r = records[k];
       const auto c = measured_compute(r, plan_convention(r));
+      const std::string tag = mixed ? " [" + own_label(r) + "]" : "";
       rows[k].insert(rows[k].begin() + i,
-                     {human(r["plan"].value("compute", 0.0)), c ? human(*c) : "-"});
+                     {human(r["plan"].value("compute", 0.0)) + tag, c ? human(*c) + tag : "-"});
     }
   }
   for (const auto& h : kHeaders)
@@ -1008,9 +1012,12 @@ std::string render_run_report(const std::vector<json>& given, const std::string&
       "convention (M = 6·N_a + 12·L·D_m·S per consumed token){}; D consumed counts repeats, D̂ "
       "unique does not",
       records.size(), printable(source), bpc_words(records), paper,
-      other_convention
+      !other_convention ? ""
+      : own.find(" or ") == std::string::npos
           ? fmt::format(", and in the {} convention the sweep was planned equal in", own)
-          : "");
+          : fmt::format(", and in the convention each record's sweep was planned equal in ({}: "
+                        "records of more than one sweep, each cell says its own)",
+                        own));
   const std::string bars = bars_of(records, dense);
   switch (format) {
     case ReportFormat::text:

@@ -679,6 +679,15 @@ TEST_CASE("report: the C columns and chart name the reading N_a was counted unde
   for (json& r : recs) r["plan"]["convention"] = "exact", r["plan"]["mask"] = "causal";
   html = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::html);
   CHECK(html.find("training compute C [exact/causal] (FLOPs)") != std::string::npos);
+  // A folder mixing records of an exact and a megatron sweep: each cell of the own-convention
+  // columns names its convention (two equal-looking figures were in two conventions).
+  std::vector<json> mixed = recs;
+  mixed[1]["plan"]["convention"] = "megatron";
+  text = moeplan::render_run_report(mixed, "runs", moeplan::ReportFormat::text);
+  CHECK(text.find("C plan [exact/causal or megatron]") != std::string::npos);
+  CHECK(text.find("400k [megatron]") != std::string::npos);
+  CHECK(text.find("400k [exact/causal]") != std::string::npos);
+  CHECK(text.find("records of more than one sweep, each cell says its own") != std::string::npos);
   // A mistyped reading is damage, named.
   recs[1]["plan"]["arch"] = {{"count_router", "yes"}};
   const auto dir = std::filesystem::temp_directory_path() / "moeplan-report-reading";
