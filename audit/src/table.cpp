@@ -38,12 +38,26 @@ struct CsvRecord {
 // for Mac's "CSV (Macintosh)") ends lines even where a multi-line cell holds a '\n'; '\n' (its
 // "\r\n" too) otherwise, and for a file of one line.
 char line_end(std::string_view text) {
-  bool quoted = false;
+  // Quotes as split_records reads them: one opens a field only at its start (after blanks); a
+  // quote inside an unquoted field (7") is a character.
+  bool quoted = false, field_start = true;
   for (size_t i = 0; i < text.size(); ++i) {
-    if (text[i] == '"') quoted = !quoted;
-    if (quoted) continue;
-    if (text[i] == '\n') return '\n';
-    if (text[i] == '\r') return i + 1 < text.size() && text[i + 1] == '\n' ? '\n' : '\r';
+    const char c = text[i];
+    if (quoted) {
+      if (c == '"' && i + 1 < text.size() && text[i + 1] == '"')
+        ++i;
+      else if (c == '"')
+        quoted = false;
+      continue;
+    }
+    if (c == '\n') return '\n';
+    if (c == '\r') return i + 1 < text.size() && text[i + 1] == '\n' ? '\n' : '\r';
+    if (c == '"' && field_start)
+      quoted = true;
+    else if (c == ',')
+      field_start = true;
+    else if (c != ' ' && c != '\t')
+      field_start = false;
   }
   return '\n';
 }

@@ -331,6 +331,10 @@ TEST_CASE("CSV records: a line break inside quotes, old-Mac CR endings, UTF-8 on
       "label,N,C\r\"base\",1.2e9,2e20\r\"moe\nk=2\",1.2e9,2.1e20\r", "mac", "mac.csv");
   CHECK(mac.labels == std::vector<std::string>{"base", "moe k=2"});
   CHECK(mac.rows[1].at("compute").value == 2.1e20);
+  // A quoted header field ("label") opens and closes before the CR that ends the line.
+  const ClaimTable quoted_cr =
+      parse_claim_table("\"label\",N\r\"a\nb\",1e9\rc,2e9\r", "qc", "qc.csv");
+  CHECK(quoted_cr.labels == std::vector<std::string>{"a b", "c"});
   // Latin-1 (0xE9 is é there) is no UTF-8: refused naming its line, not a crash of the JSON
   // report later. Well-formed UTF-8 (é as C3 A9, a 4-byte emoji) is kept.
   CHECK_THROWS_WITH_AS(
