@@ -122,9 +122,9 @@ void check_point_folder(const std::filesystem::path& out_dir, const std::string&
 // For a point of the sweep that this run does not train (`--point` chose another): throws
 // InputError (one line) when its record was trained with other [train] settings, or another
 // process holds its lock training under them (another plan for that point alone is its own
-// run's to refuse). `run --point` of a sweep with another seed
-// trained into a folder another seed's run was using, and the folder held two sweeps. A damaged
-// record is left to the run that trains the point.
+// run's to refuse). `run --point` of a sweep with another seed trained into a folder another
+// seed's run was using, and the folder held two sweeps. A damaged record is left to the run
+// that trains the point.
 void check_sibling_point(const Plan& plan, const TrainSettings& train,
                          const std::filesystem::path& out_dir);
 
