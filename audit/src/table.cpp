@@ -24,53 +24,31 @@ std::string trim(std::string_view s) {
 // A table's records, in one pass: commas separate fields and a line end records; a field that
 // starts (after blanks) with a double quote may hold commas and line breaks (spreadsheets write
 // a multi-line cell so), and "" inside it is one quote (RFC 4180); a quote elsewhere is a
-// character (the 7" of `small 7" run`). Unquoted fields are trimmed. `eol` ends a line ('\n',
-// its "\r\n" too; '\r' in a file of no '\n'). Each record keeps the physical line it starts on,
-// for messages, and whether it is blank: nothing but blanks and commas (spreadsheets save empty
-// rows as ",,,"), `empty` if not even a comma.
+// character (the 7" of `small 7" run`). Unquoted fields are trimmed. Lines end as the file's
+// first line end outside quotes says ('\n', its "\r\n" too, or a bare '\r'). Each record keeps the
+// physical line it starts on, for messages, and whether it is blank: nothing but blanks and commas
+// (spreadsheets save empty rows as ",,,"), `empty` if not even a comma.
 struct CsvRecord {
   std::vector<std::string> fields;
   size_t line = 1;
   bool blank = true, empty = true;
 };
 
-// The file's line end: the first one outside a quoted field. A bare '\r' (classic Mac, Excel
-// for Mac's "CSV (Macintosh)") ends lines even where a multi-line cell holds a '\n'; '\n' (its
-// "\r\n" too) otherwise, and for a file of one line.
-char line_end(std::string_view text) {
-  // Quotes as split_records reads them: one opens a field only at its start (after blanks); a
-  // quote inside an unquoted field (7") is a character.
-  bool quoted = false, field_start = true;
-  for (size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (quoted) {
-      if (c == '"' && i + 1 < text.size() && text[i + 1] == '"')
-        ++i;
-      else if (c == '"')
-        quoted = false;
-      continue;
-    }
-    if (c == '\n') return '\n';
-    if (c == '\r') return i + 1 < text.size() && text[i + 1] == '\n' ? '\n' : '\r';
-    if (c == '"' && field_start)
-      quoted = true;
-    else if (c == ',')
-      field_start = true;
-    else if (c != ' ' && c != '\t')
-      field_start = false;
-  }
-  return '\n';
-}
-
-std::vector<CsvRecord> split_records(std::string_view text, char eol, const std::string& source) {
+std::vector<CsvRecord> split_records(std::string_view text, const std::string& source) {
   std::vector<CsvRecord> out;
   CsvRecord rec;
   std::string f;
   bool quoted = false, was_quoted = false;
   size_t physical = 1;
+  // The file's line end is its first one outside quotes: '\n' (and "\r\n"), or a bare '\r'
+  // (classic Mac, Excel for Mac's "CSV (Macintosh)"), which then ends lines even where a
+  // multi-line cell holds a '\n'. 0 until one is met.
+  char eol = 0;
   for (size_t i = 0; i <= text.size(); ++i) {
     const bool end = i == text.size();
-    const char c = end ? eol : text[i];
+    if (!end && !quoted && eol == 0 && (text[i] == '\n' || text[i] == '\r'))
+      eol = text[i] == '\r' && (i + 1 == text.size() || text[i + 1] != '\n') ? '\r' : '\n';
+    const char c = end ? (eol ? eol : '\n') : text[i];
     if (quoted) {
       if (end)
         throw InputError(fmt::format("{} line {}: a quoted field is not closed (a \" is missing)",
@@ -81,7 +59,7 @@ std::vector<CsvRecord> split_records(std::string_view text, char eol, const std:
       } else if (c == '"') {
         quoted = false;
       } else {
-        if (c == eol) ++physical;
+        if (c == (eol ? eol : '\n')) ++physical;
         f += c;
       }
       continue;
@@ -236,7 +214,7 @@ ClaimTable parse_claim_table(std::string_view text, std::string name, std::strin
         "{} line {}: byte 0x{:02X} is not UTF-8; save the table as UTF-8 (Excel: CSV UTF-8)",
         t.source, 1 + std::count(text.begin(), text.begin() + std::ptrdiff_t(bad), '\n'),
         static_cast<unsigned char>(text[bad])));
-  std::vector<CsvRecord> records = split_records(text, line_end(text), t.source);
+  std::vector<CsvRecord> records = split_records(text, t.source);
   while (!records.empty() && records.back().empty) records.pop_back();
   if (records.empty())
     throw InputError(fmt::format("{}: empty table (expected a header line)", t.source));

@@ -631,34 +631,28 @@ void check_point_folder(const fs::path& out_dir, const std::string& id) {
 }
 
 namespace {
+// Whether another process holds the lock (a shared lock cannot be had beside its exclusive one);
+// false for no lock file.
+bool lock_held(const fs::path& lock) {
+  const int fd = ::open(lock.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  const bool held = ::flock(fd, LOCK_SH | LOCK_NB) != 0;
+  ::close(fd);
+  return held;
+}
+
 // What a held lock's owner trains that this run would not ("" when the same, or unknown: an
-// owner from before locks said, or one not written yet).
-std::string lock_owner_differs(const fs::path& lock, const nlohmann::json& plan_json,
+// owner from before locks said, or one not written yet). `plan_json` null: the [train] settings
+// alone (the sweep-wide ones, for a point this run does not train).
+std::string lock_owner_differs(const fs::path& lock, const nlohmann::json* plan_json,
                                const nlohmann::json& train_json) {
   std::ifstream in(lock);
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   const nlohmann::json owner = nlohmann::json::parse(text, nullptr, false);
   if (!owner.is_object() || !owner.contains("plan")) return {};
-  if (std::string d = plan_differ(owner["plan"], plan_json); !d.empty())
-    return "another plan: " + d;
-  if (std::string d = settings_differ(owner.value("train", nlohmann::json()), train_json);
-      !d.empty())
-    return "other [train] settings: " + d;
-  return {};
-}
-
-// A held lock's owner trains under other [train] settings ("" when the same, not held, or
-// unknown).
-std::string lock_train_differs(const fs::path& lock, const nlohmann::json& train_json) {
-  const int fd = ::open(lock.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return {};
-  const bool held = ::flock(fd, LOCK_SH | LOCK_NB) != 0;
-  ::close(fd);
-  if (!held) return {};
-  std::ifstream in(lock);
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const nlohmann::json owner = nlohmann::json::parse(text, nullptr, false);
-  if (!owner.is_object()) return {};
+  if (plan_json)
+    if (std::string d = plan_differ(owner["plan"], *plan_json); !d.empty())
+      return "another plan: " + d;
   if (std::string d = settings_differ(owner.value("train", nlohmann::json()), train_json);
       !d.empty())
     return "other [train] settings: " + d;
@@ -678,12 +672,8 @@ std::string lock_train_differs(const fs::path& lock, const nlohmann::json& train
 void check_point_lock(const Plan& plan, const nlohmann::json& plan_json, const TrainSettings& train,
                       const fs::path& out_dir) {
   const fs::path lock = out_dir / plan.id / ".lock";
-  const int fd = ::open(lock.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return;  // no lock file: no one trains it
-  const bool held = ::flock(fd, LOCK_SH | LOCK_NB) != 0;
-  ::close(fd);
-  if (!held) return;
-  if (const std::string d = lock_owner_differs(lock, plan_json, train_to_json(train)); !d.empty())
+  if (!lock_held(lock)) return;  // no lock file, or no one holds it: no one trains the point
+  if (const std::string d = lock_owner_differs(lock, &plan_json, train_to_json(train)); !d.empty())
     refuse_other_owner(lock, plan.id, d);
 }
 
@@ -730,9 +720,10 @@ void check_sibling_point(const Plan& plan, const TrainSettings& train, const fs:
             path.string(), d));
     }
   }
-  if (const std::string d = lock_train_differs(out_dir / plan.id / ".lock", train_to_json(train));
-      !d.empty())
-    refuse_other_owner(out_dir / plan.id / ".lock", plan.id, d);
+  const fs::path lock = out_dir / plan.id / ".lock";
+  if (!lock_held(lock)) return;
+  if (const std::string d = lock_owner_differs(lock, nullptr, train_to_json(train)); !d.empty())
+    refuse_other_owner(lock, plan.id, d);
 }
 
 void check_resumable(const Plan& plan, const nlohmann::json& plan_json, const TrainSettings& train,
@@ -777,7 +768,7 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
   PointLock lock;
   const bool solo = !data_parallel_world();
   if (!estimating && solo && !lock.acquire(dir / ".lock")) {
-    if (const std::string d = lock_owner_differs(dir / ".lock", plan_json, train_to_json(train));
+    if (const std::string d = lock_owner_differs(dir / ".lock", &plan_json, train_to_json(train));
         !d.empty())
       refuse_other_owner(dir / ".lock", plan.id, d);
     outcome.status = PointStatus::busy;
