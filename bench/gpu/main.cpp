@@ -19,14 +19,15 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <string>
 #include <vector>
 
 #include "bench_util.hpp"
 #include "moeplan/accounting/flops.hpp"
 #include "moeplan/accounting/params.hpp"
+#include "moeplan/backend/atomic_file.hpp"
 #include "moeplan/backend/cuda/device.hpp"
 #include "moeplan/backend/cuda/gemm.hpp"
 #include "moeplan/backend/cuda/model.hpp"
@@ -358,7 +359,15 @@ int main(int argc, char** argv) {
       "ceiling (cuBLAS 8192^3, median of 10) %.1f TFLOP/s\n",
       dev.name.c_str(), dev.multiprocessors, dev.peak_bf16_tflops, ceiling);
   if (shapes) {
-    // dense-124M (Dm 768, Dffn 3456, 12 layers): goal 40 % MFU, 21.3 ms a step at batch 8.
+    // The step time an MFU goal allows: the point's exact/causal FLOPs a step (the analytic
+    // ledger, dropless) at the goal's share of the vendor peak (the H200's 989 TFLOP/s where the
+    // device is unknown). At batch 8: dense 8.4513e12 / (0.4 · 989e12) = 21.4 ms, MoE
+    // 2.6710e12 / (0.25 · 989e12) = 10.8 ms.
+    const double peak = dev.peak_bf16_tflops > 0 ? dev.peak_bf16_tflops : 989.0;
+    auto goal_ms = [&](const Arch& a, double mfu) {
+      return double(exact_step_ledger(a, batch).total()) / (mfu * peak * 1e12) * 1e3;
+    };
+    // dense-124M (Dm 768, Dffn 3456, 12 layers): goal 40 % MFU.
     const int64_t T = batch * 1024, V = 50304;
     std::printf("%s", gemm_shapes_table("dense-124M", T,
                                         {{"qkv", 768, 3 * 768, 12},
@@ -366,10 +375,10 @@ int main(int argc, char** argv) {
                                          {"ffn up (gate+up)", 768, 2 * 3456, 12},
                                          {"ffn down", 3456, 768, 12},
                                          {"lm head", 768, V, 1}},
-                                        ceiling, 21.3 * double(batch) / 8.0)
+                                        ceiling, goal_ms(dense124(), 0.4))
                           .c_str());
     // moe-ra0.2's products outside the routed experts (Dm 512, 8 layers, shared expert 640, 66
-    // experts' router): goal 25 % MFU, 10.8 ms a step at batch 8.
+    // experts' router): goal 25 % MFU.
     std::printf("%s", gemm_shapes_table("moe-ra0.2, all but the routed experts", T,
                                         {{"qkv", 512, 3 * 512, 8},
                                          {"attention out", 512, 512, 8},
@@ -377,7 +386,7 @@ int main(int argc, char** argv) {
                                          {"shared up (gate+up)", 512, 2 * 640, 8},
                                          {"shared down", 640, 512, 8},
                                          {"lm head", 512, V, 1}},
-                                        ceiling, 10.8 * double(batch) / 8.0)
+                                        ceiling, goal_ms(moe_equal_n(), 0.25))
                           .c_str());
     return 0;
   }
@@ -391,6 +400,16 @@ int main(int argc, char** argv) {
       "ceiling | expert products; attention |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
       dev.peak_bf16_tflops);
   bool first = true, matched = false;  // matched: a point passed --only (--gemm-tune's do too)
+  // --json written whole or not at all (temp file beside it, then renamed); a failed write is an
+  // error, not a run that measured nothing.
+  auto write_json = [&] {
+    try {
+      moeplan::write_file_atomic(json_path, json + "]}\n");
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "bench_gpu: --json: %s\n", e.what());
+      std::exit(2);
+    }
+  };
   const auto fused = cu::AttentionPath::fused, cublas = cu::AttentionPath::cublas,
              fused_mma = cu::AttentionPath::fused_mma;
   const auto tiled = cu::ExpertPath::tiled;
@@ -558,14 +577,14 @@ int main(int argc, char** argv) {
         model.logit_rows());
     first = false;
     // Written after every point, so that a later point that fails keeps the earlier ones.
-    if (!json_path.empty()) std::ofstream(json_path) << json << "]}\n";
+    if (!json_path.empty()) write_json();
   }
-  if (!json_path.empty() && first) std::ofstream(json_path) << json << "]}\n";
-  if (!only.empty() && !matched) {
+  if (!only.empty() && !matched) {  // no file then: nothing was asked for that exists
     std::fprintf(stderr, "bench_gpu: --only '%s' names no point; see the point names above\n",
                  only.substr(1, only.size() - 2).c_str());
     return 2;
   }
+  if (!json_path.empty() && first) write_json();  // --gemm-tune times no point: an empty list
   if (!tune_path.empty()) {
     // Keep a candidate that saves at least 3 % of the default's time: below that the medians of
     // 20 calls do not tell them apart reliably.

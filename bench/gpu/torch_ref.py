@@ -176,8 +176,9 @@ def main():
     ap.add_argument("--json", default="")
     args = ap.parse_args()
     dev = "cuda"
+    # The step counts go into the JSON: a ratio against bench_gpu can say how each was timed.
     out = dict(torch=torch.__version__, device=torch.cuda.get_device_name(0), batch_seqs=args.batch,
-               points=[])
+               steps=args.steps, warmup=args.warmup, points=[])
     print(f"torch {torch.__version__} on {out['device']}, eager, bf16 autocast, SDPA attention")
     print("| model | median step ms | tokens/s (consumed) |\n|---|---|---|")
     for c in (DENSE, MOE):
