@@ -58,8 +58,7 @@ const bool registered = register_command(
        const CLI::Option* points_flag =
            app.add_option("--points", f->points,
                           "points in an A:B range, inclusive (default 8; a range only)")
-               ->transform(decimal_integer(std::numeric_limits<int>::max(),
-                                           std::numeric_limits<int>::min()));
+               ->transform(decimal_integer(kMaxPoints, std::numeric_limits<int>::min()));
        const CLI::Option* format_flag = app.add_option("--format", f->format,
                                                        "table, csv, json, toml, md (default: "
                                                        "table, or -o's extension)");
@@ -110,17 +109,8 @@ const bool registered = register_command(
              }
            }
          }
-         // A capacity factor drops routed assignments: FLOPs the plan counted and the run does
-         // not spend. The sweep stays planned equal, but its points' measured C falls short by
-         // their drop rate, which routing decides: said before training, not found by audit.
-         if (m.train.capacity_factor > 0 && m.equal_resources)
-           std::fprintf(stderr,
-                        "moeplan: warning: capacity_factor = %g drops the routed assignments over "
-                        "an expert's capacity: their FLOPs are planned but not spent, and a point "
-                        "whose drops exceed the compute tolerance (%g %% of C) is not equal to the "
-                        "dense baseline in `moeplan report` and fails `moeplan audit`'s equal C "
-                        "(0 = dropless, the equal-resource setting)\n",
-                        m.train.capacity_factor, 100 * m.compute_tolerance);
+         if (const std::string w = capacity_factor_warning(m); !w.empty())
+           fmt::print(stderr, "moeplan: warning: {}\n", w);
          return kExitOk;
        };
      }});

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "command.hpp"
+#include "moeplan/accounting/budget.hpp"
 #include "moeplan/accounting/error.hpp"
 #include "moeplan/accounting/params.hpp"
 #include "moeplan/accounting/units.hpp"
@@ -102,8 +103,14 @@ int run(const PlanCmdFlags& f, const CLI::App& app) {
     pb.warmup_fraction = parse_warmup_fraction(f.plan.warmup_frac);
     const double m = planned_flops_per_token(arch, conv.convention, conv.mask);
     // Default budget: 20 consumed tokens per total parameter of this model.
+    const double tokens = !f.tokens.empty() ? parse_positive(f.tokens, "--tokens") : 0;
+    if (tokens > kMaxTokens)  // said in tokens, the unit given (not as a FLOP budget)
+      throw InputError(fmt::format(
+          "--tokens = {} is above the {:.3g} tokens moeplan counts (64-bit integers); give at "
+          "most {:.3g}",
+          f.tokens, kMaxTokens, kMaxTokens));
     pb.compute = !f.plan.compute.empty() ? parse_positive(f.plan.compute, "--compute")
-                 : !f.tokens.empty()     ? m * parse_positive(f.tokens, "--tokens")
+                 : !f.tokens.empty()     ? m * tokens
                                          : m * 20.0 * double(count_params(arch).total_params);
     if (!f.plan.epochs.empty()) {
       pb.reuse = Reuse::loose;
@@ -111,8 +118,10 @@ int run(const PlanCmdFlags& f, const CLI::App& app) {
       if (!(pb.epochs >= 1))
         throw InputError(fmt::format("--epochs = {} is invalid; it must be >= 1", f.plan.epochs));
     }
-    const std::string& unique = !f.tokens_unique.empty() ? f.tokens_unique : f.plan.unique_tokens;
-    if (!unique.empty()) pb.tokens_unique = parse_positive(unique, "--tokens-unique");
+    const bool by_alias = !f.tokens_unique.empty();
+    const std::string& unique = by_alias ? f.tokens_unique : f.plan.unique_tokens;
+    if (!unique.empty())
+      pb.tokens_unique = parse_positive(unique, by_alias ? "--tokens-unique" : "--unique-tokens");
     plan = with_flag_named(f, [&] { return plan_for_arch(arch, pb); });
     budget_from = !f.plan.compute.empty() ? "--compute"
                   : !f.tokens.empty()     ? "--tokens"
@@ -162,14 +171,14 @@ int run(const PlanCmdFlags& f, const CLI::App& app) {
         "unique tokens {} are more than this point consumes ({} tokens): D̂ is capped to them "
         "(one epoch, no repetition)",
         unique_flag, human(double(plan.budget.tokens_consumed)));
-    plan.note += (plan.note.empty() ? "" : "; ") + note;
-    context += note + "\n";
+    plan.note += (plan.note.empty() ? "" : "; ") + note;  // shown once, as the plan's note
   }
   if (f.format == "json") {
     nlohmann::json j = plan_breakdown_json(plan);
     j["budget_from"] = budget_from;
     j["dense_baseline"] = baseline;
-    fmt::print("{}\n", j.dump(2));
+    // A file name need not be UTF-8 (JSON text must be): such bytes become U+FFFD, not exit 70.
+    fmt::print("{}\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
   } else {
     fmt::print("{}", render_plan_breakdown(plan));
     if (!context.empty()) fmt::print("\n{}", context);

@@ -3,11 +3,13 @@
 // --nproc N (cuda) starts N data-parallel ranks of the same command and waits for them.
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -34,6 +36,7 @@ namespace {
 constexpr int kExitInterrupted = 130;
 constexpr int kExitDiverged = 4;
 constexpr int kExitBusy = 3;  // every other point done; some left to another process training them
+constexpr int kMaxRanks = 1024;  // --nproc: GPUs of one machine, with room
 
 std::atomic<int> g_stop{0};
 // Before the first point starts nothing has been written (the checks only read): a stop then
@@ -84,12 +87,17 @@ std::vector<std::string> rank_args() {
 // `--nproc N` against the device and the points: refused before anything is made.
 void check_nproc(const RunFlags& f, const std::string& device,
                  const std::vector<const Plan*>& points) {
-  if (f.nproc < 1 || f.nproc > 1024)
-    throw InputError(fmt::format("--nproc {} must be from 1 to 1024", f.nproc));
+  if (f.nproc < 1 || f.nproc > kMaxRanks)
+    throw InputError(fmt::format("--nproc {} must be from 1 to {}", f.nproc, kMaxRanks));
   if (device != "cuda")
     throw InputError(fmt::format(
         "--nproc {} starts data-parallel ranks, one per GPU; it needs --device cuda (not '{}')",
         f.nproc, device));
+  if (const char* ws = std::getenv("WORLD_SIZE"); ws && *ws && f.nproc > 1)  // before --out
+    throw InputError(fmt::format(
+        "--nproc {} with WORLD_SIZE={} already set: start the ranks yourself (WORLD_SIZE, RANK, "
+        "LOCAL_RANK) or let --nproc start them, not both",
+        f.nproc, ws));
   const int visible = backend::visible_devices(device);
   if (visible >= 0 && f.nproc > visible)
     throw InputError(
@@ -283,7 +291,7 @@ int run(const RunFlags& f) {
   std::vector<const Plan*> pending;                  // to train (or to resume)
   for (const Plan* p : points) {
     backend::check_plan_consistent(*p);
-    const nlohmann::json rec = backend::existing_record(*p, plan_to_json(*p), m.train, opt.out_dir);
+    const nlohmann::json rec = backend::existing_record(*p, plan_to_json(*p), m.train, opt);
     const bool complete = rec.is_object() && rec.value("status", "") == "complete";
     // A complete point is skipped before it touches checkpoint/ or .lock: only one to train.
     if (!f.estimate && !complete) backend::check_point_folder(opt.out_dir, p->id);
@@ -304,7 +312,7 @@ int run(const RunFlags& f) {
   // trainer there of another sweep's [train] settings (another seed) is refused as the point's
   // own would be (after the point's own checks, which name its own problems first).
   if (!f.estimate)
-    for (const Plan* p : siblings) backend::check_sibling_point(*p, m.train, opt.out_dir);
+    for (const Plan* p : siblings) backend::check_sibling_point(*p, m.train, opt);
   // A cpu model below 2^16 token·width a pass runs on one thread, a larger one on the default
   // count: one sweep's points can train on different counts, and then the report times none of
   // them against the dense baseline's (a run's time is one device label's).
@@ -323,6 +331,13 @@ int run(const RunFlags& f) {
                  counts);
     }
   }
+  // Said before training, as `grid` and `show` say it (a hand-edited [train]); by rank 0 alone.
+  const char* rank = std::getenv("RANK");
+  const bool rank0 = !rank || !*rank || std::string_view(rank) == "0";
+  if (std::any_of(pending.begin(), pending.end(), [](const Plan* p) { return p->role == "moe"; }) &&
+      rank0)
+    if (const std::string w = capacity_factor_warning(m); !w.empty())
+      fmt::print(stderr, "moeplan: warning: {}\n", w);
   // An estimate writes nothing, and a sweep whose points are all complete has nothing to write
   // (it reruns from a read-only archive).
   if (!f.estimate && !pending.empty()) backend::ensure_writable_dir(opt.out_dir);
@@ -400,7 +415,7 @@ int run(const RunFlags& f) {
         break;
       case backend::PointStatus::skipped:
         fmt::print("{} already complete ({}), skipped\n", label, out.record_path.string());
-        if (!skip_warnings[p->id].empty()) {
+        if (!skip_warnings[p->id].empty() && rank0) {  // once a job, not once a rank
           std::fflush(stdout);
           fmt::print(stderr, "moeplan: warning: {}\n", skip_warnings[p->id]);
         }
@@ -464,8 +479,7 @@ int run(const RunFlags& f) {
     for (const Plan* p : points)
       if (p->id == id) {
         try {
-          const nlohmann::json rec =
-              backend::existing_record(*p, plan_to_json(*p), m.train, opt.out_dir);
+          const nlohmann::json rec = backend::existing_record(*p, plan_to_json(*p), m.train, opt);
           return rec.is_object() && rec.value("status", "") == "complete";
         } catch (const InputError&) {
           return false;  // said when the command is run again
@@ -526,8 +540,7 @@ const bool registered = register_command(
        app.add_option("--nproc", f->nproc,
                       "cuda: train each point data-parallel over this many GPUs of this machine, "
                       "one rank process each (as torchrun would start them)")
-           ->transform(
-               decimal_integer(std::numeric_limits<int>::max(), std::numeric_limits<int>::min()));
+           ->transform(decimal_integer(kMaxRanks, std::numeric_limits<int>::min()));
        return [f] { return run(*f); };
      }});
 

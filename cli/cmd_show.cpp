@@ -35,6 +35,8 @@ const bool registered = register_command(
          const Format format = output_format(given(format_flag, f->format), f->output);
          const Manifest m = read_manifest(f->manifest);
          const std::string text = render_manifest(m, format);
+         if (const std::string w = capacity_factor_warning(m); !w.empty())
+           fmt::print(stderr, "moeplan: warning: {}\n", w);
          if (f->output.empty()) {
            fmt::print("{}", text);
          } else {

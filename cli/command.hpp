@@ -72,9 +72,14 @@ inline CLI::Validator decimal_integer(int64_t hi = std::numeric_limits<int64_t>:
         int64_t v = 0;
         const char* b = value.data() + (value[0] == '+' ? 1 : 0);
         const auto [end, ec] = std::from_chars(b, value.data() + value.size(), v);
-        if (ec != std::errc() || end != value.data() + value.size() || v > hi || v < lo)
-          return "'" + value + "' is out of range (from " + std::to_string(lo) + " to " +
-                 std::to_string(hi) + ")";
+        // Past int64 from_chars fails; the sign says which side. Only the side crossed is named
+        // (an option's own lower bound is checked with its own words).
+        const bool negative = value[0] == '-';
+        if (ec != std::errc() || end != value.data() + value.size() || v > hi || v < lo) {
+          if ((ec != std::errc() && !negative) || (ec == std::errc() && v > hi))
+            return "'" + value + "' is above the largest value allowed, " + std::to_string(hi);
+          return "'" + value + "' is below the smallest value allowed, " + std::to_string(lo);
+        }
         return std::string();
       },
       "INT");

@@ -8,6 +8,7 @@
 #include <map>
 #include <string>
 #include <system_error>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -54,6 +55,44 @@ std::string parse_error_message(const CLI::ParseError& e) {
   return fmt::format("{} was given {} times; give it once", option, times);
 }
 
+// "--compute=" (nothing after '='): CLI11 took the next argument as its value, or said "1
+// required TEXT:VALUE missing". As "--compute ''" it gets the option's own word on an empty value.
+std::vector<std::string> split_empty_assignments(int argc, char** argv) {
+  std::vector<std::string> out;
+  for (int i = 0; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (i > 0 && a.size() > 3 && a.rfind("--", 0) == 0 && a.find('=') == a.size() - 1) {
+      out.push_back(a.substr(0, a.size() - 1));
+      out.emplace_back();
+    } else {
+      out.push_back(a);
+    }
+  }
+  return out;
+}
+
+// For CLI11's "The following arguments were not expected: 1 --threads" (its list reversed): the
+// first option the command does not have, and the commands that do.
+std::string unknown_option_message(const CLI::App& app, const CLI::App& sub,
+                                   const std::vector<std::string>& args) {
+  for (const std::string& a : args) {
+    if (a.size() < 2 || a[0] != '-' || (a[1] >= '0' && a[1] <= '9') || a[1] == '.') continue;
+    const std::string name = a.substr(0, a.find('='));
+    if (sub.get_option_no_throw(name) != nullptr) continue;
+    std::vector<std::string> owners;
+    for (const CLI::App* other : app.get_subcommands([](const CLI::App*) { return true; }))
+      if (other != &sub && other->get_option_no_throw(name) != nullptr)
+        owners.push_back("`moeplan " + other->get_name() + "`");
+    std::string owned;
+    for (size_t i = 0; i < owners.size(); ++i)
+      owned += (i == 0 ? "" : i + 1 == owners.size() ? " and " : ", ") + owners[i];
+    return fmt::format("'{}' is not an option of `moeplan {}`{} (moeplan {} --help lists its own)",
+                       name, sub.get_name(),
+                       owners.empty() ? std::string() : "; it is one of " + owned, sub.get_name());
+  }
+  return {};
+}
+
 }  // namespace
 
 }  // namespace moeplan::cli
@@ -98,6 +137,7 @@ int main(int argc, char** argv) {
     const std::string first = argc > 1 ? argv[1] : "";
     const bool known =
         std::any_of(cmds.begin(), cmds.end(), [&](const Command& c) { return c.name == first; });
+    const bool top_flag = first == "-h" || first == "--help" || first == "--version";
     if (argc < 2 || (!known && first.rfind('-', 0) != 0)) {
       std::fprintf(stderr, "moeplan: error: %s\n",
                    (argc < 2 ? fmt::format("give a command: {} (moeplan --help)", names)
@@ -106,8 +146,27 @@ int main(int argc, char** argv) {
                        .c_str());
       return kExitBadInput;
     }
+    if (!known && !top_flag) {  // "moeplan --nosuch": CLI11 said "A subcommand is required"
+      std::fprintf(stderr, "moeplan: error: %s\n",
+                   fmt::format("'{}' is not a moeplan option; give a command first: {} (moeplan "
+                               "--help)",
+                               moeplan::printable(first), names)
+                       .c_str());
+      return kExitBadInput;
+    }
+    std::vector<std::string> args = split_empty_assignments(argc, argv);
+    std::vector<char*> arg_ptrs;
+    for (std::string& a : args) arg_ptrs.push_back(a.data());
     try {
-      app.parse(argc, argv);
+      app.parse(int(arg_ptrs.size()), arg_ptrs.data());
+    } catch (const CLI::ExtrasError& e) {
+      std::string message;
+      for (const auto& [sub, action] : actions)
+        if (sub->parsed())
+          message = unknown_option_message(app, *sub, {args.begin() + 2, args.end()});
+      std::fprintf(stderr, "moeplan: error: %s\n",
+                   message.empty() ? e.what() : moeplan::printable(message).c_str());
+      return kExitBadInput;
     } catch (const CLI::CallForHelp& e) {
       return app.exit(e);
     } catch (const CLI::CallForAllHelp& e) {

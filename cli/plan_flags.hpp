@@ -11,6 +11,7 @@
 #include "command.hpp"
 #include "moeplan/accounting/error.hpp"
 #include "moeplan/reports/format.hpp"
+#include "moeplan/sweeps/escape.hpp"
 #include "moeplan/sweeps/request.hpp"
 
 namespace moeplan::cli {
@@ -63,11 +64,31 @@ inline std::optional<std::string> given(const CLI::Option* option, const std::st
 // The command line as typed (Linux /proc), recorded in manifests as created_by.
 // An argument as a POSIX shell reads it back: plain when it holds only characters no shell
 // treats specially, else in single quotes ('' for an empty one, ' as '\'').
+// An argument that is not UTF-8 (a file name's stray byte) as bash's $'...' with \xNN for each
+// such byte: a manifest is TOML, UTF-8 throughout, and one that held the byte itself was written
+// by grid and then refused by every command that reads it.
 inline std::string shell_quoted(const std::string& arg) {
   const bool plain = !arg.empty() && arg.find_first_not_of(
                                          "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
                                          "0123456789_./:=,+-@%") == std::string::npos;
   if (plain) return arg;
+  bool utf8 = true;
+  for (size_t i = 0, n = 0; i < arg.size() && utf8; i += n) utf8 = (n = utf8_length_at(arg, i)) > 0;
+  if (!utf8) {
+    std::string out = "$'";
+    for (size_t i = 0; i < arg.size();) {
+      const size_t n = utf8_length_at(arg, i);
+      if (n == 0 || (unsigned char)arg[i] < 0x20 || arg[i] == 0x7f) {
+        out += fmt::format("\\x{:02x}", (unsigned char)arg[i]);
+        ++i;
+        continue;
+      }
+      if (arg[i] == '\'' || arg[i] == '\\') out += '\\';
+      out.append(arg, i, n);
+      i += n;
+    }
+    return out + "'";
+  }
   std::string out = "'";
   for (char c : arg) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
   return out + "'";

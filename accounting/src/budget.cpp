@@ -38,9 +38,6 @@ Budget make_budget(const BudgetRequest& r) {
         "FLOPs/token costs {:.4g} FLOPs); give a budget of at least one step",
         r.compute, steps, r.batch_seqs, r.seq_len, r.flops_per_token,
         r.flops_per_token * step_tokens));
-  // Tokens are counted in 64-bit integers; 2^62 (4.6e18) consumed tokens is 10^4 times the
-  // largest published run and leaves room for every product of them the ledgers form.
-  constexpr double kMaxTokens = 4611686018427387904.0;  // 2^62
   if (!(steps * step_tokens <= kMaxTokens))
     throw InputError(fmt::format(
         "compute C = {:.4g} FLOPs at M = {:.4g} FLOPs/token is D = {:.4g} tokens consumed, above "

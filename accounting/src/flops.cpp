@@ -83,37 +83,48 @@ FlopLedger exact_step_ledger(const Arch& a, int64_t batch_seqs, const ExactStepO
   if (opt.routed_per_moe_layer && int64_t(opt.routed_per_moe_layer->size()) != a.moe_layers())
     throw InputError(fmt::format("exact_step_ledger: {} routed counts given for {} MoE layers",
                                  opt.routed_per_moe_layer->size(), a.moe_layers()));
-  for (int64_t layer = 0; layer < a.layers; ++layer) {
-    add_weight_product(l, FlopCategory::projection, T, a.q_width(), Dm);   // Q
-    add_weight_product(l, FlopCategory::projection, T, a.kv_width(), Dm);  // K
-    add_weight_product(l, FlopCategory::projection, T, a.kv_width(), Dm);  // V
-    add_weight_product(l, FlopCategory::projection, T, Dm, a.q_width());   // O
-    l.flops[int(FlopCategory::attention_core)][int(Phase::forward)] += FlopCount(2) * core;
-    l.flops[int(FlopCategory::attention_core)][int(Phase::input_grad)] += FlopCount(4) * core;
-    if (layer < a.dense_layers) {
-      add_weight_product(l, FlopCategory::dense_ffn, T, a.d_ffn, Dm);  // W1
-      add_weight_product(l, FlopCategory::dense_ffn, T, a.d_ffn, Dm);  // W3
-      add_weight_product(l, FlopCategory::dense_ffn, T, Dm, a.d_ffn);  // W2
-      continue;
-    }
-    const int64_t moe_index = layer - a.dense_layers;
-    const int64_t routed = opt.routed_per_moe_layer
-                               ? (*opt.routed_per_moe_layer)[moe_index]
-                               : checked_product(T, a.top_k, "routed tokens a step");
-    add_weight_product(l, FlopCategory::router, T, a.experts, Dm);
-    add_weight_product(l, FlopCategory::expert, routed, a.d_expert, Dm);
-    add_weight_product(l, FlopCategory::expert, routed, a.d_expert, Dm);
-    add_weight_product(l, FlopCategory::expert, routed, Dm, a.d_expert);
-    if (a.d_shared > 0) {
-      add_weight_product(l, FlopCategory::shared_expert, T, a.d_shared, Dm);
-      add_weight_product(l, FlopCategory::shared_expert, T, a.d_shared, Dm);
-      add_weight_product(l, FlopCategory::shared_expert, T, Dm, a.d_shared);
-    }
-    if (opt.erc_loss) {
-      // Proxy tokens R̃ (E×D_m) through each expert's gate projection W_g^j (D_m×D_e).
-      for (int64_t j = 0; j < a.experts; ++j)
-        add_weight_product(l, FlopCategory::aux_loss, a.experts, a.d_expert, Dm);
-    }
+  // Every layer's attention is alike, and so is every dense layer's FFN and every MoE layer's but
+  // for its routed count: one of each, times its count (a loop over 1e10 layers took minutes).
+  FlopLedger attention;
+  add_weight_product(attention, FlopCategory::projection, T, a.q_width(), Dm);   // Q
+  add_weight_product(attention, FlopCategory::projection, T, a.kv_width(), Dm);  // K
+  add_weight_product(attention, FlopCategory::projection, T, a.kv_width(), Dm);  // V
+  add_weight_product(attention, FlopCategory::projection, T, Dm, a.q_width());   // O
+  attention.flops[int(FlopCategory::attention_core)][int(Phase::forward)] += FlopCount(2) * core;
+  attention.flops[int(FlopCategory::attention_core)][int(Phase::input_grad)] += FlopCount(4) * core;
+  l += attention * a.layers;
+  FlopLedger dense_ffn;
+  add_weight_product(dense_ffn, FlopCategory::dense_ffn, T, a.d_ffn, Dm);  // W1
+  add_weight_product(dense_ffn, FlopCategory::dense_ffn, T, a.d_ffn, Dm);  // W3
+  add_weight_product(dense_ffn, FlopCategory::dense_ffn, T, Dm, a.d_ffn);  // W2
+  l += dense_ffn * a.dense_layers;
+  // An MoE layer without its routed experts: router, shared expert, ERC's proxy products.
+  FlopLedger moe;
+  add_weight_product(moe, FlopCategory::router, T, a.experts, Dm);
+  if (a.d_shared > 0) {
+    add_weight_product(moe, FlopCategory::shared_expert, T, a.d_shared, Dm);
+    add_weight_product(moe, FlopCategory::shared_expert, T, a.d_shared, Dm);
+    add_weight_product(moe, FlopCategory::shared_expert, T, Dm, a.d_shared);
+  }
+  if (opt.erc_loss) {
+    // Proxy tokens R̃ (E×D_m) through each expert's gate projection W_g^j (D_m×D_e).
+    FlopLedger proxy;
+    add_weight_product(proxy, FlopCategory::aux_loss, a.experts, a.d_expert, Dm);
+    moe += proxy * a.experts;
+  }
+  l += moe * a.moe_layers();
+  // The routed experts: the same count in every MoE layer unless the step's counts are given.
+  const auto add_experts = [&](FlopLedger& into, int64_t routed) {
+    add_weight_product(into, FlopCategory::expert, routed, a.d_expert, Dm);
+    add_weight_product(into, FlopCategory::expert, routed, a.d_expert, Dm);
+    add_weight_product(into, FlopCategory::expert, routed, Dm, a.d_expert);
+  };
+  if (opt.routed_per_moe_layer) {
+    for (const int64_t routed : *opt.routed_per_moe_layer) add_experts(l, routed);
+  } else if (a.moe_layers() > 0) {
+    FlopLedger experts;
+    add_experts(experts, checked_product(T, a.top_k, "routed tokens a step"));
+    l += experts * a.moe_layers();
   }
   add_weight_product(l, FlopCategory::lm_head, T, a.vocab, Dm);
   return l;

@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <string>
 
 #include <fmt/format.h>
@@ -45,7 +47,9 @@ double parse_quantity(std::string_view text, std::string_view what) {
   if (scale != 1.0) s.pop_back();
   if (s.empty()) return fail();
   char* end = nullptr;
+  errno = 0;
   const double v = std::strtod(s.c_str(), &end);
+  const bool range_error = errno == ERANGE;
   // strtod accepts "nan", "inf", hex: refuse anything that is not plain decimal.
   for (char ch : s)
     if (!(std::isdigit(static_cast<unsigned char>(ch)) || ch == '.' || ch == 'e' || ch == 'E' ||
@@ -56,6 +60,12 @@ double parse_quantity(std::string_view text, std::string_view what) {
   if (!std::isfinite(v * scale))
     throw InputError(
         fmt::format("{}: '{}' is beyond the largest number a double holds (1.8e308)", what, text));
+  // Below what a double holds, strtod gives 0 (or a denormal): 1e-400 read as 0 in silence.
+  if (range_error && std::fabs(v) < std::numeric_limits<double>::min())
+    throw InputError(fmt::format(
+        "{}: '{}' is below the smallest number a double holds (2.2e-308); write 0 if 0 is "
+        "meant",
+        what, text));
   // "2e9k" would read as 2e12: one way of writing the scale, never both multiplied.
   if (scale != 1.0 && s.find_first_of("eE") != std::string::npos)
     throw InputError(fmt::format(

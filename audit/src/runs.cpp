@@ -16,6 +16,7 @@
 #include "moeplan/sweeps/escape.hpp"
 #include "moeplan/sweeps/ledger_json.hpp"
 #include "moeplan/sweeps/manifest_io.hpp"
+#include "moeplan/sweeps/runs_folder.hpp"
 
 namespace moeplan::audit {
 
@@ -618,7 +619,7 @@ RunRecord parse_run_record(std::string_view text, std::string source) {
   try {
     j = json::parse(text);
   } catch (const json::exception& e) {  // parse_error, or out_of_range for a number like 1e400
-    throw InputError(fmt::format("{}: not valid JSON ({})", r.source, e.what()));
+    throw InputError(fmt::format("{}: not valid JSON ({})", r.source, json_error_text(e)));
   }
   if (!j.is_object()) throw InputError(fmt::format("{}: expected a JSON object", r.source));
   if (rd.integer(j, "schema") != 1)

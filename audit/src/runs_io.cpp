@@ -8,6 +8,7 @@
 #include "moeplan/accounting/error.hpp"
 #include "moeplan/audit/io.hpp"
 #include "moeplan/sweeps/ledger_json.hpp"
+#include "moeplan/sweeps/runs_folder.hpp"
 
 #if __has_include("moeplan/sweeps/manifest_io.hpp")
 #include "moeplan/sweeps/manifest_io.hpp"
@@ -23,10 +24,7 @@ std::vector<RunRecord> load_run_records(const fs::path& runs_dir) {
   if (!fs::is_directory(runs_dir, ec))
     throw InputError(fmt::format("{}: not a folder of runs (expected runs/<point>/record.json)",
                                  runs_dir.string()));
-  std::vector<fs::path> files;
-  for (const fs::directory_entry& e : fs::directory_iterator(runs_dir, ec))
-    if (e.is_directory() && fs::exists(e.path() / "record.json"))
-      files.push_back(e.path() / "record.json");
+  const std::vector<fs::path> files = point_record_files(runs_dir);
   if (files.empty())
     throw InputError(
         fs::exists(runs_dir / "record.json", ec)
@@ -35,7 +33,6 @@ std::vector<RunRecord> load_run_records(const fs::path& runs_dir) {
                           runs_dir.string(), runs_dir.parent_path().string())
             : fmt::format("{}: no <point>/record.json inside; run `moeplan run` first",
                           runs_dir.string()));
-  std::sort(files.begin(), files.end());
   std::vector<RunRecord> out;
   std::vector<std::string> dense;
   for (const fs::path& f : files) {

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <fstream>
 #include <stdexcept>
 #include <string>
@@ -18,6 +19,7 @@
 
 #include "check.hpp"
 #include "moeplan/accounting/error.hpp"
+#include "moeplan/backend/atomic_file.hpp"
 #include "moeplan/backend/cuda/device.hpp"
 
 namespace moeplan::backend::cuda {
@@ -111,15 +113,14 @@ Communicator::Communicator(const RankInfo& info, const std::string& id_file, dou
   ncclUniqueId id;
   if (info.rank == 0) {
     check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
-    // Atomic hand-over: write a temp file in the same folder, then rename.
-    const std::string tmp = id_file + ".tmp" + std::to_string(::getpid());
-    {
-      std::ofstream f(tmp, std::ios::binary);
-      f.write(reinterpret_cast<const char*>(&id), sizeof id);
-      if (!f) throw InputError(fmt::format("cannot write NCCL id file '{}'", tmp));
+    // Atomic hand-over (a temp file beside it, written whole and synced, then renamed): a write
+    // that fails (a full /tmp) is said here, not published as a short file the other ranks wait
+    // on until their timeout.
+    try {
+      write_file_atomic(id_file, std::string(reinterpret_cast<const char*>(&id), sizeof id));
+    } catch (const std::exception& e) {
+      throw std::runtime_error(fmt::format("rank 0: the NCCL id file: {}", e.what()));
     }
-    if (std::rename(tmp.c_str(), id_file.c_str()) != 0)
-      throw InputError(fmt::format("cannot rename '{}' to '{}'", tmp, id_file));
   } else {
     const auto start = std::chrono::steady_clock::now();
     for (;;) {
@@ -127,9 +128,9 @@ Communicator::Communicator(const RankInfo& info, const std::string& id_file, dou
       if (f && f.read(reinterpret_cast<char*>(&id), sizeof id)) break;
       const double waited =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      if (waited > timeout_seconds)
-        throw InputError(
-            fmt::format("rank {}: no NCCL id in '{}' after {:.0f} s", info.rank, id_file, waited));
+      if (waited > timeout_seconds)  // rank 0 failed or never started: not the user's input
+        throw std::runtime_error(fmt::format(
+            "rank {}: no NCCL id in '{}' from rank 0 after {:.0f} s", info.rank, id_file, waited));
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
   }
@@ -141,13 +142,22 @@ Communicator::Communicator(const RankInfo& info, const std::string& id_file, dou
   if (info.rank == 0) std::remove(id_file.c_str());
   int64_t joined = 1;
   all_reduce_sum_host(&joined, 1);
-  if (joined != info.world_size)
+  if (joined != info.world_size) {
+    ncclCommAbort(impl_->comm);  // the destructor does not run for a constructor that throws
+    impl_->comm = nullptr;
     throw std::runtime_error(
         fmt::format("NCCL group of {} rank(s) counted {} at start-up", info.world_size, joined));
+  }
 }
 
 Communicator::~Communicator() {
-  if (impl_ && impl_->comm) ncclCommDestroy(impl_->comm);
+  if (!impl_ || !impl_->comm) return;
+  // Unwinding from an error, the other ranks may be inside a collective this rank never joins:
+  // ncclCommDestroy waits for queued work and could wait for ever; abort does not.
+  if (std::uncaught_exceptions() > 0)
+    ncclCommAbort(impl_->comm);
+  else
+    ncclCommDestroy(impl_->comm);
 }
 
 const RankInfo& Communicator::info() const {

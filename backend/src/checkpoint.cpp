@@ -14,6 +14,7 @@
 #include "moeplan/accounting/error.hpp"
 #include "moeplan/backend/atomic_file.hpp"
 #include "moeplan/sweeps/ledger_json.hpp"
+#include "moeplan/sweeps/runs_folder.hpp"
 
 // Header-only: the hash functions are compiled into this file, so no library is linked.
 #define XXH_INLINE_ALL
@@ -252,7 +253,7 @@ auto parsed(const std::string& where, F&& f) {
   try {
     return f();
   } catch (const nlohmann::json::exception& e) {
-    throw InputError(fmt::format("checkpoint '{}' is unreadable: {}", where, e.what()));
+    throw InputError(fmt::format("checkpoint '{}' is unreadable: {}", where, json_error_text(e)));
   } catch (const InputError&) {
     throw;
   } catch (const std::runtime_error& e) {

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -31,7 +32,7 @@ std::string describe(int wait_status) {
 
 // The child side of fork: environment, quiet stdout for ranks > 0, then exec.
 [[noreturn]] void exec_rank(int rank, int nproc, const std::string& id_file,
-                            const std::vector<std::string>& args) {
+                            const std::vector<std::string>& args, pid_t parent) {
   const std::string r = std::to_string(rank), w = std::to_string(nproc);
   ::setenv("WORLD_SIZE", w.c_str(), 1);
   ::setenv("RANK", r.c_str(), 1);
@@ -42,9 +43,16 @@ std::string describe(int wait_status) {
     const int null = ::open("/dev/null", O_WRONLY);
     if (null >= 0) ::dup2(null, STDOUT_FILENO);
   }
-  ::signal(SIGINT, SIG_DFL);
-  ::signal(SIGTERM, SIG_DFL);
-  ::signal(SIGHUP, SIG_DFL);
+  // The launcher's stop handlers are not the rank's; a signal the job was started to ignore
+  // (nohup's SIGHUP) stays ignored, as it does for a single process (exec keeps SIG_IGN).
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) {
+    struct sigaction now {};
+    if (::sigaction(sig, nullptr, &now) == 0 && now.sa_handler != SIG_IGN) ::signal(sig, SIG_DFL);
+  }
+  // A launcher that dies (SIGKILL) leaves no rank training on alone: each is told to stop as if
+  // by Ctrl-C (a checkpoint, then exit), also when it died before this line.
+  ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+  if (::getppid() != parent) ::raise(SIGTERM);
   std::vector<std::string> copy = args;
   std::string self = "/proc/self/exe";
   std::vector<char*> argv{self.data()};
@@ -73,11 +81,12 @@ LaunchOutcome launch_ranks(const LaunchRequest& req) {
           .string();
   std::fflush(stdout);
   std::fflush(stderr);
+  const pid_t launcher = ::getpid();
   std::vector<pid_t> pids(size_t(req.nproc), -1);
   std::vector<bool> live(size_t(req.nproc), false);
   for (int r = 0; r < req.nproc; ++r) {
     const pid_t pid = ::fork();
-    if (pid == 0) exec_rank(r, req.nproc, id_file, req.args);
+    if (pid == 0) exec_rank(r, req.nproc, id_file, req.args, launcher);
     if (pid < 0) {
       for (int q = 0; q < r; ++q) ::kill(pids[size_t(q)], SIGKILL);
       for (int q = 0; q < r; ++q) ::waitpid(pids[size_t(q)], nullptr, 0);

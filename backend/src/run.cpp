@@ -29,6 +29,7 @@
 #include "moeplan/backend/record.hpp"
 #include "moeplan/backend/rng.hpp"
 #include "moeplan/sweeps/manifest_io.hpp"
+#include "moeplan/sweeps/runs_folder.hpp"
 
 namespace moeplan::backend {
 
@@ -467,6 +468,32 @@ std::string settings_differ(const nlohmann::json& stored, const nlohmann::json& 
   return out;
 }
 
+// Empty when a record was written under this manifest's sweep-wide settings (its tolerances and
+// equal_resources), else "n_tolerance = 0.01 (the manifest: 0.02)" for each that differs: a
+// folder of records under two readings of "equal" fails its own audit. A record written before
+// they were stored, or a run that does not know them (0), is taken as it is.
+std::string sweep_differ(const nlohmann::json& rec, const RunOptions& opt) {
+  std::string out;
+  const auto add = [&](std::string_view key, const nlohmann::json& stored,
+                       const nlohmann::json& wanted) {
+    out += fmt::format("{}{} = {} (the manifest: {})", out.empty() ? "" : ", ", key, stored.dump(),
+                       wanted.dump());
+  };
+  if (const auto it = rec.find("sweep_equal_resources");
+      it != rec.end() && it->is_boolean() && it->get<bool>() != opt.equal_resources)
+    add("equal_resources", *it, opt.equal_resources);
+  const auto tol = rec.find("sweep_tolerances");
+  if (tol != rec.end() && tol->is_object() && opt.n_tolerance > 0 && opt.compute_tolerance > 0) {
+    for (const auto& [key, wanted] :
+         {std::pair{"n", opt.n_tolerance}, std::pair{"compute", opt.compute_tolerance}}) {
+      const auto it = tol->find(key);
+      if (it == tol->end() || !it->is_number() || it->get<double>() != wanted)
+        add(fmt::format("{}_tolerance", key), it == tol->end() ? nlohmann::json() : *it, wanted);
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 // Whether this process tells the user about the point (data parallel: rank 0 only).
@@ -555,10 +582,19 @@ std::string record_remedy(const Plan& plan, const nlohmann::json& plan_json,
 }
 
 nlohmann::json existing_record(const Plan& plan, const nlohmann::json& plan_json,
-                               const TrainSettings& train, const std::filesystem::path& out_dir) {
+                               const TrainSettings& train, const RunOptions& opt) {
+  const fs::path& out_dir = opt.out_dir;
   const fs::path path = out_dir / plan.id / "record.json";
   std::error_code ec;
-  if (!fs::exists(fs::symlink_status(path, ec))) return nullptr;  // a dangling link is not "none"
+  const fs::file_status st = fs::symlink_status(path, ec);
+  // A record that cannot be looked at (a folder without permission) is not "no record": an
+  // estimate read a complete point as untrained.
+  if (ec && ec != std::errc::no_such_file_or_directory && ec != std::errc::not_a_directory)
+    throw InputError(
+        fmt::format("cannot read '{}' ({}); fix the point folder's permissions or "
+                    "choose another --out",
+                    path.string(), ec.message()));
+  if (!fs::exists(st)) return nullptr;  // a dangling link is not "none"
   const auto remedy = [&] { return record_remedy(plan, plan_json, train, out_dir); };
   if (!fs::is_regular_file(path, ec))
     throw InputError(fmt::format("record '{}' is not a file; {}", path.string(), remedy()));
@@ -566,8 +602,8 @@ nlohmann::json existing_record(const Plan& plan, const nlohmann::json& plan_json
   try {
     rec = nlohmann::json::parse(read_file(path));
   } catch (const nlohmann::json::exception& e) {
-    throw InputError(
-        fmt::format("record '{}' is unreadable ({}); {}", path.string(), e.what(), remedy()));
+    throw InputError(fmt::format("record '{}' is unreadable ({}); {}", path.string(),
+                                 json_error_text(e), remedy()));
   }
   if (!rec.is_object())
     throw InputError(fmt::format("record '{}' is not a JSON object; {}", path.string(), remedy()));
@@ -587,6 +623,11 @@ nlohmann::json existing_record(const Plan& plan, const nlohmann::json& plan_json
     throw InputError(fmt::format(
         "'{}' was trained with other [train] settings: {}; move the folder away or choose "
         "another --out (a sweep with another seed or data belongs in a folder of its own)",
+        path.string(), d));
+  if (const std::string d = sweep_differ(rec, opt); !d.empty())
+    throw InputError(fmt::format(
+        "'{}' was written under other sweep settings: {}; a folder holds one sweep's records "
+        "(its audit fails a mix): move the folder away or choose another --out",
         path.string(), d));
   return rec;
 }
@@ -697,7 +738,8 @@ void check_step_ledger(const Arch& arch, int64_t batch_seqs, bool erc_loss, cons
   }
 }
 
-void check_sibling_point(const Plan& plan, const TrainSettings& train, const fs::path& out_dir) {
+void check_sibling_point(const Plan& plan, const TrainSettings& train, const RunOptions& opt) {
+  const fs::path& out_dir = opt.out_dir;
   const fs::path path = out_dir / plan.id / "record.json";
   std::error_code ec;
   if (fs::is_regular_file(path, ec)) {
@@ -717,6 +759,12 @@ void check_sibling_point(const Plan& plan, const TrainSettings& train, const fs:
             "(--point trains one point, but into the whole sweep's folder): move it away or "
             "choose another --out (a sweep with another seed or data belongs in a folder of its "
             "own)",
+            path.string(), d));
+      if (const std::string d = sweep_differ(rec, opt); !d.empty())
+        throw InputError(fmt::format(
+            "'{}' was written under other sweep settings: {}; this folder holds another sweep "
+            "(--point trains one point, but into the whole sweep's folder): move it away or "
+            "choose another --out",
             path.string(), d));
     }
   }
@@ -751,7 +799,7 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
   PointOutcome outcome;
   outcome.record_path = dir / "record.json";
 
-  if (nlohmann::json rec = existing_record(plan, plan_json, train, opt.out_dir); rec.is_object()) {
+  if (nlohmann::json rec = existing_record(plan, plan_json, train, opt); rec.is_object()) {
     const bool complete = rec.value("status", "") == "complete";
     outcome.record = std::move(rec);  // an interrupted point's: an estimate counts what is left
     if (complete) {

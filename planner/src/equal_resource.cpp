@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "moeplan/accounting/budget.hpp"
 #include "moeplan/accounting/error.hpp"
 #include "moeplan/accounting/params.hpp"
 #include "moeplan/accounting/units.hpp"
@@ -83,10 +84,22 @@ EqualResourcePlanner::EqualResourcePlanner(const PlanRequest& request, const Sha
       compute_ = request.budget.value;
       break;
     case BudgetKind::dense_tokens:
+      if (!(request.budget.value <= kMaxTokens))
+        throw InputError(
+            fmt::format("--dense-tokens = {:.4g} is above the {:.3g} tokens moeplan counts (64-bit "
+                        "integers); give at most {:.3g}",
+                        request.budget.value, kMaxTokens, kMaxTokens));
       compute_ = dense_m * request.budget.value;
       break;
     case BudgetKind::dense_tpp: {
       const double n_dense = double(count_params(dense_arch).total_params);
+      // 1e300 tokens a parameter made C = inf, refused without the flag named.
+      if (!(request.budget.value * n_dense <= kMaxTokens))
+        throw InputError(fmt::format(
+            "--dense-tpp = {:.4g} is D = {:.4g} tokens at the dense baseline's N = {}, above the "
+            "{:.3g} tokens moeplan counts (64-bit integers); give at most {:.3g}",
+            request.budget.value, request.budget.value * n_dense,
+            count_params(dense_arch).total_params, kMaxTokens, kMaxTokens / n_dense));
       compute_ = dense_m * request.budget.value * n_dense;
       break;
     }

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <array>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -23,6 +25,7 @@
 #include "moeplan/sweeps/ledger_json.hpp"
 #include "moeplan/sweeps/manifest.hpp"
 #include "moeplan/sweeps/manifest_io.hpp"
+#include "moeplan/sweeps/runs_folder.hpp"
 
 namespace moeplan {
 
@@ -32,14 +35,20 @@ using nlohmann::json;
 namespace {
 
 json read_record(const fs::path& f) {
+  std::error_code ec;
+  if (fs::is_directory(f, ec))
+    throw InputError(fmt::format("record '{}' is a folder, not a file", f.string()));
   std::ifstream in(f, std::ios::binary);
-  if (!in) throw InputError(fmt::format("record '{}' cannot be read", f.string()));
+  if (!in)
+    throw InputError(
+        fmt::format("record '{}' cannot be read ({})", f.string(), std::strerror(errno)));
   std::stringstream ss;
   ss << in.rdbuf();
   try {
     return json::parse(ss.str());
   } catch (const json::exception& x) {
-    throw InputError(fmt::format("record '{}' is unreadable: {}", f.string(), x.what()));
+    throw InputError(
+        fmt::format("record '{}' is not valid JSON: {}", f.string(), json_error_text(x)));
   }
 }
 
@@ -885,13 +894,10 @@ std::vector<json> load_run_records(const fs::path& dir) {
         fmt::format("runs folder '{}' does not exist (run `moeplan run sweep.toml --out {}` first)",
                     dir.string(), dir.string()));
   std::vector<json> out;
-  for (const auto& e : fs::directory_iterator(dir)) {
-    const fs::path f = e.path() / "record.json";
-    if (fs::exists(f, ec)) {
-      out.push_back(read_record(f));
-      check_record(out.back(), f);
-      check_point_folder(out.back().at("point_id").get<std::string>(), f);
-    }
+  for (const fs::path& f : point_record_files(dir)) {
+    out.push_back(read_record(f));
+    check_record(out.back(), f);
+    check_point_folder(out.back().at("point_id").get<std::string>(), f);
   }
   if (out.empty())
     throw InputError(fmt::format(

@@ -208,7 +208,9 @@ std::string render_manifest(const Manifest& m, Format f) {
     case Format::csv:
       return manifest_to_csv(m);
     case Format::json:
-      return manifest_to_json(m).dump(2) + "\n";
+      // created_by may hold a file name that is not UTF-8: U+FFFD for such bytes, not exit 70.
+      return manifest_to_json(m).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) +
+             "\n";
     case Format::toml:
       return manifest_to_toml(m);
   }

@@ -132,7 +132,21 @@ void write_file_atomic(const std::filesystem::path& link, std::span<const std::s
   // A unique temp name beside the target, so concurrent writers never share one.
   std::string tmp = (dir / fmt::format(".{}.tmp.XXXXXX", path.filename().string())).string();
   const int fd = ::mkstemp(tmp.data());
-  if (fd < 0) fail(link, path, "creating a temp file in its folder", errno);
+  const int made = fd < 0 ? errno : 0;
+  // Said as the user sees it, not as the temp file's failure.
+  const std::string through =
+      link == path ? std::string() : fmt::format(" (a link to '{}')", path.string());
+  if (made == ENOENT)
+    throw InputError(
+        fmt::format("cannot write '{}'{}: its folder '{}' does not exist (create it "
+                    "first, or choose another path)",
+                    link.string(), through, dir.string()));
+  if (made == EACCES || made == EROFS)
+    throw InputError(
+        fmt::format("cannot write '{}'{}: its folder '{}' does not let this process "
+                    "write in it ({})",
+                    link.string(), through, dir.string(), std::strerror(made)));
+  if (fd < 0) fail(link, path, "creating a temp file in its folder", made);
   auto abandon = [&](const char* step) {
     const int err = errno;
     ::close(fd);
@@ -150,6 +164,9 @@ void write_file_atomic(const std::filesystem::path& link, std::span<const std::s
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     const int err = errno;
     ::unlink(tmp.c_str());
+    if (err == EISDIR)
+      throw InputError(
+          fmt::format("cannot write '{}': it is a folder; give a file name", link.string()));
     fail(link, path, "rename", err);
   }
   // The rename itself must reach the disk too.

@@ -165,4 +165,23 @@ std::string printable(std::string_view s) {
   return out;
 }
 
+size_t utf8_length_at(std::string_view s, size_t i) {
+  const auto at = [&](size_t k) { return i + k < s.size() ? (unsigned char)s[i + k] : 0u; };
+  const unsigned b = at(0);
+  if (i >= s.size()) return 0;
+  if (b < 0x80) return 1;
+  const auto cont = [&](size_t k, unsigned lo = 0x80, unsigned hi = 0xbf) {
+    return at(k) >= lo && at(k) <= hi;
+  };
+  // The table of well-formed sequences (Unicode 15, table 3-7).
+  if (b >= 0xc2 && b <= 0xdf) return cont(1) ? 2 : 0;
+  if (b == 0xe0) return cont(1, 0xa0) && cont(2) ? 3 : 0;
+  if ((b >= 0xe1 && b <= 0xec) || b == 0xee || b == 0xef) return cont(1) && cont(2) ? 3 : 0;
+  if (b == 0xed) return cont(1, 0x80, 0x9f) && cont(2) ? 3 : 0;
+  if (b == 0xf0) return cont(1, 0x90) && cont(2) && cont(3) ? 4 : 0;
+  if (b >= 0xf1 && b <= 0xf3) return cont(1) && cont(2) && cont(3) ? 4 : 0;
+  if (b == 0xf4) return cont(1, 0x80, 0x8f) && cont(2) && cont(3) ? 4 : 0;
+  return 0;
+}
+
 }  // namespace moeplan

@@ -19,7 +19,12 @@ double parse_rate(std::string_view text, std::string_view whole) {
   double v = 0;
   try {
     v = parse_quantity(text, "--ra");
-  } catch (const InputError&) {
+  } catch (const InputError& e) {
+    // A number past a double's range, or one with an exponent and a suffix, keeps its reason.
+    std::string_view why = e.what();
+    if (why.starts_with("--ra: ")) why.remove_prefix(6);
+    if (why.find("is not a number") == std::string_view::npos)
+      throw InputError(fmt::format("--ra '{}': {}", whole, why));
     throw InputError(
         fmt::format("--ra '{}': '{}' is not a number; write a range A:B (e.g. 0.05:0.4) or a list "
                     "(e.g. 0.1,0.2,0.3) of activation rates in (0, 1]",

@@ -23,16 +23,43 @@
 namespace moeplan {
 
 bool is_point_id(std::string_view id) {
-  if (id.empty() || id == "." || id == "..") return false;
+  // A folder name is at most 255 bytes (NAME_MAX on Linux).
+  if (id.empty() || id == "." || id == ".." || id.size() > 255) return false;
+  // " moe" and "moe" read alike in every table.
+  if (id.front() == ' ' || id.back() == ' ') return false;
+  const auto byte = [&](size_t i) { return i < id.size() ? (unsigned char)id[i] : 0u; };
   for (size_t i = 0; i < id.size(); ++i) {
-    const auto u = (unsigned char)id[i];
+    const unsigned u = byte(i);
     if (id[i] == '/' || id[i] == '\\' || u < 0x20 || u == 0x7f) return false;
     // The C1 controls U+0080..U+009F (UTF-8 C2 80..C2 9F): NEL and the like draw nothing.
-    if (u == 0xc2 && i + 1 < id.size() && (unsigned char)id[i + 1] >= 0x80 &&
-        (unsigned char)id[i + 1] <= 0x9f)
+    if (u == 0xc2 && byte(i + 1) >= 0x80 && byte(i + 1) <= 0x9f) return false;
+    // Characters that draw nothing or reorder the text around them: an id that looks like
+    // another's, or one that shows its text backwards. U+200B..U+200F (zero-width, LRM, RLM),
+    // U+202A..U+202E (bidirectional embeddings and overrides), U+2060..U+2064 and U+2066..U+2069
+    // (word joiner, invisible operators, isolates): E2 80 8B..8F, E2 80 AA..AE, E2 81 A0..A9;
+    // U+FEFF (zero-width no-break space): EF BB BF.
+    if (u == 0xe2 && byte(i + 1) == 0x80 &&
+        ((byte(i + 2) >= 0x8b && byte(i + 2) <= 0x8f) ||
+         (byte(i + 2) >= 0xaa && byte(i + 2) <= 0xae)))
       return false;
+    if (u == 0xe2 && byte(i + 1) == 0x81 && byte(i + 2) >= 0xa0 && byte(i + 2) <= 0xa9)
+      return false;
+    if (u == 0xef && byte(i + 1) == 0xbb && byte(i + 2) == 0xbf) return false;
   }
   return true;
+}
+
+std::string capacity_factor_warning(const Manifest& m) {
+  // A capacity factor drops routed assignments: FLOPs the plan counted and the run does not
+  // spend. The sweep stays planned equal, but its points' measured C falls short by their drop
+  // rate, which routing decides: said before training, not found by the audit.
+  if (!(m.train.capacity_factor > 0) || !m.equal_resources) return {};
+  return fmt::format(
+      "capacity_factor = {:g} drops the routed assignments over an expert's capacity: their "
+      "FLOPs are planned but not spent, and a point whose drops exceed the compute tolerance "
+      "({:g} % of C) is not equal to the dense baseline in `moeplan report` and fails `moeplan "
+      "audit`'s equal C (0 = dropless, the equal-resource setting)",
+      m.train.capacity_factor, 100 * m.compute_tolerance);
 }
 
 namespace {
@@ -146,7 +173,10 @@ Arch read_manifest_arch(TomlTable& parent) {
   try {
     validate(a);
   } catch (const InputError& e) {
-    throw InputError(fmt::format("{}: {}: {}", t.origin(), t.path(""), e.what()));
+    // "sweep.toml: points[0].arch: d_model = -16 is invalid; ..." (validate's own "arch: " off).
+    std::string_view what = e.what();
+    if (what.starts_with("arch: ")) what.remove_prefix(6);
+    throw InputError(fmt::format("{}: {}: {}", t.origin(), parent.path("arch"), what));
   }
   return a;
 }
@@ -259,7 +289,9 @@ Plan read_plan(const toml::value& v, const std::string& origin, const std::strin
     t.fail("compute_target", fmt::format("= {} must be > 0", toml_double(b.compute_target)));
   const double rel_diff = (b.compute - b.compute_target) / b.compute_target;
   if (std::fabs(b.compute_rel_diff - rel_diff) > 1e-12 + 1e-9 * std::fabs(rel_diff))
-    t.fail("compute_rel_diff", "must equal (compute − compute_target) / compute_target");
+    t.fail("compute_rel_diff",
+           fmt::format("= {} must equal (compute − compute_target) / compute_target = {}",
+                       toml_double(b.compute_rel_diff), toml_double(rel_diff)));
   if (!close(b.epochs, d / double(b.tokens_unique)))
     t.fail("epochs", fmt::format("= {} must equal tokens_consumed / tokens_unique = {}",
                                  toml_double(b.epochs), toml_double(d / double(b.tokens_unique))));
@@ -288,7 +320,7 @@ Plan read_plan(const toml::value& v, const std::string& origin, const std::strin
       t.fail(key, fmt::format("= {} is invalid; it must be {}", toml_double(v), valid));
   };
   in_range("lr_peak", h.lr_peak, h.lr_peak > 0 && h.lr_peak <= 1,
-           "in (0, 1] (AdamW's peak learning rate; the step law gives about 1e-3)");
+           "in (0, 1] (AdamW's peak learning rate; `moeplan grid` plans the step law's)");
   in_range("lr_min", h.lr_min, h.lr_min >= 0 && h.lr_min <= h.lr_peak, "in [0, lr_peak]");
   in_range("adam_beta1", h.adam_beta1, h.adam_beta1 >= 0 && h.adam_beta1 < 1, "in [0, 1)");
   in_range("adam_beta2", h.adam_beta2, h.adam_beta2 >= 0 && h.adam_beta2 < 1, "in [0, 1)");
@@ -304,11 +336,13 @@ Plan read_plan(const toml::value& v, const std::string& origin, const std::strin
 // moves it off the sweep (N 30 % lower, D̂ halved, another C) would train an unequal comparison
 // under an equal-resource manifest.
 void check_contract(const Manifest& m, const std::string& origin) {
-  auto fail = [&](const std::string& key, const std::string& what) {
-    throw InputError(fmt::format(
-        "{}: key '{}' {} (a manifest of points that are not one sweep says equal_resources = "
-        "false)",
-        origin, key, what));
+  // What breaks the equal-resource contract (not a flag that disagrees with its own numbers)
+  // gets the hint how a manifest of points that are not one sweep says so.
+  auto fail = [&](const std::string& key, const std::string& what, bool hint = true) {
+    throw InputError(fmt::format("{}: key '{}' {}{}", origin, key, what,
+                                 hint ? " (a manifest of points that are not one sweep says "
+                                        "equal_resources = false)"
+                                      : ""));
   };
   std::vector<std::pair<std::string, const Plan*>> plans{{"dense", &m.dense}};
   for (size_t i = 0; i < m.points.size(); ++i)
@@ -360,7 +394,8 @@ void check_contract(const Manifest& m, const std::string& origin) {
                          "= {}",
                          p->reachable ? "true" : "false", p->counts.activation_rate(), miss,
                          toml_double(p->activation_rate_target),
-                         p->reachable ? "outside" : "within", toml_double(m.ra_tolerance)));
+                         p->reachable ? "outside" : "within", toml_double(m.ra_tolerance)),
+             false);
     }
     // Strict reuse: every point trains on the baseline's D̂ (fewer only where it consumes less).
     if (db.reuse == Reuse::strict) {
@@ -601,7 +636,9 @@ Manifest manifest_from_toml_string(const std::string& text, const std::string& o
   m.family = top.string("family", "a family name (e.g. \"paper\")");
   m.created_by = top.string_or("created_by", "");
   m.n_target = top.number("n_target", "a positive number (requested N)");
-  if (!(m.n_target > 0)) top.fail("n_target", "must be > 0");
+  if (!(m.n_target > 0))
+    top.fail("n_target", fmt::format("= {} must be > 0 (the N the sweep was planned for)",
+                                     toml_double(m.n_target)));
   m.n_tolerance = top.number("n_tolerance", "a relative tolerance (e.g. 0.01)");
   m.ra_tolerance = top.number("ra_tolerance", "an absolute tolerance (e.g. 0.005)");
   m.compute_tolerance = top.number("compute_tolerance", "a relative tolerance (e.g. 0.01)");
@@ -629,6 +666,11 @@ Manifest manifest_from_toml_string(const std::string& text, const std::string& o
     if (!ids.insert(p.id).second)
       throw InputError(fmt::format(
           "{}: key '{}.id' = '{}' repeats an earlier id; ids must be unique", origin, where, p.id));
+    if (p.role != "moe")
+      throw InputError(fmt::format(
+          "{}: key '{}.role' = \"{}\": a sweep has one dense baseline, in [dense]; each "
+          "[[points]] entry is an MoE point (role = \"moe\")",
+          origin, where, p.role));
     check_like_dense(p, m.dense, origin, where);
     m.points.push_back(std::move(p));
   }
@@ -764,11 +806,17 @@ nlohmann::json manifest_to_json(const Manifest& m) {
 // Empty when `stored` (a record's or checkpoint's plan) is the manifest's, else the first value
 // that differs as "plan.arch.d_model = 8.5 (the manifest: 96)", and how many more do: the user
 // learns which edit (theirs or the file's) made the point another one.
-std::string plan_differ(const nlohmann::json& stored, const nlohmann::json& wanted) {
-  if (stored == wanted) return {};
-  if (!stored.is_object())
+std::string plan_differ(const nlohmann::json& stored_plan, const nlohmann::json& wanted_plan) {
+  if (stored_plan == wanted_plan) return {};
+  if (!stored_plan.is_object())
     return fmt::format("plan = {} (the manifest: an object)",
-                       stored.is_null() ? std::string("unset") : stored.dump());
+                       stored_plan.is_null() ? std::string("unset") : stored_plan.dump());
+  // The note is the planner's words about the point, not what it trains: an edit to it is no
+  // other plan.
+  nlohmann::json stored = stored_plan, wanted = wanted_plan;
+  stored.erase("note");
+  if (wanted.is_object()) wanted.erase("note");
+  if (stored == wanted) return {};
   const nlohmann::json patch = nlohmann::json::diff(stored, wanted);
   const std::string pointer = patch.at(0).at("path").get<std::string>();
   const nlohmann::json::json_pointer at(pointer);
@@ -781,7 +829,12 @@ std::string plan_differ(const nlohmann::json& stored, const nlohmann::json& want
     }
   }
   auto value = [&](const nlohmann::json& j) {
-    return j.contains(at) ? j.at(at).dump() : std::string("unset");
+    if (!j.contains(at)) return std::string("unset");
+    std::string v = j.at(at).dump();
+    if (v.size() <= 80) return v;
+    size_t cut = 77;  // a whole UTF-8 character: not inside one
+    while (cut > 0 && ((unsigned char)v[cut] & 0xc0) == 0x80) --cut;
+    return v.substr(0, cut) + "...";
   };
   std::string out = fmt::format("{} = {} (the manifest: {})", key, value(stored), value(wanted));
   if (patch.size() > 1) out += fmt::format(" and {} more", patch.size() - 1);

@@ -20,7 +20,8 @@ double parse_positive(const std::string& text, const std::string& flag) {
 int64_t parse_positive_integer(const std::string& text, const std::string& flag) {
   const double v = parse_quantity(text, flag);
   if (!(v >= 1) || v != std::floor(v) || v > 9e15)
-    throw InputError(fmt::format("{} = {} is invalid; it must be a whole number >= 1", flag, text));
+    throw InputError(
+        fmt::format("{} = {} is invalid; it must be a whole number from 1 to 9e15", flag, text));
   return int64_t(v);
 }
 

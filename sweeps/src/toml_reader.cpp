@@ -41,7 +41,9 @@ void refuse_wrapped_integers(const toml::value& v, const std::string& origin,
     for (const auto& [k, e] : v.as_table())
       refuse_wrapped_integers(e, origin, key.empty() ? k : key + "." + k);
   } else if (v.is_array()) {
-    for (const toml::value& e : v.as_array()) refuse_wrapped_integers(e, origin, key);
+    const toml::array& a = v.as_array();
+    for (size_t i = 0; i < a.size(); ++i)
+      refuse_wrapped_integers(a[i], origin, fmt::format("{}[{}]", key, i));
   } else if (v.is_integer() && (v.as_integer() == std::numeric_limits<int64_t>::max() ||
                                 v.as_integer() == std::numeric_limits<int64_t>::min())) {
     const toml::source_location loc = v.location();
@@ -124,6 +126,28 @@ TomlTable::TomlTable(const toml::value& table, std::string origin, std::string w
                                  toml::stringize(table_.type())));
 }
 
+namespace {
+// "= 272.5 must be ..., found a float": the value a type error found, as its TOML text (a table
+// or an array by its type alone).
+std::string found(const toml::value& v, const char* expected) {
+  std::string value;
+  if (v.is_string()) value = toml_string(v.as_string().str);
+  if (v.is_floating()) value = toml_double(v.as_floating());
+  if (v.is_integer()) value = std::to_string(v.as_integer());
+  if (v.is_boolean()) value = v.as_boolean() ? "true" : "false";
+  if (value.size() > 60) value = value.substr(0, 57) + "...";
+  const std::string type = v.is_floating()  ? "a float"
+                           : v.is_integer() ? "an integer"
+                           : v.is_string()  ? "a string"
+                           : v.is_boolean() ? "a boolean"
+                           : v.is_array()   ? "an array"
+                           : v.is_table()   ? "a table"
+                                            : toml::stringize(v.type());
+  return value.empty() ? fmt::format("must be {}, found {}", expected, type)
+                       : fmt::format("= {} must be {}, found {}", value, expected, type);
+}
+}  // namespace
+
 std::string TomlTable::path(const std::string& key) const {
   return where_.empty() ? key : where_ + "." + key;
 }
@@ -151,7 +175,7 @@ int64_t TomlTable::integer(const std::string& key, const char* expected) {
     const double d = v->as_floating();
     if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9.0e15) return int64_t(d);
   }
-  fail(key, fmt::format("must be {}, found {}", expected, toml::stringize(v->type())));
+  fail(key, found(*v, expected));
 }
 
 int64_t TomlTable::integer_or(const std::string& key, int64_t fallback) {
@@ -170,7 +194,7 @@ double TomlTable::number(const std::string& key, const char* expected) {
     fail(key, fmt::format("= {} must be {} (finite)", v->as_floating(), expected));
   if (v->is_floating()) return v->as_floating();
   if (v->is_integer()) return double(v->as_integer());
-  fail(key, fmt::format("must be {}, found {}", expected, toml::stringize(v->type())));
+  fail(key, found(*v, expected));
 }
 
 double TomlTable::number_or(const std::string& key, double fallback) {
@@ -184,7 +208,7 @@ double TomlTable::number_or(const std::string& key, double fallback) {
 std::string TomlTable::string(const std::string& key, const char* expected) {
   const toml::value* v = find(key, expected);
   if (v->is_string()) return v->as_string().str;
-  fail(key, fmt::format("must be {}, found {}", expected, toml::stringize(v->type())));
+  fail(key, found(*v, expected));
 }
 
 std::string TomlTable::string_or(const std::string& key, const std::string& fallback) {
@@ -198,7 +222,7 @@ std::string TomlTable::string_or(const std::string& key, const std::string& fall
 bool TomlTable::boolean(const std::string& key) {
   const toml::value* v = find(key, "true or false");
   if (v->is_boolean()) return v->as_boolean();
-  fail(key, fmt::format("must be true or false, found {}", toml::stringize(v->type())));
+  fail(key, found(*v, "true or false"));
 }
 
 bool TomlTable::boolean_or(const std::string& key, bool fallback) {
@@ -211,15 +235,13 @@ bool TomlTable::boolean_or(const std::string& key, bool fallback) {
 
 const toml::value& TomlTable::table(const std::string& key) {
   const toml::value* v = find(key, "a table");
-  if (!v->is_table())
-    fail(key, fmt::format("must be a table, found {}", toml::stringize(v->type())));
+  if (!v->is_table()) fail(key, found(*v, "a table"));
   return *v;
 }
 
 const toml::array& TomlTable::array(const std::string& key, const char* expected) {
   const toml::value* v = find(key, expected);
-  if (!v->is_array())
-    fail(key, fmt::format("must be {}, found {}", expected, toml::stringize(v->type())));
+  if (!v->is_array()) fail(key, found(*v, expected));
   return v->as_array();
 }
 

@@ -158,6 +158,23 @@ TEST_CASE("quantities as people write them") {
     CHECK(what == std::string("--N: '") + both +
                       "' has both an exponent and a suffix; write one of them (e.g. 2e9 or 2B)");
   }
+  // Below a double's range strtod gives 0: 1e-400 was read as 0 (a seed of 0, a capacity factor
+  // of 0, dropless) without a word. Refused, as 1e400 is; 0 and the smallest normal still read.
+  for (const char* tiny : {"1e-400", "-1e-400", "1e-310"}) {
+    CAPTURE(tiny);
+    std::string what;
+    try {
+      parse_quantity(tiny, "--train seed");
+    } catch (const InputError& e) {
+      what = e.what();
+    }
+    CHECK(what == std::string("--train seed: '") + tiny +
+                      "' is below the smallest number a double holds (2.2e-308); write 0 if 0 "
+                      "is meant");
+  }
+  CHECK(parse_quantity("0", "x") == 0);
+  CHECK(parse_quantity("0e-400", "x") == 0);
+  CHECK(parse_quantity("2.3e-308", "x") == 2.3e-308);
   // Either alone still reads: 2e9 = 2B = 2000M.
   CHECK(parse_quantity("2e9", "N") == parse_quantity("2B", "N"));
   CHECK(parse_quantity("2000M", "N") == 2e9);

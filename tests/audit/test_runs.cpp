@@ -680,6 +680,28 @@ TEST_CASE("unusable run folders") {
                        doctest::Contains("r.json: not valid JSON"), InputError);
 }
 
+TEST_CASE("a runs folder: entries that are no point's folder are passed over, not a crash") {
+  // A looping link ended the audit with a raw filesystem exception (exit 70); it, a dangling link
+  // and a file are no point's folder.
+  const std::filesystem::path dir = moeplan::test::fresh_dir("audit_loop");
+  copy_runs_ok(dir);
+  std::filesystem::create_directory_symlink("loop", dir / "loop");
+  std::filesystem::create_directory_symlink("nowhere", dir / "dangling");
+  std::ofstream(dir / "notes.txt") << "x";
+  CHECK(load_run_records(dir.string()).size() == 2);
+  // The JSON library's words without its exception tag.
+  std::ofstream(dir / "moe-k1" / "record.json") << "{\"a\":";
+  try {
+    load_run_records(dir.string());
+    FAIL("a truncated record was read");
+  } catch (const InputError& e) {
+    const std::string what = e.what();
+    CHECK_MESSAGE(
+        what.find("record.json: not valid JSON (parse error at line 1") != std::string::npos, what);
+    CHECK(what.find("[json.exception") == std::string::npos);
+  }
+}
+
 TEST_CASE("against manifest points: a planned point without a record, a record off the plan") {
   const auto recs = load_run_records(fixture("runs_ok"));
   std::vector<Plan> planned = {recs[0].plan, recs[1].plan};

@@ -110,9 +110,11 @@ struct Result {
 };
 
 pid_t spawn(const std::vector<std::string>& args, const fs::path& out_file,
-            const fs::path& err_file, const std::string& binary = MOEPLAN_BINARY) {
+            const fs::path& err_file, const std::string& binary = MOEPLAN_BINARY,
+            bool ignore_hangup = false) {
   const pid_t pid = ::fork();
   if (pid == 0) {
+    if (ignore_hangup) ::signal(SIGHUP, SIG_IGN);  // as nohup starts it
     const int o = ::open(out_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     const int e = ::open(err_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     ::dup2(o, 1);
@@ -574,6 +576,16 @@ TEST_CASE("refusals: one line, non-zero exit, earlier records and checkpoints in
     CHECK(np.status == 2);
     CHECK_MESSAGE(np.err.find("it needs --device cuda") != std::string::npos, np.err);
     CHECK_FALSE(fs::exists(fresh));
+    // --nproc with WORLD_SIZE already set: refused before --out is made too (it was made first).
+    ::setenv("WORLD_SIZE", "2", 1);
+    const Result both = run_cli({"run", (dir / "good.toml").string(), "--out", fresh.string(),
+                                 "--device", "cuda", "--nproc", "2"},
+                                MOEPLAN_EMULATED_BINARY);
+    ::unsetenv("WORLD_SIZE");
+    CHECK(both.status == 2);
+    CHECK_MESSAGE(both.err.find("--nproc 2 with WORLD_SIZE=2 already set") != std::string::npos,
+                  both.err);
+    CHECK_FALSE(fs::exists(fresh));
   }
   // An absurd learning rate is refused when the manifest is read, before anything trains.
   {
@@ -639,6 +651,40 @@ TEST_CASE("refusals: one line, non-zero exit, earlier records and checkpoints in
                       std::string::npos,
                   s7.err);
     CHECK(!fs::exists(sib / "moe-a"));
+    // Other sweep-wide settings (tolerances, equal_resources): the folder would hold records under
+    // two readings of "equal", which its own audit fails. The point's own record refuses, and so
+    // does a sibling's under --point.
+    Manifest tol = good;
+    tol.n_tolerance = 2 * good.n_tolerance;
+    write_manifest_atomic(tol, dir / "tol.toml");
+    const Result t =
+        run_cli({"run", (dir / "tol.toml").string(), "--point", "dense", "--out", out.string()});
+    CHECK(t.status == 2);
+    CHECK_MESSAGE(one_line(t.err), t.err);
+    CHECK_MESSAGE(
+        t.err.find("was written under other sweep settings: n_tolerance = ") != std::string::npos,
+        t.err);
+    intact();
+    const Result ts =
+        run_cli({"run", (dir / "tol.toml").string(), "--point", "moe-a", "--out", sib.string()});
+    CHECK(ts.status == 2);
+    CHECK_MESSAGE(ts.err.find("n_tolerance = ") != std::string::npos, ts.err);
+    CHECK_MESSAGE(ts.err.find("this folder holds another sweep") != std::string::npos, ts.err);
+    CHECK(!fs::exists(sib / "moe-a"));
+    // A record of an equal-resource sweep in the folder of this (unequal) manifest's runs.
+    REQUIRE(!good.equal_resources);
+    const fs::path eq = dir / "equal-record";
+    fs::remove_all(eq);
+    fs::create_directories(eq / "dense");
+    nlohmann::json rec = nlohmann::json::parse(read_file(out / "dense" / "record.json"));
+    REQUIRE(rec.at("sweep_equal_resources") == false);
+    rec["sweep_equal_resources"] = true;
+    write_file_atomic(eq / "dense" / "record.json", rec.dump(1) + "\n");
+    const Result u =
+        run_cli({"run", (dir / "good.toml").string(), "--point", "dense", "--out", eq.string()});
+    CHECK(u.status == 2);
+    CHECK_MESSAGE(u.err.find("equal_resources = true (the manifest: false)") != std::string::npos,
+                  u.err);
     Manifest every = good;
     every.train.checkpoint_every = 3;
     write_manifest_atomic(every, dir / "every.toml");
@@ -2048,19 +2094,13 @@ TEST_CASE("moeplan run --nproc 2 (emulated): the ranks started, Ctrl-C forwarded
           32 * 4 * 16);
   }
 
-  // A rank killed mid-run: the launcher stops the other (waiting in an all-reduce for it) after
-  // its grace period, instead of leaving it there, and says which rank failed.
-  {
-    // The emulated NCCL's own timeout far away (600 s): a rank 0 that ends before it was ended
-    // by the launcher, whatever the machine's speed (training before the kill is not counted).
-    ::setenv("MOEPLAN_EMU_NCCL_TIMEOUT", "600", 1);
-    const pid_t pid =
-        spawn(args("lost", "moe-i"), dir / "l.out", dir / "l.err", MOEPLAN_EMULATED_BINARY);
+  // The ranks' pids, from the launcher's "(pids 123, 124)" line.
+  auto rank_pids = [](const fs::path& out_file) {
     std::vector<pid_t> ranks;
     for (int i = 0; i < 300000 && ranks.empty(); ++i) {
       std::string out;
       try {
-        out = read_file(dir / "l.out");
+        out = read_file(out_file);
       } catch (...) {  // not created yet
       }
       const size_t at = out.find("(pids ");
@@ -2075,6 +2115,60 @@ TEST_CASE("moeplan run --nproc 2 (emulated): the ranks started, Ctrl-C forwarded
       }
       std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
+    return ranks;
+  };
+  // Whether a process runs (a zombie no parent reaps is gone for this purpose).
+  auto running = [](pid_t p) {
+    std::string stat;
+    try {
+      stat = read_file(fs::path("/proc") / std::to_string(p) / "stat");
+    } catch (...) {
+      return false;
+    }
+    const size_t close = stat.rfind(')');
+    return close != std::string::npos && close + 2 < stat.size() && stat[close + 2] != 'Z';
+  };
+
+  // Started as nohup starts it (SIGHUP ignored): the ranks keep ignoring it, as one process does
+  // (the launcher reset it to the default in each rank, and a hang-up stopped the job).
+  {
+    const pid_t pid =
+        spawn(args("nohup", "moe-i"), dir / "n.out", dir / "n.err", MOEPLAN_EMULATED_BINARY, true);
+    const std::vector<pid_t> ranks = rank_pids(dir / "n.out");
+    REQUIRE(ranks.size() == 2);
+    wait_for_file(dir / "nohup" / "moe-i" / "record.json");
+    for (pid_t p : {pid, ranks[0], ranks[1]}) ::kill(p, SIGHUP);
+    CHECK(wait_status(pid) == 0);
+    CHECK(record(dir / "nohup", "moe-i")["status"] == "complete");
+  }
+
+  // The launcher killed (SIGKILL): its ranks do not train on as orphans, holding their GPUs and
+  // the point's lock; each stops as on Ctrl-C, at a checkpoint.
+  {
+    const pid_t pid =
+        spawn(args("orphan", "moe-i"), dir / "o.out", dir / "o.err", MOEPLAN_EMULATED_BINARY);
+    const std::vector<pid_t> ranks = rank_pids(dir / "o.out");
+    REQUIRE(ranks.size() == 2);
+    wait_for_file(dir / "orphan" / "moe-i" / "record.json");
+    ::kill(pid, SIGKILL);
+    CHECK(wait_status(pid) == 128 + SIGKILL);
+    for (int i = 0; i < 1200 && (running(ranks[0]) || running(ranks[1])); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    CHECK_FALSE(running(ranks[0]));
+    CHECK_FALSE(running(ranks[1]));
+    CHECK_MESSAGE(record(dir / "orphan", "moe-i")["status"] == "running",
+                  "the ranks finished the point before they were stopped");
+  }
+
+  // A rank killed mid-run: the launcher stops the other (waiting in an all-reduce for it) after
+  // its grace period, instead of leaving it there, and says which rank failed.
+  {
+    // The emulated NCCL's own timeout far away (600 s): a rank 0 that ends before it was ended
+    // by the launcher, whatever the machine's speed (training before the kill is not counted).
+    ::setenv("MOEPLAN_EMU_NCCL_TIMEOUT", "600", 1);
+    const pid_t pid =
+        spawn(args("lost", "moe-i"), dir / "l.out", dir / "l.err", MOEPLAN_EMULATED_BINARY);
+    const std::vector<pid_t> ranks = rank_pids(dir / "l.out");
     REQUIRE(ranks.size() == 2);
     wait_for_file(dir / "lost" / "moe-i" / "record.json");
     const auto t0 = std::chrono::steady_clock::now();

@@ -222,6 +222,14 @@ TEST_CASE("-o sweep.toml writes a manifest that reads back; formats by extension
   CHECK(r.err.find("moeplan: warning: capacity_factor = 1.25 drops the routed assignments") !=
         std::string::npos);
   CHECK(r.err.find("the compute tolerance (1 % of C)") != std::string::npos);
+  // show and run say it too: a hand-edited [train] never passed through grid.
+  r = run_moeplan("show '" + (scratch() / "cf.toml").string() + "'");
+  CHECK(r.status == 0);
+  CHECK(r.err.find("moeplan: warning: capacity_factor = 1.25 drops") != std::string::npos);
+  r = run_moeplan("run '" + (scratch() / "cf.toml").string() + "' --estimate 1 --out '" +
+                  (scratch() / "cf-runs").string() + "'");
+  CHECK(r.status == 0);
+  CHECK(r.err.find("moeplan: warning: capacity_factor = 1.25 drops") != std::string::npos);
   // Typed relative to the folder grid runs in; written relative to -o's folder, which is where
   // `moeplan run` reads a relative path from: the same file seen from there.
   CHECK(t.train.source ==
@@ -364,9 +372,57 @@ TEST_CASE("plan: the dense baseline's note is printed; a refused --tokens budget
   CHECK_MESSAGE(r.out.find("unique tokens 2e6 are more than this point consumes (1M tokens): D̂ "
                            "is capped to them") != std::string::npos,
                 r.out);
+  // Once, as the plan's note (it was printed a second time under the table).
+  CHECK(r.out.find("are more than this point consumes") ==
+        r.out.rfind("are more than this point consumes"));
   r = run_moeplan("plan --N 3e5 --ra 0.2 --tokens 1e6 --tokens-unique 2e6 --format json");
   CHECK(nlohmann::json::parse(r.out).at("note").get<std::string>().find("capped") !=
         std::string::npos);
+  // --unique-tokens is named as typed in --arch mode too (it was "--tokens-unique"); a --tokens
+  // past the counted tokens is said in tokens, not as a FLOP budget.
+  expect_bad_input("plan --arch " + std::string(MOEPLAN_SOURCE_DIR) +
+                       "/examples/arch-2b-moe.toml --unique-tokens 0",
+                   "--unique-tokens = 0 is invalid");
+  expect_bad_input(
+      "plan --arch " + std::string(MOEPLAN_SOURCE_DIR) + "/examples/arch-2b-moe.toml --tokens 1e30",
+      "--tokens = 1e30 is above the 4.61e+18 tokens moeplan counts");
+  // A deep model is counted layer kind by layer kind, not layer by layer: 1e10 layers took
+  // minutes (planned and refused here in an instant: N is within limits, the budget is not).
+  {
+    const fs::path deep = scratch() / "deep.toml";
+    std::ofstream(deep) << "d_model = 64\nlayers = 10000000000\nheads = 4\nhead_dim = 16\n"
+                           "d_ffn = 128\nseq_len = 32\nvocab = 256\n";
+    const Result d = run_moeplan("plan --arch '" + deep.string() + "' --convention exact");
+    CHECK_MESSAGE(d.status == 0, d.err);
+    CHECK(d.out.find("exact") != std::string::npos);
+  }
+  // grid with a backbone file whose name is not UTF-8: created_by writes the byte as bash's
+  // $'\xff' (the manifest held the byte itself, and show then refused it as not valid TOML).
+  {
+    const fs::path odd = scratch() / "b\xff.toml";
+    fs::copy_file(std::string(MOEPLAN_SOURCE_DIR) + "/examples/backbone-7b.toml", odd,
+                  fs::copy_options::overwrite_existing);
+    const fs::path out = scratch() / "odd-sweep.toml";
+    const Result g = run_moeplan("grid --N 6.52e9 --ra 0.2 --backbone '" + odd.string() + "' -o '" +
+                                 out.string() + "'");
+    REQUIRE_MESSAGE(g.status == 0, g.err);
+    const moeplan::Manifest m = moeplan::read_manifest(out);
+    CHECK_MESSAGE(m.created_by.find("--backbone $'") != std::string::npos, m.created_by);
+    CHECK(m.created_by.find("b\\xff.toml'") != std::string::npos);
+  }
+  // A file name that is not UTF-8 in JSON: the byte as U+FFFD (it was an exit 70).
+  {
+    const fs::path odd = scratch() /
+                         "a\xff"
+                         "b.toml";
+    fs::copy_file(std::string(MOEPLAN_SOURCE_DIR) + "/examples/arch-2b-moe.toml", odd,
+                  fs::copy_options::overwrite_existing);
+    const Result j = run_moeplan("plan --arch '" + odd.string() + "' --format json");
+    CHECK_MESSAGE(j.status == 0, j.err);
+    CHECK(nlohmann::json::parse(j.out).at("id").get<std::string>().find("a\xef\xbf\xbd"
+                                                                        "b.toml") !=
+          std::string::npos);
+  }
   r = run_moeplan("plan --arch " + std::string(MOEPLAN_SOURCE_DIR) +
                   "/examples/arch-2b-moe.toml --tokens 100");
   CHECK(r.status == 2);
@@ -400,6 +456,18 @@ TEST_CASE("bad input: one line naming the value, exit status 2") {
   // An unknown or missing command was CLI11's "A subcommand is required".
   expect_bad_input("gird --N 2e9", "'gird' is not a moeplan command; use grid, plan, ");
   expect_bad_input("", "give a command: grid, plan, ");
+  expect_bad_input("--nosuch", "'--nosuch' is not a moeplan option; give a command first: grid, ");
+  // Another command's option was CLI11's "The following arguments were not expected: 1
+  // --threads" (its list reversed).
+  expect_bad_input("grid --N 2e4 --ra 0.5 --seq-len 32 --threads 1",
+                   "'--threads' is not an option of `moeplan grid`; it is one of `moeplan run` "
+                   "(moeplan grid --help lists its own)");
+  expect_bad_input("grid --N 2e4 --ra 0.5 --nosuch=3",
+                   "'--nosuch' is not an option of `moeplan grid` (moeplan grid --help");
+  // "--compute=" with nothing after '=': CLI11 took the next argument as its value.
+  expect_bad_input("grid --N 2e4 --ra 0.5 --seq-len 32 --compute= --count-router",
+                   "--compute: '' is empty; give a value, or leave the flag out for its default");
+  expect_bad_input("grid --N 2e4 --seq-len= 32 --ra 0.5", "--seq-len");
   CHECK(run_moeplan("--version").status == 0);
   // A single-value option given twice was CLI11's "At Most 1 required but received 2".
   expect_bad_input("grid --N 2e9 --N 3e9 --ra 0.2", "--N was given 2 times; give it once");
@@ -417,8 +485,20 @@ TEST_CASE("bad input: one line naming the value, exit status 2") {
   expect_bad_input("grid --N 2e9 --ra 1.5", "outside (0, 1]");
   expect_bad_input("grid --N 2e9 --ra 0.4:0.1", "below its start");
   expect_bad_input("grid --N 2e9 --ra x:0.4", "'x' is not a number");
+  // A rate past a double's range or with both an exponent and a suffix keeps its own reason.
+  expect_bad_input("grid --N 2e9 --ra 1e400", "--ra '1e400': '1e400' is beyond the largest");
+  expect_bad_input("grid --N 2e9 --ra 0.1:1e-400",
+                   "--ra '0.1:1e-400': '1e-400' is below the smallest number a double holds");
+  expect_bad_input("grid --N 2e9 --ra 2e-1k", "has both an exponent and a suffix");
   expect_bad_input("grid --N 2e9 --ra 0.2 --compute 1e10", "C = 1e+10 FLOPs is 0.00036 of one");
   expect_bad_input("grid --N 2e9 --ra 0.2 --dense-tokens 100", "of one training step");
+  // A budget past the counted tokens names its flag (1e300 a parameter was "compute = inf").
+  expect_bad_input("grid --N 2e4 --ra 0.5 --seq-len 32 --dense-tpp 1e300",
+                   "--dense-tpp = 1e+300 is D = ");
+  expect_bad_input("grid --N 2e4 --ra 0.5 --seq-len 32 --dense-tokens 1e305",
+                   "--dense-tokens = 1e+305 is above the 4.61e+18 tokens moeplan counts");
+  expect_bad_input("grid --N 2e4 --ra 0.5 --seq-len 32 --train seed=1e-400",
+                   "'1e-400' is below the smallest number a double holds");
   expect_bad_input("grid --N 2e9 --ra 0.2 --train lr=1", "'lr' is not a training setting");
   expect_bad_input("grid --N 2e9 --ra 0.2 --train erc_loss=-1", "train.erc_loss");
   expect_bad_input("grid --N 2e9 --ra 0.2 --train device=tpu",
@@ -483,15 +563,18 @@ TEST_CASE("bad input: one line naming the value, exit status 2") {
   // Past its type: refused naming the limit (CLI11 said only "Could not convert" past an int,
   // and clamped a count past int64 to its maximum without a word).
   expect_bad_input("grid --N 2e9 --ra 0.1:0.3 --points 3000000000",
-                   "--points: '3000000000' is out of range (from -2147483648 to 2147483647)");
+                   "--points: '3000000000' is above the largest value allowed, 10000");
   expect_bad_input("run x.toml --checkpoint-every 99999999999999999999",
-                   "--checkpoint-every: '99999999999999999999' is out of range (from "
-                   "-9223372036854775808 to 9223372036854775807)");
+                   "--checkpoint-every: '99999999999999999999' is above the largest value "
+                   "allowed, 9223372036854775807");
   expect_bad_input("run x.toml --threads 99999999999999999999",
-                   "--threads: '99999999999999999999' is out of range (from -2147483648 to "
-                   "2147483647)");
+                   "--threads: '99999999999999999999' is above the largest value allowed, "
+                   "2147483647");
   expect_bad_input("run x.toml --threads -3000000000",
-                   "--threads: '-3000000000' is out of range (from -2147483648 to 2147483647)");
+                   "--threads: '-3000000000' is below the smallest value allowed, -2147483648");
+  // The option's own bound, not its type's: --nproc 2147483648 quoted an int's range.
+  expect_bad_input("run x.toml --nproc 2147483648",
+                   "--nproc: '2147483648' is above the largest value allowed, 1024");
   {
     const Result ten = run_moeplan("grid --N 2e9 --ra 0.1:0.3 --points 010");
     CHECK(ten.status == 0);
@@ -569,7 +652,7 @@ TEST_CASE("bad input: one line naming the value, exit status 2") {
   expect_bad_input("grid --N 2e9 --ra 0.2 --backbone " + folder,
                    "is a folder; give the backbone file (TOML)");
   expect_bad_input("grid --N 2e6 --ra 0.1:0.4 --points 100000000",
-                   "--points 100000000 is invalid; it must be in [1, 10000]");
+                   "--points: '100000000' is above the largest value allowed, 10000");
   // A vocabulary that makes the embedding pass 64 bits: its count wrapped to a negative number.
   expect_bad_input("plan --N 1e12 --ra 0.2 --vocab 4e15",
                    "token embedding would have 2.56e+19 parameters");

@@ -577,6 +577,30 @@ TEST_CASE("report: a damaged record is refused naming the file and the key, not 
   }
   put("moe-a", record("moe-a", false, 0.2, 1.8));
   CHECK(moeplan::load_run_records(dir).size() == 2);
+  // Entries that are no point's folder (a looping link, a dangling one, a file) are passed over:
+  // the loop ended the report with a raw filesystem exception and exit 70.
+  std::filesystem::create_directory_symlink("loop", dir / "loop");
+  std::filesystem::create_directory_symlink("nowhere", dir / "dangling");
+  std::ofstream(dir / "notes.txt") << "x";
+  CHECK(moeplan::load_run_records(dir).size() == 2);
+  // Not valid JSON: the parser's words, without its exception tag.
+  std::ofstream(dir / "moe-a" / "record.json") << "{\"a\":";
+  try {
+    moeplan::load_run_records(dir);
+    FAIL("a truncated record was read");
+  } catch (const moeplan::InputError& e) {
+    const std::string what = e.what();
+    CHECK_MESSAGE(
+        what.find("record.json' is not valid JSON: parse error at line 1") != std::string::npos,
+        what);
+    CHECK(what.find("[json.exception") == std::string::npos);
+  }
+  // A record.json that is a folder says so (it said "unreadable: ... unexpected end of input").
+  std::filesystem::remove(dir / "moe-a" / "record.json");
+  std::filesystem::create_directory(dir / "moe-a" / "record.json");
+  CHECK_THROWS_WITH_AS(moeplan::load_run_records(dir),
+                       doctest::Contains("moe-a/record.json' is a folder, not a file"),
+                       moeplan::InputError);
   std::filesystem::remove_all(dir);
 }
 

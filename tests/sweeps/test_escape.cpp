@@ -76,6 +76,33 @@ TEST_CASE("point ids: a run folder's name on one line") {
   CHECK_FALSE(is_point_id("moe\xC2\x85nel"));
   CHECK_FALSE(is_point_id("moe\xC2\x9Fx"));
   CHECK(is_point_id("moe\xC2\xA0x"));  // U+00A0, a no-break space, is text
+  // Ids that look like another's or show their text reordered: leading or trailing spaces, a
+  // zero-width space (U+200B), a right-to-left override (U+202E), a word joiner (U+2060), an
+  // isolate (U+2069), a zero-width no-break space (U+FEFF).
+  for (const char* bad : {" moe", "moe ", "moe-ra0.400\xE2\x80\x8B",
+                          "a\xE2\x80\xAE"
+                          "b",
+                          "a\xE2\x81\xA0"
+                          "b",
+                          "a\xE2\x81\xA9"
+                          "b",
+                          "\xEF\xBB\xBFmoe"}) {
+    CAPTURE(bad);
+    CHECK_FALSE(is_point_id(bad));
+  }
+  // Their neighbours are text: U+2010 (a hyphen), U+2030 (per mille), U+2070 (superscript 0).
+  for (const char* ok : {"a\xE2\x80\x90"
+                         "b",
+                         "a\xE2\x80\xB0"
+                         "b",
+                         "a\xE2\x81\xB0"
+                         "b"}) {
+    CAPTURE(ok);
+    CHECK(is_point_id(ok));
+  }
+  // A folder name is at most 255 bytes.
+  CHECK(is_point_id(std::string(255, 'x')));
+  CHECK_FALSE(is_point_id(std::string(256, 'x')));
 }
 
 TEST_CASE("printable: control characters in an error message are shown, not obeyed") {
@@ -83,4 +110,17 @@ TEST_CASE("printable: control characters in an error message are shown, not obey
   CHECK(printable("a\nb\tc\x7f") == "a\\x0ab\\x09c\\x7f");
   CHECK(printable("moe\xC2\x85nel") == "moe\\u0085nel");
   CHECK(printable("D̂ é ±1.0%") == "D̂ é ±1.0%");  // other UTF-8 as written
+}
+
+TEST_CASE("utf8_length_at: well-formed sequences only (Unicode table 3-7)") {
+  CHECK(utf8_length_at("a", 0) == 1);
+  CHECK(utf8_length_at("\xC3\xA9", 0) == 2);          // é
+  CHECK(utf8_length_at("\xE2\x80\x8B", 0) == 3);      // U+200B
+  CHECK(utf8_length_at("\xF0\x9F\x98\x80", 0) == 4);  // U+1F600
+  for (const char* bad : {"\xFF", "\x80", "\xC0\xAF", "\xC3", "\xE0\x80\xAF", "\xED\xA0\x80",
+                          "\xF4\x90\x80\x80", "\xF0\x9F\x98"}) {
+    CAPTURE(bad);
+    CHECK(utf8_length_at(bad, 0) == 0);
+  }
+  CHECK(utf8_length_at("ab", 2) == 0);  // past the end
 }

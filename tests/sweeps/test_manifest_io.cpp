@@ -138,6 +138,18 @@ TEST_CASE("write_manifest_atomic then read_manifest") {
   int files = 0;
   for (const auto& e : std::filesystem::directory_iterator(dir)) files += e.is_regular_file();
   CHECK(files == 1);
+  // A missing folder and a folder as the target are said as such (they read "creating a temp
+  // file in its folder failed" and "rename failed: Is a directory").
+  const std::string missing =
+      "nodir/s.toml': its folder '" + (dir / "nodir").string() + "' does not exist";
+  CHECK_THROWS_WITH_AS(write_manifest_atomic(m, dir / "nodir" / "s.toml"),
+                       doctest::Contains(missing.c_str()), InputError);
+  std::filesystem::create_directory(dir / "d.toml");
+  CHECK_THROWS_WITH_AS(write_manifest_atomic(m, dir / "d.toml"),
+                       doctest::Contains("d.toml': it is a folder; give a file name"), InputError);
+  files = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) files += e.is_regular_file();
+  CHECK(files == 1);  // no temp file left by either
   std::filesystem::remove_all(dir);
   CHECK_THROWS_AS(read_manifest(dir / "missing.toml"), InputError);
 }
@@ -167,8 +179,8 @@ TEST_CASE("an atomic write keeps a file's permission bits and writes through a s
   CHECK(files == 1);  // no temp file left beside the target
   // A write that fails through a link (into a folder that does not exist) names both.
   fs::create_symlink(dir / "none" / "f.toml", dir / "dangling.toml");
-  const std::string want =
-      "dangling.toml' (a link to '" + (dir / "none" / "f.toml").string() + "'): creating a temp";
+  const std::string want = "dangling.toml' (a link to '" + (dir / "none" / "f.toml").string() +
+                           "'): its folder '" + (dir / "none").string() + "' does not exist";
   CHECK_THROWS_WITH_AS(write_file_atomic(dir / "dangling.toml", "e"),
                        doctest::Contains(want.c_str()), InputError);
   // A loop of links is refused in one line, not replaced by a file.
@@ -643,6 +655,70 @@ TEST_CASE("hyper-parameters, family, tolerances, ids and the data source: out of
     e.train.source = s;
     CHECK_MESSAGE(contract_error(e).empty(), s);
   }
+}
+
+TEST_CASE("a hand-edited manifest: a second dense point, a long id, messages that name the value") {
+  const Manifest m = small_sweep(2e6, "0.2:0.4");
+  const std::string text = manifest_to_toml(m);
+  REQUIRE(error_of(text).empty());
+  // The dense baseline copied into [[points]] under another id: show and run accepted it, trained
+  // it, and report and audit then refused the folder for its two dense baselines.
+  Manifest two = m;
+  Plan copy = m.dense;
+  copy.id = "dense2";
+  two.points.push_back(copy);
+  std::string e = contract_error(two);
+  CAPTURE(e);
+  CHECK(e.find(fmt::format("key 'points[{}].role' = \"dense\": a sweep has one dense baseline, "
+                           "in [dense]",
+                           m.points.size())) != std::string::npos);
+  // An id too long to be a folder name is refused on read, not by run when its turn comes.
+  Manifest longer = m;
+  longer.points[0].id = std::string(256, 'x');
+  CHECK(contract_error(longer).find("key 'points[0].id'") != std::string::npos);
+  longer.points[0].id = std::string(255, 'x');
+  CHECK(contract_error(longer).empty());
+  // compute_rel_diff names its value and the one its numbers give.
+  e = error_of(edit(text, "compute_rel_diff = ", "compute_rel_diff = 0.5 #", "[[points]]"));
+  CHECK(e.find("'points[0].compute_rel_diff' = 0.5 must equal (compute − compute_target) / "
+               "compute_target = ") != std::string::npos);
+  // A mistyped value is shown with its type.
+  e = error_of(edit(text, "steps = ", "steps = 272.5 #", "[[points]]"));
+  CHECK(e.find("key 'points[0].steps' = 272.5 must be an integer, found a float") !=
+        std::string::npos);
+  e = error_of(edit(text, "steps = ", "steps = \"272\" #", "[[points]]"));
+  CHECK(e.find("key 'points[0].steps' = \"272\" must be an integer, found a string") !=
+        std::string::npos);
+  e = error_of(edit(text, "n_target = ", "n_target = -5 #"));
+  CHECK(e.find("key 'n_target' = -5.0 must be > 0") != std::string::npos);
+  // An arch the shape rules refuse: the table named once, as a key path.
+  e = error_of(edit(text, "d_model = ", "d_model = -16 #", "[[points]]"));
+  CHECK(e.find("sweep.toml: points[0].arch: d_model = -16") != std::string::npos);
+  // An integer past 64 bits in an array of tables names its index.
+  e = error_of(edit(text, "steps = ", "steps = 99999999999999999999 #", "[[points]]"));
+  CHECK(e.find("key 'points[0].steps' = 99999999999999999999 is past") != std::string::npos);
+  // A reachable flag that disagrees with its r_a is a wrong flag, not a sweep of unequal points.
+  Manifest flag = m;
+  flag.points[0].reachable = !flag.points[0].reachable;
+  e = contract_error(flag);
+  CHECK(e.find("'points[0].reachable'") != std::string::npos);
+  CHECK(e.find("equal_resources = false") == std::string::npos);
+}
+
+TEST_CASE("plan_differ: the note is not the plan; a long value is cut to one short line") {
+  const Manifest m = small_sweep(2e6, "0.2:0.4");
+  const nlohmann::json plan = plan_to_json(m.points[0]);
+  nlohmann::json edited = plan;
+  edited["note"] = "edited by hand";
+  CHECK(plan_differ(edited, plan).empty());  // an edited note resumes and skips as before
+  edited["lr_peak"] = 0.5;
+  CHECK(plan_differ(edited, plan).find("plan.lr_peak = 0.5 (the manifest: ") == 0);
+  edited = plan;
+  edited["rule"] = std::string(200, 'r') + "\u00e9";
+  const std::string d = plan_differ(edited, plan);
+  CHECK(d.find("plan.rule = \"rrr") == 0);
+  CHECK(d.find("...") != std::string::npos);
+  CHECK(d.size() < 200);
 }
 
 TEST_CASE("positions = rope needs an even head_dim at every point: refused by grid and on read") {

@@ -41,6 +41,10 @@ struct BudgetRequest {
 };
 Budget make_budget(const BudgetRequest& req);
 
+// The most consumed tokens a budget may plan: tokens are counted in 64-bit integers, and 2^62
+// (4.6e18) is 10^4 times the largest published run, with room for every product the ledgers form.
+inline constexpr double kMaxTokens = 4611686018427387904.0;  // 2^62
+
 // D_b / D_a at equal C: consumed-token multiplier between two architectures = M_a / M_b.
 inline double token_multiplier(double flops_per_token_a, double flops_per_token_b) {
   return flops_per_token_a / flops_per_token_b;

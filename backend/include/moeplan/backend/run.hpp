@@ -103,10 +103,11 @@ std::optional<std::string> data_parallel_world();
 void check_plan_consistent(const Plan& plan);
 
 // The record an earlier run left in out_dir/<point>/record.json, or null when there is none.
-// Throws InputError (one line) when it is unreadable or was made from another plan or other
-// [train] settings: run_point refuses such a folder rather than mix two runs in it.
+// Throws InputError (one line) when it is unreadable or was made from another plan, other
+// [train] settings or other sweep-wide settings (opt's tolerances and equal_resources): run_point
+// refuses such a folder rather than mix two runs in it.
 nlohmann::json existing_record(const Plan& plan, const nlohmann::json& plan_json,
-                               const TrainSettings& train, const std::filesystem::path& out_dir);
+                               const TrainSettings& train, const RunOptions& opt);
 // What to do about a point's record that cannot stand: "remove only record.json to resume from
 // '<checkpoint>' (step N), which rebuilds it, or move the point's folder away ..." when its
 // checkpoint is readable and made for this plan and settings, else the move alone.
@@ -120,13 +121,13 @@ std::string record_remedy(const Plan& plan, const nlohmann::json& plan_json,
 void check_point_folder(const std::filesystem::path& out_dir, const std::string& id);
 
 // For a point of the sweep that this run does not train (`--point` chose another): throws
-// InputError (one line) when its record was trained with other [train] settings, or another
-// process holds its lock training under them (another plan for that point alone is its own
+// InputError (one line) when its record was trained with other [train] settings or written under
+// other sweep-wide settings (opt's tolerances, equal_resources), or another process holds its
+// lock training under other [train] settings (another plan for that point alone is its own
 // run's to refuse). `run --point` of a sweep with another seed trained into a folder another
 // seed's run was using, and the folder held two sweeps. A damaged record is left to the run
 // that trains the point.
-void check_sibling_point(const Plan& plan, const TrainSettings& train,
-                         const std::filesystem::path& out_dir);
+void check_sibling_point(const Plan& plan, const TrainSettings& train, const RunOptions& opt);
 
 // Throws InputError (one line) when another process holds the point's lock training another
 // plan or other [train] settings (a second sweep started into the same --out before the first

@@ -26,4 +26,8 @@ std::string escape_markdown(std::string_view s, std::string_view newline = " ");
 // or id in an error message cannot move the cursor, recolour the terminal or break the line.
 std::string printable(std::string_view s);
 
+// The length of the well-formed UTF-8 character at s[i] (1 to 4), or 0 where the bytes there are
+// not one (a stray continuation byte, an overlong form, a surrogate, past U+10FFFF, cut short).
+size_t utf8_length_at(std::string_view s, size_t i);
+
 }  // namespace moeplan

@@ -48,11 +48,20 @@ struct Manifest {
   std::vector<Plan> points;  // the MoE points
 };
 
+// What `grid`, `show` and `run` warn of a manifest whose [train] capacity_factor drops routed
+// assignments (their FLOPs are planned, not spent); empty when it is dropless or not one
+// equal-resource sweep.
+std::string capacity_factor_warning(const Manifest& m);
+
 // Whether `id` can be a point's id: it names the point's run folder (runs/<id>/) and stands on
-// one line of every report. Non-empty, not "." or "..", without '/', '\\' or a control character.
+// one line of every report. Non-empty, at most 255 bytes, not "." or "..", without '/', '\\', a
+// control character, a leading or trailing space, or a character that draws nothing or reorders
+// the text (zero-width, bidirectional controls).
 bool is_point_id(std::string_view id);
 // What is_point_id asks, in words (for an error message).
 inline constexpr const char* kPointIdRule =
-    "non-empty, not '.' or '..', without '/', '\\' or control characters (e.g. \"moe-ra0.200\")";
+    "non-empty, at most 255 bytes, not '.' or '..', without '/', '\\', control characters, a "
+    "leading or trailing space, or invisible or bidirectional-control characters (e.g. "
+    "\"moe-ra0.200\")";
 
 }  // namespace moeplan

@@ -43,7 +43,8 @@ nlohmann::json train_to_json(const TrainSettings& train);
 nlohmann::json result_settings(nlohmann::json train_json);
 // Empty when `stored` (a record's or checkpoint's plan JSON) is `wanted` (the manifest's
 // plan_to_json), else the first value that differs by its key, "plan.arch.d_model = 8.5 (the
-// manifest: 96)", and " and N more" when others do.
+// manifest: 96)" (a value past 80 characters cut short), and " and N more" when others do. The
+// plan's note (the planner's words about it) is not compared.
 std::string plan_differ(const nlohmann::json& stored, const nlohmann::json& wanted);
 
 }  // namespace moeplan
