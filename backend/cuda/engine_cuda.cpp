@@ -90,17 +90,22 @@ std::string out_of_memory_message(const DeviceOutOfMemory& e, const EngineReques
 // of the batch; no window is read by two ranks. The model averages gradients and sums the FLOP
 // ledger, routed counts and loss-bearing targets over ranks, so each step reports the job's
 // figures. Evaluation is split over the ranks the same way (forward_loss); rank 0 writes files.
+// A --kernels request as the engine for `arch` takes it; refused on any machine (no GPU needed).
+KernelChoice checked_kernels(const std::string& kernels, const Arch& arch) {
+  const KernelChoice asked = parse_kernel_choice(kernels);
+  if (asked.attention && *asked.attention != AttentionPath::cublas &&
+      !attention::supported(arch.head_dim))
+    throw InputError(fmt::format(
+        "--kernels {}: the fused attention kernels take head_dim 16, 32, 64 or 128; this "
+        "point's is {} (use attention=cublas)",
+        kernels, arch.head_dim));
+  return asked;
+}
+
 class CudaEngine final : public Engine {
  public:
   explicit CudaEngine(const EngineRequest& r) {
-    const KernelChoice asked = parse_kernel_choice(r.kernels);  // refused on any machine
-    if (asked.attention && *asked.attention != AttentionPath::cublas &&
-        !attention::supported(r.arch.head_dim))
-      throw InputError(fmt::format(
-          "--kernels {}: the fused attention kernels take head_dim 16, 32, 64 or 128; this "
-          "point's is {} (use attention=cublas)",
-          r.kernels, r.arch.head_dim));
-    kernels_ = resolve_kernels(asked, r.arch.head_dim, DType::bf16);
+    kernels_ = resolve_kernels(checked_kernels(r.kernels, r.arch), r.arch.head_dim, DType::bf16);
     if (device_count() == 0)
       throw InputError("--device cuda: no CUDA device is visible on this machine");
     info_ = rank_from_env();  // refuses RANK or LOCAL_RANK without WORLD_SIZE, too
@@ -306,6 +311,8 @@ const bool registered = register_engine("cuda", [](const EngineRequest& r) {
   return std::unique_ptr<Engine>(std::make_unique<CudaEngine>(r));
 });
 const bool counted = register_device_counter("cuda", [] { return device_count(); });
+const bool kernels_checked = register_kernels_check(
+    "cuda", [](const std::string& kernels, const Arch& arch) { checked_kernels(kernels, arch); });
 
 }  // namespace
 }  // namespace moeplan::backend::cuda

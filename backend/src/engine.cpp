@@ -128,6 +128,24 @@ int visible_devices(const std::string& device) {
   return it == counters().end() ? -1 : it->second();
 }
 
+namespace {
+using KernelsCheck = std::function<void(const std::string&, const Arch&)>;
+std::map<std::string, KernelsCheck>& kernels_checks() {
+  static std::map<std::string, KernelsCheck> c;
+  return c;
+}
+}  // namespace
+
+bool register_kernels_check(const std::string& device, KernelsCheck check) {
+  kernels_checks()[device] = std::move(check);
+  return true;
+}
+
+void check_kernels(const std::string& device, const std::string& kernels, const Arch& arch) {
+  const auto it = kernels_checks().find(device);
+  if (it != kernels_checks().end()) it->second(kernels, arch);
+}
+
 std::vector<std::string> engine_devices() {
   std::vector<std::string> out;
   for (const auto& [name, f] : registry()) out.push_back(name);

@@ -586,6 +586,21 @@ TEST_CASE("refusals: one line, non-zero exit, earlier records and checkpoints in
     CHECK_MESSAGE(both.err.find("--nproc 2 with WORLD_SIZE=2 already set") != std::string::npos,
                   both.err);
     CHECK_FALSE(fs::exists(fresh));
+    // A --kernels the engine refuses: one line before anything is made or started (each rank
+    // said it after the launch, three lines in all, and one process left .lock and checkpoint/).
+    ::setenv("MOEPLAN_EMU_DEVICES", "2", 1);
+    for (const char* nproc : {"1", "2"}) {
+      const Result k =
+          run_cli({"run", (dir / "good.toml").string(), "--out", fresh.string(), "--device", "cuda",
+                   "--kernels", "attention=bogus", "--nproc", nproc},
+                  MOEPLAN_EMULATED_BINARY);
+      CAPTURE(nproc);
+      CHECK(k.status == 2);
+      CHECK_MESSAGE(one_line(k.err), k.err);
+      CHECK_MESSAGE(k.err.find("attention=bogus is not known") != std::string::npos, k.err);
+      CHECK_FALSE(fs::exists(fresh));
+    }
+    ::unsetenv("MOEPLAN_EMU_DEVICES");
   }
   // An absurd learning rate is refused when the manifest is read, before anything trains.
   {
