@@ -386,6 +386,13 @@ class RowChecker {
                       best->label, show("flops_per_token", best->value),
                       pct_against(cb.rel_diff, tol_), best_claimed->label,
                       show("flops_per_token", cc.expected), m->value / cc.expected));
+    } else if (best->label == best_claimed->label) {
+      // The claimed convention is itself the nearest: the value is off, not another reading.
+      add(Severity::error, r.row(), "flops_per_token", cc.expected, m->value, cc.rel_diff,
+          fmt::format("{} is {} from the claimed {} = {}, outside the tolerance of {}%; no other "
+                      "convention comes nearer",
+                      found, pct_against(cc.rel_diff, tol_), best_claimed->label,
+                      show("flops_per_token", cc.expected), percent_text(tol_)));
     } else {
       add(Severity::error, r.row(), "flops_per_token", cc.expected, m->value, cc.rel_diff,
           fmt::format("{} matches no convention: claimed {} gives {} ({}); nearest is {} = {} ({})",

@@ -118,6 +118,11 @@ RowView::RowView(const ClaimTable& table, int row_index, const TableSpec* spec)
     a.head_dim = as_int(*c);
   else if (a.heads > 0 && a.d_model % a.heads == 0)
     a.head_dim = a.d_model / a.heads;  // MHA
+  else if (a.heads > 0 && a.d_model > 0)  // why it cannot be derived, and where
+    shape_.missing.emplace_back(fmt::format(
+        "head_dim (row {}:{}: d_model {} is not a multiple of heads {}, so it is not d_model / "
+        "heads)",
+        table_.name, row_ + 1, a.d_model, a.heads));
   else
     shape_.missing.emplace_back("head_dim");
   if (const Cell* c = printed("seq_len")) a.seq_len = as_int(*c), shape_.has_seq_len = true;
@@ -173,6 +178,10 @@ std::optional<RowValue> RowView::value(const std::string& q,
 
 std::optional<RowValue> RowView::value_or_shape(const std::string& q) const {
   if (auto v = value(q)) return v;
+  // A row without experts is dense (docs/audit.md): its E and K are 0, so that `where` on E or
+  // K runs over a table of dense rows too (it stopped, "no such column").
+  if ((q == "experts" || q == "top_k") && shape_.arch.experts == 0)
+    return RowValue{0, 0, "dense row (no experts)", {}, {}, {}};
   if (!shape_.known()) return std::nullopt;
   const ParamCounts p = count_params(shape_.arch);
   if (q == "total_params")

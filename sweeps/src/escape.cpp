@@ -1,5 +1,7 @@
 #include "moeplan/sweeps/escape.hpp"
 
+#include <cstdint>
+
 #include <fmt/format.h>
 
 namespace moeplan {
@@ -151,16 +153,27 @@ std::string escape_markdown(std::string_view s, std::string_view newline) {
 
 std::string printable(std::string_view s) {
   std::string out;
-  for (size_t i = 0; i < s.size(); ++i) {
+  for (size_t i = 0; i < s.size();) {
     const auto u = (unsigned char)s[i];
-    if (u < 0x20 || u == 0x7f) {
+    const size_t n = utf8_length_at(s, i);
+    if (n == 0 || (n == 1 && (u < 0x20 || u == 0x7f))) {  // a control, or a byte of no character
       out += fmt::format("\\x{:02x}", u);
-    } else if (u == 0xc2 && i + 1 < s.size() && (unsigned char)s[i + 1] >= 0x80 &&
-               (unsigned char)s[i + 1] <= 0x9f) {
-      out += fmt::format("\\u00{:02x}", (unsigned char)s[++i]);
-    } else {
-      out += s[i];
+      ++i;
+      continue;
     }
+    // The code point, for the characters shown by number: the C1 controls, and those that draw
+    // nothing or reorder the text (a byte-order mark inside a line, a zero-width space, a
+    // bidirectional override).
+    uint32_t cp = n == 1 ? u : u & (0xff >> (n + 1));
+    for (size_t k = 1; k < n; ++k) cp = (cp << 6) | ((unsigned char)s[i + k] & 0x3f);
+    const bool hidden = (cp >= 0x80 && cp <= 0x9f) || (cp >= 0x200b && cp <= 0x200f) ||
+                        (cp >= 0x202a && cp <= 0x202e) || (cp >= 0x2060 && cp <= 0x2069) ||
+                        cp == 0xfeff;
+    if (hidden)
+      out += fmt::format("\\u{:04x}", cp);
+    else
+      out.append(s, i, n);
+    i += n;
   }
   return out;
 }

@@ -315,6 +315,46 @@ TEST_CASE(
   CHECK(!fs::exists(j2));
 }
 
+TEST_CASE("published tables: where on E or K over dense rows; a shape that gives no head_dim") {
+  const std::string ref = std::string(MOEPLAN_REFERENCE_DIR);
+  const std::string both = " --claims " + ref + "/paper_7b_moe_fixed_compute.csv --claims " + ref +
+                           "/paper_dense_baselines.csv";
+  // A dense row's E and K are 0 (no experts): `where K=1:6` keeps the MoE rows and leaves the
+  // dense ones out. It stopped: "needs top_k (K) of row paper_dense_baselines:1, which has no
+  // such column".
+  const Result k = run(both + " --equal N --where K=1:6");
+  CHECK_MESSAGE(k.status == 0, (k.out + k.err));
+  CHECK(k.out.find("left out 9: paper_7b_moe_fixed_compute:6-8 paper_dense_baselines:1-6") !=
+        std::string::npos);
+  // E = 0 selects the dense rows (2.15B to 6.48B: not equal in N, so the claim fails, exit 1).
+  const Result e0 = run(both + " --equal N --where E=0");
+  CHECK_MESSAGE(e0.status == 1, (e0.out + e0.err));
+  CHECK(e0.out.find("covers 6 of 6 paper_dense_baselines rows; where experts = 0 left out 8: "
+                    "paper_7b_moe_fixed_compute:1-8") != std::string::npos);
+  // An M off the claimed convention, which is itself the nearest: said as off by so much against
+  // the tolerance (it read "matches no convention ... nearest is" the claimed one).
+  const Result tight = run(" --spec " + std::string(MOEPLAN_SOURCE_DIR) +
+                           "/examples/audit-paper/claims.toml" + " --tolerance 0.2%");
+  CHECK(tight.out.find("M = 4.73e9 is +0.28% from the claimed paper (router in) training = "
+                       "4.717e9, outside the tolerance of 0.20%; no other convention comes "
+                       "nearer") != std::string::npos);
+  // heads that do not divide d_model: head_dim cannot be d_model / heads, and the skip line says
+  // which row and why (it said only "needs head_dim").
+  std::ifstream in(ref + "/paper_dense_baselines.csv");
+  std::stringstream text;
+  text << in.rdbuf();
+  std::string csv = text.str();
+  const size_t at = csv.find(",28,17,2176,");
+  REQUIRE(at != std::string::npos);
+  csv.replace(at, 12, ",28,18,2176,");
+  const fs::path planted = scratch() / "dense_h18.csv";
+  std::ofstream(planted) << csv;
+  const Result h = run(" --claims " + planted.string() + " --equal N");
+  CHECK_MESSAGE(h.out.find("row dense_h18:1: d_model 2176 is not a multiple of heads 18") !=
+                    std::string::npos,
+                h.out);
+}
+
 TEST_CASE("--tolerance takes 0.06 or 6%; --equal refuses an empty item") {
   // labelled_claim.csv against dense-1b: the farthest row is -5.00 % (C): holds at 6 %, fails at
   // 1 % (see above). "6%" must read as 0.06, not fail or read as 6.

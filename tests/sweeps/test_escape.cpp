@@ -110,6 +110,15 @@ TEST_CASE("printable: control characters in an error message are shown, not obey
   CHECK(printable("a\nb\tc\x7f") == "a\\x0ab\\x09c\\x7f");
   CHECK(printable("moe\xC2\x85nel") == "moe\\u0085nel");
   CHECK(printable("D̂ é ±1.0%") == "D̂ é ±1.0%");  // other UTF-8 as written
+  // A byte-order mark inside a line, a zero-width space and a right-to-left override are shown
+  // by number ("unknown column 'N'" hid a second BOM); a byte of no character as \xNN (a binary
+  // file's bytes went to the terminal as they were).
+  CHECK(printable("\xEF\xBB\xBFN") == "\\ufeffN");
+  CHECK(printable("a\xE2\x80\x8B"
+                  "b\xE2\x80\xAE"
+                  "c") == "a\\u200bb\\u202ec");
+  CHECK(printable("a\xFF\xC3") == "a\\xff\\xc3");
+  CHECK(printable("\xF0\x9F\x98\x80") == "\xF0\x9F\x98\x80");  // U+1F600 as written
 }
 
 TEST_CASE("utf8_length_at: well-formed sequences only (Unicode table 3-7)") {

@@ -22,8 +22,10 @@ std::string escape_html(std::string_view s);
 std::string escape_markdown(std::string_view s, std::string_view newline = " ");
 
 // One line a terminal shows as written: C0 control characters (line breaks and tab included),
-// DEL and the C1 controls U+0080..U+009F (UTF-8 C2 80..C2 9F) as \xNN or \u00NN, so a file name
-// or id in an error message cannot move the cursor, recolour the terminal or break the line.
+// DEL and bytes of no UTF-8 character as \xNN; the C1 controls U+0080..U+009F and the characters
+// that draw nothing or reorder the text (U+200B..U+200F, U+202A..U+202E, U+2060..U+2069, U+FEFF)
+// as \uNNNN. A file name or id in an error message cannot move the cursor, recolour the
+// terminal, break the line or hide in it.
 std::string printable(std::string_view s);
 
 // The length of the well-formed UTF-8 character at s[i] (1 to 4), or 0 where the bytes there are
