@@ -335,11 +335,13 @@ int run(const RunFlags& f) {
                  counts);
     }
   }
-  // Said before training, as `grid` and `show` say it (a hand-edited [train]); by rank 0 alone.
+  // Said before training, as `grid` and `show` say it (a hand-edited [train]): once a job, by a
+  // process that runs alone or by rank 0 (not by --nproc's launcher, whose rank 0 says it too).
   const char* rank = std::getenv("RANK");
-  const bool rank0 = !rank || !*rank || std::string_view(rank) == "0";
+  const bool rank0 =
+      !backend::data_parallel_world() || !rank || !*rank || std::string_view(rank) == "0";
   if (std::any_of(pending.begin(), pending.end(), [](const Plan* p) { return p->role == "moe"; }) &&
-      rank0)
+      rank0 && f.nproc == 1)
     if (const std::string w = capacity_factor_warning(m); !w.empty())
       fmt::print(stderr, "moeplan: warning: {}\n", w);
   // An estimate writes nothing, and a sweep whose points are all complete has nothing to write

@@ -57,11 +57,19 @@ std::string parse_error_message(const CLI::ParseError& e) {
 
 // "--compute=" (nothing after '='): CLI11 took the next argument as its value, or said "1
 // required TEXT:VALUE missing". As "--compute ''" it gets the option's own word on an empty value.
-std::vector<std::string> split_empty_assignments(int argc, char** argv) {
+// Only an option of `sub` that takes a value; not a flag ("--count-router=" is CLI11's to read),
+// nor anything after "--" (a file named "--x=").
+std::vector<std::string> split_empty_assignments(int argc, char** argv, const CLI::App* sub) {
   std::vector<std::string> out;
+  bool options = true;
   for (int i = 0; i < argc; ++i) {
     const std::string a = argv[i];
-    if (i > 0 && a.size() > 3 && a.rfind("--", 0) == 0 && a.find('=') == a.size() - 1) {
+    if (a == "--") options = false;
+    const CLI::Option* opt =
+        options && sub && a.size() > 3 && a.rfind("--", 0) == 0 && a.find('=') == a.size() - 1
+            ? sub->get_option_no_throw(a.substr(0, a.size() - 1))
+            : nullptr;
+    if (i > 0 && opt && opt->get_expected_max() > 0) {
       out.push_back(a.substr(0, a.size() - 1));
       out.emplace_back();
     } else {
@@ -76,9 +84,12 @@ std::vector<std::string> split_empty_assignments(int argc, char** argv) {
 std::string unknown_option_message(const CLI::App& app, const CLI::App& sub,
                                    const std::vector<std::string>& args) {
   for (const std::string& a : args) {
+    if (a == "--") break;  // what follows is positional
     if (a.size() < 2 || a[0] != '-' || (a[1] >= '0' && a[1] <= '9') || a[1] == '.') continue;
     const std::string name = a.substr(0, a.find('='));
     if (sub.get_option_no_throw(name) != nullptr) continue;
+    // "-og2.toml": a short option with its value attached.
+    if (a[1] != '-' && sub.get_option_no_throw(a.substr(0, 2)) != nullptr) continue;
     std::vector<std::string> owners;
     for (const CLI::App* other : app.get_subcommands([](const CLI::App*) { return true; }))
       if (other != &sub && other->get_option_no_throw(name) != nullptr)
@@ -154,7 +165,10 @@ int main(int argc, char** argv) {
                        .c_str());
       return kExitBadInput;
     }
-    std::vector<std::string> args = split_empty_assignments(argc, argv);
+    const CLI::App* chosen = nullptr;
+    for (const auto& [sub, action] : actions)
+      if (sub->get_name() == first) chosen = sub;
+    std::vector<std::string> args = split_empty_assignments(argc, argv, chosen);
     std::vector<char*> arg_ptrs;
     for (std::string& a : args) arg_ptrs.push_back(a.data());
     try {

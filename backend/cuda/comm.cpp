@@ -1,11 +1,13 @@
 #include "moeplan/backend/cuda/comm.hpp"
 
 #include <cuda_runtime.h>
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <nccl.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -19,7 +21,6 @@
 
 #include "check.hpp"
 #include "moeplan/accounting/error.hpp"
-#include "moeplan/backend/atomic_file.hpp"
 #include "moeplan/backend/cuda/device.hpp"
 
 namespace moeplan::backend::cuda {
@@ -105,6 +106,32 @@ struct Communicator::Impl {
   DeviceBuffer staging;
 };
 
+namespace {
+// Rank 0's hand-over of the NCCL id: a new temp file beside `path` (O_EXCL: never one another user
+// planted), written whole and synced, then renamed over `path`. rename replaces a link at `path`
+// itself, never the file it points to (a link planted in /tmp would have had its target
+// overwritten), and a write that fails (a full /tmp) is said here, not published as a short file
+// the other ranks wait on until their timeout. A folder that cannot take it (the user's
+// MOEPLAN_NCCL_ID_FILE) is unusable input; a failed write of a file made is not.
+void publish_id(const std::string& path, const void* bytes, size_t n) {
+  const std::string tmp = path + ".tmp" + std::to_string(::getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0)
+    throw InputError(
+        fmt::format("rank 0 cannot create the NCCL id file '{}' ({}); set "
+                    "MOEPLAN_NCCL_ID_FILE to a path in a writable folder",
+                    tmp, std::strerror(errno)));
+  const bool written = ::write(fd, bytes, n) == ssize_t(n) && ::fsync(fd) == 0;
+  const int err = errno;
+  if (::close(fd) != 0 || !written || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int e = written ? errno : err;
+    ::unlink(tmp.c_str());
+    throw std::runtime_error(
+        fmt::format("rank 0 could not write the NCCL id file '{}' ({})", path, std::strerror(e)));
+  }
+}
+}  // namespace
+
 Communicator::Communicator(const RankInfo& info, const std::string& id_file, double timeout_seconds)
     : impl_(std::make_unique<Impl>()) {
   impl_->info = info;
@@ -113,14 +140,7 @@ Communicator::Communicator(const RankInfo& info, const std::string& id_file, dou
   ncclUniqueId id;
   if (info.rank == 0) {
     check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
-    // Atomic hand-over (a temp file beside it, written whole and synced, then renamed): a write
-    // that fails (a full /tmp) is said here, not published as a short file the other ranks wait
-    // on until their timeout.
-    try {
-      write_file_atomic(id_file, std::string(reinterpret_cast<const char*>(&id), sizeof id));
-    } catch (const std::exception& e) {
-      throw std::runtime_error(fmt::format("rank 0: the NCCL id file: {}", e.what()));
-    }
+    publish_id(id_file, &id, sizeof id);
   } else {
     const auto start = std::chrono::steady_clock::now();
     for (;;) {

@@ -468,6 +468,15 @@ TEST_CASE("bad input: one line naming the value, exit status 2") {
   expect_bad_input("grid --N 2e4 --ra 0.5 --seq-len 32 --compute= --count-router",
                    "--compute: '' is empty; give a value, or leave the flag out for its default");
   expect_bad_input("grid --N 2e4 --seq-len= 32 --ra 0.5", "--seq-len");
+  // Not a flag's "--count-router=", nor after "--"; a short option's attached value is not
+  // taken for an unknown option ("-og2.toml extra" blamed '-og2.toml').
+  CHECK(run_moeplan("grid --N 2e4 --seq-len 32 --ra 0.3:0.5 --points 2 --count-router=").status ==
+        0);
+  const Result extra = run_moeplan("grid --N 2e4 --seq-len 32 --ra 0.3:0.5 --points 2 -o" +
+                                   (scratch() / "g2.toml").string() + " extra");
+  CHECK(extra.status == 2);
+  CHECK_MESSAGE(extra.err.find("is not an option") == std::string::npos, extra.err);
+  CHECK_MESSAGE(extra.err.find("extra") != std::string::npos, extra.err);
   CHECK(run_moeplan("--version").status == 0);
   // A single-value option given twice was CLI11's "At Most 1 required but received 2".
   expect_bad_input("grid --N 2e9 --N 3e9 --ra 0.2", "--N was given 2 times; give it once");
