@@ -58,7 +58,7 @@ const bool registered = register_command(
        const CLI::Option* points_flag =
            app.add_option("--points", f->points,
                           "points in an A:B range, inclusive (default 8; a range only)")
-               ->transform(decimal_integer(kMaxPoints, std::numeric_limits<int>::min()));
+               ->transform(decimal_integer(kMaxPoints, std::numeric_limits<int>::min(), 1));
        const CLI::Option* format_flag = app.add_option("--format", f->format,
                                                        "table, csv, json, toml, md (default: "
                                                        "table, or -o's extension)");

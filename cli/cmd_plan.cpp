@@ -28,6 +28,17 @@ struct PlanCmdFlags {
   std::string format = "table";
 };
 
+// --tokens D, refused past what moeplan counts in the unit given (tokens, not as a FLOP budget).
+double tokens_flag(const PlanCmdFlags& f) {
+  const double tokens = parse_positive(f.tokens, "--tokens");
+  if (tokens > kMaxTokens)
+    throw InputError(fmt::format(
+        "--tokens = {} is above the {:.3g} tokens moeplan counts (64-bit integers); give at "
+        "most {:.3g}",
+        f.tokens, kMaxTokens, kMaxTokens));
+  return tokens;
+}
+
 // A budget refused for a point given --tokens names the flag: the budget's own line speaks of
 // the compute the tokens make.
 template <class F>
@@ -35,7 +46,7 @@ Plan with_flag_named(const PlanCmdFlags& f, F&& make) {
   try {
     return make();
   } catch (const InputError& e) {
-    if (f.tokens.empty()) throw;
+    if (f.tokens.empty() || std::string_view(e.what()).starts_with("--tokens")) throw;
     throw InputError(fmt::format("--tokens {}: {}", f.tokens, e.what()));
   }
 }
@@ -43,7 +54,7 @@ Plan with_flag_named(const PlanCmdFlags& f, F&& make) {
 // --tokens D: C = M·D of this point; otherwise the C the equal-resource rules gave it.
 Plan rebudget(const Plan& p, const PlanCmdFlags& f, const PointBudget& base) {
   PointBudget pb = base;
-  if (!f.tokens.empty()) pb.compute = p.flops_per_token * parse_positive(f.tokens, "--tokens");
+  if (!f.tokens.empty()) pb.compute = p.flops_per_token * tokens_flag(f);
   if (!f.tokens_unique.empty()) {
     pb.reuse = Reuse::strict;
     pb.tokens_unique = parse_positive(f.tokens_unique, "--tokens-unique");
@@ -103,12 +114,7 @@ int run(const PlanCmdFlags& f, const CLI::App& app) {
     pb.warmup_fraction = parse_warmup_fraction(f.plan.warmup_frac);
     const double m = planned_flops_per_token(arch, conv.convention, conv.mask);
     // Default budget: 20 consumed tokens per total parameter of this model.
-    const double tokens = !f.tokens.empty() ? parse_positive(f.tokens, "--tokens") : 0;
-    if (tokens > kMaxTokens)  // said in tokens, the unit given (not as a FLOP budget)
-      throw InputError(fmt::format(
-          "--tokens = {} is above the {:.3g} tokens moeplan counts (64-bit integers); give at "
-          "most {:.3g}",
-          f.tokens, kMaxTokens, kMaxTokens));
+    const double tokens = !f.tokens.empty() ? tokens_flag(f) : 0;
     pb.compute = !f.plan.compute.empty() ? parse_positive(f.plan.compute, "--compute")
                  : !f.tokens.empty()     ? m * tokens
                                          : m * 20.0 * double(count_params(arch).total_params);

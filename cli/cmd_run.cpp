@@ -525,28 +525,31 @@ const bool registered = register_command(
            ->check(non_empty_value());
        app.add_option("--checkpoint-every", f->checkpoint_every,
                       "steps between checkpoints (default: the manifest's, else ~20 per point)")
-           ->transform(decimal_integer());
+           ->transform(decimal_integer(std::numeric_limits<int64_t>::max(),
+                                       std::numeric_limits<int64_t>::min(), 0));
        app.add_option("--threads", f->threads,
                       "CPU threads (0: OpenMP's default, this machine's hardware threads or "
                       "OMP_NUM_THREADS; a model under 2^16 tokens x d_model a pass runs on one)")
-           ->transform(
-               decimal_integer(std::numeric_limits<int>::max(), std::numeric_limits<int>::min()));
+           ->transform(decimal_integer(std::numeric_limits<int>::max(),
+                                       std::numeric_limits<int>::min(), 0));
        app.add_option("--micro-batch", f->micro_batch,
                       "sequences per forward/backward pass on each rank; a step accumulates "
                       "its batch's gradients over the passes (0: the whole batch in one pass)")
-           ->transform(decimal_integer());
+           ->transform(decimal_integer(std::numeric_limits<int64_t>::max(),
+                                       std::numeric_limits<int64_t>::min(), 0));
        app.add_option("--estimate", f->estimate,
                       "time N steps of each point (after one warm-up step) and one evaluation, "
                       "print the projected time of its remaining steps, train nothing and write "
                       "nothing")
-           ->transform(decimal_integer());
+           ->transform(decimal_integer(std::numeric_limits<int64_t>::max(),
+                                       std::numeric_limits<int64_t>::min(), 1));
        app.add_flag("--shard-optimizer", f->shard_optimizer,
                     "cuda, data parallel: each rank keeps the AdamW state of 1/N of the "
                     "parameters (ZeRO stage 1: 8 bytes a parameter become 8/N)");
        app.add_option("--nproc", f->nproc,
                       "cuda: train each point data-parallel over this many GPUs of this machine, "
                       "one rank process each (as torchrun would start them)")
-           ->transform(decimal_integer(kMaxRanks, std::numeric_limits<int>::min()));
+           ->transform(decimal_integer(kMaxRanks, std::numeric_limits<int>::min(), 1));
        return [f] { return run(*f); };
      }});
 

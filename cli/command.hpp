@@ -1,6 +1,7 @@
 #pragma once
 // Each sub-command lives in its own cli/cmd_*.cpp and registers itself here at start-up.
 // The CLI only parses flags, calls the libraries and prints: no logic of its own.
+#include <algorithm>
 #include <charconv>
 #include <cstdint>
 #include <functional>
@@ -57,11 +58,13 @@ inline CLI::Validator non_empty_value() {
 // as octal 8 and "0x5" as hex; a count typed with a leading zero means ten. Leading zeros are
 // dropped. A value past the type (int64, or an int's range given) is refused naming the range:
 // CLI11 clamped one past int64 to its maximum in silence, and said only "Could not convert" past
-// an int. (Each option checks its own lower bound within it, with its own words.)
+// an int. (Each option checks its own lower bound within it, with its own words; a value below the
+// type is refused here naming `least`, the option's own smallest value, not the type's minimum.)
 inline CLI::Validator decimal_integer(int64_t hi = std::numeric_limits<int64_t>::max(),
-                                      int64_t lo = std::numeric_limits<int64_t>::min()) {
+                                      int64_t lo = std::numeric_limits<int64_t>::min(),
+                                      int64_t least = std::numeric_limits<int64_t>::min()) {
   return CLI::Validator(
-      [hi, lo](std::string& value) {
+      [hi, lo, least](std::string& value) {
         size_t i = value.size() > 0 && (value[0] == '-' || value[0] == '+') ? 1 : 0;
         const size_t digits = i;
         while (i < value.size() && value[i] >= '0' && value[i] <= '9') ++i;
@@ -78,7 +81,8 @@ inline CLI::Validator decimal_integer(int64_t hi = std::numeric_limits<int64_t>:
         if (ec != std::errc() || end != value.data() + value.size() || v > hi || v < lo) {
           if ((ec != std::errc() && !negative) || (ec == std::errc() && v > hi))
             return "'" + value + "' is above the largest value allowed, " + std::to_string(hi);
-          return "'" + value + "' is below the smallest value allowed, " + std::to_string(lo);
+          return "'" + value + "' is below the smallest value allowed, " +
+                 std::to_string(std::max(least, lo));
         }
         return std::string();
       },

@@ -591,9 +591,11 @@ nlohmann::json existing_record(const Plan& plan, const nlohmann::json& plan_json
   // estimate read a complete point as untrained.
   if (ec && ec != std::errc::no_such_file_or_directory && ec != std::errc::not_a_directory)
     throw InputError(
-        fmt::format("cannot read '{}' ({}); fix the point folder's permissions or "
-                    "choose another --out",
-                    path.string(), ec.message()));
+        fmt::format("cannot read '{}' ({}); {}", path.string(), ec.message(),
+                    ec == std::errc::too_many_symbolic_link_levels
+                        ? "a link in its path leads back to itself: remove it or choose another "
+                          "--out"
+                        : "fix the point folder's permissions or choose another --out"));
   if (!fs::exists(st)) return nullptr;  // a dangling link is not "none"
   const auto remedy = [&] { return record_remedy(plan, plan_json, train, out_dir); };
   if (!fs::is_regular_file(path, ec))

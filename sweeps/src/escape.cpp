@@ -161,21 +161,27 @@ std::string printable(std::string_view s) {
       ++i;
       continue;
     }
-    // The code point, for the characters shown by number: the C1 controls, and those that draw
-    // nothing or reorder the text (a byte-order mark inside a line, a zero-width space, a
-    // bidirectional override).
-    uint32_t cp = n == 1 ? u : u & (0xff >> (n + 1));
-    for (size_t k = 1; k < n; ++k) cp = (cp << 6) | ((unsigned char)s[i + k] & 0x3f);
-    const bool hidden = (cp >= 0x80 && cp <= 0x9f) || (cp >= 0x200b && cp <= 0x200f) ||
-                        (cp >= 0x202a && cp <= 0x202e) || (cp >= 0x2060 && cp <= 0x2069) ||
-                        cp == 0xfeff;
+    const bool hidden = is_hidden_character(utf8_code_point_at(s, i, n));
     if (hidden)
-      out += fmt::format("\\u{:04x}", cp);
+      out += fmt::format("\\u{:04x}", uint32_t(utf8_code_point_at(s, i, n)));
     else
       out.append(s, i, n);
     i += n;
   }
   return out;
+}
+
+char32_t utf8_code_point_at(std::string_view s, size_t i, size_t n) {
+  const auto b = [&](size_t k) { return char32_t((unsigned char)s[i + k]); };
+  if (n == 1) return b(0);
+  if (n == 2) return (b(0) & 0x1f) << 6 | (b(1) & 0x3f);
+  if (n == 3) return (b(0) & 0x0f) << 12 | (b(1) & 0x3f) << 6 | (b(2) & 0x3f);
+  return (b(0) & 0x07) << 18 | (b(1) & 0x3f) << 12 | (b(2) & 0x3f) << 6 | (b(3) & 0x3f);
+}
+
+bool is_hidden_character(char32_t c) {
+  return (c >= 0x7f && c <= 0x9f) || (c >= 0x200b && c <= 0x200f) || (c >= 0x2028 && c <= 0x202e) ||
+         (c >= 0x2060 && c <= 0x206f) || c == 0xfeff;
 }
 
 size_t utf8_length_at(std::string_view s, size_t i) {

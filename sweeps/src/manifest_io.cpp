@@ -18,35 +18,33 @@
 #include "moeplan/planner/point.hpp"
 #include "moeplan/sweeps/arch_io.hpp"
 #include "moeplan/sweeps/atomic_file.hpp"
+#include "moeplan/sweeps/escape.hpp"
 #include "toml_reader.hpp"
 
 namespace moeplan {
 
+namespace {
+// A space of any width: " moe", "moe\u00a0" and "moe" read alike in every table.
+bool is_space(char32_t c) {
+  return c == 0x20 || c == 0xa0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200a) || c == 0x202f ||
+         c == 0x205f || c == 0x3000;
+}
+}  // namespace
+
 bool is_point_id(std::string_view id) {
   // A folder name is at most 255 bytes (NAME_MAX on Linux).
   if (id.empty() || id == "." || id == ".." || id.size() > 255) return false;
-  // " moe" and "moe" read alike in every table.
-  if (id.front() == ' ' || id.back() == ' ') return false;
-  const auto byte = [&](size_t i) { return i < id.size() ? (unsigned char)id[i] : 0u; };
-  for (size_t i = 0; i < id.size(); ++i) {
-    const unsigned u = byte(i);
-    if (id[i] == '/' || id[i] == '\\' || u < 0x20 || u == 0x7f) return false;
-    // The C1 controls U+0080..U+009F (UTF-8 C2 80..C2 9F): NEL and the like draw nothing.
-    if (u == 0xc2 && byte(i + 1) >= 0x80 && byte(i + 1) <= 0x9f) return false;
-    // Characters that draw nothing or reorder the text around them: an id that looks like
-    // another's, or one that shows its text backwards. U+200B..U+200F (zero-width, LRM, RLM),
-    // U+202A..U+202E (bidirectional embeddings and overrides), U+2060..U+2064 and U+2066..U+2069
-    // (word joiner, invisible operators, isolates): E2 80 8B..8F, E2 80 AA..AE, E2 81 A0..A9;
-    // U+FEFF (zero-width no-break space): EF BB BF.
-    if (u == 0xe2 && byte(i + 1) == 0x80 &&
-        ((byte(i + 2) >= 0x8b && byte(i + 2) <= 0x8f) ||
-         (byte(i + 2) >= 0xaa && byte(i + 2) <= 0xae)))
-      return false;
-    if (u == 0xe2 && byte(i + 1) == 0x81 && byte(i + 2) >= 0xa0 && byte(i + 2) <= 0xa9)
-      return false;
-    if (u == 0xef && byte(i + 1) == 0xbb && byte(i + 2) == 0xbf) return false;
+  char32_t first = 0, last = 0;
+  for (size_t i = 0, n; i < id.size(); i += n) {
+    // Bytes of no UTF-8 character are taken one by one (a folder name may hold them; reports
+    // show them as \xNN); only '/', '\\' and the control bytes are refused among them.
+    n = std::max<size_t>(1, utf8_length_at(id, i));
+    const char32_t c = utf8_length_at(id, i) > 0 ? utf8_code_point_at(id, i, n) : 0xfffd;
+    if (c == '/' || c == '\\' || c < 0x20 || is_hidden_character(c)) return false;
+    if (i == 0) first = c;
+    last = c;
   }
-  return true;
+  return !is_space(first) && !is_space(last);
 }
 
 std::string capacity_factor_warning(const Manifest& m) {

@@ -1,5 +1,6 @@
 #include "toml_reader.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -8,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "moeplan/accounting/error.hpp"
+#include "moeplan/sweeps/escape.hpp"
 #include "moeplan/sweeps/toml_error.hpp"
 
 namespace moeplan {
@@ -32,25 +34,40 @@ std::string toml_error_one_line(std::string_view s) {
 namespace moeplan::detail {
 namespace {
 
+// A value's text as written in the file ("" where toml11 kept no location).
+std::string source_text(const toml::value& v) {
+  const toml::source_location loc = v.location();
+  const std::string& line = loc.line_str();
+  return loc.column() >= 1 && loc.column() - 1 < line.size()
+             ? line.substr(loc.column() - 1, loc.region())
+             : std::string();
+}
+
 // toml11 3.7 reads a decimal integer past 64 bits as the nearest int64 limit, silently: seed =
 // 99999999999999999999 became 9223372036854775807. A limit whose text is not the limit itself
 // is such an overflow.
-void refuse_wrapped_integers(const toml::value& v, const std::string& origin,
-                             const std::string& key) {
+void refuse_out_of_range_numbers(const toml::value& v, const std::string& origin,
+                                 const std::string& key) {
   if (v.is_table()) {
     for (const auto& [k, e] : v.as_table())
-      refuse_wrapped_integers(e, origin, key.empty() ? k : key + "." + k);
+      refuse_out_of_range_numbers(e, origin, key.empty() ? k : key + "." + k);
   } else if (v.is_array()) {
     const toml::array& a = v.as_array();
     for (size_t i = 0; i < a.size(); ++i)
-      refuse_wrapped_integers(a[i], origin, fmt::format("{}[{}]", key, i));
+      refuse_out_of_range_numbers(a[i], origin, fmt::format("{}[{}]", key, i));
+  } else if (v.is_floating() && std::fabs(v.as_floating()) < std::numeric_limits<double>::min()) {
+    // Below a double's range toml11 reads 0 (or a denormal): seed = 1e-400 became 0 in silence.
+    // A zero whose digits before the exponent are not all zeros is such an underflow.
+    const std::string text = source_text(v);
+    const std::string mantissa = text.substr(0, text.find_first_of("eE"));
+    if (mantissa.find_first_of("123456789") != std::string::npos)
+      throw InputError(fmt::format(
+          "{}: key '{}' = {} is below the smallest number a double holds (2.2e-308); write 0 if "
+          "0 is meant",
+          origin, key, text));
   } else if (v.is_integer() && (v.as_integer() == std::numeric_limits<int64_t>::max() ||
                                 v.as_integer() == std::numeric_limits<int64_t>::min())) {
-    const toml::source_location loc = v.location();
-    const std::string& line = loc.line_str();
-    std::string text = loc.column() >= 1 && loc.column() - 1 < line.size()
-                           ? line.substr(loc.column() - 1, loc.region())
-                           : std::string();
+    const std::string text = source_text(v);
     std::string digits;
     for (char c : text)
       if (c != '_' && c != '+') digits += c;
@@ -77,7 +94,7 @@ toml::value parse_toml(const std::string& text, const std::string& origin) {
   } catch (const std::exception& e) {
     throw InputError(fmt::format("{}: not valid TOML: {}", origin, toml_error_one_line(e.what())));
   }
-  refuse_wrapped_integers(root, origin, "");
+  refuse_out_of_range_numbers(root, origin, "");
   return root;
 }
 
@@ -135,7 +152,13 @@ std::string found(const toml::value& v, const char* expected) {
   if (v.is_floating()) value = toml_double(v.as_floating());
   if (v.is_integer()) value = std::to_string(v.as_integer());
   if (v.is_boolean()) value = v.as_boolean() ? "true" : "false";
-  if (value.size() > 60) value = value.substr(0, 57) + "...";
+  if (value.size() > 60) {  // cut between characters, never inside one ("é" is two bytes)
+    size_t cut = 0;
+    for (size_t n;
+         cut < value.size() && cut + (n = std::max<size_t>(1, utf8_length_at(value, cut))) <= 57;)
+      cut += n;
+    value = value.substr(0, cut) + "...";
+  }
   const std::string type = v.is_floating()  ? "a float"
                            : v.is_integer() ? "an integer"
                            : v.is_string()  ? "a string"

@@ -444,6 +444,18 @@ TEST_CASE("refusals: one line, non-zero exit, earlier records and checkpoints in
                   r.err);
     CHECK_FALSE(fs::exists(dir / "late-runs" / "dense"));
   }
+  // A point folder that is a link to itself: the loop is named, not the folder's permissions.
+  {
+    const fs::path loop = dir / "loop-runs";
+    fs::create_directories(loop);
+    fs::create_directory_symlink("dense", loop / "dense");
+    const Result r = run_cli({"run", (dir / "good.toml").string(), "--out", loop.string()});
+    CHECK(r.status == 2);
+    CHECK(one_line(r.err));
+    CHECK_MESSAGE(r.err.find("a link in its path leads back to itself") != std::string::npos,
+                  r.err);
+    CHECK_MESSAGE(r.err.find("permissions") == std::string::npos, r.err);
+  }
   // Corrupt shards: bad magic, truncated.
   std::vector<uint16_t> toks(2000, 65);
   write_shard(dir / "ok.bin", toks);

@@ -386,6 +386,15 @@ TEST_CASE("plan: the dense baseline's note is printed; a refused --tokens budget
   expect_bad_input(
       "plan --arch " + std::string(MOEPLAN_SOURCE_DIR) + "/examples/arch-2b-moe.toml --tokens 1e30",
       "--tokens = 1e30 is above the 4.61e+18 tokens moeplan counts");
+  // From --N/--ra too (it advised a FLOP budget).
+  {
+    const Result r = run_moeplan("plan --N 2e9 --ra 0.2 --tokens 1e30");
+    CHECK(r.status == 2);
+    CHECK_MESSAGE(r.err.rfind("moeplan: error: --tokens = 1e30 is above the 4.61e+18 tokens "
+                              "moeplan counts",
+                              0) == 0,
+                  r.err);
+  }
   // A deep model is counted layer kind by layer kind, not layer by layer: 1e10 layers took
   // minutes (planned and refused here in an instant: N is within limits, the budget is not).
   {
@@ -579,8 +588,14 @@ TEST_CASE("bad input: one line naming the value, exit status 2") {
   expect_bad_input("run x.toml --threads 99999999999999999999",
                    "--threads: '99999999999999999999' is above the largest value allowed, "
                    "2147483647");
+  // Below its type: the option's own smallest value, not the type's minimum.
   expect_bad_input("run x.toml --threads -3000000000",
-                   "--threads: '-3000000000' is below the smallest value allowed, -2147483648");
+                   "--threads: '-3000000000' is below the smallest value allowed, 0");
+  expect_bad_input("grid --N 2e9 --ra 0.1:0.3 --points -99999999999",
+                   "--points: '-99999999999' is below the smallest value allowed, 1");
+  expect_bad_input("run x.toml --checkpoint-every -99999999999999999999",
+                   "--checkpoint-every: '-99999999999999999999' is below the smallest value "
+                   "allowed, 0");
   // The option's own bound, not its type's: --nproc 2147483648 quoted an int's range.
   expect_bad_input("run x.toml --nproc 2147483648",
                    "--nproc: '2147483648' is above the largest value allowed, 1024");

@@ -100,6 +100,30 @@ TEST_CASE("point ids: a run folder's name on one line") {
     CAPTURE(ok);
     CHECK(is_point_id(ok));
   }
+  // A line or paragraph separator (U+2028/2029), U+2065 and the deprecated format controls
+  // (U+206A..U+206F) draw nothing too; a space of another width at either end reads as none
+  // (U+00A0 no-break space, U+3000 ideographic space); inside an id it is text.
+  for (const char* bad : {"a\xE2\x80\xA8"
+                          "b",
+                          "a\xE2\x80\xA9"
+                          "b",
+                          "a\xE2\x81\xA5"
+                          "b",
+                          "a\xE2\x81\xAF"
+                          "b",
+                          "\xC2\xA0moe", "moe\xC2\xA0", "moe\xE3\x80\x80"}) {
+    CAPTURE(bad);
+    CHECK_FALSE(is_point_id(bad));
+  }
+  CHECK(
+      is_point_id("a\xE2\x80\xA7"
+                  "b"));  // U+2027, a hyphenation point
+  CHECK(is_point_id("moe\xE3\x80\x80x"));
+  CHECK(
+      is_point_id("a\xFF"
+                  "b"));  // a byte of no character: a folder may be named so; shown as \xff
+  CHECK(printable("a\xE2\x80\xA8"
+                  "b") == "a\\u2028b");
   // A folder name is at most 255 bytes.
   CHECK(is_point_id(std::string(255, 'x')));
   CHECK_FALSE(is_point_id(std::string(256, 'x')));

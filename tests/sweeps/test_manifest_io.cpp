@@ -354,6 +354,22 @@ TEST_CASE("missing, mistyped, unknown and stale keys are refused with file and k
       edit(text, "d_model = ", "d_model = -1_000_000_000_000_000_000_000 #", "[dense.arch]"));
   CHECK(e.find("key 'dense.arch.d_model' = -1_000_000_000_000_000_000_000 is past the 64-bit") !=
         std::string::npos);
+  // Below a double's range toml11 read 0: seed = 1e-400 trained on seed 0 without a word. A
+  // zero written as one is a value.
+  e = error_of(edit(text, "seed = ", "seed = 1e-400 #", "[train]"));
+  CHECK(e ==
+        "sweep.toml: key 'train.seed' = 1e-400 is below the smallest number a double holds "
+        "(2.2e-308); write 0 if 0 is meant");
+  CHECK(error_of(edit(text, "seed = ", "seed = 0.0e-400 #", "[train]")).find("smallest number") ==
+        std::string::npos);
+  // A long mistyped string is cut between characters: "é" is two bytes, and 57 bytes of them
+  // cut one in half (the message was not UTF-8).
+  std::string accents = "x";  // after the quote: the 57th byte is the first of an "é"
+  for (int i = 0; i < 40; ++i) accents += "\u00e9";
+  e = error_of(edit(text, "steps = ", "steps = \"" + accents + "\" #", "[[points]]"));
+  CHECK(e.find("must be an integer, found a string") != std::string::npos);
+  CHECK(e.find("\u00e9... must be") != std::string::npos);
+  CHECK(e.find(std::string(1, '\xc3') + "...") == std::string::npos);
   CHECK(error_of(edit(text, "seed = ", "seed = 9223372036854775807 #", "[train]"))
             .find("past the 64-bit") == std::string::npos);
   CHECK(error_of(edit(text, "seed = ", "seed = 0x7fffffffffffffff #", "[train]"))

@@ -22,14 +22,22 @@ std::string escape_html(std::string_view s);
 std::string escape_markdown(std::string_view s, std::string_view newline = " ");
 
 // One line a terminal shows as written: C0 control characters (line breaks and tab included),
-// DEL and bytes of no UTF-8 character as \xNN; the C1 controls U+0080..U+009F and the characters
-// that draw nothing or reorder the text (U+200B..U+200F, U+202A..U+202E, U+2060..U+2069, U+FEFF)
-// as \uNNNN. A file name or id in an error message cannot move the cursor, recolour the
+// DEL and bytes of no UTF-8 character as \xNN; the characters is_hidden_character names as
+// \uNNNN. A file name or id in an error message cannot move the cursor, recolour the
 // terminal, break the line or hide in it.
 std::string printable(std::string_view s);
 
 // The length of the well-formed UTF-8 character at s[i] (1 to 4), or 0 where the bytes there are
 // not one (a stray continuation byte, an overlong form, a surrogate, past U+10FFFF, cut short).
 size_t utf8_length_at(std::string_view s, size_t i);
+// The code point of the well-formed UTF-8 character of `n` bytes (utf8_length_at's) at s[i].
+char32_t utf8_code_point_at(std::string_view s, size_t i, size_t n);
+
+// Characters that draw nothing, break the line or reorder the text around them (an id that looks
+// like another's, or shows its text backwards): DEL and the C1 controls U+007F..U+009F;
+// U+200B..U+200F (zero-width, LRM, RLM); U+2028..U+202E (line and paragraph separators,
+// bidirectional embeddings and overrides); U+2060..U+206F (word joiner, invisible operators,
+// isolates, the deprecated format controls); U+FEFF (zero-width no-break space).
+bool is_hidden_character(char32_t c);
 
 }  // namespace moeplan

@@ -55,13 +55,14 @@ std::string capacity_factor_warning(const Manifest& m);
 
 // Whether `id` can be a point's id: it names the point's run folder (runs/<id>/) and stands on
 // one line of every report. Non-empty, at most 255 bytes, not "." or "..", without '/', '\\', a
-// control character, a leading or trailing space, or a character that draws nothing or reorders
-// the text (zero-width, bidirectional controls).
+// control character, a leading or trailing space of any width (U+00A0, U+2000..U+200A, ...), or
+// a character that draws nothing, breaks the line or reorders the text (zero-width, U+2028/2029,
+// bidirectional controls).
 bool is_point_id(std::string_view id);
 // What is_point_id asks, in words (for an error message).
 inline constexpr const char* kPointIdRule =
     "non-empty, at most 255 bytes, not '.' or '..', without '/', '\\', control characters, a "
-    "leading or trailing space, or invisible or bidirectional-control characters (e.g. "
-    "\"moe-ra0.200\")";
+    "leading or trailing space (of any width), or invisible, line-separator or "
+    "bidirectional-control characters (e.g. \"moe-ra0.200\")";
 
 }  // namespace moeplan
