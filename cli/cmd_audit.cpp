@@ -236,19 +236,19 @@ const bool registered = register_command(
      [](CLI::App& app) -> std::function<int()> {
        auto f = std::make_shared<AuditFlags>();
        app.add_option("runs", f->runs_dir, "Folder of run records (runs/<point>/record.json)")
-           ->check(non_empty_path());
+           ->check(non_empty_path("folder name"));
        app.add_option("--plan", f->plan, "Manifest (sweep.toml) the runs were planned from")
-           ->check(non_empty_path());
+           ->check(non_empty_path("file name"));
        app.add_option("--claims", f->claims, "Claim table (CSV); repeat for several tables")
-           ->check(non_empty_path());
+           ->check(non_empty_path("file name"));
        app.add_option("--spec", f->spec, "Claim spec (TOML, schema = 1): shared values and claims")
-           ->check(non_empty_path());
+           ->check(non_empty_path("file name"));
        app.add_option("--format", f->format,
                       "Output: table (terminal, the default), json or md; with -o, the extension "
                       "says it");
        app.add_option("-o,--out,--output", f->out,
                       "Write the report to this file (atomically): .json, .md or .txt")
-           ->check(non_empty_path());
+           ->check(non_empty_path("file name"));
        app.add_option("--tolerance", f->tolerance,
                       "Relative tolerance, 0.01 or 1% (default 0.01, or the spec's; for runs/, "
                       "equal N and C default to the manifest's n_tolerance and "

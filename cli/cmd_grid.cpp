@@ -65,7 +65,7 @@ const bool registered = register_command(
        app.add_option("-o,--output", f->output,
                       "also write the sweep to this file (atomically), in the format of its "
                       "extension")
-           ->check(non_empty_path());
+           ->check(non_empty_path("file name"));
        app.add_option(
               "--train", f->train,
               "a [train] setting of the manifest, KEY=VALUE (repeatable): source=text:FILE, "

@@ -200,7 +200,7 @@ const bool registered = register_command(
        app.add_option("--ra", f->ra, "target activation rate r_a in (0, 1], e.g. 0.2")
            ->check(non_empty_value());
        app.add_option("--arch", f->arch, "plan this architecture (TOML with the Arch keys)")
-           ->check(non_empty_path());
+           ->check(non_empty_path("file name"));
        app.add_option("--tokens", f->tokens, "consumed tokens D of this point (C = M·D)")
            ->check(non_empty_value());
        app.add_option("--tokens-unique", f->tokens_unique, "unique tokens D̂ of this point")

@@ -103,9 +103,9 @@ const bool registered = register_command(
                       "the runs folder of `moeplan run --out`; several: replicates of one sweep "
                       "run with other seeds (mean, sd, how often each point beats dense)")
            ->capture_default_str()
-           ->check(non_empty_path());
+           ->check(non_empty_path("folder name"));
        app.add_option("-o,--output", f->output, "write report.md, report.html or report.txt")
-           ->check(non_empty_path());
+           ->check(non_empty_path("file name"));
        return [f] { return report(*f); };
      }});
 

@@ -509,11 +509,11 @@ const bool registered = register_command(
        auto f = std::make_shared<RunFlags>();
        app.add_option("manifest", f->manifest, "sweep.toml made by `moeplan grid`")
            ->required()
-           ->check(non_empty_path());
+           ->check(non_empty_path("file name"));
        app.add_option("--point", f->point, "run only this point id (e.g. dense, moe-ra0.200)");
        app.add_option("--out", f->out, "folder for runs/<point-id>/ (record.json, checkpoint/)")
            ->capture_default_str()
-           ->check(non_empty_path());
+           ->check(non_empty_path("folder name"));
        app.add_option("--device", f->device, "cpu or cuda (default: the manifest's [train].device)")
            ->check(non_empty_value());
        app.add_option("--kernels", f->kernels,

@@ -25,12 +25,12 @@ const bool registered = register_command(
        auto f = std::make_shared<ShowFlags>();
        app.add_option("manifest", f->manifest, "the manifest, e.g. sweep.toml")
            ->required()
-           ->check(non_empty_path());
+           ->check(non_empty_path("file name"));
        const CLI::Option* format_flag =
            app.add_option("--format", f->format,
                           "table, csv, json, toml, md (default: -o's extension, else table)");
        app.add_option("-o,--output", f->output, "write to this file (atomically)")
-           ->check(non_empty_path());
+           ->check(non_empty_path("file name"));
        return [f, format_flag] {
          const Format format = output_format(given(format_flag, f->format), f->output);
          const Manifest m = read_manifest(f->manifest);

@@ -32,11 +32,11 @@ struct Command {
 };
 
 // For options that name a file or folder: an empty value ('') is refused, not read as "not given".
-inline CLI::Validator non_empty_path() {
+// `what`: "file name" or "folder name", as the option takes.
+inline CLI::Validator non_empty_path(const char* what) {
   return CLI::Validator(
-      [](std::string& value) {
-        return value.empty() ? std::string("'' is an empty path; give a file or folder name")
-                             : std::string();
+      [what](std::string& value) {
+        return value.empty() ? "'' is an empty path; give a " + std::string(what) : std::string();
       },
       "PATH");
 }

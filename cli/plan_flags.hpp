@@ -48,7 +48,7 @@ inline void add_plan_flags(CLI::App& app, PlanFlags& f, bool n_required) {
       ->check(non_empty_value());
   app.add_option("--backbone", f.backbone,
                  "solve only the MoE layer on this backbone (TOML: Arch keys without experts)")
-      ->check(non_empty_path());
+      ->check(non_empty_path("file name"));
   app.add_option("--dp-width", f.dp_width, "batch rounded to a multiple of this many sequences");
   app.add_option("--warmup-frac", f.warmup_frac,
                  "warm-up as this share of every point's steps (default: clip(0.01·steps, 200, "

@@ -450,17 +450,20 @@ class RunAuditor {
             "= {}: {}{}",
             label, label, count_str(measured_conv), planned_d, count_str(planned_c), pct(d),
             per_token));
-    // The C [paper] the record states (and the report shows), whatever the plan's convention.
+    // The C [paper] the record states (and the report shows), whatever the plan's convention: a
+    // figure its own ledger does not give is an error (the report's C column and its equal-C
+    // verdict read it; a warning let the report call a point unequal, or equal, that the audit
+    // passed on its ledger).
     const double paper_c = lens(lens_arch, Convention::paper, r.executed_mask).apply(r.ledger);
     if (std::fabs(rel(r.compute_paper, paper_c)) > 1e-9)
-      add(Severity::warning, id, "compute", paper_c, r.compute_paper, 0,
+      add(Severity::error, id, "compute", paper_c, r.compute_paper, 0,
           fmt::format("the record's measured.compute.paper {} differs from the paper lens applied "
                       "to its ledger {}",
                       count_str(r.compute_paper), count_str(paper_c)));
     // The record keys its figures by the bare convention ("paper", "exact/causal").
     if (const auto it = r.conventions.find(convention_label(p.convention, p.mask));
         it != r.conventions.end() && std::fabs(rel(it->second, measured_conv)) > 1e-9)
-      add(Severity::warning, id, "compute", measured_conv, it->second, 0,
+      add(Severity::error, id, "compute", measured_conv, it->second, 0,
           fmt::format("the record's own {} figure {} differs from lens() applied to its ledger {}",
                       label, count_str(it->second), count_str(measured_conv)));
     // Residual between the raw measured ledger (exact) and the plan's convention, by category.

@@ -94,6 +94,10 @@ std::vector<json> annotate(const std::vector<json>& records, const FolderAudit* 
       a["error_quantities"] = it->second;
     if (const auto it = audit->warnings.find(id); it != audit->warnings.end())
       a["warnings"] = it->second;
+    // A folder the audit will not judge as one sweep: its baseline is no baseline to the audit,
+    // so no point is set against it (the table never declares a win the audit refuses).
+    if (!audit->refused.empty() && is_dense(r))
+      a["errors"].push_back("`moeplan audit` refuses the folder: " + audit->refused);
     r[kAuditKey] = a;
   }
   return out;
@@ -357,14 +361,14 @@ std::string missed_targets(const std::vector<const json*>& plans) {
   std::string missed;
   for (const json* p : plans) {
     if (p->value("role", "") == "dense" || p->value("reachable", true)) continue;
-    missed += fmt::format("{}{} trains r_a {:.3f} (target {:.3f})", missed.empty() ? "" : ", ",
+    const std::string note = printable(p->value("note", ""));
+    missed += fmt::format("{}{} trains r_a {:.3f} (target {:.3f}{})", missed.empty() ? "" : ", ",
                           p->value("id", "?"), p->value("activation_rate", 0.0),
-                          p->value("activation_rate_target", 0.0));
+                          p->value("activation_rate_target", 0.0),
+                          note.empty() ? "" : "; its plan's note: " + note);
   }
   return missed.empty() ? ""
-                        : "\n! off its target r_a (not reachable under the shape rules; the plan's "
-                          "note says why): " +
-                              missed;
+                        : "\n! off its target r_a (not reachable under the shape rules): " + missed;
 }
 
 std::vector<std::string> row_of(const json& r, const json* dense) {
@@ -402,7 +406,7 @@ std::vector<std::string> row_of(const json& r, const json* dense) {
           human(p.value("tokens_unique", 0.0)), human(double(tok.value("unique", int64_t{0}))),
           ratio(p.value("epochs", 0.0), 3), ratio(tok.value("epochs", 0.0), 3),
           complete ? fmt::format("{:.4f}", bpc) : "-", vs, facts, arith,
-          fmt::format("{:.0f}", r.value("wall_seconds", 0.0)),
+          fmt::format("{:.1f}", r.value("wall_seconds", 0.0)),
           complete ? "complete"
                    : fmt::format("{} (step {})", r.value("status", "?"), m.value("steps", 0))};
 }
@@ -457,7 +461,7 @@ std::vector<std::string> time_row_of(const json& r, const json* dense) {
   const double useful = total - category_sum(flops, "padding") - category_sum(flops, "recompute");
   auto rate = [&](double f) { return secs > 0 ? fmt::format("{:.3g}", f / secs / 1e12) : "-"; };
   std::string vs = "-";
-  if (dense && device_label(*dense) == device_label(r) && is_complete(r) &&
+  if (dense && device_label(*dense) == device_label(r) && is_complete(r) && secs > 0 &&
       dense->value("train_seconds", 0.0) > 0)
     vs = fmt::format("{:.2f}x", secs / dense->value("train_seconds", 0.0));
   return {
@@ -472,9 +476,7 @@ std::vector<std::string> time_row_of(const json& r, const json* dense) {
 
 // What the folder's audit says, in one line and its warnings (each once, at most 8 shown).
 std::string audit_line(const FolderAudit& a) {
-  if (!a.refused.empty())
-    return "\n`moeplan audit` of this folder refuses it: " + a.refused +
-           " (the table's own checks stand: not equal, other data)";
+  if (!a.refused.empty()) return "\n`moeplan audit` of this folder refuses it: " + a.refused;
   size_t errors = 0;
   for (const auto& [id, m] : a.errors) errors += m.size();
   std::vector<std::string> warned;
@@ -542,16 +544,24 @@ std::string verdict_of(const std::vector<json>& records, const json* dense,
     }
   }
   const std::string ablation = ablation_points(records);
-  std::string v = dense_flagged
-                      ? fmt::format(
-                            "no comparison: `moeplan audit` finds an error in the dense baseline's "
-                            "record ({}), so no point is set against it",
-                            first_audit_error(*dense))
-                  : dense ? fmt::format(
-                                "dense baseline val BPC {:.4f}; MoE points with lower validation "
-                                "BPC: {} of {}; best point: {} ({:.4f} BPC)",
-                                dense_bpc, moe_better, moe_total, best, best_bpc)
-                          : std::string("no complete dense baseline record: no comparison");
+  std::string v =
+      dense_flagged ? audit && !audit->refused.empty()
+                          ? std::string(
+                                "no comparison: `moeplan audit` will not judge these records "
+                                "as one sweep (its reason is below), so no point is set against "
+                                "the dense baseline")
+                          : fmt::format(
+                                "no comparison: `moeplan audit` finds an error in the dense "
+                                "baseline's record ({}), so no point is set against it",
+                                first_audit_error(*dense))
+      : dense && moe_total == 0
+          ? fmt::format("dense baseline val BPC {:.4f}; no MoE point is compared with it",
+                        dense_bpc)
+      : dense ? fmt::format(
+                    "dense baseline val BPC {:.4f}; MoE points with lower validation "
+                    "BPC: {} of {}; best point: {} ({:.4f} BPC)",
+                    dense_bpc, moe_better, moe_total, best, best_bpc)
+              : std::string("no complete dense baseline record: no comparison");
   if (!ablation.empty())
     v = fmt::format(
             "NOT an equal-resource sweep: {} trained from a manifest that says equal_resources = "
@@ -753,11 +763,18 @@ namespace {
 // What the report reads of a record, with its type: a damaged or hand-edited record is refused
 // naming the file and the key, rather than read as zeros.
 void check_record(const json& r, const fs::path& f) {
+  // The checkpoint beside a damaged record can rebuild it (`run` says whether it is this plan's).
+  std::error_code ec;
+  const bool ckpt =
+      fs::exists(fs::symlink_status(f.parent_path() / "checkpoint" / "state.ckpt", ec));
   auto fail = [&](const std::string& key, const char* want) {
-    throw InputError(
-        fmt::format("record '{}': '{}' is {}; the record is damaged (move the "
-                    "point's folder away and run it again)",
-                    f.string(), key, want));
+    throw InputError(fmt::format(
+        "record '{}': '{}' is {}; the record is damaged ({}move the point's folder away and run it "
+        "again)",
+        f.string(), key, want,
+        ckpt ? "remove only record.json and run the sweep again, which resumes from the point's "
+               "checkpoint and rebuilds the record, or "
+             : ""));
   };
   auto at = [&](const json& j, const std::string& path, const char* key) -> const json& {
     if (!j.is_object() || !j.contains(key)) fail(path + key, "missing");

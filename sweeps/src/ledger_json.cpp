@@ -109,6 +109,23 @@ std::optional<RecordDefect> curve_defect(const nlohmann::json& record) {
       if (std::fabs(e.at("val_bpc").get<double>() - bits) > 1e-9 * std::max(1.0, bits))
         return RecordDefect{fmt::format("val_curve[{}].val_bpc", i),
                             fmt::format("its val_loss over ln 2, {}", bits)};
+      // Each part's bits are its loss's too (the report's facts and arith columns read them).
+      if (!e.contains("parts_loss") || !e.contains("parts")) continue;
+      if (!e.at("parts_loss").is_object())
+        return RecordDefect{fmt::format("val_curve[{}].parts_loss", i), "an object"};
+      for (const auto& [part, loss] : e.at("parts_loss").items()) {
+        const std::string key = fmt::format("val_curve[{}].parts_loss.{}", i, part);
+        if (!loss.is_number() || !(loss.get<double>() >= 0))
+          return RecordDefect{key, "a number >= 0"};
+        if (!e.at("parts").contains(part))
+          return RecordDefect{fmt::format("val_curve[{}].parts.{}", i, part),
+                              "the bits of parts_loss." + part, true};
+        const double part_bits = loss.get<double>() / std::numbers::ln2;
+        if (std::fabs(e.at("parts").at(part).get<double>() - part_bits) >
+            1e-9 * std::max(1.0, part_bits))
+          return RecordDefect{fmt::format("val_curve[{}].parts.{}", i, part),
+                              fmt::format("its parts_loss over ln 2, {}", part_bits)};
+      }
     }
   // A complete record was evaluated at its end (`run` does): a final BPC beside an empty list of
   // evaluations was measured by nothing. (Records written before val_curve existed have none.)

@@ -542,7 +542,8 @@ TEST_CASE("a record's summary is held to its counts: steps and C [paper], as the
     json r = rec;
     r["measured"]["compute"]["paper"] = 480000.0;
     const AuditReport a = audit(r);
-    const auto w = matching(a.findings, Severity::warning, "moe-k1", 0, "compute");
+    // An error, not a warning: the report reads this figure (its C column, its equal C).
+    const auto w = matching(a.findings, Severity::error, "moe-k1", 0, "compute");
     REQUIRE(w.size() == 1);
     CHECK(w[0]->message ==
           "the record's measured.compute.paper 480000 differs from the paper lens applied to its "
@@ -551,7 +552,7 @@ TEST_CASE("a record's summary is held to its counts: steps and C [paper], as the
   // As written, neither is found.
   const AuditReport ok = audit(rec);
   CHECK(matching(ok.findings, Severity::error, "moe-k1", 0, "steps").empty());
-  CHECK(matching(ok.findings, Severity::warning, "moe-k1", 0, "compute").empty());
+  CHECK(matching(ok.findings, Severity::error, "moe-k1", 0, "compute").empty());
 }
 
 TEST_CASE("a sweep planned with the router in N_a names that reading in its C claim") {

@@ -647,11 +647,13 @@ TEST_CASE("bad input: one line naming the value, exit status 2") {
                    "must equal d_model = 1408 for multi-head attention (attention = \"any\" in "
                    "the arch file lifts this rule)");
   // An empty path was read as "not given": grid printed to the terminal and wrote nothing.
-  for (const char* args :
-       {"grid --N 2e6 --ra 0.2 -o ''", "grid --N 2e6 --ra 0.2 --backbone ''", "plan --arch ''",
-        "show ''", "run ''", "run sweep.toml --out ''", "audit ''", "audit --plan '' runs",
-        "audit --claims ''", "audit --spec ''", "report ''", "report runs -o ''"})
-    expect_bad_input(args, "'' is an empty path; give a file or folder name");
+  // Each names what its option takes: `report -o` takes a file, not a folder.
+  for (const char* args : {"grid --N 2e6 --ra 0.2 -o ''", "grid --N 2e6 --ra 0.2 --backbone ''",
+                           "plan --arch ''", "show ''", "run ''", "audit --plan '' runs",
+                           "audit --claims ''", "audit --spec ''", "report runs -o ''"})
+    expect_bad_input(args, "'' is an empty path; give a file name");
+  for (const char* args : {"run sweep.toml --out ''", "audit ''", "report ''"})
+    expect_bad_input(args, "'' is an empty path; give a folder name");
   // An empty value where leaving the flag out means a default (a shell variable left unset,
   // --compute "$C"): grid planned the default 20 tokens a parameter and said nothing.
   for (const char* args :
@@ -1036,7 +1038,10 @@ TEST_CASE(
   report = run_moeplan("report '" + copy.string() + "'");
   CHECK(report.status == 0);
   CHECK(report.out.find("audit error") != std::string::npos);
-  CHECK(report.out.find("MoE points with lower validation BPC: 0 of 0") != std::string::npos);
+  // No MoE point compared: no "0 of 0" and no "best point: dense".
+  CHECK_MESSAGE(report.out.find("; no MoE point is compared with it") != std::string::npos,
+                report.out);
+  CHECK(report.out.find("best point") == std::string::npos);
   CHECK(report.out.find("NOT compared with the dense baseline, `moeplan audit` finds an error") !=
         std::string::npos);
   // Its summary C still reads as planned, but the ledger behind it is wrong: its C is not "ok",
@@ -1061,7 +1066,10 @@ TEST_CASE(
   CHECK(a.status == 1);
   CHECK(a.out.find("FAILS  every record carries the same sweep tolerances") != std::string::npos);
   report = run_moeplan("report '" + copy.string() + "'");
-  CHECK(report.out.find("MoE points with lower validation BPC: 0 of 0") != std::string::npos);
+  // No MoE point compared: no "0 of 0" and no "best point: dense".
+  CHECK_MESSAGE(report.out.find("; no MoE point is compared with it") != std::string::npos,
+                report.out);
+  CHECK(report.out.find("best point") == std::string::npos);
   // Records the audit will not judge as one sweep (another reuse rule): the report still
   // renders them, and says the audit refuses the folder.
   fs::remove_all(copy);
@@ -1073,6 +1081,11 @@ TEST_CASE(
   report = run_moeplan("report '" + copy.string() + "'");
   CHECK_MESSAGE(report.status == 0, report.err);
   CHECK(report.out.find("`moeplan audit` of this folder refuses it: ") != std::string::npos);
+  // ... and declares no win the audit refuses: the baseline is no baseline to it.
+  CHECK_MESSAGE(report.out.find("no comparison: `moeplan audit` will not judge these records as "
+                                "one sweep") != std::string::npos,
+                report.out);
+  CHECK(report.out.find("best point") == std::string::npos);
   // Replicates: another [train] setting than the seeds is another experiment, refused.
   fs::remove_all(copy);
   fs::copy(runs, copy, fs::copy_options::recursive);

@@ -270,7 +270,8 @@ TEST_CASE("report: a training region edited between two points' runs is other da
   CAPTURE(text);
   CHECK(text.find("moe-a (text:t.txt, 256 validation tokens; other tokens: the source changed "
                   "between runs)") != std::string::npos);
-  CHECK(text.find("MoE points with lower validation BPC: 0 of 0") != std::string::npos);
+  CHECK(text.find("dense baseline val BPC 2.0000; no MoE point is compared with it") !=
+        std::string::npos);
   // A point of another D̂ reads a longer region with its own fingerprint: that is no edit (its
   // D̂ is then judged by the resources check, not as other data).
   recs[1]["measured"]["tokens"]["unique"] = 200;
@@ -393,6 +394,7 @@ TEST_CASE("report: a point off its target r_a is marked, in its row and under th
                             record("moe-ra0.400", false, 0.4, 1.9)};
   recs[1]["plan"]["activation_rate_target"] = 0.2;
   recs[1]["plan"]["reachable"] = false;
+  recs[1]["plan"]["note"] = "r_a 20.00% not reachable\nwithin 0.5 points";
   recs[2]["plan"]["activation_rate_target"] = 0.4;
   recs[2]["plan"]["reachable"] = true;
   const std::string text = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::text);
@@ -411,8 +413,11 @@ TEST_CASE("report: a point off its target r_a is marked, in its row and under th
         std::vector<std::string>{"0.278", "0.200", "!"});
   CHECK(std::vector<std::string>(met.begin() + 1, met.begin() + 4) ==
         std::vector<std::string>{"0.400", "0.400", "1k"});  // then N plan
-  CHECK(text.find("\n! off its target r_a (not reachable under the shape rules; the plan's note "
-                  "says why): moe-ra0.200 trains r_a 0.278 (target 0.200)") != std::string::npos);
+  CHECK(text.find("\n! off its target r_a (not reachable under the shape rules): moe-ra0.200 "
+                  "trains r_a 0.278 (target 0.200") != std::string::npos);
+  // The plan's note is shown there, on that one line (it was "the plan's note says why").
+  CHECK(text.find("(target 0.200; its plan's note: r_a 20.00% not reachable\\x0awithin 0.5 "
+                  "points)") != std::string::npos);
   // Without the target in the record (older records): no mark, no line.
   const std::string plain = moeplan::render_run_report(
       {record("dense", true, 1.0, 2.0), record("moe-a", false, 0.2, 1.8)}, "runs",
@@ -433,8 +438,8 @@ TEST_CASE("replicates: the r_a target column and the off-target line, as one fol
   CAPTURE(text);
   CHECK(text.find("r_a  r_a target  replicates") != std::string::npos);
   CHECK(text.find("0.200 !") != std::string::npos);
-  CHECK(text.find("\n! off its target r_a (not reachable under the shape rules; the plan's note "
-                  "says why): moe-ra0.200 trains r_a 0.278 (target 0.200)") != std::string::npos);
+  CHECK(text.find("\n! off its target r_a (not reachable under the shape rules): moe-ra0.200 "
+                  "trains r_a 0.278 (target 0.200") != std::string::npos);
 }
 
 TEST_CASE("report: the BPC chart under loose reuse does not claim equal D̂") {
@@ -482,6 +487,15 @@ TEST_CASE("report: a damaged record is refused naming the file and the key, not 
             std::string::npos,
         what);
   }
+  // Beside a checkpoint, removing only record.json rebuilds it (as `run` says of a damaged one).
+  CHECK_THROWS_WITH_AS(moeplan::load_run_records(dir), doctest::Contains("(move the point's"),
+                       moeplan::InputError);
+  std::filesystem::create_directories(dir / "moe-a" / "checkpoint");
+  std::ofstream(dir / "moe-a" / "checkpoint" / "state.ckpt") << "x";
+  CHECK_THROWS_WITH_AS(moeplan::load_run_records(dir),
+                       doctest::Contains("(remove only record.json and run the sweep again"),
+                       moeplan::InputError);
+  std::filesystem::remove_all(dir / "moe-a" / "checkpoint");
   m = record("moe-a", false, 0.2, 1.8);
   m["measured"].erase("flops");
   put("moe-a", m);
@@ -893,4 +907,27 @@ TEST_CASE("replicates: the chart of every replicate draws every replicate the me
   CHECK(text.find("1.8000") != std::string::npos);   // the mean of 1.9 and 1.7
   CHECK(text.find("-0.1000") != std::string::npos);  // vs dense: a's pair alone
   CHECK(text.find('\x1b') == std::string::npos);
+}
+
+TEST_CASE("report: a point with no training time has no time ratio; wall time to 0.1 s") {
+  std::vector<json> recs = {record("dense", true, 1.0, 2.0), record("moe-a", false, 0.2, 1.8)};
+  recs[1]["train_seconds"] = 0.0;
+  recs[0]["wall_seconds"] = 0.39;
+  const std::string text = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::text);
+  CAPTURE(text);
+  // The time table's moe-a row: 0.0 s, then tokens/s, both rates and the ratio all "-" (the ratio
+  // was "0.00x": 0 s over the baseline's 10 s).
+  const size_t at = text.find("\nmoe-a ", text.find("train time vs dense"));
+  REQUIRE(at != std::string::npos);
+  std::istringstream row(text.substr(at + 1, text.find('\n', at + 1) - at - 1));
+  std::vector<std::string> cells;
+  for (std::string c; row >> c;) cells.push_back(c);
+  REQUIRE(cells.size() >= 4);
+  CHECK(cells.back() == "-");
+  CHECK(text.find("0.00x") == std::string::npos);
+  // The first table's wall seconds: 0.39 s is 0.4, not 0.
+  const size_t dense_row = text.find("\ndense ");
+  REQUIRE(dense_row != std::string::npos);
+  const std::string first = text.substr(dense_row, text.find('\n', dense_row + 1) - dense_row);
+  CHECK_MESSAGE(first.find(" 0.4 ") != std::string::npos, first);
 }

@@ -137,6 +137,19 @@ TEST_CASE("curve_defect: the first key of a curve that is not a number, by its f
   CHECK_FALSE(curve_defect(bad));
   bad["val_curve"][0]["val_bpc"] = 1.0;
   CHECK(defect(bad).starts_with("val_curve[0].val_bpc|its val_loss over ln 2, 3"));
+  // A part's bits are its loss's too: facts 0.1 bits beside 1.0397 nats (1.5 bits) was edited
+  // (the report showed 0.100 in its facts column, and the audit passed it).
+  bad["val_curve"][0]["val_bpc"] = 3.0;
+  bad["val_curve"][0]["parts"] = {{"facts", 1.5}};
+  bad["val_curve"][0]["parts_loss"] = {{"facts", 1.5 * std::log(2.0)}};
+  CHECK_FALSE(curve_defect(bad));
+  bad["val_curve"][0]["parts"]["facts"] = 0.1;
+  CHECK(defect(bad).starts_with("val_curve[0].parts.facts|its parts_loss over ln 2, 1.5"));
+  bad["val_curve"][0]["parts"] = json::object();
+  CHECK(defect(bad).starts_with("val_curve[0].parts.facts|the bits of parts_loss.facts"));
+  bad["val_curve"][0]["parts"] = {{"facts", 1.5}};
+  bad["val_curve"][0]["parts_loss"]["facts"] = -1.0;
+  CHECK(defect(bad) == "val_curve[0].parts_loss.facts|a number >= 0|false");
   // A complete record's final BPC with no evaluation behind it.
   bad = r;
   bad["status"] = "complete";
