@@ -131,6 +131,8 @@ std::string duration(double seconds) {
   // A published-scale point on one device runs for months: days, then years, not "?".
   if (seconds >= 365.25 * 86400) return fmt::format("{:.1f} years", seconds / (365.25 * 86400));
   if (seconds >= 4 * 86400) return fmt::format("{:.1f} days", seconds / 86400);
+  // Under 10 s to 0.1 s: an estimate of 0.38 s read "0s".
+  if (seconds < 9.95) return fmt::format("{:.1f}s", seconds);
   const auto s = int64_t(seconds + 0.5);
   if (s >= 3600) return fmt::format("{}h{:02}m", s / 3600, s / 60 % 60);
   if (s >= 60) return fmt::format("{}m{:02}s", s / 60, s % 60);

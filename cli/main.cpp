@@ -186,7 +186,10 @@ int main(int argc, char** argv) {
     } catch (const CLI::CallForAllHelp& e) {
       return app.exit(e);
     } catch (const CLI::CallForVersion& e) {
-      return app.exit(e);
+      // Printed here, not by CLI11 (which flushes it at once): a stdout that cannot take it is
+      // then said with its reason by check_stdout, as every command's output is.
+      std::fprintf(stdout, "%s\n", e.what());
+      return 0;
     } catch (const CLI::ParseError& e) {
       std::fprintf(stderr, "moeplan: error: %s\n", parse_error_message(e).c_str());
       return kExitBadInput;

@@ -33,8 +33,10 @@ inline void add_plan_flags(CLI::App& app, PlanFlags& f, bool n_required) {
       ->check(non_empty_value());
   app.add_option("--convention", f.convention,
                  "FLOP convention for M and C: paper, exact, exact/full, megatron");
-  app.add_option("--n-tolerance", f.n_tolerance, "relative tolerance on N (default 0.01)");
-  app.add_option("--ra-tolerance", f.ra_tolerance, "absolute tolerance on r_a (default 0.005)");
+  app.add_option("--n-tolerance", f.n_tolerance,
+                 "relative tolerance on N, in (0, 0.5) (default 0.01; or a percentage, 1%)");
+  app.add_option("--ra-tolerance", f.ra_tolerance,
+                 "absolute tolerance on r_a, in (0, 1) (default 0.005; or 0.5%)");
   app.add_flag("--count-router", f.count_router, "count router weights inside N and N_a");
   app.add_flag("--count-norms", f.count_norms, "count RMSNorm scales inside N and N_a");
   app.add_option("--vocab", f.vocab, "vocabulary size (default: 65536; 256 for N <= 1e7)")

@@ -562,14 +562,26 @@ std::vector<ClaimVerdict> evaluate_claims(const std::vector<ClaimTable>& tables,
         // derived one the exact range its inputs' rounding allows.
         std::optional<double> broken;
         std::string why;
+        // A `between` names its interval: beside an `at_most` on the same quantity its line was
+        // that one's, word for word.
+        const std::string interval = b.at_least && b.at_most
+                                         ? fmt::format(" of the claimed [{}, {}]",
+                                                       as_given(*b.at_least), as_given(*b.at_most))
+                                         : "";
         if (b.at_least && v.value.high() < *b.at_least) {
           broken = *b.at_least;
-          why = fmt::format("{} = {} is below the claimed at least {}", symbol(b.quantity),
-                            as_printed(v.value, b.quantity), as_given(*b.at_least));
+          why = interval.empty()
+                    ? fmt::format("{} = {} is below the claimed at least {}", symbol(b.quantity),
+                                  as_printed(v.value, b.quantity), as_given(*b.at_least))
+                    : fmt::format("{} = {} is below the lower end{}", symbol(b.quantity),
+                                  as_printed(v.value, b.quantity), interval);
         } else if (b.at_most && v.value.low() > *b.at_most) {
           broken = *b.at_most;
-          why = fmt::format("{} = {} is above the claimed at most {}", symbol(b.quantity),
-                            as_printed(v.value, b.quantity), as_given(*b.at_most));
+          why = interval.empty()
+                    ? fmt::format("{} = {} is above the claimed at most {}", symbol(b.quantity),
+                                  as_printed(v.value, b.quantity), as_given(*b.at_most))
+                    : fmt::format("{} = {} is above the upper end{}", symbol(b.quantity),
+                                  as_printed(v.value, b.quantity), interval);
         }
         if (!broken) continue;
         qv.breaking.push_back(row_ref(v.ref.table->name, v.ref.row));

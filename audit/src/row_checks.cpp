@@ -139,10 +139,39 @@ class RowChecker {
   }
 
   void check_row(const RowView& r) {
+    check_dense_row(r);
     check_params(r);
     check_flops(r);
     check_simple(r);
     check_step_law(r);
+  }
+
+  // A dense row (experts printed as 0, or blank in a row whose shape is known) says nothing of
+  // its own that is MoE: whatever else the table prints, with or without a shape (it was
+  // checked only beside an N, N_a, r_a or D/N column and a whole shape, so a row of M with
+  // top_k = 2 was read as dense in silence).
+  void check_dense_row(const RowView& r) {
+    const Cell* experts = r.printed("experts");
+    if (experts ? experts->value != 0 : !r.shape().known()) return;
+    const auto& own = t_.rows[size_t(r.row() - 1)];
+    auto cell = [&](const char* q) -> const Cell* {
+      const auto it = own.find(q);
+      return it == own.end() ? nullptr : &it->second;
+    };
+    // Its own cells: what the spec shares is for the table's MoE rows.
+    std::string moe_fields;
+    auto say = [&](const std::string& f) { moe_fields += (moe_fields.empty() ? "" : ", ") + f; };
+    for (const char* q : {"top_k", "d_expert", "d_shared"})
+      if (const Cell* c = cell(q); c && c->value != 0) say(fmt::format("{} = {}", q, c->text));
+    const Cell* layers = r.printed("layers");
+    if (const Cell* c = cell("dense_layers"); c && layers && c->value != layers->value)
+      say(fmt::format("dense_layers = {} of {} layers", c->text, layers->text));
+    if (!moe_fields.empty())
+      throw InputError(fmt::format(
+          "table '{}' row {}: experts = {} makes it a dense model, but it gives {}; a dense row "
+          "leaves the MoE fields blank (or 0) and has dense_layers = layers, an MoE row has "
+          "experts >= 1",
+          t_.name, r.row(), experts ? experts->text : "(not given)", moe_fields));
   }
 
   // N, N_a, r_a (and D/N when N is not printed) against the shape, router out and in.
@@ -183,27 +212,6 @@ class RowChecker {
     if (!need(sh.known(), "N, N_a, r_a against the shape", missing)) return;
     // Parameter counts do not read S or V: a table that prints neither is still checked.
     Arch shape = sh.arch;
-    if (shape.experts == 0) {  // a dense row: nothing of its own may say MoE
-      std::string moe_fields;
-      auto say = [&](const std::string& f) { moe_fields += (moe_fields.empty() ? "" : ", ") + f; };
-      // Its own cells: what the spec shares is for the table's MoE rows.
-      const auto& own = t_.rows[size_t(r.row() - 1)];
-      auto cell = [&](const char* q) -> const Cell* {
-        const auto it = own.find(q);
-        return it == own.end() ? nullptr : &it->second;
-      };
-      for (const char* q : {"top_k", "d_expert", "d_shared"})
-        if (const Cell* c = cell(q); c && c->value != 0) say(fmt::format("{} = {}", q, c->text));
-      if (const Cell* c = cell("dense_layers"); c && int64_t(c->value) != shape.layers)
-        say(fmt::format("dense_layers = {} of {} layers", c->text, shape.layers));
-      if (!moe_fields.empty())
-        throw InputError(fmt::format(
-            "table '{}' row {}: experts = {} makes it a dense model, but it gives {}; a dense row "
-            "leaves the MoE fields blank (or 0) and has dense_layers = layers, an MoE row has "
-            "experts >= 1",
-            t_.name, r.row(), r.printed("experts") ? r.printed("experts")->text : "(not given)",
-            moe_fields));
-    }
     if (!sh.has_seq_len) shape.seq_len = 1;
     if (!sh.has_vocab) shape.vocab = 2;
     try {

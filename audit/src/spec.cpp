@@ -40,10 +40,10 @@ double number(const AuditSpec& s, const Value& v, const std::string& key) {
 double tolerance_value(const AuditSpec& s, const Value& v, const std::string& key) {
   const std::string what = fmt::format("{}: {} =", s.source, key);
   if (v.is_string()) return parse_tolerance(v.as_string().str, what);
-  if (!v.is_integer() && !v.is_floating())
-    bad(s, fmt::format("{} must be a fraction in (0, 1) such as 0.01, or a percentage such as "
+  if (!v.is_integer() && !(v.is_floating() && std::isfinite(v.as_floating())))
+    bad(s, fmt::format("{}{} must be a fraction in (0, 1) such as 0.01, or a percentage such as "
                        "\"1%\"",
-                       key));
+                       key, v.is_floating() ? fmt::format(" = {}", v.as_floating()) : ""));
   return parse_tolerance(fmt::format("{}", number(s, v, key)), what);
 }
 

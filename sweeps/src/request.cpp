@@ -46,6 +46,20 @@ double parse_warmup_fraction(const std::string& text) {
   return f;
 }
 
+namespace {
+// A tolerance flag: a number or a percentage ("1%", as `audit --tolerance` takes it), in (0, hi);
+// out of it, the line names the range (0 said only "must be a positive number").
+double tolerance_flag(const std::string& text, const char* flag, double hi, const char* kind) {
+  const bool percent = !text.empty() && text.back() == '%';
+  double v = parse_quantity(percent ? text.substr(0, text.size() - 1) : text, flag);
+  if (percent) v /= 100;
+  if (!(v > 0 && v < hi))
+    throw InputError(
+        fmt::format("{} = {} is invalid; it is {} and must be in (0, {:g})", flag, text, kind, hi));
+  return v;
+}
+}  // namespace
+
 PlanRequest make_plan_request(const PlanFlags& f) {
   PlanRequest r;
   if (f.n.empty()) throw InputError("--N is required: the total parameters N (e.g. 2e9, 2B)");
@@ -60,18 +74,10 @@ PlanRequest make_plan_request(const PlanFlags& f) {
         fmt::format("--family '{}' is not known; known families: {}", f.family, family_names()));
   r.family = *family;
 
-  r.solve.n_tolerance = parse_positive(f.n_tolerance, "--n-tolerance");
-  if (r.solve.n_tolerance >= 0.5)
-    throw InputError(
-        fmt::format("--n-tolerance = {} is invalid; it is relative (0.01 = 1 %) and "
-                    "must be below 0.5",
-                    f.n_tolerance));
-  r.solve.ra_tolerance = parse_positive(f.ra_tolerance, "--ra-tolerance");
-  if (r.solve.ra_tolerance >= 1)
-    throw InputError(
-        fmt::format("--ra-tolerance = {} is invalid; it is absolute (0.005 = 0.5 "
-                    "points) and must be below 1",
-                    f.ra_tolerance));
+  r.solve.n_tolerance =
+      tolerance_flag(f.n_tolerance, "--n-tolerance", 0.5, "relative (0.01 or 1% = 1 % of N)");
+  r.solve.ra_tolerance = tolerance_flag(f.ra_tolerance, "--ra-tolerance", 1,
+                                        "absolute (0.005 or 0.5% = 0.5 points of r_a)");
   if (!f.alignment.empty())
     r.solve.expert_alignment = parse_positive_integer(f.alignment, "--alignment");
 

@@ -209,6 +209,11 @@ tolerance = "0.5%"
                           "tolerance = 0", "tolerance = true"})
     CHECK_THROWS_WITH_AS(parse_spec(std::string("schema = 1\n") + bad + "\n", "s.toml"),
                          doctest::Contains("s.toml: tolerance"), InputError);
+  // nan is not a tolerance: the line offered sizes ("e.g. 2048, 2.86e21 or \"65B\"").
+  CHECK_THROWS_WITH_AS(parse_spec("schema = 1\ntolerance = nan\n", "s.toml"),
+                       doctest::Contains("s.toml: tolerance = nan must be a fraction in (0, 1) "
+                                         "such as 0.01, or a percentage such as \"1%\""),
+                       InputError);
 }
 
 TEST_CASE("overlapping row selectors count each row once") {
@@ -841,4 +846,28 @@ TEST_CASE("the FLOP convention of a compute claim: as stated, or paper as the as
                        doctest::Contains("claim 'b' bounds C (compute) across tables"), InputError);
   // One table's paper/causal and another's paper are one reading (paper has its own mask).
   CHECK_NOTHROW(note("[tables.a]\nconvention = \"paper/causal\"\n"));
+}
+
+TEST_CASE("a between that breaks names its interval, not the words of an at_most") {
+  // Epoch 9 breaks both "at most 8.3" and "between 1.7 and 8.3": two findings, and the reader
+  // could not tell them apart (both said "is above the claimed at most 8.3").
+  const ClaimTable t = parse_claim_table("label,Epoch\na,2\nb,9\nc,1\n", "ep", "ep.csv");
+  const AuditSpec spec = parse_spec(
+      "schema = 1\n[[claims]]\nname = \"epochs bounded\"\nat_most = { epochs = 8.3 }\n"
+      "between = { epochs = [1.7, 8.3] }\n",
+      "s.toml");
+  const AuditReport a = audit_tables({t}, spec);
+  std::vector<std::string> messages;
+  for (const Finding& f : a.findings)
+    if (f.severity == Severity::error) messages.push_back(f.message);
+  CAPTURE(messages.size());
+  REQUIRE(messages.size() == 3);
+  CHECK(std::count(messages.begin(), messages.end(),
+                   "claim 'epochs bounded': Epoch = 9 is above the claimed at most 8.3") == 1);
+  CHECK(std::count(messages.begin(), messages.end(),
+                   "claim 'epochs bounded': Epoch = 9 is above the upper end of the claimed [1.7, "
+                   "8.3]") == 1);
+  CHECK(std::count(messages.begin(), messages.end(),
+                   "claim 'epochs bounded': Epoch = 1 is below the lower end of the claimed [1.7, "
+                   "8.3]") == 1);
 }

@@ -379,6 +379,21 @@ TEST_CASE("a dense row (experts 0) that gives MoE fields of its own is refused, 
       "s.toml");
   const auto fs = check_table_rows(t, spec.table("t"), 0.01);
   CHECK(count(fs, Severity::error) == 0);
+  // Without a parameter column or a whole shape it is refused too: a row of M with top_k = 2
+  // was read as a dense model in silence, and one of N and top_k held its claims.
+  for (const char* table : {"label,C,L_layers,Dm,H,Dffn,E,K\na,2e21,24,2048,16,5464,0,2\n",
+                            "label,M,L_layers,Dm,H,Dffn,E,K,S,V\na,4.21e10,24,2048,16,5464,0,2,"
+                            "2048,65536\n",
+                            "label,N,experts,top_k\na,2e9,0,2\n"}) {
+    CAPTURE(table);
+    CHECK_THROWS_WITH_AS(check_table_rows(parse_claim_table(table, "t", "t.csv"), nullptr, 0.01),
+                         doctest::Contains("experts = 0 makes it a dense model, but it gives "
+                                           "top_k = 2"),
+                         InputError);
+  }
+  // A table without an experts column and no whole shape says nothing of the row's kind.
+  CHECK_NOTHROW(
+      check_table_rows(parse_claim_table("label,N,top_k\na,2e9,2\n", "t", "t.csv"), nullptr, 0.01));
 }
 
 TEST_CASE("a negative cell gets its quantity's own range") {

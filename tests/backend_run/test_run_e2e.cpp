@@ -1432,6 +1432,13 @@ TEST_CASE("moeplan run --micro-batch 2: the one-pass run's tokens and ledger; re
                     std::string::npos,
                 est.out);  // 20 steps, evaluated every 25 and after the last: once
   CHECK_MESSAGE(est.out.find("x 400 steps + 16 evaluations x ") != std::string::npos, est.out);
+  // Totals under 10 s to 0.1 s: a 0.38 s estimate read "= 0s".
+  for (size_t at = est.out.find(" s = "); at != std::string::npos;
+       at = est.out.find(" s = ", at + 1)) {
+    const std::string total = est.out.substr(at + 5, est.out.find(';', at) - at - 5);
+    if (total.find_first_of("mhdy") == std::string::npos)
+      CHECK_MESSAGE(total.find('.') != std::string::npos, total);
+  }
   CHECK_MESSAGE(est.out.find("estimate for 2 point(s) on cpu: ") != std::string::npos, est.out);
   CHECK_FALSE(fs::exists(dir / "e"));
   // More steps asked for than a point has: its own 20 are timed (1000 ran 1000 steps of it).

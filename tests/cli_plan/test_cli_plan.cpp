@@ -486,7 +486,31 @@ TEST_CASE("bad input: one line naming the value, exit status 2") {
   CHECK(extra.status == 2);
   CHECK_MESSAGE(extra.err.find("is not an option") == std::string::npos, extra.err);
   CHECK_MESSAGE(extra.err.find("extra") != std::string::npos, extra.err);
-  CHECK(run_moeplan("--version").status == 0);
+  // Tolerances name their range at 0 too, and take a percentage as `audit --tolerance` does.
+  expect_bad_input("grid --N 1.5e5 --ra 0.2 --n-tolerance 0",
+                   "--n-tolerance = 0 is invalid; it is relative (0.01 or 1% = 1 % of N) and must "
+                   "be in (0, 0.5)");
+  expect_bad_input("grid --N 1.5e5 --ra 0.2 --ra-tolerance 100%",
+                   "--ra-tolerance = 100% is invalid; it is absolute (0.005 or 0.5% = 0.5 points "
+                   "of r_a) and must be in (0, 1)");
+  {
+    const Result pct = run_moeplan("grid --N 1.5e5 --ra 0.2 --n-tolerance 2% --ra-tolerance 1%");
+    const Result num =
+        run_moeplan("grid --N 1.5e5 --ra 0.2 --n-tolerance 0.02 --ra-tolerance 0.01");
+    CHECK(pct.status == 0);
+    CHECK(pct.out == num.out);
+  }
+  {
+    const Result v = run_moeplan("--version");
+    CHECK(v.status == 0);
+    CHECK(v.out == "moeplan 0.1.0\n");
+    // Lost on the way to stdout: said with its reason, as every command's output is.
+    const Result lost = run_moeplan("--version >/dev/full");
+    CHECK(lost.status == 2);
+    CHECK_MESSAGE(lost.err.find("cannot write the output to stdout (No space left on device)") !=
+                      std::string::npos,
+                  lost.err);
+  }
   // A single-value option given twice was CLI11's "At Most 1 required but received 2".
   expect_bad_input("grid --N 2e9 --N 3e9 --ra 0.2", "--N was given 2 times; give it once");
   expect_bad_input("grid --N 2e9 --ra 0.1 --ra 0.2", "--ra was given 2 times; give it once");
