@@ -74,6 +74,16 @@ double parse_quantity(std::string_view text, std::string_view what) {
   return v * scale;
 }
 
+double percent_to_fraction(double v) {
+  if (!std::isfinite(v) || v == 0) return v / 100;
+  // The shortest decimal that reads back as v, its exponent lowered by 2, read once.
+  const std::string d = fmt::format("{}", v);
+  const size_t e = d.find_first_of("eE");
+  const int exponent = e == std::string::npos ? 0 : std::stoi(d.substr(e + 1));
+  const std::string mantissa = d.substr(0, e);
+  return std::strtod(fmt::format("{}e{}", mantissa, exponent - 2).c_str(), nullptr);
+}
+
 std::string human(double v, int digits) {
   // Round to the digits shown before choosing the unit, so 999.99e12 reads 1.00e+15, not 1e+03T.
   const double a = std::fabs(std::stod(fmt::format("{:.{}e}", v, std::max(0, digits - 1))));

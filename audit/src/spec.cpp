@@ -293,7 +293,7 @@ double parse_tolerance(std::string_view text, std::string_view what) {
                     "or a percentage such as 1%",
                     what, text));
   }
-  if (percent) v /= 100;
+  if (percent) v = percent_to_fraction(v);
   if (!(v > 0 && v < 1))
     throw InputError(
         fmt::format("{} {} is out of range: give a fraction in (0, 1) such as 0.01, "
@@ -362,6 +362,8 @@ AuditSpec parse_spec(std::string_view text, std::string source) {
   } catch (const std::exception& e) {
     bad(s, fmt::format("not valid TOML: {}", toml_error_one_line(e.what())));
   }
+  // A bound of 1e-400 read as 0, or 99999999999999999999 as 2^63 - 1, held every claim on it.
+  refuse_out_of_range_toml_numbers(std::string(text), s.source);
   check_keys(s, root, "top level", {"schema", "tolerance", "tables", "claims"});
   if (!root.contains("schema") || !root.at("schema").is_integer() ||
       root.at("schema").as_integer() != 1)

@@ -61,6 +61,10 @@ bool is_complete(const json& r) {
 // The audit's findings on a record, put there by annotate() under a key no record file has:
 // {"errors": [...], "warnings": [...]}.
 constexpr const char* kAuditKey = "$audit";
+// Why `moeplan audit` will not judge the record's folder as one sweep ("" when it does).
+std::string folder_refusal(const json& r) {
+  return r.contains(kAuditKey) ? r[kAuditKey].value("folder_refused", "") : "";
+}
 bool has_audit_error(const json& r) {
   return r.contains(kAuditKey) && !r[kAuditKey]["errors"].empty();
 }
@@ -94,10 +98,9 @@ std::vector<json> annotate(const std::vector<json>& records, const FolderAudit* 
       a["error_quantities"] = it->second;
     if (const auto it = audit->warnings.find(id); it != audit->warnings.end())
       a["warnings"] = it->second;
-    // A folder the audit will not judge as one sweep: its baseline is no baseline to the audit,
-    // so no point is set against it (the table never declares a win the audit refuses).
-    if (!audit->refused.empty() && is_dense(r))
-      a["errors"].push_back("`moeplan audit` refuses the folder: " + audit->refused);
+    // A folder the audit will not judge as one sweep: no record has an error of its own, but no
+    // point is set against the baseline (the table never declares a win the audit refuses).
+    if (!audit->refused.empty()) a["folder_refused"] = audit->refused;
     r[kAuditKey] = a;
   }
   return out;
@@ -238,7 +241,7 @@ std::string unequal_resources(const json& r, const json& dense) {
 // resources.
 bool comparable(const json& r, const json& dense) {
   return same_data(r, dense) && unequal_resources(r, dense).empty() && !has_audit_error(r) &&
-         !has_audit_error(dense);
+         !has_audit_error(dense) && folder_refusal(dense).empty();
 }
 
 // C [paper] within the plan's rounding of its target (the record's `within_rounding`, recomputed),
@@ -387,10 +390,11 @@ std::vector<std::string> row_of(const json& r, const json* dense) {
   }
   std::string vs = "-";
   if (!is_dense(r) && dense && complete)
-    vs = !same_data(r, *dense)                   ? "other data"
-         : !unequal_resources(r, *dense).empty() ? "not equal"
-         : has_audit_error(r) || has_audit_error(*dense)
-             ? "audit error"
+    vs = !same_data(r, *dense)                           ? "other data"
+         : !unequal_resources(r, *dense).empty()         ? "not equal"
+         : has_audit_error(r) || has_audit_error(*dense) ? "audit error"
+         : !folder_refusal(*dense).empty()
+             ? "not one sweep"
              : fmt::format("{:+.3f}", bpc - dense->value("final_val_bpc", 0.0));
   return {r.value("point_id", "?"), fmt::format("{:.3f}", p.value("activation_rate", 0.0)),
           target_cell(p), human(p.value("total_params", 0.0)),
@@ -499,7 +503,7 @@ std::string verdict_of(const std::vector<json>& records, const json* dense,
                        const FolderAudit* audit) {
   int moe_total = 0, moe_better = 0, complete_count = 0, matching = 0;
   std::string best, other_data, unequal, off_plan, audited, incomplete;
-  const bool dense_flagged = dense && has_audit_error(*dense);
+  const bool dense_flagged = dense && (has_audit_error(*dense) || !folder_refusal(*dense).empty());
   double best_bpc = 1e300;
   const double dense_bpc = dense ? dense->value("final_val_bpc", 0.0) : 0.0;
   for (const json& r : records) {
@@ -545,7 +549,7 @@ std::string verdict_of(const std::vector<json>& records, const json* dense,
   }
   const std::string ablation = ablation_points(records);
   std::string v =
-      dense_flagged ? audit && !audit->refused.empty()
+      dense_flagged ? !folder_refusal(*dense).empty()
                           ? std::string(
                                 "no comparison: `moeplan audit` will not judge these records "
                                 "as one sweep (its reason is below), so no point is set against "
@@ -714,6 +718,8 @@ std::vector<plot::Chart> charts_of(const std::vector<json>& records, const json*
         id += " (not equal-resource)";
       else if (has_audit_error(r) || has_audit_error(*dense))
         id += " (audit error)";
+      else if (!folder_refusal(*dense).empty())
+        id += " (not one sweep)";
     } else if (!is_complete(r)) {  // the audit errs on every running record: this says why
       id += " (not complete)";
     } else if (has_audit_error(r)) {
@@ -1254,8 +1260,11 @@ std::string render_replicate_report(const std::vector<std::vector<json>>& given,
             !same_data(*r, *dense[f])                   ? "other data than its dense baseline"
             : !unequal_resources(*r, *dense[f]).empty() ? unequal_resources(*r, *dense[f])
             : has_audit_error(*r) ? "`moeplan audit` finds an error: " + first_audit_error(*r)
-                                  : "`moeplan audit` finds an error in its dense baseline: " +
-                                        first_audit_error(*dense[f]);
+            : has_audit_error(*dense[f])
+                ? "`moeplan audit` finds an error in its dense baseline: " +
+                      first_audit_error(*dense[f])
+                : "`moeplan audit` will not judge its folder as one sweep: " +
+                      folder_refusal(*dense[f]);
         left_out += fmt::format("\n  {} in '{}': {}", id, names[f], why);
         continue;
       }
@@ -1311,12 +1320,15 @@ std::string render_replicate_report(const std::vector<std::vector<json>>& given,
            : fmt::format("NOT an equal-resource sweep: {} trained from a manifest that says "
                          "equal_resources = false (an ablation or a test)\n",
                          ablation_points(all))) +
-      fmt::format("MoE points below their folder's dense baseline in every replicate: {} of {}{}",
-                  moe_always, moe_points,
-                  moe_partial ? fmt::format(" ({} paired in fewer than the {} folders: not "
-                                            "counted as every replicate)",
-                                            moe_partial, folders.size())
-                              : "");
+      (moe_points == 0
+           ? std::string("no MoE point is paired with its folder's dense baseline")
+           : fmt::format(
+                 "MoE points below their folder's dense baseline in every replicate: {} of {}{}",
+                 moe_always, moe_points,
+                 moe_partial ? fmt::format(" ({} paired in fewer than the {} folders: not "
+                                           "counted as every replicate)",
+                                           moe_partial, folders.size())
+                             : ""));
   {
     std::vector<const json*> plans;
     for (const std::string& id : order) plans.push_back(plan_of[id]);

@@ -161,9 +161,9 @@ std::string printable(std::string_view s) {
       ++i;
       continue;
     }
-    const bool hidden = is_hidden_character(utf8_code_point_at(s, i, n));
-    if (hidden)
-      out += fmt::format("\\u{:04x}", uint32_t(utf8_code_point_at(s, i, n)));
+    const uint32_t cp = utf8_code_point_at(s, i, n);
+    if (is_hidden_character(cp))
+      out += cp > 0xffff ? fmt::format("\\U{:08x}", cp) : fmt::format("\\u{:04x}", cp);
     else
       out.append(s, i, n);
     i += n;
@@ -180,8 +180,13 @@ char32_t utf8_code_point_at(std::string_view s, size_t i, size_t n) {
 }
 
 bool is_hidden_character(char32_t c) {
-  return (c >= 0x7f && c <= 0x9f) || (c >= 0x200b && c <= 0x200f) || (c >= 0x2028 && c <= 0x202e) ||
-         (c >= 0x2060 && c <= 0x206f) || c == 0xfeff;
+  return (c >= 0x7f && c <= 0x9f) || c == 0xad || c == 0x34f || c == 0x115f || c == 0x1160 ||
+         c == 0x17b4 || c == 0x17b5 || (c >= 0x180b && c <= 0x180f) ||
+         (c >= 0x200b && c <= 0x200f) || (c >= 0x2028 && c <= 0x202e) ||
+         (c >= 0x2060 && c <= 0x206f) || c == 0x3164 || (c >= 0xfe00 && c <= 0xfe0f) ||
+         c == 0xfeff || c == 0xffa0 || (c >= 0xfff9 && c <= 0xfffb) ||
+         (c >= 0x1bca0 && c <= 0x1bca3) || (c >= 0x1d173 && c <= 0x1d17a) ||
+         (c >= 0xe0000 && c <= 0xe0fff);
 }
 
 size_t utf8_length_at(std::string_view s, size_t i) {

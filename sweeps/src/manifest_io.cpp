@@ -24,10 +24,11 @@
 namespace moeplan {
 
 namespace {
-// A space of any width: " moe", "moe\u00a0" and "moe" read alike in every table.
+// A space of any width (a braille blank too): " moe", "moe\u00a0" and "moe" read alike in every
+// table.
 bool is_space(char32_t c) {
   return c == 0x20 || c == 0xa0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200a) || c == 0x202f ||
-         c == 0x205f || c == 0x3000;
+         c == 0x205f || c == 0x2800 || c == 0x3000;
 }
 }  // namespace
 

@@ -98,6 +98,23 @@ toml::value parse_toml(const std::string& text, const std::string& origin) {
   return root;
 }
 
+}  // namespace moeplan::detail
+
+namespace moeplan {
+void refuse_out_of_range_toml_numbers(const std::string& text, const std::string& origin) {
+  std::istringstream in(text);
+  toml::value root;
+  try {
+    root = toml::parse(in, origin);
+  } catch (const std::exception&) {
+    return;  // not TOML: the caller's own parse says where
+  }
+  detail::refuse_out_of_range_numbers(root, origin, "");
+}
+}  // namespace moeplan
+
+namespace moeplan::detail {
+
 std::string toml_double(double v) {
   if (std::isnan(v)) return "nan";
   if (std::isinf(v)) return v > 0 ? "inf" : "-inf";

@@ -235,3 +235,13 @@ TEST_CASE("arch validation names the offending field") {
   bad.dense_layers = 2;  // no MoE layers left, yet experts are set
   CHECK_THROWS_AS(validate(bad), InputError);
 }
+
+TEST_CASE("percent_to_fraction: the decimal the percentage says, rounded once") {
+  // 1.1 / 100 = 0.011000000000000001 in doubles; 1.1 % is the decimal 0.011.
+  CHECK(moeplan::percent_to_fraction(1.1) == 0.011);
+  CHECK(moeplan::percent_to_fraction(0.5) == 0.005);
+  CHECK(moeplan::percent_to_fraction(1e-3) == 1e-5);
+  CHECK(moeplan::percent_to_fraction(150) == 1.5);
+  CHECK(moeplan::percent_to_fraction(7) == 0.07);
+  CHECK(moeplan::percent_to_fraction(0) == 0);
+}

@@ -209,6 +209,21 @@ tolerance = "0.5%"
                           "tolerance = 0", "tolerance = true"})
     CHECK_THROWS_WITH_AS(parse_spec(std::string("schema = 1\n") + bad + "\n", "s.toml"),
                          doctest::Contains("s.toml: tolerance"), InputError);
+  // Numbers toml11 reads as others are refused as in a manifest: 1e-400 was a bound of 0 that
+  // every row held, 99999999999999999999 a bound of 2^63 - 1.
+  CHECK_THROWS_WITH_AS(
+      parse_spec("schema = 1\n[[claims]]\nname = \"e\"\nat_least = { epochs = 1e-400 }\n",
+                 "s.toml"),
+      doctest::Contains("s.toml: key 'claims[0].at_least.epochs' = 1e-400 is below the smallest "
+                        "number a double holds"),
+      InputError);
+  CHECK_THROWS_WITH_AS(
+      parse_spec("schema = 1\n[[claims]]\nname = \"e\"\nat_most = { epochs = "
+                 "99999999999999999999 }\n",
+                 "s.toml"),
+      doctest::Contains("s.toml: key 'claims[0].at_most.epochs' = 99999999999999999999 is past "
+                        "the 64-bit integers"),
+      InputError);
   // nan is not a tolerance: the line offered sizes ("e.g. 2048, 2.86e21 or \"65B\"").
   CHECK_THROWS_WITH_AS(parse_spec("schema = 1\ntolerance = nan\n", "s.toml"),
                        doctest::Contains("s.toml: tolerance = nan must be a fraction in (0, 1) "

@@ -500,6 +500,16 @@ TEST_CASE("bad input: one line naming the value, exit status 2") {
     CHECK(pct.status == 0);
     CHECK(pct.out == num.out);
   }
+  {  // 1.1 / 100 is 0.011000000000000001: a sweep planned from "1.1%" differed from "0.011"
+    const Result pct = run_moeplan("grid --N 1.5e5 --ra 0.2 --n-tolerance 1.1% --format toml");
+    const Result num = run_moeplan("grid --N 1.5e5 --ra 0.2 --n-tolerance 0.011 --format toml");
+    CHECK(pct.status == 0);
+    CHECK(pct.out.find("n_tolerance = 0.011\n") != std::string::npos);
+    CHECK(pct.out.substr(pct.out.find("n_tolerance")) ==
+          num.out.substr(num.out.find("n_tolerance")));
+  }
+  expect_bad_input("grid --N 1.5e5 --ra 0.2 --n-tolerance %",
+                   "--n-tolerance %: not a tolerance; it is relative");
   {
     const Result v = run_moeplan("--version");
     CHECK(v.status == 0);
@@ -1109,6 +1119,10 @@ TEST_CASE(
   CHECK_MESSAGE(report.out.find("no comparison: `moeplan audit` will not judge these records as "
                                 "one sweep") != std::string::npos,
                 report.out);
+  // No record has an error of its own: the dense row is not marked, the MoE row is "not one
+  // sweep" (it was the dense baseline's "audit error", and so in every chart's legend).
+  CHECK(report.out.find("not one sweep") != std::string::npos);
+  CHECK(report.out.find("audit error") == std::string::npos);
   CHECK(report.out.find("best point") == std::string::npos);
   // Replicates: another [train] setting than the seeds is another experiment, refused.
   fs::remove_all(copy);

@@ -931,3 +931,13 @@ TEST_CASE("report: a point with no training time has no time ratio; wall time to
   const std::string first = text.substr(dense_row, text.find('\n', dense_row + 1) - dense_row);
   CHECK_MESSAGE(first.find(" 0.4 ") != std::string::npos, first);
 }
+
+TEST_CASE("replicates with no MoE point paired: no '0 of 0'") {
+  std::vector<std::vector<json>> folders;
+  for (int seed : {1, 2}) folders.push_back({with_seed(record("dense", true, 1.0, 2.0), seed)});
+  const std::string text =
+      moeplan::render_replicate_report(folders, {"a", "b"}, moeplan::ReportFormat::text);
+  CAPTURE(text);
+  CHECK(text.find("no MoE point is paired with its folder's dense baseline") != std::string::npos);
+  CHECK(text.find("0 of 0") == std::string::npos);
+}

@@ -115,6 +115,17 @@ TEST_CASE("point ids: a run folder's name on one line") {
     CAPTURE(bad);
     CHECK_FALSE(is_point_id(bad));
   }
+  // More that draw nothing: a soft hyphen (U+00AD), a variation selector (U+FE0F), a Hangul
+  // filler (U+3164), a tag (U+E0001, four bytes); a braille blank (U+2800) at the end.
+  for (const char* bad :
+       {"mo\xC2\xAD"
+        "e",
+        "moe\xEF\xB8\x8F", "moe\xE3\x85\xA4", "moe-ra0.200\xF3\xA0\x80\x81", "moe\xE2\xA0\x80"}) {
+    CAPTURE(bad);
+    CHECK_FALSE(is_point_id(bad));
+  }
+  CHECK(is_point_id("moe\xF0\x92\x80\xAA"));  // U+1202A, a cuneiform sign: not U+202A
+  CHECK(printable("moe-ra0.200\xF3\xA0\x80\x81") == "moe-ra0.200\\U000e0001");
   CHECK(
       is_point_id("a\xE2\x80\xA7"
                   "b"));  // U+2027, a hyphenation point

@@ -8,6 +8,9 @@ namespace moeplan {
 // Throws InputError("<what>: '<text>' is not a number (e.g. 2e9, 2.15B, 346M)"); an exponent
 // and a suffix together ("2e9k") are refused, not multiplied.
 double parse_quantity(std::string_view text, std::string_view what);
+// v percent as a fraction, the decimal the percentage says rounded once: 1.1 (%) is 0.011, where
+// v / 100 is 0.011000000000000001 (and a manifest written from it differs from one of 0.011).
+double percent_to_fraction(double v);
 // Compact human form: 2.15e9 -> "2.15B", 3.46e8 -> "346M", 1.64e21 -> "1.64e21".
 std::string human(double value, int digits = 3);
 // A ratio (tokens per parameter, epochs) with `decimals` places while it reads at a glance

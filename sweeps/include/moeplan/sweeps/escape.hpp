@@ -34,10 +34,14 @@ size_t utf8_length_at(std::string_view s, size_t i);
 char32_t utf8_code_point_at(std::string_view s, size_t i, size_t n);
 
 // Characters that draw nothing, break the line or reorder the text around them (an id that looks
-// like another's, or shows its text backwards): DEL and the C1 controls U+007F..U+009F;
-// U+200B..U+200F (zero-width, LRM, RLM); U+2028..U+202E (line and paragraph separators,
-// bidirectional embeddings and overrides); U+2060..U+206F (word joiner, invisible operators,
-// isolates, the deprecated format controls); U+FEFF (zero-width no-break space).
+// like another's, or shows its text backwards): DEL and the C1 controls U+007F..U+009F; the soft
+// hyphen U+00AD; U+034F, U+115F/1160, U+17B4/17B5, U+180B..U+180F, U+3164, U+FFA0 (joiners,
+// fillers, Mongolian selectors); U+200B..U+200F (zero-width, LRM, RLM); U+2028..U+202E (line and
+// paragraph separators, bidirectional embeddings and overrides); U+2060..U+206F (word joiner,
+// invisible operators, isolates, deprecated format controls); U+FE00..U+FE0F and
+// U+E0000..U+E0FFF (variation selectors, tags); U+FEFF; U+FFF9..U+FFFB (annotation controls);
+// U+1BCA0..U+1BCA3 and U+1D173..U+1D17A (format controls). printable() shows them as \uNNNN
+// (\UNNNNNNNN above U+FFFF).
 bool is_hidden_character(char32_t c);
 
 }  // namespace moeplan
