@@ -247,3 +247,13 @@ TEST_CASE("parameter counts: by hand on the tiny MoE; past 4e18 refused naming t
   CHECK(refusal(a).find("arch: 5.188e+18 trainable parameters (vocabulary, router and norms "
                         "included) is above the 4e18") == 0);
 }
+
+TEST_CASE("grouped-query attention: K and V at kv_heads, Q and O at heads") {
+  // 8 query heads, 2 KV heads, head_dim 8 over D_m 64, 2 layers:
+  // Q and O: 2 layers · 2 · 64·(8·8) = 16,384; K and V: 2 layers · 2 · 64·(2·8) = 4,096.
+  Arch a = tiny_dense();
+  a.heads = 8;
+  a.kv_heads = 2;
+  a.head_dim = 8;
+  CHECK(count_params(a).attention == 20'480);
+}

@@ -938,3 +938,23 @@ TEST_CASE("the same data for every point: source and held-out set; [train] setti
   for (const Finding* f : matching(r.findings, Severity::warning, "moe-k1", 0, "train"))
     CHECK(f->message.rfind("[train] ", 0) == 0);
 }
+
+TEST_CASE("the sweep claims: equal C at the compute tolerance, equal D̂ exactly") {
+  // Equal C is judged at the compute tolerance, whatever N's: moe-k1's −1.129 % still fails with
+  // an N tolerance of 5 %.
+  RunsAuditOptions opt;
+  opt.n_tolerance = 0.05;
+  const AuditReport r = audit_runs(load_run_records(fixture("runs_bad")), {}, opt);
+  const ClaimVerdict* eqc = claim(r, "equal training compute C (paper) across the sweep");
+  REQUIRE(eqc);
+  CHECK_FALSE(eqc->holds);
+  // Under strict reuse D̂ is the same tokens, so equal means equal: 3,996 against 4,000 unique
+  // (−0.1 %, inside every tolerance) fails the claim.
+  auto recs = load_run_records(fixture("runs_ok"));
+  for (auto& rec : recs) rec.tokens_unique = rec.point_id == "moe-k1" ? 3996 : 4000;
+  const AuditReport u = audit_runs(recs, {}, {});
+  const ClaimVerdict* du = claim(u, "equal unique data D̂ (strict reuse) across the sweep");
+  REQUIRE(du);
+  CHECK_FALSE(du->holds);
+  CHECK(du->quantities[0].breaking == std::vector<std::string>{"moe-k1"});
+}

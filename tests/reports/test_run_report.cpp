@@ -941,3 +941,24 @@ TEST_CASE("replicates with no MoE point paired: no '0 of 0'") {
   CHECK(text.find("no MoE point is paired with its folder's dense baseline") != std::string::npos);
   CHECK(text.find("0 of 0") == std::string::npos);
 }
+
+TEST_CASE("report: C judged at the sweep's compute tolerance; D̂ above the baseline's unequal") {
+  // n 5 %, compute 1 %: C −2 % is unequal whatever N's tolerance.
+  json dense = record("dense", true, 1.0, 2.0);
+  dense["sweep_tolerances"] = {{"n", 0.05}, {"compute", 0.01}};
+  json moe_c = record("moe-c", false, 0.2, 1.8);
+  moe_c["measured"]["compute"]["paper"] = 0.98 * 4e5;
+  // Strict reuse: 200 unique tokens against the baseline's 100 is not equal D̂ either (only
+  // fewer had been tried).
+  json moe_u = record("moe-u", false, 0.3, 1.7);
+  moe_u["plan"]["tokens_unique"] = 200.0;
+  moe_u["measured"]["tokens"]["unique"] = 200;
+  moe_u["measured"]["tokens"]["epochs"] = 2.0;
+  moe_u["plan"]["epochs"] = 2.0;
+  const std::string text =
+      moeplan::render_run_report({dense, moe_c, moe_u}, "runs", moeplan::ReportFormat::text);
+  CAPTURE(text);
+  CHECK(text.find("moe-c: C [paper] 392k is -2.00% from the baseline's 400k") != std::string::npos);
+  CHECK(text.find("moe-u: D̂ 200 unique is not the baseline's 100 (strict reuse)") !=
+        std::string::npos);
+}
