@@ -257,3 +257,25 @@ TEST_CASE("grouped-query attention: K and V at kv_heads, Q and O at heads") {
   a.head_dim = 8;
   CHECK(count_params(a).attention == 20'480);
 }
+
+TEST_CASE("paper lens on a model whose query width is not D_m") {
+  // L 1 dense, D_m 64, 4 heads of 32 (query width 128), FFN 128, S 16, one sequence, full mask.
+  // Executed attention core: 3 phases · (QK^T + PV) = 3 · 2 · 2·S²·128 = 12·256·128 = 393,216.
+  // Paper counts 12·L·D_m·S a token: 12·64·16 · 16 tokens = 196,608, half the executed core.
+  // N_a = Q,K,V,O 4·64·128 + FFN 3·64·128 = 32,768 + 24,576 = 57,344; 6·N_a·16 = 5,505,024.
+  // Paper C of the step: 5,505,024 + 196,608 = 5,701,632.
+  Arch a;
+  a.d_model = 64;
+  a.layers = 1;
+  a.dense_layers = 1;
+  a.heads = 4;
+  a.kv_heads = 4;
+  a.head_dim = 32;
+  a.d_ffn = 128;
+  a.seq_len = 16;
+  a.vocab = 100;
+  const FlopLedger lf = exact_step_ledger(a, 1, ExactStepOptions{AttentionMask::full, false, {}});
+  CHECK(double(lf.category(FlopCategory::attention_core)) == 393'216.0);
+  CHECK(lens(a, Convention::paper, AttentionMask::full).apply(lf) == doctest::Approx(5'701'632.0));
+  CHECK(flops_per_token(a, Convention::paper).total * 16 == 5'701'632.0);
+}

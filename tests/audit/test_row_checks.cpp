@@ -302,6 +302,16 @@ TEST_CASE("an M of the other router reading than the row's N_a is named with bot
   CHECK(*f[0]->expected == 20'287'488.0);
 }
 
+TEST_CASE("unique tokens just above consumed, beyond both roundings, are an error") {
+  // a: D̂ 1.005e9 rounds from at least 1.0045e9; D 1.000e9 from at most 1.0005e9: D̂ > D for
+  // certain, though only by 0.5 %. b: D̂ 1.0004e9 (from 1.00035e9) can be D's rounding: clean.
+  const ClaimTable t =
+      parse_claim_table("label,D,D_hat\na,1.000e9,1.005e9\nb,1.000e9,1.0004e9\n", "t", "t.csv");
+  const auto fs = check_table_rows(t, nullptr, 0.01);
+  CHECK(matching(fs, Severity::error, "t", 1, "tokens_unique").size() == 1);
+  CHECK(matching(fs, Severity::error, "t", 2, "tokens_unique").empty());
+}
+
 TEST_CASE("unique tokens above consumed (epochs below 1) are an error: columns swapped?") {
   // a: D̂ 4e10 > D 2e10. b: D̂ = D / Epoch = 2e10 / 0.5 = 4e10. c: Epoch 0.5 without D.
   // d: D̂ = D (one epoch) and e: Epoch 0.99 printed as 1.0 (rounding reaches 1): clean.
