@@ -84,6 +84,12 @@ double percent_to_fraction(double v) {
   return std::strtod(fmt::format("{}e{}", mantissa, exponent - 2).c_str(), nullptr);
 }
 
+double parse_quantity_or_percent(std::string_view text, std::string_view what) {
+  const bool percent = !text.empty() && text.back() == '%';
+  const double v = parse_quantity(percent ? text.substr(0, text.size() - 1) : text, what);
+  return percent ? percent_to_fraction(v) : v;
+}
+
 std::string human(double v, int digits) {
   // Round to the digits shown before choosing the unit, so 999.99e12 reads 1.00e+15, not 1e+03T.
   const double a = std::fabs(std::stod(fmt::format("{:.{}e}", v, std::max(0, digits - 1))));

@@ -283,17 +283,15 @@ const TableSpec* AuditSpec::table(std::string_view name) const {
 }
 
 double parse_tolerance(std::string_view text, std::string_view what) {
-  const bool percent = !text.empty() && text.back() == '%';
   double v = 0;
   try {
-    v = parse_quantity(percent ? text.substr(0, text.size() - 1) : text, what);
+    v = parse_quantity_or_percent(text, what);
   } catch (const InputError&) {
     throw InputError(
         fmt::format("{} {}: not a tolerance; give a fraction in (0, 1) such as 0.01, "
                     "or a percentage such as 1%",
                     what, text));
   }
-  if (percent) v = percent_to_fraction(v);
   if (!(v > 0 && v < 1))
     throw InputError(
         fmt::format("{} {} is out of range: give a fraction in (0, 1) such as 0.01, "

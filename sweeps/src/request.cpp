@@ -50,17 +50,15 @@ namespace {
 // A tolerance flag: a number or a percentage ("1%", as `audit --tolerance` takes it), in (0, hi);
 // out of it, the line names the range (0 said only "must be a positive number").
 double tolerance_flag(const std::string& text, const char* flag, double hi, const char* kind) {
-  const bool percent = !text.empty() && text.back() == '%';
   double v = 0;
   try {
-    v = parse_quantity(percent ? text.substr(0, text.size() - 1) : text, flag);
+    v = parse_quantity_or_percent(text, flag);
   } catch (const InputError&) {
     throw InputError(
         fmt::format("{} {}: not a tolerance; it is {}: give a number in (0, {:g}) "
                     "or a percentage",
                     flag, text, kind, hi));
   }
-  if (percent) v = percent_to_fraction(v);
   if (!(v > 0 && v < hi))
     throw InputError(
         fmt::format("{} = {} is invalid; it is {} and must be in (0, {:g})", flag, text, kind, hi));

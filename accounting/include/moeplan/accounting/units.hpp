@@ -11,6 +11,9 @@ double parse_quantity(std::string_view text, std::string_view what);
 // v percent as a fraction, the decimal the percentage says rounded once: 1.1 (%) is 0.011, where
 // v / 100 is 0.011000000000000001 (and a manifest written from it differs from one of 0.011).
 double percent_to_fraction(double v);
+// A quantity, or a percentage of one ("1%" is 0.01, through percent_to_fraction): the tolerances
+// of `grid` and `audit` take both. Throws parse_quantity's InputError.
+double parse_quantity_or_percent(std::string_view text, std::string_view what);
 // Compact human form: 2.15e9 -> "2.15B", 3.46e8 -> "346M", 1.64e21 -> "1.64e21".
 std::string human(double value, int digits = 3);
 // A ratio (tokens per parameter, epochs) with `decimals` places while it reads at a glance
