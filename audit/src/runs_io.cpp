@@ -36,7 +36,12 @@ std::vector<RunRecord> load_run_records(const fs::path& runs_dir) {
   std::vector<RunRecord> out;
   std::vector<std::string> dense;
   for (const fs::path& f : files) {
-    out.push_back(parse_run_record(read_text_file(f), f.string()));
+    const std::string text = read_text_file(f);  // unreadable: its permissions, not damage
+    try {
+      out.push_back(parse_run_record(text, f.string()));
+    } catch (const InputError& e) {  // the reader's finding, and what the owner can do about it
+      throw InputError(fmt::format("{} ({})", e.what(), damaged_record_remedy(f)));
+    }
     check_point_folder(out.back().point_id, f);
     if (out.back().plan.role == "dense") dense.push_back(out.back().point_id);
   }

@@ -47,8 +47,8 @@ json read_record(const fs::path& f) {
   try {
     return json::parse(ss.str());
   } catch (const json::exception& x) {
-    throw InputError(
-        fmt::format("record '{}' is not valid JSON: {}", f.string(), json_error_text(x)));
+    throw InputError(fmt::format("record '{}' is not valid JSON: {} ({})", f.string(),
+                                 json_error_text(x), damaged_record_remedy(f)));
   }
 }
 
@@ -769,18 +769,9 @@ namespace {
 // What the report reads of a record, with its type: a damaged or hand-edited record is refused
 // naming the file and the key, rather than read as zeros.
 void check_record(const json& r, const fs::path& f) {
-  // The checkpoint beside a damaged record can rebuild it (`run` says whether it is this plan's).
-  std::error_code ec;
-  const bool ckpt =
-      fs::exists(fs::symlink_status(f.parent_path() / "checkpoint" / "state.ckpt", ec));
   auto fail = [&](const std::string& key, const char* want) {
-    throw InputError(fmt::format(
-        "record '{}': '{}' is {}; the record is damaged ({}move the point's folder away and run it "
-        "again)",
-        f.string(), key, want,
-        ckpt ? "remove only record.json and run the sweep again, which resumes from the point's "
-               "checkpoint and rebuilds the record, or "
-             : ""));
+    throw InputError(fmt::format("record '{}': '{}' is {}; the record is damaged ({})", f.string(),
+                                 key, want, damaged_record_remedy(f)));
   };
   auto at = [&](const json& j, const std::string& path, const char* key) -> const json& {
     if (!j.is_object() || !j.contains(key)) fail(path + key, "missing");

@@ -59,4 +59,15 @@ std::string json_error_text(const std::exception& e) {
   return std::string(what);
 }
 
+std::string damaged_record_remedy(const fs::path& record) {
+  // `run` says whether the checkpoint is this plan's before it resumes from it.
+  std::error_code ec;
+  const bool ckpt =
+      fs::exists(fs::symlink_status(record.parent_path() / "checkpoint" / "state.ckpt", ec));
+  return fmt::format("{}move the point's folder away and run it again",
+                     ckpt ? "remove only record.json and run the sweep again, which resumes from "
+                            "the point's checkpoint and rebuilds the record, or "
+                          : "");
+}
+
 }  // namespace moeplan

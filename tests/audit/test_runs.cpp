@@ -700,7 +700,26 @@ TEST_CASE("a runs folder: entries that are no point's folder are passed over, no
     CHECK_MESSAGE(
         what.find("record.json: not valid JSON (parse error at line 1") != std::string::npos, what);
     CHECK(what.find("[json.exception") == std::string::npos);
+    // What the owner can do about it, on the same line: no checkpoint here to rebuild it from.
+    CHECK_MESSAGE(what.ends_with("(move the point's folder away and run it again)"), what);
+    CHECK(what.find('\n') == std::string::npos);
   }
+  // Beside the point's checkpoint, removing only record.json and rerunning rebuilds it.
+  std::filesystem::create_directories(dir / "moe-k1" / "checkpoint");
+  std::ofstream(dir / "moe-k1" / "checkpoint" / "state.ckpt") << "x";
+  CHECK_THROWS_WITH_AS(load_run_records(dir.string()),
+                       doctest::Contains("(remove only record.json and run the sweep again, which "
+                                         "resumes from the point's checkpoint"),
+                       InputError);
+  // A record that parses but is damaged (an edited count) is given the remedy too.
+  std::ifstream in(fixture("runs_ok") + "/moe-k1/record.json");
+  nlohmann::json j = nlohmann::json::parse(in);
+  j["plan"]["total_params"] = j["plan"]["total_params"].get<int64_t>() + 1;
+  std::ofstream(dir / "moe-k1" / "record.json") << j.dump();
+  CHECK_THROWS_WITH_AS(load_run_records(dir.string()),
+                       doctest::Contains("disagrees with its arch, which gives"), InputError);
+  CHECK_THROWS_WITH_AS(load_run_records(dir.string()),
+                       doctest::Contains("was edited (remove only record.json"), InputError);
 }
 
 TEST_CASE("against manifest points: a planned point without a record, a record off the plan") {

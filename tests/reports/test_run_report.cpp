@@ -608,6 +608,8 @@ TEST_CASE("report: a damaged record is refused naming the file and the key, not 
         what.find("record.json' is not valid JSON: parse error at line 1") != std::string::npos,
         what);
     CHECK(what.find("[json.exception") == std::string::npos);
+    // And what to do about it (no checkpoint beside this one to rebuild it from).
+    CHECK_MESSAGE(what.ends_with("(move the point's folder away and run it again)"), what);
   }
   // A record.json that is a folder says so (it said "unreadable: ... unexpected end of input").
   std::filesystem::remove(dir / "moe-a" / "record.json");

@@ -249,7 +249,7 @@ TEST_CASE("rates that solve to one architecture are planned once, for the neares
   for (double ra : r.activation_rates) alone.push_back(planner.plan_point(ra));
   std::set<std::string> archs;
   for (const Plan& p : alone) archs.insert(describe(p.arch));
-  CHECK(archs.size() == 4);
+  REQUIRE(archs.size() == 4);
   REQUIRE(m.points.size() == archs.size());
   for (const Plan& p : m.points) {
     CAPTURE(p.id);

@@ -17,4 +17,10 @@ std::vector<std::filesystem::path> point_record_files(const std::filesystem::pat
 // at line 2, column 1: syntax error while parsing value - unexpected end of input; ...".
 std::string json_error_text(const std::exception& e);
 
+// What to do about the damaged record `record` (runs/<point>/record.json), for the end of an
+// error line: "move the point's folder away and run it again", preceded, when the point's
+// checkpoint is there to rebuild it from, by "remove only record.json and run the sweep again,
+// which resumes from the point's checkpoint and rebuilds the record, or ".
+std::string damaged_record_remedy(const std::filesystem::path& record);
+
 }  // namespace moeplan
