@@ -1305,12 +1305,16 @@ std::string render_replicate_report(const std::vector<std::vector<json>>& given,
       "replicates whose folder has one (the BPC columns count every replicate); sd is the "
       "sample standard deviation over the replicates",
       order.size(), folders.size(), folders_text, bpc_words(all));
+  // Which points of which folder: the same ids recur in every replicate.
+  std::string ablation;
+  for (size_t f = 0; f < folders.size(); ++f)
+    if (const std::string ids = ablation_points(folders[f]); !ids.empty())
+      ablation += fmt::format("{}{} in {}", ablation.empty() ? "" : "; ", ids, names[f]);
   std::string verdict =
-      (ablation_points(all).empty()
-           ? ""
-           : fmt::format("NOT an equal-resource sweep: {} trained from a manifest that says "
-                         "equal_resources = false (an ablation or a test)\n",
-                         ablation_points(all))) +
+      (ablation.empty() ? ""
+                        : fmt::format("NOT an equal-resource sweep: {} trained from a manifest "
+                                      "that says equal_resources = false (an ablation or a test)\n",
+                                      ablation)) +
       (moe_points == 0
            ? std::string("no MoE point is paired with its folder's dense baseline")
            : fmt::format(

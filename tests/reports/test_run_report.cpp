@@ -964,3 +964,21 @@ TEST_CASE("report: C judged at the sweep's compute tolerance; D̂ above the base
   CHECK(text.find("moe-u: D̂ 200 unique is not the baseline's 100 (strict reuse)") !=
         std::string::npos);
 }
+
+TEST_CASE("replicates: points trained as an ablation are named with their folder") {
+  // One replicate's records came from a manifest with equal_resources = false: the verdict named
+  // "dense, moe-a" with no folder, and with two such folders "dense, moe-a, dense, moe-a".
+  std::vector<std::vector<json>> folders;
+  for (int seed : {1, 2, 3}) {
+    json d = with_seed(record("dense", true, 1.0, 2.0), seed);
+    json m = with_seed(record("moe-a", false, 0.2, 1.8), seed);
+    if (seed != 2) d["sweep_equal_resources"] = m["sweep_equal_resources"] = false;
+    folders.push_back({d, m});
+  }
+  const std::string text = moeplan::render_replicate_report(
+      folders, {"runs/s1", "runs/s2", "runs/s3"}, moeplan::ReportFormat::text);
+  CAPTURE(text);
+  CHECK(text.find("NOT an equal-resource sweep: dense, moe-a in runs/s1; dense, moe-a in runs/s3 "
+                  "trained from a manifest that says equal_resources = false") !=
+        std::string::npos);
+}
