@@ -1027,26 +1027,33 @@ std::string render_run_report(const std::vector<json>& given, const std::string&
       "half of attention a GPU computes) and recompute. Train time vs dense: only against a "
       "dense run of the same device label (devices, kernels, passes, optimizer sharding)";
   const std::string verdict = verdict_of(records, dense, audit);
-  const std::string title = fmt::format(
-      "moeplan report: {} run(s) in {}. BPC = {}, on held-out data; C = M·D in the {} "
-      "convention (M = 6·N_a + 12·L·D_m·S per consumed token){}; D consumed counts repeats, D̂ "
-      "unique does not",
-      records.size(), printable(source), bpc_words(records), paper,
-      !other_convention ? ""
-      : own.find(" or ") == std::string::npos
-          ? fmt::format(", and in the {} convention the sweep was planned equal in", own)
-          : fmt::format(", and in the convention each record's sweep was planned equal in ({}: "
-                        "records of more than one sweep, each cell says its own)",
-                        own));
+  // Markdown's heading is the first sentence; the rest is a paragraph under it.
+  const std::string heading =
+      fmt::format("moeplan report: {} run(s) in {}", records.size(), printable(source));
+  const std::string title =
+      heading +
+      fmt::format(
+          ". BPC = {}, on held-out data; C = M·D in the {} "
+          "convention (M = 6·N_a + 12·L·D_m·S per consumed token){}; D consumed counts repeats, D̂ "
+          "unique does not",
+          bpc_words(records), paper,
+          !other_convention ? ""
+          : own.find(" or ") == std::string::npos
+              ? fmt::format(", and in the {} convention the sweep was planned equal in", own)
+              : fmt::format(", and in the convention each record's sweep was planned equal in ({}: "
+                            "records of more than one sweep, each cell says its own)",
+                            own));
   const std::string bars = bars_of(records, dense);
   switch (format) {
     case ReportFormat::text:
       return title + "\n\n" + t.render() + "\n" + verdict + "\n\n" +
              (bars.empty() ? "" : bars + "\n") + time_title + "\n\n" + tt.render();
     case ReportFormat::markdown:
-      return "# " + escape_markdown(title) + "\n\n" + t.render_markdown() + "\n" +
-             md_paragraphs(verdict) + "\n\n" + (bars.empty() ? "" : md_code_block(bars) + "\n") +
-             "## " + time_title + "\n\n" + tt.render_markdown();
+      return "# " + escape_markdown(heading) + "\n\n" +
+             escape_markdown(title.substr(heading.size() + 2)) + "\n\n" + t.render_markdown() +
+             "\n" + md_paragraphs(verdict) + "\n\n" +
+             (bars.empty() ? "" : md_code_block(bars) + "\n") + "## " + time_title + "\n\n" +
+             tt.render_markdown();
     case ReportFormat::html:
       break;
   }
@@ -1299,12 +1306,18 @@ std::string render_replicate_report(const std::vector<std::vector<json>>& given,
     folders_text += fmt::format("{}{} (seed/data_seed {})", f ? ", " : "", names[f], seeds[f]);
   std::vector<json> all;
   for (const auto& f : folders) all.insert(all.end(), f.begin(), f.end());
-  const std::string title = fmt::format(
-      "moeplan report: {} points over {} runs folders of one sweep: {}. val BPC = final {}; vs "
-      "dense = a point's BPC minus the dense baseline's of the same folder (its seeds), over the "
-      "replicates whose folder has one (the BPC columns count every replicate); sd is the "
-      "sample standard deviation over the replicates",
-      order.size(), folders.size(), folders_text, bpc_words(all));
+  const std::string heading =
+      fmt::format("moeplan report: {} points over {} runs folders of one sweep: {}", order.size(),
+                  folders.size(), folders_text);
+  const std::string title =
+      heading +
+      fmt::format(
+          ". val BPC = final {}; vs "
+          "dense = a point's BPC minus the dense baseline's of the same folder (its seeds), over "
+          "the "
+          "replicates whose folder has one (the BPC columns count every replicate); sd is the "
+          "sample standard deviation over the replicates",
+          bpc_words(all));
   // Which points of which folder: the same ids recur in every replicate.
   std::string ablation;
   for (size_t f = 0; f < folders.size(); ++f)
@@ -1350,8 +1363,10 @@ std::string render_replicate_report(const std::vector<std::vector<json>>& given,
     case ReportFormat::text:
       return title + "\n\n" + t.render() + "\n" + verdict + "\n\n" + bar_text;
     case ReportFormat::markdown:
-      return "# " + escape_markdown(title) + "\n\n" + t.render_markdown() + "\n" +
-             md_paragraphs(verdict) + "\n\n" + (bar_text.empty() ? "" : md_code_block(bar_text));
+      return "# " + escape_markdown(heading) + "\n\n" +
+             escape_markdown(title.substr(heading.size() + 2)) + "\n\n" + t.render_markdown() +
+             "\n" + md_paragraphs(verdict) + "\n\n" +
+             (bar_text.empty() ? "" : md_code_block(bar_text));
     case ReportFormat::html:
       break;
   }

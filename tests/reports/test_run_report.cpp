@@ -87,6 +87,10 @@ TEST_CASE("report: charts in HTML, bars in text and markdown") {
   CHECK(md.find("\n\n    val BPC minus the dense baseline's") != std::string::npos);
   CHECK(md.find("\n      moe-a  -0.2000  " + std::string(40, '#') + "\n") != std::string::npos);
   CHECK(md.find("```") == std::string::npos);
+  // The heading is the title's first sentence; what BPC and C mean is a paragraph under it (the
+  // whole title was one heading line of some 300 characters).
+  CHECK_MESSAGE(md.starts_with("# moeplan report: 3 run(s) in runs\n\nBPC = "), md.substr(0, 80));
+  CHECK(md.find("D̂ unique does not\n\n|") != std::string::npos);
 }
 
 TEST_CASE("report: without a complete dense baseline, no bars and no baseline line") {
@@ -932,6 +936,18 @@ TEST_CASE("report: a point with no training time has no time ratio; wall time to
   REQUIRE(dense_row != std::string::npos);
   const std::string first = text.substr(dense_row, text.find('\n', dense_row + 1) - dense_row);
   CHECK_MESSAGE(first.find(" 0.4 ") != std::string::npos, first);
+}
+
+TEST_CASE("replicates in markdown: the heading is the title's first sentence") {
+  std::vector<std::vector<json>> folders;
+  for (int seed : {1, 2})
+    folders.push_back({with_seed(record("dense", true, 1.0, 2.0), seed),
+                       with_seed(record("moe-a", false, 0.2, 1.8), seed)});
+  const std::string md =
+      moeplan::render_replicate_report(folders, {"a", "b"}, moeplan::ReportFormat::markdown);
+  CHECK_MESSAGE(md.starts_with("# moeplan report: 2 points over 2 runs folders of one sweep: a "
+                               "(seed/data_seed 1/1), b (seed/data_seed 2/1)\n\nval BPC = final"),
+                md.substr(0, 160));
 }
 
 TEST_CASE("replicates with no MoE point paired: no '0 of 0'") {
