@@ -89,6 +89,9 @@ FlopCount FlopLedger::total() const {
     for (FlopCount v : row) s += v;
   return s;
 }
+FlopCount FlopLedger::useful() const {
+  return total() - category(FlopCategory::padding) - category(FlopCategory::recompute);
+}
 FlopLedger& FlopLedger::operator+=(const FlopLedger& o) {
   for (int c = 0; c < kFlopCategories; ++c)
     for (int p = 0; p < kPhases; ++p) flops[c][p] += o.flops[c][p];

@@ -17,7 +17,9 @@ nlohmann::json make_record(const RecordInputs& in) {
   auto per_token = [&](double v) { return consumed > 0 ? v / consumed : 0.0; };
 
   const std::string exact_label = convention_label(Convention::exact, AttentionMask::causal);
-  const double exact_total = double(ledger.total());
+  // C [exact/causal]: the useful products as executed (padding and recompute are in the ledger's
+  // total, which the time table's executed rate reads, not in C).
+  const double exact_total = lens(arch, Convention::exact, AttentionMask::causal).apply(ledger);
   const double paper = lens(arch, Convention::paper, AttentionMask::causal).apply(ledger);
   const double megatron = lens(arch, Convention::megatron, AttentionMask::causal).apply(ledger);
   // exact/full: the causal attention core counted at S keys a query (an exact/full plan's C).

@@ -358,7 +358,7 @@ Estimate estimate_point(Engine& engine, const Plan& plan, const DataSplit& data,
     const auto t0 = Clock::now();
     const StepResult r = engine.train_step(inputs.data(), targets.data(), i, cfg);
     if (i > 0) secs.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
-    e.flops_per_step = double(r.flops.total());
+    e.flops_per_step = double(r.flops.useful());  // C [exact/causal]: padding, recompute out
   }
   std::sort(secs.begin(), secs.end());
   e.steps_timed = n;
@@ -1022,7 +1022,7 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
   std::vector<int32_t> inputs(size_t(batch * seq_len)), targets(size_t(batch * seq_len));
   const auto session_start = Clock::now();
   const int64_t session_first_step = st.step;
-  const double session_first_flops = double(st.train_flops.total());
+  const double session_first_flops = double(st.train_flops.useful());
   const double session_first_eval_seconds = st.eval_seconds;
   Progress progress;
   progress.point_id = plan.id;
@@ -1092,7 +1092,7 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
       const double training = elapsed - (st.eval_seconds - session_first_eval_seconds);
       progress.tokens_per_second = training > 0 ? double(done * batch * seq_len) / training : 0;
       progress.flops_per_second =
-          training > 0 ? (double(st.train_flops.total()) - session_first_flops) / training : 0;
+          training > 0 ? (double(st.train_flops.useful()) - session_first_flops) / training : 0;
       progress.eta_seconds = done > 0 ? elapsed / double(done) * double(steps - st.step) : 0;
       opt.on_progress(progress);
     }

@@ -136,6 +136,22 @@ TEST_CASE("convention lenses reproduce the conventions from an exact ledger") {
             .epsilon(1e-12));
   CHECK(lens(a, Convention::exact, AttentionMask::full, AttentionMask::full).apply(lf) ==
         double(lf.total()));
+  // A device's padding and recomputed products are executed, not C, in any convention: 1000 and
+  // 500 FLOPs of them leave every lens where the clean ledger put it, and the ledger's useful
+  // count 1500 under its total.
+  FlopLedger dev = l;
+  dev.flops[int(FlopCategory::padding)][int(Phase::forward)] += 1000;
+  dev.flops[int(FlopCategory::recompute)][int(Phase::input_grad)] += 500;
+  CHECK(dev.total() == l.total() + 1500);
+  CHECK(dev.useful() == l.total());
+  for (const auto& [c, counted] : {std::pair{Convention::exact, AttentionMask::causal},
+                                   {Convention::exact, AttentionMask::full},
+                                   {Convention::paper, AttentionMask::causal},
+                                   {Convention::megatron, AttentionMask::causal}}) {
+    CAPTURE(name(c));
+    const ConventionLens ln = lens(a, c, AttentionMask::causal, counted);
+    CHECK(ln.apply(dev) == ln.apply(l));
+  }
   // Under the counting readings paper's 6·N_a grows by 6·router (executed: the router's
   // products) and 6·norms (no product executes them: the lens scales the attention projections,
   // 6·attention per token exactly, by (attention + norms) / attention). Without the norms term

@@ -96,6 +96,7 @@ struct FlopLedger {
   FlopCount category(FlopCategory c) const;  // all phases
   FlopCount phase(Phase p) const;            // all categories
   FlopCount total() const;                   // all matrix products
+  FlopCount useful() const;  // total less padding and recompute: C [exact] of the products
   FlopLedger& operator+=(const FlopLedger& o);
   FlopLedger operator-(const FlopLedger& o) const;
   FlopLedger operator*(int64_t times) const;  // `times` repeats of the same work (e.g. steps)
