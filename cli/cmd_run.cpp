@@ -276,10 +276,13 @@ int run(const RunFlags& f) {
     throw InputError(
         fmt::format("--kernels '{}' applies to --device cuda; the {} device has one set of kernels",
                     opt.kernels, opt.device));
-  // A --kernels the engine would refuse (a misspelt name, fused attention at an odd head_dim):
-  // refused here for every point to train, before a folder, lock or rank is made (each rank
-  // said so after the launch, and a single process left its .lock and checkpoint/ behind).
-  for (const Plan* p : points) backend::check_kernels(opt.device, opt.kernels, p->arch);
+  // A --kernels the engine would refuse (a misspelt name, fused attention at an odd head_dim),
+  // or rank variables it would (RANK without WORLD_SIZE, a LOCAL_RANK past the GPUs, fewer
+  // sequences than ranks): refused here for every point to train, before a folder, lock or rank
+  // is made (each rank said so after the launch, and a single process left its .lock and
+  // checkpoint/ behind).
+  for (const Plan* p : points)
+    backend::check_engine(opt.device, opt.kernels, p->arch, p->budget.batch_seqs);
   // A build with the backend on a machine without the device: refused here, before a point's
   // plan line is printed and its folder made (make_engine said so only inside the first point).
   if (backend::visible_devices(opt.device) == 0)

@@ -102,21 +102,30 @@ KernelChoice checked_kernels(const std::string& kernels, const Arch& arch) {
   return asked;
 }
 
+// The rank variables as the engine reads them, refused as it would refuse them: RANK or
+// LOCAL_RANK without WORLD_SIZE (rank_from_env), a LOCAL_RANK past this machine's GPUs, fewer
+// sequences than ranks (before NCCL). Also run for every point before any folder is made.
+RankInfo checked_ranks(int64_t batch_seqs) {
+  const RankInfo info = rank_from_env();
+  if (const char* ws = std::getenv("WORLD_SIZE"); ws && *ws) {
+    if (const int n = device_count(); info.local_rank >= n && n > 0)
+      throw InputError(
+          fmt::format("LOCAL_RANK={}{} but this machine shows {} CUDA device(s)", info.local_rank,
+                      info.local_rank_given ? "" : " (RANK: LOCAL_RANK is not set)", n));
+    rank_batch(batch_seqs, info);
+  }
+  return info;
+}
+
 class CudaEngine final : public Engine {
  public:
   explicit CudaEngine(const EngineRequest& r) {
     kernels_ = resolve_kernels(checked_kernels(r.kernels, r.arch), r.arch.head_dim, DType::bf16);
     if (device_count() == 0)
       throw InputError("--device cuda: no CUDA device is visible on this machine");
-    info_ = rank_from_env();  // refuses RANK or LOCAL_RANK without WORLD_SIZE, too
-    if (const char* ws = std::getenv("WORLD_SIZE"); ws && *ws) {
-      if (info_.local_rank >= device_count())
-        throw InputError(fmt::format(
-            "LOCAL_RANK={}{} but this machine shows {} CUDA device(s)", info_.local_rank,
-            info_.local_rank_given ? "" : " (RANK: LOCAL_RANK is not set)", device_count()));
-      rank_batch(r.batch_seqs, info_);  // refuses fewer sequences than ranks, before NCCL
+    info_ = checked_ranks(r.batch_seqs);
+    if (const char* ws = std::getenv("WORLD_SIZE"); ws && *ws)
       comm_ = std::make_unique<Communicator>(info_, nccl_id_file(r.point_id));
-    }
     local_batch_ = rank_batch(r.batch_seqs, info_);
     batch_ = r.batch_seqs;
     if (r.shard_optimizer && !comm_)
@@ -311,8 +320,11 @@ const bool registered = register_engine("cuda", [](const EngineRequest& r) {
   return std::unique_ptr<Engine>(std::make_unique<CudaEngine>(r));
 });
 const bool counted = register_device_counter("cuda", [] { return device_count(); });
-const bool kernels_checked = register_kernels_check(
-    "cuda", [](const std::string& kernels, const Arch& arch) { checked_kernels(kernels, arch); });
+const bool engine_checked = register_engine_check(
+    "cuda", [](const std::string& kernels, const Arch& arch, int64_t batch_seqs) {
+      checked_kernels(kernels, arch);
+      checked_ranks(batch_seqs);
+    });
 
 }  // namespace
 }  // namespace moeplan::backend::cuda

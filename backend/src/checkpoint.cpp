@@ -183,7 +183,8 @@ nlohmann::json state_to_json(const RunState& s) {
           {"threads", s.threads},
           {"kernels_requested",
            s.kernels_requested ? nlohmann::json(*s.kernels_requested) : nlohmann::json()},
-          {"kernels", s.kernels}};
+          {"kernels", s.kernels},
+          {"world_size", s.world_size}};
 }
 
 }  // namespace
@@ -308,6 +309,7 @@ Checkpoint read_checkpoint(const std::filesystem::path& path) {
     if (const auto k = s.find("kernels_requested"); k != s.end() && k->is_string())
       st.kernels_requested = k->get<std::string>();
     st.kernels = s.value("kernels", std::string());
+    st.world_size = s.value("world_size", int64_t(0));
     return ck;
   });
 }

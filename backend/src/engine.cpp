@@ -129,21 +129,22 @@ int visible_devices(const std::string& device) {
 }
 
 namespace {
-using KernelsCheck = std::function<void(const std::string&, const Arch&)>;
-std::map<std::string, KernelsCheck>& kernels_checks() {
-  static std::map<std::string, KernelsCheck> c;
+using EngineCheck = std::function<void(const std::string&, const Arch&, int64_t)>;
+std::map<std::string, EngineCheck>& engine_checks() {
+  static std::map<std::string, EngineCheck> c;
   return c;
 }
 }  // namespace
 
-bool register_kernels_check(const std::string& device, KernelsCheck check) {
-  kernels_checks()[device] = std::move(check);
+bool register_engine_check(const std::string& device, EngineCheck check) {
+  engine_checks()[device] = std::move(check);
   return true;
 }
 
-void check_kernels(const std::string& device, const std::string& kernels, const Arch& arch) {
-  const auto it = kernels_checks().find(device);
-  if (it != kernels_checks().end()) it->second(kernels, arch);
+void check_engine(const std::string& device, const std::string& kernels, const Arch& arch,
+                  int64_t batch_seqs) {
+  const auto it = engine_checks().find(device);
+  if (it != engine_checks().end()) it->second(kernels, arch, batch_seqs);
 }
 
 std::vector<std::string> engine_devices() {

@@ -936,6 +936,15 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
           "'{}'; resume where the same kernels are chosen (--kernels naming each), or move the "
           "folder away to start the point over",
           ckpt_path.string(), plan.id, ck.state.kernels, engine->kernels()));
+    // Every rank reads the same checkpoint, so every rank refuses alike.
+    if (ck.state.world_size > 0 && ck.state.world_size != engine->world_size())
+      throw InputError(fmt::format(
+          "checkpoint '{}' of point '{}' was trained on {} data-parallel rank(s), this run has "
+          "{}; resume with as many (--nproc {}, or WORLD_SIZE={} under a launcher: a step's "
+          "passes and the record's rates are that many devices'), or move the folder away to "
+          "start the point over",
+          ckpt_path.string(), plan.id, ck.state.world_size, engine->world_size(),
+          ck.state.world_size, ck.state.world_size));
     engine->load_state(ck.model_state);
     st = std::move(ck.state);
     ++st.resumes;
@@ -965,6 +974,7 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
   st.threads = engine->threads();
   st.kernels_requested = opt.kernels;
   st.kernels = engine->kernels();
+  st.world_size = engine->world_size();
 
   RecordInputs rin;
   rin.plan = &plan;

@@ -1804,6 +1804,15 @@ TEST_CASE("WORLD_SIZE=2 (emulated): SIGINT to one rank stops both at one step; r
   const Checkpoint c = read_checkpoint(dir / "b" / "moe-i" / "checkpoint" / "state.ckpt");
   CHECK(rec["measured"]["steps"].get<int64_t>() == c.state.step);
   MESSAGE("interrupted at step ", c.state.step, " of 32");
+  CHECK(c.state.world_size == 2);
+  // On one rank: refused, naming both counts and what to run; the checkpoint is left as it was.
+  const Result one = run_cli(args("b"), MOEPLAN_EMULATED_BINARY);
+  CHECK(one.status == 2);
+  CHECK_MESSAGE(one.err.find("was trained on 2 data-parallel rank(s), this run has 1; resume "
+                             "with as many (--nproc 2, or WORLD_SIZE=2") != std::string::npos,
+                one.err);
+  CHECK(read_checkpoint(dir / "b" / "moe-i" / "checkpoint" / "state.ckpt").state.step ==
+        c.state.step);
 
   const auto again = wait_ranks(spawn_ranks(args("b"), dir, "c"), dir, "c");
   REQUIRE(again[0] == 0);
@@ -2009,7 +2018,8 @@ TEST_CASE("WORLD_SIZE refusals (emulated): one line naming the value, exit 2, no
     CHECK(r.status == 2);
     CHECK(one_line(r.err));
     CHECK_MESSAGE(r.err.find(c.needle) != std::string::npos, r.err);
-    CHECK_FALSE(fs::exists(dir / "runs" / "dense" / "record.json"));
+    // Refused before the point's folder (its .lock, checkpoint/) is made, not only its record.
+    CHECK_FALSE(fs::exists(dir / "runs" / "dense"));
   }
 }
 

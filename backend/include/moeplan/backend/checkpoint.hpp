@@ -46,6 +46,9 @@ struct RunState {
   // would name only the last part's.
   std::optional<std::string> kernels_requested;
   std::string kernels;
+  // Data-parallel ranks that trained it (0 in checkpoints written before it was kept): a step's
+  // passes and the record's rates are that many devices', so a resume runs on as many.
+  int64_t world_size = 0;
 };
 
 struct Checkpoint {
