@@ -129,6 +129,9 @@ inline float __bfloat162float(__nv_bfloat16 b) {
 inline __nv_bfloat162 __floats2bfloat162_rn(float a, float b) {
   return {__nv_bfloat16(a), __nv_bfloat16(b)};
 }
+inline float2 __bfloat1622float2(__nv_bfloat162 a) {
+  return make_float2(float(a.x), float(a.y));
+}
 
 // ---- the emulator's interface to the kernels ---------------------------------------------------
 namespace moeplan_emu {
