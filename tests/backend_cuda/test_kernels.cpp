@@ -21,7 +21,7 @@ namespace cpu = moeplan::backend::cpu;
 using moeplan::backend::cuda::synchronize;
 
 TEST_CASE("rmsnorm forward and backward match the CPU") {
-  // C 192: one pass for dx and dw's partial sums (17 blocks of 16 rows, the last of 1), four
+  // C 192: one pass for dx and dw's partial sums (9 blocks of 32 rows, the last of 1), four
   // columns a lane in 16-byte accesses; T 16500: blocks of 40 rows (at most 512 blocks); C 1028
   // (past the one-pass kernel's 1024): dx in 16-byte accesses, dw apart; C 190: one column at a
   // time.
