@@ -326,6 +326,13 @@ TEST_CASE("built-in corpus: deterministic, correct arithmetic, consistent facts,
   CHECK(a.tokens == builtin_corpus(3, 0, 20000).tokens);
   CHECK(a.tokens != builtin_corpus(4, 0, 20000).tokens);
   CHECK(a.tokens != builtin_corpus(3, 1, 20000).tokens);  // validation is another stream
+  // A run's split: training from stream 0, the held-out set from stream 1 (not the training
+  // stream's first tokens, which the model trains on), each with its part tags.
+  const DataSplit split = load_source("builtin", 5000, 700, 3, 256);
+  CHECK(split.train.tokens == builtin_corpus(3, 0, 5000).tokens);
+  CHECK(split.validation.tokens == builtin_corpus(3, 1, 700).tokens);
+  CHECK(split.validation.part == builtin_corpus(3, 1, 700).part);
+  CHECK(split.part_names == std::vector<std::string>{"facts", "arith"});
   REQUIRE(a.part.size() == a.tokens.size());
   std::string text(a.tokens.begin(), a.tokens.end());
   std::map<std::string, std::string> facts;

@@ -16,6 +16,7 @@
 #include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <map>
 #include <string>
 #include <thread>
 #include <vector>
@@ -63,7 +64,7 @@ Arch tiny_arch(bool dense, int64_t head_dim = 8) {
 
 // A plan made the way the planner makes one, with C chosen so that D = steps·B·S exactly.
 Plan plan_for(const std::string& id, const Arch& arch, int64_t steps, int64_t batch,
-              int64_t windows, double lr = 3e-3) {
+              int64_t windows, double lr = 3e-3, Convention convention = Convention::paper) {
   Plan p;
   p.id = id;
   const bool dense = arch.is_dense();
@@ -71,8 +72,8 @@ Plan plan_for(const std::string& id, const Arch& arch, int64_t steps, int64_t ba
   p.arch = arch;
   p.counts = count_params(p.arch);
   p.activation_rate_target = dense ? 0 : p.counts.activation_rate();
-  p.convention = Convention::paper;
-  p.flops_per_token = flops_per_token(p.arch, Convention::paper).total;
+  p.convention = convention;
+  p.flops_per_token = flops_per_token(p.arch, convention).total;
   BudgetRequest r;
   r.compute = p.flops_per_token * double(steps * batch * p.arch.seq_len);
   r.flops_per_token = p.flops_per_token;
@@ -203,6 +204,26 @@ TEST_CASE("moeplan run: ledgers equal the plan and an independent count; reruns 
       const double m_exact = flops_per_token(tiny_arch(true), Convention::exact).total;
       CHECK(rec["measured"]["flops"]["total"].get<double>() ==
             doctest::Approx(m_exact * double(steps * 64)).epsilon(1e-9));
+      // The record's C in each convention, by hand for tiny_arch(true) (D_m 16, L 2, q and kv
+      // width 16, d_ffn 32, V 256, S 16), per consumed token:
+      //   N_a = 2 layers · (attention 4·16·16 + SwiGLU 3·16·32) = 2 · (1024 + 1536) = 5120;
+      //   paper = 6·N_a + 12·L·D_m·S = 30720 + 6144 = 36864;
+      //   megatron = attention projections 2·6·(2·16·16 + 2·16·16) = 12288, core L·6·S·16 =
+      //     3072, SwiGLU L·18·16·32 = 18432, LM head 6·16·256 = 24576: 58368;
+      //   exact/full − exact/causal = the core at S keys a query less at (S+1)/2:
+      //     L · 12 · 16 · (16 − 8.5) = 2880.
+      const double d = double(steps * 64);
+      const json& conv = rec["measured"]["flops"]["conventions"];
+      CHECK(conv["paper"].get<double>() == doctest::Approx(36864.0 * d).epsilon(1e-12));
+      CHECK(conv["megatron"].get<double>() == doctest::Approx(58368.0 * d).epsilon(1e-12));
+      CHECK(conv["exact/full"].get<double>() - conv["exact/causal"].get<double>() ==
+            doctest::Approx(2880.0 * d).epsilon(1e-12));
+      CHECK(rec["measured"]["flops"]["per_token"]["paper"].get<double>() ==
+            doctest::Approx(36864.0).epsilon(1e-12));
+      CHECK(rec["measured"]["compute"]["paper"].get<double>() ==
+            doctest::Approx(36864.0 * d).epsilon(1e-12));
+      CHECK(rec["measured"]["compute"]["plan_paper"].get<double>() ==
+            doctest::Approx(36864.0 * d).epsilon(1e-12));
     }
   }
   const std::string before = read_file(out / "dense" / "record.json");
@@ -286,6 +307,81 @@ TEST_CASE("moeplan run: ledgers equal the plan and an independent count; reruns 
       "(step " + std::to_string(json::parse(moe_before)["measured"]["steps"].get<long>()) + ")";
   CHECK_MESSAGE(bad_status.err.find("checkpoint/state.ckpt' " + final_step) != std::string::npos,
                 bad_status.err);
+}
+
+// The final evaluation, again from the checkpoint's weights: the held-out windows' next-token
+// losses through the engine, averaged here in position order, and per part by the part of each
+// target position. An exact/causal plan: its record still states C [paper] by hand.
+TEST_CASE("the record's validation loss, BPC and parts from the checkpoint's weights; C [paper]") {
+  const fs::path dir = fresh_dir("val_again");
+  const Plan dense = plan_for("dense", tiny_arch(true), 12, 4, 50, 3e-3, Convention::exact);
+  Manifest m = tiny_manifest(
+      dense, {plan_for("moe-a", tiny_arch(false), 12, 4, 50, 3e-3, Convention::exact)});
+  m.train.eval_tokens = 160;  // 10 windows of 16
+  write_manifest_atomic(m, dir / "sweep.toml");
+  const Result r = run_cli(
+      {"run", (dir / "sweep.toml").string(), "--out", (dir / "runs").string(), "--point", "dense"});
+  REQUIRE_MESSAGE(r.status == 0, r.err);
+  const json rec = record(dir / "runs", "dense");
+  // C [paper] of an exact-convention plan, by hand (the test above): 36864 a consumed token.
+  const double d = 12.0 * 4 * 16;
+  CHECK(rec["measured"]["compute"]["plan_paper"].get<double>() ==
+        doctest::Approx(36864.0 * d).epsilon(1e-12));
+  CHECK(rec["measured"]["compute"]["paper"].get<double>() ==
+        doctest::Approx(36864.0 * d).epsilon(1e-12));
+  // The learning rate of each step, by hand: warm-up over 10 steps to 3e-3 (step k of 1..10 at
+  // 3e-3·k/10), then cosine down to lr_min 1e-5 over the other 2: step 11 at progress 0 (3e-3),
+  // step 12 at progress 1/2 (1e-5 + (3e-3 − 1e-5)/2 = 1.505e-3).
+  const json& lc = rec["loss_curve"];
+  REQUIRE(lc.size() == 12);
+  for (int k = 1; k <= 12; ++k) {
+    INFO("step " << k);
+    const double want = k <= 10 ? 3e-3 * k / 10.0 : k == 11 ? 3e-3 : 1.505e-3;
+    CHECK(lc[size_t(k - 1)]["step"] == k);
+    CHECK(lc[size_t(k - 1)]["lr"].get<double>() == doctest::Approx(want).epsilon(1e-12));
+  }
+
+  const Checkpoint ck = read_checkpoint(dir / "runs" / "dense" / "checkpoint" / "state.ckpt");
+  REQUIRE(ck.state.step == 12);
+  EngineRequest req;
+  req.arch = dense.arch;
+  req.options.positions = m.train.positions;
+  req.seed = m.train.seed;
+  req.batch_seqs = dense.budget.batch_seqs;
+  req.point_id = dense.id;
+  auto engine = make_engine("cpu", req);
+  engine->load_state(ck.model_state);
+  const int64_t S = dense.arch.seq_len, windows = 10, n = windows * S;
+  const DataSplit data = load_source(m.train.source, dense.budget.tokens_unique + 1, n + 1,
+                                     m.train.data_seed, dense.arch.vocab);
+  REQUIRE(data.validation.size() == n + 1);
+  std::vector<int32_t> in(static_cast<size_t>(n)), tg(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    in[size_t(i)] = data.validation.tokens[size_t(i)];
+    tg[size_t(i)] = data.validation.tokens[size_t(i + 1)];  // the next token
+  }
+  std::vector<double> loss(static_cast<size_t>(n));
+  engine->forward_loss(in.data(), tg.data(), windows, loss.data());
+  double total = 0;
+  std::map<int, std::pair<double, int64_t>> parts;
+  for (int64_t i = 0; i < n; ++i) {
+    total += loss[size_t(i)];
+    auto& [sum, count] = parts[data.validation.part[size_t(i + 1)]];
+    sum += loss[size_t(i)];
+    ++count;
+  }
+  const json& last = rec["val_curve"].back();
+  CHECK(last["step"] == 12);
+  const double mean = total / double(n);
+  CHECK(last["val_loss"].get<double>() == doctest::Approx(mean).epsilon(1e-12));
+  CHECK(last["val_bpc"].get<double>() == doctest::Approx(mean / std::log(2.0)).epsilon(1e-12));
+  CHECK(rec["final_val_bpc"].get<double>() == doctest::Approx(mean / std::log(2.0)).epsilon(1e-12));
+  REQUIRE(parts.size() == data.part_names.size());
+  for (const auto& [k, sc] : parts) {
+    INFO(data.part_names[size_t(k)]);
+    CHECK(last["parts"][data.part_names[size_t(k)]].get<double>() ==
+          doctest::Approx(sc.first / double(sc.second) / std::log(2.0)).epsilon(1e-12));
+  }
 }
 
 TEST_CASE(
