@@ -1306,11 +1306,11 @@ __global__ void erc_router_grad_kernel(float* drouter, const float* drt, const f
 void cast(void* out, DType mm, const float* in, int64_t n) {
   if (n == 0) return;
   if (n % 4 == 0 && aligned16(in) && store4_aligned(out, mm))
-    MOEPLAN_DISPATCH_MM(
-        mm, cast4_kernel<<<blocks_for(n / 4, 256), 256>>>(static_cast<OutT*>(out), in, n / 4));
+    MOEPLAN_DISPATCH_MM(mm, cast4_kernel<OutT>
+                        <<<blocks_for(n / 4, 256), 256>>>(static_cast<OutT*>(out), in, n / 4));
   else
-    MOEPLAN_DISPATCH_MM(mm,
-                        cast_kernel<<<blocks_for(n, 256), 256>>>(static_cast<OutT*>(out), in, n));
+    MOEPLAN_DISPATCH_MM(
+        mm, cast_kernel<OutT><<<blocks_for(n, 256), 256>>>(static_cast<OutT*>(out), in, n));
   check_launch("cast");
 }
 
@@ -1403,7 +1403,7 @@ void qkv_prepare(void* out, DType mm, const float* qkv, const float* rope_cos_si
   const int64_t W = (H + 2 * Hkv) * Dh, T = B * S;
   if (T == 0) return;
   MOEPLAN_DISPATCH_MM(
-      mm, qkv_prepare_kernel<<<unsigned(T), row_threads(W / 2)>>>(
+      mm, qkv_prepare_kernel<OutT><<<unsigned(T), row_threads(W / 2)>>>(
               static_cast<OutT*>(out), qkv, rope_cos_sin, S, int(H + Hkv), int(W), int(Dh), false));
   check_launch("qkv_prepare");
 }
@@ -1412,7 +1412,7 @@ void qkv_prepare_backward(void* dqkv_mm, DType mm, const float* dqkv, const floa
                           int64_t B, int64_t S, int64_t H, int64_t Hkv, int64_t Dh) {
   const int64_t W = (H + 2 * Hkv) * Dh, T = B * S;
   if (T == 0) return;
-  MOEPLAN_DISPATCH_MM(mm, qkv_prepare_kernel<<<unsigned(T), row_threads(W / 2)>>>(
+  MOEPLAN_DISPATCH_MM(mm, qkv_prepare_kernel<OutT><<<unsigned(T), row_threads(W / 2)>>>(
                               static_cast<OutT*>(dqkv_mm), dqkv, rope_cos_sin, S, int(H + Hkv),
                               int(W), int(Dh), true));
   check_launch("qkv_prepare_backward");
@@ -1420,14 +1420,14 @@ void qkv_prepare_backward(void* dqkv_mm, DType mm, const float* dqkv, const floa
 
 void attention_softmax_forward(void* P, DType mm, const float* scores, const float* alibi_slopes,
                                int64_t BH, int64_t H, int64_t S, float scale) {
-  MOEPLAN_DISPATCH_MM(mm, attention_softmax_forward_kernel<<<unsigned(BH * S), 128>>>(
+  MOEPLAN_DISPATCH_MM(mm, attention_softmax_forward_kernel<OutT><<<unsigned(BH * S), 128>>>(
                               static_cast<OutT*>(P), scores, alibi_slopes, H, S, scale));
   check_launch("attention_softmax_forward");
 }
 
 void attention_softmax_backward(void* dS, DType mm, const float* dP, const void* P, int64_t BH,
                                 int64_t S, float scale) {
-  MOEPLAN_DISPATCH_MM(mm, attention_softmax_backward_kernel<<<unsigned(BH * S), 128>>>(
+  MOEPLAN_DISPATCH_MM(mm, attention_softmax_backward_kernel<OutT><<<unsigned(BH * S), 128>>>(
                               static_cast<OutT*>(dS), dP, static_cast<const OutT*>(P), S, scale));
   check_launch("attention_softmax_backward");
 }
@@ -1523,7 +1523,7 @@ void expert_pad_maps(int32_t* pad, int32_t* unpad, const int32_t* counts, const 
 
 void copy_rows(void* dst, const void* src, DType t, const int32_t* map, int64_t rows, int64_t C) {
   if (rows == 0) return;
-  MOEPLAN_DISPATCH_MM(t, copy_rows_kernel<<<unsigned(rows), 128>>>(
+  MOEPLAN_DISPATCH_MM(t, copy_rows_kernel<OutT><<<unsigned(rows), 128>>>(
                              static_cast<OutT*>(dst), static_cast<const OutT*>(src), map, C));
   check_launch("copy_rows");
 }
@@ -1547,7 +1547,7 @@ void moe_combine_backward(void* dys, DType mm, float* dgate, const float* dy, co
     check_launch("zero_dropped");
   }
   if (N == 0) return;
-  MOEPLAN_DISPATCH_MM(mm, moe_combine_backward_kernel<<<blocks_for(N, 8), 256>>>(
+  MOEPLAN_DISPATCH_MM(mm, moe_combine_backward_kernel<OutT><<<blocks_for(N, 8), 256>>>(
                               static_cast<OutT*>(dys), dgate, dy, ys, gate, sorted, N, K, C));
   check_launch("moe_combine_backward");
 }
@@ -1579,11 +1579,11 @@ void router_backward(void* dlogits, DType mm, const float* probs, const float* l
                      float load_balance, float z_loss) {
   if (T == 0) return;
   if (E <= 32 * kRouterSlots)
-    MOEPLAN_DISPATCH_MM(mm, router_backward_warp_kernel<<<blocks_for(T, 8), 256>>>(
+    MOEPLAN_DISPATCH_MM(mm, router_backward_warp_kernel<OutT><<<blocks_for(T, 8), 256>>>(
                                 static_cast<OutT*>(dlogits), probs, lse, topk_idx, topk_gate, dgate,
                                 counts, T, int(E), K, renormalize, load_balance, z_loss));
   else
-    MOEPLAN_DISPATCH_MM(mm, router_backward_kernel<<<blocks_for(T, 32), 32>>>(
+    MOEPLAN_DISPATCH_MM(mm, router_backward_kernel<OutT><<<blocks_for(T, 32), 32>>>(
                                 static_cast<OutT*>(dlogits), probs, lse, topk_idx, topk_gate, dgate,
                                 counts, T, E, K, renormalize, load_balance, z_loss));
   check_launch("router_backward");

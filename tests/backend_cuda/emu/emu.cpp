@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -225,7 +226,8 @@ struct State {
   bool faulted = false;  // the running kernel faulted: stop it
   cudaError_t last = cudaSuccess, sticky = cudaSuccess;
   std::string message;
-  std::size_t max_dynamic_shared = kDefaultShared;
+  // Each kernel's opted-in dynamic shared memory (cudaFuncSetAttribute); kDefaultShared without.
+  std::map<const void*, std::size_t> max_dynamic_shared;
 };
 
 State& st() {
@@ -549,13 +551,13 @@ void cp_async_wait(int pending) {
   if (f.committed > unsigned(pending)) complete_copies(f, f.committed - unsigned(pending));
 }
 
-cudaError_t set_max_dynamic_shared(int bytes) {
+cudaError_t set_max_dynamic_shared(const void* kernel, int bytes) {
   if (bytes < 0 || std::size_t(bytes) > kMaxSharedOptIn) {
     set_error(cudaErrorInvalidValue, "cudaFuncSetAttribute: more than 227 KiB of shared memory");
     return cudaErrorInvalidValue;
   }
   State& s = st();
-  if (std::size_t(bytes) > s.max_dynamic_shared) s.max_dynamic_shared = std::size_t(bytes);
+  s.max_dynamic_shared[kernel] = std::size_t(bytes);
   return cudaSuccess;
 }
 
@@ -570,15 +572,19 @@ void launch(const char* kernel, const Config& cfg, const std::function<void()>& 
   }
   // Over 48 KiB of dynamic shared memory needs the kernel's opt-in (tracked for any kernel: the
   // emulator cannot name a kernel template's instance, so this check is a lower bound).
-  if (cfg.smem > s.max_dynamic_shared) {
-    set_error(cudaErrorInvalidValue, name + ": dynamic shared memory over the opted-in size");
+  const auto opted = s.max_dynamic_shared.find(cfg.kernel);
+  const std::size_t limit = opted == s.max_dynamic_shared.end()
+                                ? kDefaultShared
+                                : std::max(kDefaultShared, opted->second);
+  if (cfg.smem > limit) {
+    set_error(cudaErrorInvalidValue,
+              name + ": dynamic shared memory over what this kernel opted in to");
     return;
   }
   const auto stream = static_cast<cudaStream_t>(cfg.stream);
   if (defer(stream)) {  // checked now, run when something waits for the stream
-    enqueue(stream, [kernel, grid = cfg.grid, block = cfg.block, smem = cfg.smem, thread] {
-      launch(kernel, Config(grid, block, smem), thread);
-    });
+    enqueue(stream, [kernel, grid = cfg.grid, block = cfg.block, smem = cfg.smem, key = cfg.kernel,
+                     thread] { launch(kernel, Config(grid, block, smem).of(key), thread); });
     return;
   }
   if (s.sticky != cudaSuccess) return;  // a faulted context runs nothing more

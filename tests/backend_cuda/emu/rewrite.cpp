@@ -1,6 +1,7 @@
 // Turns a CUDA source of backend/cuda/ into C++ for the CPU emulation (moeplan_cuda_emu.hpp):
-//   kernel<<<cfg>>>(args)            ->  ::moeplan_emu::launch("kernel", Config(cfg),
-//                                                             [=] { kernel(args); })
+//   kernel<<<cfg>>>(args)            ->  ::moeplan_emu::launch("kernel",
+//                                          Config(cfg).of(kernel_key(kernel)), [=] { kernel(args);
+//                                          })
 //   extern __shared__ [__align__(n)] T name[];  ->  T* name = dynamic_shared<T>();
 // Everything else is kept byte for byte, newlines included, and a #line directive names the
 // original file, so that compiler messages and sanitizer reports point at the real source line.
@@ -68,8 +69,9 @@ std::string rewrite_launches(const std::string& s) {
     for (char c : kernel)
       if (c != '"' && c != '\\' && c != '\n') name += c;
     out += s.substr(pos, kstart - pos);
-    out += "::moeplan_emu::launch(\"" + name + "\", ::moeplan_emu::Config(" + cfg + "), [=] { " +
-           kernel + "(" + args + "); })";
+    out += "::moeplan_emu::launch(\"" + name + "\", ::moeplan_emu::Config(" + cfg +
+           ").of(::moeplan_emu::kernel_key(" + kernel + ")), [=] { " + kernel + "(" + args +
+           "); })";
     pos = q + 1;
   }
   out += s.substr(pos);

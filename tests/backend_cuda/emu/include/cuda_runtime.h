@@ -91,7 +91,8 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end);
 cudaError_t cudaEventDestroy(cudaEvent_t e);
 
 namespace moeplan_emu {
-cudaError_t set_max_dynamic_shared(int bytes);
+// Per kernel (kernel_key), as CUDA keeps it: one kernel's opt-in lets no other launch more.
+cudaError_t set_max_dynamic_shared(const void* kernel, int bytes);
 // A created stream's queue (above): `defer` says whether work on `s` waits; `enqueue` adds it;
 // `queued` counts what was ever added (an event's mark); `run_until` runs the queue up to a mark.
 bool defer(cudaStream_t s);
@@ -101,7 +102,7 @@ void run_until(cudaStream_t s, std::size_t mark);
 void run_all_streams();
 }
 template <class Kernel>
-cudaError_t cudaFuncSetAttribute(Kernel, cudaFuncAttribute attr, int value) {
+cudaError_t cudaFuncSetAttribute(Kernel k, cudaFuncAttribute attr, int value) {
   if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize) return cudaErrorInvalidValue;
-  return moeplan_emu::set_max_dynamic_shared(value);
+  return moeplan_emu::set_max_dynamic_shared(moeplan_emu::kernel_key(k), value);
 }

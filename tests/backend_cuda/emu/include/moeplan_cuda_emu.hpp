@@ -183,12 +183,27 @@ void cp_async_wait(int pending_groups);
 // All lanes must pass the same value (a WMMA pointer or stride).
 void check_warp_uniform(const void* p, unsigned ld, const char* op);
 
+// A kernel's identity, for its attributes: the function's address (a memcpy, since C++ casts no
+// function pointer to an object pointer).
+template <class F>
+const void* kernel_key(F* f) {
+  static_assert(sizeof(F*) == sizeof(const void*));
+  const void* p;
+  std::memcpy(&p, &f, sizeof p);
+  return p;
+}
+
 struct Config {
   dim3 grid, block;
   std::size_t smem;
   void* stream;
+  const void* kernel = nullptr;  // kernel_key of the launched function (set by the rewrite)
   Config(dim3 g, dim3 b, std::size_t s = 0, void* st = nullptr)
       : grid(g), block(b), smem(s), stream(st) {}
+  Config& of(const void* k) {
+    kernel = k;
+    return *this;
+  }
 };
 // Runs `thread` once per CUDA thread of the grid, block after block; returns when all are done.
 // On a created stream whose work is deferred (cuda_runtime.h) it queues the launch instead: the
