@@ -276,19 +276,21 @@ int run(const RunFlags& f) {
     throw InputError(
         fmt::format("--kernels '{}' applies to --device cuda; the {} device has one set of kernels",
                     opt.kernels, opt.device));
-  // A --kernels the engine would refuse (a misspelt name, fused attention at an odd head_dim),
-  // or rank variables it would (RANK without WORLD_SIZE, a LOCAL_RANK past the GPUs, fewer
-  // sequences than ranks): refused here for every point to train, before a folder, lock or rank
-  // is made (each rank said so after the launch, and a single process left its .lock and
-  // checkpoint/ behind).
-  for (const Plan* p : points)
-    backend::check_engine(opt.device, opt.kernels, p->arch, p->budget.batch_seqs);
+  // A --kernels the engine would refuse (a misspelt name, fused attention at an odd head_dim):
+  // refused here for every point to train, before a folder, lock or rank is made (each rank
+  // said so after the launch, and a single process left its .lock and checkpoint/ behind).
+  for (const Plan* p : points) backend::check_kernels(opt.device, opt.kernels, p->arch);
   // A build with the backend on a machine without the device: refused here, before a point's
   // plan line is printed and its folder made (make_engine said so only inside the first point).
   if (backend::visible_devices(opt.device) == 0)
     throw InputError(fmt::format("--device {}: no {} device is visible on this machine", opt.device,
                                  opt.device == "cuda" ? "CUDA" : opt.device));
   if (f.nproc != 1) check_nproc(f, opt.device, points);
+  // Rank variables the engine would refuse (RANK without WORLD_SIZE, a LOCAL_RANK past the GPUs,
+  // fewer sequences than ranks), likewise before any folder: after --nproc's own checks, which
+  // name a WORLD_SIZE set beside --nproc first (the launcher sets them for its ranks).
+  if (f.nproc == 1)
+    for (const Plan* p : points) backend::check_ranks(opt.device, p->budget.batch_seqs);
   // Ranks started by hand (torchrun's variables) train data parallel on cuda only: on cpu each
   // "rank" trained whole points alone, and the job split the sweep between them in silence.
   if (const auto ws = backend::data_parallel_world(); ws && opt.device != "cuda")

@@ -320,11 +320,10 @@ const bool registered = register_engine("cuda", [](const EngineRequest& r) {
   return std::unique_ptr<Engine>(std::make_unique<CudaEngine>(r));
 });
 const bool counted = register_device_counter("cuda", [] { return device_count(); });
-const bool engine_checked = register_engine_check(
-    "cuda", [](const std::string& kernels, const Arch& arch, int64_t batch_seqs) {
-      checked_kernels(kernels, arch);
-      checked_ranks(batch_seqs);
-    });
+const bool kernels_checked = register_kernels_check(
+    "cuda", [](const std::string& kernels, const Arch& arch) { checked_kernels(kernels, arch); });
+const bool ranks_checked =
+    register_ranks_check("cuda", [](int64_t batch_seqs) { checked_ranks(batch_seqs); });
 
 }  // namespace
 }  // namespace moeplan::backend::cuda

@@ -129,22 +129,36 @@ int visible_devices(const std::string& device) {
 }
 
 namespace {
-using EngineCheck = std::function<void(const std::string&, const Arch&, int64_t)>;
-std::map<std::string, EngineCheck>& engine_checks() {
-  static std::map<std::string, EngineCheck> c;
+using KernelsCheck = std::function<void(const std::string&, const Arch&)>;
+std::map<std::string, KernelsCheck>& kernels_checks() {
+  static std::map<std::string, KernelsCheck> c;
+  return c;
+}
+using RanksCheck = std::function<void(int64_t)>;
+std::map<std::string, RanksCheck>& ranks_checks() {
+  static std::map<std::string, RanksCheck> c;
   return c;
 }
 }  // namespace
 
-bool register_engine_check(const std::string& device, EngineCheck check) {
-  engine_checks()[device] = std::move(check);
+bool register_kernels_check(const std::string& device, KernelsCheck check) {
+  kernels_checks()[device] = std::move(check);
   return true;
 }
 
-void check_engine(const std::string& device, const std::string& kernels, const Arch& arch,
-                  int64_t batch_seqs) {
-  const auto it = engine_checks().find(device);
-  if (it != engine_checks().end()) it->second(kernels, arch, batch_seqs);
+void check_kernels(const std::string& device, const std::string& kernels, const Arch& arch) {
+  const auto it = kernels_checks().find(device);
+  if (it != kernels_checks().end()) it->second(kernels, arch);
+}
+
+bool register_ranks_check(const std::string& device, RanksCheck check) {
+  ranks_checks()[device] = std::move(check);
+  return true;
+}
+
+void check_ranks(const std::string& device, int64_t batch_seqs) {
+  const auto it = ranks_checks().find(device);
+  if (it != ranks_checks().end()) it->second(batch_seqs);
 }
 
 std::vector<std::string> engine_devices() {

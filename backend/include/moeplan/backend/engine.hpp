@@ -84,16 +84,18 @@ bool register_device_counter(const std::string& device, std::function<int()> cou
 int visible_devices(const std::string& device);
 // The same errors as make_engine, without building anything (checked before a sweep starts).
 void require_device(const std::string& device);
-// A device's check of what its engine would refuse for one point before training anything (a
-// --kernels request for the point's arch; for cuda also the data-parallel rank variables
-// against the machine's GPUs and the point's batch), registered by the device; check_engine runs
-// it, and does nothing for a device that registered none. `run` checks every point before it
-// makes a folder or starts a rank.
-bool register_engine_check(
+// A device's check of a --kernels request for one point's arch (the errors its engine would give
+// when built), registered by the device; check_kernels runs it, and does nothing for a device
+// that registered none. `run` checks every point before it makes a folder or starts a rank.
+bool register_kernels_check(
     const std::string& device,
-    std::function<void(const std::string& kernels, const Arch& arch, int64_t batch_seqs)> check);
-void check_engine(const std::string& device, const std::string& kernels, const Arch& arch,
-                  int64_t batch_seqs);
+    std::function<void(const std::string& kernels, const Arch& arch)> check);
+void check_kernels(const std::string& device, const std::string& kernels, const Arch& arch);
+// Likewise the data-parallel rank variables a process was started with (cuda: RANK without
+// WORLD_SIZE, a LOCAL_RANK past the machine's GPUs, fewer sequences a step than ranks), for a
+// point of batch_seqs sequences a step.
+bool register_ranks_check(const std::string& device, std::function<void(int64_t batch_seqs)> check);
+void check_ranks(const std::string& device, int64_t batch_seqs);
 
 // This machine's physical memory in bytes (0 when unknown), and a byte count as the messages
 // about memory write it: "12.30 GiB", or "38.0 MiB" below a GiB.
