@@ -1,5 +1,5 @@
-// Tiled routed-expert products (see expert_gemm.hpp). Eight warps per block; warp w computes the
-// 32×64 eighth (w/2, w%2) of the block's 128×128 output tile through PTX mma.sync m16n8k16 (bf16
+// Tiled routed-expert products (see expert_gemm.hpp). Four warps per block; warp w computes the
+// 32×64 quarter (w/2, w%2) of the block's 64×128 output tile through PTX mma.sync m16n8k16 (bf16
 // in, fp32 accumulate; mma.cuh): per 16-deep step two A fragments and four ldmatrix.x4 of B
 // fragments feed sixteen products, and the accumulators (2×8 tiles of 16×8) stay in registers
 // until they are written. Operand tiles are staged in shared memory in the layout they have in
@@ -22,10 +22,9 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 
-constexpr int BM = int(kRows), BN = int(kCols), BK = int(kDepth);
-constexpr int kWarpsM = 4, kWarpsN = 2, kThreads = 32 * kWarpsM * kWarpsN;
-constexpr int kStages = 3;                           // depth steps staged at once (two in flight)
-constexpr int WM = BM / kWarpsM, WN = BN / kWarpsN;  // a warp's part of the output tile
+constexpr int BM = int(kRows), BN = int(kCols), BK = int(kDepth), kThreads = 128;
+constexpr int kStages = 3;                // depth steps staged at once (two in flight)
+constexpr int WM = BM / 2, WN = BN / 2;   // a warp's quarter of the output tile
 constexpr int FM = WM / 16, FN = WN / 8;  // its 16×8 accumulator tiles
 static_assert(BK % 16 == 0 && FN % 2 == 0, "whole mma steps; B fragments in pairs");
 // Shared-memory row strides padded by 8 elements (16 bytes), so the eight 16-byte rows an
@@ -87,12 +86,9 @@ struct Tiles {
 };
 static_assert(kTileA * 2 % 128 == 0 && kTileB * 2 % 128 == 0,
               "every stage's tile stays 128-byte aligned");
-// 60 KiB at 128×128×32: past the 48 KiB a launch gets without asking, so each kernel opts in
-// (allow_smem). Two blocks an SM (16 warps): ptxas at __launch_bounds__(256, 2) takes 126–128
-// registers and no spills; at three blocks (80 registers) it spills 100–190 bytes a thread.
-static_assert(sizeof(Tiles) <= 227 * 1024, "within an H100/H200 SM's shared memory");
+static_assert(sizeof(Tiles) <= 48 * 1024, "no opt-in to more than 48 KiB of shared memory");
 
-// acc += A_tile · B_tile for this warp's 32×64 part (wm, wn). A_T: A staged [depth][rows];
+// acc += A_tile · B_tile for this warp's 32×64 quarter (wm, wn). A_T: A staged [depth][rows];
 // B_T: B staged [columns][depth]. Lane l addresses row l % 8 of ldmatrix matrix l / 8:
 //   A [rows][depth]: matrices (rows 0–7, depth low), (rows 8–15, low), (0–7, high), (8–15, high),
 //     read plain; A [depth][rows]: the same four as (depth, rows) blocks, read transposed;
@@ -182,7 +178,7 @@ __device__ inline void put2(bf16* p, float v0, float v1, bool) {
   }
 }
 
-// Writes (or adds) this warp's part to C rows [0, valid_rows) × columns [0, valid_cols) of the
+// Writes (or adds) this warp's quarter to C rows [0, valid_rows) × columns [0, valid_cols) of the
 // tile at C (row stride ldc), straight from the accumulators: lane (g, t) holds rows g and g+8,
 // columns 2t and 2t+1 of each 16×8 tile.
 template <class OutT>
@@ -215,7 +211,7 @@ __device__ inline void zero(Acc& acc) {
     for (int j = 0; j < FN; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
 }
 
-// Per expert e: tiles = ceil(c_e / BM); written at the exclusive prefix of those counts.
+// Per expert e: tiles = ceil(c_e / 64); written at the exclusive prefix of those counts.
 __global__ void build_row_tiles_kernel(int32_t* map, int32_t* n_tiles, const int32_t* offsets,
                                        int experts) {
   extern __shared__ int32_t first_tile[];  // experts + 1
@@ -240,7 +236,7 @@ __global__ void build_row_tiles_kernel(int32_t* map, int32_t* n_tiles, const int
 
 // Block (tile, column tile): C rows of the tile = A rows · op(W_e).
 template <bool TRANS_W, class OutT>
-__global__ void __launch_bounds__(kThreads, 2)
+__global__ void __launch_bounds__(kThreads)
     rows_kernel(OutT* C, const uint16_t* A, const uint16_t* const* W, const int32_t* map,
                 const int32_t* n_tiles, int N, int K, bool vec) {
   extern __shared__ __align__(128) unsigned char raw[];
@@ -249,7 +245,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   if (tile >= *n_tiles) return;
   const int e = map[3 * tile], row0 = map[3 * tile + 1], rows = map[3 * tile + 2];
   const int n0 = blockIdx.y * BN;
-  const int warp = threadIdx.x / 32, wm = warp / kWarpsN, wn = warp % kWarpsN;
+  const int warp = threadIdx.x / 32, wm = warp / 2, wn = warp % 2;
   const uint16_t* a = A + int64_t(row0) * K;
   const uint16_t* w = W[e];
   Acc acc;
@@ -268,7 +264,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 }
 
 // Block (output tile, expert): G_e tile += Σ over the expert's rows of A^T · B.
-__global__ void __launch_bounds__(kThreads, 2)
+__global__ void __launch_bounds__(kThreads)
     weight_grads_kernel(float* const* G, const uint16_t* A, const uint16_t* B,
                         const int32_t* offsets, int M, int N, int tiles_n, bool vec) {
   extern __shared__ __align__(128) unsigned char raw[];
@@ -277,12 +273,12 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int r0 = offsets[e], r1 = offsets[e + 1];
   if (r1 == r0) return;
   const int m0 = (blockIdx.x / tiles_n) * BM, n0 = (blockIdx.x % tiles_n) * BN;
-  const int warp = threadIdx.x / 32, wm = warp / kWarpsN, wn = warp % kWarpsN;
+  const int warp = threadIdx.x / 32, wm = warp / 2, wn = warp % 2;
   Acc acc;
   zero(acc);
   auto issue = [&](int step, int buf) {
     const int k0 = r0 + step * BK;
-    // A rows [k0, k0+32) × columns [m0, m0+BM): the transposed operand, staged [depth][rows]
+    // A rows [k0, k0+32) × columns [m0, m0+64): the transposed operand, staged [depth][rows]
     load_tile<BK, BM>(t.a[buf], LD_KM, A + int64_t(k0) * M + m0, M, r1 - k0, M - m0, vec);
     load_tile<BK, BN>(t.b[buf], LD_KN, B + int64_t(k0) * N + n0, N, r1 - k0, N - n0, vec);
   };
@@ -301,21 +297,6 @@ int64_t ceil_to(int64_t x, int64_t m) {
 
 void check_int(int64_t v, const char* what) {
   if (v < 0 || v > INT32_MAX) throw std::logic_error(std::string("expert_gemm: ") + what);
-}
-
-// Each kernel's opt-in to sizeof(Tiles) of dynamic shared memory, once per process and kernel:
-// the kernel is the template argument, so each has its own flag. (A flag per function type,
-// shared by rows_kernel<true, T> and rows_kernel<false, T>, left the second kernel at 48 KiB:
-// invalid argument at its first launch on an H200, 2026-12-04.)
-template <auto Kernel>
-void allow_smem() {
-  static const bool done = [] {
-    check_cuda(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    int(sizeof(Tiles))),
-               "cudaFuncSetAttribute (expert_gemm shared memory)");
-    return true;
-  }();
-  (void)done;
 }
 
 }  // namespace
@@ -345,26 +326,20 @@ void rows(void* C, bool c_bf16, const uint16_t* A, const uint16_t* const* W, boo
   const int n = int(N), k = int(K);
   if (c_bf16) {
     bf16* c = static_cast<bf16*>(C);
-    if (trans_w) {
-      allow_smem<rows_kernel<true, bf16>>();
+    if (trans_w)
       rows_kernel<true, bf16>
           <<<grid, kThreads, sizeof(Tiles)>>>(c, A, W, tile_map, n_tiles, n, k, vec);
-    } else {
-      allow_smem<rows_kernel<false, bf16>>();
+    else
       rows_kernel<false, bf16>
           <<<grid, kThreads, sizeof(Tiles)>>>(c, A, W, tile_map, n_tiles, n, k, vec);
-    }
   } else {
     float* c = static_cast<float*>(C);
-    if (trans_w) {
-      allow_smem<rows_kernel<true, float>>();
+    if (trans_w)
       rows_kernel<true, float>
           <<<grid, kThreads, sizeof(Tiles)>>>(c, A, W, tile_map, n_tiles, n, k, vec);
-    } else {
-      allow_smem<rows_kernel<false, float>>();
+    else
       rows_kernel<false, float>
           <<<grid, kThreads, sizeof(Tiles)>>>(c, A, W, tile_map, n_tiles, n, k, vec);
-    }
   }
   check_launch("expert_gemm::rows");
 }
@@ -377,7 +352,6 @@ void weight_grads(float* const* G, const uint16_t* A, const uint16_t* B, const i
   check_int(experts, "expert count");
   const int64_t tiles_n = (N + BN - 1) / BN, tiles = (M + BM - 1) / BM * tiles_n;
   const bool vec = M % 8 == 0 && N % 8 == 0 && aligned16(A) && aligned16(B);
-  allow_smem<weight_grads_kernel>();
   weight_grads_kernel<<<dim3(unsigned(tiles), unsigned(experts)), kThreads, sizeof(Tiles)>>>(
       G, A, B, offsets, int(M), int(N), int(tiles_n), vec);
   check_launch("expert_gemm::weight_grads");

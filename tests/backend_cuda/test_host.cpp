@@ -201,27 +201,23 @@ TEST_CASE("--kernels: attention and experts by name or auto, everything else ref
   }
 }
 
-TEST_CASE("tiled expert products: executed work counts whole 128-row, 128-column, 32-deep tiles") {
+TEST_CASE("tiled expert products: executed work counts whole 64-row, 128-column, 32-deep tiles") {
   namespace eg = cu::expert_gemm;
-  // Row product, counts {0, 1, 128, 129} (258 rows), N 128, K 32: the tiles cover 0 + 128 + 128
-  // + 256 = 512 rows, so 2·512·128·32 = 4,194,304 executed against 2·258·128·32 = 2,113,536
-  // useful.
-  const std::vector<int32_t> c = {0, 1, 128, 129};
-  CHECK(eg::executed_row_product_flops(c.data(), 4, 128, 32) == 4194304);
-  // N 100 and K 40 run as 128 columns and 64 deep: 2·512·128·64 = 8,388,608; N 130 as 256
+  // Row product, counts {0, 1, 64, 65} (130 rows), N 128, K 32: the tiles cover 0 + 64 + 64 + 128
+  // = 256 rows, so 2·256·128·32 = 2,097,152 executed against 2·130·128·32 = 1,064,960 useful.
+  const std::vector<int32_t> c = {0, 1, 64, 65};
+  CHECK(eg::executed_row_product_flops(c.data(), 4, 128, 32) == 2097152);
+  // N 100 and K 40 run as 128 columns and 64 deep: 2·256·128·64 = 4,194,304; N 130 as 256
   // columns: twice that.
-  CHECK(eg::executed_row_product_flops(c.data(), 4, 100, 40) == 8388608);
-  CHECK(eg::executed_row_product_flops(c.data(), 4, 130, 40) == 16777216);
-  // Weight gradient M 64 (one 128-row tile), N 128, depth = rows in steps of 32: counts
-  // {0, 1, 32, 33} take 0 + 32 + 32 + 64 = 128 deep, 2·128·128·128 = 4,194,304.
+  CHECK(eg::executed_row_product_flops(c.data(), 4, 100, 40) == 4194304);
+  CHECK(eg::executed_row_product_flops(c.data(), 4, 130, 40) == 8388608);
+  // Weight gradient M 64, N 128, depth = rows in steps of 32: counts {0, 1, 32, 33} take
+  // 0 + 32 + 32 + 64 = 128 deep, 2·64·128·128 = 2,097,152.
   const std::vector<int32_t> w = {0, 1, 32, 33};
-  CHECK(eg::executed_weight_grad_flops(w.data(), 4, 64, 128) == 4194304);
+  CHECK(eg::executed_weight_grad_flops(w.data(), 4, 64, 128) == 2097152);
   // M 100 runs as 128 rows, N 64 as 128 columns: 2·128·128·128 = 4,194,304.
   CHECK(eg::executed_weight_grad_flops(w.data(), 4, 100, 64) == 4194304);
-  // M 200 as 256 rows: twice that.
-  CHECK(eg::executed_weight_grad_flops(w.data(), 4, 200, 64) == 8388608);
-  // Tile bound: ceil(c/128) summed is at most (R + 127·E)/128; here 0+1+1+2 = 4 ≤ (258 +
-  // 508)/128 = 5.
-  CHECK(eg::max_row_tiles(258, 4) == 5);
+  // Tile bound: ceil(c/64) summed is at most (R + 63·E)/64; here 0+1+1+2 = 4 ≤ (130 + 252)/64 = 5.
+  CHECK(eg::max_row_tiles(130, 4) == 5);
   CHECK(eg::max_row_tiles(0, 0) == 0);
 }

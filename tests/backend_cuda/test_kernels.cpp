@@ -788,11 +788,9 @@ std::vector<int32_t> exclusive_offsets(const std::vector<int32_t>& counts) {
 }  // namespace
 
 TEST_CASE("tiled expert products match a double-precision host loop, every routing shape") {
-  // Counts with an empty expert, a single row, exact and partial row tiles (kRows 128). Shapes:
-  // multiples of 8 (16-byte loads) with partial column and depth tiles, and ragged ones (element
-  // loads).
-  static_assert(eg::kRows == 128, "the counts below are whole, partial and one-past tiles of 128");
-  const std::vector<int32_t> counts = {0, 1, 128, 129, 130, 7, 0, 33};
+  // Counts with an empty expert, a single row, exact and partial 64-row tiles. Shapes: multiples
+  // of 8 (16-byte loads) with partial column and depth tiles, and ragged ones (element loads).
+  const std::vector<int32_t> counts = {0, 1, 64, 65, 130, 7, 0, 33};
   const int64_t E = int64_t(counts.size());
   const std::vector<int32_t> offsets = exclusive_offsets(counts);
   const int64_t R = offsets.back();
@@ -801,15 +799,15 @@ TEST_CASE("tiled expert products match a double-precision host loop, every routi
   DeviceBuffer map(size_t(3 * max_tiles) * 4), n_tiles(4);
   eg::build_row_tiles(map.as<int32_t>(), n_tiles.as<int32_t>(), dOff.as<int32_t>(), E);
   synchronize();
-  {  // the tile map: every expert's rows in order, kRows at a time
+  {  // the tile map: every expert's rows in order, 64 at a time
     std::vector<int32_t> m(size_t(3 * max_tiles));
     int32_t n = 0;
     map.download(m.data(), m.size() * 4);
     n_tiles.download(&n, 4);
     std::vector<int32_t> want;
     for (int64_t e = 0; e < E; ++e)
-      for (int32_t r = offsets[e]; r < offsets[e + 1]; r += int32_t(eg::kRows))
-        want.insert(want.end(), {int32_t(e), r, std::min(int32_t(eg::kRows), offsets[e + 1] - r)});
+      for (int32_t r = offsets[e]; r < offsets[e + 1]; r += 64)
+        want.insert(want.end(), {int32_t(e), r, std::min(64, offsets[e + 1] - r)});
     CHECK(n == int32_t(want.size() / 3));
     CHECK(std::vector<int32_t>(m.begin(), m.begin() + int64_t(want.size())) == want);
   }

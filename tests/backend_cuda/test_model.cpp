@@ -524,7 +524,7 @@ TEST_CASE("routed experts: strided-batched padded rows grow when the routing is 
 TEST_CASE("routed experts: the tiled kernels give the per-expert products' step; padding booked") {
   // Both paths take bf16 inputs and keep fp32 results where the model wants them; they differ in
   // summation order only, so a step agrees well inside bf16 tolerance. The ledgers agree except
-  // for the tiled kernels' padding: the rows of each expert's last 128-row tile (and, for the
+  // for the tiled kernels' padding: the rows of each expert's last 64-row tile (and, for the
   // weight gradients, depth past the last row in steps of 32), in every phase.
   const Arch a = moe_arch();
   ModelOptions opt;
@@ -550,15 +550,15 @@ TEST_CASE("routed experts: the tiled kernels give the per-expert products' step;
   t.flops[int(FlopCategory::padding)] = {};
   l.flops[int(FlopCategory::padding)] = {};
   CHECK(t == l);
-  // Each expert's last tile is at most 127 rows short, and a product's columns run in whole tiles
+  // Each expert's last tile is at most 63 rows short, and a product's columns run in whole tiles
   // of 128, its depth in steps of 32: for the forward products, (N, K) = (2De, Dm) and (Dm, De),
-  // over R routed rows a layer, at most 2·((R + 127·E)·ceil128(N)·ceil32(K) − R·N·K) each.
+  // over R routed rows a layer, at most 2·((R + 63·E)·ceil128(N)·ceil32(K) − R·N·K) each.
   const int64_t E = a.experts, De = a.d_expert, Dm = a.d_model;
   const auto up = [](int64_t x, int64_t m) { return (x + m - 1) / m * m; };
   int64_t bound = 0;
   for (const int64_t R : rt.routed_per_moe_layer)
     for (const auto& [N, K] : {std::pair<int64_t, int64_t>{2 * De, Dm}, {Dm, De}})
-      bound += 2 * ((R + 127 * E) * up(N, 128) * up(K, 32) - R * N * K);
+      bound += 2 * ((R + 63 * E) * up(N, 128) * up(K, 32) - R * N * K);
   CHECK(int64_t(rt.routed_per_moe_layer.size()) == a.moe_layers());
   for (Phase ph : {Phase::forward, Phase::input_grad, Phase::weight_grad}) {
     const int64_t extra =

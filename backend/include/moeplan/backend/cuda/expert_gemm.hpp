@@ -9,22 +9,21 @@
 // rows [offsets[e], offsets[e+1]). Every block owns its output tile and walks the depth in a fixed
 // order: no atomics, bit-for-bit repeatable.
 //
-// Tiles: 128 rows × 128 columns × 32 depth (64 rows until 2026-12-04: Nsight Compute on an H200
-// found the 64-row tiles bound by L2 traffic, 12 KB a 0.5-MFLOP depth step). The ledger books the
-// products' own shapes under `expert` (as the CPU does) and what the tiles execute beyond them
-// (rows of an expert's last tile, depth past the last routed row of a weight gradient) under
-// `padding`, from the counts read after the step: executed_*_flops below.
+// Tiles: 64 rows × 128 columns × 32 depth. The ledger books the products' own shapes under
+// `expert` (as the CPU does) and what the tiles execute beyond them (rows of an expert's last
+// tile, depth past the last routed row of a weight gradient) under `padding`, from the counts
+// read after the step: executed_*_flops below.
 #include <cstdint>
 
 #include "moeplan/backend/cuda/device.hpp"
 
 namespace moeplan::backend::cuda::expert_gemm {
 
-constexpr int64_t kRows = 128;  // rows (or weight-gradient output rows) of a block tile
+constexpr int64_t kRows = 64;   // rows (or weight-gradient output rows) of a block tile
 constexpr int64_t kCols = 128;  // output columns of a block tile
 constexpr int64_t kDepth = 32;  // depth step
 
-// Tiles a row product launches over, at most: Σ_e ceil(c_e/kRows) ≤ (R + (kRows − 1)·E)/kRows.
+// Tiles a row product launches over, at most: Σ_e ceil(c_e/64) ≤ (R + 63·E)/64.
 int64_t max_row_tiles(int64_t routed_rows, int64_t experts);
 
 // tile_map (3·max_tiles int32: expert, first row, rows) and n_tiles (1 int32), from offsets
@@ -43,9 +42,9 @@ void weight_grads(float* const* G, const uint16_t* A, const uint16_t* B, const i
                   int64_t experts, int64_t M, int64_t N);
 
 // What the kernels execute (2 FLOPs per multiply-add, zero-filled tile parts included), from the
-// routed row count of each expert. Row product: 2·Σ_e ceil128(c_e)·ceil128(N)·ceil32(K).
+// routed row count of each expert. Row product: 2·Σ_e ceil64(c_e)·ceil128(N)·ceil32(K).
 int64_t executed_row_product_flops(const int32_t* counts, int64_t experts, int64_t N, int64_t K);
-// Weight gradient: 2·ceil128(M)·ceil128(N)·Σ_e ceil32(c_e).
+// Weight gradient: 2·ceil64(M)·ceil128(N)·Σ_e ceil32(c_e).
 int64_t executed_weight_grad_flops(const int32_t* counts, int64_t experts, int64_t M, int64_t N);
 
 }  // namespace moeplan::backend::cuda::expert_gemm
