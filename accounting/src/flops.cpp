@@ -187,8 +187,7 @@ ConventionLens lens(const Arch& a, Convention c, AttentionMask executed, Attenti
         // it (padding, recomputed products) is in the ledger's total, not in C. Counted, a CUDA
         // run's C [exact] exceeded the CPU's for the same point (+5 % with cuBLAS attention's
         // full squares, several times with tiled experts' unfilled rows).
-        if (FlopCategory(i) == FlopCategory::padding || FlopCategory(i) == FlopCategory::recompute)
-          continue;
+        if (beyond_useful(FlopCategory(i))) continue;
         // exact/full counts every key of every query; a causal run executed (S+1)/(2S) of that.
         if (FlopCategory(i) == FlopCategory::attention_core && counted == AttentionMask::full &&
             executed == AttentionMask::causal)

@@ -90,7 +90,10 @@ FlopCount FlopLedger::total() const {
   return s;
 }
 FlopCount FlopLedger::useful() const {
-  return total() - category(FlopCategory::padding) - category(FlopCategory::recompute);
+  FlopCount s = 0;
+  for (int c = 0; c < kFlopCategories; ++c)
+    if (!beyond_useful(FlopCategory(c))) s += category(FlopCategory(c));
+  return s;
 }
 FlopLedger& FlopLedger::operator+=(const FlopLedger& o) {
   for (int c = 0; c < kFlopCategories; ++c)

@@ -728,7 +728,7 @@ void check_step_ledger(const Arch& arch, int64_t batch_seqs, bool erc_loss, cons
   const FlopLedger want = exact_step_ledger(arch, batch_seqs, eo);
   for (int c = 0; c < kFlopCategories; ++c) {
     const auto cat = FlopCategory(c);
-    if (cat == FlopCategory::padding || cat == FlopCategory::recompute) continue;
+    if (beyond_useful(cat)) continue;
     for (int p = 0; p < kPhases; ++p)
       if (!(r.flops.flops[size_t(c)][size_t(p)] == want.flops[size_t(c)][size_t(p)]))
         throw std::logic_error(fmt::format(

@@ -23,6 +23,11 @@ enum class FlopCategory : int {
   padding,
 };
 inline constexpr int kFlopCategories = 10;
+// What a device executes beyond the model's useful work (padding, products computed again): in
+// the ledger's total, in no convention's C, and in no analytic count.
+constexpr bool beyond_useful(FlopCategory c) {
+  return c == FlopCategory::padding || c == FlopCategory::recompute;
+}
 
 enum class Phase : int { forward, input_grad, weight_grad };
 inline constexpr int kPhases = 3;
@@ -96,7 +101,7 @@ struct FlopLedger {
   FlopCount category(FlopCategory c) const;  // all phases
   FlopCount phase(Phase p) const;            // all categories
   FlopCount total() const;                   // all matrix products
-  FlopCount useful() const;  // total less padding and recompute: C [exact] of the products
+  FlopCount useful() const;  // total less what is beyond_useful: C [exact] of the products
   FlopLedger& operator+=(const FlopLedger& o);
   FlopLedger operator-(const FlopLedger& o) const;
   FlopLedger operator*(int64_t times) const;  // `times` repeats of the same work (e.g. steps)
