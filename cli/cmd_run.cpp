@@ -525,7 +525,7 @@ const bool registered = register_command(
            ->check(non_empty_value());
        app.add_option("--kernels", f->kernels,
                       "cuda only: attention=auto|cublas|fused|fused_mma|fused_mma_wide, "
-                      "experts=auto|grouped|loop|tiled|batched, logits=auto|<rows>, "
+                      "experts=auto|grouped|loop|tiled|tiled128|batched, logits=auto|<rows>, "
                       "gemm=auto|<table.json> (default: auto for each: fused_mma and tiled in "
                       "bf16 where they apply, LM head chunks of 8192 rows, no GEMM table; "
                       "docs/running.md)")

@@ -1,10 +1,11 @@
-// Tiled routed-expert products (see expert_gemm.hpp). Four warps per block; warp w computes the
-// 32×64 quarter (w/2, w%2) of the block's 64×128 output tile through PTX mma.sync m16n8k16 (bf16
-// in, fp32 accumulate; mma.cuh): per 16-deep step two A fragments and four ldmatrix.x4 of B
-// fragments feed sixteen products, and the accumulators (2×8 tiles of 16×8) stay in registers
-// until they are written. Operand tiles are staged in shared memory in the layout they have in
-// global memory, a transposed operand read by ldmatrix.trans; a three-stage cp.async pipeline
-// keeps two depth steps in flight while one multiplies.
+// Tiled routed-expert products (see expert_gemm.hpp), in two tile heights BM: 64 rows (four warps
+// as 2×2) or 128 rows (eight warps as 4×2). Warp w computes the 32×64 part (w/2, w%2) of the
+// block's BM×128 output tile through PTX mma.sync m16n8k16 (bf16 in, fp32 accumulate; mma.cuh):
+// per 16-deep step two A fragments and four ldmatrix.x4 of B fragments feed sixteen products, and
+// the accumulators (2×8 tiles of 16×8) stay in registers until they are written. Operand tiles are
+// staged in shared memory in the layout they have in global memory, a transposed operand read by
+// ldmatrix.trans; a three-stage cp.async pipeline keeps two depth steps in flight while one
+// multiplies.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -22,16 +23,26 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 
-constexpr int BM = int(kRows), BN = int(kCols), BK = int(kDepth), kThreads = 128;
+constexpr int BN = int(kCols), BK = int(kDepth);
 constexpr int kStages = 3;                // depth steps staged at once (two in flight)
-constexpr int WM = BM / 2, WN = BN / 2;   // a warp's quarter of the output tile
+constexpr int WM = 32, WN = BN / 2;       // a warp's part of the output tile
 constexpr int FM = WM / 16, FN = WN / 8;  // its 16×8 accumulator tiles
 static_assert(BK % 16 == 0 && FN % 2 == 0, "whole mma steps; B fragments in pairs");
+// Threads of a block of tile height BM: BM/32 × 2 warps.
+template <int BM>
+constexpr int kThreads = 32 * (BM / WM) * 2;
+// Blocks an SM is asked to hold (__launch_bounds__): two for the 128-row tiles, where ptxas then
+// keeps 126–128 registers without spills (at three it spills 100–190 bytes a thread). 0 for the
+// 64-row tiles leaves the bound out (no .minnctapersm in the PTX), as measured on the H200 since
+// 2026-12-01: ptxas then takes 96 registers, where a bound of 1 lets it take 133–137.
+template <int BM>
+constexpr int kMinBlocks = BM == 128 ? 2 : 0;
 // Shared-memory row strides padded by 8 elements (16 bytes), so the eight 16-byte rows an
 // ldmatrix matrix reads fall on different banks (row strides of 80, 144 and 272 bytes) and every
 // row stays 16-byte aligned for cp.async and ldmatrix.
 constexpr int LD_RK = BK + 8;  // tiles stored [rows or columns][32 depth]
-constexpr int LD_KM = BM + 8;  // A tiles stored [32 depth][64 rows]
+template <int BM>
+constexpr int LD_KM = BM + 8;  // A tiles stored [32 depth][BM rows]
 constexpr int LD_KN = BN + 8;  // B tiles stored [32 depth][128 columns]
 
 using Acc = float[FM][FN][4];
@@ -41,11 +52,11 @@ using Acc = float[FM][FN][4];
 // (ld a multiple of 8, src 16-byte aligned), whole 16-byte chunks go by cp.async (rows past the
 // end zero-filled by it), in flight until the caller's commit and wait; the ragged edge and the
 // unaligned case are stored element by element at once.
-template <int ROWS, int COLS>
+template <int ROWS, int COLS, int THREADS>
 __device__ void load_tile(uint16_t* dst, int ld_dst, const uint16_t* src, int64_t ld,
                           int valid_rows, int valid_cols, bool vec) {
-  constexpr int kChunks = COLS / 8, kStride = kThreads / kChunks;  // rows a pass covers
-  static_assert(kThreads % kChunks == 0 && ROWS % kStride == 0, "whole passes over the tile");
+  constexpr int kChunks = COLS / 8, kStride = THREADS / kChunks;  // rows a pass covers
+  static_assert(THREADS % kChunks == 0 && ROWS % kStride == 0, "whole passes over the tile");
   if (vec && valid_rows >= ROWS && valid_cols >= COLS) {  // a whole tile: one address step a copy
     const int r0 = threadIdx.x / kChunks, c = (threadIdx.x % kChunks) * 8;
     const uint16_t* s = src + int64_t(r0) * ld + c;
@@ -54,7 +65,7 @@ __device__ void load_tile(uint16_t* dst, int ld_dst, const uint16_t* src, int64_
     for (int r = 0; r < ROWS; r += kStride) cp_async_16(d + r * ld_dst, s + r * ld, 16);
     return;
   }
-  for (int i = threadIdx.x; i < ROWS * kChunks; i += kThreads) {
+  for (int i = threadIdx.x; i < ROWS * kChunks; i += THREADS) {
     const int r = i / kChunks, c = (i % kChunks) * 8;
     uint16_t* d = dst + r * ld_dst + c;
     const uint16_t* s = src + int64_t(r) * ld + c;
@@ -76,26 +87,30 @@ __device__ void load_tile(uint16_t* dst, int ld_dst, const uint16_t* src, int64_
   }
 }
 
-// The block's operand tiles: A as [64][32] (rows × depth) or transposed [32][64]; B as [32][128]
+// The block's operand tiles: A as [BM][32] (rows × depth) or transposed [32][BM]; B as [32][128]
 // (depth × columns) or transposed [128][32]. Sized for the larger of each pair.
-constexpr int kTileA = (BK * LD_KM > BM * LD_RK) ? (BK * LD_KM) : (BM * LD_RK);
-constexpr int kTileB = (BK * LD_KN > BN * LD_RK) ? (BK * LD_KN) : (BN * LD_RK);
+template <int BM>
 struct Tiles {
-  alignas(128) uint16_t a[kStages][kTileA];
-  alignas(128) uint16_t b[kStages][kTileB];
+  static constexpr int kA = (BK * LD_KM<BM> > BM * LD_RK) ? (BK * LD_KM<BM>) : (BM * LD_RK);
+  static constexpr int kB = (BK * LD_KN > BN * LD_RK) ? (BK * LD_KN) : (BN * LD_RK);
+  static_assert(kA * 2 % 128 == 0 && kB * 2 % 128 == 0,
+                "every stage's tile stays 128-byte aligned");
+  alignas(128) uint16_t a[kStages][kA];
+  alignas(128) uint16_t b[kStages][kB];
 };
-static_assert(kTileA * 2 % 128 == 0 && kTileB * 2 % 128 == 0,
-              "every stage's tile stays 128-byte aligned");
-static_assert(sizeof(Tiles) <= 48 * 1024, "no opt-in to more than 48 KiB of shared memory");
+// 64-row tiles: 46 KiB, within the 48 KiB a launch gets without asking. 128-row tiles: 60 KiB,
+// so each of their kernels opts in (allow_smem).
+static_assert(sizeof(Tiles<64>) <= 48 * 1024, "the 64-row tiles need no opt-in");
+static_assert(sizeof(Tiles<128>) <= 227 * 1024, "within an H100/H200 SM's shared memory");
 
-// acc += A_tile · B_tile for this warp's 32×64 quarter (wm, wn). A_T: A staged [depth][rows];
+// acc += A_tile · B_tile for this warp's 32×64 part (wm, wn). A_T: A staged [depth][rows];
 // B_T: B staged [columns][depth]. Lane l addresses row l % 8 of ldmatrix matrix l / 8:
 //   A [rows][depth]: matrices (rows 0–7, depth low), (rows 8–15, low), (0–7, high), (8–15, high),
 //     read plain; A [depth][rows]: the same four as (depth, rows) blocks, read transposed;
 //   B [columns][depth]: (columns j, depth low), (j, high), (j+1, low), (j+1, high), read plain;
 //     B [depth][columns]: the same four as (depth, columns) blocks, read transposed;
 // so that registers 0–3 are an A fragment, or the (b0, b1) pairs of column tiles j and j+1.
-template <bool A_T, bool B_T>
+template <int BM, bool A_T, bool B_T>
 __device__ void mma_tile(Acc& acc, const uint16_t* a_tile, const uint16_t* b_tile, int wm, int wn) {
   const int lane = threadIdx.x % 32, mi = lane / 8, r = lane % 8;
 #pragma unroll
@@ -105,7 +120,7 @@ __device__ void mma_tile(Acc& acc, const uint16_t* a_tile, const uint16_t* b_til
     for (int i = 0; i < FM; ++i) {
       const int m = wm * WM + i * 16;
       if constexpr (A_T)
-        ldsm_x4_trans(fa[i], a_tile + (kk + (mi / 2) * 8 + r) * LD_KM + m + (mi % 2) * 8);
+        ldsm_x4_trans(fa[i], a_tile + (kk + (mi / 2) * 8 + r) * LD_KM<BM> + m + (mi % 2) * 8);
       else
         ldsm_x4(fa[i], a_tile + (m + (mi % 2) * 8 + r) * LD_RK + kk + (mi / 2) * 8);
     }
@@ -178,12 +193,12 @@ __device__ inline void put2(bf16* p, float v0, float v1, bool) {
   }
 }
 
-// Writes (or adds) this warp's quarter to C rows [0, valid_rows) × columns [0, valid_cols) of the
+// Writes (or adds) this warp's part to C rows [0, valid_rows) × columns [0, valid_cols) of the
 // tile at C (row stride ldc), straight from the accumulators: lane (g, t) holds rows g and g+8,
 // columns 2t and 2t+1 of each 16×8 tile.
 template <class OutT>
-__device__ void store_quarter(OutT* C, int64_t ldc, const Acc& acc, int wm, int wn, int valid_rows,
-                              int valid_cols, bool accumulate) {
+__device__ void store_part(OutT* C, int64_t ldc, const Acc& acc, int wm, int wn, int valid_rows,
+                           int valid_cols, bool accumulate) {
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
 #pragma unroll
   for (int i = 0; i < FM; ++i)
@@ -211,7 +226,8 @@ __device__ inline void zero(Acc& acc) {
     for (int j = 0; j < FN; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
 }
 
-// Per expert e: tiles = ceil(c_e / 64); written at the exclusive prefix of those counts.
+// Per expert e: tiles = ceil(c_e / BM); written at the exclusive prefix of those counts.
+template <int BM>
 __global__ void build_row_tiles_kernel(int32_t* map, int32_t* n_tiles, const int32_t* offsets,
                                        int experts) {
   extern __shared__ int32_t first_tile[];  // experts + 1
@@ -235,12 +251,12 @@ __global__ void build_row_tiles_kernel(int32_t* map, int32_t* n_tiles, const int
 }
 
 // Block (tile, column tile): C rows of the tile = A rows · op(W_e).
-template <bool TRANS_W, class OutT>
-__global__ void __launch_bounds__(kThreads)
+template <int BM, bool TRANS_W, class OutT>
+__global__ void __launch_bounds__(kThreads<BM>, kMinBlocks<BM>)
     rows_kernel(OutT* C, const uint16_t* A, const uint16_t* const* W, const int32_t* map,
                 const int32_t* n_tiles, int N, int K, bool vec) {
   extern __shared__ __align__(128) unsigned char raw[];
-  Tiles& t = *reinterpret_cast<Tiles*>(raw);
+  Tiles<BM>& t = *reinterpret_cast<Tiles<BM>*>(raw);
   const int tile = blockIdx.x;
   if (tile >= *n_tiles) return;
   const int e = map[3 * tile], row0 = map[3 * tile + 1], rows = map[3 * tile + 2];
@@ -252,23 +268,26 @@ __global__ void __launch_bounds__(kThreads)
   zero(acc);
   auto issue = [&](int step, int buf) {  // the tiles of depth step `step` into buffer buf
     const int k0 = step * BK;
-    load_tile<BM, BK>(t.a[buf], LD_RK, a + k0, K, rows, K - k0, vec);
+    load_tile<BM, BK, kThreads<BM>>(t.a[buf], LD_RK, a + k0, K, rows, K - k0, vec);
     if constexpr (TRANS_W)  // W_e stored (N, K): the tile [128 columns][32 depth]
-      load_tile<BN, BK>(t.b[buf], LD_RK, w + int64_t(n0) * K + k0, K, N - n0, K - k0, vec);
+      load_tile<BN, BK, kThreads<BM>>(t.b[buf], LD_RK, w + int64_t(n0) * K + k0, K, N - n0, K - k0,
+                                      vec);
     else  // W_e stored (K, N): the tile [32 depth][128 columns]
-      load_tile<BK, BN>(t.b[buf], LD_KN, w + int64_t(k0) * N + n0, N, K - k0, N - n0, vec);
+      load_tile<BK, BN, kThreads<BM>>(t.b[buf], LD_KN, w + int64_t(k0) * N + n0, N, K - k0, N - n0,
+                                      vec);
   };
   pipeline((K + BK - 1) / BK, issue,
-           [&](int buf) { mma_tile<false, TRANS_W>(acc, t.a[buf], t.b[buf], wm, wn); });
-  store_quarter(C + int64_t(row0) * N + n0, N, acc, wm, wn, rows, N - n0, false);
+           [&](int buf) { mma_tile<BM, false, TRANS_W>(acc, t.a[buf], t.b[buf], wm, wn); });
+  store_part(C + int64_t(row0) * N + n0, N, acc, wm, wn, rows, N - n0, false);
 }
 
 // Block (output tile, expert): G_e tile += Σ over the expert's rows of A^T · B.
-__global__ void __launch_bounds__(kThreads)
+template <int BM>
+__global__ void __launch_bounds__(kThreads<BM>, kMinBlocks<BM>)
     weight_grads_kernel(float* const* G, const uint16_t* A, const uint16_t* B,
                         const int32_t* offsets, int M, int N, int tiles_n, bool vec) {
   extern __shared__ __align__(128) unsigned char raw[];
-  Tiles& t = *reinterpret_cast<Tiles*>(raw);
+  Tiles<BM>& t = *reinterpret_cast<Tiles<BM>*>(raw);
   const int e = blockIdx.y;
   const int r0 = offsets[e], r1 = offsets[e + 1];
   if (r1 == r0) return;
@@ -278,13 +297,15 @@ __global__ void __launch_bounds__(kThreads)
   zero(acc);
   auto issue = [&](int step, int buf) {
     const int k0 = r0 + step * BK;
-    // A rows [k0, k0+32) × columns [m0, m0+64): the transposed operand, staged [depth][rows]
-    load_tile<BK, BM>(t.a[buf], LD_KM, A + int64_t(k0) * M + m0, M, r1 - k0, M - m0, vec);
-    load_tile<BK, BN>(t.b[buf], LD_KN, B + int64_t(k0) * N + n0, N, r1 - k0, N - n0, vec);
+    // A rows [k0, k0+32) × columns [m0, m0+BM): the transposed operand, staged [depth][rows]
+    load_tile<BK, BM, kThreads<BM>>(t.a[buf], LD_KM<BM>, A + int64_t(k0) * M + m0, M, r1 - k0,
+                                    M - m0, vec);
+    load_tile<BK, BN, kThreads<BM>>(t.b[buf], LD_KN, B + int64_t(k0) * N + n0, N, r1 - k0, N - n0,
+                                    vec);
   };
   pipeline((r1 - r0 + BK - 1) / BK, issue,
-           [&](int buf) { mma_tile<true, false>(acc, t.a[buf], t.b[buf], wm, wn); });
-  store_quarter(G[e] + int64_t(m0) * N + n0, N, acc, wm, wn, M - m0, N - n0, true);
+           [&](int buf) { mma_tile<BM, true, false>(acc, t.a[buf], t.b[buf], wm, wn); });
+  store_part(G[e] + int64_t(m0) * N + n0, N, acc, wm, wn, M - m0, N - n0, true);
 }
 
 bool aligned16(const void* p) {
@@ -299,22 +320,80 @@ void check_int(int64_t v, const char* what) {
   if (v < 0 || v > INT32_MAX) throw std::logic_error(std::string("expert_gemm: ") + what);
 }
 
-}  // namespace
-
-int64_t max_row_tiles(int64_t routed_rows, int64_t experts) {
-  return (routed_rows + (BM - 1) * experts) / BM;
+void check_tile_rows(int64_t tile_rows) {
+  if (tile_rows != 64 && tile_rows != 128)
+    throw std::logic_error("expert_gemm: tile rows " + std::to_string(tile_rows) +
+                           " (valid: 64, 128)");
 }
 
-void build_row_tiles(int32_t* tile_map, int32_t* n_tiles, const int32_t* offsets, int64_t experts) {
+// Each kernel's opt-in to its tiles' dynamic shared memory where they pass the 48 KiB a launch
+// gets without asking, once per process and kernel: the kernel is the template argument, so each
+// has its own flag. (A flag per function type, shared by rows_kernel<128, true, T> and
+// rows_kernel<128, false, T>, left the second at 48 KiB: invalid argument at its first launch
+// on an H200, 2026-12-04.)
+template <auto Kernel, int BM>
+void allow_smem() {
+  if constexpr (sizeof(Tiles<BM>) > 48 * 1024) {
+    static const bool done = [] {
+      check_cuda(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      int(sizeof(Tiles<BM>))),
+                 "cudaFuncSetAttribute (expert_gemm shared memory)");
+      return true;
+    }();
+    (void)done;
+  }
+}
+
+template <int BM, bool TRANS_W, class OutT>
+void launch_rows(dim3 grid, OutT* C, const uint16_t* A, const uint16_t* const* W,
+                 const int32_t* map, const int32_t* n_tiles, int N, int K, bool vec) {
+  allow_smem<rows_kernel<BM, TRANS_W, OutT>, BM>();
+  rows_kernel<BM, TRANS_W, OutT>
+      <<<grid, kThreads<BM>, sizeof(Tiles<BM>)>>>(C, A, W, map, n_tiles, N, K, vec);
+}
+
+template <int BM, class OutT>
+void launch_rows(dim3 grid, bool trans_w, OutT* C, const uint16_t* A, const uint16_t* const* W,
+                 const int32_t* map, const int32_t* n_tiles, int N, int K, bool vec) {
+  if (trans_w)
+    launch_rows<BM, true>(grid, C, A, W, map, n_tiles, N, K, vec);
+  else
+    launch_rows<BM, false>(grid, C, A, W, map, n_tiles, N, K, vec);
+}
+
+template <int BM>
+void launch_weight_grads(float* const* G, const uint16_t* A, const uint16_t* B,
+                         const int32_t* offsets, int64_t experts, int64_t M, int64_t N, bool vec) {
+  const int64_t tiles_n = (N + BN - 1) / BN, tiles = (M + BM - 1) / BM * tiles_n;
+  allow_smem<weight_grads_kernel<BM>, BM>();
+  weight_grads_kernel<BM>
+      <<<dim3(unsigned(tiles), unsigned(experts)), kThreads<BM>, sizeof(Tiles<BM>)>>>(
+          G, A, B, offsets, int(M), int(N), int(tiles_n), vec);
+}
+
+}  // namespace
+
+int64_t max_row_tiles(int64_t routed_rows, int64_t experts, int64_t tile_rows) {
+  check_tile_rows(tile_rows);
+  return (routed_rows + (tile_rows - 1) * experts) / tile_rows;
+}
+
+void build_row_tiles(int32_t* tile_map, int32_t* n_tiles, const int32_t* offsets, int64_t experts,
+                     int64_t tile_rows) {
   check_int(experts, "expert count");
-  build_row_tiles_kernel<<<1, 256, size_t(experts + 1) * 4>>>(tile_map, n_tiles, offsets,
-                                                              int(experts));
+  check_tile_rows(tile_rows);
+  const size_t shared = size_t(experts + 1) * 4;
+  if (tile_rows == 64)
+    build_row_tiles_kernel<64><<<1, 256, shared>>>(tile_map, n_tiles, offsets, int(experts));
+  else
+    build_row_tiles_kernel<128><<<1, 256, shared>>>(tile_map, n_tiles, offsets, int(experts));
   check_launch("build_row_tiles");
 }
 
 void rows(void* C, bool c_bf16, const uint16_t* A, const uint16_t* const* W, bool trans_w,
-          const int32_t* tile_map, const int32_t* n_tiles, int64_t max_tiles, int64_t N,
-          int64_t K) {
+          const int32_t* tile_map, const int32_t* n_tiles, int64_t max_tiles, int64_t N, int64_t K,
+          int64_t tile_rows) {
+  check_tile_rows(tile_rows);
   if (max_tiles == 0 || N == 0) return;
   check_int(N, "N");
   check_int(K, "K");
@@ -324,49 +403,52 @@ void rows(void* C, bool c_bf16, const uint16_t* A, const uint16_t* const* W, boo
   const bool vec = K % 8 == 0 && N % 8 == 0 && aligned16(A);
   const dim3 grid(unsigned(max_tiles), unsigned((N + BN - 1) / BN));
   const int n = int(N), k = int(K);
+  const bool r64 = tile_rows == 64;
   if (c_bf16) {
     bf16* c = static_cast<bf16*>(C);
-    if (trans_w)
-      rows_kernel<true, bf16>
-          <<<grid, kThreads, sizeof(Tiles)>>>(c, A, W, tile_map, n_tiles, n, k, vec);
+    if (r64)
+      launch_rows<64>(grid, trans_w, c, A, W, tile_map, n_tiles, n, k, vec);
     else
-      rows_kernel<false, bf16>
-          <<<grid, kThreads, sizeof(Tiles)>>>(c, A, W, tile_map, n_tiles, n, k, vec);
+      launch_rows<128>(grid, trans_w, c, A, W, tile_map, n_tiles, n, k, vec);
   } else {
     float* c = static_cast<float*>(C);
-    if (trans_w)
-      rows_kernel<true, float>
-          <<<grid, kThreads, sizeof(Tiles)>>>(c, A, W, tile_map, n_tiles, n, k, vec);
+    if (r64)
+      launch_rows<64>(grid, trans_w, c, A, W, tile_map, n_tiles, n, k, vec);
     else
-      rows_kernel<false, float>
-          <<<grid, kThreads, sizeof(Tiles)>>>(c, A, W, tile_map, n_tiles, n, k, vec);
+      launch_rows<128>(grid, trans_w, c, A, W, tile_map, n_tiles, n, k, vec);
   }
   check_launch("expert_gemm::rows");
 }
 
 void weight_grads(float* const* G, const uint16_t* A, const uint16_t* B, const int32_t* offsets,
-                  int64_t experts, int64_t M, int64_t N) {
+                  int64_t experts, int64_t M, int64_t N, int64_t tile_rows) {
+  check_tile_rows(tile_rows);
   if (experts == 0 || M == 0 || N == 0) return;
   check_int(M, "M");
   check_int(N, "N");
   check_int(experts, "expert count");
-  const int64_t tiles_n = (N + BN - 1) / BN, tiles = (M + BM - 1) / BM * tiles_n;
   const bool vec = M % 8 == 0 && N % 8 == 0 && aligned16(A) && aligned16(B);
-  weight_grads_kernel<<<dim3(unsigned(tiles), unsigned(experts)), kThreads, sizeof(Tiles)>>>(
-      G, A, B, offsets, int(M), int(N), int(tiles_n), vec);
+  if (tile_rows == 64)
+    launch_weight_grads<64>(G, A, B, offsets, experts, M, N, vec);
+  else
+    launch_weight_grads<128>(G, A, B, offsets, experts, M, N, vec);
   check_launch("expert_gemm::weight_grads");
 }
 
-int64_t executed_row_product_flops(const int32_t* counts, int64_t experts, int64_t N, int64_t K) {
+int64_t executed_row_product_flops(const int32_t* counts, int64_t experts, int64_t N, int64_t K,
+                                   int64_t tile_rows) {
+  check_tile_rows(tile_rows);
   int64_t rows = 0;
-  for (int64_t e = 0; e < experts; ++e) rows += ceil_to(counts[e], BM);
+  for (int64_t e = 0; e < experts; ++e) rows += ceil_to(counts[e], tile_rows);
   return 2 * rows * ceil_to(N, BN) * ceil_to(K, BK);
 }
 
-int64_t executed_weight_grad_flops(const int32_t* counts, int64_t experts, int64_t M, int64_t N) {
+int64_t executed_weight_grad_flops(const int32_t* counts, int64_t experts, int64_t M, int64_t N,
+                                   int64_t tile_rows) {
+  check_tile_rows(tile_rows);
   int64_t depth = 0;
   for (int64_t e = 0; e < experts; ++e) depth += ceil_to(counts[e], BK);
-  return 2 * ceil_to(M, BM) * ceil_to(N, BN) * depth;
+  return 2 * ceil_to(M, tile_rows) * ceil_to(N, BN) * depth;
 }
 
 }  // namespace moeplan::backend::cuda::expert_gemm

@@ -478,7 +478,7 @@ struct Model::Impl {
           x.assigned = alloc(size_t(E) * 4);
         }
         if (mm == DType::bf16) {
-          x.tile_map = alloc(size_t(3 * expert_gemm::max_row_tiles(TK, E)) * 4);
+          x.tile_map = alloc(size_t(3 * expert_gemm::max_row_tiles(TK, E, 64)) * 4);  // the larger
           x.n_tiles = alloc(4);
         }
         widest_h = std::max({widest_h, TK * De, T * Dse});
@@ -830,6 +830,10 @@ struct Model::Impl {
     return static_cast<float* const*>(const_cast<void*>(expert_wtab.data())) +
            ((l - a.dense_layers) * 4 + 2 + which) * E;
   }
+  bool tiled_path() const {
+    return expert_path == ExpertPath::tiled || expert_path == ExpertPath::tiled128;
+  }
+  int64_t tile_rows() const { return expert_path == ExpertPath::tiled128 ? 128 : 64; }
   // C (R, N) = A (R, K) · op(W_e) over layer l's tile map; the products' own shapes go to the
   // ledger now, their tiles' padding once the counts are read (book_tiled_padding).
   void tiled_rows(int64_t l, void* C, bool c_bf16, const void* A, int which, bool trans_w,
@@ -837,7 +841,7 @@ struct Model::Impl {
     Acts& x = acts[size_t(l)];
     expert_gemm::rows(C, c_bf16, static_cast<const uint16_t*>(A), weight_table(l, which), trans_w,
                       x.tile_map.as<int32_t>(), x.n_tiles.as<int32_t>(),
-                      expert_gemm::max_row_tiles(R, E), N, Kd);
+                      expert_gemm::max_row_tiles(R, E, tile_rows()), N, Kd, tile_rows());
     lg.add_gemm(FlopCategory::expert, ph, R, N, Kd);
     tiled_pending.push_back({l, false, N, Kd, ph});
   }
@@ -846,7 +850,7 @@ struct Model::Impl {
                           int64_t N, FlopLedger& lg) {
     expert_gemm::weight_grads(grad_table(l, which), static_cast<const uint16_t*>(A),
                               static_cast<const uint16_t*>(Bm),
-                              acts[size_t(l)].offsets.as<int32_t>(), E, M, N);
+                              acts[size_t(l)].offsets.as<int32_t>(), E, M, N, tile_rows());
     lg.add_gemm(FlopCategory::expert, Phase::weight_grad, M, N, R);
     tiled_pending.push_back({l, true, M, N, Phase::weight_grad});
   }
@@ -862,9 +866,9 @@ struct Model::Impl {
       }
       const int32_t* c = x.counts_host.data();
       const int64_t rows = std::accumulate(x.counts_host.begin(), x.counts_host.end(), int64_t(0));
-      const int64_t executed = p.weight_grad
-                                   ? expert_gemm::executed_weight_grad_flops(c, E, p.d1, p.d2)
-                                   : expert_gemm::executed_row_product_flops(c, E, p.d1, p.d2);
+      const int64_t executed =
+          p.weight_grad ? expert_gemm::executed_weight_grad_flops(c, E, p.d1, p.d2, tile_rows())
+                        : expert_gemm::executed_row_product_flops(c, E, p.d1, p.d2, tile_rows());
       lg.flops[int(FlopCategory::padding)][int(p.phase)] += executed - 2 * rows * p.d1 * p.d2;
     }
     tiled_pending.clear();
@@ -996,7 +1000,7 @@ struct Model::Impl {
     k::sort_by_expert(x.counts.as<int32_t>(), x.offsets.as<int32_t>(), x.sorted.as<int32_t>(),
                       x.slot_of.as<int32_t>(), x.idx.as<int32_t>(), Tn, K, E,
                       cap > 0 ? x.assigned.as<int32_t>() : nullptr, cap);
-    const bool tiled = expert_path == ExpertPath::tiled;
+    const bool tiled = tiled_path();
     // On the cuBLAS paths the routed counts size the products and the ledger, and with a
     // capacity the kept rows size every path's: one wait per layer.
     const bool wait = !tiled || cap > 0;
@@ -1013,7 +1017,7 @@ struct Model::Impl {
       batched_forward(l, R, lg);
     } else if (tiled) {
       expert_gemm::build_row_tiles(x.tile_map.as<int32_t>(), x.n_tiles.as<int32_t>(),
-                                   x.offsets.as<int32_t>(), E);
+                                   x.offsets.as<int32_t>(), E, tile_rows());
       tiled_rows(l, x.h13.data(), true, x.xg.data(), kW13, false, R, 2 * De, Dm, lg,
                  Phase::forward);
       k::swiglu_forward(x.act.data(), mm, x.h13.data(), R, De);
@@ -1302,7 +1306,7 @@ struct Model::Impl {
     prof.mark("bwd shared expert + combine");
     if (expert_path == ExpertPath::batched) {
       batched_backward(l, R, lg);
-    } else if (expert_path == ExpertPath::tiled) {
+    } else if (tiled_path()) {
       // dact (rows, De) = dye · W2_e^T (W2_e stored (De, Dm));  dW2_e (De, Dm) += act^T · dye
       tiled_rows(l, dact.data(), true, dye.data(), kW2, true, R, De, Dm, lg, Phase::input_grad);
       tiled_weight_grads(l, kW2, x.act.data(), dye.data(), R, De, Dm, lg);
@@ -1829,10 +1833,11 @@ std::vector<std::pair<std::string, double>> Model::profile_ms_per_step() const {
   return out;
 }
 void Model::set_expert_path(ExpertPath path) {
-  if (path == ExpertPath::tiled && impl_->mm != DType::bf16)
-    throw InputError(
-        "expert path 'tiled' multiplies bf16 inputs; this model multiplies in fp32 (valid: "
-        "grouped, loop, batched)");
+  if ((path == ExpertPath::tiled || path == ExpertPath::tiled128) && impl_->mm != DType::bf16)
+    throw InputError(fmt::format(
+        "expert path '{}' multiplies bf16 inputs; this model multiplies in fp32 (valid: "
+        "grouped, loop, batched)",
+        path == ExpertPath::tiled ? "tiled" : "tiled128"));
   if (path == ExpertPath::batched && impl_->E > 0) {
     Impl& m = *impl_;
     m.check_expert_stride();
@@ -1858,11 +1863,11 @@ constexpr std::pair<const char*, AttentionPath> kAttention[] = {
     {"fused", AttentionPath::fused},
     {"fused_mma", AttentionPath::fused_mma},
     {"fused_mma_wide", AttentionPath::fused_mma_wide}};
-constexpr std::pair<const char*, ExpertPath> kExperts[] = {
-    {"grouped", ExpertPath::grouped},
-    {"loop", ExpertPath::loop},
-    {"tiled", ExpertPath::tiled},
-    {"batched", ExpertPath::batched}};
+constexpr std::pair<const char*, ExpertPath> kExperts[] = {{"grouped", ExpertPath::grouped},
+                                                           {"loop", ExpertPath::loop},
+                                                           {"tiled", ExpertPath::tiled},
+                                                           {"tiled128", ExpertPath::tiled128},
+                                                           {"batched", ExpertPath::batched}};
 
 template <class E, size_t N>
 E lookup(const std::pair<const char*, E> (&names)[N], const std::string& key,

@@ -448,10 +448,13 @@ int main(int argc, char** argv) {
         // The default MoE point with the training options that cost time of their own: a
         // capacity factor (one host wait per MoE layer for the kept rows) and the ERC loss (fp32
         // products of E x Dm x E*De a layer, three a step).
-        Point{"moe-ra0.2-tiled-fused-mma-attn-capacity-1.25", moe_equal_n(), fused_mma, tiled, 0,
-              0, false, false, 1.25},
+        Point{"moe-ra0.2-tiled-fused-mma-attn-capacity-1.25", moe_equal_n(), fused_mma, tiled, 0, 0,
+              false, false, 1.25},
         Point{"moe-ra0.2-tiled-fused-mma-attn-erc", moe_equal_n(), fused_mma, tiled, 0, 0, false,
-              false, 0, 0.01}}) {
+              false, 0, 0.01},
+        // The default MoE point with the routed experts in 128-row tiles (8 warps a block).
+        Point{"moe-ra0.2-tiled128-fused-mma-attn", moe_equal_n(), fused_mma,
+              cu::ExpertPath::tiled128}}) {
     if (!only.empty() && only.find("," + p.name + ",") == std::string::npos) continue;
     matched = true;
     const std::string name = table ? p.name + "-lt-table" : p.name;
@@ -547,12 +550,13 @@ int main(int argc, char** argv) {
         name.c_str(), pc.total_params / 1e6, pc.active_params / 1e6,
         double(pc.active_params) / double(pc.total_params), tokens, t * 1e3, tokens / t, tf_useful,
         tf_exec, mfu_peak.c_str(), 100 * tf_useful / ceiling,
-        (std::string(p.arch.is_dense()                    ? "-"
-                     : p.experts == cu::ExpertPath::loop  ? "cublasGemmEx per expert"
-                     : p.experts == cu::ExpertPath::tiled ? "tiled (own mma.sync kernels)"
-                     : p.experts == cu::ExpertPath::batched
-                         ? "strided-batched over padded rows (fp32 out)"
-                         : "grouped (bf16 out, fp32 widen/add)") +
+        (std::string(
+             p.arch.is_dense()                       ? "-"
+             : p.experts == cu::ExpertPath::loop     ? "cublasGemmEx per expert"
+             : p.experts == cu::ExpertPath::tiled    ? "tiled (own mma.sync kernels)"
+             : p.experts == cu::ExpertPath::tiled128 ? "tiled, 128-row tiles (own mma.sync kernels)"
+             : p.experts == cu::ExpertPath::batched  ? "strided-batched over padded rows (fp32 out)"
+                                                     : "grouped (bf16 out, fp32 widen/add)") +
          (!model.fused_attention()                      ? "; cuBLAS attention"
           : p.attention == cu::AttentionPath::fused_mma ? "; fused attention, mma.sync"
           : p.attention == cu::AttentionPath::fused_mma_wide

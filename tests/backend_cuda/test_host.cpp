@@ -159,6 +159,9 @@ TEST_CASE("--kernels: attention and experts by name or auto, everything else ref
   CHECK(k.experts == cu::ExpertPath::tiled);
   CHECK(cu::to_string(k) == "attention=fused_mma,experts=tiled");
   CHECK(cu::to_string(cu::parse_kernel_choice("experts=loop")) == "attention=auto,experts=loop");
+  CHECK(cu::parse_kernel_choice("experts=tiled128").experts == cu::ExpertPath::tiled128);
+  CHECK(cu::to_string(cu::parse_kernel_choice("experts=tiled128")) ==
+        "attention=auto,experts=tiled128");
   CHECK(cu::to_string(cu::parse_kernel_choice("attention=fused")) ==
         "attention=fused,experts=auto");
   auto message = [](const std::string& spec) {
@@ -172,7 +175,8 @@ TEST_CASE("--kernels: attention and experts by name or auto, everything else ref
   CHECK(message("attention=flash") ==
         "--kernels: attention=flash is not known (valid: attention=auto|cublas|fused|fused_mma|fused_mma_wide)");
   CHECK(message("experts=fast") ==
-        "--kernels: experts=fast is not known (valid: experts=auto|grouped|loop|tiled|batched)");
+        "--kernels: experts=fast is not known (valid: "
+        "experts=auto|grouped|loop|tiled|tiled128|batched)");
   CHECK(message("speed=fast").find("'speed' is not a kernel name") != std::string::npos);
   CHECK(message("attention").find("is not name=value") != std::string::npos);
   CHECK(message("attention=,experts=tiled").find("is not name=value") != std::string::npos);
@@ -206,18 +210,41 @@ TEST_CASE("tiled expert products: executed work counts whole 64-row, 128-column,
   // Row product, counts {0, 1, 64, 65} (130 rows), N 128, K 32: the tiles cover 0 + 64 + 64 + 128
   // = 256 rows, so 2·256·128·32 = 2,097,152 executed against 2·130·128·32 = 1,064,960 useful.
   const std::vector<int32_t> c = {0, 1, 64, 65};
-  CHECK(eg::executed_row_product_flops(c.data(), 4, 128, 32) == 2097152);
+  CHECK(eg::executed_row_product_flops(c.data(), 4, 128, 32, 64) == 2097152);
   // N 100 and K 40 run as 128 columns and 64 deep: 2·256·128·64 = 4,194,304; N 130 as 256
   // columns: twice that.
-  CHECK(eg::executed_row_product_flops(c.data(), 4, 100, 40) == 4194304);
-  CHECK(eg::executed_row_product_flops(c.data(), 4, 130, 40) == 8388608);
+  CHECK(eg::executed_row_product_flops(c.data(), 4, 100, 40, 64) == 4194304);
+  CHECK(eg::executed_row_product_flops(c.data(), 4, 130, 40, 64) == 8388608);
   // Weight gradient M 64, N 128, depth = rows in steps of 32: counts {0, 1, 32, 33} take
   // 0 + 32 + 32 + 64 = 128 deep, 2·64·128·128 = 2,097,152.
   const std::vector<int32_t> w = {0, 1, 32, 33};
-  CHECK(eg::executed_weight_grad_flops(w.data(), 4, 64, 128) == 2097152);
+  CHECK(eg::executed_weight_grad_flops(w.data(), 4, 64, 128, 64) == 2097152);
   // M 100 runs as 128 rows, N 64 as 128 columns: 2·128·128·128 = 4,194,304.
-  CHECK(eg::executed_weight_grad_flops(w.data(), 4, 100, 64) == 4194304);
+  CHECK(eg::executed_weight_grad_flops(w.data(), 4, 100, 64, 64) == 4194304);
   // Tile bound: ceil(c/64) summed is at most (R + 63·E)/64; here 0+1+1+2 = 4 ≤ (130 + 252)/64 = 5.
-  CHECK(eg::max_row_tiles(130, 4) == 5);
-  CHECK(eg::max_row_tiles(0, 0) == 0);
+  CHECK(eg::max_row_tiles(130, 4, 64) == 5);
+  CHECK(eg::max_row_tiles(0, 0, 64) == 0);
+}
+
+TEST_CASE("tiled expert products in 128-row tiles: executed work counts whole 128-row tiles") {
+  namespace eg = cu::expert_gemm;
+  // Row product, counts {0, 1, 64, 65} (130 rows): each non-empty expert takes one 128-row tile,
+  // 0 + 128 + 128 + 128 = 384 rows; N 128, K 32: 2·384·128·32 = 3,145,728.
+  const std::vector<int32_t> c = {0, 1, 64, 65};
+  CHECK(eg::executed_row_product_flops(c.data(), 4, 128, 32, 128) == 3145728);
+  // Counts {128, 129}: 128 + 256 = 384 rows again, so the same figure.
+  const std::vector<int32_t> c2 = {128, 129};
+  CHECK(eg::executed_row_product_flops(c2.data(), 2, 128, 32, 128) == 3145728);
+  // Weight gradient: the output rows M run in tiles of 128; M 64 as 128, M 130 as 256. Counts
+  // {0, 1, 32, 33}: 128 deep. 2·128·128·128 = 4,194,304 and twice that.
+  const std::vector<int32_t> w = {0, 1, 32, 33};
+  CHECK(eg::executed_weight_grad_flops(w.data(), 4, 64, 128, 128) == 4194304);
+  CHECK(eg::executed_weight_grad_flops(w.data(), 4, 130, 128, 128) == 8388608);
+  // Tile bound: (R + 127·E)/128; 130 rows over 4 experts: (130 + 508)/128 = 4 (the tiles: 0 + 1
+  // + 1 + 1 = 3). The 64-row bound (5) is the larger, so a buffer sized for it serves both.
+  CHECK(eg::max_row_tiles(130, 4, 128) == 4);
+  CHECK(eg::max_row_tiles(130, 4, 64) >= eg::max_row_tiles(130, 4, 128));
+  // Only 64 and 128 are tile heights.
+  CHECK_THROWS_AS(eg::max_row_tiles(130, 4, 96), std::logic_error);
+  CHECK_THROWS_AS(eg::executed_row_product_flops(c.data(), 4, 128, 32, 32), std::logic_error);
 }

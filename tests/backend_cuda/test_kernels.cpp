@@ -785,29 +785,29 @@ std::vector<int32_t> exclusive_offsets(const std::vector<int32_t>& counts) {
   return off;
 }
 
-}  // namespace
-
-TEST_CASE("tiled expert products match a double-precision host loop, every routing shape") {
-  // Counts with an empty expert, a single row, exact and partial 64-row tiles. Shapes: multiples
-  // of 8 (16-byte loads) with partial column and depth tiles, and ragged ones (element loads).
-  const std::vector<int32_t> counts = {0, 1, 64, 65, 130, 7, 0, 33};
+// The tiled expert products at tile height tr against a double-precision host loop. Counts with
+// an empty expert, a single row, exact and partial 64- and 128-row tiles. Shapes: multiples of 8
+// (16-byte loads) with partial column and depth tiles, and ragged ones (element loads).
+void check_tiled_products(int64_t tr) {
+  INFO("tile rows " << tr);
+  const std::vector<int32_t> counts = {0, 1, 64, 65, 130, 7, 0, 33, 128, 257};
   const int64_t E = int64_t(counts.size());
   const std::vector<int32_t> offsets = exclusive_offsets(counts);
   const int64_t R = offsets.back();
   auto dOff = to_device(offsets);
-  const int64_t max_tiles = eg::max_row_tiles(R, E);
+  const int64_t max_tiles = eg::max_row_tiles(R, E, tr);
   DeviceBuffer map(size_t(3 * max_tiles) * 4), n_tiles(4);
-  eg::build_row_tiles(map.as<int32_t>(), n_tiles.as<int32_t>(), dOff.as<int32_t>(), E);
+  eg::build_row_tiles(map.as<int32_t>(), n_tiles.as<int32_t>(), dOff.as<int32_t>(), E, tr);
   synchronize();
-  {  // the tile map: every expert's rows in order, 64 at a time
+  {  // the tile map: every expert's rows in order, tr at a time
     std::vector<int32_t> m(size_t(3 * max_tiles));
     int32_t n = 0;
     map.download(m.data(), m.size() * 4);
     n_tiles.download(&n, 4);
     std::vector<int32_t> want;
     for (int64_t e = 0; e < E; ++e)
-      for (int32_t r = offsets[e]; r < offsets[e + 1]; r += 64)
-        want.insert(want.end(), {int32_t(e), r, std::min(64, offsets[e + 1] - r)});
+      for (int32_t r = offsets[e]; r < offsets[e + 1]; r += int32_t(tr))
+        want.insert(want.end(), {int32_t(e), r, std::min(int32_t(tr), offsets[e + 1] - r)});
     CHECK(n == int32_t(want.size() / 3));
     CHECK(std::vector<int32_t>(m.begin(), m.begin() + int64_t(want.size())) == want);
   }
@@ -846,7 +846,7 @@ TEST_CASE("tiled expert products match a double-precision host loop, every routi
         auto out = poisoned(size_t(R * N) * 4);
         eg::rows(out.data(), c_bf16, dA.as<uint16_t>(),
                  static_cast<const uint16_t* const*>(dWp.data()), trans, map.as<int32_t>(),
-                 n_tiles.as<int32_t>(), max_tiles, N, K);
+                 n_tiles.as<int32_t>(), max_tiles, N, K, tr);
         synchronize();
         const double err =
             rel_err(download_f(out, size_t(R * N), c_bf16 ? DType::bf16 : DType::f32), want);
@@ -855,7 +855,8 @@ TEST_CASE("tiled expert products match a double-precision host loop, every routi
     }
   }
   // weight gradients: (M, N) += A^T·B
-  for (Shape sh : {Shape{96, 128}, Shape{20, 36}, Shape{21, 35}}) {
+  // M 200: a whole and a partial output tile of 128 rows, four of 64.
+  for (Shape sh : {Shape{96, 128}, Shape{20, 36}, Shape{21, 35}, Shape{200, 136}}) {
     const int64_t M = sh.N, N = sh.K;
     INFO("M " << M << " N " << N);
     auto a = randn(size_t(R * M), 43), b = randn(size_t(R * N), 44);
@@ -878,7 +879,7 @@ TEST_CASE("tiled expert products match a double-precision host loop, every routi
         }
     }
     eg::weight_grads(static_cast<float* const*>(dGp.data()), dA.as<uint16_t>(), dB.as<uint16_t>(),
-                     dOff.as<int32_t>(), E, M, N);
+                     dOff.as<int32_t>(), E, M, N, tr);
     synchronize();
     const auto got = download_f(dG, g0.size());
     CHECK(rel_err(got, want) < 1e-5);
@@ -892,15 +893,22 @@ TEST_CASE("tiled expert products match a double-precision host loop, every routi
     for (int64_t e = 0; e < E; ++e) gp[size_t(E - 1 - e)] = dG2.as<float>() + e * M * N;
     auto dGp2 = to_device(gp);
     eg::weight_grads(static_cast<float* const*>(dGp2.data()), dA.as<uint16_t>(), dB.as<uint16_t>(),
-                     dOff.as<int32_t>(), E, M, N);
+                     dOff.as<int32_t>(), E, M, N, tr);
     auto dG3 = to_device(got);
     for (int64_t e = 0; e < E; ++e) gp[size_t(E - 1 - e)] = dG3.as<float>() + e * M * N;
     auto dGp3 = to_device(gp);
     eg::weight_grads(static_cast<float* const*>(dGp3.data()), dA.as<uint16_t>(), dB.as<uint16_t>(),
-                     dOff.as<int32_t>(), E, M, N);
+                     dOff.as<int32_t>(), E, M, N, tr);
     synchronize();
     CHECK(download_f(dG2, g0.size()) == download_f(dG3, g0.size()));
   }
+}
+
+}  // namespace
+
+TEST_CASE("tiled expert products match a double-precision host loop, every routing shape") {
+  check_tiled_products(64);   // 4 warps a block
+  check_tiled_products(128);  // 8 warps a block, 60 KiB of shared memory opted in per kernel
 }
 
 TEST_CASE("strided-batched experts' padded layout: maps and row copies match a host loop exactly") {

@@ -578,9 +578,40 @@ TEST_CASE("routed experts: the tiled kernels give the per-expert products' step;
         loop.eval_ledger().category(FlopCategory::expert));
   CHECK(tiled.eval_ledger().category(FlopCategory::padding) >
         loop.eval_ledger().category(FlopCategory::padding));
+
+  // The 128-row tiles: each output element is still one warp's fixed-order walk over the depth
+  // in the same 16-deep mma steps, so the same bits as the 64-row tiles; only the padding
+  // differs, and it is at least as large (ceil128(c) ≥ ceil64(c) for every expert's count c).
+  cu::Model tiled128(a, opt, 6, B, DType::bf16);
+  tiled128.set_expert_path(cu::ExpertPath::tiled128);
+  CHECK(tiled128.expert_path() == cu::ExpertPath::tiled128);
+  StepResult r128;
+  const double o128 = tiled128.compute_gradients(b.inputs.data(), b.targets.data(), &r128);
+  CHECK(o128 == ot);
+  CHECK(tiled128.gradients() == gt);
+  FlopLedger u128 = r128.flops;
+  u128.flops[int(FlopCategory::padding)] = {};
+  CHECK(u128 == t);
+  // Forward bound as above with 127 rows short a tile.
+  int64_t bound128 = 0;
+  for (const int64_t R : r128.routed_per_moe_layer)
+    for (const auto& [N, K] : {std::pair<int64_t, int64_t>{2 * De, Dm}, {Dm, De}})
+      bound128 += 2 * ((R + 127 * E) * up(N, 128) * up(K, 32) - R * N * K);
+  for (Phase ph : {Phase::forward, Phase::input_grad, Phase::weight_grad}) {
+    const int64_t p128 = r128.flops.at(FlopCategory::padding, ph).to_int64(),
+                  p64 = rt.flops.at(FlopCategory::padding, ph).to_int64();
+    CHECK(p128 >= p64);
+    if (ph != Phase::weight_grad)
+      CHECK(p128 > p64);  // this routing has counts c with c % 128 in [1, 64]
+    if (ph == Phase::forward)
+      CHECK(p128 - rl.flops.at(FlopCategory::padding, ph).to_int64() <= bound128);
+  }
+  CHECK(tiled128.forward_loss(b.inputs.data(), b.targets.data(), B) == et);
+
   // fp32 models have no tiled path.
   cu::Model f32(a, opt, 6, B, DType::f32);
   CHECK_THROWS_AS(f32.set_expert_path(cu::ExpertPath::tiled), moeplan::InputError);
+  CHECK_THROWS_AS(f32.set_expert_path(cu::ExpertPath::tiled128), moeplan::InputError);
 }
 
 // A capacity factor (BACKEND.md: each expert keeps its first ceil(cf·T·K/E) assignments of a

@@ -37,7 +37,7 @@ class Communicator;
 // query rows a warp (attention::forward_mma_wide: the same bits; head widths 16, 32 and 64 only,
 // else an InputError); `cublas`.
 enum class AttentionPath { fused, cublas, fused_mma, fused_mma_wide };
-enum class ExpertPath { grouped, loop, tiled, batched };
+enum class ExpertPath { grouped, loop, tiled, tiled128, batched };
 
 // The LM head and cross-entropy run over chunks of token rows, so that the logits and their
 // gradient (V·(2 + 2) bytes a row in bf16: 201 KB at V 50304) are held for one chunk rather than
@@ -121,12 +121,15 @@ class Model {
   //  - loop: one cublasGemmEx per expert (fp32 results directly).
   //  - tiled (bf16 only): our own kernels (expert_gemm.hpp) reading the row ranges on the device;
   //    no host wait inside the step, fp32 results directly; the rows of each expert's last tile
-  //    are booked as padding.
+  //    are booked as padding. Tiles of 64 rows.
+  //  - tiled128 (bf16 only): tiled with tiles of 128 rows (8 warps a block): half the operand
+  //    traffic per product, up to 127 padded rows per expert where tiled pads up to 63. Not
+  //    yet measured on a GPU (2026-12-04), so not the default.
   //  - batched: the rows in an expert-padded layout (each expert's rows padded with zero rows to
   //    the pass's largest count, rounded up to 64), each product one strided-batched cuBLAS call
   //    over the experts, fp32 results directly; one host wait per MoE layer, as grouped; the zero
   //    rows' work is booked as padding.
-  // set_expert_path(tiled) on an fp32 model is an InputError.
+  // set_expert_path(tiled or tiled128) on an fp32 model is an InputError.
   void set_expert_path(ExpertPath path);
   ExpertPath expert_path() const;
   // Whether attention runs as the fused kernels (bf16 with head_dim 16/32/64/128) rather than
