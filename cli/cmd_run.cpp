@@ -523,12 +523,13 @@ const bool registered = register_command(
            ->check(non_empty_path("folder name"));
        app.add_option("--device", f->device, "cpu or cuda (default: the manifest's [train].device)")
            ->check(non_empty_value());
-       app.add_option("--kernels", f->kernels,
-                      "cuda only: attention=auto|cublas|fused|fused_mma|fused_mma_wide, "
-                      "experts=auto|grouped|loop|tiled|tiled128|batched, logits=auto|<rows>, "
-                      "gemm=auto|<table.json> (default: auto for each: fused_mma and tiled in "
-                      "bf16 where they apply, LM head chunks of 8192 rows, no GEMM table; "
-                      "docs/running.md)")
+       app.add_option(
+              "--kernels", f->kernels,
+              "cuda only: attention=auto|cublas|fused|fused_mma|fused_mma_wide|fused_mma_lean, "
+              "experts=auto|grouped|loop|tiled|tiled128|batched, logits=auto|<rows>, "
+              "gemm=auto|<table.json> (default: auto for each: fused_mma and tiled in "
+              "bf16 where they apply, LM head chunks of 8192 rows, no GEMM table; "
+              "docs/running.md)")
            ->check(non_empty_value());
        app.add_option("--checkpoint-every", f->checkpoint_every,
                       "steps between checkpoints (default: the manifest's, else ~20 per point)")

@@ -908,6 +908,130 @@ __global__ void __launch_bounds__(kThreads, 2)  // 2 blocks an SM: no spills at 
   store_acc<D, OutT>(dqkv, dv, row0, k0 + warp * 16, S, W, int64_t(H + Hkv + kvh) * D, g, t);
 }
 
+// dkdv_mma_kernel with fewer registers live at once, for more blocks an SM: the same tiles, the
+// same products and every accumulator's terms in the same order, so the same bits (dK, dV, dS).
+// dkdv_mma_kernel holds K's and V's A fragments and a tile's S^T and dP^T (8 × 4 fp32 each) for
+// the whole step: 254 registers at D 64, two blocks an SM, 12 % occupancy and 0.26 instructions
+// issued a cycle a scheduler on an H200 (Nsight Compute, 2026-12-04). Here neither K's nor V's
+// fragments are held: dP^T comes first, V's fragments read from shared memory as it goes
+// (smem_rows_times_tile_t_mma); then, 16 queries at a time (s2), the two 8-query column tiles of
+// S^T (K's fragments read again, a depth step at a time), P and dS for them, dS stored, and that
+// 16-deep step of dV += P^T·dO and dK += dS^T·Q. dV's and dK's steps still run s2 = 0, 1, … in
+// order, each as acc_times_tile_mma runs it. ptxas (CUDA 13.0, sm_90) at 3 blocks an SM: 168
+// registers and 8 bytes of spill at D 64, 160 and 144 at D 32 and 16, no spill (at 4 blocks, 84
+// bytes of spill; 4 blocks' 55 KiB of shared memory would not fit an SM anyway). Chosen with
+// --kernels attention=fused_mma_lean; not yet timed on a GPU (2026-12-04), so not the default.
+template <int D, class OutT>
+__global__ void __launch_bounds__(kThreads, 3)
+    dkdv_mma_lean_kernel(OutT* dqkv, bf16* ds_out, const bf16* dO, const float* lse,
+                         const float* delta, const bf16* qkv, const float* slopes, int S, int H,
+                         int Hkv, float scale) {
+  extern __shared__ __align__(128) unsigned char raw[];
+  MmaDkdvSmem<D>& sm = *reinterpret_cast<MmaDkdvSmem<D>*>(raw);
+  const int kb = blockIdx.y, b = blockIdx.x / Hkv, kvh = blockIdx.x % Hkv, group = H / Hkv;
+  const int64_t W = int64_t(H + 2 * Hkv) * D, ldo = int64_t(H) * D;
+  const bf16* base = qkv + int64_t(b) * S * W;
+  const int k0 = kb * BN, kvalid = min(BN, S - k0), nq = (S + BM - 1) / BM;
+  const float scale2 = scale * kLog2e;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int j0 = k0 + warp * 16 + g, j1 = j0 + 8;  // this thread's two keys
+  const int per_head = nq - kb, steps = group * per_head;
+  auto issue_q = [&](int it, int buf) {  // as in dkdv_mma_kernel
+    const int h = kvh * group + it / per_head, q0 = (kb + it % per_head) * BM;
+    const int qvalid = min(BM, S - q0);
+    const int64_t bh = int64_t(b) * H + h;
+    load_tile_async<D>(sm.q[buf], base + int64_t(h) * D, q0, qvalid, W);
+    load_tile_async<D>(sm.dO[buf], dO + int64_t(b) * S * ldo + int64_t(h) * D, q0, qvalid, ldo);
+    if (threadIdx.x < BM) {
+      const int i = q0 + threadIdx.x;
+      const float slope2 = (slopes ? slopes[h] : 0.f) * kLog2e;
+      sm.lse[buf][threadIdx.x] =
+          i < S ? kLog2e * lse[bh * S + i] + slope2 * float(threadIdx.x % 16) : 0.f;
+      sm.delta[buf][threadIdx.x] = i < S ? delta[bh * S + i] : 0.f;
+    }
+    cp_async_commit();
+  };
+  load_tile_async<D>(sm.k, base + int64_t(H + kvh) * D, k0, kvalid, W);
+  load_tile_async<D>(sm.v, base + int64_t(H + Hkv + kvh) * D, k0, kvalid, W);
+  issue_q(0, 0);
+  float dk[D / 8][4], dv[D / 8][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) dk[n][c] = dv[n][c] = 0.f;
+  const int lm = lane / 8;
+  auto step = [&](auto diag, int h, int q0, float slope2, int buf) {
+    constexpr bool kDiag = decltype(diag)::value;
+    float dpt[1][BN / 8][4];
+    smem_rows_times_tile_t_mma<D, 1>(dpt, sm.v, warp * 16, sm.dO[buf], g, t);  // dP^T = V·dO^T
+    bf16* dst = ds_out + ds_tile(b * H + h, nq, q0 / BM, kb) + (warp * 16 + g) * BM + 2 * t;
+    const bf16* q_rows = depth_rows<D>(sm.q[buf], g, t);
+    const bf16* do_rows = depth_rows<D>(sm.dO[buf], g, t);
+    // B fragments of S^T's column tiles n, n+1 (queries) as rows_times_tile_t_mma reads them.
+    const bf16* qb_rows = sm.q[buf] + ((lm / 2) * 8 + lane % 8) * LDT<D> + (lm % 2) * 8;
+    // K's A fragments as load_a_frags reads them (this warp's 16 keys), per depth step.
+    const bf16* k_rows = sm.k + (warp * 16 + (lm % 2) * 8 + lane % 8) * LDT<D> + (lm / 2) * 8;
+#pragma unroll
+    for (int s2 = 0; s2 < BN / 16; ++s2) {
+      const int n = 2 * s2;
+      float st[2][4];
+#pragma unroll
+      for (int c = 0; c < 4; ++c) st[0][c] = st[1][c] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t ka[4], bq[4];
+        ldsm_x4(ka, k_rows + kk * 16);
+        ldsm_x4(bq, qb_rows + n * 8 * LDT<D> + kk * 16);
+        mma16816(st[0], ka, bq[0], bq[1]);
+        mma16816(st[1], ka, bq[2], bq[3]);
+      }
+      const float r0 = slope2 * float(j0 - q0 - 16 * s2), r1 = slope2 * float(j1 - q0 - 16 * s2);
+#pragma unroll
+      for (int m = 0; m < 2; ++m)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const int j = c < 2 ? j0 : j1, qi = (n + m) * 8 + 2 * t + (c & 1), i = q0 + qi;
+          float p = 0.f, ds = 0.f;
+          if (!kDiag || (j <= i && i < S)) {
+            p = exp2f(scale2 * st[m][c] + (c < 2 ? r0 : r1) - sm.lse[buf][qi]);
+            ds = scale * p * (dpt[0][n + m][c] - sm.delta[buf][qi]);
+          }
+          st[m][c] = p;
+          dpt[0][n + m][c] = ds;
+        }
+#pragma unroll
+      for (int m = 0; m < 2; ++m) {
+        *reinterpret_cast<uint32_t*>(dst + (n + m) * 8) =
+            pack_bf16(dpt[0][n + m][0], dpt[0][n + m][1]);
+        *reinterpret_cast<uint32_t*>(dst + 8 * BM + (n + m) * 8) =
+            pack_bf16(dpt[0][n + m][2], dpt[0][n + m][3]);
+      }
+      // This s2's step of dV += P^T·dO and dK += dS^T·Q (acc_times_tile_mma's fragments).
+      const uint32_t pf[4] = {pack_bf16(st[0][0], st[0][1]), pack_bf16(st[0][2], st[0][3]),
+                              pack_bf16(st[1][0], st[1][1]), pack_bf16(st[1][2], st[1][3])};
+      frag_times_rows_mma<D>(dv, pf, do_rows + s2 * 16 * LDT<D>);
+      const uint32_t sf[4] = {pack_bf16(dpt[0][n][0], dpt[0][n][1]),
+                              pack_bf16(dpt[0][n][2], dpt[0][n][3]),
+                              pack_bf16(dpt[0][n + 1][0], dpt[0][n + 1][1]),
+                              pack_bf16(dpt[0][n + 1][2], dpt[0][n + 1][3])};
+      frag_times_rows_mma<D>(dk, sf, q_rows + s2 * 16 * LDT<D>);
+    }
+  };
+  for (int it = 0, buf = 0; it < steps; ++it, buf ^= 1) {
+    const int h = kvh * group + it / per_head, q0 = (kb + it % per_head) * BM;
+    const float slope2 = (slopes ? slopes[h] : 0.f) * kLog2e;
+    begin_step(it + 1 < steps, [&] { issue_q(it + 1, buf ^ 1); });
+    if (q0 == k0 || q0 + BM > S)
+      step(std::true_type{}, h, q0, slope2, buf);
+    else
+      step(std::false_type{}, h, q0, slope2, buf);
+    __syncthreads();
+  }
+  const int64_t row0 = int64_t(b) * S + k0 + warp * 16;
+  store_acc<D, OutT>(dqkv, dk, row0, k0 + warp * 16, S, W, int64_t(H + kvh) * D, g, t);
+  store_acc<D, OutT>(dqkv, dv, row0, k0 + warp * 16, S, W, int64_t(H + Hkv + kvh) * D, g, t);
+}
+
 // out (16 × D) += dS (this warp's 16 query rows × 64 keys) · tile (64 keys × D, row-major), dS
 // given as the stored dS^T tile [64 keys][LDT<BM>]. The A fragment of key step s2 is the
 // transpose of four 8×8 blocks of dS^T: ldmatrix.x4.trans with matrices (keys low, queries low),
@@ -1053,17 +1177,18 @@ void backward_t(float* dqkv, float* delta, const uint16_t* dO, const uint16_t* O
 template <int D, class OutT>
 void backward_mma_t(OutT* dqkv, float* delta, uint16_t* ds, const uint16_t* dO, const uint16_t* O,
                     const float* lse, const uint16_t* qkv, const float* slopes, int64_t B,
-                    int64_t S, int64_t H, int64_t Hkv) {
+                    int64_t S, int64_t H, int64_t Hkv, bool lean) {
   launch_delta(delta, dO, O, B, S, H, D);
   const unsigned tiles = unsigned((S + BM - 1) / BM);
   bf16* dsb = reinterpret_cast<bf16*>(ds);
-  allow_smem(dkdv_mma_kernel<D, OutT>, sizeof(MmaDkdvSmem<D>));
+  const auto dkdv = lean ? dkdv_mma_lean_kernel<D, OutT> : dkdv_mma_kernel<D, OutT>;
+  allow_smem(dkdv, sizeof(MmaDkdvSmem<D>));
   // x: sequence·head, y: tile, so that every head's heaviest tiles (the most steps: the first key
   // tiles, the last query tiles) launch first.
-  dkdv_mma_kernel<D, OutT><<<dim3(unsigned(B * Hkv), tiles), kThreads, sizeof(MmaDkdvSmem<D>)>>>(
+  dkdv<<<dim3(unsigned(B * Hkv), tiles), kThreads, sizeof(MmaDkdvSmem<D>)>>>(
       dqkv, dsb, reinterpret_cast<const bf16*>(dO), lse, delta, reinterpret_cast<const bf16*>(qkv),
       slopes, int(S), int(H), int(Hkv), 1.f / sqrtf(float(D)));
-  check_launch("attention::backward_mma");
+  check_launch(lean ? "attention::backward_mma_lean" : "attention::backward_mma");
   allow_smem(dq_mma_kernel<D, OutT>, sizeof(MmaDqSmem<D>));
   dq_mma_kernel<D, OutT><<<dim3(unsigned(B * H), tiles), kThreads, sizeof(MmaDqSmem<D>)>>>(
       dqkv, dsb, reinterpret_cast<const bf16*>(qkv), int(S), int(H), int(Hkv));
@@ -1155,16 +1280,16 @@ int64_t backward_mma_scratch(int64_t B, int64_t S, int64_t H) {
 template <class OutT>
 void backward_mma_d(OutT* dqkv, float* delta, uint16_t* ds, const uint16_t* dO, const uint16_t* O,
                     const float* lse, const uint16_t* qkv, const float* alibi_slopes, int64_t B,
-                    int64_t S, int64_t H, int64_t Hkv, int64_t Dh) {
+                    int64_t S, int64_t H, int64_t Hkv, int64_t Dh, bool lean) {
   switch (Dh) {
     case 16:
-      backward_mma_t<16>(dqkv, delta, ds, dO, O, lse, qkv, alibi_slopes, B, S, H, Hkv);
+      backward_mma_t<16>(dqkv, delta, ds, dO, O, lse, qkv, alibi_slopes, B, S, H, Hkv, lean);
       break;
     case 32:
-      backward_mma_t<32>(dqkv, delta, ds, dO, O, lse, qkv, alibi_slopes, B, S, H, Hkv);
+      backward_mma_t<32>(dqkv, delta, ds, dO, O, lse, qkv, alibi_slopes, B, S, H, Hkv, lean);
       break;
     case 64:
-      backward_mma_t<64>(dqkv, delta, ds, dO, O, lse, qkv, alibi_slopes, B, S, H, Hkv);
+      backward_mma_t<64>(dqkv, delta, ds, dO, O, lse, qkv, alibi_slopes, B, S, H, Hkv, lean);
       break;
     default:
       throw std::invalid_argument("attention::backward_mma: head_dim " + std::to_string(Dh) +
@@ -1175,13 +1300,13 @@ void backward_mma_d(OutT* dqkv, float* delta, uint16_t* ds, const uint16_t* dO, 
 void backward_mma(void* dqkv, bool dqkv_bf16, float* delta, uint16_t* ds, const uint16_t* dO,
                   const uint16_t* O, const float* lse, const uint16_t* qkv,
                   const float* alibi_slopes, int64_t B, int64_t S, int64_t H, int64_t Hkv,
-                  int64_t Dh) {
+                  int64_t Dh, bool lean_dkdv) {
   if (dqkv_bf16)
     backward_mma_d(static_cast<bf16*>(dqkv), delta, ds, dO, O, lse, qkv, alibi_slopes, B, S, H, Hkv,
-                   Dh);
+                   Dh, lean_dkdv);
   else
     backward_mma_d(static_cast<float*>(dqkv), delta, ds, dO, O, lse, qkv, alibi_slopes, B, S, H,
-                   Hkv, Dh);
+                   Hkv, Dh, lean_dkdv);
 }
 
 }  // namespace moeplan::backend::cuda::attention

@@ -163,6 +163,7 @@ struct Model::Impl {
   bool forward_mma = false;       // ... with the register-resident forward
   bool forward_mma_wide = false;  // ... at 32 query rows a warp
   bool backward_mma = false;      // ... and backward (head widths up to 64)
+  bool lean_dkdv = false;         // ... whose dK/dV kernel holds fewer registers at once
   size_t mm_size = 4;
 
   std::vector<TensorInfo> tensors;
@@ -321,9 +322,16 @@ struct Model::Impl {
           "--kernels attention=fused_mma_wide needs a head width of 16, 32 or 64 (this model: {}); "
           "use attention=fused_mma",
           Dh));
-    forward_mma = flash && (attn == AttentionPath::fused_mma || wide);
+    const bool lean = attn == AttentionPath::fused_mma_lean;
+    if (lean && mm == DType::bf16 && !attention::backward_mma_supported(Dh))
+      throw InputError(fmt::format(
+          "--kernels attention=fused_mma_lean needs a head width of 16, 32 or 64 (this model: {}); "
+          "use attention=fused_mma",
+          Dh));
+    forward_mma = flash && (attn == AttentionPath::fused_mma || wide || lean);
     forward_mma_wide = flash && wide;
     backward_mma = forward_mma && attention::backward_mma_supported(Dh);
+    lean_dkdv = backward_mma && lean;
     n_params = int64_t(init.params.size());
     locate_tensors();
 
@@ -1220,10 +1228,9 @@ struct Model::Impl {
       const float* sl = rope ? nullptr : slopes.as<float>();
       if (backward_mma)  // without RoPE straight into the bf16 dqkv (dqkv_direct)
         attention::backward_mma(dqkv_direct() ? dqkv_mm.data() : dqkv.data(), dqkv_direct(),
-                                delta.as<float>(), ds_tiles.as<uint16_t>(),
-                                datty_mm.as<uint16_t>(), x.atty.as<uint16_t>(),
-                                x.attn_lse.as<float>(), x.qkv.as<uint16_t>(), sl, Bp, S, H, Hkv,
-                                Dh);
+                                delta.as<float>(), ds_tiles.as<uint16_t>(), datty_mm.as<uint16_t>(),
+                                x.atty.as<uint16_t>(), x.attn_lse.as<float>(), x.qkv.as<uint16_t>(),
+                                sl, Bp, S, H, Hkv, Dh, lean_dkdv);
       else
         attention::backward(dqkv.as<float>(), delta.as<float>(), datty_mm.as<uint16_t>(),
                             x.atty.as<uint16_t>(), x.attn_lse.as<float>(), x.qkv.as<uint16_t>(),
@@ -1862,7 +1869,8 @@ constexpr std::pair<const char*, AttentionPath> kAttention[] = {
     {"cublas", AttentionPath::cublas},
     {"fused", AttentionPath::fused},
     {"fused_mma", AttentionPath::fused_mma},
-    {"fused_mma_wide", AttentionPath::fused_mma_wide}};
+    {"fused_mma_wide", AttentionPath::fused_mma_wide},
+    {"fused_mma_lean", AttentionPath::fused_mma_lean}};
 constexpr std::pair<const char*, ExpertPath> kExperts[] = {{"grouped", ExpertPath::grouped},
                                                            {"loop", ExpertPath::loop},
                                                            {"tiled", ExpertPath::tiled},

@@ -454,7 +454,11 @@ int main(int argc, char** argv) {
               false, 0, 0.01},
         // The default MoE point with the routed experts in 128-row tiles (8 warps a block).
         Point{"moe-ra0.2-tiled128-fused-mma-attn", moe_equal_n(), fused_mma,
-              cu::ExpertPath::tiled128}}) {
+              cu::ExpertPath::tiled128},
+        // The default points with the lean dK/dV kernel (168 registers, three blocks an SM).
+        Point{"dense-124M-fused-mma-lean-attn", dense124(), cu::AttentionPath::fused_mma_lean},
+        Point{"moe-ra0.2-tiled-fused-mma-lean-attn", moe_equal_n(),
+              cu::AttentionPath::fused_mma_lean, tiled}}) {
     if (!only.empty() && only.find("," + p.name + ",") == std::string::npos) continue;
     matched = true;
     const std::string name = table ? p.name + "-lt-table" : p.name;
@@ -561,6 +565,8 @@ int main(int argc, char** argv) {
           : p.attention == cu::AttentionPath::fused_mma ? "; fused attention, mma.sync"
           : p.attention == cu::AttentionPath::fused_mma_wide
               ? "; fused attention, mma.sync, forward 32 rows a warp"
+          : p.attention == cu::AttentionPath::fused_mma_lean
+              ? "; fused attention, mma.sync, lean dK/dV"
               : "; fused attention") +
          (model.pass_seqs() < batch ? fmt::format("; passes of {}", model.pass_seqs()) : "") +
          (p.arch.d_shared > 0 && p.serial_shared ? "; shared expert not overlapped" : "") +

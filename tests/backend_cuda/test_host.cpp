@@ -160,6 +160,8 @@ TEST_CASE("--kernels: attention and experts by name or auto, everything else ref
   CHECK(cu::to_string(k) == "attention=fused_mma,experts=tiled");
   CHECK(cu::to_string(cu::parse_kernel_choice("experts=loop")) == "attention=auto,experts=loop");
   CHECK(cu::parse_kernel_choice("experts=tiled128").experts == cu::ExpertPath::tiled128);
+  CHECK(cu::to_string(cu::parse_kernel_choice("attention=fused_mma_lean")) ==
+        "attention=fused_mma_lean,experts=auto");
   CHECK(cu::to_string(cu::parse_kernel_choice("experts=tiled128")) ==
         "attention=auto,experts=tiled128");
   CHECK(cu::to_string(cu::parse_kernel_choice("attention=fused")) ==
@@ -173,7 +175,8 @@ TEST_CASE("--kernels: attention and experts by name or auto, everything else ref
     return std::string("accepted");
   };
   CHECK(message("attention=flash") ==
-        "--kernels: attention=flash is not known (valid: attention=auto|cublas|fused|fused_mma|fused_mma_wide)");
+        "--kernels: attention=flash is not known (valid: "
+        "attention=auto|cublas|fused|fused_mma|fused_mma_wide|fused_mma_lean)");
   CHECK(message("experts=fast") ==
         "--kernels: experts=fast is not known (valid: "
         "experts=auto|grouped|loop|tiled|tiled128|batched)");

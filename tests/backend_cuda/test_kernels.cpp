@@ -762,6 +762,30 @@ TEST_CASE("register-resident attention (mma.sync), forward and backward, matches
     for (size_t i = 0; i < bits.size(); ++i)
       differ += bits[i] != moeplan::backend::cuda::float_to_bf16(g[0][i]);
     CHECK(differ == 0);
+    // The lean dK/dV kernel (fewer registers live, the same products in the same order): the
+    // same dqkv bits and the same dS tiles (its scratch starts as NaNs: a tile left unwritten
+    // shows).
+    std::vector<uint16_t> ds_bits(size_t(att::backward_mma_scratch(c.B, c.S, c.H)));
+    ds.download(ds_bits.data(), ds_bits.size() * 2);  // the last call's (bf16 output, same dS)
+    auto ds_lean = poisoned(ds_bits.size() * 2);
+    for (const bool bf16_out : {false, true}) {
+      INFO("lean, dqkv in " << (bf16_out ? "bf16" : "fp32"));
+      auto GL = poisoned(size_t(ac.T * ac.W) * (bf16_out ? 2 : 4));
+      att::backward_mma(GL.data(), bf16_out, ac.delta.as<float>(), ds_lean.as<uint16_t>(),
+                        ac.dO.as<uint16_t>(), o.O.as<uint16_t>(), o.lse.as<float>(),
+                        ac.qkv.as<uint16_t>(), ac.sp, c.B, c.S, c.H, c.Hkv, c.Dh, true);
+      synchronize();
+      if (bf16_out) {
+        std::vector<uint16_t> lean_bits(bits.size());
+        GL.download(lean_bits.data(), lean_bits.size() * 2);
+        CHECK(lean_bits == bits);
+      } else {
+        CHECK(download_f(GL, size_t(ac.T * ac.W)) == g[0]);
+      }
+      std::vector<uint16_t> lean_ds(ds_bits.size());
+      ds_lean.download(lean_ds.data(), lean_ds.size() * 2);
+      CHECK(lean_ds == ds_bits);
+    }
   });
 }
 

@@ -775,6 +775,44 @@ TEST_CASE("bf16: the wide register-resident forward gives fused_mma's step bit f
       moeplan::InputError);
 }
 
+TEST_CASE("bf16: the lean dK/dV kernel gives fused_mma's step bit for bit") {
+  // Fewer registers live at once, the same products with every accumulator's terms in the same
+  // order: the same objective, gradients and ledger. ALiBi and RoPE (dqkv straight into bf16 and
+  // through fp32), grouped-query heads, a partial last tile. A head width it has no kernel for is
+  // refused.
+  Arch a = moe_arch();
+  a.seq_len = 100;
+  for (const char* pos : {"alibi", "rope"}) {
+    INFO(pos);
+    ModelOptions opt;
+    opt.positions = pos;
+    const int64_t B = 2;
+    cu::Model lean(a, opt, 5, B, DType::bf16, nullptr, cu::AttentionPath::fused_mma_lean);
+    cu::Model plain(a, opt, 5, B, DType::bf16, nullptr, cu::AttentionPath::fused_mma);
+    const Batch b = random_batch(B, a.seq_len, a.vocab, 79);
+    StepResult rl, rp;
+    const double ol = lean.compute_gradients(b.inputs.data(), b.targets.data(), &rl);
+    const double op = plain.compute_gradients(b.inputs.data(), b.targets.data(), &rp);
+    CHECK(ol == op);
+    CHECK(lean.gradients() == plain.gradients());
+    CHECK(rl.flops.flops == rp.flops.flops);
+    lean.set_profiling(true, true);
+    lean.train_step(b.inputs.data(), b.targets.data(), 1, OptimConfig{});
+    const auto kernels = lean.profile_ms_per_step();
+    lean.set_profiling(false);
+    CHECK(std::any_of(kernels.begin(), kernels.end(),
+                      [](const auto& k) { return k.first == "attention::backward_mma_lean"; }));
+  }
+  Arch w = moe_arch();
+  w.head_dim = 128;
+  w.d_model = w.heads * 128;
+  CHECK_THROWS_WITH_AS(
+      cu::Model(w, ModelOptions{}, 4, 2, DType::bf16, nullptr, cu::AttentionPath::fused_mma_lean),
+      doctest::Contains("attention=fused_mma_lean needs a head width of 16, 32 "
+                        "or 64 (this model: 128)"),
+      moeplan::InputError);
+}
+
 namespace {
 
 // The orders a second stream's work is checked in: in the emulation, deferred until a stream

@@ -52,12 +52,13 @@ void backward(float* dqkv, float* delta, const uint16_t* dO, const uint16_t* O, 
 // per query tile) multiplies those tiles by K in key order. `ds`: scratch of
 // backward_mma_scratch(B, S, H) bf16 elements (B·H·tiles_per_head(S) tiles of 64×64). dqkv in
 // fp32, or with dqkv_bf16 in bf16 (each sum rounded once, as a cast of the fp32 result would),
-// for a model whose next step reads bf16 (no RoPE to undo).
+// for a model whose next step reads bf16 (no RoPE to undo). lean_dkdv: the dK/dV kernel that
+// holds fewer registers at once (for three blocks an SM rather than two) and gives the same bits.
 bool backward_mma_supported(int64_t head_dim);
 int64_t backward_mma_scratch(int64_t B, int64_t S, int64_t H);
 void backward_mma(void* dqkv, bool dqkv_bf16, float* delta, uint16_t* ds, const uint16_t* dO,
                   const uint16_t* O, const float* lse, const uint16_t* qkv,
                   const float* alibi_slopes, int64_t B, int64_t S, int64_t H, int64_t Hkv,
-                  int64_t Dh);
+                  int64_t Dh, bool lean_dkdv = false);
 
 }  // namespace moeplan::backend::cuda::attention
