@@ -281,16 +281,18 @@ __global__ void __launch_bounds__(kThreads<BM>, kMinBlocks<BM>)
   store_part(C + int64_t(row0) * N + n0, N, acc, wm, wn, rows, N - n0, false);
 }
 
-// Block (output tile, expert): G_e tile += Σ over the expert's rows of A^T · B.
+// Block (output tile, expert): G_e tile += Σ over the expert's rows of A^T · B, or = without
+// accumulate (an expert without rows then gets zeros).
 template <int BM>
 __global__ void __launch_bounds__(kThreads<BM>, kMinBlocks<BM>)
     weight_grads_kernel(float* const* G, const uint16_t* A, const uint16_t* B,
-                        const int32_t* offsets, int M, int N, int tiles_n, bool vec) {
+                        const int32_t* offsets, int M, int N, int tiles_n, bool vec,
+                        bool accumulate) {
   extern __shared__ __align__(128) unsigned char raw[];
   Tiles<BM>& t = *reinterpret_cast<Tiles<BM>*>(raw);
   const int e = blockIdx.y;
   const int r0 = offsets[e], r1 = offsets[e + 1];
-  if (r1 == r0) return;
+  if (r1 == r0 && accumulate) return;
   const int m0 = (blockIdx.x / tiles_n) * BM, n0 = (blockIdx.x % tiles_n) * BN;
   const int warp = threadIdx.x / 32, wm = warp / 2, wn = warp % 2;
   Acc acc;
@@ -305,7 +307,7 @@ __global__ void __launch_bounds__(kThreads<BM>, kMinBlocks<BM>)
   };
   pipeline((r1 - r0 + BK - 1) / BK, issue,
            [&](int buf) { mma_tile<BM, true, false>(acc, t.a[buf], t.b[buf], wm, wn); });
-  store_part(G[e] + int64_t(m0) * N + n0, N, acc, wm, wn, M - m0, N - n0, true);
+  store_part(G[e] + int64_t(m0) * N + n0, N, acc, wm, wn, M - m0, N - n0, accumulate);
 }
 
 bool aligned16(const void* p) {
@@ -363,12 +365,13 @@ void launch_rows(dim3 grid, bool trans_w, OutT* C, const uint16_t* A, const uint
 
 template <int BM>
 void launch_weight_grads(float* const* G, const uint16_t* A, const uint16_t* B,
-                         const int32_t* offsets, int64_t experts, int64_t M, int64_t N, bool vec) {
+                         const int32_t* offsets, int64_t experts, int64_t M, int64_t N, bool vec,
+                         bool accumulate) {
   const int64_t tiles_n = (N + BN - 1) / BN, tiles = (M + BM - 1) / BM * tiles_n;
   allow_smem<weight_grads_kernel<BM>, BM>();
   weight_grads_kernel<BM>
       <<<dim3(unsigned(tiles), unsigned(experts)), kThreads<BM>, sizeof(Tiles<BM>)>>>(
-          G, A, B, offsets, int(M), int(N), int(tiles_n), vec);
+          G, A, B, offsets, int(M), int(N), int(tiles_n), vec, accumulate);
 }
 
 }  // namespace
@@ -421,7 +424,7 @@ void rows(void* C, bool c_bf16, const uint16_t* A, const uint16_t* const* W, boo
 }
 
 void weight_grads(float* const* G, const uint16_t* A, const uint16_t* B, const int32_t* offsets,
-                  int64_t experts, int64_t M, int64_t N, int64_t tile_rows) {
+                  int64_t experts, int64_t M, int64_t N, int64_t tile_rows, bool accumulate) {
   check_tile_rows(tile_rows);
   if (experts == 0 || M == 0 || N == 0) return;
   check_int(M, "M");
@@ -429,9 +432,9 @@ void weight_grads(float* const* G, const uint16_t* A, const uint16_t* B, const i
   check_int(experts, "expert count");
   const bool vec = M % 8 == 0 && N % 8 == 0 && aligned16(A) && aligned16(B);
   if (tile_rows == 64)
-    launch_weight_grads<64>(G, A, B, offsets, experts, M, N, vec);
+    launch_weight_grads<64>(G, A, B, offsets, experts, M, N, vec, accumulate);
   else
-    launch_weight_grads<128>(G, A, B, offsets, experts, M, N, vec);
+    launch_weight_grads<128>(G, A, B, offsets, experts, M, N, vec, accumulate);
   check_launch("expert_gemm::weight_grads");
 }
 

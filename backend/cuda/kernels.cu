@@ -1367,8 +1367,11 @@ int64_t colsum_scratch_floats(int64_t C) {
 
 void rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x, const float* w,
                       const float* rstd, int64_t T, int64_t C, float* scratch, void* dx_mm,
-                      DType mm) {
-  if (T == 0) return;
+                      DType mm, bool accumulate_dw) {
+  if (T == 0) {  // no rows: dw's sum is empty
+    if (!accumulate_dw) check_cuda(cudaMemsetAsync(dw, 0, size_t(C) * 4, nullptr), "memset dw");
+    return;
+  }
   const bool vec4 =
       C % 4 == 0 && aligned16(dx, dy, x, w) && (dx_mm == nullptr || store4_aligned(dx_mm, mm));
   if (vec4 && C <= 128 * kDwSlots && aligned16(scratch)) {
@@ -1377,7 +1380,7 @@ void rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x, con
         mm, rmsnorm_backward_fused_kernel<OutT><<<unsigned(chunks), 256, size_t(8 * C) * 4>>>(
                 dx, static_cast<OutT*>(dx_mm), scratch, dy, x, w, rstd, T, C, rows));
     check_launch("rmsnorm_backward_fused");
-    colsum_finish(dw, scratch, C, 1.f, true, chunks);
+    colsum_finish(dw, scratch, C, 1.f, accumulate_dw, chunks);
     check_launch("colsum_finish");
     return;
   }
@@ -1394,7 +1397,7 @@ void rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x, con
   rmsnorm_dw_partial_kernel<<<dim3(blocks_for(C, 128), kColChunks), 128>>>(scratch, dy, x, rstd, T,
                                                                            C);
   check_launch("rmsnorm_dw_partial");
-  colsum_finish(dw, scratch, C, 1.f, true, kColChunks);
+  colsum_finish(dw, scratch, C, 1.f, accumulate_dw, kColChunks);
   check_launch("colsum_finish");
 }
 

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstring>
 #include <numeric>
+#include <unordered_map>
 
 #include "../cpu/layers.hpp"
 #include "../cpu/moe.hpp"
@@ -250,6 +251,102 @@ struct Model::Impl {
     Phase phase;
   };
   std::vector<TiledProduct> tiled_pending;
+
+  // ---- where each step's gradients start from: no zeroing of the whole buffer -----------------
+  // A tensor whose first writer in a step can overwrite is "first-written": that writer runs with
+  // beta 0 (or without accumulating), later writers of the step add. These are the projections,
+  // the dense and shared FFNs, the LM head (the embedding, when tied: its LM-head product comes
+  // before the embedding's scatter), the norms, the router unless the ERC loss adds to it first,
+  // and on the tiled expert paths the expert weights (W13 only without ERC). Every other tensor
+  // (the untied embedding, the experts on the cuBLAS paths) and the buffer's tail past n_params
+  // are zeroed when the step starts, in merged runs. The host keeps which tensors a step has
+  // written: a writer that only adds to a first-written tensor nothing has written yet, or a
+  // first-written tensor nothing wrote by the step's end, is a logic_error (so a writer added
+  // later without its part here fails the tests, it does not leave a step's gradient behind).
+  std::vector<char> grad_first, grad_written;          // per tensor (index in `tensors`)
+  std::unordered_map<int64_t, size_t> tensor_at;       // a tensor's offset -> its index
+  std::vector<std::pair<int64_t, int64_t>> zero_runs;  // (first float, count), zeroed a step
+
+  size_t tensor_index(int64_t off) const {
+    const auto it = tensor_at.find(off);
+    if (it == tensor_at.end())
+      throw std::logic_error(fmt::format("no tensor starts at parameter offset {}", off));
+    return it->second;
+  }
+  void plan_gradient_start() {
+    grad_first.assign(tensors.size(), 0);
+    const auto first = [&](int64_t off) {
+      if (off >= 0) grad_first[tensor_index(off)] = 1;
+    };
+    for (int64_t l = 0; l < L; ++l) {
+      const LayerParams& q = lp[size_t(l)];
+      for (const int64_t off :
+           {q.norm1, q.qkv, q.attn_out, q.norm2, q.w13, q.w2, q.shared_w13, q.shared_w2})
+        first(off);
+      if (l < a.dense_layers) continue;
+      if (!erc_on()) first(q.router);
+      if (tiled_path()) {
+        for (const int64_t off : q.expert_w2) first(off);
+        if (!erc_on())
+          for (const int64_t off : q.expert_w13) first(off);
+      }
+    }
+    first(final_norm);
+    first(lm_head >= 0 ? lm_head : embedding);
+    std::vector<std::pair<int64_t, int64_t>> runs;
+    for (size_t i = 0; i < tensors.size(); ++i)
+      if (!grad_first[i]) runs.push_back({tensors[i].offset, tensors[i].size()});
+    runs.push_back({n_params, int64_t(grads.bytes() / 4) - n_params});  // the tail (sharding)
+    std::sort(runs.begin(), runs.end());
+    zero_runs.clear();
+    for (const auto& [b, n] : runs) {
+      if (n <= 0) continue;
+      if (!zero_runs.empty() && zero_runs.back().first + zero_runs.back().second == b)
+        zero_runs.back().second += n;
+      else
+        zero_runs.push_back({b, n});
+    }
+  }
+  void start_gradients() {
+    plan_gradient_start();
+    grad_written.assign(tensors.size(), 0);
+    for (const auto& [b, n] : zero_runs)
+      check_cuda(cudaMemsetAsync(G(b), 0, size_t(n) * 4, nullptr), "memset gradients");
+  }
+  // A writer of the tensor at `off` that can overwrite: whether it is the step's first writer
+  // of a first-written tensor (then it overwrites).
+  bool overwrites(int64_t off) {
+    const size_t i = tensor_index(off);
+    const bool first = grad_first[i] && !grad_written[i];
+    grad_written[i] = 1;
+    return first;
+  }
+  float grad_beta(int64_t off) { return overwrites(off) ? 0.f : 1.f; }
+  // The same for the E experts of a layer, written by one launch: all first, or none.
+  bool overwrites_all(const std::vector<int64_t>& offs) {
+    const bool first = !offs.empty() && overwrites(offs[0]);
+    for (size_t e = 1; e < offs.size(); ++e)
+      if (overwrites(offs[e]) != first)
+        throw std::logic_error("the experts of a layer are planned apart (gradient start)");
+    return first;
+  }
+  // A writer that only adds into the tensor at `off`.
+  void adds_to(int64_t off) {
+    const size_t i = tensor_index(off);
+    if (grad_first[i] && !grad_written[i])
+      throw std::logic_error(
+          fmt::format("gradient of {}: a writer adds to it before the product that overwrites it",
+                      tensors[i].name));
+    grad_written[i] = 1;
+  }
+  void check_gradients_written() const {
+    for (size_t i = 0; i < tensors.size(); ++i)
+      if (grad_first[i] && !grad_written[i])
+        throw std::logic_error(fmt::format(
+            "gradient of {}: planned to be overwritten by its first writer, but nothing wrote it "
+            "this step",
+            tensors[i].name));
+  }
   // The expert-router coupling loss (ModelOptions::erc_loss): the CPU reference's generator,
   // continued (the noise is drawn on the host in the CPU's order), and scratch shared by the MoE
   // layers, taken at construction when the loss is on.
@@ -390,6 +487,8 @@ struct Model::Impl {
   }
 
   void locate_tensors() {
+    tensor_at.clear();
+    for (size_t i = 0; i < tensors.size(); ++i) tensor_at[tensors[i].offset] = i;
     embedding = offset_of("embedding");
     final_norm = offset_of("final_norm");
     lm_head = offset_of("lm_head");
@@ -667,7 +766,7 @@ struct Model::Impl {
     b.gemm(rec(lg, cat, Phase::input_grad), false, true, Tn, C, OC, dout, OC, Wm(w), OC, dinp, C,
            accumulate ? 1.f : 0.f, mm, out);
     weight_grad_on(on).gemm(rec(lg, cat, Phase::weight_grad), true, false, C, OC, Tn, inp, C, dout,
-                            OC, G(w), OC, 1.f, mm);
+                            OC, G(w), OC, grad_beta(w), mm);
   }
   // Where a weight gradient's product goes: `on` when given (the shared expert's lane); else the
   // side stream while this backward's weight gradients overlap, forked first, so that it waits
@@ -856,9 +955,11 @@ struct Model::Impl {
   // dW_e (M, N) += A_e^T · B_e over the rows of each expert of layer l.
   void tiled_weight_grads(int64_t l, int which, const void* A, const void* Bm, int64_t R, int64_t M,
                           int64_t N, FlopLedger& lg) {
-    expert_gemm::weight_grads(grad_table(l, which), static_cast<const uint16_t*>(A),
-                              static_cast<const uint16_t*>(Bm),
-                              acts[size_t(l)].offsets.as<int32_t>(), E, M, N, tile_rows());
+    const LayerParams& q = lp[size_t(l)];
+    const bool overwrite = overwrites_all(which == kW13 ? q.expert_w13 : q.expert_w2);
+    expert_gemm::weight_grads(
+        grad_table(l, which), static_cast<const uint16_t*>(A), static_cast<const uint16_t*>(Bm),
+        acts[size_t(l)].offsets.as<int32_t>(), E, M, N, tile_rows(), !overwrite);
     lg.add_gemm(FlopCategory::expert, Phase::weight_grad, M, N, R);
     tiled_pending.push_back({l, true, M, N, Phase::weight_grad});
   }
@@ -1072,7 +1173,8 @@ struct Model::Impl {
     erc_losses = alloc(size_t(n_moe) * 8);
   }
   // The ERC loss of every MoE layer (the CPU's erc_forward_backward), once a step before the
-  // passes, as on the CPU: its gradients go into the zeroed gradients first. Each layer's expert
+  // passes, as on the CPU: its gradients go into the zeroed gradients first (with the loss on,
+  // the router and expert W13 gradients are zeroed when the step starts). Each layer's expert
   // gate projections are gathered side by side into wg (Dm, E·De), so each of the CPU's E
   // products per phase is one product here (the same FLOPs, booked under aux-loss); fp32 products
   // whatever the model's matrix type. The losses stay on the device until erc_losses is read.
@@ -1104,6 +1206,8 @@ struct Model::Impl {
                 wg, N, drt, Dm, 0.f, DType::f32);
       blas.gemm(rec(lg, FlopCategory::aux_loss, Phase::weight_grad), true, false, Dm, N, E, rt, Dm,
                 act, N, dwg, N, 0.f, DType::f32);
+      for (const int64_t off : q.expert_w13) adds_to(off);
+      adds_to(q.router);
       k::erc_scatter_gate_grad(G(q.expert_w13[0]), dwg, expert_stride, E, Dm, De);
       k::erc_router_grad(G(q.router), drt, erc_delta.as<float>(), E * Dm);
     }
@@ -1200,7 +1304,7 @@ struct Model::Impl {
         blas.gemm(rec(lg, FlopCategory::lm_head, Phase::input_grad), false, false, n, Dm, V,
                   dlogits.data(), V, Wm(embedding), Dm, dx, Dm, 0.f, mm);
         blas.gemm(rec(lg, FlopCategory::lm_head, Phase::weight_grad), true, false, V, Dm, n,
-                  dlogits.data(), V, ln, Dm, G(embedding), Dm, 1.f, mm);
+                  dlogits.data(), V, ln, Dm, G(embedding), Dm, grad_beta(embedding), mm);
       }
       prof.mark("bwd lm head");
     }
@@ -1281,7 +1385,7 @@ struct Model::Impl {
     b.gemm(rec(lg, cat, Phase::input_grad), false, true, Tp, F, Dm, dresid_mm.data(), Dm, Wm(w2),
            Dm, da, F, 0.f, mm, mm);
     weight_grad_on(on.blas).gemm(rec(lg, cat, Phase::weight_grad), true, false, F, Dm, Tp, act, F,
-                                 dresid_mm.data(), Dm, G(w2), Dm, 1.f, mm);
+                                 dresid_mm.data(), Dm, G(w2), Dm, grad_beta(w2), mm);
     if (fenced) side->mark(kReadsDresid);
     if (fenced) side->wait(kReadsDh13);  // the later layer's W13 gradient still reads dh13
     k::swiglu_backward(dh, mm, da, h13, Tp, F, on.stream);
@@ -1311,6 +1415,9 @@ struct Model::Impl {
                             x.gate.as<float>(), x.sorted.as<int32_t>(), R, K, Dm,
                             drops ? x.slot_of.as<int32_t>() : nullptr, drops ? Tp * K : 0);
     prof.mark("bwd shared expert + combine");
+    if (!tiled_path())  // the cuBLAS paths add into the zeroed expert gradients
+      for (const auto* offs : {&q.expert_w2, &q.expert_w13})
+        for (const int64_t off : *offs) adds_to(off);
     if (expert_path == ExpertPath::batched) {
       batched_backward(l, R, lg);
     } else if (tiled_path()) {
@@ -1346,8 +1453,8 @@ struct Model::Impl {
     // router stored (E, Dm): dln += dlog · router; drouter += dlog^T · ln2
     blas.gemm(rec(lg, FlopCategory::router, Phase::input_grad), false, false, Tp, Dm, E, dlog.data(),
               E, Wm(q.router), Dm, dln.as<float>(), Dm, 1.f, mm);
-    blas.gemm(rec(lg, FlopCategory::router, Phase::weight_grad), true, false, E, Dm, Tp, dlog.data(),
-              E, x.ln2.data(), Dm, G(q.router), Dm, 1.f, mm);
+    blas.gemm(rec(lg, FlopCategory::router, Phase::weight_grad), true, false, E, Dm, Tp,
+              dlog.data(), E, x.ln2.data(), Dm, G(q.router), Dm, grad_beta(q.router), mm);
   }
 
   void upload_embedding_segments(const int32_t* inputs, int64_t Tn) {
@@ -1388,7 +1495,7 @@ struct Model::Impl {
     // products read.
     k::rmsnorm_backward(dresid.as<float>(), G(final_norm), dln.as<float>(), resid_out.as<float>(),
                         P(final_norm), rstdf.as<float>(), Tp, Dm, col_scratch.as<float>(),
-                        dresid_mm.data(), mm);
+                        dresid_mm.data(), mm, !overwrites(final_norm));
     prof.mark("bwd final norm");
     for (int64_t l = L - 1; l >= 0; --l) {
       const LayerParams& q = lp[size_t(l)];
@@ -1404,7 +1511,7 @@ struct Model::Impl {
       if (wgrad_side) side->wait(kReadsDresidAttn);  // the later layer's attention-out gradient
       k::rmsnorm_backward(dresid.as<float>(), G(q.norm2), dln.as<float>(), x.mid.as<float>(),
                           P(q.norm2), x.rstd2.as<float>(), Tp, Dm, col_scratch.as<float>(),
-                          dresid_attn, mm);
+                          dresid_attn, mm, !overwrites(q.norm2));
       matmul_backward_mm(datty_mm.data(), q.attn_out, dresid_attn, x.atty.data(), Tp, H * Dh, Dm,
                          lg, FlopCategory::projection);
       if (wgrad_side) side->mark(kReadsDresidAttn);
@@ -1423,11 +1530,13 @@ struct Model::Impl {
       }
       k::rmsnorm_backward(dresid.as<float>(), G(q.norm1), dln.as<float>(), x.resid_in.as<float>(),
                           P(q.norm1), x.rstd1.as<float>(), Tp, Dm, col_scratch.as<float>(),
-                          l > 0 ? dresid_mm.data() : nullptr, mm);  // layer 0: the embedding
+                          l > 0 ? dresid_mm.data() : nullptr, mm,  // layer 0: the embedding
+                          !overwrites(q.norm1));
       prof.mark("bwd qkv + norm1");  // per layer: else the next layer's ffn phase takes it
     }
     if (wgrad_side) side->join();  // every weight gradient, before anything reads them
     wgrad_side = false;
+    adds_to(embedding);
     k::embedding_backward(G(embedding), dresid.as<float>(), emb_ids.as<int32_t>(),
                           emb_seg.as<int32_t>(), emb_pos.as<int32_t>(), emb_unique, Dm);
     prof.mark("bwd embedding");
@@ -1454,7 +1563,7 @@ struct Model::Impl {
     prof.used = 0;  // marks of an evaluation pass since the last step are dropped
     prof.mark("start");
     tiled_pending.clear();
-    grads.fill_zero();
+    start_gradients();
     FlopLedger lg;
     std::fill(routed.begin(), routed.end(), 0);
     dropped = 0;
@@ -1504,6 +1613,7 @@ struct Model::Impl {
       }
     }
     aux_grad_w = 1;
+    check_gradients_written();
     last_ce_sum = ce_sum;
     const double ce = bearing > 0 ? ce_sum / double(bearing) : 0.0;
     const double erc = erc_here ? erc_losses_sum() : 0.0;

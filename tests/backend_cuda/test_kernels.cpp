@@ -61,7 +61,25 @@ TEST_CASE("rmsnorm forward and backward match the CPU") {
     for (size_t i = 0; i < bits.size(); ++i)
       wrong += bits[i] != moeplan::backend::cuda::float_to_bf16(got[i]);
     CHECK(wrong == 0);
+    // Without accumulate_dw, dw is overwritten (it starts as NaNs): the same sums as added to 0.
+    auto gw2 = poisoned(size_t(C) * 4), dDX2 = to_device(dx0);
+    k::rmsnorm_backward(dDX2.as<float>(), gw2.as<float>(), dDY.as<float>(), dX.as<float>(),
+                        dW.as<float>(), r.as<float>(), T, C, scratch.as<float>(), nullptr,
+                        DType::f32, false);
+    synchronize();
+    CHECK(download_f(gw2, C) == download_f(gw, C));
+    CHECK(download_f(dDX2, T * C) == got);
   }
+  // No rows: an overwritten dw is zeros, an accumulated one left as it was.
+  auto dw0 = poisoned(64 * 4), dw1 = to_device(std::vector<float>(64, 2.5f));
+  DeviceBuffer scratch(k::rmsnorm_scratch_floats(1, 64) * 4);
+  k::rmsnorm_backward(nullptr, dw0.as<float>(), nullptr, nullptr, nullptr, nullptr, 0, 64,
+                      scratch.as<float>(), nullptr, DType::f32, false);
+  k::rmsnorm_backward(nullptr, dw1.as<float>(), nullptr, nullptr, nullptr, nullptr, 0, 64,
+                      scratch.as<float>());
+  synchronize();
+  CHECK(download_f(dw0, 64) == std::vector<float>(64, 0.f));
+  CHECK(download_f(dw1, 64) == std::vector<float>(64, 2.5f));
 }
 
 TEST_CASE("cast fp32 to the product type: exactly the rounding, in fours or one by one") {
@@ -925,6 +943,26 @@ void check_tiled_products(int64_t tr) {
                      dOff.as<int32_t>(), E, M, N, tr);
     synchronize();
     CHECK(download_f(dG2, g0.size()) == download_f(dG3, g0.size()));
+    // Without accumulating (a step's first writer): G_e = A_e^T·B_e from NaNs, zeros for the
+    // experts without rows; the same sums as added to zero.
+    auto dG4 = poisoned(g0.size() * 4), dG5 = to_device(std::vector<float>(g0.size(), 0.f));
+    for (int64_t e = 0; e < E; ++e) gp[size_t(E - 1 - e)] = dG4.as<float>() + e * M * N;
+    auto dGp4 = to_device(gp);
+    for (int64_t e = 0; e < E; ++e) gp[size_t(E - 1 - e)] = dG5.as<float>() + e * M * N;
+    auto dGp5 = to_device(gp);
+    eg::weight_grads(static_cast<float* const*>(dGp4.data()), dA.as<uint16_t>(), dB.as<uint16_t>(),
+                     dOff.as<int32_t>(), E, M, N, tr, false);
+    eg::weight_grads(static_cast<float* const*>(dGp5.data()), dA.as<uint16_t>(), dB.as<uint16_t>(),
+                     dOff.as<int32_t>(), E, M, N, tr);
+    synchronize();
+    const auto fresh = download_f(dG4, g0.size());
+    CHECK(fresh == download_f(dG5, g0.size()));
+    for (int64_t e = 0; e < E; ++e)
+      if (counts[size_t(e)] == 0) {
+        const int64_t at = (E - 1 - e) * M * N;
+        CHECK(std::all_of(fresh.begin() + at, fresh.begin() + at + M * N,
+                          [](float v) { return v == 0.f; }));
+      }
   }
 }
 

@@ -47,8 +47,10 @@ void rows(void* C, bool c_bf16, const uint16_t* A, const uint16_t* const* W, boo
 
 // G_e (M, N) fp32 row-major += A_e^T · B_e for every expert e with rows: A (R, M) and B (R, N)
 // bf16 row-major; G: device array of E device pointers. Experts without rows are not touched.
+// Without accumulate, G_e = A_e^T · B_e for every expert, zeros for one without rows (the step's
+// first writer of the gradients: nothing zeroes them before).
 void weight_grads(float* const* G, const uint16_t* A, const uint16_t* B, const int32_t* offsets,
-                  int64_t experts, int64_t M, int64_t N, int64_t tile_rows);
+                  int64_t experts, int64_t M, int64_t N, int64_t tile_rows, bool accumulate = true);
 
 // What the kernels execute (2 FLOPs per multiply-add, zero-filled tile parts included), from the
 // routed row count of each expert, with t tile rows. Row product: 2·Σ_e ceil_t(c_e)·ceil128(N)·

@@ -33,12 +33,12 @@ void embedding_backward(float* demb, const float* dx, const int32_t* ids, const 
 // residual stream carried on past the norm, without a second read of x).
 void rmsnorm_forward(void* out, DType mm, float* rstd, const float* x, const float* w, int64_t T,
                      int64_t C, float eps, float* copy = nullptr);
-// dx (T,C) += input gradient; dw (C) += Σ_t dy·x·rstd. scratch: rmsnorm_scratch_floats(T', C)
-// floats for any T' ≥ T. dx_mm (T,C) in `mm`, unless null, receives the new dx as cast() would
-// write it (for the products that read the residual gradient next).
+// dx (T,C) += input gradient; dw (C) += Σ_t dy·x·rstd (= without accumulate_dw). scratch:
+// rmsnorm_scratch_floats(T', C) floats for any T' ≥ T. dx_mm (T,C) in `mm`, unless null, receives
+// the new dx as cast() would write it (for the products that read the residual gradient next).
 void rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x, const float* w,
                       const float* rstd, int64_t T, int64_t C, float* scratch,
-                      void* dx_mm = nullptr, DType mm = DType::f32);
+                      void* dx_mm = nullptr, DType mm = DType::f32, bool accumulate_dw = true);
 int64_t rmsnorm_scratch_floats(int64_t T, int64_t C);
 
 // ---- attention helpers (the products QK^T, PV and their gradients are cuBLAS calls) ----------
