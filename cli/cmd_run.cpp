@@ -10,6 +10,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -44,8 +45,33 @@ std::atomic<int> g_stop{0};
 extern "C" void on_stop_before_training(int) {
   ::_exit(130);
 }
+// A second stop signal stops at once (exit 130; the point resumes from its last checkpoint, which
+// is written atomically, so one cut short leaves the previous one), for a process that cannot
+// reach the end of its step: a data-parallel rank waiting in NCCL for a peer that is gone, or a
+// step far longer than the user will wait. Only a signal kForceAfterNs or more after the first:
+// a terminal's Ctrl-C reaches every process of the job at once, and the --nproc launcher (or
+// torchrun) then forwards its own to each rank, which must stay the same stop.
+std::atomic<int64_t> g_stop_ns{0};  // when the first came (CLOCK_MONOTONIC)
+constexpr int64_t kForceAfterNs = 3'000'000'000;
+bool g_stop_hint = false;  // say on the first what a second does (not on data-parallel ranks)
+constexpr char kStopHint[] =
+    "moeplan: stopping at the end of this step (a checkpoint, then exit 130); a second Ctrl-C "
+    "(or SIGTERM), 3 s or more after this one, stops at once\n";
+constexpr char kStopForced[] =
+    "moeplan: stopped at once by a second signal; the point resumes from its last checkpoint\n";
 extern "C" void on_stop_signal(int sig) {
-  g_stop.store(sig);
+  timespec now{};
+  ::clock_gettime(CLOCK_MONOTONIC, &now);  // async-signal-safe, as are write and _exit
+  const int64_t ns = int64_t(now.tv_sec) * 1'000'000'000 + now.tv_nsec;
+  int none = 0;
+  if (g_stop.compare_exchange_strong(none, sig)) {
+    g_stop_ns.store(ns);
+    if (g_stop_hint) (void)!::write(STDERR_FILENO, kStopHint, sizeof kStopHint - 1);
+    return;
+  }
+  if (ns - g_stop_ns.load() < kForceAfterNs) return;
+  (void)!::write(STDERR_FILENO, kStopForced, sizeof kStopForced - 1);
+  ::_exit(130);
 }
 // A stop signal the process was started to ignore stays ignored: `nohup moeplan run ...` must
 // outlive the terminal (SIGHUP), and a job a script put in the background ignores SIGINT.
@@ -355,6 +381,8 @@ int run(const RunFlags& f) {
   // (it reruns from a read-only archive).
   if (!f.estimate && !pending.empty()) backend::ensure_writable_dir(opt.out_dir);
 
+  const char* world = std::getenv("WORLD_SIZE");
+  g_stop_hint = world == nullptr || *world == '\0';  // one process, or the --nproc launcher
   for (int sig : {SIGINT, SIGTERM, SIGHUP}) on_stop(sig, on_stop_signal);
   if (f.nproc != 1) return launch(f);
   int index = 0;

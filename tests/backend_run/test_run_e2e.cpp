@@ -1923,6 +1923,61 @@ TEST_CASE("WORLD_SIZE=2 (emulated): SIGINT to one rank stops both at one step; r
   CHECK(ra["measured"]["flops"] == rb["measured"]["flops"]);
 }
 
+TEST_CASE("a rank waiting for a peer that never comes: a second signal 3 s on stops it at once") {
+  // Rank 0 of WORLD_SIZE=2 alone: it publishes the NCCL id and waits in the group's start-up for
+  // rank 1 (up to the emulated NCCL's timeout, as a real rank waits in a collective). The first
+  // SIGINT can only ask for a stop at the end of a step it never reaches; a SIGTERM 3 s later
+  // ends it at once with 130. (A second signal within 3 s of the first is the same stop: a
+  // terminal's Ctrl-C and a launcher's forward reach a rank together; the launcher tests above
+  // stop gracefully with it.)
+  const fs::path dir = fresh_dir("cuda_stuck_rank");
+  write_manifest_atomic(tiny_manifest(tiny_plan("dense", true, 10, 4, 50, 3e-3, 16),
+                                      {tiny_plan("moe-w", false, 32, 4, 50, 3e-3, 16)}),
+                        dir / "sweep.toml");
+  ::setenv("WORLD_SIZE", "2", 1);
+  ::setenv("RANK", "0", 1);
+  ::setenv("LOCAL_RANK", "0", 1);
+  ::setenv("MOEPLAN_EMU_DEVICES", "2", 1);
+  ::setenv("MOEPLAN_EMU_NCCL_TIMEOUT", "40", 1);
+  ::setenv("MOEPLAN_NCCL_ID_FILE", (dir / "w.nccl-id").c_str(), 1);
+  const pid_t pid = spawn({"run", (dir / "sweep.toml").string(), "--point", "moe-w", "--out",
+                           (dir / "runs").string(), "--device", "cuda"},
+                          dir / "w.out", dir / "w.err", MOEPLAN_EMULATED_BINARY);
+  for (const char* v : {"WORLD_SIZE", "RANK", "LOCAL_RANK", "MOEPLAN_EMU_DEVICES",
+                        "MOEPLAN_EMU_NCCL_TIMEOUT", "MOEPLAN_NCCL_ID_FILE"})
+    ::unsetenv(v);
+  // The id file (w.nccl-id.<point hash>) is written right before the group's start-up.
+  const auto published = [&] {
+    for (const auto& e : fs::directory_iterator(dir))
+      if (e.path().filename().string().rfind("w.nccl-id.", 0) == 0) return true;
+    return false;
+  };
+  const auto start = std::chrono::steady_clock::now();
+  while (!published()) {
+    int st = 0;
+    REQUIRE_MESSAGE(::waitpid(pid, &st, WNOHANG) == 0, read_file(dir / "w.err"));
+    REQUIRE(std::chrono::steady_clock::now() - start < std::chrono::seconds(120));
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ::kill(pid, SIGINT);
+  std::this_thread::sleep_for(std::chrono::milliseconds(3300));
+  int st = 0;
+  CHECK_MESSAGE(::waitpid(pid, &st, WNOHANG) == 0, "it stopped without its peer");
+  const auto t0 = std::chrono::steady_clock::now();
+  ::kill(pid, SIGTERM);
+  CHECK(wait_status(pid) == 130);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  MESSAGE("stopped ", took, " s after the second signal");
+  CHECK(took < 15);  // at once, not at the emulated NCCL's 40 s timeout
+  const std::string err = read_file(dir / "w.err");
+  CHECK_MESSAGE(err.find("stopped at once by a second signal") != std::string::npos, err);
+  // Its emulated NCCL group (a /dev/shm file named for rank 0's pid) is left by _exit: removed.
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator("/dev/shm", ec))
+    if (e.path().filename().string().rfind(fmt::format("moeplan-emu-nccl-{}-", pid), 0) == 0)
+      fs::remove(e.path(), ec);
+}
+
 // A batch that does not fit the device: one line that says so and what to run instead, then the
 // same point in smaller passes. The emulated device holds MOEPLAN_EMU_MEMORY_KIB: 38 MiB, of
 // which cuBLAS's workspace takes 32; 128 sequences a pass need more, 16 fit.
