@@ -806,8 +806,23 @@ __device__ void store_acc(OutT* dqkv, const float (&acc)[D / 8][4], int64_t row0
 // dK, dV of one key tile of one (sequence, kv head): warp w owns keys [16w, 16w+16). Per query
 // tile, S^T = K·Q^T and dP^T = V·dO^T; then dV += P^T·dO and dK += dS^T·Q, and dS^T is stored
 // for the dQ kernel.
-template <int D, class OutT>
-__global__ void __launch_bounds__(kThreads, 2)  // 2 blocks an SM: no spills at D 32
+//
+// Without LEAN (the default) the kernel holds K's and V's A fragments and a tile's S^T and dP^T
+// (8 × 4 fp32 each) for the whole step: 254 registers at D 64, two blocks an SM, 12 % occupancy
+// and 0.26 instructions issued a cycle a scheduler on an H200 (Nsight Compute, 2026-12-04).
+// LEAN (--kernels attention=fused_mma_lean) holds fewer registers at once, for three blocks an
+// SM, with the same tiles, the same products and every accumulator's terms in the same order, so
+// the same bits (dK, dV, dS): neither K's nor V's fragments are held; dP^T comes first, V's
+// fragments read from shared memory as it goes (smem_rows_times_tile_t_mma); then, 16 queries at
+// a time (s2), the two 8-query column tiles of S^T (K's fragments read again, a depth step at a
+// time), P and dS for them, dS stored, and that 16-deep step of dV += P^T·dO and dK += dS^T·Q;
+// dV's and dK's steps still run s2 = 0, 1, … in order, each as acc_times_tile_mma runs it.
+// ptxas (CUDA 13.0, sm_90) at 3 blocks an SM: 168 registers and 8 bytes of spill at D 64, 165
+// and 148 at D 32 and 16 without spill (at 4 blocks, 84 bytes of spill at D 64; 4 blocks' 55 KiB
+// of shared memory would not fit an SM anyway). Not yet timed on a GPU (2026-12-04), so not the
+// default. The default's PTX is the same as before LEAN was added (compared after the merge).
+template <int D, class OutT, bool LEAN>
+__global__ void __launch_bounds__(kThreads, LEAN ? 3 : 2)  // 2 blocks: no spills at D 32
     dkdv_mma_kernel(OutT* dqkv, bf16* ds_out, const bf16* dO, const float* lse, const float* delta,
                     const bf16* qkv, const float* slopes, int S, int H, int Hkv, float scale) {
   extern __shared__ __align__(128) unsigned char raw[];
@@ -840,7 +855,7 @@ __global__ void __launch_bounds__(kThreads, 2)  // 2 blocks an SM: no spills at 
   load_tile_async<D>(sm.k, base + int64_t(H + kvh) * D, k0, kvalid, W);
   load_tile_async<D>(sm.v, base + int64_t(H + Hkv + kvh) * D, k0, kvalid, W);
   issue_q(0, 0);  // one group: K, V and the first query tile
-  uint32_t kf[D / 16][4], vf[D / 16][4];
+  uint32_t kf[D / 16][4], vf[D / 16][4];  // held without LEAN (else never set nor read)
   float dk[D / 8][4], dv[D / 8][4];
 #pragma unroll
   for (int n = 0; n < D / 8; ++n)
@@ -848,7 +863,7 @@ __global__ void __launch_bounds__(kThreads, 2)  // 2 blocks an SM: no spills at 
     for (int c = 0; c < 4; ++c) dk[n][c] = dv[n][c] = 0.f;
   // One query tile of head h; kDiag: the diagonal tile or the last, partial one, which need the
   // mask.
-  auto step = [&](auto diag, int h, int q0, float slope2, int buf) {
+  auto step_held = [&](auto diag, int h, int q0, float slope2, int buf) {
     constexpr bool kDiag = decltype(diag)::value;
     float st[BN / 8][4], dpt[BN / 8][4];
     rows_times_tile_t_mma<D>(st, kf, sm.q[buf], g, t);
@@ -888,80 +903,9 @@ __global__ void __launch_bounds__(kThreads, 2)  // 2 blocks an SM: no spills at 
     acc_times_tile_mma<D>(dv, st, sm.dO[buf], g, t);  // dV += P^T · dO
     acc_times_tile_mma<D>(dk, dpt, sm.q[buf], g, t);  // dK += dS^T · Q
   };
-  for (int it = 0, buf = 0; it < steps; ++it, buf ^= 1) {
-    const int h = kvh * group + it / per_head, q0 = (kb + it % per_head) * BM;
-    const float slope2 = (slopes ? slopes[h] : 0.f) * kLog2e;
-    // The next query tile flies while this one is used; this one (and K, V) landed.
-    begin_step(it + 1 < steps, [&] { issue_q(it + 1, buf ^ 1); });
-    if (it == 0) {
-      load_a_frags<D>(kf, sm.k, warp * 16, g, t);
-      load_a_frags<D>(vf, sm.v, warp * 16, g, t);
-    }
-    if (q0 == k0 || q0 + BM > S)
-      step(std::true_type{}, h, q0, slope2, buf);
-    else
-      step(std::false_type{}, h, q0, slope2, buf);
-    __syncthreads();  // every warp is done with this buffer before it is refilled
-  }
-  const int64_t row0 = int64_t(b) * S + k0 + warp * 16;
-  store_acc<D, OutT>(dqkv, dk, row0, k0 + warp * 16, S, W, int64_t(H + kvh) * D, g, t);
-  store_acc<D, OutT>(dqkv, dv, row0, k0 + warp * 16, S, W, int64_t(H + Hkv + kvh) * D, g, t);
-}
-
-// dkdv_mma_kernel with fewer registers live at once, for more blocks an SM: the same tiles, the
-// same products and every accumulator's terms in the same order, so the same bits (dK, dV, dS).
-// dkdv_mma_kernel holds K's and V's A fragments and a tile's S^T and dP^T (8 × 4 fp32 each) for
-// the whole step: 254 registers at D 64, two blocks an SM, 12 % occupancy and 0.26 instructions
-// issued a cycle a scheduler on an H200 (Nsight Compute, 2026-12-04). Here neither K's nor V's
-// fragments are held: dP^T comes first, V's fragments read from shared memory as it goes
-// (smem_rows_times_tile_t_mma); then, 16 queries at a time (s2), the two 8-query column tiles of
-// S^T (K's fragments read again, a depth step at a time), P and dS for them, dS stored, and that
-// 16-deep step of dV += P^T·dO and dK += dS^T·Q. dV's and dK's steps still run s2 = 0, 1, … in
-// order, each as acc_times_tile_mma runs it. ptxas (CUDA 13.0, sm_90) at 3 blocks an SM: 168
-// registers and 8 bytes of spill at D 64, 160 and 144 at D 32 and 16, no spill (at 4 blocks, 84
-// bytes of spill; 4 blocks' 55 KiB of shared memory would not fit an SM anyway). Chosen with
-// --kernels attention=fused_mma_lean; not yet timed on a GPU (2026-12-04), so not the default.
-template <int D, class OutT>
-__global__ void __launch_bounds__(kThreads, 3)
-    dkdv_mma_lean_kernel(OutT* dqkv, bf16* ds_out, const bf16* dO, const float* lse,
-                         const float* delta, const bf16* qkv, const float* slopes, int S, int H,
-                         int Hkv, float scale) {
-  extern __shared__ __align__(128) unsigned char raw[];
-  MmaDkdvSmem<D>& sm = *reinterpret_cast<MmaDkdvSmem<D>*>(raw);
-  const int kb = blockIdx.y, b = blockIdx.x / Hkv, kvh = blockIdx.x % Hkv, group = H / Hkv;
-  const int64_t W = int64_t(H + 2 * Hkv) * D, ldo = int64_t(H) * D;
-  const bf16* base = qkv + int64_t(b) * S * W;
-  const int k0 = kb * BN, kvalid = min(BN, S - k0), nq = (S + BM - 1) / BM;
-  const float scale2 = scale * kLog2e;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int j0 = k0 + warp * 16 + g, j1 = j0 + 8;  // this thread's two keys
-  const int per_head = nq - kb, steps = group * per_head;
-  auto issue_q = [&](int it, int buf) {  // as in dkdv_mma_kernel
-    const int h = kvh * group + it / per_head, q0 = (kb + it % per_head) * BM;
-    const int qvalid = min(BM, S - q0);
-    const int64_t bh = int64_t(b) * H + h;
-    load_tile_async<D>(sm.q[buf], base + int64_t(h) * D, q0, qvalid, W);
-    load_tile_async<D>(sm.dO[buf], dO + int64_t(b) * S * ldo + int64_t(h) * D, q0, qvalid, ldo);
-    if (threadIdx.x < BM) {
-      const int i = q0 + threadIdx.x;
-      const float slope2 = (slopes ? slopes[h] : 0.f) * kLog2e;
-      sm.lse[buf][threadIdx.x] =
-          i < S ? kLog2e * lse[bh * S + i] + slope2 * float(threadIdx.x % 16) : 0.f;
-      sm.delta[buf][threadIdx.x] = i < S ? delta[bh * S + i] : 0.f;
-    }
-    cp_async_commit();
-  };
-  load_tile_async<D>(sm.k, base + int64_t(H + kvh) * D, k0, kvalid, W);
-  load_tile_async<D>(sm.v, base + int64_t(H + Hkv + kvh) * D, k0, kvalid, W);
-  issue_q(0, 0);
-  float dk[D / 8][4], dv[D / 8][4];
-#pragma unroll
-  for (int n = 0; n < D / 8; ++n)
-#pragma unroll
-    for (int c = 0; c < 4; ++c) dk[n][c] = dv[n][c] = 0.f;
-  const int lm = lane / 8;
-  auto step = [&](auto diag, int h, int q0, float slope2, int buf) {
+  auto step_lean = [&](auto diag, int h, int q0, float slope2, int buf) {
     constexpr bool kDiag = decltype(diag)::value;
+    const int lm = lane / 8;
     float dpt[1][BN / 8][4];
     smem_rows_times_tile_t_mma<D, 1>(dpt, sm.v, warp * 16, sm.dO[buf], g, t);  // dP^T = V·dO^T
     bf16* dst = ds_out + ds_tile(b * H + h, nq, q0 / BM, kb) + (warp * 16 + g) * BM + 2 * t;
@@ -1017,15 +961,28 @@ __global__ void __launch_bounds__(kThreads, 3)
       frag_times_rows_mma<D>(dk, sf, q_rows + s2 * 16 * LDT<D>);
     }
   };
+  auto step = [&](auto diag, int h, int q0, float slope2, int buf) {
+    if constexpr (LEAN)
+      step_lean(diag, h, q0, slope2, buf);
+    else
+      step_held(diag, h, q0, slope2, buf);
+  };
   for (int it = 0, buf = 0; it < steps; ++it, buf ^= 1) {
     const int h = kvh * group + it / per_head, q0 = (kb + it % per_head) * BM;
     const float slope2 = (slopes ? slopes[h] : 0.f) * kLog2e;
+    // The next query tile flies while this one is used; this one (and K, V) landed.
     begin_step(it + 1 < steps, [&] { issue_q(it + 1, buf ^ 1); });
+    if constexpr (!LEAN) {
+      if (it == 0) {
+        load_a_frags<D>(kf, sm.k, warp * 16, g, t);
+        load_a_frags<D>(vf, sm.v, warp * 16, g, t);
+      }
+    }
     if (q0 == k0 || q0 + BM > S)
       step(std::true_type{}, h, q0, slope2, buf);
     else
       step(std::false_type{}, h, q0, slope2, buf);
-    __syncthreads();
+    __syncthreads();  // every warp is done with this buffer before it is refilled
   }
   const int64_t row0 = int64_t(b) * S + k0 + warp * 16;
   store_acc<D, OutT>(dqkv, dk, row0, k0 + warp * 16, S, W, int64_t(H + kvh) * D, g, t);
@@ -1181,7 +1138,7 @@ void backward_mma_t(OutT* dqkv, float* delta, uint16_t* ds, const uint16_t* dO, 
   launch_delta(delta, dO, O, B, S, H, D);
   const unsigned tiles = unsigned((S + BM - 1) / BM);
   bf16* dsb = reinterpret_cast<bf16*>(ds);
-  const auto dkdv = lean ? dkdv_mma_lean_kernel<D, OutT> : dkdv_mma_kernel<D, OutT>;
+  const auto dkdv = lean ? dkdv_mma_kernel<D, OutT, true> : dkdv_mma_kernel<D, OutT, false>;
   allow_smem(dkdv, sizeof(MmaDkdvSmem<D>));
   // x: sequence·head, y: tile, so that every head's heaviest tiles (the most steps: the first key
   // tiles, the last query tiles) launch first.
