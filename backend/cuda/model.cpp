@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstring>
 #include <numeric>
+#include <optional>
 #include <unordered_map>
 
 #include "../cpu/layers.hpp"
@@ -266,6 +267,7 @@ struct Model::Impl {
   std::vector<char> grad_first, grad_written;          // per tensor (index in `tensors`)
   std::unordered_map<int64_t, size_t> tensor_at;       // a tensor's offset -> its index
   std::vector<std::pair<int64_t, int64_t>> zero_runs;  // (first float, count), zeroed a step
+  std::optional<ExpertPath> planned_for;  // the expert path grad_first and zero_runs were made for
 
   size_t tensor_index(int64_t off) const {
     const auto it = tensor_at.find(off);
@@ -308,7 +310,10 @@ struct Model::Impl {
     }
   }
   void start_gradients() {
-    plan_gradient_start();
+    if (planned_for != expert_path) {  // the plan depends on nothing else that can change
+      plan_gradient_start();
+      planned_for = expert_path;
+    }
     grad_written.assign(tensors.size(), 0);
     for (const auto& [b, n] : zero_runs)
       check_cuda(cudaMemsetAsync(G(b), 0, size_t(n) * 4, nullptr), "memset gradients");
@@ -413,18 +418,15 @@ struct Model::Impl {
     rope = o.positions == "rope";
     mm_size = dtype_size(mm);
     flash = attn != AttentionPath::cublas && mm == DType::bf16 && attention::supported(Dh);
-    const bool wide = attn == AttentionPath::fused_mma_wide;
-    if (wide && mm == DType::bf16 && !attention::forward_mma_wide_supported(Dh))
+    // The wide forward and the lean backward exist for head widths 16, 32 and 64 only.
+    const bool wide = attn == AttentionPath::fused_mma_wide,
+               lean = attn == AttentionPath::fused_mma_lean;
+    if (mm == DType::bf16 && ((wide && !attention::forward_mma_wide_supported(Dh)) ||
+                              (lean && !attention::backward_mma_supported(Dh))))
       throw InputError(fmt::format(
-          "--kernels attention=fused_mma_wide needs a head width of 16, 32 or 64 (this model: {}); "
-          "use attention=fused_mma",
-          Dh));
-    const bool lean = attn == AttentionPath::fused_mma_lean;
-    if (lean && mm == DType::bf16 && !attention::backward_mma_supported(Dh))
-      throw InputError(fmt::format(
-          "--kernels attention=fused_mma_lean needs a head width of 16, 32 or 64 (this model: {}); "
-          "use attention=fused_mma",
-          Dh));
+          "--kernels attention={} needs a head width of 16, 32 or 64 (this model: {}); use "
+          "attention=fused_mma",
+          wide ? "fused_mma_wide" : "fused_mma_lean", Dh));
     forward_mma = flash && (attn == AttentionPath::fused_mma || wide || lean);
     forward_mma_wide = flash && wide;
     backward_mma = forward_mma && attention::backward_mma_supported(Dh);

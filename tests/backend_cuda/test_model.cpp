@@ -738,41 +738,53 @@ TEST_CASE("bf16: register-resident attention (mma.sync) gives the cuBLAS attenti
   check_fused_attention_step(cu::AttentionPath::fused_mma, "fused_mma");
 }
 
-TEST_CASE("bf16: the wide register-resident forward gives fused_mma's step bit for bit") {
-  // 32 query rows a warp run the same tiles with the same arithmetic per row: the same objective,
-  // gradients and ledger (its padding included). A head width it has no kernel for is refused.
+namespace {
+
+// A step with attention path `path` against fused_mma's, bit for bit (objective, gradients and
+// ledger, padding included), with ALiBi and RoPE; its profile names `kernel` (what ran); a head
+// width of 128, which it has no kernel for, is refused with one line naming `name`.
+void check_same_step_as_fused_mma(cu::AttentionPath path, const char* name, const char* kernel,
+                                  int64_t seq_len, uint64_t seed) {
   Arch a = moe_arch();
-  a.seq_len = 200;  // a 128-row block and a second one with a partial first half
+  a.seq_len = seq_len;
   for (const char* pos : {"alibi", "rope"}) {
     INFO(pos);
     ModelOptions opt;
     opt.positions = pos;
     const int64_t B = 2;
-    cu::Model wide(a, opt, 4, B, DType::bf16, nullptr, cu::AttentionPath::fused_mma_wide);
-    cu::Model narrow(a, opt, 4, B, DType::bf16, nullptr, cu::AttentionPath::fused_mma);
-    const Batch b = random_batch(B, a.seq_len, a.vocab, 78);
-    StepResult rw, rn;
-    const double ow = wide.compute_gradients(b.inputs.data(), b.targets.data(), &rw);
-    const double on = narrow.compute_gradients(b.inputs.data(), b.targets.data(), &rn);
-    CHECK(ow == on);
-    CHECK(wide.gradients() == narrow.gradients());
-    CHECK(rw.flops.flops == rn.flops.flops);
-    // A step's kernels by name: the wide forward is what ran.
-    wide.set_profiling(true, true);
-    wide.train_step(b.inputs.data(), b.targets.data(), 1, OptimConfig{});
-    const auto kernels = wide.profile_ms_per_step();
-    wide.set_profiling(false);
+    cu::Model other(a, opt, 4, B, DType::bf16, nullptr, path);
+    cu::Model plain(a, opt, 4, B, DType::bf16, nullptr, cu::AttentionPath::fused_mma);
+    const Batch b = random_batch(B, a.seq_len, a.vocab, seed);
+    StepResult ro, rp;
+    const double oo = other.compute_gradients(b.inputs.data(), b.targets.data(), &ro);
+    const double op = plain.compute_gradients(b.inputs.data(), b.targets.data(), &rp);
+    CHECK(oo == op);
+    CHECK(other.gradients() == plain.gradients());
+    CHECK(ro.flops.flops == rp.flops.flops);
+    other.set_profiling(true, true);
+    other.train_step(b.inputs.data(), b.targets.data(), 1, OptimConfig{});
+    const auto kernels = other.profile_ms_per_step();
+    other.set_profiling(false);
     CHECK(std::any_of(kernels.begin(), kernels.end(),
-                      [](const auto& k) { return k.first == "attention::forward_mma_wide"; }));
+                      [&](const auto& k) { return k.first == kernel; }));
   }
   Arch w = moe_arch();
   w.head_dim = 128;
   w.d_model = w.heads * 128;
-  CHECK_THROWS_WITH_AS(
-      cu::Model(w, ModelOptions{}, 4, 2, DType::bf16, nullptr, cu::AttentionPath::fused_mma_wide),
-      doctest::Contains("attention=fused_mma_wide needs a head width of 16, 32 "
-                        "or 64 (this model: 128)"),
-      moeplan::InputError);
+  CHECK_THROWS_WITH_AS(cu::Model(w, ModelOptions{}, 4, 2, DType::bf16, nullptr, path),
+                       doctest::Contains((std::string("attention=") + name +
+                                          " needs a head width of 16, 32 or 64 (this model: 128)")
+                                             .c_str()),
+                       moeplan::InputError);
+}
+
+}  // namespace
+
+TEST_CASE("bf16: the wide register-resident forward gives fused_mma's step bit for bit") {
+  // 32 query rows a warp run the same tiles with the same arithmetic per row. S 200: a 128-row
+  // block and a second one with a partial first half.
+  check_same_step_as_fused_mma(cu::AttentionPath::fused_mma_wide, "fused_mma_wide",
+                               "attention::forward_mma_wide", 200, 78);
 }
 
 TEST_CASE("each step's gradients start from nothing: a step after another equals it alone") {
@@ -817,40 +829,10 @@ TEST_CASE("each step's gradients start from nothing: a step after another equals
 
 TEST_CASE("bf16: the lean dK/dV kernel gives fused_mma's step bit for bit") {
   // Fewer registers live at once, the same products with every accumulator's terms in the same
-  // order: the same objective, gradients and ledger. ALiBi and RoPE (dqkv straight into bf16 and
-  // through fp32), grouped-query heads, a partial last tile. A head width it has no kernel for is
-  // refused.
-  Arch a = moe_arch();
-  a.seq_len = 100;
-  for (const char* pos : {"alibi", "rope"}) {
-    INFO(pos);
-    ModelOptions opt;
-    opt.positions = pos;
-    const int64_t B = 2;
-    cu::Model lean(a, opt, 5, B, DType::bf16, nullptr, cu::AttentionPath::fused_mma_lean);
-    cu::Model plain(a, opt, 5, B, DType::bf16, nullptr, cu::AttentionPath::fused_mma);
-    const Batch b = random_batch(B, a.seq_len, a.vocab, 79);
-    StepResult rl, rp;
-    const double ol = lean.compute_gradients(b.inputs.data(), b.targets.data(), &rl);
-    const double op = plain.compute_gradients(b.inputs.data(), b.targets.data(), &rp);
-    CHECK(ol == op);
-    CHECK(lean.gradients() == plain.gradients());
-    CHECK(rl.flops.flops == rp.flops.flops);
-    lean.set_profiling(true, true);
-    lean.train_step(b.inputs.data(), b.targets.data(), 1, OptimConfig{});
-    const auto kernels = lean.profile_ms_per_step();
-    lean.set_profiling(false);
-    CHECK(std::any_of(kernels.begin(), kernels.end(),
-                      [](const auto& k) { return k.first == "attention::backward_mma_lean"; }));
-  }
-  Arch w = moe_arch();
-  w.head_dim = 128;
-  w.d_model = w.heads * 128;
-  CHECK_THROWS_WITH_AS(
-      cu::Model(w, ModelOptions{}, 4, 2, DType::bf16, nullptr, cu::AttentionPath::fused_mma_lean),
-      doctest::Contains("attention=fused_mma_lean needs a head width of 16, 32 "
-                        "or 64 (this model: 128)"),
-      moeplan::InputError);
+  // order. Grouped-query heads (moe_arch), a partial last tile (S 100); with RoPE dqkv goes
+  // through fp32, with ALiBi straight into bf16.
+  check_same_step_as_fused_mma(cu::AttentionPath::fused_mma_lean, "fused_mma_lean",
+                               "attention::backward_mma_lean", 100, 79);
 }
 
 namespace {

@@ -570,8 +570,7 @@ void launch(const char* kernel, const Config& cfg, const std::function<void()>& 
     set_error(cudaErrorInvalidConfiguration, "invalid launch configuration of " + name);
     return;
   }
-  // Over 48 KiB of dynamic shared memory needs the kernel's opt-in (tracked for any kernel: the
-  // emulator cannot name a kernel template's instance, so this check is a lower bound).
+  // Over 48 KiB of dynamic shared memory needs this kernel's own opt-in (kernel_key), as in CUDA.
   const auto opted = s.max_dynamic_shared.find(cfg.kernel);
   const std::size_t limit = opted == s.max_dynamic_shared.end()
                                 ? kDefaultShared
