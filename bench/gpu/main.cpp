@@ -458,7 +458,10 @@ int main(int argc, char** argv) {
         // The default points with the lean dK/dV kernel (168 registers, three blocks an SM).
         Point{"dense-124M-fused-mma-lean-attn", dense124(), cu::AttentionPath::fused_mma_lean},
         Point{"moe-ra0.2-tiled-fused-mma-lean-attn", moe_equal_n(),
-              cu::AttentionPath::fused_mma_lean, tiled}}) {
+              cu::AttentionPath::fused_mma_lean, tiled},
+        // Both options together: what `auto` would run if each wins on its own.
+        Point{"moe-ra0.2-tiled128-fused-mma-lean-attn", moe_equal_n(),
+              cu::AttentionPath::fused_mma_lean, cu::ExpertPath::tiled128}}) {
     if (!only.empty() && only.find("," + p.name + ",") == std::string::npos) continue;
     matched = true;
     const std::string name = table ? p.name + "-lt-table" : p.name;
