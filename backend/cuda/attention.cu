@@ -873,12 +873,16 @@ __global__ void __launch_bounds__(kThreads, LEAN ? 3 : 2)  // 2 blocks: no spill
     // the first query of i's group of 16, so the query part stays small (a larger one would
     // cancel against the key part in x and cost precision); the key part is then 8 values a
     // thread (2 keys, 4 groups) where the distance form had a value a score, which the compiler
-    // computed ahead of the product.
+    // computed ahead of the product. The rounding is pinned: the key part one product
+    // (__fmul_rn, never fused), x one fma of it, so that the lean step below, whose code nvcc
+    // schedules differently, gets the same bits: left to contract, nvcc fused scale·s + key as
+    // fma(scale, s, key) here and as fma(slope, j − q0 − 16k, scale·s) there (H200, 2026-12-04:
+    // the lean kernel's dS differed at S 200, the first shape with an unmasked tile at D 64).
     float r[BM / 16][2];
 #pragma unroll
     for (int k = 0; k < BM / 16; ++k) {
-      r[k][0] = slope2 * float(j0 - q0 - 16 * k);
-      r[k][1] = slope2 * float(j1 - q0 - 16 * k);
+      r[k][0] = __fmul_rn(slope2, float(j0 - q0 - 16 * k));
+      r[k][1] = __fmul_rn(slope2, float(j1 - q0 - 16 * k));
     }
 #pragma unroll
     for (int n = 0; n < BN / 8; ++n)
@@ -887,7 +891,7 @@ __global__ void __launch_bounds__(kThreads, LEAN ? 3 : 2)  // 2 blocks: no spill
         const int j = c < 2 ? j0 : j1, qi = n * 8 + 2 * t + (c & 1), i = q0 + qi;
         float p = 0.f, ds = 0.f;
         if (!kDiag || (j <= i && i < S)) {
-          p = exp2f(scale2 * st[n][c] + r[n / 2][c < 2 ? 0 : 1] - sm.lse[buf][qi]);
+          p = exp2f(__fmaf_rn(scale2, st[n][c], r[n / 2][c < 2 ? 0 : 1]) - sm.lse[buf][qi]);
           ds = scale * p * (dpt[n][c] - sm.delta[buf][qi]);
         }
         st[n][c] = p;
@@ -929,7 +933,8 @@ __global__ void __launch_bounds__(kThreads, LEAN ? 3 : 2)  // 2 blocks: no spill
         mma16816(st[0], ka, bq[0], bq[1]);
         mma16816(st[1], ka, bq[2], bq[3]);
       }
-      const float r0 = slope2 * float(j0 - q0 - 16 * s2), r1 = slope2 * float(j1 - q0 - 16 * s2);
+      const float r0 = __fmul_rn(slope2, float(j0 - q0 - 16 * s2)),
+                  r1 = __fmul_rn(slope2, float(j1 - q0 - 16 * s2));
 #pragma unroll
       for (int m = 0; m < 2; ++m)
 #pragma unroll
@@ -937,7 +942,7 @@ __global__ void __launch_bounds__(kThreads, LEAN ? 3 : 2)  // 2 blocks: no spill
           const int j = c < 2 ? j0 : j1, qi = (n + m) * 8 + 2 * t + (c & 1), i = q0 + qi;
           float p = 0.f, ds = 0.f;
           if (!kDiag || (j <= i && i < S)) {
-            p = exp2f(scale2 * st[m][c] + (c < 2 ? r0 : r1) - sm.lse[buf][qi]);
+            p = exp2f(__fmaf_rn(scale2, st[m][c], c < 2 ? r0 : r1) - sm.lse[buf][qi]);
             ds = scale * p * (dpt[0][n + m][c] - sm.delta[buf][qi]);
           }
           st[m][c] = p;

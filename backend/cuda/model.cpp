@@ -2065,9 +2065,11 @@ KernelChoice resolve_kernels(const KernelChoice& asked, int64_t head_dim, DType 
   KernelChoice k = asked;
   const bool bf16 = matmul == DType::bf16;
   if (!k.attention)
-    k.attention = bf16 && attention::supported(head_dim) ? AttentionPath::fused_mma
-                                                         : AttentionPath::cublas;
-  if (!k.experts) k.experts = bf16 ? ExpertPath::tiled : ExpertPath::grouped;
+    k.attention = !bf16                                         ? AttentionPath::cublas
+                  : attention::backward_mma_supported(head_dim) ? AttentionPath::fused_mma_lean
+                  : attention::supported(head_dim)              ? AttentionPath::fused_mma
+                                                                : AttentionPath::cublas;
+  if (!k.experts) k.experts = bf16 ? ExpertPath::tiled128 : ExpertPath::grouped;
   return k;
 }
 

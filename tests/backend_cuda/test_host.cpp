@@ -138,22 +138,26 @@ TEST_CASE("--kernels: attention and experts by name or auto, everything else ref
   CHECK(cu::to_string(d) == "attention=auto,experts=auto");
   CHECK(cu::to_string(cu::parse_kernel_choice("attention=auto,experts=auto")) ==
         "attention=auto,experts=auto");
-  // auto: the fastest measured kernels that can run the point (bf16 only; fused attention at
-  // head widths 16, 32, 64, 128).
-  for (const int64_t dh : {16, 32, 64, 128})
+  // auto: the fastest measured kernels that can run the point (bf16 only; the lean dK/dV
+  // kernel at head widths 16, 32, 64, fused attention with the WMMA backward at 128).
+  for (const int64_t dh : {16, 32, 64})
     CHECK(cu::to_string(cu::resolve_kernels(d, dh, cu::DType::bf16)) ==
-          "attention=fused_mma,experts=tiled");
+          "attention=fused_mma_lean,experts=tiled128");
+  CHECK(cu::to_string(cu::resolve_kernels(d, 128, cu::DType::bf16)) ==
+        "attention=fused_mma,experts=tiled128");
   for (const int64_t dh : {8, 48, 96, 256})
     CHECK(cu::to_string(cu::resolve_kernels(d, dh, cu::DType::bf16)) ==
-          "attention=cublas,experts=tiled");
-  CHECK(cu::to_string(cu::resolve_kernels(d, 64, cu::DType::f32)) ==
-        "attention=cublas,experts=grouped");
+          "attention=cublas,experts=tiled128");
+  for (const int64_t dh : {16, 64, 128})
+    CHECK(cu::to_string(cu::resolve_kernels(d, dh, cu::DType::f32)) ==
+          "attention=cublas,experts=grouped");
   // What was asked for is kept; only what was left out is chosen.
-  CHECK(cu::to_string(cu::resolve_kernels(cu::parse_kernel_choice("experts=grouped"), 64,
-                                          cu::DType::bf16)) == "attention=fused_mma,experts=grouped");
-  CHECK(cu::to_string(cu::resolve_kernels(cu::parse_kernel_choice("attention=cublas,logits=64"),
-                                          64, cu::DType::bf16)) ==
-        "attention=cublas,experts=tiled,logits=64");
+  CHECK(cu::to_string(
+            cu::resolve_kernels(cu::parse_kernel_choice("experts=grouped"), 64, cu::DType::bf16)) ==
+        "attention=fused_mma_lean,experts=grouped");
+  CHECK(cu::to_string(cu::resolve_kernels(cu::parse_kernel_choice("attention=cublas,logits=64"), 64,
+                                          cu::DType::bf16)) ==
+        "attention=cublas,experts=tiled128,logits=64");
   const cu::KernelChoice k = cu::parse_kernel_choice("experts=tiled,attention=fused_mma");
   CHECK(k.attention == cu::AttentionPath::fused_mma);
   CHECK(k.experts == cu::ExpertPath::tiled);

@@ -1586,9 +1586,9 @@ TEST_CASE("moeplan run --device cuda (emulated): the CPU's tokens and ledger, ke
     std::string kernels, label;
   };
   for (const Variant& v :
-       {Variant{"", "attention=fused_mma,experts=tiled"},  // auto at head width 16
+       {Variant{"", "attention=fused_mma_lean,experts=tiled128"},  // auto at head width 16
         Variant{"attention=cublas,experts=grouped", "attention=cublas,experts=grouped"},
-        Variant{"experts=batched", "attention=fused_mma,experts=batched"}}) {
+        Variant{"experts=batched", "attention=fused_mma_lean,experts=batched"}}) {
     INFO("kernels " << v.label);
     const fs::path out = dir / ("cuda-" + std::to_string(v.kernels.size()));
     std::vector<std::string> args = {"run",     sweep,   "--out",    out.string(),
@@ -1725,7 +1725,7 @@ TEST_CASE("moeplan run --device cuda --kernels gemm=FILE (emulated): tuned once,
                                            t["entries"].size())) != std::string::npos,
                 first.out);
   const json got = record(dir / "first", "moe-a");
-  CHECK(got["kernels"] == "attention=fused_mma,experts=tiled,gemm=" + table);
+  CHECK(got["kernels"] == "attention=fused_mma_lean,experts=tiled128,gemm=" + table);
   CHECK(got["loss_curve"] == want["loss_curve"]);
   CHECK(got["measured"]["flops"] == want["measured"]["flops"]);
 
@@ -1869,8 +1869,9 @@ TEST_CASE("moeplan run --device cuda, WORLD_SIZE=2 (emulated): the job's ledgers
   // The report labels the job with its device count, and compares times only within a label.
   const Result rep = run_cli({"report", (dir / "two").string()});
   REQUIRE_MESSAGE(rep.status == 0, rep.err);
-  CHECK_MESSAGE(rep.out.find("cuda x2 attention=fused_mma,experts=tiled") != std::string::npos,
-                rep.out);
+  CHECK_MESSAGE(
+      rep.out.find("cuda x2 attention=fused_mma_lean,experts=tiled128") != std::string::npos,
+      rep.out);
 }
 
 TEST_CASE("WORLD_SIZE=2 (emulated): SIGINT to one rank stops both at one step; resume is exact") {

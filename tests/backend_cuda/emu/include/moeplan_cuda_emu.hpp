@@ -93,6 +93,14 @@ inline std::common_type_t<A, B> max(A a, B b) {
 inline float rsqrtf(float x) {
   return 1.f / std::sqrt(x);
 }
+// Rounding pinned as on the device: one fused multiply-add, one product never fused (the
+// emulated kernels are compiled with -ffp-contract=off, so nothing else is fused either).
+inline float __fmaf_rn(float a, float b, float c) {
+  return std::fma(a, b, c);
+}
+inline float __fmul_rn(float a, float b) {
+  return a * b;
+}
 inline int __popc(unsigned x) {
   return __builtin_popcount(x);
 }

@@ -62,9 +62,11 @@ struct KernelChoice {
 };
 KernelChoice parse_kernel_choice(const std::string& spec);
 // The automatic choices made: the kernels measured fastest on an H200 that can run the point
-// (bench/gpu/RESULTS.md, 2026-11-30: dense 31.3 against 35.7 ms a step, MoE at r_a 0.2 22.6
-// against 28.6 ms): attention `fused_mma` in bf16 at head widths 16, 32, 64 and 128, else
-// `cublas`; experts `tiled` in bf16, else `grouped`. What was asked for is kept.
+// (bench/gpu/RESULTS.md: fused_mma and tiled on 2026-11-30, dense 31.3 against 35.7 ms a step,
+// MoE at r_a 0.2 22.6 against 28.6 ms; the lean dK/dV kernel and 128-row tiles on 2026-12-04,
+// run E, dK/dV 2.27 against 2.41 ms a dense step and the MoE step at batch 32 46.2 against
+// 47.5 ms): attention in bf16 `fused_mma_lean` at head widths 16, 32 and 64, `fused_mma` at 128,
+// else `cublas`; experts `tiled128` in bf16, else `grouped`. What was asked for is kept.
 KernelChoice resolve_kernels(const KernelChoice& asked, int64_t head_dim, DType matmul);
 std::string to_string(const KernelChoice& k);
 
