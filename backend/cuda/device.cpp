@@ -149,29 +149,51 @@ void DeviceBuffer::fill_zero() {
   if (bytes_) check_cuda(cudaMemset(ptr_, 0, bytes_), "cudaMemset");
 }
 
-SideStream::SideStream() {
+namespace {
+// A non-blocking stream and timing-free events, each stored where its owner's destructor (or a
+// constructor's catch) destroys it, so that a failure part way leaks none of them.
+void create_stream(void*& slot) {
   cudaStream_t s = nullptr;
   check_cuda(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
-  stream_ = s;
-  cudaEvent_t a = nullptr, b = nullptr;
-  check_cuda(cudaEventCreateWithFlags(&a, cudaEventDisableTiming), "cudaEventCreateWithFlags");
-  check_cuda(cudaEventCreateWithFlags(&b, cudaEventDisableTiming), "cudaEventCreateWithFlags");
-  forked_ = a;
-  done_ = b;
-  for (void*& slot : slots_) {
-    cudaEvent_t e = nullptr;
-    check_cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags");
-    slot = e;
+  slot = s;
+}
+void create_event(void*& slot) {
+  cudaEvent_t e = nullptr;
+  check_cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+  slot = e;
+}
+void destroy_stream(void*& s) noexcept {  // lets the stream's work finish first
+  if (s) cudaStreamDestroy(static_cast<cudaStream_t>(s));
+  s = nullptr;
+}
+void destroy_event(void*& e) noexcept {
+  if (e) cudaEventDestroy(static_cast<cudaEvent_t>(e));
+  e = nullptr;
+}
+}  // namespace
+
+SideStream::SideStream() {
+  try {
+    create_stream(stream_);
+    create_event(forked_);
+    create_event(done_);
+    for (void*& slot : slots_) create_event(slot);
+  } catch (...) {
+    release();  // what was created so far (a throwing constructor runs no destructor)
+    throw;
   }
 }
 
 SideStream::~SideStream() {
+  release();
+}
+
+void SideStream::release() noexcept {
   // Destroying a stream lets its work finish; the events may go at once.
-  if (stream_) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
-  if (forked_) cudaEventDestroy(static_cast<cudaEvent_t>(forked_));
-  if (done_) cudaEventDestroy(static_cast<cudaEvent_t>(done_));
-  for (void* slot : slots_)
-    if (slot) cudaEventDestroy(static_cast<cudaEvent_t>(slot));
+  destroy_stream(stream_);
+  destroy_event(forked_);
+  destroy_event(done_);
+  for (void*& slot : slots_) destroy_event(slot);
 }
 
 void SideStream::fork() {
@@ -197,6 +219,48 @@ void SideStream::wait(int slot) {
   if (!marked_[slot]) return;
   check_cuda(cudaStreamWaitEvent(nullptr, static_cast<cudaEvent_t>(slots_[slot]), 0),
              "cudaStreamWaitEvent");
+}
+
+StagedStream::StagedStream(int stages) : events_(size_t(stages), nullptr) {
+  try {
+    create_stream(stream_);
+    create_event(begun_);
+    for (void*& e : events_) create_event(e);
+  } catch (...) {
+    release();
+    throw;
+  }
+}
+
+StagedStream::~StagedStream() {
+  release();
+}
+
+void StagedStream::release() noexcept {
+  destroy_stream(stream_);
+  destroy_event(begun_);
+  for (void*& e : events_) destroy_event(e);
+}
+
+void StagedStream::begin() {
+  const auto e = static_cast<cudaEvent_t>(begun_);
+  check_cuda(cudaEventRecord(e, nullptr), "cudaEventRecord (begin)");
+  check_cuda(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream_), e, 0), "cudaStreamWaitEvent");
+}
+
+void StagedStream::mark(int stage) {
+  check_cuda(cudaEventRecord(static_cast<cudaEvent_t>(events_.at(size_t(stage))),
+                             static_cast<cudaStream_t>(stream_)),
+             "cudaEventRecord (stage)");
+}
+
+void StagedStream::wait(int stage) {
+  check_cuda(cudaStreamWaitEvent(nullptr, static_cast<cudaEvent_t>(events_.at(size_t(stage))), 0),
+             "cudaStreamWaitEvent (stage)");
+}
+
+void StagedStream::finish() {
+  check_cuda(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)), "cudaStreamSynchronize");
 }
 
 }  // namespace moeplan::backend::cuda

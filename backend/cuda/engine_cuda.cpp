@@ -139,6 +139,9 @@ class CudaEngine final : public Engine {
                                        comm_.get(), *kernels_.attention, sharded_,
                                        kernels_.logit_rows);
       model_->set_expert_path(*kernels_.experts);
+      // Each step's AdamW update beside the next step's forward (single process; the same
+      // bits): see Model::set_update_overlap.
+      model_->set_update_overlap(true);
       if (!kernels_.gemm_table.empty()) gemm_note_ = use_gemm_table(kernels_.gemm_table);
     } catch (const DeviceOutOfMemory& e) {
       throw InputError(out_of_memory_message(e, r, local_batch_, kernels_,

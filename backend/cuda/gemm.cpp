@@ -116,6 +116,13 @@ struct Blas::Impl {
   // recorded nor looked up (cublasGemmEx's default, as documented for experts=loop).
   bool per_expert = false;
   Counts counts;
+  // Here rather than in ~Blas, so that a Blas constructor that throws after cublasCreate (its
+  // workspace not allocated, say) frees the handle too.
+  ~Impl() {
+    plans.clear();
+    if (lt) cublasLtDestroy(lt);
+    if (handle) cublasDestroy(handle);
+  }
 };
 
 Blas::Blas() : impl_(std::make_unique<Impl>()) {
@@ -136,12 +143,7 @@ void Blas::set_stream(void* stream) {
              "cublasSetWorkspace");
 }
 
-Blas::~Blas() {
-  if (!impl_) return;
-  impl_->plans.clear();
-  if (impl_->lt) cublasLtDestroy(impl_->lt);
-  if (impl_->handle) cublasDestroy(impl_->handle);
-}
+Blas::~Blas() = default;
 
 void Blas::set_table(std::shared_ptr<const GemmTable> table) {
   impl_->listed.clear();
@@ -442,9 +444,16 @@ namespace {
 // when a call fails (that candidate is then not taken).
 template <class Run>
 double median_ms(Run&& run, int reps) {
-  cudaEvent_t e0 = nullptr, e1 = nullptr;
-  check_cuda(cudaEventCreate(&e0), "cudaEventCreate");
-  check_cuda(cudaEventCreate(&e1), "cudaEventCreate");
+  struct Events {  // destroyed however the timing ends (a failed record throws)
+    cudaEvent_t a = nullptr, b = nullptr;
+    ~Events() {
+      if (a) cudaEventDestroy(a);
+      if (b) cudaEventDestroy(b);
+    }
+  } ev;
+  check_cuda(cudaEventCreate(&ev.a), "cudaEventCreate");
+  check_cuda(cudaEventCreate(&ev.b), "cudaEventCreate");
+  const cudaEvent_t e0 = ev.a, e1 = ev.b;
   std::vector<double> ms;
   bool ok = true;
   for (int i = 0; i < reps + 3 && ok; ++i) {
@@ -456,8 +465,6 @@ double median_ms(Run&& run, int reps) {
     check_cuda(cudaEventElapsedTime(&t, e0, e1), "cudaEventElapsedTime");
     if (i >= 3) ms.push_back(t);
   }
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
   if (!ok || ms.empty()) return -1;
   std::sort(ms.begin(), ms.end());
   return ms[ms.size() / 2];

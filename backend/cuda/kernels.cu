@@ -1666,8 +1666,10 @@ void grad_norm(float* norm, const float* grads, int64_t n, float max_norm, doubl
 
 void adamw(float* params, uint16_t* params_mm, float* m, float* v, const float* grads,
            const uint8_t* decay, const float* norm, int64_t n, float lr, float beta1, float beta2,
-           float eps, float weight_decay, float bias_correction1, float bias_correction2) {
+           float eps, float weight_decay, float bias_correction1, float bias_correction2,
+           void* stream) {
   if (n == 0) return;
+  const auto st = static_cast<cudaStream_t>(stream);
   const AdamW a{0.f, lr, beta1, beta2, eps, weight_decay, bias_correction1, bias_correction2};
   bf16* mm = reinterpret_cast<bf16*>(params_mm);
   int64_t done = 0;  // the first 4·n4 in fours when the layout allows, the rest one by one
@@ -1675,15 +1677,16 @@ void adamw(float* params, uint16_t* params_mm, float* m, float* v, const float* 
       reinterpret_cast<uintptr_t>(params_mm) % 8 == 0) {
     const int64_t n4 = n / 4;
     if (n4 > 0) {
-      adamw4_kernel<<<blocks_for(n4, 256), 256>>>(params, mm, m, v, grads, decay, norm, n4, a);
+      adamw4_kernel<<<blocks_for(n4, 256), 256, 0, st>>>(params, mm, m, v, grads, decay, norm, n4,
+                                                         a);
       check_launch("adamw");
     }
     done = 4 * n4;
   }
   if (done < n) {
-    adamw_kernel<<<blocks_for(n - done, 256), 256>>>(params + done, mm ? mm + done : nullptr,
-                                                     m + done, v + done, grads + done, decay + done,
-                                                     norm, n - done, a);
+    adamw_kernel<<<blocks_for(n - done, 256), 256, 0, st>>>(params + done, mm ? mm + done : nullptr,
+                                                            m + done, v + done, grads + done,
+                                                            decay + done, norm, n - done, a);
     check_launch("adamw");
   }
 }

@@ -208,6 +208,88 @@ struct Model::Impl {
   DeviceBuffer params, params_mm, grads, adam_m, adam_v, decay;
   DeviceBuffer rope_table, slopes;
 
+  // ---- the AdamW update beside the next step's forward (set_update_overlap) -------------------
+  // Without a communicator and while not profiling, the update runs on a stream of its own in
+  // stages over the parameter buffer in layout order: the embedding, each layer, the final norm
+  // and LM head (each stage's end rounded down to a multiple of 4, so that all but the last take
+  // the 16-byte kernel). The step returns once its gradient norm is read; the next step's forward
+  // waits for a stage before the first kernel that reads its weights, the zeroing of the next
+  // step's gradients for the stages that read them, and everything else that touches the
+  // parameters, gradients or moments (the host's copies, a checkpoint, the ERC loss) for all of
+  // it (settle). The same kernel on the same values, so the same bits; the next forward's first
+  // layers run while the last layers are still updated.
+  bool overlap_update = false;
+  // Declared after the buffers it reads and writes, so destroyed first: destroying its stream
+  // lets the stream's work finish before they are freed.
+  std::unique_ptr<StagedStream> upd;
+  std::vector<int64_t> stage_end;  // floats; the last is n_params
+  std::vector<int64_t> use_end;    // where the embedding's, each layer's and the rest's weights end
+  int update_waited = -1;          // the highest stage the default stream waits for already
+  bool update_pending = false;     // stages issued that the default stream does not wait for yet
+  bool updating_beside() const { return overlap_update && !comm && !prof.on; }
+  void plan_update_stages() {
+    std::vector<int64_t> starts = {0};  // each use's first float: embedding, layers, final norm
+    for (int64_t l = 0; l < L; ++l) {
+      int64_t first = n_params;
+      const std::string p = fmt::format("layer{}.", l);
+      for (const TensorInfo& t : tensors)
+        if (t.name.rfind(p, 0) == 0) first = std::min(first, t.offset);
+      starts.push_back(first);
+    }
+    starts.push_back(final_norm);
+    use_end.assign(starts.begin() + 1, starts.end());
+    use_end.push_back(n_params);
+    stage_end.clear();
+    for (size_t i = 1; i < starts.size(); ++i) {
+      const int64_t e = starts[i] / 4 * 4;
+      if (starts[i] < starts[i - 1] || e <= (stage_end.empty() ? 0 : stage_end.back()))
+        throw std::logic_error(
+            "parameter layout: the embedding, layers and final norm are not "
+            "in order");
+      stage_end.push_back(e);
+    }
+    stage_end.push_back(n_params);
+  }
+  // The default stream waits for the update of floats [0, end) (the stages are in order).
+  void await_params(int64_t end) {
+    if (!update_pending || end <= 0) return;
+    const auto it = std::lower_bound(stage_end.begin(), stage_end.end(), std::min(end, n_params));
+    const int stage = int(it - stage_end.begin());
+    if (stage <= update_waited) return;
+    upd->wait(stage);
+    update_waited = stage;
+    if (stage + 1 == int(stage_end.size())) update_pending = false;
+  }
+  void settle() { await_params(n_params); }
+  // Before the forward's first read of use u's weights: 0 the embedding, 1 + l layer l, L + 1
+  // the final norm and LM head.
+  void await_use(int64_t u) {
+    if (update_pending) await_params(use_end[size_t(u)]);
+  }
+  void run_update(const float* norm_dev, float lr, const OptimConfig& cfg, double bc1, double bc2) {
+    const auto step = [&](int64_t b, int64_t e, void* stream) {
+      k::adamw(P(b), mm == DType::bf16 ? params_mm.as<uint16_t>() + b : nullptr,
+               adam_m.as<float>() + b, adam_v.as<float>() + b, grads.as<float>() + b,
+               decay.as<uint8_t>() + b, norm_dev, e - b, lr, float(cfg.beta1), float(cfg.beta2),
+               float(cfg.eps), float(cfg.weight_decay), float(1.0 / bc1), float(1.0 / bc2), stream);
+    };
+    if (!updating_beside()) {
+      settle();
+      step(0, n_params, nullptr);
+      return;
+    }
+    if (stage_end.empty()) plan_update_stages();
+    if (!upd) upd = std::make_unique<StagedStream>(int(stage_end.size()));
+    settle();  // the last step's update is in every stage's way (it is long done by now)
+    upd->begin();
+    for (size_t i = 0; i < stage_end.size(); ++i) {
+      step(i == 0 ? 0 : stage_end[i - 1], stage_end[i], upd->handle());
+      upd->mark(int(i));
+    }
+    update_pending = true;
+    update_waited = -1;
+  }
+
   // Activations saved for backward, per layer.
   struct Acts {
     DeviceBuffer resid_in;  // (T,Dm) f32, the layer's input
@@ -315,8 +397,10 @@ struct Model::Impl {
       planned_for = expert_path;
     }
     grad_written.assign(tensors.size(), 0);
-    for (const auto& [b, n] : zero_runs)
+    for (const auto& [b, n] : zero_runs) {
+      await_params(std::min(b + n, n_params));  // the last update reads them
       check_cuda(cudaMemsetAsync(G(b), 0, size_t(n) * 4, nullptr), "memset gradients");
+    }
   }
   // A writer of the tensor at `off` that can overwrite: whether it is the step's first writer
   // of a first-written tensor (then it overwrites).
@@ -1242,11 +1326,13 @@ struct Model::Impl {
     Bp = nb;
     Tp = Tn;
     float* r0 = acts[0].resid_in.as<float>();
+    await_use(0);
     k::embedding_forward(r0, P(embedding), tokens.as<int32_t>(), Tn, Dm);
     prof.mark("fwd embedding");
     for (int64_t l = 0; l < L; ++l) {
       const LayerParams& q = lp[size_t(l)];
       Acts& x = acts[size_t(l)];
+      await_use(1 + l);
       float* out = l + 1 < L ? acts[size_t(l + 1)].resid_in.as<float>() : resid_out.as<float>();
       // The residual stream goes on in mid (the out projection adds to it), copied by the norm.
       k::rmsnorm_forward(x.ln1.data(), mm, x.rstd1.as<float>(), x.resid_in.as<float>(), P(q.norm1),
@@ -1277,6 +1363,7 @@ struct Model::Impl {
       prof.mark(l < a.dense_layers ? "fwd dense ffn" : "fwd moe rest");
     }
     lg.elementwise += elementwise_per_pass(nb);
+    await_use(L + 1);
     k::rmsnorm_forward(lnf.data(), mm, rstdf.as<float>(), resid_out.as<float>(), P(final_norm), Tn,
                        Dm, 1e-5f);
     prof.mark("fwd final norm");
@@ -1572,6 +1659,7 @@ struct Model::Impl {
     const int world = comm ? comm->info().world_size : 1;
     const bool erc_here = erc_on() && (!comm || comm->info().rank == 0);
     if (erc_on()) {
+      settle();  // the ERC loss reads the routers and expert weights
       prof.mark("zero grads");
       erc_step(lg, erc_here, float(world));
       prof.mark("erc loss");
@@ -1679,10 +1767,7 @@ struct Model::Impl {
       comm->all_gather(params.as<float>(), chunk);
       refresh_mm_weights();
     } else {
-      k::adamw(P(0), mm == DType::bf16 ? params_mm.as<uint16_t>() : nullptr, adam_m.as<float>(),
-               adam_v.as<float>(), grads.as<float>(), decay.as<uint8_t>(), norm.as<float>(),
-               n_params, float(r.lr), float(cfg.beta1), float(cfg.beta2), float(cfg.eps),
-               float(cfg.weight_decay), float(1.0 / bc1), float(1.0 / bc2));
+      run_update(norm.as<float>(), float(r.lr), cfg, bc1, bc2);
     }
     prof.mark("all-reduce + grad norm + adamw");
     float nh[2];
@@ -1749,6 +1834,7 @@ const std::vector<TensorInfo>& Model::tensors() const {
   return impl_->tensors;
 }
 std::vector<float> Model::parameters() const {
+  impl_->settle();
   std::vector<float> p(size_t(impl_->n_params));
   impl_->params.download(p.data(), p.size() * 4);
   return p;
@@ -1757,10 +1843,12 @@ void Model::set_parameters(std::span<const float> values) {
   if (int64_t(values.size()) != impl_->n_params)
     throw InputError(
         fmt::format("set_parameters: {} values for {} parameters", values.size(), impl_->n_params));
+  impl_->settle();
   impl_->params.upload(values.data(), values.size() * 4);
   impl_->refresh_mm_weights();
 }
 std::vector<float> Model::gradients() const {
+  impl_->settle();
   std::vector<float> g(size_t(impl_->n_params));
   impl_->grads.download(g.data(), g.size() * 4);
   return g;
@@ -1789,6 +1877,7 @@ void get(const std::vector<char>& in, size_t& pos, T* p, size_t n) {
 }  // namespace
 
 void Model::save_state(std::vector<char>& out) const {
+  impl_->settle();
   const Impl& m = *impl_;
   out.clear();
   put(out, kMagic, 8);
@@ -1812,6 +1901,7 @@ void Model::save_state(std::vector<char>& out) const {
 
 void Model::load_state(const std::vector<char>& in) {
   Impl& m = *impl_;
+  m.settle();
   size_t pos = 0;
   char magic[8];
   get(in, pos, magic, 8);
@@ -1903,6 +1993,13 @@ void Model::set_profiling(bool on, bool per_kernel) {
 }
 void Model::set_shared_overlap(bool on) {
   impl_->overlap_shared = on;
+}
+void Model::set_update_overlap(bool on) {
+  impl_->settle();
+  impl_->overlap_update = on;
+}
+bool Model::update_overlap() const {
+  return impl_->updating_beside();
 }
 void Model::set_weight_grad_overlap(bool on) {
   Impl& m = *impl_;

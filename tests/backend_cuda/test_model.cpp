@@ -951,6 +951,81 @@ TEST_CASE("weight gradients on a second stream give the one-stream steps bit for
   use_stream_order(nullptr);
 }
 
+TEST_CASE("the AdamW update beside the next step's forward gives the same steps bit for bit") {
+  // The update in stages on a stream of its own, the next forward waiting for each stage before
+  // its weights: the same kernel on the same values, so the same losses, ledgers, weights,
+  // moments (in the state) and evaluation, bit for bit, over three steps (the second and third
+  // start while the update before them runs). In the emulation a created stream's work waits
+  // until a stream waits for it: a forward that read a layer before its stage, a zeroing of
+  // gradients the update still reads, or a host copy before the update ends would see the old
+  // values and fail here.
+  struct Case {
+    const char* name;
+    Arch arch;
+    DType dt;
+    ModelOptions opt;
+  };
+  ModelOptions alibi;
+  alibi.positions = "alibi";
+  ModelOptions passes = alibi;  // two passes a step: the second forward has nothing to wait for
+  passes.micro_batch_seqs = 2;
+  ModelOptions erc = alibi;  // the ERC loss reads the routers and experts before the forward
+  erc.erc_loss = 0.01;
+  Arch tied = moe_arch();
+  tied.tied_embeddings = true;
+  const int64_t B = 3;
+  OptimConfig cfg;  // a rate that moves every weight (OptimConfig{}'s is 0)
+  cfg.lr_peak = 3e-3;
+  cfg.total_steps = 100;
+  for (const char* mode : stream_orders()) {
+    use_stream_order(mode);
+    for (const Case& c : {Case{"dense bf16", dense_arch(), DType::bf16, alibi},
+                          Case{"moe bf16 tiled128, passes of 2", moe_arch(), DType::bf16, passes},
+                          Case{"moe fp32 tied", tied, DType::f32, alibi},
+                          Case{"moe bf16 erc", moe_arch(), DType::bf16, erc}}) {
+      INFO(mode << ", " << c.name);
+      cu::Model beside(c.arch, c.opt, 11, B, c.dt);
+      cu::Model base(c.arch, c.opt, 11, B, c.dt);
+      if (c.dt == DType::bf16 && c.arch.experts > 0) {
+        beside.set_expert_path(cu::ExpertPath::tiled128);
+        base.set_expert_path(cu::ExpertPath::tiled128);
+      }
+      CHECK_FALSE(beside.update_overlap());  // off unless asked
+      beside.set_update_overlap(true);
+      CHECK(beside.update_overlap());
+      for (int64_t step = 0; step < 3; ++step) {
+        const Batch b = random_batch(B, c.arch.seq_len, c.arch.vocab, 300 + uint64_t(step));
+        const StepResult r2 = beside.train_step(b.inputs.data(), b.targets.data(), step, cfg);
+        const StepResult r1 = base.train_step(b.inputs.data(), b.targets.data(), step, cfg);
+        CHECK(r2.loss == r1.loss);
+        CHECK(r2.grad_norm == r1.grad_norm);
+        CHECK(r2.flops.flops == r1.flops.flops);
+      }
+      // An evaluation straight after a step reads the weights its update writes.
+      const Batch v = random_batch(B, c.arch.seq_len, c.arch.vocab, 399);
+      CHECK(beside.forward_loss(v.inputs.data(), v.targets.data(), B) ==
+            base.forward_loss(v.inputs.data(), v.targets.data(), B));
+      const Batch w = random_batch(B, c.arch.seq_len, c.arch.vocab, 398);
+      beside.train_step(w.inputs.data(), w.targets.data(), 3, cfg);
+      base.train_step(w.inputs.data(), w.targets.data(), 3, cfg);
+      std::vector<char> s2, s1;  // weights, moments, step count, ledgers
+      beside.save_state(s2);
+      base.save_state(s1);
+      CHECK(s2 == s1);
+      beside.train_step(w.inputs.data(), w.targets.data(), 4, cfg);
+      base.train_step(w.inputs.data(), w.targets.data(), 4, cfg);
+      CHECK(beside.parameters() == base.parameters());
+      CHECK(beside.gradients() == base.gradients());
+      // Profiling times one stream.
+      beside.set_profiling(true);
+      CHECK_FALSE(beside.update_overlap());
+      beside.set_profiling(false);
+      CHECK(beside.update_overlap());
+    }
+  }
+  use_stream_order(nullptr);
+}
+
 TEST_CASE("a GEMM table runs the products it lists through cuBLASLt: the same step") {
   // The shapes one step asks for (both streams: the MoE's shared expert and the weight gradients
   // run beside), a table tuned for them that keeps every shape's fastest cuBLASLt candidate

@@ -109,11 +109,38 @@ class SideStream {
   void wait(int slot);
 
  private:
+  void release() noexcept;
   void* stream_ = nullptr;
   void* forked_ = nullptr;  // events
   void* done_ = nullptr;
   void* slots_[kSlots] = {};
   bool marked_[kSlots] = {};
+};
+
+// A stream for work that the default stream's later work waits for piece by piece: the AdamW
+// update in stages (embedding, each layer, the final norm and LM head), so that the next step's
+// forward can start on the first layers while the last are still updated. begin() makes it wait
+// for the default stream's work issued so far; mark(s) records stage s as issued; wait(s) makes
+// the default stream wait for every stage up to s (stages are marked in order on one stream);
+// finish() blocks the host until the stream's work is done. Non-blocking, like SideStream.
+class StagedStream {
+ public:
+  explicit StagedStream(int stages);
+  ~StagedStream();
+  StagedStream(const StagedStream&) = delete;
+  StagedStream& operator=(const StagedStream&) = delete;
+  void* handle() const { return stream_; }
+  int stages() const { return int(events_.size()); }
+  void begin();
+  void mark(int stage);
+  void wait(int stage);
+  void finish();
+
+ private:
+  void release() noexcept;
+  void* stream_ = nullptr;
+  void* begun_ = nullptr;
+  std::vector<void*> events_;
 };
 
 }  // namespace moeplan::backend::cuda

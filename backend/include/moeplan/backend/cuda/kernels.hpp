@@ -163,9 +163,11 @@ void grad_norm_finish(float* norm, const double* scratch, float max_norm);
 int64_t grad_norm_scratch_doubles();
 // AdamW with decoupled weight decay (where decay[i] != 0), gradients scaled by norm[1] (clip);
 // bias_correction1/2 are the reciprocals 1/(1−β^t).
-// params_mm (n, bf16) receives a copy of the updated weights when not null.
+// params_mm (n, bf16) receives a copy of the updated weights when not null. On `stream` (a
+// cudaStream_t; nullptr, the default stream).
 void adamw(float* params, uint16_t* params_mm, float* m, float* v, const float* grads,
            const uint8_t* decay, const float* norm, int64_t n, float lr, float beta1, float beta2,
-           float eps, float weight_decay, float bias_correction1, float bias_correction2);
+           float eps, float weight_decay, float bias_correction1, float bias_correction2,
+           void* stream = nullptr);
 
 }  // namespace moeplan::backend::cuda::kernels

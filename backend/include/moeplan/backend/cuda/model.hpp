@@ -127,8 +127,8 @@ class Model {
   //    no host wait inside the step, fp32 results directly; the rows of each expert's last tile
   //    are booked as padding. Tiles of 64 rows.
   //  - tiled128 (bf16 only): tiled with tiles of 128 rows (8 warps a block): half the operand
-  //    traffic per product, up to 127 padded rows per expert where tiled pads up to 63. Not
-  //    yet measured on a GPU (2026-12-04), so not the default.
+  //    traffic per product, up to 127 padded rows per expert where tiled pads up to 63 (the
+  //    runs' automatic choice in bf16 since the H200 measured it faster, 2026-12-04).
   //  - batched: the rows in an expert-padded layout (each expert's rows padded with zero rows to
   //    the pass's largest count, rounded up to 64), each product one strided-batched cuBLAS call
   //    over the experts, fp32 results directly; one host wait per MoE layer, as grouped; the zero
@@ -156,6 +156,14 @@ class Model {
   // second cuBLAS workspace (32 MiB) and a T·Dm residual-gradient buffer, taken when first set.
   void set_weight_grad_overlap(bool on);
   bool weight_grad_overlap() const;  // whether a step overlaps them now
+  // Whether a step's AdamW update runs on a stream of its own, in stages (the embedding, each
+  // layer, the final norm and LM head), beside the next step's forward: train_step returns once
+  // the gradient norm is read, and the next forward waits for each stage before it reads that
+  // stage's weights; every other reader of the parameters, gradients or moments (parameters(),
+  // gradients(), save_state, the ERC loss, ...) waits for all of it. The same kernel on the same
+  // values, so the same bits. Not with a communicator, nor while profiling.
+  void set_update_overlap(bool on);
+  bool update_overlap() const;  // whether a step's update runs beside now
   // cuBLASLt algorithms for the products a GemmTable lists (Blas::set_table; null: none), on
   // both streams. Throws InputError for a table chosen on another device or cuBLASLt version.
   void set_gemm_table(std::shared_ptr<const GemmTable> table);
