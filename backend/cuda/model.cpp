@@ -219,8 +219,6 @@ struct Model::Impl {
   // it (settle). The same kernel on the same values, so the same bits; the next forward's first
   // layers run while the last layers are still updated.
   bool overlap_update = false;
-  // Declared after the buffers it reads and writes, so destroyed first: destroying its stream
-  // lets the stream's work finish before they are freed.
   std::unique_ptr<StagedStream> upd;
   std::vector<int64_t> stage_end;  // floats; the last is n_params
   std::vector<int64_t> use_end;    // where the embedding's, each layer's and the rest's weights end
@@ -261,6 +259,11 @@ struct Model::Impl {
     if (stage + 1 == int(stage_end.size())) update_pending = false;
   }
   void settle() { await_params(n_params); }
+  // An update still running reads the gradient norm and writes the weights and moments: it ends
+  // before any of those buffers is freed (members go in reverse order, the norm before upd).
+  ~Impl() {
+    if (upd) cudaStreamSynchronize(static_cast<cudaStream_t>(upd->handle()));  // no throw here
+  }
   // Before the forward's first read of use u's weights: 0 the embedding, 1 + l layer l, L + 1
   // the final norm and LM head.
   void await_use(int64_t u) {

@@ -1021,10 +1021,29 @@ TEST_CASE("the AdamW update beside the next step's forward gives the same steps 
       CHECK_FALSE(beside.update_overlap());
       beside.set_profiling(false);
       CHECK(beside.update_overlap());
+      // A model destroyed while its update runs: the update ends before the buffers it reads
+      // (the gradient norm among them) are freed (under the sanitizers a read of a freed buffer
+      // fails here).
+      cu::Model brief(c.arch, c.opt, 11, B, c.dt);
+      brief.set_update_overlap(true);
+      brief.train_step(w.inputs.data(), w.targets.data(), 0, cfg);
     }
   }
   use_stream_order(nullptr);
 }
+
+#ifdef MOEPLAN_CUDA_EMULATION
+TEST_CASE("a cuBLAS handle whose workspace does not fit: out of memory, and nothing leaks") {
+  // The emulated device holds less than the 32 MiB workspace, so the constructor throws after
+  // cublasCreate: the handle must go with it (under the sanitizers the leak check at exit fails
+  // this program otherwise).
+  ::setenv("MOEPLAN_EMU_MEMORY_KIB", "1024", 1);
+  CHECK_THROWS_AS(cu::Blas(), cu::DeviceOutOfMemory);
+  ::unsetenv("MOEPLAN_EMU_MEMORY_KIB");
+  const cu::Blas fits;
+  CHECK(fits.counts().products == 0);
+}
+#endif
 
 TEST_CASE("a GEMM table runs the products it lists through cuBLASLt: the same step") {
   // The shapes one step asks for (both streams: the MoE's shared expert and the weight gradients

@@ -737,12 +737,9 @@ Allocations& allocations() {
   static Allocations a;
   return a;
 }
-std::size_t memory_limit() {
-  static const std::size_t limit = [] {
-    const char* v = std::getenv("MOEPLAN_EMU_MEMORY_KIB");
-    return v && *v ? std::size_t(std::strtoull(v, nullptr, 10)) << 10 : ~std::size_t(0);
-  }();
-  return limit;
+std::size_t memory_limit() {  // read at each allocation, so that a test can set it for a while
+  const char* v = std::getenv("MOEPLAN_EMU_MEMORY_KIB");
+  return v && *v ? std::size_t(std::strtoull(v, nullptr, 10)) << 10 : ~std::size_t(0);
 }
 }  // namespace
 
