@@ -858,12 +858,16 @@ void use_stream_order(const char* order) {  // nullptr: the emulation's default 
 }
 
 // Two training steps of each model on the same batches: the same losses and ledgers, then the
-// same gradients and weights, bit for bit.
+// same gradients and weights, bit for bit. A learning rate that moves every weight, so that the
+// second step runs on updated ones (OptimConfig{}'s rate is 0).
 void check_same_two_steps(cu::Model& two, cu::Model& one, const Arch& a, int64_t B, uint64_t seed) {
+  OptimConfig cfg;
+  cfg.lr_peak = 3e-3;
+  cfg.total_steps = 100;
   for (int64_t step = 0; step < 2; ++step) {
     const Batch b = random_batch(B, a.seq_len, a.vocab, seed + uint64_t(step));
-    const StepResult r2 = two.train_step(b.inputs.data(), b.targets.data(), step, OptimConfig{});
-    const StepResult r1 = one.train_step(b.inputs.data(), b.targets.data(), step, OptimConfig{});
+    const StepResult r2 = two.train_step(b.inputs.data(), b.targets.data(), step, cfg);
+    const StepResult r1 = one.train_step(b.inputs.data(), b.targets.data(), step, cfg);
     CHECK(r2.loss == r1.loss);
     CHECK(r2.flops.flops == r1.flops.flops);
   }
@@ -974,7 +978,7 @@ TEST_CASE("the AdamW update beside the next step's forward gives the same steps 
   Arch tied = moe_arch();
   tied.tied_embeddings = true;
   const int64_t B = 3;
-  OptimConfig cfg;  // a rate that moves every weight (OptimConfig{}'s is 0)
+  OptimConfig cfg;  // a rate that moves every weight
   cfg.lr_peak = 3e-3;
   cfg.total_steps = 100;
   for (const char* mode : stream_orders()) {
