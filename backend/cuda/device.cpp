@@ -259,8 +259,8 @@ void StagedStream::wait(int stage) {
              "cudaStreamWaitEvent (stage)");
 }
 
-void StagedStream::finish() {
-  check_cuda(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)), "cudaStreamSynchronize");
+void StagedStream::finish() noexcept {
+  if (stream_) cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));
 }
 
 }  // namespace moeplan::backend::cuda

@@ -262,7 +262,7 @@ struct Model::Impl {
   // An update still running reads the gradient norm and writes the weights and moments: it ends
   // before any of those buffers is freed (members go in reverse order, the norm before upd).
   ~Impl() {
-    if (upd) cudaStreamSynchronize(static_cast<cudaStream_t>(upd->handle()));  // no throw here
+    if (upd) upd->finish();
   }
   // Before the forward's first read of use u's weights: 0 the embedding, 1 + l layer l, L + 1
   // the final norm and LM head.

@@ -122,7 +122,9 @@ class SideStream {
 // forward can start on the first layers while the last are still updated. begin() makes it wait
 // for the default stream's work issued so far; mark(s) records stage s as issued; wait(s) makes
 // the default stream wait for every stage up to s (stages are marked in order on one stream);
-// finish() blocks the host until the stream's work is done. Non-blocking, like SideStream.
+// finish() blocks the host until the stream's work is done (for an owner's destructor: it
+// throws nothing, and an error there shows at the next checked call). Non-blocking, like
+// SideStream.
 class StagedStream {
  public:
   explicit StagedStream(int stages);
@@ -130,11 +132,10 @@ class StagedStream {
   StagedStream(const StagedStream&) = delete;
   StagedStream& operator=(const StagedStream&) = delete;
   void* handle() const { return stream_; }
-  int stages() const { return int(events_.size()); }
   void begin();
   void mark(int stage);
   void wait(int stage);
-  void finish();
+  void finish() noexcept;
 
  private:
   void release() noexcept;
