@@ -142,12 +142,59 @@ class CudaEngine final : public Engine {
       // Each step's AdamW update beside the next step's forward (single process; the same
       // bits): see Model::set_update_overlap.
       model_->set_update_overlap(true);
-      if (!kernels_.gemm_table.empty()) gemm_note_ = use_gemm_table(kernels_.gemm_table);
+      gemm_note_ = resolve_gemm_table();
     } catch (const DeviceOutOfMemory& e) {
       throw InputError(out_of_memory_message(e, r, local_batch_, kernels_,
                                              sharded_ ? info_.world_size : 1));
     }
     request_ = r;
+  }
+
+  // --kernels gemm: `auto` takes the built-in table made on this device name and cuBLASLt version
+  // (and says when there is none); `builtin` and `builtin:NAME` require it; `none` takes none; a
+  // file goes to use_gemm_table. A built-in table is lenient (Blas::set_table): timed for the
+  // benchmark's points, it may list a shape that another point's buffers align less. Resolves
+  // kernels_.gemm_table to what ran ("builtin:NAME", "" for none, or the file) and returns what
+  // describe() says of it.
+  std::string resolve_gemm_table() {
+    std::string& asked = kernels_.gemm_table;
+    if (asked == "none") {
+      asked.clear();
+      return ", no GEMM table";
+    }
+    const bool automatic = asked.empty();
+    if (!automatic && asked != "builtin" && !asked.starts_with("builtin:"))
+      return use_gemm_table(asked);
+    const auto [device, version] = gemm_table_identity();
+    const BuiltinGemmTable* chosen = builtin_gemm_table_for(device, version);
+    if (asked.starts_with("builtin:")) {
+      const std::string name = asked.substr(8);
+      for (const BuiltinGemmTable& b : builtin_gemm_tables())
+        if (b.name == name)
+          chosen = b.table->device == device && b.table->cublaslt_version == version ? &b : nullptr;
+    }
+    if (!chosen && automatic)
+      return fmt::format(", no GEMM table (none built in for '{}' with cuBLASLt {})", device,
+                         version);
+    if (!chosen) {
+      std::string made;
+      for (const BuiltinGemmTable& b : builtin_gemm_tables())
+        made += fmt::format("{}{} ('{}', cuBLASLt {})", made.empty() ? "" : ", ", b.name,
+                            b.table->device, b.table->cublaslt_version);
+      throw InputError(fmt::format(
+          "--kernels gemm={}: no built-in GEMM table {}for '{}' with cuBLASLt {} (built in: {}); "
+          "use gemm=auto or none, or tune one here with gemm=<a new file>",
+          asked, asked == "builtin" ? "" : "of that name ", device, version,
+          made.empty() ? "none" : made));
+    }
+    model_->set_gemm_table(chosen->table, true);
+    asked = "builtin:" + chosen->name;
+    const auto listed = std::count_if(chosen->table->entries.begin(), chosen->table->entries.end(),
+                                      [](const GemmTable::Entry& e) { return e.lt; });
+    return fmt::format(
+        ", GEMM table built-in '{}': cuBLASLt algorithms for {} product shapes (timed for the "
+        "benchmark's points; any other shape by cuBLAS's default)",
+        chosen->name, listed);
   }
 
   // --kernels gemm=FILE: the GEMM table in FILE (a new one when there is none yet), with the

@@ -87,6 +87,42 @@ __device__ void load_tile(uint16_t* dst, int ld_dst, const uint16_t* src, int64_
   }
 }
 
+// load_tile with tile row r read at row(i) + c rather than at src + r·ld, where r is this
+// thread's i-th row (r = threadIdx.x / (COLS/8) + i·stride, as load_tile's threads take them) and
+// row(i) a row's first element of the tile's columns (any readable, 16-byte aligned address for
+// r >= valid_rows). The same shared-memory contents as load_tile of those rows gathered first.
+template <int ROWS, int COLS, int THREADS, class Row>
+__device__ void load_tile_rows(uint16_t* dst, int ld_dst, Row&& row, int valid_rows, int valid_cols,
+                               bool vec) {
+  constexpr int kChunks = COLS / 8, kStride = THREADS / kChunks;
+  static_assert(THREADS % kChunks == 0 && ROWS % kStride == 0, "whole passes over the tile");
+  const int r0 = threadIdx.x / kChunks, c = (threadIdx.x % kChunks) * 8;
+#pragma unroll
+  for (int i = 0; i < ROWS / kStride; ++i) {
+    const int r = r0 + i * kStride;
+    uint16_t* d = dst + r * ld_dst + c;
+    const uint16_t* s = row(i) + c;
+    if (vec && (r >= valid_rows || c + 8 <= valid_cols)) {
+      cp_async_16(d, s, r < valid_rows ? 16 : 0);
+      continue;
+    }
+    union {
+      uint4 v;
+      uint16_t h[8];
+    } u;
+    u.v = make_uint4(0, 0, 0, 0);
+    if (r < valid_rows) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+        if (c + j < valid_cols) u.h[j] = s[j];
+    }
+    *reinterpret_cast<uint4*>(d) = u.v;
+  }
+}
+// Rows a thread of load_tile_rows<ROWS, COLS, THREADS> takes.
+template <int ROWS, int COLS, int THREADS>
+constexpr int kRowsPerThread = ROWS / (THREADS / (COLS / 8));
+
 // The block's operand tiles: A as [BM][32] (rows × depth) or transposed [32][BM]; B as [32][128]
 // (depth × columns) or transposed [128][32]. Sized for the larger of each pair.
 template <int BM>
@@ -250,11 +286,13 @@ __global__ void build_row_tiles_kernel(int32_t* map, int32_t* n_tiles, const int
   }
 }
 
-// Block (tile, column tile): C rows of the tile = A rows · op(W_e).
-template <int BM, bool TRANS_W, class OutT>
+// Block (tile, column tile): C rows of the tile = A rows · op(W_e). GATHER: A's row i is row
+// gather[i] / gather_div of A (the routed rows read where they lie, not copied first).
+template <int BM, bool TRANS_W, class OutT, bool GATHER>
 __global__ void __launch_bounds__(kThreads<BM>, kMinBlocks<BM>)
-    rows_kernel(OutT* C, const uint16_t* A, const uint16_t* const* W, const int32_t* map,
-                const int32_t* n_tiles, int N, int K, bool vec) {
+    rows_kernel(OutT* C, const uint16_t* A, const int32_t* gather, int gather_div,
+                const uint16_t* const* W, const int32_t* map, const int32_t* n_tiles, int N, int K,
+                bool vec) {
   extern __shared__ __align__(128) unsigned char raw[];
   Tiles<BM>& t = *reinterpret_cast<Tiles<BM>*>(raw);
   const int tile = blockIdx.x;
@@ -264,11 +302,25 @@ __global__ void __launch_bounds__(kThreads<BM>, kMinBlocks<BM>)
   const int warp = threadIdx.x / 32, wm = warp / 2, wn = warp % 2;
   const uint16_t* a = A + int64_t(row0) * K;
   const uint16_t* w = W[e];
+  // GATHER: this thread's A rows, found once (the same rows at every depth step).
+  constexpr int kMine = kRowsPerThread<BM, BK, kThreads<BM>>;
+  [[maybe_unused]] const uint16_t* mine[GATHER ? kMine : 1] = {};
+  if constexpr (GATHER) {
+#pragma unroll
+    for (int i = 0; i < kMine; ++i) {
+      const int r = int(threadIdx.x) / (BK / 8) + i * (kThreads<BM> / (BK / 8));
+      mine[i] = r < rows ? A + int64_t(gather[row0 + r] / gather_div) * K : A;
+    }
+  }
   Acc acc;
   zero(acc);
   auto issue = [&](int step, int buf) {  // the tiles of depth step `step` into buffer buf
     const int k0 = step * BK;
-    load_tile<BM, BK, kThreads<BM>>(t.a[buf], LD_RK, a + k0, K, rows, K - k0, vec);
+    if constexpr (GATHER)
+      load_tile_rows<BM, BK, kThreads<BM>>(
+          t.a[buf], LD_RK, [&](int i) { return mine[i] + k0; }, rows, K - k0, vec);
+    else
+      load_tile<BM, BK, kThreads<BM>>(t.a[buf], LD_RK, a + k0, K, rows, K - k0, vec);
     if constexpr (TRANS_W)  // W_e stored (N, K): the tile [128 columns][32 depth]
       load_tile<BN, BK, kThreads<BM>>(t.b[buf], LD_RK, w + int64_t(n0) * K + k0, K, N - n0, K - k0,
                                       vec);
@@ -282,12 +334,13 @@ __global__ void __launch_bounds__(kThreads<BM>, kMinBlocks<BM>)
 }
 
 // Block (output tile, expert): G_e tile += Σ over the expert's rows of A^T · B, or = without
-// accumulate (an expert without rows then gets zeros).
-template <int BM>
+// accumulate (an expert without rows then gets zeros). GATHER: A's row i is row
+// gather[i] / gather_div of A.
+template <int BM, bool GATHER>
 __global__ void __launch_bounds__(kThreads<BM>, kMinBlocks<BM>)
-    weight_grads_kernel(float* const* G, const uint16_t* A, const uint16_t* B,
-                        const int32_t* offsets, int M, int N, int tiles_n, bool vec,
-                        bool accumulate) {
+    weight_grads_kernel(float* const* G, const uint16_t* A, const int32_t* gather, int gather_div,
+                        const uint16_t* B, const int32_t* offsets, int M, int N, int tiles_n,
+                        bool vec, bool accumulate) {
   extern __shared__ __align__(128) unsigned char raw[];
   Tiles<BM>& t = *reinterpret_cast<Tiles<BM>*>(raw);
   const int e = blockIdx.y;
@@ -300,8 +353,20 @@ __global__ void __launch_bounds__(kThreads<BM>, kMinBlocks<BM>)
   auto issue = [&](int step, int buf) {
     const int k0 = r0 + step * BK;
     // A rows [k0, k0+32) × columns [m0, m0+BM): the transposed operand, staged [depth][rows]
-    load_tile<BK, BM, kThreads<BM>>(t.a[buf], LD_KM<BM>, A + int64_t(k0) * M + m0, M, r1 - k0,
-                                    M - m0, vec);
+    if constexpr (GATHER) {
+      constexpr int kStride = kThreads<BM> / (BM / 8);
+      const int r0 = int(threadIdx.x) / (BM / 8);
+      load_tile_rows<BK, BM, kThreads<BM>>(
+          t.a[buf], LD_KM<BM>,
+          [&](int i) {
+            const int r = k0 + r0 + i * kStride;
+            return r < r1 ? A + int64_t(gather[r] / gather_div) * M + m0 : A;
+          },
+          r1 - k0, M - m0, vec);
+    } else {
+      load_tile<BK, BM, kThreads<BM>>(t.a[buf], LD_KM<BM>, A + int64_t(k0) * M + m0, M, r1 - k0,
+                                      M - m0, vec);
+    }
     load_tile<BK, BN, kThreads<BM>>(t.b[buf], LD_KN, B + int64_t(k0) * N + n0, N, r1 - k0, N - n0,
                                     vec);
   };
@@ -346,32 +411,40 @@ void allow_smem() {
   }
 }
 
-template <int BM, bool TRANS_W, class OutT>
-void launch_rows(dim3 grid, OutT* C, const uint16_t* A, const uint16_t* const* W,
-                 const int32_t* map, const int32_t* n_tiles, int N, int K, bool vec) {
-  allow_smem<rows_kernel<BM, TRANS_W, OutT>, BM>();
-  rows_kernel<BM, TRANS_W, OutT>
-      <<<grid, kThreads<BM>, sizeof(Tiles<BM>)>>>(C, A, W, map, n_tiles, N, K, vec);
+template <int BM, bool TRANS_W, class OutT, bool GATHER>
+void launch_rows(dim3 grid, OutT* C, const uint16_t* A, const int32_t* gather, int gather_div,
+                 const uint16_t* const* W, const int32_t* map, const int32_t* n_tiles, int N, int K,
+                 bool vec) {
+  allow_smem<rows_kernel<BM, TRANS_W, OutT, GATHER>, BM>();
+  rows_kernel<BM, TRANS_W, OutT, GATHER><<<grid, kThreads<BM>, sizeof(Tiles<BM>)>>>(
+      C, A, gather, gather_div, W, map, n_tiles, N, K, vec);
 }
 
+// Gathered A only with W untransposed (the forward's first product; none other reads routed
+// rows where they lie): the instantiations a build needs.
 template <int BM, class OutT>
-void launch_rows(dim3 grid, bool trans_w, OutT* C, const uint16_t* A, const uint16_t* const* W,
-                 const int32_t* map, const int32_t* n_tiles, int N, int K, bool vec) {
-  if (trans_w)
-    launch_rows<BM, true>(grid, C, A, W, map, n_tiles, N, K, vec);
+void launch_rows(dim3 grid, bool trans_w, OutT* C, const uint16_t* A, const int32_t* gather,
+                 int gather_div, const uint16_t* const* W, const int32_t* map,
+                 const int32_t* n_tiles, int N, int K, bool vec) {
+  if (gather && trans_w)
+    throw std::logic_error("expert_gemm::rows: gathered rows with a transposed W");
+  if (gather)
+    launch_rows<BM, false, OutT, true>(grid, C, A, gather, gather_div, W, map, n_tiles, N, K, vec);
+  else if (trans_w)
+    launch_rows<BM, true, OutT, false>(grid, C, A, nullptr, 1, W, map, n_tiles, N, K, vec);
   else
-    launch_rows<BM, false>(grid, C, A, W, map, n_tiles, N, K, vec);
+    launch_rows<BM, false, OutT, false>(grid, C, A, nullptr, 1, W, map, n_tiles, N, K, vec);
 }
 
-template <int BM>
-void launch_weight_grads(float* const* G, const uint16_t* A, const uint16_t* B,
-                         const int32_t* offsets, int64_t experts, int64_t M, int64_t N, bool vec,
-                         bool accumulate) {
+template <int BM, bool GATHER>
+void launch_weight_grads(float* const* G, const uint16_t* A, const int32_t* gather, int gather_div,
+                         const uint16_t* B, const int32_t* offsets, int64_t experts, int64_t M,
+                         int64_t N, bool vec, bool accumulate) {
   const int64_t tiles_n = (N + BN - 1) / BN, tiles = (M + BM - 1) / BM * tiles_n;
-  allow_smem<weight_grads_kernel<BM>, BM>();
-  weight_grads_kernel<BM>
+  allow_smem<weight_grads_kernel<BM, GATHER>, BM>();
+  weight_grads_kernel<BM, GATHER>
       <<<dim3(unsigned(tiles), unsigned(experts)), kThreads<BM>, sizeof(Tiles<BM>)>>>(
-          G, A, B, offsets, int(M), int(N), int(tiles_n), vec, accumulate);
+          G, A, gather, gather_div, B, offsets, int(M), int(N), int(tiles_n), vec, accumulate);
 }
 
 }  // namespace
@@ -395,12 +468,14 @@ void build_row_tiles(int32_t* tile_map, int32_t* n_tiles, const int32_t* offsets
 
 void rows(void* C, bool c_bf16, const uint16_t* A, const uint16_t* const* W, bool trans_w,
           const int32_t* tile_map, const int32_t* n_tiles, int64_t max_tiles, int64_t N, int64_t K,
-          int64_t tile_rows) {
+          int64_t tile_rows, const int32_t* gather, int64_t gather_div) {
   check_tile_rows(tile_rows);
   if (max_tiles == 0 || N == 0) return;
   check_int(N, "N");
   check_int(K, "K");
   check_int(max_tiles, "tile count");
+  check_int(gather_div - 1, "gather divisor");
+  const int gd = int(gather_div);
   // The weight pointers are checked where their tables are built (the caller's job: every W_e
   // 16-byte aligned when K and N are multiples of 8).
   const bool vec = K % 8 == 0 && N % 8 == 0 && aligned16(A);
@@ -410,31 +485,38 @@ void rows(void* C, bool c_bf16, const uint16_t* A, const uint16_t* const* W, boo
   if (c_bf16) {
     bf16* c = static_cast<bf16*>(C);
     if (r64)
-      launch_rows<64>(grid, trans_w, c, A, W, tile_map, n_tiles, n, k, vec);
+      launch_rows<64>(grid, trans_w, c, A, gather, gd, W, tile_map, n_tiles, n, k, vec);
     else
-      launch_rows<128>(grid, trans_w, c, A, W, tile_map, n_tiles, n, k, vec);
+      launch_rows<128>(grid, trans_w, c, A, gather, gd, W, tile_map, n_tiles, n, k, vec);
   } else {
     float* c = static_cast<float*>(C);
     if (r64)
-      launch_rows<64>(grid, trans_w, c, A, W, tile_map, n_tiles, n, k, vec);
+      launch_rows<64>(grid, trans_w, c, A, gather, gd, W, tile_map, n_tiles, n, k, vec);
     else
-      launch_rows<128>(grid, trans_w, c, A, W, tile_map, n_tiles, n, k, vec);
+      launch_rows<128>(grid, trans_w, c, A, gather, gd, W, tile_map, n_tiles, n, k, vec);
   }
   check_launch("expert_gemm::rows");
 }
 
 void weight_grads(float* const* G, const uint16_t* A, const uint16_t* B, const int32_t* offsets,
-                  int64_t experts, int64_t M, int64_t N, int64_t tile_rows, bool accumulate) {
+                  int64_t experts, int64_t M, int64_t N, int64_t tile_rows, bool accumulate,
+                  const int32_t* gather, int64_t gather_div) {
   check_tile_rows(tile_rows);
   if (experts == 0 || M == 0 || N == 0) return;
   check_int(M, "M");
   check_int(N, "N");
   check_int(experts, "expert count");
+  check_int(gather_div - 1, "gather divisor");
+  const int gd = int(gather_div);
   const bool vec = M % 8 == 0 && N % 8 == 0 && aligned16(A) && aligned16(B);
-  if (tile_rows == 64)
-    launch_weight_grads<64>(G, A, B, offsets, experts, M, N, vec, accumulate);
+  if (tile_rows == 64 && gather)
+    launch_weight_grads<64, true>(G, A, gather, gd, B, offsets, experts, M, N, vec, accumulate);
+  else if (tile_rows == 64)
+    launch_weight_grads<64, false>(G, A, nullptr, 1, B, offsets, experts, M, N, vec, accumulate);
+  else if (gather)
+    launch_weight_grads<128, true>(G, A, gather, gd, B, offsets, experts, M, N, vec, accumulate);
   else
-    launch_weight_grads<128>(G, A, B, offsets, experts, M, N, vec, accumulate);
+    launch_weight_grads<128, false>(G, A, nullptr, 1, B, offsets, experts, M, N, vec, accumulate);
   check_launch("expert_gemm::weight_grads");
 }
 

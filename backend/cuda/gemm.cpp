@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -108,14 +109,18 @@ struct Blas::Impl {
   cudaStream_t stream = nullptr;
   cublasLtHandle_t lt = nullptr;
   std::shared_ptr<const GemmTable> table;
+  bool lenient = false;  // set_table's: a listed product it cannot take goes by the default
   std::map<GemmShape, const GemmTable::Entry*> listed;
   std::map<GemmShape, std::unique_ptr<LtProduct>> plans;  // made at each shape's first use
+  std::set<GemmShape> refused;  // a lenient table's entries cuBLASLt refuses here
   bool recording = false;
   std::map<GemmShape, int64_t> seen;  // shape -> least operand alignment
   // Inside gemm_grouped's per-expert loop: the shapes follow the routing, so they are neither
   // recorded nor looked up (cublasGemmEx's default, as documented for experts=loop).
   bool per_expert = false;
   Counts counts;
+  bool lt_takes(const GemmShape& shape, const GemmTable::Entry& e, int64_t align,
+                const cublasLtMatmulAlgo_t& algo);
   // Here rather than in ~Blas, so that a Blas constructor that throws after cublasCreate (its
   // workspace not allocated, say) frees the handle too.
   ~Impl() {
@@ -145,15 +150,14 @@ void Blas::set_stream(void* stream) {
 
 Blas::~Blas() = default;
 
-void Blas::set_table(std::shared_ptr<const GemmTable> table) {
+void Blas::set_table(std::shared_ptr<const GemmTable> table, bool lenient) {
   impl_->listed.clear();
   impl_->plans.clear();
+  impl_->refused.clear();
   impl_->table = nullptr;
+  impl_->lenient = lenient;
   if (!table) return;
-  int device = 0;
-  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-  const std::string name = device_info(device).name;
-  const uint64_t version = cublasLtGetVersion();
+  const auto [name, version] = gemm_table_identity();
   if (table->device != name || table->cublaslt_version != version ||
       table->workspace_bytes != impl_->workspace.bytes())
     throw InputError(fmt::format(
@@ -180,6 +184,39 @@ Blas::Counts Blas::counts() const {
   return impl_->counts;
 }
 
+// Whether a listed product runs through the entry's algorithm (its plan made and checked at the
+// shape's first use). A strict table throws where it cannot: operands less aligned than the
+// algorithm was timed for (it may assume more; refused rather than risk a fault), or an algorithm
+// cuBLASLt refuses here. A lenient table (a built-in one, timed for other points' buffers) sends
+// such a product to cublasGemmEx's default instead, the same way at every step.
+bool Blas::Impl::lt_takes(const GemmShape& shape, const GemmTable::Entry& e, int64_t align,
+                          const cublasLtMatmulAlgo_t& algo) {
+  if (align < e.align) {
+    if (lenient) return false;
+    throw std::logic_error(fmt::format(
+        "gemm table: {} was chosen for {}-byte aligned operands, asked with {}-byte ones",
+        to_string(shape), e.align, align));
+  }
+  if (refused.count(shape)) return false;
+  std::unique_ptr<LtProduct>& plan = plans[shape];
+  if (plan) return true;
+  plan = std::make_unique<LtProduct>(shape);
+  cublasLtMatmulHeuristicResult_t checked{};
+  if (cublasLtMatmulAlgoCheck(lt, plan->desc, plan->a, plan->b, plan->c, plan->c, &algo,
+                              &checked) == CUBLAS_STATUS_SUCCESS &&
+      checked.workspaceSize <= workspace.bytes())
+    return true;
+  plans.erase(shape);
+  if (lenient) {
+    refused.insert(shape);
+    return false;
+  }
+  // Strict: checked again if asked again.
+  throw InputError(
+      fmt::format("gemm table: cuBLASLt refuses the listed algorithm for {} (tune the table again)",
+                  to_string(shape)));
+}
+
 // Row-major C = op(A)·op(B) is column-major C^T = op(B)^T·op(A)^T: swap the operands.
 void Blas::gemm(const LedgerEntry& rec, bool transA, bool transB, int64_t M, int64_t N, int64_t K,
                 const void* A, int64_t lda, const void* B, int64_t ldb, float* C, int64_t ldc,
@@ -203,30 +240,17 @@ void Blas::gemm(const LedgerEntry& rec, bool transA, bool transB, int64_t M, int
   if (const auto hit = impl_->per_expert ? impl_->listed.end() : impl_->listed.find(shape);
       hit != impl_->listed.end()) {
     const GemmTable::Entry& e = *hit->second;
-    if (align < e.align)  // the algorithm may assume more: refuse rather than risk a fault
-      throw std::logic_error(fmt::format(
-          "gemm table: {} was chosen for {}-byte aligned operands, asked with {}-byte ones",
-          to_string(shape), e.align, align));
-    std::unique_ptr<LtProduct>& plan = impl_->plans[shape];
     const cublasLtMatmulAlgo_t algo = to_algo(e.algo);
-    if (!plan) {
-      plan = std::make_unique<LtProduct>(shape);
-      cublasLtMatmulHeuristicResult_t checked{};
-      if (cublasLtMatmulAlgoCheck(impl_->lt, plan->desc, plan->a, plan->b, plan->c, plan->c, &algo,
-                                  &checked) != CUBLAS_STATUS_SUCCESS ||
-          checked.workspaceSize > impl_->workspace.bytes()) {
-        impl_->plans.erase(shape);  // checked again if asked again
-        throw InputError(fmt::format(
-            "gemm table: cuBLASLt refuses the listed algorithm for {} (tune the table again)",
-            to_string(shape)));
-      }
+    if (impl_->lt_takes(shape, e, align, algo)) {
+      const LtProduct& plan = *impl_->plans.at(shape);
+      check_blas(cublasLtMatmul(impl_->lt, plan.desc, &alpha, B, plan.a, A, plan.b, &beta, C,
+                                plan.c, C, plan.c, &algo, impl_->workspace.data(),
+                                impl_->workspace.bytes(), impl_->stream),
+                 "cublasLtMatmul");
+      ++impl_->counts.from_table;
+      return;
     }
-    check_blas(cublasLtMatmul(impl_->lt, plan->desc, &alpha, B, plan->a, A, plan->b, &beta, C,
-                              plan->c, C, plan->c, &algo, impl_->workspace.data(),
-                              impl_->workspace.bytes(), impl_->stream),
-               "cublasLtMatmul");
-    ++impl_->counts.from_table;
-    return;
+    ++impl_->counts.table_skipped;  // a lenient table's entry this product cannot take
   }
   check_blas(cublasGemmEx(impl_->handle, op(transB), op(transA), int(N), int(M), int(K), &alpha, B,
                           cuda_type(in), int(ldb), A, cuda_type(in), int(lda), &beta, C,
@@ -436,6 +460,41 @@ GemmTable load_gemm_table(const std::string& path) {
 
 void save_gemm_table(const std::string& path, const GemmTable& table) {
   write_file_atomic(path, gemm_table_json(table));
+}
+
+// ---- Built-in GEMM tables ---------------------------------------------------------------------
+
+const std::vector<BuiltinGemmTable>& builtin_gemm_tables() {
+  static const std::vector<BuiltinGemmTable> tables = [] {
+    // {file name without .json, its text}: generated from backend/cuda/gemm_tables/ by CMake.
+    const std::vector<std::pair<const char*, const char*>> texts = {
+#include "builtin_gemm_tables.inc"
+    };
+    std::vector<BuiltinGemmTable> parsed;
+    for (const auto& [name, text] : texts)
+      parsed.push_back({name, std::make_shared<const GemmTable>(parse_gemm_table(
+                                  text, fmt::format("built-in GEMM table '{}'", name)))});
+    std::sort(parsed.begin(), parsed.end(),
+              [](const auto& a, const auto& b) { return a.name < b.name; });
+    return parsed;
+  }();
+  return tables;
+}
+
+const BuiltinGemmTable* builtin_gemm_table_for(const std::string& device,
+                                               uint64_t cublaslt_version) {
+  const BuiltinGemmTable* chosen = nullptr;  // the last by name: the newest, named by date
+  for (const BuiltinGemmTable& b : builtin_gemm_tables())
+    if (b.table->device == device && b.table->cublaslt_version == cublaslt_version &&
+        b.table->workspace_bytes == kWorkspaceBytes)
+      chosen = &b;
+  return chosen;
+}
+
+std::pair<std::string, uint64_t> gemm_table_identity() {
+  int device = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  return {device_info(device).name, uint64_t(cublasLtGetVersion())};
 }
 
 namespace {

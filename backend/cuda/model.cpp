@@ -195,13 +195,14 @@ struct Model::Impl {
   bool overlapping_wgrad() const { return overlap_wgrad && dresid_mm_attn.data() && !prof.on; }
   // What Model::set_gemm_table and record_gemm_shapes asked, for both handles.
   std::shared_ptr<const GemmTable> gemm_table;
+  bool gemm_lenient = false;
   bool record_shapes = false;
   void ensure_side() {
     if (side) return;
     side = std::make_unique<SideStream>();
     side_blas = std::make_unique<Blas>();
     side_blas->set_stream(side->handle());
-    side_blas->set_table(gemm_table);
+    side_blas->set_table(gemm_table, gemm_lenient);
     side_blas->record_shapes(record_shapes);
   }
 
@@ -313,9 +314,9 @@ struct Model::Impl {
   DeviceBuffer resid_out, lnf, rstdf, logits, losses, dlogits, loss_sum;
   DeviceBuffer tokens, targets, emb_ids, emb_seg, emb_pos;
   // Scratch shared by all layers.
-  DeviceBuffer qkv_f32, scores, dP, dS, dresid, dresid_mm, dln, dact, dh13, dqkv, dqkv_mm,
-      datty_mm, dye, dgate, dxg, dlog, router_logits, col_scratch, norm_scratch, norm, delta,
-      ds_tiles;
+  DeviceBuffer qkv_f32, scores, dP, dS, dresid, dresid_mm, dln, dact, dh13, dqkv, dqkv_mm, datty_mm,
+      dye, dgate, dxg, dlog, router_logits, col_scratch, norm_scratch, norm, delta, ds_tiles,
+      sort_scratch;
   // Grouped expert products: pointer tables per (MoE layer, product), host (pinned) and device.
   std::unique_ptr<PinnedBuffer> expert_ptrs_host;
   DeviceBuffer expert_ptrs_dev;
@@ -661,7 +662,7 @@ struct Model::Impl {
         x.offsets = alloc(size_t(E + 1) * 4);
         x.sorted = alloc(size_t(TK) * 4);
         x.slot_of = alloc(size_t(TK) * 4);
-        x.xg = alloc_mm(TK * Dm);
+        if (!tiled_path()) x.xg = alloc_mm(TK * Dm);  // the tiled paths read ln2 (gathered)
         x.ye = alloc_f(TK * Dm);
         if (Dse > 0) {
           x.sh13 = alloc_mm(T * 2 * Dse);
@@ -721,6 +722,7 @@ struct Model::Impl {
       dxg = alloc_f(TK * Dm);
       dlog = alloc_mm(T * E);
       router_logits = alloc_f(T * E);
+      sort_scratch = alloc(size_t(k::sort_scratch_ints(T, K, E)) * 4);
       const size_t n_ptrs = size_t(a.moe_layers() * kExpertProducts * kOperands * E);
       expert_ptrs_host = std::make_unique<PinnedBuffer>(n_ptrs * sizeof(void*));
       expert_ptrs_dev = alloc(n_ptrs * sizeof(void*));
@@ -1032,23 +1034,29 @@ struct Model::Impl {
   int64_t tile_rows() const { return expert_path == ExpertPath::tiled128 ? 128 : 64; }
   // C (R, N) = A (R, K) · op(W_e) over layer l's tile map; the products' own shapes go to the
   // ledger now, their tiles' padding once the counts are read (book_tiled_padding).
+  // gathered: A's rows are the tokens' (A is ln2, row i the token of routed row i: the layer's
+  // sorted assignments over top-K), read where they lie rather than copied by gather_rows.
   void tiled_rows(int64_t l, void* C, bool c_bf16, const void* A, int which, bool trans_w,
-                  int64_t R, int64_t N, int64_t Kd, FlopLedger& lg, Phase ph) {
+                  int64_t R, int64_t N, int64_t Kd, FlopLedger& lg, Phase ph,
+                  bool gathered = false) {
     Acts& x = acts[size_t(l)];
     expert_gemm::rows(C, c_bf16, static_cast<const uint16_t*>(A), weight_table(l, which), trans_w,
                       x.tile_map.as<int32_t>(), x.n_tiles.as<int32_t>(),
-                      expert_gemm::max_row_tiles(R, E, tile_rows()), N, Kd, tile_rows());
+                      expert_gemm::max_row_tiles(R, E, tile_rows()), N, Kd, tile_rows(),
+                      gathered ? x.sorted.as<int32_t>() : nullptr, K);
     lg.add_gemm(FlopCategory::expert, ph, R, N, Kd);
     tiled_pending.push_back({l, false, N, Kd, ph});
   }
   // dW_e (M, N) += A_e^T · B_e over the rows of each expert of layer l.
   void tiled_weight_grads(int64_t l, int which, const void* A, const void* Bm, int64_t R, int64_t M,
-                          int64_t N, FlopLedger& lg) {
+                          int64_t N, FlopLedger& lg, bool gathered = false) {
     const LayerParams& q = lp[size_t(l)];
     const bool overwrite = overwrites_all(which == kW13 ? q.expert_w13 : q.expert_w2);
-    expert_gemm::weight_grads(
-        grad_table(l, which), static_cast<const uint16_t*>(A), static_cast<const uint16_t*>(Bm),
-        acts[size_t(l)].offsets.as<int32_t>(), E, M, N, tile_rows(), !overwrite);
+    Acts& x = acts[size_t(l)];
+    expert_gemm::weight_grads(grad_table(l, which), static_cast<const uint16_t*>(A),
+                              static_cast<const uint16_t*>(Bm), x.offsets.as<int32_t>(), E, M, N,
+                              tile_rows(), !overwrite, gathered ? x.sorted.as<int32_t>() : nullptr,
+                              K);
     lg.add_gemm(FlopCategory::expert, Phase::weight_grad, M, N, R);
     tiled_pending.push_back({l, true, M, N, Phase::weight_grad});
   }
@@ -1196,8 +1204,8 @@ struct Model::Impl {
                    router_logits.as<float>(), Tn, E, K, opt.renormalize_gates);
     const int64_t cap = pass_capacity(Tn);
     k::sort_by_expert(x.counts.as<int32_t>(), x.offsets.as<int32_t>(), x.sorted.as<int32_t>(),
-                      x.slot_of.as<int32_t>(), x.idx.as<int32_t>(), Tn, K, E,
-                      cap > 0 ? x.assigned.as<int32_t>() : nullptr, cap);
+                      x.slot_of.as<int32_t>(), x.idx.as<int32_t>(), sort_scratch.as<int32_t>(), Tn,
+                      K, E, cap > 0 ? x.assigned.as<int32_t>() : nullptr, cap);
     const bool tiled = tiled_path();
     // On the cuBLAS paths the routed counts size the products and the ledger, and with a
     // capacity the kept rows size every path's: one wait per layer.
@@ -1210,14 +1218,16 @@ struct Model::Impl {
     }
     x.rows = R;
     prof.mark(wait ? "fwd router + sort (+ host wait)" : "fwd router + sort");
-    k::gather_rows(x.xg.data(), x.ln2.data(), mm, x.sorted.as<int32_t>(), R, K, Dm);
+    // The tiled products read the routed rows from ln2 through the sorted assignments; the
+    // cuBLAS paths need them gathered into xg first.
+    if (!tiled) k::gather_rows(x.xg.data(), x.ln2.data(), mm, x.sorted.as<int32_t>(), R, K, Dm);
     if (expert_path == ExpertPath::batched) {
       batched_forward(l, R, lg);
     } else if (tiled) {
       expert_gemm::build_row_tiles(x.tile_map.as<int32_t>(), x.n_tiles.as<int32_t>(),
                                    x.offsets.as<int32_t>(), E, tile_rows());
-      tiled_rows(l, x.h13.data(), true, x.xg.data(), kW13, false, R, 2 * De, Dm, lg,
-                 Phase::forward);
+      tiled_rows(l, x.h13.data(), true, x.ln2.data(), kW13, false, R, 2 * De, Dm, lg,
+                 Phase::forward, true);
       k::swiglu_forward(x.act.data(), mm, x.h13.data(), R, De);
       tiled_rows(l, x.ye.data(), false, x.act.data(), kW2, false, R, Dm, De, lg, Phase::forward);
     } else {
@@ -1517,10 +1527,11 @@ struct Model::Impl {
       tiled_rows(l, dact.data(), true, dye.data(), kW2, true, R, De, Dm, lg, Phase::input_grad);
       tiled_weight_grads(l, kW2, x.act.data(), dye.data(), R, De, Dm, lg);
       k::swiglu_backward(dh13.data(), mm, dact.data(), x.h13.data(), R, De);
-      // dxg (rows, Dm) = dh13 · W13_e^T (W13_e stored (Dm, 2De));  dW13_e += xg^T · dh13
+      // dxg (rows, Dm) = dh13 · W13_e^T (W13_e stored (Dm, 2De));  dW13_e += xg^T · dh13, xg's
+      // rows read from ln2 (gathered)
       tiled_rows(l, dxg.data(), false, dh13.data(), kW13, true, R, Dm, 2 * De, lg,
                  Phase::input_grad);
-      tiled_weight_grads(l, kW13, x.xg.data(), dh13.data(), R, Dm, 2 * De, lg);
+      tiled_weight_grads(l, kW13, x.ln2.data(), dh13.data(), R, Dm, 2 * De, lg, true);
     } else {
       const ExpertTables& et = expert_tables[size_t(moe_index)];
       // dact (rows, De) = dye (rows, Dm) · W2_e^T;  dW2_e (De, Dm) += act^T · dye
@@ -2015,11 +2026,12 @@ void Model::set_weight_grad_overlap(bool on) {
 bool Model::weight_grad_overlap() const {
   return impl_->overlapping_wgrad();
 }
-void Model::set_gemm_table(std::shared_ptr<const GemmTable> table) {
+void Model::set_gemm_table(std::shared_ptr<const GemmTable> table, bool lenient) {
   Impl& m = *impl_;
-  m.blas.set_table(table);  // refuses a table from another device first
-  if (m.side_blas) m.side_blas->set_table(table);
+  m.blas.set_table(table, lenient);  // refuses a table from another device first
+  if (m.side_blas) m.side_blas->set_table(table, lenient);
   m.gemm_table = std::move(table);
+  m.gemm_lenient = lenient;
 }
 void Model::record_gemm_shapes(bool on) {
   Impl& m = *impl_;
@@ -2040,6 +2052,7 @@ Blas::Counts Model::gemm_counts() const {
   if (impl_->side_blas) {
     c.products += impl_->side_blas->counts().products;
     c.from_table += impl_->side_blas->counts().from_table;
+    c.table_skipped += impl_->side_blas->counts().table_skipped;
   }
   return c;
 }
@@ -2064,7 +2077,17 @@ void Model::set_expert_path(ExpertPath path) {
     const int64_t even = (m.T * m.K + m.E - 1) / m.E;
     m.ensure_padded(m.E * ((even + even / 4 + m.kPadRows - 1) / m.kPadRows * m.kPadRows));
   }
-  impl_->expert_path = path;
+  Impl& m = *impl_;
+  m.expert_path = path;
+  // The routed rows gathered into xg: only the cuBLAS paths read them so; the tiled products
+  // read them from ln2 through the sorted assignments.
+  for (Impl::Acts& x : m.acts) {
+    if (!x.idx.data()) continue;  // not a MoE layer
+    if (m.tiled_path())
+      x.xg = DeviceBuffer();
+    else if (!x.xg.data())
+      x.xg = m.alloc_mm(m.T * m.K * m.Dm);
+  }
 }
 bool Model::fused_attention() const {
   return impl_->flash;
@@ -2121,6 +2144,22 @@ static int64_t parse_logit_rows(const std::string& value) {
   return rows;
 }
 
+// auto (""), none, builtin, builtin:NAME of a table built in, or a file name.
+static std::string parse_gemm_choice(const std::string& value) {
+  if (value == "auto") return "";
+  if (!value.starts_with("builtin:")) return value;
+  const std::string name = value.substr(8);
+  std::string names;
+  for (const BuiltinGemmTable& b : builtin_gemm_tables()) {
+    if (b.name == name) return value;
+    names += (names.empty() ? "" : ", ") + b.name;
+  }
+  throw InputError(fmt::format(
+      "--kernels: gemm={} names no built-in GEMM table (built in: {}; valid: gemm=auto, none, "
+      "builtin, builtin:NAME or a table file)",
+      value, names.empty() ? "none" : names));
+}
+
 KernelChoice parse_kernel_choice(const std::string& spec) {
   KernelChoice k;
   constexpr const char* kNames = "attention, experts, logits, gemm";
@@ -2147,7 +2186,7 @@ KernelChoice parse_kernel_choice(const std::string& spec) {
     else if (key == "logits")
       k.logit_rows = parse_logit_rows(value);
     else
-      k.gemm_table = value == "auto" ? "" : value;
+      k.gemm_table = parse_gemm_choice(value);
     pos = end + 1;
   }
   return k;

@@ -8,10 +8,13 @@
 //        bench_gpu --gemm-shapes   (each weight product of the dense step, and of the MoE step
 //                                  but its routed experts, alone; batch 8)
 //        bench_gpu --only NAME,... --gemm-tune FILE   (the products one step of each point asks
-//                                  for, each timed through cublasGemmEx's default and through
-//                                  cuBLASLt's candidates; the winners saved as a GEMM table)
-//        bench_gpu --only NAME,... --gemm-table FILE  (the points with that table's algorithms;
-//                                  their names get the suffix -lt-table)
+//                                  for that FILE does not list yet, each timed through
+//                                  cublasGemmEx's default and through cuBLASLt's candidates; the
+//                                  winners added to the GEMM table in FILE, made if missing)
+//        bench_gpu ... --gemm-table auto|none|FILE  (the GEMM table: auto, the default, as
+//                                  `moeplan run`'s gemm=auto: the built-in table made on this
+//                                  device and cuBLASLt, if any; none: no table, the names get the
+//                                  suffix -no-gemm-table; FILE: that table, suffix -lt-table)
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 #include <fmt/format.h>
@@ -21,6 +24,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -331,7 +335,14 @@ int main(int argc, char** argv) {
       table_path = v;
   }
   std::shared_ptr<const cu::GemmTable> table;
-  if (!table_path.empty()) {
+  bool lenient = false;    // a built-in table (gemm=auto), as `moeplan run` takes it
+  std::string table_name;  // what the JSON's "gemm_table" says: "builtin:NAME", a file, ""
+  std::string suffix;      // of the point names: "" (auto), -no-gemm-table, -lt-table
+  if (table_path == "none") {
+    suffix = "-no-gemm-table";
+  } else if (!table_path.empty() && table_path != "auto") {
+    suffix = "-lt-table";
+    table_name = table_path;
     try {
       table = std::make_shared<const cu::GemmTable>(cu::load_gemm_table(table_path));
     } catch (const std::exception& e) {
@@ -359,6 +370,19 @@ int main(int argc, char** argv) {
       "device: %s, %d SMs; vendor dense bf16 peak %.0f TFLOP/s; measured bf16 GEMM "
       "ceiling (cuBLAS 8192^3, median of 10) %.1f TFLOP/s\n",
       dev.name.c_str(), dev.multiprocessors, dev.peak_bf16_tflops, ceiling);
+  if (table_path.empty() || table_path == "auto") {
+    const auto [device, version] = cu::gemm_table_identity();
+    if (const cu::BuiltinGemmTable* b = cu::builtin_gemm_table_for(device, version)) {
+      table = b->table;
+      lenient = true;
+      table_name = "builtin:" + b->name;
+      std::printf("GEMM table: built-in '%s' (gemm=auto, as moeplan run takes it)\n",
+                  b->name.c_str());
+    } else {
+      std::printf("GEMM table: none (none built in for '%s' with cuBLASLt %llu)\n", device.c_str(),
+                  (unsigned long long)version);
+    }
+  }
   if (shapes) {
     // The step time an MFU goal allows: the point's exact/causal FLOPs a step (the analytic
     // ledger, dropless) at the goal's share of the vendor peak (the H200's 989 TFLOP/s where the
@@ -472,7 +496,7 @@ int main(int argc, char** argv) {
               true}}) {
     if (!only.empty() && only.find("," + p.name + ",") == std::string::npos) continue;
     matched = true;
-    const std::string name = table ? p.name + "-lt-table" : p.name;
+    const std::string name = p.name + suffix;
     const ParamCounts pc = count_params(p.arch);
     ModelOptions opt;
     opt.micro_batch_seqs = p.micro_batch;
@@ -499,7 +523,7 @@ int main(int argc, char** argv) {
                   size_t(model.gemm_counts().products), seen.size());
       continue;
     }
-    if (table) model.set_gemm_table(table);
+    if (table) model.set_gemm_table(table, lenient);
     std::vector<int32_t> in, tg;
     std::vector<double> secs;
     FlopLedger per_step;
@@ -591,8 +615,9 @@ int main(int argc, char** argv) {
          (model.pass_seqs() < batch ? fmt::format("; passes of {}", model.pass_seqs()) : "") +
          (p.arch.d_shared > 0 && p.serial_shared ? "; shared expert not overlapped" : "") +
          (p.wgrad_beside ? "; weight gradients on a second stream" : "") +
-         (table ? fmt::format("; {} of {} products by the GEMM table",
-                              model.gemm_counts().from_table, model.gemm_counts().products)
+         (table ? fmt::format("; {} of {} products by the GEMM table{}",
+                              model.gemm_counts().from_table, model.gemm_counts().products,
+                              lenient ? " (" + table_name + ")" : "")
                 : ""))
             .c_str());
     std::fprintf(stderr, "[%s] loss %.4f -> %.4f over %d steps; %.2f GiB device buffers\n",
@@ -601,10 +626,12 @@ int main(int argc, char** argv) {
     json += fmt::format(
         "{}{{\"name\": \"{}\", \"total_params\": {}, \"active_params\": {}, \"step_seconds\": {}, "
         "\"tokens_per_second_consumed\": {}, \"tflops_exact_causal\": {}, "
-        "\"tflops_executed\": {}, \"kernels\": \"{}\", \"micro_batch\": {}, \"logit_rows\": {}}}",
+        "\"tflops_executed\": {}, \"kernels\": \"{}\", \"micro_batch\": {}, \"logit_rows\": {}, "
+        "\"gemm_table\": \"{}\", \"gemm_products\": {}, \"gemm_products_from_table\": {}}}",
         first ? "" : ", ", name, pc.total_params, pc.active_params, t, tokens / t, tf_useful,
         tf_exec, cu::to_string(cu::KernelChoice{p.attention, p.experts, 0, ""}), p.micro_batch,
-        model.logit_rows());
+        model.logit_rows(), table_name, model.gemm_counts().products,
+        model.gemm_counts().from_table);
     first = false;
     // Written after every point, so that a later point that fails keeps the earlier ones.
     if (!json_path.empty()) write_json();
@@ -618,7 +645,26 @@ int main(int argc, char** argv) {
   if (!tune_path.empty()) {
     // Keep a candidate that saves at least 3 % of the default's time: below that the medians of
     // 20 calls do not tell them apart reliably.
-    const cu::GemmTable t = cu::tune_gemm_table(tune_shapes, 0.03, 20);
+    // A table already in the file keeps what it lists (timed once, never again): only the
+    // shapes it lacks are timed and added, so that one file can gather several batches' shapes.
+    std::error_code ec;
+    cu::GemmTable t;
+    if (std::filesystem::exists(tune_path, ec)) t = cu::load_gemm_table(tune_path);
+    const cu::GemmTable added = cu::tune_gemm_table(cu::untuned_shapes(t, tune_shapes), 0.03, 20);
+    if (t.entries.empty()) {
+      t = added;
+    } else {
+      if (t.device != added.device || t.cublaslt_version != added.cublaslt_version ||
+          t.workspace_bytes != added.workspace_bytes) {
+        std::fprintf(stderr,
+                     "bench_gpu: --gemm-tune %s was made on '%s' with cuBLASLt %llu; this "
+                     "process has '%s' and %llu (give a new file)\n",
+                     tune_path.c_str(), t.device.c_str(), (unsigned long long)t.cublaslt_version,
+                     added.device.c_str(), (unsigned long long)added.cublaslt_version);
+        return 2;
+      }
+      t.entries.insert(t.entries.end(), added.entries.begin(), added.entries.end());
+    }
     cu::save_gemm_table(tune_path, t);
     const auto faster =
         std::count_if(t.entries.begin(), t.entries.end(), [](const auto& e) { return e.lt; });

@@ -14,6 +14,7 @@
 #include "moeplan/backend/cuda/comm.hpp"
 #include "moeplan/backend/cuda/device.hpp"
 #include "moeplan/backend/cuda/expert_gemm.hpp"
+#include "moeplan/backend/cuda/gemm.hpp"
 #include "moeplan/backend/cuda/model.hpp"
 #include "moeplan/backend/engine.hpp"
 
@@ -209,6 +210,47 @@ TEST_CASE("--kernels: attention and experts by name or auto, everything else ref
     FAIL("accepted");
   } catch (const moeplan::InputError& e) {
     CHECK(std::string(e.what()).find("attention=flash is not known") != std::string::npos);
+  }
+}
+
+TEST_CASE("built-in GEMM tables: parsed, and chosen only on their own device and cuBLASLt") {
+  // The one committed so far, as its file (backend/cuda/gemm_tables/h200-2026-12-04.json) states:
+  // timed on an H200 with cuBLASLt 130100 (CUDA 13.0's) and a 32 MiB workspace, for the
+  // benchmark's points at 8 x 1024 tokens: 33 shapes, 23 of them through a cuBLASLt algorithm.
+  const auto& tables = cu::builtin_gemm_tables();
+  REQUIRE_FALSE(tables.empty());
+  for (size_t i = 1; i < tables.size(); ++i) CHECK(tables[i - 1].name < tables[i].name);
+  const auto h200 = std::find_if(tables.begin(), tables.end(),
+                                 [](const auto& b) { return b.name == "h200-2026-12-04"; });
+  REQUIRE(h200 != tables.end());
+  CHECK(h200->table->device == "NVIDIA H200");
+  CHECK(h200->table->cublaslt_version == 130100);
+  CHECK(h200->table->workspace_bytes == 32u << 20);
+  CHECK(h200->table->entries.size() == 33);
+  CHECK(std::count_if(h200->table->entries.begin(), h200->table->entries.end(),
+                      [](const auto& e) { return e.lt; }) == 23);
+  CHECK(cu::builtin_gemm_table_for("NVIDIA H200", 130100) == &*h200);
+  CHECK(cu::builtin_gemm_table_for("NVIDIA H100 80GB HBM3", 130100) == nullptr);
+  CHECK(cu::builtin_gemm_table_for("NVIDIA H200", 130101) == nullptr);
+  CHECK(cu::builtin_gemm_table_for("NVIDIA H200", 120900) == nullptr);
+
+  // --kernels gemm: auto (the built-in table where one was made here), none, builtin,
+  // builtin:NAME (a name the program knows), or a file; shown only when asked for.
+  CHECK(cu::parse_kernel_choice("gemm=auto").gemm_table.empty());
+  CHECK(cu::to_string(cu::parse_kernel_choice("gemm=auto")) == "attention=auto,experts=auto");
+  CHECK(cu::parse_kernel_choice("gemm=none").gemm_table == "none");
+  CHECK(cu::parse_kernel_choice("gemm=builtin").gemm_table == "builtin");
+  CHECK(cu::to_string(cu::parse_kernel_choice("gemm=builtin:h200-2026-12-04")) ==
+        "attention=auto,experts=auto,gemm=builtin:h200-2026-12-04");
+  CHECK(cu::parse_kernel_choice("gemm=tables/mine.json").gemm_table == "tables/mine.json");
+  try {
+    cu::parse_kernel_choice("gemm=builtin:a100");
+    FAIL("accepted");
+  } catch (const moeplan::InputError& e) {
+    const std::string what = e.what();
+    CHECK(what.find("gemm=builtin:a100 names no built-in GEMM table (built in: ") !=
+          std::string::npos);
+    CHECK(what.find("h200-2026-12-04") != std::string::npos);
   }
 }
 

@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <numeric>
+#include <tuple>
+#include <vector>
 
 #include "common.hpp"
 #include "layers.hpp"
@@ -245,8 +247,9 @@ TEST_CASE("causal softmax (ALiBi) forward and backward match the CPU attention")
 
 TEST_CASE("router top-K, stable sort by expert, combine and router backward match the CPU") {
   // E 12: one expert a lane of the warp kernels; E 66 (the bench's MoE): three, the last partly;
-  // E 300: the thread-per-token kernels. T·K not a multiple of 4 (the placement's tail); T·K
-  // 20,505: five 16-byte loads a counting thread (its unrolled four, then one more).
+  // E 300: the thread-per-token kernels. The sort's chunks of 1024 assignments: T·K 999 and 388
+  // one partial chunk; 20,505 twenty-one, the last partial, each expert's rows (and, capped, its
+  // capacity) crossing chunks.
   struct Shape {
     int64_t T, E, K;
   };
@@ -283,8 +286,9 @@ TEST_CASE("router top-K, stable sort by expert, combine and router backward matc
             dOff((E + 1) * 4), dSorted(T * K * 4), dSlot(T * K * 4), dAssigned(E * 4);
         k::router_topk(dP.as<float>(), dLse.as<float>(), dIdx.as<int32_t>(), dGate.as<float>(),
                        dL.as<float>(), T, E, K, renorm);
+        DeviceBuffer dScratch(size_t(k::sort_scratch_ints(T, K, E)) * 4);
         k::sort_by_expert(dCounts.as<int32_t>(), dOff.as<int32_t>(), dSorted.as<int32_t>(),
-                          dSlot.as<int32_t>(), dIdx.as<int32_t>(), T, K, E,
+                          dSlot.as<int32_t>(), dIdx.as<int32_t>(), dScratch.as<int32_t>(), T, K, E,
                           capped ? dAssigned.as<int32_t>() : nullptr, cap);
         synchronize();
         // The load balance's counts: every assignment, kept or dropped.
@@ -308,7 +312,8 @@ TEST_CASE("router top-K, stable sort by expert, combine and router backward matc
           DeviceBuffer c2(E * 4), o2((E + 1) * 4), s2(T * K * 4), sl2(T * K * 4);
           DeviceBuffer a2(E * 4);
           k::sort_by_expert(c2.as<int32_t>(), o2.as<int32_t>(), s2.as<int32_t>(), sl2.as<int32_t>(),
-                            dShifted.as<int32_t>() + 1, T, K, E, a2.as<int32_t>(), cap);
+                            dShifted.as<int32_t>() + 1, dScratch.as<int32_t>(), T, K, E,
+                            a2.as<int32_t>(), cap);
           synchronize();
           std::vector<int32_t> counts2(E), slot2(T * K);
           c2.download(counts2.data(), E * 4);
@@ -374,11 +379,13 @@ TEST_CASE(
     for (int64_t k = 0; k < K; ++k) REQUIRE(idx[size_t(k)] == k);  // token 0: NaN, experts 0..K-1
     auto dL = to_device(logits);
     DeviceBuffer dP(T * E * 4), dLse(T * 4), dIdx(T * K * 4), dGate(T * K * 4), dCounts(E * 4),
-        dOff((E + 1) * 4), dSorted(T * K * 4), dSlot(T * K * 4);
+        dOff((E + 1) * 4), dSorted(T * K * 4), dSlot(T * K * 4),
+        dScratch(size_t(k::sort_scratch_ints(T, K, E)) * 4);
     k::router_topk(dP.as<float>(), dLse.as<float>(), dIdx.as<int32_t>(), dGate.as<float>(),
                    dL.as<float>(), T, E, K, false);
     k::sort_by_expert(dCounts.as<int32_t>(), dOff.as<int32_t>(), dSorted.as<int32_t>(),
-                      dSlot.as<int32_t>(), dIdx.as<int32_t>(), T, K, E, nullptr, 0);
+                      dSlot.as<int32_t>(), dIdx.as<int32_t>(), dScratch.as<int32_t>(), T, K, E,
+                      nullptr, 0);
     synchronize();
     std::vector<int32_t> gidx(T * K), gslot(T * K);
     std::vector<float> ggate(T * K);
@@ -827,6 +834,24 @@ std::vector<int32_t> exclusive_offsets(const std::vector<int32_t>& counts) {
   return off;
 }
 
+// Token rows X (about R/2 of them, C wide, bf16), R routed rows' assignment ids a = t·3 + k
+// with token t = (r·7919) mod tokens (so tokens repeat, out of order), and the routed rows
+// copied out (row r = X row t): what gather_rows would make.
+std::tuple<std::vector<uint16_t>, std::vector<int32_t>, std::vector<uint16_t>> gathered_rows(
+    int64_t R, int64_t C, uint64_t seed) {
+  const int64_t tokens = R / 2 + 1;
+  auto x = randn(size_t(tokens * C), seed);
+  const auto x_bits = to_bf16(x);
+  std::vector<int32_t> gather(static_cast<size_t>(R));
+  std::vector<uint16_t> rows(static_cast<size_t>(R * C));
+  for (int64_t r = 0; r < R; ++r) {
+    const int64_t t = (r * 7919) % tokens;
+    gather[size_t(r)] = int32_t(t * 3 + r % 3);
+    std::copy_n(x_bits.begin() + t * C, C, rows.begin() + r * C);
+  }
+  return {x_bits, gather, rows};
+}
+
 // The tiled expert products at tile height tr against a double-precision host loop. Counts with
 // an empty expert, a single row, exact and partial 64- and 128-row tiles. Shapes: multiples of 8
 // (16-byte loads) with partial column and depth tiles, and ragged ones (element loads).
@@ -895,6 +920,24 @@ void check_tiled_products(int64_t tr) {
         CHECK(err < (c_bf16 ? 2e-2 : 1e-5));
       }
     }
+    // Gathered: routed row r read as token row gather[r] / 3 of X (tokens repeat across
+    // experts, as with top-K routing): the same bits as the rows copied out first. gather holds
+    // exactly R entries, so a read past the last routed row leaves its buffer (the sanitizers'
+    // variant reports it).
+    const auto [x_bits, gather, gathered_bits] = gathered_rows(R, K, 47);
+    auto dX = to_device(x_bits), dGather = to_device(gather), dAg = to_device(gathered_bits);
+    for (bool c_bf16 : {false, true}) {
+      auto plain = poisoned(size_t(R * N) * 4), via = poisoned(size_t(R * N) * 4);
+      eg::rows(plain.data(), c_bf16, dAg.as<uint16_t>(),
+               static_cast<const uint16_t* const*>(dWp.data()), false, map.as<int32_t>(),
+               n_tiles.as<int32_t>(), max_tiles, N, K, tr);
+      eg::rows(via.data(), c_bf16, dX.as<uint16_t>(),
+               static_cast<const uint16_t* const*>(dWp.data()), false, map.as<int32_t>(),
+               n_tiles.as<int32_t>(), max_tiles, N, K, tr, dGather.as<int32_t>(), 3);
+      synchronize();
+      const DType t = c_bf16 ? DType::bf16 : DType::f32;
+      CHECK(download_f(via, size_t(R * N), t) == download_f(plain, size_t(R * N), t));
+    }
   }
   // weight gradients: (M, N) += A^T·B
   // M 200: a whole and a partial output tile of 128 rows, four of 64.
@@ -957,6 +1000,22 @@ void check_tiled_products(int64_t tr) {
     synchronize();
     const auto fresh = download_f(dG4, g0.size());
     CHECK(fresh == download_f(dG5, g0.size()));
+    {  // A's rows gathered from token rows (as in rows above): the same bits as copied out first
+      const auto [x_bits, gather, gathered_bits] = gathered_rows(R, M, 48);
+      auto dX = to_device(x_bits), dGather = to_device(gather), dAg = to_device(gathered_bits);
+      auto dG6 = to_device(g0), dG7 = to_device(g0);
+      for (int64_t e = 0; e < E; ++e) gp[size_t(E - 1 - e)] = dG6.as<float>() + e * M * N;
+      auto dGp6 = to_device(gp);
+      for (int64_t e = 0; e < E; ++e) gp[size_t(E - 1 - e)] = dG7.as<float>() + e * M * N;
+      auto dGp7 = to_device(gp);
+      eg::weight_grads(static_cast<float* const*>(dGp6.data()), dAg.as<uint16_t>(),
+                       dB.as<uint16_t>(), dOff.as<int32_t>(), E, M, N, tr);
+      eg::weight_grads(static_cast<float* const*>(dGp7.data()), dX.as<uint16_t>(),
+                       dB.as<uint16_t>(), dOff.as<int32_t>(), E, M, N, tr, true,
+                       dGather.as<int32_t>(), 3);
+      synchronize();
+      CHECK(download_f(dG7, g0.size()) == download_f(dG6, g0.size()));
+    }
     for (int64_t e = 0; e < E; ++e)
       if (counts[size_t(e)] == 0) {
         const int64_t at = (E - 1 - e) * M * N;

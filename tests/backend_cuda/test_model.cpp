@@ -1123,6 +1123,61 @@ TEST_CASE("a GEMM table leaves the per-expert products alone: their shapes follo
   CHECK(loop_products > tiled_products);  // the per-expert products ran, unrecorded
 }
 
+TEST_CASE("a lenient GEMM table (a built-in one) sends what it cannot take to cuBLAS's default") {
+  // A built-in table was timed for the benchmark's points; another point may ask for a listed
+  // shape with operands less aligned than it was timed for, or (emulation) with an algorithm
+  // cuBLASLt refuses. Lenient, such a product runs through cublasGemmEx's default, counted, the
+  // same way at every step; strict (a user's table), it is an error.
+  const Arch a = dense_arch();
+  ModelOptions opt;
+  const Batch b = random_batch(2, a.seq_len, a.vocab, 6);
+  cu::Model plain(a, opt, 3, 2, DType::bf16);
+  plain.record_gemm_shapes(true);
+  const StepResult r0 = plain.train_step(b.inputs.data(), b.targets.data(), 0, OptimConfig{});
+  cu::GemmTable t =
+      cu::tune_gemm_table(plain.gemm_shapes(), -std::numeric_limits<double>::infinity(), 1);
+  REQUIRE(t.entries.size() >= 3);
+  t.entries[0].align = 512;  // more than any operand here (alignment counts up to 256)
+#ifdef MOEPLAN_CUDA_EMULATION
+  t.entries[1].algo[0] ^= 0xff;  // an algorithm the emulation's cuBLASLt does not know
+#endif
+  const auto table = std::make_shared<const cu::GemmTable>(t);
+  // The same table without the entries it cannot take: their products unlisted, by the default.
+  cu::GemmTable without = t;
+#ifdef MOEPLAN_CUDA_EMULATION
+  without.entries.erase(without.entries.begin(), without.entries.begin() + 2);
+#else
+  without.entries.erase(without.entries.begin());
+#endif
+
+  cu::Model lenient(a, opt, 3, 2, DType::bf16), fewer(a, opt, 3, 2, DType::bf16);
+  lenient.set_gemm_table(table, true);
+  fewer.set_gemm_table(std::make_shared<const cu::GemmTable>(without));
+  std::vector<cu::Blas::Counts> after;
+  for (int64_t step = 0; step < 2; ++step) {
+    const StepResult r = lenient.train_step(b.inputs.data(), b.targets.data(), step, OptimConfig{});
+    fewer.train_step(b.inputs.data(), b.targets.data(), step, OptimConfig{});
+    after.push_back(lenient.gemm_counts());
+    if (step == 0) {
+      CHECK(r.flops.flops == r0.flops.flops);
+#ifdef MOEPLAN_CUDA_EMULATION
+      CHECK(r.loss == r0.loss);
+#endif
+    }
+  }
+  const cu::Blas::Counts c = after[1];
+  CHECK(c.products == 2 * plain.gemm_counts().products);
+  CHECK(c.table_skipped > 0);
+  CHECK(c.table_skipped == 2 * after[0].table_skipped);  // both steps alike
+  CHECK(c.from_table + c.table_skipped == c.products);   // every bf16 product is listed
+  CHECK(c.from_table == fewer.gemm_counts().from_table);
+  CHECK(fewer.gemm_counts().table_skipped == 0);
+
+  cu::Model strict(a, opt, 3, 2, DType::bf16);
+  strict.set_gemm_table(table);
+  CHECK_THROWS(strict.compute_gradients(b.inputs.data(), b.targets.data()));
+}
+
 TEST_CASE("a GEMM table from elsewhere, or one cuBLASLt refuses, is an error, not a fallback") {
   const Arch a = dense_arch();
   ModelOptions opt;

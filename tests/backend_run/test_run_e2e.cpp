@@ -1713,6 +1713,29 @@ TEST_CASE("moeplan run --device cuda --kernels gemm=FILE (emulated): tuned once,
   const Result plain = run("plain", "");
   REQUIRE_MESSAGE(plain.status == 0, plain.err);
   const json want = record(dir / "plain", "moe-a");
+  // gemm=auto takes a built-in table only where one was made (the emulator has none), and says so.
+  CHECK_MESSAGE(plain.out.find(", no GEMM table (none built in for 'moeplan CUDA emulator (CPU)' "
+                               "with cuBLASLt 900000)") != std::string::npos,
+                plain.out);
+  CHECK(want["kernels"] == "attention=fused_mma_lean,experts=tiled128");
+  const Result none = run("none", "gemm=none");
+  REQUIRE_MESSAGE(none.status == 0, none.err);
+  CHECK_MESSAGE(none.out.find(", no GEMM table)") != std::string::npos, none.out);
+  CHECK(record(dir / "none", "moe-a")["kernels"] == want["kernels"]);
+  CHECK(record(dir / "none", "moe-a")["loss_curve"] == want["loss_curve"]);
+  // Asked for by name, a built-in table made elsewhere is refused in one line, before any step.
+  for (const std::string asked : {"builtin", "builtin:h200-2026-12-04"}) {
+    const Result refused = run("builtin", "gemm=" + asked);
+    CHECK(refused.status != 0);
+    CHECK_MESSAGE(refused.err.find("--kernels gemm=" + asked + ": no built-in GEMM table ") !=
+                      std::string::npos,
+                  refused.err);
+    CHECK_MESSAGE(
+        refused.err.find("h200-2026-12-04 ('NVIDIA H200', cuBLASLt 130100)") != std::string::npos,
+        refused.err);
+    CHECK(std::count(refused.err.begin(), refused.err.end(), '\n') == 1);
+    CHECK_FALSE(fs::exists(dir / "builtin" / "moe-a" / "record.json"));
+  }
 
   const Result first = run("first", "gemm=" + table);
   REQUIRE_MESSAGE(first.status == 0, first.err);
@@ -2025,9 +2048,13 @@ TEST_CASE("out of device memory (emulated): one line naming the passes; --micro-
                 whole.err);
   CHECK_MESSAGE(whole.err.find("attention=fused_mma") == std::string::npos, whole.err);
   REQUIRE_MESSAGE(passes.status == 0, passes.err);
-  // Once built, the engine says what it holds: its memory out of the device's, and the passes.
+  // Once built, the engine says what it holds: its memory out of the device's, the passes, and
+  // the GEMM table (gemm=auto: none built in for the emulator).
+  const std::string no_table =
+      ", no GEMM table (none built in for 'moeplan CUDA emulator (CPU)' with cuBLASLt 900000))\n";
   CHECK_MESSAGE(passes.out.find(" of the device's 38.0 MiB for passes of 16 sequences "
-                                "(attention=cublas,experts=grouped)\n") != std::string::npos,
+                                "(attention=cublas,experts=grouped" +
+                                no_table) != std::string::npos,
                 passes.out);
   const json rec = record(dir / "runs", "dense");
   CHECK(rec["status"] == "complete");
@@ -2035,8 +2062,8 @@ TEST_CASE("out of device memory (emulated): one line naming the passes; --micro-
   CHECK(rec["measured"]["tokens"]["consumed"].get<int64_t>() == 1 * 128 * 16);
   REQUIRE_MESSAGE(chunked.status == 0, chunked.err);
   CHECK_MESSAGE(chunked.out.find(" for passes of 16 sequences (attention=cublas,experts=grouped,"
-                                 "logits=64, LM head in chunks of 64 of 256 rows)\n") !=
-                    std::string::npos,
+                                 "logits=64, LM head in chunks of 64 of 256 rows" +
+                                 no_table) != std::string::npos,
                 chunked.out);
   const json crec = record(dir / "chunked", "dense");
   CHECK(crec["kernels"] == "attention=cublas,experts=grouped,logits=64");
@@ -2196,7 +2223,9 @@ TEST_CASE("moeplan run --nproc 2 --shard-optimizer (emulated): the same training
   REQUIRE_MESSAGE(plain.status == 0, plain.err);
   const Result sharded = run_cli(args("sharded", true), MOEPLAN_EMULATED_BINARY);
   REQUIRE_MESSAGE(sharded.status == 0, sharded.err);
-  CHECK(sharded.out.find(", optimizer sharded)") != std::string::npos);
+  CHECK_MESSAGE(sharded.out.find(", optimizer sharded, no GEMM table (none built in for") !=
+                    std::string::npos,
+                sharded.out);
   const json rp = record(dir / "plain", "moe-s"), rs = record(dir / "sharded", "moe-s");
   CHECK(rp["optimizer_sharded"] == false);
   CHECK(rs["optimizer_sharded"] == true);

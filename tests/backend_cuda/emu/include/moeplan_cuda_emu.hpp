@@ -233,6 +233,37 @@ T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
   if (width != 32) moeplan_emu::fault("__shfl_xor_sync: only width 32 is emulated");
   return moeplan_emu::exchange(v, moeplan_emu::lane() ^ lane_mask);
 }
+template <class T>
+T __shfl_sync(unsigned mask, T v, int src_lane, int width = 32) {
+  moeplan_emu::check_full_mask(mask, "__shfl_sync");
+  if (width != 32) moeplan_emu::fault("__shfl_sync: only width 32 is emulated");
+  return moeplan_emu::exchange(v, src_lane & 31);
+}
+// Lanes below `delta` keep their own value, as on the device.
+template <class T>
+T __shfl_up_sync(unsigned mask, T v, unsigned delta, int width = 32) {
+  moeplan_emu::check_full_mask(mask, "__shfl_up_sync");
+  if (width != 32) moeplan_emu::fault("__shfl_up_sync: only width 32 is emulated");
+  const int me = moeplan_emu::lane();
+  return moeplan_emu::exchange(v, me >= int(delta) ? me - int(delta) : me);
+}
+// The lanes whose value equals this lane's (this lane included).
+inline unsigned __match_any_sync(unsigned mask, int value) {
+  moeplan_emu::check_full_mask(mask, "__match_any_sync");
+  std::memcpy(moeplan_emu::lane_slot(moeplan_emu::lane()), &value, sizeof value);
+  moeplan_emu::warp_barrier();
+  unsigned bits = 0;
+  for (int l = 0; l < 32; ++l) {
+    int v;
+    std::memcpy(&v, moeplan_emu::lane_slot(l), sizeof v);
+    if (v == value) bits |= 1u << l;
+  }
+  moeplan_emu::warp_barrier();
+  return bits;
+}
+inline int __ffs(int x) {  // 1 + the lowest set bit's position; 0 for 0
+  return x == 0 ? 0 : __builtin_ctz(unsigned(x)) + 1;
+}
 inline unsigned __ballot_sync(unsigned mask, int pred) {
   moeplan_emu::check_full_mask(mask, "__ballot_sync");
   const int me = moeplan_emu::lane();

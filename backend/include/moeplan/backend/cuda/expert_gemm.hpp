@@ -41,16 +41,21 @@ void build_row_tiles(int32_t* tile_map, int32_t* n_tiles, const int32_t* offsets
 // C (R, N) = A (R, K) · op(W_e) for the rows of every expert. A bf16 row-major (ld K); W: device
 // array of E device pointers to bf16 matrices, (K, N) row-major, or with trans_w (N, K) row-major
 // (the product uses its transpose); C row-major (ld N), bf16 when c_bf16 else fp32, overwritten.
+// With `gather` (device, R int32; W untransposed only): A's row i is row gather[i] / gather_div
+// of A, e.g. the routed rows read from the tokens' rows (sort_by_expert's sorted, divided by
+// top-K) instead of a gathered copy: the same products, the same bits.
 void rows(void* C, bool c_bf16, const uint16_t* A, const uint16_t* const* W, bool trans_w,
           const int32_t* tile_map, const int32_t* n_tiles, int64_t max_tiles, int64_t N, int64_t K,
-          int64_t tile_rows);
+          int64_t tile_rows, const int32_t* gather = nullptr, int64_t gather_div = 1);
 
 // G_e (M, N) fp32 row-major += A_e^T · B_e for every expert e with rows: A (R, M) and B (R, N)
 // bf16 row-major; G: device array of E device pointers. Experts without rows are not touched.
 // Without accumulate, G_e = A_e^T · B_e for every expert, zeros for one without rows (the step's
 // first writer of the gradients: nothing zeroes them before).
+// With `gather`, A's row i is row gather[i] / gather_div of A (as in rows).
 void weight_grads(float* const* G, const uint16_t* A, const uint16_t* B, const int32_t* offsets,
-                  int64_t experts, int64_t M, int64_t N, int64_t tile_rows, bool accumulate = true);
+                  int64_t experts, int64_t M, int64_t N, int64_t tile_rows, bool accumulate = true,
+                  const int32_t* gather = nullptr, int64_t gather_div = 1);
 
 // What the kernels execute (2 FLOPs per multiply-add, zero-filled tile parts included), from the
 // routed row count of each expert, with t tile rows. Row product: 2·Σ_e ceil_t(c_e)·ceil128(N)·

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "moeplan/accounting/ledger.hpp"
@@ -57,6 +58,22 @@ std::string gemm_table_json(const GemmTable& table);
 GemmTable parse_gemm_table(const std::string& json, const std::string& what);
 GemmTable load_gemm_table(const std::string& path);
 void save_gemm_table(const std::string& path, const GemmTable& table);  // atomic
+
+// The GEMM tables built into this program: backend/cuda/gemm_tables/NAME.json, compiled in and
+// parsed at first use (sorted by name). `--kernels gemm=auto` runs a point with the one made on
+// its device name, cuBLASLt version and workspace size, leniently (Blas::set_table).
+struct BuiltinGemmTable {
+  std::string name;
+  std::shared_ptr<const GemmTable> table;
+};
+const std::vector<BuiltinGemmTable>& builtin_gemm_tables();
+// The built-in table made on `device` with cuBLASLt `cublaslt_version` and Blas's workspace
+// size; null when there is none (the last by name if two would be: tables are named
+// DEVICE-DATE, so the newest).
+const BuiltinGemmTable* builtin_gemm_table_for(const std::string& device,
+                                               uint64_t cublaslt_version);
+// The current device's name and this process's cuBLASLt version, as a GemmTable names them.
+std::pair<std::string, uint64_t> gemm_table_identity();
 
 // For each bf16 shape of positive depth (others are skipped; each shape once): times
 // cublasGemmEx's default and cuBLASLt's heuristic candidates (up to 16, for the shape's alignment
@@ -119,15 +136,19 @@ class Blas {
   // Products that `table` lists run through cuBLASLt with its algorithm (gemm() only; the
   // batched and grouped calls, gemm_grouped's per-product loop included, are neither looked up
   // nor recorded: their shapes follow the routing); null: none. Throws InputError when the table
-  // was chosen on another device, cuBLASLt version or workspace size, and when cuBLASLt refuses an
-  // entry's algorithm for its shape (checked at its first use).
-  void set_table(std::shared_ptr<const GemmTable> table);
+  // was chosen on another device, cuBLASLt version or workspace size. Strict (a user's table,
+  // tuned for this point): throws when cuBLASLt refuses an entry's algorithm for its shape
+  // (checked at its first use), and std::logic_error for operands less aligned than an entry was
+  // timed for. Lenient (a built-in table, timed for other points' buffers): such a product runs
+  // through cublasGemmEx's default instead, at every step alike, counted in table_skipped.
+  void set_table(std::shared_ptr<const GemmTable> table, bool lenient = false);
   // Whether gemm() remembers each shape it is asked for and its operands' least alignment.
   void record_shapes(bool on);
   std::vector<std::pair<GemmShape, int64_t>> shapes_seen() const;  // (shape, alignment in bytes)
   struct Counts {
     int64_t products = 0;    // gemm() calls that ran a product
     int64_t from_table = 0;  // of which through the table's cuBLASLt algorithm
+    int64_t table_skipped = 0;  // listed, but sent to the default by a lenient table
   };
   Counts counts() const;
 

@@ -78,10 +78,12 @@ void router_topk(float* probs, float* lse, int32_t* topk_idx, float* topk_gate, 
 // With a capacity > 0 (the CPU's dispatch): each expert keeps its first `capacity` assignments
 // in assignment order; assigned (E) gets every expert's assignments, counts the kept ones,
 // offsets and sorted cover the kept rows only (offsets[E] of them), and slot_of is −1 for a
-// dropped assignment.
+// dropped assignment. scratch: sort_scratch_ints(T, K, E) ints of device memory. At most 12288
+// experts.
 void sort_by_expert(int32_t* counts, int32_t* offsets, int32_t* sorted, int32_t* slot_of,
-                    const int32_t* topk_idx, int64_t T, int64_t K, int64_t E,
+                    const int32_t* topk_idx, int32_t* scratch, int64_t T, int64_t K, int64_t E,
                     int32_t* assigned = nullptr, int64_t capacity = 0);
+int64_t sort_scratch_ints(int64_t T, int64_t K, int64_t E);
 // The expert-padded layout of the routed rows (experts=batched): expert e's j-th row at e·cap + j,
 // so that one strided-batched product covers every expert. pad[p] (p < E·cap) = offsets[e] + j
 // for j < counts[e], -1 past the expert's rows; unpad[offsets[e] + j] = e·cap + j.

@@ -58,7 +58,10 @@ struct KernelChoice {
   std::optional<AttentionPath> attention;  // unset: automatic (resolve_kernels)
   std::optional<ExpertPath> experts;       // unset: automatic
   int64_t logit_rows = 0;                  // 0: kLogitRowsAuto
-  std::string gemm_table;                  // empty: no table (cublasGemmEx's defaults)
+  // The GEMM table: "" (auto: the built-in one made on this device and cuBLASLt, if any),
+  // "none", "builtin" (the same, required), "builtin:NAME" (that built-in one, required), or
+  // a file (Blas::set_table; docs/running.md). The engine resolves auto to "builtin:NAME" or "".
+  std::string gemm_table;
 };
 KernelChoice parse_kernel_choice(const std::string& spec);
 // The automatic choices made: the kernels measured fastest on an H200 that can run the point
@@ -164,9 +167,10 @@ class Model {
   // values, so the same bits. Not with a communicator, nor while profiling.
   void set_update_overlap(bool on);
   bool update_overlap() const;  // whether a step's update runs beside now
-  // cuBLASLt algorithms for the products a GemmTable lists (Blas::set_table; null: none), on
-  // both streams. Throws InputError for a table chosen on another device or cuBLASLt version.
-  void set_gemm_table(std::shared_ptr<const GemmTable> table);
+  // cuBLASLt algorithms for the products a GemmTable lists (Blas::set_table, strict or lenient;
+  // null: none), on both streams. Throws InputError for a table chosen on another device or
+  // cuBLASLt version.
+  void set_gemm_table(std::shared_ptr<const GemmTable> table, bool lenient = false);
   // Whether the products remember their shapes from now on (for tune_gemm_table), and what they
   // remembered: each (shape, least operand alignment in bytes), both streams' (a shape may come
   // twice). gemm_counts: the products run and how many went through the table.
