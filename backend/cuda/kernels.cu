@@ -1136,16 +1136,45 @@ __global__ void norm_finish_kernel(float* norm, const double* partial, int n, fl
 }
 
 // One parameter's AdamW step, the CPU reference's form: p −= lr·(m̂/(sqrt(v̂)+eps) + wd·p),
-// m̂ = m·(1/bc1); returns the new weight.
+// m̂ = m·(1/bc1); returns the new weight. Every operation rounded on its own (no contraction
+// into a fused multiply-add), so that each kernel that takes this step (the whole buffer, in
+// fours, by rows) gives the same bits: nvcc could otherwise fuse a product into a sum
+// differently in each, as the schedule falls.
 struct AdamW {
   float scale, lr, b1, b2, eps, wd, bc1, bc2;  // scale: the clipping factor
   __device__ __forceinline__ float step(float& w, float& m, float& v, float g, bool decay) const {
-    const float grad = g * scale;
-    m = b1 * m + (1.f - b1) * grad;
-    v = b2 * v + (1.f - b2) * grad * grad;
-    const float mh = m * bc1, vh = v * bc2;
-    w -= lr * (mh / (sqrtf(vh) + eps) + (decay ? wd : 0.f) * w);
+    const float grad = __fmul_rn(g, scale);
+    m = __fadd_rn(__fmul_rn(b1, m), __fmul_rn(1.f - b1, grad));
+    v = __fadd_rn(__fmul_rn(b2, v), __fmul_rn(__fmul_rn(1.f - b2, grad), grad));
+    const float mh = __fmul_rn(m, bc1), vh = __fmul_rn(v, bc2);
+    const float dir =
+        __fadd_rn(__fdiv_rn(mh, __fadd_rn(sqrtf(vh), eps)), __fmul_rn(decay ? wd : 0.f, w));
+    w = __fsub_rn(w, __fmul_rn(lr, dir));
     return w;
+  }
+  // Parameter i, or the four from 4·i (every pointer 16-byte aligned, decay 4 and p_mm 8).
+  __device__ __forceinline__ void one(float* p, bf16* p_mm, float* m, float* v, const float* g,
+                                      const uint8_t* decay, int64_t i) const {
+    float w = p[i], mi = m[i], vi = v[i];
+    step(w, mi, vi, g[i], decay[i] != 0);
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = w;
+    if (p_mm) p_mm[i] = __float2bfloat16(w);
+  }
+  __device__ __forceinline__ void four(float* p, bf16* p_mm, float* m, float* v, const float* g,
+                                       const uint8_t* decay, int64_t i) const {
+    float4 w = load4(p + 4 * i), mi = load4(m + 4 * i), vi = load4(v + 4 * i);
+    const float4 gi = load4(g + 4 * i);
+    const uint32_t d = *reinterpret_cast<const uint32_t*>(decay + 4 * i);  // 4 flags, in order
+    step(w.x, mi.x, vi.x, gi.x, (d & 0xffu) != 0);
+    step(w.y, mi.y, vi.y, gi.y, (d & 0xff00u) != 0);
+    step(w.z, mi.z, vi.z, gi.z, (d & 0xff0000u) != 0);
+    step(w.w, mi.w, vi.w, gi.w, (d & 0xff000000u) != 0);
+    store4(m + 4 * i, mi);
+    store4(v + 4 * i, vi);
+    store4(p + 4 * i, w);
+    if (p_mm) store4(p_mm + 4 * i, w);
   }
 };
 
@@ -1154,32 +1183,31 @@ __global__ void adamw_kernel(float* p, bf16* p_mm, float* m, float* v, const flo
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
   a.scale = norm[1];
-  float w = p[i], mi = m[i], vi = v[i];
-  a.step(w, mi, vi, g[i], decay[i] != 0);
-  m[i] = mi;
-  v[i] = vi;
-  p[i] = w;
-  if (p_mm) p_mm[i] = __float2bfloat16(w);
+  a.one(p, p_mm, m, v, g, decay, i);
 }
 
-// Four parameters a thread (n4 groups; every pointer 16-byte aligned, decay 4 and p_mm 8): the
-// same arithmetic in 16-byte accesses.
+// Four parameters a thread (n4 groups): the same arithmetic in 16-byte accesses.
 __global__ void adamw4_kernel(float* p, bf16* p_mm, float* m, float* v, const float* g,
                               const uint8_t* decay, const float* norm, int64_t n4, AdamW a) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n4) return;
   a.scale = norm[1];
-  float4 w = load4(p + 4 * i), mi = load4(m + 4 * i), vi = load4(v + 4 * i);
-  const float4 gi = load4(g + 4 * i);
-  const uint32_t d = *reinterpret_cast<const uint32_t*>(decay + 4 * i);  // 4 flags, in order
-  a.step(w.x, mi.x, vi.x, gi.x, (d & 0xffu) != 0);
-  a.step(w.y, mi.y, vi.y, gi.y, (d & 0xff00u) != 0);
-  a.step(w.z, mi.z, vi.z, gi.z, (d & 0xff0000u) != 0);
-  a.step(w.w, mi.w, vi.w, gi.w, (d & 0xff000000u) != 0);
-  store4(m + 4 * i, mi);
-  store4(v + 4 * i, vi);
-  store4(p + 4 * i, w);
-  if (p_mm) store4(p_mm + 4 * i, w);
+  a.four(p, p_mm, m, v, g, decay, i);
+}
+
+// Only the parameters of rows (row_len parameters each) whose flag equals `want`; with FOUR,
+// four a thread (row_len a multiple of 4, so a group never straddles two rows).
+template <bool FOUR>
+__global__ void adamw_rows_kernel(float* p, bf16* p_mm, float* m, float* v, const float* g,
+                                  const uint8_t* decay, const float* norm, int64_t n,
+                                  int64_t row_len, const uint8_t* flag, uint8_t want, AdamW a) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n || flag[(FOUR ? 4 * i : i) / row_len] != want) return;
+  a.scale = norm[1];
+  if constexpr (FOUR)
+    a.four(p, p_mm, m, v, g, decay, i);
+  else
+    a.one(p, p_mm, m, v, g, decay, i);
 }
 
 // ---- the expert-router coupling loss -------------------------------------------------------
@@ -1712,6 +1740,26 @@ void adamw(float* params, uint16_t* params_mm, float* m, float* v, const float* 
                                                             decay + done, norm, n - done, a);
     check_launch("adamw");
   }
+}
+
+void adamw_rows(float* params, uint16_t* params_mm, float* m, float* v, const float* grads,
+                const uint8_t* decay, const float* norm, int64_t n, int64_t row_len,
+                const uint8_t* flag, uint8_t want, float lr, float beta1, float beta2, float eps,
+                float weight_decay, float bias_correction1, float bias_correction2, void* stream) {
+  if (n == 0) return;
+  if (row_len <= 0) throw std::invalid_argument("adamw_rows: rows of at least one parameter");
+  const auto st = static_cast<cudaStream_t>(stream);
+  const AdamW a{0.f, lr, beta1, beta2, eps, weight_decay, bias_correction1, bias_correction2};
+  bf16* mm = reinterpret_cast<bf16*>(params_mm);
+  if (n % 4 == 0 && row_len % 4 == 0 && aligned16(params, m, v, grads) &&
+      reinterpret_cast<uintptr_t>(decay) % 4 == 0 &&
+      reinterpret_cast<uintptr_t>(params_mm) % 8 == 0)
+    adamw_rows_kernel<true><<<blocks_for(n / 4, 256), 256, 0, st>>>(
+        params, mm, m, v, grads, decay, norm, n / 4, row_len, flag, want, a);
+  else
+    adamw_rows_kernel<false><<<blocks_for(n, 256), 256, 0, st>>>(params, mm, m, v, grads, decay,
+                                                                 norm, n, row_len, flag, want, a);
+  check_launch("adamw_rows");
 }
 
 void erc_noise(float* delta, float* rt, const float* router, const double* u, int64_t E,

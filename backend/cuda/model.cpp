@@ -219,13 +219,36 @@ struct Model::Impl {
   // parameters, gradients or moments (the host's copies, a checkpoint, the ERC loss) for all of
   // it (settle). The same kernel on the same values, so the same bits; the next forward's first
   // layers run while the last layers are still updated.
+  //
+  // The embedding's stage (stage 0: the floats before layer 0) is not issued with the others. The
+  // next compute_gradients issues it on a stream of its own (emb_upd) once its tokens say which
+  // rows the forward reads: those rows first (hot), then the rest (cold). The lookup waits for the
+  // hot rows only, so the forward no longer starts after the whole embedding's update (a quarter
+  // of the dense 124M's parameters); the cold rows have the layers' forward to finish, and are
+  // waited for before the final norm and LM head (a tied head reads every row) and before
+  // anything else that reads or writes floats of stage 0: the zeroing of the embedding's gradient
+  // moves there from the step's start. Issued without tokens (an evaluation, a host copy, a
+  // checkpoint), the stage runs whole. Each float takes AdamW's step once, in the same
+  // arithmetic: the same bits.
   bool overlap_update = false;
   std::unique_ptr<StagedStream> upd;
   std::vector<int64_t> stage_end;  // floats; the last is n_params
   std::vector<int64_t> use_end;    // where the embedding's, each layer's and the rest's weights end
-  int update_waited = -1;          // the highest stage the default stream waits for already
+  int update_waited = 0;           // the highest stage the default stream waits for already
   bool update_pending = false;     // stages issued that the default stream does not wait for yet
+  struct UpdateArgs {              // what run_update's kernels take besides the buffers
+    const float* norm;
+    float lr, b1, b2, eps, wd, ibc1, ibc2;
+  };
+  std::optional<UpdateArgs> emb_deferred;  // the last update's stage 0, not issued yet
+  std::unique_ptr<StagedStream> emb_upd;   // events: 0 the hot rows updated, 1 all of stage 0
+  bool emb_pending = false;                // issued; the default stream has not waited for all
+  bool emb_hot_waited = false;
+  std::vector<uint8_t> emb_hot_host;  // V flags: the batch reads the row
+  DeviceBuffer emb_hot;
+  std::vector<std::pair<int64_t, int64_t>> emb_zero_later;  // stage-0 gradient runs to zero
   bool updating_beside() const { return overlap_update && !comm && !prof.on; }
+  int64_t emb_stage_end() const { return stage_end.empty() ? 0 : stage_end[0]; }
   void plan_update_stages() {
     std::vector<int64_t> starts = {0};  // each use's first float: embedding, layers, final norm
     for (int64_t l = 0; l < L; ++l) {
@@ -249,9 +272,73 @@ struct Model::Impl {
     }
     stage_end.push_back(n_params);
   }
-  // The default stream waits for the update of floats [0, end) (the stages are in order).
-  void await_params(int64_t end) {
-    if (!update_pending || end <= 0) return;
+  void adamw_range(int64_t b, int64_t e, const UpdateArgs& u, void* stream) {
+    k::adamw(P(b), mm == DType::bf16 ? params_mm.as<uint16_t>() + b : nullptr,
+             adam_m.as<float>() + b, adam_v.as<float>() + b, grads.as<float>() + b,
+             decay.as<uint8_t>() + b, u.norm, e - b, u.lr, u.b1, u.b2, u.eps, u.wd, u.ibc1, u.ibc2,
+             stream);
+  }
+  // The deferred stage 0 on emb_upd, after the default stream's work so far: split by the rows
+  // of `tokens` (n of them) when given, else whole.
+  void issue_embedding_update(const int32_t* tokens, int64_t n) {
+    if (!emb_deferred) return;
+    const UpdateArgs u = *emb_deferred;
+    emb_deferred.reset();
+    const int64_t end = emb_stage_end();
+    if (prof.on) {  // profiling times one stream
+      adamw_range(0, end, u, nullptr);
+      return;
+    }
+    if (!emb_upd) emb_upd = std::make_unique<StagedStream>(2);
+    // Split only where stage 0 is the token embedding's rows (it comes first in the layout).
+    const bool split = tokens && embedding == 0 && end <= V * Dm;
+    if (split) {
+      emb_hot_host.assign(size_t(V), 0);
+      for (int64_t t = 0; t < n; ++t) emb_hot_host[size_t(tokens[t])] = 1;
+      if (!emb_hot.data()) emb_hot = alloc(size_t(V));
+      // A synchronous copy: the default stream has waited for the last split's cold rows (the
+      // flags' last reader) before its final norm.
+      emb_hot.upload(emb_hot_host.data(), size_t(V));
+    }
+    emb_upd->begin();
+    if (split) {
+      for (const uint8_t want : {uint8_t(1), uint8_t(0)}) {
+        k::adamw_rows(P(0), mm == DType::bf16 ? params_mm.as<uint16_t>() : nullptr,
+                      adam_m.as<float>(), adam_v.as<float>(), grads.as<float>(),
+                      decay.as<uint8_t>(), u.norm, end, Dm, emb_hot.as<uint8_t>(), want, u.lr, u.b1,
+                      u.b2, u.eps, u.wd, u.ibc1, u.ibc2, emb_upd->handle());
+        emb_upd->mark(want ? 0 : 1);
+      }
+    } else {
+      adamw_range(0, end, u, emb_upd->handle());
+      emb_upd->mark(0);
+      emb_upd->mark(1);
+    }
+    emb_pending = true;
+    emb_hot_waited = false;
+  }
+  // The default stream waits for stage 0's hot rows (hot_only) or all of it, issuing it whole
+  // first if it is still deferred; after all of it, the stage-0 gradient runs held back are
+  // zeroed (start_gradients).
+  void await_embedding(bool hot_only) {
+    issue_embedding_update(nullptr, 0);
+    if (emb_pending && hot_only && !emb_hot_waited) {
+      emb_upd->wait(0);
+      emb_hot_waited = true;
+    }
+    if (hot_only) return;
+    if (emb_pending) {
+      emb_upd->wait(1);
+      emb_pending = false;
+    }
+    for (const auto& [b, n] : emb_zero_later)
+      check_cuda(cudaMemsetAsync(G(b), 0, size_t(n) * 4, nullptr), "memset gradients");
+    emb_zero_later.clear();
+  }
+  // The default stream waits for the staged update of floats [stage_end[0], end) (the stages
+  // are in order on one stream).
+  void await_stages(int64_t end) {
+    if (!update_pending || end <= emb_stage_end()) return;
     const auto it = std::lower_bound(stage_end.begin(), stage_end.end(), std::min(end, n_params));
     const int stage = int(it - stage_end.begin());
     if (stage <= update_waited) return;
@@ -259,39 +346,47 @@ struct Model::Impl {
     update_waited = stage;
     if (stage + 1 == int(stage_end.size())) update_pending = false;
   }
-  void settle() { await_params(n_params); }
+  // The default stream waits for the update of floats [begin, end).
+  void await_params(int64_t begin, int64_t end) {
+    if (end <= begin) return;
+    if (begin < emb_stage_end()) await_embedding(false);
+    await_stages(end);
+  }
+  void settle() { await_params(0, n_params); }
   // An update still running reads the gradient norm and writes the weights and moments: it ends
   // before any of those buffers is freed (members go in reverse order, the norm before upd).
   ~Impl() {
+    if (emb_upd) emb_upd->finish();
     if (upd) upd->finish();
   }
-  // Before the forward's first read of use u's weights: 0 the embedding, 1 + l layer l, L + 1
-  // the final norm and LM head.
+  // Before the forward's first read of use u's weights: 0 the embedding (the rows the step's
+  // tokens read), 1 + l layer l, L + 1 the final norm and LM head (and, tied, every embedding
+  // row).
   void await_use(int64_t u) {
-    if (update_pending) await_params(use_end[size_t(u)]);
+    if (u == 0 || u == L + 1) await_embedding(u == 0);
+    if (update_pending) await_stages(use_end[size_t(u)]);
   }
   void run_update(const float* norm_dev, float lr, const OptimConfig& cfg, double bc1, double bc2) {
-    const auto step = [&](int64_t b, int64_t e, void* stream) {
-      k::adamw(P(b), mm == DType::bf16 ? params_mm.as<uint16_t>() + b : nullptr,
-               adam_m.as<float>() + b, adam_v.as<float>() + b, grads.as<float>() + b,
-               decay.as<uint8_t>() + b, norm_dev, e - b, lr, float(cfg.beta1), float(cfg.beta2),
-               float(cfg.eps), float(cfg.weight_decay), float(1.0 / bc1), float(1.0 / bc2), stream);
-    };
+    const UpdateArgs u{norm_dev,         lr,
+                       float(cfg.beta1), float(cfg.beta2),
+                       float(cfg.eps),   float(cfg.weight_decay),
+                       float(1.0 / bc1), float(1.0 / bc2)};
     if (!updating_beside()) {
       settle();
-      step(0, n_params, nullptr);
+      adamw_range(0, n_params, u, nullptr);
       return;
     }
     if (stage_end.empty()) plan_update_stages();
     if (!upd) upd = std::make_unique<StagedStream>(int(stage_end.size()));
     settle();  // the last step's update is in every stage's way (it is long done by now)
     upd->begin();
-    for (size_t i = 0; i < stage_end.size(); ++i) {
-      step(i == 0 ? 0 : stage_end[i - 1], stage_end[i], upd->handle());
+    for (size_t i = 1; i < stage_end.size(); ++i) {
+      adamw_range(stage_end[i - 1], stage_end[i], u, upd->handle());
       upd->mark(int(i));
     }
+    emb_deferred = u;  // stage 0: issued by the next compute_gradients, or whole when needed
     update_pending = true;
-    update_waited = -1;
+    update_waited = 0;
   }
 
   // Activations saved for backward, per layer.
@@ -401,8 +496,17 @@ struct Model::Impl {
       planned_for = expert_path;
     }
     grad_written.assign(tensors.size(), 0);
-    for (const auto& [b, n] : zero_runs) {
-      await_params(std::min(b + n, n_params));  // the last update reads them
+    for (auto [b, n] : zero_runs) {
+      // Stage 0's part while the embedding's update may still read it: zeroed once that ends
+      // (await_embedding), before the final norm and LM head.
+      if (const int64_t e0 = emb_stage_end(); b < e0 && emb_pending) {
+        const int64_t cut = std::min(b + n, e0);
+        emb_zero_later.push_back({b, cut - b});
+        n -= cut - b;
+        b = cut;
+        if (n <= 0) continue;
+      }
+      await_params(b, std::min(b + n, n_params));  // the last update reads them
       check_cuda(cudaMemsetAsync(G(b), 0, size_t(n) * 4, nullptr), "memset gradients");
     }
   }
@@ -1666,6 +1770,7 @@ struct Model::Impl {
     prof.used = 0;  // marks of an evaluation pass since the last step are dropped
     prof.mark("start");
     tiled_pending.clear();
+    issue_embedding_update(inputs, n_tokens);  // the last update's embedding, these rows first
     start_gradients();
     FlopLedger lg;
     std::fill(routed.begin(), routed.end(), 0);

@@ -101,6 +101,15 @@ inline float __fmaf_rn(float a, float b, float c) {
 inline float __fmul_rn(float a, float b) {
   return a * b;
 }
+inline float __fadd_rn(float a, float b) {
+  return a + b;
+}
+inline float __fsub_rn(float a, float b) {
+  return a - b;
+}
+inline float __fdiv_rn(float a, float b) {
+  return a / b;
+}
 inline int __popc(unsigned x) {
   return __builtin_popcount(x);
 }

@@ -172,4 +172,14 @@ void adamw(float* params, uint16_t* params_mm, float* m, float* v, const float* 
            float eps, float weight_decay, float bias_correction1, float bias_correction2,
            void* stream = nullptr);
 
+// adamw of the parameters [0, n) whose row (row_len parameters a row: element i's row is
+// i / row_len) has flag[row] == want, on `stream`; the others are left as they are. The same
+// arithmetic as adamw, element by element: the two calls with want 1 and 0 together give
+// adamw's bits. (The embedding's update split by the rows the next batch reads.)
+void adamw_rows(float* params, uint16_t* params_mm, float* m, float* v, const float* grads,
+                const uint8_t* decay, const float* norm, int64_t n, int64_t row_len,
+                const uint8_t* flag, uint8_t want, float lr, float beta1, float beta2, float eps,
+                float weight_decay, float bias_correction1, float bias_correction2,
+                void* stream = nullptr);
+
 }  // namespace moeplan::backend::cuda::kernels
