@@ -163,8 +163,10 @@ class Model {
   // layer, the final norm and LM head), beside the next step's forward: train_step returns once
   // the gradient norm is read, and the next forward waits for each stage before it reads that
   // stage's weights; every other reader of the parameters, gradients or moments (parameters(),
-  // gradients(), save_state, the ERC loss, ...) waits for all of it. The same kernel on the same
-  // values, so the same bits. Not with a communicator, nor while profiling.
+  // gradients(), save_state, the ERC loss, ...) waits for all of it. The embedding's stage waits
+  // for the next step's tokens and updates the rows they read first: the lookup waits for those
+  // only, the final norm and LM head for all of it. The same arithmetic on the same values, so
+  // the same bits. Not with a communicator, nor while profiling.
   void set_update_overlap(bool on);
   bool update_overlap() const;  // whether a step's update runs beside now
   // cuBLASLt algorithms for the products a GemmTable lists (Blas::set_table, strict or lenient;
