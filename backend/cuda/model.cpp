@@ -2228,6 +2228,14 @@ bool Model::fused_attention() const {
 ExpertPath Model::expert_path() const {
   return impl_->expert_path;
 }
+std::vector<int32_t> Model::routed_counts(int64_t layer) const {
+  const Impl& m = *impl_;
+  if (layer < m.a.dense_layers || layer >= m.L || m.E == 0)
+    throw std::out_of_range(fmt::format("routed_counts: layer {} is not a MoE layer", layer));
+  std::vector<int32_t> c(size_t(m.E));
+  m.acts[size_t(layer)].counts.download(c.data(), c.size() * 4);
+  return c;
+}
 size_t Model::device_bytes() const {
   return impl_->bytes;
 }

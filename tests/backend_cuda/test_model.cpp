@@ -567,6 +567,42 @@ TEST_CASE("routed experts: the tiled kernels give the per-expert products' step;
     CHECK(extra > 0);
     if (ph == Phase::forward) CHECK(extra <= bound);
   }
+  {  // Exactly, from each layer's own counts as the sort left them on the device: the forward's
+    // two products execute whole 64-row tiles of each expert's rows. The first MoE layer's
+    // router zeroed (every token to experts 0 and 1: whole tiles, no padding), so that the
+    // layers' counts, and their padding, differ.
+    cu::Model st(a, opt, 6, B, DType::bf16), sl(a, opt, 6, B, DType::bf16);
+    st.set_expert_path(cu::ExpertPath::tiled);
+    sl.set_expert_path(cu::ExpertPath::loop);
+    std::vector<float> w = st.parameters();
+    for (const auto& t : st.tensors())
+      if (t.name == "layer" + std::to_string(a.dense_layers) + ".router")
+        std::fill(w.begin() + t.offset, w.begin() + t.offset + t.size(), 0.f);
+    st.set_parameters(w);
+    sl.set_parameters(w);
+    StepResult r1, r2;
+    st.compute_gradients(b.inputs.data(), b.targets.data(), &r1);
+    sl.compute_gradients(b.inputs.data(), b.targets.data(), &r2);
+    int64_t exact = 0;
+    std::vector<int64_t> per_layer;
+    for (int64_t l = a.dense_layers; l < a.layers; ++l) {
+      int64_t rows = 0, tiles_rows = 0;
+      for (const int32_t c : st.routed_counts(l)) {
+        rows += c;
+        tiles_rows += up(c, 64);
+      }
+      int64_t layer = 0;
+      for (const auto& [N, K] : {std::pair<int64_t, int64_t>{2 * De, Dm}, {Dm, De}})
+        layer += 2 * (tiles_rows * up(N, 128) * up(K, 32) - rows * N * K);
+      per_layer.push_back(layer);
+      exact += layer;
+    }
+    REQUIRE(per_layer.size() >= 2);
+    CHECK(per_layer[0] != per_layer[1]);  // the check below tells the layers apart
+    CHECK((r1.flops.at(FlopCategory::padding, Phase::forward) -
+           r2.flops.at(FlopCategory::padding, Phase::forward))
+              .to_int64() == exact);
+  }
   // The same step again: the same bits (fixed tile order, no atomics).
   tiled.compute_gradients(b.inputs.data(), b.targets.data());
   CHECK(tiled.gradients() == gt);

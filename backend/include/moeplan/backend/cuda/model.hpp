@@ -181,6 +181,9 @@ class Model {
   Blas::Counts gemm_counts() const;
   std::vector<std::pair<std::string, double>> profile_ms_per_step() const;
   size_t device_bytes() const;
+  // MoE layer `layer`'s routed counts in the last pass (the kept assignments of each expert),
+  // read from the device as the sort left them (for tests of what the host books from them).
+  std::vector<int32_t> routed_counts(int64_t layer) const;
 
  private:
   struct Impl;
