@@ -47,6 +47,29 @@ constexpr int LD_KN = BN + 8;  // B tiles stored [32 depth][128 columns]
 
 using Acc = float[FM][FN][4];
 
+// One 8-element chunk of a tile row into shared memory at d, from s: by cp.async when `vec` and
+// the chunk is whole or the row past the end (zero-filled then, s only a readable address), in
+// flight until the caller's commit and wait; else element by element at once, zeros past
+// cols_left or for a row past the end.
+__device__ __forceinline__ void copy_chunk(uint16_t* d, const uint16_t* s, bool row_valid,
+                                           int cols_left, bool vec) {
+  if (vec && (!row_valid || cols_left >= 8)) {
+    cp_async_16(d, s, row_valid ? 16 : 0);
+    return;
+  }
+  union {
+    uint4 v;
+    uint16_t h[8];
+  } u;
+  u.v = make_uint4(0, 0, 0, 0);
+  if (row_valid) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      if (j < cols_left) u.h[j] = s[j];
+  }
+  *reinterpret_cast<uint4*>(d) = u.v;
+}
+
 // dst [ROWS][ld_dst] (shared) = src rows [0, ROWS) × columns [0, COLS) of a bf16 row-major
 // matrix with row stride ld; entries at or past (valid_rows, valid_cols) are zero. When `vec`
 // (ld a multiple of 8, src 16-byte aligned), whole 16-byte chunks go by cp.async (rows past the
@@ -67,23 +90,8 @@ __device__ void load_tile(uint16_t* dst, int ld_dst, const uint16_t* src, int64_
   }
   for (int i = threadIdx.x; i < ROWS * kChunks; i += THREADS) {
     const int r = i / kChunks, c = (i % kChunks) * 8;
-    uint16_t* d = dst + r * ld_dst + c;
-    const uint16_t* s = src + int64_t(r) * ld + c;
-    if (vec && (r >= valid_rows || c + 8 <= valid_cols)) {
-      cp_async_16(d, r < valid_rows ? s : src, r < valid_rows ? 16 : 0);
-      continue;
-    }
-    union {
-      uint4 v;
-      uint16_t h[8];
-    } u;
-    u.v = make_uint4(0, 0, 0, 0);
-    if (r < valid_rows) {
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-        if (c + j < valid_cols) u.h[j] = s[j];
-    }
-    *reinterpret_cast<uint4*>(d) = u.v;
+    copy_chunk(dst + r * ld_dst + c, r < valid_rows ? src + int64_t(r) * ld + c : src,
+               r < valid_rows, valid_cols - c, vec);
   }
 }
 
@@ -100,23 +108,7 @@ __device__ void load_tile_rows(uint16_t* dst, int ld_dst, Row&& row, int valid_r
 #pragma unroll
   for (int i = 0; i < ROWS / kStride; ++i) {
     const int r = r0 + i * kStride;
-    uint16_t* d = dst + r * ld_dst + c;
-    const uint16_t* s = row(i) + c;
-    if (vec && (r >= valid_rows || c + 8 <= valid_cols)) {
-      cp_async_16(d, s, r < valid_rows ? 16 : 0);
-      continue;
-    }
-    union {
-      uint4 v;
-      uint16_t h[8];
-    } u;
-    u.v = make_uint4(0, 0, 0, 0);
-    if (r < valid_rows) {
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-        if (c + j < valid_cols) u.h[j] = s[j];
-    }
-    *reinterpret_cast<uint4*>(d) = u.v;
+    copy_chunk(dst + r * ld_dst + c, row(i) + c, r < valid_rows, valid_cols - c, vec);
   }
 }
 // Rows a thread of load_tile_rows<ROWS, COLS, THREADS> takes.
