@@ -226,9 +226,8 @@ class CudaEngine final : public Engine {
             "process first (the same command without --nproc or WORLD_SIZE, e.g. with "
             "--estimate 1)",
             path, missing.size()));
-      GemmTable tuned;
       try {
-        tuned = tune_gemm_table(missing, 0.03, 20);
+        add_tuned_shapes(table, shapes, 0.03, 20);
       } catch (const DeviceOutOfMemory& e) {  // its operands come beside the model's buffers
         throw InputError(fmt::format(
             "--kernels gemm={}: timing the point's products needs a cuBLASLt workspace and random "
@@ -239,10 +238,6 @@ class CudaEngine final : public Engine {
             path, bytes_text(double(e.requested)), bytes_text(double(e.in_use)),
             bytes_text(double(device_memory().second))));
       }
-      if (exists)
-        table.entries.insert(table.entries.end(), tuned.entries.begin(), tuned.entries.end());
-      else
-        table = std::move(tuned);
       save_gemm_table(path, table);
       model_->set_gemm_table(std::make_shared<const GemmTable>(table));
     }

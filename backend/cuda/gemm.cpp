@@ -462,6 +462,25 @@ void save_gemm_table(const std::string& path, const GemmTable& table) {
   write_file_atomic(path, gemm_table_json(table));
 }
 
+void add_tuned_shapes(GemmTable& table, const std::vector<std::pair<GemmShape, int64_t>>& shapes,
+                      double min_gain, int reps) {
+  if (!table.entries.empty()) {
+    const auto [device, version] = gemm_table_identity();
+    if (table.device != device || table.cublaslt_version != version ||
+        table.workspace_bytes != kWorkspaceBytes)
+      throw InputError(fmt::format(
+          "gemm table: chosen on '{}' with cuBLASLt {} and a {}-byte workspace, but this process "
+          "has '{}', cuBLASLt {} and {} bytes; add to it where it was made, or start a new one",
+          table.device, table.cublaslt_version, table.workspace_bytes, device, version,
+          kWorkspaceBytes));
+  }
+  GemmTable tuned = tune_gemm_table(untuned_shapes(table, shapes), min_gain, reps);
+  if (table.entries.empty())
+    table = std::move(tuned);
+  else
+    table.entries.insert(table.entries.end(), tuned.entries.begin(), tuned.entries.end());
+}
+
 // ---- Built-in GEMM tables ---------------------------------------------------------------------
 
 const std::vector<BuiltinGemmTable>& builtin_gemm_tables() {

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "bench_util.hpp"
+#include "moeplan/accounting/error.hpp"
 #include "moeplan/accounting/flops.hpp"
 #include "moeplan/accounting/params.hpp"
 #include "moeplan/backend/atomic_file.hpp"
@@ -649,21 +650,12 @@ int main(int argc, char** argv) {
     // shapes it lacks are timed and added, so that one file can gather several batches' shapes.
     std::error_code ec;
     cu::GemmTable t;
-    if (std::filesystem::exists(tune_path, ec)) t = cu::load_gemm_table(tune_path);
-    const cu::GemmTable added = cu::tune_gemm_table(cu::untuned_shapes(t, tune_shapes), 0.03, 20);
-    if (t.entries.empty()) {
-      t = added;
-    } else {
-      if (t.device != added.device || t.cublaslt_version != added.cublaslt_version ||
-          t.workspace_bytes != added.workspace_bytes) {
-        std::fprintf(stderr,
-                     "bench_gpu: --gemm-tune %s was made on '%s' with cuBLASLt %llu; this "
-                     "process has '%s' and %llu (give a new file)\n",
-                     tune_path.c_str(), t.device.c_str(), (unsigned long long)t.cublaslt_version,
-                     added.device.c_str(), (unsigned long long)added.cublaslt_version);
-        return 2;
-      }
-      t.entries.insert(t.entries.end(), added.entries.begin(), added.entries.end());
+    try {
+      if (std::filesystem::exists(tune_path, ec)) t = cu::load_gemm_table(tune_path);
+      cu::add_tuned_shapes(t, tune_shapes, 0.03, 20);
+    } catch (const moeplan::InputError& e) {
+      std::fprintf(stderr, "bench_gpu: --gemm-tune %s: %s\n", tune_path.c_str(), e.what());
+      return 2;
     }
     cu::save_gemm_table(tune_path, t);
     const auto faster =

@@ -86,6 +86,11 @@ GemmTable tune_gemm_table(const std::vector<std::pair<GemmShape, int64_t>>& shap
 // The shapes tune_gemm_table would time that `table` does not list yet.
 std::vector<std::pair<GemmShape, int64_t>> untuned_shapes(
     const GemmTable& table, const std::vector<std::pair<GemmShape, int64_t>>& shapes);
+// Times the shapes `table` does not list yet (tune_gemm_table) and adds them; an empty table
+// becomes the new one. A table made on another device, cuBLASLt or workspace is refused
+// (InputError) before anything is timed.
+void add_tuned_shapes(GemmTable& table, const std::vector<std::pair<GemmShape, int64_t>>& shapes,
+                      double min_gain = 0.03, int reps = 10);
 
 class Blas {
  public:
