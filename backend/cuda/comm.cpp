@@ -188,8 +188,9 @@ void Communicator::all_reduce_sum(float* d, int64_t n) {
   check_nccl(ncclAllReduce(d, d, size_t(n), ncclFloat32, ncclSum, impl_->comm, nullptr),
              "ncclAllReduce(float)");
 }
-void Communicator::all_reduce_mean(float* d, int64_t n) {
-  check_nccl(ncclAllReduce(d, d, size_t(n), ncclFloat32, ncclAvg, impl_->comm, nullptr),
+void Communicator::all_reduce_mean(float* d, int64_t n, void* stream) {
+  check_nccl(ncclAllReduce(d, d, size_t(n), ncclFloat32, ncclAvg, impl_->comm,
+                           static_cast<cudaStream_t>(stream)),
              "ncclAllReduce(float, avg)");
 }
 void Communicator::all_reduce_sum(double* d, int64_t n) {

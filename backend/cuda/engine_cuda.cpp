@@ -137,11 +137,12 @@ class CudaEngine final : public Engine {
     try {
       model_ = std::make_unique<Model>(r.arch, r.options, r.seed, local_batch_, DType::bf16,
                                        comm_.get(), *kernels_.attention, sharded_,
-                                       kernels_.logit_rows);
-      model_->set_expert_path(*kernels_.experts);
-      // Each step's AdamW update beside the next step's forward (single process; the same
-      // bits): see Model::set_update_overlap.
+                                       kernels_.logit_rows, *kernels_.experts);
+      // Each step's AdamW update beside the next step's forward, and, data parallel, the
+      // gradients' all-reduce beside the backward (the same bits; neither with the optimizer
+      // sharded): see Model::set_update_overlap and set_reduce_overlap.
       model_->set_update_overlap(true);
+      model_->set_reduce_overlap(true);
       gemm_note_ = resolve_gemm_table();
     } catch (const DeviceOutOfMemory& e) {
       throw InputError(out_of_memory_message(e, r, local_batch_, kernels_,

@@ -210,7 +210,8 @@ struct Model::Impl {
   DeviceBuffer rope_table, slopes;
 
   // ---- the AdamW update beside the next step's forward (set_update_overlap) -------------------
-  // Without a communicator and while not profiling, the update runs on a stream of its own in
+  // Unless the optimizer is sharded (its all-gather follows the update) and while not profiling,
+  // the update runs on a stream of its own in
   // stages over the parameter buffer in layout order: the embedding, each layer, the final norm
   // and LM head (each stage's end rounded down to a multiple of 4, so that all but the last take
   // the 16-byte kernel). The step returns once its gradient norm is read; the next step's forward
@@ -247,7 +248,7 @@ struct Model::Impl {
   std::vector<uint8_t> emb_hot_host;  // V flags: the batch reads the row
   DeviceBuffer emb_hot;
   std::vector<std::pair<int64_t, int64_t>> emb_zero_later;  // stage-0 gradient runs to zero
-  bool updating_beside() const { return overlap_update && !comm && !prof.on; }
+  bool updating_beside() const { return overlap_update && !(comm && sharded) && !prof.on; }
   int64_t emb_stage_end() const { return stage_end.empty() ? 0 : stage_end[0]; }
   void plan_update_stages() {
     std::vector<int64_t> starts = {0};  // each use's first float: embedding, layers, final norm
@@ -271,6 +272,7 @@ struct Model::Impl {
       stage_end.push_back(e);
     }
     stage_end.push_back(n_params);
+    check_buckets();
   }
   void adamw_range(int64_t b, int64_t e, const UpdateArgs& u, void* stream) {
     k::adamw(P(b), mm == DType::bf16 ? params_mm.as<uint16_t>() + b : nullptr,
@@ -358,6 +360,7 @@ struct Model::Impl {
   ~Impl() {
     if (emb_upd) emb_upd->finish();
     if (upd) upd->finish();
+    if (red) red->finish();
   }
   // Before the forward's first read of use u's weights: 0 the embedding (the rows the step's
   // tokens read), 1 + l layer l, L + 1 the final norm and LM head (and, tied, every embedding
@@ -387,6 +390,51 @@ struct Model::Impl {
     emb_deferred = u;  // stage 0: issued by the next compute_gradients, or whole when needed
     update_pending = true;
     update_waited = 0;
+  }
+
+  // ---- the gradients' all-reduce beside the backward (set_reduce_overlap) -------------------
+  // Data parallel, the optimizer not sharded: in the step's last pass each bucket of the gradient
+  // buffer is averaged over the ranks on a stream of its own (red) as soon as the backward has
+  // written it for the last time: the final norm and LM head (use_end[L] to the end) after the
+  // final norm's backward, layer l (use_end[l] to use_end[l + 1]) after its norm1 backward, the
+  // embedding (to use_end[0]) after its own. red->begin() orders each after the default stream's
+  // work so far (the shared expert's side stream is joined inside its layer); the default stream
+  // waits for the last before anything reads the mean (the gradient norm, the update). Every
+  // rank issues the same buckets in the same order, as NCCL requires.
+  bool overlap_reduce = false;
+  std::unique_ptr<StagedStream> red;
+  bool reduce_in_backward = false;  // this pass reduces its buckets (the step's last pass)
+  bool reduce_pending = false;      // buckets issued that the default stream has not waited for
+  bool reduced_beside = false;      // this step's gradients were reduced in its backward
+  bool reducing_beside() const {
+    return overlap_reduce && comm && !sharded && !prof.on && !overlapping_wgrad();
+  }
+  void reduce_bucket(int64_t b, int64_t e) {
+    if (!reduce_in_backward || e <= b) return;
+    red->begin();
+    comm->all_reduce_mean(grads.as<float>() + b, e - b, red->handle());
+    red->mark(0);
+    reduce_pending = true;
+  }
+  void await_reduce() {
+    if (!reduce_pending) return;
+    red->wait(0);  // marks on one stream: its last covers every bucket before it
+    reduce_pending = false;
+  }
+  // The buckets are where each tensor's last gradient write falls: a layer's tensors all inside
+  // its bucket, every other tensor in the embedding's (before layer 0) or the tail's.
+  void check_buckets() const {
+    for (const TensorInfo& t : tensors) {
+      int64_t b = use_end[size_t(L)], e = n_params;  // the tail
+      for (int64_t l = 0; l < L; ++l)
+        if (t.name.rfind(fmt::format("layer{}.", l), 0) == 0) {
+          b = use_end[size_t(l)];
+          e = use_end[size_t(l + 1)];
+        }
+      if (t.offset < use_end[0] && t.name.rfind("layer", 0) != 0) b = 0, e = use_end[0];
+      if (t.offset < b || t.offset + t.size() > e)
+        throw std::logic_error("parameter layout: " + t.name + " outside its reduce bucket");
+    }
   }
 
   // Activations saved for backward, per layer.
@@ -578,7 +626,8 @@ struct Model::Impl {
   }
 
   Impl(const Arch& arch, const ModelOptions& o, uint64_t seed, int64_t batch_seqs, DType matmul,
-       Communicator* c, AttentionPath attn, bool shard, int64_t logit_rows_asked)
+       Communicator* c, AttentionPath attn, bool shard, int64_t logit_rows_asked,
+       ExpertPath experts)
       : a(arch), opt(o), mm(matmul), comm(c), sharded(shard) {
     if (logit_rows_asked < 0)
       throw std::logic_error("logit_rows must be 0 (automatic) or a row count");
@@ -670,6 +719,10 @@ struct Model::Impl {
       slopes = alloc_f(H);
       slopes.upload(sf.data(), sf.size() * 4);
     }
+    // A tiled path given at construction allocates no xg (set_expert_path checks the path and
+    // sets up the others after construction).
+    if ((experts == ExpertPath::tiled || experts == ExpertPath::tiled128) && mm == DType::bf16)
+      expert_path = experts;
     allocate_activations();
     if (erc_on()) allocate_erc();
   }
@@ -1735,6 +1788,7 @@ struct Model::Impl {
     k::rmsnorm_backward(dresid.as<float>(), G(final_norm), dln.as<float>(), resid_out.as<float>(),
                         P(final_norm), rstdf.as<float>(), Tp, Dm, col_scratch.as<float>(),
                         dresid_mm.data(), mm, !overwrites(final_norm));
+    if (reduce_in_backward) reduce_bucket(use_end[size_t(L)], n_params);  // final norm, LM head
     prof.mark("bwd final norm");
     for (int64_t l = L - 1; l >= 0; --l) {
       const LayerParams& q = lp[size_t(l)];
@@ -1771,6 +1825,7 @@ struct Model::Impl {
                           P(q.norm1), x.rstd1.as<float>(), Tp, Dm, col_scratch.as<float>(),
                           l > 0 ? dresid_mm.data() : nullptr, mm,  // layer 0: the embedding
                           !overwrites(q.norm1));
+      if (reduce_in_backward) reduce_bucket(use_end[size_t(l)], use_end[size_t(l + 1)]);
       prof.mark("bwd qkv + norm1");  // per layer: else the next layer's ffn phase takes it
     }
     if (wgrad_side) side->join();  // every weight gradient, before anything reads them
@@ -1778,6 +1833,7 @@ struct Model::Impl {
     adds_to(embedding);
     k::embedding_backward(G(embedding), dresid.as<float>(), emb_ids.as<int32_t>(),
                           emb_seg.as<int32_t>(), emb_pos.as<int32_t>(), emb_unique, Dm);
+    if (reduce_in_backward) reduce_bucket(0, use_end[0]);
     prof.mark("bwd embedding");
   }
 
@@ -1832,8 +1888,14 @@ struct Model::Impl {
                            : world == 1     ? 1.f / float(job_bearing)
                                             : float(double(world) / double(job_bearing));
     double ce_sum = 0, lb = 0, z = 0;
+    reduced_beside = reducing_beside();
+    if (reduced_beside) {
+      if (use_end.empty()) plan_update_stages();
+      if (!red) red = std::make_unique<StagedStream>(1);
+    }
     for (int64_t s0 = 0; s0 < step_B; s0 += B) {
       const int64_t nb = std::min(B, step_B - s0);
+      reduce_in_backward = reduced_beside && s0 + B >= step_B;
       aux_grad_w = double(world) * double(nb) / double(job_seqs);
       // The embedding segments first: their host sort runs while the device zeroes the
       // gradients (an upload waits for that).
@@ -1851,6 +1913,8 @@ struct Model::Impl {
       }
     }
     aux_grad_w = 1;
+    reduce_in_backward = false;
+    await_reduce();
     check_gradients_written();
     last_ce_sum = ce_sum;
     const double ce = bearing > 0 ? ce_sum / double(bearing) : 0.0;
@@ -1874,7 +1938,7 @@ struct Model::Impl {
     // shares of the job's sequences. Ledgers and counters are the job's sums.
     if (sharded)  // this rank's chunk of the mean gradient; the rest is not needed
       comm->reduce_scatter_mean(grads.as<float>(), chunk);
-    else
+    else if (!reduced_beside)  // else averaged bucket by bucket in the backward
       comm->all_reduce_mean(grads.as<float>(), n_params);
     const double share = double(step_B) / double(job_seqs);
     std::vector<double> d = {last_ce_sum, r.aux_load_balance * share, r.aux_z * share, r.aux_erc};
@@ -1956,12 +2020,13 @@ struct Model::Impl {
 
 Model::Model(const Arch& arch, const ModelOptions& options, uint64_t seed, int64_t batch_seqs,
              DType matmul, Communicator* comm, AttentionPath attention, bool shard_optimizer,
-             int64_t logit_rows)
+             int64_t logit_rows, ExpertPath experts)
     : impl_(std::make_unique<Impl>(arch, options, seed, batch_seqs, matmul, comm, attention,
-                                   shard_optimizer, logit_rows)) {
+                                   shard_optimizer, logit_rows, experts)) {
   impl_->build_attention_tables();
   impl_->expert_tables.resize(size_t(std::max<int64_t>(arch.moe_layers(), 0)));
   impl_->build_expert_weight_tables();
+  if (experts != ExpertPath::grouped) set_expert_path(experts);
   synchronize();
 }
 Model::~Model() = default;
@@ -2147,6 +2212,12 @@ void Model::set_update_overlap(bool on) {
 }
 bool Model::update_overlap() const {
   return impl_->updating_beside();
+}
+void Model::set_reduce_overlap(bool on) {
+  impl_->overlap_reduce = on;
+}
+bool Model::reduce_overlap() const {
+  return impl_->reducing_beside();
 }
 void Model::set_weight_grad_overlap(bool on) {
   Impl& m = *impl_;

@@ -508,8 +508,7 @@ int main(int argc, char** argv) {
     cfg.warmup_steps = 2;
     cfg.total_steps = 1000;
     cu::Model model(p.arch, opt, 1, batch, cu::DType::bf16, nullptr, p.attention, false,
-                    p.logit_rows);
-    model.set_expert_path(p.experts);
+                    p.logit_rows, p.experts);
     model.set_shared_overlap(!p.serial_shared);
     model.set_weight_grad_overlap(p.wgrad_beside);
     model.set_update_overlap(p.adamw_beside);

@@ -16,6 +16,9 @@
 #include <utility>
 
 #include "common.hpp"
+#ifdef MOEPLAN_CUDA_EMULATION
+#include <cuda_runtime.h>  // the emulated device's memory (cudaMemGetInfo)
+#endif
 #include "moeplan/accounting/error.hpp"
 #include "moeplan/accounting/flops.hpp"
 #include "moeplan/backend/corpus.hpp"
@@ -1085,6 +1088,49 @@ TEST_CASE("a cuBLAS handle whose workspace does not fit: out of memory, and noth
 }
 #endif
 
+#ifdef MOEPLAN_CUDA_EMULATION
+TEST_CASE("a tiled expert path given at construction: no gathered-rows buffer, even for a moment") {
+  // The cuBLAS expert paths gather each MoE layer's routed rows into a T·K × Dm bf16 buffer (xg);
+  // the tiled paths read them where they lie. Set after construction, the path frees xg, but the
+  // construction's peak held it: a device that fits the tiled model alone could refuse it.
+  const auto in_use = [] {
+    size_t free_b = 0, total = 0;
+    REQUIRE(cudaMemGetInfo(&free_b, &total) == cudaSuccess);
+    return total - free_b;
+  };
+  const Arch a = moe_arch();
+  ModelOptions opt;
+  const int64_t B = 3;
+  const size_t base = in_use();
+  size_t tiled = 0, grouped = 0, set_later = 0;
+  {
+    cu::Model m(a, opt, 5, B, DType::bf16, nullptr, cu::AttentionPath::cublas, false, 0,
+                cu::ExpertPath::tiled128);
+    CHECK(m.expert_path() == cu::ExpertPath::tiled128);
+    tiled = in_use() - base;
+  }
+  {
+    cu::Model m(a, opt, 5, B, DType::bf16);
+    grouped = in_use() - base;
+    m.set_expert_path(cu::ExpertPath::tiled128);
+    set_later = in_use() - base;
+  }
+  CHECK(set_later == tiled);  // the same steady size
+  const size_t xg = size_t(a.moe_layers() * B * a.seq_len * a.top_k * a.d_model) * 2;
+  CHECK(grouped == tiled + xg);
+  // A device with room for the tiled model and half of xg besides.
+  ::setenv("MOEPLAN_EMU_MEMORY_KIB", std::to_string((base + tiled + xg / 2) >> 10).c_str(), 1);
+  CHECK_NOTHROW(cu::Model(a, opt, 5, B, DType::bf16, nullptr, cu::AttentionPath::cublas, false, 0,
+                          cu::ExpertPath::tiled128));
+  CHECK_THROWS_AS(cu::Model(a, opt, 5, B, DType::bf16), cu::DeviceOutOfMemory);
+  ::unsetenv("MOEPLAN_EMU_MEMORY_KIB");
+  // fp32 products and a tiled path: refused at construction, as set_expert_path refuses them.
+  CHECK_THROWS_AS(cu::Model(a, opt, 5, B, DType::f32, nullptr, cu::AttentionPath::cublas, false, 0,
+                            cu::ExpertPath::tiled),
+                  moeplan::InputError);
+}
+#endif
+
 TEST_CASE("a GEMM table runs the products it lists through cuBLASLt: the same step") {
   // The shapes one step asks for (both streams: the MoE's shared expert and the weight gradients
   // run beside), a table tuned for them that keeps every shape's fastest cuBLASLt candidate
@@ -1431,11 +1477,21 @@ TEST_CASE("NCCL data-parallel path at world size 1 equals the plain step; window
   // The optimizer sharded over one rank: reduce-scatter, all-gather and the split clip norm on
   // the device's NCCL, which must leave the same bits.
   cu::Model sharded(a, opt, 8, B, DType::bf16, &comm, cu::AttentionPath::cublas, true);
+  // The all-reduce in buckets on a stream of its own beside the backward, and the update beside
+  // the next forward (on a GPU: NCCL launched on a created stream between the backward's kernels).
+  cu::Model beside(a, opt, 8, B, DType::bf16, &comm);
+  beside.set_reduce_overlap(true);
+  beside.set_update_overlap(true);
+  REQUIRE(beside.reduce_overlap());
   for (int64_t s = 0; s < 3; ++s) {
     const Batch b = random_batch(B, a.seq_len, a.vocab, 200 + s);
     const StepResult r1 = plain.train_step(b.inputs.data(), b.targets.data(), s, cfg);
     const StepResult r2 = dp.train_step(b.inputs.data(), b.targets.data(), s, cfg);
     const StepResult r3 = sharded.train_step(b.inputs.data(), b.targets.data(), s, cfg);
+    const StepResult r4 = beside.train_step(b.inputs.data(), b.targets.data(), s, cfg);
+    CHECK(r4.loss == r2.loss);
+    CHECK(r4.grad_norm == r2.grad_norm);
+    CHECK(r4.flops == r2.flops);
     CHECK(r1.loss == r2.loss);
     CHECK(r1.flops == r2.flops);
     CHECK(r1.loss_bearing_targets == r2.loss_bearing_targets);
@@ -1445,6 +1501,7 @@ TEST_CASE("NCCL data-parallel path at world size 1 equals the plain step; window
   }
   CHECK(plain.parameters() == dp.parameters());
   CHECK(sharded.parameters() == plain.parameters());
+  CHECK(beside.parameters() == dp.parameters());
   std::vector<char> s_plain, s_sharded;
   plain.save_state(s_plain);
   sharded.save_state(s_sharded);
@@ -1701,6 +1758,162 @@ TEST_CASE("data parallel at world size 2 (emulated, two processes): capacity dro
   REQUIRE_MESSAGE((WIFEXITED(st) && WEXITSTATUS(st) == 0), "rank 1 failed");
   CHECK(r0.steps[0].dropped_assignments == want_dropped);
   CHECK(r0.steps[0].routed_per_moe_layer == want_routed);
+}
+
+// The overlaps under data parallelism: the gradients' all-reduce in buckets beside the backward
+// and the AdamW update beside the next forward give each rank the same steps, evaluation,
+// weights, gradients and state, bit for bit, as the plain data-parallel step (one all-reduce
+// after the backward, the update after it). The emulated NCCL queues a collective issued on a
+// created stream like a kernel: in the deferred order a gradient norm that did not wait for the
+// buckets would read gradients not yet averaged; in the eager order a bucket issued before its
+// layer's last gradient write would average an unfinished gradient.
+namespace {
+
+struct OverlapCase {
+  const char* name;
+  Arch arch;
+  ModelOptions opt;
+  DType dt;
+  int64_t B;
+};
+
+// One rank's steps without and with the overlaps; the mismatches found (each also said on
+// stderr, for rank 1 whose only report is its exit status).
+int overlap_mismatches(int rank, const OverlapCase& c, const std::vector<Batch>& batches,
+                       const OptimConfig& cfg, const std::string& id_file) {
+  const cu::RankInfo info{rank, 2, rank};
+  cu::Communicator comm(info, id_file, 60);
+  const int64_t local = cu::rank_batch(c.B, info);
+  struct Run {
+    std::vector<StepResult> steps;
+    double eval = 0;
+    std::vector<float> params, grads;
+    std::vector<char> state;
+    bool overlaps = false;
+  };
+  auto run = [&](bool overlap) {
+    cu::Model m(c.arch, c.opt, 5, local, c.dt, &comm);
+    if (c.dt == DType::bf16 && c.arch.experts > 0) m.set_expert_path(cu::ExpertPath::tiled128);
+    m.set_update_overlap(overlap);
+    m.set_reduce_overlap(overlap);
+    Run r;
+    r.overlaps = m.update_overlap() && m.reduce_overlap();
+    std::vector<int32_t> in, tg;
+    for (size_t s = 0; s < batches.size(); ++s) {
+      cu::take_rank_share(in, batches[s].inputs.data(), c.B, c.arch.seq_len, info);
+      cu::take_rank_share(tg, batches[s].targets.data(), c.B, c.arch.seq_len, info);
+      r.steps.push_back(m.train_step(in.data(), tg.data(), int64_t(s), cfg));
+      if (s + 2 == batches.size())  // an evaluation between steps reads the update's weights
+        r.eval = m.forward_loss(in.data(), tg.data(), local);
+    }
+    r.params = m.parameters();
+    r.grads = m.gradients();
+    m.save_state(r.state);
+    return r;
+  };
+  const Run plain = run(false), beside = run(true);
+  int bad = 0;
+  auto expect = [&](bool ok, const std::string& what) {
+    if (ok) return;
+    ++bad;
+    std::fprintf(stderr, "rank %d, %s: %s differs\n", rank, c.name, what.c_str());
+  };
+  expect(beside.overlaps && !plain.overlaps, "whether the overlaps are on");
+  for (size_t s = 0; s < plain.steps.size(); ++s) {
+    const StepResult &p = plain.steps[s], &b = beside.steps[s];
+    expect(p.loss == b.loss && p.aux_z == b.aux_z && p.aux_erc == b.aux_erc &&
+               p.aux_load_balance == b.aux_load_balance,
+           "step " + std::to_string(s) + " losses");
+    expect(p.grad_norm == b.grad_norm, "step " + std::to_string(s) + " gradient norm");
+    expect(p.flops.flops == b.flops.flops && p.flops.elementwise == b.flops.elementwise,
+           "step " + std::to_string(s) + " ledger");
+  }
+  expect(plain.eval == beside.eval, "evaluation");
+  expect(plain.params == beside.params, "weights");
+  expect(plain.grads == beside.grads, "gradients");
+  expect(plain.state == beside.state, "state");
+  return bad;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "data parallel at world size 2 (emulated, two processes): the all-reduce beside the backward "
+    "and the update beside the forward give the same steps bit for bit") {
+  ::setenv("MOEPLAN_EMU_DEVICES", "2", 1);
+  ::setenv("MOEPLAN_EMU_NCCL_TIMEOUT", "60", 1);
+  ModelOptions alibi;
+  alibi.positions = "alibi";
+  ModelOptions passes = alibi;  // 5 sequences: rank 0 in passes of 2 + 1, rank 1 in one of 2
+  passes.micro_batch_seqs = 2;
+  ModelOptions erc = alibi;  // ERC on rank 0 alone, before the forward
+  erc.erc_loss = 0.01;
+  Arch tied = moe_arch();
+  tied.tied_embeddings = true;
+  OptimConfig cfg;
+  cfg.lr_peak = 3e-3;
+  cfg.total_steps = 100;
+  for (const char* mode : stream_orders()) {
+    use_stream_order(mode);  // before the fork: both ranks run in the same order
+    for (const OverlapCase& c : {OverlapCase{"dense bf16", dense_arch(), alibi, DType::bf16, 4},
+                                 OverlapCase{"moe bf16 tiled128, uneven ranks in passes",
+                                             moe_arch(), passes, DType::bf16, 5},
+                                 OverlapCase{"moe fp32 tied, erc", tied, erc, DType::f32, 4}}) {
+      INFO(mode << ", " << c.name);
+      std::vector<Batch> batches;
+      for (uint64_t s = 0; s < 4; ++s)
+        batches.push_back(random_batch(c.B, c.arch.seq_len, c.arch.vocab, 500 + s));
+      const std::string id_file = (std::filesystem::temp_directory_path() /
+                                   ("moeplan-nccl-overlap-" + std::to_string(getpid())))
+                                      .string();
+      const pid_t child = ::fork();
+      REQUIRE(child >= 0);
+      if (child == 0) {  // rank 1: its mismatches as its exit status
+        int status = 0;
+        try {
+          status = std::min(overlap_mismatches(1, c, batches, cfg, id_file), 100);
+        } catch (const std::exception& e) {
+          std::fprintf(stderr, "rank 1: %s\n", e.what());
+          status = 101;
+        }
+        ::_exit(status);
+      }
+      const int bad0 = overlap_mismatches(0, c, batches, cfg, id_file);
+      int st = 0;
+      ::waitpid(child, &st, 0);
+      REQUIRE(WIFEXITED(st));
+      CHECK(bad0 == 0);
+      CHECK(WEXITSTATUS(st) == 0);  // rank 1's mismatches (101: it failed)
+    }
+  }
+  use_stream_order(nullptr);
+  // Where the overlaps do not apply: without a communicator, with the optimizer sharded (its
+  // all-gather follows the update), with the weight gradients beside (a layer's are not final
+  // after its backward), while profiling.
+  const std::string id_file =
+      (std::filesystem::temp_directory_path() / ("moeplan-nccl-one-" + std::to_string(getpid())))
+          .string();
+  cu::Communicator comm(cu::RankInfo{0, 1, 0}, id_file);
+  cu::Model alone(moe_arch(), alibi, 5, 2, DType::bf16);
+  cu::Model sharded(moe_arch(), alibi, 5, 2, DType::bf16, &comm, cu::AttentionPath::cublas, true);
+  cu::Model dp(moe_arch(), alibi, 5, 2, DType::bf16, &comm);
+  for (cu::Model* m : {&alone, &sharded, &dp}) {
+    m->set_update_overlap(true);
+    m->set_reduce_overlap(true);
+  }
+  CHECK_FALSE(alone.reduce_overlap());
+  CHECK(alone.update_overlap());
+  CHECK_FALSE(sharded.reduce_overlap());
+  CHECK_FALSE(sharded.update_overlap());
+  CHECK(dp.reduce_overlap());
+  CHECK(dp.update_overlap());
+  dp.set_profiling(true);
+  CHECK_FALSE(dp.reduce_overlap());
+  CHECK_FALSE(dp.update_overlap());
+  dp.set_profiling(false);
+  dp.set_weight_grad_overlap(true);
+  CHECK_FALSE(dp.reduce_overlap());
+  CHECK(dp.update_overlap());
 }
 
 #endif

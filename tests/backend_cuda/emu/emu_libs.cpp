@@ -486,6 +486,9 @@ struct ncclComm {
   char* slots = nullptr;
   std::size_t mapped = 0;
   double timeout = 120;
+  // A collective queued on a created stream that failed when it ran: every later call fails with
+  // it, and ncclCommGetAsyncError says it.
+  ncclResult_t async = ncclSuccess;
 
   // All ranks wait here until every rank has arrived (a generation-counting barrier).
   bool barrier() const {
@@ -579,11 +582,38 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   return ncclSuccess;
 }
 
-// Nothing is ever in flight here (every collective is synchronous): abort is destroy.
+// Abort frees the communicator at once. A collective still queued for it on a created stream
+// (below) must not run after that: under the sanitizers it would be reported as a read of freed
+// memory.
 ncclResult_t ncclCommAbort(ncclComm_t comm) {
   delete comm;
   return ncclSuccess;
 }
+
+ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* error) {
+  if (!comm || !error) return ncclInvalidArgument;
+  *error = comm->async;
+  return ncclSuccess;
+}
+
+namespace {
+// A collective whose arguments were checked: run now, or, on a created stream whose work the
+// emulation defers (moeplan_emu::defer), queued there like a kernel and run when something waits
+// for the stream (every rank runs the same program, so the ranks still meet in the same order).
+// Queued, its failure becomes the communicator's asynchronous error, as NCCL reports a failure
+// inside a launched collective.
+template <class F>
+ncclResult_t run_collective(ncclComm_t comm, cudaStream_t stream, F now) {
+  if (comm->async != ncclSuccess) return comm->async;
+  if (!moeplan_emu::defer(stream)) return now();
+  moeplan_emu::enqueue(stream, [comm, now]() mutable {
+    if (comm->async != ncclSuccess) return;
+    const ncclResult_t r = now();
+    if (r != ncclSuccess) comm->async = r;
+  });
+  return ncclSuccess;
+}
+}  // namespace
 
 namespace {
 
@@ -601,27 +631,29 @@ void reduce_slots(const ncclComm& c, std::size_t offset_elems, std::size_t n, bo
 }  // namespace
 
 ncclResult_t ncclAllReduce(const void* send, void* recv, std::size_t count, ncclDataType_t type,
-                           ncclRedOp_t op, ncclComm_t comm, cudaStream_t) {
+                           ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
   if (!comm || (op != ncclSum && op != ncclAvg)) return ncclInvalidArgument;
   if (type != ncclFloat32 && type != ncclFloat64 && type != ncclInt64) return ncclInvalidArgument;
-  const std::size_t elem = type == ncclFloat32 ? 4 : 8;
-  if (comm->nranks == 1) {
-    if (send != recv) std::memmove(recv, send, count * elem);  // one rank: sum = average = copy
+  return run_collective(comm, stream, [=]() -> ncclResult_t {
+    const std::size_t elem = type == ncclFloat32 ? 4 : 8;
+    if (comm->nranks == 1) {
+      if (send != recv) std::memmove(recv, send, count * elem);  // one rank: sum = average = copy
+      return ncclSuccess;
+    }
+    const std::size_t per_chunk = slot_bytes / elem;
+    for (std::size_t done = 0; done < count; done += per_chunk) {
+      const std::size_t n = std::min(per_chunk, count - done);
+      std::memcpy(comm->slots + std::size_t(comm->rank) * slot_bytes,
+                  static_cast<const char*>(send) + done * elem, n * elem);
+      if (!comm->barrier()) return ncclSystemError;
+      const bool avg = op == ncclAvg;
+      if (type == ncclFloat32) reduce_slots(*comm, done, n, avg, static_cast<float*>(recv));
+      if (type == ncclFloat64) reduce_slots(*comm, done, n, avg, static_cast<double*>(recv));
+      if (type == ncclInt64) reduce_slots(*comm, done, n, avg, static_cast<int64_t*>(recv));
+      if (!comm->barrier()) return ncclSystemError;  // all have read the slots before reuse
+    }
     return ncclSuccess;
-  }
-  const std::size_t per_chunk = slot_bytes / elem;
-  for (std::size_t done = 0; done < count; done += per_chunk) {
-    const std::size_t n = std::min(per_chunk, count - done);
-    std::memcpy(comm->slots + std::size_t(comm->rank) * slot_bytes,
-                static_cast<const char*>(send) + done * elem, n * elem);
-    if (!comm->barrier()) return ncclSystemError;
-    const bool avg = op == ncclAvg;
-    if (type == ncclFloat32) reduce_slots(*comm, done, n, avg, static_cast<float*>(recv));
-    if (type == ncclFloat64) reduce_slots(*comm, done, n, avg, static_cast<double*>(recv));
-    if (type == ncclInt64) reduce_slots(*comm, done, n, avg, static_cast<int64_t*>(recv));
-    if (!comm->barrier()) return ncclSystemError;  // all have read the slots before reuse
-  }
-  return ncclSuccess;
+  });
 }
 
 namespace {
@@ -638,80 +670,89 @@ bool known_type(ncclDataType_t type) {
 // in-place recv (send + rank·recvcount) is written only after its inputs were staged.
 ncclResult_t ncclReduceScatter(const void* send, void* recv, std::size_t recvcount,
                                ncclDataType_t type, ncclRedOp_t op, ncclComm_t comm,
-                               cudaStream_t) {
+                               cudaStream_t stream) {
   if (!comm || (op != ncclSum && op != ncclAvg) || !known_type(type)) return ncclInvalidArgument;
-  const std::size_t elem = elem_size(type);
-  if (comm->nranks == 1) {
-    if (send != recv) std::memmove(recv, send, recvcount * elem);
-    return ncclSuccess;
-  }
-  const std::size_t total = recvcount * std::size_t(comm->nranks);
-  const std::size_t lo = recvcount * std::size_t(comm->rank), hi = lo + recvcount;
-  const std::size_t per_chunk = slot_bytes / elem;
-  std::vector<char> out;
-  for (std::size_t done = 0; done < total; done += per_chunk) {
-    const std::size_t n = std::min(per_chunk, total - done);
-    std::memcpy(comm->slots + std::size_t(comm->rank) * slot_bytes,
-                static_cast<const char*>(send) + done * elem, n * elem);
-    if (!comm->barrier()) return ncclSystemError;
-    const std::size_t a = std::max(lo, done), b = std::min(hi, done + n);
-    if (a < b) {  // reduce the whole chunk into scratch, keep this rank's part
-      out.resize(n * elem);
-      const bool avg = op == ncclAvg;
-      if (type == ncclFloat32) reduce_slots(*comm, 0, n, avg, reinterpret_cast<float*>(out.data()));
-      if (type == ncclFloat64) reduce_slots(*comm, 0, n, avg, reinterpret_cast<double*>(out.data()));
-      if (type == ncclInt64) reduce_slots(*comm, 0, n, avg, reinterpret_cast<int64_t*>(out.data()));
-      std::memcpy(static_cast<char*>(recv) + (a - lo) * elem, out.data() + (a - done) * elem,
-                  (b - a) * elem);
+  return run_collective(comm, stream, [=]() -> ncclResult_t {
+    const std::size_t elem = elem_size(type);
+    if (comm->nranks == 1) {
+      if (send != recv) std::memmove(recv, send, recvcount * elem);
+      return ncclSuccess;
     }
-    if (!comm->barrier()) return ncclSystemError;
-  }
-  return ncclSuccess;
+    const std::size_t total = recvcount * std::size_t(comm->nranks);
+    const std::size_t lo = recvcount * std::size_t(comm->rank), hi = lo + recvcount;
+    const std::size_t per_chunk = slot_bytes / elem;
+    std::vector<char> out;
+    for (std::size_t done = 0; done < total; done += per_chunk) {
+      const std::size_t n = std::min(per_chunk, total - done);
+      std::memcpy(comm->slots + std::size_t(comm->rank) * slot_bytes,
+                  static_cast<const char*>(send) + done * elem, n * elem);
+      if (!comm->barrier()) return ncclSystemError;
+      const std::size_t a = std::max(lo, done), b = std::min(hi, done + n);
+      if (a < b) {  // reduce the whole chunk into scratch, keep this rank's part
+        out.resize(n * elem);
+        const bool avg = op == ncclAvg;
+        if (type == ncclFloat32)
+          reduce_slots(*comm, 0, n, avg, reinterpret_cast<float*>(out.data()));
+        if (type == ncclFloat64)
+          reduce_slots(*comm, 0, n, avg, reinterpret_cast<double*>(out.data()));
+        if (type == ncclInt64)
+          reduce_slots(*comm, 0, n, avg, reinterpret_cast<int64_t*>(out.data()));
+        std::memcpy(static_cast<char*>(recv) + (a - lo) * elem, out.data() + (a - done) * elem,
+                    (b - a) * elem);
+      }
+      if (!comm->barrier()) return ncclSystemError;
+    }
+    return ncclSuccess;
+  });
 }
 
 // recv = the ranks' sends one after another (rank r's at r·sendcount).
 ncclResult_t ncclAllGather(const void* send, void* recv, std::size_t sendcount, ncclDataType_t type,
-                           ncclComm_t comm, cudaStream_t) {
+                           ncclComm_t comm, cudaStream_t stream) {
   if (!comm || !known_type(type)) return ncclInvalidArgument;
-  const std::size_t elem = elem_size(type);
-  if (comm->nranks == 1) {
-    if (send != recv) std::memmove(recv, send, sendcount * elem);
+  return run_collective(comm, stream, [=]() -> ncclResult_t {
+    const std::size_t elem = elem_size(type);
+    if (comm->nranks == 1) {
+      if (send != recv) std::memmove(recv, send, sendcount * elem);
+      return ncclSuccess;
+    }
+    const std::size_t per_chunk = slot_bytes / elem;
+    for (std::size_t done = 0; done < sendcount; done += per_chunk) {
+      const std::size_t n = std::min(per_chunk, sendcount - done);
+      std::memcpy(comm->slots + std::size_t(comm->rank) * slot_bytes,
+                  static_cast<const char*>(send) + done * elem, n * elem);
+      if (!comm->barrier()) return ncclSystemError;
+      for (int r = 0; r < comm->nranks; ++r)
+        std::memcpy(static_cast<char*>(recv) + (std::size_t(r) * sendcount + done) * elem,
+                    comm->slots + std::size_t(r) * slot_bytes, n * elem);
+      if (!comm->barrier()) return ncclSystemError;
+    }
     return ncclSuccess;
-  }
-  const std::size_t per_chunk = slot_bytes / elem;
-  for (std::size_t done = 0; done < sendcount; done += per_chunk) {
-    const std::size_t n = std::min(per_chunk, sendcount - done);
-    std::memcpy(comm->slots + std::size_t(comm->rank) * slot_bytes,
-                static_cast<const char*>(send) + done * elem, n * elem);
-    if (!comm->barrier()) return ncclSystemError;
-    for (int r = 0; r < comm->nranks; ++r)
-      std::memcpy(static_cast<char*>(recv) + (std::size_t(r) * sendcount + done) * elem,
-                  comm->slots + std::size_t(r) * slot_bytes, n * elem);
-    if (!comm->barrier()) return ncclSystemError;
-  }
-  return ncclSuccess;
+  });
 }
 
 ncclResult_t ncclBroadcast(const void* send, void* recv, std::size_t count, ncclDataType_t type,
-                           int root, ncclComm_t comm, cudaStream_t) {
+                           int root, ncclComm_t comm, cudaStream_t stream) {
   if (!comm || !known_type(type) || root < 0 || root >= comm->nranks) return ncclInvalidArgument;
-  const std::size_t elem = elem_size(type);
-  if (comm->nranks == 1) {
-    if (send != recv) std::memmove(recv, send, count * elem);
+  return run_collective(comm, stream, [=]() -> ncclResult_t {
+    const std::size_t elem = elem_size(type);
+    if (comm->nranks == 1) {
+      if (send != recv) std::memmove(recv, send, count * elem);
+      return ncclSuccess;
+    }
+    const std::size_t per_chunk = slot_bytes / elem;
+    for (std::size_t done = 0; done < count; done += per_chunk) {
+      const std::size_t n = std::min(per_chunk, count - done);
+      if (comm->rank == root)
+        std::memcpy(comm->slots + std::size_t(root) * slot_bytes,
+                    static_cast<const char*>(send) + done * elem, n * elem);
+      if (!comm->barrier()) return ncclSystemError;
+      std::memcpy(static_cast<char*>(recv) + done * elem,
+                  comm->slots + std::size_t(root) * slot_bytes, n * elem);
+      if (!comm->barrier()) return ncclSystemError;
+    }
     return ncclSuccess;
-  }
-  const std::size_t per_chunk = slot_bytes / elem;
-  for (std::size_t done = 0; done < count; done += per_chunk) {
-    const std::size_t n = std::min(per_chunk, count - done);
-    if (comm->rank == root)
-      std::memcpy(comm->slots + std::size_t(root) * slot_bytes,
-                  static_cast<const char*>(send) + done * elem, n * elem);
-    if (!comm->barrier()) return ncclSystemError;
-    std::memcpy(static_cast<char*>(recv) + done * elem, comm->slots + std::size_t(root) * slot_bytes,
-                n * elem);
-    if (!comm->barrier()) return ncclSystemError;
-  }
-  return ncclSuccess;
+  });
 }
 
 const char* ncclGetErrorString(ncclResult_t r) {

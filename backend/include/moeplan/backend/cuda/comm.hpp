@@ -51,7 +51,9 @@ class Communicator {
   const RankInfo& info() const;
   // In place on device memory, ordered by NCCL (deterministic for a fixed world size).
   void all_reduce_sum(float* device_data, int64_t n);
-  void all_reduce_mean(float* device_data, int64_t n);
+  // On `stream` (a cudaStream_t; the default stream when null): the gradients' all-reduce beside
+  // the backward runs on a stream of its own (Model::set_reduce_overlap).
+  void all_reduce_mean(float* device_data, int64_t n, void* stream = nullptr);
   void all_reduce_sum(double* device_data, int64_t n);
   void all_reduce_sum(int64_t* device_data, int64_t n);
   // In place over W·chunk floats: this rank's chunk (elements rank·chunk …) becomes the mean

@@ -83,10 +83,13 @@ class Model {
   // load_state then are collectives (every rank calls them) and read or write the full state, so
   // a checkpoint resumes sharded or not, at any world size.
   // logit_rows: the LM head's chunk in rows (0: kLogitRowsAuto); at most the pass's rows.
+  // experts: the routed experts' path from the start, as set_expert_path sets it later (which
+  // frees what the old path needed); given here, a tiled path's model never allocates the
+  // gathered-rows buffers of the cuBLAS paths, so its peak is its steady size.
   Model(const Arch& arch, const ModelOptions& options, uint64_t seed, int64_t batch_seqs,
         DType matmul = DType::bf16, Communicator* comm = nullptr,
         AttentionPath attention = AttentionPath::cublas, bool shard_optimizer = false,
-        int64_t logit_rows = 0);
+        int64_t logit_rows = 0, ExpertPath experts = ExpertPath::grouped);
   ~Model();
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
@@ -166,9 +169,21 @@ class Model {
   // gradients(), save_state, the ERC loss, ...) waits for all of it. The embedding's stage waits
   // for the next step's tokens and updates the rows they read first: the lookup waits for those
   // only, the final norm and LM head for all of it. The same arithmetic on the same values, so
-  // the same bits. Not with a communicator, nor while profiling.
+  // the same bits. Under data parallelism too (each rank updates every parameter, after the
+  // all-reduce), but not with the optimizer sharded (its all-gather follows the update); not while
+  // profiling.
   void set_update_overlap(bool on);
   bool update_overlap() const;  // whether a step's update runs beside now
+  // Under data parallelism (a communicator, the optimizer not sharded): whether the gradients'
+  // mean over ranks runs in buckets on a stream of its own beside the backward, as each bucket's
+  // gradients are final in the step's last pass: the final norm and LM head after their backward,
+  // each layer after its own, the embedding last; the gradient norm waits for all of them. The
+  // same all-reduce per float as one over the whole buffer (bit for bit at two ranks; at more,
+  // NCCL may sum a float's ranks in another order in another bucket). Off unless asked; not with
+  // the weight gradients beside (set_weight_grad_overlap: a layer's are not final after its
+  // backward), nor while profiling.
+  void set_reduce_overlap(bool on);
+  bool reduce_overlap() const;  // whether a step's all-reduce runs beside its backward now
   // cuBLASLt algorithms for the products a GemmTable lists (Blas::set_table, strict or lenient;
   // null: none), on both streams. Throws InputError for a table chosen on another device or
   // cuBLASLt version.
