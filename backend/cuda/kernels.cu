@@ -49,6 +49,10 @@ __device__ __forceinline__ void store2(bf16* p, float a, float b) {
 __device__ __forceinline__ float4 load4(const float* p) {
   return *reinterpret_cast<const float4*>(p);
 }
+__device__ __forceinline__ float4 load4(const bf16* p) {  // p 8-byte aligned
+  const float2 a = load2(p), b = load2(p + 2);
+  return make_float4(a.x, a.y, b.x, b.y);
+}
 __device__ __forceinline__ void store4(float* p, float4 v) {
   *reinterpret_cast<float4*>(p) = v;
 }
@@ -786,10 +790,10 @@ __global__ void copy_rows_kernel(T* dst, const T* src, const int32_t* map, int64
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x) store(dst + r * C + c, 0.f);
 }
 
-// y[t] += Σ_k gate·ys[slot], k in order. VEC4 (C % 4 == 0, aligned): four columns a thread in
-// 16-byte accesses, the same sums.
-template <bool VEC4>
-__global__ void moe_combine_forward_kernel(float* y, const float* ys, const float* gate,
+// y[t] += Σ_k gate·ys[slot], k in order; ys in YT (the model's matrix type). VEC4 (C % 4 == 0,
+// aligned): four columns a thread (16-byte accesses of y, 16 or 8 of ys), the same sums.
+template <bool VEC4, class YT>
+__global__ void moe_combine_forward_kernel(float* y, const YT* ys, const float* gate,
                                            const int32_t* slot_of, int64_t K, int64_t C) {
   const int64_t t = blockIdx.x;
   if constexpr (VEC4) {
@@ -812,17 +816,18 @@ __global__ void moe_combine_forward_kernel(float* y, const float* ys, const floa
       float s = y[t * C + c];
       for (int64_t k = 0; k < K; ++k) {
         const int32_t r = slot_of[t * K + k];
-        if (r >= 0) s += gate[t * K + k] * ys[int64_t(r) * C + c];
+        if (r >= 0) s += gate[t * K + k] * load(ys + int64_t(r) * C + c);
       }
       y[t * C + c] = s;
     }
   }
 }
 
-// One warp per routed row (a block-wide reduction per row cost more than the row's work).
+// One warp per routed row (a block-wide reduction per row cost more than the row's work); ys
+// and dys in the model's matrix type.
 template <class OutT>
 __global__ void moe_combine_backward_kernel(OutT* dys, float* dgate, const float* dy,
-                                            const float* ys, const float* gate,
+                                            const OutT* ys, const float* gate,
                                             const int32_t* sorted, int64_t N, int64_t K,
                                             int64_t C) {
   const int64_t i = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
@@ -834,7 +839,7 @@ __global__ void moe_combine_backward_kernel(OutT* dys, float* dgate, const float
   for (int64_t c = lane; c < C; c += 32) {
     const float d = dy[t * C + c];
     store(dys + i * C + c, g * d);
-    dot += d * ys[i * C + c];
+    dot += d * load(ys + i * C + c);
   }
   dot = warp_sum(dot);
   if (lane == 0) dgate[a] = dot;
@@ -1594,27 +1599,32 @@ void copy_rows(void* dst, const void* src, DType t, const int32_t* map, int64_t 
   check_launch("copy_rows");
 }
 
-void moe_combine_forward(float* y, const float* ys, const float* gate, const int32_t* slot_of,
-                         int64_t T, int64_t K, int64_t C) {
+void moe_combine_forward(float* y, const void* ys, DType mm, const float* gate,
+                         const int32_t* slot_of, int64_t T, int64_t K, int64_t C) {
   if (T == 0) return;
-  if (C % 4 == 0 && aligned16(y, ys))
-    moe_combine_forward_kernel<true>
-        <<<unsigned(T), row_threads(C / 4)>>>(y, ys, gate, slot_of, K, C);
-  else
-    moe_combine_forward_kernel<false><<<unsigned(T), 128>>>(y, ys, gate, slot_of, K, C);
+  const bool vec = C % 4 == 0 && aligned16(y, ys);
+  MOEPLAN_DISPATCH_MM(mm, {
+    const OutT* yt = static_cast<const OutT*>(ys);
+    if (vec)
+      moe_combine_forward_kernel<true, OutT>
+          <<<unsigned(T), row_threads(C / 4)>>>(y, yt, gate, slot_of, K, C);
+    else
+      moe_combine_forward_kernel<false, OutT><<<unsigned(T), 128>>>(y, yt, gate, slot_of, K, C);
+  });
   check_launch("moe_combine_forward");
 }
 
-void moe_combine_backward(void* dys, DType mm, float* dgate, const float* dy, const float* ys,
-                          const float* gate, const int32_t* sorted, int64_t N, int64_t K,
-                          int64_t C, const int32_t* slot_of, int64_t assignments) {
+void moe_combine_backward(void* dys, DType mm, float* dgate, const float* dy, const void* ys,
+                          const float* gate, const int32_t* sorted, int64_t N, int64_t K, int64_t C,
+                          const int32_t* slot_of, int64_t assignments) {
   if (slot_of && assignments > 0) {
     zero_dropped_kernel<<<blocks_for(assignments, 256), 256>>>(dgate, slot_of, assignments);
     check_launch("zero_dropped");
   }
   if (N == 0) return;
   MOEPLAN_DISPATCH_MM(mm, moe_combine_backward_kernel<OutT><<<blocks_for(N, 8), 256>>>(
-                              static_cast<OutT*>(dys), dgate, dy, ys, gate, sorted, N, K, C));
+                              static_cast<OutT*>(dys), dgate, dy, static_cast<const OutT*>(ys),
+                              gate, sorted, N, K, C));
   check_launch("moe_combine_backward");
 }
 

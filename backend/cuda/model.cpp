@@ -820,7 +820,7 @@ struct Model::Impl {
         x.sorted = alloc(size_t(TK) * 4);
         x.slot_of = alloc(size_t(TK) * 4);
         if (!tiled_path()) x.xg = alloc_mm(TK * Dm);  // the tiled paths read ln2 (gathered)
-        x.ye = alloc_f(TK * Dm);
+        x.ye = alloc_mm(TK * Dm);  // the routed rows' outputs, in mm (as the grouped path rounded)
         if (Dse > 0) {
           x.sh13 = alloc_mm(T * 2 * Dse);
           x.sact = alloc_mm(T * Dse);
@@ -1092,7 +1092,7 @@ struct Model::Impl {
       const int64_t jj = int64_t(j);
       set(0, at(x.xg, off * Dm, ms), Wm(q.expert_w13[size_t(e)]), at(x.h13, off * 2 * De, ms),
           off * 2 * De);
-      set(1, at(x.act, off * De, ms), Wm(q.expert_w2[size_t(e)]), at(x.ye, off * Dm, 4), off * Dm);
+      set(1, at(x.act, off * De, ms), Wm(q.expert_w2[size_t(e)]), at(x.ye, off * Dm, ms), off * Dm);
       set(2, at(dye, off * Dm, ms), Wm(q.expert_w2[size_t(e)]), at(dact, off * De, ms), off * De);
       set(3, at(x.act, off * De, ms), at(dye, off * Dm, ms), G(q.expert_w2[size_t(e)]),
           jj * De * Dm);
@@ -1125,11 +1125,11 @@ struct Model::Impl {
         Kk[j] = et.rows[j];
       }
     }
-    // Products 0 and 2 (h13, dact) feed only the SwiGLU kernels: their results are in mm, written
-    // directly. The others have fp32 results; in bf16 the grouped call writes them to bf16
-    // scratch, then one launch widens them (row-varying products, beta 0) or adds them to the
-    // fp32 gradients (weight gradients, beta 1).
-    const bool mm_result = product == 0 || product == 2;
+    // Products 0, 1 and 2 (h13, ye, dact) have their results in mm, written directly (h13 and
+    // dact feed only the SwiGLU kernels, ye only the combine kernels). The others have fp32
+    // results; in bf16 the grouped call writes them to bf16 scratch, then one launch widens them
+    // (dxg: row-varying, beta 0) or adds them to the fp32 gradients (weight gradients, beta 1).
+    const bool mm_result = product == 0 || product == 1 || product == 2;
     const bool loop = expert_path == ExpertPath::loop;
     const bool scratch = mm == DType::bf16 && !loop && !mm_result;
     const int result = scratch ? 3 : 2;
@@ -1332,13 +1332,13 @@ struct Model::Impl {
     book_batched(lg, Phase::forward, R, Pr, 2 * De, Dm);
     k::copy_rows(x.h13.data(), pad_h13.data(), mm, unpad_map.as<int32_t>(), R, 2 * De);
     k::swiglu_forward(x.act.data(), mm, x.h13.data(), R, De);
-    // ye (rows, Dm) f32 = act · W2_e (De, Dm)
+    // ye (rows, Dm) in mm = act · W2_e (De, Dm)
     k::copy_rows(pad_act.data(), x.act.data(), mm, pad_map.as<int32_t>(), Pr, De);
     blas.gemm_strided_batched(false, false, cap, Dm, De, pad_act.data(), De, cap * De,
                               Wm(q.expert_w2[0]), Dm, expert_stride, pad_y.data(), Dm, cap * Dm,
-                              0.f, mm, DType::f32, E);
+                              0.f, mm, mm, E);
     book_batched(lg, Phase::forward, R, Pr, Dm, De);
-    k::copy_rows(x.ye.data(), pad_y.data(), DType::f32, unpad_map.as<int32_t>(), R, Dm);
+    k::copy_rows(x.ye.data(), pad_y.data(), mm, unpad_map.as<int32_t>(), R, Dm);
   }
   void batched_backward(int64_t l, int64_t R, FlopLedger& lg) {
     Acts& x = acts[size_t(l)];
@@ -1418,7 +1418,7 @@ struct Model::Impl {
       tiled_rows(l, x.h13.data(), true, x.ln2.data(), kW13, false, R, 2 * De, Dm, lg,
                  Phase::forward, true);
       k::swiglu_forward(x.act.data(), mm, x.h13.data(), R, De);
-      tiled_rows(l, x.ye.data(), false, x.act.data(), kW2, false, R, Dm, De, lg, Phase::forward);
+      tiled_rows(l, x.ye.data(), true, x.act.data(), kW2, false, R, Dm, De, lg, Phase::forward);
     } else {
       ExpertTables& et = expert_tables[size_t(moe_index)];
       build_expert_tables(moe_index, l, et);
@@ -1426,7 +1426,7 @@ struct Model::Impl {
       expert_product(moe_index, 0, et, false, false, 2 * De, Dm, 0, Dm, 2 * De, 2 * De, 0.f, lg,
                      Phase::forward);
       k::swiglu_forward(x.act.data(), mm, x.h13.data(), R, De);
-      // ye (rows, Dm) = act (rows, De) · W2_e (De, Dm)
+      // ye (rows, Dm) in mm = act (rows, De) · W2_e (De, Dm)
       expert_product(moe_index, 1, et, false, false, Dm, De, 0, De, Dm, Dm, 0.f, lg,
                      Phase::forward);
     }
@@ -1435,8 +1435,8 @@ struct Model::Impl {
       swiglu_ffn_forward(out, x.ln2.data(), x.sh13.data(), x.sact.data(), q.shared_w13, q.shared_w2,
                          Tn, Dse, lg, FlopCategory::shared_expert);
     if (overlap) side->join();
-    k::moe_combine_forward(out, x.ye.as<float>(), x.gate.as<float>(), x.slot_of.as<int32_t>(), Tn,
-                           K, Dm);
+    k::moe_combine_forward(out, x.ye.data(), mm, x.gate.as<float>(), x.slot_of.as<int32_t>(), Tn, K,
+                           Dm);
     if (!train) return;
     routed[size_t(moe_index)] += R;
     k::router_aux_forward(x.aux.as<float>(), x.p_mean.as<float>(), x.probs.as<float>(),
@@ -1702,7 +1702,7 @@ struct Model::Impl {
     else
       check_cuda(cudaMemsetAsync(dln.data(), 0, size_t(Tp * Dm) * 4, nullptr), "memset dln");
     const bool drops = opt.capacity_factor > 0;  // dropped assignments' gates get 0
-    k::moe_combine_backward(dye.data(), mm, dgate.as<float>(), dresid.as<float>(), x.ye.as<float>(),
+    k::moe_combine_backward(dye.data(), mm, dgate.as<float>(), dresid.as<float>(), x.ye.data(),
                             x.gate.as<float>(), x.sorted.as<int32_t>(), R, K, Dm,
                             drops ? x.slot_of.as<int32_t>() : nullptr, drops ? Tp * K : 0);
     prof.mark("bwd shared expert + combine");

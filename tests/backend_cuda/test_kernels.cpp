@@ -333,16 +333,47 @@ TEST_CASE("router top-K, stable sort by expert, combine and router backward matc
                               slot_row.data(), T, K, C);
         auto dY = to_device(ye), dOut = to_device(out0), dDout = to_device(dout);
         auto dDye = poisoned(T * K * C * 4), dDg = poisoned(T * K * 4);
-        k::moe_combine_forward(dOut.as<float>(), dY.as<float>(), dGate.as<float>(),
+        k::moe_combine_forward(dOut.as<float>(), dY.data(), DType::f32, dGate.as<float>(),
                                dSlot.as<int32_t>(), T, K, C);
         k::moe_combine_backward(dDye.data(), DType::f32, dDg.as<float>(), dDout.as<float>(),
-                                dY.as<float>(), dGate.as<float>(), dSorted.as<int32_t>(), R, K, C,
+                                dY.data(), dGate.as<float>(), dSorted.as<int32_t>(), R, K, C,
                                 capped ? dSlot.as<int32_t>() : nullptr, capped ? T * K : 0);
         synchronize();
         CHECK(rel_err(download_f(dOut, T * C), out) < 1e-5);
         CHECK(rel_err(download_f(dDye, R * C),
                       std::vector<float>(dye.begin(), dye.begin() + R * C)) < 1e-5);
         CHECK(rel_err(download_f(dDg, T * K), dgate) < 1e-5);
+        {  // bf16 expert outputs (the model's in bf16 mode): the CPU's sums of the rounded values
+          using moeplan::backend::cuda::bf16_to_float;
+          using moeplan::backend::cuda::float_to_bf16;
+          std::vector<uint16_t> ye_h(ye.size());
+          std::vector<float> ye_r(ye.size());
+          for (size_t i = 0; i < ye.size(); ++i) {
+            ye_h[i] = float_to_bf16(ye[i]);
+            ye_r[i] = bf16_to_float(ye_h[i]);
+          }
+          std::vector<float> out_r = out0, dye_r(T * K * C), dgate_r(T * K);
+          cpu::combine_forward(out_r.data(), ye_r.data(), gate.data(), slot_row.data(), T, K, C);
+          cpu::combine_backward(dye_r.data(), dgate_r.data(), dout.data(), ye_r.data(), gate.data(),
+                                slot_row.data(), T, K, C);
+          DeviceBuffer dYh(ye_h.size() * 2), dDyeh(size_t(T * K * C) * 2);
+          dYh.upload(ye_h.data(), ye_h.size() * 2);
+          auto dOut2 = to_device(out0);
+          auto dDg2 = poisoned(T * K * 4);
+          k::moe_combine_forward(dOut2.as<float>(), dYh.data(), DType::bf16, dGate.as<float>(),
+                                 dSlot.as<int32_t>(), T, K, C);
+          k::moe_combine_backward(dDyeh.data(), DType::bf16, dDg2.as<float>(), dDout.as<float>(),
+                                  dYh.data(), dGate.as<float>(), dSorted.as<int32_t>(), R, K, C,
+                                  capped ? dSlot.as<int32_t>() : nullptr, capped ? T * K : 0);
+          synchronize();
+          CHECK(rel_err(download_f(dOut2, T * C), out_r) < 1e-5);
+          CHECK(rel_err(download_f(dDg2, T * K), dgate_r) < 1e-5);
+          std::vector<uint16_t> dyeh(size_t(R * C));
+          dDyeh.download(dyeh.data(), dyeh.size() * 2);
+          std::vector<float> dyew(dyeh.size());
+          for (size_t i = 0; i < dyeh.size(); ++i) dyew[i] = bf16_to_float(dyeh[i]);
+          CHECK(rel_err(dyew, std::vector<float>(dye_r.begin(), dye_r.begin() + R * C)) < 4e-3);
+        }
 
         // router backward with load balance and z-loss
         const float lb = 0.01f, z = 0.001f;
@@ -453,7 +484,7 @@ TEST_CASE("gather_rows, combine and scatter-add equal a host loop, in 16-byte wo
           dx[size_t(tk * C + c)] = d;
         }
       auto dY = to_device(y0), dDx = to_device(y0);
-      k::moe_combine_forward(dY.as<float>(), dYs.as<float>(), dGate.as<float>(),
+      k::moe_combine_forward(dY.as<float>(), dYs.data(), DType::f32, dGate.as<float>(),
                              dSlots.as<int32_t>(), T, K, C);
       k::moe_scatter_add(dDx.as<float>(), dYs.as<float>(), dSlots.as<int32_t>(), T, K, C);
       synchronize();

@@ -95,13 +95,13 @@ void copy_rows(void* dst, const void* src, DType t, const int32_t* map, int64_t 
 // out (N, C) = rows of in (T, C) for token sorted[i] / K; both in `mm`
 void gather_rows(void* out, const void* in, DType mm, const int32_t* sorted, int64_t N, int64_t K,
                  int64_t C);
-// y (T,C) += Σ_k gate[t,k]·ys[slot_of[t·K+k]] in k order; ys (T·K, C); dropped slots (−1) add
-// nothing
-void moe_combine_forward(float* y, const float* ys, const float* gate, const int32_t* slot_of,
-                         int64_t T, int64_t K, int64_t C);
-// dys (N,C) in `mm` = gate[a]·dy[a/K]; dgate (T·K) = dy[a/K]·ys[i], a = sorted[i]. With
-// slot_of: dgate is 0 for each of the `assignments` that was dropped (slot_of −1).
-void moe_combine_backward(void* dys, DType mm, float* dgate, const float* dy, const float* ys,
+// y (T,C) += Σ_k gate[t,k]·ys[slot_of[t·K+k]] in k order; ys (T·K, C) in `mm`; dropped slots
+// (−1) add nothing
+void moe_combine_forward(float* y, const void* ys, DType mm, const float* gate,
+                         const int32_t* slot_of, int64_t T, int64_t K, int64_t C);
+// dys (N,C) in `mm` = gate[a]·dy[a/K]; dgate (T·K) = dy[a/K]·ys[i], a = sorted[i], ys in `mm`.
+// With slot_of: dgate is 0 for each of the `assignments` that was dropped (slot_of −1).
+void moe_combine_backward(void* dys, DType mm, float* dgate, const float* dy, const void* ys,
                           const float* gate, const int32_t* sorted, int64_t N, int64_t K, int64_t C,
                           const int32_t* slot_of = nullptr, int64_t assignments = 0);
 // dx (T,C) += Σ_k dxs[slot_of[t·K+k]] in k order, dropped slots (−1) skipped

@@ -123,11 +123,13 @@ class Model {
   int64_t pass_seqs() const;   // sequences one forward/backward pass holds (micro_batch_seqs)
   int64_t logit_rows() const;  // rows of one LM-head chunk (see kLogitRowsAuto)
   DType matmul_type() const;
-  // How the routed-expert products run (the benchmark measures each):
+  // How the routed-expert products run (the benchmark measures each). On every path the routed
+  // rows' outputs (ye, read only by the combine kernels) are stored in the matrix type, as the
+  // SwiGLU inputs are (h13); the routed input gradients (dxg) and the weight gradients are fp32.
   //  - grouped (a Model's until set; runs take resolve_kernels'): one grouped cuBLAS call per
   //    product; the host waits for the routed counts once per MoE layer to size it. In bf16 its
-  //    results come back in bf16 (the grouped call has no bf16 → fp32 form) and are widened to
-  //    fp32, or added to the fp32 gradients.
+  //    fp32 results come back in bf16 (the grouped call has no bf16 → fp32 form) and are widened
+  //    to fp32, or added to the fp32 gradients.
   //  - loop: one cublasGemmEx per expert (fp32 results directly).
   //  - tiled (bf16 only): our own kernels (expert_gemm.hpp) reading the row ranges on the device;
   //    no host wait inside the step, fp32 results directly; the rows of each expert's last tile
