@@ -823,17 +823,26 @@ __global__ void moe_combine_forward_kernel(float* y, const YT* ys, const float* 
   }
 }
 
-// One warp per routed row (a block-wide reduction per row cost more than the row's work); ys
-// and dys in the model's matrix type.
+// One warp per assignment a = t·K + k, in token order, so that the K warps of token t read its dy
+// row together (in the order of the routed rows, the sort by expert, each dy row was read K times
+// far apart: at batch 32 × 1024 the 64 MB of dy outgrow the H200's 50 MB L2). Routed row
+// i = slot_of[a]: dys[i] = gate[a]·dy[t], dgate[a] = dy[t]·ys[i] (lanes over the columns, then
+// the warp's sum: the same sums as a warp per routed row); a dropped assignment (slot −1) gets
+// dgate 0 and no row. ys and dys in the model's matrix type.
 template <class OutT>
 __global__ void moe_combine_backward_kernel(OutT* dys, float* dgate, const float* dy,
                                             const OutT* ys, const float* gate,
-                                            const int32_t* sorted, int64_t N, int64_t K,
+                                            const int32_t* slot_of, int64_t TK, int64_t K,
                                             int64_t C) {
-  const int64_t i = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
-  if (i >= N) return;
+  const int64_t a = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  if (a >= TK) return;
   const int lane = threadIdx.x & 31;
-  const int64_t a = sorted[i], t = a / K;
+  const int64_t i = slot_of[a];
+  if (i < 0) {  // dropped (over capacity)
+    if (lane == 0) dgate[a] = 0.f;
+    return;
+  }
+  const int64_t t = a / K;
   const float g = gate[a];
   float dot = 0.f;
   for (int64_t c = lane; c < C; c += 32) {
@@ -843,11 +852,6 @@ __global__ void moe_combine_backward_kernel(OutT* dys, float* dgate, const float
   }
   dot = warp_sum(dot);
   if (lane == 0) dgate[a] = dot;
-}
-
-__global__ void zero_dropped_kernel(float* dgate, const int32_t* slot_of, int64_t n) {
-  const int64_t a = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (a < n && slot_of[a] < 0) dgate[a] = 0.f;
 }
 
 template <bool VEC4>
@@ -1615,16 +1619,12 @@ void moe_combine_forward(float* y, const void* ys, DType mm, const float* gate,
 }
 
 void moe_combine_backward(void* dys, DType mm, float* dgate, const float* dy, const void* ys,
-                          const float* gate, const int32_t* sorted, int64_t N, int64_t K, int64_t C,
-                          const int32_t* slot_of, int64_t assignments) {
-  if (slot_of && assignments > 0) {
-    zero_dropped_kernel<<<blocks_for(assignments, 256), 256>>>(dgate, slot_of, assignments);
-    check_launch("zero_dropped");
-  }
-  if (N == 0) return;
-  MOEPLAN_DISPATCH_MM(mm, moe_combine_backward_kernel<OutT><<<blocks_for(N, 8), 256>>>(
+                          const float* gate, const int32_t* slot_of, int64_t T, int64_t K,
+                          int64_t C) {
+  if (T * K == 0) return;
+  MOEPLAN_DISPATCH_MM(mm, moe_combine_backward_kernel<OutT><<<blocks_for(T * K, 8), 256>>>(
                               static_cast<OutT*>(dys), dgate, dy, static_cast<const OutT*>(ys),
-                              gate, sorted, N, K, C));
+                              gate, slot_of, T * K, K, C));
   check_launch("moe_combine_backward");
 }
 

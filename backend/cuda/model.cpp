@@ -1701,10 +1701,9 @@ struct Model::Impl {
                           overlap ? side_lane() : Lane{&blas, nullptr});
     else
       check_cuda(cudaMemsetAsync(dln.data(), 0, size_t(Tp * Dm) * 4, nullptr), "memset dln");
-    const bool drops = opt.capacity_factor > 0;  // dropped assignments' gates get 0
+    // Dropped assignments' gates get 0 (capacity factor).
     k::moe_combine_backward(dye.data(), mm, dgate.as<float>(), dresid.as<float>(), x.ye.data(),
-                            x.gate.as<float>(), x.sorted.as<int32_t>(), R, K, Dm,
-                            drops ? x.slot_of.as<int32_t>() : nullptr, drops ? Tp * K : 0);
+                            x.gate.as<float>(), x.slot_of.as<int32_t>(), Tp, K, Dm);
     prof.mark("bwd shared expert + combine");
     if (!tiled_path())  // the cuBLAS paths add into the zeroed expert gradients
       for (const auto* offs : {&q.expert_w2, &q.expert_w13})

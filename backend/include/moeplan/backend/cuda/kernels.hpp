@@ -99,11 +99,12 @@ void gather_rows(void* out, const void* in, DType mm, const int32_t* sorted, int
 // (−1) add nothing
 void moe_combine_forward(float* y, const void* ys, DType mm, const float* gate,
                          const int32_t* slot_of, int64_t T, int64_t K, int64_t C);
-// dys (N,C) in `mm` = gate[a]·dy[a/K]; dgate (T·K) = dy[a/K]·ys[i], a = sorted[i], ys in `mm`.
-// With slot_of: dgate is 0 for each of the `assignments` that was dropped (slot_of −1).
+// For each assignment a = t·K + k of routed row i = slot_of[a]: dys[i] (C) in `mm` =
+// gate[a]·dy[t], dgate[a] = dy[t]·ys[i], ys in `mm`; dgate[a] = 0 and no row for a dropped
+// assignment (slot_of −1). Rows of dys that no assignment names are left alone.
 void moe_combine_backward(void* dys, DType mm, float* dgate, const float* dy, const void* ys,
-                          const float* gate, const int32_t* sorted, int64_t N, int64_t K, int64_t C,
-                          const int32_t* slot_of = nullptr, int64_t assignments = 0);
+                          const float* gate, const int32_t* slot_of, int64_t T, int64_t K,
+                          int64_t C);
 // dx (T,C) += Σ_k dxs[slot_of[t·K+k]] in k order, dropped slots (−1) skipped
 void moe_scatter_add(float* dx, const float* dxs, const int32_t* slot_of, int64_t T, int64_t K,
                      int64_t C);
