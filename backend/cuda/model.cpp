@@ -211,15 +211,14 @@ struct Model::Impl {
 
   // ---- the AdamW update beside the next step's forward (set_update_overlap) -------------------
   // Unless the optimizer is sharded (its all-gather follows the update) and while not profiling,
-  // the update runs on a stream of its own in
-  // stages over the parameter buffer in layout order: the embedding, each layer, the final norm
-  // and LM head (each stage's end rounded down to a multiple of 4, so that all but the last take
-  // the 16-byte kernel). The step returns once its gradient norm is read; the next step's forward
-  // waits for a stage before the first kernel that reads its weights, the zeroing of the next
-  // step's gradients for the stages that read them, and everything else that touches the
-  // parameters, gradients or moments (the host's copies, a checkpoint, the ERC loss) for all of
-  // it (settle). The same kernel on the same values, so the same bits; the next forward's first
-  // layers run while the last layers are still updated.
+  // the update runs on a stream of its own in stages over the parameter buffer in layout order:
+  // the embedding, each layer, the final norm and LM head (each stage's end rounded down to a
+  // multiple of 4, so that all but the last take the 16-byte kernel). The step returns once its
+  // gradient norm is read; the next step's forward waits for a stage before the first kernel that
+  // reads its weights, the zeroing of the next step's gradients for the stages that read them, and
+  // everything else that touches the parameters, gradients or moments (the host's copies, a
+  // checkpoint, the ERC loss) for all of it (settle). The same kernel on the same values, so the
+  // same bits; the next forward's first layers run while the last layers are still updated.
   //
   // The embedding's stage (stage 0: the floats before layer 0) is not issued with the others. The
   // next compute_gradients issues it on a stream of its own (emb_upd) once its tokens say which
@@ -272,7 +271,7 @@ struct Model::Impl {
       stage_end.push_back(e);
     }
     stage_end.push_back(n_params);
-    check_buckets();
+    check_buckets();  // use_end also bounds the all-reduce's buckets (set_reduce_overlap)
   }
   void adamw_range(int64_t b, int64_t e, const UpdateArgs& u, void* stream) {
     k::adamw(P(b), mm == DType::bf16 ? params_mm.as<uint16_t>() + b : nullptr,
