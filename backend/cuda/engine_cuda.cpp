@@ -340,7 +340,10 @@ class CudaEngine final : public Engine {
         model_->logit_rows() < rows
             ? fmt::format(", LM head in chunks of {} of {} rows", model_->logit_rows(), rows)
             : "",
-        sharded_ ? ", optimizer sharded" : "", gemm_note_);
+        sharded_                   ? ", optimizer sharded"
+        : model_->reduce_overlap() ? ", all-reduce beside the backward"
+                                   : "",
+        gemm_note_);
   }
   bool any_rank(bool flag) override {
     if (!comm_ || info_.world_size == 1) return flag;

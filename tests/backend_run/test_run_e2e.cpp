@@ -2226,6 +2226,11 @@ TEST_CASE("moeplan run --nproc 2 --shard-optimizer (emulated): the same training
   CHECK_MESSAGE(sharded.out.find(", optimizer sharded, no GEMM table (none built in for") !=
                     std::string::npos,
                 sharded.out);
+  // Unsharded, the gradients' all-reduce runs beside the backward (Model::set_reduce_overlap).
+  CHECK_MESSAGE(
+      plain.out.find(", all-reduce beside the backward, no GEMM table") != std::string::npos,
+      plain.out);
+  CHECK(sharded.out.find("all-reduce beside") == std::string::npos);
   const json rp = record(dir / "plain", "moe-s"), rs = record(dir / "sharded", "moe-s");
   CHECK(rp["optimizer_sharded"] == false);
   CHECK(rs["optimizer_sharded"] == true);
