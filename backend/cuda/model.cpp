@@ -408,8 +408,12 @@ struct Model::Impl {
   bool reducing_beside() const {
     return overlap_reduce && comm && !sharded && !prof.on && !overlapping_wgrad();
   }
-  void reduce_bucket(int64_t b, int64_t e) {
-    if (!reduce_in_backward || e <= b) return;
+  // Use u's bucket, numbered as await_use numbers them: 0 the embedding, 1 + l layer l, L + 1
+  // the final norm and LM head. Nothing outside the step's last pass.
+  void reduce_bucket(int64_t u) {
+    if (!reduce_in_backward) return;
+    const int64_t b = u == 0 ? 0 : use_end[size_t(u - 1)], e = use_end[size_t(u)];
+    if (e <= b) return;
     red->begin();
     comm->all_reduce_mean(grads.as<float>() + b, e - b, red->handle());
     red->mark(0);
@@ -1786,7 +1790,7 @@ struct Model::Impl {
     k::rmsnorm_backward(dresid.as<float>(), G(final_norm), dln.as<float>(), resid_out.as<float>(),
                         P(final_norm), rstdf.as<float>(), Tp, Dm, col_scratch.as<float>(),
                         dresid_mm.data(), mm, !overwrites(final_norm));
-    if (reduce_in_backward) reduce_bucket(use_end[size_t(L)], n_params);  // final norm, LM head
+    reduce_bucket(L + 1);  // the final norm and LM head
     prof.mark("bwd final norm");
     for (int64_t l = L - 1; l >= 0; --l) {
       const LayerParams& q = lp[size_t(l)];
@@ -1823,7 +1827,7 @@ struct Model::Impl {
                           P(q.norm1), x.rstd1.as<float>(), Tp, Dm, col_scratch.as<float>(),
                           l > 0 ? dresid_mm.data() : nullptr, mm,  // layer 0: the embedding
                           !overwrites(q.norm1));
-      if (reduce_in_backward) reduce_bucket(use_end[size_t(l)], use_end[size_t(l + 1)]);
+      reduce_bucket(1 + l);
       prof.mark("bwd qkv + norm1");  // per layer: else the next layer's ffn phase takes it
     }
     if (wgrad_side) side->join();  // every weight gradient, before anything reads them
@@ -1831,7 +1835,7 @@ struct Model::Impl {
     adds_to(embedding);
     k::embedding_backward(G(embedding), dresid.as<float>(), emb_ids.as<int32_t>(),
                           emb_seg.as<int32_t>(), emb_pos.as<int32_t>(), emb_unique, Dm);
-    if (reduce_in_backward) reduce_bucket(0, use_end[0]);
+    reduce_bucket(0);
     prof.mark("bwd embedding");
   }
 

@@ -613,9 +613,6 @@ ncclResult_t run_collective(ncclComm_t comm, cudaStream_t stream, F now) {
   });
   return ncclSuccess;
 }
-}  // namespace
-
-namespace {
 
 template <class T>
 void reduce_slots(const ncclComm& c, std::size_t offset_elems, std::size_t n, bool average,
