@@ -554,7 +554,7 @@ const bool registered = register_command(
        app.add_option(
               "--kernels", f->kernels,
               "cuda only: attention=auto|cublas|fused|fused_mma|fused_mma_wide|fused_mma_lean, "
-              "experts=auto|grouped|loop|tiled|tiled128|batched, logits=auto|<rows>, "
+              "experts=auto|grouped|loop|tiled|tiled128|wgmma|batched, logits=auto|<rows>, "
               "gemm=auto|none|builtin[:NAME]|<table.json> (default: auto for each: "
               "fused_mma_lean and tiled128 in bf16 where they apply, LM head chunks of 8192 "
               "rows, the built-in GEMM table made on this GPU and cuBLASLt if any; "

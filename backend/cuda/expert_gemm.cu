@@ -17,6 +17,7 @@
 #include "check.hpp"
 #include "mma.cuh"
 #include "moeplan/backend/cuda/expert_gemm.hpp"
+#include "pair_store.cuh"
 
 namespace moeplan::backend::cuda::expert_gemm {
 namespace {
@@ -188,36 +189,6 @@ __device__ __forceinline__ void pipeline(int steps, Issue&& issue, Multiply&& mu
     if (next < steps) issue(next, next % kStages);
     cp_async_commit();
     multiply(s % kStages);
-  }
-}
-
-__device__ inline void put(float* p, float v, bool accumulate) {
-  *p = accumulate ? *p + v : v;
-}
-__device__ inline void put(bf16* p, float v, bool) {
-  *p = __float2bfloat16(v);
-}
-// Two adjacent columns; one 8- or 4-byte access where the address allows.
-__device__ inline void put2(float* p, float v0, float v1, bool accumulate) {
-  if (reinterpret_cast<uintptr_t>(p) % 8 == 0) {
-    float2* q = reinterpret_cast<float2*>(p);
-    if (accumulate) {
-      const float2 o = *q;
-      v0 += o.x;
-      v1 += o.y;
-    }
-    *q = make_float2(v0, v1);
-  } else {
-    put(p, v0, accumulate);
-    put(p + 1, v1, accumulate);
-  }
-}
-__device__ inline void put2(bf16* p, float v0, float v1, bool) {
-  if (reinterpret_cast<uintptr_t>(p) % 4 == 0) {
-    *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(v0, v1);
-  } else {
-    *p = __float2bfloat16(v0);
-    p[1] = __float2bfloat16(v1);
   }
 }
 
@@ -512,20 +483,30 @@ void weight_grads(float* const* G, const uint16_t* A, const uint16_t* B, const i
   check_launch("expert_gemm::weight_grads");
 }
 
+namespace {
+void check_depth(int64_t depth) {
+  if (depth != kDepth && depth != kWgmmaDepth)
+    throw std::logic_error("expert_gemm: depth step " + std::to_string(depth) + " (valid: " +
+                           std::to_string(kDepth) + ", " + std::to_string(kWgmmaDepth) + ")");
+}
+}  // namespace
+
 int64_t executed_row_product_flops(const int32_t* counts, int64_t experts, int64_t N, int64_t K,
-                                   int64_t tile_rows) {
+                                   int64_t tile_rows, int64_t depth) {
   check_tile_rows(tile_rows);
+  check_depth(depth);
   int64_t rows = 0;
   for (int64_t e = 0; e < experts; ++e) rows += ceil_to(counts[e], tile_rows);
-  return 2 * rows * ceil_to(N, BN) * ceil_to(K, BK);
+  return 2 * rows * ceil_to(N, BN) * ceil_to(K, depth);
 }
 
 int64_t executed_weight_grad_flops(const int32_t* counts, int64_t experts, int64_t M, int64_t N,
-                                   int64_t tile_rows) {
+                                   int64_t tile_rows, int64_t depth) {
   check_tile_rows(tile_rows);
-  int64_t depth = 0;
-  for (int64_t e = 0; e < experts; ++e) depth += ceil_to(counts[e], BK);
-  return 2 * ceil_to(M, tile_rows) * ceil_to(N, BN) * depth;
+  check_depth(depth);
+  int64_t walked = 0;
+  for (int64_t e = 0; e < experts; ++e) walked += ceil_to(counts[e], depth);
+  return 2 * ceil_to(M, tile_rows) * ceil_to(N, BN) * walked;
 }
 
 }  // namespace moeplan::backend::cuda::expert_gemm

@@ -724,8 +724,7 @@ struct Model::Impl {
     }
     // A tiled path given at construction allocates no xg (set_expert_path checks the path and
     // sets up the others after construction).
-    if ((experts == ExpertPath::tiled || experts == ExpertPath::tiled128) && mm == DType::bf16)
-      expert_path = experts;
+    if (tiled(experts) && mm == DType::bf16) expert_path = experts;
     allocate_activations();
     if (erc_on()) allocate_erc();
   }
@@ -1189,10 +1188,13 @@ struct Model::Impl {
     return static_cast<float* const*>(const_cast<void*>(expert_wtab.data())) +
            ((l - a.dense_layers) * 4 + 2 + which) * E;
   }
-  bool tiled_path() const {
-    return expert_path == ExpertPath::tiled || expert_path == ExpertPath::tiled128;
+  static bool tiled(ExpertPath p) {
+    return p == ExpertPath::tiled || p == ExpertPath::tiled128 || p == ExpertPath::wgmma;
   }
-  int64_t tile_rows() const { return expert_path == ExpertPath::tiled128 ? 128 : 64; }
+  bool tiled_path() const { return tiled(expert_path); }
+  bool wgmma() const { return expert_path == ExpertPath::wgmma; }
+  int64_t tile_rows() const { return expert_path == ExpertPath::tiled ? 64 : 128; }
+  int64_t tile_depth() const { return wgmma() ? expert_gemm::kWgmmaDepth : expert_gemm::kDepth; }
   // C (R, N) = A (R, K) · op(W_e) over layer l's tile map; the products' own shapes go to the
   // ledger now, their tiles' padding once the counts are read (book_tiled_padding).
   // gathered: A's rows are the tokens' (A is ln2, row i the token of routed row i: the layer's
@@ -1201,10 +1203,16 @@ struct Model::Impl {
                   int64_t R, int64_t N, int64_t Kd, FlopLedger& lg, Phase ph,
                   bool gathered = false) {
     Acts& x = acts[size_t(l)];
-    expert_gemm::rows(C, c_bf16, static_cast<const uint16_t*>(A), weight_table(l, which), trans_w,
-                      x.tile_map.as<int32_t>(), x.n_tiles.as<int32_t>(),
-                      expert_gemm::max_row_tiles(R, E, tile_rows()), N, Kd, tile_rows(),
-                      gathered ? x.sorted.as<int32_t>() : nullptr, K);
+    const auto* a16 = static_cast<const uint16_t*>(A);
+    const int32_t* gather = gathered ? x.sorted.as<int32_t>() : nullptr;
+    const int64_t tiles = expert_gemm::max_row_tiles(R, E, tile_rows());
+    if (wgmma())
+      expert_gemm::rows_wgmma(C, c_bf16, a16, weight_table(l, which), trans_w,
+                              x.tile_map.as<int32_t>(), x.n_tiles.as<int32_t>(), tiles, N, Kd,
+                              gather, K);
+    else
+      expert_gemm::rows(C, c_bf16, a16, weight_table(l, which), trans_w, x.tile_map.as<int32_t>(),
+                        x.n_tiles.as<int32_t>(), tiles, N, Kd, tile_rows(), gather, K);
     lg.add_gemm(FlopCategory::expert, ph, R, N, Kd);
     tiled_pending.push_back({l, false, N, Kd, ph});
   }
@@ -1214,10 +1222,14 @@ struct Model::Impl {
     const LayerParams& q = lp[size_t(l)];
     const bool overwrite = overwrites_all(which == kW13 ? q.expert_w13 : q.expert_w2);
     Acts& x = acts[size_t(l)];
-    expert_gemm::weight_grads(grad_table(l, which), static_cast<const uint16_t*>(A),
-                              static_cast<const uint16_t*>(Bm), x.offsets.as<int32_t>(), E, M, N,
-                              tile_rows(), !overwrite, gathered ? x.sorted.as<int32_t>() : nullptr,
-                              K);
+    const auto *a16 = static_cast<const uint16_t*>(A), *b16 = static_cast<const uint16_t*>(Bm);
+    const int32_t* gather = gathered ? x.sorted.as<int32_t>() : nullptr;
+    if (wgmma())
+      expert_gemm::weight_grads_wgmma(grad_table(l, which), a16, b16, x.offsets.as<int32_t>(), E, M,
+                                      N, !overwrite, gather, K);
+    else
+      expert_gemm::weight_grads(grad_table(l, which), a16, b16, x.offsets.as<int32_t>(), E, M, N,
+                                tile_rows(), !overwrite, gather, K);
     lg.add_gemm(FlopCategory::expert, Phase::weight_grad, M, N, R);
     tiled_pending.push_back({l, true, M, N, Phase::weight_grad});
   }
@@ -1264,9 +1276,10 @@ struct Model::Impl {
       Acts& x = acts[size_t(p.layer)];
       const int32_t* c = x.counts_host.data();
       const int64_t rows = std::accumulate(x.counts_host.begin(), x.counts_host.end(), int64_t(0));
-      const int64_t executed =
-          p.weight_grad ? expert_gemm::executed_weight_grad_flops(c, E, p.d1, p.d2, tile_rows())
-                        : expert_gemm::executed_row_product_flops(c, E, p.d1, p.d2, tile_rows());
+      const int64_t executed = p.weight_grad ? expert_gemm::executed_weight_grad_flops(
+                                                   c, E, p.d1, p.d2, tile_rows(), tile_depth())
+                                             : expert_gemm::executed_row_product_flops(
+                                                   c, E, p.d1, p.d2, tile_rows(), tile_depth());
       lg.flops[int(FlopCategory::padding)][int(p.phase)] += executed - 2 * rows * p.d1 * p.d2;
     }
     tiled_pending.clear();
@@ -2271,11 +2284,28 @@ std::vector<std::pair<std::string, double>> Model::profile_ms_per_step() const {
   return out;
 }
 void Model::set_expert_path(ExpertPath path) {
-  if ((path == ExpertPath::tiled || path == ExpertPath::tiled128) && impl_->mm != DType::bf16)
+  if (Impl::tiled(path) && impl_->mm != DType::bf16)
     throw InputError(fmt::format(
         "expert path '{}' multiplies bf16 inputs; this model multiplies in fp32 (valid: "
         "grouped, loop, batched)",
-        path == ExpertPath::tiled ? "tiled" : "tiled128"));
+        path == ExpertPath::tiled      ? "tiled"
+        : path == ExpertPath::tiled128 ? "tiled128"
+                                       : "wgmma"));
+  if (path == ExpertPath::wgmma) {
+    int device = 0;
+    check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+    const DeviceInfo d = device_info(device);
+    if (!expert_gemm::wgmma_supported(d.compute_major, d.compute_minor))
+      throw InputError(fmt::format(
+          "expert path 'wgmma' runs on compute capability 9.0 (H100/H200) only; this device "
+          "({}) is {}.{} (valid here: tiled, tiled128, grouped, loop, batched)",
+          d.name, d.compute_major, d.compute_minor));
+    if (impl_->E > 0 && (impl_->Dm % 8 != 0 || impl_->De % 8 != 0))
+      throw InputError(fmt::format(
+          "expert path 'wgmma' needs d_model ({}) and the expert width ({}) in multiples of 8 "
+          "(valid for these shapes: tiled, tiled128, grouped, loop, batched)",
+          impl_->Dm, impl_->De));
+  }
   if (path == ExpertPath::batched && impl_->E > 0) {
     Impl& m = *impl_;
     m.check_expert_stride();
@@ -2320,11 +2350,10 @@ constexpr std::pair<const char*, AttentionPath> kAttention[] = {
     {"fused_mma", AttentionPath::fused_mma},
     {"fused_mma_wide", AttentionPath::fused_mma_wide},
     {"fused_mma_lean", AttentionPath::fused_mma_lean}};
-constexpr std::pair<const char*, ExpertPath> kExperts[] = {{"grouped", ExpertPath::grouped},
-                                                           {"loop", ExpertPath::loop},
-                                                           {"tiled", ExpertPath::tiled},
-                                                           {"tiled128", ExpertPath::tiled128},
-                                                           {"batched", ExpertPath::batched}};
+constexpr std::pair<const char*, ExpertPath> kExperts[] = {
+    {"grouped", ExpertPath::grouped}, {"loop", ExpertPath::loop},
+    {"tiled", ExpertPath::tiled},     {"tiled128", ExpertPath::tiled128},
+    {"wgmma", ExpertPath::wgmma},     {"batched", ExpertPath::batched}};
 
 template <class E, size_t N>
 E lookup(const std::pair<const char*, E> (&names)[N], const std::string& key,

@@ -494,6 +494,12 @@ int main(int argc, char** argv) {
               true},
         Point{"moe-ra0.2-tiled128-fused-mma-lean-attn-adamw-beside", moe_equal_n(),
               cu::AttentionPath::fused_mma_lean, cu::ExpertPath::tiled128, 0, 0, false, false, 0, 0,
+              true},
+        // The routed experts on wgmma (sm_90a): the kernel-times point, and the goal's point.
+        Point{"moe-ra0.2-wgmma-fused-mma-lean-attn", moe_equal_n(),
+              cu::AttentionPath::fused_mma_lean, cu::ExpertPath::wgmma},
+        Point{"moe-ra0.2-wgmma-fused-mma-lean-attn-adamw-beside", moe_equal_n(),
+              cu::AttentionPath::fused_mma_lean, cu::ExpertPath::wgmma, 0, 0, false, false, 0, 0,
               true}}) {
     if (!only.empty() && only.find("," + p.name + ",") == std::string::npos) continue;
     matched = true;
@@ -604,6 +610,7 @@ int main(int argc, char** argv) {
              : p.experts == cu::ExpertPath::tiled    ? "tiled (own mma.sync kernels)"
              : p.experts == cu::ExpertPath::tiled128 ? "tiled, 128-row tiles (own mma.sync kernels)"
              : p.experts == cu::ExpertPath::batched  ? "strided-batched over padded rows (fp32 out)"
+             : p.experts == cu::ExpertPath::wgmma    ? "tiled, 128-row tiles (own wgmma kernels)"
                                                      : "grouped (bf16 out, fp32 widen/add)") +
          (!model.fused_attention()                      ? "; cuBLAS attention"
           : p.attention == cu::AttentionPath::fused_mma ? "; fused attention, mma.sync"

@@ -184,7 +184,8 @@ TEST_CASE("--kernels: attention and experts by name or auto, everything else ref
         "attention=auto|cublas|fused|fused_mma|fused_mma_wide|fused_mma_lean)");
   CHECK(message("experts=fast") ==
         "--kernels: experts=fast is not known (valid: "
-        "experts=auto|grouped|loop|tiled|tiled128|batched)");
+        "experts=auto|grouped|loop|tiled|tiled128|wgmma|batched)");
+  CHECK(cu::parse_kernel_choice("experts=wgmma").experts == cu::ExpertPath::wgmma);
   CHECK(message("speed=fast").find("'speed' is not a kernel name") != std::string::npos);
   CHECK(message("attention").find("is not name=value") != std::string::npos);
   CHECK(message("attention=,experts=tiled").find("is not name=value") != std::string::npos);

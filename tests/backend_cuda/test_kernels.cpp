@@ -883,9 +883,12 @@ std::tuple<std::vector<uint16_t>, std::vector<int32_t>, std::vector<uint16_t>> g
 
 // The tiled expert products at tile height tr against a double-precision host loop. Counts with
 // an empty expert, a single row, exact and partial 64- and 128-row tiles. Shapes: multiples of 8
-// (16-byte loads) with partial column and depth tiles, and ragged ones (element loads).
-void check_tiled_products(int64_t tr) {
-  INFO("tile rows " << tr);
+// (16-byte loads) with partial column and depth tiles, and ragged ones (element loads). With
+// `wgmma`, the warpgroup-MMA kernels (128-row tiles, 64 deep), which take only the shapes in
+// multiples of 8 and refuse the ragged ones.
+void check_tiled_products(int64_t tr, bool wgmma = false) {
+  INFO("tile rows " << tr << (wgmma ? ", wgmma" : ""));
+  REQUIRE((!wgmma || tr == 128));
   const std::vector<int32_t> counts = {0, 1, 64, 65, 130, 7, 0, 33, 128, 257};
   const int64_t E = int64_t(counts.size());
   const std::vector<int32_t> offsets = exclusive_offsets(counts);
@@ -912,10 +915,30 @@ void check_tiled_products(int64_t tr) {
   };
   // K 264: nine depth steps, so each of the pipeline's three buffers is refilled twice; an odd N
   // puts every other output row at an odd address (the pair stores' element fallback).
+  // For wgmma, K 264 is five depth steps of 64 with a partial last one, 96 and 40 one or two.
   const Shape row_shapes[] = {{128, 96}, {136, 264}, {200, 40}, {36, 20}, {45, 24}};
+  const auto rows = [&](void* C, bool c_bf16, const uint16_t* A, const uint16_t* const* W,
+                        bool trans, int64_t N, int64_t K, const int32_t* gather = nullptr,
+                        int64_t gather_div = 1) {
+    if (wgmma)
+      eg::rows_wgmma(C, c_bf16, A, W, trans, map.as<int32_t>(), n_tiles.as<int32_t>(), max_tiles, N,
+                     K, gather, gather_div);
+    else
+      eg::rows(C, c_bf16, A, W, trans, map.as<int32_t>(), n_tiles.as<int32_t>(), max_tiles, N, K,
+               tr, gather, gather_div);
+  };
   for (Shape sh : row_shapes) {
     const int64_t N = sh.N, K = sh.K;
     INFO("N " << N << " K " << K);
+    if (wgmma && (N % 8 != 0 || K % 8 != 0)) {
+      auto out = poisoned(size_t(R * N) * 4), a = poisoned(size_t(R * K) * 2);
+      std::vector<const uint16_t*> wp(static_cast<size_t>(E), a.as<uint16_t>());
+      auto dWp = to_device(wp);
+      CHECK_THROWS_AS(rows(out.data(), false, a.as<uint16_t>(),
+                           static_cast<const uint16_t* const*>(dWp.data()), false, N, K),
+                      std::logic_error);
+      continue;
+    }
     auto a = randn(size_t(R * K), 41);
     auto w = randn(size_t(E * K * N), 42, 0.2f);
     const auto a_bits = to_bf16(a), w_bits = to_bf16(w);
@@ -940,9 +963,8 @@ void check_tiled_products(int64_t tr) {
       }
       for (bool c_bf16 : {false, true}) {
         auto out = poisoned(size_t(R * N) * 4);
-        eg::rows(out.data(), c_bf16, dA.as<uint16_t>(),
-                 static_cast<const uint16_t* const*>(dWp.data()), trans, map.as<int32_t>(),
-                 n_tiles.as<int32_t>(), max_tiles, N, K, tr);
+        rows(out.data(), c_bf16, dA.as<uint16_t>(), static_cast<const uint16_t* const*>(dWp.data()),
+             trans, N, K);
         synchronize();
         const double err =
             rel_err(download_f(out, size_t(R * N), c_bf16 ? DType::bf16 : DType::f32), want);
@@ -957,12 +979,10 @@ void check_tiled_products(int64_t tr) {
     auto dX = to_device(x_bits), dGather = to_device(gather), dAg = to_device(gathered_bits);
     for (bool c_bf16 : {false, true}) {
       auto plain = poisoned(size_t(R * N) * 4), via = poisoned(size_t(R * N) * 4);
-      eg::rows(plain.data(), c_bf16, dAg.as<uint16_t>(),
-               static_cast<const uint16_t* const*>(dWp.data()), false, map.as<int32_t>(),
-               n_tiles.as<int32_t>(), max_tiles, N, K, tr);
-      eg::rows(via.data(), c_bf16, dX.as<uint16_t>(),
-               static_cast<const uint16_t* const*>(dWp.data()), false, map.as<int32_t>(),
-               n_tiles.as<int32_t>(), max_tiles, N, K, tr, dGather.as<int32_t>(), 3);
+      rows(plain.data(), c_bf16, dAg.as<uint16_t>(),
+           static_cast<const uint16_t* const*>(dWp.data()), false, N, K);
+      rows(via.data(), c_bf16, dX.as<uint16_t>(), static_cast<const uint16_t* const*>(dWp.data()),
+           false, N, K, dGather.as<int32_t>(), 3);
       synchronize();
       const DType t = c_bf16 ? DType::bf16 : DType::f32;
       CHECK(download_f(via, size_t(R * N), t) == download_f(plain, size_t(R * N), t));
@@ -970,9 +990,26 @@ void check_tiled_products(int64_t tr) {
   }
   // weight gradients: (M, N) += A^T·B
   // M 200: a whole and a partial output tile of 128 rows, four of 64.
+  const auto weight_grads = [&](float* const* G, const uint16_t* A, const uint16_t* B, int64_t M,
+                                int64_t N, bool accumulate = true, const int32_t* gather = nullptr,
+                                int64_t gather_div = 1) {
+    if (wgmma)
+      eg::weight_grads_wgmma(G, A, B, dOff.as<int32_t>(), E, M, N, accumulate, gather, gather_div);
+    else
+      eg::weight_grads(G, A, B, dOff.as<int32_t>(), E, M, N, tr, accumulate, gather, gather_div);
+  };
   for (Shape sh : {Shape{96, 128}, Shape{20, 36}, Shape{21, 35}, Shape{200, 136}}) {
     const int64_t M = sh.N, N = sh.K;
     INFO("M " << M << " N " << N);
+    if (wgmma && (M % 8 != 0 || N % 8 != 0)) {
+      auto a = poisoned(size_t(R * std::max(M, N)) * 2);
+      std::vector<float*> gp(static_cast<size_t>(E), nullptr);
+      auto dGp = to_device(gp);
+      CHECK_THROWS_AS(weight_grads(static_cast<float* const*>(dGp.data()), a.as<uint16_t>(),
+                                   a.as<uint16_t>(), M, N),
+                      std::logic_error);
+      continue;
+    }
     auto a = randn(size_t(R * M), 43), b = randn(size_t(R * N), 44);
     const auto a_bits = to_bf16(a), b_bits = to_bf16(b);
     auto dA = to_device(a_bits), dB = to_device(b_bits);
@@ -992,8 +1029,8 @@ void check_tiled_products(int64_t tr) {
           ge[m * N + n] = float(double(ge[m * N + n]) + s);
         }
     }
-    eg::weight_grads(static_cast<float* const*>(dGp.data()), dA.as<uint16_t>(), dB.as<uint16_t>(),
-                     dOff.as<int32_t>(), E, M, N, tr);
+    weight_grads(static_cast<float* const*>(dGp.data()), dA.as<uint16_t>(), dB.as<uint16_t>(), M,
+                 N);
     synchronize();
     const auto got = download_f(dG, g0.size());
     CHECK(rel_err(got, want) < 1e-5);
@@ -1006,13 +1043,13 @@ void check_tiled_products(int64_t tr) {
     auto dG2 = to_device(got);
     for (int64_t e = 0; e < E; ++e) gp[size_t(E - 1 - e)] = dG2.as<float>() + e * M * N;
     auto dGp2 = to_device(gp);
-    eg::weight_grads(static_cast<float* const*>(dGp2.data()), dA.as<uint16_t>(), dB.as<uint16_t>(),
-                     dOff.as<int32_t>(), E, M, N, tr);
+    weight_grads(static_cast<float* const*>(dGp2.data()), dA.as<uint16_t>(), dB.as<uint16_t>(), M,
+                 N);
     auto dG3 = to_device(got);
     for (int64_t e = 0; e < E; ++e) gp[size_t(E - 1 - e)] = dG3.as<float>() + e * M * N;
     auto dGp3 = to_device(gp);
-    eg::weight_grads(static_cast<float* const*>(dGp3.data()), dA.as<uint16_t>(), dB.as<uint16_t>(),
-                     dOff.as<int32_t>(), E, M, N, tr);
+    weight_grads(static_cast<float* const*>(dGp3.data()), dA.as<uint16_t>(), dB.as<uint16_t>(), M,
+                 N);
     synchronize();
     CHECK(download_f(dG2, g0.size()) == download_f(dG3, g0.size()));
     // Without accumulating (a step's first writer): G_e = A_e^T·B_e from NaNs, zeros for the
@@ -1022,10 +1059,10 @@ void check_tiled_products(int64_t tr) {
     auto dGp4 = to_device(gp);
     for (int64_t e = 0; e < E; ++e) gp[size_t(E - 1 - e)] = dG5.as<float>() + e * M * N;
     auto dGp5 = to_device(gp);
-    eg::weight_grads(static_cast<float* const*>(dGp4.data()), dA.as<uint16_t>(), dB.as<uint16_t>(),
-                     dOff.as<int32_t>(), E, M, N, tr, false);
-    eg::weight_grads(static_cast<float* const*>(dGp5.data()), dA.as<uint16_t>(), dB.as<uint16_t>(),
-                     dOff.as<int32_t>(), E, M, N, tr);
+    weight_grads(static_cast<float* const*>(dGp4.data()), dA.as<uint16_t>(), dB.as<uint16_t>(), M,
+                 N, false);
+    weight_grads(static_cast<float* const*>(dGp5.data()), dA.as<uint16_t>(), dB.as<uint16_t>(), M,
+                 N);
     synchronize();
     const auto fresh = download_f(dG4, g0.size());
     CHECK(fresh == download_f(dG5, g0.size()));
@@ -1037,11 +1074,10 @@ void check_tiled_products(int64_t tr) {
       auto dGp6 = to_device(gp);
       for (int64_t e = 0; e < E; ++e) gp[size_t(E - 1 - e)] = dG7.as<float>() + e * M * N;
       auto dGp7 = to_device(gp);
-      eg::weight_grads(static_cast<float* const*>(dGp6.data()), dAg.as<uint16_t>(),
-                       dB.as<uint16_t>(), dOff.as<int32_t>(), E, M, N, tr);
-      eg::weight_grads(static_cast<float* const*>(dGp7.data()), dX.as<uint16_t>(),
-                       dB.as<uint16_t>(), dOff.as<int32_t>(), E, M, N, tr, true,
-                       dGather.as<int32_t>(), 3);
+      weight_grads(static_cast<float* const*>(dGp6.data()), dAg.as<uint16_t>(), dB.as<uint16_t>(),
+                   M, N);
+      weight_grads(static_cast<float* const*>(dGp7.data()), dX.as<uint16_t>(), dB.as<uint16_t>(), M,
+                   N, true, dGather.as<int32_t>(), 3);
       synchronize();
       CHECK(download_f(dG7, g0.size()) == download_f(dG6, g0.size()));
     }
@@ -1059,6 +1095,10 @@ void check_tiled_products(int64_t tr) {
 TEST_CASE("tiled expert products match a double-precision host loop, every routing shape") {
   check_tiled_products(64);   // 4 warps a block
   check_tiled_products(128);  // 8 warps a block, 60 KiB of shared memory opted in per kernel
+}
+
+TEST_CASE("wgmma expert products match a double-precision host loop, every routing shape") {
+  check_tiled_products(128, true);  // two warpgroups a block, 96 KiB of shared memory
 }
 
 TEST_CASE("strided-batched experts' padded layout: maps and row copies match a host loop exactly") {

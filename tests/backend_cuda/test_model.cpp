@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <limits>
 #include <memory>
@@ -653,6 +654,115 @@ TEST_CASE("routed experts: the tiled kernels give the per-expert products' step;
   CHECK_THROWS_AS(f32.set_expert_path(cu::ExpertPath::tiled128), moeplan::InputError);
 }
 
+TEST_CASE("routed experts: the wgmma kernels give the per-expert products' step; padding exact") {
+  // The warpgroup-MMA kernels take the tiled kernels' bf16 inputs and fp32 results; their depth
+  // sums run in another order, so a step agrees with the per-expert products (and with tiled128)
+  // within bf16 tolerance, not bit for bit. Their tiles are 128 rows by 128 columns, walking the
+  // depth 64 at a time: the padding they book is exactly that, from each layer's counts.
+  const Arch a = moe_arch();
+  ModelOptions opt;
+  opt.positions = "rope";
+  const int64_t B = 4;
+  const Batch b = random_batch(B, a.seq_len, a.vocab, 57);
+  cu::Model wg(a, opt, 6, B, DType::bf16), t128(a, opt, 6, B, DType::bf16),
+      loop(a, opt, 6, B, DType::bf16);
+  wg.set_expert_path(cu::ExpertPath::wgmma);
+  t128.set_expert_path(cu::ExpertPath::tiled128);
+  loop.set_expert_path(cu::ExpertPath::loop);
+  CHECK(wg.expert_path() == cu::ExpertPath::wgmma);
+  StepResult rw, r128, rl;
+  const double ow = wg.compute_gradients(b.inputs.data(), b.targets.data(), &rw);
+  const double o128 = t128.compute_gradients(b.inputs.data(), b.targets.data(), &r128);
+  const double ol = loop.compute_gradients(b.inputs.data(), b.targets.data(), &rl);
+  const auto gw = wg.gradients();
+  const double err = rel_err(gw, loop.gradients()), err128 = rel_err(gw, t128.gradients());
+  std::printf(
+      "[experts wgmma] objective wgmma %.7f tiled128 %.7f loop %.7f, gradient rel diff %.2e "
+      "(loop), %.2e (tiled128)\n",
+      ow, o128, ol, err, err128);
+  print_worst_tensors(wg.tensors(), gw, loop.gradients());
+  CHECK(std::abs(ow - ol) / ol < 1e-3);
+  CHECK(err < 2e-2);
+  CHECK(err128 < 2e-2);
+  const auto no_padding = [](FlopLedger l) {
+    l.flops[int(FlopCategory::padding)] = {};
+    return l;
+  };
+  CHECK(no_padding(rw.flops) == no_padding(rl.flops));
+  // Padding, exactly: over each MoE layer's counts c_e (R = Σ c_e rows), the row products
+  // (N, K) execute Σ ceil128(c_e)·ceil128(N)·ceil64(K) multiply-adds, the weight gradients
+  // (M, N) ceil128(M)·ceil128(N)·Σ ceil64(c_e); minus the products' own R·N·K.
+  const int64_t De = a.d_expert, Dm = a.d_model;
+  const auto up = [](int64_t x, int64_t m) { return (x + m - 1) / m * m; };
+  using P = std::pair<int64_t, int64_t>;
+  int64_t fwd = 0, dx = 0, dw = 0;
+  for (int64_t l = a.dense_layers; l < a.layers; ++l) {
+    int64_t rows = 0, tile_rows = 0, depth = 0;
+    for (const int32_t c : wg.routed_counts(l)) {
+      rows += c;
+      tile_rows += up(c, 128);
+      depth += up(c, 64);
+    }
+    for (const auto& [N, K] : {P{2 * De, Dm}, P{Dm, De}})  // h13 = x·W13, y = h·W2
+      fwd += 2 * (tile_rows * up(N, 128) * up(K, 64) - rows * N * K);
+    for (const auto& [N, K] : {P{De, Dm}, P{Dm, 2 * De}})  // dh = dy·W2^T, dx = dh13·W13^T
+      dx += 2 * (tile_rows * up(N, 128) * up(K, 64) - rows * N * K);
+    for (const auto& [M, N] : {P{Dm, 2 * De}, P{De, Dm}})  // dW13 = x^T·dh13, dW2 = h^T·dy
+      dw += 2 * (up(M, 128) * up(N, 128) * depth - rows * M * N);
+  }
+  const auto padding = [&](Phase ph) {
+    return (rw.flops.at(FlopCategory::padding, ph) - rl.flops.at(FlopCategory::padding, ph))
+        .to_int64();
+  };
+  CHECK(padding(Phase::forward) == fwd);
+  CHECK(padding(Phase::input_grad) == dx);
+  CHECK(padding(Phase::weight_grad) == dw);
+  // The same step again: the same bits (each block owns its tile and walks the depth in order).
+  wg.compute_gradients(b.inputs.data(), b.targets.data());
+  CHECK(wg.gradients() == gw);
+  const double ew = wg.forward_loss(b.inputs.data(), b.targets.data(), B);
+  const double el = loop.forward_loss(b.inputs.data(), b.targets.data(), B);
+  CHECK(std::abs(ew - el) / el < 1e-3);
+  {  // In passes, after another step: the same bits as the step alone (the first pass's weight
+    // gradients overwrite, the later ones add; here and not in the test of every path, so that
+    // a fault of these kernels on a GPU stays in their own process, see scripts/gpu-check).
+    ModelOptions o2 = opt;
+    o2.micro_batch_seqs = 2;
+    const Batch other = random_batch(B, a.seq_len, a.vocab, 58);
+    cu::Model after(a, o2, 6, B, DType::bf16), alone(a, o2, 6, B, DType::bf16);
+    after.set_expert_path(cu::ExpertPath::wgmma);
+    alone.set_expert_path(cu::ExpertPath::wgmma);
+    after.compute_gradients(other.inputs.data(), other.targets.data());
+    const double oa = after.compute_gradients(b.inputs.data(), b.targets.data());
+    CHECK(oa == alone.compute_gradients(b.inputs.data(), b.targets.data()));
+    CHECK(after.gradients() == alone.gradients());
+  }
+  // fp32 models, and shapes not in multiples of 8, have no wgmma path.
+  cu::Model f32(a, opt, 6, B, DType::f32);
+  CHECK_THROWS_AS(f32.set_expert_path(cu::ExpertPath::wgmma), moeplan::InputError);
+  Arch odd = a;
+  odd.d_expert = 36;
+  cu::Model m36(odd, opt, 6, B, DType::bf16);
+  CHECK_THROWS_AS(m36.set_expert_path(cu::ExpertPath::wgmma), moeplan::InputError);
+  CHECK_NOTHROW(m36.set_expert_path(cu::ExpertPath::tiled128));
+#ifdef MOEPLAN_CUDA_EMULATION
+  {  // Nor has a device of another compute capability (the emulation can pretend to be one).
+    setenv("MOEPLAN_EMU_COMPUTE", "8.0", 1);
+    cu::Model ampere(a, opt, 6, B, DType::bf16);
+    std::string what;
+    try {
+      ampere.set_expert_path(cu::ExpertPath::wgmma);
+    } catch (const moeplan::InputError& e) {
+      what = e.what();
+    }
+    unsetenv("MOEPLAN_EMU_COMPUTE");
+    CHECK(what.find("compute capability 9.0") != std::string::npos);
+    CHECK(what.find("is 8.0") != std::string::npos);
+    CHECK(ampere.expert_path() != cu::ExpertPath::wgmma);
+  }
+#endif
+}
+
 // A capacity factor (BACKEND.md: each expert keeps its first ceil(cf·T·K/E) assignments of a
 // pass, in token order; the load balance counts every assignment): what the CPU drops, on every
 // expert path, in one pass and in passes, training and evaluating.
@@ -699,27 +809,32 @@ TEST_CASE("capacity factor: every expert path drops what the CPU drops") {
       const double eg = gpu.forward_loss(b.inputs.data(), b.targets.data(), B);
       CHECK(std::abs(eg - ec) / ec < 1e-5);
     }
-    // bf16: the tiled kernels against the per-expert products, the same drops.
-    cu::Model tiled(a, o, 13, B, DType::bf16), loop(a, o, 13, B, DType::bf16);
-    tiled.set_expert_path(cu::ExpertPath::tiled);
+    // bf16: the tiled and wgmma kernels against the per-expert products, the same drops.
+    cu::Model loop(a, o, 13, B, DType::bf16);
     loop.set_expert_path(cu::ExpertPath::loop);
-    StepResult rt, rl;
-    const double ot = tiled.compute_gradients(b.inputs.data(), b.targets.data(), &rt);
+    StepResult rl;
     const double ol = loop.compute_gradients(b.inputs.data(), b.targets.data(), &rl);
-    const double err = rel_err(tiled.gradients(), loop.gradients());
-    std::printf(
-        "[capacity, passes of %lld, bf16 tiled] objective tiled %.7f loop %.7f cpu %.7f, "
-        "gradient rel diff %.2e\n",
-        (long long)passes_of, ot, ol, oc, err);
-    CHECK(std::abs(ot - ol) / ol < 1e-3);
-    CHECK(std::abs(ot - oc) / oc < 2e-2);
-    CHECK(err < 2e-2);
-    CHECK(rt.dropped_assignments == rl.dropped_assignments);
-    CHECK(rt.dropped_assignments > 0);
-    CHECK(rt.routed_per_moe_layer == rl.routed_per_moe_layer);
-    CHECK(no_padding(rt.flops) == no_padding(rl.flops));
-    const double et = tiled.forward_loss(b.inputs.data(), b.targets.data(), B);
-    CHECK(std::abs(et - ec) / ec < 2e-2);
+    for (const cu::ExpertPath path : {cu::ExpertPath::tiled, cu::ExpertPath::wgmma}) {
+      INFO("bf16 experts " << int(path));
+      cu::Model tiled(a, o, 13, B, DType::bf16);
+      tiled.set_expert_path(path);
+      StepResult rt;
+      const double ot = tiled.compute_gradients(b.inputs.data(), b.targets.data(), &rt);
+      const double err = rel_err(tiled.gradients(), loop.gradients());
+      std::printf(
+          "[capacity, passes of %lld, bf16 path %d] objective %.7f loop %.7f cpu %.7f, "
+          "gradient rel diff %.2e\n",
+          (long long)passes_of, int(path), ot, ol, oc, err);
+      CHECK(std::abs(ot - ol) / ol < 1e-3);
+      CHECK(std::abs(ot - oc) / oc < 2e-2);
+      CHECK(err < 2e-2);
+      CHECK(rt.dropped_assignments == rl.dropped_assignments);
+      CHECK(rt.dropped_assignments > 0);
+      CHECK(rt.routed_per_moe_layer == rl.routed_per_moe_layer);
+      CHECK(no_padding(rt.flops) == no_padding(rl.flops));
+      const double et = tiled.forward_loss(b.inputs.data(), b.targets.data(), B);
+      CHECK(std::abs(et - ec) / ec < 2e-2);
+    }
   }
 }
 

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -154,9 +155,26 @@ struct AsyncCopy {
   unsigned group;  // commit groups before it
 };
 
+// An issued wgmma, performed at the wait that covers its group.
+struct Wgmma {
+  float* d;
+  int n;
+  uint64_t desc_a, desc_b;
+  int scale_d, trans_a, trans_b;
+  unsigned group;
+};
+// The value an accumulator array will hold once its issued products are performed.
+struct WgmmaShadow {
+  float* d;
+  std::vector<float> value;
+};
+
 struct Fiber {
   std::vector<AsyncCopy> copies;
   unsigned committed = 0;
+  std::vector<Wgmma> wgmma;
+  std::vector<WgmmaShadow> shadows;
+  unsigned wgmma_committed = 0;
   Context ctx;
   unsigned char* stack = nullptr;  // mmap'd, one guard page below
   uint3 tid;
@@ -338,6 +356,9 @@ bool run_block(const Config& cfg, uint3 bid) {
     f.wait = Wait::none;
     f.copies.clear();
     f.committed = 0;
+    f.wgmma.clear();
+    f.shadows.clear();
+    f.wgmma_committed = 0;
 #ifdef MOEPLAN_EMU_ASAN
     __asan_unpoison_memory_region(f.stack + page, kStackBytes);
 #endif
@@ -551,6 +572,104 @@ void cp_async_wait(int pending) {
   if (f.committed > unsigned(pending)) complete_copies(f, f.committed - unsigned(pending));
 }
 
+uint32_t shared_offset(const void* p) {
+  State& s = st();
+  const auto* b = static_cast<const unsigned char*>(p);
+  const unsigned char* smem = s.block.smem.get();
+  if (!smem || b < smem || b > smem + s.block.smem_bytes)
+    fault("shared address: pointer outside the block's dynamic shared memory");
+  return uint32_t(b - smem);
+}
+
+void wgmma_fence() {}
+void fence_proxy_async() {}
+
+namespace {
+
+// Element (mn, k) of a bf16 operand through a no-swizzle descriptor (PTX ISA, canonical layouts:
+// K-major ((8,m),(8,2k)):((8,SBO),(1,LBO)), MN-major ((8,1,m),(8,k)):((1,8,SBO),(8,LBO)), in
+// elements, LBO and SBO in bytes in the descriptor).
+float wgmma_operand(uint64_t desc, int mn, int k, bool mn_major) {
+  State& s = st();
+  if ((desc >> 62) != 0) fault("wgmma: a swizzled descriptor (only no-swizzle is emulated)");
+  if (((desc >> 49) & 7) != 0) fault("wgmma: a descriptor with a base offset");
+  constexpr uint64_t kReserved = (3ull << 14) | (3ull << 30) | (7ull << 46) | (0x3FFull << 52);
+  if ((desc & kReserved) != 0) fault("wgmma: a descriptor's reserved bits are set");
+  const uint64_t start = (desc & 0x3FFF) << 4, lbo = ((desc >> 16) & 0x3FFF) << 4,
+                 sbo = ((desc >> 32) & 0x3FFF) << 4;
+  const uint64_t at = start + uint64_t(mn / 8) * sbo + uint64_t(k / 8) * lbo +
+                      (mn_major ? uint64_t(k % 8) * 16 + uint64_t(mn % 8) * 2
+                                : uint64_t(mn % 8) * 16 + uint64_t(k % 8) * 2);
+  if (at + 2 > s.block.smem_bytes) fault("wgmma: an operand element outside shared memory");
+  uint16_t v;
+  std::memcpy(&v, s.block.smem.get() + at, 2);
+  const uint32_t u = uint32_t(v) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+WgmmaShadow* find_shadow(Fiber& f, float* d) {
+  for (WgmmaShadow& x : f.shadows)
+    if (x.d == d) return &x;
+  return nullptr;
+}
+
+// Performs the products of groups below `groups`, in issue order.
+void complete_wgmma(Fiber& f, unsigned groups) {
+  const int w = f.warp % 4, g = f.lane / 4, t = f.lane % 4;
+  std::size_t kept = 0;
+  for (std::size_t i = 0; i < f.wgmma.size(); ++i) {
+    const Wgmma op = f.wgmma[i];
+    if (op.group >= groups) {
+      f.wgmma[kept++] = op;
+      continue;
+    }
+    WgmmaShadow& x = *find_shadow(f, op.d);
+    for (int j = 0; j < op.n / 2; ++j) {
+      const int row = 16 * w + g + 8 * ((j / 2) % 2), col = 8 * (j / 4) + 2 * t + j % 2;
+      double acc = op.scale_d ? double(x.value[size_t(j)]) : 0.0;
+      for (int k = 0; k < 16; ++k)
+        acc += double(wgmma_operand(op.desc_a, row, k, op.trans_a != 0)) *
+               double(wgmma_operand(op.desc_b, col, k, op.trans_b != 0));
+      x.value[size_t(j)] = float(acc);
+    }
+    bool more = false;  // a later product on the same accumulators still to come
+    for (std::size_t j = i + 1; j < f.wgmma.size(); ++j) more |= f.wgmma[j].d == op.d;
+    if (!more) {
+      std::copy(x.value.begin(), x.value.end(), op.d);
+      f.shadows.erase(f.shadows.begin() + (&x - f.shadows.data()));
+    }
+  }
+  f.wgmma.resize(kept);
+}
+
+}  // namespace
+
+void wgmma_bf16(float* d, int n, uint64_t desc_a, uint64_t desc_b, int scale_d, int trans_a,
+                int trans_b) {
+  State& s = st();
+  Fiber& f = *s.current;
+  const unsigned threads = blockDim.x * blockDim.y * blockDim.z;
+  if (threads % 128 != 0) fault("wgmma: the block is not whole warpgroups");
+  if (n % 8 != 0 || n < 8 || n > 256) fault("wgmma: N outside 8..256 in steps of 8");
+  if (!find_shadow(f, d)) f.shadows.push_back({d, std::vector<float>(d, d + n / 2)});
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::fill(d, d + n / 2, nan);  // unreadable until the wait
+  f.wgmma.push_back({d, n, desc_a, desc_b, scale_d, trans_a, trans_b, f.wgmma_committed});
+}
+
+void wgmma_commit() {
+  ++st().current->wgmma_committed;
+}
+
+void wgmma_wait(int pending) {
+  Fiber& f = *st().current;
+  if (pending < 0) fault("wgmma.wait_group: negative count");
+  if (f.wgmma_committed > unsigned(pending))
+    complete_wgmma(f, f.wgmma_committed - unsigned(pending));
+}
+
 cudaError_t set_max_dynamic_shared(const void* kernel, int bytes) {
   if (bytes < 0 || std::size_t(bytes) > kMaxSharedOptIn) {
     set_error(cudaErrorInvalidValue, "cudaFuncSetAttribute: more than 227 KiB of shared memory");
@@ -702,8 +821,10 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int device) {
   std::memset(p, 0, sizeof *p);
   std::snprintf(p->name, sizeof p->name, "%s", "moeplan CUDA emulator (CPU)");
   p->multiProcessorCount = 1;
-  p->major = 9;
+  p->major = 9;  // Hopper's, unless MOEPLAN_EMU_COMPUTE names another (e.g. "8.0")
   p->minor = 0;
+  if (const char* cc = std::getenv("MOEPLAN_EMU_COMPUTE"))
+    if (std::sscanf(cc, "%d.%d", &p->major, &p->minor) != 2) return cudaErrorInvalidValue;
   p->totalGlobalMem = std::size_t(1) << 30;
   return cudaSuccess;
 }

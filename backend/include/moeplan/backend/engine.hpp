@@ -61,8 +61,8 @@ struct EngineRequest {
   int threads = 0;         // 0: the device's default
   // Which kernels the device runs, as "name=value,..." ("" = the device's defaults). Only the
   // cuda device has a choice (attention=cublas|fused|fused_mma|fused_mma_wide|fused_mma_lean,
-  // experts=grouped|loop|tiled|tiled128|batched, logits=<rows>); the cpu device refuses a non-empty
-  // value.
+  // experts=grouped|loop|tiled|tiled128|wgmma|batched, logits=<rows>); the cpu device refuses a
+  // non-empty value.
   std::string kernels;
   // cuda, data parallel: each rank keeps the AdamW moments of 1/W of the parameters (ZeRO
   // stage 1). Refused by the cpu device and without data parallelism.

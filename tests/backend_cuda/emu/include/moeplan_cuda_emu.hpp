@@ -197,6 +197,23 @@ void cp_async_16(void* dst, const void* src, int src_bytes);
 void cp_async_commit();
 void cp_async_wait(int pending_groups);
 
+// Hopper's warpgroup MMA (wgmma.cuh). shared_offset: a pointer's offset in the block's dynamic
+// shared memory (what a descriptor's start address encodes here). wgmma_bf16: d (64×n fp32,
+// this thread's n/2 entries in the PTX accumulator layout) = A (64×16) · B (16×n) +
+// (scale_d ? d : 0), both bf16 operands read through no-swizzle matrix descriptors (K-major, or
+// MN-major when trans): issued by every thread of a warpgroup, it is performed at the wait that
+// covers its group, reading shared memory then, and d reads as NaN until that wait; products
+// issued on the same d before it chain in order, as on the hardware. Unsupported descriptors
+// (swizzled, a base offset, reserved bits set, outside the block's shared memory) fault.
+// fence_proxy_async and wgmma_fence are ordering points only (not checked).
+uint32_t shared_offset(const void* p);
+void wgmma_fence();
+void wgmma_bf16(float* d, int n, uint64_t desc_a, uint64_t desc_b, int scale_d, int trans_a,
+                int trans_b);
+void wgmma_commit();
+void wgmma_wait(int pending_groups);
+void fence_proxy_async();
+
 // All lanes must pass the same value (a WMMA pointer or stride).
 void check_warp_uniform(const void* p, unsigned ld, const char* op);
 

@@ -57,13 +57,32 @@ void weight_grads(float* const* G, const uint16_t* A, const uint16_t* B, const i
                   int64_t experts, int64_t M, int64_t N, int64_t tile_rows, bool accumulate = true,
                   const int32_t* gather = nullptr, int64_t gather_div = 1);
 
+// The same two products on Hopper's warpgroup MMA (wgmma, expert_wgmma.cu): tiles of 128 rows
+// (the tile map built with tile_rows 128) × 128 columns × 64 depth, two warpgroups a block, the
+// operands staged by cp.async. Compiled for sm_90a alone, so they run on compute capability 9.0
+// only (wgmma_supported). Their depth sums run in another order than the mma.sync kernels', so
+// the results agree with rows/weight_grads within rounding, not bit for bit. K (or M) and N
+// must be multiples of 8 and A, B 16-byte aligned (a logic_error otherwise).
+constexpr int64_t kWgmmaDepth = 64;
+constexpr bool wgmma_supported(int compute_major, int compute_minor) {
+  return compute_major == 9 && compute_minor == 0;
+}
+void rows_wgmma(void* C, bool c_bf16, const uint16_t* A, const uint16_t* const* W, bool trans_w,
+                const int32_t* tile_map, const int32_t* n_tiles, int64_t max_tiles, int64_t N,
+                int64_t K, const int32_t* gather = nullptr, int64_t gather_div = 1);
+void weight_grads_wgmma(float* const* G, const uint16_t* A, const uint16_t* B,
+                        const int32_t* offsets, int64_t experts, int64_t M, int64_t N,
+                        bool accumulate = true, const int32_t* gather = nullptr,
+                        int64_t gather_div = 1);
+
 // What the kernels execute (2 FLOPs per multiply-add, zero-filled tile parts included), from the
-// routed row count of each expert, with t tile rows. Row product: 2·Σ_e ceil_t(c_e)·ceil128(N)·
-// ceil32(K).
+// routed row count of each expert, with t tile rows and a depth step of d (kDepth for the
+// mma.sync kernels, kWgmmaDepth for the wgmma ones). Row product: 2·Σ_e ceil_t(c_e)·ceil128(N)·
+// ceil_d(K).
 int64_t executed_row_product_flops(const int32_t* counts, int64_t experts, int64_t N, int64_t K,
-                                   int64_t tile_rows);
-// Weight gradient: 2·ceil_t(M)·ceil128(N)·Σ_e ceil32(c_e).
+                                   int64_t tile_rows, int64_t depth = kDepth);
+// Weight gradient: 2·ceil_t(M)·ceil128(N)·Σ_e ceil_d(c_e).
 int64_t executed_weight_grad_flops(const int32_t* counts, int64_t experts, int64_t M, int64_t N,
-                                   int64_t tile_rows);
+                                   int64_t tile_rows, int64_t depth = kDepth);
 
 }  // namespace moeplan::backend::cuda::expert_gemm

@@ -39,7 +39,7 @@ class Communicator;
 // registers at once (attention::backward_mma's lean_dkdv: the same bits; head widths 16, 32 and
 // 64 only, else an InputError); `cublas`.
 enum class AttentionPath { fused, cublas, fused_mma, fused_mma_wide, fused_mma_lean };
-enum class ExpertPath { grouped, loop, tiled, tiled128, batched };
+enum class ExpertPath { grouped, loop, tiled, tiled128, batched, wgmma };
 
 // The LM head and cross-entropy run over chunks of token rows, so that the logits and their
 // gradient (V·(2 + 2) bytes a row in bf16: 201 KB at V 50304) are held for one chunk rather than
@@ -137,11 +137,17 @@ class Model {
   //  - tiled128 (bf16 only): tiled with tiles of 128 rows (8 warps a block): half the operand
   //    traffic per product, up to 127 padded rows per expert where tiled pads up to 63 (the
   //    runs' automatic choice in bf16 since the H200 measured it faster, 2026-12-04).
+  //  - wgmma (bf16, compute capability 9.0 only; Dm and the expert width multiples of 8): the
+  //    tiled products on Hopper's warpgroup MMA (expert_gemm::rows_wgmma), tiles of 128 rows
+  //    walking the depth 64 at a time, so depth past a multiple of 64 is booked as padding. Not
+  //    the tiled paths' bits (another order of each depth sum): the same products within
+  //    rounding.
   //  - batched: the rows in an expert-padded layout (each expert's rows padded with zero rows to
   //    the pass's largest count, rounded up to 64), each product one strided-batched cuBLAS call
   //    over the experts, fp32 results directly; one host wait per MoE layer, as grouped; the zero
   //    rows' work is booked as padding.
-  // set_expert_path(tiled or tiled128) on an fp32 model is an InputError.
+  // set_expert_path(tiled, tiled128 or wgmma) on an fp32 model is an InputError, and so is wgmma
+  // on another device than compute capability 9.0 or with shapes not in multiples of 8.
   void set_expert_path(ExpertPath path);
   ExpertPath expert_path() const;
   // Whether attention runs as the fused kernels (bf16 with head_dim 16/32/64/128) rather than
