@@ -24,8 +24,11 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "async_copy.cuh"
 #include "check.hpp"
@@ -75,11 +78,16 @@ __device__ __forceinline__ int mnmajor_col(int c) {
 constexpr uint32_t kKMajorLBO = 128, kKMajorSBO = TK * 16;  // bytes
 constexpr uint32_t kMNMajorLBO = TN * 16, kMNMajorSBO = 128;
 
+// The descriptors' byte steps for the two operands (set by the host: layout_strides).
+struct Strides {
+  uint32_t a_lbo, a_sbo, b_lbo, b_sbo;
+};
+
 // This warpgroup's four products of a stage: acc += A (rows 64·wg.., 64 depth) · B (64 depth,
 // 128 columns). A_MN / B_MN: the tile is MN-major.
 template <bool A_MN, bool B_MN>
 __device__ __forceinline__ void multiply_stage(float (&acc)[64], const uint16_t* a,
-                                               const uint16_t* b, int wg) {
+                                               const uint16_t* b, int wg, const Strides& st) {
   wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < TK; kk += 16) {
@@ -87,10 +95,8 @@ __device__ __forceinline__ void multiply_stage(float (&acc)[64], const uint16_t*
     const int a_off =
         A_MN ? ((kk / 8) * (TM / 8) + wg * 8) * 64 : (wg * 8 * (TK / 8) + kk / 8) * 64;
     const int b_off = B_MN ? (kk / 8) * (TN / 8) * 64 : (kk / 8) * 64;
-    const uint64_t da = A_MN ? smem_desc(a + a_off, kMNMajorLBO, kMNMajorSBO)
-                             : smem_desc(a + a_off, kKMajorLBO, kKMajorSBO);
-    const uint64_t db = B_MN ? smem_desc(b + b_off, kMNMajorLBO, kMNMajorSBO)
-                             : smem_desc(b + b_off, kKMajorLBO, kKMajorSBO);
+    const uint64_t da = smem_desc(a + a_off, st.a_lbo, st.a_sbo);
+    const uint64_t db = smem_desc(b + b_off, st.b_lbo, st.b_sbo);
     wgmma_m64n128k16<A_MN ? 1 : 0, B_MN ? 1 : 0>(acc, da, db, 1);
   }
   wgmma_commit();
@@ -100,7 +106,8 @@ __device__ __forceinline__ void multiply_stage(float (&acc)[64], const uint16_t*
 // then the warpgroups multiply. At step s, after the barrier, every thread has waited for the
 // products of step s − 2 (below), so buffer (s + 1) % 3, which they read, is refilled.
 template <bool A_MN, bool B_MN, class Issue>
-__device__ __forceinline__ void mainloop(float (&acc)[64], Tiles& t, int steps, Issue&& issue) {
+__device__ __forceinline__ void mainloop(float (&acc)[64], Tiles& t, int steps, const Strides& st,
+                                         Issue&& issue) {
   const int wg = int(threadIdx.x) / 128;
 #pragma unroll
   for (int i = 0; i < 64; ++i) acc[i] = 0.f;
@@ -113,7 +120,7 @@ __device__ __forceinline__ void mainloop(float (&acc)[64], Tiles& t, int steps, 
     __syncthreads();      // everyone's; and every warpgroup is done with step s − 2's products
     if (s + 1 < steps) issue(s + 1, (s + 1) % kStages);
     cp_async_commit();
-    multiply_stage<A_MN, B_MN>(acc, t.a[s % kStages], t.b[s % kStages], wg);
+    multiply_stage<A_MN, B_MN>(acc, t.a[s % kStages], t.b[s % kStages], wg, st);
     wgmma_wait<1>();  // step s − 1's products are done
     fence_accumulators(acc);
   }
@@ -153,7 +160,7 @@ template <bool TRANS_W, class OutT, bool GATHER>
 __global__ void __launch_bounds__(kThreads, 2)
     wgmma_rows_kernel(OutT* C, const uint16_t* A, const int32_t* gather, int gather_div,
                       const uint16_t* const* W, const int32_t* map, const int32_t* n_tiles, int N,
-                      int K) {
+                      int K, Strides st) {
   extern __shared__ __align__(128) unsigned char raw[];
   Tiles& t = *reinterpret_cast<Tiles*>(raw);
   const int tile = blockIdx.x;
@@ -196,7 +203,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
   };
   float acc[64];
-  mainloop<false, !TRANS_W>(acc, t, (K + TK - 1) / TK, issue);
+  mainloop<false, !TRANS_W>(acc, t, (K + TK - 1) / TK, st, issue);
   store_tile(C + int64_t(row0) * N + n0, N, acc, rows, N - n0, false);
 }
 
@@ -206,7 +213,7 @@ template <bool GATHER>
 __global__ void __launch_bounds__(kThreads, 2)
     wgmma_weight_grads_kernel(float* const* G, const uint16_t* A, const int32_t* gather,
                               int gather_div, const uint16_t* B, const int32_t* offsets, int M,
-                              int N, int tiles_n, bool accumulate) {
+                              int N, int tiles_n, bool accumulate, Strides st) {
   extern __shared__ __align__(128) unsigned char raw[];
   Tiles& t = *reinterpret_cast<Tiles*>(raw);
   const int e = blockIdx.y;
@@ -231,8 +238,45 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
   };
   float acc[64];
-  mainloop<true, true>(acc, t, (r1 - r0 + TK - 1) / TK, issue);
+  mainloop<true, true>(acc, t, (r1 - r0 + TK - 1) / TK, st, issue);
   store_tile(G[e] + int64_t(m0) * N + n0, N, acc, M - m0, N - n0, accumulate);
+}
+
+// MOEPLAN_WGMMA_SWAP=k|mn|both exchanges LBO and SBO in the K-major, the MN-major or all
+// descriptors: a diagnostic for a GPU run whose kernel test finds the documented layout wrong
+// (scripts/gpu-check tries each after a failure), never set otherwise. It says so on stderr.
+int swap_mode() {
+  static const int mode = [] {
+    const char* v = std::getenv("MOEPLAN_WGMMA_SWAP");
+    const std::string s = v ? v : "";
+    const int m = s.empty() || s == "none" ? 0
+                  : s == "k"               ? 1
+                  : s == "mn"              ? 2
+                  : s == "both"            ? 3
+                                           : -1;
+    if (m < 0)
+      throw std::invalid_argument("MOEPLAN_WGMMA_SWAP=" + s + " (valid: none, k, mn, both)");
+    if (m > 0)
+      std::fprintf(stderr,
+                   "MOEPLAN_WGMMA_SWAP=%s: wgmma descriptors with LBO and SBO exchanged (a layout "
+                   "diagnostic)\n",
+                   s.c_str());
+    return m;
+  }();
+  return mode;
+}
+
+Strides layout_strides(bool a_mn, bool b_mn) {
+  const int swap = swap_mode();
+  const auto pick = [&](bool mn, uint32_t& lbo, uint32_t& sbo) {
+    lbo = mn ? kMNMajorLBO : kKMajorLBO;
+    sbo = mn ? kMNMajorSBO : kKMajorSBO;
+    if (swap & (mn ? 2 : 1)) std::swap(lbo, sbo);
+  };
+  Strides st{};
+  pick(a_mn, st.a_lbo, st.a_sbo);
+  pick(b_mn, st.b_lbo, st.b_sbo);
+  return st;
 }
 
 bool aligned16(const void* p) {
@@ -260,8 +304,8 @@ void launch_rows(dim3 grid, OutT* C, const uint16_t* A, const int32_t* gather, i
                  const uint16_t* const* W, const int32_t* map, const int32_t* n_tiles, int N,
                  int K) {
   allow_smem<wgmma_rows_kernel<TRANS_W, OutT, GATHER>>();
-  wgmma_rows_kernel<TRANS_W, OutT, GATHER>
-      <<<grid, kThreads, sizeof(Tiles)>>>(C, A, gather, gather_div, W, map, n_tiles, N, K);
+  wgmma_rows_kernel<TRANS_W, OutT, GATHER><<<grid, kThreads, sizeof(Tiles)>>>(
+      C, A, gather, gather_div, W, map, n_tiles, N, K, layout_strides(false, !TRANS_W));
 }
 
 template <class OutT>
@@ -316,14 +360,15 @@ void weight_grads_wgmma(float* const* G, const uint16_t* A, const uint16_t* B,
   const int64_t tiles_n = (N + TN - 1) / TN, tiles = (M + TM - 1) / TM * tiles_n;
   const dim3 grid{unsigned(tiles), unsigned(experts)};
   const int gd = int(gather_div);
+  const Strides st = layout_strides(true, true);
   if (gather) {
     allow_smem<wgmma_weight_grads_kernel<true>>();
     wgmma_weight_grads_kernel<true><<<grid, kThreads, sizeof(Tiles)>>>(
-        G, A, gather, gd, B, offsets, int(M), int(N), int(tiles_n), accumulate);
+        G, A, gather, gd, B, offsets, int(M), int(N), int(tiles_n), accumulate, st);
   } else {
     allow_smem<wgmma_weight_grads_kernel<false>>();
     wgmma_weight_grads_kernel<false><<<grid, kThreads, sizeof(Tiles)>>>(
-        G, A, nullptr, 1, B, offsets, int(M), int(N), int(tiles_n), accumulate);
+        G, A, nullptr, 1, B, offsets, int(M), int(N), int(tiles_n), accumulate, st);
   }
   check_launch("expert_gemm::weight_grads_wgmma");
 }

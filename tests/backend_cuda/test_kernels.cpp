@@ -887,7 +887,7 @@ std::tuple<std::vector<uint16_t>, std::vector<int32_t>, std::vector<uint16_t>> g
 // `wgmma`, the warpgroup-MMA kernels (128-row tiles, 64 deep), which take only the shapes in
 // multiples of 8 and refuse the ragged ones.
 void check_tiled_products(int64_t tr, bool wgmma = false) {
-  INFO("tile rows " << tr << (wgmma ? ", wgmma" : ""));
+  INFO("tile rows " << tr << std::string(wgmma ? ", wgmma" : ""));
   REQUIRE((!wgmma || tr == 128));
   const std::vector<int32_t> counts = {0, 1, 64, 65, 130, 7, 0, 33, 128, 257};
   const int64_t E = int64_t(counts.size());
