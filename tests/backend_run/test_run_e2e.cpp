@@ -1588,7 +1588,8 @@ TEST_CASE("moeplan run --device cuda (emulated): the CPU's tokens and ledger, ke
   for (const Variant& v :
        {Variant{"", "attention=fused_mma_lean,experts=tiled128"},  // auto at head width 16
         Variant{"attention=cublas,experts=grouped", "attention=cublas,experts=grouped"},
-        Variant{"experts=batched", "attention=fused_mma_lean,experts=batched"}}) {
+        Variant{"experts=batched", "attention=fused_mma_lean,experts=batched"},
+        Variant{"experts=wgmma", "attention=fused_mma_lean,experts=wgmma"}}) {
     INFO("kernels " << v.label);
     const fs::path out = dir / ("cuda-" + std::to_string(v.kernels.size()));
     std::vector<std::string> args = {"run",     sweep,   "--out",    out.string(),
