@@ -4,8 +4,9 @@
 // each 64 rows × 128 columns of fp32 accumulators (64 registers a thread), walking the depth 64
 // at a time. Each step's operand tiles are staged by cp.async from every thread of the block into
 // one of three shared-memory buffers (32 KiB each, 96 KiB a block, two blocks an SM), one step
-// ahead; the products of a step (four m64n128k16 a warpgroup) run asynchronously while the next
-// step's copies land, and only the step before them is waited for. One barrier a step.
+// ahead (or of four, two steps ahead, one block an SM: MOEPLAN_WGMMA_STAGES=4, for timing both);
+// the products of a step (four m64n128k16 a warpgroup) run asynchronously while the next step's
+// copies land, and only the step before them is waited for. One barrier a step.
 //
 // Tiles are staged in no-swizzle core matrices (wgmma.cuh): 16-byte chunk c of a stage's tile
 // lies at byte 16·c, so consecutive threads write consecutive chunks (no bank conflicts), and
@@ -48,17 +49,22 @@ using bf16 = __nv_bfloat16;
 
 constexpr int TM = 128, TN = int(kCols), TK = int(kWgmmaDepth);  // block tile
 constexpr int kThreads = 256;                                    // two warpgroups
-constexpr int kStages = 3;
 constexpr int kChunks = TM * TK / 8;  // 16-byte chunks of a stage's tile (either operand)
 static_assert(TN == 128 && TK == 64 && TM * TK == TK * TN, "both operand tiles 128 × 64");
 static_assert(kChunks % kThreads == 0, "whole passes over a tile");
 constexpr int kPerThread = kChunks / kThreads;  // 4
 
+// S stages of both operand tiles: 3 (96 KiB, two blocks an SM; the default) or 4 (128 KiB, one
+// block an SM, the copies two steps ahead; MOEPLAN_WGMMA_STAGES=4, a tuning variable).
+template <int S>
 struct Tiles {
-  alignas(128) uint16_t a[kStages][TM * TK];
-  alignas(128) uint16_t b[kStages][TK * TN];
+  alignas(128) uint16_t a[S][TM * TK];
+  alignas(128) uint16_t b[S][TK * TN];
 };
-static_assert(sizeof(Tiles) == 96 * 1024, "two blocks an SM (227 KiB)");
+static_assert(sizeof(Tiles<3>) == 96 * 1024, "two blocks an SM (227 KiB)");
+static_assert(sizeof(Tiles<4>) == 128 * 1024, "one block an SM");
+template <int S>
+constexpr int kMinBlocks = S == 3 ? 2 : 1;
 
 // A K-major tile's chunk c: row and depth (in elements) within the tile.
 __device__ __forceinline__ int kmajor_row(int c) {
@@ -102,25 +108,30 @@ __device__ __forceinline__ void multiply_stage(float (&acc)[64], const uint16_t*
   wgmma_commit();
 }
 
-// steps depth steps: issue(step, buffer) stages a step's tiles by cp.async (one group a step),
-// then the warpgroups multiply. At step s, after the barrier, every thread has waited for the
-// products of step s − 2 (below), so buffer (s + 1) % 3, which they read, is refilled.
-template <bool A_MN, bool B_MN, class Issue>
-__device__ __forceinline__ void mainloop(float (&acc)[64], Tiles& t, int steps, const Strides& st,
-                                         Issue&& issue) {
+// steps depth steps through S buffers: issue(step, buffer) stages a step's tiles by cp.async
+// (one group a step, P = S − 2 steps ahead), then the warpgroups multiply. At step s, after the
+// barrier, every thread has waited for the products of step s − 2 (below), so the buffer they
+// read, (s + P) % S, is refilled with step s + P.
+template <bool A_MN, bool B_MN, int S, class Issue>
+__device__ __forceinline__ void mainloop(float (&acc)[64], Tiles<S>& t, int steps,
+                                         const Strides& st, Issue&& issue) {
+  constexpr int P = S - 2;
   const int wg = int(threadIdx.x) / 128;
 #pragma unroll
   for (int i = 0; i < 64; ++i) acc[i] = 0.f;
   fence_accumulators(acc);
-  if (steps > 0) issue(0, 0);
-  cp_async_commit();
-  for (int s = 0; s < steps; ++s) {
-    cp_async_wait<0>();   // this thread's copies of step s have landed
-    fence_proxy_async();  // ... and are visible to wgmma's reads
-    __syncthreads();      // everyone's; and every warpgroup is done with step s − 2's products
-    if (s + 1 < steps) issue(s + 1, (s + 1) % kStages);
+#pragma unroll
+  for (int p = 0; p < P; ++p) {
+    if (p < steps) issue(p, p);
     cp_async_commit();
-    multiply_stage<A_MN, B_MN>(acc, t.a[s % kStages], t.b[s % kStages], wg, st);
+  }
+  for (int s = 0; s < steps; ++s) {
+    cp_async_wait<P - 1>();  // this thread's copies of step s have landed
+    fence_proxy_async();     // ... and are visible to wgmma's reads
+    __syncthreads();         // everyone's; and every warpgroup is done with step s − 2's products
+    if (s + P < steps) issue(s + P, (s + P) % S);
+    cp_async_commit();
+    multiply_stage<A_MN, B_MN>(acc, t.a[s % S], t.b[s % S], wg, st);
     wgmma_wait<1>();  // step s − 1's products are done
     fence_accumulators(acc);
   }
@@ -156,13 +167,13 @@ __device__ void store_tile(OutT* C, int64_t ldc, const float (&acc)[64], int val
 
 // Block (tile, column tile): C rows of the tile = A rows · op(W_e), as expert_gemm's rows_kernel.
 // K and N are multiples of 8 and every operand 16-byte aligned (checked by the host).
-template <bool TRANS_W, class OutT, bool GATHER>
-__global__ void __launch_bounds__(kThreads, 2)
+template <bool TRANS_W, class OutT, bool GATHER, int S>
+__global__ void __launch_bounds__(kThreads, kMinBlocks<S>)
     wgmma_rows_kernel(OutT* C, const uint16_t* A, const int32_t* gather, int gather_div,
                       const uint16_t* const* W, const int32_t* map, const int32_t* n_tiles, int N,
                       int K, Strides st) {
   extern __shared__ __align__(128) unsigned char raw[];
-  Tiles& t = *reinterpret_cast<Tiles*>(raw);
+  Tiles<S>& t = *reinterpret_cast<Tiles<S>*>(raw);
   const int tile = blockIdx.x;
   if (tile >= *n_tiles) return;
   const int e = map[3 * tile], row0 = map[3 * tile + 1], rows = map[3 * tile + 2];
@@ -209,13 +220,13 @@ __global__ void __launch_bounds__(kThreads, 2)
 
 // Block (output tile, expert): G_e tile (+)= Σ over the expert's rows of A^T · B, as
 // expert_gemm's weight_grads_kernel. M and N multiples of 8, operands 16-byte aligned.
-template <bool GATHER>
-__global__ void __launch_bounds__(kThreads, 2)
+template <bool GATHER, int S>
+__global__ void __launch_bounds__(kThreads, kMinBlocks<S>)
     wgmma_weight_grads_kernel(float* const* G, const uint16_t* A, const int32_t* gather,
                               int gather_div, const uint16_t* B, const int32_t* offsets, int M,
                               int N, int tiles_n, bool accumulate, Strides st) {
   extern __shared__ __align__(128) unsigned char raw[];
-  Tiles& t = *reinterpret_cast<Tiles*>(raw);
+  Tiles<S>& t = *reinterpret_cast<Tiles<S>*>(raw);
   const int e = blockIdx.y;
   const int r0 = offsets[e], r1 = offsets[e + 1];
   if (r1 == r0 && accumulate) return;
@@ -287,25 +298,69 @@ void check_int(int64_t v, const char* what) {
   if (v < 0 || v > INT32_MAX) throw std::logic_error(std::string("expert_gemm (wgmma): ") + what);
 }
 
-// Each kernel's opt-in to its 96 KiB of dynamic shared memory, once per process and kernel.
-template <auto Kernel>
+// MOEPLAN_WGMMA_STAGES=3|4 (default 3): the stages of operand tiles (Tiles), a tuning variable
+// for a GPU run that times both; it says so on stderr when set.
+int stages() {
+  static const int n = [] {
+    const char* v = std::getenv("MOEPLAN_WGMMA_STAGES");
+    const std::string s = v ? v : "";
+    if (s.empty() || s == "3") return 3;
+    if (s != "4") throw std::invalid_argument("MOEPLAN_WGMMA_STAGES=" + s + " (valid: 3, 4)");
+    std::fprintf(stderr, "MOEPLAN_WGMMA_STAGES=4: wgmma expert kernels with 4 stages\n");
+    return 4;
+  }();
+  return n;
+}
+
+// Each kernel's opt-in to its 96 or 128 KiB of dynamic shared memory, once per process and
+// kernel.
+template <auto Kernel, int S>
 void allow_smem() {
   static const bool done = [] {
     check_cuda(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    int(sizeof(Tiles))),
+                                    int(sizeof(Tiles<S>))),
                "cudaFuncSetAttribute (expert_gemm wgmma shared memory)");
     return true;
   }();
   (void)done;
 }
 
+template <bool TRANS_W, class OutT, bool GATHER, int S>
+void launch_rows_at(dim3 grid, OutT* C, const uint16_t* A, const int32_t* gather, int gather_div,
+                    const uint16_t* const* W, const int32_t* map, const int32_t* n_tiles, int N,
+                    int K) {
+  allow_smem<wgmma_rows_kernel<TRANS_W, OutT, GATHER, S>, S>();
+  wgmma_rows_kernel<TRANS_W, OutT, GATHER, S><<<grid, kThreads, sizeof(Tiles<S>)>>>(
+      C, A, gather, gather_div, W, map, n_tiles, N, K, layout_strides(false, !TRANS_W));
+}
 template <bool TRANS_W, class OutT, bool GATHER>
 void launch_rows(dim3 grid, OutT* C, const uint16_t* A, const int32_t* gather, int gather_div,
                  const uint16_t* const* W, const int32_t* map, const int32_t* n_tiles, int N,
                  int K) {
-  allow_smem<wgmma_rows_kernel<TRANS_W, OutT, GATHER>>();
-  wgmma_rows_kernel<TRANS_W, OutT, GATHER><<<grid, kThreads, sizeof(Tiles)>>>(
-      C, A, gather, gather_div, W, map, n_tiles, N, K, layout_strides(false, !TRANS_W));
+  if (stages() == 4)
+    launch_rows_at<TRANS_W, OutT, GATHER, 4>(grid, C, A, gather, gather_div, W, map, n_tiles, N, K);
+  else
+    launch_rows_at<TRANS_W, OutT, GATHER, 3>(grid, C, A, gather, gather_div, W, map, n_tiles, N, K);
+}
+
+template <bool GATHER, int S>
+void launch_weight_grads_at(dim3 grid, float* const* G, const uint16_t* A, const int32_t* gather,
+                            int gather_div, const uint16_t* B, const int32_t* offsets, int M, int N,
+                            int tiles_n, bool accumulate, Strides st) {
+  allow_smem<wgmma_weight_grads_kernel<GATHER, S>, S>();
+  wgmma_weight_grads_kernel<GATHER, S><<<grid, kThreads, sizeof(Tiles<S>)>>>(
+      G, A, gather, gather_div, B, offsets, M, N, tiles_n, accumulate, st);
+}
+template <bool GATHER>
+void launch_weight_grads(dim3 grid, float* const* G, const uint16_t* A, const int32_t* gather,
+                         int gather_div, const uint16_t* B, const int32_t* offsets, int M, int N,
+                         int tiles_n, bool accumulate, Strides st) {
+  if (stages() == 4)
+    launch_weight_grads_at<GATHER, 4>(grid, G, A, gather, gather_div, B, offsets, M, N, tiles_n,
+                                      accumulate, st);
+  else
+    launch_weight_grads_at<GATHER, 3>(grid, G, A, gather, gather_div, B, offsets, M, N, tiles_n,
+                                      accumulate, st);
 }
 
 template <class OutT>
@@ -361,15 +416,12 @@ void weight_grads_wgmma(float* const* G, const uint16_t* A, const uint16_t* B,
   const dim3 grid{unsigned(tiles), unsigned(experts)};
   const int gd = int(gather_div);
   const Strides st = layout_strides(true, true);
-  if (gather) {
-    allow_smem<wgmma_weight_grads_kernel<true>>();
-    wgmma_weight_grads_kernel<true><<<grid, kThreads, sizeof(Tiles)>>>(
-        G, A, gather, gd, B, offsets, int(M), int(N), int(tiles_n), accumulate, st);
-  } else {
-    allow_smem<wgmma_weight_grads_kernel<false>>();
-    wgmma_weight_grads_kernel<false><<<grid, kThreads, sizeof(Tiles)>>>(
-        G, A, nullptr, 1, B, offsets, int(M), int(N), int(tiles_n), accumulate, st);
-  }
+  if (gather)
+    launch_weight_grads<true>(grid, G, A, gather, gd, B, offsets, int(M), int(N), int(tiles_n),
+                              accumulate, st);
+  else
+    launch_weight_grads<false>(grid, G, A, nullptr, 1, B, offsets, int(M), int(N), int(tiles_n),
+                               accumulate, st);
   check_launch("expert_gemm::weight_grads_wgmma");
 }
 
