@@ -10,6 +10,7 @@
 #include <unistd.h>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 
 #include <algorithm>
 #include <array>
@@ -1624,6 +1625,19 @@ TEST_CASE("moeplan run --device cuda (emulated): the CPU's tokens and ledger, ke
     const double lc = want["loss_curve"].back()["train_loss"].get<double>();
     const double lg = got["loss_curve"].back()["train_loss"].get<double>();
     CHECK(std::abs(lg - lc) / lc < 2e-2);
+  }
+  {  // experts=wgmma on a device of another compute capability (the emulation pretends): refused
+    // in one line that names the device's, before the point trains or writes a record.
+    setenv("MOEPLAN_EMU_COMPUTE", "8.0", 1);
+    const Result r = run_cli({"run", sweep, "--out", (dir / "cuda-8.0").string(), "--point",
+                              "moe-a", "--device", "cuda", "--kernels", "experts=wgmma"},
+                             MOEPLAN_EMULATED_BINARY);
+    unsetenv("MOEPLAN_EMU_COMPUTE");
+    CHECK(r.status == 2);
+    CHECK_MESSAGE(one_line(r.err), r.err);
+    CHECK_MESSAGE(r.err.find("compute capability 9.0") != std::string::npos, r.err);
+    CHECK_MESSAGE(r.err.find("is 8.0") != std::string::npos, r.err);
+    CHECK_FALSE(fs::exists(dir / "cuda-8.0" / "moe-a" / "record.json"));
   }
   // An estimate on the device: the engine says what it holds, the point is timed, nothing written.
   const Result est = run_cli({"run", sweep, "--out", (dir / "estimate").string(), "--point",
