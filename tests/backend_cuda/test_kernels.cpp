@@ -881,6 +881,29 @@ std::tuple<std::vector<uint16_t>, std::vector<int32_t>, std::vector<uint16_t>> g
   return {x_bits, gather, rows};
 }
 
+// When a product is off (the wgmma kernels' first runs on a GPU), what a reader needs to tell a
+// layout error from a rounding one: how many entries are off, and the first few with their row
+// and column.
+void print_mismatches(const char* what, const std::vector<float>& got,
+                      const std::vector<float>& want, int64_t cols) {
+  double scale = 0;
+  for (float v : want) scale = std::max(scale, std::abs(double(v)));
+  const auto off = [&](size_t i) {
+    return !std::isfinite(got[i]) || std::abs(double(got[i]) - double(want[i])) > 2e-2 * scale;
+  };
+  int64_t n = 0;
+  for (size_t i = 0; i < got.size(); ++i) n += off(i);
+  std::printf("[%s] %lld of %zu entries off by more than 2e-2 of the largest\n", what, (long long)n,
+              got.size());
+  int shown = 0;
+  for (size_t i = 0; i < got.size() && shown < 4; ++i) {
+    if (!off(i)) continue;
+    std::printf("  (%lld, %lld): %g, want %g\n", (long long)(int64_t(i) / cols),
+                (long long)(int64_t(i) % cols), double(got[i]), double(want[i]));
+    ++shown;
+  }
+}
+
 // The tiled expert products at tile height tr against a double-precision host loop. Counts with
 // an empty expert, a single row, exact and partial 64- and 128-row tiles. Shapes: multiples of 8
 // (16-byte loads) with partial column and depth tiles, and ragged ones (element loads). With
@@ -966,9 +989,10 @@ void check_tiled_products(int64_t tr, bool wgmma = false) {
         rows(out.data(), c_bf16, dA.as<uint16_t>(), static_cast<const uint16_t* const*>(dWp.data()),
              trans, N, K);
         synchronize();
-        const double err =
-            rel_err(download_f(out, size_t(R * N), c_bf16 ? DType::bf16 : DType::f32), want);
+        const auto got = download_f(out, size_t(R * N), c_bf16 ? DType::bf16 : DType::f32);
+        const double err = rel_err(got, want);
         CHECK(err < (c_bf16 ? 2e-2 : 1e-5));
+        if (err >= (c_bf16 ? 2e-2 : 1e-5)) print_mismatches("rows", got, want, N);
       }
     }
     // Gathered: routed row r read as token row gather[r] / 3 of X (tokens repeat across
@@ -1034,6 +1058,7 @@ void check_tiled_products(int64_t tr, bool wgmma = false) {
     synchronize();
     const auto got = download_f(dG, g0.size());
     CHECK(rel_err(got, want) < 1e-5);
+    if (rel_err(got, want) >= 1e-5) print_mismatches("weight gradients", got, want, N);
     for (int64_t e = 0; e < E; ++e)  // experts without rows are left exactly as they were
       if (counts[size_t(e)] == 0) {
         const int64_t at = (E - 1 - e) * M * N;
