@@ -128,7 +128,7 @@ struct Tiles {
   alignas(128) uint16_t b[kStages][kB];
 };
 // 64-row tiles: 46 KiB, within the 48 KiB a launch gets without asking. 128-row tiles: 60 KiB,
-// so each of their kernels opts in (allow_smem).
+// so each of their kernels opts in (opt_in_shared_memory).
 static_assert(sizeof(Tiles<64>) <= 48 * 1024, "the 64-row tiles need no opt-in");
 static_assert(sizeof(Tiles<128>) <= 227 * 1024, "within an H100/H200 SM's shared memory");
 
@@ -356,29 +356,12 @@ void check_tile_rows(int64_t tile_rows) {
                            " (valid: 64, 128)");
 }
 
-// Each kernel's opt-in to its tiles' dynamic shared memory where they pass the 48 KiB a launch
-// gets without asking, once per process and kernel: the kernel is the template argument, so each
-// has its own flag. (A flag per function type, shared by rows_kernel<128, true, T> and
-// rows_kernel<128, false, T>, left the second at 48 KiB: invalid argument at its first launch
-// on an H200, 2026-12-04.)
-template <auto Kernel, int BM>
-void allow_smem() {
-  if constexpr (sizeof(Tiles<BM>) > 48 * 1024) {
-    static const bool done = [] {
-      check_cuda(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      int(sizeof(Tiles<BM>))),
-                 "cudaFuncSetAttribute (expert_gemm shared memory)");
-      return true;
-    }();
-    (void)done;
-  }
-}
-
 template <int BM, bool TRANS_W, class OutT, bool GATHER>
 void launch_rows(dim3 grid, OutT* C, const uint16_t* A, const int32_t* gather, int gather_div,
                  const uint16_t* const* W, const int32_t* map, const int32_t* n_tiles, int N, int K,
                  bool vec) {
-  allow_smem<rows_kernel<BM, TRANS_W, OutT, GATHER>, BM>();
+  opt_in_shared_memory<rows_kernel<BM, TRANS_W, OutT, GATHER>, sizeof(Tiles<BM>)>(
+      "cudaFuncSetAttribute (expert_gemm shared memory)");
   rows_kernel<BM, TRANS_W, OutT, GATHER><<<grid, kThreads<BM>, sizeof(Tiles<BM>)>>>(
       C, A, gather, gather_div, W, map, n_tiles, N, K, vec);
 }
@@ -404,7 +387,8 @@ void launch_weight_grads(float* const* G, const uint16_t* A, const int32_t* gath
                          const uint16_t* B, const int32_t* offsets, int64_t experts, int64_t M,
                          int64_t N, bool vec, bool accumulate) {
   const int64_t tiles_n = (N + BN - 1) / BN, tiles = (M + BM - 1) / BM * tiles_n;
-  allow_smem<weight_grads_kernel<BM, GATHER>, BM>();
+  opt_in_shared_memory<weight_grads_kernel<BM, GATHER>, sizeof(Tiles<BM>)>(
+      "cudaFuncSetAttribute (expert_gemm shared memory)");
   weight_grads_kernel<BM, GATHER>
       <<<dim3(unsigned(tiles), unsigned(experts)), kThreads<BM>, sizeof(Tiles<BM>)>>>(
           G, A, gather, gather_div, B, offsets, int(M), int(N), int(tiles_n), vec, accumulate);

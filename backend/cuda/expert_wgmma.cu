@@ -312,24 +312,12 @@ int stages() {
   return n;
 }
 
-// Each kernel's opt-in to its 96 or 128 KiB of dynamic shared memory, once per process and
-// kernel.
-template <auto Kernel, int S>
-void allow_smem() {
-  static const bool done = [] {
-    check_cuda(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    int(sizeof(Tiles<S>))),
-               "cudaFuncSetAttribute (expert_gemm wgmma shared memory)");
-    return true;
-  }();
-  (void)done;
-}
-
 template <bool TRANS_W, class OutT, bool GATHER, int S>
 void launch_rows_at(dim3 grid, OutT* C, const uint16_t* A, const int32_t* gather, int gather_div,
                     const uint16_t* const* W, const int32_t* map, const int32_t* n_tiles, int N,
                     int K) {
-  allow_smem<wgmma_rows_kernel<TRANS_W, OutT, GATHER, S>, S>();
+  opt_in_shared_memory<wgmma_rows_kernel<TRANS_W, OutT, GATHER, S>, sizeof(Tiles<S>)>(
+      "cudaFuncSetAttribute (expert_gemm wgmma shared memory)");
   wgmma_rows_kernel<TRANS_W, OutT, GATHER, S><<<grid, kThreads, sizeof(Tiles<S>)>>>(
       C, A, gather, gather_div, W, map, n_tiles, N, K, layout_strides(false, !TRANS_W));
 }
@@ -347,7 +335,8 @@ template <bool GATHER, int S>
 void launch_weight_grads_at(dim3 grid, float* const* G, const uint16_t* A, const int32_t* gather,
                             int gather_div, const uint16_t* B, const int32_t* offsets, int M, int N,
                             int tiles_n, bool accumulate, Strides st) {
-  allow_smem<wgmma_weight_grads_kernel<GATHER, S>, S>();
+  opt_in_shared_memory<wgmma_weight_grads_kernel<GATHER, S>, sizeof(Tiles<S>)>(
+      "cudaFuncSetAttribute (expert_gemm wgmma shared memory)");
   wgmma_weight_grads_kernel<GATHER, S><<<grid, kThreads, sizeof(Tiles<S>)>>>(
       G, A, gather, gather_div, B, offsets, M, N, tiles_n, accumulate, st);
 }
