@@ -151,11 +151,6 @@ __global__ void cast4_kernel(OutT* out, const float* in, int64_t n4) {
   if (i < n4) store4(out + 4 * i, load4(in + 4 * i));
 }
 
-__global__ void widen_bf16_kernel(float* out, const bf16* in, int64_t n) {
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) out[i] = __bfloat162float(in[i]);
-}
-
 // blockIdx.y is the group; each thread adds elements of its group in a grid-stride loop.
 __global__ void grouped_accumulate_kernel(float* const* dst, const bf16* src, int64_t per_group) {
   float* d = dst[blockIdx.y];
@@ -854,9 +849,11 @@ __global__ void moe_combine_backward_kernel(OutT* dys, float* dgate, const float
   if (lane == 0) dgate[a] = dot;
 }
 
-template <bool VEC4>
-__global__ void moe_scatter_add_kernel(float* dx, const float* dxs, const int32_t* slot_of,
-                                       int64_t K, int64_t C) {
+// dx (T, C) fp32 += the routed rows' input gradients dxs (in the matrix type), a block per token,
+// its K rows added in k order.
+template <bool VEC4, class InT>
+__global__ void moe_scatter_add_kernel(float* dx, const InT* dxs, const int32_t* slot_of, int64_t K,
+                                       int64_t C) {
   const int64_t t = blockIdx.x;
   if constexpr (VEC4) {
     for (int64_t c = 4 * int64_t(threadIdx.x); c < C; c += 4 * int64_t(blockDim.x)) {
@@ -877,7 +874,7 @@ __global__ void moe_scatter_add_kernel(float* dx, const float* dxs, const int32_
       float s = dx[t * C + c];
       for (int64_t k = 0; k < K; ++k) {
         const int32_t r = slot_of[t * K + k];
-        if (r >= 0) s += dxs[int64_t(r) * C + c];
+        if (r >= 0) s += load(dxs + int64_t(r) * C + c);
       }
       dx[t * C + c] = s;
     }
@@ -1374,12 +1371,6 @@ void cast(void* out, DType mm, const float* in, int64_t n) {
   check_launch("cast");
 }
 
-void widen_bf16(float* out, const uint16_t* in, int64_t n) {
-  if (n == 0) return;
-  widen_bf16_kernel<<<blocks_for(n, 256), 256>>>(out, reinterpret_cast<const bf16*>(in), n);
-  check_launch("widen_bf16");
-}
-
 void grouped_accumulate_bf16(float* const* dst, const uint16_t* src, int64_t per_group,
                              int64_t groups) {
   if (per_group == 0 || groups == 0) return;
@@ -1628,13 +1619,18 @@ void moe_combine_backward(void* dys, DType mm, float* dgate, const float* dy, co
   check_launch("moe_combine_backward");
 }
 
-void moe_scatter_add(float* dx, const float* dxs, const int32_t* slot_of, int64_t T, int64_t K,
-                     int64_t C) {
+void moe_scatter_add(float* dx, const void* dxs, DType mm, const int32_t* slot_of, int64_t T,
+                     int64_t K, int64_t C) {
   if (T == 0) return;
-  if (C % 4 == 0 && aligned16(dx, dxs))
-    moe_scatter_add_kernel<true><<<unsigned(T), row_threads(C / 4)>>>(dx, dxs, slot_of, K, C);
-  else
-    moe_scatter_add_kernel<false><<<unsigned(T), 128>>>(dx, dxs, slot_of, K, C);
+  const bool vec = C % 4 == 0 && aligned16(dx, dxs);
+  MOEPLAN_DISPATCH_MM(mm, {
+    const OutT* in = static_cast<const OutT*>(dxs);
+    if (vec)
+      moe_scatter_add_kernel<true, OutT>
+          <<<unsigned(T), row_threads(C / 4)>>>(dx, in, slot_of, K, C);
+    else
+      moe_scatter_add_kernel<false, OutT><<<unsigned(T), 128>>>(dx, in, slot_of, K, C);
+  });
   check_launch("moe_scatter_add");
 }
 

@@ -466,7 +466,7 @@ struct Model::Impl {
   // Grouped expert products: pointer tables per (MoE layer, product), host (pinned) and device.
   std::unique_ptr<PinnedBuffer> expert_ptrs_host;
   DeviceBuffer expert_ptrs_dev;
-  DeviceBuffer expert_scratch;  // bf16 results of the grouped products (bf16 mode)
+  DeviceBuffer expert_scratch;  // the grouped weight gradients in bf16, before the fp32 add
   // Batched expert path: the routed rows in the expert-padded layout (E·cap rows), shared by the
   // layers, grown when a pass's routing needs more; the maps between the two layouts.
   DeviceBuffer pad_map, unpad_map, pad_x, pad_h13, pad_act, pad_dact, pad_y;
@@ -879,15 +879,15 @@ struct Model::Impl {
     if (E > 0) {
       dye = alloc_mm(TK * Dm);
       dgate = alloc_f(TK);
-      dxg = alloc_f(TK * Dm);
+      dxg = alloc_mm(TK * Dm);  // the routed rows' input gradients, in mm (as ye)
       dlog = alloc_mm(T * E);
       router_logits = alloc_f(T * E);
       sort_scratch = alloc(size_t(k::sort_scratch_ints(T, K, E)) * 4);
       const size_t n_ptrs = size_t(a.moe_layers() * kExpertProducts * kOperands * E);
       expert_ptrs_host = std::make_unique<PinnedBuffer>(n_ptrs * sizeof(void*));
       expert_ptrs_dev = alloc(n_ptrs * sizeof(void*));
-      if (mm == DType::bf16) {  // the widest result: routed rows × max(2De, Dm), or E weight grads
-        expert_scratch = alloc(size_t(std::max(TK * std::max(2 * De, Dm), E * Dm * 2 * De)) * 2);
+      if (mm == DType::bf16) {  // the grouped path's bf16 weight gradients: E of W13's (the wider)
+        expert_scratch = alloc(size_t(E * Dm * 2 * De) * 2);
         expert_wtab = alloc(size_t(a.moe_layers() * 4 * E) * sizeof(void*));
       }
     }
@@ -1081,25 +1081,24 @@ struct Model::Impl {
     }
     for (size_t j = 0; j < et.experts.size(); ++j) {
       const int64_t e = et.experts[j], off = offs[j];
-      // The scratch result of a product lies where its fp32 result does, in bf16: row-varying
-      // products at the rows' offset, weight gradients one whole matrix per expert j.
-      auto set = [&](int product, const void* A, const void* Bp, const void* C, int64_t s_off) {
+      // In bf16 a weight gradient's product goes to scratch first, one whole matrix per expert
+      // j (s_off); the row-varying products write their mm results directly (no scratch).
+      auto set = [&](int product, const void* A, const void* Bp, const void* C,
+                     int64_t s_off = -1) {
         host_table(moe_index, product, 0)[j] = const_cast<void*>(A);
         host_table(moe_index, product, 1)[j] = const_cast<void*>(Bp);
         host_table(moe_index, product, 2)[j] = const_cast<void*>(C);
         host_table(moe_index, product, 3)[j] =
-            mm == DType::bf16 ? at_mut(expert_scratch, s_off, 2) : nullptr;
+            mm == DType::bf16 && s_off >= 0 ? at_mut(expert_scratch, s_off, 2) : nullptr;
       };
       const size_t ms = mm_size;
       const int64_t jj = int64_t(j);
-      set(0, at(x.xg, off * Dm, ms), Wm(q.expert_w13[size_t(e)]), at(x.h13, off * 2 * De, ms),
-          off * 2 * De);
-      set(1, at(x.act, off * De, ms), Wm(q.expert_w2[size_t(e)]), at(x.ye, off * Dm, ms), off * Dm);
-      set(2, at(dye, off * Dm, ms), Wm(q.expert_w2[size_t(e)]), at(dact, off * De, ms), off * De);
+      set(0, at(x.xg, off * Dm, ms), Wm(q.expert_w13[size_t(e)]), at(x.h13, off * 2 * De, ms));
+      set(1, at(x.act, off * De, ms), Wm(q.expert_w2[size_t(e)]), at(x.ye, off * Dm, ms));
+      set(2, at(dye, off * Dm, ms), Wm(q.expert_w2[size_t(e)]), at(dact, off * De, ms));
       set(3, at(x.act, off * De, ms), at(dye, off * Dm, ms), G(q.expert_w2[size_t(e)]),
           jj * De * Dm);
-      set(4, at(dh13, off * 2 * De, ms), Wm(q.expert_w13[size_t(e)]), at(dxg, off * Dm, 4),
-          off * Dm);
+      set(4, at(dh13, off * 2 * De, ms), Wm(q.expert_w13[size_t(e)]), at(dxg, off * Dm, ms));
       set(5, at(x.xg, off * Dm, ms), at(dh13, off * 2 * De, ms), G(q.expert_w13[size_t(e)]),
           jj * Dm * 2 * De);
     }
@@ -1127,11 +1126,11 @@ struct Model::Impl {
         Kk[j] = et.rows[j];
       }
     }
-    // Products 0, 1 and 2 (h13, ye, dact) have their results in mm, written directly (h13 and
-    // dact feed only the SwiGLU kernels, ye only the combine kernels). The others have fp32
-    // results; in bf16 the grouped call writes them to bf16 scratch, then one launch widens them
-    // (dxg: row-varying, beta 0) or adds them to the fp32 gradients (weight gradients, beta 1).
-    const bool mm_result = product == 0 || product == 1 || product == 2;
+    // The row-varying products (0, 1, 2, 4: h13, ye, dact, dxg) have their results in mm,
+    // written directly (h13 and dact feed only the SwiGLU kernels, ye only the combine kernels,
+    // dxg only the scatter-add). The weight gradients are fp32; in bf16 the grouped call writes
+    // them to bf16 scratch, then one launch adds them to the fp32 gradients (beta 1).
+    const bool mm_result = which_varies == 0;
     const bool loop = expert_path == ExpertPath::loop;
     const bool scratch = mm == DType::bf16 && !loop && !mm_result;
     const int result = scratch ? 3 : 2;
@@ -1143,19 +1142,10 @@ struct Model::Impl {
                       dev_table(moe_index, product, result), ldc, scratch ? 0.f : beta, mm, out,
                       int64_t(n), loop);
     if (!scratch || n == 0) return;
-    if (which_varies == 0) {  // C (rows × N) contiguous from the first non-empty expert's row 0
-      if (beta != 0.f) throw std::logic_error("expert_product: row results are never accumulated");
-      int64_t rows = 0;
-      for (int64_t r : et.rows) rows += r;
-      k::widen_bf16(static_cast<float*>(host_table(moe_index, product, 2)[0]),
-                    static_cast<const uint16_t*>(host_table(moe_index, product, 3)[0]),
-                    rows * N_or_M_fixed1);
-    } else {
-      if (beta != 1.f) throw std::logic_error("expert_product: weight gradients accumulate");
-      k::grouped_accumulate_bf16(reinterpret_cast<float* const*>(dev_table(moe_index, product, 2)),
-                                 static_cast<const uint16_t*>(host_table(moe_index, product, 3)[0]),
-                                 N_or_M_fixed1 * fixed2, int64_t(n));
-    }
+    if (beta != 1.f) throw std::logic_error("expert_product: weight gradients accumulate");
+    k::grouped_accumulate_bf16(reinterpret_cast<float* const*>(dev_table(moe_index, product, 2)),
+                               static_cast<const uint16_t*>(host_table(moe_index, product, 3)[0]),
+                               N_or_M_fixed1 * fixed2, int64_t(n));
   }
 
   std::vector<ExpertTables> expert_tables;
@@ -1307,8 +1297,9 @@ struct Model::Impl {
     if (unpad_map.bytes() == 0) unpad_map = alloc(size_t(T * K) * 4);
     if (rows <= pad_rows) return;
     const int64_t n = rows + rows / 8;  // room for the routing to drift before growing again
-    // A row: its map entry, pad_x (Dm), pad_h13 (2De), pad_act and pad_dact (De) in mm, pad_y (Dm)
-    const size_t old = size_t(pad_rows) * (4 + mm_size * size_t(Dm + 2 * De + De + De) + 4 * Dm);
+    // A row: its map entry, pad_x (Dm), pad_h13 (2De), pad_act and pad_dact (De), pad_y (Dm),
+    // all in mm
+    const size_t old = size_t(pad_rows) * (4 + mm_size * size_t(Dm + 2 * De + De + De + Dm));
     bytes -= std::min(bytes, old);
     for (DeviceBuffer* b : {&pad_map, &pad_x, &pad_h13, &pad_act, &pad_dact, &pad_y})
       *b = DeviceBuffer();  // freed before the larger ones are taken
@@ -1317,7 +1308,7 @@ struct Model::Impl {
     pad_h13 = alloc_mm(n * 2 * De);
     pad_act = alloc_mm(n * De);
     pad_dact = alloc_mm(n * De);
-    pad_y = alloc_f(n * Dm);
+    pad_y = alloc_mm(n * Dm);  // ye's and dxg's padded rows
     pad_rows = n;
   }
   int64_t padded_cap(const std::vector<int32_t>& counts) const {
@@ -1376,13 +1367,13 @@ struct Model::Impl {
     book_batched(lg, Phase::weight_grad, R, Pr, De, Dm);
     k::copy_rows(dact.data(), pad_dact.data(), mm, unpad_map.as<int32_t>(), R, De);
     k::swiglu_backward(dh13.data(), mm, dact.data(), x.h13.data(), R, De);
-    // dxg (rows, Dm) f32 = dh13 · W13_e^T (W13_e stored (Dm, 2De));  dW13_e += xg^T · dh13
+    // dxg (rows, Dm) in mm = dh13 · W13_e^T (W13_e stored (Dm, 2De));  dW13_e += xg^T · dh13
     k::copy_rows(pad_h13.data(), dh13.data(), mm, pad, Pr, 2 * De);
     blas.gemm_strided_batched(false, true, cap, Dm, 2 * De, pad_h13.data(), 2 * De, cap * 2 * De,
                               Wm(q.expert_w13[0]), 2 * De, expert_stride, pad_y.data(), Dm,
-                              cap * Dm, 0.f, mm, DType::f32, E);
+                              cap * Dm, 0.f, mm, mm, E);
     book_batched(lg, Phase::input_grad, R, Pr, Dm, 2 * De);
-    k::copy_rows(dxg.data(), pad_y.data(), DType::f32, unpad_map.as<int32_t>(), R, Dm);
+    k::copy_rows(dxg.data(), pad_y.data(), mm, unpad_map.as<int32_t>(), R, Dm);
     k::copy_rows(pad_x.data(), x.xg.data(), mm, pad, Pr, Dm);
     blas.gemm_strided_batched(true, false, Dm, 2 * De, cap, pad_x.data(), Dm, cap * Dm,
                               pad_h13.data(), 2 * De, cap * 2 * De, G(q.expert_w13[0]), 2 * De,
@@ -1731,9 +1722,9 @@ struct Model::Impl {
       tiled_rows(l, dact.data(), true, dye.data(), kW2, true, R, De, Dm, lg, Phase::input_grad);
       tiled_weight_grads(l, kW2, x.act.data(), dye.data(), R, De, Dm, lg);
       k::swiglu_backward(dh13.data(), mm, dact.data(), x.h13.data(), R, De);
-      // dxg (rows, Dm) = dh13 · W13_e^T (W13_e stored (Dm, 2De));  dW13_e += xg^T · dh13, xg's
-      // rows read from ln2 (gathered)
-      tiled_rows(l, dxg.data(), false, dh13.data(), kW13, true, R, Dm, 2 * De, lg,
+      // dxg (rows, Dm) in mm = dh13 · W13_e^T (W13_e stored (Dm, 2De));  dW13_e += xg^T · dh13,
+      // xg's rows read from ln2 (gathered)
+      tiled_rows(l, dxg.data(), true, dh13.data(), kW13, true, R, Dm, 2 * De, lg,
                  Phase::input_grad);
       tiled_weight_grads(l, kW13, x.ln2.data(), dh13.data(), R, Dm, 2 * De, lg, true);
     } else {
@@ -1744,7 +1735,7 @@ struct Model::Impl {
       expert_product(moe_index, 3, et, true, false, De, Dm, 2, De, Dm, Dm, 1.f, lg,
                      Phase::weight_grad);
       k::swiglu_backward(dh13.data(), mm, dact.data(), x.h13.data(), R, De);
-      // dxg (rows, Dm) = dh13 (rows, 2De) · W13_e^T;  dW13_e (Dm, 2De) += xg^T · dh13
+      // dxg (rows, Dm) in mm = dh13 (rows, 2De) · W13_e^T;  dW13_e (Dm, 2De) += xg^T · dh13
       expert_product(moe_index, 4, et, false, true, Dm, 2 * De, 0, 2 * De, 2 * De, Dm, 0.f, lg,
                      Phase::input_grad);
       expert_product(moe_index, 5, et, true, false, Dm, 2 * De, 2, Dm, 2 * De, 2 * De, 1.f, lg,
@@ -1752,7 +1743,7 @@ struct Model::Impl {
     }
     prof.mark("bwd routed experts");
     if (overlap) side->join();
-    k::moe_scatter_add(dln.as<float>(), dxg.as<float>(), x.slot_of.as<int32_t>(), Tp, K, Dm);
+    k::moe_scatter_add(dln.as<float>(), dxg.data(), mm, x.slot_of.as<int32_t>(), Tp, K, Dm);
     k::router_backward(dlog.data(), mm, x.probs.as<float>(), x.lse.as<float>(), x.idx.as<int32_t>(),
                        x.gate.as<float>(), dgate.as<float>(), assigned_counts(x), Tp, E, K,
                        opt.renormalize_gates, float(aux_grad_w * opt.load_balance),

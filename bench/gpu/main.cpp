@@ -609,9 +609,9 @@ int main(int argc, char** argv) {
              : p.experts == cu::ExpertPath::loop     ? "cublasGemmEx per expert"
              : p.experts == cu::ExpertPath::tiled    ? "tiled (own mma.sync kernels)"
              : p.experts == cu::ExpertPath::tiled128 ? "tiled, 128-row tiles (own mma.sync kernels)"
-             : p.experts == cu::ExpertPath::batched  ? "strided-batched over padded rows (fp32 out)"
+             : p.experts == cu::ExpertPath::batched  ? "strided-batched over padded rows"
              : p.experts == cu::ExpertPath::wgmma    ? "tiled, 128-row tiles (own wgmma kernels)"
-                                                     : "grouped (bf16 out, fp32 widen/add)") +
+                                                     : "grouped (bf16 out, fp32 add)") +
          (!model.fused_attention()                      ? "; cuBLAS attention"
           : p.attention == cu::AttentionPath::fused_mma ? "; fused attention, mma.sync"
           : p.attention == cu::AttentionPath::fused_mma_wide

@@ -395,9 +395,9 @@ TEST_CASE("bf16: 200 steps on the built-in corpus follow the CPU's loss curve") 
 }
 
 TEST_CASE("routed experts: one grouped call per product equals one product per expert") {
-  // fp32: both paths are exact fp32 products (tight). bf16: the grouped path rounds each expert
-  // result to bf16 before widening (cuBLAS's grouped call has no bf16 → fp32 form), the loop
-  // path does not: within bf16 tolerance. Ledgers are the same either way.
+  // fp32: both paths are exact fp32 products (tight). bf16: the grouped path rounds each expert's
+  // weight gradient to bf16 before adding it (cuBLAS's grouped call has no bf16 → fp32 form), the
+  // loop path does not: within bf16 tolerance. Ledgers are the same either way.
   const Arch a = moe_arch();
   ModelOptions opt;
   const int64_t B = 4;

@@ -13,8 +13,6 @@ namespace moeplan::backend::cuda::kernels {
 
 // out (N) in `mm` = in (N) fp32
 void cast(void* out, DType mm, const float* in, int64_t n);
-// out (N) fp32 = in (N) bf16
-void widen_bf16(float* out, const uint16_t* in, int64_t n);
 // For g < groups: dst[g][i] += src[g·per_group + i], i < per_group. dst is a device array of
 // device pointers (each an fp32 block of per_group elements); src is bf16.
 void grouped_accumulate_bf16(float* const* dst, const uint16_t* src, int64_t per_group,
@@ -105,9 +103,10 @@ void moe_combine_forward(float* y, const void* ys, DType mm, const float* gate,
 void moe_combine_backward(void* dys, DType mm, float* dgate, const float* dy, const void* ys,
                           const float* gate, const int32_t* slot_of, int64_t T, int64_t K,
                           int64_t C);
-// dx (T,C) += Σ_k dxs[slot_of[t·K+k]] in k order, dropped slots (−1) skipped
-void moe_scatter_add(float* dx, const float* dxs, const int32_t* slot_of, int64_t T, int64_t K,
-                     int64_t C);
+// dx (T,C) fp32 += Σ_k dxs[slot_of[t·K+k]] in k order, dxs (T·K, C) in `mm`; dropped slots (−1)
+// skipped
+void moe_scatter_add(float* dx, const void* dxs, DType mm, const int32_t* slot_of, int64_t T,
+                     int64_t K, int64_t C);
 // aux (2) = {λ·E·Σ_i f_i·P_i, z·mean_t lse²}; f_i = counts_i/(T·K), P_i = mean_t probs. p_mean (E)
 // receives P. scratch: colsum_scratch_floats(E).
 void router_aux_forward(float* aux, float* p_mean, const float* probs, const float* lse,

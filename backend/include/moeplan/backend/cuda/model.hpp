@@ -123,17 +123,19 @@ class Model {
   int64_t pass_seqs() const;   // sequences one forward/backward pass holds (micro_batch_seqs)
   int64_t logit_rows() const;  // rows of one LM-head chunk (see kLogitRowsAuto)
   DType matmul_type() const;
-  // How the routed-expert products run (the benchmark measures each). On every path the routed
-  // rows' outputs (ye, read only by the combine kernels) are stored in the matrix type, as the
-  // SwiGLU inputs are (h13); the routed input gradients (dxg) and the weight gradients are fp32.
+  // How the routed-expert products run (the benchmark measures each). On every path the
+  // row-varying results are stored in the matrix type, as the SwiGLU inputs are (h13): the routed
+  // rows' outputs (ye, read only by the combine kernels) and their input gradients (dxg, read
+  // only by the scatter-add into the fp32 dln, as a bf16 autocast framework keeps them). The
+  // weight gradients are fp32.
   //  - grouped (a Model's until set; runs take resolve_kernels'): one grouped cuBLAS call per
   //    product; the host waits for the routed counts once per MoE layer to size it. In bf16 its
-  //    fp32 results come back in bf16 (the grouped call has no bf16 → fp32 form) and are widened
-  //    to fp32, or added to the fp32 gradients.
-  //  - loop: one cublasGemmEx per expert (fp32 results directly).
+  //    weight gradients come back in bf16 (the grouped call has no bf16 → fp32 form) and are
+  //    added to the fp32 gradients.
+  //  - loop: one cublasGemmEx per expert (fp32 weight gradients directly).
   //  - tiled (bf16 only): our own kernels (expert_gemm.hpp) reading the row ranges on the device;
-  //    no host wait inside the step, fp32 results directly; the rows of each expert's last tile
-  //    are booked as padding. Tiles of 64 rows.
+  //    no host wait inside the step, fp32 weight gradients directly; the rows of each expert's
+  //    last tile are booked as padding. Tiles of 64 rows.
   //  - tiled128 (bf16 only): tiled with tiles of 128 rows (8 warps a block): half the operand
   //    traffic per product, up to 127 padded rows per expert where tiled pads up to 63 (the
   //    runs' automatic choice in bf16 since the H200 measured it faster, 2026-12-04).
@@ -144,8 +146,8 @@ class Model {
   //    rounding.
   //  - batched: the rows in an expert-padded layout (each expert's rows padded with zero rows to
   //    the pass's largest count, rounded up to 64), each product one strided-batched cuBLAS call
-  //    over the experts, fp32 results directly; one host wait per MoE layer, as grouped; the zero
-  //    rows' work is booked as padding.
+  //    over the experts, fp32 weight gradients directly; one host wait per MoE layer, as grouped;
+  //    the zero rows' work is booked as padding.
   // set_expert_path(tiled, tiled128 or wgmma) on an fp32 model is an InputError, and so is wgmma
   // on another device than compute capability 9.0 or with shapes not in multiples of 8.
   void set_expert_path(ExpertPath path);
