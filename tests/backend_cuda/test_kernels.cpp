@@ -1024,6 +1024,16 @@ void check_tiled_products(int64_t tr, bool wgmma = false) {
       synchronize();
       const DType t = c_bf16 ? DType::bf16 : DType::f32;
       CHECK(download_f(via, size_t(R * N), t) == download_f(plain, size_t(R * N), t));
+      if (wgmma) {  // C one element off alignment (any C will do): the single-store fallback
+        const size_t es = c_bf16 ? 2 : 4;
+        auto off = poisoned(size_t(R * N + 1) * es);
+        rows(static_cast<char*>(off.data()) + es, c_bf16, dAg.as<uint16_t>(),
+             static_cast<const uint16_t* const*>(dWp.data()), false, N, K);
+        synchronize();
+        std::vector<float> got = download_f(off, size_t(R * N + 1), t);
+        got.erase(got.begin());
+        CHECK(got == download_f(plain, size_t(R * N), t));
+      }
     }
   }
   // weight gradients: (M, N) += A^T·B
