@@ -57,6 +57,18 @@ struct LtProduct {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
   explicit LtProduct(const GemmShape& s) {
+    // A constructor that throws runs no destructor: what was created so far is destroyed here.
+    try {
+      create(s);
+    } catch (...) {
+      release();
+      throw;
+    }
+  }
+  ~LtProduct() { release(); }
+
+ private:
+  void create(const GemmShape& s) {
     check_lt(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F),
              "cublasLtMatmulDescCreate");
     const cublasOperation_t ta = op(s.trans_b), tb = op(s.trans_a);
@@ -74,12 +86,16 @@ struct LtProduct {
     check_lt(cublasLtMatrixLayoutCreate(&c, cuda_type(s.out), uint64_t(s.n), uint64_t(s.m), s.ldc),
              "cublasLtMatrixLayoutCreate");
   }
-  ~LtProduct() {
+  void release() noexcept {
     if (c) cublasLtMatrixLayoutDestroy(c);
     if (b) cublasLtMatrixLayoutDestroy(b);
     if (a) cublasLtMatrixLayoutDestroy(a);
     if (desc) cublasLtMatmulDescDestroy(desc);
+    desc = nullptr;
+    a = b = c = nullptr;
   }
+
+ public:
   LtProduct(const LtProduct&) = delete;
   LtProduct& operator=(const LtProduct&) = delete;
 };
