@@ -468,45 +468,91 @@ __global__ void attention_softmax_backward_kernel(OutT* dS, const float* dP, con
     store(dS + row * S + j, j <= i ? scale * load(pr + j) * (dpr[j] - dot) : 0.f);
 }
 
-__device__ __forceinline__ float silu(float a) {
-  return a / (1.f + expf(-a));
+// 2^x by the hardware's ex2 (ex2.approx.ftz: relative error about 2^-22, results below 2^-126
+// flushed to 0), one instruction where expf takes about eight (its range reduction and
+// scaling). The emulation computes exp2f and flushes alike.
+constexpr float kLog2e = 1.4426950408889634f;
+__device__ __forceinline__ float ex2_approx(float x) {
+#ifdef MOEPLAN_CUDA_EMULATION
+  const float y = exp2f(x);
+  return y < 1.17549435e-38f ? 0.f : y;
+#else
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+#endif
 }
 
-// Block per row n; with PAIRS (F even) a thread takes two adjacent columns in one access. No
-// 64-bit division per element (it cost the thread-per-element form about half its time).
-template <class OutT, bool PAIRS>
-__global__ void swiglu_forward_kernel(OutT* h, const OutT* ab, int64_t F) {
-  const int64_t n = blockIdx.x;
+// The logistic function 1 / (1 + e^-a) through ex2 and the fast reciprocal (__fdividef: 2 ulp;
+// for e^-a past 2^126, where the logistic is below 1e-38, it gives 0, as the exact one rounds to
+// nearly). The SwiGLU kernels move 6 and 10 bytes an element; expf and an IEEE division took
+// about twenty instructions an element, so they ran at 55-65 % of bandwidth (run F).
+__device__ __forceinline__ float sigmoid(float a) {
+  return __fdividef(1.f, 1.f + ex2_approx(-a * kLog2e));
+}
+
+// Row n per blockDim.x threads (blockDim.y rows a block, so that narrow rows, the routed
+// experts' 128 columns, still fill the warps); a thread takes VEC adjacent columns in one access:
+// 16 bytes (8 bf16, 4 fp32) where F and the rows allow, else 2 (F even), else 1. No 64-bit
+// division per element (it cost the thread-per-element form about half its time).
+template <class OutT, int VEC>
+__global__ void swiglu_forward_kernel(OutT* h, const OutT* ab, int64_t N, int64_t F) {
+  const int64_t n = int64_t(blockIdx.x) * blockDim.y + threadIdx.y;
+  if (n >= N) return;
   const OutT* a = ab + n * 2 * F;
   const OutT* b = a + F;
   OutT* o = h + n * F;
-  if constexpr (PAIRS) {
+  if constexpr (VEC == kPer16<OutT>) {
+    for (int64_t f = VEC * int64_t(threadIdx.x); f < F; f += VEC * int64_t(blockDim.x)) {
+      float x[VEC], y[VEC];
+      load16(a + f, x);
+      load16(b + f, y);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) x[j] = x[j] * sigmoid(x[j]) * y[j];
+      store16(o + f, x);
+    }
+  } else if constexpr (VEC == 2) {
     for (int64_t f = 2 * int64_t(threadIdx.x); f < F; f += 2 * int64_t(blockDim.x)) {
       const float2 x = load2(a + f), y = load2(b + f);
-      store2(o + f, silu(x.x) * y.x, silu(x.y) * y.y);
+      store2(o + f, x.x * sigmoid(x.x) * y.x, x.y * sigmoid(x.y) * y.y);
     }
   } else {
-    for (int64_t f = threadIdx.x; f < F; f += blockDim.x)
-      store(o + f, silu(load(a + f)) * load(b + f));
+    for (int64_t f = threadIdx.x; f < F; f += blockDim.x) {
+      const float x = load(a + f);
+      store(o + f, x * sigmoid(x) * load(b + f));
+    }
   }
 }
 
 // d silu(a)/da = sig·(1 + a·(1 − sig)).
 __device__ __forceinline__ void swiglu_grad(float g, float a, float b, float& da, float& db) {
-  const float sig = 1.f / (1.f + expf(-a));
+  const float sig = sigmoid(a);
   da = g * b * sig * (1.f + a * (1.f - sig));
   db = g * a * sig;
 }
 
-template <class OutT, bool PAIRS>
-__global__ void swiglu_backward_kernel(OutT* dab, const OutT* dh, const OutT* ab, int64_t F) {
-  const int64_t n = blockIdx.x;
+template <class OutT, int VEC>
+__global__ void swiglu_backward_kernel(OutT* dab, const OutT* dh, const OutT* ab, int64_t N,
+                                       int64_t F) {
+  const int64_t n = int64_t(blockIdx.x) * blockDim.y + threadIdx.y;
+  if (n >= N) return;
   const OutT* a = ab + n * 2 * F;
   const OutT* b = a + F;
   const OutT* g = dh + n * F;
   OutT* da = dab + n * 2 * F;
   OutT* db = da + F;
-  if constexpr (PAIRS) {
+  if constexpr (VEC == kPer16<OutT>) {
+    for (int64_t f = VEC * int64_t(threadIdx.x); f < F; f += VEC * int64_t(blockDim.x)) {
+      float x[VEC], y[VEC], d[VEC];
+      load16(a + f, x);
+      load16(b + f, y);
+      load16(g + f, d);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) swiglu_grad(d[j], x[j], y[j], x[j], y[j]);
+      store16(da + f, x);
+      store16(db + f, y);
+    }
+  } else if constexpr (VEC == 2) {
     for (int64_t f = 2 * int64_t(threadIdx.x); f < F; f += 2 * int64_t(blockDim.x)) {
       const float2 x = load2(a + f), y = load2(b + f), d = load2(g + f);
       float da0, db0, da1, db1;
@@ -1021,17 +1067,8 @@ __device__ void block_merge_max_sum(float& m, float& s) {
 // kernel takes two exponentials an element, which left it bound on instruction issue rather than
 // on its 4 bytes an element of traffic (0.6 ms for the 8192 × 50,304 bf16 logits of a batch of 8
 // on the H200, run F). The emulation computes exp2f and flushes alike.
-constexpr float kLog2e = 1.4426950408889634f;
 __device__ __forceinline__ float exp_shifted(float x, float shift2) {
-  const float a = __fmaf_rn(x, kLog2e, -shift2);
-#ifdef MOEPLAN_CUDA_EMULATION
-  const float y = exp2f(a);
-  return y < 1.17549435e-38f ? 0.f : y;
-#else
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(a));
-  return y;
-#endif
+  return ex2_approx(__fmaf_rn(x, kLog2e, -shift2));
 }
 
 // Block per row: log-sum-exp and loss in one pass over the logits, the gradient in a second.
@@ -1515,17 +1552,40 @@ void attention_softmax_backward(void* dS, DType mm, const float* dP, const void*
   check_launch("attention_softmax_backward");
 }
 
+// The columns a thread takes in one access (the kernels' VEC): 16 bytes when F is a whole
+// number of them and every row starts aligned (the buffers' bases are), else 2 when F is even.
+template <class OutT>
+int swiglu_vec(int64_t F, bool rows_aligned) {
+  return F % kPer16<OutT> == 0 && rows_aligned ? kPer16<OutT> : F % 2 == 0 ? 2 : 1;
+}
+// The launch for rows of `accesses` accesses: a row's threads are the accesses rounded up to a
+// power of two below 32 (two or more rows a warp), to whole warps above, at most 256; then as
+// many rows a block as make up to 256 threads.
+struct RowLaunch {
+  dim3 grid, block;
+};
+RowLaunch row_launch(int64_t N, int64_t accesses) {
+  unsigned x = 1;
+  while (x < 32 && x < accesses) x *= 2;
+  if (accesses > 32) x = row_threads(accesses);
+  const unsigned y = 256 / x;
+  return {dim3(unsigned((N + y - 1) / y)), dim3(x, y)};
+}
+
 void swiglu_forward(void* h, DType mm, const void* ab, int64_t N, int64_t F, void* stream) {
   if (N * F == 0) return;
-  const unsigned threads = row_threads(F % 2 == 0 ? F / 2 : F);
   const auto st = static_cast<cudaStream_t>(stream);
   MOEPLAN_DISPATCH_MM(mm, {
     auto* o = static_cast<OutT*>(h);
     const auto* in = static_cast<const OutT*>(ab);
-    if (F % 2 == 0)
-      swiglu_forward_kernel<OutT, true><<<unsigned(N), threads, 0, st>>>(o, in, F);
+    const int vec = swiglu_vec<OutT>(F, aligned16(h, ab));
+    const RowLaunch l = row_launch(N, (F + vec - 1) / vec);
+    if (vec == kPer16<OutT>)
+      swiglu_forward_kernel<OutT, kPer16<OutT>><<<l.grid, l.block, 0, st>>>(o, in, N, F);
+    else if (vec == 2)
+      swiglu_forward_kernel<OutT, 2><<<l.grid, l.block, 0, st>>>(o, in, N, F);
     else
-      swiglu_forward_kernel<OutT, false><<<unsigned(N), threads, 0, st>>>(o, in, F);
+      swiglu_forward_kernel<OutT, 1><<<l.grid, l.block, 0, st>>>(o, in, N, F);
   });
   check_launch("swiglu_forward");
 }
@@ -1533,16 +1593,19 @@ void swiglu_forward(void* h, DType mm, const void* ab, int64_t N, int64_t F, voi
 void swiglu_backward(void* dab, DType mm, const void* dh, const void* ab, int64_t N, int64_t F,
                      void* stream) {
   if (N * F == 0) return;
-  const unsigned threads = row_threads(F % 2 == 0 ? F / 2 : F);
   const auto st = static_cast<cudaStream_t>(stream);
   MOEPLAN_DISPATCH_MM(mm, {
     auto* o = static_cast<OutT*>(dab);
     const auto* g = static_cast<const OutT*>(dh);
     const auto* in = static_cast<const OutT*>(ab);
-    if (F % 2 == 0)
-      swiglu_backward_kernel<OutT, true><<<unsigned(N), threads, 0, st>>>(o, g, in, F);
+    const int vec = swiglu_vec<OutT>(F, aligned16(dab, dh, ab));
+    const RowLaunch l = row_launch(N, (F + vec - 1) / vec);
+    if (vec == kPer16<OutT>)
+      swiglu_backward_kernel<OutT, kPer16<OutT>><<<l.grid, l.block, 0, st>>>(o, g, in, N, F);
+    else if (vec == 2)
+      swiglu_backward_kernel<OutT, 2><<<l.grid, l.block, 0, st>>>(o, g, in, N, F);
     else
-      swiglu_backward_kernel<OutT, false><<<unsigned(N), threads, 0, st>>>(o, g, in, F);
+      swiglu_backward_kernel<OutT, 1><<<l.grid, l.block, 0, st>>>(o, g, in, N, F);
   });
   check_launch("swiglu_backward");
 }

@@ -111,9 +111,10 @@ TEST_CASE("cast fp32 to the product type: exactly the rounding, in fours or one 
 
 TEST_CASE("swiglu forward and backward match the CPU") {
   // Inputs in the matrix-product type: fp32, or bf16 (the CPU then runs on the rounded values).
-  // F even takes column pairs in one access, F odd one column at a time.
+  // F 96 and 128 take 16 bytes in one access (F 128 in bf16: 16 accesses a row, two rows a warp),
+  // F 98 column pairs, F 37 one column at a time; 300 rows do not fill the last block of 16.
   const int64_t N = 300;
-  for (const int64_t F : {96, 37})
+  for (const int64_t F : {96, 128, 98, 37})
     for (DType t : {DType::f32, DType::bf16}) {
       INFO("F " << F << (t == DType::f32 ? " fp32" : " bf16"));
       auto ab = randn(N * 2 * F, 5, 2.f), dh = randn(N * F, 6);
