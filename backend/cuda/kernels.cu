@@ -484,9 +484,9 @@ __device__ __forceinline__ float ex2_approx(float x) {
 }
 
 // The logistic function 1 / (1 + e^-a) through ex2 and the fast reciprocal (__fdividef: 2 ulp;
-// for e^-a past 2^126, where the logistic is below 1e-38, it gives 0, as the exact one rounds to
-// nearly). The SwiGLU kernels move 6 and 10 bytes an element; expf and an IEEE division took
-// about twenty instructions an element, so they ran at 55-65 % of bandwidth (run F).
+// for e^-a past 2^126, where the exact logistic is below 1e-38, it gives 0). The SwiGLU kernels
+// move 6 and 10 bytes an element; expf and an IEEE division took about twenty instructions an
+// element, so they ran at 55-65 % of bandwidth (run F).
 __device__ __forceinline__ float sigmoid(float a) {
   return __fdividef(1.f, 1.f + ex2_approx(-a * kLog2e));
 }
