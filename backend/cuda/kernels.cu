@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <stdexcept>
+#include <type_traits>
 
 #include "async_copy.cuh"
 #include "check.hpp"
@@ -1148,14 +1149,15 @@ __global__ void cross_entropy_kernel(float* losses, T* dlogits, const T* logits,
   }
   // One pass for the max and the sum (online: the sum is rescaled when the max grows), merged
   // across the block in a fixed order; a second pass writes the gradient.
-  float mx = -INFINITY, s = 0.f;
+  float mx = -INFINITY, shift2 = -INFINITY, s = 0.f;  // shift2 = mx·log2(e)
   for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
     const float x = load(l + v);
     if (x > mx) {
       s = s * expf(mx - x) + 1.f;
       mx = x;
+      shift2 = mx * kLog2e;
     } else {
-      s += exp_shifted(x, mx * kLog2e);
+      s += exp_shifted(x, shift2);
     }
   }
   block_merge_max_sum(mx, s);
@@ -1553,10 +1555,16 @@ void attention_softmax_backward(void* dS, DType mm, const float* dP, const void*
 }
 
 // The columns a thread takes in one access (the kernels' VEC): 16 bytes when F is a whole
-// number of them and every row starts aligned (the buffers' bases are), else 2 when F is even.
-template <class OutT>
-int swiglu_vec(int64_t F, bool rows_aligned) {
-  return F % kPer16<OutT> == 0 && rows_aligned ? kPer16<OutT> : F % 2 == 0 ? 2 : 1;
+// number of them and every row starts aligned (the buffers' bases are), else 2 when F is even;
+// launch(std::integral_constant<int, VEC>{}) with that VEC, and rows of VEC-column accesses.
+template <class OutT, class Launch>
+void with_swiglu_vec(int64_t F, bool rows_aligned, Launch&& launch) {
+  if (F % kPer16<OutT> == 0 && rows_aligned)
+    launch(std::integral_constant<int, kPer16<OutT>>{});
+  else if (F % 2 == 0)
+    launch(std::integral_constant<int, 2>{});
+  else
+    launch(std::integral_constant<int, 1>{});
 }
 // The launch for rows of `accesses` accesses: a row's threads are the accesses rounded up to a
 // power of two below 32 (two or more rows a warp), to whole warps above, at most 256; then as
@@ -1578,14 +1586,10 @@ void swiglu_forward(void* h, DType mm, const void* ab, int64_t N, int64_t F, voi
   MOEPLAN_DISPATCH_MM(mm, {
     auto* o = static_cast<OutT*>(h);
     const auto* in = static_cast<const OutT*>(ab);
-    const int vec = swiglu_vec<OutT>(F, aligned16(h, ab));
-    const RowLaunch l = row_launch(N, (F + vec - 1) / vec);
-    if (vec == kPer16<OutT>)
-      swiglu_forward_kernel<OutT, kPer16<OutT>><<<l.grid, l.block, 0, st>>>(o, in, N, F);
-    else if (vec == 2)
-      swiglu_forward_kernel<OutT, 2><<<l.grid, l.block, 0, st>>>(o, in, N, F);
-    else
-      swiglu_forward_kernel<OutT, 1><<<l.grid, l.block, 0, st>>>(o, in, N, F);
+    with_swiglu_vec<OutT>(F, aligned16(h, ab), [&](auto vec) {
+      const RowLaunch l = row_launch(N, (F + vec - 1) / vec);
+      swiglu_forward_kernel<OutT, vec><<<l.grid, l.block, 0, st>>>(o, in, N, F);
+    });
   });
   check_launch("swiglu_forward");
 }
@@ -1598,14 +1602,10 @@ void swiglu_backward(void* dab, DType mm, const void* dh, const void* ab, int64_
     auto* o = static_cast<OutT*>(dab);
     const auto* g = static_cast<const OutT*>(dh);
     const auto* in = static_cast<const OutT*>(ab);
-    const int vec = swiglu_vec<OutT>(F, aligned16(dab, dh, ab));
-    const RowLaunch l = row_launch(N, (F + vec - 1) / vec);
-    if (vec == kPer16<OutT>)
-      swiglu_backward_kernel<OutT, kPer16<OutT>><<<l.grid, l.block, 0, st>>>(o, g, in, N, F);
-    else if (vec == 2)
-      swiglu_backward_kernel<OutT, 2><<<l.grid, l.block, 0, st>>>(o, g, in, N, F);
-    else
-      swiglu_backward_kernel<OutT, 1><<<l.grid, l.block, 0, st>>>(o, g, in, N, F);
+    with_swiglu_vec<OutT>(F, aligned16(dab, dh, ab), [&](auto vec) {
+      const RowLaunch l = row_launch(N, (F + vec - 1) / vec);
+      swiglu_backward_kernel<OutT, vec><<<l.grid, l.block, 0, st>>>(o, g, in, N, F);
+    });
   });
   check_launch("swiglu_backward");
 }
