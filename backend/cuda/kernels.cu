@@ -87,6 +87,46 @@ __device__ __forceinline__ void store16(bf16* p, const float (&x)[8]) {
   for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(x[2 * i], x[2 * i + 1]);
   *reinterpret_cast<uint4*>(p) = v;
 }
+// VEC adjacent elements as floats and back, in accesses of up to 16 bytes: VEC 1 (any p), 4 (p
+// aligned to the four: 16 bytes fp32, 8 bf16) or a whole number of 16-byte words (p 16-byte
+// aligned).
+template <int VEC, class T>
+__device__ __forceinline__ void load_cols(const T* p, float (&x)[VEC]) {
+  if constexpr (VEC == 1) {
+    x[0] = load(p);
+  } else if constexpr (VEC == 4) {
+    const float4 v = load4(p);
+    x[0] = v.x, x[1] = v.y, x[2] = v.z, x[3] = v.w;
+  } else {
+    constexpr int W = kPer16<T>;
+    static_assert(VEC % W == 0, "VEC: 1, 4 or whole 16-byte words");
+#pragma unroll
+    for (int i = 0; i < VEC; i += W) {
+      float w[W];
+      load16(p + i, w);
+#pragma unroll
+      for (int j = 0; j < W; ++j) x[i + j] = w[j];
+    }
+  }
+}
+template <int VEC, class T>
+__device__ __forceinline__ void store_cols(T* p, const float (&x)[VEC]) {
+  if constexpr (VEC == 1) {
+    store(p, x[0]);
+  } else if constexpr (VEC == 4) {
+    store4(p, make_float4(x[0], x[1], x[2], x[3]));
+  } else {
+    constexpr int W = kPer16<T>;
+    static_assert(VEC % W == 0, "VEC: 1, 4 or whole 16-byte words");
+#pragma unroll
+    for (int i = 0; i < VEC; i += W) {
+      float w[W];
+#pragma unroll
+      for (int j = 0; j < W; ++j) w[j] = x[i + j];
+      store16(p + i, w);
+    }
+  }
+}
 // Whether every pointer is 16-byte aligned (the float4 paths' condition, with sizes % 4 == 0).
 template <class... P>
 bool aligned16(const P*... p) {
@@ -832,46 +872,61 @@ __global__ void copy_rows_kernel(T* dst, const T* src, const int32_t* map, int64
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x) store(dst + r * C + c, 0.f);
 }
 
-// y[t] += Σ_k gate·ys[slot], k in order; ys in YT (the model's matrix type). VEC4 (C % 4 == 0,
-// aligned): four columns a thread (16-byte accesses of y, 16 or 8 of ys), the same sums.
-template <bool VEC4, class YT>
-__global__ void moe_combine_forward_kernel(float* y, const YT* ys, const float* gate,
-                                           const int32_t* slot_of, int64_t K, int64_t C) {
-  const int64_t t = blockIdx.x;
-  if constexpr (VEC4) {
-    for (int64_t c = 4 * int64_t(threadIdx.x); c < C; c += 4 * int64_t(blockDim.x)) {
-      float4 s = load4(y + t * C + c);
-      for (int64_t k = 0; k < K; ++k) {
-        const int32_t r = slot_of[t * K + k];
-        if (r < 0) continue;  // dropped (over capacity)
-        const float g = gate[t * K + k];
-        const float4 v = load4(ys + int64_t(r) * C + c);
-        s.x += g * v.x;
-        s.y += g * v.y;
-        s.z += g * v.z;
-        s.w += g * v.w;
+// y[t] += Σ_k gate·ys[slot] (GATED: the combine forward) or dx[t] += Σ_k dxs[slot] (the
+// scatter-add of the routed rows' input gradients), k in order, dropped assignments (slot −1,
+// over capacity) adding nothing; the routed rows in YT (the model's matrix type), y fp32. A
+// token's row is blockDim.x threads of VEC columns an access (row_launch: narrow rows share a
+// warp), blockDim.y tokens a block; every VEC gives the same sums. (A block per token with 8-byte
+// bf16 accesses ran at about half the bandwidth on an H200: run F, 0.27 ms a MoE step each.)
+template <int VEC, bool GATED, class YT>
+__global__ void moe_combine_rows_kernel(float* y, const YT* ys, const float* gate,
+                                        const int32_t* slot_of, int64_t T, int64_t K, int64_t C) {
+  const int64_t t = int64_t(blockIdx.x) * blockDim.y + threadIdx.y;
+  if (t >= T) return;
+  const int32_t* slots = slot_of + t * K;
+  constexpr int kGroup = 4;  // routed rows loaded together: their loads in flight at once
+  for (int64_t c = VEC * int64_t(threadIdx.x); c < C; c += VEC * int64_t(blockDim.x)) {
+    float s[VEC];
+    load_cols(y + t * C + c, s);
+    for (int64_t k0 = 0; k0 < K; k0 += kGroup) {
+      int32_t r[kGroup];  // the slots first (no branch between their loads), then the rows
+#pragma unroll
+      for (int u = 0; u < kGroup; ++u) r[u] = slots[min(k0 + u, K - 1)];
+      float v[kGroup][VEC], g[kGroup];
+      bool kept[kGroup];
+#pragma unroll
+      for (int u = 0; u < kGroup; ++u) {
+        kept[u] = k0 + u < K && r[u] >= 0;  // −1: dropped (over capacity)
+        if (kept[u]) {
+          load_cols(ys + int64_t(r[u]) * C + c, v[u]);
+          g[u] = GATED ? gate[t * K + k0 + u] : 1.f;
+        }
       }
-      store4(y + t * C + c, s);
-    }
-  } else {
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-      float s = y[t * C + c];
-      for (int64_t k = 0; k < K; ++k) {
-        const int32_t r = slot_of[t * K + k];
-        if (r >= 0) s += gate[t * K + k] * load(ys + int64_t(r) * C + c);
+#pragma unroll
+      for (int u = 0; u < kGroup; ++u) {  // the sums in k order
+        if (!kept[u]) continue;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          if constexpr (GATED)
+            s[j] += g[u] * v[u][j];
+          else
+            s[j] += v[u][j];
+        }
       }
-      y[t * C + c] = s;
     }
+    store_cols(y + t * C + c, s);
   }
 }
 
 // One warp per assignment a = t·K + k, in token order, so that the K warps of token t read its dy
 // row together (in the order of the routed rows, the sort by expert, each dy row was read K times
 // far apart: at batch 32 × 1024 the 64 MB of dy outgrow the H200's 50 MB L2). Routed row
-// i = slot_of[a]: dys[i] = gate[a]·dy[t], dgate[a] = dy[t]·ys[i] (lanes over the columns, then
-// the warp's sum: the same sums as a warp per routed row); a dropped assignment (slot −1) gets
-// dgate 0 and no row. ys and dys in the model's matrix type.
-template <class OutT>
+// i = slot_of[a]: dys[i] = gate[a]·dy[t], dgate[a] = dy[t]·ys[i] (each lane VEC columns an
+// access, then the warp's sum; the sum's order depends on VEC, nothing else); a dropped
+// assignment (slot −1) gets dgate 0 and no row. ys and dys in the model's matrix type. (One
+// column a lane, 2-byte bf16 accesses, ran at about 35 % of bandwidth on an H200: run F, 0.48 ms
+// a MoE step at batch 8.)
+template <int VEC, class OutT>
 __global__ void moe_combine_backward_kernel(OutT* dys, float* dgate, const float* dy,
                                             const OutT* ys, const float* gate,
                                             const int32_t* slot_of, int64_t TK, int64_t K,
@@ -887,45 +942,19 @@ __global__ void moe_combine_backward_kernel(OutT* dys, float* dgate, const float
   const int64_t t = a / K;
   const float g = gate[a];
   float dot = 0.f;
-  for (int64_t c = lane; c < C; c += 32) {
-    const float d = dy[t * C + c];
-    store(dys + i * C + c, g * d);
-    dot += d * load(ys + i * C + c);
+  for (int64_t c = VEC * lane; c < C; c += 32 * VEC) {
+    float d[VEC], v[VEC];
+    load_cols(dy + t * C + c, d);
+    load_cols(ys + i * C + c, v);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      dot += d[j] * v[j];
+      d[j] *= g;
+    }
+    store_cols(dys + i * C + c, d);
   }
   dot = warp_sum(dot);
   if (lane == 0) dgate[a] = dot;
-}
-
-// dx (T, C) fp32 += the routed rows' input gradients dxs (in the matrix type), a block per token,
-// its K rows added in k order.
-template <bool VEC4, class InT>
-__global__ void moe_scatter_add_kernel(float* dx, const InT* dxs, const int32_t* slot_of, int64_t K,
-                                       int64_t C) {
-  const int64_t t = blockIdx.x;
-  if constexpr (VEC4) {
-    for (int64_t c = 4 * int64_t(threadIdx.x); c < C; c += 4 * int64_t(blockDim.x)) {
-      float4 s = load4(dx + t * C + c);
-      for (int64_t k = 0; k < K; ++k) {
-        const int32_t r = slot_of[t * K + k];
-        if (r < 0) continue;  // dropped (over capacity)
-        const float4 v = load4(dxs + int64_t(r) * C + c);
-        s.x += v.x;
-        s.y += v.y;
-        s.z += v.z;
-        s.w += v.w;
-      }
-      store4(dx + t * C + c, s);
-    }
-  } else {
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-      float s = dx[t * C + c];
-      for (int64_t k = 0; k < K; ++k) {
-        const int32_t r = slot_of[t * K + k];
-        if (r >= 0) s += load(dxs + int64_t(r) * C + c);
-      }
-      dx[t * C + c] = s;
-    }
-  }
 }
 
 // aux = {λ·E·Σ f_i·P_i, z·mean lse²}; one block of kAuxThreads, fixed order. Each thread sums
@@ -1686,18 +1715,46 @@ void copy_rows(void* dst, const void* src, DType t, const int32_t* map, int64_t 
   check_launch("copy_rows");
 }
 
+namespace {
+
+// The columns a thread of the MoE row kernels takes in one access: 8 when C is a multiple of 8
+// and every row 16-byte aligned (one 16-byte access of a bf16 row, two of an fp32 one), 4 when C
+// is a multiple of 4 and `aligned4` (fp32 rows 16-byte aligned, bf16 rows 8-byte), else 1;
+// launch(std::integral_constant<int, VEC>{}).
+template <class Launch>
+void with_row_vec(int64_t C, bool aligned8, bool aligned4, Launch&& launch) {
+  if (C % 8 == 0 && aligned8)
+    launch(std::integral_constant<int, 8>{});
+  else if (C % 4 == 0 && aligned4)
+    launch(std::integral_constant<int, 4>{});
+  else
+    launch(std::integral_constant<int, 1>{});
+}
+
+// y += Σ gate·ys (gate non-null) or Σ ys over each token's routed rows.
+void combine_rows(float* y, const void* ys, DType mm, const float* gate, const int32_t* slot_of,
+                  int64_t T, int64_t K, int64_t C) {
+  MOEPLAN_DISPATCH_MM(mm, {
+    const OutT* rows = static_cast<const OutT*>(ys);
+    with_row_vec(C, aligned16(y, ys), aligned16(y) && store4_aligned(ys, mm), [&](auto vec) {
+      const RowLaunch l = row_launch(T, (C + vec - 1) / vec);
+      if (gate)
+        moe_combine_rows_kernel<vec, true, OutT>
+            <<<l.grid, l.block>>>(y, rows, gate, slot_of, T, K, C);
+      else
+        moe_combine_rows_kernel<vec, false, OutT>
+            <<<l.grid, l.block>>>(y, rows, nullptr, slot_of, T, K, C);
+    });
+  });
+}
+
+}  // namespace
+
 void moe_combine_forward(float* y, const void* ys, DType mm, const float* gate,
                          const int32_t* slot_of, int64_t T, int64_t K, int64_t C) {
   if (T == 0) return;
-  const bool vec = C % 4 == 0 && aligned16(y, ys);
-  MOEPLAN_DISPATCH_MM(mm, {
-    const OutT* yt = static_cast<const OutT*>(ys);
-    if (vec)
-      moe_combine_forward_kernel<true, OutT>
-          <<<unsigned(T), row_threads(C / 4)>>>(y, yt, gate, slot_of, K, C);
-    else
-      moe_combine_forward_kernel<false, OutT><<<unsigned(T), 128>>>(y, yt, gate, slot_of, K, C);
-  });
+  if (gate == nullptr) throw std::invalid_argument("moe_combine_forward: gate is null");
+  combine_rows(y, ys, mm, gate, slot_of, T, K, C);
   check_launch("moe_combine_forward");
 }
 
@@ -1705,24 +1762,22 @@ void moe_combine_backward(void* dys, DType mm, float* dgate, const float* dy, co
                           const float* gate, const int32_t* slot_of, int64_t T, int64_t K,
                           int64_t C) {
   if (T * K == 0) return;
-  MOEPLAN_DISPATCH_MM(mm, moe_combine_backward_kernel<OutT><<<blocks_for(T * K, 8), 256>>>(
-                              static_cast<OutT*>(dys), dgate, dy, static_cast<const OutT*>(ys),
-                              gate, slot_of, T * K, K, C));
+  MOEPLAN_DISPATCH_MM(mm, {
+    auto* out = static_cast<OutT*>(dys);
+    const auto* rows = static_cast<const OutT*>(ys);
+    with_row_vec(C, aligned16(dy, ys, dys),
+                 aligned16(dy) && store4_aligned(ys, mm) && store4_aligned(dys, mm), [&](auto vec) {
+                   moe_combine_backward_kernel<vec, OutT><<<blocks_for(T * K, 8), 256>>>(
+                       out, dgate, dy, rows, gate, slot_of, T * K, K, C);
+                 });
+  });
   check_launch("moe_combine_backward");
 }
 
 void moe_scatter_add(float* dx, const void* dxs, DType mm, const int32_t* slot_of, int64_t T,
                      int64_t K, int64_t C) {
   if (T == 0) return;
-  const bool vec = C % 4 == 0 && aligned16(dx, dxs);
-  MOEPLAN_DISPATCH_MM(mm, {
-    const OutT* in = static_cast<const OutT*>(dxs);
-    if (vec)
-      moe_scatter_add_kernel<true, OutT>
-          <<<unsigned(T), row_threads(C / 4)>>>(dx, in, slot_of, K, C);
-    else
-      moe_scatter_add_kernel<false, OutT><<<unsigned(T), 128>>>(dx, in, slot_of, K, C);
-  });
+  combine_rows(dx, dxs, mm, nullptr, slot_of, T, K, C);
   check_launch("moe_scatter_add");
 }
 

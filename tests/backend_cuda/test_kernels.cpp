@@ -432,17 +432,21 @@ TEST_CASE(
 }
 
 TEST_CASE("gather_rows, combine and scatter-add equal a host loop, in 16-byte words or not") {
-  // A fixed permutation of the T·K routed rows; C 40 (whole 16-byte words in fp32 and bf16) and
-  // C 37 (one element at a time). Each output is the host loop's exactly (same order of sums).
-  const int64_t T = 29, K = 3, N = T * K;
+  // A fixed permutation of the T·K routed rows; K 5: the combining kernels load the rows four
+  // at a time, so one full group and one of a single row. C 40 (whole 16-byte words in fp32 and
+  // bf16: 8 columns an access, rows narrower than a warp sharing it), 36 (4 columns an access),
+  // 37 (one element at a time) and 2056 (8 columns an access, 257 accesses a row: a thread takes
+  // two; the backward's lanes up to nine). Each output is the host loop's exactly (same order of
+  // sums), but for FMA contraction on a GPU and the backward's dot products (another order).
+  const int64_t T = 29, K = 5, N = T * K;
   std::vector<int32_t> slot_of(N), sorted(N);
   for (int64_t a = 0; a < N; ++a) slot_of[size_t(a)] = int32_t((a * 37 + 11) % N);
   for (int64_t a = 0; a < N; ++a) sorted[size_t(slot_of[size_t(a)])] = int32_t(a);
   auto dSlot = to_device(slot_of), dSorted = to_device(sorted);
-  for (const int64_t C : {40, 37}) {
+  for (const int64_t C : {40, 36, 37, 2056}) {
     INFO("C " << C);
     const auto x = randn(T * C, 51), ys = randn(N * C, 52), y0 = randn(T * C, 53),
-               gate = randn(N, 54);
+               gate = randn(N, 54), dy = randn(T * C, 55);
     auto dX = to_device(x), dYs = to_device(ys), dGate = to_device(gate);
     for (DType t : {DType::f32, DType::bf16}) {
       std::vector<float> xin = x;
@@ -507,6 +511,57 @@ TEST_CASE("gather_rows, combine and scatter-add equal a host loop, in 16-byte wo
       k::moe_scatter_add(dDxh.as<float>(), dYsh.data(), DType::bf16, dSlots.as<int32_t>(), T, K, C);
       synchronize();
       CHECK(download_f(dDxh, T * C) == dx_r);
+
+      // The combine's backward: each kept assignment's row gate·dy[t] (one product, exact; in bf16
+      // one rounding of it) and dgate = dy[t]·ys[row] (0 where dropped); rows no assignment names
+      // keep their poison.
+      auto dDy = to_device(dy);
+      for (DType t : {DType::f32, DType::bf16}) {
+        INFO((t == DType::f32 ? "fp32" : "bf16"));
+        const bool bf = t == DType::bf16;
+        std::vector<float> ys_t = ys;
+        if (bf)
+          for (size_t i = 0; i < ys.size(); ++i)
+            ys_t[i] = moeplan::backend::cuda::bf16_to_float(ys_h[i]);
+        auto dRows = bf ? to_device(ys_h) : to_device(ys);
+        auto dDys = poisoned(size_t(N * C) * (bf ? 2 : 4));
+        auto dDg = poisoned(size_t(N) * 4);
+        k::moe_combine_backward(dDys.data(), t, dDg.as<float>(), dDy.as<float>(), dRows.data(),
+                                dGate.as<float>(), dSlots.as<int32_t>(), T, K, C);
+        synchronize();
+        const std::vector<float> got = download_f(dDys, N * C, t), dg = download_f(dDg, N);
+        std::vector<float> dg_host(N, 0.f), dg_got(N, 0.f);
+        int64_t wrong_rows = 0, wrong_zero = 0;
+        std::vector<bool> named(N, false);
+        for (int64_t a = 0; a < N; ++a) {
+          const int64_t slot = slots[size_t(a)], tk = a / K;
+          dg_got[size_t(a)] = dg[size_t(a)];
+          if (slot < 0) {
+            wrong_zero += dg[size_t(a)] != 0.f;
+            continue;
+          }
+          named[size_t(slot)] = true;
+          double dot = 0;
+          for (int64_t c = 0; c < C; ++c) {
+            const float d = dy[size_t(tk * C + c)];
+            float want = gate[size_t(a)] * d;
+            if (bf)
+              want = moeplan::backend::cuda::bf16_to_float(
+                  moeplan::backend::cuda::float_to_bf16(want));
+            wrong_rows += got[size_t(slot * C + c)] != want;
+            dot += double(d) * double(ys_t[size_t(slot * C + c)]);
+          }
+          dg_host[size_t(a)] = float(dot);
+        }
+        CHECK(wrong_rows == 0);
+        CHECK(wrong_zero == 0);
+        CHECK(rel_err(dg_got, dg_host) < 1e-5);
+        int64_t touched = 0;  // rows of dropped assignments left alone (still NaN)
+        for (int64_t i = 0; i < N; ++i)
+          if (!named[size_t(i)])
+            for (int64_t c = 0; c < C; ++c) touched += !std::isnan(got[size_t(i * C + c)]);
+        CHECK(touched == 0);
+      }
     }
   }
 }
