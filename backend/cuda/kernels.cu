@@ -222,15 +222,45 @@ __global__ void embedding_backward_kernel(float* demb, const float* dx, const in
 }
 
 // One warp per row; with VEC4 (C % 4 == 0, aligned rows) a lane takes four adjacent columns in
-// one 16-byte access, a quarter of the instructions per element.
-template <class OutT, bool VEC4>
+// one 16-byte access, a quarter of the instructions per element. With SLOTS > 0 (VEC4 and
+// C ≤ 128·SLOTS) a lane keeps its columns of x in registers between the sum of squares and the
+// output, where the loop reads x twice (two trips to memory a row, the second mostly to L2:
+// about 45 % of bandwidth on an H200, run F). Every form does the same arithmetic in the same
+// order.
+template <class OutT, bool VEC4, int SLOTS = 0>
 __global__ void rmsnorm_forward_kernel(OutT* out, float* rstd, const float* x, const float* w,
                                        int64_t T, int64_t C, float eps, float* copy) {
+  static_assert(SLOTS == 0 || VEC4, "registers only with 16-byte accesses");
   const int64_t t = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x & 31;
   if (t >= T) return;
   const float* xr = x + t * C;
   float ss = 0.f;
+  if constexpr (SLOTS > 0) {
+    float4 v[SLOTS];
+#pragma unroll
+    for (int j = 0; j < SLOTS; ++j) {
+      const int64_t c = 4 * lane + 128 * j;
+      if (c < C) {
+        v[j] = load4(xr + c);
+        ss += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
+      }
+    }
+    ss = warp_sum(ss);
+    const float r = rsqrtf(ss / float(C) + eps);
+    if (lane == 0) rstd[t] = r;
+#pragma unroll
+    for (int j = 0; j < SLOTS; ++j) {
+      const int64_t c = 4 * lane + 128 * j;
+      if (c < C) {
+        const float4 g = load4(w + c);
+        store4(out + t * C + c,
+               make_float4(v[j].x * r * g.x, v[j].y * r * g.y, v[j].z * r * g.z, v[j].w * r * g.w));
+        if (copy) *reinterpret_cast<float4*>(copy + t * C + c) = v[j];
+      }
+    }
+    return;
+  }
   if constexpr (VEC4) {
     for (int64_t c = 4 * lane; c < C; c += 128) {
       const float4 v = load4(xr + c);
@@ -367,9 +397,13 @@ void colsum_finish(float* out, const float* partial, int64_t C, float scale, boo
 // this block's column sums of dy·x·rstd over its `rows` rows into partial[blockIdx.x] (the
 // separate dw kernel read dy and x a second time, latency-bound: 25 µs a call at T 8192, C 768
 // on an H200, against 46 µs for dx). Warp w of 8 takes the block's rows w, w + 8, …; each lane
-// keeps the sums of its columns 4·lane + 128·j in registers; the 8 warps' sums are then added in
-// warp order through shared memory. C % 4 == 0, C ≤ 128·kDwSlots, aligned rows.
-constexpr int kDwSlots = 8;
+// keeps the sums of its columns 4·lane + 128·j (j < SLOTS) in registers; the 8 warps' sums are
+// then added in warp order through shared memory. A row's dy, x and dx are loaded together and
+// kept in registers for its dx, one trip to memory a row (until 2026-12-06 dy and x were read
+// again after the dot product, and dx only then: two trips, at 54 % of DRAM bandwidth in run D).
+// C % 4 == 0, C ≤ 128·SLOTS, aligned rows.
+// The most 128-column slots (four columns a lane) the rmsnorm kernels keep in registers: C ≤ 1024.
+constexpr int kMaxRowSlots = 8;
 // Rows a block of the one-pass rmsnorm backward sums: at least 32 (4 a warp), and no more than
 // kDwMaxChunks blocks, so that the finish adds at most that many partial rows. (Blocks of 16
 // rows, twice the warps an SM, measured no faster on an H200: 1.05 against 1.02 ms of the dense
@@ -379,7 +413,7 @@ int64_t dw_rows(int64_t T) {
   const int64_t spread = (T + kDwMaxChunks - 1) / kDwMaxChunks;
   return std::max(kDwMinRows, (spread + 7) / 8 * 8);
 }
-template <class OutT>
+template <class OutT, int SLOTS>
 __global__ void __launch_bounds__(256)
     rmsnorm_backward_fused_kernel(float* dx, OutT* dx_mm, float* partial, const float* dy,
                                   const float* x, const float* w, const float* rstd, int64_t T,
@@ -387,41 +421,48 @@ __global__ void __launch_bounds__(256)
   extern __shared__ float4 warp_sums[];  // [8][C/4]
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t t0 = int64_t(blockIdx.x) * rows, t1 = min(T, t0 + rows);
-  float4 acc[kDwSlots];
+  float4 acc[SLOTS];
 #pragma unroll
-  for (int j = 0; j < kDwSlots; ++j) acc[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int j = 0; j < SLOTS; ++j) acc[j] = make_float4(0.f, 0.f, 0.f, 0.f);
   for (int64_t t = t0 + warp; t < t1; t += 8) {
     const float* xr = x + t * C;
     const float* dyr = dy + t * C;
     float* dxr = dx + t * C;
     const float r = rstd[t];
-    float dot = 0.f;
+    float4 d[SLOTS], v[SLOTS], o[SLOTS];
 #pragma unroll
-    for (int j = 0; j < kDwSlots; ++j) {
+    for (int j = 0; j < SLOTS; ++j) {
       const int64_t c = 4 * lane + 128 * j;
       if (c < C) {
-        dot += rms_dot4(load4(w + c), load4(dyr + c), load4(xr + c), r);
+        d[j] = load4(dyr + c);
+        v[j] = load4(xr + c);
+        o[j] = load4(dxr + c);
       }
+    }
+    float dot = 0.f;
+#pragma unroll
+    for (int j = 0; j < SLOTS; ++j) {
+      const int64_t c = 4 * lane + 128 * j;
+      if (c < C) dot += rms_dot4(load4(w + c), d[j], v[j], r);
     }
     dot = warp_sum(dot) / float(C);
 #pragma unroll
-    for (int j = 0; j < kDwSlots; ++j) {
+    for (int j = 0; j < SLOTS; ++j) {
       const int64_t c = 4 * lane + 128 * j;
       if (c < C) {
-        const float4 d = load4(dyr + c), v = load4(xr + c);
-        const float4 o = rms_dx4(load4(dxr + c), load4(w + c), d, v, r, dot);
-        store4(dxr + c, o);
-        if (dx_mm) store4(dx_mm + t * C + c, o);
-        acc[j].x += d.x * v.x * r;
-        acc[j].y += d.y * v.y * r;
-        acc[j].z += d.z * v.z * r;
-        acc[j].w += d.w * v.w * r;
+        o[j] = rms_dx4(o[j], load4(w + c), d[j], v[j], r, dot);
+        store4(dxr + c, o[j]);
+        if (dx_mm) store4(dx_mm + t * C + c, o[j]);
+        acc[j].x += d[j].x * v[j].x * r;
+        acc[j].y += d[j].y * v[j].y * r;
+        acc[j].z += d[j].z * v[j].z * r;
+        acc[j].w += d[j].w * v[j].w * r;
       }
     }
   }
   const int64_t C4 = C / 4;
 #pragma unroll
-  for (int j = 0; j < kDwSlots; ++j)
+  for (int j = 0; j < SLOTS; ++j)
     if (lane + 32 * j < C4) warp_sums[warp * C4 + lane + 32 * j] = acc[j];
   __syncthreads();
   for (int64_t c4 = threadIdx.x; c4 < C4; c4 += blockDim.x) {
@@ -1489,13 +1530,33 @@ void embedding_backward(float* demb, const float* dx, const int32_t* ids, const 
   check_launch("embedding_backward");
 }
 
+namespace {
+// launch(std::integral_constant<int, SLOTS>{}) with the fewest 128-column slots that hold C (4, 6
+// or 8; C ≤ 128·kMaxRowSlots): registers for the slots a row uses, not for the widest.
+template <class Launch>
+void with_row_slots(int64_t C, Launch&& launch) {
+  static_assert(kMaxRowSlots == 8);
+  if (C <= 512)
+    launch(std::integral_constant<int, 4>{});
+  else if (C <= 768)
+    launch(std::integral_constant<int, 6>{});
+  else
+    launch(std::integral_constant<int, 8>{});
+}
+}  // namespace
+
 void rmsnorm_forward(void* out, DType mm, float* rstd, const float* x, const float* w, int64_t T,
                      int64_t C, float eps, float* copy) {
   const bool vec4 = C % 4 == 0 && aligned16(x, w) && store4_aligned(out, mm) &&
                     (copy == nullptr || aligned16(copy));
   MOEPLAN_DISPATCH_MM(mm, {
     auto* o = static_cast<OutT*>(out);
-    if (vec4)
+    if (vec4 && C <= 128 * kMaxRowSlots)
+      with_row_slots(C, [&](auto slots) {
+        rmsnorm_forward_kernel<OutT, true, slots>
+            <<<blocks_for(T, 8), 256>>>(o, rstd, x, w, T, C, eps, copy);
+      });
+    else if (vec4)
       rmsnorm_forward_kernel<OutT, true><<<blocks_for(T, 8), 256>>>(o, rstd, x, w, T, C, eps, copy);
     else
       rmsnorm_forward_kernel<OutT, false>
@@ -1522,11 +1583,13 @@ void rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x, con
   }
   const bool vec4 =
       C % 4 == 0 && aligned16(dx, dy, x, w) && (dx_mm == nullptr || store4_aligned(dx_mm, mm));
-  if (vec4 && C <= 128 * kDwSlots && aligned16(scratch)) {
+  if (vec4 && C <= 128 * kMaxRowSlots && aligned16(scratch)) {
     const int64_t rows = dw_rows(T), chunks = (T + rows - 1) / rows;
     MOEPLAN_DISPATCH_MM(
-        mm, rmsnorm_backward_fused_kernel<OutT><<<unsigned(chunks), 256, size_t(8 * C) * 4>>>(
-                dx, static_cast<OutT*>(dx_mm), scratch, dy, x, w, rstd, T, C, rows));
+        mm, with_row_slots(C, [&](auto slots) {
+          rmsnorm_backward_fused_kernel<OutT, slots><<<unsigned(chunks), 256, size_t(8 * C) * 4>>>(
+              dx, static_cast<OutT*>(dx_mm), scratch, dy, x, w, rstd, T, C, rows);
+        }));
     check_launch("rmsnorm_backward_fused");
     colsum_finish(dw, scratch, C, 1.f, accumulate_dw, chunks);
     check_launch("colsum_finish");

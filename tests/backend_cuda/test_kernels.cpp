@@ -24,11 +24,16 @@ using moeplan::backend::cuda::synchronize;
 
 TEST_CASE("rmsnorm forward and backward match the CPU") {
   // C 192: one pass for dx and dw's partial sums (9 blocks of 32 rows, the last of 1), four
-  // columns a lane in 16-byte accesses; T 16500: blocks of 40 rows (at most 512 blocks); C 1028
-  // (past the one-pass kernel's 1024): dx in 16-byte accesses, dw apart; C 190: one column at a
-  // time.
-  for (const auto& [T, C] :
-       {std::pair<int64_t, int64_t>{257, 192}, {16500, 64}, {257, 1028}, {257, 190}}) {
+  // columns a lane in 16-byte accesses, the row in registers (4 slots of 128 columns, two used);
+  // T 16500: blocks of 40 rows (at most 512 blocks); C 744 and 1024: 6 slots (the last partly
+  // used) and 8; C 1028 (past the registers' 1024): both read the row again in 16-byte accesses,
+  // dw apart; C 190: one column at a time.
+  for (const auto& [T, C] : {std::pair<int64_t, int64_t>{257, 192},
+                             {16500, 64},
+                             {257, 744},
+                             {257, 1024},
+                             {257, 1028},
+                             {257, 190}}) {
     INFO("T " << T << " C " << C);
     const auto x = randn(T * C, 1), w = randn(C, 2), dy = randn(T * C, 3), dx0 = randn(T * C, 4);
     std::vector<float> y(T * C), rstd(T), dx = dx0, dw(C, 0.f);
