@@ -553,7 +553,8 @@ const bool registered = register_command(
            ->check(non_empty_value());
        app.add_option(
               "--kernels", f->kernels,
-              "cuda only: attention=auto|cublas|fused|fused_mma|fused_mma_wide|fused_mma_lean, "
+              "cuda only: "
+              "attention=auto|cublas|fused|fused_mma|fused_mma_wide|fused_mma_lean|fused_wgmma, "
               "experts=auto|grouped|loop|tiled|tiled128|wgmma|batched, logits=auto|<rows>, "
               "gemm=auto|none|builtin[:NAME]|<table.json> (default: auto for each: "
               "fused_mma_lean and tiled128 in bf16 where they apply, LM head chunks of 8192 "

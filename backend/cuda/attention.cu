@@ -11,6 +11,7 @@
 #include <type_traits>
 
 #include "async_copy.cuh"
+#include "attention_wgmma.hpp"
 #include "check.hpp"
 #include "mma.cuh"
 #include "moeplan/backend/cuda/attention.hpp"
@@ -1139,18 +1140,25 @@ void backward_t(float* dqkv, float* delta, const uint16_t* dO, const uint16_t* O
 template <int D, class OutT>
 void backward_mma_t(OutT* dqkv, float* delta, uint16_t* ds, const uint16_t* dO, const uint16_t* O,
                     const float* lse, const uint16_t* qkv, const float* slopes, int64_t B,
-                    int64_t S, int64_t H, int64_t Hkv, bool lean) {
+                    int64_t S, int64_t H, int64_t Hkv, DkdvKernel kind) {
   launch_delta(delta, dO, O, B, S, H, D);
   const unsigned tiles = unsigned((S + BM - 1) / BM);
   bf16* dsb = reinterpret_cast<bf16*>(ds);
-  const auto dkdv = lean ? dkdv_mma_kernel<D, OutT, true> : dkdv_mma_kernel<D, OutT, false>;
-  allow_smem(dkdv, sizeof(MmaDkdvSmem<D>));
-  // x: sequence·head, y: tile, so that every head's heaviest tiles (the most steps: the first key
-  // tiles, the last query tiles) launch first.
-  dkdv<<<dim3(unsigned(B * Hkv), tiles), kThreads, sizeof(MmaDkdvSmem<D>)>>>(
-      dqkv, dsb, reinterpret_cast<const bf16*>(dO), lse, delta, reinterpret_cast<const bf16*>(qkv),
-      slopes, int(S), int(H), int(Hkv), 1.f / sqrtf(float(D)));
-  check_launch(lean ? "attention::backward_mma_lean" : "attention::backward_mma");
+  if (kind == DkdvKernel::wgmma) {
+    dkdv_wgmma(dqkv, std::is_same_v<OutT, bf16>, ds, dO, lse, delta, qkv, slopes, B, S, H, Hkv, D,
+               1.f / sqrtf(float(D)));
+  } else {
+    const bool lean = kind == DkdvKernel::lean;
+    const auto dkdv = lean ? dkdv_mma_kernel<D, OutT, true> : dkdv_mma_kernel<D, OutT, false>;
+    allow_smem(dkdv, sizeof(MmaDkdvSmem<D>));
+    // x: sequence·head, y: tile, so that every head's heaviest tiles (the most steps: the first
+    // key tiles, the last query tiles) launch first.
+    dkdv<<<dim3(unsigned(B * Hkv), tiles), kThreads, sizeof(MmaDkdvSmem<D>)>>>(
+        dqkv, dsb, reinterpret_cast<const bf16*>(dO), lse, delta,
+        reinterpret_cast<const bf16*>(qkv), slopes, int(S), int(H), int(Hkv),
+        1.f / sqrtf(float(D)));
+    check_launch(lean ? "attention::backward_mma_lean" : "attention::backward_mma");
+  }
   allow_smem(dq_mma_kernel<D, OutT>, sizeof(MmaDqSmem<D>));
   dq_mma_kernel<D, OutT><<<dim3(unsigned(B * H), tiles), kThreads, sizeof(MmaDqSmem<D>)>>>(
       dqkv, dsb, reinterpret_cast<const bf16*>(qkv), int(S), int(H), int(Hkv));
@@ -1170,6 +1178,10 @@ int64_t tiles_per_head(int64_t S) {
 
 bool backward_mma_supported(int64_t head_dim) {
   return head_dim == 16 || head_dim == 32 || head_dim == 64;
+}
+
+bool backward_wgmma_supported(int64_t head_dim) {
+  return dkdv_wgmma_supported(head_dim);
 }
 
 #define MOEPLAN_ATTN_DISPATCH(Dh, call)                                               \
@@ -1242,16 +1254,19 @@ int64_t backward_mma_scratch(int64_t B, int64_t S, int64_t H) {
 template <class OutT>
 void backward_mma_d(OutT* dqkv, float* delta, uint16_t* ds, const uint16_t* dO, const uint16_t* O,
                     const float* lse, const uint16_t* qkv, const float* alibi_slopes, int64_t B,
-                    int64_t S, int64_t H, int64_t Hkv, int64_t Dh, bool lean) {
+                    int64_t S, int64_t H, int64_t Hkv, int64_t Dh, DkdvKernel kind) {
+  if (kind == DkdvKernel::wgmma && !backward_wgmma_supported(Dh))
+    throw std::invalid_argument("attention::backward_mma: the wgmma dK/dV kernel has head width " +
+                                std::to_string(Dh) + " (valid: 64)");
   switch (Dh) {
     case 16:
-      backward_mma_t<16>(dqkv, delta, ds, dO, O, lse, qkv, alibi_slopes, B, S, H, Hkv, lean);
+      backward_mma_t<16>(dqkv, delta, ds, dO, O, lse, qkv, alibi_slopes, B, S, H, Hkv, kind);
       break;
     case 32:
-      backward_mma_t<32>(dqkv, delta, ds, dO, O, lse, qkv, alibi_slopes, B, S, H, Hkv, lean);
+      backward_mma_t<32>(dqkv, delta, ds, dO, O, lse, qkv, alibi_slopes, B, S, H, Hkv, kind);
       break;
     case 64:
-      backward_mma_t<64>(dqkv, delta, ds, dO, O, lse, qkv, alibi_slopes, B, S, H, Hkv, lean);
+      backward_mma_t<64>(dqkv, delta, ds, dO, O, lse, qkv, alibi_slopes, B, S, H, Hkv, kind);
       break;
     default:
       throw std::invalid_argument("attention::backward_mma: head_dim " + std::to_string(Dh) +
@@ -1262,13 +1277,13 @@ void backward_mma_d(OutT* dqkv, float* delta, uint16_t* ds, const uint16_t* dO, 
 void backward_mma(void* dqkv, bool dqkv_bf16, float* delta, uint16_t* ds, const uint16_t* dO,
                   const uint16_t* O, const float* lse, const uint16_t* qkv,
                   const float* alibi_slopes, int64_t B, int64_t S, int64_t H, int64_t Hkv,
-                  int64_t Dh, bool lean_dkdv) {
+                  int64_t Dh, DkdvKernel dkdv) {
   if (dqkv_bf16)
     backward_mma_d(static_cast<bf16*>(dqkv), delta, ds, dO, O, lse, qkv, alibi_slopes, B, S, H, Hkv,
-                   Dh, lean_dkdv);
+                   Dh, dkdv);
   else
     backward_mma_d(static_cast<float*>(dqkv), delta, ds, dO, O, lse, qkv, alibi_slopes, B, S, H,
-                   Hkv, Dh, lean_dkdv);
+                   Hkv, Dh, dkdv);
 }
 
 }  // namespace moeplan::backend::cuda::attention

@@ -253,32 +253,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<S>)
   store_tile(G[e] + int64_t(m0) * N + n0, N, acc, M - m0, N - n0, accumulate);
 }
 
-// MOEPLAN_WGMMA_SWAP=k|mn|both exchanges LBO and SBO in the K-major, the MN-major or all
-// descriptors: a diagnostic for a GPU run whose kernel test finds the documented layout wrong
-// (scripts/gpu-check tries each after a failure), never set otherwise. It says so on stderr.
-int swap_mode() {
-  static const int mode = [] {
-    const char* v = std::getenv("MOEPLAN_WGMMA_SWAP");
-    const std::string s = v ? v : "";
-    const int m = s.empty() || s == "none" ? 0
-                  : s == "k"               ? 1
-                  : s == "mn"              ? 2
-                  : s == "both"            ? 3
-                                           : -1;
-    if (m < 0)
-      throw std::invalid_argument("MOEPLAN_WGMMA_SWAP=" + s + " (valid: none, k, mn, both)");
-    if (m > 0)
-      std::fprintf(stderr,
-                   "MOEPLAN_WGMMA_SWAP=%s: wgmma descriptors with LBO and SBO exchanged (a layout "
-                   "diagnostic)\n",
-                   s.c_str());
-    return m;
-  }();
-  return mode;
-}
-
+// The descriptors' strides, exchanged where MOEPLAN_WGMMA_SWAP says (wgmma.cuh).
 Strides layout_strides(bool a_mn, bool b_mn) {
-  const int swap = swap_mode();
+  const int swap = wgmma_swap_mode();
   const auto pick = [&](bool mn, uint32_t& lbo, uint32_t& sbo) {
     lbo = mn ? kMNMajorLBO : kKMajorLBO;
     sbo = mn ? kMNMajorSBO : kKMajorSBO;

@@ -33,6 +33,13 @@ namespace k = kernels;
 
 namespace {
 
+// The device this thread's CUDA calls go to (the wgmma paths ask its compute capability).
+DeviceInfo current_device() {
+  int device = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  return device_info(device);
+}
+
 struct LayerParams {
   int64_t norm1 = -1, qkv = -1, attn_out = -1, norm2 = -1, w13 = -1, w2 = -1;
   int64_t router = -1, shared_w13 = -1, shared_w2 = -1;
@@ -165,7 +172,8 @@ struct Model::Impl {
   bool forward_mma = false;       // ... with the register-resident forward
   bool forward_mma_wide = false;  // ... at 32 query rows a warp
   bool backward_mma = false;      // ... and backward (head widths up to 64)
-  bool lean_dkdv = false;         // ... whose dK/dV kernel holds fewer registers at once
+  // ... whose dK/dV kernel: mma.sync (held or lean, the same bits) or wgmma
+  attention::DkdvKernel dkdv_kernel = attention::DkdvKernel::held;
   size_t mm_size = 4;
 
   std::vector<TensorInfo> tensors;
@@ -664,17 +672,34 @@ struct Model::Impl {
     flash = attn != AttentionPath::cublas && mm == DType::bf16 && attention::supported(Dh);
     // The wide forward and the lean backward exist for head widths 16, 32 and 64 only.
     const bool wide = attn == AttentionPath::fused_mma_wide,
-               lean = attn == AttentionPath::fused_mma_lean;
+               lean = attn == AttentionPath::fused_mma_lean,
+               wg = attn == AttentionPath::fused_wgmma;
     if (mm == DType::bf16 && ((wide && !attention::forward_mma_wide_supported(Dh)) ||
                               (lean && !attention::backward_mma_supported(Dh))))
       throw InputError(fmt::format(
           "--kernels attention={} needs a head width of 16, 32 or 64 (this model: {}); use "
           "attention=fused_mma",
           wide ? "fused_mma_wide" : "fused_mma_lean", Dh));
-    forward_mma = flash && (attn == AttentionPath::fused_mma || wide || lean);
+    if (mm == DType::bf16 && wg) {
+      if (!attention::backward_wgmma_supported(Dh))
+        throw InputError(fmt::format(
+            "--kernels attention=fused_wgmma needs a head width of 64 (this model: {}); use "
+            "attention=fused_mma_lean or fused_mma",
+            Dh));
+      const DeviceInfo d = current_device();
+      if (!expert_gemm::wgmma_supported(d.compute_major, d.compute_minor))
+        throw InputError(fmt::format(
+            "--kernels attention=fused_wgmma runs on compute capability 9.0 (H100/H200) only; "
+            "this device ({}) is {}.{} (valid here: fused_mma_lean, fused_mma, fused, cublas)",
+            d.name, d.compute_major, d.compute_minor));
+    }
+    forward_mma = flash && (attn == AttentionPath::fused_mma || wide || lean || wg);
     forward_mma_wide = flash && wide;
     backward_mma = forward_mma && attention::backward_mma_supported(Dh);
-    lean_dkdv = backward_mma && lean;
+    dkdv_kernel = !backward_mma ? attention::DkdvKernel::held
+                  : lean        ? attention::DkdvKernel::lean
+                  : wg          ? attention::DkdvKernel::wgmma
+                                : attention::DkdvKernel::held;
     n_params = int64_t(init.params.size());
     locate_tensors();
 
@@ -1632,7 +1657,7 @@ struct Model::Impl {
         attention::backward_mma(dqkv_direct() ? dqkv_mm.data() : dqkv.data(), dqkv_direct(),
                                 delta.as<float>(), ds_tiles.as<uint16_t>(), datty_mm.as<uint16_t>(),
                                 x.atty.as<uint16_t>(), x.attn_lse.as<float>(), x.qkv.as<uint16_t>(),
-                                sl, Bp, S, H, Hkv, Dh, lean_dkdv);
+                                sl, Bp, S, H, Hkv, Dh, dkdv_kernel);
       else
         attention::backward(dqkv.as<float>(), delta.as<float>(), datty_mm.as<uint16_t>(),
                             x.atty.as<uint16_t>(), x.attn_lse.as<float>(), x.qkv.as<uint16_t>(),
@@ -2283,9 +2308,7 @@ void Model::set_expert_path(ExpertPath path) {
         : path == ExpertPath::tiled128 ? "tiled128"
                                        : "wgmma"));
   if (path == ExpertPath::wgmma) {
-    int device = 0;
-    check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-    const DeviceInfo d = device_info(device);
+    const DeviceInfo d = current_device();
     if (!expert_gemm::wgmma_supported(d.compute_major, d.compute_minor))
       throw InputError(fmt::format(
           "expert path 'wgmma' runs on compute capability 9.0 (H100/H200) only; this device "
@@ -2340,7 +2363,8 @@ constexpr std::pair<const char*, AttentionPath> kAttention[] = {
     {"fused", AttentionPath::fused},
     {"fused_mma", AttentionPath::fused_mma},
     {"fused_mma_wide", AttentionPath::fused_mma_wide},
-    {"fused_mma_lean", AttentionPath::fused_mma_lean}};
+    {"fused_mma_lean", AttentionPath::fused_mma_lean},
+    {"fused_wgmma", AttentionPath::fused_wgmma}};
 constexpr std::pair<const char*, ExpertPath> kExperts[] = {
     {"grouped", ExpertPath::grouped}, {"loop", ExpertPath::loop},
     {"tiled", ExpertPath::tiled},     {"tiled128", ExpertPath::tiled128},

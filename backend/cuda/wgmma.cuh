@@ -23,8 +23,37 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
 
 namespace moeplan::backend::cuda {
+
+// MOEPLAN_WGMMA_SWAP=k|mn|both exchanges LBO and SBO in the K-major (bit 1), the MN-major (bit 2)
+// or all descriptors of every wgmma kernel (the routed experts', the attention backward's): a
+// diagnostic for a GPU run whose kernel test finds the documented layout wrong (scripts/gpu-check
+// tries each after a failure), never set otherwise. It says so on stderr, once.
+inline int wgmma_swap_mode() {
+  static const int mode = [] {
+    const char* v = std::getenv("MOEPLAN_WGMMA_SWAP");
+    const std::string s = v ? v : "";
+    const int m = s.empty() || s == "none" ? 0
+                  : s == "k"               ? 1
+                  : s == "mn"              ? 2
+                  : s == "both"            ? 3
+                                           : -1;
+    if (m < 0)
+      throw std::invalid_argument("MOEPLAN_WGMMA_SWAP=" + s + " (valid: none, k, mn, both)");
+    if (m > 0)
+      std::fprintf(stderr,
+                   "MOEPLAN_WGMMA_SWAP=%s: wgmma descriptors with LBO and SBO exchanged (a layout "
+                   "diagnostic)\n",
+                   s.c_str());
+    return m;
+  }();
+  return mode;
+}
 
 // The shared-memory address a descriptor takes (the offset in the shared window).
 __device__ __forceinline__ uint32_t shared_address(const void* p) {
@@ -82,10 +111,11 @@ __device__ __forceinline__ void fence_proxy_async() {
 
 // Keeps the compiler from moving accesses of the accumulators across the asynchronous product's
 // issue and wait (it sees neither as touching them otherwise).
-__device__ __forceinline__ void fence_accumulators(float (&d)[64]) {
+template <int N>
+__device__ __forceinline__ void fence_accumulators(float (&d)[N]) {
 #ifndef MOEPLAN_CUDA_EMULATION
 #pragma unroll
-  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 #else
   (void)d;
 #endif
@@ -118,6 +148,30 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t desc_a
         "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
         "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
         "+f"(d[63])
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TRANS_A), "n"(TRANS_B));
+#endif
+}
+
+// d (64×64 fp32, this thread's 32 entries) = A (64×16) · B (16×64) + (scale_d ? d : 0), as
+// wgmma_m64n128k16 with half the columns.
+template <int TRANS_A, int TRANS_B>
+__device__ __forceinline__ void wgmma_m64n64k16(float (&d)[32], uint64_t desc_a, uint64_t desc_b,
+                                                int scale_d) {
+  static_assert((TRANS_A == 0 || TRANS_A == 1) && (TRANS_B == 0 || TRANS_B == 1));
+#ifdef MOEPLAN_CUDA_EMULATION
+  moeplan_emu::wgmma_bf16(d, 64, desc_a, desc_b, scale_d, TRANS_A, TRANS_B);
+#else
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, %35, "
+      "%36;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
       : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TRANS_A), "n"(TRANS_B));
 #endif
 }

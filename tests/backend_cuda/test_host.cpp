@@ -181,7 +181,9 @@ TEST_CASE("--kernels: attention and experts by name or auto, everything else ref
   };
   CHECK(message("attention=flash") ==
         "--kernels: attention=flash is not known (valid: "
-        "attention=auto|cublas|fused|fused_mma|fused_mma_wide|fused_mma_lean)");
+        "attention=auto|cublas|fused|fused_mma|fused_mma_wide|fused_mma_lean|fused_wgmma)");
+  CHECK(cu::parse_kernel_choice("attention=fused_wgmma").attention ==
+        cu::AttentionPath::fused_wgmma);
   CHECK(message("experts=fast") ==
         "--kernels: experts=fast is not known (valid: "
         "experts=auto|grouped|loop|tiled|tiled128|wgmma|batched)");

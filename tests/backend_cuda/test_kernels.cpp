@@ -747,7 +747,7 @@ void for_each_attention_case(Check check) {
   for (const AttentionShape c :
        {AttentionShape{2, 100, 4, 2, 64, true}, AttentionShape{1, 130, 2, 2, 16, false},
         AttentionShape{1, 64, 2, 1, 128, true}, AttentionShape{3, 37, 4, 4, 32, true},
-        AttentionShape{1, 200, 2, 1, 64, true}}) {
+        AttentionShape{1, 200, 2, 1, 64, true}, AttentionShape{1, 130, 2, 2, 64, false}}) {
     INFO("B ", c.B, " S ", c.S, " H ", c.H, " Hkv ", c.Hkv, " Dh ", c.Dh);
     const int64_t W = (c.H + 2 * c.Hkv) * c.Dh, T = c.B * c.S, HD = c.H * c.Dh;
     auto round = [](std::vector<float> v, std::vector<uint16_t>& bits) {
@@ -828,6 +828,21 @@ TEST_CASE("fused causal attention, forward and backward, matches the CPU attenti
   });
 }
 
+namespace {
+std::vector<uint16_t> download_bits(const DeviceBuffer& b, size_t n) {
+  std::vector<uint16_t> bits(n);
+  b.download(bits.data(), n * 2);
+  return bits;
+}
+// How many of the bf16 values are not the fp32 ones rounded once.
+size_t not_rounded(const std::vector<uint16_t>& bits, const std::vector<float>& f32) {
+  size_t differ = 0;
+  for (size_t i = 0; i < bits.size(); ++i)
+    differ += bits[i] != moeplan::backend::cuda::float_to_bf16(f32[i]);
+  return differ;
+}
+}  // namespace
+
 TEST_CASE("register-resident attention (mma.sync), forward and backward, matches the CPU") {
   // The same output against the CPU, the same log-sum-exp as the WMMA forward up to summation
   // order, the WMMA backward from its results as good; the register-resident backward (head
@@ -885,12 +900,8 @@ TEST_CASE("register-resident attention (mma.sync), forward and backward, matches
                       ac.dO.as<uint16_t>(), o.O.as<uint16_t>(), o.lse.as<float>(),
                       ac.qkv.as<uint16_t>(), ac.sp, c.B, c.S, c.H, c.Hkv, c.Dh);
     synchronize();
-    std::vector<uint16_t> bits(size_t(ac.T * ac.W));
-    G16.download(bits.data(), bits.size() * 2);
-    size_t differ = 0;
-    for (size_t i = 0; i < bits.size(); ++i)
-      differ += bits[i] != moeplan::backend::cuda::float_to_bf16(g[0][i]);
-    CHECK(differ == 0);
+    const std::vector<uint16_t> bits = download_bits(G16, size_t(ac.T * ac.W));
+    CHECK(not_rounded(bits, g[0]) == 0);
     // The lean dK/dV kernel (fewer registers live, the same products in the same order): the
     // same dqkv bits and the same dS tiles (its scratch starts as NaNs: a tile left unwritten
     // shows).
@@ -902,7 +913,8 @@ TEST_CASE("register-resident attention (mma.sync), forward and backward, matches
       auto GL = poisoned(size_t(ac.T * ac.W) * (bf16_out ? 2 : 4));
       att::backward_mma(GL.data(), bf16_out, ac.delta.as<float>(), ds_lean.as<uint16_t>(),
                         ac.dO.as<uint16_t>(), o.O.as<uint16_t>(), o.lse.as<float>(),
-                        ac.qkv.as<uint16_t>(), ac.sp, c.B, c.S, c.H, c.Hkv, c.Dh, true);
+                        ac.qkv.as<uint16_t>(), ac.sp, c.B, c.S, c.H, c.Hkv, c.Dh,
+                        att::DkdvKernel::lean);
       synchronize();
       if (bf16_out) {
         std::vector<uint16_t> lean_bits(bits.size());
@@ -916,6 +928,66 @@ TEST_CASE("register-resident attention (mma.sync), forward and backward, matches
       CHECK(lean_ds == ds_bits);
     }
   });
+}
+
+TEST_CASE("wgmma attention backward (dK/dV on wgmma, head width 64) matches the CPU") {
+  // The dK/dV kernel on Hopper's warpgroup MMA (attention_wgmma.cu) with the mma.sync dQ kernel:
+  // against the CPU within bf16 tolerance and near the mma.sync backward (the same bf16 P and
+  // dS, the depth sums in another order), the same bits twice, every dS tile written (the
+  // scratch starts as NaNs, which would reach dQ) and near the mma.sync kernel's, and straight
+  // into bf16 each element the fp32 result rounded once. Other head widths are refused.
+  int cases = 0;
+  for_each_attention_case([&](AttentionCase& ac) {
+    const AttentionShape& c = ac.c;
+    const auto o = ac.forward(att::forward_mma);
+    const size_t n_ds = size_t(att::backward_mma_scratch(c.B, c.S, c.H));
+    auto ds = poisoned(n_ds * 2);
+    auto G = poisoned(size_t(ac.T * ac.W) * 4);
+    const auto run = [&](void* dqkv, bool bf16_out, float* delta, const uint16_t* dO,
+                         const uint16_t* O, const float* lse, const uint16_t* qkv, const float* sl,
+                         att::DkdvKernel kind, DeviceBuffer& scratch) {
+      att::backward_mma(dqkv, bf16_out, delta, scratch.as<uint16_t>(), dO, O, lse, qkv, sl, c.B,
+                        c.S, c.H, c.Hkv, c.Dh, kind);
+    };
+    if (!att::backward_wgmma_supported(c.Dh)) {
+      CHECK(c.Dh != 64);
+      CHECK_THROWS_AS(
+          run(G.data(), false, ac.delta.as<float>(), ac.dO.as<uint16_t>(), o.O.as<uint16_t>(),
+              o.lse.as<float>(), ac.qkv.as<uint16_t>(), ac.sp, att::DkdvKernel::wgmma, ds),
+          std::invalid_argument);
+      return;
+    }
+    ++cases;
+    const auto backward_with = [&](att::DkdvKernel kind, DeviceBuffer& scratch) {
+      return [&, kind](float* dqkv, float* delta, const uint16_t* dO, const uint16_t* O,
+                       const float* lse, const uint16_t* qkv, const float* sl, int64_t, int64_t,
+                       int64_t, int64_t,
+                       int64_t) { run(dqkv, false, delta, dO, O, lse, qkv, sl, kind, scratch); };
+    };
+    auto ds_mma = poisoned(n_ds * 2);
+    const auto g_mma = ac.backward_twice(backward_with(att::DkdvKernel::held, ds_mma), o);
+    const auto g = ac.backward_twice(backward_with(att::DkdvKernel::wgmma, ds), o);
+    const double e_cpu = rel_err(g[0], ac.dqkv), e_mma = rel_err(g[0], g_mma[0]);
+    const std::vector<float> ds_w = download_f(ds, n_ds, DType::bf16),
+                             ds_m = download_f(ds_mma, n_ds, DType::bf16);
+    const double e_ds = rel_err(ds_w, ds_m);
+    std::printf(
+        "[backward wgmma B%lld S%lld H%lld/%lld %s] dqkv rel err %.2e, vs mma.sync %.2e, dS vs "
+        "mma.sync %.2e\n",
+        (long long)c.B, (long long)c.S, (long long)c.H, (long long)c.Hkv,
+        c.alibi ? "alibi" : "no bias", e_cpu, e_mma, e_ds);
+    CHECK(e_cpu < 2e-2);
+    CHECK(e_mma < 2e-3);
+    CHECK(e_ds < 1e-2);
+    CHECK(g[0] == g[1]);
+    // Straight into bf16: every element the fp32 result rounded once.
+    auto G16 = poisoned(size_t(ac.T * ac.W) * 2);
+    run(G16.data(), true, ac.delta.as<float>(), ac.dO.as<uint16_t>(), o.O.as<uint16_t>(),
+        o.lse.as<float>(), ac.qkv.as<uint16_t>(), ac.sp, att::DkdvKernel::wgmma, ds);
+    synchronize();
+    CHECK(not_rounded(download_bits(G16, size_t(ac.T * ac.W)), g[0]) == 0);
+  });
+  CHECK(cases == 3);  // the shapes at head width 64: S 100 (grouped heads), 200, 130 (no bias)
 }
 
 namespace {

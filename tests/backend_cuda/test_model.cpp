@@ -981,6 +981,59 @@ TEST_CASE("each step's gradients start from nothing: a step after another equals
   }
 }
 
+TEST_CASE("bf16: the wgmma dK/dV kernel's step is fused_mma's within bf16 tolerance") {
+  // attention=fused_wgmma: the same forward, the dK/dV products on wgmma (another summation
+  // order, so not the same bits). Head width 64 with grouped-query heads and a partial last tile
+  // (S 100), ALiBi (dqkv straight into bf16) and RoPE (through fp32): the objective and the
+  // gradients near fused_mma's, the same ledger, the kernel in the profile; refused at another
+  // head width and (in the emulation, pretending) on another compute capability.
+  Arch a = moe_arch();
+  a.head_dim = 64;
+  a.d_model = a.heads * 64;
+  a.seq_len = 100;
+  for (const char* pos : {"alibi", "rope"}) {
+    INFO(pos);
+    ModelOptions opt;
+    opt.positions = pos;
+    const int64_t B = 2;
+    cu::Model wg(a, opt, 4, B, DType::bf16, nullptr, cu::AttentionPath::fused_wgmma);
+    cu::Model plain(a, opt, 4, B, DType::bf16, nullptr, cu::AttentionPath::fused_mma);
+    const Batch b = random_batch(B, a.seq_len, a.vocab, 80);
+    StepResult rw, rp;
+    const double ow = wg.compute_gradients(b.inputs.data(), b.targets.data(), &rw);
+    const double op = plain.compute_gradients(b.inputs.data(), b.targets.data(), &rp);
+    const double e = rel_err(wg.gradients(), plain.gradients());
+    std::printf("[fused_wgmma %s] objective %.7f fused_mma %.7f, gradient rel diff %.2e\n", pos, ow,
+                op, e);
+    CHECK(ow == op);  // the forward is fused_mma's
+    CHECK(e < 1e-2);
+    CHECK(rw.flops.flops == rp.flops.flops);
+    wg.set_profiling(true, true);
+    wg.train_step(b.inputs.data(), b.targets.data(), 1, OptimConfig{});
+    const auto kernels = wg.profile_ms_per_step();
+    wg.set_profiling(false);
+    CHECK(std::any_of(kernels.begin(), kernels.end(),
+                      [](const auto& k) { return k.first == "attention::backward_wgmma"; }));
+  }
+  CHECK_THROWS_WITH_AS(
+      cu::Model(moe_arch(), ModelOptions{}, 4, 2, DType::bf16, nullptr,
+                cu::AttentionPath::fused_wgmma),
+      doctest::Contains("attention=fused_wgmma needs a head width of 64 (this model: 16)"),
+      moeplan::InputError);
+#ifdef MOEPLAN_CUDA_EMULATION
+  setenv("MOEPLAN_EMU_COMPUTE", "8.0", 1);
+  std::string what;
+  try {
+    cu::Model ampere(a, ModelOptions{}, 4, 2, DType::bf16, nullptr, cu::AttentionPath::fused_wgmma);
+  } catch (const moeplan::InputError& e) {
+    what = e.what();
+  }
+  unsetenv("MOEPLAN_EMU_COMPUTE");
+  CHECK(what.find("compute capability 9.0") != std::string::npos);
+  CHECK(what.find("is 8.0") != std::string::npos);
+#endif
+}
+
 TEST_CASE("bf16: the lean dK/dV kernel gives fused_mma's step bit for bit") {
   // Fewer registers live at once, the same products with every accumulator's terms in the same
   // order. Grouped-query heads (moe_arch), a partial last tile (S 100); with RoPE dqkv goes

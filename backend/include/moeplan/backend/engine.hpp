@@ -60,7 +60,8 @@ struct EngineRequest {
   int64_t batch_seqs = 0;  // the step's batch over all ranks; options.micro_batch_seqs splits it
   int threads = 0;         // 0: the device's default
   // Which kernels the device runs, as "name=value,..." ("" = the device's defaults). Only the
-  // cuda device has a choice (attention=cublas|fused|fused_mma|fused_mma_wide|fused_mma_lean,
+  // cuda device has a choice
+  // (attention=cublas|fused|fused_mma|fused_mma_wide|fused_mma_lean|fused_wgmma,
   // experts=grouped|loop|tiled|tiled128|wgmma|batched, logits=<rows>); the cpu device refuses a
   // non-empty value.
   std::string kernels;

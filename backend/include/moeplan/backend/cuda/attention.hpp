@@ -52,13 +52,20 @@ void backward(float* dqkv, float* delta, const uint16_t* dO, const uint16_t* O, 
 // per query tile) multiplies those tiles by K in key order. `ds`: scratch of
 // backward_mma_scratch(B, S, H) bf16 elements (B·H·tiles_per_head(S) tiles of 64×64). dqkv in
 // fp32, or with dqkv_bf16 in bf16 (each sum rounded once, as a cast of the fp32 result would),
-// for a model whose next step reads bf16 (no RoPE to undo). lean_dkdv: the dK/dV kernel that
-// holds fewer registers at once (for three blocks an SM rather than two) and gives the same bits.
+// for a model whose next step reads bf16 (no RoPE to undo). dkdv: its dK/dV kernel:
+//  - held: mma.sync, K's and V's fragments held in registers for the whole block;
+//  - lean: mma.sync holding fewer registers at once (three blocks an SM rather than two), the
+//    same bits as held;
+//  - wgmma: Hopper's warpgroup MMA (attention_wgmma.cu), head width 64 on compute capability 9.0
+//    only (backward_wgmma_supported; sm_90a code), the depth sums in another order (held to the
+//    CPU by tolerance). The dQ kernel is the same for all three.
+enum class DkdvKernel { held, lean, wgmma };
 bool backward_mma_supported(int64_t head_dim);
+bool backward_wgmma_supported(int64_t head_dim);
 int64_t backward_mma_scratch(int64_t B, int64_t S, int64_t H);
 void backward_mma(void* dqkv, bool dqkv_bf16, float* delta, uint16_t* ds, const uint16_t* dO,
                   const uint16_t* O, const float* lse, const uint16_t* qkv,
                   const float* alibi_slopes, int64_t B, int64_t S, int64_t H, int64_t Hkv,
-                  int64_t Dh, bool lean_dkdv = false);
+                  int64_t Dh, DkdvKernel dkdv = DkdvKernel::held);
 
 }  // namespace moeplan::backend::cuda::attention
