@@ -1,5 +1,6 @@
-// The attention backward's dK/dV on Hopper's warpgroup MMA (wgmma.mma_async; sm_90a only: this
-// file is compiled for that target alone, see CMakeLists.txt), head width 64. The same work as
+// The attention forward and the backward's dK/dV on Hopper's warpgroup MMA (wgmma.mma_async;
+// sm_90a only: this file is compiled for that target alone, see CMakeLists.txt), head width 64.
+// The forward (forward_wgmma_kernel) follows the dK/dV kernel, which does the same work as
 // attention.cu's dkdv_mma_kernel: a block (one warpgroup, 128 threads) per (sequence, kv head,
 // 64-key tile), walking the query tiles on and below the diagonal of every query head of the
 // group in a fixed order; per query tile
@@ -35,6 +36,7 @@
 
 #include "async_copy.cuh"
 #include "check.hpp"
+#include "moeplan/backend/cuda/attention.hpp"
 #include "pair_store.cuh"
 #include "wgmma.cuh"
 
@@ -256,6 +258,153 @@ __global__ void __launch_bounds__(kThreads, 3)
   store_result(dqkv, dv, row0, kvalid, W, int64_t(H + Hkv + kvh) * D);
 }
 
+// ---- forward ------------------------------------------------------------------------------
+// forward_mma_kernel's work and arithmetic on wgmma: a warpgroup per (sequence, head, 64-query
+// tile), the key tiles up to the diagonal in order; per key tile S = Q·K^T (four m64n64k16, Q and
+// K read K-major), the online softmax in registers exactly as forward_mma_kernel (R 1) computes
+// it (warp w owns query rows 16w.., its thread (g, t) the columns 8j + 2t, +1 of rows g and g + 8:
+// the mma.sync layout), P written to shared memory in bf16, then O += P·V (four m64n64k16, V
+// read MN-major). 48 KiB of shared memory (Q, two buffers of K and V, P): four blocks an SM.
+
+struct FwdSmem {
+  alignas(128) uint16_t q[kTile];
+  alignas(128) uint16_t k[2][kTile];
+  alignas(128) uint16_t v[2][kTile];
+  alignas(128) uint16_t p[kTile];
+};
+static_assert(sizeof(FwdSmem) <= 227 * 1024 / 4, "four blocks an SM");
+
+constexpr float kLn2 = 0.6931471805599453f;
+
+__global__ void __launch_bounds__(kThreads, 4)
+    forward_wgmma_kernel(bf16* O, float* lse, const bf16* qkv, const float* slopes, int S, int H,
+                         int Hkv, float scale, Strides st) {
+  extern __shared__ __align__(128) unsigned char raw[];
+  FwdSmem& sm = *reinterpret_cast<FwdSmem*>(raw);
+  // The heavy tiles (the most key tiles) first: tile n − 1 − y.
+  const int qb = int(gridDim.y) - 1 - int(blockIdx.y), bh = blockIdx.x, b = bh / H, h = bh % H,
+            kvh = h / (H / Hkv);
+  const int64_t W = int64_t(H + 2 * Hkv) * D;
+  const bf16* base = qkv + int64_t(b) * S * W;
+  const int q0 = qb * BT, qvalid = min(BT, S - q0);
+  const float scale2 = scale * kLog2e, slope2 = (slopes ? slopes[h] : 0.f) * kLog2e;
+  const int w = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, g = lane / 4, t = lane % 4;
+  auto issue_kv = [&](int kb, int buf) {  // K/V tile kb into buffer buf, one cp.async group
+    const int k0 = kb * BT, kvalid = min(BT, S - k0);
+    stage_tile(sm.k[buf], base + int64_t(H + kvh) * D, k0, kvalid, W);
+    stage_tile(sm.v[buf], base + int64_t(H + Hkv + kvh) * D, k0, kvalid, W);
+    cp_async_commit();
+  };
+  stage_tile(sm.q, base + int64_t(h) * D, q0, qvalid, W);
+  issue_kv(0, 0);  // one group: Q and the first K/V tile
+  float o[32];
+#pragma unroll
+  for (int i = 0; i < 32; ++i) o[i] = 0.f;
+  // Rows i0, i1: running max (base-2 units) and this thread's part of the sum.
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  const int qref = (q0 + 16 * w) / 32 * 32;  // the first row of this warp's 32-row group
+  const int i0 = q0 + 16 * w + g, i1 = i0 + 8;
+  auto* p32 = reinterpret_cast<uint32_t*>(sm.p);
+  for (int kb = 0, buf = 0; kb <= qb; ++kb, buf ^= 1) {
+    if (kb < qb) {
+      issue_kv(kb + 1, buf ^ 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    fence_proxy_async();
+    __syncthreads();
+    float sc[32];
+    wgmma_fence();
+    tile_times_tile_t(sc, sm.q, sm.k[buf], st);
+    wgmma_commit();
+    wgmma_wait<0>();  // (also the previous tile's O products)
+    fence_accumulators(sc);
+    fence_accumulators(o);
+    const int k0 = kb * BT;
+    const bool diag = kb == qb;
+    // Scaled scores and the ALiBi column part (forward_mma_kernel's comment), the mask on the
+    // diagonal; the tile's row maxima.
+    const float c0 = float(k0 + 2 * t - qref);
+    float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < BT / 8; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int i = c < 2 ? i0 : i1, key = k0 + 8 * j + 2 * t + (c & 1);
+        float x = scale2 * sc[4 * j + c] + slope2 * (c0 + float(8 * j + (c & 1)));
+        if (diag && !(key <= i && key < S)) x = -INFINITY;
+        sc[4 * j + c] = x;
+        if (c < 2)
+          mx0 = fmaxf(mx0, x);
+        else
+          mx1 = fmaxf(mx1, x);
+      }
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    const float mn0 = fmaxf(m[0], mx0), mn1 = fmaxf(m[1], mx1);
+    const float a0 = mn0 == -INFINITY ? 1.f : exp2f(m[0] - mn0);
+    const float a1 = mn1 == -INFINITY ? 1.f : exp2f(m[1] - mn1);
+    m[0] = mn0;
+    m[1] = mn1;
+    l[0] *= a0;
+    l[1] *= a1;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+      o[4 * j] *= a0;
+      o[4 * j + 1] *= a0;
+      o[4 * j + 2] *= a1;
+      o[4 * j + 3] *= a1;
+    }
+#pragma unroll
+    for (int j = 0; j < BT / 8; ++j)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const float mr = hh ? mn1 : mn0;
+        float p[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float x = sc[4 * j + 2 * hh + e];
+          p[e] = diag && x == -INFINITY ? 0.f : exp2f(x - mr);
+          l[hh] += p[e];
+        }
+        p32[tile_at(16 * w + g + 8 * hh, 8 * j + 2 * t) / 2] = pack2(p[0], p[1]);
+      }
+    fence_proxy_async();
+    __syncthreads();  // the whole P in place
+    wgmma_fence();
+    tile_times_tile(o, sm.p, sm.v[buf], st);  // O += P · V
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_accumulators(o);
+    __syncthreads();  // P and this buffer may be refilled
+  }
+  const int64_t ldo = int64_t(H) * D;
+  float l0 = l[0], l1 = l[1];
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+  const float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j) {
+    const int col = h * D + 8 * j + 2 * t;
+    if (i0 < S)
+      *reinterpret_cast<__nv_bfloat162*>(O + (int64_t(b) * S + i0) * ldo + col) =
+          __floats2bfloat162_rn(o[4 * j] * inv0, o[4 * j + 1] * inv0);
+    if (i1 < S)
+      *reinterpret_cast<__nv_bfloat162*>(O + (int64_t(b) * S + i1) * ldo + col) =
+          __floats2bfloat162_rn(o[4 * j + 2] * inv1, o[4 * j + 3] * inv1);
+  }
+  if (t == 0) {  // natural units, the row part of the bias back: ln 2 · (m − row + log2 l)
+    const float bias0 = slope2 * float(i0 - qref), bias1 = slope2 * float(i1 - qref);
+    if (i0 < S) lse[int64_t(bh) * S + i0] = kLn2 * (m[0] - bias0 + log2f(l0));
+    if (i1 < S) lse[int64_t(bh) * S + i1] = kLn2 * (m[1] - bias1 + log2f(l1));
+  }
+}
+
 Strides layout_strides() {
   Strides st{128, 1024, 1024, 128};
   const int swap = wgmma_swap_mode();
@@ -279,6 +428,22 @@ void launch(OutT* dqkv, uint16_t* ds, const uint16_t* dO, const float* lse, cons
 }
 
 }  // namespace
+
+void forward_wgmma(uint16_t* O, float* lse, const uint16_t* qkv, const float* alibi_slopes,
+                   int64_t B, int64_t S, int64_t H, int64_t Hkv, int64_t Dh) {
+  if (!dkdv_wgmma_supported(Dh))
+    throw std::logic_error("attention::forward_wgmma: head width " + std::to_string(Dh) +
+                           " has no kernel (64 only)");
+  if (B * S == 0) return;
+  opt_in_shared_memory<forward_wgmma_kernel, sizeof(FwdSmem)>(
+      "cudaFuncSetAttribute (attention forward wgmma shared memory)");
+  // x: sequence·head, y: query tile (launched heaviest first).
+  const dim3 grid(unsigned(B * H), unsigned((S + BT - 1) / BT));
+  forward_wgmma_kernel<<<grid, kThreads, sizeof(FwdSmem)>>>(
+      reinterpret_cast<bf16*>(O), lse, reinterpret_cast<const bf16*>(qkv), alibi_slopes, int(S),
+      int(H), int(Hkv), 1.f / sqrtf(float(Dh)), layout_strides());
+  check_launch("attention::forward_wgmma");
+}
 
 void dkdv_wgmma(void* dqkv, bool dqkv_bf16, uint16_t* ds, const uint16_t* dO, const float* lse,
                 const float* delta, const uint16_t* qkv, const float* alibi_slopes, int64_t B,

@@ -1,6 +1,7 @@
 #pragma once
 // The attention backward's dK/dV kernel on Hopper's warpgroup MMA (attention_wgmma.cu, compiled
-// for sm_90a alone), called by attention.cu's backward_mma in place of the mma.sync kernel.
+// for sm_90a alone), called by attention.cu's backward_mma in place of the mma.sync kernel. (The
+// forward on wgmma, attention::forward_wgmma, is declared with the others in attention.hpp.)
 #include <cstdint>
 
 namespace moeplan::backend::cuda::attention {

@@ -972,8 +972,9 @@ struct Model::Impl {
     const int64_t BH = nb * H;
     if (flash) {
       const auto forward = forward_mma_wide ? attention::forward_mma_wide
-                           : forward_mma    ? attention::forward_mma
-                                            : attention::forward;
+                           : dkdv_kernel == attention::DkdvKernel::wgmma ? attention::forward_wgmma
+                           : forward_mma                                 ? attention::forward_mma
+                                                                         : attention::forward;
       forward(x.atty.as<uint16_t>(), x.attn_lse.as<float>(), x.qkv.as<uint16_t>(),
               rope ? nullptr : slopes.as<float>(), nb, S, H, Hkv, Dh);
       record_fused_attention(lg, Phase::forward, BH);

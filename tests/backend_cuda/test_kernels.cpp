@@ -930,16 +930,18 @@ TEST_CASE("register-resident attention (mma.sync), forward and backward, matches
   });
 }
 
-TEST_CASE("wgmma attention backward (dK/dV on wgmma, head width 64) matches the CPU") {
-  // The dK/dV kernel on Hopper's warpgroup MMA (attention_wgmma.cu) with the mma.sync dQ kernel:
-  // against the CPU within bf16 tolerance and near the mma.sync backward (the same bf16 P and
-  // dS, the depth sums in another order), the same bits twice, every dS tile written (the
-  // scratch starts as NaNs, which would reach dQ) and near the mma.sync kernel's, and straight
-  // into bf16 each element the fp32 result rounded once. Other head widths are refused.
+TEST_CASE("wgmma attention forward and backward (head width 64) match the CPU") {
+  // The forward and the dK/dV kernel on Hopper's warpgroup MMA (attention_wgmma.cu), with the
+  // mma.sync dQ kernel. The forward: against the CPU within bf16 tolerance and near forward_mma
+  // (the same softmax arithmetic, the products' depth sums in another order), its log-sum-exp
+  // within 1e-5 of forward_mma's. The backward, from that forward's results: against the CPU
+  // within bf16 tolerance and near the mma.sync backward (the same bf16 P and dS), the same bits
+  // twice, every dS tile written (the scratch starts as NaNs, which would reach dQ) and near the
+  // mma.sync kernel's, and straight into bf16 each element the fp32 result rounded once. Other
+  // head widths are refused.
   int cases = 0;
   for_each_attention_case([&](AttentionCase& ac) {
     const AttentionShape& c = ac.c;
-    const auto o = ac.forward(att::forward_mma);
     const size_t n_ds = size_t(att::backward_mma_scratch(c.B, c.S, c.H));
     auto ds = poisoned(n_ds * 2);
     auto G = poisoned(size_t(ac.T * ac.W) * 4);
@@ -951,12 +953,28 @@ TEST_CASE("wgmma attention backward (dK/dV on wgmma, head width 64) matches the 
     };
     if (!att::backward_wgmma_supported(c.Dh)) {
       CHECK(c.Dh != 64);
+      CHECK_THROWS_AS(ac.forward(att::forward_wgmma), std::logic_error);
+      const auto o = ac.forward(att::forward_mma);
       CHECK_THROWS_AS(
           run(G.data(), false, ac.delta.as<float>(), ac.dO.as<uint16_t>(), o.O.as<uint16_t>(),
               o.lse.as<float>(), ac.qkv.as<uint16_t>(), ac.sp, att::DkdvKernel::wgmma, ds),
-          std::invalid_argument);
+          std::logic_error);
       return;
     }
+    const auto o_mma = ac.forward(att::forward_mma);
+    const auto o = ac.forward(att::forward_wgmma);
+    const size_t rows = size_t(c.B * c.H * c.S);
+    const double e_out = rel_err(ac.output(o), ac.out),
+                 e_out_mma = rel_err(ac.output(o), ac.output(o_mma)),
+                 e_lse = rel_err(download_f(o.lse, rows), download_f(o_mma.lse, rows));
+    std::printf(
+        "[forward wgmma B%lld S%lld H%lld/%lld %s] out rel err %.2e, vs mma.sync %.2e, "
+        "lse vs mma.sync %.2e\n",
+        (long long)c.B, (long long)c.S, (long long)c.H, (long long)c.Hkv,
+        c.alibi ? "alibi" : "no bias", e_out, e_out_mma, e_lse);
+    CHECK(e_out < 2e-2);
+    CHECK(e_out_mma < 5e-3);
+    CHECK(e_lse < 1e-5);
     ++cases;
     const auto backward_with = [&](att::DkdvKernel kind, DeviceBuffer& scratch) {
       return [&, kind](float* dqkv, float* delta, const uint16_t* dO, const uint16_t* O,

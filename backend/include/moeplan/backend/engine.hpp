@@ -60,10 +60,9 @@ struct EngineRequest {
   int64_t batch_seqs = 0;  // the step's batch over all ranks; options.micro_batch_seqs splits it
   int threads = 0;         // 0: the device's default
   // Which kernels the device runs, as "name=value,..." ("" = the device's defaults). Only the
-  // cuda device has a choice
-  // (attention=cublas|fused|fused_mma|fused_mma_wide|fused_mma_lean|fused_wgmma,
-  // experts=grouped|loop|tiled|tiled128|wgmma|batched, logits=<rows>); the cpu device refuses a
-  // non-empty value.
+  // cuda device has a choice: attention=cublas|fused|fused_mma|fused_mma_wide|fused_mma_lean|
+  // fused_wgmma, experts=grouped|loop|tiled|tiled128|wgmma|batched, logits=<rows> (and gemm,
+  // docs/running.md); the cpu device refuses a non-empty value.
   std::string kernels;
   // cuda, data parallel: each rank keeps the AdamW moments of 1/W of the parameters (ZeRO
   // stage 1). Refused by the cpu device and without data parallelism.

@@ -40,6 +40,13 @@ bool forward_mma_wide_supported(int64_t head_dim);
 void forward_mma_wide(uint16_t* O, float* lse, const uint16_t* qkv, const float* alibi_slopes,
                       int64_t B, int64_t S, int64_t H, int64_t Hkv, int64_t Dh);
 
+// forward_mma on Hopper's warpgroup MMA (attention_wgmma.cu, sm_90a code: compute capability 9.0
+// only), head width 64 only (backward_wgmma_supported; a logic_error otherwise): the same tiles
+// and softmax arithmetic, the products' depth sums in another order (held to forward_mma by
+// tolerance).
+void forward_wgmma(uint16_t* O, float* lse, const uint16_t* qkv, const float* alibi_slopes,
+                   int64_t B, int64_t S, int64_t H, int64_t Hkv, int64_t Dh);
+
 // delta: scratch of B·H·S floats (rowsum dO·O).
 void backward(float* dqkv, float* delta, const uint16_t* dO, const uint16_t* O, const float* lse,
               const uint16_t* qkv, const float* alibi_slopes, int64_t B, int64_t S, int64_t H,

@@ -37,9 +37,10 @@ class Communicator;
 // query rows a warp (attention::forward_mma_wide: the same bits; head widths 16, 32 and 64 only,
 // else an InputError); `fused_mma_lean`, fused_mma with the backward's dK/dV kernel holding fewer
 // registers at once (attention::backward_mma's DkdvKernel::lean: the same bits; head widths 16,
-// 32 and 64 only, else an InputError); `fused_wgmma`, fused_mma with the backward's dK/dV on
-// Hopper's warpgroup MMA (DkdvKernel::wgmma: another summation order, held to the CPU by
-// tolerance; head width 64 on compute capability 9.0 only, else an InputError); `cublas`.
+// 32 and 64 only, else an InputError); `fused_wgmma`, fused_mma with the forward and the
+// backward's dK/dV on Hopper's warpgroup MMA (attention::forward_wgmma, DkdvKernel::wgmma:
+// another summation order, held to the CPU by tolerance; head width 64 on compute capability 9.0
+// only, else an InputError); `cublas`.
 enum class AttentionPath { fused, cublas, fused_mma, fused_mma_wide, fused_mma_lean, fused_wgmma };
 enum class ExpertPath { grouped, loop, tiled, tiled128, batched, wgmma };
 
