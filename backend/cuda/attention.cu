@@ -15,6 +15,7 @@
 #include "check.hpp"
 #include "mma.cuh"
 #include "moeplan/backend/cuda/attention.hpp"
+#include "online_softmax.cuh"
 #include "warp.cuh"
 
 namespace moeplan::backend::cuda::attention {
@@ -449,17 +450,10 @@ __global__ void __launch_bounds__(kThreads)
           else
             mx1 = fmaxf(mx1, x);
         }
-      // The four threads of a group share the rows.
-      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-      const float mn0 = fmaxf(m[r][0], mx0), mn1 = fmaxf(m[r][1], mx1);
-      // A row with no key yet (only past the sequence end) keeps m = −inf: no rescale, p = 0.
-      const float a0 = mn0 == -INFINITY ? 1.f : exp2f(m[r][0] - mn0);
-      const float a1 = mn1 == -INFINITY ? 1.f : exp2f(m[r][1] - mn1);
-      m[r][0] = mn0;
-      m[r][1] = mn1;
+      // The four threads of a group share the rows; a row with no key yet (only past the
+      // sequence end) keeps m = −inf: no rescale, p = 0.
+      const float2 a = online_max_step(m[r], mx0, mx1);
+      const float a0 = a.x, a1 = a.y, mn0 = m[r][0], mn1 = m[r][1];
       l[r][0] *= a0;
       l[r][1] *= a1;
 #pragma unroll

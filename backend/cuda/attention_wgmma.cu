@@ -37,6 +37,7 @@
 #include "async_copy.cuh"
 #include "check.hpp"
 #include "moeplan/backend/cuda/attention.hpp"
+#include "online_softmax.cuh"
 #include "pair_store.cuh"
 #include "wgmma.cuh"
 
@@ -340,15 +341,8 @@ __global__ void __launch_bounds__(kThreads, 4)
         else
           mx1 = fmaxf(mx1, x);
       }
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-    const float mn0 = fmaxf(m[0], mx0), mn1 = fmaxf(m[1], mx1);
-    const float a0 = mn0 == -INFINITY ? 1.f : exp2f(m[0] - mn0);
-    const float a1 = mn1 == -INFINITY ? 1.f : exp2f(m[1] - mn1);
-    m[0] = mn0;
-    m[1] = mn1;
+    const float2 a = online_max_step(m, mx0, mx1);
+    const float a0 = a.x, a1 = a.y, mn0 = m[0], mn1 = m[1];
     l[0] *= a0;
     l[1] *= a1;
 #pragma unroll
