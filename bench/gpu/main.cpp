@@ -501,7 +501,7 @@ int main(int argc, char** argv) {
         Point{"moe-ra0.2-wgmma-fused-mma-lean-attn-adamw-beside", moe_equal_n(),
               cu::AttentionPath::fused_mma_lean, cu::ExpertPath::wgmma, 0, 0, false, false, 0, 0,
               true},
-        // The attention backward's dK/dV on wgmma (sm_90a, head width 64): the dense
+        // The attention forward and dK/dV on wgmma (sm_90a, head width 64): the dense
         // kernel-times point, and the goals' points with it (and with the wgmma experts too).
         Point{"dense-124M-fused-wgmma-attn", dense124(), cu::AttentionPath::fused_wgmma},
         Point{"dense-124M-fused-wgmma-attn-adamw-beside", dense124(),
