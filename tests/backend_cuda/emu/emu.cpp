@@ -155,13 +155,16 @@ struct AsyncCopy {
   unsigned group;  // commit groups before it
 };
 
-// An issued wgmma, performed at the wait that covers its group.
+// An issued wgmma, performed at the wait that covers its group. operands: the shared-memory
+// elements this thread's results read, as they were at the issue; they must be the same at the
+// wait (the hardware may read them at any moment between the two).
 struct Wgmma {
   float* d;
   int n;
   uint64_t desc_a, desc_b;
   int scale_d, trans_a, trans_b;
   unsigned group;
+  std::vector<float> operands;
 };
 // The value an accumulator array will hold once its issued products are performed.
 struct WgmmaShadow {
@@ -609,6 +612,21 @@ float wgmma_operand(uint64_t desc, int mn, int k, bool mn_major) {
   return f;
 }
 
+// The operand elements thread (w, g, t) of the warpgroup reads for its results of op: A's rows
+// 16w + g and 16w + g + 8, then B's columns 8·(j/4) + 2t + j%2, each over the 16 depth elements.
+std::vector<float> wgmma_operands(const Wgmma& op, int w, int g, int t) {
+  std::vector<float> v;
+  v.reserve(size_t(32 + 16 * (op.n / 4)));
+  for (int h = 0; h < 2; ++h)
+    for (int k = 0; k < 16; ++k)
+      v.push_back(wgmma_operand(op.desc_a, 16 * w + g + 8 * h, k, op.trans_a != 0));
+  for (int j = 0; j < op.n / 2; j += 4)
+    for (int e = 0; e < 2; ++e)
+      for (int k = 0; k < 16; ++k)
+        v.push_back(wgmma_operand(op.desc_b, 8 * (j / 4) + 2 * t + e, k, op.trans_b != 0));
+  return v;
+}
+
 WgmmaShadow* find_shadow(Fiber& f, float* d) {
   for (WgmmaShadow& x : f.shadows)
     if (x.d == d) return &x;
@@ -620,11 +638,17 @@ void complete_wgmma(Fiber& f, unsigned groups) {
   const int w = f.warp % 4, g = f.lane / 4, t = f.lane % 4;
   std::size_t kept = 0;
   for (std::size_t i = 0; i < f.wgmma.size(); ++i) {
-    const Wgmma op = f.wgmma[i];
+    Wgmma op = std::move(f.wgmma[i]);
     if (op.group >= groups) {
-      f.wgmma[kept++] = op;
+      f.wgmma[kept++] = std::move(op);
       continue;
     }
+    const std::vector<float> now = wgmma_operands(op, w, g, t);
+    if (now.size() != op.operands.size() ||
+        std::memcmp(now.data(), op.operands.data(), now.size() * sizeof(float)) != 0)
+      fault(
+          "wgmma: an operand in shared memory changed between the product's issue and its wait "
+          "(a barrier missing before the issue, or a write before the wait)");
     WgmmaShadow& x = *find_shadow(f, op.d);
     for (int j = 0; j < op.n / 2; ++j) {
       const int row = 16 * w + g + 8 * ((j / 2) % 2), col = 8 * (j / 4) + 2 * t + j % 2;
@@ -656,7 +680,9 @@ void wgmma_bf16(float* d, int n, uint64_t desc_a, uint64_t desc_b, int scale_d, 
   if (!find_shadow(f, d)) f.shadows.push_back({d, std::vector<float>(d, d + n / 2)});
   const float nan = std::numeric_limits<float>::quiet_NaN();
   std::fill(d, d + n / 2, nan);  // unreadable until the wait
-  f.wgmma.push_back({d, n, desc_a, desc_b, scale_d, trans_a, trans_b, f.wgmma_committed});
+  Wgmma op{d, n, desc_a, desc_b, scale_d, trans_a, trans_b, f.wgmma_committed, {}};
+  op.operands = wgmma_operands(op, f.warp % 4, f.lane / 4, f.lane % 4);
+  f.wgmma.push_back(std::move(op));
 }
 
 void wgmma_commit() {

@@ -208,7 +208,10 @@ void cp_async_wait(int pending_groups);
 // (scale_d ? d : 0), both bf16 operands read through no-swizzle matrix descriptors (K-major, or
 // MN-major when trans): issued by every thread of a warpgroup, it is performed at the wait that
 // covers its group, reading shared memory then, and d reads as NaN until that wait; products
-// issued on the same d before it chain in order, as on the hardware. Unsupported descriptors
+// issued on the same d before it chain in order, as on the hardware. The operand elements a
+// thread's results read are also read at the issue, and must be the same at the wait (the
+// hardware may read them at any moment between): a difference faults, which catches a barrier
+// missing before the issue as well as a write before the wait. Unsupported descriptors
 // (swizzled, a base offset, reserved bits set, outside the block's shared memory) fault.
 // fence_proxy_async and wgmma_fence are ordering points only (not checked).
 uint32_t shared_offset(const void* p);
