@@ -194,22 +194,24 @@ __global__ void __launch_bounds__(kThreads, 3)
     }
     fence_proxy_async();
     __syncthreads();
+    // Four groups of products, each issued as soon as its operands are in place: S^T and dP^T;
+    // P^T from S^T while dP^T runs, then dV += P^T·dO while dS^T is made from P^T and dP^T, then
+    // dK += dS^T·Q while dS^T is copied out.
     float s[32], dp[32];
     wgmma_fence();
     tile_times_tile_t(s, sm.k, sm.q[buf], st);
+    wgmma_commit();
     tile_times_tile_t(dp, sm.v, sm.dO[buf], st);
     wgmma_commit();
-    wgmma_wait<0>();
+    wgmma_wait<1>();  // S^T
     fence_accumulators(s);
-    fence_accumulators(dp);
-    // P and dS. The bias −slope·(i − j) as a key part, slope·(j − iref), and the query part
-    // already in the staged log-sum-exp, rounded as the mma.sync kernels round it (one product,
-    // then one fma).
+    // P. The bias −slope·(i − j) as a key part, slope·(j − iref), and the query part already in
+    // the staged log-sum-exp, rounded as the mma.sync kernels round it (one product, then one
+    // fma). P^T goes to shared memory in bf16 as it is made (a warp's 32 words of one j and row
+    // half land in 128 contiguous bytes: no bank conflict); s keeps it in fp32 for dS.
     const bool diag = q0 == k0 || q0 + BT > S;
     const float* lse_s = sm.lse[buf];
     const float* delta_s = sm.delta[buf];
-    // P^T and dS^T go to shared memory in bf16 as they are made (a warp's 32 words of one j and
-    // row half land in 128 contiguous bytes: no bank conflict), for the products and the scratch.
     auto* p32 = reinterpret_cast<uint32_t*>(sm.p);
     auto* ds32 = reinterpret_cast<uint32_t*>(sm.ds);
 #pragma unroll
@@ -218,25 +220,39 @@ __global__ void __launch_bounds__(kThreads, 3)
       for (int hh = 0; hh < 2; ++hh) {
         const int key = hh ? j1 : j0;
         const float r = __fmul_rn(slope2, float(key - q0 - 16 * (j / 2)));
-        float p[2], d[2];
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int i_acc = 4 * j + 2 * hh + e, qi = 8 * j + 2 * t + e, i = q0 + qi;
-          p[e] = d[e] = 0.f;
-          if (!diag || (key <= i && i < S)) {
-            p[e] = exp2f(__fmaf_rn(scale2, s[i_acc], r) - lse_s[qi]);
-            d[e] = scale * p[e] * (dp[i_acc] - delta_s[qi]);
-          }
+          const bool keep = !diag || (key <= i && i < S);
+          s[i_acc] = keep ? exp2f(__fmaf_rn(scale2, s[i_acc], r) - lse_s[qi]) : 0.f;
         }
-        const int at = tile_at(16 * w + g + 8 * hh, 8 * j + 2 * t) / 2;
-        p32[at] = pack2(p[0], p[1]);
-        ds32[at] = pack2(d[0], d[1]);
+        const int i_acc = 4 * j + 2 * hh;
+        p32[tile_at(16 * w + g + 8 * hh, 8 * j + 2 * t) / 2] = pack2(s[i_acc], s[i_acc + 1]);
       }
     fence_proxy_async();
-    __syncthreads();  // the whole P^T and dS^T in place, for wgmma and for the copy out
+    __syncthreads();  // the whole P^T in place
     wgmma_fence();
-    tile_times_tile(dv, sm.p, sm.dO[buf], st);
-    tile_times_tile(dk, sm.ds, sm.q[buf], st);
+    tile_times_tile(dv, sm.p, sm.dO[buf], st);  // dV += P^T · dO
+    wgmma_commit();
+    wgmma_wait<1>();  // dP^T (dV's products may still run)
+    fence_accumulators(dp);
+    // dS = scale·P∘(dP − delta): 0 wherever P is (the mask included).
+#pragma unroll
+    for (int j = 0; j < BT / 8; ++j)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        float d[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int i_acc = 4 * j + 2 * hh + e, qi = 8 * j + 2 * t + e;
+          d[e] = scale * s[i_acc] * (dp[i_acc] - delta_s[qi]);
+        }
+        ds32[tile_at(16 * w + g + 8 * hh, 8 * j + 2 * t) / 2] = pack2(d[0], d[1]);
+      }
+    fence_proxy_async();
+    __syncthreads();  // the whole dS^T in place, for wgmma and for the copy out
+    wgmma_fence();
+    tile_times_tile(dk, sm.ds, sm.q[buf], st);  // dK += dS^T · Q
     wgmma_commit();
     // dS^T tile (q0/64, kb) of head row bh to the scratch, row-major [key][query], 16 bytes a
     // copy, while the products run (they only read sm.ds).
