@@ -43,14 +43,19 @@ __device__ __forceinline__ void cp_async_wait() {
 // (issue_next commits them as one group) and wait for all but that group, else wait for all;
 // then the block barrier after which every thread sees this step's tiles. The loop ends each
 // step with a __syncthreads of its own before the buffer it read is refilled.
+// wait_for_step is the part before the barrier (begin_wgmma_step, wgmma.cuh, adds a fence there).
 template <class IssueNext>
-__device__ __forceinline__ void begin_step(bool has_next, IssueNext&& issue_next) {
+__device__ __forceinline__ void wait_for_step(bool has_next, IssueNext&& issue_next) {
   if (has_next) {
     issue_next();
     cp_async_wait<1>();
   } else {
     cp_async_wait<0>();
   }
+}
+template <class IssueNext>
+__device__ __forceinline__ void begin_step(bool has_next, IssueNext&& issue_next) {
+  wait_for_step(has_next, issue_next);
   __syncthreads();
 }
 

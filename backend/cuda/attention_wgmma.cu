@@ -32,7 +32,6 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
-#include <utility>
 
 #include "async_copy.cuh"
 #include "check.hpp"
@@ -186,14 +185,7 @@ __global__ void __launch_bounds__(kThreads, 3)
     const float slope2 = (slopes ? slopes[h] : 0.f) * kLog2e;
     // The next query tile flies while this one is used; this one (and K, V) landed, and is
     // visible to wgmma's reads.
-    if (it + 1 < steps) {
-      issue_q(it + 1, buf ^ 1);
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    fence_proxy_async();
-    __syncthreads();
+    begin_wgmma_step(it + 1 < steps, [&] { issue_q(it + 1, buf ^ 1); });
     // Four groups of products, each issued as soon as its operands are in place: S^T and dP^T;
     // P^T from S^T while dP^T runs, then dV += P^T·dO while dS^T is made from P^T and dP^T, then
     // dK += dS^T·Q while dS^T is copied out.
@@ -323,14 +315,7 @@ __global__ void __launch_bounds__(kThreads, 4)
   const int i0 = q0 + 16 * w + g, i1 = i0 + 8;
   auto* p32 = reinterpret_cast<uint32_t*>(sm.p);
   for (int kb = 0, buf = 0; kb <= qb; ++kb, buf ^= 1) {
-    if (kb < qb) {
-      issue_kv(kb + 1, buf ^ 1);
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    fence_proxy_async();
-    __syncthreads();
+    begin_wgmma_step(kb < qb, [&] { issue_kv(kb + 1, buf ^ 1); });
     float sc[32];
     wgmma_fence();
     tile_times_tile_t(sc, sm.q, sm.k[buf], st);
@@ -415,11 +400,11 @@ __global__ void __launch_bounds__(kThreads, 4)
   }
 }
 
+// The descriptors' strides, exchanged where MOEPLAN_WGMMA_SWAP says (wgmma.cuh).
 Strides layout_strides() {
   Strides st{128, 1024, 1024, 128};
-  const int swap = wgmma_swap_mode();
-  if (swap & 1) std::swap(st.k_lbo, st.k_sbo);
-  if (swap & 2) std::swap(st.mn_lbo, st.mn_sbo);
+  wgmma_strides(false, st.k_lbo, st.k_sbo);
+  wgmma_strides(true, st.mn_lbo, st.mn_sbo);
   return st;
 }
 

@@ -29,7 +29,6 @@
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
-#include <utility>
 
 #include "async_copy.cuh"
 #include "check.hpp"
@@ -255,11 +254,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<S>)
 
 // The descriptors' strides, exchanged where MOEPLAN_WGMMA_SWAP says (wgmma.cuh).
 Strides layout_strides(bool a_mn, bool b_mn) {
-  const int swap = wgmma_swap_mode();
   const auto pick = [&](bool mn, uint32_t& lbo, uint32_t& sbo) {
     lbo = mn ? kMNMajorLBO : kKMajorLBO;
     sbo = mn ? kMNMajorSBO : kKMajorSBO;
-    if (swap & (mn ? 2 : 1)) std::swap(lbo, sbo);
+    wgmma_strides(mn, lbo, sbo);
   };
   Strides st{};
   pick(a_mn, st.a_lbo, st.a_sbo);

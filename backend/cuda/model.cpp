@@ -696,10 +696,9 @@ struct Model::Impl {
     forward_mma = flash && (attn == AttentionPath::fused_mma || wide || lean || wg);
     forward_mma_wide = flash && wide;
     backward_mma = forward_mma && attention::backward_mma_supported(Dh);
-    dkdv_kernel = !backward_mma ? attention::DkdvKernel::held
-                  : lean        ? attention::DkdvKernel::lean
-                  : wg          ? attention::DkdvKernel::wgmma
-                                : attention::DkdvKernel::held;
+    dkdv_kernel = backward_mma && lean ? attention::DkdvKernel::lean
+                  : backward_mma && wg ? attention::DkdvKernel::wgmma
+                                       : attention::DkdvKernel::held;
     n_params = int64_t(init.params.size());
     locate_tensors();
 

@@ -27,11 +27,14 @@
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
+#include <utility>
+
+#include "async_copy.cuh"
 
 namespace moeplan::backend::cuda {
 
 // MOEPLAN_WGMMA_SWAP=k|mn|both exchanges LBO and SBO in the K-major (bit 1), the MN-major (bit 2)
-// or all descriptors of every wgmma kernel (the routed experts', the attention backward's): a
+// or all descriptors of every wgmma kernel (the routed experts' and attention's): a
 // diagnostic for a GPU run whose kernel test finds the documented layout wrong (scripts/gpu-check
 // tries each after a failure), never set otherwise. It says so on stderr, once.
 inline int wgmma_swap_mode() {
@@ -53,6 +56,12 @@ inline int wgmma_swap_mode() {
     return m;
   }();
   return mode;
+}
+
+// A descriptor's byte steps for a tile read K-major or MN-major (mn): lbo and sbo as the layout
+// gives them, exchanged where MOEPLAN_WGMMA_SWAP says. Host code.
+inline void wgmma_strides(bool mn, uint32_t& lbo, uint32_t& sbo) {
+  if (wgmma_swap_mode() & (mn ? 2 : 1)) std::swap(lbo, sbo);
 }
 
 // The shared-memory address a descriptor takes (the offset in the shared window).
@@ -107,6 +116,15 @@ __device__ __forceinline__ void fence_proxy_async() {
 #else
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 #endif
+}
+
+// begin_step (async_copy.cuh) for tiles that wgmma reads: between this thread's wait for its
+// copies and the barrier, the proxy fence that makes them visible to wgmma's reads.
+template <class IssueNext>
+__device__ __forceinline__ void begin_wgmma_step(bool has_next, IssueNext&& issue_next) {
+  wait_for_step(has_next, issue_next);
+  fence_proxy_async();
+  __syncthreads();
 }
 
 // Keeps the compiler from moving accesses of the accumulators across the asynchronous product's

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <numeric>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -834,6 +835,13 @@ std::vector<uint16_t> download_bits(const DeviceBuffer& b, size_t n) {
   b.download(bits.data(), n * 2);
   return bits;
 }
+// "B2 S100 H4/2 alibi": a shape for the tests' printed lines.
+std::string label(const AttentionShape& c) {
+  char buf[96];
+  std::snprintf(buf, sizeof buf, "B%lld S%lld H%lld/%lld %s", (long long)c.B, (long long)c.S,
+                (long long)c.H, (long long)c.Hkv, c.alibi ? "alibi" : "no bias");
+  return buf;
+}
 // How many of the bf16 values are not the fp32 ones rounded once.
 size_t not_rounded(const std::vector<uint16_t>& bits, const std::vector<float>& f32) {
   size_t differ = 0;
@@ -967,11 +975,8 @@ TEST_CASE("wgmma attention forward and backward (head width 64) match the CPU") 
     const double e_out = rel_err(ac.output(o), ac.out),
                  e_out_mma = rel_err(ac.output(o), ac.output(o_mma)),
                  e_lse = rel_err(download_f(o.lse, rows), download_f(o_mma.lse, rows));
-    std::printf(
-        "[forward wgmma B%lld S%lld H%lld/%lld %s] out rel err %.2e, vs mma.sync %.2e, "
-        "lse vs mma.sync %.2e\n",
-        (long long)c.B, (long long)c.S, (long long)c.H, (long long)c.Hkv,
-        c.alibi ? "alibi" : "no bias", e_out, e_out_mma, e_lse);
+    std::printf("[forward wgmma %s] out rel err %.2e, vs mma.sync %.2e, lse vs mma.sync %.2e\n",
+                label(c).c_str(), e_out, e_out_mma, e_lse);
     CHECK(e_out < 2e-2);
     CHECK(e_out_mma < 5e-3);
     CHECK(e_lse < 1e-5);
@@ -989,11 +994,8 @@ TEST_CASE("wgmma attention forward and backward (head width 64) match the CPU") 
     const std::vector<float> ds_w = download_f(ds, n_ds, DType::bf16),
                              ds_m = download_f(ds_mma, n_ds, DType::bf16);
     const double e_ds = rel_err(ds_w, ds_m);
-    std::printf(
-        "[backward wgmma B%lld S%lld H%lld/%lld %s] dqkv rel err %.2e, vs mma.sync %.2e, dS vs "
-        "mma.sync %.2e\n",
-        (long long)c.B, (long long)c.S, (long long)c.H, (long long)c.Hkv,
-        c.alibi ? "alibi" : "no bias", e_cpu, e_mma, e_ds);
+    std::printf("[backward wgmma %s] dqkv rel err %.2e, vs mma.sync %.2e, dS vs mma.sync %.2e\n",
+                label(c).c_str(), e_cpu, e_mma, e_ds);
     CHECK(e_cpu < 2e-2);
     CHECK(e_mma < 2e-3);
     CHECK(e_ds < 1e-2);
