@@ -1273,10 +1273,15 @@ __global__ void sumsq_partial_kernel(double* partial, const float* g, int64_t n)
   if (threadIdx.x == 0) partial[blockIdx.x] = part[0];
 }
 
-__global__ void norm_finish_kernel(float* norm, const double* partial, int n, float max_norm) {
-  __shared__ double part[kNormThreads];
+// One block of kFinishThreads: thread i adds partial[i], partial[i + kFinishThreads], … in order
+// (a bucket's kNormBlocks sums each; about 14 a thread for a 12-layer model), then the block's
+// tree in a fixed order.
+constexpr int kFinishThreads = 1024;
+__global__ void norm_finish_kernel(float* norm, const double* partial, int64_t n, float max_norm) {
+  __shared__ double part[kFinishThreads];
   double s = 0;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) s += partial[i];
+#pragma unroll 8  // loads in flight, sums in order
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += partial[i];
   part[threadIdx.x] = s;
   __syncthreads();
   for (unsigned w = blockDim.x / 2; w > 0; w >>= 1) {
@@ -1933,19 +1938,15 @@ int64_t grad_norm_scratch_doubles() {
   return kNormBlocks;
 }
 
-void grad_norm_partial(double* scratch, const float* grads, int64_t n) {
-  sumsq_partial_kernel<<<kNormBlocks, kNormThreads>>>(scratch, grads, n);
+void grad_norm_partial(double* scratch, const float* grads, int64_t n, void* stream) {
+  sumsq_partial_kernel<<<kNormBlocks, kNormThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      scratch, grads, n);
   check_launch("sumsq_partial");
 }
 
-void grad_norm_finish(float* norm, const double* scratch, float max_norm) {
-  norm_finish_kernel<<<1, kNormThreads>>>(norm, scratch, kNormBlocks, max_norm);
+void grad_norm_finish(float* norm, const double* scratch, int64_t parts, float max_norm) {
+  norm_finish_kernel<<<1, kFinishThreads>>>(norm, scratch, parts * kNormBlocks, max_norm);
   check_launch("norm_finish");
-}
-
-void grad_norm(float* norm, const float* grads, int64_t n, float max_norm, double* scratch) {
-  grad_norm_partial(scratch, grads, n);
-  grad_norm_finish(norm, scratch, max_norm);
 }
 
 void adamw(float* params, uint16_t* params_mm, float* m, float* v, const float* grads,

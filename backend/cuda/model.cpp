@@ -368,6 +368,7 @@ struct Model::Impl {
     if (emb_upd) emb_upd->finish();
     if (upd) upd->finish();
     if (red) red->finish();
+    if (nrm) nrm->finish();
   }
   // Before the forward's first read of use u's weights: 0 the embedding (the rows the step's
   // tokens read), 1 + l layer l, L + 1 the final norm and LM head (and, tied, every embedding
@@ -417,20 +418,33 @@ struct Model::Impl {
     return overlap_reduce && comm && !sharded && !prof.on && !overlapping_wgrad();
   }
   // Use u's bucket, numbered as await_use numbers them: 0 the embedding, 1 + l layer l, L + 1
-  // the final norm and LM head. Nothing outside the step's last pass.
-  void reduce_bucket(int64_t u) {
-    if (!reduce_in_backward) return;
-    const int64_t b = u == 0 ? 0 : use_end[size_t(u - 1)], e = use_end[size_t(u)];
-    if (e <= b) return;
-    red->begin();
-    comm->all_reduce_mean(grads.as<float>() + b, e - b, red->handle());
-    red->mark(0);
-    reduce_pending = true;
+  // the final norm and LM head; the backward has just written it for the last time. In the
+  // step's last pass it is averaged over the ranks here (reduce beside), and its part of the
+  // gradient norm summed (set_norm_overlap, below), each when the step does so.
+  void bucket_written(int64_t u) {
+    if (reduce_in_backward) {
+      const int64_t b = u == 0 ? 0 : use_end[size_t(u - 1)], e = use_end[size_t(u)];
+      red->begin();
+      if (e > b) comm->all_reduce_mean(grads.as<float>() + b, e - b, red->handle());
+      if (sum_in_backward) sum_bucket(u, red->handle());  // the mean's sums
+      red->mark(0);
+      reduce_pending = true;
+    } else if (sum_in_backward) {
+      nrm->begin();
+      sum_bucket(u, nrm->handle());
+      nrm->mark(0);
+      norm_pending = true;
+    }
   }
   void await_reduce() {
-    if (!reduce_pending) return;
-    red->wait(0);  // marks on one stream: its last covers every bucket before it
-    reduce_pending = false;
+    if (reduce_pending) {
+      red->wait(0);  // marks on one stream: its last covers every bucket before it
+      reduce_pending = false;
+    }
+    if (norm_pending) {
+      nrm->wait(0);
+      norm_pending = false;
+    }
   }
   // The buckets are where each tensor's last gradient write falls: a layer's tensors all inside
   // its bucket, every other tensor in the embedding's (before layer 0) or the tail's.
@@ -446,6 +460,51 @@ struct Model::Impl {
       if (t.offset < b || t.offset + t.size() > e)
         throw std::logic_error("parameter layout: " + t.name + " outside its reduce bucket");
     }
+  }
+
+  // ---- the gradient norm, a bucket at a time (set_norm_overlap) -----------------------------
+  // The norm's sums of squares are made per bucket (bucket_written's) into a part of
+  // norm_scratch each, which grad_norm_finish adds in bucket order: the same bits whether a
+  // bucket was summed beside the backward or after it, and with the optimizer sharded over one
+  // rank (its chunk is every bucket whole). Beside: in the step's last pass, as each bucket is
+  // written for the last time, on nrm (no communicator) or on red right after the bucket's
+  // all-reduce (the reduce beside); the default stream waits before the step's gradients are
+  // done (await_reduce), since the next step zeroes what the sums read. Then only the
+  // embedding's bucket and the finish are left at the step's end: run F's whole-buffer sums
+  // took 0.24 (dense) and 0.38 ms (MoE, with a gap) of the batch-8 step there. Not with the
+  // weight gradients beside (a layer's are not final at its bucket's site), nor sharded (each
+  // rank's chunk, after the reduce-scatter), nor profiling (one stream).
+  bool overlap_norm = true;
+  std::unique_ptr<StagedStream> nrm;
+  bool sum_in_backward = false;  // this pass sums its buckets (the step's last pass)
+  bool norm_pending = false;     // sums issued on nrm that the default stream has not waited for
+  bool summed_beside = false;    // this step's sums were made in its backward
+  bool summing_beside() const {
+    if (!overlap_norm || sharded || prof.on || overlapping_wgrad()) return false;
+    return comm ? reducing_beside() : true;
+  }
+  int64_t norm_parts() const { return L + 2; }
+  // Bucket u's part of the sums; sharded, of the bucket's floats in this rank's chunk (none:
+  // zeros).
+  void sum_bucket(int64_t u, void* stream) {
+    int64_t b = u == 0 ? 0 : use_end[size_t(u - 1)], e = use_end[size_t(u)];
+    if (sharded) {
+      b = std::max(b, shard_begin);
+      e = std::min(e, shard_begin + shard_len);
+    }
+    k::grad_norm_partial(norm_scratch.as<double>() + u * k::grad_norm_scratch_doubles(),
+                         grads.as<float>() + (e > b ? b : 0), std::max<int64_t>(e - b, 0), stream);
+  }
+  // The norm and clip factor into `norm` from this step's gradients (the mean over the ranks
+  // by now), summing the buckets not summed in the backward.
+  void finish_norm(float max_norm) {
+    if (!summed_beside)
+      for (int64_t u = 0; u < norm_parts(); ++u) sum_bucket(u, nullptr);
+    summed_beside = false;
+    if (sharded)  // every rank's chunks: the parts added over the ranks
+      comm->all_reduce_sum(norm_scratch.as<double>(),
+                           norm_parts() * k::grad_norm_scratch_doubles());
+    k::grad_norm_finish(norm.as<float>(), norm_scratch.as<double>(), norm_parts(), max_norm);
   }
 
   // Activations saved for backward, per layer.
@@ -917,7 +976,7 @@ struct Model::Impl {
     }
     col_scratch =
         alloc_f(std::max(k::rmsnorm_scratch_floats(T, Dm), k::colsum_scratch_floats(E)));
-    norm_scratch = alloc(size_t(k::grad_norm_scratch_doubles()) * 8);
+    norm_scratch = alloc(size_t(norm_parts() * k::grad_norm_scratch_doubles()) * 8);
     norm = alloc_f(2);
     routed.assign(size_t(a.moe_layers()), 0);
     aux_host.assign(2, 0.f);
@@ -1819,7 +1878,7 @@ struct Model::Impl {
     k::rmsnorm_backward(dresid.as<float>(), G(final_norm), dln.as<float>(), resid_out.as<float>(),
                         P(final_norm), rstdf.as<float>(), Tp, Dm, col_scratch.as<float>(),
                         dresid_mm.data(), mm, !overwrites(final_norm));
-    reduce_bucket(L + 1);  // the final norm and LM head
+    bucket_written(L + 1);  // the final norm and LM head
     prof.mark("bwd final norm");
     for (int64_t l = L - 1; l >= 0; --l) {
       const LayerParams& q = lp[size_t(l)];
@@ -1856,7 +1915,7 @@ struct Model::Impl {
                           P(q.norm1), x.rstd1.as<float>(), Tp, Dm, col_scratch.as<float>(),
                           l > 0 ? dresid_mm.data() : nullptr, mm,  // layer 0: the embedding
                           !overwrites(q.norm1));
-      reduce_bucket(1 + l);
+      bucket_written(1 + l);
       prof.mark("bwd qkv + norm1");  // per layer: else the next layer's ffn phase takes it
     }
     if (wgrad_side) side->join();  // every weight gradient, before anything reads them
@@ -1864,7 +1923,7 @@ struct Model::Impl {
     adds_to(embedding);
     k::embedding_backward(G(embedding), dresid.as<float>(), emb_ids.as<int32_t>(),
                           emb_seg.as<int32_t>(), emb_pos.as<int32_t>(), emb_unique, Dm);
-    reduce_bucket(0);
+    bucket_written(0);
     prof.mark("bwd embedding");
   }
 
@@ -1920,13 +1979,14 @@ struct Model::Impl {
                                             : float(double(world) / double(job_bearing));
     double ce_sum = 0, lb = 0, z = 0;
     reduced_beside = reducing_beside();
-    if (reduced_beside) {
-      if (use_end.empty()) plan_update_stages();
-      if (!red) red = std::make_unique<StagedStream>(1);
-    }
+    summed_beside = summing_beside();
+    if (use_end.empty()) plan_update_stages();  // the buckets
+    if (reduced_beside && !red) red = std::make_unique<StagedStream>(1);
+    if (summed_beside && !reduced_beside && !nrm) nrm = std::make_unique<StagedStream>(1);
     for (int64_t s0 = 0; s0 < step_B; s0 += B) {
       const int64_t nb = std::min(B, step_B - s0);
       reduce_in_backward = reduced_beside && s0 + B >= step_B;
+      sum_in_backward = summed_beside && s0 + B >= step_B;
       aux_grad_w = double(world) * double(nb) / double(job_seqs);
       // The embedding segments first: their host sort runs while the device zeroes the
       // gradients (an upload waits for that).
@@ -1944,7 +2004,7 @@ struct Model::Impl {
       }
     }
     aux_grad_w = 1;
-    reduce_in_backward = false;
+    reduce_in_backward = sum_in_backward = false;
     await_reduce();
     check_gradients_written();
     last_ce_sum = ce_sum;
@@ -1989,14 +2049,7 @@ struct Model::Impl {
     StepResult r;
     compute_gradients(inputs, tgts, &r);
     if (comm) reduce_over_ranks(r);  // world size 1 too: the same NCCL path
-    if (sharded) {  // the norm from every rank's chunk: partial sums added over ranks
-      k::grad_norm_partial(norm_scratch.as<double>(), grads.as<float>() + shard_begin, shard_len);
-      comm->all_reduce_sum(norm_scratch.as<double>(), k::grad_norm_scratch_doubles());
-      k::grad_norm_finish(norm.as<float>(), norm_scratch.as<double>(), float(cfg.grad_clip));
-    } else {
-      k::grad_norm(norm.as<float>(), grads.as<float>(), n_params, float(cfg.grad_clip),
-                   norm_scratch.as<double>());
-    }
+    finish_norm(float(cfg.grad_clip));
     r.lr = scheduled_lr(cfg, step);
     ++adam_steps;
     const double bc1 = 1.0 - std::pow(cfg.beta1, double(adam_steps));
@@ -2249,6 +2302,12 @@ void Model::set_reduce_overlap(bool on) {
 }
 bool Model::reduce_overlap() const {
   return impl_->reducing_beside();
+}
+void Model::set_norm_overlap(bool on) {
+  impl_->overlap_norm = on;
+}
+bool Model::norm_overlap() const {
+  return impl_->summing_beside();
 }
 void Model::set_weight_grad_overlap(bool on) {
   Impl& m = *impl_;

@@ -232,6 +232,7 @@ struct Point {
   double capacity_factor = 0;  // ModelOptions::capacity_factor (0: dropless)
   double erc_loss = 0;         // ModelOptions::erc_loss (0: off)
   bool adamw_beside = false;   // the AdamW update beside the next forward (set_update_overlap)
+  bool norm_after = false;     // the gradient norm's sums after the backward (set_norm_overlap)
 };
 
 Arch dense124() {
@@ -495,6 +496,14 @@ int main(int argc, char** argv) {
         Point{"moe-ra0.2-tiled128-fused-mma-lean-attn-adamw-beside", moe_equal_n(),
               cu::AttentionPath::fused_mma_lean, cu::ExpertPath::tiled128, 0, 0, false, false, 0, 0,
               true},
+        // The same with the gradient norm summed after the backward, as before 2026-12-05
+        // (the points above sum it beside, a bucket at a time): what that saves.
+        Point{"dense-124M-fused-mma-lean-attn-adamw-beside-norm-after", dense124(),
+              cu::AttentionPath::fused_mma_lean, cu::ExpertPath::grouped, 0, 0, false, false, 0, 0,
+              true, true},
+        Point{"moe-ra0.2-tiled128-fused-mma-lean-attn-adamw-beside-norm-after", moe_equal_n(),
+              cu::AttentionPath::fused_mma_lean, cu::ExpertPath::tiled128, 0, 0, false, false, 0, 0,
+              true, true},
         // The routed experts on wgmma (sm_90a): the kernel-times point, and the goal's point.
         Point{"moe-ra0.2-wgmma-fused-mma-lean-attn", moe_equal_n(),
               cu::AttentionPath::fused_mma_lean, cu::ExpertPath::wgmma},
@@ -530,6 +539,7 @@ int main(int argc, char** argv) {
     model.set_shared_overlap(!p.serial_shared);
     model.set_weight_grad_overlap(p.wgrad_beside);
     model.set_update_overlap(p.adamw_beside);
+    model.set_norm_overlap(!p.norm_after);
     if (!tune_path.empty()) {  // one step's products, then on to the next point
       model.record_gemm_shapes(true);
       std::vector<int32_t> in, tg;
@@ -634,6 +644,7 @@ int main(int argc, char** argv) {
          (model.pass_seqs() < batch ? fmt::format("; passes of {}", model.pass_seqs()) : "") +
          (p.arch.d_shared > 0 && p.serial_shared ? "; shared expert not overlapped" : "") +
          (p.wgrad_beside ? "; weight gradients on a second stream" : "") +
+         (p.norm_after ? "; gradient norm after the backward" : "") +
          (table ? fmt::format("; {} of {} products by the GEMM table{}",
                               model.gemm_counts().from_table, model.gemm_counts().products,
                               lenient ? " (" + table_name + ")" : "")

@@ -644,8 +644,25 @@ TEST_CASE("global grad norm, clip and AdamW match a double-precision host loop")
   }
   auto dP = to_device(p0), dG = to_device(g), dM = to_device(m0), dV = to_device(v0),
        dD = to_device(decay);
-  DeviceBuffer nrm(8), scratch(k::grad_norm_scratch_doubles() * 8), pmm(n * 2);
-  k::grad_norm(nrm.as<float>(), dG.as<float>(), n, float(clip), scratch.as<double>());
+  // The norm in parts, as the model's buckets: uneven, one of them empty (its sums must be
+  // zeros: the scratch starts as NaNs), made last part first; then the same parts made in order
+  // give the same bits.
+  const int64_t cuts[] = {0, 37, 37, 60001, n}, parts = 4, per = k::grad_norm_scratch_doubles();
+  auto scratch = poisoned(size_t(parts * per) * 8);
+  DeviceBuffer nrm(8), nrm2(8), pmm(n * 2);
+  const auto sum_parts = [&](bool reverse) {
+    for (int64_t i = 0; i < parts; ++i) {
+      const int64_t u = reverse ? parts - 1 - i : i;
+      k::grad_norm_partial(scratch.as<double>() + u * per, dG.as<float>() + cuts[u],
+                           cuts[u + 1] - cuts[u]);
+    }
+  };
+  sum_parts(true);
+  k::grad_norm_finish(nrm.as<float>(), scratch.as<double>(), parts, float(clip));
+  sum_parts(false);
+  k::grad_norm_finish(nrm2.as<float>(), scratch.as<double>(), parts, float(clip));
+  synchronize();
+  CHECK(download_f(nrm2, 2) == download_f(nrm, 2));
   k::adamw(dP.as<float>(), pmm.as<uint16_t>(), dM.as<float>(), dV.as<float>(), dG.as<float>(),
            dD.as<uint8_t>(), nrm.as<float>(), n, float(lr), float(b1), float(b2), float(eps),
            float(wd), float(1 / bc1), float(1 / bc2));

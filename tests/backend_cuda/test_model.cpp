@@ -1083,6 +1083,29 @@ void check_same_two_steps(cu::Model& two, cu::Model& one, const Arch& a, int64_t
   CHECK(two.parameters() == one.parameters());
 }
 
+// Steps 0, 1, 2 of each model on the same batches (seeds seed, seed + 1, ...): the same losses,
+// gradient norms and ledgers, bit for bit. Returns x's gradient norms.
+std::vector<double> check_same_three_steps(cu::Model& x, cu::Model& y, const Arch& a, int64_t B,
+                                           const OptimConfig& cfg, uint64_t seed) {
+  std::vector<double> norms;
+  for (int64_t step = 0; step < 3; ++step) {
+    const Batch b = random_batch(B, a.seq_len, a.vocab, seed + uint64_t(step));
+    const StepResult rx = x.train_step(b.inputs.data(), b.targets.data(), step, cfg);
+    const StepResult ry = y.train_step(b.inputs.data(), b.targets.data(), step, cfg);
+    CHECK(rx.loss == ry.loss);
+    CHECK(rx.grad_norm == ry.grad_norm);
+    CHECK(rx.flops.flops == ry.flops.flops);
+    norms.push_back(rx.grad_norm);
+  }
+  return norms;
+}
+
+// The MoE models in bf16 on tiled128, the expert path `moeplan run` takes.
+void use_tiled128(const Arch& a, DType dt, std::initializer_list<cu::Model*> models) {
+  if (dt != DType::bf16 || a.experts == 0) return;
+  for (cu::Model* m : models) m->set_expert_path(cu::ExpertPath::tiled128);
+}
+
 }  // namespace
 
 TEST_CASE("the shared expert on a second stream gives the one-stream steps bit for bit") {
@@ -1198,21 +1221,11 @@ TEST_CASE("the AdamW update beside the next step's forward gives the same steps 
       INFO(mode << ", " << c.name);
       cu::Model beside(c.arch, c.opt, 11, B, c.dt);
       cu::Model base(c.arch, c.opt, 11, B, c.dt);
-      if (c.dt == DType::bf16 && c.arch.experts > 0) {
-        beside.set_expert_path(cu::ExpertPath::tiled128);
-        base.set_expert_path(cu::ExpertPath::tiled128);
-      }
+      use_tiled128(c.arch, c.dt, {&beside, &base});
       CHECK_FALSE(beside.update_overlap());  // off unless asked
       beside.set_update_overlap(true);
       CHECK(beside.update_overlap());
-      for (int64_t step = 0; step < 3; ++step) {
-        const Batch b = random_batch(B, c.arch.seq_len, c.arch.vocab, 300 + uint64_t(step));
-        const StepResult r2 = beside.train_step(b.inputs.data(), b.targets.data(), step, cfg);
-        const StepResult r1 = base.train_step(b.inputs.data(), b.targets.data(), step, cfg);
-        CHECK(r2.loss == r1.loss);
-        CHECK(r2.grad_norm == r1.grad_norm);
-        CHECK(r2.flops.flops == r1.flops.flops);
-      }
+      check_same_three_steps(beside, base, c.arch, B, cfg, 300);
       // An evaluation straight after a step reads the weights its update writes.
       const Batch v = random_batch(B, c.arch.seq_len, c.arch.vocab, 399);
       CHECK(beside.forward_loss(v.inputs.data(), v.targets.data(), B) ==
@@ -1239,6 +1252,67 @@ TEST_CASE("the AdamW update beside the next step's forward gives the same steps 
       cu::Model brief(c.arch, c.opt, 11, B, c.dt);
       brief.set_update_overlap(true);
       brief.train_step(w.inputs.data(), w.targets.data(), 0, cfg);
+    }
+  }
+  use_stream_order(nullptr);
+}
+
+TEST_CASE("the gradient norm summed beside the backward gives the same steps bit for bit") {
+  // The norm's sums of squares a bucket at a time (the final norm and LM head, each layer, the
+  // embedding), each on a stream of its own as soon as the backward has written the bucket for
+  // the last time, against the same sums after the backward: the parts are added in bucket
+  // order either way, so the same norms, weights and gradients, bit for bit. In the emulation's
+  // deferred order a finish that did not wait for the sums would read the last step's; in the
+  // eager order a bucket summed before its last gradient write (norm1's, the embedding's, a
+  // pass's) would sum an unfinished gradient.
+  struct Case {
+    const char* name;
+    Arch arch;
+    DType dt;
+    ModelOptions opt;
+    bool update_beside;
+  };
+  ModelOptions alibi;
+  alibi.positions = "alibi";
+  ModelOptions passes = alibi;  // two passes a step: only the last one sums
+  passes.micro_batch_seqs = 2;
+  ModelOptions erc = alibi;  // the ERC loss writes gradients before the passes
+  erc.erc_loss = 0.01;
+  Arch tied = moe_arch();
+  tied.tied_embeddings = true;
+  const int64_t B = 3;
+  OptimConfig cfg;  // a rate that moves every weight, and a clip that scales
+  cfg.lr_peak = 3e-3;
+  cfg.total_steps = 100;
+  cfg.grad_clip = 0.5;
+  for (const char* mode : stream_orders()) {
+    use_stream_order(mode);
+    for (const Case& c :
+         {Case{"dense bf16", dense_arch(), DType::bf16, alibi, false},
+          Case{"moe bf16 tiled128, passes of 2", moe_arch(), DType::bf16, passes, false},
+          Case{"moe fp32 tied, the update beside", tied, DType::f32, alibi, true},
+          Case{"moe bf16 erc, the update beside", moe_arch(), DType::bf16, erc, true}}) {
+      INFO(mode << ", " << c.name);
+      cu::Model beside(c.arch, c.opt, 12, B, c.dt);
+      cu::Model after(c.arch, c.opt, 12, B, c.dt);
+      use_tiled128(c.arch, c.dt, {&beside, &after});
+      beside.set_update_overlap(c.update_beside);
+      after.set_update_overlap(c.update_beside);
+      CHECK(beside.norm_overlap());  // on by default
+      after.set_norm_overlap(false);
+      CHECK_FALSE(after.norm_overlap());
+      // The clip acts in every step, so the norm reaches the weights.
+      for (const double n : check_same_three_steps(beside, after, c.arch, B, cfg, 500))
+        CHECK(n > cfg.grad_clip);
+      CHECK(beside.parameters() == after.parameters());
+      CHECK(beside.gradients() == after.gradients());
+      // Profiling times one stream; the weight gradients beside are not final at a bucket's site.
+      beside.set_profiling(true);
+      CHECK_FALSE(beside.norm_overlap());
+      beside.set_profiling(false);
+      CHECK(beside.norm_overlap());
+      beside.set_weight_grad_overlap(true);
+      CHECK_FALSE(beside.norm_overlap());
     }
   }
   use_stream_order(nullptr);

@@ -154,14 +154,17 @@ void cross_entropy(float* losses, void* dlogits, DType mm, const void* logits,
 void sum_double(double* out, const float* x, int64_t n);
 
 // ---- optimizer ----------------------------------------------------------------------------
-// norm (2) = {‖g‖₂, clip factor max_norm/‖g‖ when ‖g‖ > max_norm else 1} over grads (n),
-// fixed-order passes (scratch: grad_norm_scratch_doubles() doubles).
-void grad_norm(float* norm, const float* grads, int64_t n, float max_norm, double* scratch);
-// The same in two halves, for a vector split over data-parallel ranks (optimizer sharding): each
-// rank fills scratch from its part, the ranks sum their scratch element by element, and
-// grad_norm_finish turns the sum into the norm and clip scale.
-void grad_norm_partial(double* scratch, const float* grads, int64_t n);
-void grad_norm_finish(float* norm, const double* scratch, float max_norm);
+// The gradient norm over a vector in parts (the model's buckets: the embedding, each layer, the
+// rest), each part's sums of squares made when it suits the caller (beside the backward, after an
+// all-reduce, or on a data-parallel rank's share):
+// - grad_norm_partial fills one part's grad_norm_scratch_doubles() doubles of scratch from
+//   grads (n; 0 gives zeros), in double and a fixed order, on `stream` (a cudaStream_t; nullptr,
+//   the default stream);
+// - grad_norm_finish sums `parts` such parts in index order into norm (2) = {‖g‖₂, clip factor
+//   max_norm/‖g‖ when ‖g‖ > max_norm else 1}.
+// The same parts give the same bits whichever stream and order made them.
+void grad_norm_partial(double* scratch, const float* grads, int64_t n, void* stream = nullptr);
+void grad_norm_finish(float* norm, const double* scratch, int64_t parts, float max_norm);
 int64_t grad_norm_scratch_doubles();
 // AdamW with decoupled weight decay (where decay[i] != 0), gradients scaled by norm[1] (clip);
 // bias_correction1/2 are the reciprocals 1/(1−β^t).

@@ -197,6 +197,15 @@ class Model {
   // backward), nor while profiling.
   void set_reduce_overlap(bool on);
   bool reduce_overlap() const;  // whether a step's all-reduce runs beside its backward now
+  // Whether the gradient norm's sums of squares run beside the backward, a bucket at a time
+  // (the final norm and LM head, each layer, the embedding) as each is final in the step's last
+  // pass: on a stream of their own, or, with the all-reduce beside, on its stream after each
+  // bucket's mean. On by default. The sums are made per bucket and added in bucket order either
+  // way, so the same bits beside or after. Not with the weight gradients beside, the optimizer
+  // sharded, data parallelism without the all-reduce beside (the mean comes after the backward),
+  // nor while profiling.
+  void set_norm_overlap(bool on);
+  bool norm_overlap() const;  // whether a step's norm sums run beside its backward now
   // cuBLASLt algorithms for the products a GemmTable lists (Blas::set_table, strict or lenient;
   // null: none), on both streams. Throws InputError for a table chosen on another device or
   // cuBLASLt version.
