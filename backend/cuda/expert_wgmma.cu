@@ -4,9 +4,11 @@
 // each 64 rows × 128 columns of fp32 accumulators (64 registers a thread), walking the depth 64
 // at a time. Each step's operand tiles are staged by cp.async from every thread of the block into
 // one of three shared-memory buffers (32 KiB each, 96 KiB a block, two blocks an SM), one step
-// ahead (or of four, two steps ahead, one block an SM: MOEPLAN_WGMMA_STAGES=4, for timing both);
-// the products of a step (four m64n128k16 a warpgroup) run asynchronously while the next step's
-// copies land, and only the step before them is waited for. One barrier a step.
+// ahead; the products of a step (four m64n128k16 a warpgroup) run asynchronously while the next
+// step's copies land, and only the step before them is waited for. One barrier a step. Two other
+// pipelines, for a GPU run to time against it (MOEPLAN_WGMMA_STAGES, pipeline() below): four
+// buffers, two steps ahead, one block an SM; or three buffers two steps ahead, each step's
+// products done before the next step begins.
 //
 // Tiles are staged in no-swizzle core matrices (wgmma.cuh): 16-byte chunk c of a stage's tile
 // lies at byte 16·c, so consecutive threads write consecutive chunks (no bank conflicts), and
@@ -108,13 +110,17 @@ __device__ __forceinline__ void multiply_stage(float (&acc)[64], const uint16_t*
 }
 
 // steps depth steps through S buffers: issue(step, buffer) stages a step's tiles by cp.async
-// (one group a step, P = S − 2 steps ahead), then the warpgroups multiply. At step s, after the
-// barrier, every thread has waited for the products of step s − 2 (below), so the buffer they
-// read, (s + P) % S, is refilled with step s + P.
-template <bool A_MN, bool B_MN, int S, class Issue>
+// (one group a step, P = S − 1 − FLIGHT steps ahead), then the warpgroups multiply, and each
+// waits until at most FLIGHT of its steps' products are still running (1: a step's products
+// overlap the next step's issue; 0: they end first). At step s, after the barrier, every thread
+// has waited for the products of step s − 1 − FLIGHT, so the buffer they read, (s + P) % S, is
+// refilled with step s + P.
+template <bool A_MN, bool B_MN, int S, int FLIGHT, class Issue>
 __device__ __forceinline__ void mainloop(float (&acc)[64], Tiles<S>& t, int steps,
                                          const Strides& st, Issue&& issue) {
-  constexpr int P = S - 2;
+  static_assert(FLIGHT == 0 || FLIGHT == 1, "products in flight across a step: none or one");
+  constexpr int P = S - 1 - FLIGHT;
+  static_assert(P >= 1, "copies at least a step ahead");
   const int wg = int(threadIdx.x) / 128;
 #pragma unroll
   for (int i = 0; i < 64; ++i) acc[i] = 0.f;
@@ -131,7 +137,7 @@ __device__ __forceinline__ void mainloop(float (&acc)[64], Tiles<S>& t, int step
     if (s + P < steps) issue(s + P, (s + P) % S);
     cp_async_commit();
     multiply_stage<A_MN, B_MN>(acc, t.a[s % S], t.b[s % S], wg, st);
-    wgmma_wait<1>();  // step s − 1's products are done
+    wgmma_wait<FLIGHT>();  // step s − FLIGHT's products are done
     fence_accumulators(acc);
   }
   wgmma_wait<0>();
@@ -166,7 +172,7 @@ __device__ void store_tile(OutT* C, int64_t ldc, const float (&acc)[64], int val
 
 // Block (tile, column tile): C rows of the tile = A rows · op(W_e), as expert_gemm's rows_kernel.
 // K and N are multiples of 8 and every operand 16-byte aligned (checked by the host).
-template <bool TRANS_W, class OutT, bool GATHER, int S>
+template <bool TRANS_W, class OutT, bool GATHER, int S, int FLIGHT>
 __global__ void __launch_bounds__(kThreads, kMinBlocks<S>)
     wgmma_rows_kernel(OutT* C, const uint16_t* A, const int32_t* gather, int gather_div,
                       const uint16_t* const* W, const int32_t* map, const int32_t* n_tiles, int N,
@@ -213,13 +219,13 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<S>)
     }
   };
   float acc[64];
-  mainloop<false, !TRANS_W>(acc, t, (K + TK - 1) / TK, st, issue);
+  mainloop<false, !TRANS_W, S, FLIGHT>(acc, t, (K + TK - 1) / TK, st, issue);
   store_tile(C + int64_t(row0) * N + n0, N, acc, rows, N - n0, false);
 }
 
 // Block (output tile, expert): G_e tile (+)= Σ over the expert's rows of A^T · B, as
 // expert_gemm's weight_grads_kernel. M and N multiples of 8, operands 16-byte aligned.
-template <bool GATHER, int S>
+template <bool GATHER, int S, int FLIGHT>
 __global__ void __launch_bounds__(kThreads, kMinBlocks<S>)
     wgmma_weight_grads_kernel(float* const* G, const uint16_t* A, const int32_t* gather,
                               int gather_div, const uint16_t* B, const int32_t* offsets, int M,
@@ -248,7 +254,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<S>)
     }
   };
   float acc[64];
-  mainloop<true, true>(acc, t, (r1 - r0 + TK - 1) / TK, st, issue);
+  mainloop<true, true, S, FLIGHT>(acc, t, (r1 - r0 + TK - 1) / TK, st, issue);
   store_tile(G[e] + int64_t(m0) * N + n0, N, acc, M - m0, N - n0, accumulate);
 }
 
@@ -273,58 +279,65 @@ void check_int(int64_t v, const char* what) {
   if (v < 0 || v > INT32_MAX) throw std::logic_error(std::string("expert_gemm (wgmma): ") + what);
 }
 
-// MOEPLAN_WGMMA_STAGES=3|4 (default 3): the stages of operand tiles (Tiles), a tuning variable
-// for a GPU run that times both; it says so on stderr when set.
-int stages() {
-  static const int n = [] {
+// The pipeline, MOEPLAN_WGMMA_STAGES (a tuning variable for a GPU run that times each; it says
+// so on stderr when set):
+//   3 (the default): three stages (96 KiB, two blocks an SM), copies one step ahead, a step's
+//     products still running while the next step's are issued;
+//   4: four stages (128 KiB, one block an SM), copies two steps ahead, likewise;
+//   3w0: three stages, copies two steps ahead, each step's products done before the next
+//     step's barrier (the other warpgroups of the SM fill the gap).
+enum class Pipe { s3, s4, s3w0 };
+Pipe pipeline() {
+  static const Pipe p = [] {
     const char* v = std::getenv("MOEPLAN_WGMMA_STAGES");
     const std::string s = v ? v : "";
-    if (s.empty() || s == "3") return 3;
-    if (s != "4") throw std::invalid_argument("MOEPLAN_WGMMA_STAGES=" + s + " (valid: 3, 4)");
-    std::fprintf(stderr, "MOEPLAN_WGMMA_STAGES=4: wgmma expert kernels with 4 stages\n");
-    return 4;
+    if (s.empty() || s == "3") return Pipe::s3;
+    if (s != "4" && s != "3w0")
+      throw std::invalid_argument("MOEPLAN_WGMMA_STAGES=" + s + " (valid: 3, 4, 3w0)");
+    std::fprintf(stderr, "MOEPLAN_WGMMA_STAGES=%s: wgmma expert kernels with %s\n", s.c_str(),
+                 s == "4" ? "4 stages" : "3 stages, copies two steps ahead");
+    return s == "4" ? Pipe::s4 : Pipe::s3w0;
   }();
-  return n;
+  return p;
+}
+// f(stages, products in flight) with the pipeline's constants.
+template <class F>
+void with_pipeline(F&& f) {
+  switch (pipeline()) {
+    case Pipe::s4:
+      return f(std::integral_constant<int, 4>{}, std::integral_constant<int, 1>{});
+    case Pipe::s3w0:
+      return f(std::integral_constant<int, 3>{}, std::integral_constant<int, 0>{});
+    case Pipe::s3:
+      break;
+  }
+  f(std::integral_constant<int, 3>{}, std::integral_constant<int, 1>{});
 }
 
-template <bool TRANS_W, class OutT, bool GATHER, int S>
-void launch_rows_at(dim3 grid, OutT* C, const uint16_t* A, const int32_t* gather, int gather_div,
-                    const uint16_t* const* W, const int32_t* map, const int32_t* n_tiles, int N,
-                    int K) {
-  opt_in_shared_memory<wgmma_rows_kernel<TRANS_W, OutT, GATHER, S>, sizeof(Tiles<S>)>(
-      "cudaFuncSetAttribute (expert_gemm wgmma shared memory)");
-  wgmma_rows_kernel<TRANS_W, OutT, GATHER, S><<<grid, kThreads, sizeof(Tiles<S>)>>>(
-      C, A, gather, gather_div, W, map, n_tiles, N, K, layout_strides(false, !TRANS_W));
-}
 template <bool TRANS_W, class OutT, bool GATHER>
 void launch_rows(dim3 grid, OutT* C, const uint16_t* A, const int32_t* gather, int gather_div,
                  const uint16_t* const* W, const int32_t* map, const int32_t* n_tiles, int N,
                  int K) {
-  if (stages() == 4)
-    launch_rows_at<TRANS_W, OutT, GATHER, 4>(grid, C, A, gather, gather_div, W, map, n_tiles, N, K);
-  else
-    launch_rows_at<TRANS_W, OutT, GATHER, 3>(grid, C, A, gather, gather_div, W, map, n_tiles, N, K);
+  with_pipeline([&](auto S, auto flight) {
+    constexpr auto kernel = wgmma_rows_kernel<TRANS_W, OutT, GATHER, S, flight>;
+    opt_in_shared_memory<kernel, sizeof(Tiles<S>)>(
+        "cudaFuncSetAttribute (expert_gemm wgmma shared memory)");
+    kernel<<<grid, kThreads, sizeof(Tiles<S>)>>>(C, A, gather, gather_div, W, map, n_tiles, N, K,
+                                                 layout_strides(false, !TRANS_W));
+  });
 }
 
-template <bool GATHER, int S>
-void launch_weight_grads_at(dim3 grid, float* const* G, const uint16_t* A, const int32_t* gather,
-                            int gather_div, const uint16_t* B, const int32_t* offsets, int M, int N,
-                            int tiles_n, bool accumulate, Strides st) {
-  opt_in_shared_memory<wgmma_weight_grads_kernel<GATHER, S>, sizeof(Tiles<S>)>(
-      "cudaFuncSetAttribute (expert_gemm wgmma shared memory)");
-  wgmma_weight_grads_kernel<GATHER, S><<<grid, kThreads, sizeof(Tiles<S>)>>>(
-      G, A, gather, gather_div, B, offsets, M, N, tiles_n, accumulate, st);
-}
 template <bool GATHER>
 void launch_weight_grads(dim3 grid, float* const* G, const uint16_t* A, const int32_t* gather,
                          int gather_div, const uint16_t* B, const int32_t* offsets, int M, int N,
                          int tiles_n, bool accumulate, Strides st) {
-  if (stages() == 4)
-    launch_weight_grads_at<GATHER, 4>(grid, G, A, gather, gather_div, B, offsets, M, N, tiles_n,
-                                      accumulate, st);
-  else
-    launch_weight_grads_at<GATHER, 3>(grid, G, A, gather, gather_div, B, offsets, M, N, tiles_n,
-                                      accumulate, st);
+  with_pipeline([&](auto S, auto flight) {
+    constexpr auto kernel = wgmma_weight_grads_kernel<GATHER, S, flight>;
+    opt_in_shared_memory<kernel, sizeof(Tiles<S>)>(
+        "cudaFuncSetAttribute (expert_gemm wgmma shared memory)");
+    kernel<<<grid, kThreads, sizeof(Tiles<S>)>>>(G, A, gather, gather_div, B, offsets, M, N,
+                                                 tiles_n, accumulate, st);
+  });
 }
 
 template <class OutT>
