@@ -421,9 +421,13 @@ struct Model::Impl {
   // the final norm and LM head; the backward has just written it for the last time. In the
   // step's last pass it is averaged over the ranks here (reduce beside), and its part of the
   // gradient norm summed (set_norm_overlap, below), each when the step does so.
+  // Bucket u's floats [first, second).
+  std::pair<int64_t, int64_t> bucket_range(int64_t u) const {
+    return {u == 0 ? 0 : use_end[size_t(u - 1)], use_end[size_t(u)]};
+  }
   void bucket_written(int64_t u) {
     if (reduce_in_backward) {
-      const int64_t b = u == 0 ? 0 : use_end[size_t(u - 1)], e = use_end[size_t(u)];
+      const auto [b, e] = bucket_range(u);
       red->begin();
       if (e > b) comm->all_reduce_mean(grads.as<float>() + b, e - b, red->handle());
       if (sum_in_backward) sum_bucket(u, red->handle());  // the mean's sums
@@ -487,7 +491,7 @@ struct Model::Impl {
   // Bucket u's part of the sums; sharded, of the bucket's floats in this rank's chunk (none:
   // zeros).
   void sum_bucket(int64_t u, void* stream) {
-    int64_t b = u == 0 ? 0 : use_end[size_t(u - 1)], e = use_end[size_t(u)];
+    auto [b, e] = bucket_range(u);
     if (sharded) {
       b = std::max(b, shard_begin);
       e = std::min(e, shard_begin + shard_len);

@@ -1100,6 +1100,15 @@ std::vector<double> check_same_three_steps(cu::Model& x, cu::Model& y, const Arc
   return norms;
 }
 
+// Profiling times one stream: an overlap (the getter says whether a step runs it now) is off
+// while it runs, and back after.
+void check_off_while_profiling(cu::Model& m, bool (cu::Model::*on)() const) {
+  m.set_profiling(true);
+  CHECK_FALSE((m.*on)());
+  m.set_profiling(false);
+  CHECK((m.*on)());
+}
+
 // The MoE models in bf16 on tiled128, the expert path `moeplan run` takes.
 void use_tiled128(const Arch& a, DType dt, std::initializer_list<cu::Model*> models) {
   if (dt != DType::bf16 || a.experts == 0) return;
@@ -1136,10 +1145,7 @@ TEST_CASE("the shared expert on a second stream gives the one-stream steps bit f
       CHECK(two.forward_loss(v.inputs.data(), v.targets.data(), B) ==
             one.forward_loss(v.inputs.data(), v.targets.data(), B));
       // Profiling times one stream.
-      two.set_profiling(true);
-      CHECK_FALSE(two.shared_overlap());
-      two.set_profiling(false);
-      CHECK(two.shared_overlap());
+      check_off_while_profiling(two, &cu::Model::shared_overlap);
     }
   }
   use_stream_order(nullptr);
@@ -1242,10 +1248,7 @@ TEST_CASE("the AdamW update beside the next step's forward gives the same steps 
       CHECK(beside.parameters() == base.parameters());
       CHECK(beside.gradients() == base.gradients());
       // Profiling times one stream.
-      beside.set_profiling(true);
-      CHECK_FALSE(beside.update_overlap());
-      beside.set_profiling(false);
-      CHECK(beside.update_overlap());
+      check_off_while_profiling(beside, &cu::Model::update_overlap);
       // A model destroyed while its update runs: the update ends before the buffers it reads
       // (the gradient norm among them) are freed (under the sanitizers a read of a freed buffer
       // fails here).
@@ -1307,10 +1310,7 @@ TEST_CASE("the gradient norm summed beside the backward gives the same steps bit
       CHECK(beside.parameters() == after.parameters());
       CHECK(beside.gradients() == after.gradients());
       // Profiling times one stream; the weight gradients beside are not final at a bucket's site.
-      beside.set_profiling(true);
-      CHECK_FALSE(beside.norm_overlap());
-      beside.set_profiling(false);
-      CHECK(beside.norm_overlap());
+      check_off_while_profiling(beside, &cu::Model::norm_overlap);
       beside.set_weight_grad_overlap(true);
       CHECK_FALSE(beside.norm_overlap());
     }
