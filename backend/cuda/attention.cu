@@ -13,6 +13,7 @@
 #include "async_copy.cuh"
 #include "attention_wgmma.hpp"
 #include "check.hpp"
+#include "launch.cuh"
 #include "mma.cuh"
 #include "moeplan/backend/cuda/attention.hpp"
 #include "online_softmax.cuh"
@@ -107,6 +108,7 @@ template <int D>
 __global__ void __launch_bounds__(kThreads)
     forward_kernel(bf16* O, float* lse, const bf16* qkv, const float* slopes, int S, int H, int Hkv,
                    float scale) {
+  after_previous_grid();
   extern __shared__ __align__(128) unsigned char raw[];
   FwdSmem<D>& sm = *reinterpret_cast<FwdSmem<D>*>(raw);
   const int qb = blockIdx.y, bh = blockIdx.x, b = bh / H, h = bh % H, kvh = h / (H / Hkv);
@@ -363,6 +365,7 @@ template <int D, int R>
 __global__ void __launch_bounds__(kThreads)
     forward_mma_kernel(bf16* O, float* lse, const bf16* qkv, const float* slopes, int S, int H,
                        int Hkv, float scale) {
+  after_previous_grid();
   static_assert(BM == BN && (R == 1 || R == 2), "64-row halves on 64-key tiles");
   constexpr int QM = R * BM;  // query rows a block
   extern __shared__ __align__(128) unsigned char raw[];
@@ -522,6 +525,7 @@ __global__ void __launch_bounds__(kThreads)
 // delta (B·H·S) = rowsum(dO ∘ O), one warp per (b, h, i).
 __global__ void delta_kernel(float* delta, const bf16* dO, const bf16* O, int64_t S, int H, int D,
                              int64_t rows) {
+  after_previous_grid();
   const int64_t row = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   if (row >= rows) return;
   const int lane = threadIdx.x % 32;
@@ -542,6 +546,7 @@ __global__ void delta_kernel(float* delta, const bf16* dO, const bf16* O, int64_
 template <int G>
 __global__ void delta_vec_kernel(float* delta, const bf16* dO, const bf16* O, int64_t S, int H,
                                  int64_t rows) {
+  after_previous_grid();
   const int64_t gid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t row = gid / G;  // (b·S + i)·H + h
   float s = 0.f;
@@ -635,6 +640,7 @@ template <int D>
 __global__ void __launch_bounds__(kThreads)
     dkdv_kernel(float* dqkv, const bf16* dO, const float* lse, const float* delta, const bf16* qkv,
                 const float* slopes, int S, int H, int Hkv, float scale) {
+  after_previous_grid();
   extern __shared__ __align__(128) unsigned char raw[];
   BwdSmem<D>& sm = *reinterpret_cast<BwdSmem<D>*>(raw);
   const int kb = blockIdx.y, b = blockIdx.x / Hkv, kvh = blockIdx.x % Hkv, group = H / Hkv;
@@ -703,6 +709,7 @@ template <int D>
 __global__ void __launch_bounds__(kThreads)
     dq_kernel(float* dqkv, const bf16* dO, const float* lse, const float* delta, const bf16* qkv,
               const float* slopes, int S, int H, int Hkv, float scale) {
+  after_previous_grid();
   extern __shared__ __align__(128) unsigned char raw[];
   BwdSmem<D>& sm = *reinterpret_cast<BwdSmem<D>*>(raw);
   const int qb = blockIdx.y, bh = blockIdx.x, b = bh / H, h = bh % H, kvh = h / (H / Hkv);
@@ -820,6 +827,7 @@ template <int D, class OutT, bool LEAN>
 __global__ void __launch_bounds__(kThreads, LEAN ? 3 : 2)  // 2 blocks: no spills at D 32
     dkdv_mma_kernel(OutT* dqkv, bf16* ds_out, const bf16* dO, const float* lse, const float* delta,
                     const bf16* qkv, const float* slopes, int S, int H, int Hkv, float scale) {
+  after_previous_grid();
   extern __shared__ __align__(128) unsigned char raw[];
   MmaDkdvSmem<D>& sm = *reinterpret_cast<MmaDkdvSmem<D>*>(raw);
   const int kb = blockIdx.y, b = blockIdx.x / Hkv, kvh = blockIdx.x % Hkv, group = H / Hkv;
@@ -1013,6 +1021,7 @@ __device__ void ds_times_tile_mma(float (&out)[D / 8][4], const bf16* dst, const
 template <int D, class OutT>
 __global__ void __launch_bounds__(kThreads)
     dq_mma_kernel(OutT* dqkv, const bf16* ds_in, const bf16* qkv, int S, int H, int Hkv) {
+  after_previous_grid();
   extern __shared__ __align__(128) unsigned char raw[];
   MmaDqSmem<D>& sm = *reinterpret_cast<MmaDqSmem<D>*>(raw);
   const int nq = gridDim.y, qb = heavy_first(blockIdx.y, nq), bh = blockIdx.x, b = bh / H,
@@ -1056,9 +1065,9 @@ void launch_forward(Kernel kernel, size_t smem, int rows, const char* name, uint
   // x: sequence·head, y: query tile, so that the launch order runs through every head's tile
   // before the next tile (the mma forward takes the heaviest tiles first).
   const dim3 grid(unsigned(B * H), unsigned((S + rows - 1) / rows));
-  kernel<<<grid, kThreads, smem>>>(reinterpret_cast<bf16*>(O), lse,
-                                   reinterpret_cast<const bf16*>(qkv), slopes, int(S), int(H),
-                                   int(Hkv), 1.f / sqrtf(float(D)));
+  launch_kernel(kernel, {grid, kThreads, smem}, reinterpret_cast<bf16*>(O), lse,
+                reinterpret_cast<const bf16*>(qkv), slopes, int(S), int(H), int(Hkv),
+                1.f / sqrtf(float(D)));
   check_launch(name);
 }
 
@@ -1088,15 +1097,15 @@ void launch_delta(float* delta, const uint16_t* dO, const uint16_t* O, int64_t B
       reinterpret_cast<uintptr_t>(dO) % 16 == 0 && reinterpret_cast<uintptr_t>(O) % 16 == 0;
   const unsigned blocks = unsigned((rows * D / 8 + 255) / 256);
   if (vec && D == 16)
-    delta_vec_kernel<2><<<blocks, 256>>>(delta, d, o, S, int(H), rows);
+    launch_kernel(delta_vec_kernel<2>, {blocks, 256}, delta, d, o, S, int(H), rows);
   else if (vec && D == 32)
-    delta_vec_kernel<4><<<blocks, 256>>>(delta, d, o, S, int(H), rows);
+    launch_kernel(delta_vec_kernel<4>, {blocks, 256}, delta, d, o, S, int(H), rows);
   else if (vec && D == 64)
-    delta_vec_kernel<8><<<blocks, 256>>>(delta, d, o, S, int(H), rows);
+    launch_kernel(delta_vec_kernel<8>, {blocks, 256}, delta, d, o, S, int(H), rows);
   else if (vec && D == 128)
-    delta_vec_kernel<16><<<blocks, 256>>>(delta, d, o, S, int(H), rows);
+    launch_kernel(delta_vec_kernel<16>, {blocks, 256}, delta, d, o, S, int(H), rows);
   else
-    delta_kernel<<<unsigned((rows + 7) / 8), 256>>>(delta, d, o, S, int(H), D, rows);
+    launch_kernel(delta_kernel, {unsigned((rows + 7) / 8), 256}, delta, d, o, S, int(H), D, rows);
   check_launch("attention::delta");
 }
 
@@ -1112,14 +1121,14 @@ void launch_backward(KernelKV dkdv, KernelQ dq, size_t smem_kv, size_t smem_q, c
   const float scale = 1.f / sqrtf(float(D));
   const unsigned tiles = unsigned((S + BM - 1) / BM);
   allow_smem(dkdv, smem_kv);
-  dkdv<<<dim3(unsigned(B * Hkv), tiles), kThreads, smem_kv>>>(
-      dqkv, reinterpret_cast<const bf16*>(dO), lse, delta, reinterpret_cast<const bf16*>(qkv),
-      slopes, int(S), int(H), int(Hkv), scale);
+  launch_kernel(dkdv, {dim3(unsigned(B * Hkv), tiles), kThreads, smem_kv}, dqkv,
+                reinterpret_cast<const bf16*>(dO), lse, delta, reinterpret_cast<const bf16*>(qkv),
+                slopes, int(S), int(H), int(Hkv), scale);
   check_launch(name);
   allow_smem(dq, smem_q);
-  dq<<<dim3(unsigned(B * H), tiles), kThreads, smem_q>>>(
-      dqkv, reinterpret_cast<const bf16*>(dO), lse, delta, reinterpret_cast<const bf16*>(qkv),
-      slopes, int(S), int(H), int(Hkv), scale);
+  launch_kernel(dq, {dim3(unsigned(B * H), tiles), kThreads, smem_q}, dqkv,
+                reinterpret_cast<const bf16*>(dO), lse, delta, reinterpret_cast<const bf16*>(qkv),
+                slopes, int(S), int(H), int(Hkv), scale);
   check_launch(name);
 }
 
@@ -1147,15 +1156,16 @@ void backward_mma_t(OutT* dqkv, float* delta, uint16_t* ds, const uint16_t* dO, 
     allow_smem(dkdv, sizeof(MmaDkdvSmem<D>));
     // x: sequence·head, y: tile, so that every head's heaviest tiles (the most steps: the first
     // key tiles, the last query tiles) launch first.
-    dkdv<<<dim3(unsigned(B * Hkv), tiles), kThreads, sizeof(MmaDkdvSmem<D>)>>>(
-        dqkv, dsb, reinterpret_cast<const bf16*>(dO), lse, delta,
-        reinterpret_cast<const bf16*>(qkv), slopes, int(S), int(H), int(Hkv),
-        1.f / sqrtf(float(D)));
+    launch_kernel(dkdv, {dim3(unsigned(B * Hkv), tiles), kThreads, sizeof(MmaDkdvSmem<D>)}, dqkv,
+                  dsb, reinterpret_cast<const bf16*>(dO), lse, delta,
+                  reinterpret_cast<const bf16*>(qkv), slopes, int(S), int(H), int(Hkv),
+                  1.f / sqrtf(float(D)));
     check_launch(lean ? "attention::backward_mma_lean" : "attention::backward_mma");
   }
   allow_smem(dq_mma_kernel<D, OutT>, sizeof(MmaDqSmem<D>));
-  dq_mma_kernel<D, OutT><<<dim3(unsigned(B * H), tiles), kThreads, sizeof(MmaDqSmem<D>)>>>(
-      dqkv, dsb, reinterpret_cast<const bf16*>(qkv), int(S), int(H), int(Hkv));
+  launch_kernel(dq_mma_kernel<D, OutT>,
+                {dim3(unsigned(B * H), tiles), kThreads, sizeof(MmaDqSmem<D>)}, dqkv, dsb,
+                reinterpret_cast<const bf16*>(qkv), int(S), int(H), int(Hkv));
   check_launch("attention::backward_mma");
 }
 

@@ -35,6 +35,7 @@
 
 #include "async_copy.cuh"
 #include "check.hpp"
+#include "launch.cuh"
 #include "moeplan/backend/cuda/attention.hpp"
 #include "online_softmax.cuh"
 #include "pair_store.cuh"
@@ -146,6 +147,7 @@ __global__ void __launch_bounds__(kThreads, 3)
     dkdv_wgmma_kernel(OutT* dqkv, bf16* ds_out, const bf16* dO, const float* lse,
                       const float* delta, const bf16* qkv, const float* slopes, int S, int H,
                       int Hkv, float scale, Strides st) {
+  after_previous_grid();
   extern __shared__ __align__(128) unsigned char raw[];
   Smem& sm = *reinterpret_cast<Smem*>(raw);
   const int kb = blockIdx.y, b = blockIdx.x / Hkv, kvh = blockIdx.x % Hkv, group = H / Hkv;
@@ -288,6 +290,7 @@ constexpr float kLn2 = 0.6931471805599453f;
 __global__ void __launch_bounds__(kThreads, 4)
     forward_wgmma_kernel(bf16* O, float* lse, const bf16* qkv, const float* slopes, int S, int H,
                          int Hkv, float scale, Strides st) {
+  after_previous_grid();
   extern __shared__ __align__(128) unsigned char raw[];
   FwdSmem& sm = *reinterpret_cast<FwdSmem*>(raw);
   // The heavy tiles (the most key tiles) first: tile n − 1 − y.
@@ -416,10 +419,10 @@ void launch(OutT* dqkv, uint16_t* ds, const uint16_t* dO, const float* lse, cons
       "cudaFuncSetAttribute (attention dK/dV wgmma shared memory)");
   // x: sequence·kv head, y: key tile (the heaviest, the first key tiles, launch first).
   const dim3 grid(unsigned(B * Hkv), unsigned((S + BT - 1) / BT));
-  dkdv_wgmma_kernel<OutT><<<grid, kThreads, sizeof(Smem)>>>(
-      dqkv, reinterpret_cast<bf16*>(ds), reinterpret_cast<const bf16*>(dO), lse, delta,
-      reinterpret_cast<const bf16*>(qkv), slopes, int(S), int(H), int(Hkv), scale,
-      layout_strides());
+  launch_kernel(dkdv_wgmma_kernel<OutT>, {grid, kThreads, sizeof(Smem)}, dqkv,
+                reinterpret_cast<bf16*>(ds), reinterpret_cast<const bf16*>(dO), lse, delta,
+                reinterpret_cast<const bf16*>(qkv), slopes, int(S), int(H), int(Hkv), scale,
+                layout_strides());
 }
 
 }  // namespace
@@ -434,9 +437,9 @@ void forward_wgmma(uint16_t* O, float* lse, const uint16_t* qkv, const float* al
       "cudaFuncSetAttribute (attention forward wgmma shared memory)");
   // x: sequence·head, y: query tile (launched heaviest first).
   const dim3 grid(unsigned(B * H), unsigned((S + BT - 1) / BT));
-  forward_wgmma_kernel<<<grid, kThreads, sizeof(FwdSmem)>>>(
-      reinterpret_cast<bf16*>(O), lse, reinterpret_cast<const bf16*>(qkv), alibi_slopes, int(S),
-      int(H), int(Hkv), 1.f / sqrtf(float(Dh)), layout_strides());
+  launch_kernel(forward_wgmma_kernel, {grid, kThreads, sizeof(FwdSmem)}, reinterpret_cast<bf16*>(O),
+                lse, reinterpret_cast<const bf16*>(qkv), alibi_slopes, int(S), int(H), int(Hkv),
+                1.f / sqrtf(float(Dh)), layout_strides());
   check_launch("attention::forward_wgmma");
 }
 

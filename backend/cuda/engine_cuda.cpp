@@ -19,6 +19,7 @@
 #include "moeplan/backend/cuda/comm.hpp"
 #include "moeplan/backend/cuda/device.hpp"
 #include "moeplan/backend/cuda/gemm.hpp"
+#include "moeplan/backend/cuda/kernels.hpp"
 #include "moeplan/backend/cuda/model.hpp"
 #include "moeplan/backend/engine.hpp"
 
@@ -117,6 +118,20 @@ RankInfo checked_ranks(int64_t batch_seqs) {
   return info;
 }
 
+// --kernels launch: the process's launches of the project's kernels (launch.cuh), refused where
+// the device cannot overlap them.
+void set_launch_mode(LaunchMode mode, int device) {
+  if (mode == LaunchMode::programmatic) {
+    const DeviceInfo d = device_info(device);
+    if (d.compute_major < 9)
+      throw InputError(fmt::format(
+          "--kernels launch=pdl needs compute capability 9.0 or later (programmatic dependent "
+          "launch); this device ({}) is {}.{} (valid here: launch=plain or auto)",
+          d.name, d.compute_major, d.compute_minor));
+  }
+  kernels::set_programmatic_launch(mode == LaunchMode::programmatic);
+}
+
 class CudaEngine final : public Engine {
  public:
   explicit CudaEngine(const EngineRequest& r) {
@@ -134,6 +149,7 @@ class CudaEngine final : public Engine {
           "(or WORLD_SIZE)");
     sharded_ = r.shard_optimizer;
     seq_len_ = r.arch.seq_len;
+    set_launch_mode(*kernels_.launch, info_.local_rank);
     try {
       model_ = std::make_unique<Model>(r.arch, r.options, r.seed, local_batch_, DType::bf16,
                                        comm_.get(), *kernels_.attention, sharded_,

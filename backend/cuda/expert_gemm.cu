@@ -15,6 +15,7 @@
 
 #include "async_copy.cuh"
 #include "check.hpp"
+#include "launch.cuh"
 #include "mma.cuh"
 #include "moeplan/backend/cuda/expert_gemm.hpp"
 #include "pair_store.cuh"
@@ -229,6 +230,7 @@ __device__ inline void zero(Acc& acc) {
 template <int BM>
 __global__ void build_row_tiles_kernel(int32_t* map, int32_t* n_tiles, const int32_t* offsets,
                                        int experts) {
+  after_previous_grid();
   extern __shared__ int32_t first_tile[];  // experts + 1
   for (int e = threadIdx.x; e < experts; e += blockDim.x)
     first_tile[e + 1] = (offsets[e + 1] - offsets[e] + BM - 1) / BM;
@@ -256,6 +258,7 @@ __global__ void __launch_bounds__(kThreads<BM>, kMinBlocks<BM>)
     rows_kernel(OutT* C, const uint16_t* A, const int32_t* gather, int gather_div,
                 const uint16_t* const* W, const int32_t* map, const int32_t* n_tiles, int N, int K,
                 bool vec) {
+  after_previous_grid();
   extern __shared__ __align__(128) unsigned char raw[];
   Tiles<BM>& t = *reinterpret_cast<Tiles<BM>*>(raw);
   const int tile = blockIdx.x;
@@ -304,6 +307,7 @@ __global__ void __launch_bounds__(kThreads<BM>, kMinBlocks<BM>)
     weight_grads_kernel(float* const* G, const uint16_t* A, const int32_t* gather, int gather_div,
                         const uint16_t* B, const int32_t* offsets, int M, int N, int tiles_n,
                         bool vec, bool accumulate) {
+  after_previous_grid();
   extern __shared__ __align__(128) unsigned char raw[];
   Tiles<BM>& t = *reinterpret_cast<Tiles<BM>*>(raw);
   const int e = blockIdx.y;
@@ -362,8 +366,8 @@ void launch_rows(dim3 grid, OutT* C, const uint16_t* A, const int32_t* gather, i
                  bool vec) {
   opt_in_shared_memory<rows_kernel<BM, TRANS_W, OutT, GATHER>, sizeof(Tiles<BM>)>(
       "cudaFuncSetAttribute (expert_gemm shared memory)");
-  rows_kernel<BM, TRANS_W, OutT, GATHER><<<grid, kThreads<BM>, sizeof(Tiles<BM>)>>>(
-      C, A, gather, gather_div, W, map, n_tiles, N, K, vec);
+  launch_kernel(rows_kernel<BM, TRANS_W, OutT, GATHER>, {grid, kThreads<BM>, sizeof(Tiles<BM>)}, C,
+                A, gather, gather_div, W, map, n_tiles, N, K, vec);
 }
 
 // Gathered A only with W untransposed (the forward's first product; none other reads routed
@@ -389,9 +393,9 @@ void launch_weight_grads(float* const* G, const uint16_t* A, const int32_t* gath
   const int64_t tiles_n = (N + BN - 1) / BN, tiles = (M + BM - 1) / BM * tiles_n;
   opt_in_shared_memory<weight_grads_kernel<BM, GATHER>, sizeof(Tiles<BM>)>(
       "cudaFuncSetAttribute (expert_gemm shared memory)");
-  weight_grads_kernel<BM, GATHER>
-      <<<dim3(unsigned(tiles), unsigned(experts)), kThreads<BM>, sizeof(Tiles<BM>)>>>(
-          G, A, gather, gather_div, B, offsets, int(M), int(N), int(tiles_n), vec, accumulate);
+  launch_kernel(weight_grads_kernel<BM, GATHER>,
+                {dim3(unsigned(tiles), unsigned(experts)), kThreads<BM>, sizeof(Tiles<BM>)}, G, A,
+                gather, gather_div, B, offsets, int(M), int(N), int(tiles_n), vec, accumulate);
 }
 
 }  // namespace
@@ -407,9 +411,11 @@ void build_row_tiles(int32_t* tile_map, int32_t* n_tiles, const int32_t* offsets
   check_tile_rows(tile_rows);
   const size_t shared = size_t(experts + 1) * 4;
   if (tile_rows == 64)
-    build_row_tiles_kernel<64><<<1, 256, shared>>>(tile_map, n_tiles, offsets, int(experts));
+    launch_kernel(build_row_tiles_kernel<64>, {1, 256, shared}, tile_map, n_tiles, offsets,
+                  int(experts));
   else
-    build_row_tiles_kernel<128><<<1, 256, shared>>>(tile_map, n_tiles, offsets, int(experts));
+    launch_kernel(build_row_tiles_kernel<128>, {1, 256, shared}, tile_map, n_tiles, offsets,
+                  int(experts));
   check_launch("build_row_tiles");
 }
 

@@ -34,6 +34,7 @@
 
 #include "async_copy.cuh"
 #include "check.hpp"
+#include "launch.cuh"
 #include "moeplan/backend/cuda/expert_gemm.hpp"
 #include "pair_store.cuh"
 #include "wgmma.cuh"
@@ -177,6 +178,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<S>)
     wgmma_rows_kernel(OutT* C, const uint16_t* A, const int32_t* gather, int gather_div,
                       const uint16_t* const* W, const int32_t* map, const int32_t* n_tiles, int N,
                       int K, Strides st) {
+  after_previous_grid();
   extern __shared__ __align__(128) unsigned char raw[];
   Tiles<S>& t = *reinterpret_cast<Tiles<S>*>(raw);
   const int tile = blockIdx.x;
@@ -230,6 +232,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<S>)
     wgmma_weight_grads_kernel(float* const* G, const uint16_t* A, const int32_t* gather,
                               int gather_div, const uint16_t* B, const int32_t* offsets, int M,
                               int N, int tiles_n, bool accumulate, Strides st) {
+  after_previous_grid();
   extern __shared__ __align__(128) unsigned char raw[];
   Tiles<S>& t = *reinterpret_cast<Tiles<S>*>(raw);
   const int e = blockIdx.y;
@@ -322,8 +325,8 @@ void launch_rows(dim3 grid, OutT* C, const uint16_t* A, const int32_t* gather, i
     constexpr auto kernel = wgmma_rows_kernel<TRANS_W, OutT, GATHER, S, flight>;
     opt_in_shared_memory<kernel, sizeof(Tiles<S>)>(
         "cudaFuncSetAttribute (expert_gemm wgmma shared memory)");
-    kernel<<<grid, kThreads, sizeof(Tiles<S>)>>>(C, A, gather, gather_div, W, map, n_tiles, N, K,
-                                                 layout_strides(false, !TRANS_W));
+    launch_kernel(kernel, {grid, kThreads, sizeof(Tiles<S>)}, C, A, gather, gather_div, W, map,
+                  n_tiles, N, K, layout_strides(false, !TRANS_W));
   });
 }
 
@@ -335,8 +338,8 @@ void launch_weight_grads(dim3 grid, float* const* G, const uint16_t* A, const in
     constexpr auto kernel = wgmma_weight_grads_kernel<GATHER, S, flight>;
     opt_in_shared_memory<kernel, sizeof(Tiles<S>)>(
         "cudaFuncSetAttribute (expert_gemm wgmma shared memory)");
-    kernel<<<grid, kThreads, sizeof(Tiles<S>)>>>(G, A, gather, gather_div, B, offsets, M, N,
-                                                 tiles_n, accumulate, st);
+    launch_kernel(kernel, {grid, kThreads, sizeof(Tiles<S>)}, G, A, gather, gather_div, B, offsets,
+                  M, N, tiles_n, accumulate, st);
   });
 }
 

@@ -6,12 +6,14 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <stdexcept>
 #include <type_traits>
 
 #include "async_copy.cuh"
 #include "check.hpp"
+#include "launch.cuh"
 #include "moeplan/backend/cuda/kernels.hpp"
 #include "warp.cuh"
 
@@ -182,18 +184,21 @@ unsigned row_threads(int64_t n) {
 
 template <class OutT>
 __global__ void cast_kernel(OutT* out, const float* in, int64_t n) {
+  after_previous_grid();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) store(out + i, in[i]);
 }
 // Four elements a thread (n % 4 == 0, aligned): a quarter of the instructions, 16-byte loads.
 template <class OutT>
 __global__ void cast4_kernel(OutT* out, const float* in, int64_t n4) {
+  after_previous_grid();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n4) store4(out + 4 * i, load4(in + 4 * i));
 }
 
 // blockIdx.y is the group; each thread adds elements of its group in a grid-stride loop.
 __global__ void grouped_accumulate_kernel(float* const* dst, const bf16* src, int64_t per_group) {
+  after_previous_grid();
   float* d = dst[blockIdx.y];
   const bf16* s = src + int64_t(blockIdx.y) * per_group;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < per_group;
@@ -203,6 +208,7 @@ __global__ void grouped_accumulate_kernel(float* const* dst, const bf16* src, in
 
 __global__ void embedding_forward_kernel(float* x, const float* emb, const int32_t* tokens,
                                          int64_t C) {
+  after_previous_grid();
   const int64_t t = blockIdx.x;
   const float* row = emb + int64_t(tokens[t]) * C;
   for (int64_t c = threadIdx.x; c < C; c += blockDim.x) x[t * C + c] = row[c];
@@ -211,6 +217,7 @@ __global__ void embedding_forward_kernel(float* x, const float* emb, const int32
 __global__ void embedding_backward_kernel(float* demb, const float* dx, const int32_t* ids,
                                           const int32_t* seg_start, const int32_t* positions,
                                           int64_t C) {
+  after_previous_grid();
   const int64_t u = blockIdx.x;
   float* row = demb + int64_t(ids[u]) * C;
   for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
@@ -230,6 +237,7 @@ __global__ void embedding_backward_kernel(float* demb, const float* dx, const in
 template <class OutT, bool VEC4, int SLOTS = 0>
 __global__ void rmsnorm_forward_kernel(OutT* out, float* rstd, const float* x, const float* w,
                                        int64_t T, int64_t C, float eps, float* copy) {
+  after_previous_grid();
   static_assert(SLOTS == 0 || VEC4, "registers only with 16-byte accesses");
   const int64_t t = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x & 31;
@@ -307,6 +315,7 @@ template <bool VEC4, class OutT>
 __global__ void rmsnorm_backward_dx_kernel(float* dx, OutT* dx_mm, const float* dy, const float* x,
                                            const float* w, const float* rstd, int64_t T,
                                            int64_t C) {
+  after_previous_grid();
   const int64_t t = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x & 31;
   if (t >= T) return;
@@ -343,6 +352,7 @@ constexpr int kColChunks = 64;
 
 __global__ void rmsnorm_dw_partial_kernel(float* partial, const float* dy, const float* x,
                                           const float* rstd, int64_t T, int64_t C) {
+  after_previous_grid();
   const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= C) return;
   const int64_t chunk = (T + kColChunks - 1) / kColChunks;
@@ -354,6 +364,7 @@ __global__ void rmsnorm_dw_partial_kernel(float* partial, const float* dy, const
 }
 
 __global__ void colsum_partial_kernel(float* partial, const float* x, int64_t T, int64_t C) {
+  after_previous_grid();
   const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= C) return;
   const int64_t chunk = (T + kColChunks - 1) / kColChunks;
@@ -372,6 +383,7 @@ __global__ void colsum_partial_kernel(float* partial, const float* x, int64_t T,
 constexpr int kFinishWarps = 8;
 __global__ void colsum_finish_kernel(float* out, const float* partial, int64_t C, float scale,
                                      bool accumulate, int64_t chunks) {
+  after_previous_grid();
   __shared__ float sums[kFinishWarps][32];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t c = int64_t(blockIdx.x) * 32 + lane;
@@ -389,8 +401,8 @@ __global__ void colsum_finish_kernel(float* out, const float* partial, int64_t C
 }
 void colsum_finish(float* out, const float* partial, int64_t C, float scale, bool accumulate,
                    int64_t chunks) {
-  colsum_finish_kernel<<<unsigned((C + 31) / 32), 32 * kFinishWarps>>>(out, partial, C, scale,
-                                                                       accumulate, chunks);
+  launch_kernel(colsum_finish_kernel, {unsigned((C + 31) / 32), 32 * kFinishWarps}, out, partial, C,
+                scale, accumulate, chunks);
 }
 
 // The rmsnorm backward in one pass over dy and x: dx as rmsnorm_backward_dx_kernel<true>, and
@@ -418,6 +430,7 @@ __global__ void __launch_bounds__(256)
     rmsnorm_backward_fused_kernel(float* dx, OutT* dx_mm, float* partial, const float* dy,
                                   const float* x, const float* w, const float* rstd, int64_t T,
                                   int64_t C, int64_t rows) {
+  after_previous_grid();
   extern __shared__ float4 warp_sums[];  // [8][C/4]
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t t0 = int64_t(blockIdx.x) * rows, t1 = min(T, t0 + rows);
@@ -485,6 +498,7 @@ __global__ void __launch_bounds__(256)
 template <class OutT>
 __global__ void qkv_prepare_kernel(OutT* out, const float* qkv, const float* cos_sin, int64_t S,
                                    int heads_qk, int W, int Dh, bool backward) {
+  after_previous_grid();
   const int64_t t = blockIdx.x;
   const float* x = qkv + t * W;
   OutT* o = out + t * W;
@@ -517,6 +531,7 @@ __global__ void qkv_prepare_kernel(OutT* out, const float* qkv, const float* cos
 template <class OutT>
 __global__ void attention_softmax_forward_kernel(OutT* P, const float* scores, const float* slopes,
                                                  int64_t H, int64_t S, float scale) {
+  after_previous_grid();
   const int64_t row = blockIdx.x;  // bh·S + i
   const int64_t i = row % S;
   const int64_t h = (row / S) % H;
@@ -539,6 +554,7 @@ __global__ void attention_softmax_forward_kernel(OutT* P, const float* scores, c
 template <class OutT>
 __global__ void attention_softmax_backward_kernel(OutT* dS, const float* dP, const OutT* P,
                                                   int64_t S, float scale) {
+  after_previous_grid();
   const int64_t row = blockIdx.x;
   const int64_t i = row % S;
   const float* dpr = dP + row * S;
@@ -579,6 +595,7 @@ __device__ __forceinline__ float sigmoid(float a) {
 // division per element (it cost the thread-per-element form about half its time).
 template <class OutT, int VEC>
 __global__ void swiglu_forward_kernel(OutT* h, const OutT* ab, int64_t N, int64_t F) {
+  after_previous_grid();
   const int64_t n = int64_t(blockIdx.x) * blockDim.y + threadIdx.y;
   if (n >= N) return;
   const OutT* a = ab + n * 2 * F;
@@ -616,6 +633,7 @@ __device__ __forceinline__ void swiglu_grad(float g, float a, float b, float& da
 template <class OutT, int VEC>
 __global__ void swiglu_backward_kernel(OutT* dab, const OutT* dh, const OutT* ab, int64_t N,
                                        int64_t F) {
+  after_previous_grid();
   const int64_t n = int64_t(blockIdx.x) * blockDim.y + threadIdx.y;
   if (n >= N) return;
   const OutT* a = ab + n * 2 * F;
@@ -680,6 +698,7 @@ __device__ __forceinline__ void keep_best(float& p, int32_t& e, float p2, int32_
 __global__ void router_topk_warp_kernel(float* probs, float* lse, int32_t* idx, float* gate,
                                         const float* logits, int64_t T, int E, int64_t K,
                                         bool renormalize) {
+  after_previous_grid();
   const int64_t t = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x & 31;
   if (t >= T) return;  // the whole warp: t is the warp's
@@ -736,6 +755,7 @@ __global__ void router_topk_warp_kernel(float* probs, float* lse, int32_t* idx, 
 __global__ void router_topk_kernel(float* probs, float* lse, int32_t* idx, float* gate,
                                    const float* logits, int64_t T, int64_t E, int64_t K,
                                    bool renormalize) {
+  after_previous_grid();
   const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (t >= T) return;
   const float* l = logits + t * E;
@@ -798,6 +818,7 @@ __device__ int chunk_rank(int* run, int e, bool valid) {
 // chunk_counts[e·chunks + c] = how many of chunk c's assignments chose expert e.
 __global__ void chunk_count_kernel(int32_t* chunk_counts, const int32_t* idx, int64_t N,
                                    int64_t E) {
+  after_previous_grid();
   extern __shared__ int run[];
   const int64_t c = blockIdx.x, chunks = gridDim.x;
   for (int64_t e = threadIdx.x; e < E; e += blockDim.x) run[e] = 0;
@@ -813,6 +834,7 @@ __global__ void chunk_count_kernel(int32_t* chunk_counts, const int32_t* idx, in
 // another buffer; then one thread writes offsets (E + 1) from the kept counts. One block.
 __global__ void chunk_scan_kernel(int32_t* chunk_counts, int32_t* raw, int32_t* kept,
                                   int32_t* offsets, int64_t chunks, int64_t E, int32_t cap) {
+  after_previous_grid();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   for (int64_t e = warp; e < E; e += warps) {
     int32_t* row = chunk_counts + e * chunks;
@@ -846,6 +868,7 @@ __global__ void chunk_scan_kernel(int32_t* chunk_counts, int32_t* raw, int32_t* 
 
 // No assignments: raw, kept and offsets all zero.
 __global__ void exclusive_zero_kernel(int32_t* raw, int32_t* kept, int32_t* offsets, int64_t E) {
+  after_previous_grid();
   for (int64_t e = threadIdx.x; e <= E; e += blockDim.x) {
     offsets[e] = 0;
     if (e < E) raw[e] = kept[e] = 0;
@@ -857,6 +880,7 @@ __global__ void exclusive_zero_kernel(int32_t* raw, int32_t* kept, int32_t* offs
 __global__ void chunk_place_kernel(int32_t* sorted, int32_t* slot_of, const int32_t* offsets,
                                    const int32_t* chunk_start, const int32_t* idx, int64_t N,
                                    int64_t E, int32_t cap) {
+  after_previous_grid();
   extern __shared__ int run[];
   const int64_t c = blockIdx.x, chunks = gridDim.x;
   for (int64_t e = threadIdx.x; e < E; e += blockDim.x) run[e] = chunk_start[e * chunks + c];
@@ -878,6 +902,7 @@ __global__ void chunk_place_kernel(int32_t* sorted, int32_t* slot_of, const int3
 template <class T, bool VEC16>
 __global__ void gather_rows_kernel(T* out, const T* in, const int32_t* sorted, int64_t K,
                                    int64_t C) {
+  after_previous_grid();
   const int64_t i = blockIdx.x;
   const int64_t t = sorted[i] / K;
   if constexpr (VEC16) {
@@ -892,6 +917,7 @@ __global__ void gather_rows_kernel(T* out, const T* in, const int32_t* sorted, i
 
 __global__ void expert_pad_maps_kernel(int32_t* pad, int32_t* unpad, const int32_t* counts,
                                        const int32_t* offsets, int64_t E, int64_t cap) {
+  after_previous_grid();
   const int64_t p = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (p >= E * cap) return;
   const int64_t e = p / cap, j = p % cap;
@@ -905,6 +931,7 @@ __global__ void expert_pad_maps_kernel(int32_t* pad, int32_t* unpad, const int32
 
 template <class T>
 __global__ void copy_rows_kernel(T* dst, const T* src, const int32_t* map, int64_t C) {
+  after_previous_grid();
   const int64_t r = blockIdx.x;
   const int64_t from = map[r];
   if (from >= 0)
@@ -922,6 +949,7 @@ __global__ void copy_rows_kernel(T* dst, const T* src, const int32_t* map, int64
 template <int VEC, bool GATED, class YT>
 __global__ void moe_combine_rows_kernel(float* y, const YT* ys, const float* gate,
                                         const int32_t* slot_of, int64_t T, int64_t K, int64_t C) {
+  after_previous_grid();
   const int64_t t = int64_t(blockIdx.x) * blockDim.y + threadIdx.y;
   if (t >= T) return;
   const int32_t* slots = slot_of + t * K;
@@ -972,6 +1000,7 @@ __global__ void moe_combine_backward_kernel(OutT* dys, float* dgate, const float
                                             const OutT* ys, const float* gate,
                                             const int32_t* slot_of, int64_t TK, int64_t K,
                                             int64_t C) {
+  after_previous_grid();
   const int64_t a = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   if (a >= TK) return;
   const int lane = threadIdx.x & 31;
@@ -1006,6 +1035,7 @@ template <bool VEC4>
 __global__ void router_aux_finish_kernel(float* aux, const float* p_mean, const float* lse,
                                          const int32_t* counts, int64_t T, int64_t E, int64_t K,
                                          float lb, float z) {
+  after_previous_grid();
   float s = 0.f;
   for (int64_t e = threadIdx.x; e < E; e += blockDim.x)
     s += (float(counts[e]) / float(T * K)) * p_mean[e];
@@ -1033,6 +1063,7 @@ __global__ void router_backward_kernel(OutT* dlogits, const float* probs, const 
                                        const int32_t* idx, const float* gate, const float* dgate,
                                        const int32_t* counts, int64_t T, int64_t E, int64_t K,
                                        bool renormalize, float lb, float z) {
+  after_previous_grid();
   const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (t >= T) return;
   const float* p = probs + t * E;
@@ -1064,6 +1095,7 @@ __global__ void router_backward_warp_kernel(OutT* dlogits, const float* probs, c
                                             const int32_t* idx, const float* gate,
                                             const float* dgate, const int32_t* counts, int64_t T,
                                             int E, int64_t K, bool renormalize, float lb, float z) {
+  after_previous_grid();
   const int64_t t = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x & 31;
   if (t >= T) return;
@@ -1153,6 +1185,7 @@ __device__ __forceinline__ float exp_shifted(float x, float shift2) {
 template <class T, bool STAGED>
 __global__ void cross_entropy_kernel(float* losses, T* dlogits, const T* logits,
                                      const int32_t* targets, int64_t V, float grad_scale) {
+  after_previous_grid();
   const int64_t t = blockIdx.x;
   const T* l = logits + t * V;
   const int32_t target = targets[t];
@@ -1243,6 +1276,7 @@ __global__ void cross_entropy_kernel(float* losses, T* dlogits, const T* logits,
 }
 
 __global__ void sum_double_kernel(double* out, const float* x, int64_t n) {
+  after_previous_grid();
   __shared__ double part[1024];
   double s = 0;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += double(x[i]);
@@ -1258,6 +1292,7 @@ __global__ void sum_double_kernel(double* out, const float* x, int64_t n) {
 constexpr int kNormBlocks = 1024, kNormThreads = 256;
 
 __global__ void sumsq_partial_kernel(double* partial, const float* g, int64_t n) {
+  after_previous_grid();
   __shared__ double part[kNormThreads];
   double s = 0;
 #pragma unroll 8  // loads in flight, sums in order
@@ -1278,6 +1313,7 @@ __global__ void sumsq_partial_kernel(double* partial, const float* g, int64_t n)
 // tree in a fixed order.
 constexpr int kFinishThreads = 1024;
 __global__ void norm_finish_kernel(float* norm, const double* partial, int64_t n, float max_norm) {
+  after_previous_grid();
   __shared__ double part[kFinishThreads];
   double s = 0;
 #pragma unroll 8  // loads in flight, sums in order
@@ -1341,6 +1377,7 @@ struct AdamW {
 
 __global__ void adamw_kernel(float* p, bf16* p_mm, float* m, float* v, const float* g,
                              const uint8_t* decay, const float* norm, int64_t n, AdamW a) {
+  after_previous_grid();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
   a.scale = norm[1];
@@ -1350,6 +1387,7 @@ __global__ void adamw_kernel(float* p, bf16* p_mm, float* m, float* v, const flo
 // Four parameters a thread (n4 groups): the same arithmetic in 16-byte accesses.
 __global__ void adamw4_kernel(float* p, bf16* p_mm, float* m, float* v, const float* g,
                               const uint8_t* decay, const float* norm, int64_t n4, AdamW a) {
+  after_previous_grid();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n4) return;
   a.scale = norm[1];
@@ -1362,6 +1400,7 @@ template <bool FOUR>
 __global__ void adamw_rows_kernel(float* p, bf16* p_mm, float* m, float* v, const float* g,
                                   const uint8_t* decay, const float* norm, int64_t n,
                                   int64_t row_len, const uint8_t* flag, uint8_t want, AdamW a) {
+  after_previous_grid();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n || flag[(FOUR ? 4 * i : i) / row_len] != want) return;
   a.scale = norm[1];
@@ -1378,6 +1417,7 @@ __global__ void adamw_rows_kernel(float* p, bf16* p_mm, float* m, float* v, cons
 // the warps is exact whatever the order. Then δ and rt.
 __global__ void erc_noise_kernel(float* delta, float* rt, const float* router, const double* u,
                                  int64_t E, int64_t D) {
+  after_previous_grid();
   const int64_t i = blockIdx.x;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   const float* ri = router + i * D;
@@ -1420,6 +1460,7 @@ __global__ void erc_noise_kernel(float* delta, float* rt, const float* router, c
 // (D, 2·De).
 __global__ void erc_gather_gate_kernel(float* wg, const float* w13, int64_t stride, int64_t E,
                                        int64_t D, int64_t De) {
+  after_previous_grid();
   const int64_t q = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (q >= D * E * De) return;
   const int64_t d = q / (E * De), r = q % (E * De), j = r / De, c = r % De;
@@ -1429,6 +1470,7 @@ __global__ void erc_gather_gate_kernel(float* wg, const float* w13, int64_t stri
 // The way back: each gradient element is added to by one thread, so no order to fix.
 __global__ void erc_scatter_gate_grad_kernel(float* dw13, const float* dwg, int64_t stride,
                                              int64_t E, int64_t D, int64_t De) {
+  after_previous_grid();
   const int64_t q = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (q >= D * E * De) return;
   const int64_t d = q / (E * De), r = q % (E * De), j = r / De, c = r % De;
@@ -1437,6 +1479,7 @@ __global__ void erc_scatter_gate_grad_kernel(float* dw13, const float* dwg, int6
 
 // Warp per (i, j): the norm of one De-wide block of act's row i.
 __global__ void erc_norms_kernel(float* m, const float* act, int64_t E, int64_t De) {
+  after_previous_grid();
   const int64_t q = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   if (q >= E * E) return;
   const int lane = threadIdx.x & 31;
@@ -1454,6 +1497,7 @@ __global__ void erc_norms_kernel(float* m, const float* act, int64_t E, int64_t 
 // loss: per-row sums in double, then the rows in order.
 __global__ void erc_hinge_kernel(double* loss, float* dm, const float* m, int64_t E, double alpha,
                                  double coef, double grad_weight) {
+  after_previous_grid();
   extern __shared__ double row_loss[];
   const double w = grad_weight * coef / double(E * E);
   const float wf = float(w), waf = float(w * alpha);
@@ -1488,6 +1532,7 @@ __global__ void erc_hinge_kernel(double* loss, float* dm, const float* m, int64_
 
 __global__ void erc_scale_kernel(float* act, const float* m, const float* dm, int64_t E,
                                  int64_t De) {
+  after_previous_grid();
   const int64_t q = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (q >= E * E * De) return;
   const int64_t ij = q / De;  // = i·E + j: act's row i, block j
@@ -1497,6 +1542,7 @@ __global__ void erc_scale_kernel(float* act, const float* m, const float* dm, in
 
 __global__ void erc_router_grad_kernel(float* drouter, const float* drt, const float* delta,
                                        int64_t n) {
+  after_previous_grid();
   const int64_t q = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (q < n) drouter[q] += drt[q] * delta[q];
 }
@@ -1506,11 +1552,11 @@ __global__ void erc_router_grad_kernel(float* drouter, const float* drt, const f
 void cast(void* out, DType mm, const float* in, int64_t n) {
   if (n == 0) return;
   if (n % 4 == 0 && aligned16(in) && store4_aligned(out, mm))
-    MOEPLAN_DISPATCH_MM(mm, cast4_kernel<OutT>
-                        <<<blocks_for(n / 4, 256), 256>>>(static_cast<OutT*>(out), in, n / 4));
+    MOEPLAN_DISPATCH_MM(mm, launch_kernel(cast4_kernel<OutT>, {blocks_for(n / 4, 256), 256},
+                                          static_cast<OutT*>(out), in, n / 4));
   else
-    MOEPLAN_DISPATCH_MM(
-        mm, cast_kernel<OutT><<<blocks_for(n, 256), 256>>>(static_cast<OutT*>(out), in, n));
+    MOEPLAN_DISPATCH_MM(mm, launch_kernel(cast_kernel<OutT>, {blocks_for(n, 256), 256},
+                                          static_cast<OutT*>(out), in, n));
   check_launch("cast");
 }
 
@@ -1518,20 +1564,21 @@ void grouped_accumulate_bf16(float* const* dst, const uint16_t* src, int64_t per
                              int64_t groups) {
   if (per_group == 0 || groups == 0) return;
   const unsigned bx = std::min(blocks_for(per_group, 256), 64u);
-  grouped_accumulate_kernel<<<dim3(bx, unsigned(groups)), 256>>>(
-      dst, reinterpret_cast<const bf16*>(src), per_group);
+  launch_kernel(grouped_accumulate_kernel, {dim3(bx, unsigned(groups)), 256}, dst,
+                reinterpret_cast<const bf16*>(src), per_group);
   check_launch("grouped_accumulate_bf16");
 }
 
 void embedding_forward(float* x, const float* emb, const int32_t* tokens, int64_t T, int64_t C) {
-  embedding_forward_kernel<<<unsigned(T), 256>>>(x, emb, tokens, C);
+  launch_kernel(embedding_forward_kernel, {unsigned(T), 256}, x, emb, tokens, C);
   check_launch("embedding_forward");
 }
 
 void embedding_backward(float* demb, const float* dx, const int32_t* ids, const int32_t* seg_start,
                         const int32_t* positions, int64_t n_ids, int64_t C) {
   if (n_ids == 0) return;
-  embedding_backward_kernel<<<unsigned(n_ids), 256>>>(demb, dx, ids, seg_start, positions, C);
+  launch_kernel(embedding_backward_kernel, {unsigned(n_ids), 256}, demb, dx, ids, seg_start,
+                positions, C);
   check_launch("embedding_backward");
 }
 
@@ -1558,14 +1605,15 @@ void rmsnorm_forward(void* out, DType mm, float* rstd, const float* x, const flo
     auto* o = static_cast<OutT*>(out);
     if (vec4 && C <= 128 * kMaxRowSlots)
       with_row_slots(C, [&](auto slots) {
-        rmsnorm_forward_kernel<OutT, true, slots>
-            <<<blocks_for(T, 8), 256>>>(o, rstd, x, w, T, C, eps, copy);
+        launch_kernel(rmsnorm_forward_kernel<OutT, true, slots>, {blocks_for(T, 8), 256}, o, rstd,
+                      x, w, T, C, eps, copy);
       });
     else if (vec4)
-      rmsnorm_forward_kernel<OutT, true><<<blocks_for(T, 8), 256>>>(o, rstd, x, w, T, C, eps, copy);
+      launch_kernel(rmsnorm_forward_kernel<OutT, true>, {blocks_for(T, 8), 256}, o, rstd, x, w, T,
+                    C, eps, copy);
     else
-      rmsnorm_forward_kernel<OutT, false>
-          <<<blocks_for(T, 8), 256>>>(o, rstd, x, w, T, C, eps, copy);
+      launch_kernel(rmsnorm_forward_kernel<OutT, false>, {blocks_for(T, 8), 256}, o, rstd, x, w, T,
+                    C, eps, copy);
   });
   check_launch("rmsnorm_forward");
 }
@@ -1590,11 +1638,12 @@ void rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x, con
       C % 4 == 0 && aligned16(dx, dy, x, w) && (dx_mm == nullptr || store4_aligned(dx_mm, mm));
   if (vec4 && C <= 128 * kMaxRowSlots && aligned16(scratch)) {
     const int64_t rows = dw_rows(T), chunks = (T + rows - 1) / rows;
-    MOEPLAN_DISPATCH_MM(
-        mm, with_row_slots(C, [&](auto slots) {
-          rmsnorm_backward_fused_kernel<OutT, slots><<<unsigned(chunks), 256, size_t(8 * C) * 4>>>(
-              dx, static_cast<OutT*>(dx_mm), scratch, dy, x, w, rstd, T, C, rows);
-        }));
+    MOEPLAN_DISPATCH_MM(mm, with_row_slots(C, [&](auto slots) {
+                          launch_kernel(rmsnorm_backward_fused_kernel<OutT, slots>,
+                                        {unsigned(chunks), 256, size_t(8 * C) * 4}, dx,
+                                        static_cast<OutT*>(dx_mm), scratch, dy, x, w, rstd, T, C,
+                                        rows);
+                        }));
     check_launch("rmsnorm_backward_fused");
     colsum_finish(dw, scratch, C, 1.f, accumulate_dw, chunks);
     check_launch("colsum_finish");
@@ -1603,15 +1652,15 @@ void rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x, con
   MOEPLAN_DISPATCH_MM(mm, {
     auto* o = static_cast<OutT*>(dx_mm);
     if (vec4)
-      rmsnorm_backward_dx_kernel<true, OutT>
-          <<<blocks_for(T, 8), 256>>>(dx, o, dy, x, w, rstd, T, C);
+      launch_kernel(rmsnorm_backward_dx_kernel<true, OutT>, {blocks_for(T, 8), 256}, dx, o, dy, x,
+                    w, rstd, T, C);
     else
-      rmsnorm_backward_dx_kernel<false, OutT>
-          <<<blocks_for(T, 8), 256>>>(dx, o, dy, x, w, rstd, T, C);
+      launch_kernel(rmsnorm_backward_dx_kernel<false, OutT>, {blocks_for(T, 8), 256}, dx, o, dy, x,
+                    w, rstd, T, C);
   });
   check_launch("rmsnorm_backward_dx");
-  rmsnorm_dw_partial_kernel<<<dim3(blocks_for(C, 128), kColChunks), 128>>>(scratch, dy, x, rstd, T,
-                                                                           C);
+  launch_kernel(rmsnorm_dw_partial_kernel, {dim3(blocks_for(C, 128), kColChunks), 128}, scratch, dy,
+                x, rstd, T, C);
   check_launch("rmsnorm_dw_partial");
   colsum_finish(dw, scratch, C, 1.f, accumulate_dw, kColChunks);
   check_launch("colsum_finish");
@@ -1621,9 +1670,9 @@ void qkv_prepare(void* out, DType mm, const float* qkv, const float* rope_cos_si
                  int64_t S, int64_t H, int64_t Hkv, int64_t Dh) {
   const int64_t W = (H + 2 * Hkv) * Dh, T = B * S;
   if (T == 0) return;
-  MOEPLAN_DISPATCH_MM(
-      mm, qkv_prepare_kernel<OutT><<<unsigned(T), row_threads(W / 2)>>>(
-              static_cast<OutT*>(out), qkv, rope_cos_sin, S, int(H + Hkv), int(W), int(Dh), false));
+  MOEPLAN_DISPATCH_MM(mm, launch_kernel(qkv_prepare_kernel<OutT>, {unsigned(T), row_threads(W / 2)},
+                                        static_cast<OutT*>(out), qkv, rope_cos_sin, S, int(H + Hkv),
+                                        int(W), int(Dh), false));
   check_launch("qkv_prepare");
 }
 
@@ -1631,23 +1680,25 @@ void qkv_prepare_backward(void* dqkv_mm, DType mm, const float* dqkv, const floa
                           int64_t B, int64_t S, int64_t H, int64_t Hkv, int64_t Dh) {
   const int64_t W = (H + 2 * Hkv) * Dh, T = B * S;
   if (T == 0) return;
-  MOEPLAN_DISPATCH_MM(mm, qkv_prepare_kernel<OutT><<<unsigned(T), row_threads(W / 2)>>>(
-                              static_cast<OutT*>(dqkv_mm), dqkv, rope_cos_sin, S, int(H + Hkv),
-                              int(W), int(Dh), true));
+  MOEPLAN_DISPATCH_MM(mm, launch_kernel(qkv_prepare_kernel<OutT>, {unsigned(T), row_threads(W / 2)},
+                                        static_cast<OutT*>(dqkv_mm), dqkv, rope_cos_sin, S,
+                                        int(H + Hkv), int(W), int(Dh), true));
   check_launch("qkv_prepare_backward");
 }
 
 void attention_softmax_forward(void* P, DType mm, const float* scores, const float* alibi_slopes,
                                int64_t BH, int64_t H, int64_t S, float scale) {
-  MOEPLAN_DISPATCH_MM(mm, attention_softmax_forward_kernel<OutT><<<unsigned(BH * S), 128>>>(
-                              static_cast<OutT*>(P), scores, alibi_slopes, H, S, scale));
+  MOEPLAN_DISPATCH_MM(mm,
+                      launch_kernel(attention_softmax_forward_kernel<OutT>, {unsigned(BH * S), 128},
+                                    static_cast<OutT*>(P), scores, alibi_slopes, H, S, scale));
   check_launch("attention_softmax_forward");
 }
 
 void attention_softmax_backward(void* dS, DType mm, const float* dP, const void* P, int64_t BH,
                                 int64_t S, float scale) {
-  MOEPLAN_DISPATCH_MM(mm, attention_softmax_backward_kernel<OutT><<<unsigned(BH * S), 128>>>(
-                              static_cast<OutT*>(dS), dP, static_cast<const OutT*>(P), S, scale));
+  MOEPLAN_DISPATCH_MM(
+      mm, launch_kernel(attention_softmax_backward_kernel<OutT>, {unsigned(BH * S), 128},
+                        static_cast<OutT*>(dS), dP, static_cast<const OutT*>(P), S, scale));
   check_launch("attention_softmax_backward");
 }
 
@@ -1685,7 +1736,7 @@ void swiglu_forward(void* h, DType mm, const void* ab, int64_t N, int64_t F, voi
     const auto* in = static_cast<const OutT*>(ab);
     with_swiglu_vec<OutT>(F, aligned16(h, ab), [&](auto vec) {
       const RowLaunch l = row_launch(N, (F + vec - 1) / vec);
-      swiglu_forward_kernel<OutT, vec><<<l.grid, l.block, 0, st>>>(o, in, N, F);
+      launch_kernel(swiglu_forward_kernel<OutT, vec>, {l.grid, l.block, 0, st}, o, in, N, F);
     });
   });
   check_launch("swiglu_forward");
@@ -1701,7 +1752,7 @@ void swiglu_backward(void* dab, DType mm, const void* dh, const void* ab, int64_
     const auto* in = static_cast<const OutT*>(ab);
     with_swiglu_vec<OutT>(F, aligned16(dab, dh, ab), [&](auto vec) {
       const RowLaunch l = row_launch(N, (F + vec - 1) / vec);
-      swiglu_backward_kernel<OutT, vec><<<l.grid, l.block, 0, st>>>(o, g, in, N, F);
+      launch_kernel(swiglu_backward_kernel<OutT, vec>, {l.grid, l.block, 0, st}, o, g, in, N, F);
     });
   });
   check_launch("swiglu_backward");
@@ -1711,11 +1762,11 @@ void router_topk(float* probs, float* lse, int32_t* topk_idx, float* topk_gate, 
                  int64_t T, int64_t E, int64_t K, bool renormalize) {
   if (T == 0) return;
   if (E <= 32 * kRouterSlots)
-    router_topk_warp_kernel<<<blocks_for(T, 8), 256>>>(probs, lse, topk_idx, topk_gate, logits, T,
-                                                       int(E), K, renormalize);
+    launch_kernel(router_topk_warp_kernel, {blocks_for(T, 8), 256}, probs, lse, topk_idx, topk_gate,
+                  logits, T, int(E), K, renormalize);
   else
-    router_topk_kernel<<<blocks_for(T, 32), 32>>>(probs, lse, topk_idx, topk_gate, logits, T, E, K,
-                                                  renormalize);
+    launch_kernel(router_topk_kernel, {blocks_for(T, 32), 32}, probs, lse, topk_idx, topk_gate,
+                  logits, T, E, K, renormalize);
   check_launch("router_topk");
 }
 
@@ -1737,18 +1788,18 @@ void sort_by_expert(int32_t* counts, int32_t* offsets, int32_t* sorted, int32_t*
   int32_t* raw = capacity > 0 ? assigned : counts;
   const int32_t cap = capacity > 0 ? int32_t(std::min(capacity, N)) : int32_t(N);
   if (N == 0) {  // no chunk: every count 0, every offset 0
-    exclusive_zero_kernel<<<1, 256>>>(raw, counts, offsets, E);
+    launch_kernel(exclusive_zero_kernel, {1, 256}, raw, counts, offsets, E);
     check_launch("sort_by_expert (empty)");
     return;
   }
   const int64_t chunks = (N + kSortChunk - 1) / kSortChunk;
   const size_t smem = size_t(E) * sizeof(int);
-  chunk_count_kernel<<<unsigned(chunks), kSortChunk, smem>>>(scratch, topk_idx, N, E);
+  launch_kernel(chunk_count_kernel, {unsigned(chunks), kSortChunk, smem}, scratch, topk_idx, N, E);
   check_launch("chunk_count");
-  chunk_scan_kernel<<<1, 1024>>>(scratch, raw, counts, offsets, chunks, E, cap);
+  launch_kernel(chunk_scan_kernel, {1, 1024}, scratch, raw, counts, offsets, chunks, E, cap);
   check_launch("chunk_scan");
-  chunk_place_kernel<<<unsigned(chunks), kSortChunk, smem>>>(sorted, slot_of, offsets, scratch,
-                                                             topk_idx, N, E, cap);
+  launch_kernel(chunk_place_kernel, {unsigned(chunks), kSortChunk, smem}, sorted, slot_of, offsets,
+                scratch, topk_idx, N, E, cap);
   check_launch("chunk_place");
 }
 
@@ -1761,10 +1812,10 @@ void gather_rows(void* out, const void* in, DType mm, const int32_t* sorted, int
     auto* o = static_cast<OutT*>(out);
     const auto* src = static_cast<const OutT*>(in);
     if (vec)
-      gather_rows_kernel<OutT, true>
-          <<<unsigned(N), row_threads(bytes / 16)>>>(o, src, sorted, K, C);
+      launch_kernel(gather_rows_kernel<OutT, true>, {unsigned(N), row_threads(bytes / 16)}, o, src,
+                    sorted, K, C);
     else
-      gather_rows_kernel<OutT, false><<<unsigned(N), 128>>>(o, src, sorted, K, C);
+      launch_kernel(gather_rows_kernel<OutT, false>, {unsigned(N), 128}, o, src, sorted, K, C);
   });
   check_launch("gather_rows");
 }
@@ -1772,14 +1823,16 @@ void gather_rows(void* out, const void* in, DType mm, const int32_t* sorted, int
 void expert_pad_maps(int32_t* pad, int32_t* unpad, const int32_t* counts, const int32_t* offsets,
                      int64_t E, int64_t cap) {
   if (E * cap == 0) return;
-  expert_pad_maps_kernel<<<blocks_for(E * cap, 256), 256>>>(pad, unpad, counts, offsets, E, cap);
+  launch_kernel(expert_pad_maps_kernel, {blocks_for(E * cap, 256), 256}, pad, unpad, counts,
+                offsets, E, cap);
   check_launch("expert_pad_maps");
 }
 
 void copy_rows(void* dst, const void* src, DType t, const int32_t* map, int64_t rows, int64_t C) {
   if (rows == 0) return;
-  MOEPLAN_DISPATCH_MM(t, copy_rows_kernel<OutT><<<unsigned(rows), 128>>>(
-                             static_cast<OutT*>(dst), static_cast<const OutT*>(src), map, C));
+  MOEPLAN_DISPATCH_MM(
+      t, launch_kernel(copy_rows_kernel<OutT>, {unsigned(rows), 128}, static_cast<OutT*>(dst),
+                       static_cast<const OutT*>(src), map, C));
   check_launch("copy_rows");
 }
 
@@ -1807,11 +1860,11 @@ void combine_rows(float* y, const void* ys, DType mm, const float* gate, const i
     with_row_vec(C, aligned16(y, ys), aligned16(y) && store4_aligned(ys, mm), [&](auto vec) {
       const RowLaunch l = row_launch(T, (C + vec - 1) / vec);
       if (gate)
-        moe_combine_rows_kernel<vec, true, OutT>
-            <<<l.grid, l.block>>>(y, rows, gate, slot_of, T, K, C);
+        launch_kernel(moe_combine_rows_kernel<vec, true, OutT>, {l.grid, l.block}, y, rows, gate,
+                      slot_of, T, K, C);
       else
-        moe_combine_rows_kernel<vec, false, OutT>
-            <<<l.grid, l.block>>>(y, rows, nullptr, slot_of, T, K, C);
+        launch_kernel(moe_combine_rows_kernel<vec, false, OutT>, {l.grid, l.block}, y, rows,
+                      nullptr, slot_of, T, K, C);
     });
   });
 }
@@ -1835,8 +1888,9 @@ void moe_combine_backward(void* dys, DType mm, float* dgate, const float* dy, co
     const auto* rows = static_cast<const OutT*>(ys);
     with_row_vec(C, aligned16(dy, ys, dys),
                  aligned16(dy) && store4_aligned(ys, mm) && store4_aligned(dys, mm), [&](auto vec) {
-                   moe_combine_backward_kernel<vec, OutT><<<blocks_for(T * K, 8), 256>>>(
-                       out, dgate, dy, rows, gate, slot_of, T * K, K, C);
+                   launch_kernel(moe_combine_backward_kernel<vec, OutT>,
+                                 {blocks_for(T * K, 8), 256}, out, dgate, dy, rows, gate, slot_of,
+                                 T * K, K, C);
                  });
   });
   check_launch("moe_combine_backward");
@@ -1852,16 +1906,17 @@ void moe_scatter_add(float* dx, const void* dxs, DType mm, const int32_t* slot_o
 void router_aux_forward(float* aux, float* p_mean, const float* probs, const float* lse,
                         const int32_t* counts, int64_t T, int64_t E, int64_t K, float load_balance,
                         float z_loss, float* scratch) {
-  colsum_partial_kernel<<<dim3(blocks_for(E, 128), kColChunks), 128>>>(scratch, probs, T, E);
+  launch_kernel(colsum_partial_kernel, {dim3(blocks_for(E, 128), kColChunks), 128}, scratch, probs,
+                T, E);
   check_launch("colsum_partial");
   colsum_finish(p_mean, scratch, E, 1.f / float(T), false, kColChunks);
   check_launch("colsum_finish");
   if (T % 4 == 0 && aligned16(lse))
-    router_aux_finish_kernel<true>
-        <<<1, kAuxThreads>>>(aux, p_mean, lse, counts, T, E, K, load_balance, z_loss);
+    launch_kernel(router_aux_finish_kernel<true>, {1, kAuxThreads}, aux, p_mean, lse, counts, T, E,
+                  K, load_balance, z_loss);
   else
-    router_aux_finish_kernel<false>
-        <<<1, kAuxThreads>>>(aux, p_mean, lse, counts, T, E, K, load_balance, z_loss);
+    launch_kernel(router_aux_finish_kernel<false>, {1, kAuxThreads}, aux, p_mean, lse, counts, T, E,
+                  K, load_balance, z_loss);
   check_launch("router_aux_finish");
 }
 
@@ -1871,13 +1926,15 @@ void router_backward(void* dlogits, DType mm, const float* probs, const float* l
                      float load_balance, float z_loss) {
   if (T == 0) return;
   if (E <= 32 * kRouterSlots)
-    MOEPLAN_DISPATCH_MM(mm, router_backward_warp_kernel<OutT><<<blocks_for(T, 8), 256>>>(
-                                static_cast<OutT*>(dlogits), probs, lse, topk_idx, topk_gate, dgate,
-                                counts, T, int(E), K, renormalize, load_balance, z_loss));
+    MOEPLAN_DISPATCH_MM(
+        mm, launch_kernel(router_backward_warp_kernel<OutT>, {blocks_for(T, 8), 256},
+                          static_cast<OutT*>(dlogits), probs, lse, topk_idx, topk_gate, dgate,
+                          counts, T, int(E), K, renormalize, load_balance, z_loss));
   else
-    MOEPLAN_DISPATCH_MM(mm, router_backward_kernel<OutT><<<blocks_for(T, 32), 32>>>(
-                                static_cast<OutT*>(dlogits), probs, lse, topk_idx, topk_gate, dgate,
-                                counts, T, E, K, renormalize, load_balance, z_loss));
+    MOEPLAN_DISPATCH_MM(
+        mm, launch_kernel(router_backward_kernel<OutT>, {blocks_for(T, 32), 32},
+                          static_cast<OutT*>(dlogits), probs, lse, topk_idx, topk_gate, dgate,
+                          counts, T, E, K, renormalize, load_balance, z_loss));
   check_launch("router_backward");
 }
 
@@ -1911,11 +1968,11 @@ void launch_cross_entropy(float* losses, OutT* dlogits, const OutT* logits, cons
                  "cudaFuncSetAttribute (cross-entropy row)");
       allowed = row_bytes;
     }
-    cross_entropy_kernel<OutT, true>
-        <<<unsigned(T), 512, size_t(row_bytes)>>>(losses, dlogits, logits, targets, V, grad_scale);
+    launch_kernel(cross_entropy_kernel<OutT, true>, {unsigned(T), 512, size_t(row_bytes)}, losses,
+                  dlogits, logits, targets, V, grad_scale);
   } else {
-    cross_entropy_kernel<OutT, false>
-        <<<unsigned(T), 512>>>(losses, dlogits, logits, targets, V, grad_scale);
+    launch_kernel(cross_entropy_kernel<OutT, false>, {unsigned(T), 512}, losses, dlogits, logits,
+                  targets, V, grad_scale);
   }
 }
 
@@ -1930,8 +1987,20 @@ void cross_entropy(float* losses, void* dlogits, DType mm, const void* logits,
 }
 
 void sum_double(double* out, const float* x, int64_t n) {
-  sum_double_kernel<<<1, 1024>>>(out, x, n);
+  launch_kernel(sum_double_kernel, {1, 1024}, out, x, n);
   check_launch("sum_double");
+}
+
+namespace {
+std::atomic<bool> g_programmatic_launch{false};
+}  // namespace
+
+void set_programmatic_launch(bool on) {
+  g_programmatic_launch.store(on, std::memory_order_relaxed);
+}
+
+bool programmatic_launch() {
+  return g_programmatic_launch.load(std::memory_order_relaxed);
 }
 
 int64_t grad_norm_scratch_doubles() {
@@ -1939,13 +2008,15 @@ int64_t grad_norm_scratch_doubles() {
 }
 
 void grad_norm_partial(double* scratch, const float* grads, int64_t n, void* stream) {
-  sumsq_partial_kernel<<<kNormBlocks, kNormThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-      scratch, grads, n);
+  launch_kernel(sumsq_partial_kernel,
+                {kNormBlocks, kNormThreads, 0, static_cast<cudaStream_t>(stream)}, scratch, grads,
+                n);
   check_launch("sumsq_partial");
 }
 
 void grad_norm_finish(float* norm, const double* scratch, int64_t parts, float max_norm) {
-  norm_finish_kernel<<<1, kFinishThreads>>>(norm, scratch, parts * kNormBlocks, max_norm);
+  launch_kernel(norm_finish_kernel, {1, kFinishThreads}, norm, scratch, parts * kNormBlocks,
+                max_norm);
   check_launch("norm_finish");
 }
 
@@ -1962,16 +2033,16 @@ void adamw(float* params, uint16_t* params_mm, float* m, float* v, const float* 
       reinterpret_cast<uintptr_t>(params_mm) % 8 == 0) {
     const int64_t n4 = n / 4;
     if (n4 > 0) {
-      adamw4_kernel<<<blocks_for(n4, 256), 256, 0, st>>>(params, mm, m, v, grads, decay, norm, n4,
-                                                         a);
+      launch_kernel(adamw4_kernel, {blocks_for(n4, 256), 256, 0, st}, params, mm, m, v, grads,
+                    decay, norm, n4, a);
       check_launch("adamw");
     }
     done = 4 * n4;
   }
   if (done < n) {
-    adamw_kernel<<<blocks_for(n - done, 256), 256, 0, st>>>(params + done, mm ? mm + done : nullptr,
-                                                            m + done, v + done, grads + done,
-                                                            decay + done, norm, n - done, a);
+    launch_kernel(adamw_kernel, {blocks_for(n - done, 256), 256, 0, st}, params + done,
+                  mm ? mm + done : nullptr, m + done, v + done, grads + done, decay + done, norm,
+                  n - done, a);
     check_launch("adamw");
   }
 }
@@ -1988,39 +2059,40 @@ void adamw_rows(float* params, uint16_t* params_mm, float* m, float* v, const fl
   if (n % 4 == 0 && row_len % 4 == 0 && aligned16(params, m, v, grads) &&
       reinterpret_cast<uintptr_t>(decay) % 4 == 0 &&
       reinterpret_cast<uintptr_t>(params_mm) % 8 == 0)
-    adamw_rows_kernel<true><<<blocks_for(n / 4, 256), 256, 0, st>>>(
-        params, mm, m, v, grads, decay, norm, n / 4, row_len, flag, want, a);
+    launch_kernel(adamw_rows_kernel<true>, {blocks_for(n / 4, 256), 256, 0, st}, params, mm, m, v,
+                  grads, decay, norm, n / 4, row_len, flag, want, a);
   else
-    adamw_rows_kernel<false><<<blocks_for(n, 256), 256, 0, st>>>(params, mm, m, v, grads, decay,
-                                                                 norm, n, row_len, flag, want, a);
+    launch_kernel(adamw_rows_kernel<false>, {blocks_for(n, 256), 256, 0, st}, params, mm, m, v,
+                  grads, decay, norm, n, row_len, flag, want, a);
   check_launch("adamw_rows");
 }
 
 void erc_noise(float* delta, float* rt, const float* router, const double* u, int64_t E,
                int64_t D) {
   if (E == 0) return;
-  erc_noise_kernel<<<unsigned(E), 256>>>(delta, rt, router, u, E, D);
+  launch_kernel(erc_noise_kernel, {unsigned(E), 256}, delta, rt, router, u, E, D);
   check_launch("erc_noise");
 }
 
 void erc_gather_gate(float* wg, const float* w13, int64_t stride, int64_t E, int64_t D,
                      int64_t De) {
   if (D * E * De == 0) return;
-  erc_gather_gate_kernel<<<blocks_for(D * E * De, 256), 256>>>(wg, w13, stride, E, D, De);
+  launch_kernel(erc_gather_gate_kernel, {blocks_for(D * E * De, 256), 256}, wg, w13, stride, E, D,
+                De);
   check_launch("erc_gather_gate");
 }
 
 void erc_scatter_gate_grad(float* dw13, const float* dwg, int64_t stride, int64_t E, int64_t D,
                            int64_t De) {
   if (D * E * De == 0) return;
-  erc_scatter_gate_grad_kernel<<<blocks_for(D * E * De, 256), 256>>>(dw13, dwg, stride, E, D,
-                                                                      De);
+  launch_kernel(erc_scatter_gate_grad_kernel, {blocks_for(D * E * De, 256), 256}, dw13, dwg, stride,
+                E, D, De);
   check_launch("erc_scatter_gate_grad");
 }
 
 void erc_norms(float* m, const float* act, int64_t E, int64_t De) {
   if (E == 0) return;
-  erc_norms_kernel<<<blocks_for(E * E, 8), 256>>>(m, act, E, De);
+  launch_kernel(erc_norms_kernel, {blocks_for(E * E, 8), 256}, m, act, E, De);
   check_launch("erc_norms");
 }
 
@@ -2028,20 +2100,20 @@ void erc_hinge(double* loss, float* dm, const float* m, int64_t E, double alpha,
                double grad_weight) {
   if (E > 6144)  // its row sums live in shared memory: 8 bytes an expert, at most 48 KB
     throw std::invalid_argument("erc_hinge: at most 6144 experts");
-  erc_hinge_kernel<<<1, 256, size_t(std::max<int64_t>(E, 1)) * sizeof(double)>>>(
-      loss, dm, m, E, alpha, coef, grad_weight);
+  launch_kernel(erc_hinge_kernel, {1, 256, size_t(std::max<int64_t>(E, 1)) * sizeof(double)}, loss,
+                dm, m, E, alpha, coef, grad_weight);
   check_launch("erc_hinge");
 }
 
 void erc_scale(float* act, const float* m, const float* dm, int64_t E, int64_t De) {
   if (E * De == 0) return;
-  erc_scale_kernel<<<blocks_for(E * E * De, 256), 256>>>(act, m, dm, E, De);
+  launch_kernel(erc_scale_kernel, {blocks_for(E * E * De, 256), 256}, act, m, dm, E, De);
   check_launch("erc_scale");
 }
 
 void erc_router_grad(float* drouter, const float* drt, const float* delta, int64_t n) {
   if (n == 0) return;
-  erc_router_grad_kernel<<<blocks_for(n, 256), 256>>>(drouter, drt, delta, n);
+  launch_kernel(erc_router_grad_kernel, {blocks_for(n, 256), 256}, drouter, drt, delta, n);
   check_launch("erc_router_grad");
 }
 

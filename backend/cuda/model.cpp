@@ -2432,6 +2432,8 @@ constexpr std::pair<const char*, ExpertPath> kExperts[] = {
     {"grouped", ExpertPath::grouped}, {"loop", ExpertPath::loop},
     {"tiled", ExpertPath::tiled},     {"tiled128", ExpertPath::tiled128},
     {"wgmma", ExpertPath::wgmma},     {"batched", ExpertPath::batched}};
+constexpr std::pair<const char*, LaunchMode> kLaunch[] = {{"plain", LaunchMode::plain},
+                                                          {"pdl", LaunchMode::programmatic}};
 
 template <class E, size_t N>
 E lookup(const std::pair<const char*, E> (&names)[N], const std::string& key,
@@ -2483,7 +2485,7 @@ static std::string parse_gemm_choice(const std::string& value) {
 
 KernelChoice parse_kernel_choice(const std::string& spec) {
   KernelChoice k;
-  constexpr const char* kNames = "attention, experts, logits, gemm";
+  constexpr const char* kNames = "attention, experts, logits, gemm, launch";
   std::vector<std::string> seen;
   size_t pos = 0;
   while (pos < spec.size()) {
@@ -2495,7 +2497,8 @@ KernelChoice parse_kernel_choice(const std::string& spec) {
     if (eq == std::string::npos || value.empty())
       throw InputError(
           fmt::format("--kernels: '{}' is not name=value (valid names: {})", item, kNames));
-    const bool known = key == "attention" || key == "experts" || key == "logits" || key == "gemm";
+    const bool known = key == "attention" || key == "experts" || key == "logits" || key == "gemm" ||
+                       key == "launch";
     if (!known || std::find(seen.begin(), seen.end(), key) != seen.end())
       throw InputError(fmt::format("--kernels: '{}' {} (valid names, each at most once: {})", key,
                                    known ? "is given twice" : "is not a kernel name", kNames));
@@ -2506,6 +2509,8 @@ KernelChoice parse_kernel_choice(const std::string& spec) {
       k.experts = value == "auto" ? std::nullopt : std::optional(lookup(kExperts, key, value));
     else if (key == "logits")
       k.logit_rows = parse_logit_rows(value);
+    else if (key == "launch")
+      k.launch = value == "auto" ? std::nullopt : std::optional(lookup(kLaunch, key, value));
     else
       k.gemm_table = parse_gemm_choice(value);
     pos = end + 1;
@@ -2514,11 +2519,12 @@ KernelChoice parse_kernel_choice(const std::string& spec) {
 }
 
 std::string to_string(const KernelChoice& k) {
-  return fmt::format("attention={},experts={}{}{}",
+  return fmt::format("attention={},experts={}{}{}{}",
                      k.attention ? name_of(kAttention, *k.attention) : "auto",
                      k.experts ? name_of(kExperts, *k.experts) : "auto",
                      k.logit_rows > 0 ? fmt::format(",logits={}", k.logit_rows) : "",
-                     k.gemm_table.empty() ? "" : ",gemm=" + k.gemm_table);
+                     k.gemm_table.empty() ? "" : ",gemm=" + k.gemm_table,
+                     k.launch == LaunchMode::programmatic ? ",launch=pdl" : "");
 }
 
 KernelChoice resolve_kernels(const KernelChoice& asked, int64_t head_dim, DType matmul) {
@@ -2530,6 +2536,7 @@ KernelChoice resolve_kernels(const KernelChoice& asked, int64_t head_dim, DType 
                   : attention::supported(head_dim)              ? AttentionPath::fused_mma
                                                                 : AttentionPath::cublas;
   if (!k.experts) k.experts = bf16 ? ExpertPath::tiled128 : ExpertPath::grouped;
+  if (!k.launch) k.launch = LaunchMode::plain;  // pdl is not measured yet (bench/gpu/NOTES.md)
   return k;
 }
 

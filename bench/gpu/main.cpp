@@ -35,6 +35,7 @@
 #include "moeplan/backend/atomic_file.hpp"
 #include "moeplan/backend/cuda/device.hpp"
 #include "moeplan/backend/cuda/gemm.hpp"
+#include "moeplan/backend/cuda/kernels.hpp"
 #include "moeplan/backend/cuda/model.hpp"
 
 using namespace moeplan;
@@ -233,6 +234,7 @@ struct Point {
   double erc_loss = 0;         // ModelOptions::erc_loss (0: off)
   bool adamw_beside = false;   // the AdamW update beside the next forward (set_update_overlap)
   bool norm_after = false;     // the gradient norm's sums after the backward (set_norm_overlap)
+  bool pdl = false;  // programmatic dependent launches of the project's kernels (launch.cuh)
 };
 
 Arch dense124() {
@@ -521,7 +523,22 @@ int main(int argc, char** argv) {
               true},
         Point{"moe-ra0.2-wgmma-fused-wgmma-attn-adamw-beside", moe_equal_n(),
               cu::AttentionPath::fused_wgmma, cu::ExpertPath::wgmma, 0, 0, false, false, 0, 0,
-              true}}) {
+              true},
+        // The goals' points with programmatic dependent launches (--kernels launch=pdl): each
+        // of the project's kernels launched while the one before it ends. Also with the wgmma
+        // kernels, in case those win.
+        Point{"dense-124M-fused-mma-lean-attn-adamw-beside-pdl", dense124(),
+              cu::AttentionPath::fused_mma_lean, cu::ExpertPath::grouped, 0, 0, false, false, 0, 0,
+              true, false, true},
+        Point{"moe-ra0.2-tiled128-fused-mma-lean-attn-adamw-beside-pdl", moe_equal_n(),
+              cu::AttentionPath::fused_mma_lean, cu::ExpertPath::tiled128, 0, 0, false, false, 0, 0,
+              true, false, true},
+        Point{"dense-124M-fused-wgmma-attn-adamw-beside-pdl", dense124(),
+              cu::AttentionPath::fused_wgmma, cu::ExpertPath::grouped, 0, 0, false, false, 0, 0,
+              true, false, true},
+        Point{"moe-ra0.2-wgmma-fused-wgmma-attn-adamw-beside-pdl", moe_equal_n(),
+              cu::AttentionPath::fused_wgmma, cu::ExpertPath::wgmma, 0, 0, false, false, 0, 0, true,
+              false, true}}) {
     if (!only.empty() && only.find("," + p.name + ",") == std::string::npos) continue;
     matched = true;
     const std::string name = p.name + suffix;
@@ -534,6 +551,7 @@ int main(int argc, char** argv) {
     cfg.lr_peak = 6e-4;
     cfg.warmup_steps = 2;
     cfg.total_steps = 1000;
+    cu::kernels::set_programmatic_launch(p.pdl);  // process-wide: set for every point
     cu::Model model(p.arch, opt, 1, batch, cu::DType::bf16, nullptr, p.attention, false,
                     p.logit_rows, p.experts);
     model.set_shared_overlap(!p.serial_shared);
@@ -659,8 +677,11 @@ int main(int argc, char** argv) {
         "\"tflops_executed\": {}, \"kernels\": \"{}\", \"micro_batch\": {}, \"logit_rows\": {}, "
         "\"gemm_table\": \"{}\", \"gemm_products\": {}, \"gemm_products_from_table\": {}}}",
         first ? "" : ", ", name, pc.total_params, pc.active_params, t, tokens / t, tf_useful,
-        tf_exec, cu::to_string(cu::KernelChoice{p.attention, p.experts, 0, ""}), p.micro_batch,
-        model.logit_rows(), table_name, model.gemm_counts().products,
+        tf_exec,
+        cu::to_string(
+            cu::KernelChoice{p.attention, p.experts, 0, "",
+                             p.pdl ? cu::LaunchMode::programmatic : cu::LaunchMode::plain}),
+        p.micro_batch, model.logit_rows(), table_name, model.gemm_counts().products,
         model.gemm_counts().from_table);
     first = false;
     // Written after every point, so that a later point that fails keeps the earlier ones.

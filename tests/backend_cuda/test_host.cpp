@@ -188,6 +188,18 @@ TEST_CASE("--kernels: attention and experts by name or auto, everything else ref
         "--kernels: experts=fast is not known (valid: "
         "experts=auto|grouped|loop|tiled|tiled128|wgmma|batched)");
   CHECK(cu::parse_kernel_choice("experts=wgmma").experts == cu::ExpertPath::wgmma);
+  // Programmatic dependent launches: asked for by name, plain when left to auto (not measured
+  // yet), shown only when pdl.
+  CHECK(cu::parse_kernel_choice("launch=pdl").launch == cu::LaunchMode::programmatic);
+  CHECK(cu::parse_kernel_choice("launch=plain").launch == cu::LaunchMode::plain);
+  CHECK(!cu::parse_kernel_choice("launch=auto").launch);
+  CHECK(cu::resolve_kernels(d, 64, cu::DType::bf16).launch == cu::LaunchMode::plain);
+  CHECK(cu::to_string(cu::resolve_kernels(cu::parse_kernel_choice("launch=pdl,experts=tiled"), 64,
+                                          cu::DType::bf16)) ==
+        "attention=fused_mma_lean,experts=tiled,launch=pdl");
+  CHECK(cu::to_string(cu::parse_kernel_choice("launch=plain")) == "attention=auto,experts=auto");
+  CHECK(message("launch=eager") ==
+        "--kernels: launch=eager is not known (valid: launch=auto|plain|pdl)");
   CHECK(message("speed=fast").find("'speed' is not a kernel name") != std::string::npos);
   CHECK(message("attention").find("is not name=value") != std::string::npos);
   CHECK(message("attention=,experts=tiled").find("is not name=value") != std::string::npos);

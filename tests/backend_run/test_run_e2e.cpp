@@ -1590,7 +1590,8 @@ TEST_CASE("moeplan run --device cuda (emulated): the CPU's tokens and ledger, ke
        {Variant{"", "attention=fused_mma_lean,experts=tiled128"},  // auto at head width 16
         Variant{"attention=cublas,experts=grouped", "attention=cublas,experts=grouped"},
         Variant{"experts=batched", "attention=fused_mma_lean,experts=batched"},
-        Variant{"experts=wgmma", "attention=fused_mma_lean,experts=wgmma"}}) {
+        Variant{"experts=wgmma", "attention=fused_mma_lean,experts=wgmma"},
+        Variant{"launch=pdl", "attention=fused_mma_lean,experts=tiled128,launch=pdl"}}) {
     INFO("kernels " << v.label);
     const fs::path out = dir / ("cuda-" + std::to_string(v.kernels.size()));
     std::vector<std::string> args = {"run",     sweep,   "--out",    out.string(),
@@ -1626,11 +1627,14 @@ TEST_CASE("moeplan run --device cuda (emulated): the CPU's tokens and ledger, ke
     const double lg = got["loss_curve"].back()["train_loss"].get<double>();
     CHECK(std::abs(lg - lc) / lc < 2e-2);
   }
-  {  // experts=wgmma on a device of another compute capability (the emulation pretends): refused
-    // in one line that names the device's, before the point trains or writes a record.
+  // experts=wgmma and launch=pdl on a device of another compute capability (the emulation
+  // pretends): refused in one line that names the device's, before the point trains or writes a
+  // record.
+  for (const char* kernels : {"experts=wgmma", "launch=pdl"}) {
+    INFO(kernels);
     setenv("MOEPLAN_EMU_COMPUTE", "8.0", 1);
     const Result r = run_cli({"run", sweep, "--out", (dir / "cuda-8.0").string(), "--point",
-                              "moe-a", "--device", "cuda", "--kernels", "experts=wgmma"},
+                              "moe-a", "--device", "cuda", "--kernels", kernels},
                              MOEPLAN_EMULATED_BINARY);
     unsetenv("MOEPLAN_EMU_COMPUTE");
     CHECK(r.status == 2);

@@ -18,6 +18,7 @@
 #include <new>
 #include <numeric>
 #include <random>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -183,6 +184,7 @@ struct Fiber {
   uint3 tid;
   int warp = 0, lane = 0;
   bool done = false;
+  bool waited_previous = false;  // after_previous_grid() called (programmatic launches)
   Wait wait = Wait::none;
   unsigned wait_gen = 0;
 };
@@ -213,6 +215,7 @@ struct Block : Barrier {
   };
   std::unique_ptr<unsigned char[], FreeAligned> smem;
   std::size_t smem_bytes = 0;
+  bool programmatic = false;  // launched to overlap the kernel before it (launch.cuh)
 };
 
 // The order in which the scheduler resumes the threads of a block, and runs the blocks
@@ -284,6 +287,10 @@ void fiber_entry() {
 #endif
   (*s.body)();
   Fiber& f = *s.current;
+  if (s.block.programmatic && !f.waited_previous)
+    fault(
+        "a thread of a programmatic dependent launch ended without after_previous_grid(): the "
+        "next kernel's wait would not cover the kernel before this one (launch.cuh)");
   complete_copies(f, ~0u);  // the hardware finishes what a thread left in flight
   f.done = true;
   Block& b = s.block;
@@ -342,6 +349,7 @@ bool run_block(const Config& cfg, uint3 bid) {
   b.warps.assign((nt + 31) / 32, Warp{});
   for (unsigned i = 0; i < nt; ++i) ++b.warps[i / 32].live;
   b.smem_bytes = cfg.smem;
+  b.programmatic = cfg.programmatic;
   if (cfg.smem > 0) {
     // Exactly the requested bytes (16-byte multiple, 128-byte aligned), filled with 0xFF: an
     // uninitialised float reads as NaN, as shared memory promises nothing.
@@ -356,6 +364,7 @@ bool run_block(const Config& cfg, uint3 bid) {
     f.warp = int(i / 32);
     f.lane = int(i % 32);
     f.done = false;
+    f.waited_previous = false;
     f.wait = Wait::none;
     f.copies.clear();
     f.committed = 0;
@@ -433,8 +442,25 @@ void fault(const char* what) {
   std::abort();
 }
 
+void after_previous_grid() {
+  st().current->waited_previous = true;
+}
+
+const char* launch_site(const char* file, unsigned line) {
+  static std::mutex m;
+  static std::set<std::string> sites;  // nodes stay put: their c_str() outlive the call
+  const char* base = std::strrchr(file, '/');
+  const std::string site = std::string(base ? base + 1 : file) + ":" + std::to_string(line);
+  std::lock_guard<std::mutex> lock(m);
+  return sites.insert(site).first->c_str();
+}
+
 void block_barrier(const char* file, int line) {
   Block& b = st().block;
+  if (b.programmatic && !st().current->waited_previous)
+    fault(
+        "__syncthreads before after_previous_grid() in a programmatic dependent launch: the "
+        "wait must come first (launch.cuh)");
   // Every thread of the block must wait at the same __syncthreads (CUDA C++ Programming Guide:
   // inside conditional code only when the condition is the same for the whole block). Compared
   // by source line, which the optimiser's code duplication leaves alone.
@@ -728,7 +754,9 @@ void launch(const char* kernel, const Config& cfg, const std::function<void()>& 
   const auto stream = static_cast<cudaStream_t>(cfg.stream);
   if (defer(stream)) {  // checked now, run when something waits for the stream
     enqueue(stream, [kernel, grid = cfg.grid, block = cfg.block, smem = cfg.smem, key = cfg.kernel,
-                     thread] { launch(kernel, Config(grid, block, smem).of(key), thread); });
+                     programmatic = cfg.programmatic, thread] {
+      launch(kernel, Config(grid, block, smem).of(key).overlapping(programmatic), thread);
+    });
     return;
   }
   if (s.sticky != cudaSuccess) return;  // a faulted context runs nothing more

@@ -240,13 +240,25 @@ struct Config {
   std::size_t smem;
   void* stream;
   const void* kernel = nullptr;  // kernel_key of the launched function (set by the rewrite)
+  // A programmatic dependent launch (launch.cuh): every thread must call after_previous_grid()
+  // before it ends or reaches __syncthreads, which the emulation checks.
+  bool programmatic = false;
   Config(dim3 g, dim3 b, std::size_t s = 0, void* st = nullptr)
       : grid(g), block(b), smem(s), stream(st) {}
   Config& of(const void* k) {
     kernel = k;
     return *this;
   }
+  Config& overlapping(bool on) {
+    programmatic = on;
+    return *this;
+  }
 };
+// griddepcontrol.wait and .launch_dependents (launch.cuh): the emulation runs launches one after
+// another, so there is nothing to wait for; it records that the running thread has waited.
+void after_previous_grid();
+// "file:line", kept for the process (a launch's name in messages, also after a deferred run).
+const char* launch_site(const char* file, unsigned line);
 // Runs `thread` once per CUDA thread of the grid, block after block; returns when all are done.
 // On a created stream whose work is deferred (cuda_runtime.h) it queues the launch instead: the
 // launch syntax's rewrite captures the kernel's arguments by value for this.

@@ -11,6 +11,12 @@
 
 namespace moeplan::backend::cuda::kernels {
 
+// Whether the launches of backend/cuda/'s own kernels are programmatic dependent launches (each
+// kernel's launch overlapping the end of the kernel before it in its stream; launch.cuh). Off
+// unless set; process-wide, read at each launch. Needs compute capability 9.0 where it is on.
+void set_programmatic_launch(bool on);
+bool programmatic_launch();
+
 // out (N) in `mm` = in (N) fp32
 void cast(void* out, DType mm, const float* in, int64_t n);
 // For g < groups: dst[g][i] += src[g·per_group + i], i < per_group. dst is a device array of

@@ -43,6 +43,10 @@ class Communicator;
 // only, else an InputError); `cublas`.
 enum class AttentionPath { fused, cublas, fused_mma, fused_mma_wide, fused_mma_lean, fused_wgmma };
 enum class ExpertPath { grouped, loop, tiled, tiled128, batched, wgmma };
+// How the project's own kernels are launched: `plain`, or `pdl` (programmatic dependent launch,
+// each launch overlapping the end of the kernel before it in its stream; compute capability 9.0;
+// backend/cuda/launch.cuh). Process-wide (kernels::set_programmatic_launch).
+enum class LaunchMode { plain, programmatic };
 
 // The LM head and cross-entropy run over chunks of token rows, so that the logits and their
 // gradient (V·(2 + 2) bytes a row in bf16: 201 KB at V 50304) are held for one chunk rather than
@@ -55,8 +59,9 @@ inline constexpr int64_t kLogitRowsAuto = 8192;
 // head's chunk in rows (a positive count, or `auto` for kLogitRowsAuto). `gemm` names a GEMM
 // table file (gemm.hpp; `auto`: none): the engine tunes the point's products that the file does
 // not list yet, adds them to it, and runs the listed ones through cuBLASLt. Anything else is an
-// InputError naming the valid spellings. to_string gives the canonical form: attention and
-// experts always (`auto` while unresolved), logits and gemm only when asked for.
+// InputError naming the valid spellings. `launch` is plain or pdl (LaunchMode). to_string gives
+// the canonical form: attention and experts always (`auto` while unresolved), logits and gemm
+// only when asked for, launch only when pdl.
 struct KernelChoice {
   std::optional<AttentionPath> attention;  // unset: automatic (resolve_kernels)
   std::optional<ExpertPath> experts;       // unset: automatic
@@ -65,6 +70,7 @@ struct KernelChoice {
   // "none", "builtin" (the same, required), "builtin:NAME" (that built-in one, required), or
   // a file (Blas::set_table; docs/running.md). The engine resolves auto to "builtin:NAME" or "".
   std::string gemm_table;
+  std::optional<LaunchMode> launch;  // unset: automatic (plain until pdl is measured faster)
 };
 KernelChoice parse_kernel_choice(const std::string& spec);
 // The automatic choices made: the kernels measured fastest on an H200 that can run the point
