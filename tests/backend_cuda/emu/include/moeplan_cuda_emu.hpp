@@ -1,6 +1,8 @@
 #pragma once
 // A CPU emulation of the part of CUDA that our kernels use, so that the kernel sources in
-// backend/cuda/ run, unchanged but for their launch syntax, on a machine without a GPU.
+// backend/cuda/ run on a machine without a GPU, unchanged but for their `extern __shared__`
+// declarations (and any `<<<>>>` launch; the kernels launch through launch.cuh), which
+// rewrite.cpp turns into C++.
 //
 // Each CUDA thread is a fiber with a stack of its own, on the launching thread (switched by a
 // few lines of assembly on x86-64, by ucontext elsewhere). A block's fibers run until they all
@@ -260,8 +262,9 @@ void after_previous_grid();
 // "file:line", kept for the process (a launch's name in messages, also after a deferred run).
 const char* launch_site(const char* file, unsigned line);
 // Runs `thread` once per CUDA thread of the grid, block after block; returns when all are done.
-// On a created stream whose work is deferred (cuda_runtime.h) it queues the launch instead: the
-// launch syntax's rewrite captures the kernel's arguments by value for this.
+// On a created stream whose work is deferred (cuda_runtime.h) it queues the launch instead:
+// launch_kernel (launch.cuh) captures the kernel's arguments by value for this, as the rewrite of
+// a `<<<>>>` launch does.
 void launch(const char* kernel, const Config& cfg, const std::function<void()>& thread);
 
 }  // namespace moeplan_emu
