@@ -1340,6 +1340,16 @@ ModelOptions with_positions(const char* positions) {
 // Two steps (the update beside, the clip acting) and an evaluation of one model with every launch
 // programmatic and of another with plain launches, from the same weights and batches: the same
 // losses, norms, ledgers and weights, bit for bit.
+// f() with every launch programmatic; plain launches again after, also if f throws.
+template <class F>
+auto programmatically(F&& f) {
+  struct Reset {
+    ~Reset() { cu::kernels::set_programmatic_launch(false); }
+  } reset;
+  cu::kernels::set_programmatic_launch(true);
+  return f();
+}
+
 void check_programmatic_same_as_plain(const LaunchCase& c) {
   INFO(c.name);
   const int64_t B = 3;
@@ -1356,19 +1366,17 @@ void check_programmatic_same_as_plain(const LaunchCase& c) {
   for (cu::Model* m : {&pdl, &plain}) m->set_update_overlap(true);
   for (int64_t step = 0; step < 2; ++step) {
     const Batch b = random_batch(B, c.arch.seq_len, c.arch.vocab, 800 + uint64_t(step));
-    cu::kernels::set_programmatic_launch(true);
-    const StepResult rp = pdl.train_step(b.inputs.data(), b.targets.data(), step, cfg);
-    cu::kernels::set_programmatic_launch(false);
+    const StepResult rp = programmatically(
+        [&] { return pdl.train_step(b.inputs.data(), b.targets.data(), step, cfg); });
     const StepResult rq = plain.train_step(b.inputs.data(), b.targets.data(), step, cfg);
     CHECK(rp.loss == rq.loss);
     CHECK(rp.grad_norm == rq.grad_norm);
     CHECK(rp.flops.flops == rq.flops.flops);
   }
   const Batch e = random_batch(B, c.arch.seq_len, c.arch.vocab, 900);
-  cu::kernels::set_programmatic_launch(true);
-  const double lp = pdl.forward_loss(e.inputs.data(), e.targets.data(), B);
-  const std::vector<float> wp = pdl.parameters();
-  cu::kernels::set_programmatic_launch(false);
+  const auto [lp, wp] = programmatically([&] {
+    return std::pair(pdl.forward_loss(e.inputs.data(), e.targets.data(), B), pdl.parameters());
+  });
   CHECK(lp == plain.forward_loss(e.inputs.data(), e.targets.data(), B));
   CHECK(wp == plain.parameters());
 }
@@ -1418,7 +1426,6 @@ TEST_CASE("programmatic dependent launches give the same steps; every kernel wai
                               LaunchCase{"moe fp32 tied, loop", tied, DType::f32,
                                          with_positions("alibi"), A::cublas, E::loop}})
     check_programmatic_same_as_plain(c);
-  cu::kernels::set_programmatic_launch(false);
 }
 
 TEST_CASE("programmatic dependent launches with the wgmma kernels give the same steps") {
@@ -1430,7 +1437,6 @@ TEST_CASE("programmatic dependent launches with the wgmma kernels give the same 
   check_programmatic_same_as_plain(
       LaunchCase{"moe bf16 fused_wgmma, wgmma experts", wide, DType::bf16, with_positions("rope"),
                  cu::AttentionPath::fused_wgmma, cu::ExpertPath::wgmma});
-  cu::kernels::set_programmatic_launch(false);
 }
 
 #ifdef MOEPLAN_CUDA_EMULATION
