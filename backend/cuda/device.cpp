@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -61,7 +62,31 @@ void set_device(int device) {
   check_cuda(cudaSetDevice(device), "cudaSetDevice");
 }
 
+namespace {
+std::atomic<int64_t> g_wait_ns{0};
+// Adds the time from its construction to its destruction to host_wait_seconds().
+class WaitTimer {
+ public:
+  WaitTimer() : t0_(std::chrono::steady_clock::now()) {}
+  ~WaitTimer() {
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+        std::chrono::steady_clock::now() - t0_);
+    g_wait_ns.fetch_add(int64_t(ns.count()), std::memory_order_relaxed);
+  }
+  WaitTimer(const WaitTimer&) = delete;
+  WaitTimer& operator=(const WaitTimer&) = delete;
+
+ private:
+  std::chrono::steady_clock::time_point t0_;
+};
+}  // namespace
+
+double host_wait_seconds() {
+  return double(g_wait_ns.load(std::memory_order_relaxed)) * 1e-9;
+}
+
 void synchronize() {
+  const WaitTimer timed;
   check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
 }
 
@@ -136,11 +161,13 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
 }
 void DeviceBuffer::upload(const void* host, std::size_t bytes, std::size_t offset) {
   if (offset + bytes > bytes_) throw std::out_of_range("DeviceBuffer::upload past the end");
+  const WaitTimer timed;  // a pageable copy waits for the stream's work before it
   check_cuda(cudaMemcpy(static_cast<char*>(ptr_) + offset, host, bytes, cudaMemcpyHostToDevice),
              "cudaMemcpy H2D");
 }
 void DeviceBuffer::download(void* host, std::size_t bytes, std::size_t offset) const {
   if (offset + bytes > bytes_) throw std::out_of_range("DeviceBuffer::download past the end");
+  const WaitTimer timed;
   check_cuda(
       cudaMemcpy(host, static_cast<const char*>(ptr_) + offset, bytes, cudaMemcpyDeviceToHost),
       "cudaMemcpy D2H");
@@ -260,7 +287,9 @@ void StagedStream::wait(int stage) {
 }
 
 void StagedStream::finish() noexcept {
-  if (stream_) cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));
+  if (!stream_) return;
+  const WaitTimer timed;
+  cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));
 }
 
 }  // namespace moeplan::backend::cuda

@@ -571,7 +571,7 @@ int main(int argc, char** argv) {
     }
     if (table) model.set_gemm_table(table, lenient);
     std::vector<int32_t> in, tg;
-    std::vector<double> secs;
+    std::vector<double> secs, busy, waited;  // a step's wall time, and the host's share of it
     FlopLedger per_step;
     double loss0 = 0, loss_last = 0;
     // The batches made before the timed steps: with the update beside the next forward, a step
@@ -584,13 +584,19 @@ int main(int argc, char** argv) {
       make_batch(ins[size_t(s)], tgs[size_t(s)], batch, p.arch.seq_len, p.arch.vocab, s);
     for (int s = 0; s < warmup + steps; ++s) {
       const auto t0 = std::chrono::steady_clock::now();
+      const double w0 = cu::host_wait_seconds();
       const StepResult r =
           model.train_step(ins[size_t(s)].data(), tgs[size_t(s)].data(), s, cfg);  // norm read
       const double dt =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const double w = cu::host_wait_seconds() - w0;
       if (s == 0) loss0 = r.loss;
       loss_last = r.loss;
-      if (s >= warmup) secs.push_back(dt);
+      if (s >= warmup) {
+        secs.push_back(dt);
+        busy.push_back(dt - w);
+        waited.push_back(w);
+      }
       per_step = r.flops;
     }
     // Where the time goes: three more steps with per-phase CUDA events (not in the median).
@@ -671,18 +677,27 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "[%s] loss %.4f -> %.4f over %d steps; %.2f GiB device buffers\n",
                  name.c_str(), loss0, loss_last, warmup + steps,
                  double(model.device_bytes()) / double(1u << 30));
+    // The host's side of a step: its own work (issuing launches, cuBLAS's host code, the
+    // ledger) and its waits in synchronous calls. A wait near zero says the device waited for
+    // the host instead, and fewer or cheaper launches (CUDA graphs) are what would help.
+    const double host_busy = median(busy), host_wait = median(waited);
+    std::fprintf(stderr,
+                 "[%s] host per step (medians): busy %.2f ms, waiting for the device %.2f ms, "
+                 "of %.2f ms\n",
+                 name.c_str(), 1e3 * host_busy, 1e3 * host_wait, 1e3 * t);
     json += fmt::format(
         "{}{{\"name\": \"{}\", \"total_params\": {}, \"active_params\": {}, \"step_seconds\": {}, "
         "\"tokens_per_second_consumed\": {}, \"tflops_exact_causal\": {}, "
         "\"tflops_executed\": {}, \"kernels\": \"{}\", \"micro_batch\": {}, \"logit_rows\": {}, "
-        "\"gemm_table\": \"{}\", \"gemm_products\": {}, \"gemm_products_from_table\": {}}}",
+        "\"gemm_table\": \"{}\", \"gemm_products\": {}, \"gemm_products_from_table\": {}, "
+        "\"host_busy_seconds\": {}, \"host_wait_seconds\": {}}}",
         first ? "" : ", ", name, pc.total_params, pc.active_params, t, tokens / t, tf_useful,
         tf_exec,
         cu::to_string(
             cu::KernelChoice{p.attention, p.experts, 0, "",
                              p.pdl ? cu::LaunchMode::programmatic : cu::LaunchMode::plain}),
         p.micro_batch, model.logit_rows(), table_name, model.gemm_counts().products,
-        model.gemm_counts().from_table);
+        model.gemm_counts().from_table, host_busy, host_wait);
     first = false;
     // Written after every point, so that a later point that fails keeps the earlier ones.
     if (!json_path.empty()) write_json();

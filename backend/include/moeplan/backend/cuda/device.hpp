@@ -29,6 +29,13 @@ DeviceInfo device_info(int device = 0);
 void set_device(int device);
 void synchronize();  // waits for all work on the current device; throws on a CUDA error
 
+// Seconds this process's host threads have spent blocked in the backend's synchronous calls
+// (DeviceBuffer's copies, synchronize(), StagedStream::finish), since the process began. Taken
+// before and after a training step, it splits the step's wall time into the host's own work and
+// its waits for the device: a step whose host waited close to nothing was bound by the host
+// (issuing launches), not by the device.
+double host_wait_seconds();
+
 // Element types of matrix-product inputs: fp32 (tight tests) or bf16 (training).
 enum class DType { f32, bf16 };
 inline std::size_t dtype_size(DType t) {
