@@ -154,6 +154,7 @@ class CudaEngine final : public Engine {
       model_ = std::make_unique<Model>(r.arch, r.options, r.seed, local_batch_, DType::bf16,
                                        comm_.get(), *kernels_.attention, sharded_,
                                        kernels_.logit_rows, *kernels_.experts);
+      model_->set_router_path(*kernels_.router);
       // Each step's AdamW update beside the next step's forward, and, data parallel, the
       // gradients' all-reduce beside the backward (the same bits; neither with the optimizer
       // sharded): see Model::set_update_overlap and set_reduce_overlap.

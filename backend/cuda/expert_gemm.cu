@@ -257,7 +257,7 @@ template <int BM, bool TRANS_W, class OutT, bool GATHER>
 __global__ void __launch_bounds__(kThreads<BM>, kMinBlocks<BM>)
     rows_kernel(OutT* C, const uint16_t* A, const int32_t* gather, int gather_div,
                 const uint16_t* const* W, const int32_t* map, const int32_t* n_tiles, int N, int K,
-                bool vec) {
+                bool vec_a, bool vec_w, bool accumulate) {
   after_previous_grid();
   extern __shared__ __align__(128) unsigned char raw[];
   Tiles<BM>& t = *reinterpret_cast<Tiles<BM>*>(raw);
@@ -284,19 +284,19 @@ __global__ void __launch_bounds__(kThreads<BM>, kMinBlocks<BM>)
     const int k0 = step * BK;
     if constexpr (GATHER)
       load_tile_rows<BM, BK, kThreads<BM>>(
-          t.a[buf], LD_RK, [&](int i) { return mine[i] + k0; }, rows, K - k0, vec);
+          t.a[buf], LD_RK, [&](int i) { return mine[i] + k0; }, rows, K - k0, vec_a);
     else
-      load_tile<BM, BK, kThreads<BM>>(t.a[buf], LD_RK, a + k0, K, rows, K - k0, vec);
+      load_tile<BM, BK, kThreads<BM>>(t.a[buf], LD_RK, a + k0, K, rows, K - k0, vec_a);
     if constexpr (TRANS_W)  // W_e stored (N, K): the tile [128 columns][32 depth]
       load_tile<BN, BK, kThreads<BM>>(t.b[buf], LD_RK, w + int64_t(n0) * K + k0, K, N - n0, K - k0,
-                                      vec);
+                                      vec_w);
     else  // W_e stored (K, N): the tile [32 depth][128 columns]
       load_tile<BK, BN, kThreads<BM>>(t.b[buf], LD_KN, w + int64_t(k0) * N + n0, N, K - k0, N - n0,
-                                      vec);
+                                      vec_w);
   };
   pipeline((K + BK - 1) / BK, issue,
            [&](int buf) { mma_tile<BM, false, TRANS_W>(acc, t.a[buf], t.b[buf], wm, wn); });
-  store_part(C + int64_t(row0) * N + n0, N, acc, wm, wn, rows, N - n0, false);
+  store_part(C + int64_t(row0) * N + n0, N, acc, wm, wn, rows, N - n0, accumulate);
 }
 
 // Block (output tile, expert): G_e tile += Σ over the expert's rows of A^T · B, or = without
@@ -306,7 +306,7 @@ template <int BM, bool GATHER>
 __global__ void __launch_bounds__(kThreads<BM>, kMinBlocks<BM>)
     weight_grads_kernel(float* const* G, const uint16_t* A, const int32_t* gather, int gather_div,
                         const uint16_t* B, const int32_t* offsets, int M, int N, int tiles_n,
-                        bool vec, bool accumulate) {
+                        bool vec_a, bool vec_b, bool accumulate) {
   after_previous_grid();
   extern __shared__ __align__(128) unsigned char raw[];
   Tiles<BM>& t = *reinterpret_cast<Tiles<BM>*>(raw);
@@ -329,13 +329,13 @@ __global__ void __launch_bounds__(kThreads<BM>, kMinBlocks<BM>)
             const int r = k0 + r0 + i * kStride;
             return r < r1 ? A + int64_t(gather[r] / gather_div) * M + m0 : A;
           },
-          r1 - k0, M - m0, vec);
+          r1 - k0, M - m0, vec_a);
     } else {
       load_tile<BK, BM, kThreads<BM>>(t.a[buf], LD_KM<BM>, A + int64_t(k0) * M + m0, M, r1 - k0,
-                                      M - m0, vec);
+                                      M - m0, vec_a);
     }
     load_tile<BK, BN, kThreads<BM>>(t.b[buf], LD_KN, B + int64_t(k0) * N + n0, N, r1 - k0, N - n0,
-                                    vec);
+                                    vec_b);
   };
   pipeline((r1 - r0 + BK - 1) / BK, issue,
            [&](int buf) { mma_tile<BM, true, false>(acc, t.a[buf], t.b[buf], wm, wn); });
@@ -363,11 +363,11 @@ void check_tile_rows(int64_t tile_rows) {
 template <int BM, bool TRANS_W, class OutT, bool GATHER>
 void launch_rows(dim3 grid, OutT* C, const uint16_t* A, const int32_t* gather, int gather_div,
                  const uint16_t* const* W, const int32_t* map, const int32_t* n_tiles, int N, int K,
-                 bool vec) {
+                 bool vec_a, bool vec_w, bool accumulate) {
   opt_in_shared_memory<rows_kernel<BM, TRANS_W, OutT, GATHER>, sizeof(Tiles<BM>)>(
       "cudaFuncSetAttribute (expert_gemm shared memory)");
   launch_kernel(rows_kernel<BM, TRANS_W, OutT, GATHER>, {grid, kThreads<BM>, sizeof(Tiles<BM>)}, C,
-                A, gather, gather_div, W, map, n_tiles, N, K, vec);
+                A, gather, gather_div, W, map, n_tiles, N, K, vec_a, vec_w, accumulate);
 }
 
 // Gathered A only with W untransposed (the forward's first product; none other reads routed
@@ -375,27 +375,31 @@ void launch_rows(dim3 grid, OutT* C, const uint16_t* A, const int32_t* gather, i
 template <int BM, class OutT>
 void launch_rows(dim3 grid, bool trans_w, OutT* C, const uint16_t* A, const int32_t* gather,
                  int gather_div, const uint16_t* const* W, const int32_t* map,
-                 const int32_t* n_tiles, int N, int K, bool vec) {
+                 const int32_t* n_tiles, int N, int K, bool vec_a, bool vec_w, bool accumulate) {
   if (gather && trans_w)
     throw std::logic_error("expert_gemm::rows: gathered rows with a transposed W");
   if (gather)
-    launch_rows<BM, false, OutT, true>(grid, C, A, gather, gather_div, W, map, n_tiles, N, K, vec);
+    launch_rows<BM, false, OutT, true>(grid, C, A, gather, gather_div, W, map, n_tiles, N, K, vec_a,
+                                       vec_w, accumulate);
   else if (trans_w)
-    launch_rows<BM, true, OutT, false>(grid, C, A, nullptr, 1, W, map, n_tiles, N, K, vec);
+    launch_rows<BM, true, OutT, false>(grid, C, A, nullptr, 1, W, map, n_tiles, N, K, vec_a, vec_w,
+                                       accumulate);
   else
-    launch_rows<BM, false, OutT, false>(grid, C, A, nullptr, 1, W, map, n_tiles, N, K, vec);
+    launch_rows<BM, false, OutT, false>(grid, C, A, nullptr, 1, W, map, n_tiles, N, K, vec_a, vec_w,
+                                        accumulate);
 }
 
 template <int BM, bool GATHER>
 void launch_weight_grads(float* const* G, const uint16_t* A, const int32_t* gather, int gather_div,
                          const uint16_t* B, const int32_t* offsets, int64_t experts, int64_t M,
-                         int64_t N, bool vec, bool accumulate) {
+                         int64_t N, bool vec_a, bool vec_b, bool accumulate) {
   const int64_t tiles_n = (N + BN - 1) / BN, tiles = (M + BM - 1) / BM * tiles_n;
   opt_in_shared_memory<weight_grads_kernel<BM, GATHER>, sizeof(Tiles<BM>)>(
       "cudaFuncSetAttribute (expert_gemm shared memory)");
   launch_kernel(weight_grads_kernel<BM, GATHER>,
                 {dim3(unsigned(tiles), unsigned(experts)), kThreads<BM>, sizeof(Tiles<BM>)}, G, A,
-                gather, gather_div, B, offsets, int(M), int(N), int(tiles_n), vec, accumulate);
+                gather, gather_div, B, offsets, int(M), int(N), int(tiles_n), vec_a, vec_b,
+                accumulate);
 }
 
 }  // namespace
@@ -421,32 +425,39 @@ void build_row_tiles(int32_t* tile_map, int32_t* n_tiles, const int32_t* offsets
 
 void rows(void* C, bool c_bf16, const uint16_t* A, const uint16_t* const* W, bool trans_w,
           const int32_t* tile_map, const int32_t* n_tiles, int64_t max_tiles, int64_t N, int64_t K,
-          int64_t tile_rows, const int32_t* gather, int64_t gather_div) {
+          int64_t tile_rows, const int32_t* gather, int64_t gather_div, bool accumulate) {
   check_tile_rows(tile_rows);
   if (max_tiles == 0 || N == 0) return;
+  if (accumulate && c_bf16) throw std::logic_error("expert_gemm::rows: adding into a bf16 C");
   check_int(N, "N");
   check_int(K, "K");
   check_int(max_tiles, "tile count");
   check_int(gather_div - 1, "gather divisor");
   const int gd = int(gather_div);
   // The weight pointers are checked where their tables are built (the caller's job: every W_e
-  // 16-byte aligned when K and N are multiples of 8).
-  const bool vec = K % 8 == 0 && N % 8 == 0 && aligned16(A);
+  // 16-byte aligned when its row length, K transposed or N, is a multiple of 8). A and W are
+  // copied 16 bytes at a time each where its own rows allow (the router's products: rows of E
+  // 66 logits on one side, of 512 on the other).
+  const bool vec_a = K % 8 == 0 && aligned16(A), vec_w = (trans_w ? K : N) % 8 == 0;
   const dim3 grid(unsigned(max_tiles), unsigned((N + BN - 1) / BN));
   const int n = int(N), k = int(K);
   const bool r64 = tile_rows == 64;
   if (c_bf16) {
     bf16* c = static_cast<bf16*>(C);
     if (r64)
-      launch_rows<64>(grid, trans_w, c, A, gather, gd, W, tile_map, n_tiles, n, k, vec);
+      launch_rows<64>(grid, trans_w, c, A, gather, gd, W, tile_map, n_tiles, n, k, vec_a, vec_w,
+                      accumulate);
     else
-      launch_rows<128>(grid, trans_w, c, A, gather, gd, W, tile_map, n_tiles, n, k, vec);
+      launch_rows<128>(grid, trans_w, c, A, gather, gd, W, tile_map, n_tiles, n, k, vec_a, vec_w,
+                       accumulate);
   } else {
     float* c = static_cast<float*>(C);
     if (r64)
-      launch_rows<64>(grid, trans_w, c, A, gather, gd, W, tile_map, n_tiles, n, k, vec);
+      launch_rows<64>(grid, trans_w, c, A, gather, gd, W, tile_map, n_tiles, n, k, vec_a, vec_w,
+                      accumulate);
     else
-      launch_rows<128>(grid, trans_w, c, A, gather, gd, W, tile_map, n_tiles, n, k, vec);
+      launch_rows<128>(grid, trans_w, c, A, gather, gd, W, tile_map, n_tiles, n, k, vec_a, vec_w,
+                       accumulate);
   }
   check_launch("expert_gemm::rows");
 }
@@ -461,15 +472,20 @@ void weight_grads(float* const* G, const uint16_t* A, const uint16_t* B, const i
   check_int(experts, "expert count");
   check_int(gather_div - 1, "gather divisor");
   const int gd = int(gather_div);
-  const bool vec = M % 8 == 0 && N % 8 == 0 && aligned16(A) && aligned16(B);
+  // A gathered reads rows of M at the gathered places: whole 16-byte copies need M % 8 there too.
+  const bool vec_a = M % 8 == 0 && aligned16(A), vec_b = N % 8 == 0 && aligned16(B);
   if (tile_rows == 64 && gather)
-    launch_weight_grads<64, true>(G, A, gather, gd, B, offsets, experts, M, N, vec, accumulate);
+    launch_weight_grads<64, true>(G, A, gather, gd, B, offsets, experts, M, N, vec_a, vec_b,
+                                  accumulate);
   else if (tile_rows == 64)
-    launch_weight_grads<64, false>(G, A, nullptr, 1, B, offsets, experts, M, N, vec, accumulate);
+    launch_weight_grads<64, false>(G, A, nullptr, 1, B, offsets, experts, M, N, vec_a, vec_b,
+                                   accumulate);
   else if (gather)
-    launch_weight_grads<128, true>(G, A, gather, gd, B, offsets, experts, M, N, vec, accumulate);
+    launch_weight_grads<128, true>(G, A, gather, gd, B, offsets, experts, M, N, vec_a, vec_b,
+                                   accumulate);
   else
-    launch_weight_grads<128, false>(G, A, nullptr, 1, B, offsets, experts, M, N, vec, accumulate);
+    launch_weight_grads<128, false>(G, A, nullptr, 1, B, offsets, experts, M, N, vec_a, vec_b,
+                                    accumulate);
   check_launch("expert_gemm::weight_grads");
 }
 

@@ -1978,6 +1978,10 @@ void launch_cross_entropy(float* losses, OutT* dlogits, const OutT* logits, cons
 
 }  // namespace
 
+void sum_partials(float* out, const float* partial, int64_t n, int64_t chunks, bool accumulate) {
+  colsum_finish(out, partial, n, 1.f, accumulate, chunks);
+}
+
 void cross_entropy(float* losses, void* dlogits, DType mm, const void* logits,
                    const int32_t* targets, int64_t T, int64_t V, float grad_scale) {
   MOEPLAN_DISPATCH_MM(

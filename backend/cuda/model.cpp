@@ -12,6 +12,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <numeric>
 #include <optional>
 #include <unordered_map>
@@ -544,6 +545,7 @@ struct Model::Impl {
   int64_t pad_rows = 0;
   int64_t expert_stride = 0;  // elements from expert e's weights to e+1's (w13 and w2 alike)
   ExpertPath expert_path = ExpertPath::grouped;
+  RouterPath router_path = RouterPath::cublas;
   // Tiled path: per MoE layer, E pointers each to W13_e, W2_e (bf16 copies) and their fp32
   // gradients, fixed for the model's life; and the products launched since the last wait, whose
   // padding is booked once the counts can be read.
@@ -1311,6 +1313,113 @@ struct Model::Impl {
     lg.add_gemm(FlopCategory::expert, Phase::weight_grad, M, N, R);
     tiled_pending.push_back({l, true, M, N, Phase::weight_grad});
   }
+  // ---- the router's products through the tiled kernels (RouterPath::tiled) -------------------
+  // The pass's tokens are the one "expert" of the row products (64-row tiles; the E logit columns,
+  // or the E-deep input gradient, one tile wide or deep), and chunks of kRouterChunk tokens the
+  // "experts" of the weight gradient: one block a (tile, chunk), each chunk's (E, Dm) product into
+  // a partial that colsum_finish adds in chunk order. Padding (tile rows past the tokens, columns
+  // past E, depth past a multiple of 32) is booked as such.
+  static constexpr int64_t kRouterChunk = 256, kRouterTileRows = 64;
+  struct RouterPlan {  // for a pass of a given token count
+    DeviceBuffer offsets, tile_map, n_tiles, chunk_offsets, chunk_grads;
+    int64_t max_tiles = 0, chunks = 0;
+    std::vector<int32_t> chunk_rows;  // tokens of each chunk (the padding's ledger)
+  };
+  std::map<int64_t, RouterPlan> router_plans;  // by pass tokens; made at a length's first pass
+  DeviceBuffer router_wtab;                    // each MoE layer's bf16 router (E, Dm)
+  DeviceBuffer router_partials;                // (chunks of a whole pass, E, Dm) fp32
+  bool router_tiled() const { return router_path == RouterPath::tiled && E > 0; }
+  const uint16_t* const* router_table(int64_t l) const {
+    return static_cast<const uint16_t* const*>(router_wtab.data()) + (l - a.dense_layers);
+  }
+  void build_router_tables() {
+    std::vector<const void*> t;
+    for (int64_t l = a.dense_layers; l < L; ++l) {
+      if (Dm % 8 == 0 && lp[size_t(l)].router % 8 != 0)  // 16-byte copies of its rows
+        throw std::logic_error("a router weight does not start 16-byte aligned");
+      t.push_back(Wm(lp[size_t(l)].router));
+    }
+    router_wtab = alloc(t.size() * sizeof(void*));
+    router_wtab.upload(t.data(), t.size() * sizeof(void*));
+    router_partials = alloc_f((T + kRouterChunk - 1) / kRouterChunk * E * Dm);
+  }
+  // Uploads once per pass length (a synchronous copy; the first step's, and a shorter last pass).
+  const RouterPlan& router_plan(int64_t Tn) {
+    if (const auto it = router_plans.find(Tn); it != router_plans.end()) return it->second;
+    RouterPlan p;
+    const int32_t offs[2] = {0, int32_t(Tn)};
+    p.offsets = alloc(sizeof(offs));
+    p.offsets.upload(offs, sizeof(offs));
+    p.max_tiles = expert_gemm::max_row_tiles(Tn, 1, kRouterTileRows);
+    p.tile_map = alloc(size_t(3 * p.max_tiles) * 4);
+    p.n_tiles = alloc(4);
+    expert_gemm::build_row_tiles(p.tile_map.as<int32_t>(), p.n_tiles.as<int32_t>(),
+                                 p.offsets.as<int32_t>(), 1, kRouterTileRows);
+    p.chunks = (Tn + kRouterChunk - 1) / kRouterChunk;
+    std::vector<int32_t> co;
+    std::vector<float*> grads_at;
+    for (int64_t c = 0; c < p.chunks; ++c) {
+      co.push_back(int32_t(c * kRouterChunk));
+      p.chunk_rows.push_back(int32_t(std::min(kRouterChunk, Tn - c * kRouterChunk)));
+      grads_at.push_back(router_partials.as<float>() + c * E * Dm);
+    }
+    co.push_back(int32_t(Tn));
+    p.chunk_offsets = alloc(co.size() * 4);
+    p.chunk_offsets.upload(co.data(), co.size() * 4);
+    p.chunk_grads = alloc(grads_at.size() * sizeof(float*));
+    p.chunk_grads.upload(grads_at.data(), grads_at.size() * sizeof(float*));
+    return router_plans.emplace(Tn, std::move(p)).first->second;
+  }
+  // router logits (Tn, E) fp32 = ln2 · router^T.
+  void router_forward(int64_t l, const void* ln2, int64_t Tn, FlopLedger& lg) {
+    const LayerParams& q = lp[size_t(l)];
+    if (!router_tiled()) {  // router stored (E, Dm)
+      blas.gemm(rec(lg, FlopCategory::router, Phase::forward), false, true, Tn, E, Dm, ln2, Dm,
+                Wm(q.router), Dm, router_logits.as<float>(), E, 0.f, mm);
+      return;
+    }
+    const RouterPlan& p = router_plan(Tn);
+    expert_gemm::rows(router_logits.data(), false, static_cast<const uint16_t*>(ln2),
+                      router_table(l), true, p.tile_map.as<int32_t>(), p.n_tiles.as<int32_t>(),
+                      p.max_tiles, E, Dm, kRouterTileRows);
+    const int32_t rows = int32_t(Tn);
+    book_router(lg, Phase::forward, Tn * E * Dm,
+                expert_gemm::executed_row_product_flops(&rows, 1, E, Dm, kRouterTileRows));
+  }
+  // dln (Tp, Dm) += dlog · router; drouter (E, Dm) (+)= dlog^T · ln2 (dlog (Tp, E) in mm).
+  void router_backward_products(int64_t l, const void* ln2, int64_t Tp, FlopLedger& lg) {
+    const LayerParams& q = lp[size_t(l)];
+    if (!router_tiled()) {
+      blas.gemm(rec(lg, FlopCategory::router, Phase::input_grad), false, false, Tp, Dm, E,
+                dlog.data(), E, Wm(q.router), Dm, dln.as<float>(), Dm, 1.f, mm);
+      blas.gemm(rec(lg, FlopCategory::router, Phase::weight_grad), true, false, E, Dm, Tp,
+                dlog.data(), E, ln2, Dm, G(q.router), Dm, grad_beta(q.router), mm);
+      return;
+    }
+    const RouterPlan& p = router_plan(Tp);
+    const auto* d16 = static_cast<const uint16_t*>(dlog.data());
+    expert_gemm::rows(dln.data(), false, d16, router_table(l), false, p.tile_map.as<int32_t>(),
+                      p.n_tiles.as<int32_t>(), p.max_tiles, Dm, E, kRouterTileRows, nullptr, 1,
+                      true);
+    const int32_t rows = int32_t(Tp);
+    book_router(lg, Phase::input_grad, Tp * Dm * E,
+                expert_gemm::executed_row_product_flops(&rows, 1, Dm, E, kRouterTileRows));
+    expert_gemm::weight_grads(static_cast<float* const*>(p.chunk_grads.data()), d16,
+                              static_cast<const uint16_t*>(ln2), p.chunk_offsets.as<int32_t>(),
+                              p.chunks, E, Dm, kRouterTileRows, false);
+    k::sum_partials(G(q.router), router_partials.as<float>(), E * Dm, p.chunks,
+                    grad_beta(q.router) != 0.f);
+    book_router(lg, Phase::weight_grad, E * Dm * Tp,
+                expert_gemm::executed_weight_grad_flops(p.chunk_rows.data(), p.chunks, E, Dm,
+                                                        kRouterTileRows));
+  }
+  // A router product of `macs` multiply-adds under router, what its tiles executed beyond them
+  // under padding.
+  static void book_router(FlopLedger& lg, Phase ph, int64_t macs, int64_t executed) {
+    lg.flops[int(FlopCategory::router)][int(ph)] += 2 * macs;
+    lg.flops[int(FlopCategory::padding)][int(ph)] += executed - 2 * macs;
+  }
+
   // What the host reads after a pass, in one download: the cross-entropy sum (returned), and for
   // each MoE layer its auxiliary losses (aux_host: 2 floats a MoE layer) and routed counts
   // (counts_host), gathered on the device first. A round trip each left the device idle at the
@@ -1481,9 +1590,7 @@ struct Model::Impl {
       swiglu_ffn_forward(out, x.ln2.data(), x.sh13.data(), x.sact.data(), q.shared_w13, q.shared_w2,
                          Tn, Dse, lg, FlopCategory::shared_expert, side_lane());
     }
-    // router logits (T,E) = ln2 · router^T (router stored (E, Dm))
-    blas.gemm(rec(lg, FlopCategory::router, Phase::forward), false, true, Tn, E, Dm, x.ln2.data(),
-              Dm, Wm(q.router), Dm, router_logits.as<float>(), E, 0.f, mm);
+    router_forward(l, x.ln2.data(), Tn, lg);  // router logits (Tn, E)
     k::router_topk(x.probs.as<float>(), x.lse.as<float>(), x.idx.as<int32_t>(), x.gate.as<float>(),
                    router_logits.as<float>(), Tn, E, K, opt.renormalize_gates);
     const int64_t cap = pass_capacity(Tn);
@@ -1836,11 +1943,7 @@ struct Model::Impl {
                        x.gate.as<float>(), dgate.as<float>(), assigned_counts(x), Tp, E, K,
                        opt.renormalize_gates, float(aux_grad_w * opt.load_balance),
                        float(aux_grad_w * opt.z_loss));
-    // router stored (E, Dm): dln += dlog · router; drouter += dlog^T · ln2
-    blas.gemm(rec(lg, FlopCategory::router, Phase::input_grad), false, false, Tp, Dm, E, dlog.data(),
-              E, Wm(q.router), Dm, dln.as<float>(), Dm, 1.f, mm);
-    blas.gemm(rec(lg, FlopCategory::router, Phase::weight_grad), true, false, E, Dm, Tp,
-              dlog.data(), E, x.ln2.data(), Dm, G(q.router), Dm, grad_beta(q.router), mm);
+    router_backward_products(l, x.ln2.data(), Tp, lg);
   }
 
   void upload_embedding_segments(const int32_t* inputs, int64_t Tn) {
@@ -2402,6 +2505,21 @@ void Model::set_expert_path(ExpertPath path) {
       x.xg = m.alloc_mm(m.T * m.K * m.Dm);
   }
 }
+void Model::set_router_path(RouterPath path) {
+  Impl& m = *impl_;
+  if (path == RouterPath::tiled && m.mm != DType::bf16)
+    throw InputError(
+        "router path 'tiled' multiplies bf16 inputs; this model multiplies in fp32 (valid: "
+        "cublas)");
+  m.router_path = path;
+  if (m.router_tiled() && !m.router_wtab.data()) {
+    m.build_router_tables();
+    m.router_plan(m.T);  // a whole pass's, before any step
+  }
+}
+RouterPath Model::router_path() const {
+  return impl_->router_path;
+}
 bool Model::fused_attention() const {
   return impl_->flash;
 }
@@ -2434,6 +2552,8 @@ constexpr std::pair<const char*, ExpertPath> kExperts[] = {
     {"wgmma", ExpertPath::wgmma},     {"batched", ExpertPath::batched}};
 constexpr std::pair<const char*, LaunchMode> kLaunch[] = {{"plain", LaunchMode::plain},
                                                           {"pdl", LaunchMode::programmatic}};
+constexpr std::pair<const char*, RouterPath> kRouter[] = {{"cublas", RouterPath::cublas},
+                                                          {"tiled", RouterPath::tiled}};
 
 template <class E, size_t N>
 E lookup(const std::pair<const char*, E> (&names)[N], const std::string& key,
@@ -2485,7 +2605,7 @@ static std::string parse_gemm_choice(const std::string& value) {
 
 KernelChoice parse_kernel_choice(const std::string& spec) {
   KernelChoice k;
-  constexpr const char* kNames = "attention, experts, logits, gemm, launch";
+  constexpr const char* kNames = "attention, experts, logits, gemm, launch, router";
   std::vector<std::string> seen;
   size_t pos = 0;
   while (pos < spec.size()) {
@@ -2498,7 +2618,7 @@ KernelChoice parse_kernel_choice(const std::string& spec) {
       throw InputError(
           fmt::format("--kernels: '{}' is not name=value (valid names: {})", item, kNames));
     const bool known = key == "attention" || key == "experts" || key == "logits" || key == "gemm" ||
-                       key == "launch";
+                       key == "launch" || key == "router";
     if (!known || std::find(seen.begin(), seen.end(), key) != seen.end())
       throw InputError(fmt::format("--kernels: '{}' {} (valid names, each at most once: {})", key,
                                    known ? "is given twice" : "is not a kernel name", kNames));
@@ -2511,6 +2631,8 @@ KernelChoice parse_kernel_choice(const std::string& spec) {
       k.logit_rows = parse_logit_rows(value);
     else if (key == "launch")
       k.launch = value == "auto" ? std::nullopt : std::optional(lookup(kLaunch, key, value));
+    else if (key == "router")
+      k.router = value == "auto" ? std::nullopt : std::optional(lookup(kRouter, key, value));
     else
       k.gemm_table = parse_gemm_choice(value);
     pos = end + 1;
@@ -2519,12 +2641,13 @@ KernelChoice parse_kernel_choice(const std::string& spec) {
 }
 
 std::string to_string(const KernelChoice& k) {
-  return fmt::format("attention={},experts={}{}{}{}",
+  return fmt::format("attention={},experts={}{}{}{}{}",
                      k.attention ? name_of(kAttention, *k.attention) : "auto",
                      k.experts ? name_of(kExperts, *k.experts) : "auto",
                      k.logit_rows > 0 ? fmt::format(",logits={}", k.logit_rows) : "",
                      k.gemm_table.empty() ? "" : ",gemm=" + k.gemm_table,
-                     k.launch == LaunchMode::programmatic ? ",launch=pdl" : "");
+                     k.launch == LaunchMode::programmatic ? ",launch=pdl" : "",
+                     k.router == RouterPath::tiled ? ",router=tiled" : "");
 }
 
 KernelChoice resolve_kernels(const KernelChoice& asked, int64_t head_dim, DType matmul) {
@@ -2537,6 +2660,7 @@ KernelChoice resolve_kernels(const KernelChoice& asked, int64_t head_dim, DType 
                                                                 : AttentionPath::cublas;
   if (!k.experts) k.experts = bf16 ? ExpertPath::tiled128 : ExpertPath::grouped;
   if (!k.launch) k.launch = LaunchMode::plain;  // pdl is not measured yet (bench/gpu/NOTES.md)
+  if (!k.router) k.router = RouterPath::cublas;  // tiled is not measured yet (bench/gpu/NOTES.md)
   return k;
 }
 

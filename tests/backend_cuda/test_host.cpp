@@ -200,7 +200,21 @@ TEST_CASE("--kernels: attention and experts by name or auto, everything else ref
   CHECK(cu::to_string(cu::parse_kernel_choice("launch=plain")) == "attention=auto,experts=auto");
   CHECK(message("launch=eager") ==
         "--kernels: launch=eager is not known (valid: launch=auto|plain|pdl)");
-  CHECK(message("speed=fast").find("'speed' is not a kernel name") != std::string::npos);
+  // The router's products: cublas unless asked (tiled is not measured yet), shown only when
+  // tiled.
+  CHECK(cu::parse_kernel_choice("router=tiled").router == cu::RouterPath::tiled);
+  CHECK(cu::parse_kernel_choice("router=cublas").router == cu::RouterPath::cublas);
+  CHECK(!cu::parse_kernel_choice("router=auto").router);
+  CHECK(cu::resolve_kernels(d, 64, cu::DType::bf16).router == cu::RouterPath::cublas);
+  CHECK(cu::to_string(cu::resolve_kernels(cu::parse_kernel_choice("router=tiled,launch=pdl"), 64,
+                                          cu::DType::bf16)) ==
+        "attention=fused_mma_lean,experts=tiled128,launch=pdl,router=tiled");
+  CHECK(cu::to_string(cu::parse_kernel_choice("router=cublas")) == "attention=auto,experts=auto");
+  CHECK(message("router=fast") ==
+        "--kernels: router=fast is not known (valid: router=auto|cublas|tiled)");
+  CHECK(message("speed=fast") ==
+        "--kernels: 'speed' is not a kernel name (valid names, each at most once: attention, "
+        "experts, logits, gemm, launch, router)");
   CHECK(message("attention").find("is not name=value") != std::string::npos);
   CHECK(message("attention=,experts=tiled").find("is not name=value") != std::string::npos);
   CHECK(message("experts=tiled,experts=loop").find("given twice") != std::string::npos);

@@ -1200,6 +1200,23 @@ void check_tiled_products(int64_t tr, bool wgmma = false) {
         CHECK(err < (c_bf16 ? 2e-2 : 1e-5));
         if (err >= (c_bf16 ? 2e-2 : 1e-5)) print_mismatches("rows", got, want, N);
       }
+      if (!wgmma) {  // added to an fp32 C (the router's input gradient): C + the products
+        const std::vector<float> base = randn(size_t(R * N), 43);
+        auto out = to_device(base);
+        eg::rows(out.data(), false, dA.as<uint16_t>(),
+                 static_cast<const uint16_t* const*>(dWp.data()), trans, map.as<int32_t>(),
+                 n_tiles.as<int32_t>(), max_tiles, N, K, tr, nullptr, 1, true);
+        synchronize();
+        std::vector<float> sum = want;
+        for (size_t i = 0; i < sum.size(); ++i) sum[i] += base[i];
+        const auto got = download_f(out, size_t(R * N), DType::f32);
+        CHECK(rel_err(got, sum) < 1e-5);
+        CHECK_THROWS_AS(
+            eg::rows(out.data(), true, dA.as<uint16_t>(),
+                     static_cast<const uint16_t* const*>(dWp.data()), trans, map.as<int32_t>(),
+                     n_tiles.as<int32_t>(), max_tiles, N, K, tr, nullptr, 1, true),
+            std::logic_error);
+      }
     }
     // Gathered: routed row r read as token row gather[r] / 3 of X (tokens repeat across
     // experts, as with top-K routing): the same bits as the rows copied out first. gather holds

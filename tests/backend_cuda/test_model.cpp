@@ -767,6 +767,104 @@ TEST_CASE("routed experts: the wgmma kernels give the per-expert products' step;
 // A capacity factor (BACKEND.md: each expert keeps its first ceil(cf·T·K/E) assignments of a
 // pass, in token order; the load balance counts every assignment): what the CPU drops, on every
 // expert path, in one pass and in passes, training and evaluating.
+TEST_CASE(
+    "the router's products on the tiled kernels give the cuBLAS router's step; padding exact") {
+  // router=tiled runs the router's three products (logits; the input and weight gradients) on
+  // the routed experts' kernels: the same bf16 inputs and fp32 sums in another order, so the
+  // same step within rounding. E = 10 logits a row (not whole 16-byte words: staged element by
+  // element) over 9 sequences of 32 tokens (288: a last 64-row tile of 32, weight-gradient
+  // chunks of 256 and 32), in one pass and in passes of 4 (128, 128, 32 tokens), with the ERC
+  // loss (which writes the router's gradient first: the chunks' sum must add to it).
+  Arch a = moe_arch();
+  a.experts = 10;
+  ModelOptions plain, passes, erc;
+  passes.micro_batch_seqs = 4;
+  erc.erc_loss = 0.5;
+  const int64_t B = 9, E = a.experts, Dm = a.d_model, S = a.seq_len;
+  const Batch b = random_batch(B, S, a.vocab, 61);
+  const auto up = [](int64_t x, int64_t m) { return (x + m - 1) / m * m; };
+  for (const ModelOptions& opt : {plain, passes, erc}) {
+    INFO("passes of " << opt.micro_batch_seqs << ", erc " << opt.erc_loss);
+    cu::Model tiled(a, opt, 8, B, DType::bf16, nullptr, cu::AttentionPath::cublas, false, 0,
+                    cu::ExpertPath::tiled128),
+        blas(a, opt, 8, B, DType::bf16, nullptr, cu::AttentionPath::cublas, false, 0,
+             cu::ExpertPath::tiled128);
+    tiled.set_router_path(cu::RouterPath::tiled);
+    CHECK(tiled.router_path() == cu::RouterPath::tiled);
+    CHECK(blas.router_path() == cu::RouterPath::cublas);
+    moeplan::backend::Model<float> ref(a, opt, 8, B);
+    const auto rng0 = tiled.rng_state();  // the ERC noise's generator, for the repeat below
+    StepResult rt, rb, rc;
+    const double ot = tiled.compute_gradients(b.inputs.data(), b.targets.data(), &rt);
+    const double ob = blas.compute_gradients(b.inputs.data(), b.targets.data(), &rb);
+    const double oc = ref.compute_gradients(b.inputs.data(), b.targets.data(), &rc);
+    const auto gt = tiled.gradients(), gb = blas.gradients();
+    // The routers' gradients alone: where a wrong sum (a chunk lost, the ERC part overwritten)
+    // would show first.
+    std::vector<float> rt_router, rb_router;
+    for (const auto& t : tiled.tensors())
+      if (t.name.ends_with(".router")) {
+        rt_router.insert(rt_router.end(), gt.begin() + t.offset, gt.begin() + t.offset + t.size());
+        rb_router.insert(rb_router.end(), gb.begin() + t.offset, gb.begin() + t.offset + t.size());
+      }
+    const double err = rel_err(gt, gb), router_err = rel_err(rt_router, rb_router),
+                 cpu_err = rel_err(gt, vec(ref.gradients()));
+    std::printf(
+        "[router tiled, passes %lld, erc %.1f] objective tiled %.7f cublas %.7f cpu %.7f; "
+        "gradient rel diff %.2e (routers %.2e), against the CPU %.2e\n",
+        static_cast<long long>(opt.micro_batch_seqs), opt.erc_loss, ot, ob, oc, err, router_err,
+        cpu_err);
+    print_worst_tensors(tiled.tensors(), gt, gb);
+    REQUIRE(!rt_router.empty());
+    CHECK(std::abs(ot - ob) / ob < 1e-4);
+    CHECK(router_err < 1e-3);
+    CHECK(err < 1e-2);
+    CHECK(std::abs(ot - oc) / oc < 2e-2);
+    CHECK(cpu_err < 5e-2);
+    // The ledgers: the same products; the tiles' padding on top, by hand for each pass of n
+    // tokens and each MoE layer: the logits run 64-row tiles × 128 columns × depth in 32s, the
+    // input gradient 64-row tiles × Dm in 128s × E in 32s, the weight gradient ceil64(E) rows ×
+    // Dm in 128s over each 256-token chunk's tokens in 32s.
+    FlopLedger ut = rt.flops, ub = rb.flops;
+    ut.flops[int(FlopCategory::padding)] = {};
+    ub.flops[int(FlopCategory::padding)] = {};
+    CHECK(ut == ub);
+    const int64_t per_pass = opt.micro_batch_seqs > 0 ? opt.micro_batch_seqs : B;
+    int64_t fwd = 0, dx = 0, dw = 0;
+    for (int64_t s0 = 0; s0 < B; s0 += per_pass) {
+      const int64_t n = std::min(per_pass, B - s0) * S;
+      fwd += 2 * (up(n, 64) * up(E, 128) * up(Dm, 32) - n * E * Dm);
+      dx += 2 * (up(n, 64) * up(Dm, 128) * up(E, 32) - n * Dm * E);
+      int64_t walked = 0;
+      for (int64_t c = 0; c < n; c += 256) walked += up(std::min<int64_t>(256, n - c), 32);
+      dw += 2 * (up(E, 64) * up(Dm, 128) * walked - E * Dm * n);
+    }
+    const int64_t moe = a.moe_layers();
+    const auto extra = [&](Phase ph) {
+      return (rt.flops.at(FlopCategory::padding, ph) - rb.flops.at(FlopCategory::padding, ph))
+          .to_int64();
+    };
+    CHECK(extra(Phase::forward) == moe * fwd);
+    CHECK(extra(Phase::input_grad) == moe * dx);
+    CHECK(extra(Phase::weight_grad) == moe * dw);
+    // Again, from the same generator state: the same bits (fixed tile and chunk order).
+    tiled.set_rng_state(rng0);
+    tiled.compute_gradients(b.inputs.data(), b.targets.data());
+    CHECK(tiled.gradients() == gt);
+    // Evaluation: the logits' product only, its padding in the eval ledger.
+    const double et = tiled.forward_loss(b.inputs.data(), b.targets.data(), B);
+    const double eb = blas.forward_loss(b.inputs.data(), b.targets.data(), B);
+    CHECK(std::abs(et - eb) / eb < 1e-4);
+    CHECK((tiled.eval_ledger().at(FlopCategory::padding, Phase::forward) -
+           blas.eval_ledger().at(FlopCategory::padding, Phase::forward))
+              .to_int64() == moe * fwd);
+  }
+  // fp32 models multiply in fp32: no tiled router.
+  cu::Model f32(a, plain, 8, B, DType::f32);
+  CHECK_THROWS_AS(f32.set_router_path(cu::RouterPath::tiled), moeplan::InputError);
+  f32.set_router_path(cu::RouterPath::cublas);
+}
+
 TEST_CASE("capacity factor: every expert path drops what the CPU drops") {
   const Arch a = moe_arch();
   ModelOptions opt;

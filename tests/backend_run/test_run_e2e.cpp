@@ -1591,7 +1591,8 @@ TEST_CASE("moeplan run --device cuda (emulated): the CPU's tokens and ledger, ke
         Variant{"attention=cublas,experts=grouped", "attention=cublas,experts=grouped"},
         Variant{"experts=batched", "attention=fused_mma_lean,experts=batched"},
         Variant{"experts=wgmma", "attention=fused_mma_lean,experts=wgmma"},
-        Variant{"launch=pdl", "attention=fused_mma_lean,experts=tiled128,launch=pdl"}}) {
+        Variant{"launch=pdl", "attention=fused_mma_lean,experts=tiled128,launch=pdl"},
+        Variant{"router=tiled", "attention=fused_mma_lean,experts=tiled128,router=tiled"}}) {
     INFO("kernels " << v.label);
     const fs::path out = dir / ("cuda-" + std::to_string(v.kernels.size()));
     std::vector<std::string> args = {"run",     sweep,   "--out",    out.string(),

@@ -43,10 +43,14 @@ void build_row_tiles(int32_t* tile_map, int32_t* n_tiles, const int32_t* offsets
 // (the product uses its transpose); C row-major (ld N), bf16 when c_bf16 else fp32, overwritten.
 // With `gather` (device, R int32; W untransposed only): A's row i is row gather[i] / gather_div
 // of A, e.g. the routed rows read from the tokens' rows (sort_by_expert's sorted, divided by
-// top-K) instead of a gathered copy: the same products, the same bits.
+// top-K) instead of a gathered copy: the same products, the same bits. With `accumulate` (fp32
+// C only) the products are added to C instead (the router's input gradient, added to dln).
+// Any K and N: a side whose rows are not whole 16-byte words (the router's E logits) is staged
+// element by element.
 void rows(void* C, bool c_bf16, const uint16_t* A, const uint16_t* const* W, bool trans_w,
           const int32_t* tile_map, const int32_t* n_tiles, int64_t max_tiles, int64_t N, int64_t K,
-          int64_t tile_rows, const int32_t* gather = nullptr, int64_t gather_div = 1);
+          int64_t tile_rows, const int32_t* gather = nullptr, int64_t gather_div = 1,
+          bool accumulate = false);
 
 // G_e (M, N) fp32 row-major += A_e^T · B_e for every expert e with rows: A (R, M) and B (R, N)
 // bf16 row-major; G: device array of E device pointers. Experts without rows are not touched.

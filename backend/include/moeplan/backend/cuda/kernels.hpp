@@ -125,6 +125,9 @@ void router_backward(void* dlogits, DType mm, const float* probs, const float* l
                      const int32_t* counts, int64_t T, int64_t E, int64_t K, bool renormalize,
                      float load_balance, float z_loss);
 int64_t colsum_scratch_floats(int64_t C);
+// out (n) = Σ_c partial[c·n + i] over c < chunks (+ out with accumulate), each element's sum in a
+// fixed order: the finish of a product split by depth (the router's weight gradient).
+void sum_partials(float* out, const float* partial, int64_t n, int64_t chunks, bool accumulate);
 
 // ---- loss ---------------------------------------------------------------------------------
 // ---- expert-router coupling (ERC) loss (BACKEND.md; the CPU's erc.hpp) ------------------------

@@ -47,6 +47,13 @@ enum class ExpertPath { grouped, loop, tiled, tiled128, batched, wgmma };
 // each launch overlapping the end of the kernel before it in its stream; compute capability 9.0;
 // backend/cuda/launch.cuh). Process-wide (kernels::set_programmatic_launch).
 enum class LaunchMode { plain, programmatic };
+// How a MoE layer's router products run (its logits, and in the backward its input and weight
+// gradients; 0.55 GFLOP each at 8 × 1024 tokens, E 66, d_model 512): `cublas`, or `tiled`, the
+// routed experts' mma.sync kernels (expert_gemm::rows and weight_grads, bf16 only), the pass's
+// tokens as one expert and, for the weight gradient, chunks of 256 tokens as experts whose
+// partial products are added in chunk order. Another summation order than cuBLAS's: the same
+// products within rounding. No effect on a dense model.
+enum class RouterPath { cublas, tiled };
 
 // The LM head and cross-entropy run over chunks of token rows, so that the logits and their
 // gradient (V·(2 + 2) bytes a row in bf16: 201 KB at V 50304) are held for one chunk rather than
@@ -59,9 +66,10 @@ inline constexpr int64_t kLogitRowsAuto = 8192;
 // head's chunk in rows (a positive count, or `auto` for kLogitRowsAuto). `gemm` names a GEMM
 // table file (gemm.hpp; `auto`: none): the engine tunes the point's products that the file does
 // not list yet, adds them to it, and runs the listed ones through cuBLASLt. Anything else is an
-// InputError naming the valid spellings. `launch` is plain or pdl (LaunchMode). to_string gives
-// the canonical form: attention and experts always (`auto` while unresolved), logits and gemm
-// only when asked for, launch only when pdl.
+// InputError naming the valid spellings. `launch` is plain or pdl (LaunchMode); `router` cublas
+// or tiled (RouterPath). to_string gives the canonical form: attention and experts always
+// (`auto` while unresolved), logits and gemm only when asked for, launch only when pdl, router
+// only when tiled.
 struct KernelChoice {
   std::optional<AttentionPath> attention;  // unset: automatic (resolve_kernels)
   std::optional<ExpertPath> experts;       // unset: automatic
@@ -71,6 +79,7 @@ struct KernelChoice {
   // a file (Blas::set_table; docs/running.md). The engine resolves auto to "builtin:NAME" or "".
   std::string gemm_table;
   std::optional<LaunchMode> launch;  // unset: automatic (plain until pdl is measured faster)
+  std::optional<RouterPath> router;  // unset: automatic (cublas until tiled is measured faster)
 };
 KernelChoice parse_kernel_choice(const std::string& spec);
 // The automatic choices made: the kernels measured fastest on an H200 that can run the point
@@ -161,6 +170,10 @@ class Model {
   // on another device than compute capability 9.0 or with shapes not in multiples of 8.
   void set_expert_path(ExpertPath path);
   ExpertPath expert_path() const;
+  // How the MoE layers' router products run (RouterPath; cublas until set). tiled on an fp32
+  // model is an InputError.
+  void set_router_path(RouterPath path);
+  RouterPath router_path() const;
   // Whether attention runs as the fused kernels (bf16 with head_dim 16/32/64/128) rather than
   // cuBLAS batched products over the full S×S square with a separate softmax.
   bool fused_attention() const;
