@@ -1315,11 +1315,18 @@ struct Model::Impl {
   }
   // ---- the router's products through the tiled kernels (RouterPath::tiled) -------------------
   // The pass's tokens are the one "expert" of the row products (64-row tiles; the E logit columns,
-  // or the E-deep input gradient, one tile wide or deep), and chunks of kRouterChunk tokens the
+  // or the E-deep input gradient, one tile wide or deep), and chunks of router_chunk tokens the
   // "experts" of the weight gradient: one block a (tile, chunk), each chunk's (E, Dm) product into
-  // a partial that colsum_finish adds in chunk order. Padding (tile rows past the tokens, columns
+  // a partial that sum_partials adds in chunk order. Padding (tile rows past the tokens, columns
   // past E, depth past a multiple of 32) is booked as such.
-  static constexpr int64_t kRouterChunk = 256, kRouterTileRows = 64;
+  static constexpr int64_t kRouterTileRows = 64;
+  // 256 tokens a chunk (32 chunks at 8 × 1024 tokens: 256 blocks of the weight gradient for
+  // E 66, Dm 512), more past 64 chunks (the partials' traffic grows with the chunks): at most
+  // kRouterMaxChunks chunks for any pass.
+  static constexpr int64_t kRouterMaxChunks = 64;
+  static int64_t router_chunk(int64_t Tn) {
+    return std::max<int64_t>(256, ((Tn + kRouterMaxChunks - 1) / kRouterMaxChunks + 31) / 32 * 32);
+  }
   struct RouterPlan {  // for a pass of a given token count
     DeviceBuffer offsets, tile_map, n_tiles, chunk_offsets, chunk_grads;
     int64_t max_tiles = 0, chunks = 0;
@@ -1341,7 +1348,8 @@ struct Model::Impl {
     }
     router_wtab = alloc(t.size() * sizeof(void*));
     router_wtab.upload(t.data(), t.size() * sizeof(void*));
-    router_partials = alloc_f((T + kRouterChunk - 1) / kRouterChunk * E * Dm);
+    // Chunks of any pass (Tn ≤ T): ceil(Tn/256) ≤ ceil(T/256) up to 64·256 tokens, 64 past.
+    router_partials = alloc_f(std::min(kRouterMaxChunks, (T + 255) / 256) * E * Dm);
   }
   // Uploads once per pass length (a synchronous copy; the first step's, and a shorter last pass).
   const RouterPlan& router_plan(int64_t Tn) {
@@ -1355,12 +1363,15 @@ struct Model::Impl {
     p.n_tiles = alloc(4);
     expert_gemm::build_row_tiles(p.tile_map.as<int32_t>(), p.n_tiles.as<int32_t>(),
                                  p.offsets.as<int32_t>(), 1, kRouterTileRows);
-    p.chunks = (Tn + kRouterChunk - 1) / kRouterChunk;
+    const int64_t chunk = router_chunk(Tn);
+    p.chunks = (Tn + chunk - 1) / chunk;
+    if (p.chunks * E * Dm * 4 > int64_t(router_partials.bytes()))
+      throw std::logic_error("the router's weight-gradient chunks outgrow their partials");
     std::vector<int32_t> co;
     std::vector<float*> grads_at;
     for (int64_t c = 0; c < p.chunks; ++c) {
-      co.push_back(int32_t(c * kRouterChunk));
-      p.chunk_rows.push_back(int32_t(std::min(kRouterChunk, Tn - c * kRouterChunk)));
+      co.push_back(int32_t(c * chunk));
+      p.chunk_rows.push_back(int32_t(std::min(chunk, Tn - c * chunk)));
       grads_at.push_back(router_partials.as<float>() + c * E * Dm);
     }
     co.push_back(int32_t(Tn));

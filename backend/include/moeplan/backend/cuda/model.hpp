@@ -50,9 +50,9 @@ enum class LaunchMode { plain, programmatic };
 // How a MoE layer's router products run (its logits, and in the backward its input and weight
 // gradients; 0.55 GFLOP each at 8 × 1024 tokens, E 66, d_model 512): `cublas`, or `tiled`, the
 // routed experts' mma.sync kernels (expert_gemm::rows and weight_grads, bf16 only), the pass's
-// tokens as one expert and, for the weight gradient, chunks of 256 tokens as experts whose
-// partial products are added in chunk order. Another summation order than cuBLAS's: the same
-// products within rounding. No effect on a dense model.
+// tokens as one expert and, for the weight gradient, chunks of 256 tokens (more past 64 chunks)
+// as experts whose partial products are added in chunk order. Another summation order than
+// cuBLAS's: the same products within rounding. No effect on a dense model.
 enum class RouterPath { cublas, tiled };
 
 // The LM head and cross-entropy run over chunks of token rows, so that the logits and their
