@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# ctest gpu_check_dry: the next GPU session's call, as bench/gpu/NOTES.md writes it, run dry
+# (scripts/gpu-check with GPU_CHECK_DRY=BUILD). Fails when a step of that call would be wasted on
+# the GPU for a reason this machine can see: a test filter that selects no case, a point that
+# bench_gpu does not know, a step that fails or is skipped, a results writer that fails, or a
+# comparison the session's decisions are read from missing from results.md.
+#   tests/gpu_check/dry_run.sh BUILD     (a build folder made with CUDA, e.g. build/release)
+set -uo pipefail
+ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
+BUILD="$(cd "${1:?usage: dry_run.sh BUILD}" && pwd)"
+fail() { echo "gpu_check_dry: $*" >&2; FAILED=1; }
+FAILED=0
+# The call: the first command line of the section "The next GPU session".
+CMD="$(awk '/^## The next GPU session/{f=1} f && /^`set -o pipefail; GPU_CHECK_SKIP=/{print; exit}' \
+  "$ROOT/bench/gpu/NOTES.md" | sed 's/^`//; s/`$//')"
+if [[ -z "$CMD" ]]; then
+  echo "gpu_check_dry: bench/gpu/NOTES.md has no line '\`set -o pipefail; GPU_CHECK_SKIP=...' under '## The next GPU session'" >&2
+  exit 1
+fi
+echo "the call: $CMD"
+OUT="$(mktemp -d /tmp/gpu-check-dry.XXXX)"
+trap 'rm -rf "$OUT"' EXIT
+(cd "$ROOT" && OUT="$OUT" GPU_CHECK_DRY="$BUILD" bash -c "$CMD") >"$OUT/dry.out" 2>&1
+rc=$?
+cat "$OUT/dry.out"
+(( rc == 0 )) || fail "the dry run exited $rc (a failed step or test, or the results writer)"
+R="$OUT/results.md"
+[[ -f "$R" ]] || { fail "no results.md"; exit 1; }
+grep -q "DRY RUN" "$R" || fail "results.md does not say it is a dry run"
+grep -qE "=FAIL|=SKIPPED" "$R" &&
+  fail "a test failed or was skipped: $(grep -oE '[a-z0-9-]+=(FAIL|SKIPPED)(\([^)]*\))?' "$R" | tr '\n' ' ')"
+# Each test step of the call ran (a step left out would open the benchmarks that wait on it).
+for t in kernels-wgmma model-wgmma kernels-wgmma4 kernels-wgmma3w0 kernels kernels-new model \
+  model-new model-router model-capacity model-gemm-table nccl kernels-pdl model-pdl model-pdl-wgmma; do
+  grep -qE " $t=pass" "$R" || fail "the test step $t did not run"
+done
+grep -q "skipped, past\|skipped, under" "$OUT/dry.out" && fail "a step was skipped for time"
+grep -q "not a point" "$OUT/dry.out" && fail "a call names a point bench_gpu does not know"
+# What the next session decides from (NOTES.md): each comparison, the host table, the goals at
+# both batches.
+for line in "MoE goal point with the wgmma expert kernels against tiled128" \
+  "MoE goal point, wgmma at 4 stages" "MoE goal point, wgmma at 3 stages two steps ahead" \
+  "dense goal point with wgmma attention" "MoE goal point with both wgmma paths" \
+  "dense goal point with programmatic dependent launches (launch=pdl) against plain" \
+  "MoE goal point with programmatic dependent launches (launch=pdl) against plain" \
+  "MoE goal point with the router's products on the tiled kernels (router=tiled) against cuBLAS" \
+  "MoE goal point, the gradient norm summed beside the backward against after" \
+  "The host per step" "## Against the goals"; do
+  grep -qF "$line" "$R" || fail "results.md lacks '$line'"
+done
+for b in 8 32; do
+  for p in dense-124M-fused-mma-lean-attn-adamw-beside moe-ra0.2-tiled128-fused-mma-lean-attn-adamw-beside \
+    moe-ra0.2-tiled128-fused-mma-lean-attn-adamw-beside-pdl \
+    moe-ra0.2-tiled128-fused-mma-lean-attn-adamw-beside-router-tiled \
+    moe-ra0.2-wgmma-fused-mma-lean-attn-adamw-beside; do
+    grep -qE "^\| $p \| $b \|" "$R" || fail "the goals table lacks $p at batch $b"
+  done
+done
+tar -xzf "$OUT/logs.tar.gz" -C "$OUT" ./kernel-times-vs-baseline.md ./kernel-times-wgmma-vs-tiled128.md \
+  ./kernel-times-wgmma-attn-vs-lean.md 2>/dev/null || fail "the kernel-times comparisons are missing"
+(( FAILED == 0 )) && echo "gpu_check_dry: the call ran dry: every step, filter and point fits"
+exit $FAILED
