@@ -6,6 +6,7 @@
 # comparison the session's decisions are read from missing from results.md.
 #   tests/gpu_check/dry_run.sh BUILD     (a build folder made with CUDA, e.g. build/release)
 set -uo pipefail
+command -v python3 >/dev/null || { echo "gpu_check_dry: python3 not found: skipped"; exit 77; }
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 BUILD="$(cd "${1:?usage: dry_run.sh BUILD}" && pwd)"
 fail() { echo "gpu_check_dry: $*" >&2; FAILED=1; }
@@ -56,6 +57,14 @@ for b in 8 32; do
     grep -qE "^\| $p \| $b \|" "$R" || fail "the goals table lacks $p at batch $b"
   done
 done
+# The decisions (bench/gpu/decisions.py): each read, and none left undecided, which would mean
+# the call lacks a test or a measurement that decision needs.
+for d in "launch=pdl:" "router=tiled:" "experts=wgmma:" "wgmma pipeline" "attention=fused_wgmma:" \
+  "gradient norm beside the backward:" "the MoE step's bound"; do
+  grep -qF -- "- $d" "$R" || fail "results.md's decisions lack '$d'"
+done
+grep -F -- "- " "$R" | grep -q "undecided" &&
+  fail "a decision is undecided: $(grep -F -- '- ' "$R" | grep 'undecided' | cut -c1-160)"
 tar -xzf "$OUT/logs.tar.gz" -C "$OUT" ./kernel-times-vs-baseline.md ./kernel-times-wgmma-vs-tiled128.md \
   ./kernel-times-wgmma-attn-vs-lean.md 2>/dev/null || fail "the kernel-times comparisons are missing"
 (( FAILED == 0 )) && echo "gpu_check_dry: the call ran dry: every step, filter and point fits"
