@@ -19,7 +19,12 @@
 //
 // The CPU emulation (tests/backend_cuda/emu) implements these from the same reading of the ISA,
 // so it checks the kernels' staging and pipelining, not the reading itself: the GPU kernel test
-// (test_kernels.cpp, against a double-precision host loop) is the authority on that.
+// (test_kernels.cpp, against a double-precision host loop) is the authority on that. A second
+// reading agrees (2026-12-05): CUTLASS's CuTe (cute/atom/mma_traits_sm90_gmma.hpp) sets, for its
+// no-swizzle ("INTERLEAVE") layouts, SBO to the step between core matrices along M/N and LBO to
+// the step along the depth, K-major and MN-major alike, with the same bit fields; and its
+// accumulator layout CLayout_64xN, ((4,8,4),(2,2,N/8)):((128,1,16),(64,8,512)) over a column-major
+// 64×N tile, is the d[i] mapping above.
 #include <cuda_runtime.h>
 
 #include <cstdint>
