@@ -47,7 +47,7 @@ def figure(by, option, base, batch):
 def option_rule(title, change, pairs, needed_tests, tests, by8, by32):
     """One option against its base point(s) at both batches: 'yes' if its tests passed and each
     pair saves at least MIN_SAVED at each batch; 'no' if a test failed or a pair is not faster;
-    'undecided' if something was not run."""
+    'undecided' if something was not run. Returns (verdict, line)."""
     failed = [t for t in needed_tests if test_status(tests, t) == "fail"]
     missing = [t for t in needed_tests if test_status(tests, t) != "pass" and t not in failed]
     figs, slower, unmeasured = [], [], False
@@ -62,35 +62,38 @@ def option_rule(title, change, pairs, needed_tests, tests, by8, by32):
                 slower.append(f"{label} at batch {batch}")
         figs.append(f"{label}: " + "; ".join(parts))
     if failed:
-        verdict = f"**no**: its tests failed ({', '.join(failed)})"
+        kind, verdict = "no", f"**no**: its tests failed ({', '.join(failed)})"
     elif slower:
-        verdict = f"**no**: not faster by {100 * MIN_SAVED:.1f} % ({', '.join(slower)})"
+        kind, verdict = "no", f"**no**: not faster by {100 * MIN_SAVED:.1f} % ({', '.join(slower)})"
     elif missing or unmeasured:
         what = ([f"tests {', '.join(missing)} not passed"] if missing else []) + (
             ["a batch not measured"] if unmeasured else [])
-        verdict = f"undecided ({'; '.join(what)})"
+        kind, verdict = "undecided", f"undecided ({'; '.join(what)})"
     else:
-        verdict = f"**yes**: {change}"
-    return f"- {title}: {verdict}. " + ". ".join(figs) + "."
+        kind, verdict = "yes", f"**yes**: {change}"
+    return kind, f"- {title}: {verdict}. " + ". ".join(figs) + "."
 
 
 def pipeline_rule(tests, by8):
     """The wgmma experts' pipeline to keep as pipeline()'s default: the fastest at batch 8 of
-    those whose kernel test passed."""
+    those whose kernel test passed. Returns (MOEPLAN_WGMMA_STAGES's value for it, "" for the
+    default or when not all three were timed, line)."""
     cands = [("3 (the default)", "kernels-wgmma", WGMMA_MOE),
              ("4", "kernels-wgmma4", WGMMA_MOE.replace("-wgmma-", "-wgmma4-")),
              ("3w0", "kernels-wgmma3w0", WGMMA_MOE.replace("-wgmma-", "-wgmma3w0-"))]
     timed = [(label, by8[name]["step_seconds"]) for label, test, name in cands
              if by8 and name in by8 and test_status(tests, test) == "pass"]
     if not timed:
-        return "- wgmma pipeline (MOEPLAN_WGMMA_STAGES): undecided (none passed its test and was timed)."
+        return "", ("- wgmma pipeline (MOEPLAN_WGMMA_STAGES): undecided (none passed its test and "
+                    "was timed).")
     best = min(timed, key=lambda x: x[1])
     figs = ", ".join(f"{label} {1e3 * t:.2f} ms" for label, t in timed)
     if len(timed) < len(cands):
-        return (f"- wgmma pipeline (MOEPLAN_WGMMA_STAGES): fastest of those timed: {best[0]} "
-                f"(batch 8: {figs}; the others did not pass their tests or were not timed).")
-    return (f"- wgmma pipeline (MOEPLAN_WGMMA_STAGES): keep **{best[0]}** as pipeline()'s default, "
-            f"drop the others (batch 8: {figs}).")
+        return "", (f"- wgmma pipeline (MOEPLAN_WGMMA_STAGES): fastest of those timed: {best[0]} "
+                    f"(batch 8: {figs}; the others did not pass their tests or were not timed).")
+    stages = "" if best[0].startswith("3 ") else best[0]
+    return stages, (f"- wgmma pipeline (MOEPLAN_WGMMA_STAGES): keep **{best[0]}** as pipeline()'s "
+                    f"default, drop the others (batch 8: {figs}).")
 
 
 def norm_rule(by8):
@@ -132,27 +135,42 @@ def host_rule(by8):
             f"({100 * share:.0f} %).")
 
 
-def decisions(by8, by32, tests):
-    """The decision lines, markdown. by8, by32: {point name: bench_gpu point} at batch 8 and at
-    the second batch (None where not run); tests: gpu-check's test statuses."""
-    return [
-        option_rule("launch=pdl", "make `auto` resolve `launch` to `pdl` on compute capability "
-                    "9.0 and later (resolve_kernels; host test; docs/running.md)",
-                    [("dense", DENSE + "-pdl", DENSE), ("MoE", MOE + "-pdl", MOE)],
-                    ["kernels-pdl", "model-pdl"], tests, by8, by32),
-        option_rule("router=tiled", "make `auto` resolve `router` to `tiled` in bf16 "
-                    "(resolve_kernels; host test; docs/running.md)",
-                    [("MoE", MOE + "-router-tiled", MOE)], ["model-router"], tests, by8, by32),
-        option_rule("experts=wgmma", "make it `auto`'s choice on 9.0 devices in bf16 "
-                    "(resolve_kernels; docs/running.md)",
-                    [("MoE", WGMMA_MOE, MOE)], ["kernels-wgmma", "model-wgmma"], tests, by8, by32),
-        pipeline_rule(tests, by8),
-        option_rule("attention=fused_wgmma", "make it `auto`'s choice at head width 64 on 9.0 "
-                    "devices in bf16, if kernel-times-wgmma-attn-vs-lean.md agrees kernel by "
-                    "kernel (resolve_kernels; docs/running.md)",
-                    [("dense", "dense-124M-fused-wgmma-attn-adamw-beside", DENSE),
-                     ("MoE", "moe-ra0.2-tiled128-fused-wgmma-attn-adamw-beside", MOE)],
-                    ["kernels-wgmma", "model-wgmma"], tests, by8, by32),
-        norm_rule(by8),
-        host_rule(by8),
+def decide(by8, by32, tests):
+    """The decision lines (markdown), and the kernels they choose: (lines, spec, stages), spec in
+    `moeplan run --kernels` syntax for the options decided yes ("" if none), stages the wgmma
+    pipeline's MOEPLAN_WGMMA_STAGES ("" for the default). by8, by32: {point name: bench_gpu
+    point} at batch 8 and at the second batch (None where not run); tests: gpu-check's test
+    statuses."""
+    options = [
+        ("launch=pdl", option_rule(
+            "launch=pdl", "make `auto` resolve `launch` to `pdl` on compute capability 9.0 and "
+            "later (resolve_kernels; host test; docs/running.md)",
+            [("dense", DENSE + "-pdl", DENSE), ("MoE", MOE + "-pdl", MOE)],
+            ["kernels-pdl", "model-pdl"], tests, by8, by32)),
+        ("router=tiled", option_rule(
+            "router=tiled", "make `auto` resolve `router` to `tiled` in bf16 (resolve_kernels; "
+            "host test; docs/running.md)",
+            [("MoE", MOE + "-router-tiled", MOE)], ["model-router"], tests, by8, by32)),
+        ("experts=wgmma", option_rule(
+            "experts=wgmma", "make it `auto`'s choice on 9.0 devices in bf16 (resolve_kernels; "
+            "docs/running.md)",
+            [("MoE", WGMMA_MOE, MOE)], ["kernels-wgmma", "model-wgmma"], tests, by8, by32)),
+        ("attention=fused_wgmma", option_rule(
+            "attention=fused_wgmma", "make it `auto`'s choice at head width 64 on 9.0 devices in "
+            "bf16, if kernel-times-wgmma-attn-vs-lean.md agrees kernel by kernel "
+            "(resolve_kernels; docs/running.md)",
+            [("dense", "dense-124M-fused-wgmma-attn-adamw-beside", DENSE),
+             ("MoE", "moe-ra0.2-tiled128-fused-wgmma-attn-adamw-beside", MOE)],
+            ["kernels-wgmma", "model-wgmma"], tests, by8, by32)),
     ]
+    stages, pipeline_line = pipeline_rule(tests, by8)
+    lines = [line for _, (_, line) in options[:3]] + [pipeline_line, options[3][1][1],
+                                                      norm_rule(by8), host_rule(by8)]
+    chosen = [spec for spec, (kind, _) in options if kind == "yes"]
+    experts_yes = options[2][1][0] == "yes"
+    return lines, ",".join(chosen), stages if experts_yes else ""
+
+
+def decisions(by8, by32, tests):
+    """The decision lines, markdown (decide's first part)."""
+    return decide(by8, by32, tests)[0]

@@ -5,6 +5,9 @@
 // the vendor peak and the measured ceiling. Same shapes, batch and data as torch_ref.py.
 // Usage: bench_gpu [--steps N] [--warmup N] [--batch B] [--json FILE] [--only NAME,NAME...]
 //                  [--kernel-times]  (also each point's device time by kernel, 3 more steps)
+//        bench_gpu --only NAME,... --kernels SPEC  (those points with the kernels SPEC names, as
+//                                  `moeplan run --kernels` takes them: attention, experts, launch,
+//                                  router; named NAME-with-SPEC)
 //        bench_gpu --list-points   (the points' names, one a line; needs no GPU. --only refuses
 //                                  a name not among them, before any device work)
 //        bench_gpu --gemm-shapes   (each weight product of the dense step, and of the MoE step
@@ -395,6 +398,7 @@ int main(int argc, char** argv) {
   int64_t batch = 8;
   std::string json_path, only;  // only: ",name,name," to run a subset of the points
   std::string tune_path, table_path;
+  std::string kernels_spec;  // --kernels: the points' kernels replaced by these
   bool kernel_times = false;
   bool shapes = false;
   bool list_points = false;
@@ -402,7 +406,8 @@ int main(int argc, char** argv) {
   // option without its value were skipped in silence; atoi read "abc" as 0 steps).
   const char* usage =
       "bench_gpu [--steps N=20] [--warmup N=5] [--batch B=8] [--json FILE] [--only NAME,NAME] "
-      "[--gemm-tune FILE] [--gemm-table FILE] [--kernel-times] [--gemm-shapes] [--list-points]";
+      "[--gemm-tune FILE] [--gemm-table FILE] [--kernels SPEC] [--kernel-times] [--gemm-shapes] "
+      "[--list-points]";
   auto refuse = [&](const std::string& why) {
     std::fprintf(stderr, "bench_gpu: %s (usage: %s)\n", why.c_str(), usage);
     std::exit(2);
@@ -433,7 +438,8 @@ int main(int argc, char** argv) {
       continue;
     }
     const bool known = k == "--steps" || k == "--warmup" || k == "--batch" || k == "--json" ||
-                       k == "--only" || k == "--gemm-tune" || k == "--gemm-table";
+                       k == "--only" || k == "--gemm-tune" || k == "--gemm-table" ||
+                       k == "--kernels";
     if (!known) refuse(fmt::format("'{}' is not an option", k));
     if (i + 1 >= argc) refuse(fmt::format("{} needs a value", k));
     const char* v = argv[++i];
@@ -449,6 +455,8 @@ int main(int argc, char** argv) {
       only = std::string(",") + v + ",";
     else if (k == "--gemm-tune")
       tune_path = v;
+    else if (k == "--kernels")
+      kernels_spec = v;
     else
       table_path = v;
   }
@@ -471,6 +479,22 @@ int main(int argc, char** argv) {
                        [&](const Point& p) { return p.name == name; }))
         refuse(fmt::format("--only: '{}' is not a point (the points: {})", name, known));
     }
+  }
+  // --kernels SPEC: each point run with the kernels SPEC names (moeplan run's syntax; attention,
+  // experts, launch and router only) in place of its own, named POINT-with-SPEC: what the goals'
+  // points give with the kernels a run has found fastest (gpu-check's bench-best).
+  cu::KernelChoice with;
+  if (!kernels_spec.empty()) {
+    try {
+      with = cu::parse_kernel_choice(kernels_spec);
+    } catch (const std::exception& e) {
+      refuse(e.what());
+    }
+    if (with.logit_rows > 0 || !with.gemm_table.empty())
+      refuse(
+          fmt::format("--kernels {}: logits and gemm are not point kernels here (valid: "
+                      "attention, experts, launch, router; --gemm-table for the table)",
+                      kernels_spec));
   }
   std::shared_ptr<const cu::GemmTable> table;
   bool lenient = false;    // a built-in table (gemm=auto), as `moeplan run` takes it
@@ -573,8 +597,16 @@ int main(int argc, char** argv) {
       std::exit(2);
     }
   };
-  for (const Point& p : points) {
-    if (!only.empty() && only.find("," + p.name + ",") == std::string::npos) continue;
+  for (const Point& listed : points) {
+    if (!only.empty() && only.find("," + listed.name + ",") == std::string::npos) continue;
+    Point p = listed;
+    if (!kernels_spec.empty()) {
+      if (with.attention) p.attention = *with.attention;
+      if (with.experts) p.experts = *with.experts;
+      if (with.launch) p.pdl = *with.launch == cu::LaunchMode::programmatic;
+      if (with.router) p.router_tiled = *with.router == cu::RouterPath::tiled;
+      p.name += "-with-" + kernels_spec;
+    }
     const std::string name = p.name + suffix;
     const ParamCounts pc = count_params(p.arch);
     ModelOptions opt;

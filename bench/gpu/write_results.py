@@ -74,7 +74,7 @@ main = None
 for n in ("bench.json", "bench-new.json", "bench-wgmma.json", "bench-wgmma4.json",
           "bench-wgmma3w0.json", "bench-wgmma-attn.json", "bench-pdl.json", "bench-router.json",
           "bench-none.json",
-          "bench-opt.json", "bench-lt.json"):
+          "bench-opt.json", "bench-lt.json", "bench-best.json"):
     part = load_bench(n)
     if part and main:
         main["points"] += part["points"]
@@ -171,7 +171,8 @@ def load_b2():
     # the goals' points with the goals' table.
     merged = None
     for n in (f"bench-b{b2}.json", f"bench-b{b2}-wgmma.json", f"bench-b{b2}-wgmma-attn.json",
-              f"bench-b{b2}-pdl.json", f"bench-b{b2}-router.json", f"bench-b{b2}-lt.json"):
+              f"bench-b{b2}-pdl.json", f"bench-b{b2}-router.json", f"bench-b{b2}-lt.json",
+              f"bench-b{b2}-best.json"):
         part = load_bench(n)
         if part and merged:
             merged["points"] += part["points"]
@@ -205,7 +206,10 @@ for bench_name, torch_name in (("bench.json", "torch.json"),) + (
         continue
     by = {p["name"]: p for p in b["points"]}
     tp = {p["name"]: p for p in (t or {}).get("points", [])}
-    for family, name, goal in goals:
+    # The goals' points with the kernels a run's decisions chose (bench-best: NAME-with-SPEC).
+    best = [("dense" if n.startswith("dense") else "moe", n, 40.0 if n.startswith("dense") else 25.0)
+            for n in by if "-with-" in n and n.split("-with-")[0] in (goals[0][1], goals[1][1])]
+    for family, name, goal in goals + best:
         for n in (name, name + "-lt-table", name + "-no-gemm-table"):
             p = by.get(n)
             if not p:
@@ -231,10 +235,18 @@ except Exception:
 # The decisions the run is for (decisions.py, the rules of bench/gpu/NOTES.md), last, where the
 # device tool's output tail shows them.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from decisions import MIN_SAVED, decisions  # noqa: E402
+from decisions import MIN_SAVED, decide  # noqa: E402
 by8 = {p["name"]: p for p in main["points"]} if main else None
 b2_bench = load_b2() if b2 else None
 by32 = {p["name"]: p for p in b2_bench["points"]} if b2_bench else None
 print(f"\n## Decisions (bench/gpu/NOTES.md's rules; faster: {100 * MIN_SAVED:.1f} % of the step "
       f"saved at each batch, batch 8 and {b2 or 'a second batch (not run)'})\n")
-print("\n".join(decisions(by8, by32, tests)))
+lines, spec, stages = decide(by8, by32, tests)
+print("\n".join(lines))
+print(f"\nThe kernels these choose: " + (f"`{spec}`" if spec else "none beyond the defaults")
+      + (f", MOEPLAN_WGMMA_STAGES={stages}" if stages else "")
+      + (" (bench-best times the goals' points with them: NAME-with-SPEC in the goals table)"
+         if spec else ""))
+# For gpu-check's bench-best step: the spec, then the pipeline (either line may be empty).
+with open(os.path.join(out, "decided-kernels.txt"), "w", encoding="utf-8") as f:
+    f.write(f"{spec}\n{stages}\n")

@@ -65,6 +65,14 @@ for d in "launch=pdl:" "router=tiled:" "experts=wgmma:" "wgmma pipeline" "attent
 done
 grep -F -- "- " "$R" | grep -q "undecided" &&
   fail "a decision is undecided: $(grep -F -- '- ' "$R" | grep 'undecided' | cut -c1-160)"
+# The goals' points with the kernels the decisions chose (bench-best), at both batches: the stub
+# makes every option win, so the step must have run.
+grep -q "The kernels these choose: \`" "$R" || fail "results.md names no kernels chosen"
+for b in 8 32; do
+  for p in dense-124M-fused-mma-lean-attn-adamw-beside moe-ra0.2-tiled128-fused-mma-lean-attn-adamw-beside; do
+    grep -qE "^\| $p-with-[a-z_=,]+ \| $b \|" "$R" || fail "the goals table lacks $p with the chosen kernels at batch $b"
+  done
+done
 tar -xzf "$OUT/logs.tar.gz" -C "$OUT" ./kernel-times-vs-baseline.md ./kernel-times-wgmma-vs-tiled128.md \
   ./kernel-times-wgmma-attn-vs-lean.md 2>/dev/null || fail "the kernel-times comparisons are missing"
 (( FAILED == 0 )) && echo "gpu_check_dry: the call ran dry: every step, filter and point fits"

@@ -79,6 +79,27 @@ class TestOptionRules(unittest.TestCase):
         self.assertIn("**no**: its tests failed (model-router)", line(lines, "router=tiled"))
 
 
+class TestChosenKernels(unittest.TestCase):
+    def test_the_spec_holds_the_options_decided_yes_and_the_pipeline_only_with_wgmma(self):
+        w4 = d.WGMMA_MOE.replace("-wgmma-", "-wgmma4-")
+        w3w0 = d.WGMMA_MOE.replace("-wgmma-", "-wgmma3w0-")
+        # router 3 % faster, wgmma experts 5 % faster (4 stages fastest: 9.0 ms), pdl 2 % slower
+        # for MoE, wgmma attention 2 % faster for both; at both batches.
+        b = by([(d.DENSE, 20.0), (d.DENSE + "-pdl", 19.0), (d.MOE, 10.0), (d.MOE + "-pdl", 10.2),
+                (d.MOE + "-router-tiled", 9.7), (d.WGMMA_MOE, 9.5), (w4, 9.0), (w3w0, 9.4),
+                ("dense-124M-fused-wgmma-attn-adamw-beside", 19.6),
+                ("moe-ra0.2-tiled128-fused-wgmma-attn-adamw-beside", 9.8)])
+        _, spec, stages = d.decide(b, b, ALL_PASS)
+        self.assertEqual(spec, "router=tiled,experts=wgmma,attention=fused_wgmma")
+        self.assertEqual(stages, "4")
+        # The wgmma tests failed: neither wgmma option, and no pipeline.
+        failed = ALL_PASS.replace("model-wgmma=pass", "model-wgmma=FAIL(rc 1)")
+        _, spec, stages = d.decide(b, b, failed)
+        self.assertEqual((spec, stages), ("router=tiled", ""))
+        # Nothing measured: nothing chosen.
+        self.assertEqual(d.decide(None, None, "")[1:], ("", ""))
+
+
 class TestOtherRules(unittest.TestCase):
     def test_pipeline_keeps_the_fastest_that_passed(self):
         w4 = d.WGMMA_MOE.replace("-wgmma-", "-wgmma4-")
