@@ -455,9 +455,11 @@ int main(int argc, char** argv) {
       only = std::string(",") + v + ",";
     else if (k == "--gemm-tune")
       tune_path = v;
-    else if (k == "--kernels")
+    else if (k == "--kernels") {
       kernels_spec = v;
-    else
+      if (kernels_spec.empty())
+        refuse("--kernels needs a spec, e.g. experts=wgmma,launch=pdl (moeplan run's syntax)");
+    } else
       table_path = v;
   }
   // The points, and every name --only gives checked against them, before any device work: a

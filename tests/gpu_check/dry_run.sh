@@ -11,6 +11,20 @@ ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 BUILD="$(cd "${1:?usage: dry_run.sh BUILD}" && pwd)"
 fail() { echo "gpu_check_dry: $*" >&2; FAILED=1; }
 FAILED=0
+# bench_gpu refuses, before any device work, what the dry run's stub relies on it to refuse.
+B="$BUILD/bench/gpu/bench_gpu"
+refused() {  # what-it-should-say args...
+  local want=$1; shift
+  local err; err="$("$B" "$@" 2>&1 >/dev/null)"; local rc=$?
+  [[ $rc -eq 2 && "$err" == *"$want"* && $(wc -l <<<"$err") -eq 1 ]] ||
+    fail "bench_gpu $* gave exit $rc and '$err' (expected exit 2 and one line with '$want')"
+}
+refused "'dense-124m' is not a point" --only dense-124M,dense-124m
+refused "experts=tiled64 is not known" --only dense-124M --kernels experts=tiled64
+refused "logits and gemm are not point kernels here" --kernels logits=2048
+refused "--kernels needs a spec" --kernels ""
+"$B" --list-points | grep -qx "moe-ra0.2-tiled128-fused-mma-lean-attn-adamw-beside" ||
+  fail "bench_gpu --list-points lacks the MoE goal's point"
 # The call: the first command line of the section "The next GPU session".
 CMD="$(awk '/^## The next GPU session/{f=1} f && /^`set -o pipefail; GPU_CHECK_SKIP=/{print; exit}' \
   "$ROOT/bench/gpu/NOTES.md" | sed 's/^`//; s/`$//')"
