@@ -161,7 +161,7 @@ def decide(by8, by32, tests):
             "(resolve_kernels; docs/running.md)",
             [("dense", "dense-124M-fused-wgmma-attn-adamw-beside", DENSE),
              ("MoE", "moe-ra0.2-tiled128-fused-wgmma-attn-adamw-beside", MOE)],
-            ["kernels-wgmma", "model-wgmma"], tests, by8, by32)),
+            ["kernels-wgmma-attn", "model-wgmma-attn"], tests, by8, by32)),
     ]
     stages, pipeline_line = pipeline_rule(tests, by8)
     lines = [line for _, (_, line) in options[:3]] + [pipeline_line, options[3][1][1],

@@ -45,7 +45,7 @@ grep -q "DRY RUN" "$R" || fail "results.md does not say it is a dry run"
 grep -qE "=FAIL|=SKIPPED" "$R" &&
   fail "a test failed or was skipped: $(grep -oE '[a-z0-9-]+=(FAIL|SKIPPED)(\([^)]*\))?' "$R" | tr '\n' ' ')"
 # Each test step of the call ran (a step left out would open the benchmarks that wait on it).
-for t in kernels-wgmma model-wgmma kernels-wgmma4 kernels-wgmma3w0 kernels kernels-new model \
+for t in kernels-wgmma model-wgmma kernels-wgmma-attn model-wgmma-attn kernels-wgmma4 kernels-wgmma3w0 kernels kernels-new model \
   model-new model-router model-capacity model-gemm-table nccl kernels-pdl model-pdl model-pdl-wgmma; do
   grep -qE " $t=pass" "$R" || fail "the test step $t did not run"
 done
@@ -89,5 +89,29 @@ for b in 8 32; do
 done
 tar -xzf "$OUT/logs.tar.gz" -C "$OUT" ./kernel-times-vs-baseline.md ./kernel-times-wgmma-vs-tiled128.md \
   ./kernel-times-wgmma-attn-vs-lean.md 2>/dev/null || fail "the kernel-times comparisons are missing"
-(( FAILED == 0 )) && echo "gpu_check_dry: the call ran dry: every step, filter and point fits"
+
+# The same call with GPU tests failing, the paths a first GPU run is likeliest to take: the
+# experts' wgmma kernels wrong (exit 1: the LBO/SBO exchanges run), attention's hung (124: no
+# exchanges, its model test not run), the router's model test failed. Each option's benchmarks
+# are then left out and its decision is no; launch=pdl, whose tests passed, is still decided.
+F="$OUT/fail"; mkdir -p "$F"
+(cd "$ROOT" && OUT="$F" GPU_CHECK_DRY="$BUILD" GPU_CHECK_DRY_RC=kernels-wgmma=1,kernels-wgmma-attn=124,model-router=1 \
+  bash -c "$CMD") >"$F/dry.out" 2>&1
+rc=$?
+(( rc == 1 )) || fail "with failing tests the dry run exited $rc (expected 1)"
+R="$F/results.md"
+for want in "kernels-wgmma=FAIL(rc 1)" "kernels-wgmma-swap-k=pass" "kernels-wgmma-swap-both=pass" \
+  "model-wgmma=pass" "kernels-wgmma-attn=FAIL(rc 124)" "model-wgmma-attn=SKIPPED(kernels-wgmma-attn hung)" \
+  "model-router=FAIL(rc 1)" "- router=tiled: **no**: its tests failed (model-router)" \
+  "- experts=wgmma: **no**: its tests failed (kernels-wgmma)" \
+  "- attention=fused_wgmma: **no**: its tests failed (kernels-wgmma-attn)" "- launch=pdl: **yes**" \
+  "The kernels these choose: \`launch=pdl\`"; do
+  grep -qF -- "$want" "$R" || fail "with failing tests, results.md lacks '$want'"
+done
+grep -qF "kernels-wgmma-attn-swap" "$R" && fail "the exchanges ran after a hang"
+for step in bench-wgmma bench-wgmma4 bench-wgmma-attn bench-router "batch-32 wgmma" "batch-32 router" \
+  kernel-times-wgmma; do
+  grep -qE "bench $step exit" "$F/dry.out" && fail "with failing tests, '$step' still ran"
+done
+(( FAILED == 0 )) && echo "gpu_check_dry: the call ran dry: every step, filter and point fits, and failing tests close their options"
 exit $FAILED

@@ -10,8 +10,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
                                 "gpu"))
 import decisions as d  # noqa: E402
 
-ALL_PASS = ("kernels-wgmma=pass model-wgmma=pass kernels-wgmma4=pass kernels-wgmma3w0=pass "
-            "kernels=pass model=pass model-router=pass kernels-pdl=pass model-pdl=pass")
+ALL_PASS = ("kernels-wgmma=pass model-wgmma=pass kernels-wgmma-attn=pass model-wgmma-attn=pass "
+            "kernels-wgmma4=pass kernels-wgmma3w0=pass kernels=pass model=pass model-router=pass "
+            "kernels-pdl=pass model-pdl=pass")
 
 
 def by(pairs):
@@ -92,10 +93,15 @@ class TestChosenKernels(unittest.TestCase):
         _, spec, stages = d.decide(b, b, ALL_PASS)
         self.assertEqual(spec, "router=tiled,experts=wgmma,attention=fused_wgmma")
         self.assertEqual(stages, "4")
-        # The wgmma tests failed: neither wgmma option, and no pipeline.
+        # The experts' wgmma test failed: not that option, nor its pipeline; attention's stays.
         failed = ALL_PASS.replace("model-wgmma=pass", "model-wgmma=FAIL(rc 1)")
         _, spec, stages = d.decide(b, b, failed)
-        self.assertEqual((spec, stages), ("router=tiled", ""))
+        self.assertEqual((spec, stages), ("router=tiled,attention=fused_wgmma", ""))
+        # Attention's kernels hung (its model test then not run): the experts' option stays.
+        hung = ALL_PASS.replace("kernels-wgmma-attn=pass", "kernels-wgmma-attn=FAIL(rc 124)") \
+            .replace("model-wgmma-attn=pass", "model-wgmma-attn=SKIPPED(kernels-wgmma-attn hung)")
+        _, spec, stages = d.decide(b, b, hung)
+        self.assertEqual((spec, stages), ("router=tiled,experts=wgmma", "4"))
         # Nothing measured: nothing chosen.
         self.assertEqual(d.decide(None, None, "")[1:], ("", ""))
 
