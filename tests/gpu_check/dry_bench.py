@@ -75,7 +75,8 @@ def kernels_of(name, spec=None):
            "fused_mma_wide" if "fused-mma-wide-attn" in name else
            "fused_mma" if "fused-mma-attn" in name else
            "fused" if "fused-attn" in name else "cublas")
-    part = name.split("-")[2] if name.startswith("moe-") else ""
+    parts = name.split("-")
+    part = parts[2] if name.startswith("moe-") and len(parts) > 2 else ""
     exp = next((e for e in ("wgmma", "tiled128", "tiled", "batched", "loop") if part.startswith(e)),
                "grouped")
     k = {"attention": att, "experts": exp, "launch": "pdl" if name.endswith("-pdl") else "",

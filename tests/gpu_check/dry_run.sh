@@ -90,6 +90,18 @@ done
 tar -xzf "$OUT/logs.tar.gz" -C "$OUT" ./kernel-times-vs-baseline.md ./kernel-times-wgmma-vs-tiled128.md \
   ./kernel-times-wgmma-attn-vs-lean.md 2>/dev/null || fail "the kernel-times comparisons are missing"
 
+# gpu-check with nothing left out but what a dry run cannot do (the steps the call above skips:
+# the earlier points, the large-batch options, the GEMM table's absence): each runs and exits 0.
+A="$OUT/all"; mkdir -p "$A"
+(cd "$ROOT" && OUT="$A" GPU_CHECK_DRY="$BUILD" GPU_CHECK_BATCH2=32 \
+  GPU_CHECK_TORCH_JSON=bench/gpu/torch-h200-2026-12-04.json \
+  GPU_CHECK_TORCH_B2_JSON=bench/gpu/torch-b32-h200-2026-12-04.json bash scripts/gpu-check) >"$A/dry.out" 2>&1
+rc=$?
+(( rc == 0 )) || fail "gpu-check with every step exited $rc: $(grep -E ' exit [1-9]' "$A/dry.out" | head -3 | tr '\n' ' ')"
+for step in "bench bench exit 0" "bench bench-opt exit 0" "bench gemm-none exit 0"; do
+  grep -qF "$step" "$A/dry.out" || fail "gpu-check with every step lacks '$step'"
+done
+
 # The same call with GPU tests failing, the paths a first GPU run is likeliest to take: the
 # experts' wgmma kernels wrong (exit 1: the LBO/SBO exchanges run), attention's hung (124: no
 # exchanges, its model test not run), the router's model test failed. Each option's benchmarks
