@@ -241,7 +241,7 @@ b2_bench = load_b2() if b2 else None
 by32 = {p["name"]: p for p in b2_bench["points"]} if b2_bench else None
 print(f"\n## Decisions (bench/gpu/NOTES.md's rules; faster: {100 * MIN_SAVED:.1f} % of the step "
       f"saved at each batch, batch 8 and {b2 or 'a second batch (not run)'})\n")
-lines, spec, stages = decide(by8, by32, tests)
+lines, spec, stages = decide(by8, by32, tests, int(b2) if b2 else 32)
 print("\n".join(lines))
 print(f"\nThe kernels these choose: " + (f"`{spec}`" if spec else "none beyond the defaults")
       + (f", MOEPLAN_WGMMA_STAGES={stages}" if stages else "")
