@@ -9,6 +9,7 @@ second batch, if one was run. Prints markdown on stdout. Run by scripts/gpu-chec
 step (cheap), so that a call killed at its limit still returns a table.
 """
 import json, sys, os, datetime
+from decisions import DENSE, MIN_SAVED, MOE, decide  # beside this file (sys.path[0])
 out, machine, tests, b2 = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 def load(n):
     try:
@@ -179,13 +180,14 @@ def load_b2():
         elif part:
             merged = part
     return merged
+merged_b2 = load_b2() if b2 else None  # read once: the table, the goals and the decisions
 if b2:
-    table(load_b2(), load(f"torch-b{b2}.json"))
+    table(merged_b2, load(f"torch-b{b2}.json"))
 # The issue's goals, for the default kernels (and the tuned GEMM table where it ran), at each
 # batch measured: dense >= 40 % MFU, MoE >= 25 % (exact/causal FLOPs against the vendor peak),
 # >= 1.5x PyTorch eager tokens/s.
-goals = [("dense", "dense-124M-fused-mma-lean-attn-adamw-beside", 40.0),
-         ("moe", "moe-ra0.2-tiled128-fused-mma-lean-attn-adamw-beside", 25.0),
+goals = [("dense", DENSE, 40.0),
+         ("moe", MOE, 25.0),
          ("moe", "moe-ra0.2-wgmma-fused-mma-lean-attn-adamw-beside", 25.0),
          ("moe", "moe-ra0.2-wgmma4-fused-mma-lean-attn-adamw-beside", 25.0),
          ("moe", "moe-ra0.2-wgmma3w0-fused-mma-lean-attn-adamw-beside", 25.0),
@@ -200,7 +202,7 @@ goals = [("dense", "dense-124M-fused-mma-lean-attn-adamw-beside", 40.0),
 rows = []
 for bench_name, torch_name in (("bench.json", "torch.json"),) + (
         ((f"bench-b{b2}.json", f"torch-b{b2}.json"),) if b2 else ()):
-    b = main if bench_name == "bench.json" else load_b2()
+    b = main if bench_name == "bench.json" else merged_b2
     t = load(torch_name)
     if not b or not b.get("peak_tflops"):
         continue
@@ -208,7 +210,7 @@ for bench_name, torch_name in (("bench.json", "torch.json"),) + (
     tp = {p["name"]: p for p in (t or {}).get("points", [])}
     # The goals' points with the kernels a run's decisions chose (bench-best: NAME-with-SPEC).
     best = [("dense" if n.startswith("dense") else "moe", n, 40.0 if n.startswith("dense") else 25.0)
-            for n in by if "-with-" in n and n.split("-with-")[0] in (goals[0][1], goals[1][1])]
+            for n in by if "-with-" in n and n.split("-with-")[0] in (DENSE, MOE)]
     for family, name, goal in goals + best:
         for n in (name, name + "-lt-table", name + "-no-gemm-table"):
             p = by.get(n)
@@ -234,11 +236,8 @@ except Exception:
     print("GEMM shapes: no results (see gemm-shapes.txt)")
 # The decisions the run is for (decisions.py, the rules of bench/gpu/NOTES.md), last, where the
 # device tool's output tail shows them.
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from decisions import MIN_SAVED, decide  # noqa: E402
 by8 = {p["name"]: p for p in main["points"]} if main else None
-b2_bench = load_b2() if b2 else None
-by32 = {p["name"]: p for p in b2_bench["points"]} if b2_bench else None
+by32 = {p["name"]: p for p in merged_b2["points"]} if merged_b2 else None
 print(f"\n## Decisions (bench/gpu/NOTES.md's rules; faster: {100 * MIN_SAVED:.1f} % of the step "
       f"saved at each batch, batch 8 and {b2 or 'a second batch (not run)'})\n")
 lines, spec, stages = decide(by8, by32, tests, int(b2) if b2 else 32)
