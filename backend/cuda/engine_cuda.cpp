@@ -135,10 +135,12 @@ void set_launch_mode(LaunchMode mode, int device) {
 class CudaEngine final : public Engine {
  public:
   explicit CudaEngine(const EngineRequest& r) {
-    kernels_ = resolve_kernels(checked_kernels(r.kernels, r.arch), r.arch.head_dim, DType::bf16);
+    const KernelChoice asked = checked_kernels(r.kernels, r.arch);
     if (device_count() == 0)
       throw InputError("--device cuda: no CUDA device is visible on this machine");
     info_ = checked_ranks(r.batch_seqs);
+    kernels_ =
+        resolve_kernels(asked, auto_target(r.arch, device_info(info_.local_rank)), DType::bf16);
     if (const char* ws = std::getenv("WORLD_SIZE"); ws && *ws)
       comm_ = std::make_unique<Communicator>(info_, nccl_id_file(r.point_id));
     local_batch_ = rank_batch(r.batch_seqs, info_);

@@ -2661,17 +2661,37 @@ std::string to_string(const KernelChoice& k) {
                      k.router == RouterPath::tiled ? ",router=tiled" : "");
 }
 
-KernelChoice resolve_kernels(const KernelChoice& asked, int64_t head_dim, DType matmul) {
+AutoTarget auto_target(const Arch& arch, const DeviceInfo& device) {
+  return {.head_dim = arch.head_dim,
+          .d_model = arch.d_model,
+          .d_expert = arch.is_dense() ? 0 : arch.d_expert,
+          .compute_major = device.compute_major,
+          .compute_minor = device.compute_minor};
+}
+
+KernelChoice resolve_kernels(const KernelChoice& asked, const AutoTarget& t, DType matmul,
+                             const AutoOptions& options) {
   KernelChoice k = asked;
-  const bool bf16 = matmul == DType::bf16;
+  const bool bf16 = matmul == DType::bf16, moe = t.d_expert > 0;
+  const bool hopper = expert_gemm::wgmma_supported(t.compute_major, t.compute_minor);
   if (!k.attention)
-    k.attention = !bf16                                         ? AttentionPath::cublas
-                  : attention::backward_mma_supported(head_dim) ? AttentionPath::fused_mma_lean
-                  : attention::supported(head_dim)              ? AttentionPath::fused_mma
-                                                                : AttentionPath::cublas;
-  if (!k.experts) k.experts = bf16 ? ExpertPath::tiled128 : ExpertPath::grouped;
-  if (!k.launch) k.launch = LaunchMode::plain;  // pdl is not measured yet (bench/gpu/NOTES.md)
-  if (!k.router) k.router = RouterPath::cublas;  // tiled is not measured yet (bench/gpu/NOTES.md)
+    k.attention =
+        !bf16 ? AttentionPath::cublas
+        : options.wgmma_attention && hopper && attention::backward_wgmma_supported(t.head_dim)
+            ? AttentionPath::fused_wgmma
+        : attention::backward_mma_supported(t.head_dim) ? AttentionPath::fused_mma_lean
+        : attention::supported(t.head_dim)              ? AttentionPath::fused_mma
+                                                        : AttentionPath::cublas;
+  if (!k.experts)
+    k.experts =
+        !bf16 ? ExpertPath::grouped
+        : options.wgmma_experts && hopper && moe && t.d_model % 8 == 0 && t.d_expert % 8 == 0
+            ? ExpertPath::wgmma
+            : ExpertPath::tiled128;
+  if (!k.launch)
+    k.launch = options.pdl && t.compute_major >= 9 ? LaunchMode::programmatic : LaunchMode::plain;
+  if (!k.router)
+    k.router = options.tiled_router && bf16 && moe ? RouterPath::tiled : RouterPath::cublas;
   return k;
 }
 

@@ -144,22 +144,22 @@ def decide(by8, by32, tests, b2=32):
     statuses."""
     options = [
         ("launch=pdl", option_rule(
-            "launch=pdl", "make `auto` resolve `launch` to `pdl` on compute capability 9.0 and "
-            "later (resolve_kernels; host test; docs/running.md)",
+            "launch=pdl", "switch on `pdl` in kAutoMeasured (backend/include/moeplan/backend/"
+            "cuda/model.hpp; the host test's auto expectations; docs/running.md)",
             [("dense", DENSE + "-pdl", DENSE), ("MoE", MOE + "-pdl", MOE)],
             ["kernels-pdl", "model-pdl"], tests, by8, by32, b2)),
         ("router=tiled", option_rule(
-            "router=tiled", "make `auto` resolve `router` to `tiled` in bf16 (resolve_kernels; "
-            "host test; docs/running.md)",
+            "router=tiled", "switch on `tiled_router` in kAutoMeasured (backend/include/moeplan/"
+            "backend/cuda/model.hpp; the host test's auto expectations; docs/running.md)",
             [("MoE", MOE + "-router-tiled", MOE)], ["model-router"], tests, by8, by32, b2)),
         ("experts=wgmma", option_rule(
-            "experts=wgmma", "make it `auto`'s choice on 9.0 devices in bf16 (resolve_kernels; "
-            "docs/running.md)",
+            "experts=wgmma", "switch on `wgmma_experts` in kAutoMeasured (backend/include/moeplan/"
+            "backend/cuda/model.hpp; the host test's auto expectations; docs/running.md)",
             [("MoE", WGMMA_MOE, MOE)], ["kernels-wgmma", "model-wgmma"], tests, by8, by32, b2)),
         ("attention=fused_wgmma", option_rule(
-            "attention=fused_wgmma", "make it `auto`'s choice at head width 64 on 9.0 devices in "
-            "bf16, if kernel-times-wgmma-attn-vs-lean.md agrees kernel by kernel "
-            "(resolve_kernels; docs/running.md)",
+            "attention=fused_wgmma", "switch on `wgmma_attention` in kAutoMeasured (backend/include/"
+            "moeplan/backend/cuda/model.hpp; the host test's auto expectations; docs/running.md), "
+            "if kernel-times-wgmma-attn-vs-lean.md agrees kernel by kernel",
             [("dense", "dense-124M-fused-wgmma-attn-adamw-beside", DENSE),
              ("MoE", "moe-ra0.2-tiled128-fused-wgmma-attn-adamw-beside", MOE)],
             ["kernels-wgmma-attn", "model-wgmma-attn"], tests, by8, by32, b2)),

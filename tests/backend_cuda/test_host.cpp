@@ -132,6 +132,83 @@ TEST_CASE("the cuda engine is registered, and refuses cleanly without a device")
   }
 }
 
+TEST_CASE("--kernels auto: an option switched on is taken only where it can run") {
+  const cu::KernelChoice d = cu::parse_kernel_choice("");
+  const auto bf16 = cu::DType::bf16;
+  cu::AutoOptions all;
+  all.wgmma_experts = all.wgmma_attention = all.pdl = all.tiled_router = true;
+  const cu::AutoTarget h200{
+      .head_dim = 64, .d_model = 512, .d_expert = 128, .compute_major = 9, .compute_minor = 0};
+  const auto resolved = [&](cu::AutoTarget t, cu::AutoOptions o = {}, cu::DType m = cu::DType::bf16,
+                            const cu::KernelChoice& asked = {}) {
+    return cu::to_string(cu::resolve_kernels(asked, t, m, o));
+  };
+  CHECK(resolved(h200, all) == "attention=fused_wgmma,experts=wgmma,launch=pdl,router=tiled");
+  CHECK(resolved(h200) == "attention=fused_mma_lean,experts=tiled128");
+  // Each alone, the others left as they are.
+  cu::AutoOptions one;
+  one.wgmma_experts = true;
+  CHECK(resolved(h200, one) == "attention=fused_mma_lean,experts=wgmma");
+  one = {};
+  one.wgmma_attention = true;
+  CHECK(resolved(h200, one) == "attention=fused_wgmma,experts=tiled128");
+  one = {};
+  one.pdl = true;
+  CHECK(resolved(h200, one) == "attention=fused_mma_lean,experts=tiled128,launch=pdl");
+  one = {};
+  one.tiled_router = true;
+  CHECK(resolved(h200, one) == "attention=fused_mma_lean,experts=tiled128,router=tiled");
+  // The wgmma kernels are sm_90a code: not on 8.0, nor on a later device; pdl from 9.0 on; a
+  // device not known (0.0) gets neither.
+  cu::AutoTarget t = h200;
+  t.compute_major = 8;
+  CHECK(resolved(t, all) == "attention=fused_mma_lean,experts=tiled128,router=tiled");
+  t.compute_major = 10;
+  CHECK(resolved(t, all) == "attention=fused_mma_lean,experts=tiled128,launch=pdl,router=tiled");
+  t.compute_major = 0;
+  CHECK(resolved(t, all) == "attention=fused_mma_lean,experts=tiled128,router=tiled");
+  // The shapes: wgmma attention at head width 64 only; wgmma experts with d_model and d_expert
+  // multiples of 8; a dense model takes neither expert option (it has no experts).
+  t = h200;
+  t.head_dim = 128;
+  CHECK(resolved(t, all) == "attention=fused_mma,experts=wgmma,launch=pdl,router=tiled");
+  t.head_dim = 32;
+  CHECK(resolved(t, all) == "attention=fused_mma_lean,experts=wgmma,launch=pdl,router=tiled");
+  t = h200;
+  t.d_expert = 12;
+  CHECK(resolved(t, all) == "attention=fused_wgmma,experts=tiled128,launch=pdl,router=tiled");
+  t = h200;
+  t.d_model = 516;
+  CHECK(resolved(t, all) == "attention=fused_wgmma,experts=tiled128,launch=pdl,router=tiled");
+  t = h200;
+  t.d_expert = 0;
+  CHECK(resolved(t, all) == "attention=fused_wgmma,experts=tiled128,launch=pdl");
+  // fp32 models: cuBLAS attention, grouped experts, the router on cuBLAS; launches either way.
+  CHECK(resolved(h200, all, cu::DType::f32) == "attention=cublas,experts=grouped,launch=pdl");
+  // What was asked for is kept.
+  CHECK(resolved(h200, all, bf16, cu::parse_kernel_choice("experts=tiled,launch=plain")) ==
+        "attention=fused_wgmma,experts=tiled,router=tiled");
+  CHECK(resolved(h200, all, bf16, cu::parse_kernel_choice("attention=fused_mma,router=cublas")) ==
+        "attention=fused_mma,experts=wgmma,launch=pdl");
+  // The target of a point: its shapes and the device's capability; a dense point has no d_expert.
+  moeplan::Arch a;
+  a.d_model = 768;
+  a.layers = a.dense_layers = 12;
+  a.head_dim = 64;
+  a.d_expert = 96;  // not read: the point is dense
+  cu::DeviceInfo dev;
+  dev.compute_major = 9;
+  dev.compute_minor = 0;
+  const cu::AutoTarget dense = cu::auto_target(a, dev);
+  CHECK(dense.head_dim == 64);
+  CHECK(dense.d_model == 768);
+  CHECK(dense.d_expert == 0);
+  CHECK(dense.compute_major == 9);
+  a.dense_layers = 2;
+  a.experts = 64;
+  CHECK(cu::auto_target(a, dev).d_expert == 96);
+}
+
 TEST_CASE("--kernels: attention and experts by name or auto, everything else refused") {
   const cu::KernelChoice d = cu::parse_kernel_choice("");
   CHECK_FALSE(d.attention.has_value());
@@ -140,24 +217,30 @@ TEST_CASE("--kernels: attention and experts by name or auto, everything else ref
   CHECK(cu::to_string(cu::parse_kernel_choice("attention=auto,experts=auto")) ==
         "attention=auto,experts=auto");
   // auto: the fastest measured kernels that can run the point (bf16 only; the lean dK/dV
-  // kernel at head widths 16, 32, 64, fused attention with the WMMA backward at 128).
+  // kernel at head widths 16, 32, 64, fused attention with the WMMA backward at 128), here on an
+  // H200 (compute capability 9.0) and a MoE of d_model 512, d_expert 128: none of the options
+  // not yet measured (kAutoMeasured) even where they could run.
+  const auto at = [](int64_t dh) {
+    return cu::AutoTarget{
+        .head_dim = dh, .d_model = 512, .d_expert = 128, .compute_major = 9, .compute_minor = 0};
+  };
   for (const int64_t dh : {16, 32, 64})
-    CHECK(cu::to_string(cu::resolve_kernels(d, dh, cu::DType::bf16)) ==
+    CHECK(cu::to_string(cu::resolve_kernels(d, at(dh), cu::DType::bf16)) ==
           "attention=fused_mma_lean,experts=tiled128");
-  CHECK(cu::to_string(cu::resolve_kernels(d, 128, cu::DType::bf16)) ==
+  CHECK(cu::to_string(cu::resolve_kernels(d, at(128), cu::DType::bf16)) ==
         "attention=fused_mma,experts=tiled128");
   for (const int64_t dh : {8, 48, 96, 256})
-    CHECK(cu::to_string(cu::resolve_kernels(d, dh, cu::DType::bf16)) ==
+    CHECK(cu::to_string(cu::resolve_kernels(d, at(dh), cu::DType::bf16)) ==
           "attention=cublas,experts=tiled128");
   for (const int64_t dh : {16, 64, 128})
-    CHECK(cu::to_string(cu::resolve_kernels(d, dh, cu::DType::f32)) ==
+    CHECK(cu::to_string(cu::resolve_kernels(d, at(dh), cu::DType::f32)) ==
           "attention=cublas,experts=grouped");
   // What was asked for is kept; only what was left out is chosen.
-  CHECK(cu::to_string(
-            cu::resolve_kernels(cu::parse_kernel_choice("experts=grouped"), 64, cu::DType::bf16)) ==
-        "attention=fused_mma_lean,experts=grouped");
-  CHECK(cu::to_string(cu::resolve_kernels(cu::parse_kernel_choice("attention=cublas,logits=64"), 64,
+  CHECK(cu::to_string(cu::resolve_kernels(cu::parse_kernel_choice("experts=grouped"), at(64),
                                           cu::DType::bf16)) ==
+        "attention=fused_mma_lean,experts=grouped");
+  CHECK(cu::to_string(cu::resolve_kernels(cu::parse_kernel_choice("attention=cublas,logits=64"),
+                                          at(64), cu::DType::bf16)) ==
         "attention=cublas,experts=tiled128,logits=64");
   const cu::KernelChoice k = cu::parse_kernel_choice("experts=tiled,attention=fused_mma");
   CHECK(k.attention == cu::AttentionPath::fused_mma);
@@ -193,9 +276,9 @@ TEST_CASE("--kernels: attention and experts by name or auto, everything else ref
   CHECK(cu::parse_kernel_choice("launch=pdl").launch == cu::LaunchMode::programmatic);
   CHECK(cu::parse_kernel_choice("launch=plain").launch == cu::LaunchMode::plain);
   CHECK(!cu::parse_kernel_choice("launch=auto").launch);
-  CHECK(cu::resolve_kernels(d, 64, cu::DType::bf16).launch == cu::LaunchMode::plain);
-  CHECK(cu::to_string(cu::resolve_kernels(cu::parse_kernel_choice("launch=pdl,experts=tiled"), 64,
-                                          cu::DType::bf16)) ==
+  CHECK(cu::resolve_kernels(d, at(64), cu::DType::bf16).launch == cu::LaunchMode::plain);
+  CHECK(cu::to_string(cu::resolve_kernels(cu::parse_kernel_choice("launch=pdl,experts=tiled"),
+                                          at(64), cu::DType::bf16)) ==
         "attention=fused_mma_lean,experts=tiled,launch=pdl");
   CHECK(cu::to_string(cu::parse_kernel_choice("launch=plain")) == "attention=auto,experts=auto");
   CHECK(message("launch=eager") ==
@@ -205,9 +288,9 @@ TEST_CASE("--kernels: attention and experts by name or auto, everything else ref
   CHECK(cu::parse_kernel_choice("router=tiled").router == cu::RouterPath::tiled);
   CHECK(cu::parse_kernel_choice("router=cublas").router == cu::RouterPath::cublas);
   CHECK(!cu::parse_kernel_choice("router=auto").router);
-  CHECK(cu::resolve_kernels(d, 64, cu::DType::bf16).router == cu::RouterPath::cublas);
-  CHECK(cu::to_string(cu::resolve_kernels(cu::parse_kernel_choice("router=tiled,launch=pdl"), 64,
-                                          cu::DType::bf16)) ==
+  CHECK(cu::resolve_kernels(d, at(64), cu::DType::bf16).router == cu::RouterPath::cublas);
+  CHECK(cu::to_string(cu::resolve_kernels(cu::parse_kernel_choice("router=tiled,launch=pdl"),
+                                          at(64), cu::DType::bf16)) ==
         "attention=fused_mma_lean,experts=tiled128,launch=pdl,router=tiled");
   CHECK(cu::to_string(cu::parse_kernel_choice("router=cublas")) == "attention=auto,experts=auto");
   CHECK(message("router=fast") ==

@@ -82,13 +82,38 @@ struct KernelChoice {
   std::optional<RouterPath> router;  // unset: automatic (cublas until tiled is measured faster)
 };
 KernelChoice parse_kernel_choice(const std::string& spec);
+// The options `auto` may take beyond the kernels below once an H200 run has measured them: each
+// is switched on in kAutoMeasured when its tests passed on the GPU and it saved at least 0.5 % of
+// the goals' step at batch 8 and at batch 32 (bench/gpu/decisions.py's "yes"), and is then taken
+// only where it can run (AutoTarget).
+struct AutoOptions {
+  bool wgmma_experts = false;    // experts=wgmma: compute capability 9.0, MoE, d_model and
+                                 // d_expert multiples of 8
+  bool wgmma_attention = false;  // attention=fused_wgmma: compute capability 9.0, head width 64
+  bool pdl = false;              // launch=pdl: compute capability 9.0 and later
+  bool tiled_router = false;     // router=tiled: bf16, MoE
+};
+// None measured yet (bench/gpu/NOTES.md, "The next GPU session").
+inline constexpr AutoOptions kAutoMeasured{};
+// What `auto` chooses for: the point's shapes and the device's compute capability (0.0: not
+// known, so nothing that needs a particular device is taken).
+struct AutoTarget {
+  int64_t head_dim = 0;
+  int64_t d_model = 0;
+  int64_t d_expert = 0;  // 0: a dense model
+  int compute_major = 0, compute_minor = 0;
+};
+AutoTarget auto_target(const Arch& arch, const DeviceInfo& device);
 // The automatic choices made: the kernels measured fastest on an H200 that can run the point
 // (bench/gpu/RESULTS.md: fused_mma and tiled on 2026-11-30, dense 31.3 against 35.7 ms a step,
 // MoE at r_a 0.2 22.6 against 28.6 ms; the lean dK/dV kernel and 128-row tiles on 2026-12-04,
 // run E, dK/dV 2.27 against 2.41 ms a dense step and the MoE step at batch 32 46.2 against
 // 47.5 ms): attention in bf16 `fused_mma_lean` at head widths 16, 32 and 64, `fused_mma` at 128,
-// else `cublas`; experts `tiled128` in bf16, else `grouped`. What was asked for is kept.
-KernelChoice resolve_kernels(const KernelChoice& asked, int64_t head_dim, DType matmul);
+// else `cublas`; experts `tiled128` in bf16, else `grouped`; launch `plain`; router `cublas`.
+// Each option that `options` switches on replaces these where the target can run it. What was
+// asked for is kept.
+KernelChoice resolve_kernels(const KernelChoice& asked, const AutoTarget& target, DType matmul,
+                             const AutoOptions& options = kAutoMeasured);
 std::string to_string(const KernelChoice& k);
 
 class Model {
