@@ -63,11 +63,14 @@ void set_device(int device) {
 }
 
 namespace {
-std::atomic<int64_t> g_wait_ns{0};
-// Adds the time from its construction to its destruction to host_wait_seconds().
+std::atomic<int64_t> g_wait_ns{0}, g_waits{0};
+// Adds the time from its construction to its destruction to host_wait_seconds(), and one to
+// host_waits().
 class WaitTimer {
  public:
-  WaitTimer() : t0_(std::chrono::steady_clock::now()) {}
+  WaitTimer() : t0_(std::chrono::steady_clock::now()) {
+    g_waits.fetch_add(1, std::memory_order_relaxed);
+  }
   ~WaitTimer() {
     const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
         std::chrono::steady_clock::now() - t0_);
@@ -83,6 +86,9 @@ class WaitTimer {
 
 double host_wait_seconds() {
   return double(g_wait_ns.load(std::memory_order_relaxed)) * 1e-9;
+}
+int64_t host_waits() {
+  return g_waits.load(std::memory_order_relaxed);
 }
 
 void synchronize() {

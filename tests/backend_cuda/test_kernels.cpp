@@ -179,22 +179,31 @@ TEST_CASE("swiglu on a side stream: its result once the default stream has joine
 TEST_CASE("host_wait_seconds counts the host's time in synchronous calls, and only that") {
   // bench_gpu splits a step's wall time with it into the host's own work and its waits for
   // the device: a launch must add nothing, a synchronous copy its own duration at most.
+  // host_waits counts the same calls.
+  namespace cu = moeplan::backend::cuda;
   const int64_t N = 1 << 18, F = N / 2;
   auto dAB = to_device(randn(N, 16, 1.f));
   auto out = poisoned(F * 4);
-  const double w0 = moeplan::backend::cuda::host_wait_seconds();
+  const double w0 = cu::host_wait_seconds();
+  const int64_t n0 = cu::host_waits();
   k::swiglu_forward(out.data(), DType::f32, dAB.data(), 1, F);
-  const double w1 = moeplan::backend::cuda::host_wait_seconds();
+  const double w1 = cu::host_wait_seconds();
   CHECK(w1 == w0);
+  CHECK(cu::host_waits() == n0);
   std::vector<float> host(static_cast<size_t>(F));
   const auto t0 = std::chrono::steady_clock::now();
   out.download(host.data(), host.size() * 4);
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  const double w2 = moeplan::backend::cuda::host_wait_seconds();
+  const double w2 = cu::host_wait_seconds();
   CHECK(w2 > w1);
   CHECK(w2 - w1 <= wall);
+  CHECK(cu::host_waits() == n0 + 1);
+  out.upload(host.data(), host.size() * 4);
+  CHECK(cu::host_waits() == n0 + 2);
+  const double w3 = cu::host_wait_seconds();
   synchronize();
-  CHECK(moeplan::backend::cuda::host_wait_seconds() > w2);
+  CHECK(cu::host_wait_seconds() > w3);
+  CHECK(cu::host_waits() == n0 + 3);
 }
 
 TEST_CASE("qkv_prepare (RoPE on q and k heads, a cast elsewhere) matches the CPU, both ways") {

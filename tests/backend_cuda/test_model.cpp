@@ -1359,6 +1359,45 @@ TEST_CASE("the AdamW update beside the next step's forward gives the same steps 
   use_stream_order(nullptr);
 }
 
+TEST_CASE("a step's host waits: none a MoE layer on the tiled paths, one a layer on cuBLAS's") {
+  // The host's synchronous calls in a training step (cu::host_waits). Each drains the device's
+  // queue and none can be part of a CUDA graph. Counted by hand from model.cpp, a pass uploads
+  // its tokens and targets and the embedding's three segment arrays and downloads its results
+  // once (collect_pass): 6; a step with the update beside the forward also uploads the flags of
+  // the embedding rows its tokens read and downloads the gradient norm: 2 more. The tiled
+  // experts size their products on the device, so MoE layers add nothing; the grouped cuBLAS
+  // path reads each MoE layer's routed counts back in each pass.
+  ModelOptions one_pass;
+  one_pass.positions = "alibi";
+  ModelOptions two_passes = one_pass;
+  two_passes.micro_batch_seqs = 1;
+  const int64_t B = 2;
+  const auto waits = [&](int64_t moe_layers, cu::ExpertPath path, const ModelOptions& o) {
+    Arch a = moe_arch();
+    a.layers = a.dense_layers + moe_layers;
+    cu::Model m(a, o, 5, B, DType::bf16);
+    m.set_expert_path(path);
+    m.set_update_overlap(true);  // as moeplan run trains
+    OptimConfig cfg;
+    cfg.total_steps = 10;
+    const Batch b0 = random_batch(B, a.seq_len, a.vocab, 3),
+                b1 = random_batch(B, a.seq_len, a.vocab, 4);
+    m.train_step(b0.inputs.data(), b0.targets.data(), 0, cfg);  // the first: plans, allocations
+    const int64_t n0 = cu::host_waits();
+    m.train_step(b1.inputs.data(), b1.targets.data(), 1, cfg);
+    return cu::host_waits() - n0;
+  };
+  for (const cu::ExpertPath path : {cu::ExpertPath::tiled128, cu::ExpertPath::tiled}) {
+    INFO("tiled path " << int(path));
+    CHECK(waits(2, path, one_pass) == 6 + 2);
+    CHECK(waits(4, path, one_pass) == 6 + 2);
+    CHECK(waits(2, path, two_passes) == 2 * 6 + 2);
+  }
+  CHECK(waits(2, cu::ExpertPath::grouped, one_pass) == 6 + 2 + 2);
+  CHECK(waits(4, cu::ExpertPath::grouped, one_pass) == 6 + 2 + 4);
+  CHECK(waits(2, cu::ExpertPath::grouped, two_passes) == 2 * (6 + 2) + 2);
+}
+
 TEST_CASE("the gradient norm summed beside the backward gives the same steps bit for bit") {
   // The norm's sums of squares a bucket at a time (the final norm and LM head, each layer, the
   // embedding), each on a stream of its own as soon as the backward has written the bucket for

@@ -35,6 +35,10 @@ void synchronize();  // waits for all work on the current device; throws on a CU
 // its waits for the device: a step whose host waited close to nothing was bound by the host
 // (issuing launches), not by the device.
 double host_wait_seconds();
+// How many of those synchronous calls this process has made. Each drains the device's queue
+// before the host goes on (a pageable upload waits for the work before it), and none can be
+// part of a CUDA graph: a pass's count tells how it could be captured.
+int64_t host_waits();
 
 // Element types of matrix-product inputs: fp32 (tight tests) or bf16 (training).
 enum class DType { f32, bf16 };
