@@ -733,6 +733,7 @@ cudaError_t set_max_dynamic_shared(const void* kernel, int bytes) {
 }
 
 void launch(const char* kernel, const Config& cfg, const std::function<void()>& thread) {
+  count_launch(kernel);
   State& s = st();
   const unsigned long long nt = (unsigned long long)cfg.block.x * cfg.block.y * cfg.block.z;
   const auto name = std::string(kernel);
@@ -817,12 +818,38 @@ std::size_t queued(cudaStream_t s) {
 }
 void run_until(cudaStream_t s, std::size_t mark) {
   if (!s) return;
+  const Uncounted counted_when_issued;
   while (s->ran < mark) {  // the queue holds issued - ran items
     const std::function<void()> w = std::move(s->work.front());
     s->work.pop_front();
     ++s->ran;
     w();  // a queued launch runs as the default stream's: it adds nothing to this queue
   }
+}
+
+namespace {
+int g_uncounted = 0;  // the host thread's depth of Uncounted scopes
+}  // namespace
+Tally& tally() {
+  static Tally t;
+  return t;
+}
+void reset_tally() {
+  tally() = Tally{};
+}
+void count(long long Tally::*field) {
+  if (g_uncounted == 0) ++(tally().*field);
+}
+void count_launch(const char* kernel) {
+  if (g_uncounted > 0) return;
+  ++tally().launches;
+  ++tally().kernels[kernel];
+}
+Uncounted::Uncounted() {
+  ++g_uncounted;
+}
+Uncounted::~Uncounted() {
+  --g_uncounted;
 }
 void run_all_streams() {
   for (cudaStream_t s : created_streams()) run_until(s, s->issued);
@@ -844,6 +871,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
   return moeplan_emu::st().sticky;
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+  moeplan_emu::count(&moeplan_emu::Tally::host_waits);
   moeplan_emu::run_until(s, moeplan_emu::queued(s));
   return moeplan_emu::st().sticky;
 }
@@ -896,6 +924,7 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
   return cudaSuccess;
 }
 cudaError_t cudaDeviceSynchronize() {
+  moeplan_emu::count(&moeplan_emu::Tally::host_waits);
   moeplan_emu::run_all_streams();
   return st().sticky;
 }
@@ -958,11 +987,13 @@ cudaError_t cudaFree(void* p) {
   return cudaSuccess;
 }
 cudaError_t cudaMemcpy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind) {
+  moeplan_emu::count(&moeplan_emu::Tally::host_waits);
   if (st().sticky != cudaSuccess) return st().sticky;
   if (bytes) std::memmove(dst, src, bytes);
   return cudaSuccess;
 }
 cudaError_t cudaMemset(void* p, int value, std::size_t bytes) {
+  moeplan_emu::count(&moeplan_emu::Tally::host_waits);
   if (bytes) std::memset(p, value, bytes);
   return cudaSuccess;
 }

@@ -26,17 +26,21 @@
 // ---- runtime: asynchronous calls, pinned memory, events ----------------------------------------
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind,
                             cudaStream_t s) {
+  moeplan_emu::count(&moeplan_emu::Tally::async_ops);
   if (moeplan_emu::defer(s)) {
     moeplan_emu::enqueue(s, [=] { cudaMemcpy(dst, src, bytes, kind); });
     return cudaSuccess;
   }
+  const moeplan_emu::Uncounted counted;
   return cudaMemcpy(dst, src, bytes, kind);
 }
 cudaError_t cudaMemsetAsync(void* p, int value, std::size_t bytes, cudaStream_t s) {
+  moeplan_emu::count(&moeplan_emu::Tally::async_ops);
   if (moeplan_emu::defer(s)) {
     moeplan_emu::enqueue(s, [=] { cudaMemset(p, value, bytes); });
     return cudaSuccess;
   }
+  const moeplan_emu::Uncounted counted;
   return cudaMemset(p, value, bytes);
 }
 cudaError_t cudaMallocHost(void** p, std::size_t bytes) {
@@ -62,16 +66,19 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned) {
   return cudaEventCreate(e);
 }
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+  moeplan_emu::count(&moeplan_emu::Tally::events);
   e->t = std::chrono::steady_clock::now();  // the issue time: timing is for the default stream
   e->stream = s;
   e->mark = moeplan_emu::queued(s);
   return cudaSuccess;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+  moeplan_emu::count(&moeplan_emu::Tally::host_waits);
   moeplan_emu::run_until(e->stream, e->mark);
   return cudaSuccess;
 }
 cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t e, unsigned) {
+  moeplan_emu::count(&moeplan_emu::Tally::events);
   // The waiting stream's later work runs after what the event marks; running that now is one
   // order a GPU may take.
   moeplan_emu::run_until(e->stream, e->mark);
@@ -182,6 +189,7 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t ta, cublasO
                             cudaDataType_t at, int lda, const void* B, cudaDataType_t bt, int ldb,
                             const void* beta, void* C, cudaDataType_t ct, int ldc,
                             cublasComputeType_t, cublasGemmAlgo_t) {
+  moeplan_emu::count(&moeplan_emu::Tally::products);
   const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
   if (moeplan_emu::defer(handle->stream)) {  // checked now, run when the stream's work is needed
     const cublasStatus_t ok = gemm_check(ta, tb, m, n, k, at, lda, bt, ldb, ct, ldc);
@@ -199,6 +207,7 @@ cublasStatus_t cublasGemmBatchedEx(cublasHandle_t handle, cublasOperation_t ta,
                                    const void* const B[], cudaDataType_t bt, int ldb,
                                    const void* beta, void* const C[], cudaDataType_t ct, int ldc,
                                    int batch, cublasComputeType_t, cublasGemmAlgo_t) {
+  moeplan_emu::count(&moeplan_emu::Tally::products);
   if (handle->stream) return CUBLAS_STATUS_NOT_SUPPORTED;  // only cublasGemmEx takes one
   for (int b = 0; b < batch; ++b) {
     const cublasStatus_t s = gemm(ta, tb, m, n, k, *static_cast<const float*>(alpha), A[b], at, lda,
@@ -217,6 +226,7 @@ cublasStatus_t cublasGemmStridedBatchedEx(
     const void* alpha, const void* A, cudaDataType_t at, int lda, long long strideA, const void* B,
     cudaDataType_t bt, int ldb, long long strideB, const void* beta, void* C, cudaDataType_t ct,
     int ldc, long long strideC, int batch, cublasComputeType_t, cublasGemmAlgo_t) {
+  moeplan_emu::count(&moeplan_emu::Tally::products);
   if (handle->stream) return CUBLAS_STATUS_NOT_SUPPORTED;  // only cublasGemmEx takes one
   if (batch < 0 || !known(at) || !known(bt) || !known(ct)) return CUBLAS_STATUS_INVALID_VALUE;
   for (int b = 0; b < batch; ++b) {
@@ -241,6 +251,7 @@ cublasStatus_t cublasGemmGroupedBatchedEx(cublasHandle_t handle, const cublasOpe
                                           const void* beta, void* const C[], cudaDataType_t ct,
                                           const int ldc[], int group_count, const int group_size[],
                                           cublasComputeType_t) {
+  moeplan_emu::count(&moeplan_emu::Tally::products);
   if (handle->stream) return CUBLAS_STATUS_NOT_SUPPORTED;  // only cublasGemmEx takes one
   if (at != ct) return CUBLAS_STATUS_NOT_SUPPORTED;
   const float* alphas = static_cast<const float*>(alpha);
@@ -415,6 +426,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
                               cublasLtMatrixLayout_t c, void* D, cublasLtMatrixLayout_t d,
                               const cublasLtMatmulAlgo_t* algo, void* workspace,
                               std::size_t workspace_bytes, cudaStream_t stream) {
+  moeplan_emu::count(&moeplan_emu::Tally::products);
   cublasLtMatmulHeuristicResult_t r;
   const cublasStatus_t ok = cublasLtMatmulAlgoCheck(handle, desc, a, b, c, d, algo, &r);
   if (ok != CUBLAS_STATUS_SUCCESS) return ok;
@@ -629,6 +641,7 @@ void reduce_slots(const ncclComm& c, std::size_t offset_elems, std::size_t n, bo
 
 ncclResult_t ncclAllReduce(const void* send, void* recv, std::size_t count, ncclDataType_t type,
                            ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
+  moeplan_emu::count(&moeplan_emu::Tally::collectives);
   if (!comm || (op != ncclSum && op != ncclAvg)) return ncclInvalidArgument;
   if (type != ncclFloat32 && type != ncclFloat64 && type != ncclInt64) return ncclInvalidArgument;
   return run_collective(comm, stream, [=]() -> ncclResult_t {
@@ -668,6 +681,7 @@ bool known_type(ncclDataType_t type) {
 ncclResult_t ncclReduceScatter(const void* send, void* recv, std::size_t recvcount,
                                ncclDataType_t type, ncclRedOp_t op, ncclComm_t comm,
                                cudaStream_t stream) {
+  moeplan_emu::count(&moeplan_emu::Tally::collectives);
   if (!comm || (op != ncclSum && op != ncclAvg) || !known_type(type)) return ncclInvalidArgument;
   return run_collective(comm, stream, [=]() -> ncclResult_t {
     const std::size_t elem = elem_size(type);
@@ -706,6 +720,7 @@ ncclResult_t ncclReduceScatter(const void* send, void* recv, std::size_t recvcou
 // recv = the ranks' sends one after another (rank r's at r·sendcount).
 ncclResult_t ncclAllGather(const void* send, void* recv, std::size_t sendcount, ncclDataType_t type,
                            ncclComm_t comm, cudaStream_t stream) {
+  moeplan_emu::count(&moeplan_emu::Tally::collectives);
   if (!comm || !known_type(type)) return ncclInvalidArgument;
   return run_collective(comm, stream, [=]() -> ncclResult_t {
     const std::size_t elem = elem_size(type);
@@ -730,6 +745,7 @@ ncclResult_t ncclAllGather(const void* send, void* recv, std::size_t sendcount, 
 
 ncclResult_t ncclBroadcast(const void* send, void* recv, std::size_t count, ncclDataType_t type,
                            int root, ncclComm_t comm, cudaStream_t stream) {
+  moeplan_emu::count(&moeplan_emu::Tally::collectives);
   if (!comm || !known_type(type) || root < 0 || root >= comm->nranks) return ncclInvalidArgument;
   return run_collective(comm, stream, [=]() -> ncclResult_t {
     const std::size_t elem = elem_size(type);

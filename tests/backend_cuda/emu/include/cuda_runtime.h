@@ -4,6 +4,8 @@
 // completion before they return (created streams: below).
 #include <cstddef>
 #include <functional>
+#include <map>
+#include <string>
 
 #include "moeplan_cuda_emu.hpp"
 
@@ -100,6 +102,29 @@ void enqueue(cudaStream_t s, std::function<void()> work);
 std::size_t queued(cudaStream_t s);
 void run_until(cudaStream_t s, std::size_t mark);
 void run_all_streams();
+
+// What the host issued since reset_tally() (bench/gpu/launches.cpp reads it): kernel launches,
+// by launch site (file:line in backend/cuda, launch.cuh's); cuBLAS and cuBLASLt products;
+// asynchronous copies and fills; events recorded and waited on; NCCL collectives; and the calls
+// that block the host (synchronous copies and fills, stream, event and device synchronizations).
+// Counted when issued, once: work a stream runs later is not counted again.
+struct Tally {
+  std::map<std::string, long long> kernels;  // launch site -> launches
+  long long launches = 0, products = 0, async_ops = 0, events = 0, host_waits = 0, collectives = 0;
+};
+Tally& tally();
+void reset_tally();
+// Counts `field` unless the call is part of another counted one (a queued launch run, the copy
+// inside cudaMemcpyAsync).
+void count(long long Tally::*field);
+void count_launch(const char* kernel);
+// While one lives, nothing is counted.
+struct Uncounted {
+  Uncounted();
+  ~Uncounted();
+  Uncounted(const Uncounted&) = delete;
+  Uncounted& operator=(const Uncounted&) = delete;
+};
 }
 template <class Kernel>
 cudaError_t cudaFuncSetAttribute(Kernel k, cudaFuncAttribute attr, int value) {
