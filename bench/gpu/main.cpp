@@ -641,6 +641,7 @@ int main(int argc, char** argv) {
     if (table) model.set_gemm_table(table, lenient);
     std::vector<int32_t> in, tg;
     std::vector<double> secs, busy, waited;  // a step's wall time, and the host's share of it
+    int64_t waits = 0;                       // the host's synchronous calls in a step
     FlopLedger per_step;
     double loss0 = 0, loss_last = 0;
     // The batches made before the timed steps: with the update beside the next forward, a step
@@ -654,6 +655,7 @@ int main(int argc, char** argv) {
     for (int s = 0; s < warmup + steps; ++s) {
       const auto t0 = std::chrono::steady_clock::now();
       const double w0 = cu::host_wait_seconds();
+      const int64_t n0 = cu::host_waits();
       const StepResult r =
           model.train_step(ins[size_t(s)].data(), tgs[size_t(s)].data(), s, cfg);  // norm read
       const double dt =
@@ -665,6 +667,7 @@ int main(int argc, char** argv) {
         secs.push_back(dt);
         busy.push_back(dt - w);
         waited.push_back(w);
+        waits = cu::host_waits() - n0;  // the same every step (model test "a step's host waits")
       }
       per_step = r.flops;
     }
@@ -751,15 +754,15 @@ int main(int argc, char** argv) {
     // the host instead, and fewer or cheaper launches (CUDA graphs) are what would help.
     const double host_busy = median(busy), host_wait = median(waited);
     std::fprintf(stderr,
-                 "[%s] host per step (medians): busy %.2f ms, waiting for the device %.2f ms, "
-                 "of %.2f ms\n",
-                 name.c_str(), 1e3 * host_busy, 1e3 * host_wait, 1e3 * t);
+                 "[%s] host per step (medians): busy %.2f ms, waiting for the device %.2f ms "
+                 "in %lld synchronous calls, of %.2f ms\n",
+                 name.c_str(), 1e3 * host_busy, 1e3 * host_wait, (long long)waits, 1e3 * t);
     json += fmt::format(
         "{}{{\"name\": \"{}\", \"total_params\": {}, \"active_params\": {}, \"step_seconds\": {}, "
         "\"tokens_per_second_consumed\": {}, \"tflops_exact_causal\": {}, "
         "\"tflops_executed\": {}, \"kernels\": \"{}\", \"micro_batch\": {}, \"logit_rows\": {}, "
         "\"gemm_table\": \"{}\", \"gemm_products\": {}, \"gemm_products_from_table\": {}, "
-        "\"host_busy_seconds\": {}, \"host_wait_seconds\": {}}}",
+        "\"host_busy_seconds\": {}, \"host_wait_seconds\": {}, \"host_waits_per_step\": {}}}",
         first ? "" : ", ", name, pc.total_params, pc.active_params, t, tokens / t, tf_useful,
         tf_exec,
         cu::to_string(
@@ -767,7 +770,7 @@ int main(int argc, char** argv) {
                              p.pdl ? cu::LaunchMode::programmatic : cu::LaunchMode::plain,
                              p.router_tiled ? cu::RouterPath::tiled : cu::RouterPath::cublas}),
         p.micro_batch, model.logit_rows(), table_name, model.gemm_counts().products,
-        model.gemm_counts().from_table, host_busy, host_wait);
+        model.gemm_counts().from_table, host_busy, host_wait, waits);
     first = false;
     // Written after every point, so that a later point that fails keeps the earlier ones.
     if (!json_path.empty()) write_json();

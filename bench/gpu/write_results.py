@@ -58,18 +58,21 @@ def table(b, t):
         print(f"\ntorch {t['torch']} eager, bf16 autocast, SDPA attention, same shapes/batch/data; "
               f"{counts(t)}.\n")
     # The host's side of each step (bench_gpu, since 2026-12-05 sixth session): its own work and
-    # its waits for the device. A wait near zero: the device waited for the host.
+    # its waits for the device. A wait near zero: the device waited for the host. waits: its
+    # synchronous calls a step (since 2026-12-06; 8 for the goals' points as moeplan run trains
+    # them, by bench_launches_emulated and the model test "a step's host waits").
     host = [p for p in b["points"] if "host_busy_seconds" in p]
     if host:
         print("\nThe host per step (medians): its own work (issuing launches) and its waits for "
               "the device; a point whose host waits about nothing is bound by the host, not the "
               "device.\n")
-        print("| point | step ms | host busy ms | host waiting ms | busy share |")
-        print("|---|---|---|---|---|")
+        print("| point | step ms | host busy ms | host waiting ms | busy share | waits |")
+        print("|---|---|---|---|---|---|")
         for p in host:
             st, hb = p["step_seconds"], p["host_busy_seconds"]
             print(f"| {p['name']} | {1e3 * st:.2f} | {1e3 * hb:.2f} | "
-                  f"{1e3 * p['host_wait_seconds']:.2f} | {100 * hb / st:.0f}% |")
+                  f"{1e3 * p['host_wait_seconds']:.2f} | {100 * hb / st:.0f}% | "
+                  f"{p.get('host_waits_per_step', '—')} |")
         print()
 main = None
 for n in ("bench.json", "bench-new.json", "bench-wgmma.json", "bench-wgmma4.json",

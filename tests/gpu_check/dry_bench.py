@@ -139,7 +139,7 @@ def main():
             sys.stderr.write(line.replace(f"[{base}]", f"[{full}]", 1))
         sys.stderr.write(f"[{full}] loss 10.9000 -> 10.4000 over 25 steps (dry run)\n")
         sys.stderr.write(f"[{full}] host per step (medians): busy {0.3e3 * t:.2f} ms, waiting for "
-                         f"the device {0.7e3 * t:.2f} ms, of {1e3 * t:.2f} ms\n")
+                         f"the device {0.7e3 * t:.2f} ms in 8 synchronous calls, of {1e3 * t:.2f} ms\n")
         doc["points"].append({
             "name": full, "total_params": total, "active_params": active, "step_seconds": t,
             "tokens_per_second_consumed": tokens / t, "tflops_exact_causal": useful / t / 1e12,
@@ -148,7 +148,7 @@ def main():
             "logit_rows": 2048 if "logits-2048" in name else tokens,
             "gemm_table": "" if suffix else "builtin:h200-2026-12-04", "gemm_products": 0,
             "gemm_products_from_table": 0, "host_busy_seconds": 0.3 * t,
-            "host_wait_seconds": 0.7 * t})
+            "host_wait_seconds": 0.7 * t, "host_waits_per_step": 8})
         if o["json"]:
             tmp = o["json"] + ".tmp"
             with open(tmp, "w", encoding="utf-8") as f:
