@@ -157,9 +157,10 @@ def decide(by8, by32, tests, b2=32):
             "backend/cuda/model.hpp; the host test's auto expectations; docs/running.md)",
             [("MoE", WGMMA_MOE, MOE)], ["kernels-wgmma", "model-wgmma"], tests, by8, by32, b2)),
         ("attention=fused_wgmma", option_rule(
-            "attention=fused_wgmma", "switch on `wgmma_attention` in kAutoMeasured (backend/include/"
-            "moeplan/backend/cuda/model.hpp; the host test's auto expectations; docs/running.md), "
-            "if kernel-times-wgmma-attn-vs-lean.md agrees kernel by kernel",
+            "attention=fused_wgmma",
+            "switch on `wgmma_attention` in kAutoMeasured (backend/include/moeplan/backend/cuda/"
+            "model.hpp; the host test's auto expectations; docs/running.md), if "
+            "kernel-times-wgmma-attn-vs-lean.md agrees kernel by kernel",
             [("dense", "dense-124M-fused-wgmma-attn-adamw-beside", DENSE),
              ("MoE", "moe-ra0.2-tiled128-fused-wgmma-attn-adamw-beside", MOE)],
             ["kernels-wgmma-attn", "model-wgmma-attn"], tests, by8, by32, b2)),

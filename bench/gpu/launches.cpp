@@ -10,7 +10,7 @@
 // with the backend's own (cu::host_waits, Model::gemm_counts).
 //
 //   bench_launches_emulated            every configuration
-//   bench_launches_emulated --kernels  also each configuration's launches by launch site
+//   bench_launches_emulated --by-site  also each configuration's launches by launch site
 //                                      (file:line of the launch in backend/cuda)
 #include <fmt/format.h>
 
@@ -70,9 +70,11 @@ struct Config {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool by_kernel = argc > 1 && std::strcmp(argv[1], "--kernels") == 0;
-  if (argc > 2 || (argc == 2 && !by_kernel)) {
-    std::fprintf(stderr, "usage: bench_launches_emulated [--kernels]\n");
+  const bool by_site = argc > 1 && std::strcmp(argv[1], "--by-site") == 0;
+  if (argc > 2 || (argc == 2 && !by_site)) {
+    std::fprintf(stderr,
+                 "bench_launches_emulated: '%s' is not an option (valid: --by-site, or none)\n",
+                 argv[argc > 2 && by_site ? 2 : 1]);
     return 2;
   }
   const std::vector<Config> configs = {
@@ -142,7 +144,7 @@ int main(int argc, char** argv) {
     tallies.emplace_back(c.name, t);
   }
   std::printf("\n(each call counted when the host issues it; all: their sum)\n");
-  if (by_kernel)
+  if (by_site)
     for (const auto& [name, t] : tallies) {
       std::printf("\n%s: launches by launch site\n", name.c_str());
       for (const auto& [k, n] : t.kernels) std::printf("  %5lld  %s\n", n, k.c_str());

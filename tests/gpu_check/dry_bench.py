@@ -139,7 +139,8 @@ def main():
             sys.stderr.write(line.replace(f"[{base}]", f"[{full}]", 1))
         sys.stderr.write(f"[{full}] loss 10.9000 -> 10.4000 over 25 steps (dry run)\n")
         sys.stderr.write(f"[{full}] host per step (medians): busy {0.3e3 * t:.2f} ms, waiting for "
-                         f"the device {0.7e3 * t:.2f} ms in 8 synchronous calls, of {1e3 * t:.2f} ms\n")
+                         f"the device {0.7e3 * t:.2f} ms in 8 synchronous calls, "
+                         f"of {1e3 * t:.2f} ms\n")
         doc["points"].append({
             "name": full, "total_params": total, "active_params": active, "step_seconds": t,
             "tokens_per_second_consumed": tokens / t, "tflops_exact_causal": useful / t / 1e12,
