@@ -551,15 +551,13 @@ const bool registered = register_command(
            ->check(non_empty_path("folder name"));
        app.add_option("--device", f->device, "cpu or cuda (default: the manifest's [train].device)")
            ->check(non_empty_value());
-       app.add_option(
-              "--kernels", f->kernels,
-              "cuda only: "
-              "attention=auto|cublas|fused|fused_mma|fused_mma_wide|fused_mma_lean|fused_wgmma, "
-              "experts=auto|grouped|loop|tiled|tiled128|wgmma|batched, logits=auto|<rows>, "
-              "gemm=auto|none|builtin[:NAME]|<table.json> (default: auto for each: "
-              "fused_mma_lean and tiled128 in bf16 where they apply, LM head chunks of 8192 "
-              "rows, the built-in GEMM table made on this GPU and cuBLASLt if any; "
-              "docs/running.md)")
+       app.add_option("--kernels", f->kernels,
+                      fmt::format("cuda only: {} (default: auto for each: fused_mma_lean and "
+                                  "tiled128 in bf16 where they apply, LM head chunks of 8192 "
+                                  "rows, the built-in GEMM table made on this GPU and cuBLASLt "
+                                  "if any, plain launches, the router on cuBLAS; "
+                                  "docs/running.md)",
+                                  backend::kCudaKernelChoices))
            ->check(non_empty_value());
        app.add_option("--checkpoint-every", f->checkpoint_every,
                       "steps between checkpoints (default: the manifest's, else ~20 per point)")

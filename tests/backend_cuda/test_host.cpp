@@ -298,6 +298,25 @@ TEST_CASE("--kernels: attention and experts by name or auto, everything else ref
   CHECK(message("speed=fast") ==
         "--kernels: 'speed' is not a kernel name (valid names, each at most once: attention, "
         "experts, logits, gemm, launch, router)");
+  // `moeplan run --help` lists what the parser takes: each name it knows, and for each name
+  // with a set of values the same set as its refusal lists.
+  const std::string help = moeplan::backend::kCudaKernelChoices;
+  const std::string names = message("speed=fast");
+  for (size_t at = names.find("once: ") + 6; at < names.size();) {
+    const size_t end = std::min(names.find(", ", at), names.find(')', at));
+    const std::string name = names.substr(at, end - at);
+    INFO(name);
+    CHECK((help.starts_with(name + "=") || help.find(" " + name + "=") != std::string::npos));
+    at = end + 2;
+  }
+  for (const char* name : {"attention", "experts", "launch", "router"}) {
+    const std::string refusal = message(std::string(name) + "=nothing");
+    const size_t from = refusal.find("(valid: ") + 8;
+    const std::string values = refusal.substr(from, refusal.size() - 1 - from);
+    INFO(values);
+    CHECK((help.starts_with(values + ", ") || help.find(" " + values + ",") != std::string::npos ||
+           help.ends_with(" " + values)));
+  }
   CHECK(message("attention").find("is not name=value") != std::string::npos);
   CHECK(message("attention=,experts=tiled").find("is not name=value") != std::string::npos);
   CHECK(message("experts=tiled,experts=loop").find("given twice") != std::string::npos);
