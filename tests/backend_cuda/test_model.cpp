@@ -1155,7 +1155,7 @@ std::vector<const char*> stream_orders() {
   const char* asked = std::getenv("MOEPLAN_TEST_STREAM_ORDERS");
   if (!asked) return {"deferred", "eager"};
   std::vector<const char*> orders;
-  std::string list = asked;
+  const std::string list = asked;
   for (size_t at = 0; at <= list.size();) {
     const size_t end = std::min(list.find(',', at), list.size());
     const std::string one = list.substr(at, end - at);

@@ -85,15 +85,15 @@ bool register_device_counter(const std::string& device, std::function<int()> cou
 int visible_devices(const std::string& device);
 // The same errors as make_engine, without building anything (checked before a sweep starts).
 void require_device(const std::string& device);
-// A device's check of a --kernels request for one point's arch (the errors its engine would give
-// when built), registered by the device; check_kernels runs it, and does nothing for a device
-// that registered none. `run` checks every point before it makes a folder or starts a rank.
 // The names and values `--kernels` takes on the CUDA device, for `moeplan run --help` (which a
 // build without CUDA shows too); the CUDA host test holds it to the parser's own lists.
 inline constexpr const char* kCudaKernelChoices =
     "attention=auto|cublas|fused|fused_mma|fused_mma_wide|fused_mma_lean|fused_wgmma, "
     "experts=auto|grouped|loop|tiled|tiled128|wgmma|batched, logits=auto|<rows>, "
     "gemm=auto|none|builtin[:NAME]|<table.json>, launch=auto|plain|pdl, router=auto|cublas|tiled";
+// A device's check of a --kernels request for one point's arch (the errors its engine would give
+// when built), registered by the device; check_kernels runs it, and does nothing for a device
+// that registered none. `run` checks every point before it makes a folder or starts a rank.
 bool register_kernels_check(
     const std::string& device,
     std::function<void(const std::string& kernels, const Arch& arch)> check);
