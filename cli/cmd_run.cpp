@@ -165,6 +165,14 @@ std::string duration(double seconds) {
   return fmt::format("{}s", s);
 }
 
+// " (MFU 41.2 % of the devices' peak)" for a FLOP rate where the devices' dense peak is known; ""
+// otherwise (a CPU, a GPU of unknown peak).
+std::string mfu_text(double flops_per_second, double peak_flops_per_second) {
+  if (!(peak_flops_per_second > 0)) return "";
+  return fmt::format(" (MFU {:.1f} % of the device peak)",
+                     100 * flops_per_second / peak_flops_per_second);
+}
+
 // Rewritten in place on a terminal; plain lines about every 10 % or 30 s otherwise.
 class ProgressPrinter {
  public:
@@ -181,9 +189,10 @@ class ProgressPrinter {
     last_print_ = now;
     const std::string line = fmt::format(
         "{} step {}/{}  {} tokens consumed  loss {:.4f} nats/token  {} tok/s consumed  {} "
-        "FLOP/s [exact/causal]  ETA {}",
+        "FLOP/s [exact/causal]{}  ETA {}",
         label_, p.step, p.steps, human(double(p.tokens_consumed)), p.train_loss,
-        human(p.tokens_per_second), human(p.flops_per_second), duration(p.eta_seconds));
+        human(p.tokens_per_second), human(p.flops_per_second),
+        mfu_text(p.flops_per_second, p.peak_flops_per_second), duration(p.eta_seconds));
     if (tty_) {
       fmt::print("\r\033[K{}", line);
       if (last) fmt::print("\n");
@@ -436,12 +445,13 @@ int run(const RunFlags& f) {
         if (!out.wrote_files) break;  // rank 0 says it
         fmt::print(
             "{} estimate: {:.3f} s a step (median of {}, after 1 warm-up) x {} {}steps + {} "
-            "evaluations x {:.2f} s = {}; {} tokens/s consumed, {} FLOP/s [exact/causal]\n",
+            "evaluations x {:.2f} s = {}; {} tokens/s consumed, {} FLOP/s [exact/causal]{}\n",
             label, e.step_seconds, e.steps_timed, e.steps_remaining,
             e.steps_remaining < p->budget.steps ? "remaining " : "", e.evals_remaining,
             e.eval_seconds, duration(e.seconds()),
             human(double(e.tokens_per_step) / e.step_seconds),
-            human(e.flops_per_step / e.step_seconds));
+            human(e.flops_per_step / e.step_seconds),
+            mfu_text(e.flops_per_step / e.step_seconds, e.peak_flops_per_second));
         estimated_seconds += e.seconds();
         ++estimated;
         break;
@@ -494,7 +504,7 @@ int run(const RunFlags& f) {
         }
         fmt::print(
             "{} complete{}: val {} {:.4f}, {} tokens consumed, {} unique, {:.3f} epochs, "
-            "C {} FLOPs [{}] measured, {:.1f} s -> {}\n",
+            "C {} FLOPs [{}] measured, {:.1f} s{} -> {}\n",
             label,
             out.resumed_from_step >= 0 ? fmt::format(" (resumed at step {})", out.resumed_from_step)
                                        : "",
@@ -503,7 +513,11 @@ int run(const RunFlags& f) {
                                                                                  : "bits/token",
             r.value("final_val_bpc", 0.0), human(double(tok.at("consumed").get<int64_t>())),
             human(double(tok.at("unique").get<int64_t>())), tok.at("epochs").get<double>(),
-            human(c), c_label, r.at("wall_seconds").get<double>(), out.record_path.string());
+            human(c), c_label, r.at("wall_seconds").get<double>(),
+            r.contains("mfu")
+                ? fmt::format(" (training at MFU {:.1f} %)", 100 * r.at("mfu").get<double>())
+                : "",
+            out.record_path.string());
         break;
       }
     }

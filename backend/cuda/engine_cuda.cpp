@@ -139,8 +139,8 @@ class CudaEngine final : public Engine {
     if (device_count() == 0)
       throw InputError("--device cuda: no CUDA device is visible on this machine");
     info_ = checked_ranks(r.batch_seqs);
-    kernels_ =
-        resolve_kernels(asked, auto_target(r.arch, device_info(info_.local_rank)), DType::bf16);
+    device_ = device_info(info_.local_rank);
+    kernels_ = resolve_kernels(asked, auto_target(r.arch, device_), DType::bf16);
     if (const char* ws = std::getenv("WORLD_SIZE"); ws && *ws)
       comm_ = std::make_unique<Communicator>(info_, nccl_id_file(r.point_id));
     local_batch_ = rank_batch(r.batch_seqs, info_);
@@ -273,6 +273,10 @@ class CudaEngine final : public Engine {
                        missing.empty() ? "" : fmt::format(" ({} tuned now)", missing.size()));
   }
   std::string device() const override { return "cuda"; }
+  // This rank's GPU; rank 0's is the one a record names (data-parallel ranks of one machine).
+  std::string hardware() const override { return device_.name; }
+  // The products run in bf16 on tensor cores: the vendor's dense bf16 peak, where known.
+  double peak_flops_per_second() const override { return device_.peak_bf16_tflops * 1e12; }
   std::string kernels() const override { return to_string(kernels_); }
   // Buffers that grow with the routing (experts=batched) can run out of memory mid-run: the same
   // one line as at the start; the last checkpoint stays, so the point resumes.
@@ -373,6 +377,7 @@ class CudaEngine final : public Engine {
 
  private:
   RankInfo info_;
+  DeviceInfo device_;
   EngineRequest request_;
   KernelChoice kernels_;
   std::string gemm_note_;  // describe()'s words on the GEMM table, if any

@@ -184,7 +184,8 @@ nlohmann::json state_to_json(const RunState& s) {
           {"kernels_requested",
            s.kernels_requested ? nlohmann::json(*s.kernels_requested) : nlohmann::json()},
           {"kernels", s.kernels},
-          {"world_size", s.world_size}};
+          {"world_size", s.world_size},
+          {"hardware", s.hardware}};
 }
 
 }  // namespace
@@ -310,6 +311,8 @@ Checkpoint read_checkpoint(const std::filesystem::path& path) {
       st.kernels_requested = k->get<std::string>();
     st.kernels = s.value("kernels", std::string());
     st.world_size = s.value("world_size", int64_t(0));
+    if (const auto h = s.find("hardware"); h != s.end())
+      st.hardware = h->get<std::vector<std::string>>();
     return ck;
   });
 }

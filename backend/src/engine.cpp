@@ -3,8 +3,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <fstream>
 #include <map>
 #include <new>
+#include <sstream>
 
 #include <fmt/format.h>
 #include <Eigen/Core>
@@ -32,6 +34,15 @@ class CpuEngine final : public Engine {
           r.kernels));
   }
   std::string device() const override { return "cpu"; }
+  std::string hardware() const override {
+    static const std::string name = [] {
+      std::ifstream in("/proc/cpuinfo");
+      std::ostringstream text;
+      text << in.rdbuf();
+      return cpu_model_name(text.str());
+    }();
+    return name;
+  }
   // The thread count where it is more than one: it decides speed, and Eigen's product blocking.
   std::string kernels() const override {
     return threads() == 1 ? "eigen-fp32" : fmt::format("eigen-fp32, {} threads", threads());
@@ -181,6 +192,28 @@ void require_device(const std::string& device) {
 std::size_t host_memory_bytes() {
   const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
   return pages > 0 && page > 0 ? std::size_t(pages) * std::size_t(page) : 0;
+}
+
+std::string cpu_model_name(std::string_view cpuinfo) {
+  constexpr std::string_view key = "model name";
+  for (size_t at = 0; at < cpuinfo.size();) {
+    const size_t end = std::min(cpuinfo.find('\n', at), cpuinfo.size());
+    const std::string_view line = cpuinfo.substr(at, end - at);
+    at = end + 1;
+    const size_t colon = line.find(':');
+    if (!line.starts_with(key) || colon == std::string_view::npos) continue;
+    // Only blanks between the key and its colon ("model name\t: ..."), so that another key
+    // beginning with these words is not read.
+    if (line.substr(key.size(), colon - key.size()).find_first_not_of(" \t") !=
+        std::string_view::npos)
+      continue;
+    std::string_view v = line.substr(colon + 1);
+    const size_t first = v.find_first_not_of(" \t");
+    if (first == std::string_view::npos) return {};
+    v = v.substr(first, v.find_last_not_of(" \t\r") - first + 1);
+    return std::string(v);
+  }
+  return {};
 }
 
 std::string bytes_text(double bytes) {

@@ -117,8 +117,17 @@ nlohmann::json make_record(const RecordInputs& in) {
   // Gradient accumulation: each step ran in passes of at most this many sequences per rank.
   rec["pass_seqs"] = in.pass_seqs;
   rec["optimizer_sharded"] = in.optimizer_sharded;
-  rec["achieved_flops_per_second_per_device"] =
+  const double per_device =
       st.train_seconds > 0 ? exact_total / st.train_seconds / double(in.world_size) : 0.0;
+  rec["achieved_flops_per_second_per_device"] = per_device;
+  // What trained it, each session's hardware in order (RunState::hardware); and, where all of it
+  // ran on one kind whose peak is known, the model FLOP utilisation: the rate above (exact/causal,
+  // padding and recompute left out) over the maker's dense peak of one device.
+  rec["hardware"] = st.hardware;
+  if (in.peak_flops_per_second > 0 && st.hardware.size() == 1) {
+    rec["peak_flops_per_second_per_device"] = in.peak_flops_per_second;
+    rec["mfu"] = per_device / in.peak_flops_per_second;
+  }
   return rec;
 }
 

@@ -348,6 +348,7 @@ Estimate estimate_point(Engine& engine, const Plan& plan, const DataSplit& data,
   std::vector<int32_t> inputs(size_t(batch * seq_len)), targets(size_t(batch * seq_len));
   std::vector<double> secs;
   Estimate e;
+  e.peak_flops_per_second = engine.peak_flops_per_second() * engine.world_size();
   n = std::min(n, b.steps);
   for (int64_t i = 0; i <= n; ++i) {
     if (engine.any_rank(stop && stop->load() != 0)) {
@@ -975,6 +976,19 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
   st.kernels_requested = opt.kernels;
   st.kernels = engine->kernels();
   st.world_size = engine->world_size();
+  // The hardware of this session after those before it: a resume elsewhere is allowed (a
+  // preempted job restarts where it can), said, and kept, so that the record's times are not
+  // read as one device's.
+  const std::string hardware = engine->hardware().empty() ? "unknown" : engine->hardware();
+  if (st.hardware.empty() && st.step > 0) st.hardware.push_back("not recorded");
+  if (!st.hardware.empty() && st.hardware.back() != hardware && writer_notice(opt, *engine))
+    opt.on_notice(fmt::format(
+        "trained on {} until step {}, and now on {}: the record's time and FLOP rate are a mix "
+        "of the two, and the report compares them with no other point's",
+        st.hardware.back() == "not recorded" ? "hardware its checkpoint does not name"
+                                             : st.hardware.back(),
+        st.step, hardware));
+  if (st.hardware.empty() || st.hardware.back() != hardware) st.hardware.push_back(hardware);
 
   RecordInputs rin;
   rin.plan = &plan;
@@ -983,6 +997,7 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
   rin.device = opt.device;
   rin.kernels = engine->kernels();
   rin.world_size = engine->world_size();
+  rin.peak_flops_per_second = engine->peak_flops_per_second();
   rin.pass_seqs = engine->pass_seqs();
   rin.optimizer_sharded = opt.shard_optimizer;
   rin.params = params;
@@ -1037,6 +1052,7 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
   Progress progress;
   progress.point_id = plan.id;
   progress.steps = steps;
+  progress.peak_flops_per_second = engine->peak_flops_per_second() * engine->world_size();
 
   while (st.step < steps) {
     if (engine->any_rank(opt.stop && opt.stop->load() != 0)) {

@@ -418,7 +418,8 @@ std::vector<std::string> row_of(const json& r, const json* dense) {
 // Time and FLOP rate: equal C is not equal time. Executed counts every product the device ran
 // (the ledger's exact/causal total: masked attention and recomputed products included); useful
 // leaves out `padding` and `recompute`. The time ratio is against the dense baseline on the same
-// device label only (devices, kernels, passes, optimizer sharding: device_label).
+// device label only (hardware, devices, kernels, passes, optimizer sharding: device_label), and
+// not for a record resumed on other hardware (same_timing).
 const std::vector<std::string> kTimeHeaders = {"point",
                                                "device",
                                                "train s",
@@ -441,15 +442,20 @@ double category_sum(const json& flops, const char* category) {
   return s;
 }
 
-// The device, how many of them (data-parallel ranks, when more than one), the kernels that ran
-// on it (records before the `kernels` field: the device), and what else changes the time: passes
-// smaller than a rank's share of the batch (`--micro-batch`) and a sharded optimizer. Times are
-// compared only between records with the same label.
+// The device and its hardware (each session's, in order, where a resume moved it; records before
+// the `hardware` field: none), how many of them (data-parallel ranks, when more than one), the
+// kernels that ran on it (records before the `kernels` field: the device), and what else changes
+// the time: passes smaller than a rank's share of the batch (`--micro-batch`) and a sharded
+// optimizer. Times are compared only between records with the same label.
 std::string device_label(const json& r) {
   const std::string k = printable(r.value("kernels", ""));
   const int w = r.value("world_size", 1);
-  std::string label = printable(r.value("device", "?")) + (w > 1 ? fmt::format(" x{}", w) : "") +
-                      (k.empty() ? "" : " " + k);
+  std::string hardware;
+  for (const json& h : r.value("hardware", json::array()))
+    hardware += (hardware.empty() ? "" : " then ") + printable(h.get<std::string>());
+  std::string label = printable(r.value("device", "?")) +
+                      (hardware.empty() ? "" : " (" + hardware + ")") +
+                      (w > 1 ? fmt::format(" x{}", w) : "") + (k.empty() ? "" : " " + k);
   const int64_t pass = r.value("pass_seqs", int64_t(0));
   const int64_t batch = r.contains("plan") ? r["plan"].value("batch_seqs", int64_t(0)) : 0;
   if (pass > 0 && batch > 0 && pass < (batch + w - 1) / w)
@@ -458,17 +464,33 @@ std::string device_label(const json& r) {
   return label;
 }
 
-std::vector<std::string> time_row_of(const json& r, const json* dense) {
+// Two records' training times are compared only when each ran on one kind of hardware (not
+// resumed elsewhere) and their device labels are the same.
+bool same_timing(const json& a, const json& b) {
+  auto one_kind = [](const json& r) { return r.value("hardware", json::array()).size() <= 1; };
+  return one_kind(a) && one_kind(b) && device_label(a) == device_label(b);
+}
+
+// The useful FLOP rate of one device over the maker's dense peak the record names (the CUDA
+// engine's bf16 tensor peak, where known; given only for a run on one kind of hardware).
+std::string mfu_cell(const json& r, double useful_per_second) {
+  const double peak = r.value("peak_flops_per_second_per_device", 0.0);
+  const int w = r.value("world_size", 1);
+  if (!(peak > 0) || !(useful_per_second > 0)) return "-";
+  return fmt::format("{:.1f}%", 100 * useful_per_second / double(w) / peak);
+}
+
+std::vector<std::string> time_row_of(const json& r, const json* dense, bool with_mfu) {
   const json& flops = r["measured"]["flops"];
   const double secs = r.value("train_seconds", 0.0);
   const double total = flops.contains("total") ? count_of(flops["total"]) : 0.0;
   const double useful = total - category_sum(flops, "padding") - category_sum(flops, "recompute");
   auto rate = [&](double f) { return secs > 0 ? fmt::format("{:.3g}", f / secs / 1e12) : "-"; };
   std::string vs = "-";
-  if (dense && device_label(*dense) == device_label(r) && is_complete(r) && secs > 0 &&
+  if (dense && same_timing(*dense, r) && is_complete(r) && secs > 0 &&
       dense->value("train_seconds", 0.0) > 0)
     vs = fmt::format("{:.2f}x", secs / dense->value("train_seconds", 0.0));
-  return {
+  std::vector<std::string> row = {
       r.value("point_id", "?"),
       device_label(r),
       fmt::format("{:.1f}", secs),
@@ -476,6 +498,8 @@ std::vector<std::string> time_row_of(const json& r, const json* dense) {
       rate(total),
       rate(useful),
       vs};
+  if (with_mfu) row.push_back(mfu_cell(r, secs > 0 ? useful / secs : 0.0));
+  return row;
 }
 
 // What the folder's audit says, in one line and its warnings (each once, at most 8 shown).
@@ -681,7 +705,7 @@ std::vector<plot::Chart> charts_of(const std::vector<json>& records, const json*
   if (dense && !moe.points.empty()) {
     plot::Series t{"MoE points", {}, true, false};
     for (const json& r : records)
-      if (!is_dense(r) && is_complete(r) && device_label(r) == device_label(*dense))
+      if (!is_dense(r) && is_complete(r) && same_timing(r, *dense))
         t.points.emplace_back(r["plan"].value("activation_rate", 0.0),
                               r.value("train_seconds", 0.0));
     if (!t.points.empty()) {
@@ -806,6 +830,22 @@ void check_record(const json& r, const fs::path& f) {
   if (r.is_object() && r.contains("sweep_equal_resources") &&
       !r["sweep_equal_resources"].is_boolean())
     fail("sweep_equal_resources", "not true or false");
+  // What the time table's device label and MFU read.
+  if (r.is_object() && r.contains("world_size") &&
+      !(r["world_size"].is_number_integer() && r["world_size"].get<int64_t>() >= 1 &&
+        r["world_size"].get<int64_t>() <= 1 << 20))
+    fail("world_size", "not a whole number of ranks >= 1");
+  if (r.is_object() && r.contains("hardware")) {
+    const json& h = r["hardware"];
+    if (!h.is_array() ||
+        !std::all_of(h.begin(), h.end(), [](const json& v) { return v.is_string(); }))
+      fail("hardware", "not a list of strings");
+  }
+  if (r.is_object() && r.contains("peak_flops_per_second_per_device")) {
+    const json& p = r["peak_flops_per_second_per_device"];
+    if (!p.is_number() || !(p.get<double>() > 0) || !std::isfinite(p.get<double>()))
+      fail("peak_flops_per_second_per_device", "not a FLOP rate > 0");
+  }
   if (r.is_object() && r.contains("sweep_tolerances")) {
     const json& t = r["sweep_tolerances"];
     for (const char* k : {"n", "compute"})
@@ -1012,20 +1052,30 @@ std::string render_run_report(const std::vector<json>& given, const std::string&
     t.add_column(h,
                  h == "point" || h == "status" ? TextTable::Align::left : TextTable::Align::right);
   for (const auto& row : rows) t.add_row(row);
+  // The MFU column only where some record names its devices' peak (none does on a CPU).
+  const bool with_mfu = std::any_of(records.begin(), records.end(), [](const json& r) {
+    return r.value("peak_flops_per_second_per_device", 0.0) > 0;
+  });
+  std::vector<std::string> time_headers = kTimeHeaders;
+  if (with_mfu) time_headers.push_back("MFU [useful, of the device peak]");
   TextTable tt;
-  for (const auto& h : kTimeHeaders)
+  for (const auto& h : time_headers)
     tt.add_column(h,
                   h == "point" || h == "device" ? TextTable::Align::left : TextTable::Align::right);
   std::vector<std::vector<std::string>> time_rows;
   for (const json& r : records) {
-    time_rows.push_back(time_row_of(r, dense));
+    time_rows.push_back(time_row_of(r, dense, with_mfu));
     tt.add_row(time_rows.back());
   }
   const std::string time_title =
       "Time and achieved FLOP rate (equal C is not equal time). Executed: every product the "
       "device ran, the ledger's exact/causal total; useful: without padding (e.g. the masked "
       "half of attention a GPU computes) and recompute. Train time vs dense: only against a "
-      "dense run of the same device label (devices, kernels, passes, optimizer sharding)";
+      "dense run of the same device label (hardware, devices, kernels, passes, optimizer "
+      "sharding)" +
+      std::string(with_mfu ? ". MFU: the useful rate of one device over its maker's dense peak "
+                             "for the products' precision (bf16 on a GPU), where known"
+                           : "");
   const std::string verdict = verdict_of(records, dense, audit);
   // Markdown's heading is the first sentence; the rest is a paragraph under it.
   const std::string heading =
@@ -1062,7 +1112,7 @@ std::string render_run_report(const std::vector<json>& given, const std::string&
     figures += "<figure>\n" + plot::render_svg(c) + "</figure>\n";
   return std::string(kHtmlHead) + "<p>" + html_escape(title) + "</p>\n" +
          html_table(kHeaders, rows) + html_paragraphs(verdict) + figures + "<p>" +
-         html_escape(time_title) + "</p>\n" + html_table(kTimeHeaders, time_rows) +
+         html_escape(time_title) + "</p>\n" + html_table(time_headers, time_rows) +
          "</body></html>\n";
 }
 

@@ -31,6 +31,7 @@
 #include "moeplan/backend/checkpoint.hpp"
 #include "moeplan/backend/corpus.hpp"
 #include "moeplan/backend/engine.hpp"
+#include "moeplan/backend/record.hpp"
 #include "moeplan/backend/run.hpp"
 #include "moeplan/sweeps/manifest_io.hpp"
 #include "scratch.hpp"
@@ -912,18 +913,23 @@ TEST_CASE(
       run_cli({"report", (dir / "runs").string(), "-o", (dir / "report.md").string()});
   CHECK(md.status == 0);
   CHECK(read_file(dir / "report.md").find("| dense") != std::string::npos);
-  // The device column names the kernels; a point that ran other kernels than the dense baseline
-  // gets no time ratio (their speeds are not comparable).
-  CHECK(rep.out.find("cpu eigen-fp32") != std::string::npos);
+  // The device column names the hardware (this machine's CPU, as the record says) and the
+  // kernels; a point that ran other kernels than the dense baseline gets no time ratio (their
+  // speeds are not comparable).
+  REQUIRE(dense_rec["hardware"].size() == 1);
+  const std::string hw = dense_rec["hardware"][0].get<std::string>();
+  CHECK_MESSAGE(rep.out.find("cpu (" + hw + ") eigen-fp32") != std::string::npos, rep.out);
   json other = record(dir / "runs", "moe-ra0.500");
   other["kernels"] = "hand-edited";
   write_file_atomic(dir / "runs" / "moe-ra0.500" / "record.json", other.dump(1));
   const Result rep2 = run_cli({"report", (dir / "runs").string()});
   REQUIRE(rep2.status == 0);
-  const size_t at = rep2.out.find("cpu hand-edited");
+  const std::string label = "cpu (" + hw + ") hand-edited";
+  const size_t at = rep2.out.find(label);
   REQUIRE(at != std::string::npos);
-  const std::string row = rep2.out.substr(at, rep2.out.find('\n', at) - at);
-  CHECK(row.find('x') == std::string::npos);  // no "N.NNx" ratio on that row
+  // The rest of the row after its label: no "N.NNx" ratio on it.
+  const std::string row = rep2.out.substr(at + label.size(), rep2.out.find('\n', at) - at);
+  CHECK(row.find('x') == std::string::npos);
 }
 
 TEST_CASE("a 5e22-FLOP point is not refused for its ledger; the built-in source it would need is") {
@@ -1417,10 +1423,107 @@ TEST_CASE(
     CHECK(read_checkpoint(out / "moe-i" / "checkpoint" / "state.ckpt").state.step ==
           c.state.step);
   }
+  // A resume on other hardware (a preempted job restarted elsewhere) goes on, says so, and keeps
+  // both: the record names each, and the report compares its time with no other point's.
+  {
+    const fs::path copy = dir / "hardware-copy";
+    fs::copy(out, copy, fs::copy_options::recursive);
+    const fs::path ckpt = copy / "moe-i" / "checkpoint" / "state.ckpt";
+    Checkpoint edited = read_checkpoint(ckpt);
+    REQUIRE(edited.state.hardware.size() == 1);  // one session so far, on this machine
+    const std::string here = edited.state.hardware[0];
+    CHECK(here == record(out, "moe-i")["hardware"][0]);
+    edited.state.hardware = {"Elsewhere CPU 9000"};
+    write_checkpoint(ckpt, edited);
+    const Result r = run_cli({"run", sweep, "--out", copy.string()});  // dense trains here
+    REQUIRE_MESSAGE(r.status == 0, r.err);
+    CHECK_MESSAGE(r.out.find(fmt::format("trained on Elsewhere CPU 9000 until step {}, and now on "
+                                         "{}: the record's time and FLOP rate are a mix",
+                                         c.state.step, here)) != std::string::npos,
+                  r.out);
+    const json moe = record(copy, "moe-i");
+    CHECK(moe["hardware"] == json::array({"Elsewhere CPU 9000", here}));
+    CHECK(record(copy, "dense")["hardware"] == json::array({here}));
+    CHECK_FALSE(moe.contains("mfu"));  // no peak is known for a CPU
+    const Result rep = run_cli({"report", copy.string()});
+    REQUIRE_MESSAGE(rep.status == 0, rep.err);
+    const size_t row = rep.out.find("\nmoe-i ", rep.out.find("train time vs dense"));
+    REQUIRE(row != std::string::npos);
+    const std::string line = rep.out.substr(row + 1, rep.out.find('\n', row + 1) - row - 1);
+    CHECK_MESSAGE(line.find("(Elsewhere CPU 9000 then " + here + ")") != std::string::npos, line);
+    CHECK_MESSAGE(line.ends_with(" -"), line);  // no time ratio against the dense baseline
+    // A checkpoint from before the hardware was kept: the first part's is "not recorded".
+    const fs::path older = dir / "hardware-older";
+    fs::copy(out, older, fs::copy_options::recursive);
+    const fs::path ck2 = older / "moe-i" / "checkpoint" / "state.ckpt";
+    Checkpoint old = read_checkpoint(ck2);
+    old.state.hardware.clear();
+    write_checkpoint(ck2, old);
+    const Result o = run_cli({"run", sweep, "--point", "moe-i", "--out", older.string()});
+    REQUIRE_MESSAGE(o.status == 0, o.err);
+    CHECK_MESSAGE(o.out.find("trained on hardware its checkpoint does not name until step") !=
+                      std::string::npos,
+                  o.out);
+    CHECK(record(older, "moe-i")["hardware"] == json::array({"not recorded", here}));
+  }
   const Result again = run_cli({"run", sweep, "--point", "moe-i", "--out", out.string()});
   CHECK(again.status == 0);
   CHECK(record(out, "moe-i")["status"] == "complete");
   CHECK(record(out, "moe-i")["measured"]["tokens"]["consumed"].get<int64_t>() == 400 * 4 * 16);
+  // Resumed on the same hardware: named once, and no notice.
+  CHECK(record(out, "moe-i")["hardware"].size() == 1);
+  CHECK(again.out.find("and now on") == std::string::npos);
+}
+
+TEST_CASE("a record gives its MFU only for one kind of hardware whose peak is known") {
+  using namespace moeplan::backend;
+  const Plan p = tiny_plan("dense", true, 10, 4, 50);
+  const json pj = moeplan::plan_to_json(p);
+  RunState st;
+  // One product of 2·1000·1000·500 = 1e9 FLOPs [exact/causal] in 2 s on 2 devices: 2.5e8 FLOP/s
+  // a device, a quarter of a 1e9 FLOP/s peak.
+  st.train_flops.add_gemm(moeplan::FlopCategory::dense_ffn, moeplan::Phase::forward, 1000, 1000,
+                          500);
+  st.train_seconds = 2.0;
+  st.hardware = {"GPU X"};
+  RecordInputs in;
+  in.plan = &p;
+  in.plan_json = &pj;
+  in.state = &st;
+  in.status = "running";
+  in.device = "cuda";
+  in.world_size = 2;
+  in.peak_flops_per_second = 1e9;
+  json r = make_record(in);
+  CHECK(r["hardware"] == json::array({"GPU X"}));
+  CHECK(r["peak_flops_per_second_per_device"].get<double>() == 1e9);
+  CHECK(r["mfu"].get<double>() == doctest::Approx(0.25).epsilon(1e-12));
+  // Resumed on other hardware: which peak would it be? None is given.
+  st.hardware.push_back("GPU Y");
+  r = make_record(in);
+  CHECK(r["hardware"] == json::array({"GPU X", "GPU Y"}));
+  CHECK_FALSE(r.contains("mfu"));
+  CHECK_FALSE(r.contains("peak_flops_per_second_per_device"));
+  // A peak not known (a CPU, a GPU moeplan has no figure for): none either.
+  st.hardware = {"GPU X"};
+  in.peak_flops_per_second = 0;
+  CHECK_FALSE(make_record(in).contains("mfu"));
+}
+
+TEST_CASE("the CPU's model name is the first 'model name' line of /proc/cpuinfo's text") {
+  // Written as Linux prints it on x86 (a tab before the colon) and with a key that only begins
+  // with the same words.
+  CHECK(moeplan::backend::cpu_model_name("processor\t: 0\nvendor_id\t: GenuineIntel\nmodel\t\t: "
+                                         "85\nmodel name\t: Intel(R) Xeon(R) CPU @ 2.20GHz  \n"
+                                         "model name\t: another\n") ==
+        "Intel(R) Xeon(R) CPU @ 2.20GHz");
+  CHECK(moeplan::backend::cpu_model_name("model names: x\nmodel name : AMD EPYC 7B13\r\n") ==
+        "AMD EPYC 7B13");
+  // An ARM kernel's text has no such line; an empty value is none either.
+  CHECK(moeplan::backend::cpu_model_name("processor\t: 0\nBogoMIPS\t: 50.00\nCPU part\t: "
+                                         "0xd0c\n") == "");
+  CHECK(moeplan::backend::cpu_model_name("model name\t:   \n") == "");
+  CHECK(moeplan::backend::cpu_model_name("") == "");
 }
 
 // Gradient accumulation end to end: the same points in passes of 2 sequences (2+2+1 of a batch
@@ -1454,7 +1557,10 @@ TEST_CASE("moeplan run --micro-batch 2: the one-pass run's tokens and ledger; re
   // The report keeps times of runs in passes apart from one-pass runs' (its device label).
   const Result rep = run_cli({"report", (dir / "b").string()});
   CHECK(rep.status == 0);
-  CHECK_MESSAGE(rep.out.find("cpu eigen-fp32 passes of 2") != std::string::npos, rep.out);
+  CHECK_MESSAGE(
+      rep.out.find(fmt::format("cpu ({}) eigen-fp32 passes of 2",
+                               rb["hardware"][0].get<std::string>())) != std::string::npos,
+      rep.out);
 
   // Interrupted in passes of 2, the point resumes only in passes of 2.
   const fs::path out = dir / "c";
@@ -1608,6 +1714,8 @@ TEST_CASE("moeplan run --device cuda (emulated): the CPU's tokens and ledger, ke
     const json got = record(out, "moe-a");
     CHECK(got["status"] == "complete");
     CHECK(got["device"] == "cuda");
+    CHECK(got["hardware"] == json::array({"moeplan CUDA emulator (CPU)"}));
+    CHECK_FALSE(got.contains("mfu"));  // no peak known for it: no MFU against a guessed one
     CHECK(got["kernels"] == v.label);
     CHECK(got["measured"]["tokens"] == want["measured"]["tokens"]);
     for (auto& [k, val] : got["measured"]["matches_plan"].items()) CHECK_MESSAGE(val == true, k);
@@ -1648,6 +1756,39 @@ TEST_CASE("moeplan run --device cuda (emulated): the CPU's tokens and ledger, ke
     CHECK_MESSAGE(r.err.find("compute capability 9.0") != std::string::npos, r.err);
     CHECK_MESSAGE(r.err.find("is 8.0") != std::string::npos, r.err);
     CHECK_FALSE(fs::exists(dir / "cuda-8.0" / "moe-a" / "record.json"));
+  }
+  // A GPU whose dense bf16 peak the engine knows (the emulation pretends an H200's name): the
+  // record names it and gives its MFU against 989 TFLOP/s (issue 6's figure for the H200's dense
+  // bf16 peak), as do the progress and estimate lines.
+  {
+    setenv("MOEPLAN_EMU_DEVICE_NAME", "NVIDIA H200", 1);
+    const Result h = run_cli(
+        {"run", sweep, "--out", (dir / "h200").string(), "--point", "moe-a", "--device", "cuda"},
+        MOEPLAN_EMULATED_BINARY);
+    const Result he = run_cli({"run", sweep, "--out", (dir / "h200-estimate").string(), "--point",
+                               "moe-a", "--device", "cuda", "--estimate", "1"},
+                              MOEPLAN_EMULATED_BINARY);
+    unsetenv("MOEPLAN_EMU_DEVICE_NAME");
+    REQUIRE_MESSAGE(h.status == 0, h.err);
+    const json got = record(dir / "h200", "moe-a");
+    CHECK(got["hardware"] == json::array({"NVIDIA H200"}));
+    CHECK(got["peak_flops_per_second_per_device"].get<double>() == 989e12);
+    // MFU by hand from the record's C [exact/causal] and training time, one device.
+    const double c_exact = got["measured"]["flops"]["conventions"]["exact/causal"].get<double>();
+    const double secs = got["train_seconds"].get<double>();
+    REQUIRE(secs > 0);
+    CHECK(got["mfu"].get<double>() == doctest::Approx(c_exact / secs / 989e12).epsilon(1e-9));
+    CHECK_MESSAGE(h.out.find("FLOP/s [exact/causal] (MFU ") != std::string::npos, h.out);
+    CHECK_MESSAGE(h.out.find(" % of the device peak)  ETA ") != std::string::npos, h.out);
+    CHECK_MESSAGE(h.out.find(fmt::format("s (training at MFU {:.1f} %) -> ",
+                                         100 * got["mfu"].get<double>())) != std::string::npos,
+                  h.out);
+    REQUIRE_MESSAGE(he.status == 0, he.err);
+    CHECK_MESSAGE(he.out.find("FLOP/s [exact/causal] (MFU ") != std::string::npos, he.out);
+    const Result rep = run_cli({"report", (dir / "h200").string()});
+    REQUIRE_MESSAGE(rep.status == 0, rep.err);
+    CHECK_MESSAGE(rep.out.find("MFU [useful, of the device peak]") != std::string::npos, rep.out);
+    CHECK_MESSAGE(rep.out.find("cuda (NVIDIA H200) attention=") != std::string::npos, rep.out);
   }
   // An estimate on the device: the engine says what it holds, the point is timed, nothing written.
   const Result est = run_cli({"run", sweep, "--out", (dir / "estimate").string(), "--point",
@@ -1918,7 +2059,9 @@ TEST_CASE("moeplan run --device cuda, WORLD_SIZE=2 (emulated): the job's ledgers
   const Result rep = run_cli({"report", (dir / "two").string()});
   REQUIRE_MESSAGE(rep.status == 0, rep.err);
   CHECK_MESSAGE(
-      rep.out.find("cuda x2 attention=fused_mma_lean,experts=tiled128") != std::string::npos,
+      rep.out.find(
+          "cuda (moeplan CUDA emulator (CPU)) x2 attention=fused_mma_lean,experts=tiled128") !=
+          std::string::npos,
       rep.out);
 }
 

@@ -998,3 +998,68 @@ TEST_CASE("replicates: points trained as an ablation are named with their folder
                   "trained from a manifest that says equal_resources = false") !=
         std::string::npos);
 }
+
+TEST_CASE("report: MFU of a device whose peak is known; times of other hardware not compared") {
+  // record(): 5e5 FLOPs executed in 10 s. 1e5 of them padding: useful 4e5 in 10 s = 4e4 FLOP/s.
+  // On 2 ranks of a 1e5 FLOP/s peak each: 4e4 / 2 / 1e5 = 20.0 %.
+  std::vector<json> recs = {record("dense", true, 1.0, 2.0), record("moe-a", false, 0.2, 1.8),
+                            record("moe-b", false, 0.3, 1.7)};
+  for (json& r : recs) {
+    r["device"] = "cuda";
+    r["hardware"] = json::array({"GPU X"});
+    r["world_size"] = 2;
+    r["peak_flops_per_second_per_device"] = 1e5;
+    r["measured"]["flops"]["by_category"] = {{"padding", {{"forward", 1e5}}}};
+  }
+  // moe-b was resumed on other hardware: its time is a mix, compared with nothing, no MFU.
+  recs[2]["hardware"] = json::array({"GPU X", "GPU Y"});
+  recs[2].erase("peak_flops_per_second_per_device");
+  const std::string text = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::text);
+  CAPTURE(text);
+  CHECK(text.find("MFU [useful, of the device peak]") != std::string::npos);
+  auto row = [&](const std::string& id) {
+    const size_t at = text.find("\n" + id + " ", text.find("train time vs dense"));
+    REQUIRE(at != std::string::npos);
+    return text.substr(at + 1, text.find('\n', at + 1) - at - 1);
+  };
+  // The last two cells of a row: the time ratio and the MFU.
+  auto last_two = [](const std::string& line) {
+    std::istringstream in(line);
+    std::vector<std::string> cells;
+    for (std::string c; in >> c;) cells.push_back(c);
+    return cells.size() < 2 ? std::string() : cells[cells.size() - 2] + " " + cells.back();
+  };
+  CHECK_MESSAGE(row("moe-a").find("cuda (GPU X) x2") != std::string::npos, row("moe-a"));
+  CHECK(last_two(row("moe-a")) == "1.00x 20.0%");
+  CHECK_MESSAGE(row("moe-b").find("cuda (GPU X then GPU Y) x2") != std::string::npos, row("moe-b"));
+  CHECK(last_two(row("moe-b")) == "- -");
+  // The same device label on both points is not enough when both were resumed elsewhere.
+  recs[0]["hardware"] = recs[2]["hardware"];
+  const std::string mixed = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::text);
+  CHECK(mixed.find("1.00x") == std::string::npos);
+  // HTML has the column too; CPU records (no peak) have none.
+  CHECK(moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::html)
+            .find("<th>MFU [useful, of the device peak]</th>") != std::string::npos);
+  const std::vector<json> cpu = {record("dense", true, 1.0, 2.0), record("moe-a", false, 0.2, 1.8)};
+  CHECK(moeplan::render_run_report(cpu, "runs", moeplan::ReportFormat::text).find("MFU") ==
+        std::string::npos);
+}
+
+TEST_CASE("report: a damaged hardware list, peak or rank count is refused by key") {
+  const std::filesystem::path dir = moeplan::test::fresh_dir("report_hardware");
+  auto refused = [&](const char* key, const json& value, const char* want) {
+    json r = record("dense", true, 1.0, 2.0);
+    r[key] = value;
+    std::filesystem::create_directories(dir / "dense");
+    std::ofstream(dir / "dense" / "record.json") << r.dump();
+    const std::string expected = std::string("'") + key + "' is " + want;
+    CHECK_THROWS_WITH_AS(moeplan::load_run_records(dir), doctest::Contains(expected.c_str()),
+                         moeplan::InputError);
+  };
+  refused("hardware", "GPU X", "not a list of strings");
+  refused("hardware", json::array({1}), "not a list of strings");
+  refused("peak_flops_per_second_per_device", 0, "not a FLOP rate > 0");
+  refused("peak_flops_per_second_per_device", "989e12", "not a FLOP rate > 0");
+  refused("world_size", 0, "not a whole number of ranks >= 1");
+  refused("world_size", "2", "not a whole number of ranks >= 1");
+}

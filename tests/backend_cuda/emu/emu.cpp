@@ -901,7 +901,11 @@ cudaError_t cudaGetDeviceCount(int* n) {
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int device) {
   if (device < 0 || device >= emulated_devices()) return cudaErrorInvalidDevice;
   std::memset(p, 0, sizeof *p);
-  std::snprintf(p->name, sizeof p->name, "%s", "moeplan CUDA emulator (CPU)");
+  // The name a GPU reports, where a test pretends one (MOEPLAN_EMU_DEVICE_NAME, e.g. "NVIDIA
+  // H200": what the engine's hardware and peak read); the emulator's own otherwise.
+  const char* name = std::getenv("MOEPLAN_EMU_DEVICE_NAME");
+  std::snprintf(p->name, sizeof p->name, "%s",
+                name && *name ? name : "moeplan CUDA emulator (CPU)");
   p->multiProcessorCount = 1;
   p->major = 9;  // Hopper's, unless MOEPLAN_EMU_COMPUTE names another (e.g. "8.0")
   p->minor = 0;

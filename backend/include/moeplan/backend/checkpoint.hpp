@@ -49,6 +49,11 @@ struct RunState {
   // Data-parallel ranks that trained it (0 in checkpoints written before it was kept): a step's
   // passes and the record's rates are that many devices', so a resume runs on as many.
   int64_t world_size = 0;
+  // The hardware each session trained on (Engine::hardware(), "unknown" where the engine could
+  // not tell), in order, a session on the same hardware as the one before not repeated; empty in
+  // checkpoints written before it was kept. A resume on other hardware adds it: the record's
+  // times are then a mix, and the report says so and compares them with no other point's.
+  std::vector<std::string> hardware;
 };
 
 struct Checkpoint {

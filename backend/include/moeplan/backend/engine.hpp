@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "moeplan/accounting/arch.hpp"
@@ -18,6 +19,14 @@ class Engine {
  public:
   virtual ~Engine() = default;
   virtual std::string device() const = 0;
+  // The hardware it runs on as its maker names it ("NVIDIA H200"; a CPU's model name), "" when
+  // it cannot be told. A record keeps it: a point's times are that hardware's, and the report
+  // compares times only between records of the same hardware.
+  virtual std::string hardware() const { return {}; }
+  // The maker's dense peak rate of one device for the precision the products run in (the cuda
+  // engine: bf16 tensor cores), in FLOP/s; 0 when not known, so that no MFU is given against a
+  // guessed peak.
+  virtual double peak_flops_per_second() const { return 0; }
   // See Model: one optimizer step on (batch_seqs, seq_len) row-major inputs and targets.
   virtual StepResult train_step(const int32_t* inputs, const int32_t* targets, int64_t step,
                                 const OptimConfig& cfg) = 0;
@@ -107,6 +116,9 @@ void check_ranks(const std::string& device, int64_t batch_seqs);
 // This machine's physical memory in bytes (0 when unknown), and a byte count as the messages
 // about memory write it: "12.30 GiB", or "38.0 MiB" below a GiB.
 std::size_t host_memory_bytes();
+// The processor's model name in the text of /proc/cpuinfo (its first "model name" line), "" when
+// the text has none (some ARM kernels do not give one).
+std::string cpu_model_name(std::string_view cpuinfo);
 std::string bytes_text(double bytes);
 
 }  // namespace moeplan::backend

@@ -25,6 +25,9 @@ struct Progress {
   double tokens_per_second = 0;   // consumed tokens over this session's training time (its wall
                                   // time less its evaluations)
   double flops_per_second = 0;    // the training ledger (exact/causal) over the same time
+  // The maker's dense peak of the job's devices together (Engine::peak_flops_per_second() times
+  // the ranks), 0 when not known: flops_per_second over it is the session's MFU.
+  double peak_flops_per_second = 0;
   double eta_seconds = 0;
   bool evaluated = false;  // a validation pass just finished
   double val_bpc = 0;
@@ -65,6 +68,7 @@ struct Estimate {
   double eval_seconds = 0;      // one evaluation
   int64_t tokens_per_step = 0;  // consumed
   double flops_per_step = 0;    // the step's ledger, [exact/causal] as the progress line
+  double peak_flops_per_second = 0;  // as Progress's: the job's devices together, 0 unknown
   double seconds() const {
     return double(steps_remaining) * step_seconds + double(evals_remaining) * eval_seconds;
   }
