@@ -514,9 +514,9 @@ int run(const RunFlags& f) {
             r.value("final_val_bpc", 0.0), human(double(tok.at("consumed").get<int64_t>())),
             human(double(tok.at("unique").get<int64_t>())), tok.at("epochs").get<double>(),
             human(c), c_label, r.at("wall_seconds").get<double>(),
-            r.contains("mfu")
-                ? fmt::format(" (training at MFU {:.1f} %)", 100 * r.at("mfu").get<double>())
-                : "",
+            r.contains("mfu") ? fmt::format(" (training at MFU {:.1f} % [exact/causal])",
+                                            100 * r.at("mfu").get<double>())
+                              : "",
             out.record_path.string());
         break;
       }

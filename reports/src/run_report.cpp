@@ -1057,7 +1057,7 @@ std::string render_run_report(const std::vector<json>& given, const std::string&
     return r.value("peak_flops_per_second_per_device", 0.0) > 0;
   });
   std::vector<std::string> time_headers = kTimeHeaders;
-  if (with_mfu) time_headers.push_back("MFU [useful, of the device peak]");
+  if (with_mfu) time_headers.push_back("MFU [exact/causal useful, of the device peak]");
   TextTable tt;
   for (const auto& h : time_headers)
     tt.add_column(h,

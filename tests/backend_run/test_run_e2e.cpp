@@ -1780,14 +1780,16 @@ TEST_CASE("moeplan run --device cuda (emulated): the CPU's tokens and ledger, ke
     CHECK(got["mfu"].get<double>() == doctest::Approx(c_exact / secs / 989e12).epsilon(1e-9));
     CHECK_MESSAGE(h.out.find("FLOP/s [exact/causal] (MFU ") != std::string::npos, h.out);
     CHECK_MESSAGE(h.out.find(" % of the device peak)  ETA ") != std::string::npos, h.out);
-    CHECK_MESSAGE(h.out.find(fmt::format("s (training at MFU {:.1f} %) -> ",
+    CHECK_MESSAGE(h.out.find(fmt::format("s (training at MFU {:.1f} % [exact/causal]) -> ",
                                          100 * got["mfu"].get<double>())) != std::string::npos,
                   h.out);
     REQUIRE_MESSAGE(he.status == 0, he.err);
     CHECK_MESSAGE(he.out.find("FLOP/s [exact/causal] (MFU ") != std::string::npos, he.out);
     const Result rep = run_cli({"report", (dir / "h200").string()});
     REQUIRE_MESSAGE(rep.status == 0, rep.err);
-    CHECK_MESSAGE(rep.out.find("MFU [useful, of the device peak]") != std::string::npos, rep.out);
+    CHECK_MESSAGE(
+        rep.out.find("MFU [exact/causal useful, of the device peak]") != std::string::npos,
+        rep.out);
     CHECK_MESSAGE(rep.out.find("cuda (NVIDIA H200) attention=") != std::string::npos, rep.out);
   }
   // An estimate on the device: the engine says what it holds, the point is timed, nothing written.

@@ -1016,7 +1016,7 @@ TEST_CASE("report: MFU of a device whose peak is known; times of other hardware 
   recs[2].erase("peak_flops_per_second_per_device");
   const std::string text = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::text);
   CAPTURE(text);
-  CHECK(text.find("MFU [useful, of the device peak]") != std::string::npos);
+  CHECK(text.find("MFU [exact/causal useful, of the device peak]") != std::string::npos);
   auto row = [&](const std::string& id) {
     const size_t at = text.find("\n" + id + " ", text.find("train time vs dense"));
     REQUIRE(at != std::string::npos);
@@ -1039,7 +1039,7 @@ TEST_CASE("report: MFU of a device whose peak is known; times of other hardware 
   CHECK(mixed.find("1.00x") == std::string::npos);
   // HTML has the column too; CPU records (no peak) have none.
   CHECK(moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::html)
-            .find("<th>MFU [useful, of the device peak]</th>") != std::string::npos);
+            .find("<th>MFU [exact/causal useful, of the device peak]</th>") != std::string::npos);
   const std::vector<json> cpu = {record("dense", true, 1.0, 2.0), record("moe-a", false, 0.2, 1.8)};
   CHECK(moeplan::render_run_report(cpu, "runs", moeplan::ReportFormat::text).find("MFU") ==
         std::string::npos);
