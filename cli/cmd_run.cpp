@@ -165,8 +165,8 @@ std::string duration(double seconds) {
   return fmt::format("{}s", s);
 }
 
-// " (MFU 41.2 % of the devices' peak)" for a FLOP rate where the devices' dense peak is known; ""
-// otherwise (a CPU, a GPU of unknown peak).
+// " (MFU 41.2 % of the device peak)" for a FLOP rate where the devices' dense peak is known (the
+// rate and the peak both of all the job's devices); "" otherwise (a CPU, a GPU of unknown peak).
 std::string mfu_text(double flops_per_second, double peak_flops_per_second) {
   if (!(peak_flops_per_second > 0)) return "";
   return fmt::format(" (MFU {:.1f} % of the device peak)",

@@ -834,7 +834,7 @@ void check_record(const json& r, const fs::path& f) {
   if (r.is_object() && r.contains("world_size") &&
       !(r["world_size"].is_number_integer() && r["world_size"].get<int64_t>() >= 1 &&
         r["world_size"].get<int64_t>() <= 1 << 20))
-    fail("world_size", "not a whole number of ranks >= 1");
+    fail("world_size", "not a whole number of ranks from 1 to 1048576");
   if (r.is_object() && r.contains("hardware")) {
     const json& h = r["hardware"];
     if (!h.is_array() ||

@@ -1060,6 +1060,7 @@ TEST_CASE("report: a damaged hardware list, peak or rank count is refused by key
   refused("hardware", json::array({1}), "not a list of strings");
   refused("peak_flops_per_second_per_device", 0, "not a FLOP rate > 0");
   refused("peak_flops_per_second_per_device", "989e12", "not a FLOP rate > 0");
-  refused("world_size", 0, "not a whole number of ranks >= 1");
-  refused("world_size", "2", "not a whole number of ranks >= 1");
+  refused("world_size", 0, "not a whole number of ranks from 1 to 1048576");
+  refused("world_size", "2", "not a whole number of ranks from 1 to 1048576");
+  refused("world_size", int64_t(1) << 40, "not a whole number of ranks from 1 to 1048576");
 }
