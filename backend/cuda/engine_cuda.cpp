@@ -356,7 +356,7 @@ class CudaEngine final : public Engine {
   std::string describe() const override {
     const int64_t rows = model_->pass_seqs() * seq_len_;
     return fmt::format(
-        "cuda{}: {} of the device's {} for passes of {} sequences ({}{}{}{})",
+        "cuda ({}){}: {} of the device's {} for passes of {} sequences ({}{}{}{})", device_.name,
         info_.world_size > 1 ? fmt::format(" rank 0 of {}", info_.world_size) : "",
         bytes_text(double(device_bytes_in_use())), bytes_text(double(device_memory().second)),
         model_->pass_seqs(), to_string(kernels_),

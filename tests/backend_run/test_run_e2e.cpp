@@ -1797,7 +1797,9 @@ TEST_CASE("moeplan run --device cuda (emulated): the CPU's tokens and ledger, ke
                               "moe-a", "--device", "cuda", "--estimate", "1"},
                              MOEPLAN_EMULATED_BINARY);
   REQUIRE_MESSAGE(est.status == 0, est.err);
-  CHECK_MESSAGE(est.out.find("[moe-a 1/1] cuda: ") != std::string::npos, est.out);
+  CHECK_MESSAGE(
+      est.out.find("[moe-a 1/1] cuda (moeplan CUDA emulator (CPU)): ") != std::string::npos,
+      est.out);
   CHECK_MESSAGE(est.out.find("[moe-a 1/1] estimate: ") != std::string::npos, est.out);
   CHECK_MESSAGE(est.out.find("x 12 steps + 1 evaluations x ") != std::string::npos, est.out);
   CHECK_MESSAGE(est.out.find("estimate for 1 point(s) on cuda: ") != std::string::npos, est.out);
