@@ -1102,7 +1102,9 @@ std::string render_run_report(const std::vector<json>& given, const std::string&
       return "# " + escape_markdown(heading) + "\n\n" +
              escape_markdown(title.substr(heading.size() + 2)) + "\n\n" + t.render_markdown() +
              "\n" + md_paragraphs(verdict) + "\n\n" +
-             (bars.empty() ? "" : md_code_block(bars) + "\n") + "## " + time_title + "\n\n" +
+             (bars.empty() ? "" : md_code_block(bars) + "\n") + "## " +
+             escape_markdown(time_title.substr(0, time_title.find(". "))) + "\n\n" +
+             escape_markdown(time_title.substr(time_title.find(". ") + 2)) + "\n\n" +
              tt.render_markdown();
     case ReportFormat::html:
       break;

@@ -1037,6 +1037,11 @@ TEST_CASE("report: MFU of a device whose peak is known; times of other hardware 
   recs[0]["hardware"] = recs[2]["hardware"];
   const std::string mixed = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::text);
   CHECK(mixed.find("1.00x") == std::string::npos);
+  // Markdown: the time table's heading is its title's first sentence, the rest a paragraph.
+  const std::string md = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::markdown);
+  CHECK_MESSAGE(md.find("\n## Time and achieved FLOP rate (equal C is not equal time)\n\nExecuted: "
+                        "every product") != std::string::npos,
+                md);
   // HTML has the column too; CPU records (no peak) have none.
   CHECK(moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::html)
             .find("<th>MFU [exact/causal useful, of the device peak]</th>") != std::string::npos);
