@@ -45,11 +45,14 @@ DeviceInfo device_info(int device) {
   d.compute_major = p.major;
   d.compute_minor = p.minor;
   d.memory_gib = double(p.totalGlobalMem) / double(1ull << 30);
-  // Datasheet dense bf16 peaks of the parts we know; PCIe/NVL variants differ, so only the
-  // SXM names nvidia-smi reports plainly are recognised.
-  const std::string n = d.name;
-  if (n == "NVIDIA H200" || n == "NVIDIA H100 80GB HBM3") d.peak_bf16_tflops = 989.0;
+  d.peak_bf16_tflops = dense_bf16_peak_tflops(d.name);
   return d;
+}
+
+double dense_bf16_peak_tflops(const std::string& name) {
+  if (name == "NVIDIA H200" || name == "NVIDIA H100 80GB HBM3") return 989.0;  // SXM
+  if (name == "NVIDIA H100 PCIe") return 756.0;
+  return 0.0;
 }
 
 std::pair<std::size_t, std::size_t> device_memory() {

@@ -122,6 +122,20 @@ TEST_CASE("a rank's share of a global batch: sequences r, r+W, ...; every sequen
                        moeplan::InputError);
 }
 
+TEST_CASE("the dense bf16 peaks MFU is given against: the datasheet's, by the name CUDA reports") {
+  // NVIDIA's H100 datasheet: bf16 tensor core 1,979 TFLOP/s (SXM) and 1,513 (PCIe), both "with
+  // sparsity", dense half; the H200 SXM has the H100 SXM's compute (issue 6 gives 989).
+  CHECK(cu::dense_bf16_peak_tflops("NVIDIA H200") == doctest::Approx(1979.0 / 2).epsilon(1e-3));
+  CHECK(cu::dense_bf16_peak_tflops("NVIDIA H100 80GB HBM3") ==
+        doctest::Approx(1979.0 / 2).epsilon(1e-3));
+  CHECK(cu::dense_bf16_peak_tflops("NVIDIA H100 PCIe") ==
+        doctest::Approx(1513.0 / 2).epsilon(1e-3));
+  // Not listed, so no MFU against a guess: another part, a name not quite the same, the emulator.
+  for (const char* other : {"NVIDIA H100 NVL", "NVIDIA A100-SXM4-80GB", "NVIDIA H200 ",
+                            "nvidia h200", "moeplan CUDA emulator (CPU)", ""})
+    CHECK_MESSAGE(cu::dense_bf16_peak_tflops(other) == 0.0, other);
+}
+
 TEST_CASE("the cuda engine is registered, and refuses cleanly without a device") {
   const auto devices = moeplan::backend::engine_devices();
   CHECK(std::find(devices.begin(), devices.end(), "cuda") != devices.end());
