@@ -143,6 +143,7 @@ class CudaEngine final : public Engine {
     kernels_ = resolve_kernels(asked, auto_target(r.arch, device_), DType::bf16);
     if (const char* ws = std::getenv("WORLD_SIZE"); ws && *ws)
       comm_ = std::make_unique<Communicator>(info_, nccl_id_file(r.point_id));
+    if (comm_ && info_.world_size > 1) same_gpus_ = ranks_share_gpu_name();
     local_batch_ = rank_batch(r.batch_seqs, info_);
     batch_ = r.batch_seqs;
     if (r.shard_optimizer && !comm_)
@@ -273,10 +274,31 @@ class CudaEngine final : public Engine {
                        missing.empty() ? "" : fmt::format(" ({} tuned now)", missing.size()));
   }
   std::string device() const override { return "cuda"; }
-  // This rank's GPU; rank 0's is the one a record names (data-parallel ranks of one machine).
-  std::string hardware() const override { return device_.name; }
+  // This rank's GPU; rank 0's is the one a record names. Ranks on GPUs of other names: no one
+  // name, so the record and the report say so, and no peak, so no MFU.
+  std::string hardware() const override {
+    return same_gpus_ ? device_.name : device_.name + " on rank 0, other GPUs on other ranks";
+  }
   // The products run in bf16 on tensor cores: the vendor's dense bf16 peak, where known.
-  double peak_flops_per_second() const override { return device_.peak_bf16_tflops * 1e12; }
+  double peak_flops_per_second() const override {
+    return same_gpus_ ? device_.peak_bf16_tflops * 1e12 : 0.0;
+  }
+  // Whether every rank's GPU has this rank's name (a collective): per byte of the name, the sum
+  // over ranks of x and of x², which are W·x and W·x² exactly when all W ranks have the same x.
+  bool ranks_share_gpu_name() {
+    constexpr int64_t kBytes = 256;  // cudaDeviceProp::name
+    std::vector<int64_t> sums(size_t(2 * kBytes), 0);
+    for (int64_t i = 0; i < kBytes && i < int64_t(device_.name.size()); ++i) {
+      const int64_t x = static_cast<unsigned char>(device_.name[size_t(i)]);
+      sums[size_t(i)] = x;
+      sums[size_t(kBytes + i)] = x * x;
+    }
+    comm_->all_reduce_sum_host(sums.data(), 2 * kBytes);
+    const int64_t w = info_.world_size;
+    for (int64_t i = 0; i < kBytes; ++i)  // (Σx)² = W·Σx² only when every x is the same
+      if (sums[size_t(i)] * sums[size_t(i)] != w * sums[size_t(kBytes + i)]) return false;
+    return true;
+  }
   std::string kernels() const override { return to_string(kernels_); }
   // Buffers that grow with the routing (experts=batched) can run out of memory mid-run: the same
   // one line as at the start; the last checkpoint stays, so the point resumes.
@@ -356,7 +378,7 @@ class CudaEngine final : public Engine {
   std::string describe() const override {
     const int64_t rows = model_->pass_seqs() * seq_len_;
     return fmt::format(
-        "cuda ({}){}: {} of the device's {} for passes of {} sequences ({}{}{}{})", device_.name,
+        "cuda ({}){}: {} of the device's {} for passes of {} sequences ({}{}{}{})", hardware(),
         info_.world_size > 1 ? fmt::format(" rank 0 of {}", info_.world_size) : "",
         bytes_text(double(device_bytes_in_use())), bytes_text(double(device_memory().second)),
         model_->pass_seqs(), to_string(kernels_),
@@ -378,6 +400,7 @@ class CudaEngine final : public Engine {
  private:
   RankInfo info_;
   DeviceInfo device_;
+  bool same_gpus_ = true;  // every data-parallel rank's GPU has device_.name (ranks_share_gpu_name)
   EngineRequest request_;
   KernelChoice kernels_;
   std::string gemm_note_;  // describe()'s words on the GEMM table, if any

@@ -1951,8 +1951,11 @@ TEST_CASE("moeplan run --device cuda --kernels gemm=FILE (emulated): tuned once,
 // the emulated machine's two devices (MOEPLAN_EMU_DEVICES) and the emulated NCCL.
 namespace {
 
+// gpu_names: the GPU name each rank's emulated device reports (MOEPLAN_EMU_DEVICE_NAME), where
+// given.
 std::array<pid_t, 2> spawn_ranks(const std::vector<std::string>& args, const fs::path& dir,
-                                 const std::string& tag) {
+                                 const std::string& tag,
+                                 std::array<const char*, 2> gpu_names = {nullptr, nullptr}) {
   ::setenv("WORLD_SIZE", "2", 1);
   ::setenv("MOEPLAN_EMU_DEVICES", "2", 1);
   ::setenv("MOEPLAN_EMU_NCCL_TIMEOUT", "60", 1);  // a lost rank fails the test, not hangs it
@@ -1962,11 +1965,16 @@ std::array<pid_t, 2> spawn_ranks(const std::vector<std::string>& args, const fs:
     const std::string r = std::to_string(rank);
     ::setenv("RANK", r.c_str(), 1);
     ::setenv("LOCAL_RANK", r.c_str(), 1);
+    if (gpu_names[size_t(rank)])
+      ::setenv("MOEPLAN_EMU_DEVICE_NAME", gpu_names[size_t(rank)], 1);
+    else
+      ::unsetenv("MOEPLAN_EMU_DEVICE_NAME");
     pids[size_t(rank)] =
         spawn(args, dir / (tag + r + ".out"), dir / (tag + r + ".err"), MOEPLAN_EMULATED_BINARY);
   }
-  for (const char* v : {"WORLD_SIZE", "RANK", "LOCAL_RANK", "MOEPLAN_EMU_DEVICES",
-                        "MOEPLAN_EMU_NCCL_TIMEOUT", "MOEPLAN_NCCL_ID_FILE"})
+  for (const char* v :
+       {"WORLD_SIZE", "RANK", "LOCAL_RANK", "MOEPLAN_EMU_DEVICES", "MOEPLAN_EMU_NCCL_TIMEOUT",
+        "MOEPLAN_NCCL_ID_FILE", "MOEPLAN_EMU_DEVICE_NAME"})
     ::unsetenv(v);
   return pids;
 }
@@ -2067,6 +2075,43 @@ TEST_CASE("moeplan run --device cuda, WORLD_SIZE=2 (emulated): the job's ledgers
           "cuda (moeplan CUDA emulator (CPU)) x2 attention=fused_mma_lean,experts=tiled128") !=
           std::string::npos,
       rep.out);
+}
+
+TEST_CASE("WORLD_SIZE=2 (emulated): MFU over both GPUs' peak; ranks on other GPUs get none") {
+  const fs::path dir = fresh_dir("cuda_dp2_gpus");
+  // A manifest has MoE points; the dense one alone is trained.
+  write_manifest_atomic(tiny_manifest(tiny_plan("dense", true, 8, 4, 40, 3e-3, 16),
+                                      {tiny_plan("moe-a", false, 8, 4, 40, 3e-3, 16)}),
+                        dir / "sweep.toml");
+  const std::string sweep = (dir / "sweep.toml").string();
+  // Two H200s (the emulation pretends the name): the job's FLOP/s per device over 989 TFLOP/s.
+  const auto same = spawn_ranks(
+      {"run", sweep, "--out", (dir / "same").string(), "--device", "cuda", "--point", "dense"}, dir,
+      "same", {"NVIDIA H200", "NVIDIA H200"});
+  const auto st = wait_ranks(same, dir, "same");
+  REQUIRE(st[0] == 0);
+  REQUIRE(st[1] == 0);
+  const json rec = record(dir / "same", "dense");
+  CHECK(rec["hardware"] == json::array({"NVIDIA H200"}));
+  CHECK(rec["world_size"] == 2);
+  const double c_exact = rec["measured"]["flops"]["conventions"]["exact/causal"].get<double>();
+  CHECK(rec["mfu"].get<double>() ==
+        doctest::Approx(c_exact / rec["train_seconds"].get<double>() / 2 / 989e12).epsilon(1e-9));
+  CHECK_MESSAGE(
+      read_file(dir / "same0.out").find("cuda (NVIDIA H200) rank 0 of 2: ") != std::string::npos,
+      read_file(dir / "same0.out"));
+  // An H200 and an H100 PCIe: no one name for the record, no one peak, so no MFU.
+  const auto mixed = spawn_ranks(
+      {"run", sweep, "--out", (dir / "mixed").string(), "--device", "cuda", "--point", "dense"},
+      dir, "mixed", {"NVIDIA H200", "NVIDIA H100 PCIe"});
+  const auto sm = wait_ranks(mixed, dir, "mixed");
+  REQUIRE(sm[0] == 0);
+  REQUIRE(sm[1] == 0);
+  const json mr = record(dir / "mixed", "dense");
+  CHECK(mr["hardware"] == json::array({"NVIDIA H200 on rank 0, other GPUs on other ranks"}));
+  CHECK_FALSE(mr.contains("mfu"));
+  CHECK_MESSAGE(read_file(dir / "mixed0.out").find("(MFU ") == std::string::npos,
+                read_file(dir / "mixed0.out"));
 }
 
 TEST_CASE("WORLD_SIZE=2 (emulated): SIGINT to one rank stops both at one step; resume is exact") {
