@@ -3,10 +3,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <fstream>
 #include <map>
 #include <new>
-#include <sstream>
 
 #include <fmt/format.h>
 #include <Eigen/Core>
@@ -16,6 +14,7 @@
 
 #include "moeplan/accounting/error.hpp"
 #include "moeplan/accounting/params.hpp"
+#include "moeplan/backend/atomic_file.hpp"
 
 namespace moeplan::backend {
 
@@ -36,10 +35,11 @@ class CpuEngine final : public Engine {
   std::string device() const override { return "cpu"; }
   std::string hardware() const override {
     static const std::string name = [] {
-      std::ifstream in("/proc/cpuinfo");
-      std::ostringstream text;
-      text << in.rdbuf();
-      return cpu_model_name(text.str());
+      try {
+        return cpu_model_name(read_file("/proc/cpuinfo"));
+      } catch (const InputError&) {
+        return std::string();  // no /proc/cpuinfo: the model is not known ("unknown")
+      }
     }();
     return name;
   }

@@ -979,14 +979,16 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
   // The hardware of this session after those before it: a resume elsewhere is allowed (a
   // preempted job restarts where it can), said, and kept, so that the record's times are not
   // read as one device's.
-  const std::string hardware = engine->hardware().empty() ? "unknown" : engine->hardware();
-  if (st.hardware.empty() && st.step > 0) st.hardware.push_back("not recorded");
+  constexpr const char* kNotRecorded = "not recorded";  // a checkpoint from before the field
+  const std::string named = engine->hardware();
+  const std::string hardware = named.empty() ? "unknown" : named;
+  if (st.hardware.empty() && st.step > 0) st.hardware.push_back(kNotRecorded);
   if (!st.hardware.empty() && st.hardware.back() != hardware && writer_notice(opt, *engine))
     opt.on_notice(fmt::format(
         "trained on {} until step {}, and now on {}: the record's time and FLOP rate are a mix "
         "of the two, and the report compares them with no other point's",
-        st.hardware.back() == "not recorded" ? "hardware its checkpoint does not name"
-                                             : st.hardware.back(),
+        st.hardware.back() == kNotRecorded ? "hardware its checkpoint does not name"
+                                           : st.hardware.back(),
         st.step, hardware));
   if (st.hardware.empty() || st.hardware.back() != hardware) st.hardware.push_back(hardware);
 

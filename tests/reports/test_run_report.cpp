@@ -55,6 +55,21 @@ json record(const std::string& id, bool dense, double ra, double bpc, bool compl
   return r;
 }
 
+// Point `id`'s row in the first table after offset `from` of a text report, and its cells (split
+// at blanks).
+std::string row_of(const std::string& text, const std::string& id, size_t from = 0) {
+  const size_t at = text.find("\n" + id + " ", from);
+  REQUIRE_MESSAGE(at != std::string::npos, id);
+  return text.substr(at + 1, text.find('\n', at + 1) - at - 1);
+}
+std::vector<std::string> cells_of_row(const std::string& text, const std::string& id,
+                                      size_t from = 0) {
+  std::istringstream row(row_of(text, id, from));
+  std::vector<std::string> cells;
+  for (std::string c; row >> c;) cells.push_back(c);
+  return cells;
+}
+
 size_t count(const std::string& s, const std::string& what) {
   size_t n = 0;
   for (size_t at = s.find(what); at != std::string::npos; at = s.find(what, at + 1)) ++n;
@@ -373,11 +388,7 @@ TEST_CASE(
         std::string::npos);
   CHECK(text.find("and in the exact/causal convention the sweep was planned equal in") !=
         std::string::npos);
-  const size_t at = text.find("\nmoe-a ");
-  REQUIRE(at != std::string::npos);
-  std::istringstream row(text.substr(at + 1, text.find('\n', at + 1) - at - 1));
-  std::vector<std::string> cells;
-  for (std::string c; row >> c;) cells.push_back(c);
+  const std::vector<std::string> cells = cells_of_row(text, "moe-a");
   // point, r_a, r_a target, N plan, N meas, then C plan and meas [paper], C plan and meas
   // [exact/causal].
   REQUIRE(cells.size() > 8);
@@ -403,15 +414,7 @@ TEST_CASE("report: a point off its target r_a is marked, in its row and under th
   recs[2]["plan"]["reachable"] = true;
   const std::string text = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::text);
   CHECK(text.find("r_a  r_a target") != std::string::npos);
-  auto cells_of = [&](const std::string& id) {
-    const size_t at = text.find("\n" + id + " ");
-    REQUIRE(at != std::string::npos);
-    std::istringstream row(text.substr(at + 1, text.find('\n', at + 1) - at - 1));
-    std::vector<std::string> cells;
-    for (std::string c; row >> c;) cells.push_back(c);
-    return cells;
-  };
-  const auto missed = cells_of("moe-ra0.200"), met = cells_of("moe-ra0.400");
+  const auto missed = cells_of_row(text, "moe-ra0.200"), met = cells_of_row(text, "moe-ra0.400");
   REQUIRE(missed.size() > 4);
   CHECK(std::vector<std::string>(missed.begin() + 1, missed.begin() + 4) ==
         std::vector<std::string>{"0.278", "0.200", "!"});
@@ -923,11 +926,8 @@ TEST_CASE("report: a point with no training time has no time ratio; wall time to
   CAPTURE(text);
   // The time table's moe-a row: 0.0 s, then tokens/s, both rates and the ratio all "-" (the ratio
   // was "0.00x": 0 s over the baseline's 10 s).
-  const size_t at = text.find("\nmoe-a ", text.find("train time vs dense"));
-  REQUIRE(at != std::string::npos);
-  std::istringstream row(text.substr(at + 1, text.find('\n', at + 1) - at - 1));
-  std::vector<std::string> cells;
-  for (std::string c; row >> c;) cells.push_back(c);
+  const std::vector<std::string> cells =
+      cells_of_row(text, "moe-a", text.find("train time vs dense"));
   REQUIRE(cells.size() >= 4);
   CHECK(cells.back() == "-");
   CHECK(text.find("0.00x") == std::string::npos);
@@ -1017,22 +1017,17 @@ TEST_CASE("report: MFU of a device whose peak is known; times of other hardware 
   const std::string text = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::text);
   CAPTURE(text);
   CHECK(text.find("MFU [exact/causal useful, of the device peak]") != std::string::npos);
-  auto row = [&](const std::string& id) {
-    const size_t at = text.find("\n" + id + " ", text.find("train time vs dense"));
-    REQUIRE(at != std::string::npos);
-    return text.substr(at + 1, text.find('\n', at + 1) - at - 1);
-  };
-  // The last two cells of a row: the time ratio and the MFU.
-  auto last_two = [](const std::string& line) {
-    std::istringstream in(line);
-    std::vector<std::string> cells;
-    for (std::string c; in >> c;) cells.push_back(c);
+  // The time table's rows; their last two cells are the time ratio and the MFU.
+  const size_t times = text.find("train time vs dense");
+  auto row = [&](const std::string& id) { return row_of(text, id, times); };
+  auto last_two = [&](const std::string& id) {
+    const std::vector<std::string> cells = cells_of_row(text, id, times);
     return cells.size() < 2 ? std::string() : cells[cells.size() - 2] + " " + cells.back();
   };
   CHECK_MESSAGE(row("moe-a").find("cuda (GPU X) x2") != std::string::npos, row("moe-a"));
-  CHECK(last_two(row("moe-a")) == "1.00x 20.0%");
+  CHECK(last_two("moe-a") == "1.00x 20.0%");
   CHECK_MESSAGE(row("moe-b").find("cuda (GPU X then GPU Y) x2") != std::string::npos, row("moe-b"));
-  CHECK(last_two(row("moe-b")) == "- -");
+  CHECK(last_two("moe-b") == "- -");
   // The same device label on both points is not enough when both were resumed elsewhere.
   recs[0]["hardware"] = recs[2]["hardware"];
   const std::string mixed = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::text);
