@@ -92,6 +92,7 @@ struct RunFlags {
   int nproc = 1;
   int64_t micro_batch = 0;
   bool shard_optimizer = false;
+  bool elastic = false;
   std::optional<int64_t> estimate;  // given: time this many steps a point, train nothing
 };
 
@@ -283,6 +284,7 @@ int run(const RunFlags& f) {
   opt.kernels = f.kernels;
   opt.micro_batch_seqs = f.micro_batch;
   opt.shard_optimizer = f.shard_optimizer;
+  opt.elastic = f.elastic;
   opt.n_tolerance = m.n_tolerance;
   opt.compute_tolerance = m.compute_tolerance;
   opt.equal_resources = m.equal_resources;
@@ -596,6 +598,11 @@ const bool registered = register_command(
        app.add_flag("--shard-optimizer", f->shard_optimizer,
                     "cuda, data parallel: each rank keeps the AdamW state of 1/N of the "
                     "parameters (ZeRO stage 1: 8 bytes a parameter become 8/N)");
+       app.add_flag("--elastic", f->elastic,
+                    "resume a checkpoint made with other data-parallel ranks (--nproc), "
+                    "--micro-batch passes or CPU --threads, as a preempted job restarts on what "
+                    "it gets: the ledgers stay exact, the rest is not the bit-for-bit "
+                    "continuation, and the record keeps each layout");
        app.add_option("--nproc", f->nproc,
                       "cuda: train each point data-parallel over this many GPUs of this machine, "
                       "one rank process each (as torchrun would start them)")

@@ -27,6 +27,34 @@ namespace moeplan::backend {
 
 namespace fs = std::filesystem;
 
+nlohmann::json layouts_to_json(const std::vector<Layout>& layouts) {
+  nlohmann::json j = nlohmann::json::array();
+  for (const Layout& l : layouts)
+    j.push_back({{"from_step", l.from_step},
+                 {"world_size", l.world_size},
+                 {"micro_batch", l.micro_batch_seqs},
+                 {"threads", l.threads}});
+  return j;
+}
+
+std::vector<Layout> layouts_from_json(const nlohmann::json& j) {
+  if (!j.is_array()) throw InputError("layouts: not a list");
+  std::vector<Layout> out;
+  for (size_t i = 0; i < j.size(); ++i) {
+    const nlohmann::json& e = j[i];
+    auto field = [&](const char* key, int64_t lo) {
+      if (!e.is_object() || !e.contains(key) || !e[key].is_number_integer() ||
+          e[key].get<int64_t>() < lo)
+        throw InputError(
+            fmt::format("layouts[{}]: '{}' is not a whole number of at least {}", i, key, lo));
+      return e[key].get<int64_t>();
+    };
+    out.push_back({field("from_step", 0), field("world_size", 0), field("micro_batch", 0),
+                   field("threads", 0)});
+  }
+  return out;
+}
+
 namespace {
 
 // The format's version is its magic. Both are read; only the newest is written.
@@ -185,7 +213,8 @@ nlohmann::json state_to_json(const RunState& s) {
            s.kernels_requested ? nlohmann::json(*s.kernels_requested) : nlohmann::json()},
           {"kernels", s.kernels},
           {"world_size", s.world_size},
-          {"hardware", s.hardware}};
+          {"hardware", s.hardware},
+          {"layouts", layouts_to_json(s.layouts)}};
 }
 
 }  // namespace
@@ -313,6 +342,11 @@ Checkpoint read_checkpoint(const std::filesystem::path& path) {
     st.world_size = s.value("world_size", int64_t(0));
     if (const auto h = s.find("hardware"); h != s.end())
       st.hardware = h->get<std::vector<std::string>>();
+    if (const auto l = s.find("layouts"); l != s.end()) try {
+        st.layouts = layouts_from_json(*l);
+      } catch (const InputError& e) {
+        throw InputError(fmt::format("checkpoint '{}': {}", where, e.what()));
+      }
     return ck;
   });
 }

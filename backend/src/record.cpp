@@ -124,7 +124,14 @@ nlohmann::json make_record(const RecordInputs& in) {
   // ran on one kind whose peak is known, the model FLOP utilisation: the rate above (exact/causal,
   // padding and recompute left out) over the maker's dense peak of one device.
   rec["hardware"] = st.hardware;
-  if (in.peak_flops_per_second > 0 && st.hardware.size() == 1) {
+  // Resumed in other layouts (--elastic): each, from the step it began at. Over other rank
+  // counts, the seconds above were not spent on world_size devices throughout: no MFU.
+  bool one_world = true;
+  if (!st.layouts.empty()) {
+    rec["layouts"] = layouts_to_json(st.layouts);
+    for (const Layout& l : st.layouts) one_world = one_world && l.world_size == in.world_size;
+  }
+  if (in.peak_flops_per_second > 0 && st.hardware.size() == 1 && one_world) {
     rec["peak_flops_per_second_per_device"] = in.peak_flops_per_second;
     rec["mfu"] = per_device / in.peak_flops_per_second;
   }

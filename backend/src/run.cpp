@@ -17,6 +17,7 @@
 #include <thread>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "moeplan/accounting/error.hpp"
 #include "moeplan/accounting/flops.hpp"
@@ -502,7 +503,25 @@ static bool writer_notice(const RunOptions& opt, const Engine& engine) {
   return opt.on_notice && engine.writes_files();
 }
 
-// A checkpoint resumes only under the plan, [train] settings, device and passes it was made with.
+// What differs between two layouts of a point's steps ("" if nothing does): data-parallel ranks,
+// passes (a request of the whole batch or more is one pass, as 0 is) and, on the cpu, threads. A
+// count the older checkpoint did not keep (0) is not compared.
+static std::string layout_change(const Layout& was, const Layout& now, int64_t batch,
+                                 const std::string& device) {
+  std::vector<std::string> parts;
+  if (was.world_size > 0 && was.world_size != now.world_size)
+    parts.push_back(fmt::format("data-parallel ranks {} -> {}", was.world_size, now.world_size));
+  const auto pass = [batch](int64_t m) { return m > 0 ? std::min(m, batch) : batch; };
+  if (pass(was.micro_batch_seqs) != pass(now.micro_batch_seqs))
+    parts.push_back(
+        fmt::format("--micro-batch {} -> {}", was.micro_batch_seqs, now.micro_batch_seqs));
+  if (device == "cpu" && was.threads > 0 && was.threads != now.threads)
+    parts.push_back(fmt::format("CPU threads {} -> {}", was.threads, now.threads));
+  return fmt::format("{}", fmt::join(parts, "; "));
+}
+
+// A checkpoint resumes only under the plan, [train] settings, device and passes it was made with
+// (passes, ranks and threads may change under --elastic).
 static void check_checkpoint_head(const CheckpointHead& h, const fs::path& ckpt_path,
                                   const Plan& plan, const nlohmann::json& plan_json,
                                   const TrainSettings& train, const RunOptions& opt) {
@@ -536,20 +555,22 @@ static void check_checkpoint_head(const CheckpointHead& h, const fs::path& ckpt_
   const int64_t batch = plan.budget.batch_seqs;
   const auto pass = [batch](int64_t m) { return m > 0 ? std::min(m, batch) : batch; };
   const int64_t pass_now = pass(opt.micro_batch_seqs);
-  if (pass(h.micro_batch_seqs) != pass_now)
+  if (pass(h.micro_batch_seqs) != pass_now && !opt.elastic)
     throw InputError(fmt::format(
         "checkpoint '{}' of point '{}' was trained with --micro-batch {}, this run asks for {}; "
-        "resume with --micro-batch {}",
+        "resume with --micro-batch {}, or add --elastic to go on in the new passes (not the "
+        "bit-for-bit continuation)",
         ckpt_path.string(), plan.id, h.micro_batch_seqs, opt.micro_batch_seqs, h.micro_batch_seqs));
   // The thread count sets how a cpu model's products sum: checked here, before any point
   // trains, by the rule the model applies (cpu_threads_for), not when this point's turn comes.
-  if (h.device == "cpu" && h.threads > 0) {
+  if (h.device == "cpu" && h.threads > 0 && !opt.elastic) {
     if (const int now = cpu_threads_of(plan, opt); now != h.threads)
       throw InputError(fmt::format(
           "checkpoint '{}' of point '{}' was trained with {} CPU threads, this run has {}; "
           "resume with --threads {} (the thread count sets how the products sum, so another "
-          "would not continue the same run), or move the folder away to start the point over",
-          ckpt_path.string(), plan.id, h.threads, now, h.threads));
+          "would not continue the same run), add --elastic to go on with {} (not the bit-for-bit "
+          "continuation), or move the folder away to start the point over",
+          ckpt_path.string(), plan.id, h.threads, now, h.threads, now));
   }
   if (h.kernels_requested && *h.kernels_requested != opt.kernels)
     throw InputError(fmt::format(
@@ -938,14 +959,15 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
           "folder away to start the point over",
           ckpt_path.string(), plan.id, ck.state.kernels, engine->kernels()));
     // Every rank reads the same checkpoint, so every rank refuses alike.
-    if (ck.state.world_size > 0 && ck.state.world_size != engine->world_size())
+    if (ck.state.world_size > 0 && ck.state.world_size != engine->world_size() && !opt.elastic)
       throw InputError(fmt::format(
           "checkpoint '{}' of point '{}' was trained on {} data-parallel rank(s), this run has "
           "{}; resume with as many (--nproc {}, or WORLD_SIZE={} under a launcher: a step's "
-          "passes and the record's rates are that many devices'), or move the folder away to "
-          "start the point over",
+          "passes and the record's rates are that many devices'), add --elastic to go on with "
+          "{} (not the bit-for-bit continuation), or move the folder away to start the point "
+          "over",
           ckpt_path.string(), plan.id, ck.state.world_size, engine->world_size(),
-          ck.state.world_size, ck.state.world_size));
+          ck.state.world_size, ck.state.world_size, engine->world_size()));
     engine->load_state(ck.model_state);
     st = std::move(ck.state);
     ++st.resumes;
@@ -969,6 +991,22 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
     }
     st.tokens = TokenLedger(seq_len, windows);
     st.order = training_order(windows, train);
+  }
+  // The layout this session trains in against the checkpoint's: another one only under
+  // --elastic (refused above otherwise), said and kept from the step it starts at.
+  const Layout was{0, st.world_size, st.micro_batch_seqs, st.threads};
+  const Layout now{st.step, engine->world_size(), opt.micro_batch_seqs, engine->threads()};
+  if (const std::string moved = layout_change(was, now, plan.budget.batch_seqs, opt.device);
+      st.step > 0 && !moved.empty()) {
+    if (st.layouts.empty()) st.layouts.push_back(was);
+    st.layouts.push_back(now);
+    if (writer_notice(opt, *engine))
+      opt.on_notice(fmt::format(
+          "resuming at step {} in another layout ({}): the steps from here sum in another order "
+          "and, in passes of other sizes, take the auxiliary losses over other groups of "
+          "sequences, so this is not the bit-for-bit continuation of the run; its ledgers stay "
+          "exact, and the record keeps both layouts and compares its time with no other point's",
+          st.step, moved));
   }
   st.micro_batch_seqs = opt.micro_batch_seqs;
   st.device = opt.device;

@@ -419,7 +419,7 @@ std::vector<std::string> row_of(const json& r, const json* dense) {
 // (the ledger's exact/causal total: masked attention and recomputed products included); useful
 // leaves out `padding` and `recompute`. The time ratio is against the dense baseline on the same
 // device label only (hardware, devices, kernels, passes, optimizer sharding: device_label), and
-// not for a record resumed on other hardware (same_timing).
+// not for a record resumed on other hardware or in another layout (same_timing).
 const std::vector<std::string> kTimeHeaders = {"point",
                                                "device",
                                                "train s",
@@ -461,13 +461,21 @@ std::string device_label(const json& r) {
   if (pass > 0 && batch > 0 && pass < (batch + w - 1) / w)
     label += fmt::format(" passes of {}", pass);
   if (r.value("optimizer_sharded", false)) label += " sharded optimizer";
+  // Resumed under --elastic with other ranks, passes or threads: where each later layout began.
+  const json layouts = r.value("layouts", json::array());
+  for (size_t i = 1; i < layouts.size(); ++i)
+    label += fmt::format(", another layout from step {}", layouts[i].value("from_step", 0));
   return label;
 }
 
 // Two records' training times are compared only when each ran on one kind of hardware (not
-// resumed elsewhere) and their device labels are the same.
+// resumed elsewhere) in one layout (not resumed under --elastic), and their device labels are the
+// same.
 bool same_timing(const json& a, const json& b) {
-  auto one_kind = [](const json& r) { return r.value("hardware", json::array()).size() <= 1; };
+  auto one_kind = [](const json& r) {
+    return r.value("hardware", json::array()).size() <= 1 &&
+           r.value("layouts", json::array()).size() <= 1;
+  };
   return one_kind(a) && one_kind(b) && device_label(a) == device_label(b);
 }
 
@@ -841,6 +849,19 @@ void check_record(const json& r, const fs::path& f) {
         !std::all_of(h.begin(), h.end(), [](const json& v) { return v.is_string(); }))
       fail("hardware", "not a list of strings");
   }
+  if (r.is_object() && r.contains("layouts")) {
+    const json& l = r["layouts"];
+    const auto whole = [](const json& e, const char* k, int64_t lo) {
+      return e.is_object() && e.contains(k) && e[k].is_number_integer() &&
+             e[k].get<int64_t>() >= lo;
+    };
+    if (!l.is_array() || !std::all_of(l.begin(), l.end(), [&](const json& e) {
+          return whole(e, "from_step", 0) && whole(e, "world_size", 0) &&
+                 whole(e, "micro_batch", 0) && whole(e, "threads", 0);
+        }))
+      fail("layouts",
+           "not a list of {from_step, world_size, micro_batch, threads} whole numbers >= 0");
+  }
   if (r.is_object() && r.contains("peak_flops_per_second_per_device")) {
     const json& p = r["peak_flops_per_second_per_device"];
     if (!p.is_number() || !(p.get<double>() > 0) || !std::isfinite(p.get<double>()))
@@ -1072,7 +1093,7 @@ std::string render_run_report(const std::vector<json>& given, const std::string&
       "device ran, the ledger's exact/causal total; useful: without padding (e.g. the masked "
       "half of attention a GPU computes) and recompute. Train time vs dense: only against a "
       "dense run of the same device label (hardware, devices, kernels, passes, optimizer "
-      "sharding)" +
+      "sharding), and a point resumed on other hardware or in another layout has none" +
       std::string(with_mfu ? ". MFU: the useful rate of one device over its maker's dense peak "
                              "for the products' precision (bf16 on a GPU), where known"
                            : "");

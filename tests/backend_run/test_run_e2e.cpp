@@ -1508,6 +1508,21 @@ TEST_CASE("a record gives its MFU only for one kind of hardware whose peak is kn
   st.hardware = {"GPU X"};
   in.peak_flops_per_second = 0;
   CHECK_FALSE(make_record(in).contains("mfu"));
+  // Resumed under --elastic on 4 ranks, then on 2: 2 s were not spent on 2 devices throughout,
+  // so no MFU. Passes changed alone (2 ranks throughout): the devices' seconds are whole, the
+  // MFU stands.
+  in.peak_flops_per_second = 1e9;
+  st.layouts = {{0, 4, 0, 0}, {7, 2, 0, 0}};
+  r = make_record(in);
+  CHECK(r["layouts"] == json::parse(R"([{"from_step":0,"world_size":4,"micro_batch":0,"threads":0},
+                                        {"from_step":7,"world_size":2,"micro_batch":0,"threads":0}])"));
+  CHECK_FALSE(r.contains("mfu"));
+  st.layouts = {{0, 2, 0, 0}, {7, 2, 3, 0}};
+  r = make_record(in);
+  CHECK(r["layouts"][1]["micro_batch"] == 3);
+  CHECK(r["mfu"].get<double>() == doctest::Approx(0.25).epsilon(1e-12));
+  st.layouts.clear();
+  CHECK_FALSE(make_record(in).contains("layouts"));
 }
 
 TEST_CASE("the CPU's model name is the first 'model name' line of /proc/cpuinfo's text") {
@@ -1580,6 +1595,37 @@ TEST_CASE("moeplan run --micro-batch 2: the one-pass run's tokens and ledger; re
                                "with --micro-batch 2") != std::string::npos,
                 other.err);
   CHECK(read_file(out / "moe-m" / "record.json") == before);
+  CHECK_MESSAGE(other.err.find("or add --elastic to go on in the new passes") != std::string::npos,
+                other.err);
+  {  // --elastic: the point goes on in passes of 3, says so, and its record keeps both layouts.
+    const fs::path copy = dir / "elastic";
+    fs::copy(out, copy, fs::copy_options::recursive);
+    const int64_t at = read_checkpoint(copy / "moe-m" / "checkpoint" / "state.ckpt").state.step;
+    const Result go = run_cli({"run", sweep, "--point", "moe-m", "--out", copy.string(),
+                               "--micro-batch", "3", "--elastic"});
+    REQUIRE_MESSAGE(go.status == 0, go.err);
+    CHECK_MESSAGE(go.out.find(fmt::format("resuming at step {} in another layout (--micro-batch "
+                                          "2 -> 3): the steps from here sum in another order",
+                                          at)) != std::string::npos,
+                  go.out);
+    const json re = record(copy, "moe-m");
+    CHECK(re["status"] == "complete");
+    CHECK(re["pass_seqs"] == 3);
+    REQUIRE(re["layouts"].size() == 2);
+    CHECK(re["layouts"][0]["from_step"] == 0);
+    CHECK(re["layouts"][0]["micro_batch"] == 2);
+    CHECK(re["layouts"][1]["from_step"] == at);
+    CHECK(re["layouts"][1]["micro_batch"] == 3);
+    CHECK(re["layouts"][1]["threads"] == re["layouts"][0]["threads"]);
+    // The ledgers are the plan's whatever the passes: 400 steps of 5 windows of 16.
+    CHECK(re["measured"]["tokens"]["consumed"].get<int64_t>() == 400 * 5 * 16);
+    for (auto& [k, v] : re["measured"]["matches_plan"].items()) CHECK_MESSAGE(v == true, k);
+    const Result rep = run_cli({"report", copy.string()});
+    CHECK(rep.status == 0);
+    CHECK_MESSAGE(rep.out.find(fmt::format("passes of 3, another layout from step {}", at)) !=
+                      std::string::npos,
+                  rep.out);
+  }
   {  // Asking for the whole batch or more is one pass, as 0 is: a one-pass checkpoint resumes.
     const fs::path copy = dir / "one-pass";
     fs::copy(out, copy, fs::copy_options::recursive);
@@ -1630,6 +1676,8 @@ TEST_CASE("moeplan run --micro-batch 2: the one-pass run's tokens and ledger; re
   const json rc = record(out, "moe-m");
   CHECK(rc["status"] == "complete");
   CHECK(rc["pass_seqs"] == 2);
+  CHECK_FALSE(rc.contains("layouts"));  // resumed in the layout it began in
+  CHECK(same.out.find("another layout") == std::string::npos);
   CHECK(rc["measured"]["tokens"]["consumed"].get<int64_t>() == 400 * 5 * 16);
 
   // A fresh estimate: every point's whole plan; the --out folder is not even made.
@@ -2150,6 +2198,41 @@ TEST_CASE("WORLD_SIZE=2 (emulated): SIGINT to one rank stops both at one step; r
                 one.err);
   CHECK(read_checkpoint(dir / "b" / "moe-i" / "checkpoint" / "state.ckpt").state.step ==
         c.state.step);
+  CHECK_MESSAGE(one.err.find("add --elastic to go on with 1 (not the bit-for-bit continuation)") !=
+                    std::string::npos,
+                one.err);
+  {  // --elastic: a preempted job restarted on one GPU goes on, with the ledgers of the whole run.
+    fs::copy(dir / "b", dir / "e", fs::copy_options::recursive);
+    std::vector<std::string> elastic = args("e");
+    elastic.push_back("--elastic");
+    const Result go = run_cli(elastic, MOEPLAN_EMULATED_BINARY);
+    REQUIRE_MESSAGE(go.status == 0, go.err);
+    CHECK_MESSAGE(go.out.find(fmt::format("resuming at step {} in another layout (data-parallel "
+                                          "ranks 2 -> 1)",
+                                          c.state.step)) != std::string::npos,
+                  go.out);
+    const json ra = record(dir / "a", "moe-i"), re = record(dir / "e", "moe-i");
+    CHECK(re["status"] == "complete");
+    CHECK(re["world_size"] == 1);
+    CHECK(re["layouts"] ==
+          json::parse(fmt::format(R"([{{"from_step":0,"world_size":2,"micro_batch":0,"threads":0}},
+              {{"from_step":{},"world_size":1,"micro_batch":0,"threads":0}}])",
+                                  c.state.step)));
+    // Every window once per epoch across the ranks and then the one: the uninterrupted run's
+    // token ledger. Its products' useful FLOPs too; only the tiles' padding follows the passes.
+    CHECK(re["measured"]["tokens"] == ra["measured"]["tokens"]);
+    json fa = ra["measured"]["flops"]["by_category"], fe = re["measured"]["flops"]["by_category"];
+    fa.erase("padding");
+    fe.erase("padding");
+    CHECK(fa == fe);
+    for (auto& [k, v] : re["measured"]["matches_plan"].items()) CHECK_MESSAGE(v == true, k);
+    // The same training but for the order of sums and the load-balance loss's groups (each
+    // rank's 2 sequences, now all 4): the final losses agree closely, not to the bit.
+    const double la = ra["loss_curve"].back()["train_loss"].get<double>();
+    const double le = re["loss_curve"].back()["train_loss"].get<double>();
+    MESSAGE("final train loss: ", la, " uninterrupted on 2 ranks, ", le, " resumed on 1");
+    CHECK(le == doctest::Approx(la).epsilon(1e-4));
+  }
 
   const auto again = wait_ranks(spawn_ranks(args("b"), dir, "c"), dir, "c");
   REQUIRE(again[0] == 0);

@@ -1063,4 +1063,36 @@ TEST_CASE("report: a damaged hardware list, peak or rank count is refused by key
   refused("world_size", 0, "not a whole number of ranks from 1 to 1048576");
   refused("world_size", "2", "not a whole number of ranks from 1 to 1048576");
   refused("world_size", int64_t(1) << 40, "not a whole number of ranks from 1 to 1048576");
+  const char* layouts = "not a list of {from_step, world_size, micro_batch, threads} whole numbers";
+  refused("layouts", json::object(), layouts);
+  refused("layouts", json::parse(R"([{"from_step":0,"world_size":2,"micro_batch":0}])"), layouts);
+  refused("layouts",
+          json::parse(R"([{"from_step":-1,"world_size":2,"micro_batch":0,"threads":0}])"), layouts);
+}
+
+TEST_CASE("report: a point resumed in another layout (--elastic) is timed against nothing") {
+  std::vector<json> recs = {record("dense", true, 1.0, 2.0), record("moe-a", false, 0.2, 1.8),
+                            record("moe-b", false, 0.3, 1.7)};
+  for (json& r : recs) {
+    r["device"] = "cuda";
+    r["hardware"] = json::array({"GPU X"});
+  }
+  // moe-b trained its first 7 steps on 2 ranks, the rest on 1: its label says where the layout
+  // changed and it gets no ratio. Given to the dense baseline as well, it still gets none.
+  recs[2]["layouts"] = json::parse(R"([{"from_step":0,"world_size":2,"micro_batch":0,"threads":0},
+                      {"from_step":7,"world_size":1,"micro_batch":0,"threads":0}])");
+  const std::string text = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::text);
+  CAPTURE(text);
+  const size_t times = text.find("train time vs dense");
+  CHECK(cells_of_row(text, "moe-a", times).back() == "1.00x");
+  CHECK(cells_of_row(text, "moe-b", times).back() == "-");
+  CHECK_MESSAGE(row_of(text, "moe-b", times).find("cuda (GPU X), another layout from step 7") !=
+                    std::string::npos,
+                row_of(text, "moe-b", times));
+  CHECK(text.find("a point resumed on other hardware or in another layout has none") !=
+        std::string::npos);
+  recs[0]["layouts"] = recs[2]["layouts"];
+  const std::string both = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::text);
+  const size_t t2 = both.find("train time vs dense");
+  CHECK(cells_of_row(both, "moe-b", t2).back() == "-");
 }

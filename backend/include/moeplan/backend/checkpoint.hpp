@@ -19,6 +19,18 @@
 namespace moeplan::backend {
 
 // The run loop's position and everything it has measured so far.
+
+// How a run's steps were laid out over devices and passes from one step on: the data-parallel
+// ranks, the --micro-batch asked for (0: one pass) and the CPU threads (0: not a CPU run, or
+// not recorded). They change only at a resume under `moeplan run --elastic`; RunState::layouts
+// keeps each, the first from step 0.
+struct Layout {
+  int64_t from_step = 0;
+  int64_t world_size = 0;
+  int64_t micro_batch_seqs = 0;
+  int64_t threads = 0;
+  bool operator==(const Layout&) const = default;
+};
 struct RunState {
   int64_t step = 0;  // optimizer steps completed
   TokenLedger tokens;
@@ -54,6 +66,10 @@ struct RunState {
   // checkpoints written before it was kept. A resume on other hardware adds it: the record's
   // times are then a mix, and the report says so and compares them with no other point's.
   std::vector<std::string> hardware;
+  // Each layout the run trained in, in order: empty while it is the one it started in (the
+  // fields above), else every one from step 0 on (Layout). The steps after an elastic resume sum
+  // in another order, so the run is not the bit-for-bit continuation of an uninterrupted one.
+  std::vector<Layout> layouts;
 };
 
 struct Checkpoint {
@@ -73,6 +89,11 @@ struct CheckpointHead {
   int64_t threads = 0;
   std::optional<std::string> kernels_requested;
 };
+
+// Layouts as JSON objects {from_step, world_size, micro_batch, threads}, as checkpoints and
+// records keep them; from_json refuses what is not that (InputError naming the entry).
+nlohmann::json layouts_to_json(const std::vector<Layout>& layouts);
+std::vector<Layout> layouts_from_json(const nlohmann::json& j);
 
 // Written from where the parts lie (the model state is not copied), atomically.
 void write_checkpoint(const std::filesystem::path& path, const Checkpoint& ckpt);
