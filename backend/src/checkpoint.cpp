@@ -33,7 +33,8 @@ nlohmann::json layouts_to_json(const std::vector<Layout>& layouts) {
     j.push_back({{"from_step", l.from_step},
                  {"world_size", l.world_size},
                  {"micro_batch", l.micro_batch_seqs},
-                 {"threads", l.threads}});
+                 {"threads", l.threads},
+                 {"optimizer_sharded", l.optimizer_sharded}});
   return j;
 }
 
@@ -49,8 +50,10 @@ std::vector<Layout> layouts_from_json(const nlohmann::json& j) {
             fmt::format("layouts[{}]: '{}' is not a whole number of at least {}", i, key, lo));
       return e[key].get<int64_t>();
     };
+    if (!e.contains("optimizer_sharded") || !e["optimizer_sharded"].is_boolean())
+      throw InputError(fmt::format("layouts[{}]: 'optimizer_sharded' is not true or false", i));
     out.push_back({field("from_step", 0), field("world_size", 0), field("micro_batch", 0),
-                   field("threads", 0)});
+                   field("threads", 0), e["optimizer_sharded"].get<bool>()});
   }
   return out;
 }
@@ -213,6 +216,8 @@ nlohmann::json state_to_json(const RunState& s) {
            s.kernels_requested ? nlohmann::json(*s.kernels_requested) : nlohmann::json()},
           {"kernels", s.kernels},
           {"world_size", s.world_size},
+          {"optimizer_sharded",
+           s.optimizer_sharded ? nlohmann::json(*s.optimizer_sharded) : nlohmann::json()},
           {"hardware", s.hardware},
           {"layouts", layouts_to_json(s.layouts)}};
 }
@@ -340,6 +345,8 @@ Checkpoint read_checkpoint(const std::filesystem::path& path) {
       st.kernels_requested = k->get<std::string>();
     st.kernels = s.value("kernels", std::string());
     st.world_size = s.value("world_size", int64_t(0));
+    if (const auto o = s.find("optimizer_sharded"); o != s.end() && o->is_boolean())
+      st.optimizer_sharded = o->get<bool>();
     if (const auto h = s.find("hardware"); h != s.end())
       st.hardware = h->get<std::vector<std::string>>();
     if (const auto l = s.find("layouts"); l != s.end()) try {
@@ -366,6 +373,8 @@ CheckpointHead read_checkpoint_head(const std::filesystem::path& path) {
     h.threads = s.value("threads", int64_t(0));
     if (const auto k = s.find("kernels_requested"); k != s.end() && k->is_string())
       h.kernels_requested = k->get<std::string>();
+    if (const auto o = s.find("optimizer_sharded"); o != s.end() && o->is_boolean())
+      h.optimizer_sharded = o->get<bool>();
     return h;
   });
 }

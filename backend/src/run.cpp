@@ -504,8 +504,8 @@ static bool writer_notice(const RunOptions& opt, const Engine& engine) {
 }
 
 // What differs between two layouts of a point's steps ("" if nothing does): data-parallel ranks,
-// passes (a request of the whole batch or more is one pass, as 0 is) and, on the cpu, threads. A
-// count the older checkpoint did not keep (0) is not compared.
+// passes (a request of the whole batch or more is one pass, as 0 is), on the cpu threads, and the
+// optimizer's sharding. A count the older checkpoint did not keep (0) is not compared.
 static std::string layout_change(const Layout& was, const Layout& now, int64_t batch,
                                  const std::string& device) {
   std::vector<std::string> parts;
@@ -517,11 +517,14 @@ static std::string layout_change(const Layout& was, const Layout& now, int64_t b
         fmt::format("--micro-batch {} -> {}", was.micro_batch_seqs, now.micro_batch_seqs));
   if (device == "cpu" && was.threads > 0 && was.threads != now.threads)
     parts.push_back(fmt::format("CPU threads {} -> {}", was.threads, now.threads));
+  if (was.optimizer_sharded != now.optimizer_sharded)
+    parts.push_back(fmt::format("--shard-optimizer {} -> {}", was.optimizer_sharded ? "on" : "off",
+                                now.optimizer_sharded ? "on" : "off"));
   return fmt::format("{}", fmt::join(parts, "; "));
 }
 
 // A checkpoint resumes only under the plan, [train] settings, device and passes it was made with
-// (passes, ranks and threads may change under --elastic).
+// (passes, ranks, threads and the optimizer's sharding may change under --elastic).
 static void check_checkpoint_head(const CheckpointHead& h, const fs::path& ckpt_path,
                                   const Plan& plan, const nlohmann::json& plan_json,
                                   const TrainSettings& train, const RunOptions& opt) {
@@ -572,6 +575,15 @@ static void check_checkpoint_head(const CheckpointHead& h, const fs::path& ckpt_
           "continuation), or move the folder away to start the point over",
           ckpt_path.string(), plan.id, h.threads, now, h.threads, now));
   }
+  if (h.optimizer_sharded && *h.optimizer_sharded != opt.shard_optimizer && !opt.elastic)
+    throw InputError(fmt::format(
+        "checkpoint '{}' of point '{}' was trained {} --shard-optimizer, this run {} it; resume "
+        "{} it (the sharded step sums the gradient norm in another order), add --elastic to go "
+        "on {} it (not the bit-for-bit continuation), or move the folder away to start the "
+        "point over",
+        ckpt_path.string(), plan.id, *h.optimizer_sharded ? "with" : "without",
+        opt.shard_optimizer ? "asks for" : "goes without",
+        *h.optimizer_sharded ? "with" : "without", opt.shard_optimizer ? "with" : "without"));
   if (h.kernels_requested && *h.kernels_requested != opt.kernels)
     throw InputError(fmt::format(
         "checkpoint '{}' of point '{}' was trained with --kernels '{}', this run asks for '{}'; "
@@ -948,9 +960,10 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
           fingerprints.at("training_fingerprint").get<std::string>(),
           ck.data.value("validation_fingerprint", "?"),
           fingerprints.at("validation_fingerprint").get<std::string>()));
-    check_checkpoint_head({ck.plan, ck.train, ck.state.step, ck.state.micro_batch_seqs,
-                           ck.state.device, ck.state.threads, ck.state.kernels_requested},
-                          ckpt_path, plan, plan_json, train, opt);
+    check_checkpoint_head(
+        {ck.plan, ck.train, ck.state.step, ck.state.micro_batch_seqs, ck.state.device,
+         ck.state.threads, ck.state.kernels_requested, ck.state.optimizer_sharded},
+        ckpt_path, plan, plan_json, train, opt);
     // The same request may resolve otherwise (`auto` on another GPU, another cuBLASLt).
     if (!ck.state.kernels.empty() && ck.state.kernels != engine->kernels())
       throw InputError(fmt::format(
@@ -994,8 +1007,10 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
   }
   // The layout this session trains in against the checkpoint's: another one only under
   // --elastic (refused above otherwise), said and kept from the step it starts at.
-  const Layout was{0, st.world_size, st.micro_batch_seqs, st.threads};
-  const Layout now{st.step, engine->world_size(), opt.micro_batch_seqs, engine->threads()};
+  const Layout was{0, st.world_size, st.micro_batch_seqs, st.threads,
+                   st.optimizer_sharded.value_or(opt.shard_optimizer)};
+  const Layout now{st.step, engine->world_size(), opt.micro_batch_seqs, engine->threads(),
+                   opt.shard_optimizer};
   if (const std::string moved = layout_change(was, now, plan.budget.batch_seqs, opt.device);
       st.step > 0 && !moved.empty()) {
     if (st.layouts.empty()) st.layouts.push_back(was);
@@ -1014,6 +1029,7 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
   st.kernels_requested = opt.kernels;
   st.kernels = engine->kernels();
   st.world_size = engine->world_size();
+  st.optimizer_sharded = opt.shard_optimizer;
   // The hardware of this session after those before it: a resume elsewhere is allowed (a
   // preempted job restarts where it can), said, and kept, so that the record's times are not
   // read as one device's.

@@ -362,20 +362,25 @@ TEST_CASE("built-in corpus: deterministic, correct arithmetic, consistent facts,
 
 TEST_CASE("layouts from JSON: each entry's four whole numbers, or a refusal naming the entry") {
   const auto back = layouts_from_json(
-      nlohmann::json::parse(R"([{"from_step":0,"world_size":2,"micro_batch":0,"threads":1},
-                                {"from_step":9,"world_size":1,"micro_batch":3,"threads":1}])"));
+      nlohmann::json::parse(R"([{"from_step":0,"world_size":2,"micro_batch":0,"threads":1,
+                                 "optimizer_sharded":true},
+                                {"from_step":9,"world_size":1,"micro_batch":3,"threads":1,
+                                 "optimizer_sharded":true}])"));
   REQUIRE(back.size() == 2);
-  CHECK(back[1] == Layout{9, 1, 3, 1});
+  CHECK(back[1] == Layout{9, 1, 3, 1, true});
   CHECK(layouts_to_json(back)[1] ==
-        nlohmann::json::parse(R"({"from_step":9,"world_size":1,"micro_batch":3,"threads":1})"));
+        nlohmann::json::parse(R"({"from_step":9,"world_size":1,"micro_batch":3,"threads":1,
+                                  "optimizer_sharded":true})"));
   CHECK_THROWS_WITH_AS(layouts_from_json(nlohmann::json::object()), "layouts: not a list",
                        moeplan::InputError);
-  CHECK_THROWS_WITH_AS(
-      layouts_from_json(nlohmann::json::parse(
-          R"([{"from_step":0,"world_size":2,"micro_batch":0,"threads":0},{"from_step":3}])")),
-      "layouts[1]: 'world_size' is not a whole number of at least 0", moeplan::InputError);
   CHECK_THROWS_WITH_AS(layouts_from_json(nlohmann::json::parse(
-                           R"([{"from_step":-2,"world_size":2,"micro_batch":0,"threads":0}])")),
+                           R"([{"from_step":0,"world_size":2,"micro_batch":0,"threads":0,
+               "optimizer_sharded":true},
+              {"from_step":3,"world_size":1,"micro_batch":0,"threads":0}])")),
+                       "layouts[1]: 'optimizer_sharded' is not true or false", moeplan::InputError);
+  CHECK_THROWS_WITH_AS(layouts_from_json(nlohmann::json::parse(
+                           R"([{"from_step":-2,"world_size":2,"micro_batch":0,"threads":0,
+                               "optimizer_sharded":false}])")),
                        "layouts[0]: 'from_step' is not a whole number of at least 0",
                        moeplan::InputError);
 }
@@ -413,7 +418,8 @@ TEST_CASE("checkpoint round trip; a flipped byte is detected") {
   ck.state.kernels = "attention=fused_mma,experts=tiled";
   ck.state.world_size = 4;
   ck.state.hardware = {"GPU A", "GPU B"};
-  ck.state.layouts = {{0, 8, 0, 0}, {5, 4, 6, 0}};
+  ck.state.layouts = {{0, 8, 0, 0, true}, {5, 4, 6, 0, false}};
+  ck.state.optimizer_sharded = false;
   write_checkpoint(dir / "s.ckpt", ck);
   const Checkpoint back = read_checkpoint(dir / "s.ckpt");
   CHECK(back.state.threads == 3);
@@ -432,12 +438,14 @@ TEST_CASE("checkpoint round trip; a flipped byte is detected") {
   CHECK(back.state.world_size == 4);
   CHECK(back.state.hardware == ck.state.hardware);
   CHECK(back.state.layouts == ck.state.layouts);
+  CHECK(back.state.optimizer_sharded == std::optional<bool>(false));
   const CheckpointHead hd = read_checkpoint_head(dir / "s.ckpt");
   CHECK(hd.step == 7);
   CHECK(hd.micro_batch_seqs == 6);
   CHECK(hd.device == "cuda");
   CHECK(hd.threads == 3);
   CHECK(hd.kernels_requested == std::optional<std::string>("experts=tiled"));
+  CHECK(hd.optimizer_sharded == std::optional<bool>(false));
   CHECK(back.plan == ck.plan);
   CHECK(back.model_state == ck.model_state);
   CHECK(back.state.tokens == ck.state.tokens);

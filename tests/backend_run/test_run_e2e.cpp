@@ -1514,8 +1514,9 @@ TEST_CASE("a record gives its MFU only for one kind of hardware whose peak is kn
   in.peak_flops_per_second = 1e9;
   st.layouts = {{0, 4, 0, 0}, {7, 2, 0, 0}};
   r = make_record(in);
-  CHECK(r["layouts"] == json::parse(R"([{"from_step":0,"world_size":4,"micro_batch":0,"threads":0},
-                                        {"from_step":7,"world_size":2,"micro_batch":0,"threads":0}])"));
+  CHECK(r["layouts"] == json::parse(R"([
+      {"from_step":0,"world_size":4,"micro_batch":0,"threads":0,"optimizer_sharded":false},
+      {"from_step":7,"world_size":2,"micro_batch":0,"threads":0,"optimizer_sharded":false}])"));
   CHECK_FALSE(r.contains("mfu"));
   st.layouts = {{0, 2, 0, 0}, {7, 2, 3, 0}};
   r = make_record(in);
@@ -1625,6 +1626,36 @@ TEST_CASE("moeplan run --micro-batch 2: the one-pass run's tokens and ledger; re
     CHECK_MESSAGE(rep.out.find(fmt::format("passes of 3, another layout from step {}", at)) !=
                       std::string::npos,
                   rep.out);
+  }
+  {  // The optimizer's sharding is part of the layout too. (A CPU run cannot shard: the
+     // checkpoint is edited to say it was, as a --nproc 2 --shard-optimizer run's would.)
+    const fs::path copy = dir / "was-sharded";
+    fs::copy(out, copy, fs::copy_options::recursive);
+    const fs::path ck = copy / "moe-m" / "checkpoint" / "state.ckpt";
+    Checkpoint c = read_checkpoint(ck);
+    REQUIRE(c.state.optimizer_sharded == std::optional<bool>(false));
+    c.state.optimizer_sharded = true;
+    write_checkpoint(ck, c);
+    const Result no =
+        run_cli({"run", sweep, "--point", "moe-m", "--out", copy.string(), "--micro-batch", "2"});
+    CHECK(no.status == 2);
+    CHECK(one_line(no.err));
+    CHECK_MESSAGE(no.err.find("was trained with --shard-optimizer, this run goes without it; "
+                              "resume with it (the sharded step sums the gradient norm in another "
+                              "order), add --elastic to go on without it") != std::string::npos,
+                  no.err);
+    const Result go = run_cli({"run", sweep, "--point", "moe-m", "--out", copy.string(),
+                               "--micro-batch", "2", "--elastic"});
+    REQUIRE_MESSAGE(go.status == 0, go.err);
+    CHECK_MESSAGE(go.out.find(fmt::format("resuming at step {} in another layout "
+                                          "(--shard-optimizer on -> off)",
+                                          c.state.step)) != std::string::npos,
+                  go.out);
+    const json re = record(copy, "moe-m");
+    REQUIRE(re["layouts"].size() == 2);
+    CHECK(re["layouts"][0]["optimizer_sharded"] == true);
+    CHECK(re["layouts"][1]["optimizer_sharded"] == false);
+    CHECK(re["optimizer_sharded"] == false);
   }
   {  // Asking for the whole batch or more is one pass, as 0 is: a one-pass checkpoint resumes.
     const fs::path copy = dir / "one-pass";
@@ -2214,10 +2245,13 @@ TEST_CASE("WORLD_SIZE=2 (emulated): SIGINT to one rank stops both at one step; r
     const json ra = record(dir / "a", "moe-i"), re = record(dir / "e", "moe-i");
     CHECK(re["status"] == "complete");
     CHECK(re["world_size"] == 1);
-    CHECK(re["layouts"] ==
-          json::parse(fmt::format(R"([{{"from_step":0,"world_size":2,"micro_batch":0,"threads":0}},
-              {{"from_step":{},"world_size":1,"micro_batch":0,"threads":0}}])",
-                                  c.state.step)));
+    CHECK(re["layouts"] == json::parse(fmt::format(R"([
+              {{"from_step":0,"world_size":2,"micro_batch":0,"threads":0,
+                "optimizer_sharded":false}},
+              {{"from_step":{},"world_size":1,"micro_batch":0,"threads":0,
+                "optimizer_sharded":false}}
+            ])",
+                                                   c.state.step)));
     // Every window once per epoch across the ranks and then the one: the uninterrupted run's
     // token ledger. Its products' useful FLOPs too; only the tiles' padding follows the passes.
     CHECK(re["measured"]["tokens"] == ra["measured"]["tokens"]);

@@ -1063,11 +1063,17 @@ TEST_CASE("report: a damaged hardware list, peak or rank count is refused by key
   refused("world_size", 0, "not a whole number of ranks from 1 to 1048576");
   refused("world_size", "2", "not a whole number of ranks from 1 to 1048576");
   refused("world_size", int64_t(1) << 40, "not a whole number of ranks from 1 to 1048576");
-  const char* layouts = "not a list of {from_step, world_size, micro_batch, threads} whole numbers";
+  const char* layouts =
+      "not a list of {from_step, world_size, micro_batch, threads} (whole "
+      "numbers >= 0) and optimizer_sharded (true or false)";
   refused("layouts", json::object(), layouts);
   refused("layouts", json::parse(R"([{"from_step":0,"world_size":2,"micro_batch":0}])"), layouts);
-  refused("layouts",
-          json::parse(R"([{"from_step":-1,"world_size":2,"micro_batch":0,"threads":0}])"), layouts);
+  refused("layouts", json::parse(R"([{"from_step":0,"world_size":2,"micro_batch":0,"threads":0,
+                           "optimizer_sharded":1}])"),
+          layouts);
+  refused("layouts", json::parse(R"([{"from_step":-1,"world_size":2,"micro_batch":0,"threads":0,
+                           "optimizer_sharded":false}])"),
+          layouts);
 }
 
 TEST_CASE("report: a point resumed in another layout (--elastic) is timed against nothing") {
@@ -1079,8 +1085,9 @@ TEST_CASE("report: a point resumed in another layout (--elastic) is timed agains
   }
   // moe-b trained its first 7 steps on 2 ranks, the rest on 1: its label says where the layout
   // changed and it gets no ratio. Given to the dense baseline as well, it still gets none.
-  recs[2]["layouts"] = json::parse(R"([{"from_step":0,"world_size":2,"micro_batch":0,"threads":0},
-                      {"from_step":7,"world_size":1,"micro_batch":0,"threads":0}])");
+  recs[2]["layouts"] = json::parse(R"([
+      {"from_step":0,"world_size":2,"micro_batch":0,"threads":0,"optimizer_sharded":false},
+      {"from_step":7,"world_size":1,"micro_batch":0,"threads":0,"optimizer_sharded":false}])");
   const std::string text = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::text);
   CAPTURE(text);
   const size_t times = text.find("train time vs dense");

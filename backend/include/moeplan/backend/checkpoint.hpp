@@ -21,14 +21,16 @@ namespace moeplan::backend {
 // The run loop's position and everything it has measured so far.
 
 // How a run's steps were laid out over devices and passes from one step on: the data-parallel
-// ranks, the --micro-batch asked for (0: one pass) and the CPU threads (0: not a CPU run, or
-// not recorded). They change only at a resume under `moeplan run --elastic`; RunState::layouts
-// keeps each, the first from step 0.
+// ranks, the --micro-batch asked for (0: one pass), the CPU threads (0: not a CPU run, or not
+// recorded) and whether the AdamW state was sharded over the ranks (--shard-optimizer: the
+// gradient norm then sums per chunk). They change only at a resume under `moeplan run
+// --elastic`; RunState::layouts keeps each, the first from step 0.
 struct Layout {
   int64_t from_step = 0;
   int64_t world_size = 0;
   int64_t micro_batch_seqs = 0;
   int64_t threads = 0;
+  bool optimizer_sharded = false;
   bool operator==(const Layout&) const = default;
 };
 struct RunState {
@@ -61,6 +63,9 @@ struct RunState {
   // Data-parallel ranks that trained it (0 in checkpoints written before it was kept): a step's
   // passes and the record's rates are that many devices', so a resume runs on as many.
   int64_t world_size = 0;
+  // --shard-optimizer (nullopt in checkpoints written before it was kept): the sharded step sums
+  // the gradient norm in another order, so a resume keeps it.
+  std::optional<bool> optimizer_sharded;
   // The hardware each session trained on (Engine::hardware(), "unknown" where the engine could
   // not tell), in order, a session on the same hardware as the one before not repeated; empty in
   // checkpoints written before it was kept. A resume on other hardware adds it: the record's
@@ -88,9 +93,11 @@ struct CheckpointHead {
   std::string device;
   int64_t threads = 0;
   std::optional<std::string> kernels_requested;
+  std::optional<bool> optimizer_sharded;
 };
 
-// Layouts as JSON objects {from_step, world_size, micro_batch, threads}, as checkpoints and
+// Layouts as JSON objects {from_step, world_size, micro_batch, threads, optimizer_sharded}, as
+// checkpoints and
 // records keep them; from_json refuses what is not that (InputError naming the entry).
 nlohmann::json layouts_to_json(const std::vector<Layout>& layouts);
 std::vector<Layout> layouts_from_json(const nlohmann::json& j);

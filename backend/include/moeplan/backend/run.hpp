@@ -42,9 +42,9 @@ struct RunOptions {
   std::string kernels;                               // EngineRequest::kernels
   int64_t micro_batch_seqs = 0;  // ModelOptions::micro_batch_seqs (0: one pass a step)
   bool shard_optimizer = false;  // EngineRequest::shard_optimizer
-  // A checkpoint made with other data-parallel ranks, --micro-batch passes or CPU threads
-  // resumes (RunState::layouts keeps each layout; not the bit-for-bit continuation) instead of
-  // being refused.
+  // A checkpoint made with other data-parallel ranks, --micro-batch passes, optimizer sharding or
+  // CPU threads resumes (RunState::layouts keeps each layout; not the bit-for-bit continuation)
+  // instead of being refused.
   bool elastic = false;
   // The manifest's n_tolerance and compute_tolerance, written into each record (0: not known).
   double n_tolerance = 0, compute_tolerance = 0;
