@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -335,6 +336,13 @@ int run(const RunFlags& f) {
         "WORLD_SIZE={} is set: data-parallel ranks need --device cuda; the {} device trains a "
         "point in one process (unset WORLD_SIZE, RANK and LOCAL_RANK)",
         *ws, opt.device));
+  // The ranks each point trains on, known before any engine is built (WORLD_SIZE was checked
+  // above): a checkpoint of another count is refused with its other checks, before any point
+  // trains, not once its turn comes.
+  opt.ranks = f.nproc;
+  if (const auto ws = backend::data_parallel_world(); ws && f.nproc == 1)
+    if (std::from_chars(ws->data(), ws->data() + ws->size(), opt.ranks).ec != std::errc())
+      opt.ranks = 0;
   std::map<std::string, std::string> skip_warnings;  // point id: what its complete record fails
   std::vector<const Plan*> pending;                  // to train (or to resume)
   for (const Plan* p : points) {

@@ -375,6 +375,7 @@ CheckpointHead read_checkpoint_head(const std::filesystem::path& path) {
       h.kernels_requested = k->get<std::string>();
     if (const auto o = s.find("optimizer_sharded"); o != s.end() && o->is_boolean())
       h.optimizer_sharded = o->get<bool>();
+    h.world_size = s.value("world_size", int64_t(0));
     return h;
   });
 }

@@ -523,6 +523,16 @@ static std::string layout_change(const Layout& was, const Layout& now, int64_t b
   return fmt::format("{}", fmt::join(parts, "; "));
 }
 
+static std::string other_ranks(const fs::path& ckpt_path, const std::string& id, int64_t was,
+                               int64_t now) {
+  return fmt::format(
+      "checkpoint '{}' of point '{}' was trained on {} data-parallel rank(s), this run has {}; "
+      "resume with as many (--nproc {}, or WORLD_SIZE={} under a launcher: a step's passes and "
+      "the record's rates are that many devices'), add --elastic to go on with {} (not the "
+      "bit-for-bit continuation), or move the folder away to start the point over",
+      ckpt_path.string(), id, was, now, was, was, now);
+}
+
 // A checkpoint resumes only under the plan, [train] settings, device and passes it was made with
 // (passes, ranks, threads and the optimizer's sharding may change under --elastic).
 static void check_checkpoint_head(const CheckpointHead& h, const fs::path& ckpt_path,
@@ -575,6 +585,8 @@ static void check_checkpoint_head(const CheckpointHead& h, const fs::path& ckpt_
           "continuation), or move the folder away to start the point over",
           ckpt_path.string(), plan.id, h.threads, now, h.threads, now));
   }
+  if (h.world_size > 0 && opt.ranks > 0 && h.world_size != opt.ranks && !opt.elastic)
+    throw InputError(other_ranks(ckpt_path, plan.id, h.world_size, opt.ranks));
   if (h.optimizer_sharded && *h.optimizer_sharded != opt.shard_optimizer && !opt.elastic)
     throw InputError(fmt::format(
         "checkpoint '{}' of point '{}' was trained {} --shard-optimizer, this run {} it; resume "
@@ -960,10 +972,10 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
           fingerprints.at("training_fingerprint").get<std::string>(),
           ck.data.value("validation_fingerprint", "?"),
           fingerprints.at("validation_fingerprint").get<std::string>()));
-    check_checkpoint_head(
-        {ck.plan, ck.train, ck.state.step, ck.state.micro_batch_seqs, ck.state.device,
-         ck.state.threads, ck.state.kernels_requested, ck.state.optimizer_sharded},
-        ckpt_path, plan, plan_json, train, opt);
+    check_checkpoint_head({ck.plan, ck.train, ck.state.step, ck.state.micro_batch_seqs,
+                           ck.state.device, ck.state.threads, ck.state.kernels_requested,
+                           ck.state.optimizer_sharded, ck.state.world_size},
+                          ckpt_path, plan, plan_json, train, opt);
     // The same request may resolve otherwise (`auto` on another GPU, another cuBLASLt).
     if (!ck.state.kernels.empty() && ck.state.kernels != engine->kernels())
       throw InputError(fmt::format(
@@ -973,14 +985,7 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
           ckpt_path.string(), plan.id, ck.state.kernels, engine->kernels()));
     // Every rank reads the same checkpoint, so every rank refuses alike.
     if (ck.state.world_size > 0 && ck.state.world_size != engine->world_size() && !opt.elastic)
-      throw InputError(fmt::format(
-          "checkpoint '{}' of point '{}' was trained on {} data-parallel rank(s), this run has "
-          "{}; resume with as many (--nproc {}, or WORLD_SIZE={} under a launcher: a step's "
-          "passes and the record's rates are that many devices'), add --elastic to go on with "
-          "{} (not the bit-for-bit continuation), or move the folder away to start the point "
-          "over",
-          ckpt_path.string(), plan.id, ck.state.world_size, engine->world_size(),
-          ck.state.world_size, ck.state.world_size, engine->world_size()));
+      throw InputError(other_ranks(ckpt_path, plan.id, ck.state.world_size, engine->world_size()));
     engine->load_state(ck.model_state);
     st = std::move(ck.state);
     ++st.resumes;

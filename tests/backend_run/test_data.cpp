@@ -446,6 +446,7 @@ TEST_CASE("checkpoint round trip; a flipped byte is detected") {
   CHECK(hd.threads == 3);
   CHECK(hd.kernels_requested == std::optional<std::string>("experts=tiled"));
   CHECK(hd.optimizer_sharded == std::optional<bool>(false));
+  CHECK(hd.world_size == 4);
   CHECK(back.plan == ck.plan);
   CHECK(back.model_state == ck.model_state);
   CHECK(back.state.tokens == ck.state.tokens);

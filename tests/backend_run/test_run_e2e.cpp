@@ -2232,6 +2232,17 @@ TEST_CASE("WORLD_SIZE=2 (emulated): SIGINT to one rank stops both at one step; r
   CHECK_MESSAGE(one.err.find("add --elastic to go on with 1 (not the bit-for-bit continuation)") !=
                     std::string::npos,
                 one.err);
+  {  // The whole sweep on one rank is refused with the checkpoint's other checks, before the
+     // dense point (first, untrained) trains.
+    const Result all = run_cli({"run", sweep, "--out", (dir / "b").string(), "--device", "cuda"},
+                               MOEPLAN_EMULATED_BINARY);
+    CHECK(all.status == 2);
+    CHECK(one_line(all.err));
+    CHECK_MESSAGE(
+        all.err.find("was trained on 2 data-parallel rank(s), this run has 1") != std::string::npos,
+        all.err);
+    CHECK_FALSE(fs::exists(dir / "b" / "dense"));
+  }
   {  // --elastic: a preempted job restarted on one GPU goes on, with the ledgers of the whole run.
     fs::copy(dir / "b", dir / "e", fs::copy_options::recursive);
     std::vector<std::string> elastic = args("e");

@@ -94,6 +94,7 @@ struct CheckpointHead {
   int64_t threads = 0;
   std::optional<std::string> kernels_requested;
   std::optional<bool> optimizer_sharded;
+  int64_t world_size = 0;
 };
 
 // Layouts as JSON objects {from_step, world_size, micro_batch, threads, optimizer_sharded}, as

@@ -46,6 +46,10 @@ struct RunOptions {
   // CPU threads resumes (RunState::layouts keeps each layout; not the bit-for-bit continuation)
   // instead of being refused.
   bool elastic = false;
+  // The data-parallel ranks the run will have, where known before an engine is built (the
+  // launcher's --nproc, a rank's WORLD_SIZE, else 1): a checkpoint of another count is refused
+  // with its other checks (check_resumable). 0: not known; the engine's count is checked.
+  int64_t ranks = 0;
   // The manifest's n_tolerance and compute_tolerance, written into each record (0: not known).
   double n_tolerance = 0, compute_tolerance = 0;
   // The manifest's equal_resources: false for an ablation or a test, which report says.
