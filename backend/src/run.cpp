@@ -1020,13 +1020,17 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
       st.step > 0 && !moved.empty()) {
     if (st.layouts.empty()) st.layouts.push_back(was);
     st.layouts.push_back(now);
+    // Each rank's passes change with the rank count or --micro-batch; the auxiliary losses are
+    // taken per pass.
+    const bool passes =
+        was.world_size != now.world_size || was.micro_batch_seqs != now.micro_batch_seqs;
     if (writer_notice(opt, *engine))
       opt.on_notice(fmt::format(
-          "resuming at step {} in another layout ({}): the steps from here sum in another order "
-          "and, in passes of other sizes, take the auxiliary losses over other groups of "
-          "sequences, so this is not the bit-for-bit continuation of the run; its ledgers stay "
-          "exact, and the record keeps both layouts and compares its time with no other point's",
-          st.step, moved));
+          "resuming at step {} in another layout ({}): the steps from here sum in another "
+          "order{}, so this is not the bit-for-bit continuation of the run; its ledgers stay "
+          "exact, and the record keeps each layout and compares its time with no other point's",
+          st.step, moved,
+          passes ? " and take the auxiliary losses over other groups of sequences" : ""));
   }
   st.micro_batch_seqs = opt.micro_batch_seqs;
   st.device = opt.device;

@@ -461,7 +461,8 @@ std::string device_label(const json& r) {
   if (pass > 0 && batch > 0 && pass < (batch + w - 1) / w)
     label += fmt::format(" passes of {}", pass);
   if (r.value("optimizer_sharded", false)) label += " sharded optimizer";
-  // Resumed under --elastic with other ranks, passes or threads: where each later layout began.
+  // Resumed under --elastic with other ranks, passes, sharding or threads: where each later
+  // layout began.
   const json layouts = r.value("layouts", json::array());
   for (size_t i = 1; i < layouts.size(); ++i)
     label += fmt::format(", another layout from step {}", layouts[i].value("from_step", 0));

@@ -360,7 +360,8 @@ TEST_CASE("built-in corpus: deterministic, correct arithmetic, consistent facts,
   CHECK(facts.size() > 300);  // many distinct facts appear
 }
 
-TEST_CASE("layouts from JSON: each entry's four whole numbers, or a refusal naming the entry") {
+TEST_CASE(
+    "layouts from JSON: each entry's four whole numbers and sharding, or a refusal naming it") {
   const auto back = layouts_from_json(
       nlohmann::json::parse(R"([{"from_step":0,"world_size":2,"micro_batch":0,"threads":1,
                                  "optimizer_sharded":true},

@@ -1598,7 +1598,7 @@ TEST_CASE("moeplan run --micro-batch 2: the one-pass run's tokens and ledger; re
   CHECK(read_file(out / "moe-m" / "record.json") == before);
   CHECK_MESSAGE(other.err.find("or add --elastic to go on in the new passes") != std::string::npos,
                 other.err);
-  {  // --elastic: the point goes on in passes of 3, says so, and its record keeps both layouts.
+  {  // --elastic: the point goes on in passes of 3, says so, and its record keeps each layout.
     const fs::path copy = dir / "elastic";
     fs::copy(out, copy, fs::copy_options::recursive);
     const int64_t at = read_checkpoint(copy / "moe-m" / "checkpoint" / "state.ckpt").state.step;
@@ -1606,7 +1606,9 @@ TEST_CASE("moeplan run --micro-batch 2: the one-pass run's tokens and ledger; re
                                "--micro-batch", "3", "--elastic"});
     REQUIRE_MESSAGE(go.status == 0, go.err);
     CHECK_MESSAGE(go.out.find(fmt::format("resuming at step {} in another layout (--micro-batch "
-                                          "2 -> 3): the steps from here sum in another order",
+                                          "2 -> 3): the steps from here sum in another order "
+                                          "and take the auxiliary losses over other groups of "
+                                          "sequences, so",
                                           at)) != std::string::npos,
                   go.out);
     const json re = record(copy, "moe-m");
@@ -1648,7 +1650,8 @@ TEST_CASE("moeplan run --micro-batch 2: the one-pass run's tokens and ledger; re
                                "--micro-batch", "2", "--elastic"});
     REQUIRE_MESSAGE(go.status == 0, go.err);
     CHECK_MESSAGE(go.out.find(fmt::format("resuming at step {} in another layout "
-                                          "(--shard-optimizer on -> off)",
+                                          "(--shard-optimizer on -> off): the steps from here "
+                                          "sum in another order, so this is not",
                                           c.state.step)) != std::string::npos,
                   go.out);
     const json re = record(copy, "moe-m");

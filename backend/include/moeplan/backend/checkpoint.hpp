@@ -18,8 +18,6 @@
 
 namespace moeplan::backend {
 
-// The run loop's position and everything it has measured so far.
-
 // How a run's steps were laid out over devices and passes from one step on: the data-parallel
 // ranks, the --micro-batch asked for (0: one pass), the CPU threads (0: not a CPU run, or not
 // recorded) and whether the AdamW state was sharded over the ranks (--shard-optimizer: the
@@ -33,6 +31,8 @@ struct Layout {
   bool optimizer_sharded = false;
   bool operator==(const Layout&) const = default;
 };
+
+// The run loop's position and everything it has measured so far.
 struct RunState {
   int64_t step = 0;  // optimizer steps completed
   TokenLedger tokens;
@@ -98,8 +98,8 @@ struct CheckpointHead {
 };
 
 // Layouts as JSON objects {from_step, world_size, micro_batch, threads, optimizer_sharded}, as
-// checkpoints and
-// records keep them; from_json refuses what is not that (InputError naming the entry).
+// checkpoints and records keep them; from_json refuses what is not that (InputError naming the
+// entry).
 nlohmann::json layouts_to_json(const std::vector<Layout>& layouts);
 std::vector<Layout> layouts_from_json(const nlohmann::json& j);
 
