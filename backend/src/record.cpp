@@ -74,6 +74,8 @@ nlohmann::json make_record(const RecordInputs& in) {
       {"status", in.status},
       {"device", in.device},
       {"kernels", in.kernels},
+      {"kernels_requested", in.kernels_requested},
+      {"threads_requested", in.threads_requested},
       {"plan", *in.plan_json},
       {"measured",
        {{"total_params", in.params.total_params},

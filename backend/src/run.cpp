@@ -1061,6 +1061,8 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
   rin.state = &st;
   rin.device = opt.device;
   rin.kernels = engine->kernels();
+  rin.kernels_requested = opt.kernels;
+  rin.threads_requested = opt.threads;
   rin.world_size = engine->world_size();
   rin.peak_flops_per_second = engine->peak_flops_per_second();
   rin.pass_seqs = engine->pass_seqs();

@@ -418,8 +418,9 @@ std::vector<std::string> row_of(const json& r, const json* dense) {
 // Time and FLOP rate: equal C is not equal time. Executed counts every product the device ran
 // (the ledger's exact/causal total: masked attention and recomputed products included); useful
 // leaves out `padding` and `recompute`. The time ratio is against the dense baseline on the same
-// device label only (hardware, devices, kernels, passes, optimizer sharding: device_label), and
-// not for a record resumed on other hardware or in another layout (same_timing).
+// hardware and devices, under the same kernel and thread request, passes and optimizer sharding
+// only (timing_label), and not for a record resumed on other hardware or in another layout
+// (same_timing).
 const std::vector<std::string> kTimeHeaders = {"point",
                                                "device",
                                                "train s",
@@ -446,9 +447,9 @@ double category_sum(const json& flops, const char* category) {
 // the `hardware` field: none), how many of them (data-parallel ranks, when more than one), the
 // kernels that ran on it (records before the `kernels` field: the device), and what else changes
 // the time: passes smaller than a rank's share of the batch (`--micro-batch`) and a sharded
-// optimizer. Times are compared only between records with the same label.
-std::string device_label(const json& r) {
-  const std::string k = printable(r.value("kernels", ""));
+// optimizer. `k` stands where the record's kernels go: device_label gives those that ran,
+// timing_label those asked for.
+std::string label_with(const json& r, const std::string& k) {
   const int w = r.value("world_size", 1);
   std::string hardware;
   for (const json& h : r.value("hardware", json::array()))
@@ -469,15 +470,36 @@ std::string device_label(const json& r) {
   return label;
 }
 
+std::string device_label(const json& r) {
+  return label_with(r, printable(r.value("kernels", "")));
+}
+
+// What times are compared by: the label with the kernels and threads the run asked for in place
+// of those it resolved to. `auto` chooses per point (an MoE point's experts kernel, a head width's
+// attention kernel, a small model's one CPU thread), so a dense baseline and an MoE point run by
+// one command resolve differently and are still each at moeplan's own choice.
+bool has_request(const json& r) {
+  return r.contains("kernels_requested") && r.contains("threads_requested");
+}
+std::string timing_label(const json& r) {
+  const std::string asked = r["kernels_requested"].get<std::string>();
+  const int64_t threads = r["threads_requested"].get<int64_t>();
+  return label_with(r, "--kernels " + (asked.empty() ? std::string("auto") : printable(asked)) +
+                           (threads > 0 ? fmt::format(" --threads {}", threads) : ""));
+}
+
 // Two records' training times are compared only when each ran on one kind of hardware (not
-// resumed elsewhere) in one layout (not resumed under --elastic), and their device labels are the
-// same.
+// resumed elsewhere) in one layout (not resumed under --elastic), and their timing labels are the
+// same; where either record is from before the request was kept, their device labels (the
+// kernels that ran).
 bool same_timing(const json& a, const json& b) {
   auto one_kind = [](const json& r) {
     return r.value("hardware", json::array()).size() <= 1 &&
            r.value("layouts", json::array()).size() <= 1;
   };
-  return one_kind(a) && one_kind(b) && device_label(a) == device_label(b);
+  if (!one_kind(a) || !one_kind(b)) return false;
+  return has_request(a) && has_request(b) ? timing_label(a) == timing_label(b)
+                                          : device_label(a) == device_label(b);
 }
 
 // The useful FLOP rate of one device over the maker's dense peak the record names (the CUDA
@@ -850,6 +872,11 @@ void check_record(const json& r, const fs::path& f) {
         !std::all_of(h.begin(), h.end(), [](const json& v) { return v.is_string(); }))
       fail("hardware", "not a list of strings");
   }
+  if (r.is_object() && r.contains("kernels_requested") && !r["kernels_requested"].is_string())
+    fail("kernels_requested", "not a string");
+  if (r.is_object() && r.contains("threads_requested") &&
+      !(r["threads_requested"].is_number_integer() && r["threads_requested"].get<int64_t>() >= 0))
+    fail("threads_requested", "not a whole number >= 0");
   if (r.is_object() && r.contains("layouts")) {
     const json& l = r["layouts"];
     const auto whole = [](const json& e, const char* k, int64_t lo) {
@@ -1095,8 +1122,9 @@ std::string render_run_report(const std::vector<json>& given, const std::string&
       "Time and achieved FLOP rate (equal C is not equal time). Executed: every product the "
       "device ran, the ledger's exact/causal total; useful: without padding (e.g. the masked "
       "half of attention a GPU computes) and recompute. Train time vs dense: only against a "
-      "dense run of the same device label (hardware, devices, kernels, passes, optimizer "
-      "sharding), and a point resumed on other hardware or in another layout has none" +
+      "dense run on the same hardware and devices, under the same --kernels and --threads "
+      "request (auto chooses for each point), passes and optimizer sharding; a point resumed on "
+      "other hardware or in another layout has none" +
       std::string(with_mfu ? ". MFU: the useful rate of one device over its maker's dense peak "
                              "for the products' precision (bf16 on a GPU), where known"
                            : "");

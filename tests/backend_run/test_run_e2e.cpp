@@ -914,22 +914,29 @@ TEST_CASE(
   CHECK(md.status == 0);
   CHECK(read_file(dir / "report.md").find("| dense") != std::string::npos);
   // The device column names the hardware (this machine's CPU, as the record says) and the
-  // kernels; a point that ran other kernels than the dense baseline gets no time ratio (their
-  // speeds are not comparable).
+  // kernels that ran. Times are compared under one request (`auto` may choose otherwise for each
+  // point); a point run under another --kernels than the dense baseline gets no time ratio.
   REQUIRE(dense_rec["hardware"].size() == 1);
   const std::string hw = dense_rec["hardware"][0].get<std::string>();
   CHECK_MESSAGE(rep.out.find("cpu (" + hw + ") eigen-fp32") != std::string::npos, rep.out);
+  const std::string label = "cpu (" + hw + ") hand-edited";
+  auto rest_of_row = [&](const std::string& out) {  // after the label: the numbers and the ratio
+    const size_t at = out.find(label);
+    return at == std::string::npos ? std::string("(no row)")
+                                   : out.substr(at + label.size(), out.find('\n', at) - at);
+  };
   json other = record(dir / "runs", "moe-ra0.500");
+  CHECK(other["kernels_requested"] == "");
   other["kernels"] = "hand-edited";
   write_file_atomic(dir / "runs" / "moe-ra0.500" / "record.json", other.dump(1));
   const Result rep2 = run_cli({"report", (dir / "runs").string()});
   REQUIRE(rep2.status == 0);
-  const std::string label = "cpu (" + hw + ") hand-edited";
-  const size_t at = rep2.out.find(label);
-  REQUIRE(at != std::string::npos);
-  // The rest of the row after its label: no "N.NNx" ratio on it.
-  const std::string row = rep2.out.substr(at + label.size(), rep2.out.find('\n', at) - at);
-  CHECK(row.find('x') == std::string::npos);
+  CHECK_MESSAGE(rest_of_row(rep2.out).find('x') != std::string::npos, rep2.out);
+  other["kernels_requested"] = "hand-edited";
+  write_file_atomic(dir / "runs" / "moe-ra0.500" / "record.json", other.dump(1));
+  const Result rep3 = run_cli({"report", (dir / "runs").string()});
+  REQUIRE(rep3.status == 0);
+  CHECK_MESSAGE(rest_of_row(rep3.out).find('x') == std::string::npos, rep3.out);  // no "N.NNx"
 }
 
 TEST_CASE("a 5e22-FLOP point is not refused for its ledger; the built-in source it would need is") {
@@ -1374,6 +1381,22 @@ TEST_CASE(
     CHECK(all.status == 2);
     CHECK_MESSAGE(all.err.find("was trained with 3 CPU threads") != std::string::npos, all.err);
     CHECK_FALSE(fs::exists(copy / "dense" / "record.json"));
+    {  // --elastic goes on with 1 thread; the notice and the record's layouts name both counts.
+      const fs::path el = dir / "threads-elastic";
+      fs::copy(copy, el, fs::copy_options::recursive);
+      const Result go = run_cli(
+          {"run", sweep, "--point", "moe-i", "--out", el.string(), "--threads", "1", "--elastic"});
+      REQUIRE_MESSAGE(go.status == 0, go.err);
+      CHECK_MESSAGE(go.out.find(fmt::format("resuming at step {} in another layout (CPU threads 3 "
+                                            "-> 1): the steps from here sum in another order, so",
+                                            c.state.step)) != std::string::npos,
+                    go.out);
+      const json re = record(el, "moe-i");
+      REQUIRE(re["layouts"].size() == 2);
+      CHECK(re["layouts"][0]["threads"] == 3);
+      CHECK(re["layouts"][1]["threads"] == 1);
+      CHECK(re["threads_requested"] == 1);
+    }
     // Another --kernels than the checkpoint's: refused the same way, before anything trains.
     edited.state.threads = 1;
     edited.state.kernels_requested = "attention=cublas";
@@ -1561,6 +1584,8 @@ TEST_CASE("moeplan run --micro-batch 2: the one-pass run's tokens and ledger; re
   const json ra = record(dir / "a", "dense"), rb = record(dir / "b", "dense");
   CHECK(ra["pass_seqs"] == 5);
   CHECK(rb["pass_seqs"] == 2);
+  CHECK(ra["kernels_requested"] == "");  // none asked for: auto
+  CHECK(ra["threads_requested"] == 0);
   CHECK(ra["measured"]["tokens"] == rb["measured"]["tokens"]);
   CHECK(ra["measured"]["flops"] == rb["measured"]["flops"]);
   for (auto& [k, v] : rb["measured"]["matches_plan"].items()) CHECK_MESSAGE(v == true, k);

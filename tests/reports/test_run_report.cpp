@@ -1063,6 +1063,9 @@ TEST_CASE("report: a damaged hardware list, peak or rank count is refused by key
   refused("world_size", 0, "not a whole number of ranks from 1 to 1048576");
   refused("world_size", "2", "not a whole number of ranks from 1 to 1048576");
   refused("world_size", int64_t(1) << 40, "not a whole number of ranks from 1 to 1048576");
+  refused("kernels_requested", 3, "not a string");
+  refused("threads_requested", -1, "not a whole number >= 0");
+  refused("threads_requested", "2", "not a whole number >= 0");
   const char* layouts =
       "not a list of {from_step, world_size, micro_batch, threads} (whole numbers >= 0) and "
       "optimizer_sharded (true or false)";
@@ -1074,6 +1077,63 @@ TEST_CASE("report: a damaged hardware list, peak or rank count is refused by key
   refused("layouts", json::parse(R"([{"from_step":-1,"world_size":2,"micro_batch":0,"threads":0,
                            "optimizer_sharded":false}])"),
           layouts);
+}
+
+TEST_CASE("report: points run under one kernel request are timed against each other") {
+  // One command trained both on one GPU with `auto`: the MoE point resolved to another experts
+  // kernel (and, say, another attention kernel for its head width) than the dense baseline. Its
+  // time is still compared: each point ran at moeplan's own choice for it.
+  std::vector<json> recs = {record("dense", true, 1.0, 2.0), record("moe-a", false, 0.2, 1.8),
+                            record("moe-b", false, 0.3, 1.7)};
+  for (json& r : recs) {
+    r["device"] = "cuda";
+    r["hardware"] = json::array({"GPU X"});
+    r["kernels_requested"] = "";
+    r["threads_requested"] = 0;
+  }
+  recs[0]["kernels"] = "attention=fused_mma_lean,experts=tiled128";
+  recs[1]["kernels"] = "attention=fused_mma,experts=wgmma,router=tiled";
+  recs[2]["kernels"] = recs[0]["kernels"];
+  recs[2]["kernels_requested"] = "experts=tiled";  // asked for otherwise: not comparable
+  const std::string text = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::text);
+  CAPTURE(text);
+  const size_t times = text.find("train time vs dense");
+  CHECK(cells_of_row(text, "moe-a", times).back() == "1.00x");
+  CHECK(cells_of_row(text, "moe-b", times).back() == "-");
+  // The device column names what ran.
+  CHECK(row_of(text, "moe-a", times).find("cuda (GPU X) attention=fused_mma,experts=wgmma") !=
+        std::string::npos);
+  CHECK(text.find("under the same --kernels and --threads request (auto chooses for each "
+                  "point)") != std::string::npos);
+  // Records from before the request was kept are compared by the kernels that ran.
+  for (json& r : recs) {
+    r.erase("kernels_requested");
+    r.erase("threads_requested");
+  }
+  const std::string old = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::text);
+  const size_t t2 = old.find("train time vs dense");
+  CHECK(cells_of_row(old, "moe-a", t2).back() == "-");
+  CHECK(cells_of_row(old, "moe-b", t2).back() == "1.00x");
+  // So are a new record and an old one (a sweep whose baseline was trained before the request
+  // was kept): moe-b ran the baseline's kernels.
+  recs[2]["kernels_requested"] = "";
+  recs[2]["threads_requested"] = 0;
+  const std::string mixed = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::text);
+  CHECK(cells_of_row(mixed, "moe-b", mixed.find("train time vs dense")).back() == "1.00x");
+  // On the CPU, --threads 2 gives a small model one thread (its kernels say so) and a larger one
+  // two: one request, compared.
+  std::vector<json> cpu = {record("dense", true, 1.0, 2.0), record("moe-a", false, 0.2, 1.8)};
+  cpu[0]["kernels"] = "eigen-fp32, 2 threads";
+  cpu[1]["kernels"] = "eigen-fp32";
+  for (json& r : cpu) {
+    r["kernels_requested"] = "";
+    r["threads_requested"] = 2;
+  }
+  const std::string c = moeplan::render_run_report(cpu, "runs", moeplan::ReportFormat::text);
+  CHECK(cells_of_row(c, "moe-a", c.find("train time vs dense")).back() == "1.00x");
+  cpu[1]["threads_requested"] = 1;
+  const std::string c1 = moeplan::render_run_report(cpu, "runs", moeplan::ReportFormat::text);
+  CHECK(cells_of_row(c1, "moe-a", c1.find("train time vs dense")).back() == "-");
 }
 
 TEST_CASE("report: a point resumed in another layout (--elastic) is timed against nothing") {

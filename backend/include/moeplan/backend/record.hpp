@@ -26,6 +26,11 @@ struct RecordInputs {
   std::string status;  // "running" | "complete"
   std::string device;
   std::string kernels;  // Engine::kernels() of the run that wrote the record
+  // What that run asked for: --kernels as given ("" for auto, which resolves per point: head
+  // width, experts, GPU) and --threads (0: the default, which resolves per point on the cpu).
+  // Points run under one request are timed against each other whatever each resolved to.
+  std::string kernels_requested;
+  int threads_requested = 0;
   int world_size = 1;   // data-parallel ranks (devices) of the run that wrote the record
   int64_t pass_seqs = 0;  // sequences of one forward/backward pass on a rank (Engine::pass_seqs)
   bool optimizer_sharded = false;  // AdamW moments split over the data-parallel ranks
