@@ -732,7 +732,7 @@ std::vector<plot::Chart> charts_of(const std::vector<json>& records, const json*
     charts.push_back(std::move(c));
   }
   // Training time against r_a, beside the BPC chart: equal C is not equal time. Only records
-  // of the dense baseline's device label (the time table's rule).
+  // timed against the dense baseline (the time table's rule), named by what they share.
   if (dense && !moe.points.empty()) {
     plot::Series t{"MoE points", {}, true, false};
     for (const json& r : records)
@@ -740,13 +740,13 @@ std::vector<plot::Chart> charts_of(const std::vector<json>& records, const json*
         t.points.emplace_back(r["plan"].value("activation_rate", 0.0),
                               r.value("train_seconds", 0.0));
     if (!t.points.empty()) {
-      plot::Chart c{
-          fmt::format("Training time against the activation rate ({})", device_label(*dense)),
-          "activation rate r_a = N_a / N",
-          "training seconds",
-          {},
-          0,
-          "time-ra"};
+      plot::Chart c{fmt::format("Training time against the activation rate ({})",
+                                has_request(*dense) ? timing_label(*dense) : device_label(*dense)),
+                    "activation rate r_a = N_a / N",
+                    "training seconds",
+                    {},
+                    0,
+                    "time-ra"};
       const double d = dense->value("train_seconds", 0.0);
       c.series.push_back(plot::reference_line(t, fmt::format("dense baseline ({:.1f} s)", d), d));
       c.series.insert(c.series.end() - 1, std::move(t));

@@ -1100,6 +1100,10 @@ TEST_CASE("report: points run under one kernel request are timed against each ot
   const size_t times = text.find("train time vs dense");
   CHECK(cells_of_row(text, "moe-a", times).back() == "1.00x");
   CHECK(cells_of_row(text, "moe-b", times).back() == "-");
+  // The time chart names what its points share: the request.
+  CHECK(moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::html)
+            .find("Training time against the activation rate (cuda (GPU X) --kernels auto)") !=
+        std::string::npos);
   // The device column names what ran.
   CHECK(row_of(text, "moe-a", times).find("cuda (GPU X) attention=fused_mma,experts=wgmma") !=
         std::string::npos);
