@@ -999,14 +999,22 @@ TEST_CASE("replicates: points trained as an ablation are named with their folder
         std::string::npos);
 }
 
-TEST_CASE("report: MFU of a device whose peak is known; times of other hardware not compared") {
-  // record(): 5e5 FLOPs executed in 10 s. 1e5 of them padding: useful 4e5 in 10 s = 4e4 FLOP/s.
-  // On 2 ranks of a 1e5 FLOP/s peak each: 4e4 / 2 / 1e5 = 20.0 %.
+// A dense baseline and two MoE points, trained on one kind of GPU ("GPU X") with CUDA.
+std::vector<json> on_gpu_x() {
   std::vector<json> recs = {record("dense", true, 1.0, 2.0), record("moe-a", false, 0.2, 1.8),
                             record("moe-b", false, 0.3, 1.7)};
   for (json& r : recs) {
     r["device"] = "cuda";
     r["hardware"] = json::array({"GPU X"});
+  }
+  return recs;
+}
+
+TEST_CASE("report: MFU of a device whose peak is known; times of other hardware not compared") {
+  // record(): 5e5 FLOPs executed in 10 s. 1e5 of them padding: useful 4e5 in 10 s = 4e4 FLOP/s.
+  // On 2 ranks of a 1e5 FLOP/s peak each: 4e4 / 2 / 1e5 = 20.0 %.
+  std::vector<json> recs = on_gpu_x();
+  for (json& r : recs) {
     r["world_size"] = 2;
     r["peak_flops_per_second_per_device"] = 1e5;
     r["measured"]["flops"]["by_category"] = {{"padding", {{"forward", 1e5}}}};
@@ -1083,11 +1091,8 @@ TEST_CASE("report: points run under one kernel request are timed against each ot
   // One command trained both on one GPU with `auto`: the MoE point resolved to another experts
   // kernel (and, say, another attention kernel for its head width) than the dense baseline. Its
   // time is still compared: each point ran at moeplan's own choice for it.
-  std::vector<json> recs = {record("dense", true, 1.0, 2.0), record("moe-a", false, 0.2, 1.8),
-                            record("moe-b", false, 0.3, 1.7)};
+  std::vector<json> recs = on_gpu_x();
   for (json& r : recs) {
-    r["device"] = "cuda";
-    r["hardware"] = json::array({"GPU X"});
     r["kernels_requested"] = "";
     r["threads_requested"] = 0;
   }
@@ -1141,12 +1146,7 @@ TEST_CASE("report: points run under one kernel request are timed against each ot
 }
 
 TEST_CASE("report: a point resumed in another layout (--elastic) is timed against nothing") {
-  std::vector<json> recs = {record("dense", true, 1.0, 2.0), record("moe-a", false, 0.2, 1.8),
-                            record("moe-b", false, 0.3, 1.7)};
-  for (json& r : recs) {
-    r["device"] = "cuda";
-    r["hardware"] = json::array({"GPU X"});
-  }
+  std::vector<json> recs = on_gpu_x();
   // moe-b trained its first 7 steps on 2 ranks, the rest on 1: its label says where the layout
   // changed and it gets no ratio. Given to the dense baseline instead, no point gets one.
   recs[2]["layouts"] = json::parse(R"([
