@@ -608,9 +608,9 @@ const bool registered = register_command(
                     "parameters (ZeRO stage 1: 8 bytes a parameter become 8/N)");
        app.add_flag("--elastic", f->elastic,
                     "resume a checkpoint made with other data-parallel ranks (--nproc), "
-                    "--micro-batch passes, --shard-optimizer or CPU --threads, as a preempted "
-                    "job restarts on what it gets: the ledgers stay exact, the rest is not the "
-                    "bit-for-bit continuation, and the record keeps each layout");
+                    "--micro-batch passes, --shard-optimizer, kernels or CPU --threads, as a "
+                    "preempted job restarts on what it gets: the ledgers stay exact, the rest is "
+                    "not the bit-for-bit continuation, and the record keeps each layout");
        app.add_option("--nproc", f->nproc,
                       "cuda: train each point data-parallel over this many GPUs of this machine, "
                       "one rank process each (as torchrun would start them)")

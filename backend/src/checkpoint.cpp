@@ -34,7 +34,8 @@ nlohmann::json layouts_to_json(const std::vector<Layout>& layouts) {
                  {"world_size", l.world_size},
                  {"micro_batch", l.micro_batch_seqs},
                  {"threads", l.threads},
-                 {"optimizer_sharded", l.optimizer_sharded}});
+                 {"optimizer_sharded", l.optimizer_sharded},
+                 {"kernels", l.kernels}});
   return j;
 }
 
@@ -52,8 +53,11 @@ std::vector<Layout> layouts_from_json(const nlohmann::json& j) {
     };
     if (!e.contains("optimizer_sharded") || !e["optimizer_sharded"].is_boolean())
       throw InputError(fmt::format("layouts[{}]: 'optimizer_sharded' is not true or false", i));
+    if (!e.contains("kernels") || !e["kernels"].is_string())
+      throw InputError(fmt::format("layouts[{}]: 'kernels' is not a string", i));
     out.push_back({field("from_step", 0), field("world_size", 0), field("micro_batch", 0),
-                   field("threads", 0), e["optimizer_sharded"].get<bool>()});
+                   field("threads", 0), e["optimizer_sharded"].get<bool>(),
+                   e["kernels"].get<std::string>()});
   }
   return out;
 }

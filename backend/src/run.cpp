@@ -504,8 +504,9 @@ static bool writer_notice(const RunOptions& opt, const Engine& engine) {
 }
 
 // What differs between two layouts of a point's steps ("" if nothing does): data-parallel ranks,
-// passes (a request of the whole batch or more is one pass, as 0 is), on the cpu threads, and the
-// optimizer's sharding. A count the older checkpoint did not keep (0) is not compared.
+// passes (a request of the whole batch or more is one pass, as 0 is), on the cpu threads, the
+// optimizer's sharding and elsewhere the kernels the engine chose (a cpu's name only its threads).
+// What an older checkpoint did not keep (0, "") is not compared.
 static std::string layout_change(const Layout& was, const Layout& now, int64_t batch,
                                  const std::string& device) {
   std::vector<std::string> parts;
@@ -520,6 +521,8 @@ static std::string layout_change(const Layout& was, const Layout& now, int64_t b
   if (was.optimizer_sharded != now.optimizer_sharded)
     parts.push_back(fmt::format("--shard-optimizer {} -> {}", was.optimizer_sharded ? "on" : "off",
                                 now.optimizer_sharded ? "on" : "off"));
+  if (device != "cpu" && !was.kernels.empty() && was.kernels != now.kernels)
+    parts.push_back(fmt::format("kernels {} -> {}", was.kernels, now.kernels));
   return fmt::format("{}", fmt::join(parts, "; "));
 }
 
@@ -596,12 +599,14 @@ static void check_checkpoint_head(const CheckpointHead& h, const fs::path& ckpt_
         ckpt_path.string(), plan.id, *h.optimizer_sharded ? "with" : "without",
         opt.shard_optimizer ? "asks for" : "goes without",
         *h.optimizer_sharded ? "with" : "without", opt.shard_optimizer ? "with" : "without"));
-  if (h.kernels_requested && *h.kernels_requested != opt.kernels)
+  if (h.kernels_requested && *h.kernels_requested != opt.kernels && !opt.elastic)
     throw InputError(fmt::format(
         "checkpoint '{}' of point '{}' was trained with --kernels '{}', this run asks for '{}'; "
         "resume with --kernels '{}' (a point's kernels, and the record's `kernels`, are one "
-        "choice), or move the folder away to start the point over",
-        ckpt_path.string(), plan.id, *h.kernels_requested, opt.kernels, *h.kernels_requested));
+        "choice), add --elastic to go on with '{}' (not the bit-for-bit continuation), or move "
+        "the folder away to start the point over",
+        ckpt_path.string(), plan.id, *h.kernels_requested, opt.kernels, *h.kernels_requested,
+        opt.kernels));
 }
 
 std::string record_remedy(const Plan& plan, const nlohmann::json& plan_json,
@@ -977,11 +982,12 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
                            ck.state.optimizer_sharded, ck.state.world_size},
                           ckpt_path, plan, plan_json, train, opt);
     // The same request may resolve otherwise (`auto` on another GPU, another cuBLASLt).
-    if (!ck.state.kernels.empty() && ck.state.kernels != engine->kernels())
+    if (!ck.state.kernels.empty() && ck.state.kernels != engine->kernels() && !opt.elastic)
       throw InputError(fmt::format(
           "checkpoint '{}' of point '{}' was trained with kernels '{}', this run's engine chose "
-          "'{}'; resume where the same kernels are chosen (--kernels naming each), or move the "
-          "folder away to start the point over",
+          "'{}'; resume where the same kernels are chosen (--kernels naming each), add --elastic "
+          "to go on with these (not the bit-for-bit continuation), or move the folder away to "
+          "start the point over",
           ckpt_path.string(), plan.id, ck.state.kernels, engine->kernels()));
     // Every rank reads the same checkpoint, so every rank refuses alike.
     if (ck.state.world_size > 0 && ck.state.world_size != engine->world_size() && !opt.elastic)
@@ -1012,10 +1018,18 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
   }
   // The layout this session trains in against the checkpoint's: another one only under
   // --elastic (refused above otherwise), said and kept from the step it starts at.
-  const Layout was{0, st.world_size, st.micro_batch_seqs, st.threads,
-                   st.optimizer_sharded.value_or(opt.shard_optimizer)};
-  const Layout now{st.step, engine->world_size(), opt.micro_batch_seqs, engine->threads(),
-                   opt.shard_optimizer};
+  const Layout was{.from_step = 0,
+                   .world_size = st.world_size,
+                   .micro_batch_seqs = st.micro_batch_seqs,
+                   .threads = st.threads,
+                   .optimizer_sharded = st.optimizer_sharded.value_or(opt.shard_optimizer),
+                   .kernels = st.kernels};
+  const Layout now{.from_step = st.step,
+                   .world_size = engine->world_size(),
+                   .micro_batch_seqs = opt.micro_batch_seqs,
+                   .threads = engine->threads(),
+                   .optimizer_sharded = opt.shard_optimizer,
+                   .kernels = engine->kernels()};
   if (const std::string moved = layout_change(was, now, plan.budget.batch_seqs, opt.device);
       st.step > 0 && !moved.empty()) {
     if (st.layouts.empty()) st.layouts.push_back(was);

@@ -886,11 +886,12 @@ void check_record(const json& r, const fs::path& f) {
     if (!l.is_array() || !std::all_of(l.begin(), l.end(), [&](const json& e) {
           return whole(e, "from_step", 0) && whole(e, "world_size", 0) &&
                  whole(e, "micro_batch", 0) && whole(e, "threads", 0) &&
-                 e.contains("optimizer_sharded") && e["optimizer_sharded"].is_boolean();
+                 e.contains("optimizer_sharded") && e["optimizer_sharded"].is_boolean() &&
+                 e.contains("kernels") && e["kernels"].is_string();
         }))
       fail("layouts",
-           "not a list of {from_step, world_size, micro_batch, threads} (whole numbers >= 0) "
-           "and optimizer_sharded (true or false)");
+           "not a list of {from_step, world_size, micro_batch, threads} (whole numbers >= 0), "
+           "optimizer_sharded (true or false) and kernels (a string)");
   }
   if (r.is_object() && r.contains("peak_flops_per_second_per_device")) {
     const json& p = r["peak_flops_per_second_per_device"];

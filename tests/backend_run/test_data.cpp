@@ -364,24 +364,28 @@ TEST_CASE(
     "layouts from JSON: each entry's four whole numbers and sharding, or a refusal naming it") {
   const auto back = layouts_from_json(
       nlohmann::json::parse(R"([{"from_step":0,"world_size":2,"micro_batch":0,"threads":1,
-                                 "optimizer_sharded":true},
+                                 "optimizer_sharded":true,"kernels":"k"},
                                 {"from_step":9,"world_size":1,"micro_batch":3,"threads":1,
-                                 "optimizer_sharded":true}])"));
+                                 "optimizer_sharded":true,"kernels":"k"}])"));
   REQUIRE(back.size() == 2);
-  CHECK(back[1] == Layout{9, 1, 3, 1, true});
+  CHECK(back[1] == Layout{9, 1, 3, 1, true, "k"});
   CHECK(layouts_to_json(back)[1] ==
         nlohmann::json::parse(R"({"from_step":9,"world_size":1,"micro_batch":3,"threads":1,
-                                  "optimizer_sharded":true})"));
+                                  "optimizer_sharded":true,"kernels":"k"})"));
   CHECK_THROWS_WITH_AS(layouts_from_json(nlohmann::json::object()), "layouts: not a list",
                        moeplan::InputError);
   CHECK_THROWS_WITH_AS(layouts_from_json(nlohmann::json::parse(
                            R"([{"from_step":0,"world_size":2,"micro_batch":0,"threads":0,
-               "optimizer_sharded":true},
+               "optimizer_sharded":true,"kernels":"k"},
               {"from_step":3,"world_size":1,"micro_batch":0,"threads":0}])")),
                        "layouts[1]: 'optimizer_sharded' is not true or false", moeplan::InputError);
   CHECK_THROWS_WITH_AS(layouts_from_json(nlohmann::json::parse(
+                           R"([{"from_step":0,"world_size":2,"micro_batch":0,"threads":0,
+                               "optimizer_sharded":true,"kernels":7}])")),
+                       "layouts[0]: 'kernels' is not a string", moeplan::InputError);
+  CHECK_THROWS_WITH_AS(layouts_from_json(nlohmann::json::parse(
                            R"([{"from_step":-2,"world_size":2,"micro_batch":0,"threads":0,
-                               "optimizer_sharded":false}])")),
+                               "optimizer_sharded":false,"kernels":""}])")),
                        "layouts[0]: 'from_step' is not a whole number of at least 0",
                        moeplan::InputError);
 }
@@ -419,7 +423,7 @@ TEST_CASE("checkpoint round trip; a flipped byte is detected") {
   ck.state.kernels = "attention=fused_mma,experts=tiled";
   ck.state.world_size = 4;
   ck.state.hardware = {"GPU A", "GPU B"};
-  ck.state.layouts = {{0, 8, 0, 0, true}, {5, 4, 6, 0, false}};
+  ck.state.layouts = {{0, 8, 0, 0, true, "a"}, {5, 4, 6, 0, false, "b"}};
   ck.state.optimizer_sharded = false;
   write_checkpoint(dir / "s.ckpt", ck);
   const Checkpoint back = read_checkpoint(dir / "s.ckpt");

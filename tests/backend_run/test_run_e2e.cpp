@@ -1535,13 +1535,15 @@ TEST_CASE("a record gives its MFU only for one kind of hardware whose peak is kn
   // so no MFU. Passes changed alone (2 ranks throughout): the devices' seconds are whole, the
   // MFU stands.
   in.peak_flops_per_second = 1e9;
-  st.layouts = {{0, 4, 0, 0}, {7, 2, 0, 0}};
+  st.layouts = {{0, 4, 0, 0, false, ""}, {7, 2, 0, 0, false, ""}};
   r = make_record(in);
   CHECK(r["layouts"] == json::parse(R"([
-      {"from_step":0,"world_size":4,"micro_batch":0,"threads":0,"optimizer_sharded":false},
-      {"from_step":7,"world_size":2,"micro_batch":0,"threads":0,"optimizer_sharded":false}])"));
+      {"from_step":0,"world_size":4,"micro_batch":0,"threads":0,"optimizer_sharded":false,
+       "kernels":""},
+      {"from_step":7,"world_size":2,"micro_batch":0,"threads":0,"optimizer_sharded":false,
+       "kernels":""}])"));
   CHECK_FALSE(r.contains("mfu"));
-  st.layouts = {{0, 2, 0, 0}, {7, 2, 3, 0}};
+  st.layouts = {{0, 2, 0, 0, false, ""}, {7, 2, 3, 0, false, ""}};
   r = make_record(in);
   CHECK(r["layouts"][1]["micro_batch"] == 3);
   CHECK(r["mfu"].get<double>() == doctest::Approx(0.25).epsilon(1e-12));
@@ -2284,13 +2286,15 @@ TEST_CASE("WORLD_SIZE=2 (emulated): SIGINT to one rank stops both at one step; r
     const json ra = record(dir / "a", "moe-i"), re = record(dir / "e", "moe-i");
     CHECK(re["status"] == "complete");
     CHECK(re["world_size"] == 1);
-    CHECK(re["layouts"] == json::parse(fmt::format(R"([
+    // The same kernels on one rank as on two ('auto' chooses by the model and the device).
+    CHECK(re["layouts"] ==
+          json::parse(fmt::format(R"([
               {{"from_step":0,"world_size":2,"micro_batch":0,"threads":0,
-                "optimizer_sharded":false}},
+                "optimizer_sharded":false,"kernels":{}}},
               {{"from_step":{},"world_size":1,"micro_batch":0,"threads":0,
-                "optimizer_sharded":false}}
+                "optimizer_sharded":false,"kernels":{}}}
             ])",
-                                                   c.state.step)));
+                                  ra["kernels"].dump(), c.state.step, ra["kernels"].dump())));
     // Every window once per epoch across the ranks and then the one: the uninterrupted run's
     // token ledger. Its products' useful FLOPs too; only the tiles' padding follows the passes.
     CHECK(re["measured"]["tokens"] == ra["measured"]["tokens"]);
@@ -2305,6 +2309,35 @@ TEST_CASE("WORLD_SIZE=2 (emulated): SIGINT to one rank stops both at one step; r
     const double le = re["loss_curve"].back()["train_loss"].get<double>();
     MESSAGE("final train loss: ", la, " uninterrupted on 2 ranks, ", le, " resumed on 1");
     CHECK(le == doctest::Approx(la).epsilon(1e-4));
+  }
+
+  {  // Other kernels on the same two ranks (another GPU where `auto` chooses otherwise, or another
+     // --kernels): refused, then under --elastic kept as a layout of their own.
+    fs::copy(dir / "b", dir / "k", fs::copy_options::recursive);
+    std::vector<std::string> other = args("k");
+    other.insert(other.end(), {"--kernels", "experts=grouped"});
+    const auto no = wait_ranks(spawn_ranks(other, dir, "k"), dir, "k");
+    CHECK(no[0] == 2);
+    CHECK_MESSAGE(read_file(dir / "k0.err").find("add --elastic to go on with 'experts=grouped'") !=
+                      std::string::npos,
+                  read_file(dir / "k0.err"));
+    other.push_back("--elastic");
+    const auto go = wait_ranks(spawn_ranks(other, dir, "l"), dir, "l");
+    REQUIRE(go[0] == 0);
+    REQUIRE(go[1] == 0);
+    const json ra = record(dir / "a", "moe-i"), rk = record(dir / "k", "moe-i");
+    const std::string was = ra["kernels"].get<std::string>(),
+                      now = rk["kernels"].get<std::string>();
+    CHECK(now.find("experts=grouped") != std::string::npos);
+    CHECK_MESSAGE(read_file(dir / "l0.out")
+                          .find(fmt::format("in another layout (kernels {} -> {}): the steps from "
+                                            "here sum in another order, so",
+                                            was, now)) != std::string::npos,
+                  read_file(dir / "l0.out"));
+    REQUIRE(rk["layouts"].size() == 2);
+    CHECK(rk["layouts"][0]["kernels"] == was);
+    CHECK(rk["layouts"][1]["kernels"] == now);
+    CHECK(rk["measured"]["tokens"] == ra["measured"]["tokens"]);
   }
 
   const auto again = wait_ranks(spawn_ranks(args("b"), dir, "c"), dir, "c");

@@ -1075,15 +1075,15 @@ TEST_CASE("report: a damaged hardware list, peak or rank count is refused by key
   refused("threads_requested", -1, "not a whole number >= 0");
   refused("threads_requested", "2", "not a whole number >= 0");
   const char* layouts =
-      "not a list of {from_step, world_size, micro_batch, threads} (whole numbers >= 0) and "
-      "optimizer_sharded (true or false)";
+      "not a list of {from_step, world_size, micro_batch, threads} (whole numbers >= 0), "
+      "optimizer_sharded (true or false) and kernels (a string)";
   refused("layouts", json::object(), layouts);
   refused("layouts", json::parse(R"([{"from_step":0,"world_size":2,"micro_batch":0}])"), layouts);
   refused("layouts", json::parse(R"([{"from_step":0,"world_size":2,"micro_batch":0,"threads":0,
                            "optimizer_sharded":1}])"),
           layouts);
   refused("layouts", json::parse(R"([{"from_step":-1,"world_size":2,"micro_batch":0,"threads":0,
-                           "optimizer_sharded":false}])"),
+                           "optimizer_sharded":false,"kernels":""}])"),
           layouts);
 }
 
@@ -1150,8 +1150,10 @@ TEST_CASE("report: a point resumed in another layout (--elastic) is timed agains
   // moe-b trained its first 7 steps on 2 ranks, the rest on 1: its label says where the layout
   // changed and it gets no ratio. Given to the dense baseline instead, no point gets one.
   recs[2]["layouts"] = json::parse(R"([
-      {"from_step":0,"world_size":2,"micro_batch":0,"threads":0,"optimizer_sharded":false},
-      {"from_step":7,"world_size":1,"micro_batch":0,"threads":0,"optimizer_sharded":false}])");
+      {"from_step":0,"world_size":2,"micro_batch":0,"threads":0,"optimizer_sharded":false,
+       "kernels":"k"},
+      {"from_step":7,"world_size":1,"micro_batch":0,"threads":0,"optimizer_sharded":false,
+       "kernels":"k"}])");
   const std::string text = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::text);
   CAPTURE(text);
   const size_t times = text.find("train time vs dense");

@@ -20,15 +20,17 @@ namespace moeplan::backend {
 
 // How a run's steps were laid out over devices and passes from one step on: the data-parallel
 // ranks, the --micro-batch asked for (0: one pass), the CPU threads (0: not a CPU run, or not
-// recorded) and whether the AdamW state was sharded over the ranks (--shard-optimizer: the
-// gradient norm then sums per chunk). They change only at a resume under `moeplan run
-// --elastic`; RunState::layouts keeps each, the first from step 0.
+// recorded), whether the AdamW state was sharded over the ranks (--shard-optimizer: the
+// gradient norm then sums per chunk) and the kernels the engine chose (Engine::kernels(); "" not
+// recorded). They change only at a resume under `moeplan run --elastic`; RunState::layouts keeps
+// each, the first from step 0.
 struct Layout {
   int64_t from_step = 0;
   int64_t world_size = 0;
   int64_t micro_batch_seqs = 0;
   int64_t threads = 0;
   bool optimizer_sharded = false;
+  std::string kernels;
   bool operator==(const Layout&) const = default;
 };
 
@@ -97,9 +99,9 @@ struct CheckpointHead {
   int64_t world_size = 0;
 };
 
-// Layouts as JSON objects {from_step, world_size, micro_batch, threads, optimizer_sharded}, as
-// checkpoints and records keep them; from_json refuses what is not that (InputError naming the
-// entry).
+// Layouts as JSON objects {from_step, world_size, micro_batch, threads, optimizer_sharded,
+// kernels}, as checkpoints and records keep them; from_json refuses what is not that (InputError
+// naming the entry).
 nlohmann::json layouts_to_json(const std::vector<Layout>& layouts);
 std::vector<Layout> layouts_from_json(const nlohmann::json& j);
 

@@ -42,9 +42,9 @@ struct RunOptions {
   std::string kernels;                               // EngineRequest::kernels
   int64_t micro_batch_seqs = 0;  // ModelOptions::micro_batch_seqs (0: one pass a step)
   bool shard_optimizer = false;  // EngineRequest::shard_optimizer
-  // A checkpoint made with other data-parallel ranks, --micro-batch passes, optimizer sharding or
-  // CPU threads resumes (RunState::layouts keeps each layout; not the bit-for-bit continuation)
-  // instead of being refused.
+  // A checkpoint made with other data-parallel ranks, --micro-batch passes, optimizer sharding,
+  // kernels or CPU threads resumes (RunState::layouts keeps each layout; not the bit-for-bit
+  // continuation) instead of being refused.
   bool elastic = false;
   // The data-parallel ranks the run will have, where known before an engine is built (the
   // launcher's --nproc, a rank's WORLD_SIZE, else 1): a checkpoint of another count is refused
