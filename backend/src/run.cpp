@@ -176,12 +176,18 @@ std::string diverged_message(const std::string& id, const StepResult& r, const M
       remedy);
 }
 
+// The sequences of one pass that `--micro-batch m` asks for of a batch of `batch`: the whole
+// batch for 0 or for a request of the batch or more (--micro-batch 16 or 100 of a batch of 16 is
+// 0's one pass).
+int64_t pass_of(int64_t m, int64_t batch) {
+  return m > 0 ? std::min(m, batch) : batch;
+}
+
 }  // namespace
 
 int cpu_threads_of(const Plan& plan, const RunOptions& opt) {
-  const int64_t batch = plan.budget.batch_seqs;
-  const int64_t pass = opt.micro_batch_seqs > 0 ? std::min(opt.micro_batch_seqs, batch) : batch;
-  return cpu_threads_for(plan.arch, pass, opt.threads);
+  return cpu_threads_for(plan.arch, pass_of(opt.micro_batch_seqs, plan.budget.batch_seqs),
+                         opt.threads);
 }
 
 std::optional<std::string> data_parallel_world() {
@@ -512,8 +518,7 @@ static std::string layout_change(const Layout& was, const Layout& now, int64_t b
   std::vector<std::string> parts;
   if (was.world_size > 0 && was.world_size != now.world_size)
     parts.push_back(fmt::format("data-parallel ranks {} -> {}", was.world_size, now.world_size));
-  const auto pass = [batch](int64_t m) { return m > 0 ? std::min(m, batch) : batch; };
-  if (pass(was.micro_batch_seqs) != pass(now.micro_batch_seqs))
+  if (pass_of(was.micro_batch_seqs, batch) != pass_of(now.micro_batch_seqs, batch))
     parts.push_back(
         fmt::format("--micro-batch {} -> {}", was.micro_batch_seqs, now.micro_batch_seqs));
   if (device == "cpu" && was.threads > 0 && was.threads != now.threads)
@@ -565,13 +570,9 @@ static void check_checkpoint_head(const CheckpointHead& h, const fs::path& ckpt_
         "to start the point over",
         ckpt_path.string(), plan.id, h.device, opt.device, h.device));
   // Passes decide the auxiliary losses, not only rounding: a resume runs the same ones. (The
-  // request is compared, not a rank's pass: ranks of an uneven split run different passes. A
-  // request of the whole batch or more is the whole batch: --micro-batch 16 or 100 of a batch
-  // of 16 is 0's one pass.)
+  // request is compared, not a rank's pass: ranks of an uneven split run different passes.)
   const int64_t batch = plan.budget.batch_seqs;
-  const auto pass = [batch](int64_t m) { return m > 0 ? std::min(m, batch) : batch; };
-  const int64_t pass_now = pass(opt.micro_batch_seqs);
-  if (pass(h.micro_batch_seqs) != pass_now && !opt.elastic)
+  if (pass_of(h.micro_batch_seqs, batch) != pass_of(opt.micro_batch_seqs, batch) && !opt.elastic)
     throw InputError(fmt::format(
         "checkpoint '{}' of point '{}' was trained with --micro-batch {}, this run asks for {}; "
         "resume with --micro-batch {}, or add --elastic to go on in the new passes (not the "
@@ -1037,7 +1038,8 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
     // Each rank's passes change with the rank count or --micro-batch; the auxiliary losses are
     // taken per pass.
     const bool passes =
-        was.world_size != now.world_size || was.micro_batch_seqs != now.micro_batch_seqs;
+        was.world_size != now.world_size ||
+        pass_of(was.micro_batch_seqs, batch) != pass_of(now.micro_batch_seqs, batch);
     if (writer_notice(opt, *engine))
       opt.on_notice(fmt::format(
           "resuming at step {} in another layout ({}): the steps from here sum in another "
