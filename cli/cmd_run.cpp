@@ -94,6 +94,7 @@ struct RunFlags {
   int64_t micro_batch = 0;
   bool shard_optimizer = false;
   bool elastic = false;
+  std::string peak_tflops;          // given: one device's peak for MFU, in TFLOP/s
   std::optional<int64_t> estimate;  // given: time this many steps a point, train nothing
 };
 
@@ -168,11 +169,33 @@ std::string duration(double seconds) {
 }
 
 // " (MFU 41.2 % of the device peak)" for a FLOP rate where the devices' dense peak is known (the
-// rate and the peak both of all the job's devices); "" otherwise (a CPU, a GPU of unknown peak).
-std::string mfu_text(double flops_per_second, double peak_flops_per_second) {
+// rate and the peak both of all the job's devices), " (MFU 41.2 % of the given peak)" where
+// --peak-tflops gave it; "" otherwise (a CPU, a GPU of unknown peak). Over 100 % of a given peak
+// the line asks whether the figure was one device's in TFLOP/s.
+std::string mfu_text(double flops_per_second, double peak_flops_per_second, bool given) {
   if (!(peak_flops_per_second > 0)) return "";
-  return fmt::format(" (MFU {:.1f} % of the device peak)",
-                     100 * flops_per_second / peak_flops_per_second);
+  const double mfu = flops_per_second / peak_flops_per_second;
+  return fmt::format(" (MFU {:.1f} % of the {} peak{})", 100 * mfu, given ? "given" : "device",
+                     given && mfu > 1 ? ": over 100 %; is --peak-tflops one device's peak in "
+                                        "TFLOP/s?"
+                                      : "");
+}
+
+// --peak-tflops: one device's peak in TFLOP/s, > 0. Above 10^5 (100 PFLOP/s, a hundred times any
+// GPU's dense bf16 peak) it was written in FLOP/s or for many devices: refused, not taken.
+double peak_tflops_of(const std::string& text) {
+  const double v = parse_quantity(text, "--peak-tflops");
+  if (!(v > 0))
+    throw InputError(fmt::format(
+        "--peak-tflops {} must be > 0: one device's dense peak in TFLOP/s for the products' "
+        "precision (e.g. 989, an H200's in bf16)",
+        text));
+  if (v > 1e5)
+    throw InputError(fmt::format(
+        "--peak-tflops {} is no device's peak in TFLOP/s (at most 1e5 is taken): give one "
+        "device's in TFLOP/s, e.g. 989 for an H200 in bf16, not FLOP/s or a job's",
+        text));
+  return v;
 }
 
 // Rewritten in place on a terminal; plain lines about every 10 % or 30 s otherwise.
@@ -194,7 +217,8 @@ class ProgressPrinter {
         "FLOP/s [exact/causal]{}  ETA {}",
         label_, p.step, p.steps, human(double(p.tokens_consumed)), p.train_loss,
         human(p.tokens_per_second), human(p.flops_per_second),
-        mfu_text(p.flops_per_second, p.peak_flops_per_second), duration(p.eta_seconds));
+        mfu_text(p.flops_per_second, p.peak_flops_per_second, p.peak_given),
+        duration(p.eta_seconds));
     if (tty_) {
       fmt::print("\r\033[K{}", line);
       if (last) fmt::print("\n");
@@ -278,6 +302,7 @@ int run(const RunFlags& f) {
     throw InputError(fmt::format(
         "--micro-batch {} must be >= 1 (or 0: the whole batch in one pass)", f.micro_batch));
   backend::RunOptions opt;
+  if (!f.peak_tflops.empty()) opt.peak_tflops = peak_tflops_of(f.peak_tflops);
   opt.out_dir = f.out;
   opt.device = f.device.empty() ? m.train.device : f.device;
   opt.checkpoint_every = f.checkpoint_every;
@@ -461,7 +486,7 @@ int run(const RunFlags& f) {
             e.eval_seconds, duration(e.seconds()),
             human(double(e.tokens_per_step) / e.step_seconds),
             human(e.flops_per_step / e.step_seconds),
-            mfu_text(e.flops_per_step / e.step_seconds, e.peak_flops_per_second));
+            mfu_text(e.flops_per_step / e.step_seconds, e.peak_flops_per_second, e.peak_given));
         estimated_seconds += e.seconds();
         ++estimated;
         break;
@@ -524,9 +549,11 @@ int run(const RunFlags& f) {
             r.value("final_val_bpc", 0.0), human(double(tok.at("consumed").get<int64_t>())),
             human(double(tok.at("unique").get<int64_t>())), tok.at("epochs").get<double>(),
             human(c), c_label, r.at("wall_seconds").get<double>(),
-            r.contains("mfu") ? fmt::format(" (training at MFU {:.1f} % [exact/causal])",
-                                            100 * r.at("mfu").get<double>())
-                              : "",
+            r.contains("mfu")
+                ? fmt::format(" (training at MFU {:.1f} % [exact/causal]{})",
+                              100 * r.at("mfu").get<double>(),
+                              r.value("peak_source", "") == "given" ? " of the given peak" : "")
+                : "",
             out.record_path.string());
         break;
       }
@@ -611,6 +638,12 @@ const bool registered = register_command(
                     "--micro-batch passes, --shard-optimizer, kernels or CPU --threads, as a "
                     "preempted job restarts on what it gets: the ledgers stay exact, the rest is "
                     "not the bit-for-bit continuation, and the record keeps each layout");
+       app.add_option("--peak-tflops", f->peak_tflops,
+                      "one device's peak in TFLOP/s that MFU is measured against, for a CPU or "
+                      "a GPU whose peak moeplan does not know, or in place of the maker's "
+                      "(default: the maker's dense bf16 peak of an H100 or H200; none on a CPU); "
+                      "the record says it was given")
+           ->check(non_empty_value());
        app.add_option("--nproc", f->nproc,
                       "cuda: train each point data-parallel over this many GPUs of this machine, "
                       "one rank process each (as torchrun would start them)")

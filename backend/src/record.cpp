@@ -124,7 +124,8 @@ nlohmann::json make_record(const RecordInputs& in) {
   rec["achieved_flops_per_second_per_device"] = per_device;
   // What trained it, each session's hardware in order (RunState::hardware); and, where all of it
   // ran on one kind whose peak is known, the model FLOP utilisation: the rate above (exact/causal,
-  // padding and recompute left out) over the maker's dense peak of one device.
+  // padding and recompute left out) over the maker's dense peak of one device, or the peak the
+  // run was given (--peak-tflops): peak_source says which.
   rec["hardware"] = st.hardware;
   // Resumed in other layouts (--elastic): each, from the step it began at. Over other rank
   // counts, the seconds above were not spent on world_size devices throughout: no MFU.
@@ -135,6 +136,7 @@ nlohmann::json make_record(const RecordInputs& in) {
   }
   if (in.peak_flops_per_second > 0 && st.hardware.size() == 1 && one_world) {
     rec["peak_flops_per_second_per_device"] = in.peak_flops_per_second;
+    rec["peak_source"] = in.peak_given ? "given" : "built-in";
     rec["mfu"] = per_device / in.peak_flops_per_second;
   }
   return rec;

@@ -337,14 +337,22 @@ WindowOrder training_order(int64_t windows, const TrainSettings& train) {
   return WindowOrder(windows, mix_seed(train.seed, 0xDA7A));
 }
 
-// Time `n` steps after one warm-up step (the first steps pay one-off set-up: allocations, cuBLAS's
-// per-shape choices) on the point's first batches, and one evaluation; the model is thrown away.
-// `record`: an interrupted point's record (null when none), whose steps are done already.
-// At most the plan's steps are timed (a point of 156 steps is not timed over 1000); Ctrl-C
-// (`stop`, agreed across ranks as training does) ends the timing at the next step.
+// One device's peak FLOP rate that MFU is measured against: the one given (--peak-tflops), else
+// the engine's (the maker's dense peak where it knows the device; 0 where it does not).
+double peak_per_device(const Engine& engine, const RunOptions& opt) {
+  return opt.peak_tflops > 0 ? opt.peak_tflops * 1e12 : engine.peak_flops_per_second();
+}
+
+// Time opt.estimate_steps steps after one warm-up step (the first steps pay one-off set-up:
+// allocations, cuBLAS's per-shape choices) on the point's first batches, and one evaluation; the
+// model is thrown away. `record`: an interrupted point's record (null when none), whose steps are
+// done already. At most the plan's steps are timed (a point of 156 steps is not timed over 1000);
+// Ctrl-C (opt.stop, agreed across ranks as training does) ends the timing at the next step.
 Estimate estimate_point(Engine& engine, const Plan& plan, const DataSplit& data,
-                        const TrainSettings& train, int64_t n, const nlohmann::json& record,
-                        const std::atomic<int>* stop) {
+                        const TrainSettings& train, const RunOptions& opt,
+                        const nlohmann::json& record) {
+  const int64_t n = opt.estimate_steps;
+  const std::atomic<int>* stop = opt.stop;
   const Budget& b = plan.budget;
   const int64_t seq_len = b.seq_len, batch = b.batch_seqs;
   const int64_t windows = b.tokens_unique / seq_len;
@@ -355,9 +363,10 @@ Estimate estimate_point(Engine& engine, const Plan& plan, const DataSplit& data,
   std::vector<int32_t> inputs(size_t(batch * seq_len)), targets(size_t(batch * seq_len));
   std::vector<double> secs;
   Estimate e;
-  e.peak_flops_per_second = engine.peak_flops_per_second() * engine.world_size();
-  n = std::min(n, b.steps);
-  for (int64_t i = 0; i <= n; ++i) {
+  e.peak_flops_per_second = peak_per_device(engine, opt) * engine.world_size();
+  e.peak_given = opt.peak_tflops > 0;
+  const int64_t timed = std::min(n, b.steps);
+  for (int64_t i = 0; i <= timed; ++i) {
     if (engine.any_rank(stop && stop->load() != 0)) {
       e.interrupted = true;
       return e;
@@ -369,7 +378,7 @@ Estimate estimate_point(Engine& engine, const Plan& plan, const DataSplit& data,
     e.flops_per_step = double(r.flops.useful());  // C [exact/causal]: padding, recompute out
   }
   std::sort(secs.begin(), secs.end());
-  e.steps_timed = n;
+  e.steps_timed = timed;
   e.step_seconds = secs[secs.size() / 2];
   const auto e0 = Clock::now();
   evaluate(engine, data, seq_len, eval_windows_for(plan, train), 0);
@@ -924,8 +933,7 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
   if (estimating) {
     outcome.status = PointStatus::estimated;
     outcome.wrote_files = engine->writes_files();
-    outcome.estimate =
-        estimate_point(*engine, plan, data, train, opt.estimate_steps, outcome.record, opt.stop);
+    outcome.estimate = estimate_point(*engine, plan, data, train, opt, outcome.record);
     return outcome;
   }
 
@@ -1080,7 +1088,8 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
   rin.kernels_requested = opt.kernels;
   rin.threads_requested = opt.threads;
   rin.world_size = engine->world_size();
-  rin.peak_flops_per_second = engine->peak_flops_per_second();
+  rin.peak_flops_per_second = peak_per_device(*engine, opt);
+  rin.peak_given = opt.peak_tflops > 0;
   rin.pass_seqs = engine->pass_seqs();
   rin.optimizer_sharded = opt.shard_optimizer;
   rin.params = params;
@@ -1135,7 +1144,8 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
   Progress progress;
   progress.point_id = plan.id;
   progress.steps = steps;
-  progress.peak_flops_per_second = engine->peak_flops_per_second() * engine->world_size();
+  progress.peak_flops_per_second = peak_per_device(*engine, opt) * engine->world_size();
+  progress.peak_given = opt.peak_tflops > 0;
 
   while (st.step < steps) {
     if (engine->any_rank(opt.stop && opt.stop->load() != 0)) {

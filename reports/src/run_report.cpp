@@ -502,13 +502,15 @@ bool same_timing(const json& a, const json& b) {
                                           : device_label(a) == device_label(b);
 }
 
-// The useful FLOP rate of one device over the maker's dense peak the record names (the CUDA
-// engine's bf16 tensor peak, where known; given only for a run on one kind of hardware).
+// The useful FLOP rate of one device over the peak the record names (the CUDA engine's bf16
+// tensor peak, where known, or one given to `moeplan run --peak-tflops`, marked "(given)"; a
+// record has one only for a run on one kind of hardware).
 std::string mfu_cell(const json& r, double useful_per_second) {
   const double peak = r.value("peak_flops_per_second_per_device", 0.0);
   const int w = r.value("world_size", 1);
   if (!(peak > 0) || !(useful_per_second > 0)) return "-";
-  return fmt::format("{:.1f}%", 100 * useful_per_second / double(w) / peak);
+  return fmt::format("{:.1f}%{}", 100 * useful_per_second / double(w) / peak,
+                     r.value("peak_source", "") == "given" ? " (given)" : "");
 }
 
 std::vector<std::string> time_row_of(const json& r, const json* dense, bool with_mfu) {
@@ -898,6 +900,11 @@ void check_record(const json& r, const fs::path& f) {
     if (!p.is_number() || !(p.get<double>() > 0) || !std::isfinite(p.get<double>()))
       fail("peak_flops_per_second_per_device", "not a FLOP rate > 0");
   }
+  if (r.is_object() && r.contains("peak_source")) {
+    const json& p = r["peak_source"];
+    if (!p.is_string() || (p != "built-in" && p != "given"))
+      fail("peak_source", "not \"built-in\" (the maker's) or \"given\" (--peak-tflops)");
+  }
   if (r.is_object() && r.contains("sweep_tolerances")) {
     const json& t = r["sweep_tolerances"];
     for (const char* k : {"n", "compute"})
@@ -1104,9 +1111,13 @@ std::string render_run_report(const std::vector<json>& given, const std::string&
     t.add_column(h,
                  h == "point" || h == "status" ? TextTable::Align::left : TextTable::Align::right);
   for (const auto& row : rows) t.add_row(row);
-  // The MFU column only where some record names its devices' peak (none does on a CPU).
+  // The MFU column only where some record names its devices' peak (none does on a CPU unless
+  // given one).
   const bool with_mfu = std::any_of(records.begin(), records.end(), [](const json& r) {
     return r.value("peak_flops_per_second_per_device", 0.0) > 0;
+  });
+  const bool any_given = std::any_of(records.begin(), records.end(), [](const json& r) {
+    return r.value("peak_source", "") == "given" && r.contains("peak_flops_per_second_per_device");
   });
   std::vector<std::string> time_headers = kTimeHeaders;
   if (with_mfu) time_headers.push_back("MFU [exact/causal useful, of the device peak]");
@@ -1128,7 +1139,8 @@ std::string render_run_report(const std::vector<json>& given, const std::string&
       "other hardware or in another layout has none" +
       std::string(with_mfu ? ". MFU: the useful rate of one device over its maker's dense peak "
                              "for the products' precision (bf16 on a GPU), where known"
-                           : "");
+                           : "") +
+      std::string(any_given ? "; (given): over the peak given to moeplan run --peak-tflops" : "");
   const std::string verdict = verdict_of(records, dense, audit);
   // Markdown's heading is the first sentence; the rest is a paragraph under it.
   const std::string heading =

@@ -1549,6 +1549,77 @@ TEST_CASE("a record gives its MFU only for one kind of hardware whose peak is kn
   CHECK(r["mfu"].get<double>() == doctest::Approx(0.25).epsilon(1e-12));
   st.layouts.clear();
   CHECK_FALSE(make_record(in).contains("layouts"));
+  // Which peak it is: the maker's, or one given (--peak-tflops).
+  CHECK(make_record(in)["peak_source"] == "built-in");
+  in.peak_given = true;
+  CHECK(make_record(in)["peak_source"] == "given");
+  in.peak_flops_per_second = 0;
+  CHECK_FALSE(make_record(in).contains("peak_source"));
+}
+
+TEST_CASE("moeplan run --peak-tflops: a CPU run's MFU against the peak given, said so") {
+  const fs::path dir = fresh_dir("peak_tflops");
+  write_manifest_atomic(
+      tiny_manifest(tiny_plan("dense", true, 8, 2, 20), {tiny_plan("moe-a", false, 8, 2, 20)}),
+      dir / "sweep.toml");
+  const std::string sweep = (dir / "sweep.toml").string();
+  // 1e-3 TFLOP/s: a peak of 1e9 FLOP/s a device.
+  const Result r = run_cli({"run", sweep, "--point", "dense", "--out", (dir / "runs").string(),
+                            "--peak-tflops", "1e-3"});
+  REQUIRE_MESSAGE(r.status == 0, r.err);
+  const json got = record(dir / "runs", "dense");
+  CHECK(got["peak_flops_per_second_per_device"].get<double>() == 1e9);
+  CHECK(got["peak_source"] == "given");
+  // MFU by hand from the record's C [exact/causal] and training time, one device.
+  const double c_exact = got["measured"]["flops"]["conventions"]["exact/causal"].get<double>();
+  const double secs = got["train_seconds"].get<double>();
+  REQUIRE(secs > 0);
+  CHECK(got["mfu"].get<double>() == doctest::Approx(c_exact / secs / 1e9).epsilon(1e-9));
+  CHECK_MESSAGE(r.out.find(" % of the given peak") != std::string::npos, r.out);
+  CHECK_MESSAGE(r.out.find(fmt::format("(training at MFU {:.1f} % [exact/causal] of the given "
+                                       "peak) -> ",
+                                       100 * got["mfu"].get<double>())) != std::string::npos,
+                r.out);
+  // The report gives the column, marks the cell and says what "(given)" means.
+  const Result rep = run_cli({"report", (dir / "runs").string()});
+  REQUIRE_MESSAGE(rep.status == 0, rep.err);
+  CHECK_MESSAGE(rep.out.find(fmt::format("{:.1f}% (given)", 100 * got["mfu"].get<double>())) !=
+                    std::string::npos,
+                rep.out);
+  CHECK_MESSAGE(rep.out.find("(given): over the peak given to moeplan run --peak-tflops") !=
+                    std::string::npos,
+                rep.out);
+  // A peak far below what the run reached (1 FLOP/s): over 100 %, and the line asks whether the
+  // figure was one device's in TFLOP/s. The estimate says the same.
+  const Result low = run_cli({"run", sweep, "--point", "dense", "--out", (dir / "low").string(),
+                              "--peak-tflops", "1e-12", "--estimate", "2"});
+  REQUIRE_MESSAGE(low.status == 0, low.err);
+  CHECK_MESSAGE(low.out.find("% of the given peak: over 100 %; is --peak-tflops one device's "
+                             "peak in TFLOP/s?)") != std::string::npos,
+                low.out);
+  // Without the flag a CPU has no peak, so no MFU.
+  const Result plain =
+      run_cli({"run", sweep, "--point", "dense", "--out", (dir / "plain").string()});
+  REQUIRE_MESSAGE(plain.status == 0, plain.err);
+  CHECK_FALSE(record(dir / "plain", "dense").contains("mfu"));
+  CHECK_FALSE(record(dir / "plain", "dense").contains("peak_source"));
+  CHECK(plain.out.find("MFU") == std::string::npos);
+  // Refused in one line naming the value, before anything is written.
+  for (const auto& [value, needle] : std::vector<std::pair<std::string, std::string>>{
+           {"0", "--peak-tflops 0 must be > 0: one device's dense peak in TFLOP/s"},
+           {"-5", "--peak-tflops -5 must be > 0"},
+           {"fast", "--peak-tflops: 'fast' is not a number"},
+           {"nan", "--peak-tflops: 'nan' is not a number"},
+           {"9.89e14", "--peak-tflops 9.89e14 is no device's peak in TFLOP/s"},
+           {"", "'' is empty"}}) {
+    INFO("--peak-tflops '" << value << "'");
+    const Result bad =
+        run_cli({"run", sweep, "--out", (dir / "bad").string(), "--peak-tflops", value});
+    CHECK(bad.status == 2);
+    CHECK_MESSAGE(one_line(bad.err), bad.err);
+    CHECK_MESSAGE(bad.err.find(needle) != std::string::npos, bad.err);
+    CHECK_FALSE(fs::exists(dir / "bad"));
+  }
 }
 
 TEST_CASE("the CPU's model name is the first 'model name' line of /proc/cpuinfo's text") {

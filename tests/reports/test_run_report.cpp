@@ -1051,6 +1051,20 @@ TEST_CASE("report: MFU of a device whose peak is known; times of other hardware 
   const std::vector<json> cpu = {record("dense", true, 1.0, 2.0), record("moe-a", false, 0.2, 1.8)};
   CHECK(moeplan::render_run_report(cpu, "runs", moeplan::ReportFormat::text).find("MFU") ==
         std::string::npos);
+  CHECK(text.find("(given)") == std::string::npos);  // every peak here the maker's
+  // A peak given to `moeplan run --peak-tflops`: the cell says so, and the title what it means.
+  recs[0]["hardware"] = recs[1]["hardware"];  // the dense baseline on GPU X alone again
+  recs[1]["peak_source"] = "given";
+  const std::string given = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::text);
+  const size_t given_times = given.find("train time vs dense");
+  const std::vector<std::string> cells = cells_of_row(given, "moe-a", given_times);
+  REQUIRE(cells.size() >= 3);  // cells split at spaces: "20.0%" and "(given)"
+  CHECK(cells[cells.size() - 3] + " " + cells[cells.size() - 2] + " " + cells.back() ==
+        "1.00x 20.0% (given)");
+  CHECK(cells_of_row(given, "dense", given_times).back() == "20.0%");
+  CHECK_MESSAGE(given.find("; (given): over the peak given to moeplan run --peak-tflops\n") !=
+                    std::string::npos,
+                given);
 }
 
 TEST_CASE("report: a damaged hardware list, peak or rank count is refused by key") {
@@ -1068,6 +1082,8 @@ TEST_CASE("report: a damaged hardware list, peak or rank count is refused by key
   refused("hardware", json::array({1}), "not a list of strings");
   refused("peak_flops_per_second_per_device", 0, "not a FLOP rate > 0");
   refused("peak_flops_per_second_per_device", "989e12", "not a FLOP rate > 0");
+  refused("peak_source", "guessed", "not \"built-in\" (the maker's) or \"given\" (--peak-tflops)");
+  refused("peak_source", true, "not \"built-in\" (the maker's) or \"given\" (--peak-tflops)");
   refused("world_size", 0, "not a whole number of ranks from 1 to 1048576");
   refused("world_size", "2", "not a whole number of ranks from 1 to 1048576");
   refused("world_size", int64_t(1) << 40, "not a whole number of ranks from 1 to 1048576");

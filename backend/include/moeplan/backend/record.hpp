@@ -34,9 +34,11 @@ struct RecordInputs {
   int world_size = 1;   // data-parallel ranks (devices) of the run that wrote the record
   int64_t pass_seqs = 0;  // sequences of one forward/backward pass on a rank (Engine::pass_seqs)
   bool optimizer_sharded = false;  // AdamW moments split over the data-parallel ranks
-  // Engine::peak_flops_per_second() of the run that wrote the record (0: not known). With the
-  // state's hardware one kind, the record gives its MFU against it.
+  // Engine::peak_flops_per_second() of the run that wrote the record, or the peak that run was
+  // given (RunOptions::peak_tflops; peak_given), 0: not known. With the state's hardware one
+  // kind, the record gives its MFU against it and says which (peak_source).
   double peak_flops_per_second = 0;
+  bool peak_given = false;
   MeasuredParams params;
   nlohmann::json data;  // source description and split sizes
   nlohmann::json train;  // the manifest's [train] settings the point ran with (seed, aux losses)

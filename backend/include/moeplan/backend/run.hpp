@@ -26,8 +26,10 @@ struct Progress {
                                   // time less its evaluations)
   double flops_per_second = 0;    // the training ledger (exact/causal) over the same time
   // The maker's dense peak of the job's devices together (Engine::peak_flops_per_second() times
-  // the ranks), 0 when not known: flops_per_second over it is the session's MFU.
+  // the ranks), or the one RunOptions::peak_tflops gave (peak_given); 0 when not known:
+  // flops_per_second over it is the session's MFU.
   double peak_flops_per_second = 0;
+  bool peak_given = false;
   double eta_seconds = 0;
   bool evaluated = false;  // a validation pass just finished
   double val_bpc = 0;
@@ -50,6 +52,10 @@ struct RunOptions {
   // launcher's --nproc, a rank's WORLD_SIZE, else 1): a checkpoint of another count is refused
   // with its other checks (check_resumable). 0: not known; the engine's count is checked.
   int64_t ranks = 0;
+  // > 0: one device's peak in TFLOP/s that MFU is measured against (`--peak-tflops`), in place of
+  // Engine::peak_flops_per_second(): for a CPU or a GPU whose peak moeplan does not know, or a
+  // device run below its maker's clocks. The record says the peak was given.
+  double peak_tflops = 0;
   // The manifest's n_tolerance and compute_tolerance, written into each record (0: not known).
   double n_tolerance = 0, compute_tolerance = 0;
   // The manifest's equal_resources: false for an ablation or a test, which report says.
@@ -77,6 +83,7 @@ struct Estimate {
   int64_t tokens_per_step = 0;  // consumed
   double flops_per_step = 0;    // the step's ledger, [exact/causal] as the progress line
   double peak_flops_per_second = 0;  // as Progress's: the job's devices together, 0 unknown
+  bool peak_given = false;           // as Progress's
   double seconds() const {
     return double(steps_remaining) * step_seconds + double(evals_remaining) * eval_seconds;
   }
