@@ -1948,6 +1948,11 @@ TEST_CASE("moeplan run --device cuda (emulated): the CPU's tokens and ledger, ke
     const Result he = run_cli({"run", sweep, "--out", (dir / "h200-estimate").string(), "--point",
                                "moe-a", "--device", "cuda", "--estimate", "1"},
                               MOEPLAN_EMULATED_BINARY);
+    // A peak given for it replaces the maker's (a GPU held below its clocks, say).
+    const Result hg =
+        run_cli({"run", sweep, "--out", (dir / "h200-estimate").string(), "--point", "moe-a",
+                 "--device", "cuda", "--estimate", "1", "--peak-tflops", "1e-9"},
+                MOEPLAN_EMULATED_BINARY);
     unsetenv("MOEPLAN_EMU_DEVICE_NAME");
     REQUIRE_MESSAGE(h.status == 0, h.err);
     const json got = record(dir / "h200", "moe-a");
@@ -1965,6 +1970,9 @@ TEST_CASE("moeplan run --device cuda (emulated): the CPU's tokens and ledger, ke
                   h.out);
     REQUIRE_MESSAGE(he.status == 0, he.err);
     CHECK_MESSAGE(he.out.find("FLOP/s [exact/causal] (MFU ") != std::string::npos, he.out);
+    CHECK_MESSAGE(he.out.find(" % of the device peak)") != std::string::npos, he.out);
+    REQUIRE_MESSAGE(hg.status == 0, hg.err);
+    CHECK_MESSAGE(hg.out.find(" % of the given peak: over 100 %") != std::string::npos, hg.out);
     const Result rep = run_cli({"report", (dir / "h200").string()});
     REQUIRE_MESSAGE(rep.status == 0, rep.err);
     CHECK_MESSAGE(
