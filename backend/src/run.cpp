@@ -928,7 +928,17 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
   request.point_id = plan.id;
   std::unique_ptr<Engine> engine = make_engine(opt.device, request);
   const MeasuredParams params = measure_params(*engine, plan.arch);
-  if (opt.on_engine && engine->writes_files()) opt.on_engine(engine->describe());
+  if (opt.on_engine && engine->writes_files()) {
+    opt.on_engine(engine->describe());
+    // A GPU moeplan has no peak figure for: its MFU is one flag away, said where it is missing
+    // (a CPU never has one, and is not told so at every point).
+    if (opt.device != "cpu" && !(peak_per_device(*engine, opt) > 0))
+      opt.on_engine(fmt::format(
+          "no MFU: moeplan has no dense peak figure for {}; give one device's with --peak-tflops "
+          "X (in TFLOP/s, for the products' precision)",
+          engine->hardware().empty() ? std::string("this device")
+                                     : "'" + engine->hardware() + "'"));
+  }
 
   if (estimating) {
     outcome.status = PointStatus::estimated;

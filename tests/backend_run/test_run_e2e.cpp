@@ -1603,7 +1603,7 @@ TEST_CASE("moeplan run --peak-tflops: a CPU run's MFU against the peak given, sa
   REQUIRE_MESSAGE(plain.status == 0, plain.err);
   CHECK_FALSE(record(dir / "plain", "dense").contains("mfu"));
   CHECK_FALSE(record(dir / "plain", "dense").contains("peak_source"));
-  CHECK(plain.out.find("MFU") == std::string::npos);
+  CHECK(plain.out.find("MFU") == std::string::npos);  // a CPU is not told it has no peak
   // Refused in one line naming the value, before anything is written.
   for (const auto& [value, needle] : std::vector<std::pair<std::string, std::string>>{
            {"0", "--peak-tflops 0 must be > 0: one device's dense peak in TFLOP/s"},
@@ -1896,6 +1896,9 @@ TEST_CASE("moeplan run --device cuda (emulated): the CPU's tokens and ledger, ke
     CHECK(got["device"] == "cuda");
     CHECK(got["hardware"] == json::array({"moeplan CUDA emulator (CPU)"}));
     CHECK_FALSE(got.contains("mfu"));  // no peak known for it: no MFU against a guessed one
+    CHECK_MESSAGE(r.out.find("no MFU: moeplan has no dense peak figure for 'moeplan CUDA emulator "
+                             "(CPU)'; give one device's with --peak-tflops X") != std::string::npos,
+                  r.out);
     CHECK(got["kernels"] == v.label);
     CHECK(got["measured"]["tokens"] == want["measured"]["tokens"]);
     for (auto& [k, val] : got["measured"]["matches_plan"].items()) CHECK_MESSAGE(val == true, k);
@@ -1965,6 +1968,7 @@ TEST_CASE("moeplan run --device cuda (emulated): the CPU's tokens and ledger, ke
     CHECK(got["mfu"].get<double>() == doctest::Approx(c_exact / secs / 989e12).epsilon(1e-9));
     CHECK_MESSAGE(h.out.find("FLOP/s [exact/causal] (MFU ") != std::string::npos, h.out);
     CHECK_MESSAGE(h.out.find(" % of the device peak)  ETA ") != std::string::npos, h.out);
+    CHECK(h.out.find("no MFU") == std::string::npos);
     CHECK_MESSAGE(h.out.find(fmt::format("s (training at MFU {:.1f} % [exact/causal]) -> ",
                                          100 * got["mfu"].get<double>())) != std::string::npos,
                   h.out);
@@ -1973,6 +1977,7 @@ TEST_CASE("moeplan run --device cuda (emulated): the CPU's tokens and ledger, ke
     CHECK_MESSAGE(he.out.find(" % of the device peak)") != std::string::npos, he.out);
     REQUIRE_MESSAGE(hg.status == 0, hg.err);
     CHECK_MESSAGE(hg.out.find(" % of the given peak: over 100 %") != std::string::npos, hg.out);
+    CHECK(hg.out.find("no MFU") == std::string::npos);
     const Result rep = run_cli({"report", (dir / "h200").string()});
     REQUIRE_MESSAGE(rep.status == 0, rep.err);
     CHECK_MESSAGE(

@@ -30,7 +30,8 @@ DeviceInfo device_info(int device = 0);
 // 0 for a name not listed. NVIDIA's H100 datasheet gives bf16 with sparsity as 1,979 TFLOP/s
 // (SXM) and 1,513 (PCIe), dense half of that; the H200's compute is the H100 SXM's (issue 6: 989).
 // Other parts (H100 NVL, GH200, the Blackwell GPUs) are left out until their names and figures
-// are checked on one; a build for sm_90 does not run on the A100.
+// are checked on one (meanwhile `moeplan run --peak-tflops X` gives a run its peak); a build for
+// sm_90 does not run on the A100.
 double dense_bf16_peak_tflops(const std::string& name);
 void set_device(int device);
 void synchronize();  // waits for all work on the current device; throws on a CUDA error
