@@ -96,6 +96,7 @@ struct RunFlags {
   bool elastic = false;
   std::string peak_tflops;          // given: one device's peak for MFU, in TFLOP/s
   std::optional<int64_t> estimate;  // given: time this many steps a point, train nothing
+  bool profile = false;             // with estimate: then the steps' device time by phase
 };
 
 // The ranks' arguments: this command line without --nproc.
@@ -196,6 +197,24 @@ double peak_tflops_of(const std::string& text) {
         "device's in TFLOP/s, e.g. 989 for an H200 in bf16, not FLOP/s or a job's",
         text));
   return v;
+}
+
+// --profile's table under a point's estimate line: each phase's mean device milliseconds a
+// step, its share of their sum, and that sum against the unprofiled step's time.
+void print_phases(const std::string& label, const backend::Estimate& e) {
+  double sum = 0;
+  size_t width = 0;
+  for (const auto& [name, ms] : e.phases) {
+    sum += ms;
+    width = std::max(width, name.size());
+  }
+  fmt::print(
+      "{} device time of a step by phase (mean of {} more step{}, the phases one after another: "
+      "sum {:.2f} ms, against {:.2f} ms a step with the step's overlaps):\n",
+      label, e.steps_profiled, e.steps_profiled == 1 ? "" : "s", sum, 1e3 * e.step_seconds);
+  for (const auto& [name, ms] : e.phases)
+    fmt::print("    {:<{}}  {:8.2f} ms  {:5.1f} %\n", name, width, ms,
+               sum > 0 ? 100 * ms / sum : 0.0);
 }
 
 // Rewritten in place on a terminal; plain lines about every 10 % or 30 s otherwise.
@@ -323,6 +342,19 @@ int run(const RunFlags& f) {
         "--estimate {} must be >= 1 (steps to time each point by); leave it out to train",
         *f.estimate));
   opt.estimate_steps = f.estimate.value_or(0);
+  // --profile times the phases of an estimate's steps on a fresh model: apart from training, whose
+  // times and records it would change (the phases then run one after another).
+  if (f.profile && !f.estimate)
+    throw InputError(
+        "--profile times a point's steps phase by phase on a fresh model beside --estimate's; "
+        "give --estimate N too (a training run is not profiled: its phases would lose their "
+        "overlaps and its record the time)");
+  if (f.profile && opt.device != "cuda")
+    throw InputError(fmt::format(
+        "--profile times the cuda engine's phases with CUDA events; the {} device has none "
+        "(--device cuda)",
+        opt.device));
+  opt.profile = f.profile;
   // Everything that can be refused is refused before the first step of the first point: the
   // plans, the source's size, every point's record and checkpoint (all but the source's
   // fingerprints, compared when a point resumes).
@@ -487,6 +519,7 @@ int run(const RunFlags& f) {
             human(double(e.tokens_per_step) / e.step_seconds),
             human(e.flops_per_step / e.step_seconds),
             mfu_text(e.flops_per_step / e.step_seconds, e.peak_flops_per_second, e.peak_given));
+        if (!e.phases.empty()) print_phases(label, e);
         estimated_seconds += e.seconds();
         ++estimated;
         break;
@@ -630,6 +663,10 @@ const bool registered = register_command(
                       "nothing")
            ->transform(decimal_integer(std::numeric_limits<int64_t>::max(),
                                        std::numeric_limits<int64_t>::min(), 1));
+       app.add_flag("--profile", f->profile,
+                    "cuda, with --estimate N: then time N more steps phase by phase (CUDA "
+                    "events; the phases one after another) and print where a step's device time "
+                    "goes");
        app.add_flag("--shard-optimizer", f->shard_optimizer,
                     "cuda, data parallel: each rank keeps the AdamW state of 1/N of the "
                     "parameters (ZeRO stage 1: 8 bytes a parameter become 8/N)");

@@ -375,6 +375,11 @@ class CudaEngine final : public Engine {
   bool writes_files() const override { return info_.rank == 0; }
   int world_size() const override { return info_.world_size; }
   int64_t pass_seqs() const override { return model_->pass_seqs(); }
+  bool has_phases() const override { return true; }
+  void set_profiling(bool on) override { model_->set_profiling(on); }
+  std::vector<std::pair<std::string, double>> profile_ms_per_step() const override {
+    return model_->profile_ms_per_step();
+  }
   std::string describe() const override {
     const int64_t rows = model_->pass_seqs() * seq_len_;
     return fmt::format(

@@ -383,6 +383,22 @@ Estimate estimate_point(Engine& engine, const Plan& plan, const DataSplit& data,
   const auto e0 = Clock::now();
   evaluate(engine, data, seq_len, eval_windows_for(plan, train), 0);
   e.eval_seconds = std::chrono::duration<double>(Clock::now() - e0).count();
+  // Where the steps' device time goes: as many steps again, each phase timed (they then run one
+  // after another, so apart from the steps timed above).
+  if (opt.profile) {
+    engine.set_profiling(true);
+    for (int64_t i = 0; i < timed; ++i) {
+      if (engine.any_rank(stop && stop->load() != 0)) {
+        e.interrupted = true;
+        return e;
+      }
+      fill_batch(data.train, seq_len, batch, order, tokens, inputs.data(), targets.data());
+      engine.train_step(inputs.data(), targets.data(), timed + 1 + i, cfg);
+    }
+    e.phases = engine.profile_ms_per_step();
+    e.steps_profiled = timed;
+    engine.set_profiling(false);
+  }
   const int64_t done =
       record.is_object() ? record.at("measured").at("steps").get<int64_t>() : int64_t(0);
   e.steps_remaining = b.steps - done;

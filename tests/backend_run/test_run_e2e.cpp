@@ -18,6 +18,7 @@
 #include <chrono>
 #include <filesystem>
 #include <map>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -1984,6 +1985,54 @@ TEST_CASE("moeplan run --device cuda (emulated): the CPU's tokens and ledger, ke
         rep.out.find("MFU [exact/causal useful, of the device peak]") != std::string::npos,
         rep.out);
     CHECK_MESSAGE(rep.out.find("cuda (NVIDIA H200) attention=") != std::string::npos, rep.out);
+  }
+  // --profile: as many steps again, phase by phase. Each phase a row of its milliseconds and its
+  // share; the shares add to 100 % and the rows to the sum the heading gives.
+  {
+    const Result pr = run_cli({"run", sweep, "--out", (dir / "profile").string(), "--point",
+                               "moe-a", "--device", "cuda", "--estimate", "1", "--profile"},
+                              MOEPLAN_EMULATED_BINARY);
+    REQUIRE_MESSAGE(pr.status == 0, pr.err);
+    CHECK_FALSE(fs::exists(dir / "profile"));  // an estimate writes nothing
+    const std::string head =
+        "[moe-a 1/1] device time of a step by phase (mean of 1 more step, "
+        "the phases one after another: sum ";
+    const size_t at = pr.out.find(head);
+    REQUIRE_MESSAGE(at != std::string::npos, pr.out);
+    const double sum = std::stod(pr.out.substr(at + head.size()));
+    std::istringstream rows(pr.out.substr(pr.out.find('\n', at) + 1));
+    std::map<std::string, double> ms;
+    double ms_total = 0, share_total = 0;
+    for (std::string line; std::getline(rows, line) && line.starts_with("    ");) {
+      // "    <phase>  <ms> ms  <share> %"
+      const size_t pct = line.rfind(" %"), unit = line.rfind(" ms ");
+      REQUIRE_MESSAGE((pct != std::string::npos && unit != std::string::npos), line);
+      const size_t ms_at = line.find_last_of(' ', unit - 1) + 1;
+      const std::string name = line.substr(4, line.find_last_not_of(' ', ms_at - 1) - 3);
+      ms[name] = std::stod(line.substr(ms_at, unit - ms_at));
+      ms_total += ms[name];
+      share_total += std::stod(line.substr(unit + 4, pct - unit - 4));
+    }
+    for (const char* phase : {"fwd router + sort", "fwd routed experts", "bwd routed experts",
+                              "cross-entropy", "all-reduce + grad norm + adamw"})
+      CHECK_MESSAGE(ms.count(phase) == 1, phase, "\n", pr.out);
+    CHECK(sum > 0);
+    CHECK(ms_total == doctest::Approx(sum).epsilon(0.01));  // rows printed to 0.01 ms
+    CHECK(share_total == doctest::Approx(100).epsilon(0.01));
+    // Refused in one line: without --estimate (a training run is not profiled), and on the cpu.
+    const Result alone = run_cli({"run", sweep, "--out", (dir / "profile").string(), "--point",
+                                  "moe-a", "--device", "cuda", "--profile"},
+                                 MOEPLAN_EMULATED_BINARY);
+    CHECK(alone.status == 2);
+    CHECK_MESSAGE(one_line(alone.err), alone.err);
+    CHECK_MESSAGE(alone.err.find("give --estimate N too") != std::string::npos, alone.err);
+    const Result cpu_profile = run_cli({"run", sweep, "--out", (dir / "profile").string(),
+                                        "--point", "moe-a", "--estimate", "1", "--profile"});
+    CHECK(cpu_profile.status == 2);
+    CHECK_MESSAGE(one_line(cpu_profile.err), cpu_profile.err);
+    CHECK_MESSAGE(cpu_profile.err.find("the cpu device has none") != std::string::npos,
+                  cpu_profile.err);
+    CHECK_FALSE(fs::exists(dir / "profile"));
   }
   // An estimate on the device: the engine says what it holds, the point is timed, nothing written.
   const Result est = run_cli({"run", sweep, "--out", (dir / "estimate").string(), "--point",

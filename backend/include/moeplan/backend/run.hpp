@@ -8,6 +8,8 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -70,6 +72,9 @@ struct RunOptions {
   // first batches) and one evaluation on a fresh model, write nothing, and return the projected
   // time of the point's remaining steps (PointStatus::estimated).
   int64_t estimate_steps = 0;
+  // With estimate_steps: then time as many steps again phase by phase (Engine::set_profiling),
+  // into Estimate::phases. Needs an engine with phases (Engine::has_phases: the cuda one).
+  bool profile = false;
 };
 
 // What run_point measured for RunOptions::estimate_steps.
@@ -84,6 +89,11 @@ struct Estimate {
   double flops_per_step = 0;    // the step's ledger, [exact/causal] as the progress line
   double peak_flops_per_second = 0;  // as Progress's: the job's devices together, 0 unknown
   bool peak_given = false;           // as Progress's
+  // RunOptions::profile: the mean device milliseconds a step by phase over steps_profiled more
+  // steps, the phases one after another (without the step's overlaps, so their sum may exceed
+  // step_seconds).
+  std::vector<std::pair<std::string, double>> phases;
+  int64_t steps_profiled = 0;
   double seconds() const {
     return double(steps_remaining) * step_seconds + double(evals_remaining) * eval_seconds;
   }
