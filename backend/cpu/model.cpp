@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 
@@ -64,6 +65,30 @@ struct LayerParams {
 
 }  // namespace
 
+// Model::set_profiling's clock: the host time between two marks goes to the later mark's name
+// (the products are synchronous here, so it is the work's own), added up over the steps since
+// it was switched on, names in the order first seen.
+struct PhaseClock {
+  bool on = false;
+  std::chrono::steady_clock::time_point last;
+  std::vector<std::pair<std::string, double>> ms;
+  int64_t steps = 0;
+  void start() {
+    if (on) last = std::chrono::steady_clock::now();
+  }
+  void mark(const char* name) {
+    if (!on) return;
+    const auto now = std::chrono::steady_clock::now();
+    const double t = std::chrono::duration<double, std::milli>(now - last).count();
+    last = now;
+    auto it = std::find_if(ms.begin(), ms.end(), [&](const auto& p) { return p.first == name; });
+    if (it == ms.end())
+      ms.emplace_back(name, t);
+    else
+      it->second += t;
+  }
+};
+
 template <class S>
 struct Model<S>::Impl {
   Arch a;
@@ -119,6 +144,11 @@ struct Model<S>::Impl {
   int64_t dropped = 0;
   double aux_lb = 0, aux_z = 0;
   double aux_w = 1;  // the current pass's weight in the auxiliary losses (its share of the batch)
+  PhaseClock clock;  // set_profiling; marks in training passes only (an evaluation's are not)
+  // A phase of a training pass ends (forward() serves evaluations too, which are not timed).
+  void mark(bool train, const char* name) {
+    if (train) clock.mark(name);
+  }
 
   S* P(int64_t off) { return params.data() + off; }
   S* G(int64_t off) { return grads.data() + off; }
@@ -332,6 +362,7 @@ struct Model<S>::Impl {
                  x.row_token.data(), x.idx.data(), T, E, K, cap);
     const int64_t R = x.offsets[E];
     gather_rows(x.xg.data(), x.ln2.data(), x.row_token.data(), R, Dm);
+    mark(train, "fwd router + sort");
     for_each_expert(x.offsets.data(), lg, [&](int64_t e, int64_t o, int64_t rows, FlopLedger& el) {
       matmul_forward(x.h13.data() + o * 2 * De, x.xg.data() + o * Dm, P(q.expert_w13[e]), rows, Dm,
                      2 * De, false, el, FlopCategory::expert);
@@ -339,6 +370,7 @@ struct Model<S>::Impl {
       matmul_forward(x.ye.data() + o * Dm, x.act.data() + o * De, P(q.expert_w2[e]), rows, De, Dm,
                      false, el, FlopCategory::expert);
     });
+    mark(train, "fwd routed experts");
     if (Dse > 0) {
       matmul_forward(x.sh13.data(), x.ln2.data(), P(q.shared_w13), T, Dm, 2 * Dse, false, lg,
                      FlopCategory::shared_expert);
@@ -375,6 +407,7 @@ struct Model<S>::Impl {
                  FlopLedger& lg) {
     const int64_t T = nb * seq;
     embedding_forward(resid[0].data(), inputs, P(embedding), T, Dm);
+    mark(train, "fwd embedding");
     for (int64_t l = 0; l < L; ++l) {
       const LayerParams& q = lp[l];
       Acts& x = acts[l];
@@ -382,32 +415,41 @@ struct Model<S>::Impl {
       matmul_forward(x.qkv.data(), x.ln1.data(), P(q.qkv), T, Dm, Wqkv, false, lg,
                      FlopCategory::projection);
       if (rope) rope_forward(x.qkv.data(), cos_sin.data(), nb, seq, H, Hkv, Dh);
+      mark(train, "fwd norm1 + qkv");
       attention_forward(x.atty.data(), x.att.data(), x.qkv.data(), rope ? nullptr : slopes.data(),
                         nb, seq, H, Hkv, Dh, lg);
+      mark(train, "fwd attention core");
       std::copy_n(resid[l].data(), T * Dm, x.mid.data());
       matmul_forward(x.mid.data(), x.atty.data(), P(q.attn_out), T, H * Dh, Dm, true, lg,
                      FlopCategory::projection);
       rmsnorm_forward(x.ln2.data(), x.rstd2.data(), x.mid.data(), P(q.norm2), T, Dm);
       S* out = resid[l + 1].data();
       std::copy_n(x.mid.data(), T * Dm, out);
+      mark(train, "fwd out proj + norm2");
       if (l < a.dense_layers) {
         matmul_forward(x.h13.data(), x.ln2.data(), P(q.w13), T, Dm, 2 * Dffn, false, lg,
                        FlopCategory::dense_ffn);
         swiglu_forward(x.act.data(), x.h13.data(), T, Dffn);
         matmul_forward(out, x.act.data(), P(q.w2), T, Dffn, Dm, true, lg, FlopCategory::dense_ffn);
+        mark(train, "fwd dense ffn");
       } else {
         moe_forward(l, nb, out, train, lg);
+        mark(train, "fwd moe rest");  // the shared expert, the combine, the auxiliary losses
       }
     }
     lg.elementwise += elementwise_per_pass(nb);
     rmsnorm_forward(lnf.data(), rstdf.data(), resid[L].data(), P(final_norm), T, Dm);
+    mark(train, "fwd final norm");
     if (lm_head >= 0)
       matmul_forward(logits.data(), lnf.data(), P(lm_head), T, Dm, V, false, lg,
                      FlopCategory::lm_head);
     else
       matmul_wt_forward(logits.data(), lnf.data(), P(embedding), T, Dm, V, lg,
                         FlopCategory::lm_head);
-    return crossentropy_forward(logits.data(), losses.data(), targets, T, V);
+    mark(train, "fwd lm head");
+    const double ce = crossentropy_forward(logits.data(), losses.data(), targets, T, V);
+    mark(train, "cross-entropy");
+    return ce;
   }
 
   // Element-wise work of one pass (layers.hpp), with this pass's routed rows per MoE layer.
@@ -432,6 +474,7 @@ struct Model<S>::Impl {
     }
     combine_backward(dye.data(), dgate.data(), dresid.data(), x.ye.data(), x.gate.data(),
                      x.slot_row.data(), T, K, Dm);
+    clock.mark("bwd shared expert + combine");
     for_each_expert(x.offsets.data(), lg, [&](int64_t e, int64_t o, int64_t rows, FlopLedger& el) {
       matmul_backward(dact.data() + o * De, false, G(q.expert_w2[e]), dye.data() + o * Dm,
                       x.act.data() + o * De, P(q.expert_w2[e]), rows, De, Dm, el,
@@ -442,12 +485,14 @@ struct Model<S>::Impl {
                       x.xg.data() + o * Dm, P(q.expert_w13[e]), rows, Dm, 2 * De, el,
                       FlopCategory::expert);
     });
+    clock.mark("bwd routed experts");
     scatter_add_rows(dln.data(), dxg.data(), x.slot_row.data(), T, K, Dm);
     router_backward(dlog.data(), x.probs.data(), x.lse.data(), x.idx.data(), x.gate.data(),
                     dgate.data(), x.lb_dp.data(), 2.0 * aux_w * opt.z_loss / double(T), T, E, K,
                     opt.renormalize_gates);
     matmul_wt_backward(dln.data(), true, G(q.router), dlog.data(), x.ln2.data(), P(q.router), T, Dm,
                        E, lg, FlopCategory::router);
+    clock.mark("bwd moe rest");  // the scatter back, the router's backward
   }
 
   void backward(int64_t nb, const int32_t* inputs, const int32_t* targets, double ce_scale,
@@ -455,15 +500,18 @@ struct Model<S>::Impl {
     const int64_t T = nb * seq;
     lg.elementwise += elementwise_per_pass(nb);  // the backward kernels mirror them
     crossentropy_backward(logits.data(), targets, ce_scale, T, V);
+    clock.mark("cross-entropy");
     if (lm_head >= 0)
       matmul_backward(dln.data(), false, G(lm_head), logits.data(), lnf.data(), P(lm_head), T, Dm,
                       V, lg, FlopCategory::lm_head);
     else
       matmul_wt_backward(dln.data(), false, G(embedding), logits.data(), lnf.data(), P(embedding),
                          T, Dm, V, lg, FlopCategory::lm_head);
+    clock.mark("bwd lm head");
     std::fill(dresid.begin(), dresid.end(), S(0));
     rmsnorm_backward(dresid.data(), G(final_norm), dln.data(), resid[L].data(), P(final_norm),
                      rstdf.data(), T, Dm);
+    clock.mark("bwd final norm");
     for (int64_t l = L - 1; l >= 0; --l) {
       const LayerParams& q = lp[l];
       Acts& x = acts[l];
@@ -474,6 +522,7 @@ struct Model<S>::Impl {
         swiglu_backward(dh13.data(), dact.data(), x.h13.data(), T, Dffn);
         matmul_backward(dln.data(), false, G(q.w13), dh13.data(), x.ln2.data(), P(q.w13), T, Dm,
                         2 * Dffn, lg, FlopCategory::dense_ffn);
+        clock.mark("bwd dense ffn");
       } else {
         moe_backward(l, nb, lg);
       }
@@ -481,15 +530,19 @@ struct Model<S>::Impl {
                        x.rstd2.data(), T, Dm);
       matmul_backward(datty.data(), false, G(q.attn_out), dresid.data(), x.atty.data(),
                       P(q.attn_out), T, H * Dh, Dm, lg, FlopCategory::projection);
+      clock.mark("bwd norm2 + out proj");
       attention_backward(dqkv.data(), datty.data(), x.qkv.data(), x.att.data(), att_scratch.data(),
                          threads, nb, seq, H, Hkv, Dh, lg);
+      clock.mark("bwd attention core");
       if (rope) rope_backward(dqkv.data(), cos_sin.data(), nb, seq, H, Hkv, Dh);
       matmul_backward(dln.data(), false, G(q.qkv), dqkv.data(), x.ln1.data(), P(q.qkv), T, Dm, Wqkv,
                       lg, FlopCategory::projection);
       rmsnorm_backward(dresid.data(), G(q.norm1), dln.data(), resid[l].data(), P(q.norm1),
                        x.rstd1.data(), T, Dm);
+      clock.mark("bwd qkv + norm1");
     }
     embedding_backward(G(embedding), dresid.data(), inputs, T, Dm);
+    clock.mark("bwd embedding");
   }
 
   double erc(FlopLedger& lg) {
@@ -515,8 +568,10 @@ struct Model<S>::Impl {
   // gradients accumulate across passes (every backward product adds into them).
   double compute_gradients(const int32_t* inputs, const int32_t* targets, StepResult* r) {
     const int64_t T = step_B * seq;
+    clock.start();
     check_tokens(inputs, targets, T);
     std::fill(grads.begin(), grads.end(), S(0));
+    clock.mark("zero grads");
     FlopLedger lg;
     dropped = 0;
     aux_lb = aux_z = 0;
@@ -524,6 +579,7 @@ struct Model<S>::Impl {
     int64_t bearing = 0;
     for (int64_t t = 0; t < T; ++t) bearing += targets[t] >= 0;
     const double aux_erc = (opt.erc_loss > 0 && a.moe_layers() > 0) ? erc(lg) : 0.0;
+    if (opt.erc_loss > 0 && a.moe_layers() > 0) clock.mark("erc loss");
     const double ce_scale = bearing > 0 ? 1.0 / double(bearing) : 0.0;
     double ce_sum = 0;
     for (int64_t s0 = 0; s0 < step_B; s0 += B) {
@@ -631,6 +687,8 @@ StepResult Model<S>::train_step(const int32_t* inputs, const int32_t* targets, i
       (cfg.grad_clip > 0 && r.grad_norm > cfg.grad_clip) ? cfg.grad_clip / r.grad_norm : 1.0;
   r.lr = scheduled_lr(cfg, step);
   impl_->adamw(cfg, r.lr, scale);
+  impl_->clock.mark("grad norm + adamw");
+  if (impl_->clock.on) ++impl_->clock.steps;
   r.flops.elementwise += int64_t(impl_->params.size());  // the AdamW update
   impl_->ledger += r.flops;
   return r;
@@ -652,6 +710,19 @@ double Model<S>::forward_loss(const int32_t* inputs, const int32_t* targets, int
   }
   for (int64_t t = 0; t < n_seqs * seq; ++t) bearing += targets[t] >= 0;
   return bearing > 0 ? total / double(bearing) : 0.0;
+}
+
+template <class S>
+void Model<S>::set_profiling(bool on) {
+  impl_->clock = PhaseClock{};
+  impl_->clock.on = on;
+}
+template <class S>
+std::vector<std::pair<std::string, double>> Model<S>::profile_ms_per_step() const {
+  const PhaseClock& c = impl_->clock;
+  std::vector<std::pair<std::string, double>> out = c.ms;
+  for (auto& [name, ms] : out) ms /= double(std::max<int64_t>(1, c.steps));
+  return out;
 }
 
 template <class S>

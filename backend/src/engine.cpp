@@ -69,6 +69,11 @@ class CpuEngine final : public Engine {
   std::vector<TensorInfo> tensors() const override { return model_.tensors(); }
   int64_t trainable_params() const override { return model_.trainable_params(); }
   FlopLedger eval_ledger() const override { return model_.eval_ledger(); }
+  bool has_phases() const override { return true; }
+  void set_profiling(bool on) override { model_.set_profiling(on); }
+  std::vector<std::pair<std::string, double>> profile_ms_per_step() const override {
+    return model_.profile_ms_per_step();
+  }
 
  private:
   Model<float> model_;

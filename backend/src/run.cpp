@@ -386,6 +386,9 @@ Estimate estimate_point(Engine& engine, const Plan& plan, const DataSplit& data,
   // Where the steps' device time goes: as many steps again, each phase timed (they then run one
   // after another, so apart from the steps timed above).
   if (opt.profile) {
+    if (!engine.has_phases())
+      throw InputError(
+          fmt::format("--profile: the {} device has no phases to time", engine.device()));
     engine.set_profiling(true);
     for (int64_t i = 0; i < timed; ++i) {
       if (engine.any_rank(stop && stop->load() != 0)) {
