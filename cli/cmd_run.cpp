@@ -96,7 +96,7 @@ struct RunFlags {
   bool elastic = false;
   std::string peak_tflops;          // given: one device's peak for MFU, in TFLOP/s
   std::optional<int64_t> estimate;  // given: time this many steps a point, train nothing
-  bool profile = false;             // with estimate: then the steps' device time by phase
+  bool profile = false;             // with estimate: then the steps' time by phase
 };
 
 // The ranks' arguments: this command line without --nproc.

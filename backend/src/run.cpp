@@ -383,12 +383,9 @@ Estimate estimate_point(Engine& engine, const Plan& plan, const DataSplit& data,
   const auto e0 = Clock::now();
   evaluate(engine, data, seq_len, eval_windows_for(plan, train), 0);
   e.eval_seconds = std::chrono::duration<double>(Clock::now() - e0).count();
-  // Where the steps' device time goes: as many steps again, each phase timed (they then run one
-  // after another, so apart from the steps timed above).
+  // Where the steps' time goes: as many steps again, each phase timed (apart from the steps timed
+  // above: on cuda the phases then run one after another).
   if (opt.profile) {
-    if (!engine.has_phases())
-      throw InputError(
-          fmt::format("--profile: the {} device has no phases to time", engine.device()));
     engine.set_profiling(true);
     for (int64_t i = 0; i < timed; ++i) {
       if (engine.any_rank(stop && stop->load() != 0)) {
@@ -960,6 +957,9 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
   }
 
   if (estimating) {
+    if (opt.profile && !engine->has_phases())  // before any step is timed
+      throw InputError(
+          fmt::format("--profile: the {} device has no phases to time", engine->device()));
     outcome.status = PointStatus::estimated;
     outcome.wrote_files = engine->writes_files();
     outcome.estimate = estimate_point(*engine, plan, data, train, opt, outcome.record);

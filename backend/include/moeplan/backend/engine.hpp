@@ -61,10 +61,11 @@ class Engine {
   // rank was told to stop, so that all ranks stop at the same step instead of one waiting
   // forever in the next all-reduce for a rank that has left.
   virtual bool any_rank(bool flag) { return flag; }
-  // Where a step's device time goes, phase by phase (the cuda engine: CUDA events between the
-  // phases, which run one after another while it is on, without the step's overlaps). Whether the
-  // engine has phases to time; set_profiling(true) starts a count, false ends it; the mean
-  // milliseconds a step by phase since it started, in the order first seen ({} without phases).
+  // Where a step's time goes, phase by phase (the cpu engine: host time between the phases; the
+  // cuda engine: CUDA events between them, the phases running one after another while it is on,
+  // without the step's overlaps). Whether the engine has phases to time; set_profiling(true)
+  // starts a count, false ends it; the mean milliseconds a step by phase since it started, in the
+  // order first seen ({} without phases).
   virtual bool has_phases() const { return false; }
   virtual void set_profiling(bool) {}
   virtual std::vector<std::pair<std::string, double>> profile_ms_per_step() const { return {}; }

@@ -73,7 +73,7 @@ struct RunOptions {
   // time of the point's remaining steps (PointStatus::estimated).
   int64_t estimate_steps = 0;
   // With estimate_steps: then time as many steps again phase by phase (Engine::set_profiling),
-  // into Estimate::phases. Needs an engine with phases (Engine::has_phases: the cuda one).
+  // into Estimate::phases. Needs an engine with phases (Engine::has_phases: cpu and cuda have).
   bool profile = false;
 };
 
@@ -89,9 +89,9 @@ struct Estimate {
   double flops_per_step = 0;    // the step's ledger, [exact/causal] as the progress line
   double peak_flops_per_second = 0;  // as Progress's: the job's devices together, 0 unknown
   bool peak_given = false;           // as Progress's
-  // RunOptions::profile: the mean device milliseconds a step by phase over steps_profiled more
-  // steps, the phases one after another (without the step's overlaps, so their sum may exceed
-  // step_seconds).
+  // RunOptions::profile: the mean milliseconds a step by phase over steps_profiled more steps (on
+  // cuda the phases then run one after another, without the step's overlaps, so their sum may
+  // exceed step_seconds).
   std::vector<std::pair<std::string, double>> phases;
   int64_t steps_profiled = 0;
   double seconds() const {
