@@ -199,6 +199,34 @@ double peak_tflops_of(const std::string& text) {
   return v;
 }
 
+// An estimated point's whole training time as projected: its median step times its plan's steps
+// (evaluations aside, as the report's train time vs dense sets them aside).
+struct TrainProjection {
+  std::string id;
+  bool dense = false;
+  double step_seconds = 0;
+  int64_t steps = 0;
+  double seconds() const { return step_seconds * double(steps); }
+};
+
+// After an estimate of the dense baseline and some MoE points: each point's projected training
+// time against the baseline's, with the figures it comes from. Equal C is not equal time, and
+// this says how unequal before the time is spent.
+void print_time_against_dense(const std::vector<TrainProjection>& points) {
+  const auto dense =
+      std::find_if(points.begin(), points.end(), [](const TrainProjection& p) { return p.dense; });
+  if (dense == points.end() || !(dense->seconds() > 0) || points.size() < 2) return;
+  std::vector<std::string> parts;
+  for (const TrainProjection& p : points)
+    if (!p.dense)
+      parts.push_back(fmt::format("{} {:.2f}x ({} steps x {:.3f} ms)", p.id,
+                                  p.seconds() / dense->seconds(), p.steps, 1e3 * p.step_seconds));
+  fmt::print(
+      "projected train time vs dense (dense: {} steps x {:.3f} ms; the median step times the "
+      "plan's steps, evaluations aside): {}\n",
+      dense->steps, 1e3 * dense->step_seconds, fmt::join(parts, ", "));
+}
+
 // --profile's table under a point's estimate line: each phase's mean milliseconds a step, its
 // share of their sum, and that sum against the unprofiled step's time (on cuda the phases run
 // one after another while timed, so the sum may exceed it).
@@ -460,6 +488,7 @@ int run(const RunFlags& f) {
   int index = 0;
   double estimated_seconds = 0;
   int estimated = 0;
+  std::vector<TrainProjection> projected;  // an estimate's points, for the time against dense
   std::vector<std::string> busy;  // points another process is training
   for (const Plan* p : points) {
     ++index;
@@ -518,6 +547,7 @@ int run(const RunFlags& f) {
         if (!e.phases.empty()) print_phases(label, e);
         estimated_seconds += e.seconds();
         ++estimated;
+        projected.push_back({p->id, p->role == "dense", e.step_seconds, p->budget.steps});
         break;
       }
       case backend::PointStatus::busy:
@@ -593,6 +623,7 @@ int run(const RunFlags& f) {
     fmt::print("estimate for {} point(s) on {}: {} of training and evaluation (checkpoint writes "
                "and start-up not included; nothing was written)\n",
                estimated, opt.device, duration(estimated_seconds));
+  if (f.estimate) print_time_against_dense(projected);
   // Points left to another process may have finished while this one trained others: only those
   // still unfinished are said to be left (both processes of a shared sweep exited 3 on a sweep
   // that was complete).

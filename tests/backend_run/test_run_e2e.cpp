@@ -1683,6 +1683,28 @@ TEST_CASE("moeplan run --estimate N --profile on the cpu: where a step's time go
   }
   CHECK(dense.ms.count("fwd dense ffn") == 1);
   CHECK(dense.ms.count("erc loss") == 0);  // no ERC loss in this manifest
+  // The estimate's last line: the MoE point's projected training time against the baseline's,
+  // (8 steps x its median step) over (8 x the baseline's), by hand from the figures it prints.
+  const std::string head = "projected train time vs dense (dense: 8 steps x ";
+  const size_t at = r.out.find(head);
+  REQUIRE_MESSAGE(at != std::string::npos, r.out);
+  const double dense_ms = std::stod(r.out.substr(at + head.size()));
+  const size_t moe_at = r.out.find("evaluations aside): moe-a ", at);
+  REQUIRE_MESSAGE(moe_at != std::string::npos, r.out);
+  const std::string rest = r.out.substr(moe_at + std::string("evaluations aside): moe-a ").size());
+  const double ratio = std::stod(rest);
+  const size_t x = rest.find("x (8 steps x ");
+  REQUIRE_MESSAGE(x != std::string::npos, rest);
+  const double moe_ms = std::stod(rest.substr(x + std::string("x (8 steps x ").size()));
+  REQUIRE(dense_ms > 0);
+  const double want = 8 * moe_ms / (8 * dense_ms);
+  // Printed to 0.01 (the ratio) and 0.001 ms (each step): within what those roundings allow.
+  CHECK(std::abs(ratio - want) <= 0.005 + want * (0.0005 / moe_ms + 0.0005 / dense_ms) + 1e-9);
+  // One point alone (--point) has nothing to be compared with: no such line.
+  const Result one = run_cli({"run", (dir / "sweep.toml").string(), "--out",
+                              (dir / "runs").string(), "--point", "moe-a", "--estimate", "1"});
+  REQUIRE_MESSAGE(one.status == 0, one.err);
+  CHECK(one.out.find("projected train time vs dense") == std::string::npos);
 }
 
 TEST_CASE("the CPU's model name is the first 'model name' line of /proc/cpuinfo's text") {
