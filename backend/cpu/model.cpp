@@ -15,6 +15,7 @@
 #include "moe.hpp"
 #include "moeplan/accounting/error.hpp"
 #include "moeplan/accounting/params.hpp"
+#include "moeplan/backend/phase_times.hpp"
 #include "parallel.hpp"
 #include "rng.hpp"
 
@@ -67,25 +68,19 @@ struct LayerParams {
 
 // Model::set_profiling's clock: the host time between two marks goes to the later mark's name
 // (the products are synchronous here, so it is the work's own), added up over the steps since
-// it was switched on, names in the order first seen.
+// it was switched on.
 struct PhaseClock {
   bool on = false;
   std::chrono::steady_clock::time_point last;
-  std::vector<std::pair<std::string, double>> ms;
-  int64_t steps = 0;
+  PhaseTimes times;
   void start() {
     if (on) last = std::chrono::steady_clock::now();
   }
   void mark(const char* name) {
     if (!on) return;
     const auto now = std::chrono::steady_clock::now();
-    const double t = std::chrono::duration<double, std::milli>(now - last).count();
+    times.add(name, std::chrono::duration<double, std::milli>(now - last).count());
     last = now;
-    auto it = std::find_if(ms.begin(), ms.end(), [&](const auto& p) { return p.first == name; });
-    if (it == ms.end())
-      ms.emplace_back(name, t);
-    else
-      it->second += t;
   }
 };
 
@@ -688,7 +683,7 @@ StepResult Model<S>::train_step(const int32_t* inputs, const int32_t* targets, i
   r.lr = scheduled_lr(cfg, step);
   impl_->adamw(cfg, r.lr, scale);
   impl_->clock.mark("grad norm + adamw");
-  if (impl_->clock.on) ++impl_->clock.steps;
+  if (impl_->clock.on) ++impl_->clock.times.steps;
   r.flops.elementwise += int64_t(impl_->params.size());  // the AdamW update
   impl_->ledger += r.flops;
   return r;
@@ -719,10 +714,7 @@ void Model<S>::set_profiling(bool on) {
 }
 template <class S>
 std::vector<std::pair<std::string, double>> Model<S>::profile_ms_per_step() const {
-  const PhaseClock& c = impl_->clock;
-  std::vector<std::pair<std::string, double>> out = c.ms;
-  for (auto& [name, ms] : out) ms /= double(std::max<int64_t>(1, c.steps));
-  return out;
+  return impl_->clock.times.per_step();
 }
 
 template <class S>

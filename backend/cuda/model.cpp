@@ -27,6 +27,7 @@
 #include "moeplan/backend/cuda/expert_gemm.hpp"
 #include "moeplan/backend/cuda/gemm.hpp"
 #include "moeplan/backend/cuda/kernels.hpp"
+#include "moeplan/backend/phase_times.hpp"
 
 namespace moeplan::backend::cuda {
 
@@ -89,8 +90,7 @@ struct Profiler {
   std::vector<cudaEvent_t> pool;
   std::vector<const char*> names;
   size_t used = 0;
-  std::vector<std::pair<std::string, double>> ms;  // first-seen order
-  int64_t steps = 0;
+  PhaseTimes times;
   void mark(const char* name) {
     if (!on) return;
     if (used == pool.size()) {
@@ -108,14 +108,10 @@ struct Profiler {
     for (size_t i = 1; i < used; ++i) {
       float t = 0;
       check_cuda(cudaEventElapsedTime(&t, pool[i - 1], pool[i]), "cudaEventElapsedTime");
-      auto it = std::find_if(ms.begin(), ms.end(), [&](auto& p) { return p.first == names[i]; });
-      if (it == ms.end())
-        ms.emplace_back(names[i], double(t));
-      else
-        it->second += double(t);
+      times.add(names[i], double(t));
     }
     used = 0;
-    ++steps;
+    ++times.steps;
   }
   ~Profiler();
 };
@@ -2401,8 +2397,7 @@ void Model::set_profiling(bool on, bool per_kernel) {
     launch_hook() = nullptr;
   }
   impl_->prof.on = on;
-  impl_->prof.ms.clear();
-  impl_->prof.steps = 0;
+  impl_->prof.times = PhaseTimes{};
   impl_->prof.used = 0;
 }
 void Model::set_shared_overlap(bool on) {
@@ -2472,9 +2467,7 @@ bool Model::shared_overlap() const {
   return impl_->overlapping();
 }
 std::vector<std::pair<std::string, double>> Model::profile_ms_per_step() const {
-  std::vector<std::pair<std::string, double>> out = impl_->prof.ms;
-  for (auto& p : out) p.second /= double(std::max<int64_t>(1, impl_->prof.steps));
-  return out;
+  return impl_->prof.times.per_step();
 }
 void Model::set_expert_path(ExpertPath path) {
   if (Impl::tiled(path) && impl_->mm != DType::bf16)
