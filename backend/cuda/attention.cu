@@ -5,6 +5,8 @@
 #include <cuda_runtime.h>
 #include <mma.h>
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -1178,6 +1180,44 @@ bool supported(int64_t head_dim) {
 int64_t tiles_per_head(int64_t S) {
   const int64_t nq = (S + kTile - 1) / kTile;
   return nq * (nq + 1) / 2;
+}
+
+// f(std::integral_constant<int, D>) at a head width with kernels; 0 at any other.
+template <class F>
+std::size_t at_width(int64_t head_dim, F f) {
+  switch (head_dim) {
+    case 16:
+      return f(std::integral_constant<int, 16>{});
+    case 32:
+      return f(std::integral_constant<int, 32>{});
+    case 64:
+      return f(std::integral_constant<int, 64>{});
+    case 128:
+      return f(std::integral_constant<int, 128>{});
+    default:
+      return 0;
+  }
+}
+
+std::size_t forward_shared_bytes(int64_t head_dim) {
+  return at_width(head_dim, [](auto d) { return sizeof(FwdSmem<d()>); });
+}
+
+std::size_t forward_mma_shared_bytes(int64_t head_dim, bool wide) {
+  if (wide && !forward_mma_wide_supported(head_dim)) return 0;
+  return at_width(head_dim, [&](auto d) {
+    return wide ? sizeof(MmaFwdSmem<d(), 2>) : sizeof(MmaFwdSmem<d(), 1>);
+  });
+}
+
+std::size_t backward_shared_bytes(int64_t head_dim) {
+  return at_width(head_dim, [](auto d) { return sizeof(BwdSmem<d()>); });
+}
+
+std::size_t backward_mma_shared_bytes(int64_t head_dim) {
+  if (!backward_mma_supported(head_dim)) return 0;
+  return at_width(
+      head_dim, [](auto d) { return std::max(sizeof(MmaDkdvSmem<d()>), sizeof(MmaDqSmem<d()>)); });
 }
 
 bool backward_mma_supported(int64_t head_dim) {

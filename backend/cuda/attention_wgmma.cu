@@ -29,6 +29,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -426,6 +427,11 @@ void launch(OutT* dqkv, uint16_t* ds, const uint16_t* dO, const float* lse, cons
 }
 
 }  // namespace
+
+std::size_t wgmma_shared_bytes(int64_t head_dim) {
+  if (!dkdv_wgmma_supported(head_dim)) return 0;
+  return sizeof(Smem) > sizeof(FwdSmem) ? sizeof(Smem) : sizeof(FwdSmem);
+}
 
 void forward_wgmma(uint16_t* O, float* lse, const uint16_t* qkv, const float* alibi_slopes,
                    int64_t B, int64_t S, int64_t H, int64_t Hkv, int64_t Dh) {

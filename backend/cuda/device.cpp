@@ -45,6 +45,7 @@ DeviceInfo device_info(int device) {
   d.compute_major = p.major;
   d.compute_minor = p.minor;
   d.memory_gib = double(p.totalGlobalMem) / double(1ull << 30);
+  d.shared_optin = p.sharedMemPerBlockOptin;
   d.peak_bf16_tflops = dense_bf16_peak_tflops(d.name);
   return d;
 }
@@ -52,7 +53,15 @@ DeviceInfo device_info(int device) {
 double dense_bf16_peak_tflops(const std::string& name) {
   if (name == "NVIDIA H200" || name == "NVIDIA H100 80GB HBM3") return 989.0;  // SXM
   if (name == "NVIDIA H100 PCIe") return 756.0;
+  if (name == "NVIDIA A100-SXM4-80GB" || name == "NVIDIA A100-SXM4-40GB") return 312.0;
   return 0.0;
+}
+
+#ifndef MOEPLAN_CUDA_ARCHITECTURES
+#error "MOEPLAN_CUDA_ARCHITECTURES: set by backend/cuda/CMakeLists.txt (and the emulation's)"
+#endif
+std::string built_architectures() {
+  return MOEPLAN_CUDA_ARCHITECTURES;
 }
 
 std::pair<std::size_t, std::size_t> device_memory() {

@@ -132,6 +132,26 @@ void set_launch_mode(LaunchMode mode, int device) {
   kernels::set_programmatic_launch(mode == LaunchMode::programmatic);
 }
 
+// A GPU this build carries no code for: one line naming it, its compute capability and the code
+// the build has, before any buffer or NCCL group is made (`device` is already current). Without
+// it the first kernel launch would fail mid-step with CUDA's own words.
+void check_device_code(const DeviceInfo& d, int device) {
+  const std::string error = kernels::code_load_error();
+  if (error.empty()) return;
+  const std::string gpu = fmt::format("GPU {} ({}, compute capability {}.{})", device, d.name,
+                                      d.compute_major, d.compute_minor);
+  if (d.compute_major < 8)
+    throw InputError(fmt::format(
+        "--device cuda: {} cannot run moeplan's kernels, which need compute capability 8.0 or "
+        "later (bf16 tensor-core products); this build's code: {} ({}); train with --device cpu",
+        gpu, built_architectures(), error));
+  throw InputError(fmt::format(
+      "--device cuda: this build has no code {} runs: CMAKE_CUDA_ARCHITECTURES was '{}' ({}); "
+      "rebuild with its code added, e.g. -DCMAKE_CUDA_ARCHITECTURES=\"{}{}-real;90-real;"
+      "90-virtual\" (or, if CUDA says the PTX is too new, update the driver)",
+      gpu, built_architectures(), error, d.compute_major, d.compute_minor));
+}
+
 class CudaEngine final : public Engine {
  public:
   explicit CudaEngine(const EngineRequest& r) {
@@ -140,6 +160,8 @@ class CudaEngine final : public Engine {
       throw InputError("--device cuda: no CUDA device is visible on this machine");
     info_ = checked_ranks(r.batch_seqs);
     device_ = device_info(info_.local_rank);
+    set_device(info_.local_rank);  // so that the check makes no context on another rank's GPU
+    check_device_code(device_, info_.local_rank);
     kernels_ = resolve_kernels(asked, auto_target(r.arch, device_), DType::bf16);
     if (const char* ws = std::getenv("WORLD_SIZE"); ws && *ws)
       comm_ = std::make_unique<Communicator>(info_, nccl_id_file(r.point_id));

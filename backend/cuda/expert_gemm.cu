@@ -131,7 +131,9 @@ struct Tiles {
 // 64-row tiles: 46 KiB, within the 48 KiB a launch gets without asking. 128-row tiles: 60 KiB,
 // so each of their kernels opts in (opt_in_shared_memory).
 static_assert(sizeof(Tiles<64>) <= 48 * 1024, "the 64-row tiles need no opt-in");
-static_assert(sizeof(Tiles<128>) <= 227 * 1024, "within an H100/H200 SM's shared memory");
+// Within the 99 KiB a block may opt in to on compute capability 8.6, 8.9 and 12.x (the least of
+// the GPUs a build has code for): no device the tiled paths can run on refuses them.
+static_assert(sizeof(Tiles<128>) <= 99 * 1024, "within every 8.0-and-later device's opt-in");
 
 // acc += A_tile · B_tile for this warp's 32×64 part (wm, wn). A_T: A staged [depth][rows];
 // B_T: B staged [columns][depth]. Lane l addresses row l % 8 of ldmatrix matrix l / 8:

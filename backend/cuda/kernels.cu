@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstdint>
 #include <stdexcept>
+#include <string>
 #include <type_traits>
 
 #include "async_copy.cuh"
@@ -2005,6 +2006,14 @@ void set_programmatic_launch(bool on) {
 
 bool programmatic_launch() {
   return g_programmatic_launch.load(std::memory_order_relaxed);
+}
+
+std::string code_load_error() {
+  cudaFuncAttributes attributes{};
+  const cudaError_t e = cudaFuncGetAttributes(&attributes, cast_kernel<float>);
+  if (e == cudaSuccess) return "";
+  cudaGetLastError();  // not a sticky error: cleared, so the caller's next check is its own
+  return std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e);
 }
 
 int64_t grad_norm_scratch_doubles() {

@@ -42,6 +42,27 @@ DeviceInfo current_device() {
   return device_info(device);
 }
 
+const char* attention_name(AttentionPath p);  // below, with the other --kernels names
+
+// A fused attention path whose kernels ask more shared memory a block than the device allows:
+// refused in one line before anything is allocated (its opt-in would fail at the first step).
+void check_attention_fits(AttentionPath path, int64_t Dh) {
+  const std::size_t need = attention_shared_bytes(path, Dh);
+  const DeviceInfo d = current_device();
+  if (need == 0 || d.shared_optin == 0 || need <= d.shared_optin) return;
+  std::string valid;
+  for (const AttentionPath p : {AttentionPath::fused_mma_lean, AttentionPath::fused_mma,
+                                AttentionPath::fused, AttentionPath::cublas})
+    if ((p != AttentionPath::fused_mma_lean || attention::backward_mma_supported(Dh)) &&
+        attention_shared_bytes(p, Dh) <= d.shared_optin)
+      valid += (valid.empty() ? "" : ", ") + std::string(attention_name(p));
+  throw InputError(fmt::format(
+      "--kernels attention={}: its kernels ask {:.1f} KiB of shared memory a block at head width "
+      "{}; this device ({}, compute capability {}.{}) allows {:.1f} KiB (valid here: {})",
+      attention_name(path), double(need) / 1024, Dh, d.name, d.compute_major, d.compute_minor,
+      double(d.shared_optin) / 1024, valid));
+}
+
 struct LayerParams {
   int64_t norm1 = -1, qkv = -1, attn_out = -1, norm2 = -1, w13 = -1, w2 = -1;
   int64_t router = -1, shared_w13 = -1, shared_w2 = -1;
@@ -760,6 +781,7 @@ struct Model::Impl {
     dkdv_kernel = backward_mma && lean ? attention::DkdvKernel::lean
                   : backward_mma && wg ? attention::DkdvKernel::wgmma
                                        : attention::DkdvKernel::held;
+    if (flash) check_attention_fits(attn, Dh);
     n_params = int64_t(init.params.size());
     locate_tensors();
 
@@ -2576,6 +2598,9 @@ const char* name_of(const std::pair<const char*, E> (&names)[N], E e) {
     if (v == e) return name;
   return "?";
 }
+const char* attention_name(AttentionPath p) {
+  return name_of(kAttention, p);
+}
 }  // namespace
 
 // A positive row count, or `auto` (0).
@@ -2659,7 +2684,22 @@ AutoTarget auto_target(const Arch& arch, const DeviceInfo& device) {
           .d_model = arch.d_model,
           .d_expert = arch.is_dense() ? 0 : arch.d_expert,
           .compute_major = device.compute_major,
-          .compute_minor = device.compute_minor};
+          .compute_minor = device.compute_minor,
+          .shared_optin = device.shared_optin};
+}
+
+// The kernels each path runs, as Model chooses them (forward_mma, backward_mma, dkdv_kernel).
+std::size_t attention_shared_bytes(AttentionPath path, int64_t Dh) {
+  if (path == AttentionPath::cublas || !attention::supported(Dh)) return 0;
+  const bool mma_backward = path != AttentionPath::fused && attention::backward_mma_supported(Dh);
+  const std::size_t backward = mma_backward ? attention::backward_mma_shared_bytes(Dh)
+                                            : attention::backward_shared_bytes(Dh);
+  const std::size_t forward =
+      path == AttentionPath::fused ? attention::forward_shared_bytes(Dh)
+      : path == AttentionPath::fused_wgmma
+          ? attention::wgmma_shared_bytes(Dh)
+          : attention::forward_mma_shared_bytes(Dh, path == AttentionPath::fused_mma_wide);
+  return std::max(forward, backward);
 }
 
 KernelChoice resolve_kernels(const KernelChoice& asked, const AutoTarget& t, DType matmul,
@@ -2667,14 +2707,21 @@ KernelChoice resolve_kernels(const KernelChoice& asked, const AutoTarget& t, DTy
   KernelChoice k = asked;
   const bool bf16 = matmul == DType::bf16, moe = t.d_expert > 0;
   const bool hopper = expert_gemm::wgmma_supported(t.compute_major, t.compute_minor);
+  // A fused path fits where the device allows its kernels' shared memory (or is not known).
+  const auto fits = [&](AttentionPath p) {
+    return t.shared_optin == 0 || attention_shared_bytes(p, t.head_dim) <= t.shared_optin;
+  };
   if (!k.attention)
     k.attention =
         !bf16 ? AttentionPath::cublas
-        : options.wgmma_attention && hopper && attention::backward_wgmma_supported(t.head_dim)
+        : options.wgmma_attention && hopper && attention::backward_wgmma_supported(t.head_dim) &&
+                fits(AttentionPath::fused_wgmma)
             ? AttentionPath::fused_wgmma
-        : attention::backward_mma_supported(t.head_dim) ? AttentionPath::fused_mma_lean
-        : attention::supported(t.head_dim)              ? AttentionPath::fused_mma
-                                                        : AttentionPath::cublas;
+        : attention::backward_mma_supported(t.head_dim) && fits(AttentionPath::fused_mma_lean)
+            ? AttentionPath::fused_mma_lean
+        : attention::supported(t.head_dim) && fits(AttentionPath::fused_mma)
+            ? AttentionPath::fused_mma
+            : AttentionPath::cublas;
   if (!k.experts)
     k.experts =
         !bf16 ? ExpertPath::grouped

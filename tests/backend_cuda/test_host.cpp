@@ -130,8 +130,13 @@ TEST_CASE("the dense bf16 peaks MFU is given against: the datasheet's, by the na
         doctest::Approx(1979.0 / 2).epsilon(1e-3));
   CHECK(cu::dense_bf16_peak_tflops("NVIDIA H100 PCIe") ==
         doctest::Approx(1513.0 / 2).epsilon(1e-3));
+  // NVIDIA's A100 datasheet: bf16 tensor core 624 TFLOP/s with sparsity, dense half, for the
+  // SXM4 parts of 40 and 80 GB (named as deviceQuery prints them).
+  for (const char* a100 : {"NVIDIA A100-SXM4-80GB", "NVIDIA A100-SXM4-40GB"})
+    CHECK_MESSAGE(cu::dense_bf16_peak_tflops(a100) == doctest::Approx(624.0 / 2).epsilon(1e-3),
+                  a100);
   // Not listed, so no MFU against a guess: another part, a name not quite the same, the emulator.
-  for (const char* other : {"NVIDIA H100 NVL", "NVIDIA A100-SXM4-80GB", "NVIDIA H200 ",
+  for (const char* other : {"NVIDIA H100 NVL", "NVIDIA A100-PCIE-40GB", "NVIDIA H200 ",
                             "nvidia h200", "moeplan CUDA emulator (CPU)", ""})
     CHECK_MESSAGE(cu::dense_bf16_peak_tflops(other) == 0.0, other);
 }
@@ -204,6 +209,26 @@ TEST_CASE("--kernels auto: an option switched on is taken only where it can run"
         "attention=fused_wgmma,experts=tiled,router=tiled");
   CHECK(resolved(h200, all, bf16, cu::parse_kernel_choice("attention=fused_mma,router=cublas")) ==
         "attention=fused_mma,experts=wgmma,launch=pdl");
+  // A device's shared memory a block: at head width 128 fused_mma's backward needs 120.5 KiB
+  // (below), more than compute capability 8.6's and 8.9's 99 KiB, so auto takes cuBLAS there; an
+  // A100's 163 KiB holds it; at head width 64 the lean kernels fit 99 KiB; 0 is not known.
+  t = h200;
+  t.head_dim = 128;
+  t.compute_major = 8;
+  t.compute_minor = 6;
+  t.shared_optin = 99 * 1024;
+  CHECK(resolved(t, all) == "attention=cublas,experts=tiled128,router=tiled");
+  t.compute_minor = 0;
+  t.shared_optin = 163 * 1024;
+  CHECK(resolved(t, all) == "attention=fused_mma,experts=tiled128,router=tiled");
+  t.head_dim = 64;
+  t.compute_minor = 6;
+  t.shared_optin = 99 * 1024;
+  CHECK(resolved(t, all) == "attention=fused_mma_lean,experts=tiled128,router=tiled");
+  t = h200;
+  t.head_dim = 128;
+  t.shared_optin = 0;
+  CHECK(resolved(t) == "attention=fused_mma,experts=tiled128");
   // The target of a point: its shapes and the device's capability; a dense point has no d_expert.
   moeplan::Arch a;
   a.d_model = 768;
@@ -218,9 +243,36 @@ TEST_CASE("--kernels auto: an option switched on is taken only where it can run"
   CHECK(dense.d_model == 768);
   CHECK(dense.d_expert == 0);
   CHECK(dense.compute_major == 9);
+  CHECK(dense.shared_optin == 0);
+  dev.shared_optin = 227 * 1024;
+  CHECK(cu::auto_target(a, dev).shared_optin == 227 * 1024);
   a.dense_layers = 2;
   a.experts = 64;
   CHECK(cu::auto_target(a, dev).d_expert == 96);
+}
+
+TEST_CASE("attention paths' shared memory a block, from the kernels' tiles worked by hand") {
+  // Tiles of 64 query rows and 64 keys; bf16 tiles of a head width D stored in rows of D + 8,
+  // the bf16 P and dS tiles in rows of 64 + 8, the fp32 scores and dP in rows of 64 + 4, the fp32
+  // output tile in rows of D + 4.
+  const auto bf16_tile = [](std::size_t cols) { return 64 * (cols + 8) * 2; };
+  const std::size_t scores = 64 * (64 + 4) * 4, p = bf16_tile(64), rows = 64 * 4;
+  // At 128: the backward keeps q, dO, k, v, P, dS, the scores, dP, lse and delta.
+  const std::size_t backward128 = 4 * bf16_tile(128) + 2 * p + 2 * scores + 2 * rows;
+  CHECK(backward128 == 123392);  // 120.5 KiB
+  // fused_mma's forward: q, and k and v twice over.
+  CHECK(cu::attention_shared_bytes(cu::AttentionPath::fused_mma, 128) == backward128);
+  // fused's forward keeps q, k, v, P, the scores, the fp32 output and three row statistics.
+  const std::size_t forward128 = 3 * bf16_tile(128) + p + scores + 64 * (128 + 4) * 4 + 3 * rows;
+  CHECK(forward128 < backward128);
+  CHECK(cu::attention_shared_bytes(cu::AttentionPath::fused, 128) == backward128);
+  // At 64 the lean path's largest is the dK/dV kernel: k, v, then q and dO twice over, and lse
+  // and delta twice over.
+  const std::size_t dkdv64 = 2 * bf16_tile(64) + 4 * bf16_tile(64) + 4 * rows;
+  CHECK(cu::attention_shared_bytes(cu::AttentionPath::fused_mma_lean, 64) == dkdv64);
+  CHECK(dkdv64 <= 99 * 1024);
+  CHECK(cu::attention_shared_bytes(cu::AttentionPath::cublas, 128) == 0);
+  CHECK(cu::attention_shared_bytes(cu::AttentionPath::fused_mma, 48) == 0);  // no kernel at 48
 }
 
 TEST_CASE("--kernels: attention and experts by name or auto, everything else refused") {

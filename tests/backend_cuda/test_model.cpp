@@ -1033,6 +1033,57 @@ void check_same_step_as_fused_mma(cu::AttentionPath path, const char* name, cons
 
 }  // namespace
 
+#ifdef MOEPLAN_CUDA_EMULATION
+TEST_CASE("a device's shared memory a block: fused attention refused where it does not fit") {
+  // Head width 128: fused_mma's and fused's backward kernels ask 120.5 KiB a block, more than a
+  // device of compute capability 8.6 allows (99 KiB), within an A100's (8.0: 163 KiB). The
+  // emulation pretends each device, and refuses an opt-in past its limit as CUDA does.
+  Arch w = dense_arch();
+  w.head_dim = 128;
+  w.d_model = w.heads * 128;
+  const int64_t B = 2;
+  const Batch b = random_batch(B, w.seq_len, w.vocab, 77);
+  struct Compute {  // MOEPLAN_EMU_COMPUTE for one block
+    explicit Compute(const char* cc) { setenv("MOEPLAN_EMU_COMPUTE", cc, 1); }
+    ~Compute() { unsetenv("MOEPLAN_EMU_COMPUTE"); }
+  };
+  {
+    const Compute ampere86("8.6");
+    for (const auto& [path, name] : {std::pair{cu::AttentionPath::fused_mma, "fused_mma"},
+                                     {cu::AttentionPath::fused, "fused"}}) {
+      INFO(name);
+      std::string what;
+      try {
+        cu::Model m(w, ModelOptions{}, 4, B, DType::bf16, nullptr, path);
+      } catch (const moeplan::InputError& e) {
+        what = e.what();
+      }
+      CHECK_MESSAGE(what.find(std::string("--kernels attention=") + name +
+                              ": its kernels ask 120.5 KiB of shared memory a block at head "
+                              "width 128") != std::string::npos,
+                    what);
+      CHECK_MESSAGE(what.find("compute capability 8.6) allows 99.0 KiB (valid here: cublas)") !=
+                        std::string::npos,
+                    what);
+    }
+    // auto takes cuBLAS's attention here, and its step runs.
+    const cu::KernelChoice k =
+        cu::resolve_kernels({}, cu::auto_target(w, cu::device_info(0)), DType::bf16);
+    REQUIRE(k.attention == cu::AttentionPath::cublas);
+    cu::Model m(w, ModelOptions{}, 4, B, DType::bf16, nullptr, *k.attention);
+    CHECK(std::isfinite(m.compute_gradients(b.inputs.data(), b.targets.data())));
+  }
+  {  // On an A100 the same kernels fit, and auto takes them.
+    const Compute ampere80("8.0");
+    const cu::KernelChoice k =
+        cu::resolve_kernels({}, cu::auto_target(w, cu::device_info(0)), DType::bf16);
+    CHECK(k.attention == cu::AttentionPath::fused_mma);
+    cu::Model m(w, ModelOptions{}, 4, B, DType::bf16, nullptr, cu::AttentionPath::fused_mma);
+    CHECK(std::isfinite(m.compute_gradients(b.inputs.data(), b.targets.data())));
+  }
+}
+#endif
+
 TEST_CASE("bf16: the wide register-resident forward gives fused_mma's step bit for bit") {
   // 32 query rows a warp run the same tiles with the same arithmetic per row. S 200: a 128-row
   // block and a second one with a partial first half.

@@ -2025,6 +2025,26 @@ TEST_CASE("moeplan run --device cuda (emulated): the CPU's tokens and ledger, ke
     CHECK_MESSAGE(r.err.find("is 8.0") != std::string::npos, r.err);
     CHECK_FALSE(fs::exists(dir / "cuda-8.0" / "moe-a" / "record.json"));
   }
+  // A GPU older than the kernels' compute capability 8.0 (a V100's 7.0, a T4's 7.5): the build
+  // has no code it runs (the emulation follows a default build's, sm_80 and sm_90 code and
+  // compute_90 PTX), refused in one line naming the GPU and the code, before the point trains.
+  setenv("MOEPLAN_EMU_COMPUTE", "7.5", 1);
+  {
+    const Result r = run_cli({"run", sweep, "--out", (dir / "cuda-7.5").string(), "--point",
+                              "moe-a", "--device", "cuda"},
+                             MOEPLAN_EMULATED_BINARY);
+    unsetenv("MOEPLAN_EMU_COMPUTE");
+    CHECK(r.status == 2);
+    CHECK_MESSAGE(one_line(r.err), r.err);
+    for (const char* part :
+         {"GPU 0 (moeplan CUDA emulator (CPU), compute capability 7.5) cannot run moeplan's "
+          "kernels, which need compute capability 8.0 or later",
+          "this build's code: 80-real,90-real,90-virtual (cudaErrorNoKernelImageForDevice",
+          "train with --device cpu"})
+      CHECK_MESSAGE(r.err.find(part) != std::string::npos, r.err);
+    CHECK_FALSE(fs::exists(dir / "cuda-7.5" / "moe-a" / "record.json"));
+  }
+  unsetenv("MOEPLAN_EMU_COMPUTE");
   // A GPU whose dense bf16 peak the engine knows (the emulation pretends an H200's name): the
   // record names it and gives its MFU against 989 TFLOP/s (issue 6's figure for the H200's dense
   // bf16 peak), as do the progress and estimate lines.

@@ -44,6 +44,29 @@ namespace {
 // when the kernel opts in, 48 KiB without.
 constexpr unsigned kMaxThreads = 1024, kMaxGridYZ = 65535;
 constexpr std::size_t kMaxSharedOptIn = 227 * 1024, kDefaultShared = 48 * 1024;
+
+// The emulated device's compute capability: Hopper's 9.0 unless MOEPLAN_EMU_COMPUTE names
+// another ("8.6"); false for a value that is not two numbers.
+bool emulated_compute(int& major, int& minor) {
+  major = 9;
+  minor = 0;
+  const char* cc = std::getenv("MOEPLAN_EMU_COMPUTE");
+  return !cc || std::sscanf(cc, "%d.%d", &major, &minor) == 2;
+}
+
+// The most shared memory a block may opt in to at a compute capability (CUDA C++ Programming
+// Guide, "Technical Specifications per Compute Capability"): 227 KiB on 9.0 and 10.x, 163 KiB on
+// 8.0 and 8.7, 99 KiB on 8.6, 8.9 and 12.x, 64 KiB on 7.5, 96 KiB on 7.0.
+std::size_t shared_optin() {
+  int major = 0, minor = 0;
+  if (!emulated_compute(major, minor)) return kMaxSharedOptIn;
+  const std::size_t kib = major == 9 || major == 10                  ? 227
+                          : major == 8 && (minor == 0 || minor == 7) ? 163
+                          : major == 7 && minor == 0                 ? 96
+                          : major == 7                               ? 64
+                                                                     : 99;
+  return kib * 1024;
+}
 constexpr std::size_t kStackBytes = 256 * 1024;
 
 // ---- context switching -------------------------------------------------------------------------
@@ -723,8 +746,10 @@ void wgmma_wait(int pending) {
 }
 
 cudaError_t set_max_dynamic_shared(const void* kernel, int bytes) {
-  if (bytes < 0 || std::size_t(bytes) > kMaxSharedOptIn) {
-    set_error(cudaErrorInvalidValue, "cudaFuncSetAttribute: more than 227 KiB of shared memory");
+  if (bytes < 0 || std::size_t(bytes) > shared_optin()) {
+    set_error(cudaErrorInvalidValue,
+              "cudaFuncSetAttribute: " + std::to_string(bytes) + " bytes of shared memory, more " +
+                  "than the device's opt-in (" + std::to_string(shared_optin()) + ")");
     return cudaErrorInvalidValue;
   }
   State& s = st();
@@ -781,6 +806,15 @@ void launch(const char* kernel, const Config& cfg, const std::function<void()>& 
         }
       }
   s.block.smem.reset();
+}
+
+cudaError_t code_for_device() {
+  int major = 0, minor = 0;
+  if (!emulated_compute(major, minor)) return cudaErrorInvalidValue;
+  if (major >= 8) return cudaSuccess;
+  set_error(cudaErrorNoKernelImageForDevice,
+            "no kernel image is available for execution on the device");
+  return cudaErrorNoKernelImageForDevice;
 }
 
 }  // namespace moeplan_emu
@@ -907,11 +941,10 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int device) {
   std::snprintf(p->name, sizeof p->name, "%s",
                 name && *name ? name : "moeplan CUDA emulator (CPU)");
   p->multiProcessorCount = 1;
-  p->major = 9;  // Hopper's, unless MOEPLAN_EMU_COMPUTE names another (e.g. "8.0")
-  p->minor = 0;
-  if (const char* cc = std::getenv("MOEPLAN_EMU_COMPUTE"))
-    if (std::sscanf(cc, "%d.%d", &p->major, &p->minor) != 2) return cudaErrorInvalidValue;
+  // Hopper's, unless MOEPLAN_EMU_COMPUTE names another (e.g. "8.0")
+  if (!moeplan_emu::emulated_compute(p->major, p->minor)) return cudaErrorInvalidValue;
   p->totalGlobalMem = std::size_t(1) << 30;
+  p->sharedMemPerBlockOptin = moeplan_emu::shared_optin();
   return cudaSuccess;
 }
 cudaError_t cudaSetDevice(int device) {
@@ -924,7 +957,7 @@ cudaError_t cudaGetDevice(int* device) {
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
   if (device < 0 || device >= emulated_devices()) return cudaErrorInvalidDevice;
   if (attr != cudaDevAttrMaxSharedMemoryPerBlockOptin) return cudaErrorInvalidValue;
-  *value = int(moeplan_emu::kMaxSharedOptIn);  // Hopper's
+  *value = int(moeplan_emu::shared_optin());
   return cudaSuccess;
 }
 cudaError_t cudaDeviceSynchronize() {
@@ -1012,7 +1045,9 @@ const char* cudaGetErrorString(cudaError_t e) {
   return st().message.c_str();
 }
 const char* cudaGetErrorName(cudaError_t e) {
-  return e == cudaSuccess ? "cudaSuccess" : "cudaErrorEmulated";
+  return e == cudaSuccess                       ? "cudaSuccess"
+         : e == cudaErrorNoKernelImageForDevice ? "cudaErrorNoKernelImageForDevice"
+                                                : "cudaErrorEmulated";
 }
 cudaError_t cudaDriverGetVersion(int* version) {
   *version = 12000;

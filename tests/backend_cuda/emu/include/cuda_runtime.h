@@ -17,6 +17,7 @@ enum cudaError_t {
   cudaErrorInsufficientDriver = 35,
   cudaErrorNoDevice = 100,
   cudaErrorInvalidDevice = 101,
+  cudaErrorNoKernelImageForDevice = 209,
   cudaErrorLaunchFailure = 719,
 };
 using cudaError = cudaError_t;
@@ -35,6 +36,7 @@ struct cudaDeviceProp {
   int multiProcessorCount;
   int major, minor;
   std::size_t totalGlobalMem;
+  std::size_t sharedMemPerBlockOptin;
 };
 
 cudaError_t cudaGetDeviceCount(int* n);
@@ -125,6 +127,20 @@ struct Uncounted {
   Uncounted(const Uncounted&) = delete;
   Uncounted& operator=(const Uncounted&) = delete;
 };
+}
+namespace moeplan_emu {
+// Whether the emulated device can run a default build's code (sm_80 and sm_90 code, compute_90
+// PTX): compute capability 8.0 and later (MOEPLAN_EMU_COMPUTE).
+cudaError_t code_for_device();
+}  // namespace moeplan_emu
+// Only whether the kernel's code loads on the device; no attribute is filled.
+struct cudaFuncAttributes {
+  int maxDynamicSharedSizeBytes;
+};
+template <class Kernel>
+cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* a, Kernel*) {
+  a->maxDynamicSharedSizeBytes = 0;
+  return moeplan_emu::code_for_device();
 }
 template <class Kernel>
 cudaError_t cudaFuncSetAttribute(Kernel k, cudaFuncAttribute attr, int value) {

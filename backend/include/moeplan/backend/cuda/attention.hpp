@@ -11,6 +11,7 @@
 // to q and k; O and dO (B·S, H·Dh) bf16; lse and delta (B·H·S) fp32; dqkv (B·S, (H+2·Hkv)·Dh)
 // fp32, every q, k and v column written (not accumulated). alibi_slopes (H) or null. Softmax scale
 // 1/sqrt(Dh), the ALiBi bias −slope·(i−j) added after scaling, as in the CPU reference.
+#include <cstddef>
 #include <cstdint>
 
 namespace moeplan::backend::cuda::attention {
@@ -74,5 +75,18 @@ void backward_mma(void* dqkv, bool dqkv_bf16, float* delta, uint16_t* ds, const 
                   const uint16_t* O, const float* lse, const uint16_t* qkv,
                   const float* alibi_slopes, int64_t B, int64_t S, int64_t H, int64_t Hkv,
                   int64_t Dh, DkdvKernel dkdv = DkdvKernel::held);
+
+// Dynamic shared memory a block of each kernel asks, in bytes, at a supported head width (the
+// opt-in a device must allow: 99 KiB on compute capability 8.6, 8.9 and 12.x, 163 KiB on 8.0,
+// 227 KiB on 9.0). At widths up to 64 every kernel fits 99 KiB; at 128 the forward's (`forward`)
+// and the backward's (`backward`) do not. forward_mma_shared_bytes(Dh, wide): forward_mma, or
+// forward_mma_wide. backward_mma_shared_bytes: the larger of backward_mma's held/lean dK/dV and
+// dQ kernels. 0 where the head width has no such kernel.
+std::size_t forward_shared_bytes(int64_t head_dim);
+std::size_t forward_mma_shared_bytes(int64_t head_dim, bool wide);
+std::size_t backward_shared_bytes(int64_t head_dim);
+std::size_t backward_mma_shared_bytes(int64_t head_dim);
+// The larger of forward_wgmma's and the wgmma dK/dV kernel's (compute capability 9.0 only).
+std::size_t wgmma_shared_bytes(int64_t head_dim);
 
 }  // namespace moeplan::backend::cuda::attention

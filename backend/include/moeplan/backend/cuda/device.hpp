@@ -21,6 +21,8 @@ struct DeviceInfo {
   int multiprocessors = 0;
   int compute_major = 0, compute_minor = 0;
   double memory_gib = 0;
+  // The most dynamic shared memory one block may opt in to, in bytes (227 KiB on an H100/H200).
+  std::size_t shared_optin = 0;
   // Vendor dense bf16 tensor peak in TFLOP/s when the device is one we know
   // (dense_bf16_peak_tflops); 0 when unknown, so that no MFU is printed against a guessed peak.
   double peak_bf16_tflops = 0;
@@ -29,10 +31,14 @@ DeviceInfo device_info(int device = 0);
 // The maker's dense bf16 tensor-core peak of a GPU by the name CUDA reports for it, in TFLOP/s;
 // 0 for a name not listed. NVIDIA's H100 datasheet gives bf16 with sparsity as 1,979 TFLOP/s
 // (SXM) and 1,513 (PCIe), dense half of that; the H200's compute is the H100 SXM's (issue 6: 989).
-// Other parts (H100 NVL, GH200, the Blackwell GPUs) are left out until their names and figures
-// are checked on one (meanwhile `moeplan run --peak-tflops X` gives a run its peak); a build for
-// sm_90 does not run on the A100.
+// NVIDIA's A100 datasheet gives 312 TFLOP/s of dense bf16 for the SXM4 parts (40 and 80 GB),
+// named as CUDA's deviceQuery prints them. Other parts (the A100 PCIe, H100 NVL, GH200, the
+// Blackwell GPUs) are left out until their names and figures are checked on one (meanwhile
+// `moeplan run --peak-tflops X` gives a run its peak).
 double dense_bf16_peak_tflops(const std::string& name);
+// The GPU code this build carries: its CMAKE_CUDA_ARCHITECTURES with commas, e.g.
+// "80-real,90-real,90-virtual" (sm_80 and sm_90 code, compute_90 PTX).
+std::string built_architectures();
 void set_device(int device);
 void synchronize();  // waits for all work on the current device; throws on a CUDA error
 

@@ -6,6 +6,7 @@
 // decide results run in a fixed order: no float atomics anywhere, so a run is bit-for-bit
 // repeatable.
 #include <cstdint>
+#include <string>
 
 #include "moeplan/backend/cuda/device.hpp"
 
@@ -16,6 +17,11 @@ namespace moeplan::backend::cuda::kernels {
 // unless set; process-wide, read at each launch. Needs compute capability 9.0 where it is on.
 void set_programmatic_launch(bool on);
 bool programmatic_launch();
+
+// Empty when this build's kernels can run on the current device; else CUDA's error name and text
+// from loading one of them (cudaErrorNoKernelImageForDevice where the build carries no code the
+// device runs). The error is cleared.
+std::string code_load_error();
 
 // out (N) in `mm` = in (N) fp32
 void cast(void* out, DType mm, const float* in, int64_t n);

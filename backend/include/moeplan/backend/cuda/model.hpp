@@ -3,6 +3,7 @@
 // the CPU reference (moeplan::backend::Model), with fp32 master weights and AdamW state on the
 // GPU and matrix-product inputs in bf16 (or fp32 for the tight tests). No CUDA header needed.
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -96,20 +97,29 @@ struct AutoOptions {
 // None measured yet (bench/gpu/NOTES.md, "The next GPU session").
 inline constexpr AutoOptions kAutoMeasured{};
 // What `auto` chooses for: the point's shapes and the device's compute capability (0.0: not
-// known, so nothing that needs a particular device is taken).
+// known, so nothing that needs a particular device is taken) and shared memory a block may opt in
+// to (0: not known, so no attention path is left out for its shared memory).
 struct AutoTarget {
   int64_t head_dim = 0;
   int64_t d_model = 0;
   int64_t d_expert = 0;  // 0: a dense model
   int compute_major = 0, compute_minor = 0;
+  std::size_t shared_optin = 0;
 };
+// The most dynamic shared memory a block of an attention path's kernels asks at a head width, in
+// bytes (0 for cublas, and for a fused path without kernels at that width). At head width 128
+// `fused` and `fused_mma` need about 120 KiB (their backward keeps the 64×64 scores and dP in
+// fp32), more than the 99 KiB a block gets on compute capability 8.6, 8.9 and 12.x.
+std::size_t attention_shared_bytes(AttentionPath path, int64_t head_dim);
 AutoTarget auto_target(const Arch& arch, const DeviceInfo& device);
 // The automatic choices made: the kernels measured fastest on an H200 that can run the point
 // (bench/gpu/RESULTS.md: fused_mma and tiled on 2026-11-30, dense 31.3 against 35.7 ms a step,
 // MoE at r_a 0.2 22.6 against 28.6 ms; the lean dK/dV kernel and 128-row tiles on 2026-12-04,
 // run E, dK/dV 2.27 against 2.41 ms a dense step and the MoE step at batch 32 46.2 against
 // 47.5 ms): attention in bf16 `fused_mma_lean` at head widths 16, 32 and 64, `fused_mma` at 128,
-// else `cublas`; experts `tiled128` in bf16, else `grouped`; launch `plain`; router `cublas`.
+// else `cublas`; experts `tiled128` in bf16, else `grouped`; launch `plain`; router `cublas`. An
+// attention path whose kernels ask more shared memory than the target's device allows is passed
+// over for the next (fused_mma_lean, fused_mma, cublas): cublas at head width 128 on 8.6 and 8.9.
 // Each option that `options` switches on replaces these where the target can run it. What was
 // asked for is kept.
 KernelChoice resolve_kernels(const KernelChoice& asked, const AutoTarget& target, DType matmul,
