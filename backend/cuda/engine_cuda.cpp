@@ -163,6 +163,7 @@ class CudaEngine final : public Engine {
     set_device(info_.local_rank);  // so that the check makes no context on another rank's GPU
     check_device_code(device_, info_.local_rank);
     kernels_ = resolve_kernels(asked, auto_target(r.arch, device_), DType::bf16);
+    auto_note_ = passed_over_note(asked, r.arch);
     if (const char* ws = std::getenv("WORLD_SIZE"); ws && *ws)
       comm_ = std::make_unique<Communicator>(info_, nccl_id_file(r.point_id));
     if (comm_ && info_.world_size > 1) same_gpus_ = ranks_share_gpu_name();
@@ -405,10 +406,10 @@ class CudaEngine final : public Engine {
   std::string describe() const override {
     const int64_t rows = model_->pass_seqs() * seq_len_;
     return fmt::format(
-        "cuda ({}){}: {} of the device's {} for passes of {} sequences ({}{}{}{})", hardware(),
+        "cuda ({}){}: {} of the device's {} for passes of {} sequences ({}{}{}{}{})", hardware(),
         info_.world_size > 1 ? fmt::format(" rank 0 of {}", info_.world_size) : "",
         bytes_text(double(device_bytes_in_use())), bytes_text(double(device_memory().second)),
-        model_->pass_seqs(), to_string(kernels_),
+        model_->pass_seqs(), to_string(kernels_), auto_note_,
         model_->logit_rows() < rows
             ? fmt::format(", LM head in chunks of {} of {} rows", model_->logit_rows(), rows)
             : "",
@@ -431,6 +432,23 @@ class CudaEngine final : public Engine {
   EngineRequest request_;
   KernelChoice kernels_;
   std::string gemm_note_;  // describe()'s words on the GEMM table, if any
+  std::string auto_note_;  // describe()'s words on a path `auto` passed over, if any
+
+  // Where `auto` took cuBLAS's attention only because this device allows a block less shared
+  // memory than the fused path it takes elsewhere asks (head width 128 on compute capability
+  // 8.6, 8.9, 12.x): the engine's line says so, since the step may be slower than on an H100.
+  std::string passed_over_note(const KernelChoice& asked, const Arch& arch) const {
+    if (asked.attention || *kernels_.attention != AttentionPath::cublas) return "";
+    AutoTarget unlimited = auto_target(arch, device_);
+    unlimited.shared_optin = 0;
+    const AttentionPath elsewhere = *resolve_kernels(asked, unlimited, DType::bf16).attention;
+    if (elsewhere == AttentionPath::cublas) return "";
+    return fmt::format(
+        ", cuBLAS attention since {} asks {:.1f} KiB of shared memory a block at head width {} "
+        "and this GPU allows {:.1f} KiB",
+        attention_name(elsewhere), double(attention_shared_bytes(elsewhere, arch.head_dim)) / 1024,
+        arch.head_dim, double(device_.shared_optin) / 1024);
+  }
   int64_t local_batch_ = 0, batch_ = 0, seq_len_ = 0;
   bool sharded_ = false;
   FlopLedger eval_ledger_;  // data parallel: the job's evaluation products

@@ -42,8 +42,6 @@ DeviceInfo current_device() {
   return device_info(device);
 }
 
-const char* attention_name(AttentionPath p);  // below, with the other --kernels names
-
 // A fused attention path whose kernels ask more shared memory a block than the device allows:
 // refused in one line before anything is allocated (its opt-in would fail at the first step).
 void check_attention_fits(AttentionPath path, int64_t Dh) {
@@ -2598,10 +2596,11 @@ const char* name_of(const std::pair<const char*, E> (&names)[N], E e) {
     if (v == e) return name;
   return "?";
 }
+}  // namespace
+
 const char* attention_name(AttentionPath p) {
   return name_of(kAttention, p);
 }
-}  // namespace
 
 // A positive row count, or `auto` (0).
 static int64_t parse_logit_rows(const std::string& value) {

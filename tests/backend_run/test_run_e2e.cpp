@@ -2045,6 +2045,57 @@ TEST_CASE("moeplan run --device cuda (emulated): the CPU's tokens and ledger, ke
     CHECK_FALSE(fs::exists(dir / "cuda-7.5" / "moe-a" / "record.json"));
   }
   unsetenv("MOEPLAN_EMU_COMPUTE");
+  // Head width 128 on a GPU that allows a block 99 KiB of shared memory (compute capability 8.6,
+  // as an A40 or an RTX 3090): fused_mma's backward asks 120.5 KiB, so auto takes cuBLAS's
+  // attention, the engine's line says why, and the point trains to the CPU's ledger; asked for
+  // by name, fused_mma is refused in one line. On an A100 (8.0, 163 KiB) auto takes fused_mma.
+  {
+    write_manifest_atomic(tiny_manifest(tiny_plan("dense", true, 4, 2, 40, 3e-3, 128),
+                                        {tiny_plan("moe-w", false, 4, 2, 40, 3e-3, 128)}),
+                          dir / "wide.toml");
+    const std::string wide = (dir / "wide.toml").string();
+    const Result cpu128 =
+        run_cli({"run", wide, "--out", (dir / "cpu-128").string(), "--point", "dense"});
+    REQUIRE_MESSAGE(cpu128.status == 0, cpu128.err);
+    struct Gpu {
+      const char* compute;
+      std::string kernels;
+    };
+    for (const Gpu& g : {Gpu{"8.6", "attention=cublas,experts=tiled128"},
+                         Gpu{"8.0", "attention=fused_mma,experts=tiled128"}}) {
+      INFO(g.compute);
+      setenv("MOEPLAN_EMU_COMPUTE", g.compute, 1);
+      const fs::path out = dir / (std::string("cuda-128-") + g.compute);
+      const Result r =
+          run_cli({"run", wide, "--out", out.string(), "--point", "dense", "--device", "cuda"},
+                  MOEPLAN_EMULATED_BINARY);
+      unsetenv("MOEPLAN_EMU_COMPUTE");
+      REQUIRE_MESSAGE(r.status == 0, r.err);
+      const bool small = std::string(g.compute) == "8.6";
+      CHECK_MESSAGE((r.out.find(g.kernels + ", cuBLAS attention since fused_mma asks 120.5 KiB "
+                                            "of shared memory a block at head width 128 and this "
+                                            "GPU allows 99.0 KiB") != std::string::npos) == small,
+                    r.out);
+      const json got = record(out, "dense");
+      CHECK(got["kernels"] == g.kernels);
+      CHECK(got["measured"]["compute"]["paper"] ==
+            record(dir / "cpu-128", "dense")["measured"]["compute"]["paper"]);
+    }
+    setenv("MOEPLAN_EMU_COMPUTE", "8.6", 1);
+    const Result asked =
+        run_cli({"run", wide, "--out", (dir / "cuda-128-asked").string(), "--point", "dense",
+                 "--device", "cuda", "--kernels", "attention=fused_mma"},
+                MOEPLAN_EMULATED_BINARY);
+    unsetenv("MOEPLAN_EMU_COMPUTE");
+    CHECK(asked.status == 2);
+    CHECK_MESSAGE(one_line(asked.err), asked.err);
+    CHECK_MESSAGE(asked.err.find("--kernels attention=fused_mma: its kernels ask 120.5 KiB of "
+                                 "shared memory a block at head width 128; this device (moeplan "
+                                 "CUDA emulator (CPU), compute capability 8.6) allows 99.0 KiB "
+                                 "(valid here: cublas)") != std::string::npos,
+                  asked.err);
+    CHECK_FALSE(fs::exists(dir / "cuda-128-asked" / "dense" / "record.json"));
+  }
   // A GPU whose dense bf16 peak the engine knows (the emulation pretends an H200's name): the
   // record names it and gives its MFU against 989 TFLOP/s (issue 6's figure for the H200's dense
   // bf16 peak), as do the progress and estimate lines.

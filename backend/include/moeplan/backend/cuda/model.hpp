@@ -125,6 +125,8 @@ AutoTarget auto_target(const Arch& arch, const DeviceInfo& device);
 KernelChoice resolve_kernels(const KernelChoice& asked, const AutoTarget& target, DType matmul,
                              const AutoOptions& options = kAutoMeasured);
 std::string to_string(const KernelChoice& k);
+// An attention path's --kernels name ("fused_mma_lean").
+const char* attention_name(AttentionPath path);
 
 class Model {
  public:
