@@ -44,6 +44,7 @@ namespace {
 // when the kernel opts in, 48 KiB without.
 constexpr unsigned kMaxThreads = 1024, kMaxGridYZ = 65535;
 constexpr std::size_t kMaxSharedOptIn = 227 * 1024, kDefaultShared = 48 * 1024;
+constexpr std::size_t kStackBytes = 256 * 1024;
 
 // The emulated device's compute capability: Hopper's 9.0 unless MOEPLAN_EMU_COMPUTE names
 // another ("8.6"); false for a value that is not two numbers.
@@ -67,7 +68,6 @@ std::size_t shared_optin() {
                                                                      : 99;
   return kib * 1024;
 }
-constexpr std::size_t kStackBytes = 256 * 1024;
 
 // ---- context switching -------------------------------------------------------------------------
 // On x86-64 a switch saves the callee-saved registers and the SSE/x87 control words on the old
