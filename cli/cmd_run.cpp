@@ -1,6 +1,8 @@
 // `moeplan run sweep.toml`: train every point of a manifest (or one), resuming interrupted points
 // and skipping complete ones. Ctrl-C checkpoints and exits 130; a diverged loss exits 4.
-// --nproc N (cuda) starts N data-parallel ranks of the same command and waits for them.
+// --nproc N (cuda) starts N data-parallel ranks of the same command and waits for them;
+// --points-at-once K starts K workers of it, each on GPUs of its own, that share the sweep's
+// points.
 #include <unistd.h>
 
 #include <algorithm>
@@ -91,6 +93,7 @@ struct RunFlags {
   int64_t checkpoint_every = 0;
   int threads = 0;
   int nproc = 1;
+  int points_at_once = 1;  // workers, each training one point at a time on GPUs of its own
   int64_t micro_batch = 0;
   bool shard_optimizer = false;
   bool elastic = false;
@@ -99,19 +102,30 @@ struct RunFlags {
   bool profile = false;             // with estimate: then the steps' time by phase
 };
 
-// The ranks' arguments: this command line without --nproc.
-std::vector<std::string> rank_args() {
+// The ranks' (or workers') arguments: this command line without `flag` and its value.
+std::vector<std::string> args_without(const std::string& flag) {
   std::vector<std::string> out;
   const auto& a = program_args();
   for (size_t i = 0; i < a.size(); ++i) {
-    if (a[i] == "--nproc") {
+    if (a[i] == flag) {
       ++i;  // and its value
       continue;
     }
-    if (a[i].rfind("--nproc=", 0) == 0) continue;
+    if (a[i].rfind(flag + "=", 0) == 0) continue;
     out.push_back(a[i]);
   }
   return out;
+}
+
+// Set in each worker that `--points-at-once` started ("w/K"), and in its ranks.
+const char* points_worker() {
+  const char* w = std::getenv("MOEPLAN_POINTS_WORKER");
+  return w && *w ? w : nullptr;
+}
+
+// " GPU 2" or " GPUs 2,3": what a worker's CUDA_VISIBLE_DEVICES gave it.
+std::string gpus_text(const std::string& devices) {
+  return fmt::format("GPU{} {}", devices.find(',') == std::string::npos ? "" : "s", devices);
 }
 
 // `--nproc N` against the device and the points: refused before anything is made.
@@ -144,7 +158,7 @@ void check_nproc(const RunFlags& f, const std::string& device,
 int launch(const RunFlags& f) {
   backend::LaunchRequest req;
   req.nproc = f.nproc;
-  req.args = rank_args();
+  req.args = args_without("--nproc");
   req.stop = &g_stop;
   req.on_started = [&](const std::vector<pid_t>& pids) {
     fmt::print("moeplan: {} data-parallel ranks started (pids {}); rank 0 prints and writes\n",
@@ -154,6 +168,100 @@ int launch(const RunFlags& f) {
   const backend::LaunchOutcome out = backend::launch_ranks(req);
   if (!out.failure.empty()) std::fprintf(stderr, "moeplan: error: %s\n", out.failure.c_str());
   return out.status;
+}
+
+// `--points-at-once K` against the device and the command: refused before anything is made.
+// Returns each worker's GPUs (--nproc of them) as its CUDA_VISIBLE_DEVICES, none for K = 1.
+std::vector<std::string> worker_gpus(const RunFlags& f, const std::string& device, bool one_point,
+                                     bool estimate) {
+  const int k = f.points_at_once;
+  if (k < 1 || k > kMaxRanks)
+    throw InputError(fmt::format("--points-at-once {} must be from 1 to {}", k, kMaxRanks));
+  if (k == 1) return {};
+  if (device != "cuda")
+    throw InputError(fmt::format(
+        "--points-at-once {} trains points side by side on GPUs of their own; it needs --device "
+        "cuda (not '{}')",
+        k, device));
+  if (one_point)
+    throw InputError(fmt::format(
+        "--points-at-once {} shares a sweep's points between workers; with --point there is one "
+        "(leave out --point, or --points-at-once)",
+        k));
+  if (estimate)
+    throw InputError(fmt::format(
+        "--points-at-once {}: --estimate times the points one after another in one process, so "
+        "that their times compare; leave out --points-at-once",
+        k));
+  if (const char* ws = std::getenv("WORLD_SIZE"); ws && *ws)
+    throw InputError(fmt::format(
+        "--points-at-once {} with WORLD_SIZE={} already set: it starts processes of its own; "
+        "unset WORLD_SIZE, RANK and LOCAL_RANK",
+        k, ws));
+  if (points_worker())
+    throw InputError(fmt::format("--points-at-once {} inside a worker of --points-at-once", k));
+  const int visible = backend::visible_devices(device);
+  const int per = f.nproc;
+  if (visible >= 0 && int64_t(k) * per > visible)
+    throw InputError(fmt::format(
+        "--points-at-once {}{} needs {} GPUs but this machine shows {} CUDA device(s); choose "
+        "--points-at-once of at most {}",
+        k, per > 1 ? fmt::format(" with --nproc {}", per) : "", int64_t(k) * per, visible,
+        std::max(1, visible / per)));
+  // The GPUs as CUDA numbers them for this process: its CUDA_VISIBLE_DEVICES's entries (numbers
+  // or UUIDs), the first `visible` of them (CUDA stops at one it cannot find), else 0..n-1.
+  std::vector<std::string> all;
+  if (const char* cvd = std::getenv("CUDA_VISIBLE_DEVICES"); cvd && *cvd) {
+    std::string list = cvd;
+    for (size_t at = 0; at <= list.size() && int(all.size()) < visible;) {
+      const size_t comma = std::min(list.find(',', at), list.size());
+      all.push_back(list.substr(at, comma - at));
+      at = comma + 1;
+    }
+  } else {
+    for (int i = 0; i < visible; ++i) all.push_back(std::to_string(i));
+  }
+  std::vector<std::string> out;
+  for (int w = 0; w < k; ++w) {
+    std::string d;
+    for (int r = 0; r < per; ++r) d += (r ? "," : "") + all[size_t(w * per + r)];
+    out.push_back(d);
+  }
+  return out;
+}
+
+// `--points-at-once K`: start the workers, wait for them, and say what is left. Each worker is
+// this command on its own GPUs; the points' locks share the sweep out between them (a worker
+// leaves a point another holds and takes the next), so no point trains twice.
+int launch_workers(const RunFlags& f, const std::vector<std::string>& gpus,
+                   const std::function<std::vector<std::string>()>& unfinished) {
+  backend::LaunchRequest req;
+  req.worker_devices = gpus;
+  req.args = args_without("--points-at-once");
+  req.stop = &g_stop;
+  req.on_started = [&](const std::vector<pid_t>& pids) {
+    std::string each;
+    for (size_t w = 0; w < pids.size(); ++w)
+      each += fmt::format("{}{} (pid {})", w ? ", " : "", gpus_text(gpus[w]), pids[w]);
+    fmt::print("moeplan: {} workers started, each training one point at a time{}: {}\n",
+               pids.size(), f.nproc > 1 ? fmt::format(" over {} GPUs", f.nproc) : "", each);
+    std::fflush(stdout);
+  };
+  const backend::LaunchOutcome out = backend::launch_ranks(req);
+  if (!out.failure.empty()) {
+    std::fprintf(stderr, "moeplan: error: %s\n", out.failure.c_str());
+    return out.status;
+  }
+  if (out.status != 0 && out.status != kExitBusy) return out.status;  // interrupted
+  // Each worker leaves the points the others train, and exits 3 if one was unfinished when it
+  // ended: left to another process only if still unfinished now that every worker has ended.
+  const std::vector<std::string> left = unfinished();
+  if (left.empty()) return kExitOk;
+  fmt::print(
+      "{} point{} left to another moeplan process ({}); run the same command again when it has "
+      "finished\n",
+      left.size(), left.size() == 1 ? "" : "s", fmt::join(left, ", "));
+  return kExitBusy;
 }
 
 std::string duration(double seconds) {
@@ -405,6 +513,8 @@ int run(const RunFlags& f) {
     throw InputError(fmt::format("--device {}: no {} device is visible on this machine", opt.device,
                                  opt.device == "cuda" ? "CUDA" : opt.device));
   if (f.nproc != 1) check_nproc(f, opt.device, points);
+  std::vector<std::string> worker_devices =
+      worker_gpus(f, opt.device, f.point.has_value(), f.estimate.has_value());
   // Rank variables the engine would refuse (RANK without WORLD_SIZE, a LOCAL_RANK past the GPUs,
   // fewer sequences than ranks), likewise before any folder: after --nproc's own checks, which
   // name a WORLD_SIZE set beside --nproc first (the launcher sets them for its ranks).
@@ -445,6 +555,16 @@ int run(const RunFlags& f) {
     }
   }
   if (!f.estimate) backend::check_source_tokens(pending, m.train, opt.source_base);
+  // No more workers than points to train (a sweep with one left trains it here, on the GPUs
+  // the first worker would have had).
+  if (!worker_devices.empty() && pending.size() < worker_devices.size()) {
+    if (!pending.empty())
+      fmt::print("moeplan: --points-at-once {}: {} point{} to train, so {}\n", f.points_at_once,
+                 pending.size(), pending.size() == 1 ? "" : "s",
+                 pending.size() > 1 ? fmt::format("{} workers", pending.size())
+                                    : "no workers: this process trains it");
+    worker_devices.resize(pending.size() > 1 ? pending.size() : 0);
+  }
   // The points --point leaves out are not trained, but they share the folder: a record or a
   // trainer there of another sweep's [train] settings (another seed) is refused as the point's
   // own would be (after the point's own checks, which name its own problems first).
@@ -473,8 +593,9 @@ int run(const RunFlags& f) {
   const char* rank = std::getenv("RANK");
   const bool rank0 =
       !backend::data_parallel_world() || !rank || !*rank || std::string_view(rank) == "0";
+  const char* worker = points_worker();
   if (std::any_of(pending.begin(), pending.end(), [](const Plan* p) { return p->role == "moe"; }) &&
-      rank0 && f.nproc == 1)
+      (!worker_devices.empty() || (rank0 && f.nproc == 1 && !worker)))
     if (const std::string w = capacity_factor_warning(m); !w.empty())
       fmt::print(stderr, "moeplan: warning: {}\n", w);
   // An estimate writes nothing, and a sweep whose points are all complete has nothing to write
@@ -482,9 +603,31 @@ int run(const RunFlags& f) {
   if (!f.estimate && !pending.empty()) backend::ensure_writable_dir(opt.out_dir);
 
   const char* world = std::getenv("WORLD_SIZE");
-  g_stop_hint = world == nullptr || *world == '\0';  // one process, or the --nproc launcher
+  // One process, or the --nproc or --points-at-once launcher.
+  g_stop_hint = (world == nullptr || *world == '\0') && !worker;
   for (int sig : {SIGINT, SIGTERM, SIGHUP}) on_stop(sig, on_stop_signal);
+  // Whether a point's record is complete now (another process may have finished it meanwhile).
+  const auto complete_now = [&](const Plan* p) {
+    try {
+      const nlohmann::json rec = backend::existing_record(*p, plan_to_json(*p), m.train, opt);
+      return rec.is_object() && rec.value("status", "") == "complete";
+    } catch (const InputError&) {
+      return false;  // said when the command is run again
+    }
+  };
+  if (!worker_devices.empty())
+    return launch_workers(f, worker_devices, [&] {
+      std::vector<std::string> left;
+      for (const Plan* p : pending)
+        if (!complete_now(p)) left.push_back(p->id);
+      return left;
+    });
   if (f.nproc != 1) return launch(f);
+  // A worker's lines name its GPUs; the points the others train are theirs, not "left".
+  const char* cvd = std::getenv("CUDA_VISIBLE_DEVICES");
+  const std::string on_gpus =
+      worker ? ", " + gpus_text(cvd ? cvd : "(CUDA_VISIBLE_DEVICES unset)") : std::string();
+  const bool first_worker = !worker || std::string_view(worker).rfind("0/", 0) == 0;
   int index = 0;
   double estimated_seconds = 0;
   int estimated = 0;
@@ -492,7 +635,7 @@ int run(const RunFlags& f) {
   std::vector<std::string> busy;  // points another process is training
   for (const Plan* p : points) {
     ++index;
-    const std::string label = fmt::format("[{} {}/{}]", p->id, index, points.size());
+    const std::string label = fmt::format("[{} {}/{}{}]", p->id, index, points.size(), on_gpus);
     // A stop between points (the last one's checkpoint just written) starts no other. Alone
     // only: data-parallel ranks decide a stop together (run_point's first check, which writes
     // nothing before the first step); one rank returning here would leave the others waiting in
@@ -501,16 +644,22 @@ int run(const RunFlags& f) {
       fmt::print("{} not started: stopped; run the same command again to continue\n", label);
       return kExitInterrupted;
     }
-    fmt::print(
+    const std::string plan_line = fmt::format(
         "{} N {} (r_a {:.3f}), {} steps x {} seqs x {} = {} tokens consumed, {} unique, "
         "C {} FLOPs [{}]\n",
         label, human(double(p->counts.total_params)), p->counts.activation_rate(), p->budget.steps,
         p->budget.batch_seqs, p->budget.seq_len, human(double(p->budget.tokens_consumed)),
         human(double(p->budget.tokens_unique)), human(p->budget.compute),
         flops_label(p->arch, p->convention, p->mask));
+    // A worker says it once the point is its own (its engine made: the lock taken), not for the
+    // points it leaves to the others.
+    const auto plan_unsaid = std::make_shared<bool>(worker != nullptr);
+    if (!worker) fmt::print("{}", plan_line);
     std::fflush(stdout);
     opt.on_progress = ProgressPrinter(label);
-    opt.on_engine = [&label](const std::string& what) {
+    opt.on_engine = [&label, plan_line, plan_unsaid](const std::string& what) {
+      if (*plan_unsaid) fmt::print("{}", plan_line);
+      *plan_unsaid = false;
       fmt::print("{} {}\n", label, what);
       std::fflush(stdout);
     };
@@ -552,13 +701,15 @@ int run(const RunFlags& f) {
       }
       case backend::PointStatus::busy:
         if (!out.wrote_files) break;  // rank 0 says it
+        busy.push_back(p->id);
+        if (worker) break;  // left to another worker: the launcher says what is left at the end
         fmt::print(
             "{} is being trained by another moeplan process into '{}' (it holds {}); left "
             "to it\n",
             label, opt.out_dir.string(), (opt.out_dir / p->id / ".lock").string());
-        busy.push_back(p->id);
         break;
       case backend::PointStatus::skipped:
+        if (!first_worker) break;  // said once
         fmt::print("{} already complete ({}), skipped\n", label, out.record_path.string());
         if (!skip_warnings[p->id].empty() && rank0) {  // once a job, not once a rank
           std::fflush(stdout);
@@ -629,16 +780,10 @@ int run(const RunFlags& f) {
   // that was complete).
   std::erase_if(busy, [&](const std::string& id) {
     for (const Plan* p : points)
-      if (p->id == id) {
-        try {
-          const nlohmann::json rec = backend::existing_record(*p, plan_to_json(*p), m.train, opt);
-          return rec.is_object() && rec.value("status", "") == "complete";
-        } catch (const InputError&) {
-          return false;  // said when the command is run again
-        }
-      }
+      if (p->id == id) return complete_now(p);
     return false;
   });
+  if (!busy.empty() && worker) return kExitBusy;  // the launcher says what is left
   if (!busy.empty()) {
     fmt::print(
         "{} point{} left to another moeplan process ({}); run the same command again when "
@@ -710,6 +855,11 @@ const bool registered = register_command(
        app.add_option("--nproc", f->nproc,
                       "cuda: train each point data-parallel over this many GPUs of this machine, "
                       "one rank process each (as torchrun would start them)")
+           ->transform(decimal_integer(kMaxRanks, std::numeric_limits<int>::min(), 1));
+       app.add_option("--points-at-once", f->points_at_once,
+                      "cuda: train this many of the sweep's points side by side, each on GPUs of "
+                      "its own (--nproc of them, default 1), one worker process each; the "
+                      "workers share the points out as they finish them")
            ->transform(decimal_integer(kMaxRanks, std::numeric_limits<int>::min(), 1));
        return [f] { return run(*f); };
      }});

@@ -30,16 +30,23 @@ std::string describe(int wait_status) {
   return fmt::format("was killed by signal {}", WTERMSIG(wait_status));
 }
 
-// The child side of fork: environment, quiet stdout for ranks > 0, then exec.
+// The child side of fork: environment, quiet stdout for ranks > 0, then exec. A worker
+// (`devices` given) gets its GPUs and its place instead of rank variables, and keeps stdout.
 [[noreturn]] void exec_rank(int rank, int nproc, const std::string& id_file,
-                            const std::vector<std::string>& args, pid_t parent) {
+                            const std::vector<std::string>& args, pid_t parent,
+                            const std::string* devices) {
   const std::string r = std::to_string(rank), w = std::to_string(nproc);
-  ::setenv("WORLD_SIZE", w.c_str(), 1);
-  ::setenv("RANK", r.c_str(), 1);
-  ::setenv("LOCAL_RANK", r.c_str(), 1);
-  ::setenv("LOCAL_WORLD_SIZE", w.c_str(), 1);
-  ::setenv("MOEPLAN_NCCL_ID_FILE", id_file.c_str(), 1);
-  if (rank > 0) {  // rank 0 alone prints progress and results; errors still reach stderr
+  if (devices) {
+    ::setenv("CUDA_VISIBLE_DEVICES", devices->c_str(), 1);
+    ::setenv("MOEPLAN_POINTS_WORKER", (r + "/" + w).c_str(), 1);
+  } else {
+    ::setenv("WORLD_SIZE", w.c_str(), 1);
+    ::setenv("RANK", r.c_str(), 1);
+    ::setenv("LOCAL_RANK", r.c_str(), 1);
+    ::setenv("LOCAL_WORLD_SIZE", w.c_str(), 1);
+    ::setenv("MOEPLAN_NCCL_ID_FILE", id_file.c_str(), 1);
+  }
+  if (rank > 0 && !devices) {  // rank 0 alone prints progress and results; errors reach stderr
     const int null = ::open("/dev/null", O_WRONLY);
     if (null >= 0) ::dup2(null, STDOUT_FILENO);
   }
@@ -66,13 +73,17 @@ std::string describe(int wait_status) {
 }  // namespace
 
 LaunchOutcome launch_ranks(const LaunchRequest& req) {
-  if (req.nproc < 2 || req.nproc > 1024)
-    throw InputError(fmt::format("--nproc {} must be from 2 to 1024 (1: leave it out)", req.nproc));
+  const bool workers = !req.worker_devices.empty();
+  const int nproc = workers ? int(req.worker_devices.size()) : req.nproc;
+  const char* flag = workers ? "--points-at-once" : "--nproc";
+  if (nproc < 2 || nproc > 1024)
+    throw InputError(fmt::format("{} {} must be from 2 to 1024 (1: leave it out)", flag, nproc));
   if (const char* ws = std::getenv("WORLD_SIZE"); ws && *ws)
     throw InputError(fmt::format(
-        "--nproc {} with WORLD_SIZE={} already set: start the ranks yourself (WORLD_SIZE, RANK, "
-        "LOCAL_RANK) or let --nproc start them, not both",
-        req.nproc, ws));
+        "{} {} with WORLD_SIZE={} already set: start the ranks yourself (WORLD_SIZE, RANK, "
+        "LOCAL_RANK) or let moeplan start them, not both",
+        flag, nproc, ws));
+  const char* what = workers ? "worker" : "rank";
   // A name no other job uses: a stale file of a crashed job can never be read by this one.
   const auto now = Clock::now().time_since_epoch().count();
   const std::string id_file =
@@ -82,15 +93,17 @@ LaunchOutcome launch_ranks(const LaunchRequest& req) {
   std::fflush(stdout);
   std::fflush(stderr);
   const pid_t launcher = ::getpid();
-  std::vector<pid_t> pids(size_t(req.nproc), -1);
-  std::vector<bool> live(size_t(req.nproc), false);
-  for (int r = 0; r < req.nproc; ++r) {
+  std::vector<pid_t> pids(size_t(nproc), -1);
+  std::vector<bool> live(size_t(nproc), false);
+  for (int r = 0; r < nproc; ++r) {
     const pid_t pid = ::fork();
-    if (pid == 0) exec_rank(r, req.nproc, id_file, req.args, launcher);
+    if (pid == 0)
+      exec_rank(r, nproc, id_file, req.args, launcher,
+                workers ? &req.worker_devices[size_t(r)] : nullptr);
     if (pid < 0) {
       for (int q = 0; q < r; ++q) ::kill(pids[size_t(q)], SIGKILL);
       for (int q = 0; q < r; ++q) ::waitpid(pids[size_t(q)], nullptr, 0);
-      throw std::runtime_error(fmt::format("could not start rank {} of {}", r, req.nproc));
+      throw std::runtime_error(fmt::format("could not start {} {} of {}", what, r, nproc));
     }
     pids[size_t(r)] = pid;
     live[size_t(r)] = true;
@@ -98,7 +111,7 @@ LaunchOutcome launch_ranks(const LaunchRequest& req) {
   if (req.on_started) req.on_started(pids);
 
   LaunchOutcome out;
-  int remaining = req.nproc, forwarded = 0, interrupted = 0;
+  int remaining = nproc, forwarded = 0, interrupted = 0;
   bool left_to_other = false;
   bool killed_rest = false;
   Clock::time_point deadline{};
@@ -106,12 +119,12 @@ LaunchOutcome launch_ranks(const LaunchRequest& req) {
     const int sig = req.stop ? req.stop->load() : 0;
     if (sig != 0 && forwarded == 0) {
       forwarded = sig;
-      for (int r = 0; r < req.nproc; ++r)
+      for (int r = 0; r < nproc; ++r)
         if (live[size_t(r)]) ::kill(pids[size_t(r)], sig);
     }
     if (out.failed_rank >= 0 && !killed_rest && Clock::now() > deadline) {
       killed_rest = true;  // the others are likely stuck in a collective: SIGKILL
-      for (int r = 0; r < req.nproc; ++r)
+      for (int r = 0; r < nproc; ++r)
         if (live[size_t(r)]) ::kill(pids[size_t(r)], SIGKILL);
     }
     int st = 0;
@@ -121,7 +134,7 @@ LaunchOutcome launch_ranks(const LaunchRequest& req) {
       continue;
     }
     int rank = -1;
-    for (int r = 0; r < req.nproc; ++r)
+    for (int r = 0; r < nproc; ++r)
       if (pids[size_t(r)] == pid) rank = r;
     if (rank < 0 || !live[size_t(rank)]) continue;  // not one of ours
     live[size_t(rank)] = false;
@@ -141,9 +154,14 @@ LaunchOutcome launch_ranks(const LaunchRequest& req) {
     if (out.failed_rank < 0 && !(killed_rest && WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL)) {
       out.failed_rank = rank;
       out.status = code;
-      deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                    std::chrono::duration<double>(req.grace_seconds));
-      out.failure = fmt::format("rank {} of {} {}", rank, req.nproc, describe(st));
+      // A worker's points wait on no other's: the rest train on (the deadline never comes).
+      deadline = workers ? Clock::time_point::max()
+                         : Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                              std::chrono::duration<double>(req.grace_seconds));
+      out.failure = workers
+                        ? fmt::format("the worker on GPU {} ({} of {}) {}; the others trained on",
+                                      req.worker_devices[size_t(rank)], rank, nproc, describe(st))
+                        : fmt::format("rank {} of {} {}", rank, nproc, describe(st));
     }
   }
   // Rank 0 removes each point's id file (id_file.<point>) once all join; not if one failed.

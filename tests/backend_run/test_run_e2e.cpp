@@ -3101,3 +3101,211 @@ TEST_CASE("moeplan run --nproc 2 (emulated): the ranks started, Ctrl-C forwarded
   ::unsetenv("MOEPLAN_EMU_DEVICES");
   ::unsetenv("MOEPLAN_EMU_NCCL_TIMEOUT");
 }
+
+// How often `needle` occurs in `hay`.
+size_t occurrences(const std::string& hay, const std::string& needle) {
+  size_t n = 0;
+  for (size_t at = hay.find(needle); at != std::string::npos; at = hay.find(needle, at + 1)) ++n;
+  return n;
+}
+
+// The lines of `out` that start with `start` and hold `part`.
+std::vector<std::string> lines_with(const std::string& out, const std::string& start,
+                                    const std::string& part) {
+  std::vector<std::string> found;
+  std::istringstream in(out);
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind(start, 0) == 0 && line.find(part) != std::string::npos) found.push_back(line);
+  return found;
+}
+
+TEST_CASE("moeplan run --points-at-once 2 (emulated): each point once, on one worker's GPUs") {
+  const fs::path dir = fresh_dir("cuda_points_at_once");
+  write_manifest_atomic(tiny_manifest(tiny_plan("dense", true, 24, 4, 50, 3e-3, 16),
+                                      {tiny_plan("moe-a", false, 16, 4, 50, 3e-3, 16),
+                                       tiny_plan("moe-b", false, 12, 4, 50, 3e-3, 16)}),
+                        dir / "sweep.toml");
+  const std::string sweep = (dir / "sweep.toml").string();
+  ::setenv("MOEPLAN_EMU_DEVICES", "2", 1);
+  auto args = [&](const std::string& out, std::vector<std::string> more) {
+    std::vector<std::string> a{
+        "run", sweep, "--out", (dir / out).string(), "--device", "cuda", "--checkpoint-every", "4"};
+    a.insert(a.end(), more.begin(), more.end());
+    return a;
+  };
+  const std::vector<std::string> ids{"dense", "moe-a", "moe-b"};
+
+  // One process, point after point: the reference.
+  const Result one = run_cli(args("one", {}), MOEPLAN_EMULATED_BINARY);
+  REQUIRE_MESSAGE(one.status == 0, one.err);
+
+  // Two workers, one GPU each: every point trained once, by one of them, with the training and
+  // the ledgers of the one process (the same kernels on the same shapes: the same bits).
+  const Result two = run_cli(args("two", {"--points-at-once", "2"}), MOEPLAN_EMULATED_BINARY);
+  REQUIRE_MESSAGE(two.status == 0, (two.out + two.err));
+  CHECK_MESSAGE(two.out.find("moeplan: 2 workers started, each training one point at a time: "
+                             "GPU 0 (pid ") != std::string::npos,
+                two.out);
+  CHECK(two.out.find(", GPU 1 (pid ") != std::string::npos);
+  for (const std::string& id : ids) {
+    // Trained by exactly one worker: its plan line and its complete line once, under one GPU.
+    const auto planned = lines_with(two.out, "[" + id + " ", "] N ");
+    const auto done = lines_with(two.out, "[" + id + " ", "] complete:");
+    REQUIRE_MESSAGE(planned.size() == 1, two.out);
+    REQUIRE_MESSAGE(done.size() == 1, two.out);
+    const bool gpu0 = planned[0].find(", GPU 0] N ") != std::string::npos;
+    CHECK_MESSAGE((gpu0 || planned[0].find(", GPU 1] N ") != std::string::npos), planned[0]);
+    CHECK(done[0].find(gpu0 ? ", GPU 0] " : ", GPU 1] ") != std::string::npos);
+    const json want = record(dir / "one", id), got = record(dir / "two", id);
+    CHECK(got["status"] == "complete");
+    CHECK(got["measured"]["tokens"] == want["measured"]["tokens"]);
+    CHECK(got["measured"]["flops"]["by_category"] == want["measured"]["flops"]["by_category"]);
+    CHECK(got["loss_curve"] == want["loss_curve"]);
+  }
+  // Both GPUs trained: the second worker starts while the first trains the dense point (24
+  // steps, seconds here), leaves it and takes the next.
+  CHECK_MESSAGE(occurrences(two.out, ", GPU 0] N ") >= 1, two.out);
+  CHECK_MESSAGE(occurrences(two.out, ", GPU 1] N ") >= 1, two.out);
+  // The points one worker left to the other are not "left to another process".
+  CHECK(two.out.find("being trained by another") == std::string::npos);
+  CHECK(two.out.find("left to another") == std::string::npos);
+
+  // Ctrl-C to the launcher: forwarded to both workers, which stop at a checkpoint; exit 130.
+  // The same command resumes, and the points end where the one process's ended.
+  auto point_of = [&](const fs::path& out_file, const std::string& gpu) {
+    for (int i = 0; i < 300000; ++i) {
+      std::string out;
+      try {
+        out = read_file(out_file);
+      } catch (...) {  // not created yet
+      }
+      const auto lines = lines_with(out, "[", ", " + gpu + "] N ");
+      if (!lines.empty()) return lines[0].substr(1, lines[0].find(' ') - 1);
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    return std::string();
+  };
+  {
+    const pid_t pid = spawn(args("stop", {"--points-at-once", "2"}), dir / "s.out", dir / "s.err",
+                            MOEPLAN_EMULATED_BINARY);
+    const std::string a = point_of(dir / "s.out", "GPU 0"), b = point_of(dir / "s.out", "GPU 1");
+    REQUIRE_FALSE(a.empty());
+    REQUIRE_FALSE(b.empty());
+    wait_for_file(dir / "stop" / a / "record.json");
+    wait_for_file(dir / "stop" / b / "record.json");
+    ::kill(pid, SIGINT);
+    CHECK(wait_status(pid) == 130);
+    const std::string out = read_file(dir / "s.out");
+    CHECK_MESSAGE(
+        lines_with(out, "[" + a + " ", ", GPU 0] interrupted: checkpoint at step").size() == 1,
+        out);
+    CHECK_MESSAGE(
+        lines_with(out, "[" + b + " ", ", GPU 1] interrupted: checkpoint at step").size() == 1,
+        out);
+    const Result resumed =
+        run_cli(args("stop", {"--points-at-once", "2"}), MOEPLAN_EMULATED_BINARY);
+    REQUIRE_MESSAGE(resumed.status == 0, (resumed.out + resumed.err));
+    for (const std::string& id : ids) {
+      CHECK(record(dir / "stop", id)["status"] == "complete");
+      CHECK(record(dir / "stop", id)["loss_curve"] == record(dir / "one", id)["loss_curve"]);
+    }
+  }
+
+  // A worker killed: the other trains on (its points wait on no other's), the launcher names the
+  // lost worker in one line and returns its status; the same command then trains what is left.
+  {
+    const pid_t pid = spawn(args("lost", {"--points-at-once", "2"}), dir / "l.out", dir / "l.err",
+                            MOEPLAN_EMULATED_BINARY);
+    const std::string b = point_of(dir / "l.out", "GPU 1");
+    REQUIRE_FALSE(b.empty());
+    const std::string started = lines_with(read_file(dir / "l.out"), "moeplan: 2 workers", "")[0];
+    const size_t at = started.find(", GPU 1 (pid ");
+    REQUIRE(at != std::string::npos);
+    const pid_t worker = pid_t(std::stol(started.substr(at + 13)));
+    wait_for_file(dir / "lost" / b / "record.json");
+    ::kill(worker, SIGKILL);
+    CHECK(wait_status(pid) == 128 + SIGKILL);
+    const std::string err = read_file(dir / "l.err");
+    CHECK(one_line(err));
+    CHECK_MESSAGE(err.find("the worker on GPU 1 (1 of 2) was killed by signal 9; the others "
+                           "trained on") != std::string::npos,
+                  err);
+    // The other worker trained its points, and the lost one's too where it had not yet passed it
+    // (its lock went with the worker: resumed from its checkpoint).
+    size_t complete = 0;
+    for (const std::string& id : ids)
+      complete += fs::exists(dir / "lost" / id / "record.json") &&
+                  record(dir / "lost", id)["status"] == "complete";
+    CHECK(complete >= ids.size() - 1);
+    MESSAGE("the lost worker's point was ", std::string(complete == ids.size() ? "" : "not "),
+            "taken by the other");
+    const Result rest = run_cli(args("lost", {"--points-at-once", "2"}), MOEPLAN_EMULATED_BINARY);
+    REQUIRE_MESSAGE(rest.status == 0, rest.err);
+    if (complete < ids.size())
+      CHECK_MESSAGE(rest.out.find("1 point to train, so no workers: this process trains it") !=
+                        std::string::npos,
+                    rest.out);
+    for (const std::string& id : ids)
+      CHECK(record(dir / "lost", id)["loss_curve"] == record(dir / "one", id)["loss_curve"]);
+  }
+
+  // Workers of data-parallel ranks: --nproc 2 GPUs each, four in all. Each worker's ranks see
+  // its two GPUs only (CUDA_VISIBLE_DEVICES), and the ledgers are the one process's.
+  {
+    ::setenv("MOEPLAN_EMU_DEVICES", "4", 1);
+    ::setenv("MOEPLAN_EMU_NCCL_TIMEOUT", "60", 1);
+    const Result dp =
+        run_cli(args("dp", {"--points-at-once", "2", "--nproc", "2"}), MOEPLAN_EMULATED_BINARY);
+    REQUIRE_MESSAGE(dp.status == 0, (dp.out + dp.err));
+    CHECK_MESSAGE(dp.out.find("moeplan: 2 workers started, each training one point at a time "
+                              "over 2 GPUs: GPUs 0,1 (pid ") != std::string::npos,
+                  dp.out);
+    CHECK(dp.out.find(", GPUs 2,3 (pid ") != std::string::npos);
+    for (const std::string& id : ids) {
+      const auto done = lines_with(dp.out, "[" + id + " ", "] complete:");
+      REQUIRE_MESSAGE(done.size() == 1, dp.out);
+      CHECK((done[0].find(", GPUs 0,1] ") != std::string::npos ||
+             done[0].find(", GPUs 2,3] ") != std::string::npos));
+      const json want = record(dir / "one", id), got = record(dir / "dp", id);
+      CHECK(got["measured"]["tokens"] == want["measured"]["tokens"]);
+      CHECK(got["world_size"] == 2);
+    }
+    ::setenv("MOEPLAN_EMU_DEVICES", "2", 1);
+    ::unsetenv("MOEPLAN_EMU_NCCL_TIMEOUT");
+  }
+
+  // Run again: nothing to train, no workers; each point said skipped once.
+  const Result again = run_cli(args("two", {"--points-at-once", "2"}), MOEPLAN_EMULATED_BINARY);
+  REQUIRE_MESSAGE(again.status == 0, again.err);
+  CHECK(again.out.find("workers started") == std::string::npos);
+  CHECK(occurrences(again.out, "already complete") == ids.size());
+
+  // Refused in one line, exit 2, nothing written: more GPUs than the machine shows (--nproc
+  // GPUs a worker), --point, --estimate, the cpu device.
+  const std::vector<std::pair<std::vector<std::string>, std::string>> refused{
+      {{"--points-at-once", "3"},
+       "--points-at-once 3 needs 3 GPUs but this machine shows 2 CUDA device(s); choose "
+       "--points-at-once of at most 2"},
+      {{"--points-at-once", "2", "--nproc", "2"},
+       "--points-at-once 2 with --nproc 2 needs 4 GPUs but this machine shows 2"},
+      {{"--points-at-once", "2", "--point", "moe-a"}, "with --point there is one"},
+      {{"--points-at-once", "2", "--estimate", "2"}, "leave out --points-at-once"},
+      {{"--points-at-once", "0"}, "--points-at-once"},
+  };
+  for (const auto& [more, line] : refused) {
+    const Result r = run_cli(args("refused", more), MOEPLAN_EMULATED_BINARY);
+    CHECK(r.status == 2);
+    CHECK(one_line(r.err));
+    CHECK_MESSAGE(r.err.find(line) != std::string::npos, r.err);
+    CHECK_FALSE(fs::exists(dir / "refused"));
+  }
+  {
+    std::vector<std::string> cpu = args("refused", {"--points-at-once", "2"});
+    cpu[5] = "cpu";
+    const Result r = run_cli(cpu, MOEPLAN_EMULATED_BINARY);
+    CHECK(r.status == 2);
+    CHECK(one_line(r.err));
+    CHECK_MESSAGE(r.err.find("it needs --device cuda (not 'cpu')") != std::string::npos, r.err);
+  }
+  ::unsetenv("MOEPLAN_EMU_DEVICES");
+}

@@ -924,7 +924,19 @@ int emulated_devices() {
     std::fprintf(stderr, "MOEPLAN_EMU_DEVICES='%s' must be an integer from 1 to 64\n", v);
     std::abort();
   }
-  return n;
+  // CUDA_VISIBLE_DEVICES, as CUDA reads it: the devices it lists, up to the first entry that
+  // names none of the machine's (`moeplan run --points-at-once` gives each worker its own).
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  if (!visible) return n;
+  int shown = 0;
+  for (const char* c = visible; *c;) {
+    char* end = nullptr;
+    const long id = std::strtol(c, &end, 10);
+    if (end == c || id < 0 || id >= n || (*end != ',' && *end != '\0')) break;
+    ++shown;
+    c = *end == ',' ? end + 1 : end;
+  }
+  return shown;
 }
 }  // namespace
 
