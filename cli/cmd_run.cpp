@@ -123,6 +123,12 @@ const char* points_worker() {
   return w && *w ? w : nullptr;
 }
 
+// Progress rewrites one line of a terminal in place; not in a --points-at-once worker, whose
+// lines share the terminal with the other workers' (each would overwrite the others').
+bool rewrites_progress() {
+  return ::isatty(STDOUT_FILENO) && !points_worker();
+}
+
 // " GPU 2" or " GPUs 2,3": what a worker's CUDA_VISIBLE_DEVICES gave it.
 std::string gpus_text(const std::string& devices) {
   return fmt::format("GPU{} {}", devices.find(',') == std::string::npos ? "" : "s", devices);
@@ -174,10 +180,15 @@ int launch(const RunFlags& f) {
 // Returns each worker's GPUs (--nproc of them) as its CUDA_VISIBLE_DEVICES, none for K = 1.
 std::vector<std::string> worker_gpus(const RunFlags& f, const std::string& device, bool one_point,
                                      bool estimate) {
-  const int k = f.points_at_once;
-  if (k < 1 || k > kMaxRanks)
-    throw InputError(fmt::format("--points-at-once {} must be from 1 to {}", k, kMaxRanks));
-  if (k == 1) return {};
+  if (f.points_at_once < 0 || f.points_at_once > kMaxRanks)
+    throw InputError(fmt::format(
+        "--points-at-once {} must be from 1 to {} (0: as many as the GPUs this process sees hold)",
+        f.points_at_once, kMaxRanks));
+  if (f.points_at_once == 1) return {};
+  const int visible = backend::visible_devices(device);
+  const int per = f.nproc;
+  // 0: one worker for each --nproc GPUs this process sees.
+  const int k = f.points_at_once > 0 ? f.points_at_once : std::max(1, visible / per);
   if (device != "cuda")
     throw InputError(fmt::format(
         "--points-at-once {} trains points side by side on GPUs of their own; it needs --device "
@@ -200,8 +211,7 @@ std::vector<std::string> worker_gpus(const RunFlags& f, const std::string& devic
         k, ws));
   if (points_worker())
     throw InputError(fmt::format("--points-at-once {} inside a worker of --points-at-once", k));
-  const int visible = backend::visible_devices(device);
-  const int per = f.nproc;
+  if (k == 1) return {};  // 0 on one GPU (or one --nproc group): this process trains them
   if (visible >= 0 && int64_t(k) * per > visible)
     throw InputError(fmt::format(
         "--points-at-once {}{} needs {} GPUs but this machine shows {} CUDA device(s); choose "
@@ -357,7 +367,7 @@ void print_phases(const std::string& label, const backend::Estimate& e) {
 // Rewritten in place on a terminal; plain lines about every 10 % or 30 s otherwise.
 class ProgressPrinter {
  public:
-  ProgressPrinter(std::string label) : label_(std::move(label)), tty_(::isatty(STDOUT_FILENO)) {}
+  ProgressPrinter(std::string label) : label_(std::move(label)), tty_(rewrites_progress()) {}
   void operator()(const backend::Progress& p) {
     const auto now = std::chrono::steady_clock::now();
     const bool last = p.step == p.steps;
@@ -668,7 +678,7 @@ int run(const RunFlags& f) {
     try {
       out = backend::run_point(*p, plan_to_json(*p), m.train, opt);
     } catch (const backend::TrainingDiverged& e) {
-      if (::isatty(STDOUT_FILENO)) std::fputs("\n", stdout);  // end the progress line
+      if (rewrites_progress()) std::fputs("\n", stdout);  // end the progress line
       std::fflush(stdout);
       std::fprintf(stderr, "moeplan: error: %s\n", e.what());
       return kExitDiverged;
@@ -678,7 +688,7 @@ int run(const RunFlags& f) {
         const backend::Estimate& e = out.estimate;
         if (e.interrupted) {
           if (out.wrote_files) {
-            if (::isatty(STDOUT_FILENO)) std::fputs("\n", stdout);  // end the progress line
+            if (rewrites_progress()) std::fputs("\n", stdout);  // end the progress line
             fmt::print("{} estimate interrupted; nothing was written\n", label);
           }
           return kExitInterrupted;
@@ -717,7 +727,7 @@ int run(const RunFlags& f) {
         }
         break;
       case backend::PointStatus::interrupted:
-        if (::isatty(STDOUT_FILENO)) std::fputs("\n", stdout);  // end the progress line
+        if (rewrites_progress()) std::fputs("\n", stdout);  // end the progress line
         if (out.checkpoint_step < 0)
           fmt::print(
               "{} interrupted before its first step: nothing written; run the same "
@@ -859,8 +869,9 @@ const bool registered = register_command(
        app.add_option("--points-at-once", f->points_at_once,
                       "cuda: train this many of the sweep's points side by side, each on GPUs of "
                       "its own (--nproc of them, default 1), one worker process each; the "
-                      "workers share the points out as they finish them")
-           ->transform(decimal_integer(kMaxRanks, std::numeric_limits<int>::min(), 1));
+                      "workers share the points out as they finish them (0: as many as the "
+                      "visible GPUs hold)")
+           ->transform(decimal_integer(kMaxRanks, std::numeric_limits<int>::min(), 0));
        return [f] { return run(*f); };
      }});
 

@@ -3249,13 +3249,14 @@ TEST_CASE("moeplan run --points-at-once 2 (emulated): each point once, on one wo
       CHECK(record(dir / "lost", id)["loss_curve"] == record(dir / "one", id)["loss_curve"]);
   }
 
-  // Workers of data-parallel ranks: --nproc 2 GPUs each, four in all. Each worker's ranks see
-  // its two GPUs only (CUDA_VISIBLE_DEVICES), and the ledgers are the one process's.
+  // Workers of data-parallel ranks: --nproc 2 GPUs each, as many as four GPUs hold (0: two).
+  // Each worker's ranks see its two GPUs only (CUDA_VISIBLE_DEVICES), and the ledgers are the
+  // one process's.
   {
     ::setenv("MOEPLAN_EMU_DEVICES", "4", 1);
     ::setenv("MOEPLAN_EMU_NCCL_TIMEOUT", "60", 1);
     const Result dp =
-        run_cli(args("dp", {"--points-at-once", "2", "--nproc", "2"}), MOEPLAN_EMULATED_BINARY);
+        run_cli(args("dp", {"--points-at-once", "0", "--nproc", "2"}), MOEPLAN_EMULATED_BINARY);
     REQUIRE_MESSAGE(dp.status == 0, (dp.out + dp.err));
     CHECK_MESSAGE(dp.out.find("moeplan: 2 workers started, each training one point at a time "
                               "over 2 GPUs: GPUs 0,1 (pid ") != std::string::npos,
@@ -3290,7 +3291,9 @@ TEST_CASE("moeplan run --points-at-once 2 (emulated): each point once, on one wo
        "--points-at-once 2 with --nproc 2 needs 4 GPUs but this machine shows 2"},
       {{"--points-at-once", "2", "--point", "moe-a"}, "with --point there is one"},
       {{"--points-at-once", "2", "--estimate", "2"}, "leave out --points-at-once"},
-      {{"--points-at-once", "0"}, "--points-at-once"},
+      {{"--points-at-once", "-1"},
+       "--points-at-once -1 must be from 1 to 1024 (0: as many as the GPUs this process sees "
+       "hold)"},
   };
   for (const auto& [more, line] : refused) {
     const Result r = run_cli(args("refused", more), MOEPLAN_EMULATED_BINARY);
