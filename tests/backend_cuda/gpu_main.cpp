@@ -13,6 +13,12 @@
 
 int main(int argc, char** argv) {
   using namespace moeplan::backend::cuda;
+#ifdef MOEPLAN_CUDA_EMULATION
+  // The emulated machine shows MOEPLAN_EMU_DEVICES devices, and reads CUDA_VISIBLE_DEVICES as
+  // CUDA does (for `run --points-at-once`'s workers): one the machine running the tests set for
+  // its real GPUs (often "0") would hide the emulated ones the tests ask for.
+  ::unsetenv("CUDA_VISIBLE_DEVICES");
+#endif
   try {
     if (device_count() == 0) {
       std::printf("no CUDA device: GPU tests skipped\n");

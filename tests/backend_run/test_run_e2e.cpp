@@ -91,6 +91,11 @@ Plan plan_for(const std::string& id, const Arch& arch, int64_t steps, int64_t ba
   p.hyper.warmup_steps = std::min<int64_t>(10, steps);
   return p;
 }
+// The emulated CLI's devices are MOEPLAN_EMU_DEVICES's, and it reads CUDA_VISIBLE_DEVICES as
+// CUDA does (`run --points-at-once` gives each worker its own): a CUDA_VISIBLE_DEVICES the
+// machine running the tests set for its real GPUs (often "0") would hide the emulated ones.
+const bool g_visible_cleared = ::unsetenv("CUDA_VISIBLE_DEVICES") == 0;
+
 Plan tiny_plan(const std::string& id, bool dense, int64_t steps, int64_t batch, int64_t windows,
                double lr = 3e-3, int64_t head_dim = 8) {
   return plan_for(id, tiny_arch(dense, head_dim), steps, batch, windows, lr);
