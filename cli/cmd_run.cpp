@@ -212,12 +212,12 @@ std::vector<std::string> worker_gpus(const RunFlags& f, const std::string& devic
   if (points_worker())
     throw InputError(fmt::format("--points-at-once {} inside a worker of --points-at-once", k));
   if (k == 1) return {};  // 0 on one GPU (or one --nproc group): this process trains them
-  if (visible >= 0 && int64_t(k) * per > visible)
+  if (int64_t(k) * per > std::max(visible, 0))
     throw InputError(fmt::format(
         "--points-at-once {}{} needs {} GPUs but this machine shows {} CUDA device(s); choose "
         "--points-at-once of at most {}",
-        k, per > 1 ? fmt::format(" with --nproc {}", per) : "", int64_t(k) * per, visible,
-        std::max(1, visible / per)));
+        k, per > 1 ? fmt::format(" with --nproc {}", per) : "", int64_t(k) * per,
+        std::max(visible, 0), std::max(1, visible / per)));
   // The GPUs as CUDA numbers them for this process: its CUDA_VISIBLE_DEVICES's entries (numbers
   // or UUIDs), the first `visible` of them (CUDA stops at one it cannot find), else 0..n-1.
   std::vector<std::string> all;

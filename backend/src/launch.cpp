@@ -158,10 +158,14 @@ LaunchOutcome launch_ranks(const LaunchRequest& req) {
       deadline = workers ? Clock::time_point::max()
                          : Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                               std::chrono::duration<double>(req.grace_seconds));
-      out.failure = workers
-                        ? fmt::format("the worker on GPU {} ({} of {}) {}; the others trained on",
-                                      req.worker_devices[size_t(rank)], rank, nproc, describe(st))
-                        : fmt::format("rank {} of {} {}", rank, nproc, describe(st));
+      if (workers) {
+        const std::string& gpus = req.worker_devices[size_t(rank)];
+        out.failure = fmt::format("the worker on GPU{} {} ({} of {}) {}; the others trained on",
+                                  gpus.find(',') == std::string::npos ? "" : "s", gpus, rank, nproc,
+                                  describe(st));
+      } else {
+        out.failure = fmt::format("rank {} of {} {}", rank, nproc, describe(st));
+      }
     }
   }
   // Rank 0 removes each point's id file (id_file.<point>) once all join; not if one failed.
