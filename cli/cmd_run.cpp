@@ -18,6 +18,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <sstream>
 #include <thread>
 
 #include <fmt/format.h>
@@ -129,11 +130,6 @@ bool rewrites_progress() {
   return ::isatty(STDOUT_FILENO) && !points_worker();
 }
 
-// " GPU 2" or " GPUs 2,3": what a worker's CUDA_VISIBLE_DEVICES gave it.
-std::string gpus_text(const std::string& devices) {
-  return fmt::format("GPU{} {}", devices.find(',') == std::string::npos ? "" : "s", devices);
-}
-
 // `--nproc N` against the device and the points: refused before anything is made.
 void check_nproc(const RunFlags& f, const std::string& device,
                  const std::vector<const Plan*>& points) {
@@ -222,12 +218,9 @@ std::vector<std::string> worker_gpus(const RunFlags& f, const std::string& devic
   // or UUIDs), the first `visible` of them (CUDA stops at one it cannot find), else 0..n-1.
   std::vector<std::string> all;
   if (const char* cvd = std::getenv("CUDA_VISIBLE_DEVICES"); cvd && *cvd) {
-    std::string list = cvd;
-    for (size_t at = 0; at <= list.size() && int(all.size()) < visible;) {
-      const size_t comma = std::min(list.find(',', at), list.size());
-      all.push_back(list.substr(at, comma - at));
-      at = comma + 1;
-    }
+    std::istringstream list(cvd);
+    for (std::string entry; int(all.size()) < visible && std::getline(list, entry, ',');)
+      all.push_back(entry);
   } else {
     for (int i = 0; i < visible; ++i) all.push_back(std::to_string(i));
   }
@@ -252,7 +245,7 @@ int launch_workers(const RunFlags& f, const std::vector<std::string>& gpus,
   req.on_started = [&](const std::vector<pid_t>& pids) {
     std::string each;
     for (size_t w = 0; w < pids.size(); ++w)
-      each += fmt::format("{}{} (pid {})", w ? ", " : "", gpus_text(gpus[w]), pids[w]);
+      each += fmt::format("{}{} (pid {})", w ? ", " : "", backend::gpus_named(gpus[w]), pids[w]);
     fmt::print("moeplan: {} workers started, each training one point at a time{}: {}\n",
                pids.size(), f.nproc > 1 ? fmt::format(" over {} GPUs", f.nproc) : "", each);
     std::fflush(stdout);
@@ -636,7 +629,8 @@ int run(const RunFlags& f) {
   // A worker's lines name its GPUs; the points the others train are theirs, not "left".
   const char* cvd = std::getenv("CUDA_VISIBLE_DEVICES");
   const std::string on_gpus =
-      worker ? ", " + gpus_text(cvd ? cvd : "(CUDA_VISIBLE_DEVICES unset)") : std::string();
+      worker ? ", " + backend::gpus_named(cvd ? cvd : "(CUDA_VISIBLE_DEVICES unset)")
+             : std::string();
   const bool first_worker = !worker || std::string_view(worker).rfind("0/", 0) == 0;
   int index = 0;
   double estimated_seconds = 0;

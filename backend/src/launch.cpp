@@ -72,6 +72,10 @@ std::string describe(int wait_status) {
 
 }  // namespace
 
+std::string gpus_named(const std::string& devices) {
+  return fmt::format("GPU{} {}", devices.find(',') == std::string::npos ? "" : "s", devices);
+}
+
 LaunchOutcome launch_ranks(const LaunchRequest& req) {
   const bool workers = !req.worker_devices.empty();
   const int nproc = workers ? int(req.worker_devices.size()) : req.nproc;
@@ -158,14 +162,10 @@ LaunchOutcome launch_ranks(const LaunchRequest& req) {
       deadline = workers ? Clock::time_point::max()
                          : Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                               std::chrono::duration<double>(req.grace_seconds));
-      if (workers) {
-        const std::string& gpus = req.worker_devices[size_t(rank)];
-        out.failure = fmt::format("the worker on GPU{} {} ({} of {}) {}; the others trained on",
-                                  gpus.find(',') == std::string::npos ? "" : "s", gpus, rank, nproc,
-                                  describe(st));
-      } else {
-        out.failure = fmt::format("rank {} of {} {}", rank, nproc, describe(st));
-      }
+      out.failure = workers ? fmt::format("the worker on {} ({} of {}) {}; the others trained on",
+                                          gpus_named(req.worker_devices[size_t(rank)]), rank, nproc,
+                                          describe(st))
+                            : fmt::format("rank {} of {} {}", rank, nproc, describe(st));
     }
   }
   // Rank 0 removes each point's id file (id_file.<point>) once all join; not if one failed.

@@ -33,6 +33,9 @@ struct LaunchOutcome {
   std::string failure;   // one line saying so, empty when none failed
 };
 
+// "GPU 2" or "GPUs 2,3": a worker's CUDA_VISIBLE_DEVICES as its lines and failure name it.
+std::string gpus_named(const std::string& devices);
+
 // Refuses (InputError, one line) an nproc below 2 (ranks) or fewer than 2 workers, and a
 // WORLD_SIZE already in the environment.
 LaunchOutcome launch_ranks(const LaunchRequest& request);
