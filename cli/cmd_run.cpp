@@ -626,6 +626,9 @@ int run(const RunFlags& f) {
       return left;
     });
   if (f.nproc != 1) return launch(f);
+  // Every point's model on this process's device, as its engine will build it, before the first
+  // trains (by each training process: a launcher holds no GPU its ranks or workers train on).
+  backend::check_points_fit(pending, m.train, opt);
   // A worker's lines name its GPUs; the points the others train are theirs, not "left".
   const char* cvd = std::getenv("CUDA_VISIBLE_DEVICES");
   const std::string on_gpus =

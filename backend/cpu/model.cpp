@@ -155,9 +155,9 @@ struct Model<S>::Impl {
   }
 
   // weights_only: the layout and the initial weights alone (Model::initial_weights), without
-  // gradients, AdamW moments and activations.
+  // gradients, AdamW moments and activations; layout_only: the layout alone, no weights drawn.
   Impl(const Arch& arch, const ModelOptions& o, uint64_t seed, int64_t batch_seqs,
-       bool weights_only = false)
+       bool weights_only = false, bool layout_only = false)
       : a(arch), opt(o), rng(seed) {
     validate(arch);
     if (o.positions != "alibi" && o.positions != "rope")
@@ -220,6 +220,7 @@ struct Model<S>::Impl {
     }
     final_norm = add_tensor("final_norm", 1, Dm, false);
     if (!a.tied_embeddings) lm_head = add_tensor("lm_head", Dm, V, true);
+    if (layout_only) return;
     const int64_t n = tensors.back().offset + tensors.back().size();
     params.assign(n, S(0));
 
@@ -648,8 +649,8 @@ Model<S>::Model(const Arch& arch, const ModelOptions& options, uint64_t seed, in
 template <class S>
 typename Model<S>::InitialWeights Model<S>::initial_weights(const Arch& arch,
                                                             const ModelOptions& options,
-                                                            uint64_t seed) {
-  auto impl = std::make_shared<Impl>(arch, options, seed, 1, true);
+                                                            uint64_t seed, bool layout_only) {
+  auto impl = std::make_shared<Impl>(arch, options, seed, 1, true, layout_only);
   InitialWeights w;
   w.tensors = impl->tensors;
   w.rng_state = impl->rng.state();

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,9 +39,11 @@ std::string nccl_id_file(const std::string& point_id) {
   return std::string("/tmp/moeplan-nccl-") + (port && *port ? port : "id") + point;
 }
 
-// The model's buffers did not fit: say how far it got and what to run instead.
+// The model's buffers did not fit: say how far it got and what to run instead. `largest`: the
+// most sequences a pass that fit, where the fit check found it (0: none; -1: not looked for).
 std::string out_of_memory_message(const DeviceOutOfMemory& e, const EngineRequest& r,
-                                  int64_t rank_batch, const KernelChoice& kernels, int shards) {
+                                  int64_t rank_batch, const KernelChoice& kernels, int shards,
+                                  int64_t largest = -1) {
   const AttentionPath attention = kernels.attention.value_or(AttentionPath::cublas);
   const int64_t pass = r.options.micro_batch_seqs > 0
                            ? std::min(r.options.micro_batch_seqs, rank_batch)
@@ -53,11 +56,13 @@ std::string out_of_memory_message(const DeviceOutOfMemory& e, const EngineReques
   // fp32 weights, their bf16 copy, fp32 gradients and both AdamW moments (over `shards` ranks):
   // 18 bytes a parameter unsharded.
   const double fixed = (10.0 + 8.0 / double(shards)) * double(count_params(r.arch).trainable());
-  if (pass <= 1)
+  if (pass <= 1 || largest == 0)
     return fmt::format(
-        "{} with passes of 1 sequence of {} tokens; the weights, gradients and AdamW state alone "
-        "take {}: this point needs a larger device",
-        where, r.arch.seq_len, bytes_text(fixed));
+        "{} with passes of {} sequence{} of {} tokens; {}the weights, gradients and AdamW state "
+        "alone take {}: this point needs a larger device{}",
+        where, pass, pass == 1 ? "" : "s", r.arch.seq_len,
+        pass > 1 ? "not even passes of 1 sequence fit; " : "", bytes_text(fixed),
+        shards == 1 ? " (or GPUs that share its AdamW state: --nproc N --shard-optimizer)" : "");
   std::string fused;
   if (attention == AttentionPath::cublas && attention::supported(r.arch.head_dim)) {
     // The cuBLAS attention keeps each layer's bf16 probabilities and one layer's fp32 scores,
@@ -81,9 +86,12 @@ std::string out_of_memory_message(const DeviceOutOfMemory& e, const EngineReques
   if (rows > 2048)
     logits = fmt::format(", or --kernels logits=2048 ({} less)",
                          bytes_text(4.0 * double(r.arch.vocab) * double(rows - 2048)));
-  return fmt::format("{} with passes of {} sequences of {} tokens; run smaller passes, e.g. "
-                     "--micro-batch {}{}{}",
-                     where, pass, r.arch.seq_len, pass / 2, fused, logits);
+  const std::string smaller =
+      largest > 0
+          ? fmt::format(": --micro-batch {} (at most {} sequences a pass fit)", largest, largest)
+          : fmt::format(", e.g. --micro-batch {}", pass / 2);
+  return fmt::format("{} with passes of {} sequences of {} tokens; run smaller passes{}{}{}", where,
+                     pass, r.arch.seq_len, smaller, fused, logits);
 }
 
 // Data parallelism: every rank runs the same loop over the same global batch (so the token
@@ -152,6 +160,75 @@ void check_device_code(const DeviceInfo& d, int device) {
       gpu, built_architectures(), error, d.compute_major, d.compute_minor));
 }
 
+// --shard-optimizer splits the AdamW state over ranks: refused without them.
+void require_ranks_to_shard(bool shard_optimizer) {
+  const char* ws = std::getenv("WORLD_SIZE");
+  if (shard_optimizer && !(ws && *ws))
+    throw InputError(
+        "--shard-optimizer splits the AdamW state over data-parallel ranks; it needs --nproc N "
+        "(or WORLD_SIZE)");
+}
+
+// The model as the engine trains it, with its kernels' paths set as the engine sets them (each
+// allocates what it needs), so that the fit check holds exactly the engine's buffers.
+// sizing_world: see Model (the fit check's sharded model, without a communicator).
+std::unique_ptr<Model> build_model(const EngineRequest& r, const KernelChoice& k,
+                                   int64_t local_batch, Communicator* comm, bool sharded,
+                                   int sizing_world = 0) {
+  auto model =
+      std::make_unique<Model>(r.arch, r.options, r.seed, local_batch, DType::bf16, comm,
+                              *k.attention, sharded, k.logit_rows, *k.experts, sizing_world);
+  model->set_router_path(*k.router);
+  // Each step's AdamW update beside the next step's forward, and, data parallel, the
+  // gradients' all-reduce beside the backward (the same bits; neither with the optimizer
+  // sharded): see Model::set_update_overlap and set_reduce_overlap.
+  model->set_update_overlap(true);
+  model->set_reduce_overlap(true);
+  return model;
+}
+
+// register_fit_check's check: the point's model built on this rank's GPU as the engine would
+// build it (the same kernels, this rank's share of the batch, the optimizer sharded as it would
+// be), then freed. Where it does not fit, the largest pass that does, by bisection: each try
+// builds the model again in smaller passes (a model's buffers grow with its pass). The engine's
+// own refusals (kernels, ranks, the device's code) come first, as they would.
+PassFit fit_check(const EngineRequest& r) {
+  const KernelChoice asked = checked_kernels(r.kernels, r.arch);
+  if (device_count() == 0)
+    throw InputError("--device cuda: no CUDA device is visible on this machine");
+  const RankInfo info = checked_ranks(r.batch_seqs);
+  require_ranks_to_shard(r.shard_optimizer);
+  const DeviceInfo device = device_info(info.local_rank);
+  set_device(info.local_rank);
+  check_device_code(device, info.local_rank);
+  const KernelChoice kernels = resolve_kernels(asked, auto_target(r.arch, device), DType::bf16);
+  const int64_t local = rank_batch(r.batch_seqs, info);
+  const int shards = r.shard_optimizer ? info.world_size : 1;
+  const auto fails = [&](int64_t pass) -> std::optional<DeviceOutOfMemory> {
+    EngineRequest q = r;
+    q.options.micro_batch_seqs = pass;
+    try {
+      build_model(q, kernels, local, nullptr, r.shard_optimizer, shards);
+      return std::nullopt;
+    } catch (const DeviceOutOfMemory& e) {
+      return e;
+    }
+  };
+  PassFit fit;
+  fit.pass = r.options.micro_batch_seqs > 0 ? std::min(r.options.micro_batch_seqs, local) : local;
+  fit.largest = fit.pass;
+  const std::optional<DeviceOutOfMemory> asked_fails = fails(fit.pass);
+  if (!asked_fails) return fit;
+  int64_t fits = 0, fails_at = fit.pass;  // the most known to fit (0: none yet), the least not
+  while (fails_at - fits > 1) {
+    const int64_t mid = fits + (fails_at - fits) / 2;
+    (fails(mid) ? fails_at : fits) = mid;
+  }
+  fit.largest = fits;
+  fit.why = out_of_memory_message(*asked_fails, r, local, kernels, shards, fits);
+  return fit;
+}
+
 class CudaEngine final : public Engine {
  public:
   explicit CudaEngine(const EngineRequest& r) {
@@ -169,23 +246,12 @@ class CudaEngine final : public Engine {
     if (comm_ && info_.world_size > 1) same_gpus_ = ranks_share_gpu_name();
     local_batch_ = rank_batch(r.batch_seqs, info_);
     batch_ = r.batch_seqs;
-    if (r.shard_optimizer && !comm_)
-      throw InputError(
-          "--shard-optimizer splits the AdamW state over data-parallel ranks; it needs --nproc N "
-          "(or WORLD_SIZE)");
+    require_ranks_to_shard(r.shard_optimizer);
     sharded_ = r.shard_optimizer;
     seq_len_ = r.arch.seq_len;
     set_launch_mode(*kernels_.launch, info_.local_rank);
     try {
-      model_ = std::make_unique<Model>(r.arch, r.options, r.seed, local_batch_, DType::bf16,
-                                       comm_.get(), *kernels_.attention, sharded_,
-                                       kernels_.logit_rows, *kernels_.experts);
-      model_->set_router_path(*kernels_.router);
-      // Each step's AdamW update beside the next step's forward, and, data parallel, the
-      // gradients' all-reduce beside the backward (the same bits; neither with the optimizer
-      // sharded): see Model::set_update_overlap and set_reduce_overlap.
-      model_->set_update_overlap(true);
-      model_->set_reduce_overlap(true);
+      model_ = build_model(r, kernels_, local_batch_, comm_.get(), sharded_);
       gemm_note_ = resolve_gemm_table();
     } catch (const DeviceOutOfMemory& e) {
       throw InputError(out_of_memory_message(e, r, local_batch_, kernels_,
@@ -465,6 +531,7 @@ const bool kernels_checked = register_kernels_check(
     "cuda", [](const std::string& kernels, const Arch& arch) { checked_kernels(kernels, arch); });
 const bool ranks_checked =
     register_ranks_check("cuda", [](int64_t batch_seqs) { checked_ranks(batch_seqs); });
+const bool fit_checked = register_fit_check("cuda", fit_check);
 
 }  // namespace
 }  // namespace moeplan::backend::cuda

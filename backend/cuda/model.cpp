@@ -171,6 +171,7 @@ struct Model::Impl {
   // gradients are reduce-scattered and the updated weights all-gathered. `params` and `grads`
   // hold W·chunk floats (the tail past n_params is zero).
   bool sharded = false;
+  bool sizing_only = false;  // built only to see what it holds: no weights, never stepped
   int64_t chunk = 0, shard_begin = 0, shard_len = 0;
   double last_ce_sum = 0;  // this rank's summed cross-entropy of the last training step
   int64_t B = 0, S = 0, Dm = 0, H = 0, Hkv = 0, Dh = 0, W = 0, V = 0, E = 0, K = 0, De = 0, Dse = 0,
@@ -718,16 +719,17 @@ struct Model::Impl {
 
   Impl(const Arch& arch, const ModelOptions& o, uint64_t seed, int64_t batch_seqs, DType matmul,
        Communicator* c, AttentionPath attn, bool shard, int64_t logit_rows_asked,
-       ExpertPath experts)
+       ExpertPath experts, int sizing_world)
       : a(arch), opt(o), mm(matmul), comm(c), sharded(shard) {
     if (logit_rows_asked < 0)
       throw std::logic_error("logit_rows must be 0 (automatic) or a row count");
-    if (shard && !c)
+    if (shard && !c && sizing_world < 1)
       throw std::logic_error("optimizer sharding needs a communicator (data parallelism)");
+    sizing_only = sizing_world > 0;
     // The CPU reference validates the options and gives the layout, the initial weights and the
     // generator's state after drawing them (the ERC noise continues from it): the weights alone,
     // not a whole CPU model (16 bytes a parameter and its activations, on every rank).
-    const auto init = backend::Model<float>::initial_weights(arch, o, seed);
+    const auto init = backend::Model<float>::initial_weights(arch, o, seed, sizing_only);
     tensors = init.tensors;
     rng.state() = init.rng_state;
     step_B = batch_seqs;
@@ -780,22 +782,22 @@ struct Model::Impl {
                   : backward_mma && wg ? attention::DkdvKernel::wgmma
                                        : attention::DkdvKernel::held;
     if (flash) check_attention_fits(attn, Dh);
-    n_params = int64_t(init.params.size());
+    n_params = tensors.back().offset + tensors.back().size();
     locate_tensors();
 
     int64_t moments = n_params, padded = n_params;
     if (sharded) {
-      const int64_t world = comm->info().world_size;
+      const int64_t world = sizing_only ? sizing_world : comm->info().world_size;
       chunk = (n_params + world - 1) / world;
       chunk = (chunk + 63) / 64 * 64;
       padded = chunk * world;
-      shard_begin = std::min(n_params, chunk * comm->info().rank);
+      shard_begin = std::min(n_params, chunk * (sizing_only ? 0 : comm->info().rank));
       shard_len = std::min(n_params, shard_begin + chunk) - shard_begin;
       moments = chunk;
     }
     params = alloc_f(padded);
     params.fill_zero();
-    params.upload(init.params.data(), size_t(n_params) * 4);
+    if (!sizing_only) params.upload(init.params.data(), size_t(n_params) * 4);
     if (mm == DType::bf16) params_mm = alloc(size_t(n_params) * 2);
     grads = alloc_f(padded);
     adam_m = alloc_f(moments);
@@ -803,10 +805,12 @@ struct Model::Impl {
     adam_m.fill_zero();
     adam_v.fill_zero();
     decay = alloc(size_t(padded));
-    std::vector<uint8_t> decay_host(size_t(padded), 0);
-    for (const TensorInfo& t : tensors)
-      std::fill_n(decay_host.begin() + t.offset, t.size(), uint8_t(t.weight_decay ? 1 : 0));
-    decay.upload(decay_host.data(), decay_host.size());
+    if (!sizing_only) {
+      std::vector<uint8_t> decay_host(size_t(padded), 0);
+      for (const TensorInfo& t : tensors)
+        std::fill_n(decay_host.begin() + t.offset, t.size(), uint8_t(t.weight_decay ? 1 : 0));
+      decay.upload(decay_host.data(), decay_host.size());
+    }
     refresh_mm_weights();
 
     if (rope) {  // the CPU's table: (S, Dh/2, 2), angles in double
@@ -832,6 +836,15 @@ struct Model::Impl {
     if (tiled(experts) && mm == DType::bf16) expert_path = experts;
     allocate_activations();
     if (erc_on()) allocate_erc();
+  }
+
+  // A model built only to be measured (sizing_world) has no weights, nor ranks to reduce or
+  // gather with.
+  void require_trainable() const {
+    if (sizing_only)
+      throw std::logic_error(
+          "a model built with sizing_world only measures its buffers; it does "
+          "not step or save");
   }
 
   int64_t offset_of(const std::string& name) const {
@@ -2238,9 +2251,9 @@ struct Model::Impl {
 
 Model::Model(const Arch& arch, const ModelOptions& options, uint64_t seed, int64_t batch_seqs,
              DType matmul, Communicator* comm, AttentionPath attention, bool shard_optimizer,
-             int64_t logit_rows, ExpertPath experts)
+             int64_t logit_rows, ExpertPath experts, int sizing_world)
     : impl_(std::make_unique<Impl>(arch, options, seed, batch_seqs, matmul, comm, attention,
-                                   shard_optimizer, logit_rows, experts)) {
+                                   shard_optimizer, logit_rows, experts, sizing_world)) {
   impl_->build_attention_tables();
   impl_->expert_tables.resize(size_t(std::max<int64_t>(arch.moe_layers(), 0)));
   impl_->build_expert_weight_tables();
@@ -2251,6 +2264,7 @@ Model::~Model() = default;
 
 StepResult Model::train_step(const int32_t* inputs, const int32_t* targets, int64_t step,
                              const OptimConfig& cfg) {
+  impl_->require_trainable();
   return impl_->train_step(inputs, targets, step, cfg);
 }
 double Model::forward_loss(const int32_t* inputs, const int32_t* targets, int64_t n_seqs,
@@ -2258,6 +2272,7 @@ double Model::forward_loss(const int32_t* inputs, const int32_t* targets, int64_
   return impl_->forward_loss(inputs, targets, n_seqs, per_position_loss);
 }
 double Model::compute_gradients(const int32_t* inputs, const int32_t* targets, StepResult* result) {
+  impl_->require_trainable();
   return impl_->compute_gradients(inputs, targets, result);
 }
 const std::vector<TensorInfo>& Model::tensors() const {
@@ -2307,6 +2322,7 @@ void get(const std::vector<char>& in, size_t& pos, T* p, size_t n) {
 }  // namespace
 
 void Model::save_state(std::vector<char>& out) const {
+  impl_->require_trainable();
   impl_->settle();
   const Impl& m = *impl_;
   out.clear();
@@ -2330,6 +2346,7 @@ void Model::save_state(std::vector<char>& out) const {
 }
 
 void Model::load_state(const std::vector<char>& in) {
+  impl_->require_trainable();
   Impl& m = *impl_;
   m.settle();
   size_t pos = 0;

@@ -177,6 +177,25 @@ void check_ranks(const std::string& device, int64_t batch_seqs) {
   if (it != ranks_checks().end()) it->second(batch_seqs);
 }
 
+namespace {
+using FitCheck = std::function<PassFit(const EngineRequest&)>;
+std::map<std::string, FitCheck>& fit_checks() {
+  static std::map<std::string, FitCheck> c;
+  return c;
+}
+}  // namespace
+
+bool register_fit_check(const std::string& device, FitCheck check) {
+  fit_checks()[device] = std::move(check);
+  return true;
+}
+
+std::optional<PassFit> check_fit(const std::string& device, const EngineRequest& request) {
+  const auto it = fit_checks().find(device);
+  if (it == fit_checks().end()) return std::nullopt;
+  return it->second(request);
+}
+
 std::vector<std::string> engine_devices() {
   std::vector<std::string> out;
   for (const auto& [name, f] : registry()) out.push_back(name);

@@ -118,6 +118,7 @@ LaunchOutcome launch_ranks(const LaunchRequest& req) {
   int remaining = nproc, forwarded = 0, interrupted = 0;
   bool left_to_other = false;
   bool killed_rest = false;
+  int failed = 0;  // children that failed (not stopped by us, not interrupted, not exit 3)
   Clock::time_point deadline{};
   while (remaining > 0) {
     const int sig = req.stop ? req.stop->load() : 0;
@@ -155,14 +156,16 @@ LaunchOutcome launch_ranks(const LaunchRequest& req) {
       left_to_other = true;
       continue;
     }
-    if (out.failed_rank < 0 && !(killed_rest && WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL)) {
+    if (killed_rest && WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL) continue;  // stopped by us
+    ++failed;
+    if (out.failed_rank < 0) {
       out.failed_rank = rank;
       out.status = code;
       // A worker's points wait on no other's: the rest train on (the deadline never comes).
       deadline = workers ? Clock::time_point::max()
                          : Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                               std::chrono::duration<double>(req.grace_seconds));
-      out.failure = workers ? fmt::format("the worker on {} ({} of {}) {}; the others trained on",
+      out.failure = workers ? fmt::format("the worker on {} ({} of {}) {}",
                                           gpus_named(req.worker_devices[size_t(rank)]), rank, nproc,
                                           describe(st))
                             : fmt::format("rank {} of {} {}", rank, nproc, describe(st));
@@ -176,6 +179,16 @@ LaunchOutcome launch_ranks(const LaunchRequest& req) {
     if (e.path().filename().string().rfind(prefix, 0) == 0) std::filesystem::remove(e.path(), ec);
   if (out.failed_rank >= 0) {
     if (killed_rest) out.failure += "; the other ranks were stopped";
+    // Workers: whether the others trained on, or failed too (a point that fits no GPU fails
+    // every worker's check before any trains).
+    if (workers)
+      out.failure += failed == 1       ? "; the others trained on"
+                     : failed == nproc ? (nproc == 2 ? "; the other worker failed too"
+                                                     : "; every other worker failed too")
+                                       : fmt::format(
+                                             "; {} other workers failed too, the rest "
+                                             "trained on",
+                                             failed - 1);
     return out;
   }
   if (interrupted > 0) out.status = 130;

@@ -254,6 +254,73 @@ int64_t eval_windows_for(const Plan& p, const TrainSettings& t) {
   return std::max<int64_t>(1, (tokens + s - 1) / s);
 }
 
+namespace {
+// What a point's engine is asked to build: its arch, the [train] options, the run's passes,
+// kernels and sharding.
+EngineRequest engine_request(const Plan& plan, const TrainSettings& train, const RunOptions& opt) {
+  if (opt.micro_batch_seqs < 0)
+    throw InputError(fmt::format(
+        "--micro-batch {} must be >= 1 (or 0: the whole batch in one pass)", opt.micro_batch_seqs));
+  EngineRequest request;
+  request.arch = plan.arch;
+  request.options = model_options(train);
+  request.options.micro_batch_seqs = opt.micro_batch_seqs;
+  request.seed = train.seed;
+  request.batch_seqs = plan.budget.batch_seqs;
+  request.threads = opt.threads;
+  request.kernels = opt.kernels;
+  request.shard_optimizer = opt.shard_optimizer;
+  request.point_id = plan.id;
+  return request;
+}
+}  // namespace
+
+void check_points_fit(const std::vector<const Plan*>& pending, const TrainSettings& train,
+                      const RunOptions& opt) {
+  struct Misfit {
+    const Plan* plan;
+    PassFit fit;
+  };
+  std::vector<Misfit> misfits;
+  for (const Plan* p : pending) {
+    const std::optional<PassFit> fit = check_fit(opt.device, engine_request(*p, train, opt));
+    if (!fit) return;  // a device without the check
+    if (fit->largest < fit->pass) misfits.push_back({p, *fit});
+  }
+  if (misfits.empty()) return;
+  // The first point that does not fit in the device's own words; the others by the most
+  // sequences a pass that fit them; then the passes under which all fit (a pass that fits one
+  // point's model fits it in smaller passes too).
+  std::string others;
+  int64_t all_fit = 0;  // 0: no pass fits some point
+  bool some_fit = false;
+  for (const Misfit& m : misfits) {
+    if (m.fit.largest > 0) all_fit = some_fit ? std::min(all_fit, m.fit.largest) : m.fit.largest;
+    some_fit = some_fit || m.fit.largest > 0;
+    if (&m != &misfits.front())
+      others += fmt::format(
+          "{}{} ({})", others.empty() ? "" : ", ", m.plan->id,
+          m.fit.largest > 0
+              ? fmt::format("at most {} of its {} sequences a pass fit", m.fit.largest, m.fit.pass)
+              : std::string("not even one sequence a pass fits"));
+  }
+  std::string then;
+  if (misfits.size() > 1 && some_fit)
+    then = fmt::format("; --micro-batch {} fits every point{}", all_fit,
+                       std::any_of(misfits.begin(), misfits.end(),
+                                   [](const Misfit& m) { return m.fit.largest == 0; })
+                           ? " that can fit"
+                           : "");
+  throw InputError(fmt::format(
+      "point {}: {}{}{}; found before any point trained", misfits.front().plan->id,
+      misfits.front().fit.why,
+      others.empty()
+          ? ""
+          : fmt::format("; {} more point{} do{} not fit: {}", misfits.size() - 1,
+                        misfits.size() == 2 ? "" : "s", misfits.size() == 2 ? "es" : "", others),
+      then));
+}
+
 void check_source_fits(const Plan& p, const TrainSettings& t, const std::filesystem::path& base) {
   // The window order is a permutation of 32-bit window indices (checkpointed as int32).
   const int64_t windows = p.budget.tokens_unique / p.arch.seq_len;
@@ -928,20 +995,8 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
                                     {"training_fingerprint", token_fingerprint(data.train)},
                                     {"validation_fingerprint", token_fingerprint(data.validation)}};
 
-  if (opt.micro_batch_seqs < 0)
-    throw InputError(fmt::format(
-        "--micro-batch {} must be >= 1 (or 0: the whole batch in one pass)", opt.micro_batch_seqs));
-  ModelOptions model_opt = model_options(train);
-  model_opt.micro_batch_seqs = opt.micro_batch_seqs;
-  EngineRequest request;
-  request.arch = plan.arch;
-  request.options = model_opt;
-  request.seed = train.seed;
-  request.batch_seqs = batch;
-  request.threads = opt.threads;
-  request.kernels = opt.kernels;
-  request.shard_optimizer = opt.shard_optimizer;
-  request.point_id = plan.id;
+  const EngineRequest request = engine_request(plan, train, opt);
+  const ModelOptions& model_opt = request.options;
   std::unique_ptr<Engine> engine = make_engine(opt.device, request);
   const MeasuredParams params = measure_params(*engine, plan.arch);
   if (opt.on_engine && engine->writes_files()) {

@@ -3,6 +3,7 @@
 // corpus, identical FLOP ledgers, bit-for-bit repeatability, the NCCL path at world size 1, and
 // save/load.
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -13,6 +14,7 @@
 #include <filesystem>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -26,6 +28,7 @@
 #include "moeplan/backend/cuda/comm.hpp"
 #include "moeplan/backend/cuda/kernels.hpp"
 #include "moeplan/backend/cuda/model.hpp"
+#include "moeplan/backend/engine.hpp"
 #include "moeplan/backend/model.hpp"
 
 using namespace gputest;
@@ -65,6 +68,15 @@ Arch moe_arch() {
   a.d_shared = 32;
   return a;
 }
+
+#ifdef MOEPLAN_CUDA_EMULATION
+// The emulated device's bytes in use (all of its cudaMalloc'd buffers).
+size_t in_use() {
+  size_t free_b = 0, total = 0;
+  REQUIRE(cudaMemGetInfo(&free_b, &total) == cudaSuccess);
+  return total - free_b;
+}
+#endif
 
 struct Batch {
   std::vector<int32_t> inputs, targets;
@@ -1658,15 +1670,77 @@ TEST_CASE("a cuBLAS handle whose workspace does not fit: out of memory, and noth
 #endif
 
 #ifdef MOEPLAN_CUDA_EMULATION
+// `moeplan run`'s fit check (backend::check_fit: every point's model built before the first
+// trains) held to the engine's own build: where a batch does not fit, the most sequences a pass
+// it names is what the engine builds, and one more is what it refuses.
+TEST_CASE("the fit check: the largest pass it names builds as an engine, one more does not") {
+  namespace be = moeplan::backend;
+  be::EngineRequest req;
+  req.arch = moe_arch();
+  req.batch_seqs = 48;
+  req.seed = 5;
+  req.point_id = "moe";
+  const size_t base = in_use();
+  size_t one = 0, whole = 0;  // what the engine holds in passes of 1 and of the whole batch
+  req.options.micro_batch_seqs = 1;
+  {
+    const auto e = be::make_engine("cuda", req);
+    one = in_use() - base;
+  }
+  req.options.micro_batch_seqs = 0;
+  {
+    const auto e = be::make_engine("cuda", req);
+    whole = in_use() - base;
+  }
+  REQUIRE(whole > one);
+  CHECK(in_use() == base);  // an engine leaves nothing behind
+  // Room for one sequence's model and half of what the other 47 add.
+  ::setenv("MOEPLAN_EMU_MEMORY_KIB", std::to_string((base + one + (whole - one) / 2) >> 10).c_str(),
+           1);
+  const std::optional<be::PassFit> fit = be::check_fit("cuda", req);
+  REQUIRE(fit.has_value());
+  CHECK(fit->pass == 48);
+  const int64_t most = fit->largest;
+  CHECK(most > 1);
+  CHECK(most < 48);
+  CHECK(in_use() == base);  // each try's model freed
+  CHECK_MESSAGE(fit->why.find(fmt::format("with passes of 48 sequences of 32 tokens; run smaller "
+                                          "passes: --micro-batch {} (at most {} sequences a "
+                                          "pass fit)",
+                                          most, most)) != std::string::npos,
+                fit->why);
+  req.options.micro_batch_seqs = most;
+  CHECK_NOTHROW(be::make_engine("cuda", req));
+  const std::optional<be::PassFit> fits = be::check_fit("cuda", req);
+  CHECK(fits->pass == most);
+  CHECK(fits->largest == most);
+  CHECK(fits->why.empty());
+  req.options.micro_batch_seqs = most + 1;
+  CHECK_THROWS_WITH_AS(be::make_engine("cuda", req),
+                       doctest::Contains("--device cuda: out of device memory"),
+                       moeplan::InputError);
+  // Room for less than one sequence's model: no pass fits, and the line says what would.
+  ::setenv("MOEPLAN_EMU_MEMORY_KIB", std::to_string((base + one / 2) >> 10).c_str(), 1);
+  req.options.micro_batch_seqs = 0;
+  const std::optional<be::PassFit> none = be::check_fit("cuda", req);
+  ::unsetenv("MOEPLAN_EMU_MEMORY_KIB");
+  CHECK(none->largest == 0);
+  CHECK_MESSAGE(
+      none->why.find("with passes of 48 sequences of 32 tokens; not even passes of 1 "
+                     "sequence fit; the weights, gradients and AdamW state alone take ") !=
+          std::string::npos,
+      none->why);
+  CHECK_MESSAGE(none->why.find("(or GPUs that share its AdamW state: --nproc N "
+                               "--shard-optimizer)") != std::string::npos,
+                none->why);
+}
+#endif
+
+#ifdef MOEPLAN_CUDA_EMULATION
 TEST_CASE("a tiled expert path given at construction: no gathered-rows buffer, even for a moment") {
   // The cuBLAS expert paths gather each MoE layer's routed rows into a T·K × Dm bf16 buffer (xg);
   // the tiled paths read them where they lie. Set after construction, the path frees xg, but the
   // construction's peak held it: a device that fits the tiled model alone could refuse it.
-  const auto in_use = [] {
-    size_t free_b = 0, total = 0;
-    REQUIRE(cudaMemGetInfo(&free_b, &total) == cudaSuccess);
-    return total - free_b;
-  };
   const Arch a = moe_arch();
   ModelOptions opt;
   const int64_t B = 3;
@@ -2077,6 +2151,58 @@ TEST_CASE("NCCL data-parallel path at world size 1 equals the plain step; window
   CHECK(s_sharded == s_plain);  // the whole state: weights, both moments, step, ledgers
   std::filesystem::remove(id_file);
 }
+
+#ifdef MOEPLAN_CUDA_EMULATION
+// The fit check's model (sizing_world: no weights drawn; sharded without a communicator, so no
+// NCCL group before training) holds what a sharded rank 0 holds: at world size 1 the same bytes
+// as one with a communicator; at 2, the layout of ZeRO stage 1 worked by hand (below) less. It
+// refuses to step.
+TEST_CASE("a model sized as a sharded rank holds a sharded rank's buffers, and does not step") {
+  const std::string id_file =
+      (std::filesystem::temp_directory_path() / ("moeplan-nccl-sz-" + std::to_string(getpid())))
+          .string();
+  const Arch a = moe_arch();
+  ModelOptions opt;
+  const int64_t B = 2;
+  size_t with_comm = 0, sized1 = 0, sized2 = 0;
+  int64_t n = 0;
+  {
+    cu::Communicator comm(cu::RankInfo{0, 1, 0}, id_file);
+    const size_t base = in_use();
+    cu::Model m(a, opt, 8, B, DType::bf16, &comm, cu::AttentionPath::cublas, true);
+    with_comm = in_use() - base;
+    n = m.trainable_params();
+  }
+  std::filesystem::remove(id_file);
+  const size_t base = in_use();
+  {
+    cu::Model m(a, opt, 8, B, DType::bf16, nullptr, cu::AttentionPath::cublas, true, 0,
+                cu::ExpertPath::grouped, 1);
+    sized1 = in_use() - base;
+    const Batch b = random_batch(B, a.seq_len, a.vocab, 3);
+    OptimConfig cfg;
+    cfg.total_steps = 1;
+    CHECK_THROWS_AS(m.train_step(b.inputs.data(), b.targets.data(), 0, cfg), std::logic_error);
+    std::vector<char> state;
+    CHECK_THROWS_AS(m.save_state(state), std::logic_error);
+    const std::vector<float> w = m.parameters();  // none drawn
+    CHECK(std::all_of(w.begin(), w.end(), [](float x) { return x == 0.0f; }));
+  }
+  {
+    cu::Model m(a, opt, 8, B, DType::bf16, nullptr, cu::AttentionPath::cublas, true, 0,
+                cu::ExpertPath::grouped, 2);
+    sized2 = in_use() - base;
+  }
+  CHECK(sized1 == with_comm);
+  // Sharded over W ranks, the n weights are padded to W chunks of ceil(n/W) rounded up to 64:
+  // fp32 weights and gradients and the 1-byte decay mask cover the padded count (9 bytes each),
+  // the two fp32 AdamW moments one chunk (8 bytes each).
+  const auto chunk = [&](int64_t w) { return ((n + w - 1) / w + 63) / 64 * 64; };
+  const int64_t layout1 = 9 * chunk(1) + 8 * chunk(1), layout2 = 9 * 2 * chunk(2) + 8 * chunk(2);
+  CHECK(int64_t(sized1) - int64_t(sized2) == layout1 - layout2);
+  CHECK(sized2 < sized1);
+}
+#endif
 
 #ifdef MOEPLAN_CUDA_EMULATION
 // Data parallelism at world size 2, each rank a process (fork) on the emulated machine's two

@@ -2676,6 +2676,14 @@ TEST_CASE("a rank waiting for a peer that never comes: a second signal 3 s on st
       fs::remove(e.path(), ec);
 }
 
+// The number an error line gives after `before` ("" when it has none).
+std::string most_that_fit(const std::string& err, const std::string& before) {
+  const size_t at = err.find(before);
+  if (at == std::string::npos) return "";
+  const size_t from = at + before.size();
+  return err.substr(from, err.find_first_not_of("0123456789", from) - from);
+}
+
 // A batch that does not fit the device: one line that says so and what to run instead, then the
 // same point in smaller passes. The emulated device holds MOEPLAN_EMU_MEMORY_KIB: 38 MiB, of
 // which cuBLAS's workspace takes 32; 128 sequences a pass need more, 16 fit.
@@ -2692,6 +2700,10 @@ TEST_CASE("out of device memory (emulated): one line naming the passes; --micro-
   };
   ::setenv("MOEPLAN_EMU_MEMORY_KIB", "38912", 1);
   const Result whole = run_dense("runs", "0");
+  // The most sequences a pass it names: that many trains.
+  const std::string dense_most = most_that_fit(whole.err, "run smaller passes: --micro-batch ");
+  REQUIRE_MESSAGE(!dense_most.empty(), whole.err);
+  const Result at_most = run_dense("at_most", dense_most.c_str());
   const Result passes = run_dense("runs", "16");
   // The LM head in chunks of 64 of a pass's 256 rows: the same products, so the same ledger.
   const Result chunked =
@@ -2710,17 +2722,21 @@ TEST_CASE("out of device memory (emulated): one line naming the passes; --micro-
   ::unsetenv("MOEPLAN_EMU_MEMORY_KIB");
   CHECK(whole.status == 2);
   CHECK(one_line(whole.err));
-  CHECK_MESSAGE(whole.err.find("--device cuda: out of device memory (moeplan's buffers held ") !=
-                    std::string::npos,
+  CHECK_MESSAGE(whole.err.find("point dense: --device cuda: out of device memory (moeplan's "
+                               "buffers held ") != std::string::npos,
                 whole.err);
   // At S 16 the fused kernels would hold more, not less: the S×S buffers they spare are
   // 2 heads · 16² · (2·2 layers + 10) = 7,168 bytes a sequence, their bf16 dS tiles 2 heads · one
   // 64×64 tile · 2 bytes = 16,384. So the line offers smaller passes only.
   CHECK_MESSAGE(whole.err.find("the device has 38.0 MiB) with passes of 128 sequences of 16 "
-                               "tokens; run smaller passes, e.g. --micro-batch 64") !=
+                               "tokens; run smaller passes: --micro-batch " +
+                               dense_most + " (at most " + dense_most +
+                               " sequences a pass fit); found before any point trained\n") !=
                     std::string::npos,
                 whole.err);
   CHECK_MESSAGE(whole.err.find("attention=fused_mma") == std::string::npos, whole.err);
+  CHECK_MESSAGE(at_most.status == 0, at_most.err);
+  CHECK(record(dir / "at_most", "dense")["pass_seqs"] == std::stoi(dense_most));
   REQUIRE_MESSAGE(passes.status == 0, passes.err);
   // Once built, the engine says what it holds: its memory out of the device's, the passes, and
   // the GEMM table (gemm=auto: none built in for the emulator).
@@ -2762,6 +2778,89 @@ TEST_CASE("out of device memory (emulated): one line naming the passes; --micro-
   CHECK_FALSE(fs::exists(dir / "none" / "dense" / "record.json"));
 }
 
+// A sweep whose MoE points do not fit the device in their passes: refused in one line before any
+// point trains (the dense point, which fits, first among them), naming each point that does not
+// and the passes under which all fit; those train. The emulated device holds 68 MiB: the MoE
+// model's two cuBLAS workspaces take 64 of it (the dense model has one).
+TEST_CASE("points that do not fit (emulated): refused together before any trains; the passes fit") {
+  const fs::path dir = fresh_dir("cuda_fit");
+  write_manifest_atomic(tiny_manifest(tiny_plan("dense", true, 1, 128, 40, 3e-3, 16),
+                                      {tiny_plan("moe-o", false, 1, 128, 40, 3e-3, 16),
+                                       tiny_plan("moe-p", false, 1, 96, 40, 3e-3, 16)}),
+                        dir / "sweep.toml");
+  const auto run = [&](std::vector<std::string> extra, const std::string& out = "runs") {
+    std::vector<std::string> args = {"run",       (dir / "sweep.toml").string(),
+                                     "--out",     (dir / out).string(),
+                                     "--device",  "cuda",
+                                     "--kernels", "attention=cublas,experts=grouped"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return run_cli(args, MOEPLAN_EMULATED_BINARY);
+  };
+  ::setenv("MOEPLAN_EMU_MEMORY_KIB", "69632", 1);
+  const Result whole = run({});
+  const bool folders = fs::exists(dir / "runs" / "dense") || fs::exists(dir / "runs" / "moe-o") ||
+                       fs::exists(dir / "runs" / "moe-p");
+  const std::string moe_o = most_that_fit(whole.err, "run smaller passes: --micro-batch ");
+  const std::string moe_p = most_that_fit(whole.err, "moe-p (at most ");
+  REQUIRE_MESSAGE(!moe_o.empty(), whole.err);
+  REQUIRE_MESSAGE(!moe_p.empty(), whole.err);
+  const std::string all = std::to_string(std::min(std::stoi(moe_o), std::stoi(moe_p)));
+  const Result one_more =
+      run({"--point", "moe-o", "--micro-batch", std::to_string(std::stoi(moe_o) + 1)});
+  const Result fits = run({"--micro-batch", all});
+  // Data parallel, each rank checks its own share of the batch on its own GPU: moe-o's 128
+  // sequences are 64 a rank over 2 ranks, which do not fit either; 43 (rank 0's of 3) do.
+  ::setenv("MOEPLAN_EMU_DEVICES", "3", 1);
+  const Result two = run({"--point", "moe-o", "--nproc", "2"}, "dp2");
+  const Result three = run({"--point", "moe-o", "--nproc", "3"}, "dp3");
+  ::unsetenv("MOEPLAN_EMU_DEVICES");
+  ::unsetenv("MOEPLAN_EMU_MEMORY_KIB");
+  CHECK(whole.status == 2);
+  CHECK(one_line(whole.err));
+  CHECK_MESSAGE(whole.err.rfind("moeplan: error: point moe-o: --device cuda: out of device memory "
+                                "(moeplan's buffers held ",
+                                0) == 0,
+                whole.err);
+  CHECK_MESSAGE(
+      whole.err.find("the device has 68.0 MiB) with passes of 128 sequences of 16 tokens; "
+                     "run smaller passes: --micro-batch " +
+                     moe_o + " (at most " + moe_o +
+                     " sequences a pass fit); 1 more point does not fit: moe-p (at most " + moe_p +
+                     " of its 96 sequences a pass fit); --micro-batch " + all +
+                     " fits every point; found before any point trained\n") != std::string::npos,
+      whole.err);
+  CHECK(std::stoi(moe_o) < 96);  // so moe-p, of the same model, does not fit whole either
+  CHECK(whole.out.find("dense 1/3") == std::string::npos);  // the dense point did not start
+  CHECK_FALSE(folders);                                     // nothing made for any point
+  CHECK(one_more.status == 2);
+  CHECK_MESSAGE(
+      one_more.err.find("run smaller passes: --micro-batch " + moe_o + " (") != std::string::npos,
+      one_more.err);
+  REQUIRE_MESSAGE(fits.status == 0, fits.err);
+  for (const auto& [id, pass] : {std::pair<const char*, int64_t>{"dense", std::stoi(all)},
+                                 {"moe-o", std::stoi(all)},
+                                 {"moe-p", std::min<int64_t>(96, std::stoi(all))}}) {
+    const json r = record(dir / "runs", id);
+    CHECK(r["status"] == "complete");
+    CHECK(r["pass_seqs"] == pass);
+  }
+  REQUIRE(std::stoi(moe_o) >= 43);
+  REQUIRE(std::stoi(moe_o) < 64);
+  CHECK(two.status == 2);
+  CHECK_MESSAGE(two.err.find("point moe-o: --device cuda: out of device memory (moeplan's buffers "
+                             "held ") != std::string::npos,
+                two.err);
+  CHECK_MESSAGE(two.err.find("with passes of 64 sequences of 16 tokens; run smaller passes: "
+                             "--micro-batch " +
+                             moe_o + " (") != std::string::npos,
+                two.err);
+  CHECK_MESSAGE(three.status == 0, three.err);
+  const json r3 = record(dir / "dp3", "moe-o");
+  CHECK(r3["status"] == "complete");
+  CHECK(r3["world_size"] == 3);
+  CHECK(r3["pass_seqs"] == 43);
+}
+
 // At S 256 the fused attention spares far more than its dS tiles take, and the line says so:
 // 2 heads · 256² · (2·2 layers + 10) = 1,835,008 bytes of S×S buffers a sequence (1.75 MiB),
 // less 2 heads · 10 tiles (64×64, on and below the diagonal) · 8,192 bytes = 163,840:
@@ -2781,9 +2880,11 @@ TEST_CASE("out of device memory (emulated): at S 256 the line also offers the fu
   ::unsetenv("MOEPLAN_EMU_MEMORY_KIB");
   CHECK(r.status == 2);
   CHECK(one_line(r.err));
-  CHECK_MESSAGE(r.err.find("with passes of 64 sequences of 256 tokens; run smaller passes, e.g. "
-                           "--micro-batch 32, or --kernels attention=fused_mma (no S×S buffers: "
-                           "1.6 MiB less a sequence)") != std::string::npos,
+  CHECK_MESSAGE(r.err.find("with passes of 64 sequences of 256 tokens; run smaller passes: "
+                           "--micro-batch ") != std::string::npos,
+                r.err);
+  CHECK_MESSAGE(r.err.find(" sequences a pass fit), or --kernels attention=fused_mma (no S×S "
+                           "buffers: 1.6 MiB less a sequence)") != std::string::npos,
                 r.err);
 }
 

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -121,6 +122,20 @@ void check_kernels(const std::string& device, const std::string& kernels, const 
 // point of batch_seqs sequences a step.
 bool register_ranks_check(const std::string& device, std::function<void(int64_t batch_seqs)> check);
 void check_ranks(const std::string& device, int64_t batch_seqs);
+
+// Whether one point's model fits a device as its engine would build it (every buffer it holds
+// from the start allocated, then freed), and if not, the most sequences a pass that do. `run`
+// checks every point it will train before the first trains, so that a sweep does not stop at
+// its fifth point after hours of the first four. Registered by a device whose memory is
+// limited (cuda); check_fit returns nothing for a device that registered none.
+struct PassFit {
+  int64_t pass = 0;     // sequences a pass (on this rank) as asked
+  int64_t largest = 0;  // the most that fit: `pass` when it fits, 0 when not even one does
+  std::string why;      // when it does not fit: the device's one line, with what to run instead
+};
+bool register_fit_check(const std::string& device,
+                        std::function<PassFit(const EngineRequest& request)> check);
+std::optional<PassFit> check_fit(const std::string& device, const EngineRequest& request);
 
 // This machine's physical memory in bytes (0 when unknown), and a byte count as the messages
 // about memory write it: "12.30 GiB", or "38.0 MiB" below a GiB.

@@ -116,7 +116,9 @@ class Model {
   // What a model of these arguments starts from, and no more: the parameter layout, the initial
   // weights and the generator's state after drawing them, validated as the constructor does.
   // A Model holds 16 bytes a parameter (weights, gradients, AdamW moments) and one pass's
-  // activations; this holds the weights alone. The CUDA model starts from it.
+  // activations; this holds the weights alone. The CUDA model starts from it. layout_only: the
+  // layout alone (params empty, the generator's state the seed's): no weights drawn, for a model
+  // built only to see what it holds (2e9 weights take about a minute to draw on one core).
   struct InitialWeights {
     std::vector<TensorInfo> tensors;
     std::span<const Scalar> params;  // valid while `owner` lives
@@ -124,7 +126,7 @@ class Model {
     std::shared_ptr<const void> owner;
   };
   static InitialWeights initial_weights(const Arch& arch, const ModelOptions& options,
-                                        uint64_t seed);
+                                        uint64_t seed, bool layout_only = false);
 
   // Weights, Adam m/v, Adam step count, RNG state and both ledgers: a bit-exact resume.
   void save_state(std::vector<char>& out) const;

@@ -190,6 +190,14 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
 void check_source_fits(const Plan& plan, const TrainSettings& train,
                        const std::filesystem::path& source_base = {});
 
+// Throws InputError (one line, exit 2) when a pending point's model does not fit the device in
+// its passes (check_fit: the cuda device builds each model as its engine would, then frees it),
+// naming each point that does not, the most sequences a pass that fit it, and the --micro-batch
+// under which every point fits; run before the first point trains. Nothing for a device with no
+// fit check (cpu, whose memory is checked otherwise).
+void check_points_fit(const std::vector<const Plan*>& pending, const TrainSettings& train,
+                      const RunOptions& options);
+
 // Throws InputError (as a point's own start would) when a file source holds a token outside a
 // pending point's vocabulary in the tokens it would read, run before the first trains, so that a
 // bad token in a later point's longer region does not stop the sweep after earlier points

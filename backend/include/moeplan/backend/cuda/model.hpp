@@ -141,10 +141,14 @@ class Model {
   // experts: the routed experts' path from the start, as set_expert_path sets it later (which
   // frees what the old path needed); given here, a tiled path's model never allocates the
   // gathered-rows buffers of the cuBLAS paths, so its peak is its steady size.
+  // sizing_world > 0: a model built only to see whether its buffers fit the device (the engine's
+  // fit check): every buffer allocated, no weights drawn (zeros), and, with shard_optimizer and
+  // no `comm`, sharded as rank 0 of sizing_world ranks (no NCCL group before training). It
+  // refuses to step or save.
   Model(const Arch& arch, const ModelOptions& options, uint64_t seed, int64_t batch_seqs,
         DType matmul = DType::bf16, Communicator* comm = nullptr,
         AttentionPath attention = AttentionPath::cublas, bool shard_optimizer = false,
-        int64_t logit_rows = 0, ExpertPath experts = ExpertPath::grouped);
+        int64_t logit_rows = 0, ExpertPath experts = ExpertPath::grouped, int sizing_world = 0);
   ~Model();
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
