@@ -338,6 +338,28 @@ void print_time_against_dense(const std::vector<TrainProjection>& points) {
       dense->steps, 1e3 * dense->step_seconds, fmt::join(parts, ", "));
 }
 
+// An estimate's line on its passes where they are not the whole batch (the fit check looked up
+// to the rank's share): the most that fit this GPU, so that passes can be sized up as well as
+// down. Empty where the passes hold the whole share.
+std::string passes_text(const backend::PassFit& fit, int64_t batch_seqs) {
+  if (fit.pass >= fit.share) return "";
+  const bool whole_batch = fit.share == batch_seqs;  // one process, not a rank's share
+  if (fit.largest >= fit.share)
+    return fmt::format(
+        "passes of {} sequences as timed; {} of {} fits this GPU in one pass "
+        "(--micro-batch 0)",
+        fit.pass, whole_batch ? "the step's whole batch" : "this rank's whole share", fit.share);
+  const std::string of = whole_batch ? fmt::format("the step's {}", fit.share)
+                                     : fmt::format("this rank's {} a step", fit.share);
+  if (fit.largest > fit.pass)
+    return fmt::format(
+        "passes of {} sequences as timed; up to {} of {} fit this GPU "
+        "(--micro-batch {})",
+        fit.pass, fit.largest, of, fit.largest);
+  return fmt::format("passes of {} sequences as timed, the most of {} that fit this GPU", fit.pass,
+                     of);
+}
+
 // --profile's table under a point's estimate line: each phase's mean milliseconds a step, its
 // share of their sum, and that sum against the unprofiled step's time (on cuda the phases run
 // one after another while timed, so the sum may exceed it).
@@ -628,7 +650,8 @@ int run(const RunFlags& f) {
   if (f.nproc != 1) return launch(f);
   // Every point's model on this process's device, as its engine will build it, before the first
   // trains (by each training process: a launcher holds no GPU its ranks or workers train on).
-  backend::check_points_fit(pending, m.train, opt);
+  const std::map<std::string, backend::PassFit> fits =
+      backend::check_points_fit(pending, m.train, opt);
   // A worker's lines name its GPUs; the points the others train are theirs, not "left".
   const char* cvd = std::getenv("CUDA_VISIBLE_DEVICES");
   const std::string on_gpus =
@@ -700,6 +723,10 @@ int run(const RunFlags& f) {
             human(double(e.tokens_per_step) / e.step_seconds),
             human(e.flops_per_step / e.step_seconds),
             mfu_text(e.flops_per_step / e.step_seconds, e.peak_flops_per_second, e.peak_given));
+        if (const auto it = fits.find(p->id); it != fits.end())
+          if (const std::string passes = passes_text(it->second, p->budget.batch_seqs);
+              !passes.empty())
+            fmt::print("{} {}\n", label, passes);
         if (!e.phases.empty()) print_phases(label, e);
         estimated_seconds += e.seconds();
         ++estimated;

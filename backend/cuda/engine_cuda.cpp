@@ -190,9 +190,10 @@ std::unique_ptr<Model> build_model(const EngineRequest& r, const KernelChoice& k
 // register_fit_check's check: the point's model built on this rank's GPU as the engine would
 // build it (the same kernels, this rank's share of the batch, the optimizer sharded as it would
 // be), then freed. Where it does not fit, the largest pass that does, by bisection: each try
-// builds the model again in smaller passes (a model's buffers grow with its pass). The engine's
-// own refusals (kernels, ranks, the device's code) come first, as they would.
-PassFit fit_check(const EngineRequest& r) {
+// builds the model again in smaller passes (a model's buffers grow with its pass); up_to_share,
+// likewise in larger passes where it fits. The engine's own refusals (kernels, ranks, the
+// device's code) come first, as they would.
+PassFit fit_check(const EngineRequest& r, bool up_to_share) {
   const KernelChoice asked = checked_kernels(r.kernels, r.arch);
   if (device_count() == 0)
     throw InputError("--device cuda: no CUDA device is visible on this machine");
@@ -215,17 +216,28 @@ PassFit fit_check(const EngineRequest& r) {
     }
   };
   PassFit fit;
+  fit.share = local;
   fit.pass = r.options.micro_batch_seqs > 0 ? std::min(r.options.micro_batch_seqs, local) : local;
-  fit.largest = fit.pass;
   const std::optional<DeviceOutOfMemory> asked_fails = fails(fit.pass);
-  if (!asked_fails) return fit;
-  int64_t fits = 0, fails_at = fit.pass;  // the most known to fit (0: none yet), the least not
+  // The most known to fit (0: none) and the least known not to (share + 1: none).
+  int64_t fits = 0, fails_at = fit.pass;
+  if (!asked_fails) {
+    fits = fit.pass;
+    if (!up_to_share || fit.pass == local)
+      fails_at = fits + 1;     // not asked to look further
+    else if (!fails(local)) {  // the whole share fits: the common case, one more try
+      fits = local;
+      fails_at = local + 1;
+    } else {
+      fails_at = local;
+    }
+  }
   while (fails_at - fits > 1) {
     const int64_t mid = fits + (fails_at - fits) / 2;
     (fails(mid) ? fails_at : fits) = mid;
   }
   fit.largest = fits;
-  fit.why = out_of_memory_message(*asked_fails, r, local, kernels, shards, fits);
+  if (asked_fails) fit.why = out_of_memory_message(*asked_fails, r, local, kernels, shards, fits);
   return fit;
 }
 

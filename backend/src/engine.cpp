@@ -178,7 +178,7 @@ void check_ranks(const std::string& device, int64_t batch_seqs) {
 }
 
 namespace {
-using FitCheck = std::function<PassFit(const EngineRequest&)>;
+using FitCheck = std::function<PassFit(const EngineRequest&, bool)>;
 std::map<std::string, FitCheck>& fit_checks() {
   static std::map<std::string, FitCheck> c;
   return c;
@@ -190,10 +190,11 @@ bool register_fit_check(const std::string& device, FitCheck check) {
   return true;
 }
 
-std::optional<PassFit> check_fit(const std::string& device, const EngineRequest& request) {
+std::optional<PassFit> check_fit(const std::string& device, const EngineRequest& request,
+                                 bool up_to_share) {
   const auto it = fit_checks().find(device);
   if (it == fit_checks().end()) return std::nullopt;
-  return it->second(request);
+  return it->second(request, up_to_share);
 }
 
 std::vector<std::string> engine_devices() {

@@ -275,19 +275,22 @@ EngineRequest engine_request(const Plan& plan, const TrainSettings& train, const
 }
 }  // namespace
 
-void check_points_fit(const std::vector<const Plan*>& pending, const TrainSettings& train,
-                      const RunOptions& opt) {
+std::map<std::string, PassFit> check_points_fit(const std::vector<const Plan*>& pending,
+                                                const TrainSettings& train, const RunOptions& opt) {
   struct Misfit {
     const Plan* plan;
     PassFit fit;
   };
   std::vector<Misfit> misfits;
+  std::map<std::string, PassFit> fits;
   for (const Plan* p : pending) {
-    const std::optional<PassFit> fit = check_fit(opt.device, engine_request(*p, train, opt));
-    if (!fit) return;  // a device without the check
+    const std::optional<PassFit> fit =
+        check_fit(opt.device, engine_request(*p, train, opt), opt.estimate_steps > 0);
+    if (!fit) return {};  // a device without the check
+    fits[p->id] = *fit;
     if (fit->largest < fit->pass) misfits.push_back({p, *fit});
   }
-  if (misfits.empty()) return;
+  if (misfits.empty()) return fits;
   // The first point that does not fit in the device's own words; the others by the most
   // sequences a pass that fit them; then the passes under which all fit (a pass that fits one
   // point's model fits it in smaller passes too).

@@ -1713,8 +1713,16 @@ TEST_CASE("the fit check: the largest pass it names builds as an engine, one mor
   CHECK_NOTHROW(be::make_engine("cuda", req));
   const std::optional<be::PassFit> fits = be::check_fit("cuda", req);
   CHECK(fits->pass == most);
+  CHECK(fits->share == 48);
   CHECK(fits->largest == most);
   CHECK(fits->why.empty());
+  // An estimate's look up from a pass that fits finds the same most, from below.
+  req.options.micro_batch_seqs = 3;
+  const std::optional<be::PassFit> up = be::check_fit("cuda", req, true);
+  CHECK(up->pass == 3);
+  CHECK(up->largest == most);
+  CHECK(up->why.empty());
+  CHECK(in_use() == base);
   req.options.micro_batch_seqs = most + 1;
   CHECK_THROWS_WITH_AS(be::make_engine("cuda", req),
                        doctest::Contains("--device cuda: out of device memory"),
@@ -1724,6 +1732,10 @@ TEST_CASE("the fit check: the largest pass it names builds as an engine, one mor
   req.options.micro_batch_seqs = 0;
   const std::optional<be::PassFit> none = be::check_fit("cuda", req);
   ::unsetenv("MOEPLAN_EMU_MEMORY_KIB");
+  // With room for all: the whole share, in one more build.
+  req.options.micro_batch_seqs = 3;
+  const std::optional<be::PassFit> all = be::check_fit("cuda", req, true);
+  CHECK(all->largest == 48);
   CHECK(none->largest == 0);
   CHECK_MESSAGE(
       none->why.find("with passes of 48 sequences of 32 tokens; not even passes of 1 "

@@ -2808,6 +2808,8 @@ TEST_CASE("points that do not fit (emulated): refused together before any trains
   const Result one_more =
       run({"--point", "moe-o", "--micro-batch", std::to_string(std::stoi(moe_o) + 1)});
   const Result fits = run({"--micro-batch", all});
+  // An estimate in passes of 8 says how far each point's passes could grow on this GPU.
+  const Result estimate = run({"--micro-batch", "8", "--estimate", "1"}, "estimate");
   // Data parallel, each rank checks its own share of the batch on its own GPU: moe-o's 128
   // sequences are 64 a rank over 2 ranks, which do not fit either; 43 (rank 0's of 3) do.
   ::setenv("MOEPLAN_EMU_DEVICES", "3", 1);
@@ -2844,6 +2846,21 @@ TEST_CASE("points that do not fit (emulated): refused together before any trains
     CHECK(r["status"] == "complete");
     CHECK(r["pass_seqs"] == pass);
   }
+  REQUIRE_MESSAGE(estimate.status == 0, estimate.err);
+  // The dense model, with one cuBLAS workspace, fits its whole batch; the MoE points' passes
+  // grow to the most the refusal named.
+  CHECK_MESSAGE(estimate.out.find("[dense 1/3] passes of 8 sequences as timed; the step's whole "
+                                  "batch of 128 fits this GPU in one pass (--micro-batch 0)\n") !=
+                    std::string::npos,
+                estimate.out);
+  CHECK_MESSAGE(estimate.out.find("[moe-o 2/3] passes of 8 sequences as timed; up to " + moe_o +
+                                  " of the step's 128 fit this GPU (--micro-batch " + moe_o +
+                                  ")\n") != std::string::npos,
+                estimate.out);
+  CHECK_MESSAGE(estimate.out.find("[moe-p 3/3] passes of 8 sequences as timed; up to " + moe_p +
+                                  " of the step's 96 fit this GPU (--micro-batch " + moe_p +
+                                  ")\n") != std::string::npos,
+                estimate.out);
   REQUIRE(std::stoi(moe_o) >= 43);
   REQUIRE(std::stoi(moe_o) < 64);
   CHECK(two.status == 2);

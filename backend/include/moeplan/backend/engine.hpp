@@ -128,14 +128,20 @@ void check_ranks(const std::string& device, int64_t batch_seqs);
 // checks every point it will train before the first trains, so that a sweep does not stop at
 // its fifth point after hours of the first four. Registered by a device whose memory is
 // limited (cuda); check_fit returns nothing for a device that registered none.
+// up_to_share: where the pass fits, also look for the most that fit up to the rank's whole share
+// (`--estimate`, so that passes can be sized up as well as down).
 struct PassFit {
   int64_t pass = 0;     // sequences a pass (on this rank) as asked
-  int64_t largest = 0;  // the most that fit: `pass` when it fits, 0 when not even one does
+  int64_t share = 0;    // this rank's sequences of the step's batch (the most a pass can hold)
+  int64_t largest = 0;  // the most that fit (0: not even one); `pass` for a pass that fits,
+                        // unless up_to_share found more
   std::string why;      // when it does not fit: the device's one line, with what to run instead
 };
-bool register_fit_check(const std::string& device,
-                        std::function<PassFit(const EngineRequest& request)> check);
-std::optional<PassFit> check_fit(const std::string& device, const EngineRequest& request);
+bool register_fit_check(
+    const std::string& device,
+    std::function<PassFit(const EngineRequest& request, bool up_to_share)> check);
+std::optional<PassFit> check_fit(const std::string& device, const EngineRequest& request,
+                                 bool up_to_share = false);
 
 // This machine's physical memory in bytes (0 when unknown), and a byte count as the messages
 // about memory write it: "12.30 GiB", or "38.0 MiB" below a GiB.

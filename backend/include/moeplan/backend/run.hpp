@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -13,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "moeplan/backend/engine.hpp"
 #include "moeplan/backend/model.hpp"
 #include "moeplan/planner/plan.hpp"
 #include "moeplan/sweeps/manifest.hpp"
@@ -193,10 +195,12 @@ void check_source_fits(const Plan& plan, const TrainSettings& train,
 // Throws InputError (one line, exit 2) when a pending point's model does not fit the device in
 // its passes (check_fit: the cuda device builds each model as its engine would, then frees it),
 // naming each point that does not, the most sequences a pass that fit it, and the --micro-batch
-// under which every point fits; run before the first point trains. Nothing for a device with no
-// fit check (cpu, whose memory is checked otherwise).
-void check_points_fit(const std::vector<const Plan*>& pending, const TrainSettings& train,
-                      const RunOptions& options);
+// under which every point fits; run before the first point trains. Returns each point's fit by
+// its id, with an estimate's (options.estimate_steps) most that fit up to the rank's share;
+// nothing for a device with no fit check (cpu, whose memory is checked otherwise).
+std::map<std::string, PassFit> check_points_fit(const std::vector<const Plan*>& pending,
+                                                const TrainSettings& train,
+                                                const RunOptions& options);
 
 // Throws InputError (as a point's own start would) when a file source holds a token outside a
 // pending point's vocabulary in the tokens it would read, run before the first trains, so that a
