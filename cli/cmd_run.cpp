@@ -860,7 +860,9 @@ const bool registered = register_command(
                                        std::numeric_limits<int>::min(), 0));
        app.add_option("--micro-batch", f->micro_batch,
                       "sequences per forward/backward pass on each rank; a step accumulates "
-                      "its batch's gradients over the passes (0: the whole batch in one pass)")
+                      "its batch's gradients over the passes (0: the whole batch in one pass); "
+                      "on cuda, every point's passes are checked against its GPU before the "
+                      "first trains")
            ->transform(decimal_integer(std::numeric_limits<int64_t>::max(),
                                        std::numeric_limits<int64_t>::min(), 0));
        app.add_option("--estimate", f->estimate,
