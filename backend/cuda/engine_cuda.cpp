@@ -205,16 +205,17 @@ PassFit fit_check(const EngineRequest& r, bool up_to_share) {
   const KernelChoice kernels = resolve_kernels(asked, auto_target(r.arch, device), DType::bf16);
   const int64_t local = rank_batch(r.batch_seqs, info);
   const int shards = r.shard_optimizer ? info.world_size : 1;
-  const auto fails = [&](int64_t pass) -> std::optional<DeviceOutOfMemory> {
+  const auto fails_as = [&](int64_t pass, bool sharded) -> std::optional<DeviceOutOfMemory> {
     EngineRequest q = r;
     q.options.micro_batch_seqs = pass;
     try {
-      build_model(q, kernels, local, nullptr, r.shard_optimizer, shards);
+      build_model(q, kernels, local, nullptr, sharded, sharded ? info.world_size : 1);
       return std::nullopt;
     } catch (const DeviceOutOfMemory& e) {
       return e;
     }
   };
+  const auto fails = [&](int64_t pass) { return fails_as(pass, r.shard_optimizer); };
   PassFit fit;
   fit.share = local;
   fit.pass = r.options.micro_batch_seqs > 0 ? std::min(r.options.micro_batch_seqs, local) : local;
@@ -237,7 +238,27 @@ PassFit fit_check(const EngineRequest& r, bool up_to_share) {
     (fails(mid) ? fails_at : fits) = mid;
   }
   fit.largest = fits;
-  if (asked_fails) fit.why = out_of_memory_message(*asked_fails, r, local, kernels, shards, fits);
+  if (!asked_fails) return fit;
+  fit.why = out_of_memory_message(*asked_fails, r, local, kernels, shards, fits);
+  // Data parallel, unsharded: what splitting the AdamW state over the ranks would fit (at least
+  // what fits now; 8 bytes a parameter become 8/W). Where no pass fits, the line already offers
+  // it.
+  if (!r.shard_optimizer && info.world_size > 1 && fits > 0) {
+    int64_t most = fits, least_not = fit.pass;
+    if (!fails_as(fit.pass, true)) most = least_not = fit.pass;
+    while (least_not - most > 1) {
+      const int64_t mid = most + (least_not - most) / 2;
+      (fails_as(mid, true) ? least_not : most) = mid;
+    }
+    if (most == fit.pass)
+      fit.why += fmt::format(
+          ", or --shard-optimizer (the AdamW state split over the {} ranks: these passes fit)",
+          info.world_size);
+    else if (most > fits)
+      fit.why += fmt::format(
+          ", or --shard-optimizer (the AdamW state split over the {} ranks: up to {} a pass fit)",
+          info.world_size, most);
+  }
   return fit;
 }
 

@@ -76,6 +76,16 @@ size_t in_use() {
   REQUIRE(cudaMemGetInfo(&free_b, &total) == cudaSuccess);
   return total - free_b;
 }
+
+// An engine's request for moe_arch() in steps of 48 sequences (the fit check's tests).
+moeplan::backend::EngineRequest moe_request() {
+  moeplan::backend::EngineRequest req;
+  req.arch = moe_arch();
+  req.batch_seqs = 48;
+  req.seed = 5;
+  req.point_id = "moe";
+  return req;
+}
 #endif
 
 struct Batch {
@@ -1675,11 +1685,7 @@ TEST_CASE("a cuBLAS handle whose workspace does not fit: out of memory, and noth
 // it names is what the engine builds, and one more is what it refuses.
 TEST_CASE("the fit check: the largest pass it names builds as an engine, one more does not") {
   namespace be = moeplan::backend;
-  be::EngineRequest req;
-  req.arch = moe_arch();
-  req.batch_seqs = 48;
-  req.seed = 5;
-  req.point_id = "moe";
+  be::EngineRequest req = moe_request();
   const size_t base = in_use();
   size_t one = 0, whole = 0;  // what the engine holds in passes of 1 and of the whole batch
   req.options.micro_batch_seqs = 1;
@@ -2163,6 +2169,61 @@ TEST_CASE("NCCL data-parallel path at world size 1 equals the plain step; window
   CHECK(s_sharded == s_plain);  // the whole state: weights, both moments, step, ledgers
   std::filesystem::remove(id_file);
 }
+
+#ifdef MOEPLAN_CUDA_EMULATION
+// Data parallel without --shard-optimizer, where the passes do not fit: the line says what
+// splitting the AdamW state over the ranks would fit. Rank 0 of 2 (the rank variables as a
+// launcher sets them; the check makes no NCCL group), its share 24 of 48 sequences; the device
+// holds the sharded model of that share (its bytes measured below), less than the unsharded.
+TEST_CASE("the fit check, data parallel: what --shard-optimizer would fit") {
+  namespace be = moeplan::backend;
+  be::EngineRequest req = moe_request();
+  const size_t base = in_use();
+  size_t sharded = 0, sharded_half = 0;  // in passes of all 24, and of 12
+  {  // as the engine builds it here: `auto`'s kernels for head width 16 on this device
+    cu::Model m(req.arch, req.options, 5, 24, DType::bf16, nullptr,
+                cu::AttentionPath::fused_mma_lean, true, 0, cu::ExpertPath::tiled128, 2);
+    sharded = in_use() - base;
+  }
+  {
+    ModelOptions half = req.options;
+    half.micro_batch_seqs = 12;
+    cu::Model m(req.arch, half, 5, 24, DType::bf16, nullptr, cu::AttentionPath::fused_mma_lean,
+                true, 0, cu::ExpertPath::tiled128, 2);
+    sharded_half = in_use() - base;
+  }
+  ::setenv("WORLD_SIZE", "2", 1);
+  ::setenv("RANK", "0", 1);
+  ::setenv("LOCAL_RANK", "0", 1);
+  ::setenv("MOEPLAN_EMU_MEMORY_KIB", std::to_string((base + sharded + 1023) >> 10).c_str(), 1);
+  const std::optional<be::PassFit> plain = be::check_fit("cuda", req);
+  req.shard_optimizer = true;
+  const std::optional<be::PassFit> split = be::check_fit("cuda", req);
+  // Room for the sharded model in passes of 12: sharded, some pass from 12 up fits.
+  ::setenv("MOEPLAN_EMU_MEMORY_KIB", std::to_string((base + sharded_half + 1023) >> 10).c_str(), 1);
+  const std::optional<be::PassFit> split_half = be::check_fit("cuda", req);
+  req.shard_optimizer = false;
+  const std::optional<be::PassFit> plain_half = be::check_fit("cuda", req);
+  ::unsetenv("MOEPLAN_EMU_MEMORY_KIB");
+  for (const char* v : {"WORLD_SIZE", "RANK", "LOCAL_RANK"}) ::unsetenv(v);
+  CHECK(plain->share == 24);
+  CHECK(plain->largest > 0);
+  CHECK(plain->largest < 24);
+  CHECK_MESSAGE(plain->why.find(", or --shard-optimizer (the AdamW state split over the 2 ranks: "
+                                "these passes fit)") != std::string::npos,
+                plain->why);
+  CHECK(split->largest == 24);
+  CHECK(split->why.empty());
+  CHECK(split_half->largest >= 12);
+  CHECK(split_half->largest < 24);
+  CHECK(plain_half->largest > 0);
+  CHECK(plain_half->largest < split_half->largest);
+  CHECK_MESSAGE(plain_half->why.find(fmt::format(", or --shard-optimizer (the AdamW state split "
+                                                 "over the 2 ranks: up to {} a pass fit)",
+                                                 split_half->largest)) != std::string::npos,
+                plain_half->why);
+}
+#endif
 
 #ifdef MOEPLAN_CUDA_EMULATION
 // The fit check's model (sizing_world: no weights drawn; sharded without a communicator, so no
