@@ -187,6 +187,27 @@ std::unique_ptr<Model> build_model(const EngineRequest& r, const KernelChoice& k
   return model;
 }
 
+// Where and with what a point's engine runs: this rank, its GPU (made current, its code
+// checked) and the kernels asked and resolved for it; the engine's first refusals, in its order,
+// shared with the fit check.
+struct Placement {
+  KernelChoice asked, kernels;
+  RankInfo info;
+  DeviceInfo device;
+};
+Placement place(const EngineRequest& r) {
+  Placement p;
+  p.asked = checked_kernels(r.kernels, r.arch);
+  if (device_count() == 0)
+    throw InputError("--device cuda: no CUDA device is visible on this machine");
+  p.info = checked_ranks(r.batch_seqs);
+  p.device = device_info(p.info.local_rank);
+  set_device(p.info.local_rank);  // so that the check makes no context on another rank's GPU
+  check_device_code(p.device, p.info.local_rank);
+  p.kernels = resolve_kernels(p.asked, auto_target(r.arch, p.device), DType::bf16);
+  return p;
+}
+
 // register_fit_check's check: the point's model built on this rank's GPU as the engine would
 // build it (the same kernels, this rank's share of the batch, the optimizer sharded as it would
 // be), then freed. Where it does not fit, the largest pass that does, by bisection: each try
@@ -194,15 +215,10 @@ std::unique_ptr<Model> build_model(const EngineRequest& r, const KernelChoice& k
 // likewise in larger passes where it fits. The engine's own refusals (kernels, ranks, the
 // device's code) come first, as they would.
 PassFit fit_check(const EngineRequest& r, bool up_to_share) {
-  const KernelChoice asked = checked_kernels(r.kernels, r.arch);
-  if (device_count() == 0)
-    throw InputError("--device cuda: no CUDA device is visible on this machine");
-  const RankInfo info = checked_ranks(r.batch_seqs);
+  const Placement placed = place(r);
+  const RankInfo& info = placed.info;
+  const KernelChoice& kernels = placed.kernels;
   require_ranks_to_shard(r.shard_optimizer);
-  const DeviceInfo device = device_info(info.local_rank);
-  set_device(info.local_rank);
-  check_device_code(device, info.local_rank);
-  const KernelChoice kernels = resolve_kernels(asked, auto_target(r.arch, device), DType::bf16);
   const int64_t local = rank_batch(r.batch_seqs, info);
   const int shards = r.shard_optimizer ? info.world_size : 1;
   const auto fails_as = [&](int64_t pass, bool sharded) -> std::optional<DeviceOutOfMemory> {
@@ -265,15 +281,11 @@ PassFit fit_check(const EngineRequest& r, bool up_to_share) {
 class CudaEngine final : public Engine {
  public:
   explicit CudaEngine(const EngineRequest& r) {
-    const KernelChoice asked = checked_kernels(r.kernels, r.arch);
-    if (device_count() == 0)
-      throw InputError("--device cuda: no CUDA device is visible on this machine");
-    info_ = checked_ranks(r.batch_seqs);
-    device_ = device_info(info_.local_rank);
-    set_device(info_.local_rank);  // so that the check makes no context on another rank's GPU
-    check_device_code(device_, info_.local_rank);
-    kernels_ = resolve_kernels(asked, auto_target(r.arch, device_), DType::bf16);
-    auto_note_ = passed_over_note(asked, r.arch);
+    const Placement placed = place(r);
+    info_ = placed.info;
+    device_ = placed.device;
+    kernels_ = placed.kernels;
+    auto_note_ = passed_over_note(placed.asked, r.arch);
     if (const char* ws = std::getenv("WORLD_SIZE"); ws && *ws)
       comm_ = std::make_unique<Communicator>(info_, nccl_id_file(r.point_id));
     if (comm_ && info_.world_size > 1) same_gpus_ = ranks_share_gpu_name();

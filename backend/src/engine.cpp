@@ -145,56 +145,49 @@ int visible_devices(const std::string& device) {
 }
 
 namespace {
+// The checks a device registers, one map a kind of check (each its own std::function type).
 using KernelsCheck = std::function<void(const std::string&, const Arch&)>;
-std::map<std::string, KernelsCheck>& kernels_checks() {
-  static std::map<std::string, KernelsCheck> c;
+using RanksCheck = std::function<void(int64_t)>;
+using FitCheck = std::function<PassFit(const EngineRequest&, bool)>;
+template <class Check>
+std::map<std::string, Check>& checks() {
+  static std::map<std::string, Check> c;
   return c;
 }
-using RanksCheck = std::function<void(int64_t)>;
-std::map<std::string, RanksCheck>& ranks_checks() {
-  static std::map<std::string, RanksCheck> c;
-  return c;
+template <class Check>
+const Check* check_of(const std::string& device) {
+  const auto it = checks<Check>().find(device);
+  return it == checks<Check>().end() ? nullptr : &it->second;
 }
 }  // namespace
 
 bool register_kernels_check(const std::string& device, KernelsCheck check) {
-  kernels_checks()[device] = std::move(check);
+  checks<KernelsCheck>()[device] = std::move(check);
   return true;
 }
 
 void check_kernels(const std::string& device, const std::string& kernels, const Arch& arch) {
-  const auto it = kernels_checks().find(device);
-  if (it != kernels_checks().end()) it->second(kernels, arch);
+  if (const KernelsCheck* c = check_of<KernelsCheck>(device)) (*c)(kernels, arch);
 }
 
 bool register_ranks_check(const std::string& device, RanksCheck check) {
-  ranks_checks()[device] = std::move(check);
+  checks<RanksCheck>()[device] = std::move(check);
   return true;
 }
 
 void check_ranks(const std::string& device, int64_t batch_seqs) {
-  const auto it = ranks_checks().find(device);
-  if (it != ranks_checks().end()) it->second(batch_seqs);
+  if (const RanksCheck* c = check_of<RanksCheck>(device)) (*c)(batch_seqs);
 }
-
-namespace {
-using FitCheck = std::function<PassFit(const EngineRequest&, bool)>;
-std::map<std::string, FitCheck>& fit_checks() {
-  static std::map<std::string, FitCheck> c;
-  return c;
-}
-}  // namespace
 
 bool register_fit_check(const std::string& device, FitCheck check) {
-  fit_checks()[device] = std::move(check);
+  checks<FitCheck>()[device] = std::move(check);
   return true;
 }
 
 std::optional<PassFit> check_fit(const std::string& device, const EngineRequest& request,
                                  bool up_to_share) {
-  const auto it = fit_checks().find(device);
-  if (it == fit_checks().end()) return std::nullopt;
-  return it->second(request, up_to_share);
+  if (const FitCheck* c = check_of<FitCheck>(device)) return (*c)(request, up_to_share);
+  return std::nullopt;
 }
 
 std::vector<std::string> engine_devices() {
