@@ -30,6 +30,7 @@
 #include "moeplan/backend/cuda/model.hpp"
 #include "moeplan/backend/engine.hpp"
 #include "moeplan/backend/model.hpp"
+#include "moeplan/planner/equal_resource.hpp"
 
 using namespace gputest;
 using moeplan::Arch;
@@ -371,6 +372,62 @@ TEST_CASE("bf16: one step within bf16 tolerance of the CPU") {
     CHECK(std::abs(og - oc) / oc < 2e-2);
     CHECK(std::abs(rg.aux_erc - rc.aux_erc) <= 2e-2 * rc.aux_erc);
     CHECK(grad_err < 5e-2);
+  }
+}
+
+TEST_CASE("the MoE layers `moeplan grid --N 2e9` plans, at a narrower width: the CPU's step") {
+  // Issue 6's scale: the experts, top-K, expert and shared widths and head width that the
+  // planner gives for N = 2e9 (as `moeplan grid --N 2e9 --ra 0.05:0.4` prints them), not the
+  // small shapes of the other tests. Its ends and the paper's r_a: 0.05 (460 experts, top-1,
+  // D_e 64), 0.2 (95, top-7, D_e 288) and 0.4 (84, top-18, D_e 288, a shared width of 5,184);
+  // head width 128. The width is narrowed to two heads (d_model 256) and the depth to one dense
+  // and one MoE layer, so that the CPU reference and the emulation run it (about 45 s here).
+  // fp32 against the CPU's gradients tightly; bf16 with the kernels `auto` takes for head width
+  // 128 on an H100/H200 (fused_mma, tiled128) within bf16 tolerance.
+  moeplan::PlanRequest req;
+  req.n_target = 2e9;
+  const moeplan::EqualResourcePlanner planner(req);
+  for (const double ra : {0.05, 0.2, 0.4}) {
+    const moeplan::Plan p = planner.plan_point(ra);
+    Arch a = p.arch;
+    REQUIRE(a.experts > 0);
+    CHECK(a.head_dim == 128);
+    a.heads = a.kv_heads = 2;
+    a.d_model = 2 * a.head_dim;
+    a.d_ffn = 512;
+    a.layers = 2;
+    a.dense_layers = 1;
+    a.seq_len = 32;
+    a.vocab = 256;
+    INFO(p.id << ": E" << a.experts << " K" << a.top_k << " De" << a.d_expert << " Dse"
+              << a.d_shared);
+    const int64_t B = 2;
+    const ModelOptions opt;
+    moeplan::backend::Model<float> ref(a, opt, 7, B);
+    cu::Model f32(a, opt, 7, B, DType::f32);
+    cu::Model b16(a, opt, 7, B, DType::bf16, nullptr, cu::AttentionPath::fused_mma);
+    b16.set_expert_path(cu::ExpertPath::tiled128);
+    const Batch b = random_batch(B, a.seq_len, a.vocab, 5);
+    StepResult rc, r32, r16;
+    const double oc = ref.compute_gradients(b.inputs.data(), b.targets.data(), &rc);
+    const double o32 = f32.compute_gradients(b.inputs.data(), b.targets.data(), &r32);
+    const double o16 = b16.compute_gradients(b.inputs.data(), b.targets.data(), &r16);
+    const std::vector<float> want = vec(ref.gradients());
+    const double e32 = rel_err(f32.gradients(), want), e16 = rel_err(b16.gradients(), want);
+    std::printf(
+        "[%s E%lld K%lld De%lld Dse%lld] objective cpu %.7f fp32 %.7f bf16 %.6f; gradient rel "
+        "err fp32 %.2e bf16 %.2e\n",
+        p.id.c_str(), (long long)a.experts, (long long)a.top_k, (long long)a.d_expert,
+        (long long)a.d_shared, oc, o32, o16, e32, e16);
+    CHECK(std::abs(o32 - oc) / oc < 1e-5);
+    CHECK(e32 < 1e-4);
+    CHECK(std::abs(o16 - oc) / oc < 2e-2);
+    CHECK(e16 < 5e-2);
+    CHECK(r32.routed_per_moe_layer == rc.routed_per_moe_layer);
+    // Top-K over E experts for T tokens: every token routed K times (no capacity set).
+    CHECK(rc.routed_per_moe_layer[0] == B * a.seq_len * a.top_k);
+    check_ledgers(r32.flops, rc.flops, a, B, 2 * B * a.heads * a.layers,
+                  4 * B * a.heads * a.layers);
   }
 }
 
