@@ -781,9 +781,16 @@ int run(const RunFlags& f) {
           if (conv.is_object() && conv.contains(own) && conv[own].is_number())
             c_label = own, c = conv[own].get<double>();
         }
+        // On a GPU: the most its buffers held at once, of the device's memory.
+        std::string memory;
+        if (const nlohmann::json m = r.value("device_memory", nlohmann::json()); m.is_object())
+          memory =
+              fmt::format(", device memory at most {} of {}",
+                          backend::bytes_text(double(m.value("peak_bytes", std::size_t{0}))),
+                          backend::bytes_text(double(m.value("device_bytes", std::size_t{0}))));
         fmt::print(
             "{} complete{}: val {} {:.4f}, {} tokens consumed, {} unique, {:.3f} epochs, "
-            "C {} FLOPs [{}] measured, {:.1f} s{} -> {}\n",
+            "C {} FLOPs [{}] measured, {:.1f} s{}{} -> {}\n",
             label,
             out.resumed_from_step >= 0 ? fmt::format(" (resumed at step {})", out.resumed_from_step)
                                        : "",
@@ -798,7 +805,7 @@ int run(const RunFlags& f) {
                               100 * r.at("mfu").get<double>(),
                               r.value("peak_source", "") == "given" ? " of the given peak" : "")
                 : "",
-            out.record_path.string());
+            memory, out.record_path.string());
         break;
       }
     }

@@ -135,10 +135,23 @@ float bf16_to_float(uint16_t x) {
 
 namespace {
 std::atomic<std::size_t> g_in_use{0};  // bytes held by live DeviceBuffers of this process
+std::atomic<std::size_t> g_peak{0};    // the most g_in_use has been since the last reset
+
+void note_in_use(std::size_t now) {
+  std::size_t peak = g_peak.load();
+  while (now > peak && !g_peak.compare_exchange_weak(peak, now)) {
+  }
+}
 }  // namespace
 
 std::size_t device_bytes_in_use() {
   return g_in_use.load();
+}
+std::size_t device_bytes_peak() {
+  return g_peak.load();
+}
+void reset_device_bytes_peak() {
+  g_peak = g_in_use.load();
 }
 
 DeviceOutOfMemory::DeviceOutOfMemory(std::size_t requested_bytes, std::size_t in_use_bytes)
@@ -156,7 +169,7 @@ DeviceBuffer::DeviceBuffer(std::size_t bytes) : bytes_(bytes) {
     throw DeviceOutOfMemory(bytes, g_in_use.load());
   }
   check_cuda(e, "cudaMalloc");
-  g_in_use += bytes;
+  note_in_use(g_in_use += bytes);
 }
 DeviceBuffer::~DeviceBuffer() {
   if (ptr_) {

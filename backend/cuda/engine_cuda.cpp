@@ -282,6 +282,7 @@ class CudaEngine final : public Engine {
  public:
   explicit CudaEngine(const EngineRequest& r) {
     const Placement placed = place(r);
+    reset_device_bytes_peak();  // from what this process holds now (the fit check's: nothing)
     info_ = placed.info;
     device_ = placed.device;
     kernels_ = placed.kernels;
@@ -529,6 +530,7 @@ class CudaEngine final : public Engine {
                                    : "",
         gemm_note_);
   }
+  MemoryUse memory_use() const override { return {device_bytes_peak(), device_memory().second}; }
   bool any_rank(bool flag) override {
     if (!comm_ || info_.world_size == 1) return flag;
     int64_t n = flag ? 1 : 0;

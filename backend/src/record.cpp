@@ -119,6 +119,11 @@ nlohmann::json make_record(const RecordInputs& in) {
   // Gradient accumulation: each step ran in passes of at most this many sequences per rank.
   rec["pass_seqs"] = in.pass_seqs;
   rec["optimizer_sharded"] = in.optimizer_sharded;
+  // The most memory moeplan's buffers held on the device at once (rank 0's device, this
+  // session; not the CUDA context's, nor cuBLAS's or NCCL's own), and the device's size.
+  if (in.device_memory_peak > 0)
+    rec["device_memory"] = {{"peak_bytes", in.device_memory_peak},
+                            {"device_bytes", in.device_memory_total}};
   const double per_device =
       st.train_seconds > 0 ? exact_total / st.train_seconds / double(in.world_size) : 0.0;
   rec["achieved_flops_per_second_per_device"] = per_device;

@@ -1195,6 +1195,9 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
     const int64_t kept_step = last_saved_step;
     last_saved_step = st.step;
     rin.status = status;
+    const Engine::MemoryUse memory = engine->memory_use();
+    rin.device_memory_peak = memory.peak_bytes;
+    rin.device_memory_total = memory.device_bytes;
     outcome.record = make_record(rin);
     std::vector<char> state = engine->save_state();  // every rank: a collective when sharded
     if (writer) {

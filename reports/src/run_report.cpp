@@ -513,7 +513,23 @@ std::string mfu_cell(const json& r, double useful_per_second) {
                      r.value("peak_source", "") == "given" ? " (given)" : "");
 }
 
-std::vector<std::string> time_row_of(const json& r, const json* dense, bool with_mfu) {
+// A byte count as the memory column gives it: "51.4 GiB", or "68.5 MiB" below a GiB.
+std::string memory_text(double bytes) {
+  return bytes >= double(1u << 30) ? fmt::format("{:.1f} GiB", bytes / double(1u << 30))
+                                   : fmt::format("{:.1f} MiB", bytes / double(1u << 20));
+}
+
+// The most device memory the point's buffers held at once, of its device's (records of a GPU run
+// since device_memory was kept; "-" otherwise).
+std::string memory_cell(const json& r) {
+  if (!r.contains("device_memory") || !r["device_memory"].is_object()) return "-";
+  const json& m = r["device_memory"];
+  return memory_text(m.value("peak_bytes", 0.0)) + " of " +
+         memory_text(m.value("device_bytes", 0.0));
+}
+
+std::vector<std::string> time_row_of(const json& r, const json* dense, bool with_mfu,
+                                     bool with_memory) {
   const json& flops = r["measured"]["flops"];
   const double secs = r.value("train_seconds", 0.0);
   const double total = flops.contains("total") ? count_of(flops["total"]) : 0.0;
@@ -532,6 +548,7 @@ std::vector<std::string> time_row_of(const json& r, const json* dense, bool with
       rate(useful),
       vs};
   if (with_mfu) row.push_back(mfu_cell(r, secs > 0 ? useful / secs : 0.0));
+  if (with_memory) row.push_back(memory_cell(r));
   return row;
 }
 
@@ -900,6 +917,16 @@ void check_record(const json& r, const fs::path& f) {
     if (!p.is_number() || !(p.get<double>() > 0) || !std::isfinite(p.get<double>()))
       fail("peak_flops_per_second_per_device", "not a FLOP rate > 0");
   }
+  if (r.is_object() && r.contains("device_memory")) {
+    const json& m = r["device_memory"];
+    const auto bytes = [&](const char* k) {
+      return m.is_object() && m.contains(k) && m[k].is_number_integer() && m[k].get<int64_t>() > 0;
+    };
+    if (!bytes("peak_bytes") || !bytes("device_bytes") ||
+        m["peak_bytes"].get<int64_t>() > m["device_bytes"].get<int64_t>())
+      fail("device_memory",
+           "not {peak_bytes, device_bytes}, whole numbers > 0, the peak within the device");
+  }
   if (r.is_object() && r.contains("peak_source")) {
     const json& p = r["peak_source"];
     if (!p.is_string() || (p != "built-in" && p != "given"))
@@ -1119,15 +1146,20 @@ std::string render_run_report(const std::vector<json>& given, const std::string&
   const bool any_given = std::any_of(records.begin(), records.end(), [](const json& r) {
     return r.value("peak_source", "") == "given" && r.contains("peak_flops_per_second_per_device");
   });
+  // The memory column only where some record is of a device with memory of its own (a GPU).
+  const bool with_memory = std::any_of(records.begin(), records.end(), [](const json& r) {
+    return r.contains("device_memory") && r["device_memory"].is_object();
+  });
   std::vector<std::string> time_headers = kTimeHeaders;
   if (with_mfu) time_headers.push_back("MFU [exact/causal useful, of the device peak]");
+  if (with_memory) time_headers.push_back("device memory, most held");
   TextTable tt;
   for (const auto& h : time_headers)
     tt.add_column(h,
                   h == "point" || h == "device" ? TextTable::Align::left : TextTable::Align::right);
   std::vector<std::vector<std::string>> time_rows;
   for (const json& r : records) {
-    time_rows.push_back(time_row_of(r, dense, with_mfu));
+    time_rows.push_back(time_row_of(r, dense, with_mfu, with_memory));
     tt.add_row(time_rows.back());
   }
   const std::string time_title =
@@ -1140,7 +1172,12 @@ std::string render_run_report(const std::vector<json>& given, const std::string&
       std::string(with_mfu ? ". MFU: the useful rate of one device over its maker's dense peak "
                              "for the products' precision (bf16 on a GPU), where known"
                            : "") +
-      std::string(any_given ? "; (given): over the peak given to moeplan run --peak-tflops" : "");
+      std::string(any_given ? "; (given): over the peak given to moeplan run --peak-tflops" : "") +
+      std::string(with_memory ? ". Device memory: the most moeplan's buffers held at once on one "
+                                "device (rank 0's), of its size, in the session that wrote the "
+                                "record; the CUDA context's and cuBLAS's and NCCL's own memory "
+                                "are not in it"
+                              : "");
   const std::string verdict = verdict_of(records, dense, audit);
   // Markdown's heading is the first sentence; the rest is a paragraph under it.
   const std::string heading =

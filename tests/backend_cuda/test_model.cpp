@@ -1812,6 +1812,45 @@ TEST_CASE("the fit check: the largest pass it names builds as an engine, one mor
 #endif
 
 #ifdef MOEPLAN_CUDA_EMULATION
+// What a record keeps of a point's memory (Engine::memory_use): the engine's count of its
+// buffers, held to the emulated device's own count of every byte cudaMalloc gave out.
+TEST_CASE("an engine's memory use: the most its buffers held at once, as the device counts it") {
+  namespace be = moeplan::backend;
+  be::EngineRequest req = moe_request();
+  req.batch_seqs = 6;
+  req.options.micro_batch_seqs = 2;
+  {
+    // Held and freed before the engine: not the engine's (it counts from its own start).
+    const cu::DeviceBuffer before(size_t(256) << 20);
+  }
+  moeplan_emu::reset_memory_peak();
+  const auto engine = be::make_engine("cuda", req);
+  const size_t built = in_use();
+  be::Engine::MemoryUse m = engine->memory_use();
+  CHECK(m.peak_bytes == moeplan_emu::memory_peak());
+  CHECK(m.peak_bytes >= built);
+  // 68.5 MiB: two cuBLAS handles' 32-MiB workspaces and the model.
+  CHECK(m.peak_bytes < size_t(256) << 20);
+  CHECK(m.device_bytes == size_t(1) << 30);  // the emulated device's size unless set
+  const Batch b = random_batch(6, moe_arch().seq_len, moe_arch().vocab, 8);
+  for (int64_t step = 0; step < 2; ++step)
+    engine->train_step(b.inputs.data(), b.targets.data(), step, OptimConfig{});
+  m = engine->memory_use();
+  CHECK(m.peak_bytes == moeplan_emu::memory_peak());
+  {
+    // A buffer beside the engine's, past their peak: the process's peak, as the device's.
+    const cu::DeviceBuffer beside(m.peak_bytes - in_use() + 4096);
+    CHECK(engine->memory_use().peak_bytes == m.peak_bytes + 4096);
+  }
+  CHECK(engine->memory_use().peak_bytes == moeplan_emu::memory_peak());
+  // The CPU engine has no device memory of its own to report.
+  const auto cpu = be::make_engine("cpu", req);
+  CHECK(cpu->memory_use().peak_bytes == 0);
+  CHECK(cpu->memory_use().device_bytes == 0);
+}
+#endif
+
+#ifdef MOEPLAN_CUDA_EMULATION
 TEST_CASE("a tiled expert path given at construction: no gathered-rows buffer, even for a moment") {
   // The cuBLAS expert paths gather each MoE layer's routed rows into a T·K × Dm bf16 buffer (xg);
   // the tiled paths read them where they lie. Set after construction, the path frees xg, but the

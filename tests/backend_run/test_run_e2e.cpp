@@ -1990,6 +1990,15 @@ TEST_CASE("moeplan run --device cuda (emulated): the CPU's tokens and ledger, ke
                              "(CPU)'; give one device's with --peak-tflops X") != std::string::npos,
                   r.out);
     CHECK(got["kernels"] == v.label);
+    // The most memory its buffers held, of the emulated device's 1 GiB; the CPU's has none.
+    REQUIRE(got.contains("device_memory"));
+    const json& memory = got["device_memory"];
+    CHECK(memory["device_bytes"] == int64_t(1) << 30);
+    CHECK(memory["peak_bytes"].get<int64_t>() > 0);
+    CHECK(memory["peak_bytes"] < memory["device_bytes"]);
+    CHECK_FALSE(want.contains("device_memory"));
+    CHECK_MESSAGE(r.out.find(", device memory at most ") != std::string::npos, r.out);
+    CHECK_MESSAGE(r.out.find(" of 1.00 GiB -> ") != std::string::npos, r.out);
     CHECK(got["measured"]["tokens"] == want["measured"]["tokens"]);
     for (auto& [k, val] : got["measured"]["matches_plan"].items()) CHECK_MESSAGE(val == true, k);
     for (auto& [cat, phases] : got["measured"]["flops"]["by_category"].items())
@@ -2130,7 +2139,8 @@ TEST_CASE("moeplan run --device cuda (emulated): the CPU's tokens and ledger, ke
     CHECK_MESSAGE(h.out.find("FLOP/s [exact/causal] (MFU ") != std::string::npos, h.out);
     CHECK_MESSAGE(h.out.find(" % of the device peak)  ETA ") != std::string::npos, h.out);
     CHECK(h.out.find("no MFU") == std::string::npos);
-    CHECK_MESSAGE(h.out.find(fmt::format("s (training at MFU {:.1f} % [exact/causal]) -> ",
+    CHECK_MESSAGE(h.out.find(fmt::format("s (training at MFU {:.1f} % [exact/causal]), device "
+                                         "memory at most ",
                                          100 * got["mfu"].get<double>())) != std::string::npos,
                   h.out);
     REQUIRE_MESSAGE(he.status == 0, he.err);

@@ -1067,6 +1067,39 @@ TEST_CASE("report: MFU of a device whose peak is known; times of other hardware 
                 given);
 }
 
+TEST_CASE("report: the most device memory a GPU point held, of its device's; none on a CPU") {
+  std::vector<json> recs = on_gpu_x();
+  // 51.4 GiB = 55,190,329,753 bytes (51.4 x 2^30, rounded down); 140 GiB = 150,323,855,360;
+  // 68.5 MiB = 71,827,456. The dense baseline's record is from before the field: "-".
+  recs[1]["device_memory"] = {{"peak_bytes", int64_t{55190329753}},
+                              {"device_bytes", int64_t{150323855360}}};
+  recs[2]["device_memory"] = {{"peak_bytes", 71827456}, {"device_bytes", int64_t{150323855360}}};
+  const std::string text = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::text);
+  CAPTURE(text);
+  const size_t times = text.find("train time vs dense");
+  // The last cells: the time ratio and the memory (split at spaces: six words).
+  auto last_cells = [&](const std::string& id) {
+    const std::vector<std::string> cells = cells_of_row(text, id, times);
+    std::string words;
+    for (size_t i = cells.size() >= 6 ? cells.size() - 6 : 0; i < cells.size(); ++i)
+      words += (words.empty() ? "" : " ") + cells[i];
+    return words;
+  };
+  CHECK(last_cells("moe-a") == "1.00x 51.4 GiB of 140.0 GiB");
+  CHECK(last_cells("moe-b") == "1.00x 68.5 MiB of 140.0 GiB");
+  CHECK(cells_of_row(text, "dense", times).back() == "-");
+  CHECK(text.find("device memory, most held") != std::string::npos);
+  CHECK(text.find(". Device memory: the most moeplan's buffers held at once on one device (rank "
+                  "0's), of its size") != std::string::npos);
+  CHECK(moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::html)
+            .find("<th>device memory, most held</th>") != std::string::npos);
+  // CPU records have no such field, and the table no such column.
+  const std::vector<json> cpu = {record("dense", true, 1.0, 2.0), record("moe-a", false, 0.2, 1.8)};
+  CHECK(
+      moeplan::render_run_report(cpu, "runs", moeplan::ReportFormat::text).find("device memory") ==
+      std::string::npos);
+}
+
 TEST_CASE("report: a damaged hardware list, peak or rank count is refused by key") {
   const std::filesystem::path dir = moeplan::test::fresh_dir("report_hardware");
   auto refused = [&](const char* key, const json& value, const char* want) {
@@ -1087,6 +1120,13 @@ TEST_CASE("report: a damaged hardware list, peak or rank count is refused by key
   refused("world_size", 0, "not a whole number of ranks from 1 to 1048576");
   refused("world_size", "2", "not a whole number of ranks from 1 to 1048576");
   refused("world_size", int64_t(1) << 40, "not a whole number of ranks from 1 to 1048576");
+  const char* memory =
+      "not {peak_bytes, device_bytes}, whole numbers > 0, the peak within the device";
+  refused("device_memory", 5, memory);
+  refused("device_memory", json::parse(R"({"peak_bytes":1024})"), memory);
+  refused("device_memory", json::parse(R"({"peak_bytes":0,"device_bytes":1024})"), memory);
+  refused("device_memory", json::parse(R"({"peak_bytes":2048,"device_bytes":1024})"), memory);
+  refused("device_memory", json::parse(R"({"peak_bytes":"1","device_bytes":1024})"), memory);
   refused("kernels_requested", 3, "not a string");
   refused("threads_requested", -1, "not a whole number >= 0");
   refused("threads_requested", "2", "not a whole number >= 0");

@@ -984,7 +984,7 @@ namespace {
 struct Allocations {
   std::mutex lock;
   std::unordered_map<void*, std::size_t> sizes;
-  std::size_t in_use = 0;
+  std::size_t in_use = 0, peak = 0;
 };
 Allocations& allocations() {
   static Allocations a;
@@ -1011,7 +1011,18 @@ cudaError_t cudaMalloc(void** p, std::size_t bytes) {
   if (!*p) return cudaErrorMemoryAllocation;
   a.sizes[*p] = bytes;
   a.in_use += bytes;
+  a.peak = std::max(a.peak, a.in_use);
   return cudaSuccess;
+}
+std::size_t moeplan_emu::memory_peak() {
+  Allocations& a = allocations();
+  std::lock_guard<std::mutex> g(a.lock);
+  return a.peak;
+}
+void moeplan_emu::reset_memory_peak() {
+  Allocations& a = allocations();
+  std::lock_guard<std::mutex> g(a.lock);
+  a.peak = a.in_use;
 }
 cudaError_t cudaMemGetInfo(std::size_t* free_bytes, std::size_t* total_bytes) {
   Allocations& a = allocations();

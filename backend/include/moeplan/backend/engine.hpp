@@ -3,6 +3,7 @@
 // implements it here; a CUDA backend registers its own factory for "cuda" (register_engine from a
 // static initialiser in an object that the executable links, e.g. an OBJECT library or
 // $<LINK_LIBRARY:WHOLE_ARCHIVE,...>, so the linker keeps it).
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -57,6 +58,13 @@ class Engine {
   virtual int64_t pass_seqs() const = 0;
   // One line for the user once the engine is built: the device, its memory in use, the passes.
   virtual std::string describe() const = 0;
+  // The most device memory the engine's own buffers held at once since it was built, and the
+  // size of its device, in bytes (data parallel: this rank's); {0, 0} for a device without
+  // memory of its own (cpu). A record keeps them: a point's passes fit in what it held.
+  struct MemoryUse {
+    std::size_t peak_bytes = 0, device_bytes = 0;
+  };
+  virtual MemoryUse memory_use() const { return {}; }
   // True when `flag` is true on any data-parallel rank (every rank must call it at the same
   // point of the loop; it is a collective). The run loop asks it before each step whether any
   // rank was told to stop, so that all ranks stop at the same step instead of one waiting

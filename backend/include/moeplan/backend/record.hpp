@@ -1,6 +1,7 @@
 #pragma once
 // runs/<point-id>/record.json, schema 1 (the contract in the project notes RECORD.md): the plan
 // it ran, the measured FLOP and token ledgers, loss curves, time. Built here, written atomically.
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -34,6 +35,9 @@ struct RecordInputs {
   int world_size = 1;   // data-parallel ranks (devices) of the run that wrote the record
   int64_t pass_seqs = 0;  // sequences of one forward/backward pass on a rank (Engine::pass_seqs)
   bool optimizer_sharded = false;  // AdamW moments split over the data-parallel ranks
+  // Engine::memory_use() of the run that wrote the record (rank 0's; 0: none, as on a cpu):
+  // the most its buffers held at once in this session so far, and its device's size.
+  std::size_t device_memory_peak = 0, device_memory_total = 0;
   // Engine::peak_flops_per_second() of the run that wrote the record, or the peak that run was
   // given (RunOptions::peak_tflops; peak_given), 0: not known. With the state's hardware one
   // kind, the record gives its MFU against it and says which (peak_source).

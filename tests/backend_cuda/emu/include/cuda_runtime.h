@@ -116,6 +116,11 @@ struct Tally {
 };
 Tally& tally();
 void reset_tally();
+// The most bytes the emulated device's cudaMalloc'd memory held at once since
+// reset_memory_peak() (which starts it again from what is held then): the device's own count,
+// against which the backend's count of its buffers is held.
+std::size_t memory_peak();
+void reset_memory_peak();
 // Counts `field` unless the call is part of another counted one (a queued launch run, the copy
 // inside cudaMemcpyAsync).
 void count(long long Tally::*field);

@@ -70,6 +70,11 @@ std::vector<uint16_t> random_bf16(size_t n, uint64_t seed);
 std::pair<std::size_t, std::size_t> device_memory();
 // Bytes held by this process's live DeviceBuffers (model buffers, cuBLAS's workspace, ...).
 std::size_t device_bytes_in_use();
+// The most bytes those DeviceBuffers held at once since reset_device_bytes_peak() (or since the
+// process began); the reset starts it again from the bytes held then. Not the CUDA context's
+// memory, nor what cuBLAS, cuBLASLt or NCCL allocate for themselves.
+std::size_t device_bytes_peak();
+void reset_device_bytes_peak();
 
 // cudaMalloc found no room: `requested` bytes asked while `in_use` bytes of DeviceBuffers were
 // allocated by this process (the device may hold others').
