@@ -284,6 +284,13 @@ std::string duration(double seconds) {
 // rate and the peak both of all the job's devices), " (MFU 41.2 % of the given peak)" where
 // --peak-tflops gave it; "" otherwise (a CPU, a GPU of unknown peak). Over 100 % of a given peak
 // the line asks whether the figure was one device's in TFLOP/s.
+// ", device memory at most 51.4 GiB of 139.8 GiB": the most a point's buffers held at once on
+// its GPU (rank 0's), of the device's size.
+std::string memory_text(std::size_t peak_bytes, std::size_t device_bytes) {
+  return fmt::format(", device memory at most {} of {}", backend::bytes_text(double(peak_bytes)),
+                     backend::bytes_text(double(device_bytes)));
+}
+
 std::string mfu_text(double flops_per_second, double peak_flops_per_second, bool given) {
   if (!(peak_flops_per_second > 0)) return "";
   const double mfu = flops_per_second / peak_flops_per_second;
@@ -716,13 +723,14 @@ int run(const RunFlags& f) {
         if (!out.wrote_files) break;  // rank 0 says it
         fmt::print(
             "{} estimate: {:.3f} s a step (median of {}, after 1 warm-up) x {} {}steps + {} "
-            "evaluations x {:.2f} s = {}; {} tokens/s consumed, {} FLOP/s [exact/causal]{}\n",
+            "evaluations x {:.2f} s = {}; {} tokens/s consumed, {} FLOP/s [exact/causal]{}{}\n",
             label, e.step_seconds, e.steps_timed, e.steps_remaining,
             e.steps_remaining < p->budget.steps ? "remaining " : "", e.evals_remaining,
             e.eval_seconds, duration(e.seconds()),
             human(double(e.tokens_per_step) / e.step_seconds),
             human(e.flops_per_step / e.step_seconds),
-            mfu_text(e.flops_per_step / e.step_seconds, e.peak_flops_per_second, e.peak_given));
+            mfu_text(e.flops_per_step / e.step_seconds, e.peak_flops_per_second, e.peak_given),
+            e.memory_peak > 0 ? memory_text(e.memory_peak, e.memory_device) : std::string());
         if (const auto it = fits.find(p->id); it != fits.end())
           if (const std::string passes = passes_text(it->second, p->budget.batch_seqs);
               !passes.empty())
@@ -784,10 +792,8 @@ int run(const RunFlags& f) {
         // On a GPU: the most its buffers held at once, of the device's memory.
         std::string memory;
         if (const nlohmann::json m = r.value("device_memory", nlohmann::json()); m.is_object())
-          memory =
-              fmt::format(", device memory at most {} of {}",
-                          backend::bytes_text(double(m.value("peak_bytes", std::size_t{0}))),
-                          backend::bytes_text(double(m.value("device_bytes", std::size_t{0}))));
+          memory = memory_text(m.value("peak_bytes", std::size_t{0}),
+                               m.value("device_bytes", std::size_t{0}));
         fmt::print(
             "{} complete{}: val {} {:.4f}, {} tokens consumed, {} unique, {:.3f} epochs, "
             "C {} FLOPs [{}] measured, {:.1f} s{}{} -> {}\n",

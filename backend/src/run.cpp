@@ -453,6 +453,9 @@ Estimate estimate_point(Engine& engine, const Plan& plan, const DataSplit& data,
   const auto e0 = Clock::now();
   evaluate(engine, data, seq_len, eval_windows_for(plan, train), 0);
   e.eval_seconds = std::chrono::duration<double>(Clock::now() - e0).count();
+  const Engine::MemoryUse memory = engine.memory_use();  // over the steps and the evaluation
+  e.memory_peak = memory.peak_bytes;
+  e.memory_device = memory.device_bytes;
   // Where the steps' time goes: as many steps again, each phase timed (apart from the steps timed
   // above: on cuda the phases then run one after another).
   if (opt.profile) {

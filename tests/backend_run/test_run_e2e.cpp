@@ -2855,8 +2855,26 @@ TEST_CASE("points that do not fit (emulated): refused together before any trains
     const json r = record(dir / "runs", id);
     CHECK(r["status"] == "complete");
     CHECK(r["pass_seqs"] == pass);
+    // The most its buffers held, within the device's 68 MiB (69,632 KiB).
+    REQUIRE(r.contains("device_memory"));
+    CHECK(r["device_memory"]["device_bytes"] == int64_t{69632} * 1024);
+    CHECK(r["device_memory"]["peak_bytes"] <= r["device_memory"]["device_bytes"]);
   }
+  // The MoE points hold a second cuBLAS handle (the shared expert's stream), 32 MiB of workspace
+  // more than the dense point's one.
+  CHECK(record(dir / "runs", "moe-o")["device_memory"]["peak_bytes"].get<int64_t>() >=
+        record(dir / "runs", "dense")["device_memory"]["peak_bytes"].get<int64_t>() +
+            (int64_t{32} << 20));
   REQUIRE_MESSAGE(estimate.status == 0, estimate.err);
+  // Each estimate line ends with the most memory the timed steps held.
+  for (const char* id :
+       {"[dense 1/3] estimate: ", "[moe-o 2/3] estimate: ", "[moe-p 3/3] estimate: "}) {
+    const size_t at = estimate.out.find(id);
+    REQUIRE_MESSAGE(at != std::string::npos, estimate.out);
+    const std::string line = estimate.out.substr(at, estimate.out.find('\n', at) - at);
+    CHECK_MESSAGE(line.find(", device memory at most ") != std::string::npos, line);
+    CHECK_MESSAGE(line.ends_with(" of 68.0 MiB"), line);
+  }
   // The dense model, with one cuBLAS workspace, fits its whole batch; the MoE points' passes
   // grow to the most the refusal named.
   CHECK_MESSAGE(estimate.out.find("[dense 1/3] passes of 8 sequences as timed; the step's whole "

@@ -2,6 +2,7 @@
 // Training one sweep point end to end: data, engine, ledgers, checkpoints, the run record.
 // The CLI (`moeplan run`) loops over a manifest's points and prints the progress this reports.
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -91,6 +92,9 @@ struct Estimate {
   double flops_per_step = 0;    // the step's ledger, [exact/causal] as the progress line
   double peak_flops_per_second = 0;  // as Progress's: the job's devices together, 0 unknown
   bool peak_given = false;           // as Progress's
+  // Engine::memory_use() after the timed steps and the evaluation (0: a device without memory of
+  // its own): the most its buffers held, and the device's size, in bytes.
+  std::size_t memory_peak = 0, memory_device = 0;
   // RunOptions::profile: the mean milliseconds a step by phase over steps_profiled more steps (on
   // cuda the phases then run one after another, without the step's overlaps, so their sum may
   // exceed step_seconds).
