@@ -280,10 +280,6 @@ std::string duration(double seconds) {
   return fmt::format("{}s", s);
 }
 
-// " (MFU 41.2 % of the device peak)" for a FLOP rate where the devices' dense peak is known (the
-// rate and the peak both of all the job's devices), " (MFU 41.2 % of the given peak)" where
-// --peak-tflops gave it; "" otherwise (a CPU, a GPU of unknown peak). Over 100 % of a given peak
-// the line asks whether the figure was one device's in TFLOP/s.
 // ", device memory at most 51.4 GiB of 139.8 GiB": the most a point's buffers held at once on
 // its GPU (rank 0's), of the device's size.
 std::string memory_text(std::size_t peak_bytes, std::size_t device_bytes) {
@@ -291,6 +287,10 @@ std::string memory_text(std::size_t peak_bytes, std::size_t device_bytes) {
                      backend::bytes_text(double(device_bytes)));
 }
 
+// " (MFU 41.2 % of the device peak)" for a FLOP rate where the devices' dense peak is known (the
+// rate and the peak both of all the job's devices), " (MFU 41.2 % of the given peak)" where
+// --peak-tflops gave it; "" otherwise (a CPU, a GPU of unknown peak). Over 100 % of a given peak
+// the line asks whether the figure was one device's in TFLOP/s.
 std::string mfu_text(double flops_per_second, double peak_flops_per_second, bool given) {
   if (!(peak_flops_per_second > 0)) return "";
   const double mfu = flops_per_second / peak_flops_per_second;
