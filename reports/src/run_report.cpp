@@ -703,8 +703,9 @@ std::string verdict_of(const std::vector<json>& records, const json* dense,
 }
 
 // The report's charts: the sweep's outcome (final BPC against r_a, the dense baseline as a
-// line), validation BPC against training compute (every point ends at the same C), and training
-// loss against consumed tokens (the MoE points read more, repeating D̂).
+// line), training time and, on a GPU, device memory against r_a, validation BPC against training
+// compute (every point ends at the same C), and training loss against consumed tokens (the MoE
+// points read more, repeating D̂).
 // What BPC is per: "byte" where every record's tokens are bytes (the built-in corpus and text
 // files; a record that does not say is a byte source), "token" where none are (llm.c shards of a
 // tokenizer's ids: about 4x the per-byte figure at GPT-2's ~4 bytes a token), else both.
@@ -769,6 +770,31 @@ std::vector<plot::Chart> charts_of(const std::vector<json>& records, const json*
       const double d = dense->value("train_seconds", 0.0);
       c.series.push_back(plot::reference_line(t, fmt::format("dense baseline ({:.1f} s)", d), d));
       c.series.insert(c.series.end() - 1, std::move(t));
+      charts.push_back(std::move(c));
+    }
+  }
+  // Device memory against r_a (GPU records): at equal N the weights and AdamW state are the
+  // same, the activations are not. Only records whose memory compares with the baseline's: the
+  // time table's rule (one kind of GPU, the same passes, sharding and kernel request).
+  if (dense && dense->contains("device_memory") && !moe.points.empty()) {
+    const auto gib = [](const json& r) {
+      return r["device_memory"].value("peak_bytes", 0.0) / double(1u << 30);
+    };
+    plot::Series m{"MoE points", {}, true, false};
+    for (const json& r : records)
+      if (!is_dense(r) && is_complete(r) && r.contains("device_memory") && same_timing(r, *dense))
+        m.points.emplace_back(r["plan"].value("activation_rate", 0.0), gib(r));
+    if (!m.points.empty()) {
+      plot::Chart c{fmt::format("Device memory held against the activation rate ({})",
+                                has_request(*dense) ? timing_label(*dense) : device_label(*dense)),
+                    "activation rate r_a = N_a / N",
+                    "most device memory moeplan's buffers held (GiB)",
+                    {},
+                    0,
+                    "memory-ra"};
+      const double d = gib(*dense);
+      c.series.push_back(plot::reference_line(m, fmt::format("dense baseline ({:.2f} GiB)", d), d));
+      c.series.insert(c.series.end() - 1, std::move(m));
       charts.push_back(std::move(c));
     }
   }

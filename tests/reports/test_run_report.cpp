@@ -1093,6 +1093,30 @@ TEST_CASE("report: the most device memory a GPU point held, of its device's; non
                   "0's), of its size") != std::string::npos);
   CHECK(moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::html)
             .find("<th>device memory, most held</th>") != std::string::npos);
+  // The HTML chart of memory against r_a needs the dense baseline's memory as its reference:
+  // without it, none. With it (32 GiB), one marker a MoE point that has a figure.
+  const auto memory_chart = [&](const std::vector<json>& rs) {
+    const std::string html = moeplan::render_run_report(rs, "runs", moeplan::ReportFormat::html);
+    const size_t at = html.find("Device memory held against the activation rate (");
+    return at == std::string::npos ? std::string() : html.substr(at, html.find("</svg>", at) - at);
+  };
+  CHECK(memory_chart(recs).empty());
+  recs[0]["device_memory"] = {{"peak_bytes", int64_t{32} << 30},
+                              {"device_bytes", int64_t{150323855360}}};
+  std::string chart = memory_chart(recs);
+  // These records are from before the kernel request was kept: named by the device.
+  CHECK(chart.rfind("Device memory held against the activation rate (cuda (GPU X))<", 0) == 0);
+  CHECK(chart.find("dense baseline (32.00 GiB)") != std::string::npos);
+  CHECK(count(chart, "<circle") == 2);
+  // At their own heights: 51.4 GiB above 68.5 MiB (SVG's y grows downwards).
+  const auto cy = [&](size_t n) {
+    size_t at = chart.find("<circle");
+    for (size_t i = 0; i < n; ++i) at = chart.find("<circle", at + 1);
+    return std::stod(chart.substr(chart.find("cy=\"", at) + 4));
+  };
+  CHECK(cy(0) < cy(1));
+  recs[2].erase("device_memory");
+  CHECK(count(memory_chart(recs), "<circle") == 1);
   // CPU records have no such field, and the table no such column.
   const std::vector<json> cpu = {record("dense", true, 1.0, 2.0), record("moe-a", false, 0.2, 1.8)};
   CHECK(
