@@ -725,6 +725,37 @@ std::string bpc_words(const std::vector<json>& records) {
                                               : "");
 }
 
+// A chart of one figure of the MoE points against r_a, the dense baseline's as a line (its
+// legend gives the baseline's figure with `digits` decimals and `unit`): only records compared with
+// the baseline as the time table compares them (same_timing: one kind of hardware, the same passes,
+// sharding and kernel request), named by what they share, and that have the figure (none without
+// the baseline's).
+void add_against_ra(std::vector<plot::Chart>& charts, const std::vector<json>& records,
+                    const json& dense, const std::string& what, const std::string& y_label,
+                    const std::string& id,
+                    const std::function<std::optional<double>(const json&)>& figure, int digits,
+                    const char* unit) {
+  const std::optional<double> d = figure(dense);
+  if (!d) return;
+  plot::Series s{"MoE points", {}, true, false};
+  for (const json& r : records)
+    if (!is_dense(r) && is_complete(r) && same_timing(r, dense))
+      if (const std::optional<double> y = figure(r))
+        s.points.emplace_back(r["plan"].value("activation_rate", 0.0), *y);
+  if (s.points.empty()) return;
+  plot::Chart c{fmt::format("{} against the activation rate ({})", what,
+                            has_request(dense) ? timing_label(dense) : device_label(dense)),
+                "activation rate r_a = N_a / N",
+                y_label,
+                {},
+                0,
+                id};
+  c.series.push_back(
+      plot::reference_line(s, fmt::format("dense baseline ({:.{}f} {})", *d, digits, unit), *d));
+  c.series.insert(c.series.end() - 1, std::move(s));
+  charts.push_back(std::move(c));
+}
+
 std::vector<plot::Chart> charts_of(const std::vector<json>& records, const json* dense) {
   std::vector<plot::Chart> charts;
   const std::string bpc_axis = "validation bits per " + bpc_per(records);
@@ -751,52 +782,21 @@ std::vector<plot::Chart> charts_of(const std::vector<json>& records, const json*
     }
     charts.push_back(std::move(c));
   }
-  // Training time against r_a, beside the BPC chart: equal C is not equal time. Only records
-  // timed against the dense baseline (the time table's rule), named by what they share.
+  // Training time against r_a, beside the BPC chart: equal C is not equal time. And, on a GPU,
+  // device memory against r_a: at equal N the weights and AdamW state are the same, the
+  // activations are not.
   if (dense && !moe.points.empty()) {
-    plot::Series t{"MoE points", {}, true, false};
-    for (const json& r : records)
-      if (!is_dense(r) && is_complete(r) && same_timing(r, *dense))
-        t.points.emplace_back(r["plan"].value("activation_rate", 0.0),
-                              r.value("train_seconds", 0.0));
-    if (!t.points.empty()) {
-      plot::Chart c{fmt::format("Training time against the activation rate ({})",
-                                has_request(*dense) ? timing_label(*dense) : device_label(*dense)),
-                    "activation rate r_a = N_a / N",
-                    "training seconds",
-                    {},
-                    0,
-                    "time-ra"};
-      const double d = dense->value("train_seconds", 0.0);
-      c.series.push_back(plot::reference_line(t, fmt::format("dense baseline ({:.1f} s)", d), d));
-      c.series.insert(c.series.end() - 1, std::move(t));
-      charts.push_back(std::move(c));
-    }
-  }
-  // Device memory against r_a (GPU records): at equal N the weights and AdamW state are the
-  // same, the activations are not. Only records whose memory compares with the baseline's: the
-  // time table's rule (one kind of GPU, the same passes, sharding and kernel request).
-  if (dense && dense->contains("device_memory") && !moe.points.empty()) {
-    const auto gib = [](const json& r) {
-      return r["device_memory"].value("peak_bytes", 0.0) / double(1u << 30);
-    };
-    plot::Series m{"MoE points", {}, true, false};
-    for (const json& r : records)
-      if (!is_dense(r) && is_complete(r) && r.contains("device_memory") && same_timing(r, *dense))
-        m.points.emplace_back(r["plan"].value("activation_rate", 0.0), gib(r));
-    if (!m.points.empty()) {
-      plot::Chart c{fmt::format("Device memory held against the activation rate ({})",
-                                has_request(*dense) ? timing_label(*dense) : device_label(*dense)),
-                    "activation rate r_a = N_a / N",
-                    "most device memory moeplan's buffers held (GiB)",
-                    {},
-                    0,
-                    "memory-ra"};
-      const double d = gib(*dense);
-      c.series.push_back(plot::reference_line(m, fmt::format("dense baseline ({:.2f} GiB)", d), d));
-      c.series.insert(c.series.end() - 1, std::move(m));
-      charts.push_back(std::move(c));
-    }
+    add_against_ra(
+        charts, records, *dense, "Training time", "training seconds", "time-ra",
+        [](const json& r) { return std::optional(r.value("train_seconds", 0.0)); }, 1, "s");
+    add_against_ra(
+        charts, records, *dense, "Device memory held",
+        "most device memory moeplan's buffers held (GiB)", "memory-ra",
+        [](const json& r) -> std::optional<double> {
+          if (!r.contains("device_memory")) return std::nullopt;
+          return r["device_memory"].value("peak_bytes", 0.0) / double(1u << 30);
+        },
+        2, "GiB");
   }
   plot::Chart val{
       "Validation BPC during training, against training compute", "", bpc_axis, {}, 0, "val-c"};
