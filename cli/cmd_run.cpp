@@ -280,11 +280,11 @@ std::string duration(double seconds) {
   return fmt::format("{}s", s);
 }
 
-// ", device memory at most 51.4 GiB of 139.8 GiB": the most a point's buffers held at once on
+// ", device memory at most 51.40 GiB of 140.00 GiB": the most a point's buffers held at once on
 // its GPU (rank 0's), of the device's size.
 std::string memory_text(std::size_t peak_bytes, std::size_t device_bytes) {
-  return fmt::format(", device memory at most {} of {}", backend::bytes_text(double(peak_bytes)),
-                     backend::bytes_text(double(device_bytes)));
+  return fmt::format(", device memory at most {} of {}", bytes_text(double(peak_bytes)),
+                     bytes_text(double(device_bytes)));
 }
 
 // " (MFU 41.2 % of the device peak)" for a FLOP rate where the devices' dense peak is known (the

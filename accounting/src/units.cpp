@@ -90,6 +90,11 @@ double parse_quantity_or_percent(std::string_view text, std::string_view what) {
   return percent ? percent_to_fraction(v) : v;
 }
 
+std::string bytes_text(double bytes) {
+  if (bytes >= double(1ull << 30)) return fmt::format("{:.2f} GiB", bytes / double(1ull << 30));
+  return fmt::format("{:.1f} MiB", bytes / double(1ull << 20));
+}
+
 std::string human(double v, int digits) {
   // Round to the digits shown before choosing the unit, so 999.99e12 reads 1.00e+15, not 1e+03T.
   const double a = std::fabs(std::stod(fmt::format("{:.{}e}", v, std::max(0, digits - 1))));

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -208,6 +209,16 @@ Placement place(const EngineRequest& r) {
   return p;
 }
 
+// The most sequences a pass that fit, between `fits` (known to fit; 0: none) and `fails` (known
+// not to), by bisection: each try builds the model again (a model's buffers grow with its pass).
+int64_t most_that_fit(int64_t fits, int64_t fails, const std::function<bool(int64_t)>& fails_at) {
+  while (fails - fits > 1) {
+    const int64_t mid = fits + (fails - fits) / 2;
+    (fails_at(mid) ? fails : fits) = mid;
+  }
+  return fits;
+}
+
 // register_fit_check's check: the point's model built on this rank's GPU as the engine would
 // build it (the same kernels, this rank's share of the batch, the optimizer sharded as it would
 // be), then freed. Where it does not fit, the largest pass that does, by bisection: each try
@@ -249,10 +260,7 @@ PassFit fit_check(const EngineRequest& r, bool up_to_share) {
       fails_at = local;
     }
   }
-  while (fails_at - fits > 1) {
-    const int64_t mid = fits + (fails_at - fits) / 2;
-    (fails(mid) ? fails_at : fits) = mid;
-  }
+  fits = most_that_fit(fits, fails_at, [&](int64_t pass) { return fails(pass).has_value(); });
   fit.largest = fits;
   if (!asked_fails) return fit;
   fit.why = out_of_memory_message(*asked_fails, r, local, kernels, shards, fits);
@@ -260,12 +268,9 @@ PassFit fit_check(const EngineRequest& r, bool up_to_share) {
   // what fits now; 8 bytes a parameter become 8/W). Where no pass fits, the line already offers
   // it.
   if (!r.shard_optimizer && info.world_size > 1 && fits > 0) {
-    int64_t most = fits, least_not = fit.pass;
-    if (!fails_as(fit.pass, true)) most = least_not = fit.pass;
-    while (least_not - most > 1) {
-      const int64_t mid = most + (least_not - most) / 2;
-      (fails_as(mid, true) ? least_not : most) = mid;
-    }
+    const auto sharded_fails = [&](int64_t pass) { return fails_as(pass, true).has_value(); };
+    const int64_t most =
+        sharded_fails(fit.pass) ? most_that_fit(fits, fit.pass, sharded_fails) : fit.pass;
     if (most == fit.pass)
       fit.why += fmt::format(
           ", or --shard-optimizer (the AdamW state split over the {} ranks: these passes fit)",

@@ -234,11 +234,6 @@ std::string cpu_model_name(std::string_view cpuinfo) {
   return {};
 }
 
-std::string bytes_text(double bytes) {
-  if (bytes >= double(1ull << 30)) return fmt::format("{:.2f} GiB", bytes / double(1ull << 30));
-  return fmt::format("{:.1f} MiB", bytes / double(1ull << 20));
-}
-
 std::unique_ptr<Engine> make_engine(const std::string& device, const EngineRequest& request) {
   require_device(device);
   return registry().at(device)(request);

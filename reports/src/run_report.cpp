@@ -513,19 +513,12 @@ std::string mfu_cell(const json& r, double useful_per_second) {
                      r.value("peak_source", "") == "given" ? " (given)" : "");
 }
 
-// A byte count as the memory column gives it: "51.4 GiB", or "68.5 MiB" below a GiB.
-std::string memory_text(double bytes) {
-  return bytes >= double(1u << 30) ? fmt::format("{:.1f} GiB", bytes / double(1u << 30))
-                                   : fmt::format("{:.1f} MiB", bytes / double(1u << 20));
-}
-
 // The most device memory the point's buffers held at once, of its device's (records of a GPU run
 // since device_memory was kept; "-" otherwise).
 std::string memory_cell(const json& r) {
   if (!r.contains("device_memory") || !r["device_memory"].is_object()) return "-";
   const json& m = r["device_memory"];
-  return memory_text(m.value("peak_bytes", 0.0)) + " of " +
-         memory_text(m.value("device_bytes", 0.0));
+  return bytes_text(m.value("peak_bytes", 0.0)) + " of " + bytes_text(m.value("device_bytes", 0.0));
 }
 
 std::vector<std::string> time_row_of(const json& r, const json* dense, bool with_mfu,

@@ -1085,8 +1085,8 @@ TEST_CASE("report: the most device memory a GPU point held, of its device's; non
       words += (words.empty() ? "" : " ") + cells[i];
     return words;
   };
-  CHECK(last_cells("moe-a") == "1.00x 51.4 GiB of 140.0 GiB");
-  CHECK(last_cells("moe-b") == "1.00x 68.5 MiB of 140.0 GiB");
+  CHECK(last_cells("moe-a") == "1.00x 51.40 GiB of 140.00 GiB");
+  CHECK(last_cells("moe-b") == "1.00x 68.5 MiB of 140.00 GiB");
   CHECK(cells_of_row(text, "dense", times).back() == "-");
   CHECK(text.find("device memory, most held") != std::string::npos);
   CHECK(text.find(". Device memory: the most moeplan's buffers held at once on one device (rank "

@@ -22,5 +22,7 @@ std::string ratio(double value, int decimals);
 // A tolerance in percentage points (or percent) with `decimals` places, and more where those
 // would not show it (up to six): 0.005 -> "0.50", 0.00001 -> "0.001", not "0.00".
 std::string percent_text(double fraction, int decimals = 2);
+// A byte count as moeplan writes memory: "12.30 GiB", or "38.0 MiB" below a GiB (GiB = 2^30).
+std::string bytes_text(double bytes);
 
 }  // namespace moeplan

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "moeplan/accounting/arch.hpp"
+#include "moeplan/accounting/units.hpp"
 #include "moeplan/backend/model.hpp"
 
 namespace moeplan::backend {
@@ -151,12 +152,11 @@ bool register_fit_check(
 std::optional<PassFit> check_fit(const std::string& device, const EngineRequest& request,
                                  bool up_to_share = false);
 
-// This machine's physical memory in bytes (0 when unknown), and a byte count as the messages
-// about memory write it: "12.30 GiB", or "38.0 MiB" below a GiB.
+// This machine's physical memory in bytes (0 when unknown).
 std::size_t host_memory_bytes();
 // The processor's model name in the text of /proc/cpuinfo (its first "model name" line), "" when
 // the text has none (some ARM kernels do not give one).
 std::string cpu_model_name(std::string_view cpuinfo);
-std::string bytes_text(double bytes);
+using moeplan::bytes_text;  // accounting/units.hpp
 
 }  // namespace moeplan::backend
