@@ -208,6 +208,7 @@ nlohmann::json state_to_json(const RunState& s) {
           {"dropped_assignments", s.dropped_assignments},
           {"loss_curve", s.loss_curve},
           {"val_curve", s.val_curve},
+          {"val_seconds", s.val_seconds},
           {"loss_sum_since_log", s.loss_sum_since_log},
           {"steps_since_log", s.steps_since_log},
           {"train_seconds", s.train_seconds},
@@ -337,6 +338,9 @@ Checkpoint read_checkpoint(const std::filesystem::path& path) {
     st.dropped_assignments = s.at("dropped_assignments").get<int64_t>();
     st.loss_curve = s.at("loss_curve");
     st.val_curve = s.at("val_curve");
+    // Checkpoints written before the evaluations' times were kept have none.
+    if (const auto v = s.find("val_seconds"); v != s.end())
+      st.val_seconds = v->get<std::vector<double>>();
     st.loss_sum_since_log = s.at("loss_sum_since_log").get<double>();
     st.steps_since_log = s.at("steps_since_log").get<int64_t>();
     st.train_seconds = s.at("train_seconds").get<double>();

@@ -107,6 +107,11 @@ nlohmann::json make_record(const RecordInputs& in) {
     rec["final_val_loss"] = st.val_curve.back().at("val_loss");
     rec["final_val_bpc"] = st.val_curve.back().at("val_bpc");
   }
+  // The training seconds (evaluations not counted, summed over resumes) at each evaluation, in
+  // val_curve's order: what the report's BPC-against-time chart and time to the dense
+  // baseline's BPC read. Left out where a resume began from a checkpoint that had none.
+  if (!st.val_curve.empty() && st.val_seconds.size() == st.val_curve.size())
+    rec["val_curve_train_seconds"] = st.val_seconds;
   const double wall = st.train_seconds + st.eval_seconds;
   rec["wall_seconds"] = wall;
   rec["train_seconds"] = st.train_seconds;

@@ -1288,6 +1288,7 @@ PointOutcome run_point(const Plan& plan, const nlohmann::json& plan_json,
       const auto e0 = Clock::now();
       const FlopLedger eval_before = engine->eval_ledger();
       st.val_curve.push_back(evaluate(*engine, data, seq_len, eval_windows, st.step));
+      st.val_seconds.push_back(st.train_seconds);
       st.eval_flops += engine->eval_ledger() - eval_before;
       st.eval_seconds += std::chrono::duration<double>(Clock::now() - e0).count();
       progress.evaluated = true;

@@ -521,8 +521,69 @@ std::string memory_cell(const json& r) {
   return bytes_text(m.value("peak_bytes", 0.0)) + " of " + bytes_text(m.value("device_bytes", 0.0));
 }
 
+// When a complete MoE point's validation BPC first came to the dense baseline's final BPC or
+// below: the training seconds at that evaluation (val_curve_train_seconds; evaluations not
+// counted), none where it never did. It may have got there between two evaluations, so the time
+// is at most that. Only for points compared with the baseline (same data, equal resources) and
+// timed as the time table times them (same_timing); `compared` false otherwise, and for records
+// without the times (written before they were kept, or resumed from a checkpoint without them).
+struct Reached {
+  bool compared = false;
+  std::optional<double> seconds;
+};
+Reached reached_dense(const json& r, const json* dense) {
+  if (!dense || is_dense(r) || !is_complete(r) || !r.contains("val_curve_train_seconds") ||
+      !comparable(r, *dense) || !same_timing(*dense, r) ||
+      !(dense->value("train_seconds", 0.0) > 0))
+    return {};
+  const json &v = r["val_curve"], &t = r["val_curve_train_seconds"];
+  const double target = dense->value("final_val_bpc", 0.0);
+  for (size_t i = 0; i < v.size(); ++i)
+    if (v[i].value("val_bpc", INFINITY) <= target) return {true, t[i].get<double>()};
+  return {true, std::nullopt};
+}
+
+std::string reached_cell(const json& r, const json* dense) {
+  const Reached got = reached_dense(r, dense);
+  if (!got.compared) return "-";
+  if (!got.seconds) return "not reached";
+  return fmt::format("{:.1f} s ({:.2f}x)", *got.seconds,
+                     *got.seconds / dense->value("train_seconds", 0.0));
+}
+
+// Under the time table: how many compared MoE points reached the dense baseline's final BPC, and
+// in what fraction of its training time ("" where none is compared).
+std::string reached_summary(const std::vector<json>& records, const json* dense) {
+  int compared = 0, reached = 0, faster = 0;
+  double lo = INFINITY, hi = 0;
+  for (const json& r : records) {
+    const Reached got = reached_dense(r, dense);
+    if (!got.compared) continue;
+    ++compared;
+    if (!got.seconds) continue;
+    const double ratio = *got.seconds / dense->value("train_seconds", 0.0);
+    ++reached;
+    faster += ratio < 1;
+    lo = std::min(lo, ratio);
+    hi = std::max(hi, ratio);
+  }
+  if (compared == 0) return "";
+  std::string s = fmt::format(
+      "Time to the dense baseline's final validation BPC ({:.4f}, after {:.1f} s of training): "
+      "{} of {} MoE point(s) reached it",
+      dense->value("final_val_bpc", 0.0), dense->value("train_seconds", 0.0), reached, compared);
+  if (reached > 0)
+    s += fmt::format(", in {} the dense baseline's training time; {} of them in less",
+                     lo == hi ? fmt::format("{:.2f}x", lo) : fmt::format("{:.2f}x-{:.2f}x", lo, hi),
+                     faster);
+  return s +
+         ". Each time is the training seconds (evaluations not counted) at the point's first "
+         "evaluation at or below that BPC, so at most the time it took; the point trains on "
+         "to its own C";
+}
+
 std::vector<std::string> time_row_of(const json& r, const json* dense, bool with_mfu,
-                                     bool with_memory) {
+                                     bool with_memory, bool with_reached) {
   const json& flops = r["measured"]["flops"];
   const double secs = r.value("train_seconds", 0.0);
   const double total = flops.contains("total") ? count_of(flops["total"]) : 0.0;
@@ -542,6 +603,7 @@ std::vector<std::string> time_row_of(const json& r, const json* dense, bool with
       vs};
   if (with_mfu) row.push_back(mfu_cell(r, secs > 0 ? useful / secs : 0.0));
   if (with_memory) row.push_back(memory_cell(r));
+  if (with_reached) row.push_back(reached_cell(r, dense));
   return row;
 }
 
@@ -749,6 +811,40 @@ void add_against_ra(std::vector<plot::Chart>& charts, const std::vector<json>& r
   charts.push_back(std::move(c));
 }
 
+// Validation BPC against training seconds (each evaluation's val_curve_train_seconds) for the
+// dense baseline and the MoE points the time table compares with it (reached_dense), the
+// baseline's final BPC as a line: where a curve crosses it is the time to the dense baseline's
+// BPC. Equal C is not equal time, and this is the comparison at equal time.
+void add_bpc_against_time(std::vector<plot::Chart>& charts, const std::vector<json>& records,
+                          const json& dense, const std::string& bpc_axis) {
+  auto curve = [](const json& r) {
+    plot::Series s{r.value("point_id", "?"), {}, false, is_dense(r)};
+    const json &v = r["val_curve"], &t = r["val_curve_train_seconds"];
+    for (size_t i = 0; i < v.size(); ++i)
+      s.points.emplace_back(t[i].get<double>(), v[i].value("val_bpc", 0.0));
+    s.points = plot::bucket_means(s.points, 300);
+    return s;
+  };
+  plot::Chart c{"Validation BPC against training time (" +
+                    (has_request(dense) ? timing_label(dense) : device_label(dense)) + ")",
+                "training seconds (measured; evaluations not counted)",
+                bpc_axis,
+                {},
+                0,
+                "bpc-time"};
+  if (dense.contains("val_curve_train_seconds")) c.series.push_back(curve(dense));
+  for (const json& r : records)
+    if (reached_dense(r, &dense).compared) c.series.push_back(curve(r));
+  if (c.series.size() == (dense.contains("val_curve_train_seconds") ? 1u : 0u)) return;
+  plot::Series all{"", {}, false, false};
+  for (const plot::Series& s : c.series)
+    all.points.insert(all.points.end(), s.points.begin(), s.points.end());
+  c.series.push_back(plot::reference_line(
+      all, fmt::format("dense baseline's final BPC ({:.4f})", dense.value("final_val_bpc", 0.0)),
+      dense.value("final_val_bpc", 0.0)));
+  charts.push_back(std::move(c));
+}
+
 std::vector<plot::Chart> charts_of(const std::vector<json>& records, const json* dense) {
   std::vector<plot::Chart> charts;
   const std::string bpc_axis = "validation bits per " + bpc_per(records);
@@ -790,6 +886,7 @@ std::vector<plot::Chart> charts_of(const std::vector<json>& records, const json*
           return r["device_memory"].value("peak_bytes", 0.0) / double(1u << 30);
         },
         2, "GiB");
+    add_bpc_against_time(charts, records, *dense, bpc_axis);
   }
   plot::Chart val{
       "Validation BPC during training, against training compute", "", bpc_axis, {}, 0, "val-c"};
@@ -1169,16 +1266,21 @@ std::string render_run_report(const std::vector<json>& given, const std::string&
   const bool with_memory = std::any_of(records.begin(), records.end(), [](const json& r) {
     return r.contains("device_memory") && r["device_memory"].is_object();
   });
+  // The time to the dense baseline's BPC only where some MoE point is compared with it so.
+  const bool with_reached = std::any_of(records.begin(), records.end(), [&](const json& r) {
+    return reached_dense(r, dense).compared;
+  });
   std::vector<std::string> time_headers = kTimeHeaders;
   if (with_mfu) time_headers.push_back("MFU [exact/causal useful, of the device peak]");
   if (with_memory) time_headers.push_back("device memory, most held");
+  if (with_reached) time_headers.push_back("dense's final BPC reached [train s, vs dense]");
   TextTable tt;
   for (const auto& h : time_headers)
     tt.add_column(h,
                   h == "point" || h == "device" ? TextTable::Align::left : TextTable::Align::right);
   std::vector<std::vector<std::string>> time_rows;
   for (const json& r : records) {
-    time_rows.push_back(time_row_of(r, dense, with_mfu, with_memory));
+    time_rows.push_back(time_row_of(r, dense, with_mfu, with_memory, with_reached));
     tt.add_row(time_rows.back());
   }
   const std::string time_title =
@@ -1215,10 +1317,12 @@ std::string render_run_report(const std::vector<json>& given, const std::string&
                             "records of more than one sweep, each cell says its own)",
                             own));
   const std::string bars = bars_of(records, dense);
+  const std::string reached = reached_summary(records, dense);
   switch (format) {
     case ReportFormat::text:
       return title + "\n\n" + t.render() + "\n" + verdict + "\n\n" +
-             (bars.empty() ? "" : bars + "\n") + time_title + "\n\n" + tt.render();
+             (bars.empty() ? "" : bars + "\n") + time_title + "\n\n" + tt.render() +
+             (reached.empty() ? "" : "\n" + reached + "\n");
     case ReportFormat::markdown:
       return "# " + escape_markdown(heading) + "\n\n" +
              escape_markdown(title.substr(heading.size() + 2)) + "\n\n" + t.render_markdown() +
@@ -1226,7 +1330,7 @@ std::string render_run_report(const std::vector<json>& given, const std::string&
              (bars.empty() ? "" : md_code_block(bars) + "\n") + "## " +
              escape_markdown(time_title.substr(0, time_title.find(". "))) + "\n\n" +
              escape_markdown(time_title.substr(time_title.find(". ") + 2)) + "\n\n" +
-             tt.render_markdown();
+             tt.render_markdown() + (reached.empty() ? "" : "\n" + escape_markdown(reached) + "\n");
     case ReportFormat::html:
       break;
   }
@@ -1236,7 +1340,7 @@ std::string render_run_report(const std::vector<json>& given, const std::string&
   return std::string(kHtmlHead) + "<p>" + html_escape(title) + "</p>\n" +
          html_table(kHeaders, rows) + html_paragraphs(verdict) + figures + "<p>" +
          html_escape(time_title) + "</p>\n" + html_table(time_headers, time_rows) +
-         "</body></html>\n";
+         (reached.empty() ? "" : "<p>" + html_escape(reached) + "</p>\n") + "</body></html>\n";
 }
 
 namespace {

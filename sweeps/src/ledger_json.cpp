@@ -127,6 +127,33 @@ std::optional<RecordDefect> curve_defect(const nlohmann::json& record) {
                               fmt::format("its parts_loss over ln 2, {}", part_bits)};
       }
     }
+  // The training seconds at each evaluation, where given: one a val_curve entry, never falling
+  // (the clock is summed over resumes), none past the record's own training time. The report
+  // reads them as the time each BPC was reached.
+  if (record.is_object() && record.contains("val_curve_train_seconds")) {
+    const nlohmann::json& t = record.at("val_curve_train_seconds");
+    const size_t n = record.contains("val_curve") && record.at("val_curve").is_array()
+                         ? record.at("val_curve").size()
+                         : 0;
+    if (!t.is_array() || t.size() != n)
+      return RecordDefect{"val_curve_train_seconds",
+                          fmt::format("a list of {} numbers, one for each val_curve entry", n)};
+    const double total = record.contains("train_seconds") && record.at("train_seconds").is_number()
+                             ? record.at("train_seconds").get<double>()
+                             : INFINITY;
+    double before = 0;
+    for (size_t i = 0; i < t.size(); ++i) {
+      const std::string key = fmt::format("val_curve_train_seconds[{}]", i);
+      if (!t[i].is_number() || !std::isfinite(t[i].get<double>()) || !(t[i].get<double>() >= 0))
+        return RecordDefect{key, "a number >= 0"};
+      const double s = t[i].get<double>();
+      if (s < before)
+        return RecordDefect{key, fmt::format("at least the evaluation's before it, {}", before)};
+      if (s > total * (1 + 1e-12))
+        return RecordDefect{key, fmt::format("at most the record's train_seconds, {}", total)};
+      before = s;
+    }
+  }
   // A complete record was evaluated at its end (`run` does): a final BPC beside an empty list of
   // evaluations was measured by nothing. (Records written before val_curve existed have none.)
   if (record.is_object() && record.value("status", "") == "complete" &&

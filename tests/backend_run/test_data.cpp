@@ -413,6 +413,7 @@ TEST_CASE("checkpoint round trip; a flipped byte is detected") {
   ck.state.eval_flops.add_gemm(FlopCategory::lm_head, Phase::forward, 2, 3, 11);
   ck.state.dropped_assignments = 41;
   ck.state.val_curve.push_back({{"step", 7}, {"val_bpc", 1.5}});
+  ck.state.val_seconds = {0.5, 11.75};
   ck.state.steps_since_log = 5;
   ck.state.train_seconds = 12.25;
   ck.state.eval_seconds = 0.75;
@@ -432,6 +433,7 @@ TEST_CASE("checkpoint round trip; a flipped byte is detected") {
   CHECK(back.state.eval_flops == ck.state.eval_flops);
   CHECK(back.state.dropped_assignments == 41);
   CHECK(back.state.val_curve == ck.state.val_curve);
+  CHECK(back.state.val_seconds == std::vector<double>{0.5, 11.75});
   CHECK(back.state.steps_since_log == 5);
   CHECK(back.state.train_seconds == 12.25);
   CHECK(back.state.eval_seconds == 0.75);

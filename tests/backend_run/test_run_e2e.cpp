@@ -240,6 +240,14 @@ TEST_CASE("moeplan run: ledgers equal the plan and an independent count; reruns 
     CHECK(rec["final_val_bpc"].get<double>() > 0);
     CHECK(rec["val_curve"].back()["parts"].contains("facts"));
     CHECK(rec["val_curve"].back()["parts"].contains("arith"));
+    // The training seconds at each evaluation: one an entry, never falling, and the last, taken
+    // after the last step, the record's training time to the bit (no step trains after it).
+    REQUIRE(rec.contains("val_curve_train_seconds"));
+    const json& at = rec.at("val_curve_train_seconds");
+    REQUIRE(at.size() == rec["val_curve"].size());
+    CHECK(at.front().get<double>() > 0);
+    for (size_t i = 1; i < at.size(); ++i) CHECK(at[i].get<double>() >= at[i - 1].get<double>());
+    CHECK(at.back().get<double>() == rec["train_seconds"].get<double>());
     // The exact ledger equals the analytic exact count for the consumed tokens (dense: no routing
     // to vary; per-token exact M times D).
     if (id == "dense") {
@@ -525,6 +533,15 @@ TEST_CASE(
 
   const json ra = record(dir / "a", "moe-k"), rb = record(b, "moe-k");
   CHECK(rb["resumes"].get<int>() >= 1);
+  // The evaluations' training seconds carry over the resume: the resumed record times every
+  // evaluation, the ones before the stop too, on one clock summed over its sessions.
+  for (const json* r : {&ra, &rb}) {
+    REQUIRE(r->contains("val_curve_train_seconds"));
+    const json& at = r->at("val_curve_train_seconds");
+    REQUIRE(at.size() == (*r)["val_curve"].size());
+    for (size_t i = 1; i < at.size(); ++i) CHECK(at[i].get<double>() >= at[i - 1].get<double>());
+    CHECK(at.back().get<double>() == (*r)["train_seconds"].get<double>());
+  }
   CHECK(ra["loss_curve"] == rb["loss_curve"]);
   CHECK(ra["val_curve"] == rb["val_curve"]);
   CHECK(ra["measured"]["tokens"] == rb["measured"]["tokens"]);
@@ -1595,6 +1612,15 @@ TEST_CASE("a record gives its MFU only for one kind of hardware whose peak is kn
   CHECK(make_record(in)["peak_source"] == "given");
   in.peak_flops_per_second = 0;
   CHECK_FALSE(make_record(in).contains("peak_source"));
+  // The evaluations' training seconds, one a val_curve entry; none where a resume began from a
+  // checkpoint that had none (its first evaluations' times are not known).
+  CHECK_FALSE(make_record(in).contains("val_curve_train_seconds"));  // no evaluation yet
+  st.val_curve = json::array({{{"step", 2}, {"val_loss", 1.4}, {"val_bpc", 2.0}},
+                              {{"step", 4}, {"val_loss", 1.3}, {"val_bpc", 1.9}}});
+  st.val_seconds = {0.75, 1.5};
+  CHECK(make_record(in)["val_curve_train_seconds"] == json::array({0.75, 1.5}));
+  st.val_seconds = {1.5};
+  CHECK_FALSE(make_record(in).contains("val_curve_train_seconds"));
 }
 
 TEST_CASE("moeplan run --peak-tflops: a CPU run's MFU against the peak given, said so") {

@@ -1251,3 +1251,89 @@ TEST_CASE("report: a point resumed in another layout (--elastic) is timed agains
   CHECK(cells_of_row(other, "moe-a", t2).back() == "-");
   CHECK(cells_of_row(other, "moe-b", t2).back() == "-");
 }
+
+// A record's evaluations at the training seconds given: val BPC `bpc[i]` at `seconds[i]`, the
+// last its final BPC and its training time.
+json timed(json r, const std::vector<double>& bpc, const std::vector<double>& seconds) {
+  r["val_curve"] = json::array();
+  for (size_t i = 0; i < bpc.size(); ++i)
+    r["val_curve"].push_back({{"step", int(i + 1)}, {"val_bpc", bpc[i]}});
+  r["val_curve_train_seconds"] = seconds;
+  r["final_val_bpc"] = bpc.back();
+  r["train_seconds"] = seconds.back();
+  return r;
+}
+
+TEST_CASE("report: when each MoE point first reached the dense baseline's BPC, in training time") {
+  // The dense baseline ends at 2.0 BPC after 10 s of training. By hand, the first evaluation at
+  // or below 2.0:
+  //   moe-a: 2.4, 2.1, 1.95 (18 s), 1.8      -> 18.0 s, 18 / 10 = 1.80x
+  //   moe-b: 2.3, 2.1                         -> not reached
+  //   moe-c: 2.5, 2.0 (8 s; equal counts)     -> 8.0 s, 0.80x
+  //   moe-d: no times (an older record)       -> "-", and not counted
+  std::vector<json> recs = {
+      timed(record("dense", true, 1.0, 2.0), {2.6, 2.0}, {5, 10}),
+      timed(record("moe-a", false, 0.2, 1.8), {2.4, 2.1, 1.95, 1.8}, {6, 12, 18, 24}),
+      timed(record("moe-b", false, 0.4, 2.1), {2.3, 2.1}, {3, 6}),
+      timed(record("moe-c", false, 0.3, 2.0), {2.5, 2.0}, {4, 8}),
+      record("moe-d", false, 0.5, 1.9)};
+  const std::string text = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::text);
+  CAPTURE(text);
+  const size_t times = text.find("train time vs dense");
+  REQUIRE(times != std::string::npos);
+  CHECK(text.find("dense's final BPC reached [train s, vs dense]", times) != std::string::npos);
+  auto last = [&](const std::string& id, size_t n) {
+    const std::vector<std::string> cells = cells_of_row(text, id, times);
+    std::string words;
+    for (size_t i = cells.size() - n; i < cells.size(); ++i)
+      words += (words.empty() ? "" : " ") + cells[i];
+    return words;
+  };
+  CHECK(last("moe-a", 3) == "18.0 s (1.80x)");
+  CHECK(last("moe-b", 2) == "not reached");
+  CHECK(last("moe-c", 3) == "8.0 s (0.80x)");
+  CHECK(last("moe-d", 2) == "1.00x -");  // record()'s 10 s, the dense's 10 s; then no time
+  CHECK(last("dense", 2) == "1.00x -");
+  CHECK(text.find("Time to the dense baseline's final validation BPC (2.0000, after 10.0 s of "
+                  "training): 2 of 3 MoE point(s) reached it, in 0.80x-1.80x the dense "
+                  "baseline's training time; 1 of them in less.") != std::string::npos);
+  // The same line in markdown and HTML.
+  CHECK(moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::markdown)
+            .find("2 of 3 MoE point(s) reached it") != std::string::npos);
+  const std::string html = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::html);
+  CHECK(html.find("<p>Time to the dense baseline's final validation BPC") != std::string::npos);
+  // The chart: the dense baseline's curve and the three compared points', and the line at 2.0.
+  const size_t at = html.find("Validation BPC against training time (");
+  REQUIRE(at != std::string::npos);
+  const std::string chart = html.substr(at, html.find("</svg>", at) - at);
+  CHECK(chart.find("dense baseline's final BPC (2.0000)") != std::string::npos);
+  CHECK(count(chart, "<polyline") == 5);  // dense, moe-a, moe-b, moe-c and the line
+  CHECK(chart.find("moe-d") == std::string::npos);
+  // A point on other hardware is not timed against the baseline: not compared, not drawn.
+  recs[3]["hardware"] = json::array({"another CPU"});
+  const std::string other = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::text);
+  CHECK(other.find("1 of 2 MoE point(s) reached it, in 1.80x the dense baseline's training "
+                   "time; 0 of them in less.") != std::string::npos);
+  // With no MoE point timed so, neither the column, nor the line, nor the chart.
+  for (json& r : recs) r.erase("val_curve_train_seconds");
+  const std::string none = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::html);
+  CHECK(none.find("reached [train s") == std::string::npos);
+  CHECK(none.find("Time to the dense baseline") == std::string::npos);
+  CHECK(none.find("against training time") == std::string::npos);
+}
+
+TEST_CASE("report: damaged evaluation times are refused by key") {
+  const std::filesystem::path dir = moeplan::test::fresh_dir("report_eval_times");
+  auto refused = [&](const json& value, const char* want) {
+    json r = timed(record("dense", true, 1.0, 2.0), {2.6, 2.0}, {5, 10});
+    r["val_curve_train_seconds"] = value;
+    std::filesystem::create_directories(dir / "dense");
+    std::ofstream(dir / "dense" / "record.json") << r.dump();
+    CHECK_THROWS_WITH_AS(moeplan::load_run_records(dir), doctest::Contains(want),
+                         moeplan::InputError);
+  };
+  refused(json::array({5}), "'val_curve_train_seconds' is not a list of 2 numbers");
+  refused(json::array({5, "10"}), "'val_curve_train_seconds[1]' is not a number >= 0");
+  refused(json::array({6, 5}), "'val_curve_train_seconds[1]' is not at least the evaluation's");
+  refused(json::array({5, 11}), "'val_curve_train_seconds[1]' is not at most the record's");
+}

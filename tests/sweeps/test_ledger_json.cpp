@@ -159,6 +159,38 @@ TEST_CASE("curve_defect: the first key of a curve that is not a number, by its f
   CHECK(defect(bad) == "val_curve|the evaluations behind final_val_bpc (none is given)|false");
 }
 
+TEST_CASE("curve_defect: the training seconds at each evaluation, one an entry, never falling") {
+  const json r = {{"val_curve",
+                   {{{"step", 2}, {"val_bpc", 1.9}},
+                    {{"step", 4}, {"val_bpc", 1.7}},
+                    {{"step", 6}, {"val_bpc", 1.6}}}},
+                  {"val_curve_train_seconds", {0.5, 0.5, 1.25}},
+                  {"train_seconds", 1.25}};
+  CHECK_FALSE(curve_defect(r));  // equal neighbours: no training between two evaluations
+  auto defect = [&](const json& v) {
+    json rec = r;
+    rec["val_curve_train_seconds"] = v;
+    const auto d = curve_defect(rec);
+    REQUIRE(d);
+    return d->key + "|" + d->want;
+  };
+  CHECK(defect({0.5, 1.0}) ==
+        "val_curve_train_seconds|a list of 3 numbers, one for each val_curve entry");
+  CHECK(defect("1.0") ==
+        "val_curve_train_seconds|a list of 3 numbers, one for each val_curve entry");
+  CHECK(defect({0.5, "1.0", 1.25}) == "val_curve_train_seconds[1]|a number >= 0");
+  CHECK(defect({-0.5, 1.0, 1.25}) == "val_curve_train_seconds[0]|a number >= 0");
+  CHECK(defect({0.5, 1.0, 0.75}) ==
+        "val_curve_train_seconds[2]|at least the evaluation's before it, 1");
+  CHECK(defect({0.5, 1.0, 1.5}) ==
+        "val_curve_train_seconds[2]|at most the record's train_seconds, 1.25");
+  // A record without train_seconds (a running one's may lack it) bounds nothing by it.
+  json running = r;
+  running.erase("train_seconds");
+  running["val_curve_train_seconds"] = {0.5, 1.0, 1.5};
+  CHECK_FALSE(curve_defect(running));
+}
+
 TEST_CASE("run_facts_defect: how a record ran, where given, is of its kind") {
   const json ok = {{"device", "cuda"},          {"kernels", "attention=fused_mma"},
                    {"world_size", 2},           {"pass_seqs", 4},

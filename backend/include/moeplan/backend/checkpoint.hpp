@@ -44,6 +44,11 @@ struct RunState {
   int64_t dropped_assignments = 0;
   nlohmann::json loss_curve = nlohmann::json::array();
   nlohmann::json val_curve = nlohmann::json::array();
+  // train_seconds when each val_curve entry was taken: kept apart from the curve, which is the
+  // same bits run to run where the clock is not. Shorter than val_curve after a resume from a
+  // checkpoint written before it was kept (its evaluations have no time; the record then gives
+  // none).
+  std::vector<double> val_seconds;
   double loss_sum_since_log = 0;  // for the mean train loss of the next loss_curve entry
   int64_t steps_since_log = 0;
   double train_seconds = 0, eval_seconds = 0;  // wall clock, summed over resumes
