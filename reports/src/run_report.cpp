@@ -1503,12 +1503,11 @@ std::string render_replicate_report(const std::vector<std::vector<json>>& given,
                                   same_seeds.empty() ? "" : ", ", names[a], names[b], seeds[a]);
 
   TextTable t;
-  const std::vector<std::string> headers = {
-      "point", "r_a", "r_a target",    "replicates",  "val BPC mean", "sd (n-1)",
-      "min",   "max", "vs dense mean", "vs dense sd", "beats dense"};
-  for (const auto& h : headers)
-    t.add_column(h, h == "point" ? TextTable::Align::left : TextTable::Align::right);
+  std::vector<std::string> headers = {"point",         "r_a",         "r_a target", "replicates",
+                                      "val BPC mean",  "sd (n-1)",    "min",        "max",
+                                      "vs dense mean", "vs dense sd", "beats dense"};
   std::vector<std::vector<std::string>> rows;
+  bool any_timed = false;
   plot::Series reps_mean{"MoE mean", {}, true, false};
   std::vector<plot::Series> per_folder(folders.size());
   for (size_t f = 0; f < folders.size(); ++f) per_folder[f] = {names[f], {}, true, false};
@@ -1519,8 +1518,8 @@ std::string render_replicate_report(const std::vector<std::vector<json>>& given,
   for (const std::string& id : order) {
     const json& plan = *plan_of[id];
     const bool is_d = plan.value("role", "") == "dense";
-    std::vector<double> bpc, diff;
-    int beats = 0, paired = 0;
+    std::vector<double> bpc, diff, reached_ratio;
+    int beats = 0, paired = 0, timed = 0;
     for (const auto& [f, r] : by_point[id]) {
       if (!is_complete(*r)) continue;
       // A record its folder's dense baseline cannot be compared with (other data, unequal
@@ -1551,6 +1550,12 @@ std::string render_replicate_report(const std::vector<std::vector<json>>& given,
         diff.push_back(d);
         ++paired;
         beats += d < 0;
+        // Time to its folder's dense baseline's final BPC, where timed against it.
+        if (const Reached got = reached_dense(*r, dense[f]); got.compared) {
+          ++timed;
+          if (got.seconds)
+            reached_ratio.push_back(*got.seconds / dense[f]->value("train_seconds", 0.0));
+        }
       }
       // Every replicate the BPC columns (and the MoE mean) count, paired with a dense baseline
       // or not: the chart says "every replicate", and its mean is of these.
@@ -1576,8 +1581,19 @@ std::string render_replicate_report(const std::vector<std::vector<json>>& given,
          sb.n ? fmt::format("{:.4f}", sb.hi) : "-",
          is_d || !sdf.n ? "-" : fmt::format("{:+.4f}", sdf.mean), is_d ? "-" : sd_text(sdf),
          is_d || !paired ? "-" : fmt::format("{} of {}", beats, paired)});
-    t.add_row(rows.back());
+    const Stats sr = stats_of(reached_ratio);
+    rows.back().push_back(is_d || !timed ? "-" : fmt::format("{} of {}", sr.n, timed));
+    rows.back().push_back(sr.n ? fmt::format("{:.2f}x", sr.mean) : "-");
+    any_timed = any_timed || timed > 0;
   }
+  // The time to the dense baseline's BPC only where some pair was timed so.
+  if (!any_timed)
+    for (auto& row : rows) row.resize(row.size() - 2);
+  else
+    headers.insert(headers.end(), {"dense's BPC reached (timed)", "in time vs dense, mean"});
+  for (const auto& h : headers)
+    t.add_column(h, h == "point" ? TextTable::Align::left : TextTable::Align::right);
+  for (const auto& row : rows) t.add_row(row);
   std::string folders_text;
   for (size_t f = 0; f < names.size(); ++f)
     folders_text += fmt::format("{}{} (seed/data_seed {})", f ? ", " : "", names[f], seeds[f]);
@@ -1594,7 +1610,12 @@ std::string render_replicate_report(const std::vector<std::vector<json>>& given,
           "the "
           "replicates whose folder has one (the BPC columns count every replicate); sd is the "
           "sample standard deviation over the replicates",
-          bpc_words(all));
+          bpc_words(all)) +
+      (any_timed ? "; dense's BPC reached: in how many of the replicates timed against their "
+                   "folder's dense baseline (as one folder's report times them) the point's "
+                   "validation BPC came to that baseline's final BPC, and the mean, over those, of "
+                   "its training time to it over the baseline's training time"
+                 : "");
   // Which points of which folder: the same ids recur in every replicate.
   std::string ablation;
   for (size_t f = 0; f < folders.size(); ++f)

@@ -1337,3 +1337,38 @@ TEST_CASE("report: damaged evaluation times are refused by key") {
   refused(json::array({6, 5}), "'val_curve_train_seconds[1]' is not at least the evaluation's");
   refused(json::array({5, 11}), "'val_curve_train_seconds[1]' is not at most the record's");
 }
+
+TEST_CASE("replicates: time to each folder's dense baseline's BPC, counted and averaged by hand") {
+  // Folder A: dense 2.0 after 10 s; moe-a first at or below 2.0 at 15 s (1.5x); moe-b never.
+  // Folder B: dense 1.9 after 8 s; moe-a first at or below 1.9 at 16 s (2.0x); moe-b at 6 s
+  // (0.75x). moe-a: 2 of 2, mean (1.5 + 2.0) / 2 = 1.75x; moe-b: 1 of 2, 0.75x.
+  const std::vector<std::vector<json>> folders = {
+      {with_seed(timed(record("dense", true, 1.0, 2.0), {2.5, 2.0}, {5, 10}), 1),
+       with_seed(timed(record("moe-a", false, 0.2, 1.8), {2.2, 1.99, 1.8}, {5, 15, 20}), 1),
+       with_seed(timed(record("moe-b", false, 0.4, 2.1), {2.4, 2.1}, {6, 12}), 1)},
+      {with_seed(timed(record("dense", true, 1.0, 1.9), {2.5, 1.9}, {4, 8}), 2),
+       with_seed(timed(record("moe-a", false, 0.2, 1.8), {2.0, 1.9, 1.8}, {8, 16, 24}), 2),
+       with_seed(timed(record("moe-b", false, 0.4, 1.85), {1.88, 1.85}, {6, 12}), 2)}};
+  const std::string text =
+      moeplan::render_replicate_report(folders, {"a", "b"}, moeplan::ReportFormat::text);
+  CAPTURE(text);
+  CHECK(text.find("dense's BPC reached (timed)  in time vs dense, mean") != std::string::npos);
+  CHECK(cells_of_row(text, "moe-a").back() == "1.75x");
+  CHECK(cells_of_row(text, "moe-b").back() == "0.75x");
+  const std::vector<std::string> b = cells_of_row(text, "moe-b");
+  CHECK(b[b.size() - 4] + " " + b[b.size() - 3] + " " + b[b.size() - 2] == "1 of 2");
+  CHECK(cells_of_row(text, "dense").back() == "-");
+  // Folder B's moe-b on other hardware: timed in one folder only, and not reached there.
+  std::vector<std::vector<json>> other = folders;
+  other[1][2]["hardware"] = json::array({"another CPU"});
+  const std::string t2 =
+      moeplan::render_replicate_report(other, {"a", "b"}, moeplan::ReportFormat::text);
+  const std::vector<std::string> b2 = cells_of_row(t2, "moe-b");
+  CHECK(b2.back() == "-");
+  CHECK(b2[b2.size() - 4] + " " + b2[b2.size() - 3] + " " + b2[b2.size() - 2] == "0 of 1");
+  // Records without the times: neither column.
+  for (auto& f : other)
+    for (json& r : f) r.erase("val_curve_train_seconds");
+  CHECK(moeplan::render_replicate_report(other, {"a", "b"}, moeplan::ReportFormat::text)
+            .find("dense's BPC reached") == std::string::npos);
+}
