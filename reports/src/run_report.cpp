@@ -536,9 +536,10 @@ Reached reached_dense(const json& r, const json* dense) {
       !comparable(r, *dense) || !same_timing(*dense, r) ||
       !(dense->value("train_seconds", 0.0) > 0))
     return {};
-  const json &v = r["val_curve"], &t = r["val_curve_train_seconds"];
+  // check_record has read the times as one number a val_curve entry.
+  const json v = r.value("val_curve", json::array()), &t = r.at("val_curve_train_seconds");
   const double target = dense->value("final_val_bpc", 0.0);
-  for (size_t i = 0; i < v.size(); ++i)
+  for (size_t i = 0; i < v.size() && i < t.size(); ++i)
     if (v[i].value("val_bpc", INFINITY) <= target) return {true, t[i].get<double>()};
   return {true, std::nullopt};
 }
@@ -819,8 +820,8 @@ void add_bpc_against_time(std::vector<plot::Chart>& charts, const std::vector<js
                           const json& dense, const std::string& bpc_axis) {
   auto curve = [](const json& r) {
     plot::Series s{r.value("point_id", "?"), {}, false, is_dense(r)};
-    const json &v = r["val_curve"], &t = r["val_curve_train_seconds"];
-    for (size_t i = 0; i < v.size(); ++i)
+    const json v = r.value("val_curve", json::array()), &t = r.at("val_curve_train_seconds");
+    for (size_t i = 0; i < v.size() && i < t.size(); ++i)
       s.points.emplace_back(t[i].get<double>(), v[i].value("val_bpc", 0.0));
     s.points = plot::bucket_means(s.points, 300);
     return s;
