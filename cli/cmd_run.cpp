@@ -346,25 +346,28 @@ void print_time_against_dense(const std::vector<TrainProjection>& points) {
 }
 
 // An estimate's line on its passes where they are not the whole batch (the fit check looked up
-// to the rank's share): the most that fit this GPU, so that passes can be sized up as well as
-// down. Empty where the passes hold the whole share.
-std::string passes_text(const backend::PassFit& fit, int64_t batch_seqs) {
+// to the rank's share): the most that fit this GPU (on a cpu, this machine's memory), so that
+// passes can be sized up as well as down. Empty where the passes hold the whole share.
+std::string passes_text(const backend::PassFit& fit, int64_t batch_seqs,
+                        const std::string& device) {
+  const char* where = device == "cpu" ? "this machine's memory" : "this GPU";
   if (fit.pass >= fit.share) return "";
   const bool whole_batch = fit.share == batch_seqs;  // one process, not a rank's share
   if (fit.largest >= fit.share)
     return fmt::format(
-        "passes of {} sequences as timed; {} of {} fits this GPU in one pass "
+        "passes of {} sequences as timed; {} of {} fits {} in one pass "
         "(--micro-batch 0)",
-        fit.pass, whole_batch ? "the step's whole batch" : "this rank's whole share", fit.share);
+        fit.pass, whole_batch ? "the step's whole batch" : "this rank's whole share", fit.share,
+        where);
   const std::string of = whole_batch ? fmt::format("the step's {}", fit.share)
                                      : fmt::format("this rank's {} a step", fit.share);
   if (fit.largest > fit.pass)
     return fmt::format(
-        "passes of {} sequences as timed; up to {} of {} fit this GPU "
+        "passes of {} sequences as timed; up to {} of {} fit {} "
         "(--micro-batch {})",
-        fit.pass, fit.largest, of, fit.largest);
-  return fmt::format("passes of {} sequences as timed, the most of {} that fit this GPU", fit.pass,
-                     of);
+        fit.pass, fit.largest, of, where, fit.largest);
+  return fmt::format("passes of {} sequences as timed, the most of {} that fit {}", fit.pass, of,
+                     where);
 }
 
 // --profile's table under a point's estimate line: each phase's mean milliseconds a step, its
@@ -732,7 +735,7 @@ int run(const RunFlags& f) {
             mfu_text(e.flops_per_step / e.step_seconds, e.peak_flops_per_second, e.peak_given),
             e.memory_peak > 0 ? memory_text(e.memory_peak, e.memory_device) : std::string());
         if (const auto it = fits.find(p->id); it != fits.end())
-          if (const std::string passes = passes_text(it->second, p->budget.batch_seqs);
+          if (const std::string passes = passes_text(it->second, p->budget.batch_seqs, opt.device);
               !passes.empty())
             fmt::print("{} {}\n", label, passes);
         if (!e.phases.empty()) print_phases(label, e);

@@ -91,6 +91,7 @@ double parse_quantity_or_percent(std::string_view text, std::string_view what) {
 }
 
 std::string bytes_text(double bytes) {
+  if (bytes >= double(1ull << 40)) return fmt::format("{:.2f} TiB", bytes / double(1ull << 40));
   if (bytes >= double(1ull << 30)) return fmt::format("{:.2f} GiB", bytes / double(1ull << 30));
   return fmt::format("{:.1f} MiB", bytes / double(1ull << 20));
 }

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "eigen_types.hpp"
 #include "erc.hpp"
@@ -253,71 +254,83 @@ struct Model<S>::Impl {
     }
 
     // Activations and scratch, sized once.
-    resid.assign(L + 1, Buffer<S>(T * Dm));
+    activation_buffers([](auto& buffer, int64_t n) { buffer.resize(std::size_t(n)); });
+    for (int64_t l = a.dense_layers; l < L; ++l)
+      std::fill(acts[l].erc_delta.begin(), acts[l].erc_delta.end(), S(1));
+    routed.assign(a.moe_layers(), 0);
+    expert_ledgers.resize(E);
+  }
+
+  // Every activation and scratch buffer one pass of B sequences holds, each given to
+  // take(buffer, elements): the constructor sizes them so, and bytes_needed counts them so, from
+  // the one list.
+  template <class Take>
+  void activation_buffers(Take&& take) {
+    const int64_t T = B * seq;
+    resid.resize(L + 1);
+    for (Buffer<S>& r : resid) take(r, T * Dm);
     acts.resize(L);
     int64_t widest_h = 0, widest_rows_dm = 0;
     for (int64_t l = 0; l < L; ++l) {
       Acts& x = acts[l];
-      x.ln1.resize(T * Dm);
-      x.rstd1.resize(T);
-      x.qkv.resize(T * Wqkv);
-      x.att.resize(B * H * seq * seq);
-      x.atty.resize(T * H * Dh);
-      x.mid.resize(T * Dm);
-      x.ln2.resize(T * Dm);
-      x.rstd2.resize(T);
+      take(x.ln1, T * Dm);
+      take(x.rstd1, T);
+      take(x.qkv, T * Wqkv);
+      take(x.att, B * H * seq * seq);
+      take(x.atty, T * H * Dh);
+      take(x.mid, T * Dm);
+      take(x.ln2, T * Dm);
+      take(x.rstd2, T);
       if (l < a.dense_layers) {
-        x.h13.resize(T * 2 * Dffn);
-        x.act.resize(T * Dffn);
+        take(x.h13, T * 2 * Dffn);
+        take(x.act, T * Dffn);
         widest_h = std::max(widest_h, T * Dffn);
         continue;
       }
-      x.h13.resize(T * K * 2 * De);
-      x.act.resize(T * K * De);
-      x.probs.resize(T * E);
-      x.lse.resize(T);
-      x.idx.resize(T * K);
-      x.gate.resize(T * K);
-      x.slot_row.resize(T * K);
-      x.row_token.resize(T * K);
-      x.assigned.resize(E);
-      x.offsets.resize(E + 1);
-      x.cursor.resize(E);
-      x.xg.resize(T * K * Dm);
-      x.ye.resize(T * K * Dm);
-      x.sh13.resize(T * 2 * Dse);
-      x.sact.resize(T * Dse);
-      x.lb_dp.resize(E);
-      x.erc_delta.assign(E * Dm, S(1));
+      take(x.h13, T * K * 2 * De);
+      take(x.act, T * K * De);
+      take(x.probs, T * E);
+      take(x.lse, T);
+      take(x.idx, T * K);
+      take(x.gate, T * K);
+      take(x.slot_row, T * K);
+      take(x.row_token, T * K);
+      take(x.assigned, E);
+      take(x.offsets, E + 1);
+      take(x.cursor, E);
+      take(x.xg, T * K * Dm);
+      take(x.ye, T * K * Dm);
+      take(x.sh13, T * 2 * Dse);
+      take(x.sact, T * Dse);
+      take(x.lb_dp, E);
+      take(x.erc_delta, E * Dm);  // the constructor fills it with 1
       widest_h = std::max({widest_h, T * K * De, T * Dse});
       widest_rows_dm = T * K * Dm;
     }
-    lnf.resize(T * Dm);
-    rstdf.resize(T);
-    logits.resize(T * V);
-    losses.resize(T);
-    dresid.resize(T * Dm);
-    dln.resize(T * Dm);
-    dqkv.resize(T * Wqkv);
-    datty.resize(T * H * Dh);
-    dh13.resize(2 * widest_h);
-    dact.resize(widest_h);
-    dye.resize(widest_rows_dm);
-    dxg.resize(widest_rows_dm);
-    dlog.resize(T * E);
-    dgate.resize(T * K);
-    att_scratch.resize(int64_t(threads) * seq * seq);
+    take(lnf, T * Dm);
+    take(rstdf, T);
+    take(logits, T * V);
+    take(losses, T);
+    take(dresid, T * Dm);
+    take(dln, T * Dm);
+    take(dqkv, T * Wqkv);
+    take(datty, T * H * Dh);
+    take(dh13, 2 * widest_h);
+    take(dact, widest_h);
+    take(dye, widest_rows_dm);
+    take(dxg, widest_rows_dm);
+    take(dlog, T * E);
+    take(dgate, T * K);
+    take(att_scratch, int64_t(threads) * seq * seq);
     if (E > 0) {
-      erc_rt.resize(E * Dm);
-      erc_drt.resize(E * Dm);
-      erc_act.resize(E * E * De);
-      erc_m.resize(E * E);
-      erc_dm.resize(E * E);
-      erc_dw13.resize(E);
-      erc_w13.resize(E);
+      take(erc_rt, E * Dm);
+      take(erc_drt, E * Dm);
+      take(erc_act, E * E * De);
+      take(erc_m, E * E);
+      take(erc_dm, E * E);
+      take(erc_dw13, E);
+      take(erc_w13, E);
     }
-    routed.assign(a.moe_layers(), 0);
-    expert_ledgers.resize(E);
   }
 
   void check_tokens(const int32_t* inputs, const int32_t* targets, int64_t T) const {
@@ -646,6 +659,21 @@ struct Model<S>::Impl {
 template <class S>
 Model<S>::Model(const Arch& arch, const ModelOptions& options, uint64_t seed, int64_t batch_seqs)
     : impl_(std::make_unique<Impl>(arch, options, seed, batch_seqs)) {}
+template <class S>
+typename Model<S>::MemoryNeed Model<S>::memory_need(const Arch& arch, const ModelOptions& options,
+                                                    int64_t batch_seqs) {
+  Impl impl(arch, options, 0, batch_seqs, true, true);  // the layout alone: nothing allocated
+  MemoryNeed need;
+  if (!impl.tensors.empty())
+    need.state =
+        4 * std::size_t(impl.tensors.back().offset + impl.tensors.back().size()) * sizeof(S);
+  impl.activation_buffers([&need](auto& buffer, int64_t n) {
+    need.activations +=
+        std::size_t(n) * sizeof(typename std::decay_t<decltype(buffer)>::value_type);
+  });
+  return need;
+}
+
 template <class S>
 typename Model<S>::InitialWeights Model<S>::initial_weights(const Arch& arch,
                                                             const ModelOptions& options,

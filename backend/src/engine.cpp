@@ -3,8 +3,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <fstream>
 #include <map>
 #include <new>
+#include <sstream>
+#include <string_view>
 
 #include <fmt/format.h>
 #include <Eigen/Core>
@@ -80,9 +83,10 @@ class CpuEngine final : public Engine {
 };
 
 // The cpu model in host memory: fp32 weights, gradients and both AdamW moments (16 bytes a
-// parameter) before any activation. A model that cannot fit is refused before it is allocated;
-// one whose activations do not fit is refused when the allocation fails (Linux may instead kill
-// the process when it overcommits).
+// parameter) before any activation. A model that cannot fit is refused before it is allocated.
+// `run` checks every point's activations against the memory available first (the registered
+// fit check, cpu_pass_fit); an allocation that fails all the same (the memory taken meanwhile)
+// is refused here, where Linux does not overcommit and kill instead.
 std::unique_ptr<Engine> make_cpu_engine(const EngineRequest& r) {
   const double state = 16.0 * double(count_params(r.arch).trainable());
   const std::size_t host = host_memory_bytes();
@@ -106,19 +110,127 @@ std::unique_ptr<Engine> make_cpu_engine(const EngineRequest& r) {
   }
 }
 
+// --threads, as the cpu engine applies it before its model is built.
+void apply_cpu_threads(const EngineRequest& r) {
+  if (r.threads > 0) {
+    Eigen::setNbThreads(r.threads);
+#ifdef _OPENMP
+    omp_set_num_threads(r.threads);  // the model sizes its scratch by the OpenMP count
+#endif
+  }
+}
+
 std::map<std::string, EngineFactory>& registry() {
   static std::map<std::string, EngineFactory> r = {
       {"cpu", [](const EngineRequest& r) -> std::unique_ptr<Engine> {
-         if (r.threads > 0) {
-           Eigen::setNbThreads(r.threads);
-#ifdef _OPENMP
-           omp_set_num_threads(r.threads);  // the model sizes its scratch by the OpenMP count
-#endif
-         }
+         apply_cpu_threads(r);
          return make_cpu_engine(r);
        }}};
   return r;
 }
+
+// The first of `text`'s lines that starts with `key` (e.g. "MemAvailable:"), its number times
+// `unit`; 0 where there is none.
+std::size_t field_bytes(const std::string& text, std::string_view key, std::size_t unit) {
+  for (size_t at = 0; at < text.size();) {
+    const size_t end = std::min(text.find('\n', at), text.size());
+    const std::string_view line = std::string_view(text).substr(at, end - at);
+    at = end + 1;
+    if (!line.starts_with(key)) continue;
+    std::size_t v = 0;
+    bool digits = false;
+    for (const char c : line.substr(key.size()))
+      if (c >= '0' && c <= '9')
+        v = v * 10 + std::size_t(c - '0'), digits = true;
+      else if (digits)
+        break;
+    return v * unit;
+  }
+  return 0;
+}
+
+std::string read_small_file(const char* path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return in ? text.str() : std::string();
+}
+
+}  // namespace
+
+std::size_t host_memory_available() {
+  std::size_t avail = field_bytes(read_small_file("/proc/meminfo"), "MemAvailable:", 1024);
+  // A cgroup (v2) limit below it: its limit less what the group uses.
+  const std::string max = read_small_file("/sys/fs/cgroup/memory.max");
+  const std::string current = read_small_file("/sys/fs/cgroup/memory.current");
+  const std::size_t limit = field_bytes(max, "", 1), used = field_bytes(current, "", 1);
+  if (limit > 0 && !max.starts_with("max")) {
+    const std::size_t left = limit > used ? limit - used : 1;
+    avail = avail > 0 ? std::min(avail, left) : left;
+  }
+  return avail;
+}
+
+PassFit cpu_pass_fit(const EngineRequest& r, std::size_t available, bool up_to_share) {
+  PassFit fit;
+  fit.share = r.batch_seqs;
+  fit.pass = r.options.micro_batch_seqs > 0 ? std::min(r.options.micro_batch_seqs, r.batch_seqs)
+                                            : r.batch_seqs;
+  const auto need = [&](int64_t pass) {
+    ModelOptions o = r.options;
+    o.micro_batch_seqs = pass;
+    return Model<float>::memory_need(r.arch, o, r.batch_seqs);
+  };
+  const auto fits = [&](int64_t pass) {
+    const Model<float>::MemoryNeed n = need(pass);
+    return available == 0 || n.state + n.activations <= available;
+  };
+  // The most that fit, between one known to fit (0: none) and one known not to.
+  const auto most = [&](int64_t lo, int64_t hi) {
+    while (hi - lo > 1) {
+      const int64_t mid = lo + (hi - lo) / 2;
+      (fits(mid) ? lo : hi) = mid;
+    }
+    return lo;
+  };
+  if (fits(fit.pass)) {
+    fit.largest = !up_to_share || fit.pass == fit.share ? fit.pass
+                  : fits(fit.share)                     ? fit.share
+                                                        : most(fit.pass, fit.share);
+    return fit;
+  }
+  fit.largest = most(0, fit.pass);
+  const Model<float>::MemoryNeed asked = need(fit.pass);
+  fit.why = fmt::format(
+      "--device cpu: passes of {} sequences of {} tokens need about {} of host memory (weights, "
+      "gradients and AdamW state {}, one pass's activations {}), more than the {} this machine "
+      "has available",
+      fit.pass, r.arch.seq_len, bytes_text(double(asked.state + asked.activations)),
+      bytes_text(double(asked.state)), bytes_text(double(asked.activations)),
+      bytes_text(double(available)));
+  if (fit.largest > 0) {
+    fit.why +=
+        fmt::format("; run smaller passes: --micro-batch {} (at most {} sequences a pass fit)",
+                    fit.largest, fit.largest);
+  } else {
+    const Model<float>::MemoryNeed one = need(1);
+    fit.why += fmt::format(
+        "; not even passes of 1 sequence fit (about {}): use a machine with more memory, or "
+        "--device cuda",
+        bytes_text(double(one.state + one.activations)));
+  }
+  return fit;
+}
+
+namespace {
+
+// Every cpu point's model against the host memory available now, before any point trains
+// (check_points_fit): Linux overcommits, so a model whose pages outgrow the memory is not refused
+// an allocation but killed, without a word, while it is built or in its first step.
+const bool cpu_fit_checked = register_fit_check("cpu", [](const EngineRequest& r, bool up) {
+  apply_cpu_threads(r);
+  return cpu_pass_fit(r, host_memory_available(), up);
+});
 
 }  // namespace
 

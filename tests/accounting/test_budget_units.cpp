@@ -245,3 +245,11 @@ TEST_CASE("percent_to_fraction: the decimal the percentage says, rounded once") 
   CHECK(moeplan::percent_to_fraction(7) == 0.07);
   CHECK(moeplan::percent_to_fraction(0) == 0);
 }
+
+TEST_CASE("bytes_text: MiB below a GiB, GiB below a TiB, TiB above") {
+  CHECK(bytes_text(71827456) == "68.5 MiB");  // 68.5 x 2^20
+  CHECK(bytes_text(double(1ull << 30)) == "1.00 GiB");
+  CHECK(bytes_text(55190329753.0) == "51.40 GiB");  // 51.4 x 2^30, rounded down
+  CHECK(bytes_text(1023.5 * double(1ull << 30)) == "1023.50 GiB");
+  CHECK(bytes_text(4.5 * double(1ull << 40)) == "4.50 TiB");
+}

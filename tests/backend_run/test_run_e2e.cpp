@@ -32,6 +32,7 @@
 #include "moeplan/backend/checkpoint.hpp"
 #include "moeplan/backend/corpus.hpp"
 #include "moeplan/backend/engine.hpp"
+#include "moeplan/backend/model.hpp"
 #include "moeplan/backend/record.hpp"
 #include "moeplan/backend/run.hpp"
 #include "moeplan/sweeps/manifest_io.hpp"
@@ -1051,6 +1052,79 @@ TEST_CASE("more than 2^31 - 1 windows of unique data is refused before anything 
                  "most 2147483647, D̂ up to 4398046509056 at this seq_len)") != std::string::npos,
       r.err);
   CHECK_FALSE(fs::exists(dir / "runs"));
+}
+
+TEST_CASE("cpu passes that outgrow the host memory: the most that fit, by the model's own count") {
+  using namespace moeplan::backend;
+  EngineRequest r;
+  r.arch = tiny_arch(false);
+  r.batch_seqs = 8;
+  auto total = [&](int64_t pass) {
+    ModelOptions o;
+    o.micro_batch_seqs = pass;
+    const auto n = moeplan::backend::Model<float>::memory_need(r.arch, o, 8);
+    return n.state + n.activations;
+  };
+  // What passes of p sequences need grows with p, so the most that fit in need(p) bytes is p.
+  for (int64_t p = 1; p < 8; ++p) CHECK(total(p) < total(p + 1));
+  const PassFit whole = cpu_pass_fit(r, total(8), false);
+  CHECK(whole.pass == 8);
+  CHECK(whole.largest == 8);
+  CHECK(whole.why.empty());
+  CHECK(cpu_pass_fit(r, 0, false).largest == 8);  // not known: taken to fit
+  const PassFit seven = cpu_pass_fit(r, total(8) - 1, false);
+  CHECK(seven.largest == 7);
+  const PassFit three = cpu_pass_fit(r, total(3), false);
+  CHECK(three.largest == 3);
+  CHECK_MESSAGE(three.why.starts_with(fmt::format(
+                    "--device cpu: passes of 8 sequences of 16 tokens need about {} of host "
+                    "memory (weights, gradients and AdamW state ",
+                    moeplan::bytes_text(double(total(8))))),
+                three.why);
+  CHECK_MESSAGE(
+      three.why.find(fmt::format("more than the {} this machine has available; run "
+                                 "smaller passes: --micro-batch 3 (at most 3 sequences "
+                                 "a pass fit)",
+                                 moeplan::bytes_text(double(total(3))))) != std::string::npos,
+      three.why);
+  const PassFit none = cpu_pass_fit(r, total(1) - 1, false);
+  CHECK(none.largest == 0);
+  CHECK_MESSAGE(
+      none.why.find(fmt::format("; not even passes of 1 sequence fit (about {}): use a "
+                                "machine with more memory, or --device cuda",
+                                moeplan::bytes_text(double(total(1))))) != std::string::npos,
+      none.why);
+  // --estimate looks up to the whole batch from passes that fit.
+  r.options.micro_batch_seqs = 2;
+  CHECK(cpu_pass_fit(r, total(5), true).largest == 5);
+  CHECK(cpu_pass_fit(r, total(8), true).largest == 8);
+  CHECK(cpu_pass_fit(r, total(5), false).largest == 2);
+}
+
+TEST_CASE("a cpu point no machine's memory holds is refused before any point trains") {
+  const fs::path dir = fresh_dir("cpu_memory");
+  // Sequences of 2^18 tokens: one layer's attention probabilities alone take
+  // 4 sequences x 2 heads x 2^36 x 4 bytes = 2 TiB, one sequence's a quarter of that.
+  Arch dense = tiny_arch(true), moe = tiny_arch(false);
+  dense.seq_len = moe.seq_len = int64_t(1) << 18;
+  Manifest m =
+      tiny_manifest(plan_for("dense", dense, 2, 4, 2), {plan_for("moe-huge", moe, 2, 4, 2)});
+  m.train.eval_tokens = moe.seq_len;
+  write_manifest_atomic(m, dir / "sweep.toml");
+  const Result r =
+      run_cli({"run", (dir / "sweep.toml").string(), "--out", (dir / "runs").string()});
+  CHECK(r.status == 2);
+  CHECK_MESSAGE(one_line(r.err), r.err);
+  CHECK_MESSAGE(r.err.starts_with("moeplan: error: point dense: --device cpu: passes of 4 "
+                                  "sequences of 262144 tokens need about "),
+                r.err);
+  CHECK_MESSAGE(r.err.find("; not even passes of 1 sequence fit (about ") != std::string::npos,
+                r.err);
+  CHECK_MESSAGE(r.err.ends_with("; 1 more point does not fit: moe-huge (not even one sequence a "
+                                "pass fits); found before any point trained\n"),
+                r.err);
+  CHECK_FALSE(fs::exists(dir / "runs" / "dense" / "record.json"));
+  CHECK_FALSE(fs::exists(dir / "runs" / "dense" / "checkpoint"));
 }
 
 TEST_CASE("a source too short for a later point is refused before any point trains") {

@@ -154,6 +154,16 @@ std::optional<PassFit> check_fit(const std::string& device, const EngineRequest&
 
 // This machine's physical memory in bytes (0 when unknown).
 std::size_t host_memory_bytes();
+// Host memory a new allocation may take without swapping: /proc/meminfo's MemAvailable, and no
+// more than the cgroup's limit less its use where a cgroup (v2) limits this process; 0: not
+// known.
+std::size_t host_memory_available();
+// The cpu device's fit check (registered; check_points_fit runs it for every point before any
+// trains): whether a cpu model of the request fits in `available` bytes of host memory
+// (Model::memory_need: its state and one pass's activations), and if not, the most sequences a
+// pass that do and the one line to refuse it with. `available` 0: not known, taken to fit.
+// up_to_share: where it fits, also the most up to the whole batch (`--estimate`).
+PassFit cpu_pass_fit(const EngineRequest& request, std::size_t available, bool up_to_share);
 // The processor's model name in the text of /proc/cpuinfo (its first "model name" line), "" when
 // the text has none (some ARM kernels do not give one).
 std::string cpu_model_name(std::string_view cpuinfo);

@@ -2,6 +2,7 @@
 // The decoder-only dense/MoE transformer of BACKEND.md and its training step (CPU reference).
 // Eigen stays behind the pimpl: this header is what the run and CUDA helpers code against.
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -127,6 +128,16 @@ class Model {
   };
   static InitialWeights initial_weights(const Arch& arch, const ModelOptions& options,
                                         uint64_t seed, bool layout_only = false);
+
+  // The host memory a model of these arguments holds once built, found without building it:
+  // `state`, 4 scalars a parameter (weights, gradients, both AdamW moments), and `activations`,
+  // every activation and scratch buffer of one pass (options.micro_batch_seqs sequences, else the
+  // whole batch), counted from the list the constructor sizes them by. A step's temporaries
+  // (Eigen's product blocks) and the position tables are not in it.
+  struct MemoryNeed {
+    std::size_t state = 0, activations = 0;
+  };
+  static MemoryNeed memory_need(const Arch& arch, const ModelOptions& options, int64_t batch_seqs);
 
   // Weights, Adam m/v, Adam step count, RNG state and both ledgers: a bit-exact resume.
   void save_state(std::vector<char>& out) const;
