@@ -201,13 +201,21 @@ PassFit cpu_pass_fit(const EngineRequest& r, std::size_t available, bool up_to_s
   }
   fit.largest = most(0, fit.pass);
   const Model<float>::MemoryNeed asked = need(fit.pass);
+  // The model alone, before any pass: no --micro-batch helps.
+  if (asked.state > available) {
+    fit.why = fmt::format(
+        "--device cpu: the model's weights, gradients and AdamW state alone take {} (16 bytes a "
+        "parameter); this machine has {} available (use a larger machine, or --device cuda)",
+        bytes_text(double(asked.state)), bytes_text(double(available)));
+    return fit;
+  }
   fit.why = fmt::format(
-      "--device cpu: passes of {} sequences of {} tokens need about {} of host memory (weights, "
+      "--device cpu: passes of {} sequence{} of {} tokens need about {} of host memory (weights, "
       "gradients and AdamW state {}, one pass's activations {}), more than the {} this machine "
       "has available",
-      fit.pass, r.arch.seq_len, bytes_text(double(asked.state + asked.activations)),
-      bytes_text(double(asked.state)), bytes_text(double(asked.activations)),
-      bytes_text(double(available)));
+      fit.pass, fit.pass == 1 ? "" : "s", r.arch.seq_len,
+      bytes_text(double(asked.state + asked.activations)), bytes_text(double(asked.state)),
+      bytes_text(double(asked.activations)), bytes_text(double(available)));
   if (fit.largest > 0) {
     fit.why +=
         fmt::format("; run smaller passes: --micro-batch {} (at most {} sequences a pass fit)",

@@ -1094,6 +1094,19 @@ TEST_CASE("cpu passes that outgrow the host memory: the most that fit, by the mo
                                 "machine with more memory, or --device cuda",
                                 moeplan::bytes_text(double(total(1))))) != std::string::npos,
       none.why);
+  // Less than the model's state alone: no pass helps, and the line says so.
+  ModelOptions one;
+  one.micro_batch_seqs = 1;
+  const std::size_t state = moeplan::backend::Model<float>::memory_need(r.arch, one, 8).state;
+  const PassFit model = cpu_pass_fit(r, state - 1, false);
+  CHECK(model.largest == 0);
+  CHECK_MESSAGE(model.why == fmt::format("--device cpu: the model's weights, gradients and AdamW "
+                                         "state alone take {} (16 bytes a parameter); this "
+                                         "machine has {} available (use a larger machine, or "
+                                         "--device cuda)",
+                                         moeplan::bytes_text(double(state)),
+                                         moeplan::bytes_text(double(state - 1))),
+                model.why);
   // --estimate looks up to the whole batch from passes that fit.
   r.options.micro_batch_seqs = 2;
   CHECK(cpu_pass_fit(r, total(5), true).largest == 5);
@@ -3076,10 +3089,14 @@ TEST_CASE("host memory: a built-in corpus or a cpu model larger than the machine
                                 (dir / "runs").string()});
   CHECK(model.status == 2);
   CHECK(one_line(model.err));
+  // Refused by the fit check, before any point trains: no pass can help.
   CHECK_MESSAGE(model.err.find(fmt::format("--device cpu: the model's weights, gradients and "
-                                           "AdamW state alone take {:.2f} GiB (16 bytes a "
+                                           "AdamW state alone take {:.2f} TiB (16 bytes a "
                                            "parameter); this machine has ",
-                                           state / double(1ull << 30))) != std::string::npos,
+                                           state / double(1ull << 40))) != std::string::npos,
+                model.err);
+  CHECK_MESSAGE(model.err.find("(use a larger machine, or --device cuda); found before any point "
+                               "trained") != std::string::npos,
                 model.err);
   CHECK_FALSE(fs::exists(dir / "runs" / "dense" / "record.json"));
 }
