@@ -262,8 +262,8 @@ struct Model<S>::Impl {
   }
 
   // Every activation and scratch buffer one pass of B sequences holds, each given to
-  // take(buffer, elements): the constructor sizes them so, and bytes_needed counts them so, from
-  // the one list.
+  // take(buffer, elements): the constructor sizes them so, and Model::memory_need counts them so,
+  // from the one list.
   template <class Take>
   void activation_buffers(Take&& take) {
     const int64_t T = B * seq;
@@ -659,6 +659,7 @@ struct Model<S>::Impl {
 template <class S>
 Model<S>::Model(const Arch& arch, const ModelOptions& options, uint64_t seed, int64_t batch_seqs)
     : impl_(std::make_unique<Impl>(arch, options, seed, batch_seqs)) {}
+
 template <class S>
 typename Model<S>::MemoryNeed Model<S>::memory_need(const Arch& arch, const ModelOptions& options,
                                                     int64_t batch_seqs) {

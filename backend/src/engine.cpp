@@ -85,8 +85,9 @@ class CpuEngine final : public Engine {
 // The cpu model in host memory: fp32 weights, gradients and both AdamW moments (16 bytes a
 // parameter) before any activation. A model that cannot fit is refused before it is allocated.
 // `run` checks every point's activations against the memory available first (the registered
-// fit check, cpu_pass_fit); an allocation that fails all the same (the memory taken meanwhile)
-// is refused here, where Linux does not overcommit and kill instead.
+// fit check, cpu_pass_fit); an allocation that fails all the same (memory taken meanwhile) is
+// refused here. Where Linux overcommits, such a process may be killed instead: the check is
+// what refuses it in words.
 std::unique_ptr<Engine> make_cpu_engine(const EngineRequest& r) {
   const double state = 16.0 * double(count_params(r.arch).trainable());
   const std::size_t host = host_memory_bytes();

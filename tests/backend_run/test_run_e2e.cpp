@@ -1107,6 +1107,10 @@ TEST_CASE("cpu passes that outgrow the host memory: the most that fit, by the mo
                                          moeplan::bytes_text(double(state)),
                                          moeplan::bytes_text(double(state - 1))),
                 model.why);
+  // What the registered check reads on this machine: /proc/meminfo's MemAvailable (or a cgroup's
+  // room, less), some of the physical memory.
+  CHECK(host_memory_available() > 0);
+  CHECK(host_memory_available() <= host_memory_bytes());
   // --estimate looks up to the whole batch from passes that fit.
   r.options.micro_batch_seqs = 2;
   CHECK(cpu_pass_fit(r, total(5), true).largest == 5);
