@@ -209,16 +209,6 @@ Placement place(const EngineRequest& r) {
   return p;
 }
 
-// The most sequences a pass that fit, between `fits` (known to fit; 0: none) and `fails` (known
-// not to), by bisection: each try builds the model again (a model's buffers grow with its pass).
-int64_t most_that_fit(int64_t fits, int64_t fails, const std::function<bool(int64_t)>& fails_at) {
-  while (fails - fits > 1) {
-    const int64_t mid = fits + (fails - fits) / 2;
-    (fails_at(mid) ? fails : fits) = mid;
-  }
-  return fits;
-}
-
 // register_fit_check's check: the point's model built on this rank's GPU as the engine would
 // build it (the same kernels, this rank's share of the batch, the optimizer sharded as it would
 // be), then freed. Where it does not fit, the largest pass that does, by bisection: each try

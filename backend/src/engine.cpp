@@ -3,10 +3,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <fstream>
 #include <map>
 #include <new>
-#include <sstream>
 #include <string_view>
 
 #include <fmt/format.h>
@@ -150,20 +148,30 @@ std::size_t field_bytes(const std::string& text, std::string_view key, std::size
   return 0;
 }
 
-std::string read_small_file(const char* path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return in ? text.str() : std::string();
+// A file of /proc or /sys, "" where it cannot be read (no cgroup v2, no /proc).
+std::string read_or_empty(const char* path) {
+  try {
+    return read_file(path);
+  } catch (const InputError&) {
+    return std::string();
+  }
 }
 
 }  // namespace
 
+int64_t most_that_fit(int64_t fits, int64_t fails, const std::function<bool(int64_t)>& fails_at) {
+  while (fails - fits > 1) {
+    const int64_t mid = fits + (fails - fits) / 2;
+    (fails_at(mid) ? fails : fits) = mid;
+  }
+  return fits;
+}
+
 std::size_t host_memory_available() {
-  std::size_t avail = field_bytes(read_small_file("/proc/meminfo"), "MemAvailable:", 1024);
+  std::size_t avail = field_bytes(read_or_empty("/proc/meminfo"), "MemAvailable:", 1024);
   // A cgroup (v2) limit below it: its limit less what the group uses.
-  const std::string max = read_small_file("/sys/fs/cgroup/memory.max");
-  const std::string current = read_small_file("/sys/fs/cgroup/memory.current");
+  const std::string max = read_or_empty("/sys/fs/cgroup/memory.max");
+  const std::string current = read_or_empty("/sys/fs/cgroup/memory.current");
   const std::size_t limit = field_bytes(max, "", 1), used = field_bytes(current, "", 1);
   if (limit > 0 && !max.starts_with("max")) {
     const std::size_t left = limit > used ? limit - used : 1;
@@ -186,13 +194,8 @@ PassFit cpu_pass_fit(const EngineRequest& r, std::size_t available, bool up_to_s
     const Model<float>::MemoryNeed n = need(pass);
     return available == 0 || n.state + n.activations <= available;
   };
-  // The most that fit, between one known to fit (0: none) and one known not to.
-  const auto most = [&](int64_t lo, int64_t hi) {
-    while (hi - lo > 1) {
-      const int64_t mid = lo + (hi - lo) / 2;
-      (fits(mid) ? lo : hi) = mid;
-    }
-    return lo;
+  const auto most = [&](int64_t fit_at, int64_t fails_at) {
+    return most_that_fit(fit_at, fails_at, [&](int64_t pass) { return !fits(pass); });
   };
   if (fits(fit.pass)) {
     fit.largest = !up_to_share || fit.pass == fit.share ? fit.pass

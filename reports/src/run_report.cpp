@@ -533,11 +533,11 @@ struct Reached {
 };
 Reached reached_dense(const json& r, const json* dense) {
   if (!dense || is_dense(r) || !is_complete(r) || !r.contains("val_curve_train_seconds") ||
-      !comparable(r, *dense) || !same_timing(*dense, r) ||
+      !r.contains("val_curve") || !comparable(r, *dense) || !same_timing(*dense, r) ||
       !(dense->value("train_seconds", 0.0) > 0))
     return {};
   // check_record has read the times as one number a val_curve entry.
-  const json v = r.value("val_curve", json::array()), &t = r.at("val_curve_train_seconds");
+  const json &v = r.at("val_curve"), &t = r.at("val_curve_train_seconds");
   const double target = dense->value("final_val_bpc", 0.0);
   for (size_t i = 0; i < v.size() && i < t.size(); ++i)
     if (v[i].value("val_bpc", INFINITY) <= target) return {true, t[i].get<double>()};
@@ -820,7 +820,7 @@ void add_bpc_against_time(std::vector<plot::Chart>& charts, const std::vector<js
                           const json& dense, const std::string& bpc_axis) {
   auto curve = [](const json& r) {
     plot::Series s{r.value("point_id", "?"), {}, false, is_dense(r)};
-    const json v = r.value("val_curve", json::array()), &t = r.at("val_curve_train_seconds");
+    const json &v = r.at("val_curve"), &t = r.at("val_curve_train_seconds");
     for (size_t i = 0; i < v.size() && i < t.size(); ++i)
       s.points.emplace_back(t[i].get<double>(), v[i].value("val_bpc", 0.0));
     s.points = plot::bucket_means(s.points, 300);
@@ -833,10 +833,11 @@ void add_bpc_against_time(std::vector<plot::Chart>& charts, const std::vector<js
                 {},
                 0,
                 "bpc-time"};
-  if (dense.contains("val_curve_train_seconds")) c.series.push_back(curve(dense));
+  const bool dense_timed = dense.contains("val_curve_train_seconds") && dense.contains("val_curve");
+  if (dense_timed) c.series.push_back(curve(dense));
   for (const json& r : records)
     if (reached_dense(r, &dense).compared) c.series.push_back(curve(r));
-  if (c.series.size() == (dense.contains("val_curve_train_seconds") ? 1u : 0u)) return;
+  if (c.series.size() == (dense_timed ? 1u : 0u)) return;
   plot::Series all{"", {}, false, false};
   for (const plot::Series& s : c.series)
     all.points.insert(all.points.end(), s.points.begin(), s.points.end());

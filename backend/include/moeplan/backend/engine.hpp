@@ -152,6 +152,11 @@ bool register_fit_check(
 std::optional<PassFit> check_fit(const std::string& device, const EngineRequest& request,
                                  bool up_to_share = false);
 
+// The most sequences a pass that fit, between `fits` (known to fit; 0: none) and `fails` (known
+// not to), by bisection over fails_at (a model's buffers grow with its pass): the cuda fit check
+// builds the model at each try, the cpu one counts it.
+int64_t most_that_fit(int64_t fits, int64_t fails, const std::function<bool(int64_t)>& fails_at);
+
 // This machine's physical memory in bytes (0 when unknown).
 std::size_t host_memory_bytes();
 // Host memory a new allocation may take without swapping: /proc/meminfo's MemAvailable, and no
