@@ -32,6 +32,41 @@ def counts(t):
     return "PyTorch step counts not recorded"
 print(f"# GPU check, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC\n")
 print(f"machine: {machine}  \nGPU tests:{tests}\n")
+def text(n):
+    try:
+        return open(os.path.join(out, n), encoding="utf-8").read()
+    except Exception:
+        return None
+def sweep_section():
+    # The equal-time sweep (gpu-check's part sweep): the plan, the --estimate's projection, then
+    # `moeplan report`'s tables of what was trained, its headings one level down.
+    manifest = text("sweep.toml")
+    if manifest is None:
+        return
+    made = next((l.split("=", 1)[1].strip().strip('"') for l in manifest.splitlines()
+                 if l.startswith("created_by")), "moeplan grid (command not recorded)")
+    print(f"\n## Equal time: the sweep `{made.split(' -o ')[0]}`, trained with `moeplan run`\n")
+    est = text("sweep-estimate.txt") or ""
+    lines = [l for l in est.splitlines() if "estimate" in l or "projected" in l]
+    if lines:
+        print("The estimate before training (`--estimate 10`):\n")
+        print("\n".join("    " + l for l in lines))
+        print()
+    rep = text("sweep-report.md")
+    if rep is None:
+        print("No report: nothing trained, or `moeplan report` failed (sweep-report.txt, "
+              "sweep-run.log and sweep-estimate.txt in logs.tar.gz).\n")
+        return
+    body = rep.split("\n", 1)[1] if rep.startswith("# ") else rep
+    print(body.replace("\n## ", "\n### ").rstrip() + "\n")
+# A call that ran the sweep alone (GPU_CHECK_ONLY=sweep) has no benchmark and no test to table,
+# and no decision to make.
+if not tests.strip() and not any(n.startswith("bench") and n.endswith(".json") for n in os.listdir(out)):
+    sweep_section()
+    print("\nNo benchmark and no GPU test ran in this call, so it decides nothing.")
+    with open(os.path.join(out, "decided-kernels.txt"), "w", encoding="utf-8") as f:
+        f.write("\n\n")
+    sys.exit(0)
 def table(b, t):
     if not b:
         print("benchmark: no results (see bench.txt)\n")
@@ -237,6 +272,7 @@ try:
     print(shapes[shapes.index("\n| product"):])
 except Exception:
     print("GEMM shapes: no results (see gemm-shapes.txt)")
+sweep_section()
 # The decisions the run is for (decisions.py, the rules of bench/gpu/NOTES.md), last, where the
 # device tool's output tail shows them.
 by8 = {p["name"]: p for p in main["points"]} if main else None

@@ -90,6 +90,68 @@ done
 tar -xzf "$OUT/logs.tar.gz" -C "$OUT" ./kernel-times-vs-baseline.md ./kernel-times-wgmma-vs-tiled128.md \
   ./kernel-times-wgmma-attn-vs-lean.md 2>/dev/null || fail "the kernel-times comparisons are missing"
 
+# The second call of that section: the equal-time sweep alone (its line starting
+# `set -o pipefail; GPU_CHECK_ONLY=sweep`). Dry, it plans the real grid and trains a stand-in of
+# 200k parameters on the CPU through the same steps: every step exits 0, no other part runs, and
+# results.md carries the report's tables; a second call resumes (every point already complete),
+# and one on runs of another plan removes them first.
+CMD2="$(awk '/^## The next GPU session/{f=1} f && /^`set -o pipefail; GPU_CHECK_ONLY=sweep/{print; exit}' \
+  "$ROOT/bench/gpu/NOTES.md" | sed 's/^`//; s/`$//')"
+if [[ -z "$CMD2" ]]; then
+  fail "bench/gpu/NOTES.md has no line '\`set -o pipefail; GPU_CHECK_ONLY=sweep...' under '## The next GPU session'"
+else
+  echo "the sweep's call: $CMD2"
+  S="$OUT/sweep"; mkdir -p "$S/1" "$S/2" "$S/3"
+  sweep_call() {  # n [VAR=value...]
+    local n=$1; shift
+    (cd "$ROOT" && env OUT="$S/$n" GPU_CHECK_DRY="$BUILD" GPU_CHECK_SWEEP_DIR="$S/dir" "$@" bash -c "$CMD2") \
+      >"$S/$n/dry.out" 2>&1
+  }
+  sweep_call 1
+  rc=$?
+  (( rc == 0 )) || fail "the sweep's call exited $rc: $(grep -E ' exit [1-9]' "$S/1/dry.out" | head -3 | tr '\n' ' ')"
+  for step in "sweep grid exit 0" "sweep: dry run: the grid above planned" "sweep stand-in grid exit 0" \
+    "sweep estimate exit 0" "sweep run exit 0" "sweep report md exit 0" "sweep report html exit 0"; do
+    grep -qF "$step" "$S/1/dry.out" || fail "the sweep's call lacks '$step'"
+  done
+  grep -qE "^  moe-ra0\.200 .* E88 K6 " "$S/1/dry.out" || fail "the sweep's call did not plan the 124M grid"
+  OTHER='\] (test: |test [a-z0-9-]+: skipped|bench_gpu[ ,]|torch_ref|moeplan run --device cuda)'
+  grep -qE "$OTHER" "$S/1/dry.out" &&
+    fail "the sweep's call ran another part: $(grep -E "$OTHER" "$S/1/dry.out" | head -2 | tr '\n' ' ')"
+  R="$S/1/results.md"
+  for line in "## Equal time: the sweep \`moeplan grid --N 2e5" "The estimate before training" \
+    "projected train time vs dense" "measured vs plan: 2 of 2 complete point(s)" \
+    "### Time and achieved FLOP rate" "dense's final BPC reached" \
+    "Time to the dense baseline's final validation BPC" "No benchmark and no GPU test ran in this call"; do
+    grep -qF -- "$line" "$R" || fail "the sweep's results.md lacks '$line'"
+  done
+  # (the listing whole first: `tar | grep -q` under pipefail fails when grep stops at its match)
+  LISTED="$(tar -tzf "$S/1/logs.tar.gz")"
+  for p in dense moe-ra0.250; do
+    grep -qE "^\| $p \| .*\| complete \|$" "$R" || fail "the sweep's results.md has no complete $p"
+    grep -qx "./sweep-records/$p.json" <<<"$LISTED" || fail "logs.tar.gz lacks $p's record"
+  done
+  grep -qx "./sweep-report.html" <<<"$LISTED" || fail "logs.tar.gz lacks the sweep's HTML report"
+  # A second call on the same machine: the runs are this plan's, so nothing trains again.
+  sweep_call 2
+  (( $? == 0 )) || fail "the sweep's second call exited non-zero"
+  [[ $(grep -c "already complete" "$S/2/dry.out") -ge 2 ]] || fail "the sweep's second call did not find both points complete"
+  grep -qF "held another plan's runs" "$S/2/dry.out" && fail "the sweep's second call removed its own plan's runs"
+  # Runs of another plan: removed, and the sweep trained afresh.
+  echo "# another plan" >>"$S/dir/sweep.toml"
+  sweep_call 3
+  (( $? == 0 )) || fail "the sweep's call after another plan exited non-zero"
+  grep -qF "held another plan's runs: removed" "$S/3/dry.out" || fail "another plan's runs were not removed"
+  grep -qF "already complete" "$S/3/dry.out" && fail "another plan's runs were resumed"
+  grep -qE "^\| moe-ra0\.250 \| .*\| complete \|$" "$S/3/results.md" || fail "the sweep did not train again"
+  # A part's name misspelt: refused before any work, in one line.
+  err="$(cd "$ROOT" && OUT="$S/x" GPU_CHECK_DRY="$BUILD" GPU_CHECK_ONLY=sweeps bash scripts/gpu-check 2>&1 >/dev/null)"
+  rc=$?
+  [[ $rc -eq 2 && "$err" == *"GPU_CHECK_ONLY names 'sweeps', which is not a part"* && $(wc -l <<<"$err") -eq 1 ]] ||
+    fail "GPU_CHECK_ONLY=sweeps gave exit $rc and '$err' (expected exit 2, one line)"
+  [[ -e "$S/x" ]] && fail "GPU_CHECK_ONLY=sweeps left $S/x behind"
+fi
+
 # gpu-check with nothing left out but what a dry run cannot do (the steps the call above skips:
 # the earlier points, the large-batch options, the GEMM table's absence): each runs and exits 0.
 A="$OUT/all"; mkdir -p "$A"
