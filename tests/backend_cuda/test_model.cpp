@@ -1734,6 +1734,22 @@ TEST_CASE("a cuBLAS handle whose workspace does not fit: out of memory, and noth
   const cu::Blas fits;
   CHECK(fits.counts().products == 0);
 }
+
+TEST_CASE("the emulated device's size: MOEPLAN_EMU_MEMORY_KIB's where set, else 1 GiB") {
+  // What the engine's lines print as "of the device's ..." (and the fit check reads): an
+  // emulated H200 (140 GiB) must not read as 1 GiB when a real sweep's fit is checked here.
+  const auto total = [] {
+    size_t free_b = 0, t = 0;
+    REQUIRE(cudaMemGetInfo(&free_b, &t) == cudaSuccess);
+    return t;
+  };
+  CHECK(total() == size_t(1) << 30);
+  ::setenv("MOEPLAN_EMU_MEMORY_KIB", "147222528", 1);  // 140.4 GiB
+  CHECK(total() == size_t(147222528) * 1024);
+  ::setenv("MOEPLAN_EMU_MEMORY_KIB", "38912", 1);  // 38 MiB
+  CHECK(total() == size_t(38) << 20);
+  ::unsetenv("MOEPLAN_EMU_MEMORY_KIB");
+}
 #endif
 
 #ifdef MOEPLAN_CUDA_EMULATION

@@ -1027,7 +1027,10 @@ void moeplan_emu::reset_memory_peak() {
 cudaError_t cudaMemGetInfo(std::size_t* free_bytes, std::size_t* total_bytes) {
   Allocations& a = allocations();
   std::lock_guard<std::mutex> g(a.lock);
-  const std::size_t total = std::min(memory_limit(), std::size_t(1) << 30);
+  // The size MOEPLAN_EMU_MEMORY_KIB gives (an H200's, to run a real sweep's fit check here), else
+  // 1 GiB: unlimited allocations, but a size a line can print.
+  const std::size_t limit = memory_limit();
+  const std::size_t total = limit != ~std::size_t(0) ? limit : std::size_t(1) << 30;
   *total_bytes = total;
   *free_bytes = a.in_use < total ? total - a.in_use : 0;
   return cudaSuccess;
