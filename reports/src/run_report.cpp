@@ -427,6 +427,7 @@ const std::vector<std::string> kTimeHeaders = {"point",
                                                "tokens/s (consumed)",
                                                "TFLOP/s executed [exact/causal]",
                                                "TFLOP/s useful [exact/causal]",
+                                               "FLOPs vs dense [exact/causal useful]",
                                                "train time vs dense"};
 
 // A FLOP count of a record as a double (an integer, or digits past 64 bits); check_record has
@@ -441,6 +442,27 @@ double category_sum(const json& flops, const char* category) {
   if (flops.contains("by_category") && flops["by_category"].contains(category))
     for (const auto& [phase, v] : flops["by_category"][category].items()) s += count_of(v);
   return s;
+}
+
+// The FLOPs a record's products did for the model: the ledger's exact/causal total less
+// `padding` and `recompute` (what the time table calls useful).
+double useful_flops(const json& r) {
+  const json& flops = r["measured"]["flops"];
+  const double total = flops.contains("total") ? count_of(flops["total"]) : 0.0;
+  return total - category_sum(flops, "padding") - category_sum(flops, "recompute");
+}
+
+// A point's useful FLOPs over the dense baseline's, for complete points compared with it (same
+// data, equal resources): the work behind its time, where the time ratio is the work's ratio
+// over the rate's. Equal C in a convention is not equal work: the paper convention counts
+// neither the LM head nor the router, whose FLOPs grow with the tokens a point consumes, and
+// counts attention unmasked.
+std::optional<double> work_vs_dense(const json& r, const json* dense) {
+  if (!dense || !is_complete(r) || !is_complete(*dense) || !comparable(r, *dense))
+    return std::nullopt;
+  const double base = useful_flops(*dense), own = useful_flops(r);
+  if (!(base > 0) || !(own > 0)) return std::nullopt;
+  return own / base;
 }
 
 // The device and its hardware (each session's, in order, where a resume moved it; records before
@@ -583,12 +605,50 @@ std::string reached_summary(const std::vector<json>& records, const json* dense)
          "to its own C";
 }
 
+// Under the time table: time = work / rate. For the MoE points with both a FLOP ratio and a
+// time ratio to the dense baseline, the range of each and of the rate ratio between them (the
+// useful rate's: the FLOP ratio over the time ratio); "" where none has both.
+std::string work_summary(const std::vector<json>& records, const json* dense) {
+  int n = 0;
+  double work_lo = INFINITY, work_hi = 0, rate_lo = INFINITY, rate_hi = 0;
+  for (const json& r : records) {
+    if (is_dense(r)) continue;
+    const std::optional<double> work = work_vs_dense(r, dense);
+    const double secs = r.value("train_seconds", 0.0),
+                 base = dense ? dense->value("train_seconds", 0.0) : 0.0;
+    if (!work || !same_timing(*dense, r) || !(secs > 0) || !(base > 0)) continue;
+    const double rate = *work / (secs / base);
+    ++n;
+    work_lo = std::min(work_lo, *work);
+    work_hi = std::max(work_hi, *work);
+    rate_lo = std::min(rate_lo, rate);
+    rate_hi = std::max(rate_hi, rate);
+  }
+  if (n == 0) return "";
+  const auto range = [](double lo, double hi) {
+    return fmt::format("{:.2f}x", lo) + (fmt::format("{:.2f}", lo) == fmt::format("{:.2f}", hi)
+                                             ? std::string()
+                                             : fmt::format("-{:.2f}x", hi));
+  };
+  std::string s = fmt::format(
+      "Time = work / rate: against the dense baseline, {} MoE point(s) timed with it did {} its "
+      "useful FLOPs [exact/causal] at {} its useful FLOP rate (each point's train time vs dense "
+      "is the first over the second)",
+      n, range(work_lo, work_hi), range(rate_lo, rate_hi));
+  if (dense->contains("plan") && (*dense)["plan"].value("convention", "") == "paper")
+    s += ". Equal C [paper] is not equal work: the paper convention counts neither the LM head "
+         "nor the router, whose FLOPs grow with the tokens a point consumes, and counts "
+         "attention unmasked";
+  return s;
+}
+
 std::vector<std::string> time_row_of(const json& r, const json* dense, bool with_mfu,
                                      bool with_memory, bool with_reached) {
-  const json& flops = r["measured"]["flops"];
   const double secs = r.value("train_seconds", 0.0);
+  const json& flops = r["measured"]["flops"];
   const double total = flops.contains("total") ? count_of(flops["total"]) : 0.0;
-  const double useful = total - category_sum(flops, "padding") - category_sum(flops, "recompute");
+  const double useful = useful_flops(r);
+  const std::optional<double> work = work_vs_dense(r, dense);
   auto rate = [&](double f) { return secs > 0 ? fmt::format("{:.3g}", f / secs / 1e12) : "-"; };
   std::string vs = "-";
   if (dense && same_timing(*dense, r) && is_complete(r) && secs > 0 &&
@@ -601,6 +661,7 @@ std::vector<std::string> time_row_of(const json& r, const json* dense, bool with
       secs > 0 ? human(double(r["measured"]["tokens"].value("consumed", int64_t{0})) / secs) : "-",
       rate(total),
       rate(useful),
+      work ? fmt::format("{:.2f}x", *work) : "-",
       vs};
   if (with_mfu) row.push_back(mfu_cell(r, secs > 0 ? useful / secs : 0.0));
   if (with_memory) row.push_back(memory_cell(r));
@@ -1319,7 +1380,10 @@ std::string render_run_report(const std::vector<json>& given, const std::string&
                             "records of more than one sweep, each cell says its own)",
                             own));
   const std::string bars = bars_of(records, dense);
-  const std::string reached = reached_summary(records, dense);
+  const std::string reached = [&] {
+    const std::string work = work_summary(records, dense), time = reached_summary(records, dense);
+    return work.empty() || time.empty() ? work + time : work + ".\n" + time;
+  }();
   switch (format) {
     case ReportFormat::text:
       return title + "\n\n" + t.render() + "\n" + verdict + "\n\n" +
@@ -1332,7 +1396,7 @@ std::string render_run_report(const std::vector<json>& given, const std::string&
              (bars.empty() ? "" : md_code_block(bars) + "\n") + "## " +
              escape_markdown(time_title.substr(0, time_title.find(". "))) + "\n\n" +
              escape_markdown(time_title.substr(time_title.find(". ") + 2)) + "\n\n" +
-             tt.render_markdown() + (reached.empty() ? "" : "\n" + escape_markdown(reached) + "\n");
+             tt.render_markdown() + (reached.empty() ? "" : "\n" + md_paragraphs(reached) + "\n");
     case ReportFormat::html:
       break;
   }
@@ -1342,7 +1406,7 @@ std::string render_run_report(const std::vector<json>& given, const std::string&
   return std::string(kHtmlHead) + "<p>" + html_escape(title) + "</p>\n" +
          html_table(kHeaders, rows) + html_paragraphs(verdict) + figures + "<p>" +
          html_escape(time_title) + "</p>\n" + html_table(time_headers, time_rows) +
-         (reached.empty() ? "" : "<p>" + html_escape(reached) + "</p>\n") + "</body></html>\n";
+         html_paragraphs(reached) + "</body></html>\n";
 }
 
 namespace {

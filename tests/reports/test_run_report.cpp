@@ -1039,7 +1039,12 @@ TEST_CASE("report: MFU of a device whose peak is known; times of other hardware 
   // The same device label on both points is not enough when both were resumed elsewhere.
   recs[0]["hardware"] = recs[2]["hardware"];
   const std::string mixed = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::text);
-  CHECK(mixed.find("1.00x") == std::string::npos);
+  for (const char* id : {"dense", "moe-a", "moe-b"}) {  // no time ratio (second to last: MFU)
+    const std::vector<std::string> c = cells_of_row(mixed, id, mixed.find("train time vs dense"));
+    REQUIRE(c.size() >= 2);
+    CHECK_MESSAGE(c[c.size() - 2] == "-", id);
+  }
+  CHECK(mixed.find("Time = work / rate") == std::string::npos);  // nothing timed against dense
   // Markdown: the time table's heading is its title's first sentence, the rest a paragraph.
   const std::string md = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::markdown);
   CHECK_MESSAGE(md.find("\n## Time and achieved FLOP rate (equal C is not equal time)\n\nExecuted: "
@@ -1320,6 +1325,62 @@ TEST_CASE("report: when each MoE point first reached the dense baseline's BPC, i
   CHECK(none.find("reached [train s") == std::string::npos);
   CHECK(none.find("Time to the dense baseline") == std::string::npos);
   CHECK(none.find("against training time") == std::string::npos);
+}
+
+TEST_CASE("report: each point's work against the dense baseline's, and time = work / rate") {
+  // Useful FLOPs: the ledger's total less padding and recompute. By hand:
+  //   dense: 1.0e6 - 1e5 padding          = 9.0e5 in 10 s
+  //   moe-a: 1.2e6 - 1.5e5 recompute      = 1.05e6 -> 1.05e6 / 9e5 = 1.17x, in 30 s: 3.00x,
+  //          so its rate is 1.1667 / 3 = 0.39x the dense's
+  //   moe-b: 9.0e5                        -> 1.00x, in 15 s: 1.50x, rate 0.67x
+  //   moe-c: running                      -> "-"
+  //   moe-e: 1.8e6 on another CPU         -> 2.00x, but not timed: outside the line's ranges
+  auto with_flops = [](json r, double total, double padding, double recompute, double secs) {
+    r["measured"]["flops"] = {
+        {"total", total},
+        {"by_category",
+         {{"padding", {{"forward", padding}}}, {"recompute", {{"forward", recompute}}}}}};
+    r["train_seconds"] = secs;
+    return r;
+  };
+  std::vector<json> recs = {with_flops(record("dense", true, 1.0, 2.0), 1e6, 1e5, 0, 10),
+                            with_flops(record("moe-a", false, 0.2, 1.8), 1.2e6, 0, 1.5e5, 30),
+                            with_flops(record("moe-b", false, 0.3, 1.9), 9e5, 0, 0, 15),
+                            with_flops(record("moe-c", false, 0.4, 1.9, false), 4e5, 0, 0, 5),
+                            with_flops(record("moe-e", false, 0.5, 1.9), 1.8e6, 0, 0, 20)};
+  recs[4]["hardware"] = json::array({"another CPU"});
+  const std::string text = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::text);
+  CAPTURE(text);
+  const size_t times = text.find("FLOPs vs dense [exact/causal useful]");
+  REQUIRE(times != std::string::npos);
+  auto last_two = [&](const std::string& id) {  // the work, then the time ratio
+    const std::vector<std::string> c = cells_of_row(text, id, times);
+    return c.size() < 2 ? std::string() : c[c.size() - 2] + " " + c.back();
+  };
+  CHECK(last_two("dense") == "1.00x 1.00x");
+  CHECK(last_two("moe-a") == "1.17x 3.00x");
+  CHECK(last_two("moe-b") == "1.00x 1.50x");
+  CHECK(last_two("moe-c") == "- -");
+  CHECK(last_two("moe-e") == "2.00x -");
+  CHECK(text.find("Time = work / rate: against the dense baseline, 2 MoE point(s) timed with it "
+                  "did 1.00x-1.17x its useful FLOPs [exact/causal] at 0.39x-0.67x its useful "
+                  "FLOP rate") != std::string::npos);
+  CHECK(text.find("Equal C [paper] is not equal work: the paper convention counts neither the LM "
+                  "head nor the router") != std::string::npos);
+  CHECK(moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::markdown)
+            .find("\n\nTime = work / rate: ") != std::string::npos);
+  CHECK(moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::html)
+            .find("<p>Time = work / rate: ") != std::string::npos);
+  // One point timed: one figure, not a range.
+  recs[2]["hardware"] = recs[4]["hardware"];
+  const std::string one = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::text);
+  CHECK(one.find("1 MoE point(s) timed with it did 1.17x its useful FLOPs [exact/causal] at 0.39x "
+                 "its useful FLOP rate") != std::string::npos);
+  // A sweep planned in another convention: the ratios, without the paper convention's note.
+  for (json& r : recs) r["plan"]["convention"] = "exact";
+  const std::string exact = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::text);
+  CHECK(exact.find("Time = work / rate") != std::string::npos);
+  CHECK(exact.find("Equal C [paper] is not equal work") == std::string::npos);
 }
 
 TEST_CASE("report: damaged evaluation times are refused by key") {
