@@ -324,24 +324,32 @@ struct TrainProjection {
   bool dense = false;
   double step_seconds = 0;
   int64_t steps = 0;
+  double flops_per_step = 0;  // useful, [exact/causal]
   double seconds() const { return step_seconds * double(steps); }
+  double flops() const { return flops_per_step * double(steps); }
 };
 
 // After an estimate of the dense baseline and some MoE points: each point's projected training
 // time against the baseline's, with the figures it comes from. Equal C is not equal time, and
-// this says how unequal before the time is spent.
+// this says how unequal before the time is spent, and why: the time ratio is the work's (the
+// plan's steps times a step's useful FLOPs [exact/causal], which equal C in the paper convention
+// does not make equal) over the rate's.
 void print_time_against_dense(const std::vector<TrainProjection>& points) {
   const auto dense =
       std::find_if(points.begin(), points.end(), [](const TrainProjection& p) { return p.dense; });
   if (dense == points.end() || !(dense->seconds() > 0) || points.size() < 2) return;
   std::vector<std::string> parts;
-  for (const TrainProjection& p : points)
-    if (!p.dense)
-      parts.push_back(fmt::format("{} {:.2f}x ({} steps x {:.3f} ms)", p.id,
-                                  p.seconds() / dense->seconds(), p.steps, 1e3 * p.step_seconds));
+  for (const TrainProjection& p : points) {
+    if (p.dense) continue;
+    const double time = p.seconds() / dense->seconds();
+    const double work = dense->flops() > 0 ? p.flops() / dense->flops() : 0.0;
+    parts.push_back(fmt::format(
+        "{} {:.2f}x ({} steps x {:.3f} ms{})", p.id, time, p.steps, 1e3 * p.step_seconds,
+        work > 0 ? fmt::format("; work {:.2f}x at {:.2f}x the rate", work, work / time) : ""));
+  }
   fmt::print(
       "projected train time vs dense (dense: {} steps x {:.3f} ms; the median step times the "
-      "plan's steps, evaluations aside): {}\n",
+      "plan's steps, evaluations aside; work: useful FLOPs [exact/causal]): {}\n",
       dense->steps, 1e3 * dense->step_seconds, fmt::join(parts, ", "));
 }
 
@@ -741,7 +749,8 @@ int run(const RunFlags& f) {
         if (!e.phases.empty()) print_phases(label, e);
         estimated_seconds += e.seconds();
         ++estimated;
-        projected.push_back({p->id, p->role == "dense", e.step_seconds, p->budget.steps});
+        projected.push_back(
+            {p->id, p->role == "dense", e.step_seconds, p->budget.steps, e.flops_per_step});
         break;
       }
       case backend::PointStatus::busy:

@@ -1782,7 +1782,7 @@ TEST_CASE("moeplan run --peak-tflops: a CPU run's MFU against the peak given, sa
 TEST_CASE("moeplan run --estimate N --profile on the cpu: where a step's time goes, by phase") {
   const fs::path dir = fresh_dir("profile_cpu");
   write_manifest_atomic(
-      tiny_manifest(tiny_plan("dense", true, 8, 2, 20), {tiny_plan("moe-a", false, 8, 2, 20)}),
+      tiny_manifest(tiny_plan("dense", true, 8, 2, 20), {tiny_plan("moe-a", false, 12, 2, 20)}),
       dir / "sweep.toml");
   const Result r = run_cli({"run", (dir / "sweep.toml").string(), "--out", (dir / "runs").string(),
                             "--estimate", "3", "--profile"});
@@ -1806,22 +1806,37 @@ TEST_CASE("moeplan run --estimate N --profile on the cpu: where a step's time go
   CHECK(dense.ms.count("fwd dense ffn") == 1);
   CHECK(dense.ms.count("erc loss") == 0);  // no ERC loss in this manifest
   // The estimate's last line: the MoE point's projected training time against the baseline's,
-  // (8 steps x its median step) over (8 x the baseline's), by hand from the figures it prints.
+  // (12 steps x its median step) over (8 x the baseline's), by hand from the figures it prints.
   const std::string head = "projected train time vs dense (dense: 8 steps x ";
   const size_t at = r.out.find(head);
   REQUIRE_MESSAGE(at != std::string::npos, r.out);
   const double dense_ms = std::stod(r.out.substr(at + head.size()));
-  const size_t moe_at = r.out.find("evaluations aside): moe-a ", at);
+  const std::string aside = "evaluations aside; work: useful FLOPs [exact/causal]): moe-a ";
+  const size_t moe_at = r.out.find(aside, at);
   REQUIRE_MESSAGE(moe_at != std::string::npos, r.out);
-  const std::string rest = r.out.substr(moe_at + std::string("evaluations aside): moe-a ").size());
+  const std::string rest = r.out.substr(moe_at + aside.size());
   const double ratio = std::stod(rest);
-  const size_t x = rest.find("x (8 steps x ");
+  const size_t x = rest.find("x (12 steps x ");
   REQUIRE_MESSAGE(x != std::string::npos, rest);
-  const double moe_ms = std::stod(rest.substr(x + std::string("x (8 steps x ").size()));
+  const double moe_ms = std::stod(rest.substr(x + std::string("x (12 steps x ").size()));
   REQUIRE(dense_ms > 0);
-  const double want = 8 * moe_ms / (8 * dense_ms);
+  const double want = 12 * moe_ms / (8 * dense_ms);
   // Printed to 0.01 (the ratio) and 0.001 ms (each step): within what those roundings allow.
   CHECK(std::abs(ratio - want) <= 0.005 + want * (0.0005 / moe_ms + 0.0005 / dense_ms) + 1e-9);
+  // Why: the work (12 steps of useful FLOPs each) over the dense's (8), at a rate that is the
+  // work's ratio over the time's. The work by hand from the analytic ledger of a step of 2
+  // sequences (dropless, as the manifest trains), not from the engine's count.
+  const size_t w = rest.find("; work ");
+  REQUIRE_MESSAGE(w != std::string::npos, rest);
+  const double work = std::stod(rest.substr(w + 7));
+  const size_t at_rate = rest.find("x at ", w);
+  REQUIRE_MESSAGE(at_rate != std::string::npos, rest);
+  const double rate = std::stod(rest.substr(at_rate + 5));
+  CHECK_MESSAGE(rest.find("x the rate)", at_rate) != std::string::npos, rest);
+  const double step_dense = double(moeplan::exact_step_ledger(tiny_arch(true, 8), 2).useful());
+  const double step_moe = double(moeplan::exact_step_ledger(tiny_arch(false, 8), 2).useful());
+  CHECK(work == doctest::Approx(12 * step_moe / (8 * step_dense)).epsilon(0.005 / work));
+  CHECK(rate == doctest::Approx(work / ratio).epsilon(0.02));  // both printed to 0.01
   // One point alone (--point) has nothing to be compared with: no such line.
   const Result one = run_cli({"run", (dir / "sweep.toml").string(), "--out",
                               (dir / "runs").string(), "--point", "moe-a", "--estimate", "1"});
