@@ -47,7 +47,8 @@ def sweep_section():
                  if l.startswith("created_by")), "moeplan grid (command not recorded)")
     print(f"\n## Equal time: the sweep `{made.split(' -o ')[0]}`, trained with `moeplan run`\n")
     est = text("sweep-estimate.txt") or ""
-    lines = [l for l in est.splitlines() if "estimate" in l or "projected" in l]
+    lines = [l for l in est.splitlines()
+             if "estimate" in l or "projected" in l or "error" in l or "already complete" in l]
     if lines:
         print("The estimate before training (`--estimate 10`):\n")
         print("\n".join("    " + l for l in lines))

@@ -644,8 +644,8 @@ std::string work_summary(const std::vector<json>& records, const json* dense) {
 
 std::vector<std::string> time_row_of(const json& r, const json* dense, bool with_mfu,
                                      bool with_memory, bool with_reached) {
-  const double secs = r.value("train_seconds", 0.0);
   const json& flops = r["measured"]["flops"];
+  const double secs = r.value("train_seconds", 0.0);
   const double total = flops.contains("total") ? count_of(flops["total"]) : 0.0;
   const double useful = useful_flops(r);
   const std::optional<double> work = work_vs_dense(r, dense);

@@ -102,10 +102,9 @@ if [[ -z "$CMD2" ]]; then
 else
   echo "the sweep's call: $CMD2"
   S="$OUT/sweep"; mkdir -p "$S/1" "$S/2" "$S/3"
-  sweep_call() {  # n [VAR=value...]
-    local n=$1; shift
-    (cd "$ROOT" && env OUT="$S/$n" GPU_CHECK_DRY="$BUILD" GPU_CHECK_SWEEP_DIR="$S/dir" "$@" bash -c "$CMD2") \
-      >"$S/$n/dry.out" 2>&1
+  sweep_call() {  # n: the call's own OUT folder; the sweep's folder is the calls' one
+    (cd "$ROOT" && OUT="$S/$1" GPU_CHECK_DRY="$BUILD" GPU_CHECK_SWEEP_DIR="$S/dir" bash -c "$CMD2") \
+      >"$S/$1/dry.out" 2>&1
   }
   sweep_call 1
   rc=$?
@@ -122,7 +121,8 @@ else
   for line in "## Equal time: the sweep \`moeplan grid --N 2e5" "The estimate before training" \
     "projected train time vs dense" "measured vs plan: 2 of 2 complete point(s)" \
     "### Time and achieved FLOP rate" "dense's final BPC reached" \
-    "Time to the dense baseline's final validation BPC" "No benchmark and no GPU test ran in this call"; do
+    "Time = work / rate" "Time to the dense baseline's final validation BPC" \
+    "No benchmark and no GPU test ran in this call"; do
     grep -qF -- "$line" "$R" || fail "the sweep's results.md lacks '$line'"
   done
   # (the listing whole first: `tar | grep -q` under pipefail fails when grep stops at its match)
