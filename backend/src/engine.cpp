@@ -203,9 +203,8 @@ PassFit cpu_pass_fit(const EngineRequest& r, std::size_t available, bool up_to_s
                                                         : most(fit.pass, fit.share);
     return fit;
   }
-  fit.largest = most(0, fit.pass);
   const Model<float>::MemoryNeed asked = need(fit.pass);
-  // The model alone, before any pass: no --micro-batch helps.
+  // The model alone, before any pass: no --micro-batch helps (largest stays 0, no search).
   if (asked.state > available) {
     fit.why = fmt::format(
         "--device cpu: the model's weights, gradients and AdamW state alone take {} (16 bytes a "
@@ -213,6 +212,7 @@ PassFit cpu_pass_fit(const EngineRequest& r, std::size_t available, bool up_to_s
         bytes_text(double(asked.state)), bytes_text(double(available)));
     return fit;
   }
+  fit.largest = most(0, fit.pass);
   fit.why = fmt::format(
       "--device cpu: passes of {} sequence{} of {} tokens need about {} of host memory (weights, "
       "gradients and AdamW state {}, one pass's activations {}), more than the {} this machine "
