@@ -543,47 +543,88 @@ std::string memory_cell(const json& r) {
   return bytes_text(m.value("peak_bytes", 0.0)) + " of " + bytes_text(m.value("device_bytes", 0.0));
 }
 
-// When a complete MoE point's validation BPC first came to the dense baseline's final BPC or
-// below: the training seconds at that evaluation (val_curve_train_seconds; evaluations not
-// counted), none where it never did. It may have got there between two evaluations, so the time
-// is at most that. Only for points compared with the baseline (same data, equal resources) and
-// timed as the time table times them (same_timing); `compared` false otherwise, and for records
-// without the times (written before they were kept, or resumed from a checkpoint without them).
+// When an MoE point's validation BPC first came to the dense baseline's final BPC or below: the
+// training seconds at that evaluation (val_curve_train_seconds; evaluations not counted), none
+// where it has not. It may have got there between two evaluations, so the time is at most that.
+// A point still training (a sweep stopped at a time limit, or one read while it runs) counts too:
+// its curve so far is the start of the curve it will have (the schedule is the plan's), so a time
+// it reached the BPC in is final, and one it has not is "not yet" rather than "not reached". Only
+// for points compared with the baseline (same data, equal resources) and timed as the time table
+// times them (same_timing); `compared` false otherwise, and for records without the times
+// (written before they were kept, or resumed from a checkpoint without them).
+// A point still training is set against the baseline on what can be judged before its ledgers
+// are whole: the audit judges nothing of it but its status, so its plan must be the baseline's
+// equal (N and C within the sweep's tolerances, and under strict reuse the same D̂ unique) and it
+// must read the same data; the baseline and the folder must be free of the audit's errors.
+bool comparable_so_far(const json& r, const json& dense) {
+  if (is_complete(r)) return comparable(r, dense);
+  if (!same_data(r, dense) || has_audit_error(dense) || !folder_refusal(dense).empty())
+    return false;
+  if (has_audit_error(r)) {  // its status alone
+    if (!r[kAuditKey].contains("error_quantities")) return false;
+    for (const json& q : r[kAuditKey]["error_quantities"])
+      if (q != "status") return false;
+  }
+  const auto [n_tol, c_tol] = sweep_tolerances(dense);
+  const json &p = r["plan"], &d = dense["plan"];
+  auto near = [](double v, double base, double tol) {
+    return base > 0 && std::fabs(v / base - 1) <= tol + 1e-9;
+  };
+  return near(p.value("total_params", 0.0), d.value("total_params", 0.0), n_tol) &&
+         near(p.value("compute", 0.0), d.value("compute", 0.0), c_tol) &&
+         (d.value("reuse", "strict") != "strict" ||
+          p.value("tokens_unique", 0.0) == d.value("tokens_unique", 0.0));
+}
+
 struct Reached {
   bool compared = false;
+  bool complete = false;
   std::optional<double> seconds;
+  std::optional<double> last_evaluated;  // training seconds at the last evaluation, if any
 };
 Reached reached_dense(const json& r, const json* dense) {
-  if (!dense || is_dense(r) || !is_complete(r) || !r.contains("val_curve_train_seconds") ||
-      !r.contains("val_curve") || !comparable(r, *dense) || !same_timing(*dense, r) ||
+  if (!dense || is_dense(r) || !r.contains("val_curve_train_seconds") || !r.contains("val_curve") ||
+      !comparable_so_far(r, *dense) || !same_timing(*dense, r) ||
       !(dense->value("train_seconds", 0.0) > 0))
     return {};
   // check_record has read the times as one number a val_curve entry.
   const json &v = r.at("val_curve"), &t = r.at("val_curve_train_seconds");
   const double target = dense->value("final_val_bpc", 0.0);
-  for (size_t i = 0; i < v.size() && i < t.size(); ++i)
-    if (v[i].value("val_bpc", INFINITY) <= target) return {true, t[i].get<double>()};
-  return {true, std::nullopt};
+  Reached got{true, is_complete(r), std::nullopt, std::nullopt};
+  for (size_t i = 0; i < v.size() && i < t.size(); ++i) {
+    got.last_evaluated = t[i].get<double>();
+    if (v[i].value("val_bpc", INFINITY) <= target) {
+      got.seconds = got.last_evaluated;
+      break;
+    }
+  }
+  return got;
 }
 
 std::string reached_cell(const json& r, const json* dense) {
   const Reached got = reached_dense(r, dense);
   if (!got.compared) return "-";
-  if (!got.seconds) return "not reached";
-  return fmt::format("{:.1f} s ({:.2f}x)", *got.seconds,
-                     *got.seconds / dense->value("train_seconds", 0.0));
+  if (got.seconds)
+    return fmt::format("{:.1f} s ({:.2f}x)", *got.seconds,
+                       *got.seconds / dense->value("train_seconds", 0.0));
+  if (got.complete) return "not reached";
+  return got.last_evaluated ? fmt::format("not yet at {:.1f} s", *got.last_evaluated)
+                            : "not yet (no evaluation)";
 }
 
 // Under the time table: how many compared MoE points reached the dense baseline's final BPC, and
 // in what fraction of its training time ("" where none is compared).
 std::string reached_summary(const std::vector<json>& records, const json* dense) {
-  int compared = 0, reached = 0, faster = 0;
+  int compared = 0, reached = 0, faster = 0, training = 0;
   double lo = INFINITY, hi = 0;
   for (const json& r : records) {
     const Reached got = reached_dense(r, dense);
     if (!got.compared) continue;
     ++compared;
-    if (!got.seconds) continue;
+    if (!got.seconds) {
+      training += !got.complete;
+      continue;
+    }
     const double ratio = *got.seconds / dense->value("train_seconds", 0.0);
     ++reached;
     faster += ratio < 1;
@@ -599,6 +640,9 @@ std::string reached_summary(const std::vector<json>& records, const json* dense)
     s += fmt::format(", in {} the dense baseline's training time; {} of them in less",
                      lo == hi ? fmt::format("{:.2f}x", lo) : fmt::format("{:.2f}x-{:.2f}x", lo, hi),
                      faster);
+  if (training > 0)
+    s += fmt::format("; {} point(s) still training had not reached it by their last evaluation",
+                     training);
   return s +
          ". Each time is the training seconds (evaluations not counted) at the point's first "
          "evaluation at or below that BPC, so at most the time it took; the point trains on "

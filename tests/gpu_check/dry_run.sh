@@ -144,6 +144,23 @@ else
   grep -qF "held another plan's runs: removed" "$S/3/dry.out" || fail "another plan's runs were not removed"
   grep -qF "already complete" "$S/3/dry.out" && fail "another plan's runs were resumed"
   grep -qE "^\| moe-ra0\.250 \| .*\| complete \|$" "$S/3/results.md" || fail "the sweep did not train again"
+  # The call with less device time than the sweep needs (NOTES: GPU_CHECK_END lowered to the time
+  # left): the training stops at that end with a checkpoint, which is no failure, and the report
+  # is still written, the point stopped in it as running. The stand-in's baseline reads 4M unique
+  # tokens here (several minutes on a CPU), so the 45 s end comes first whatever the machine.
+  mkdir -p "$S/4"
+  CMD4="${CMD2/GPU_CHECK_END=570/GPU_CHECK_END=45}"
+  [[ "$CMD4" != "$CMD2" ]] || fail "the sweep's call has no GPU_CHECK_END=570 to lower"
+  (cd "$ROOT" && OUT="$S/4" GPU_CHECK_DRY="$BUILD" GPU_CHECK_SWEEP_DIR="$S/dir4" \
+    GPU_CHECK_DRY_STANDIN="--N 2e5 --ra 0.25 --dense-tokens 4e6" bash -c "$CMD4") >"$S/4/dry.out" 2>&1
+  rc=$?
+  (( rc == 0 )) || fail "the sweep's call stopped at its end exited $rc: $(grep -E ' exit [1-9]' "$S/4/dry.out" | head -3 | tr '\n' ' ')"
+  for step in "sweep run exit 124 (stopped at the 45 s end, checkpointed: not a failure" \
+    "interrupted: checkpoint at step" "sweep report md exit 0" "sweep report html exit 0"; do
+    grep -qF "$step" "$S/4/dry.out" || fail "the sweep's call stopped at its end lacks '$step'"
+  done
+  grep -qE "^\| dense \| .*\| running \(step [0-9]+\) \|$" "$S/4/results.md" ||
+    fail "the stopped sweep's results.md has no running dense point"
   # A part's name misspelt: refused before any work, in one line.
   err="$(cd "$ROOT" && OUT="$S/x" GPU_CHECK_DRY="$BUILD" GPU_CHECK_ONLY=sweeps bash scripts/gpu-check 2>&1 >/dev/null)"
   rc=$?

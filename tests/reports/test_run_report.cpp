@@ -1,6 +1,7 @@
 // `moeplan report` on records made here: the HTML report carries its four charts, the text and
 // markdown reports the bars of each MoE point's BPC against the dense baseline.
 #include <doctest/doctest.h>
+#include <algorithm>
 
 #include <filesystem>
 #include <fstream>
@@ -1257,6 +1258,15 @@ TEST_CASE("report: a point resumed in another layout (--elastic) is timed agains
   CHECK(cells_of_row(other, "moe-b", t2).back() == "-");
 }
 
+// The last n cells of point `id`'s row in the table after `from`, joined by blanks.
+std::string last_cells(const std::string& text, const std::string& id, size_t from, size_t n) {
+  const std::vector<std::string> cells = cells_of_row(text, id, from);
+  std::string words;
+  for (size_t i = cells.size() - std::min(n, cells.size()); i < cells.size(); ++i)
+    words += (words.empty() ? "" : " ") + cells[i];
+  return words;
+}
+
 // A record's evaluations at the training seconds given: val BPC `bpc[i]` at `seconds[i]`, the
 // last its final BPC and its training time.
 json timed(json r, const std::vector<double>& bpc, const std::vector<double>& seconds) {
@@ -1287,13 +1297,7 @@ TEST_CASE("report: when each MoE point first reached the dense baseline's BPC, i
   const size_t times = text.find("train time vs dense");
   REQUIRE(times != std::string::npos);
   CHECK(text.find("dense's final BPC reached [train s, vs dense]", times) != std::string::npos);
-  auto last = [&](const std::string& id, size_t n) {
-    const std::vector<std::string> cells = cells_of_row(text, id, times);
-    std::string words;
-    for (size_t i = cells.size() - n; i < cells.size(); ++i)
-      words += (words.empty() ? "" : " ") + cells[i];
-    return words;
-  };
+  auto last = [&](const std::string& id, size_t n) { return last_cells(text, id, times, n); };
   CHECK(last("moe-a", 3) == "18.0 s (1.80x)");
   CHECK(last("moe-b", 2) == "not reached");
   CHECK(last("moe-c", 3) == "8.0 s (0.80x)");
@@ -1325,6 +1329,81 @@ TEST_CASE("report: when each MoE point first reached the dense baseline's BPC, i
   CHECK(none.find("reached [train s") == std::string::npos);
   CHECK(none.find("Time to the dense baseline") == std::string::npos);
   CHECK(none.find("against training time") == std::string::npos);
+}
+
+TEST_CASE("report: a point still training has reached the dense baseline's BPC, or not yet") {
+  // A sweep stopped at a time limit: the dense baseline complete (2.0 BPC after 10 s), three MoE
+  // points still training. Their curves so far are the start of their whole curves (the plan's
+  // schedule), so a time at which one got to 2.0 is final; one that has not is "not yet", not
+  // "not reached". By hand:
+  //   moe-a (complete): 2.4, 1.9 (12 s)   -> 12.0 s, 1.20x
+  //   moe-e (running):  2.3, 1.98 (15 s)  -> 15.0 s, 1.50x
+  //   moe-f (running):  2.6, 2.2 (7 s)    -> not yet at 7.0 s
+  //   moe-g (running):  no evaluation yet -> not yet (no evaluation)
+  std::vector<json> recs = {timed(record("dense", true, 1.0, 2.0), {2.6, 2.0}, {5, 10}),
+                            timed(record("moe-a", false, 0.2, 1.9), {2.4, 1.9}, {6, 12}),
+                            timed(record("moe-e", false, 0.3, 1.98, false), {2.3, 1.98}, {8, 15}),
+                            timed(record("moe-f", false, 0.4, 2.2, false), {2.6, 2.2}, {3, 7}),
+                            record("moe-g", false, 0.5, 2.5, false)};
+  recs[4]["val_curve"] = json::array();
+  recs[4]["val_curve_train_seconds"] = json::array();
+  const std::string text = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::text);
+  CAPTURE(text);
+  const size_t times = text.find("train time vs dense");
+  REQUIRE(times != std::string::npos);
+  auto last = [&](const std::string& id, size_t n) { return last_cells(text, id, times, n); };
+  CHECK(last("moe-a", 3) == "12.0 s (1.20x)");
+  CHECK(last("moe-e", 4) == "- 15.0 s (1.50x)");  // no time ratio: it has not finished
+  CHECK(last("moe-f", 6) == "- not yet at 7.0 s");
+  CHECK(last("moe-g", 5) == "- not yet (no evaluation)");
+  CHECK(text.find("training): 2 of 4 MoE point(s) reached it, in 1.20x-1.50x the dense "
+                  "baseline's training time; 0 of them in less; 2 point(s) still training had not "
+                  "reached it by their last evaluation.") != std::string::npos);
+  // The chart draws the curves so far of the points still training.
+  const std::string html = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::html);
+  const size_t at = html.find("Validation BPC against training time (");
+  REQUIRE(at != std::string::npos);
+  const std::string chart = html.substr(at, html.find("</svg>", at) - at);
+  CHECK(chart.find("moe-e") != std::string::npos);
+  CHECK(chart.find("moe-f") != std::string::npos);
+  // With the folder's audit, as `moeplan report` runs it: the audit errs on each running record
+  // for its status alone (it judges nothing else of it), which leaves the figure as it was; any
+  // other error of its, an error in the baseline, or a plan of another C takes it out.
+  moeplan::FolderAudit audit;
+  audit.claims = 2;
+  audit.holding = 1;
+  for (const char* id : {"moe-e", "moe-f", "moe-g"}) {
+    audit.errors[id] = {"record is 'running', not complete"};
+    audit.error_quantities[id] = {"status"};
+  }
+  auto cell_e = [&](const std::vector<json>& rs, const moeplan::FolderAudit* a) {
+    const std::string t = moeplan::render_run_report(rs, "runs", moeplan::ReportFormat::text, a);
+    const size_t at = t.find("train time vs dense");
+    if (at == std::string::npos || t.find("dense's final BPC reached", at) == std::string::npos)
+      return std::string("no column");
+    return last_cells(t, "moe-e", at, 3);
+  };
+  CHECK(cell_e(recs, &audit) == "15.0 s (1.50x)");
+  moeplan::FolderAudit other = audit;
+  other.errors["moe-e"].push_back("another data source");
+  other.error_quantities["moe-e"].insert("data");
+  CHECK(cell_e(recs, &other) == "- - -");
+  moeplan::FolderAudit in_dense = audit;
+  in_dense.errors["dense"] = {"a ledger error"};
+  in_dense.error_quantities["dense"] = {"flops"};
+  CHECK(cell_e(recs, &in_dense) == "no column");  // no point compared: no column
+  std::vector<json> off = recs;
+  off[2]["plan"]["compute"] = 4.1e5;  // 2.5 % above the baseline's plan, over the 1 % tolerance
+  CHECK(cell_e(off, &audit) == "- - -");
+  off[2]["plan"]["compute"] = 4.03e5;  // 0.75 %: within it
+  CHECK(cell_e(off, &audit) == "15.0 s (1.50x)");
+  off[2]["plan"]["tokens_unique"] = 101.0;  // strict reuse: the baseline's D̂ unique exactly
+  CHECK(cell_e(off, &audit) == "- - -");
+  // Finished, moe-f would be "not reached" and no longer counted as training.
+  recs[3]["status"] = "complete";
+  const std::string done = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::text);
+  CHECK(cells_of_row(done, "moe-f", done.find("train time vs dense")).back() == "reached");
+  CHECK(done.find("; 1 point(s) still training had not reached it") != std::string::npos);
 }
 
 TEST_CASE("report: each point's work against the dense baseline's, and time = work / rate") {
