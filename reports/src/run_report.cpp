@@ -543,15 +543,6 @@ std::string memory_cell(const json& r) {
   return bytes_text(m.value("peak_bytes", 0.0)) + " of " + bytes_text(m.value("device_bytes", 0.0));
 }
 
-// When an MoE point's validation BPC first came to the dense baseline's final BPC or below: the
-// training seconds at that evaluation (val_curve_train_seconds; evaluations not counted), none
-// where it has not. It may have got there between two evaluations, so the time is at most that.
-// A point still training (a sweep stopped at a time limit, or one read while it runs) counts too:
-// its curve so far is the start of the curve it will have (the schedule is the plan's), so a time
-// it reached the BPC in is final, and one it has not is "not yet" rather than "not reached". Only
-// for points compared with the baseline (same data, equal resources) and timed as the time table
-// times them (same_timing); `compared` false otherwise, and for records without the times
-// (written before they were kept, or resumed from a checkpoint without them).
 // A point still training is set against the baseline on what can be judged before its ledgers
 // are whole: the audit judges nothing of it but its status, so its plan must be the baseline's
 // equal (N and C within the sweep's tolerances, and under strict reuse the same D̂ unique) and it
@@ -576,6 +567,15 @@ bool comparable_so_far(const json& r, const json& dense) {
           p.value("tokens_unique", 0.0) == d.value("tokens_unique", 0.0));
 }
 
+// When an MoE point's validation BPC first came to the dense baseline's final BPC or below: the
+// training seconds at that evaluation (val_curve_train_seconds; evaluations not counted), none
+// where it has not. It may have got there between two evaluations, so the time is at most that.
+// A point still training (a sweep stopped at a time limit, or one read while it runs) counts too:
+// its curve so far is the start of the curve it will have (the schedule is the plan's), so a time
+// it reached the BPC in is final, and one it has not is "not yet" rather than "not reached". Only
+// for points compared with the baseline (same data, equal resources) and timed as the time table
+// times them (same_timing); `compared` false otherwise, and for records without the times
+// (written before they were kept, or resumed from a checkpoint without them).
 struct Reached {
   bool compared = false;
   bool complete = false;
