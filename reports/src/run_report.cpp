@@ -206,6 +206,11 @@ std::pair<double, double> sweep_tolerances(const json& dense) {
   return {t.value("n", 0.01), t.value("compute", 0.01)};
 }
 
+// v within a relative tolerance of base (a positive base), as the audit's tolerances are read.
+bool within(double v, double base, double tol) {
+  return base > 0 && std::fabs(v / base - 1) <= tol + 1e-9;
+}
+
 std::string unequal_resources(const json& r, const json& dense) {
   if (!is_complete(r) || !is_complete(dense)) return "";
   const json &m = r["measured"], &d = dense["measured"];
@@ -213,7 +218,7 @@ std::string unequal_resources(const json& r, const json& dense) {
   std::string why;
   double tol = n_tol;
   auto rel = [&](const char* what, double v, double base) {
-    if (base > 0 && std::fabs(v / base - 1) <= tol + 1e-9) return;
+    if (within(v, base, tol)) return;
     why += fmt::format("{}{} {} is {:+.2f}% from the baseline's {}", why.empty() ? "" : ", ", what,
                        human(v), base > 0 ? 100 * (v / base - 1) : 100.0, human(base));
   };
@@ -558,11 +563,8 @@ bool comparable_so_far(const json& r, const json& dense) {
   }
   const auto [n_tol, c_tol] = sweep_tolerances(dense);
   const json &p = r["plan"], &d = dense["plan"];
-  auto near = [](double v, double base, double tol) {
-    return base > 0 && std::fabs(v / base - 1) <= tol + 1e-9;
-  };
-  return near(p.value("total_params", 0.0), d.value("total_params", 0.0), n_tol) &&
-         near(p.value("compute", 0.0), d.value("compute", 0.0), c_tol) &&
+  return within(p.value("total_params", 0.0), d.value("total_params", 0.0), n_tol) &&
+         within(p.value("compute", 0.0), d.value("compute", 0.0), c_tol) &&
          (d.value("reuse", "strict") != "strict" ||
           p.value("tokens_unique", 0.0) == d.value("tokens_unique", 0.0));
 }
