@@ -41,6 +41,18 @@ double text_px(std::string_view text, double font_px) {
   return double(chars) * 0.6 * font_px;
 }
 
+// A series drawn with a dot at each point: asked for (markers), or a single point, through which
+// a line draws nothing.
+bool dotted(const Series& s) {
+  size_t drawn = 0;
+  for (const XY& p : s.points) drawn += finite(p);
+  return s.markers || drawn == 1;
+}
+
+// A dot's radius, a ring's, and how far past a point either reaches (the radius, the ring's
+// stroke and a pixel's rounding).
+constexpr double kDotRadius = 3.5, kRingRadius = 4.5, kDotReach = kRingRadius + 1.5;
+
 }  // namespace
 
 std::vector<double> nice_ticks(double lo, double hi, int target) {
@@ -139,7 +151,27 @@ Frame frame_for(const Chart& chart) {
   }
   if (!(x0 <= x1)) x0 = 0, x1 = 1, y0 = 0, y1 = 1;  // nothing to draw
   const std::vector<double> xt = nice_ticks(x0, x1), yt = nice_ticks(y0, y1);
-  return Frame{xt.front(), xt.back(), yt.front(), yt.back(), xt, yt};
+  Frame f{xt.front(), xt.back(), yt.front(), yt.back(), xt, yt};
+  // Room for the dots: a dot's radius and a pixel, in data units of the ticks' span (the widened
+  // span differs from it by a few pixels' worth, which the margin absorbs). A dot the y axis
+  // leaves out (y_from_fraction) stays out.
+  const double dx =
+      kDotReach * (xt.back() - xt.front()) / (Frame::kWidth - Frame::kLeft - Frame::kRight);
+  const double dy =
+      kDotReach * (yt.back() - yt.front()) / (Frame::kHeight - Frame::kTop - Frame::kBottom);
+  auto room = [&](const XY& p) {
+    if (!finite(p) || p.second < yt.front() || p.second > yt.back()) return;
+    f.x_lo = std::min(f.x_lo, p.first - dx);
+    f.x_hi = std::max(f.x_hi, p.first + dx);
+    f.y_lo = std::min(f.y_lo, p.second - dy);
+    f.y_hi = std::max(f.y_hi, p.second + dy);
+  };
+  for (const Series& s : chart.series) {
+    if (dotted(s))
+      for (const XY& p : s.points) room(p);
+    for (const XY& p : s.rings) room(p);
+  }
+  return f;
 }
 
 std::string render_svg(const Chart& chart) {
@@ -195,10 +227,14 @@ std::string render_svg(const Chart& chart) {
   std::string legend;
   double legend_y = top + 6;
   for (const Series& ser : chart.series) {
-    const char* c = ser.dashed ? "#000000" : kPalette[colour % std::size(kPalette)];
-    const char* stroke = ser.dashed ? " stroke-dasharray=\"6 4\""
-                                    : kStrokes[colour / std::size(kPalette) % std::size(kStrokes)];
-    colour += !ser.dashed;
+    const char* c = ser.level    ? "#777777"
+                    : ser.dashed ? "#000000"
+                                 : kPalette[colour % std::size(kPalette)];
+    const char* stroke = ser.level ? " stroke-dasharray=\"2 3\""
+                         : ser.dashed
+                             ? " stroke-dasharray=\"6 4\""
+                             : kStrokes[colour / std::size(kPalette) % std::size(kStrokes)];
+    colour += !ser.dashed && !ser.level;
     std::string pts;
     for (const XY& p : ser.points)
       if (finite(p)) pts += fmt::format("{:.1f},{:.1f} ", f.x_px(p.first), f.y_px(p.second));
@@ -207,14 +243,17 @@ std::string render_svg(const Chart& chart) {
         "<polyline data-series=\"{}\" points=\"{}\" fill=\"none\" stroke=\"{}\" "
         "stroke-width=\"1.8\"{}/>\n",
         escape(ser.name), pts, c, stroke);
-    // A line through one point draws nothing: a single point gets its dot whatever `markers`.
-    size_t drawn = 0;
-    for (const XY& p : ser.points) drawn += finite(p);
-    if (ser.markers || drawn == 1)
+    if (dotted(ser))
       for (const XY& p : ser.points)
         if (finite(p))
-          s += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3.5\" fill=\"{}\"/>\n",
-                           f.x_px(p.first), f.y_px(p.second), c);
+          s += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"{}\" fill=\"{}\"/>\n",
+                           f.x_px(p.first), f.y_px(p.second), kDotRadius, c);
+    for (const XY& p : ser.rings)
+      if (finite(p))
+        s += fmt::format(
+            "<circle data-ring=\"{}\" cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"{}\" fill=\"#ffffff\" "
+            "stroke=\"{}\" stroke-width=\"1.8\"/>\n",
+            escape(ser.name), f.x_px(p.first), f.y_px(p.second), kRingRadius, c);
     legend += fmt::format(
         "<line x1=\"{0}\" y1=\"{1:.1f}\" x2=\"{2}\" y2=\"{1:.1f}\" stroke=\"{3}\" "
         "stroke-width=\"2\"{4}/><text x=\"{5}\" y=\"{6:.1f}\">{7}</text>\n",

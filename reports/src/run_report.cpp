@@ -582,6 +582,7 @@ struct Reached {
   bool compared = false;
   bool complete = false;
   std::optional<double> seconds;
+  std::optional<double> bpc;             // the validation BPC at that evaluation
   std::optional<double> last_evaluated;  // training seconds at the last evaluation, if any
 };
 Reached reached_dense(const json& r, const json* dense) {
@@ -592,11 +593,13 @@ Reached reached_dense(const json& r, const json* dense) {
   // check_record has read the times as one number a val_curve entry.
   const json &v = r.at("val_curve"), &t = r.at("val_curve_train_seconds");
   const double target = dense->value("final_val_bpc", 0.0);
-  Reached got{true, is_complete(r), std::nullopt, std::nullopt};
+  Reached got{true, is_complete(r), std::nullopt, std::nullopt, std::nullopt};
   for (size_t i = 0; i < v.size() && i < t.size(); ++i) {
     got.last_evaluated = t[i].get<double>();
-    if (v[i].value("val_bpc", INFINITY) <= target) {
+    const double bpc = v[i].value("val_bpc", INFINITY);
+    if (bpc <= target) {
       got.seconds = got.last_evaluated;
+      got.bpc = bpc;
       break;
     }
   }
@@ -921,8 +924,10 @@ void add_against_ra(std::vector<plot::Chart>& charts, const std::vector<json>& r
 
 // Validation BPC against training seconds (each evaluation's val_curve_train_seconds) for the
 // dense baseline and the MoE points the time table compares with it (reached_dense), the
-// baseline's final BPC as a line: where a curve crosses it is the time to the dense baseline's
-// BPC. Equal C is not equal time, and this is the comparison at equal time.
+// baseline's final BPC as a grey dotted line (the baseline's own curve is the dashed one): where
+// a curve crosses it is the time to the dense baseline's BPC, and a ring marks the evaluation the
+// table's "reached" figure is. Equal C is not equal time, and this is the comparison at equal
+// time.
 void add_bpc_against_time(std::vector<plot::Chart>& charts, const std::vector<json>& records,
                           const json& dense, const std::string& bpc_axis) {
   auto curve = [](const json& r) {
@@ -942,15 +947,24 @@ void add_bpc_against_time(std::vector<plot::Chart>& charts, const std::vector<js
                 "bpc-time"};
   const bool dense_timed = dense.contains("val_curve_train_seconds") && dense.contains("val_curve");
   if (dense_timed) c.series.push_back(curve(dense));
+  bool rings = false;
   for (const json& r : records)
-    if (reached_dense(r, &dense).compared) c.series.push_back(curve(r));
+    if (const Reached got = reached_dense(r, &dense); got.compared) {
+      c.series.push_back(curve(r));
+      if (got.seconds) c.series.back().rings.emplace_back(*got.seconds, *got.bpc);
+      rings = rings || got.seconds;
+    }
   if (c.series.size() == (dense_timed ? 1u : 0u)) return;
   plot::Series all{"", {}, false, false};
   for (const plot::Series& s : c.series)
     all.points.insert(all.points.end(), s.points.begin(), s.points.end());
-  c.series.push_back(plot::reference_line(
-      all, fmt::format("dense baseline's final BPC ({:.4f})", dense.value("final_val_bpc", 0.0)),
-      dense.value("final_val_bpc", 0.0)));
+  plot::Series level = plot::reference_line(
+      all,
+      fmt::format("dense baseline's final BPC ({:.4f}){}", dense.value("final_val_bpc", 0.0),
+                  rings ? "; \u25CB first reached" : ""),
+      dense.value("final_val_bpc", 0.0));
+  level.level = dense_timed;  // apart from the baseline's own dashed curve
+  c.series.push_back(std::move(level));
   charts.push_back(std::move(c));
 }
 

@@ -112,6 +112,74 @@ TEST_CASE("the ticks drawn are the frame's own: every label inside the frame") {
   for (const char* label : {">0<", ">80<"}) CHECK(svg.find(label) == std::string::npos);
 }
 
+TEST_CASE("dots and rings: the frame widened past the outer ticks so that none is cut in half") {
+  // An r_a sweep's dots at 0.2 .. 0.5 and BPC 1 .. 2 lie on the outer ticks. A dot reaches 6 px
+  // (a ring's 4.5 px radius, its stroke and a pixel) past its point; in units of the ticks' span
+  // over the drawing area (460 x 280 px) that is 6 · 0.3 / 460 = 0.0039130 in x and
+  // 6 · 1 / 280 = 0.0214286 in y. By hand: x 0.1960870 .. 0.5039130, y 0.9785714 .. 2.0214286;
+  // the dot at (0.2, 1) at x 70 + 0.0039130 / 0.3078261 · 460 = 75.85 px,
+  // y 314 − 0.0214286 / 1.0428571 · 280 = 308.25 px: 5.8 px inside the frame's corner.
+  Chart c;
+  c.series.push_back({"moe", {{0.2, 1}, {0.3, 1.5}, {0.5, 2}}, true, false});
+  Frame f = frame_for(c);
+  CHECK(f.x_lo == doctest::Approx(0.1960870).epsilon(1e-6));
+  CHECK(f.x_hi == doctest::Approx(0.5039130).epsilon(1e-6));
+  CHECK(f.y_lo == doctest::Approx(0.9785714).epsilon(1e-6));
+  CHECK(f.y_hi == doctest::Approx(2.0214286).epsilon(1e-6));
+  REQUIRE(f.x_ticks.size() == 4);  // the ticks stay the data's: 0.2, 0.3, 0.4, 0.5
+  CHECK(f.x_ticks.front() == doctest::Approx(0.2));
+  CHECK(f.x_ticks.back() == doctest::Approx(0.5));
+  CHECK(render_svg(c).find("<circle cx=\"75.8\" cy=\"308.2\" r=\"3.5\"") != std::string::npos);
+  // A line without dots fills the frame to its ends (the data-corner case above); a ring on it
+  // at its end widens the frame as a dot does, one inside it does not.
+  Chart line;
+  line.series.push_back({"a", {{0, 0}, {1, 1}, {2, 2}}, false, false});
+  line.series[0].rings = {{1, 1}};
+  CHECK(frame_for(line).x_hi == 2);
+  line.series[0].rings.push_back({2, 2});
+  CHECK(frame_for(line).x_hi == doctest::Approx(2 + 6.0 * 2 / 460));
+  // A ring in the series' colour, white inside, named by its series.
+  const std::string svg = render_svg(line);
+  CHECK(svg.find("r=\"4.5\" fill=\"#ffffff\" stroke=\"#0072B2\" stroke-width=\"1.8\"/>") !=
+        std::string::npos);
+  size_t rings = 0;
+  for (size_t at = svg.find("data-ring=\"a\""); at != std::string::npos;
+       at = svg.find("data-ring=\"a\"", at + 1))
+    ++rings;
+  CHECK(rings == 2);
+  // A dot the y axis leaves out (y_from_fraction) stays out: it does not widen the frame to it.
+  Chart skip;
+  skip.series.push_back({"s", {{0, 100}, {1, 1}, {2, 2}}, true, false});
+  skip.y_from_fraction = 0.5;
+  f = frame_for(skip);
+  CHECK(f.y_hi == doctest::Approx(2 + 6.0 / 280));
+  CHECK(f.y_lo == doctest::Approx(1 - 6.0 / 280));
+}
+
+TEST_CASE("a level line beside the dense curve: grey and dotted, taking no colour of the palette") {
+  Chart c;
+  c.series.push_back({"dense", {{0, 2}, {1, 1}}, false, true});
+  Series level{"dense's final", {{0, 1}, {1, 1}}, false, false};
+  level.level = true;
+  c.series.push_back(level);
+  c.series.push_back({"moe", {{0, 2.5}, {1, 0.9}}, false, false});
+  const std::string svg = render_svg(c);
+  auto polyline = [&](const std::string& name) {
+    const size_t at = svg.find("<polyline data-series=\"" + name + "\"");
+    REQUIRE(at != std::string::npos);
+    return svg.substr(at, svg.find("/>", at) - at);
+  };
+  CHECK(
+      polyline("dense").find("stroke=\"#000000\" stroke-width=\"1.8\" stroke-dasharray=\"6 4\"") !=
+      std::string::npos);
+  CHECK(polyline("dense's final")
+            .find("stroke=\"#777777\" stroke-width=\"1.8\" stroke-dasharray=\"2 3\"") !=
+        std::string::npos);
+  CHECK(polyline("moe").find("stroke=\"#0072B2\"") != std::string::npos);  // the first colour
+  CHECK(svg.find("stroke=\"#777777\" stroke-width=\"2\" stroke-dasharray=\"2 3\"/>") !=
+        std::string::npos);  // and its legend entry
+}
+
 TEST_CASE("text bars: scaled to the largest magnitude, # below zero and + above") {
   const std::string got = text_bars({{"a", -0.1}, {"bb", 0.05}}, "{:+.4f}", 10);
   CHECK(got == "  a   -0.1000  ##########\n  bb  +0.0500  +++++\n");

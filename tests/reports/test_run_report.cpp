@@ -1366,6 +1366,18 @@ TEST_CASE("report: a point still training has reached the dense baseline's BPC, 
   const std::string chart = html.substr(at, html.find("</svg>", at) - at);
   CHECK(chart.find("moe-e") != std::string::npos);
   CHECK(chart.find("moe-f") != std::string::npos);
+  // A ring where moe-a and moe-e reached 2.0, none on the others; the baseline's level grey and
+  // dotted beside its dashed curve. By hand: x ticks 0 .. 15 (the level spans 3 .. 15), widened
+  // for the ring at 15 by 6 px · 15 / 460 px = 0.1957; y ticks 1.8 .. 2.6, the rings inside.
+  //   moe-a (12 s, 1.9):  x 70 + 12 / 15.1957 · 460 = 433.3, y 314 − 0.1 / 0.8 · 280 = 279.0
+  //   moe-e (15 s, 1.98): x 70 + 15 / 15.1957 · 460 = 524.1, y 314 − 0.18 / 0.8 · 280 = 251.0
+  CHECK(count(chart, "data-ring=") == 2);
+  CHECK(chart.find("<circle data-ring=\"moe-a\" cx=\"433.3\" cy=\"279.0\"") != std::string::npos);
+  CHECK(chart.find("<circle data-ring=\"moe-e\" cx=\"524.1\" cy=\"251.0\"") != std::string::npos);
+  CHECK(chart.find("dense baseline's final BPC (2.0000); \u25CB first reached") !=
+        std::string::npos);
+  CHECK(chart.find("stroke=\"#777777\" stroke-width=\"1.8\" stroke-dasharray=\"2 3\"") !=
+        std::string::npos);
   // With the folder's audit, as `moeplan report` runs it: the audit errs on each running record
   // for its status alone (it judges nothing else of it), which leaves the figure as it was; any
   // other error of its, an error in the baseline, or a plan of another C takes it out.

@@ -14,7 +14,13 @@ struct Series {
   std::string name;
   std::vector<XY> points;  // drawn in the order given
   bool markers = false;    // a dot at each point (few points: a sweep over r_a)
-  bool dashed = false;     // a reference line (the dense baseline)
+  bool dashed = false;     // the dense baseline's: its curve, or its figure as a reference line
+  // A reference line drawn beside the dense baseline's own (dashed) curve: grey and dotted, so
+  // that the two are told apart (validation BPC against time: the curve and its final BPC).
+  bool level = false;
+  // Hollow circles in the series' colour at these points, beside its line: where a curve first
+  // came to a reference line (the time table's "reached" figure).
+  std::vector<XY> rings = {};
 };
 
 // A dashed horizontal line at y (a baseline) across the x range of `over`'s points, widened to
@@ -53,7 +59,9 @@ struct Frame {
   double y_px(double y) const;
 };
 
-// The frame whose axes span every series' points on nice ticks.
+// The frame whose axes span every series' points on nice ticks, widened past the outer ticks by
+// half a dot and a pixel where a dot or a ring would lie on the frame's edge (0.2 of an r_a sweep
+// on the 0.2 tick), so that no dot is cut in half.
 Frame frame_for(const Chart& chart);
 
 // An <svg> element: axes with ticks and labels, a grid, one polyline per series, a legend.
