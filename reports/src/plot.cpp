@@ -226,6 +226,7 @@ std::string render_svg(const Chart& chart) {
   size_t colour = 0;
   std::string legend;
   double legend_y = top + 6;
+  std::vector<std::pair<std::string, const char*>> drawn_in;  // each series' name and colour
   for (const Series& ser : chart.series) {
     const char* c = ser.level    ? "#777777"
                     : ser.dashed ? "#000000"
@@ -234,15 +235,24 @@ std::string render_svg(const Chart& chart) {
                          : ser.dashed
                              ? " stroke-dasharray=\"6 4\""
                              : kStrokes[colour / std::size(kPalette) % std::size(kStrokes)];
-    colour += !ser.dashed && !ser.level;
+    double width = 1.8;
+    if (!ser.beside.empty()) {
+      c = "#000000";
+      for (const auto& [name, its] : drawn_in)
+        if (name == ser.beside) c = its;
+      stroke = " stroke-dasharray=\"6 4\"";
+      width = 1.2;
+    }
+    colour += !ser.dashed && !ser.level && ser.beside.empty();
+    drawn_in.emplace_back(ser.name, c);
     std::string pts;
     for (const XY& p : ser.points)
       if (finite(p)) pts += fmt::format("{:.1f},{:.1f} ", f.x_px(p.first), f.y_px(p.second));
     if (!pts.empty()) pts.pop_back();
     s += fmt::format(
         "<polyline data-series=\"{}\" points=\"{}\" fill=\"none\" stroke=\"{}\" "
-        "stroke-width=\"1.8\"{}/>\n",
-        escape(ser.name), pts, c, stroke);
+        "stroke-width=\"{}\"{}/>\n",
+        escape(ser.name), pts, c, width, stroke);
     if (dotted(ser))
       for (const XY& p : ser.points)
         if (finite(p))

@@ -1638,6 +1638,7 @@ std::string render_replicate_report(const std::vector<std::vector<json>>& given,
   std::vector<plot::Series> per_folder(folders.size());
   for (size_t f = 0; f < folders.size(); ++f) per_folder[f] = {names[f], {}, true, false};
   std::vector<double> dense_bpcs;
+  std::vector<std::optional<double>> folder_dense(folders.size());  // each counted baseline's
   std::vector<std::pair<std::string, double>> bars;
   int moe_points = 0, moe_always = 0, moe_partial = 0;
   std::string left_out;
@@ -1670,7 +1671,10 @@ std::string render_replicate_report(const std::vector<std::vector<json>>& given,
       }
       const double b = r->value("final_val_bpc", 0.0);
       bpc.push_back(b);
-      if (is_d) dense_bpcs.push_back(b);
+      if (is_d) {
+        dense_bpcs.push_back(b);
+        folder_dense[f] = b;
+      }
       if (!is_d && dense[f] && comparable(*r, *dense[f])) {
         const double d = b - dense[f]->value("final_val_bpc", 0.0);
         diff.push_back(d);
@@ -1804,6 +1808,16 @@ std::string render_replicate_report(const std::vector<std::vector<json>>& given,
     if (!s.points.empty()) c.series.push_back(s);
   if (!reps_mean.points.empty()) {
     c.series.push_back(reps_mean);
+    // Each replicate's own dense baseline, in its colour: the margins the table pairs are to it,
+    // and the spread of these lines is the baseline's seed noise. Then the mean of them.
+    for (size_t f = 0; f < folders.size(); ++f)
+      if (folder_dense[f] && !per_folder[f].points.empty()) {
+        plot::Series own = plot::reference_line(
+            reps_mean, fmt::format("{}: dense ({:.4f})", names[f], *folder_dense[f]),
+            *folder_dense[f]);
+        own.beside = names[f];
+        c.series.push_back(std::move(own));
+      }
     const Stats sd = stats_of(dense_bpcs);
     if (sd.n)
       c.series.push_back(

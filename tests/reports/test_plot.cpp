@@ -21,6 +21,19 @@ void check_ticks(double lo, double hi, const std::vector<double>& want) {
   for (size_t i = 0; i < got.size(); ++i) CHECK(got[i] == doctest::Approx(want[i]).epsilon(1e-12));
 }
 
+size_t occurrences(const std::string& s, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = s.find(what); at != std::string::npos; at = s.find(what, at + 1)) ++n;
+  return n;
+}
+
+// A series' <polyline> element in an SVG, up to its end.
+std::string polyline(const std::string& svg, const std::string& name) {
+  const size_t at = svg.find("<polyline data-series=\"" + name + "\"");
+  REQUIRE_MESSAGE(at != std::string::npos, name);
+  return svg.substr(at, svg.find("/>", at) - at);
+}
+
 }  // namespace
 
 TEST_CASE("nice ticks: steps of 1, 2 or 5 times a power of ten, covering the range") {
@@ -142,11 +155,8 @@ TEST_CASE("dots and rings: the frame widened past the outer ticks so that none i
   const std::string svg = render_svg(line);
   CHECK(svg.find("r=\"4.5\" fill=\"#ffffff\" stroke=\"#0072B2\" stroke-width=\"1.8\"/>") !=
         std::string::npos);
-  size_t rings = 0;
-  for (size_t at = svg.find("data-ring=\"a\""); at != std::string::npos;
-       at = svg.find("data-ring=\"a\"", at + 1))
-    ++rings;
-  CHECK(rings == 2);
+  CHECK(occurrences(svg, "data-ring=\"a\"") == 2);
+
   // A dot the y axis leaves out (y_from_fraction) stays out: it does not widen the frame to it.
   Chart skip;
   skip.series.push_back({"s", {{0, 100}, {1, 1}, {2, 2}}, true, false});
@@ -164,20 +174,35 @@ TEST_CASE("a level line beside the dense curve: grey and dotted, taking no colou
   c.series.push_back(level);
   c.series.push_back({"moe", {{0, 2.5}, {1, 0.9}}, false, false});
   const std::string svg = render_svg(c);
-  auto polyline = [&](const std::string& name) {
-    const size_t at = svg.find("<polyline data-series=\"" + name + "\"");
-    REQUIRE(at != std::string::npos);
-    return svg.substr(at, svg.find("/>", at) - at);
-  };
-  CHECK(
-      polyline("dense").find("stroke=\"#000000\" stroke-width=\"1.8\" stroke-dasharray=\"6 4\"") !=
-      std::string::npos);
-  CHECK(polyline("dense's final")
+  CHECK(polyline(svg, "dense")
+            .find("stroke=\"#000000\" stroke-width=\"1.8\" stroke-dasharray=\"6 4\"") !=
+        std::string::npos);
+  CHECK(polyline(svg, "dense's final")
             .find("stroke=\"#777777\" stroke-width=\"1.8\" stroke-dasharray=\"2 3\"") !=
         std::string::npos);
-  CHECK(polyline("moe").find("stroke=\"#0072B2\"") != std::string::npos);  // the first colour
+  CHECK(polyline(svg, "moe").find("stroke=\"#0072B2\"") != std::string::npos);  // the first colour
   CHECK(svg.find("stroke=\"#777777\" stroke-width=\"2\" stroke-dasharray=\"2 3\"/>") !=
         std::string::npos);  // and its legend entry
+}
+
+TEST_CASE("a line beside a series: in that series' colour, dashed and thinner, taking none") {
+  Chart c;
+  c.series.push_back({"p", {{0, 1}, {1, 2}}, true, false});
+  c.series.push_back({"q", {{0, 2}, {1, 1}}, true, false});
+  Series base{"p's base", {{0, 1.5}, {1, 1.5}}, false, false};
+  base.beside = "p";
+  c.series.push_back(base);
+  c.series.push_back({"r", {{0, 3}, {1, 3}}, false, false});
+  Series lost{"x", {{0, 0.5}, {1, 0.5}}, false, false};
+  lost.beside = "no such series";
+  c.series.push_back(lost);
+  const std::string svg = render_svg(c);
+  CHECK(polyline(svg, "p's base")
+            .find("stroke=\"#0072B2\" stroke-width=\"1.2\" stroke-dasharray=\"6 4\"") !=
+        std::string::npos);
+  CHECK(polyline(svg, "q").find("stroke=\"#D55E00\" stroke-width=\"1.8\"") != std::string::npos);
+  CHECK(polyline(svg, "r").find("stroke=\"#009E73\"") != std::string::npos);  // the third colour
+  CHECK(polyline(svg, "x").find("stroke=\"#000000\" stroke-width=\"1.2\"") != std::string::npos);
 }
 
 TEST_CASE("text bars: scaled to the largest magnitude, # below zero and + above") {
@@ -244,18 +269,13 @@ TEST_CASE("past eight series the palette repeats with another stroke, so no two 
   for (int i = 0; i < 17; ++i) c.series.push_back({numbered(i), {{0, 1}}, false, false});
   c.series.push_back({"dense", {{0, 1}}, false, true});
   const std::string svg = render_svg(c);
-  auto polyline = [&](const std::string& name) {
-    const size_t at = svg.find("<polyline data-series=\"" + name + "\"");
-    REQUIRE(at != std::string::npos);
-    return svg.substr(at, svg.find("/>", at) - at);
-  };
   // Series 0, 8 and 16 share the first colour: solid, dotted, dash-dot.
   for (const char* name : {"p0", "p8", "p16"})
-    CHECK(polyline(name).find("#0072B2") != std::string::npos);
-  CHECK(polyline("p0").find("dasharray") == std::string::npos);
-  CHECK(polyline("p8").find("stroke-dasharray=\"1.5 3\"") != std::string::npos);
-  CHECK(polyline("p16").find("stroke-dasharray=\"8 3 2 3\"") != std::string::npos);
-  CHECK(polyline("dense").find("stroke-dasharray=\"6 4\"") != std::string::npos);
+    CHECK(polyline(svg, name).find("#0072B2") != std::string::npos);
+  CHECK(polyline(svg, "p0").find("dasharray") == std::string::npos);
+  CHECK(polyline(svg, "p8").find("stroke-dasharray=\"1.5 3\"") != std::string::npos);
+  CHECK(polyline(svg, "p16").find("stroke-dasharray=\"8 3 2 3\"") != std::string::npos);
+  CHECK(polyline(svg, "dense").find("stroke-dasharray=\"6 4\"") != std::string::npos);
   // The legend draws each entry with its series' stroke.
   CHECK(svg.find("stroke=\"#0072B2\" stroke-width=\"2\" stroke-dasharray=\"1.5 3\"/>") !=
         std::string::npos);

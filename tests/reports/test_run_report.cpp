@@ -919,6 +919,32 @@ TEST_CASE("replicates: the chart of every replicate draws every replicate the me
   CHECK(text.find('\x1b') == std::string::npos);
 }
 
+TEST_CASE("replicates: the chart draws each replicate's own dense baseline in its colour") {
+  // The margins are paired with each folder's own baseline (a: 2.0, b: 2.1), so the chart draws
+  // each beside its folder's points, then their mean, 2.05. Folder c has no baseline: no line.
+  const std::vector<std::vector<json>> folders = {
+      {with_seed(record("dense", true, 1.0, 2.0), 1),
+       with_seed(record("moe-a", false, 0.2, 1.9), 1)},
+      {with_seed(record("dense", true, 1.0, 2.1), 2),
+       with_seed(record("moe-a", false, 0.2, 1.8), 2)},
+      {with_seed(record("moe-a", false, 0.2, 1.85), 3)}};
+  const std::string html =
+      moeplan::render_replicate_report(folders, {"a", "b", "c"}, moeplan::ReportFormat::html);
+  CAPTURE(html);
+  auto polyline = [&](const std::string& name) {
+    const size_t at = html.find("<polyline data-series=\"" + name + "\"");
+    return at == std::string::npos ? std::string() : html.substr(at, html.find("/>", at) - at);
+  };
+  CHECK(polyline("a: dense (2.0000)").find("stroke=\"#0072B2\" stroke-width=\"1.2\"") !=
+        std::string::npos);
+  CHECK(polyline("b: dense (2.1000)").find("stroke=\"#D55E00\" stroke-width=\"1.2\"") !=
+        std::string::npos);
+  CHECK(html.find("c: dense") == std::string::npos);
+  CHECK(polyline("dense mean (2.0500)").find("stroke=\"#000000\" stroke-width=\"1.8\"") !=
+        std::string::npos);
+  CHECK(polyline("MoE mean").find("stroke=\"#CC79A7\"") != std::string::npos);  // a, b, c, it
+}
+
 TEST_CASE("report: a point with no training time has no time ratio; wall time to 0.1 s") {
   std::vector<json> recs = {record("dense", true, 1.0, 2.0), record("moe-a", false, 0.2, 1.8)};
   recs[1]["train_seconds"] = 0.0;

@@ -21,6 +21,10 @@ struct Series {
   // Hollow circles in the series' colour at these points, beside its line: where a curve first
   // came to a reference line (the time table's "reached" figure).
   std::vector<XY> rings = {};
+  // The name of an earlier series whose colour this one is drawn in, dashed and thinner, taking
+  // no colour of its own: a replicate's own dense baseline beside that replicate's points. Where
+  // no earlier series has the name, black.
+  std::string beside = {};
 };
 
 // A dashed horizontal line at y (a baseline) across the x range of `over`'s points, widened to
