@@ -84,10 +84,11 @@ const bool registered = register_command(
          const Manifest m = plan_sweep(req);
          const std::string text = render_manifest(m, format);
          if (f->output.empty()) {
-           fmt::print("{}", text);
+           fmt::print("{}", format == Format::table ? for_terminal(text) : text);
          } else {
            write_file_atomic(f->output, text);
-           if (format != Format::table) fmt::print("{}", render_manifest(m, Format::table));
+           if (format != Format::table)
+             fmt::print("{}", for_terminal(render_manifest(m, Format::table)));
            fmt::print("wrote {} ({}: dense baseline + {} point{})\n", f->output, name(format),
                       m.points.size(), m.points.size() == 1 ? "" : "s");
          }

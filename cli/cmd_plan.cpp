@@ -186,7 +186,7 @@ int run(const PlanCmdFlags& f, const CLI::App& app) {
     // A file name need not be UTF-8 (JSON text must be): such bytes become U+FFFD, not exit 70.
     fmt::print("{}\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
   } else {
-    fmt::print("{}", render_plan_breakdown(plan));
+    fmt::print("{}", for_terminal(render_plan_breakdown(plan)));
     if (!context.empty()) fmt::print("\n{}", context);
   }
   return kExitOk;

@@ -86,7 +86,7 @@ int report(const ReportFlags& f) {
     text = render_replicate_report(folders, f.runs_dirs, format, audits);
   }
   if (f.output.empty()) {
-    fmt::print("{}", text);
+    fmt::print("{}", for_terminal(text));  // the text format: -o alone chooses another
     return kExitOk;
   }
   write_file_atomic(f.output, text);

@@ -38,7 +38,7 @@ const bool registered = register_command(
          if (const std::string w = capacity_factor_warning(m); !w.empty())
            fmt::print(stderr, "moeplan: warning: {}\n", w);
          if (f->output.empty()) {
-           fmt::print("{}", text);
+           fmt::print("{}", format == Format::table ? for_terminal(text) : text);
          } else {
            write_file_atomic(f->output, text);
            fmt::print("wrote {} ({})\n", f->output, name(format));

@@ -89,6 +89,14 @@ inline CLI::Validator decimal_integer(int64_t hi = std::numeric_limits<int64_t>:
       "INT");
 }
 
+// How wide a table may print: MOEPLAN_COLUMNS where set (0: whole rows always), else the width
+// of the terminal standard output is, else 0 (a pipe or a file gets whole rows). InputError on a
+// MOEPLAN_COLUMNS that is not a whole number; main reads it before any command's work.
+size_t table_width();
+// `text` for standard output: its tables wider than table_width() in parts that fit (a table's
+// wrapped lines are unreadable), the key column in each (moeplan::fit_tables).
+std::string for_terminal(const std::string& text);
+
 bool register_command(Command c);
 const std::vector<Command>& commands();
 // The command line as given, without the program name (kept by main for `run --nproc`, whose

@@ -1,7 +1,12 @@
 // moeplan: plan, run, audit and report equal-resource MoE vs dense sweeps.
+#include <sys/ioctl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <iostream>
@@ -14,6 +19,7 @@
 
 #include "command.hpp"
 #include "moeplan/accounting/error.hpp"
+#include "moeplan/reports/text_table.hpp"
 #include "moeplan/sweeps/escape.hpp"
 
 namespace moeplan::cli {
@@ -31,6 +37,31 @@ bool register_command(Command c) {
 }
 const std::vector<Command>& commands() {
   return registry();
+}
+
+size_t table_width() {
+  static const size_t width = [] {
+    if (const char* env = std::getenv("MOEPLAN_COLUMNS")) {
+      const std::string v = env;
+      size_t n = 0;
+      const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+      if (v.empty() || ec != std::errc() || end != v.data() + v.size() || n > 100000)
+        throw moeplan::InputError(fmt::format(
+            "MOEPLAN_COLUMNS '{}' is not a width: give a whole number of terminal columns up to "
+            "100000 for tables to fit in, or 0 for whole rows",
+            moeplan::printable(v)));
+      return n;
+    }
+    winsize ws{};
+    if (::isatty(STDOUT_FILENO) && ::ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0)
+      return size_t(ws.ws_col);
+    return size_t(0);
+  }();
+  return width;
+}
+
+std::string for_terminal(const std::string& text) {
+  return moeplan::fit_tables(text, table_width());
 }
 
 std::vector<std::string>& args_storage() {
@@ -195,6 +226,7 @@ int main(int argc, char** argv) {
       return kExitBadInput;
     }
     try {
+      table_width();  // a bad MOEPLAN_COLUMNS is said before any work
       for (auto& [sub, action] : actions)
         if (sub->parsed()) {
           exempt = sub->get_name() == "run" && sub->count("--estimate") == 0;

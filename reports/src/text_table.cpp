@@ -1,6 +1,8 @@
 #include "moeplan/reports/text_table.hpp"
 
 #include <algorithm>
+#include <utility>
+#include <vector>
 
 #include "moeplan/sweeps/escape.hpp"
 
@@ -40,6 +42,54 @@ std::string pad(const std::string& s, size_t width, TextTable::Align align) {
   return align == TextTable::Align::left ? s + fill : fill + s;
 }
 
+// The bytes of `line` whose code points start at display columns [from, to): a cell of an
+// aligned table, whose columns are display columns (a combining mark goes with its base).
+std::string display_columns(const std::string& line, size_t from, size_t to) {
+  std::string out;
+  size_t col = 0;
+  for (size_t i = 0; i < line.size();) {
+    const unsigned char c = static_cast<unsigned char>(line[i]);
+    const size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : 4;
+    const std::string cp = line.substr(i, len);
+    const size_t w = display_width(cp);
+    // A zero-width code point belongs to the column of the one before it.
+    const size_t at = w == 0 && col > 0 ? col - 1 : col;
+    if (at >= from && at < to) out += cp;
+    col += w;
+    i += len;
+  }
+  return out;
+}
+
+// A rule line as render() writes it: runs of '-' two spaces apart. Their [start, end) columns.
+std::vector<std::pair<size_t, size_t>> rule_spans(const std::string& line) {
+  std::vector<std::pair<size_t, size_t>> spans;
+  if (line.empty() || line[0] != '-') return {};
+  for (size_t i = 0; i < line.size();) {
+    if (line[i] != '-') return {};
+    const size_t start = i;
+    while (i < line.size() && line[i] == '-') ++i;
+    spans.emplace_back(start, i);
+    if (i == line.size()) break;
+    if (line.compare(i, 2, "  ") != 0) return {};
+    i += 2;
+  }
+  return spans;
+}
+
+std::string trim_right(std::string s) {
+  while (!s.empty() && s.back() == ' ') s.pop_back();
+  return s;
+}
+
+// The first word of a header cell (its columns in the header line).
+std::string first_word(const std::string& header, std::pair<size_t, size_t> span) {
+  const std::string cell = display_columns(header, span.first, span.second);
+  const size_t from = cell.find_first_not_of(' ');
+  if (from == std::string::npos) return "";
+  return cell.substr(from, cell.find(' ', from) - from);
+}
+
 std::string escape_md(const std::string& s) {
   return escape_markdown(s);
 }
@@ -76,6 +126,50 @@ std::string TextTable::render() const {
   for (size_t w : width) rule.emplace_back(w, '-');
   out += line(rule);
   for (const auto& row : rows_) out += line(row);
+  return out;
+}
+
+std::string fit_tables(const std::string& text, size_t width) {
+  if (width == 0) return text;
+  std::vector<std::string> lines;
+  for (size_t at = 0; at <= text.size();) {
+    const size_t nl = text.find('\n', at);
+    lines.push_back(text.substr(at, nl == std::string::npos ? std::string::npos : nl - at));
+    if (nl == std::string::npos) break;
+    at = nl + 1;
+  }
+  std::string out;
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const auto spans = i + 1 < lines.size() ? rule_spans(lines[i + 1]) : decltype(rule_spans("")){};
+    if (spans.empty() || spans.back().second <= width) {
+      out += lines[i];
+      if (i + 1 < lines.size()) out += '\n';
+      continue;
+    }
+    size_t end = i + 2;  // the table: its header, rule and rows
+    while (end < lines.size() && !lines[end].empty()) ++end;
+    const bool blank_first = trim_right(display_columns(lines[i], 0, spans[0].second)).empty();
+    const size_t keys = blank_first && spans.size() > 2 ? 2 : 1;
+    const size_t key_end = spans[keys - 1].second;
+    for (size_t first = keys; first < spans.size();) {
+      size_t last = first + 1;  // columns [first, last) in this part: at least one
+      while (last < spans.size() &&
+             key_end + 2 + (spans[last].second - spans[first].first) <= width)
+        ++last;
+      // Two columns of one quantity ("N plan" and "N meas", "r_a" and "r_a target") stay
+      // together where the part holds others: the pair is read side by side.
+      if (last < spans.size() && last - 1 > first &&
+          first_word(lines[i], spans[last - 1]) == first_word(lines[i], spans[last]))
+        --last;
+      if (first > keys) out += '\n';
+      for (size_t l = i; l < end; ++l)
+        out += trim_right(display_columns(lines[l], 0, key_end) + "  " +
+                          display_columns(lines[l], spans[first].first, spans[last - 1].second)) +
+               '\n';
+      first = last;
+    }
+    i = end - 1;  // the line after the table (blank, or the text's end) as any other
+  }
   return out;
 }
 

@@ -37,11 +37,11 @@ std::string slurp(const fs::path& p) {
   return ss.str();
 }
 
-// Runs `moeplan <args>` (args are shell words we control), stdout and stderr kept apart.
-Result run_moeplan(const std::string& args) {
+// Runs `moeplan <args>` (args are shell words we control), stdout and stderr kept apart; `env`:
+// assignments before the command ("MOEPLAN_COLUMNS=100").
+Result run_moeplan(const std::string& args, const std::string& env = "") {
   const fs::path err = scratch() / "stderr.txt";
-  const std::string cmd =
-      std::string("'") + MOEPLAN_BINARY + "' " + args + " 2>'" + err.string() + "'";
+  const std::string cmd = env + " '" + MOEPLAN_BINARY + "' " + args + " 2>'" + err.string() + "'";
   Result r;
   FILE* pipe = ::popen(cmd.c_str(), "r");
   REQUIRE(pipe != nullptr);
@@ -1145,6 +1145,75 @@ TEST_CASE(
                 rep.err);
   CHECK(rep.err.find("replicates differ only in their seeds (seed, data_seed)") !=
         std::string::npos);
+}
+
+namespace {
+
+// A line's cells: the runs of text between two or more spaces.
+std::vector<std::string> cells_of(const std::string& line) {
+  std::vector<std::string> cells;
+  for (size_t at = line.find_first_not_of(' '); at != std::string::npos;) {
+    size_t end = line.find("  ", at);
+    cells.push_back(line.substr(at, end == std::string::npos ? std::string::npos : end - at));
+    at = end == std::string::npos ? end : line.find_first_not_of(' ', end);
+  }
+  return cells;
+}
+
+// Terminal columns of UTF-8 text without wide characters: code points, less combining marks.
+size_t columns_of(const std::string& line) {
+  size_t n = 0;
+  for (size_t i = 0; i < line.size(); ++i) {
+    const auto c = static_cast<unsigned char>(line[i]);
+    if ((c & 0xC0) == 0x80) continue;  // a continuation byte
+    n += !(c == 0xCC || (c == 0xCD && static_cast<unsigned char>(line[i + 1]) < 0xB0));
+  }
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("a table wider than the terminal (MOEPLAN_COLUMNS) prints in parts, each with the ids") {
+  const std::string args = "grid --N 2e9 --ra 0.05:0.4";
+  const Result whole = run_moeplan(args);  // a pipe: whole rows
+  const Result fit = run_moeplan(args, "MOEPLAN_COLUMNS=100");
+  REQUIRE(whole.status == 0);
+  REQUIRE(fit.status == 0);
+  auto lines_starting = [](const std::string& text, const std::string& start) {
+    std::vector<std::string> out;
+    std::istringstream in(text);
+    for (std::string line; std::getline(in, line);)
+      if (line.rfind(start, 0) == 0) out.push_back(line);
+    return out;
+  };
+  const auto whole_header = lines_starting(whole.out, "   id  ");
+  REQUIRE(whole_header.size() == 1);
+  CHECK(columns_of(whole_header[0]) > 200);  // the table as it is: 223 columns
+  const auto headers = lines_starting(fit.out, "   id  ");
+  CHECK(headers.size() >= 3);
+  // Every part fits in 100 columns and begins with the key columns; the parts' other columns, one
+  // after another, are the whole table's, for the header and for a row (the flagged one).
+  for (const char* start : {"   id  ", "!  moe-ra0.050  "}) {
+    const std::vector<std::string> parts = lines_starting(fit.out, start);
+    CHECK(parts.size() == headers.size());
+    std::vector<std::string> joined;
+    for (const std::string& p : parts) {
+      CHECK_MESSAGE(columns_of(p) <= 100, p);
+      const std::vector<std::string> c = cells_of(p);
+      joined.insert(joined.end(), c.begin() + 1 + (start[0] == '!'), c.end());
+    }
+    std::vector<std::string> want = cells_of(lines_starting(whole.out, start).at(0));
+    want.erase(want.begin(), want.begin() + 1 + (start[0] == '!'));
+    CHECK(joined == want);
+  }
+  // 0: whole rows, as in a pipe; not a whole number: refused before any work.
+  CHECK(run_moeplan(args, "MOEPLAN_COLUMNS=0").out == whole.out);
+  const Result bad = run_moeplan(args, "MOEPLAN_COLUMNS=wide");
+  CHECK(bad.status == 2);
+  CHECK(bad.out.empty());
+  CHECK(bad.err ==
+        "moeplan: error: MOEPLAN_COLUMNS 'wide' is not a width: give a whole number of terminal "
+        "columns up to 100000 for tables to fit in, or 0 for whole rows\n");
 }
 
 TEST_CASE("output that cannot reach stdout is an error, not exit 0; a huge input is refused") {

@@ -628,6 +628,76 @@ TEST_CASE("report: a damaged record is refused naming the file and the key, not 
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("text tables wider than a terminal: in parts, each with the key column") {
+  // By hand: columns id 5 wide ("moe-D̂" is 5 columns), alpha 5, b 2, gamma 5, two spaces apart:
+  // 23 columns in all. In 16: the key column (5) and two spaces leave 9, which hold alpha and b
+  // (7 .. 16), then gamma alone.
+  moeplan::TextTable t;
+  t.add_column("id", moeplan::TextTable::Align::left);
+  t.add_column("alpha");
+  t.add_column("b");
+  t.add_column("gamma");
+  t.add_row({"dense", "1.000", "22", "333"});
+  t.add_row({"moe-D̂", "0.200", "4", "55555"});
+  const std::string table = t.render();
+  REQUIRE(table ==
+          "id     alpha   b  gamma\n"
+          "-----  -----  --  -----\n"
+          "dense  1.000  22    333\n"
+          "moe-D̂  0.200   4  55555\n");
+  const std::string text = "a title wider than sixteen columns\n\n" + table + "\nafter\n";
+  CHECK(moeplan::fit_tables(text, 16) ==
+        "a title wider than sixteen columns\n\n"
+        "id     alpha   b\n"
+        "-----  -----  --\n"
+        "dense  1.000  22\n"
+        "moe-D̂  0.200   4\n"
+        "\n"
+        "id     gamma\n"
+        "-----  -----\n"
+        "dense    333\n"
+        "moe-D̂  55555\n"
+        "\nafter\n");
+  CHECK(moeplan::fit_tables(text, 23) == text);                       // it fits
+  CHECK(moeplan::fit_tables(text, 0) == text);                        // no width: as it is
+  CHECK(moeplan::fit_tables(table, 16).ends_with("moe-D̂  55555\n"));  // no blank line added
+  // A first column without a header (the grid's flag) is a key with the next one: 5 columns.
+  moeplan::TextTable g;
+  g.add_column("", moeplan::TextTable::Align::left);
+  g.add_column("id", moeplan::TextTable::Align::left);
+  g.add_column("x");
+  g.add_column("yy");
+  g.add_row({"!", "a", "1", "2"});
+  g.add_row({"", "bb", "3", "4"});
+  // Two columns of one quantity (the same first word) go to the next part together where the
+  // first would end a part holding others: "x plan" joins "x meas" (7 .. 21 needs 18 with the
+  // key), not "a" (4 .. 13 would fit 18).
+  moeplan::TextTable q;
+  q.add_column("id", moeplan::TextTable::Align::left);
+  q.add_column("a");
+  q.add_column("x plan");
+  q.add_column("x meas");
+  q.add_row({"p", "1", "5", "6"});
+  CHECK(moeplan::fit_tables(q.render(), 18) ==
+        "id  a\n"
+        "--  -\n"
+        "p   1\n"
+        "\n"
+        "id  x plan  x meas\n"
+        "--  ------  ------\n"
+        "p        5       6\n");
+  CHECK(moeplan::fit_tables(g.render(), 9) ==
+        "   id  x\n"
+        "-  --  -\n"
+        "!  a   1\n"
+        "   bb  3\n"
+        "\n"
+        "   id  yy\n"
+        "-  --  --\n"
+        "!  a    2\n"
+        "   bb   4\n");
+}
+
 TEST_CASE("text tables: wide CJK characters take two columns, combining marks none") {
   // "模型" is two wide characters (4 columns), "D̂" is D plus a combining mark (1 column): the
   // second column starts in the same terminal column on every line.

@@ -21,4 +21,12 @@ class TextTable {
   std::vector<std::vector<std::string>> rows_;
 };
 
+// Each table of `text` (a header line, a rule of dashes under it as render() writes it, then
+// rows up to a blank line or the end) wider than `width` display columns, printed in parts that
+// fit, one after another with a blank line between: each part repeats the key column (the
+// first, and the second too where the first has no header: the grid's flag column before the
+// ids) and takes as many of the next columns as fit, at least one. Everything else of `text` as
+// it is, and all of it where width is 0. For a terminal: a wrapped line of a table is unreadable.
+std::string fit_tables(const std::string& text, size_t width);
+
 }  // namespace moeplan
