@@ -310,16 +310,36 @@ std::string md_code_block(const std::string& text) {
   return out;
 }
 
-// The HTML report's page head (both reports share its table style).
-constexpr const char* kHtmlHead =
-    "<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>moeplan report</title>"
-    "<style>td,th{padding:2px 8px;text-align:right}td:first-child{text-align:left}"
-    "table{border-collapse:collapse}tr:nth-child(even){background:#f4f4f4}</style>"
-    "</head><body>\n";
+// The HTML report's page head, titled `heading`, and its first heading: both reports share its
+// style. Prose no wider than a reader follows, numbers in columns of even digits, a wide table
+// scrolled within its own box rather than the page, its point column staying in view.
+std::string html_head(const std::string& heading) {
+  return "<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>" + html_escape(heading) +
+         "</title><style>"
+         "body{font-family:system-ui,sans-serif;margin:1.5em 2em;color:#222}"
+         "h1{font-size:1.4em}h2{font-size:1.15em;margin-top:1.8em}"
+         "p{max-width:62em;line-height:1.45}.wide{overflow-x:auto}"
+         "table{border-collapse:collapse;font-variant-numeric:tabular-nums}"
+         "td,th{padding:3px 9px;text-align:right;border-bottom:1px solid #e4e4e4}"
+         "td{white-space:nowrap}th{background:#e9eef3;vertical-align:bottom}"
+         "td:first-child,th:first-child{text-align:left;position:sticky;left:0}"
+         "td:first-child{background:#fff}tr:nth-child(even) td{background:#f6f6f6}"
+         "</style></head><body>\n<h1>" +
+         html_escape(heading) + "</h1>\n";
+}
+
+// A title of several sentences as an HTML heading (its first sentence) and a paragraph (the
+// rest), as the Markdown report splits it.
+std::string html_section(const std::string& title, const char* tag) {
+  const size_t end = title.find(". ");
+  if (end == std::string::npos) return fmt::format("<{0}>{1}</{0}>\n", tag, html_escape(title));
+  return fmt::format("<{0}>{1}</{0}>\n<p>{2}</p>\n", tag, html_escape(title.substr(0, end)),
+                     html_escape(title.substr(end + 2)));
+}
 
 std::string html_table(const std::vector<std::string>& headers,
                        const std::vector<std::vector<std::string>>& body) {
-  std::string h = "<table>\n<tr>";
+  std::string h = "<div class=\"wide\"><table>\n<tr>";
   for (const auto& c : headers) h += "<th>" + html_escape(c) + "</th>";
   h += "</tr>\n";
   for (const auto& row : body) {
@@ -327,7 +347,7 @@ std::string html_table(const std::vector<std::string>& headers,
     for (const auto& c : row) h += "<td>" + html_escape(c) + "</td>";
     h += "</tr>\n";
   }
-  return h + "</table>\n";
+  return h + "</table></div>\n";
 }
 
 // The C columns carry the paper lens's label: "paper (router in)" where N_a counts the router.
@@ -1463,10 +1483,10 @@ std::string render_run_report(const std::vector<json>& given, const std::string&
   std::string figures;
   for (const plot::Chart& c : charts_of(records, dense))
     figures += "<figure>\n" + plot::render_svg(c) + "</figure>\n";
-  return std::string(kHtmlHead) + "<p>" + html_escape(title) + "</p>\n" +
-         html_table(kHeaders, rows) + html_paragraphs(verdict) + figures + "<p>" +
-         html_escape(time_title) + "</p>\n" + html_table(time_headers, time_rows) +
-         html_paragraphs(reached) + "</body></html>\n";
+  return html_head(heading) + "<p>" + html_escape(title.substr(heading.size() + 2)) + "</p>\n" +
+         html_table(kHeaders, rows) + html_paragraphs(verdict) +
+         (figures.empty() ? "" : "<h2>Charts</h2>\n" + figures) + html_section(time_title, "h2") +
+         html_table(time_headers, time_rows) + html_paragraphs(reached) + "</body></html>\n";
 }
 
 namespace {
@@ -1823,7 +1843,7 @@ std::string render_replicate_report(const std::vector<std::vector<json>>& given,
       c.series.push_back(
           plot::reference_line(reps_mean, fmt::format("dense mean ({:.4f})", sd.mean), sd.mean));
   }
-  return std::string(kHtmlHead) + "<p>" + html_escape(title) + "</p>\n" +
+  return html_head(heading) + "<p>" + html_escape(title.substr(heading.size() + 2)) + "</p>\n" +
          html_table(headers, rows) + html_paragraphs(verdict) +
          (c.series.empty() ? "" : "<figure>\n" + plot::render_svg(c) + "</figure>\n") +
          "</body></html>\n";

@@ -1514,6 +1514,33 @@ TEST_CASE("report: a point still training has reached the dense baseline's BPC, 
   CHECK(done.find("; 1 point(s) still training had not reached it") != std::string::npos);
 }
 
+TEST_CASE("report in HTML: the title's first sentence as the page's title and heading") {
+  const std::vector<json> recs = {timed(record("dense", true, 1.0, 2.0), {2.6, 2.0}, {5, 10}),
+                                  timed(record("moe-a", false, 0.2, 1.9), {2.4, 1.9}, {6, 12})};
+  const std::string html = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::html);
+  CAPTURE(html);
+  // The Markdown report's headings, as HTML: the first sentence of each title, then the rest.
+  CHECK(html.find("<title>moeplan report: 2 run(s) in runs</title>") != std::string::npos);
+  CHECK(html.find("<h1>moeplan report: 2 run(s) in runs</h1>\n<p>BPC = validation bits per "
+                  "byte") != std::string::npos);
+  CHECK(html.find("<h2>Charts</h2>\n<figure>") != std::string::npos);
+  CHECK(html.find("<h2>Time and achieved FLOP rate (equal C is not equal time)</h2>\n<p>Executed: "
+                  "every product") != std::string::npos);
+  // Each table in a box of its own that scrolls across, not the page.
+  CHECK(count(html, "<div class=\"wide\"><table>") == 2);
+  CHECK(count(html, "</table></div>") == 2);
+  // Replicates: the same head.
+  const std::string reps =
+      moeplan::render_replicate_report({{with_seed(recs[0], 1), with_seed(recs[1], 1)},
+                                        {with_seed(recs[0], 2), with_seed(recs[1], 2)}},
+                                       {"a", "b"}, moeplan::ReportFormat::html);
+  CHECK(reps.find(
+            "<title>moeplan report: 2 points over 2 runs folders of one sweep: a (seed/data_seed "
+            "1/") != std::string::npos);
+  CHECK(reps.find("<h1>moeplan report: 2 points over 2 runs folders") != std::string::npos);
+  CHECK(count(reps, "<div class=\"wide\"><table>") == 1);
+}
+
 TEST_CASE("report: each point's work against the dense baseline's, and time = work / rate") {
   // Useful FLOPs: the ledger's total less padding and recompute. By hand:
   //   dense: 1.0e6 - 1e5 padding          = 9.0e5 in 10 s
