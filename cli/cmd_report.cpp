@@ -20,7 +20,37 @@ namespace {
 struct ReportFlags {
   std::vector<std::string> runs_dirs{"runs"};
   std::string output;
+  std::string charts;  // a folder for the HTML report's charts as .svg files
 };
+
+// --charts DIR: a folder, made where missing; a file there is refused before any reading.
+void check_charts_folder(const std::string& dir) {
+  std::error_code ec;
+  if (std::filesystem::exists(dir, ec) && !std::filesystem::is_directory(dir, ec))
+    throw InputError(fmt::format(
+        "--charts '{}' is a file, not a folder; give a folder for the charts' .svg files (made "
+        "where missing)",
+        dir));
+}
+
+// Each chart as DIR/<id>.svg, written atomically, and a line naming them. Files of other charts
+// already there (an earlier report's) are left as they are: the line names this report's.
+void write_charts(const std::string& dir, const std::vector<ChartFile>& charts) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec)
+    throw InputError(fmt::format("--charts '{}': cannot make the folder ({})", dir, ec.message()));
+  std::string names;
+  for (const ChartFile& c : charts) {
+    write_file_atomic((std::filesystem::path(dir) / (c.id + ".svg")).string(), c.svg);
+    names += (names.empty() ? "" : ", ") + c.id + ".svg";
+  }
+  if (charts.empty())
+    fmt::print("wrote no chart to {}: the records have no complete point and no curve to draw\n",
+               printable(dir));
+  else
+    fmt::print("wrote {} chart(s) to {}: {}\n", charts.size(), printable(dir), names);
+}
 
 // A folder's records, read as `moeplan audit` and `moeplan run` read them too (a record one of
 // them refuses as damaged is refused here, not shown), and what `moeplan audit DIR` says of
@@ -60,10 +90,13 @@ Folder read_folder(const std::string& dir) {
 
 int report(const ReportFlags& f) {
   const ReportFormat format = report_format_for(f.output);  // refuse a bad -o before reading
+  if (!f.charts.empty()) check_charts_folder(f.charts);
   std::string text;
+  std::vector<ChartFile> charts;
   if (f.runs_dirs.size() == 1) {
     const Folder one = read_folder(f.runs_dirs[0]);
     text = render_run_report(one.records, f.runs_dirs[0], format, &one.audit);
+    if (!f.charts.empty()) charts = run_report_charts(one.records, &one.audit);
   } else {
     // Replicates are other seeds' folders: one folder named twice (runs and ./runs/) would be
     // counted as two runs that agree perfectly.
@@ -84,13 +117,15 @@ int report(const ReportFlags& f) {
       audits.push_back(std::move(one.audit));
     }
     text = render_replicate_report(folders, f.runs_dirs, format, audits);
+    if (!f.charts.empty()) charts = replicate_report_charts(folders, f.runs_dirs, audits);
   }
   if (f.output.empty()) {
     fmt::print("{}", for_terminal(text));  // the text format: -o alone chooses another
-    return kExitOk;
+  } else {
+    write_file_atomic(f.output, text);
+    fmt::print("wrote {}\n", printable(f.output));
   }
-  write_file_atomic(f.output, text);
-  fmt::print("wrote {}\n", printable(f.output));
+  if (!f.charts.empty()) write_charts(f.charts, charts);
   return kExitOk;
 }
 
@@ -106,6 +141,10 @@ const bool registered = register_command(
            ->check(non_empty_path("folder name"));
        app.add_option("-o,--output", f->output, "write report.md, report.html or report.txt")
            ->check(non_empty_path("file name"));
+       app.add_option("--charts", f->charts,
+                      "also write the HTML report's charts to this folder, one standalone .svg "
+                      "file each (bpc-ra.svg, bpc-time.svg, ...), for a paper or slides")
+           ->check(non_empty_path("folder name"));
        return [f] { return report(*f); };
      }});
 

@@ -1343,6 +1343,16 @@ ReportFormat report_format_for(const fs::path& output) {
                                    : ""));
 }
 
+std::vector<ChartFile> run_report_charts(const std::vector<json>& given, const FolderAudit* audit) {
+  const std::vector<json> records = annotate(given, audit);
+  const json* dense = nullptr;
+  for (const json& r : records)
+    if (is_dense(r) && is_complete(r)) dense = &r;
+  std::vector<ChartFile> out;
+  for (const plot::Chart& c : charts_of(records, dense)) out.push_back({c.id, plot::render_svg(c)});
+  return out;
+}
+
 std::string render_run_report(const std::vector<json>& given, const std::string& source,
                               ReportFormat format, const FolderAudit* audit) {
   const std::vector<json> records = annotate(given, audit);
@@ -1536,9 +1546,12 @@ json replicate_settings(const json& r) {
   return t;
 }
 
-std::string render_replicate_report(const std::vector<std::vector<json>>& given,
-                                    const std::vector<std::string>& given_names,
-                                    ReportFormat format, const std::vector<FolderAudit>& audits) {
+namespace {
+
+// The replicate report in `format`, or, where `charts` is given, its chart there and "".
+std::string replicates(const std::vector<std::vector<json>>& given,
+                       const std::vector<std::string>& given_names, ReportFormat format,
+                       const std::vector<FolderAudit>& audits, std::vector<plot::Chart>* charts) {
   // Folder names as given on the command line: shown as text (a name's escape sequence or line
   // break would act in a terminal).
   std::vector<std::string> names;
@@ -1807,17 +1820,6 @@ std::string render_replicate_report(const std::vector<std::vector<json>>& given,
                    : "mean val BPC minus the dense baseline's (# below dense: better; + above: "
                      "worse)\n" +
                          plot::text_bars(bars, "{:+.4f}");
-  switch (format) {
-    case ReportFormat::text:
-      return title + "\n\n" + t.render() + "\n" + verdict + "\n\n" + bar_text;
-    case ReportFormat::markdown:
-      return "# " + escape_markdown(heading) + "\n\n" +
-             escape_markdown(title.substr(heading.size() + 2)) + "\n\n" + t.render_markdown() +
-             "\n" + md_paragraphs(verdict) + "\n\n" +
-             (bar_text.empty() ? "" : md_code_block(bar_text));
-    case ReportFormat::html:
-      break;
-  }
   plot::Chart c{"Final validation BPC against the activation rate, every replicate",
                 "activation rate r_a = N_a / N",
                 "validation bits per " + bpc_per(all) + " (lower is better)",
@@ -1843,10 +1845,43 @@ std::string render_replicate_report(const std::vector<std::vector<json>>& given,
       c.series.push_back(
           plot::reference_line(reps_mean, fmt::format("dense mean ({:.4f})", sd.mean), sd.mean));
   }
+  if (charts) {
+    if (!c.series.empty()) charts->push_back(std::move(c));
+    return "";
+  }
+  switch (format) {
+    case ReportFormat::text:
+      return title + "\n\n" + t.render() + "\n" + verdict + "\n\n" + bar_text;
+    case ReportFormat::markdown:
+      return "# " + escape_markdown(heading) + "\n\n" +
+             escape_markdown(title.substr(heading.size() + 2)) + "\n\n" + t.render_markdown() +
+             "\n" + md_paragraphs(verdict) + "\n\n" +
+             (bar_text.empty() ? "" : md_code_block(bar_text));
+    case ReportFormat::html:
+      break;
+  }
   return html_head(heading) + "<p>" + html_escape(title.substr(heading.size() + 2)) + "</p>\n" +
          html_table(headers, rows) + html_paragraphs(verdict) +
          (c.series.empty() ? "" : "<figure>\n" + plot::render_svg(c) + "</figure>\n") +
          "</body></html>\n";
+}
+
+}  // namespace
+
+std::string render_replicate_report(const std::vector<std::vector<json>>& folders,
+                                    const std::vector<std::string>& names, ReportFormat format,
+                                    const std::vector<FolderAudit>& audits) {
+  return replicates(folders, names, format, audits, nullptr);
+}
+
+std::vector<ChartFile> replicate_report_charts(const std::vector<std::vector<json>>& folders,
+                                               const std::vector<std::string>& names,
+                                               const std::vector<FolderAudit>& audits) {
+  std::vector<plot::Chart> charts;
+  replicates(folders, names, ReportFormat::html, audits, &charts);
+  std::vector<ChartFile> out;
+  for (const plot::Chart& c : charts) out.push_back({c.id, plot::render_svg(c)});
+  return out;
 }
 
 }  // namespace moeplan

@@ -769,6 +769,28 @@ TEST_CASE("report: one folder named twice is not two replicates; a file is not a
                   r.err);
     CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
   }
+  // --charts: the HTML report's charts as .svg files, each the report's own drawing (one MoE
+  // point and no baseline: its final BPC against r_a, its curves against compute and tokens); a
+  // file in the folder's place is refused.
+  {
+    const fs::path dir = scratch() / "figures" / "new";
+    const Result r = run_moeplan("report '" + runs + "' --charts '" + dir.string() + "'");
+    REQUIRE_MESSAGE(r.status == 0, r.err);
+    CHECK(r.out.find("wrote 3 chart(s) to " + dir.string() +
+                     ": bpc-ra.svg, val-c.svg, loss-d.svg\n") != std::string::npos);
+    const fs::path html = scratch() / "report.html";
+    REQUIRE(run_moeplan("report '" + runs + "' -o '" + html.string() + "'").status == 0);
+    for (const char* id : {"bpc-ra", "val-c", "loss-d"}) {
+      const std::string svg = slurp(dir / (std::string(id) + ".svg"));
+      CHECK(svg.starts_with("<svg xmlns="));
+      CHECK_MESSAGE(slurp(html).find(svg) != std::string::npos, id);
+    }
+    const Result file = run_moeplan("report '" + runs + "' --charts '" + html.string() + "'");
+    CHECK(file.status == 2);
+    CHECK(file.out.empty());
+    CHECK(file.err.find("--charts '" + html.string() + "' is a file, not a folder") !=
+          std::string::npos);
+  }
   // The built-in corpus's per-part columns are shown for it, and left out for a source without
   // parts (a text file's: two columns of "-" read as missing results).
   CHECK(once.out.find("facts BPC") != std::string::npos);

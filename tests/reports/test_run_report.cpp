@@ -1541,6 +1541,32 @@ TEST_CASE("report in HTML: the title's first sentence as the page's title and he
   CHECK(count(reps, "<div class=\"wide\"><table>") == 1);
 }
 
+TEST_CASE("report charts as files: the HTML report's charts, each whole, named by its id") {
+  const std::vector<json> recs = {timed(record("dense", true, 1.0, 2.0), {2.6, 2.0}, {5, 10}),
+                                  timed(record("moe-a", false, 0.2, 1.9), {2.4, 1.9}, {6, 12})};
+  const std::string html = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::html);
+  const std::vector<moeplan::ChartFile> charts = moeplan::run_report_charts(recs);
+  std::vector<std::string> ids;
+  for (const auto& c : charts) {
+    ids.push_back(c.id);
+    CHECK(c.svg.starts_with("<svg xmlns=\"http://www.w3.org/2000/svg\""));  // a document alone
+    CHECK(c.svg.ends_with("</svg>\n"));
+    CHECK_MESSAGE(html.find(c.svg) != std::string::npos, c.id);  // the report's own drawing
+  }
+  // Final BPC and time against r_a, BPC against time, against compute, loss against tokens; no
+  // memory chart without a GPU's device_memory.
+  CHECK(ids == std::vector<std::string>{"bpc-ra", "time-ra", "bpc-time", "val-c", "loss-d"});
+  CHECK(count(html, "<svg") == 5);
+  const std::vector<std::vector<json>> folders = {{with_seed(recs[0], 1), with_seed(recs[1], 1)},
+                                                  {with_seed(recs[0], 2), with_seed(recs[1], 2)}};
+  const std::vector<moeplan::ChartFile> reps =
+      moeplan::replicate_report_charts(folders, {"a", "b"});
+  REQUIRE(reps.size() == 1);
+  CHECK(reps[0].id == "replicates");
+  CHECK(moeplan::render_replicate_report(folders, {"a", "b"}, moeplan::ReportFormat::html)
+            .find(reps[0].svg) != std::string::npos);
+}
+
 TEST_CASE("report: each point's work against the dense baseline's, and time = work / rate") {
   // Useful FLOPs: the ledger's total less padding and recompute. By hand:
   //   dense: 1.0e6 - 1e5 padding          = 9.0e5 in 10 s

@@ -48,4 +48,16 @@ std::string render_replicate_report(const std::vector<std::vector<nlohmann::json
                                     const std::vector<std::string>& names, ReportFormat format,
                                     const std::vector<FolderAudit>& audits = {});
 
+// The charts the HTML report draws, each a standalone SVG document named by its chart id (one
+// folder: bpc-ra, time-ra, memory-ra, bpc-time, val-c, loss-d, those that have something to
+// draw; replicates: replicates), in the report's order: figures for a paper or slides.
+struct ChartFile {
+  std::string id, svg;
+};
+std::vector<ChartFile> run_report_charts(const std::vector<nlohmann::json>& records,
+                                         const FolderAudit* audit = nullptr);
+std::vector<ChartFile> replicate_report_charts(
+    const std::vector<std::vector<nlohmann::json>>& folders, const std::vector<std::string>& names,
+    const std::vector<FolderAudit>& audits = {});
+
 }  // namespace moeplan
