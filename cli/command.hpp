@@ -93,8 +93,8 @@ inline CLI::Validator decimal_integer(int64_t hi = std::numeric_limits<int64_t>:
 // of the terminal standard output is, else 0 (a pipe or a file gets whole rows). InputError on a
 // MOEPLAN_COLUMNS that is not a whole number; main reads it before any command's work.
 size_t table_width();
-// `text` for standard output: its tables wider than table_width() in parts that fit (a table's
-// wrapped lines are unreadable), the key column in each (moeplan::fit_tables).
+// `text` for standard output at table_width(): its wider tables in parts that fit, the key column
+// in each, and its longer prose broken at spaces (moeplan::fit_to_width).
 std::string for_terminal(const std::string& text);
 
 bool register_command(Command c);

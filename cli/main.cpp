@@ -61,7 +61,7 @@ size_t table_width() {
 }
 
 std::string for_terminal(const std::string& text) {
-  return moeplan::fit_tables(text, table_width());
+  return moeplan::fit_to_width(text, table_width());
 }
 
 std::vector<std::string>& args_storage() {

@@ -82,6 +82,36 @@ std::string trim_right(std::string s) {
   return s;
 }
 
+// A line of prose wider than `width`, broken at spaces into lines that fit, each indented as the
+// line is; the spaces at a break dropped, those between words kept. A word wider than the width
+// has a line of its own.
+std::string wrap(const std::string& line, size_t width) {
+  if (display_width(line) <= width) return line;
+  const size_t indent = std::min(line.find_first_not_of(' '), line.size());
+  std::string out, current = line.substr(0, indent);
+  size_t current_width = indent;
+  bool empty = true;  // no word on the current line yet
+  for (size_t at = indent; at < line.size();) {
+    const size_t gap_end = std::min(line.find_first_not_of(' ', at), line.size());
+    const size_t word_end = std::min(line.find(' ', gap_end), line.size());
+    if (gap_end == line.size()) break;  // trailing spaces
+    const std::string gap = line.substr(at, gap_end - at),
+                      word = line.substr(gap_end, word_end - gap_end);
+    const size_t w = display_width(word);
+    if (!empty && current_width + gap.size() + w > width) {
+      out += current + '\n';
+      current = line.substr(0, indent) + word;
+      current_width = indent + w;
+    } else {
+      current += (empty ? "" : gap) + word;
+      current_width += (empty ? 0 : gap.size()) + w;
+    }
+    empty = false;
+    at = word_end;
+  }
+  return out + current;
+}
+
 // The first word of a header cell (its columns in the header line).
 std::string first_word(const std::string& header, std::pair<size_t, size_t> span) {
   const std::string cell = display_columns(header, span.first, span.second);
@@ -129,7 +159,7 @@ std::string TextTable::render() const {
   return out;
 }
 
-std::string fit_tables(const std::string& text, size_t width) {
+std::string fit_to_width(const std::string& text, size_t width) {
   if (width == 0) return text;
   std::vector<std::string> lines;
   for (size_t at = 0; at <= text.size();) {
@@ -142,7 +172,7 @@ std::string fit_tables(const std::string& text, size_t width) {
   for (size_t i = 0; i < lines.size(); ++i) {
     const auto spans = i + 1 < lines.size() ? rule_spans(lines[i + 1]) : decltype(rule_spans("")){};
     if (spans.empty() || spans.back().second <= width) {
-      out += lines[i];
+      out += wrap(lines[i], width);  // a row of a table that fits is no wider than its rule
       if (i + 1 < lines.size()) out += '\n';
       continue;
     }

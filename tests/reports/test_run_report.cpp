@@ -628,6 +628,18 @@ TEST_CASE("report: a damaged record is refused naming the file and the key, not 
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("prose wider than a terminal: broken at spaces, each line indented as it was") {
+  // Width 12, by hand: "  one two" (9) + " three" would be 15; "  three" (7) + "  four" (the
+  // two spaces between kept) 13 > 12; "  four" then "  abcdefghijklmn" (16: a word wider than
+  // the line alone); "·" and "D̂" take one column each.
+  CHECK(moeplan::fit_to_width("  one two three  four abcdefghijklmn\n", 12) ==
+        "  one two\n  three\n  four\n  abcdefghijklmn\n");
+  CHECK(moeplan::fit_to_width("x\nC = M·D D̂ D̂ unique\n", 12) == "x\nC = M·D D̂ D̂\nunique\n");
+  CHECK(moeplan::fit_to_width("fits in twelve", 14) == "fits in twelve");
+  CHECK(moeplan::fit_to_width("a b  ", 3) == "a b");  // trailing spaces: dropped, no empty line
+  CHECK(moeplan::fit_to_width("ab cd  ", 3) == "ab\ncd");
+}
+
 TEST_CASE("text tables wider than a terminal: in parts, each with the key column") {
   // By hand: columns id 5 wide ("moe-D̂" is 5 columns), alpha 5, b 2, gamma 5, two spaces apart:
   // 23 columns in all. In 16: the key column (5) and two spaces leave 9, which hold alpha and b
@@ -646,8 +658,10 @@ TEST_CASE("text tables wider than a terminal: in parts, each with the key column
           "dense  1.000  22    333\n"
           "moe-D̂  0.200   4  55555\n");
   const std::string text = "a title wider than sixteen columns\n\n" + table + "\nafter\n";
-  CHECK(moeplan::fit_tables(text, 16) ==
-        "a title wider than sixteen columns\n\n"
+  CHECK(moeplan::fit_to_width(text, 16) ==
+        "a title wider\n"  // prose broken at spaces: 13 columns, and " than" would make 18
+        "than sixteen\n"
+        "columns\n\n"
         "id     alpha   b\n"
         "-----  -----  --\n"
         "dense  1.000  22\n"
@@ -658,9 +672,9 @@ TEST_CASE("text tables wider than a terminal: in parts, each with the key column
         "dense    333\n"
         "moe-D̂  55555\n"
         "\nafter\n");
-  CHECK(moeplan::fit_tables(text, 23) == text);                       // it fits
-  CHECK(moeplan::fit_tables(text, 0) == text);                        // no width: as it is
-  CHECK(moeplan::fit_tables(table, 16).ends_with("moe-D̂  55555\n"));  // no blank line added
+  CHECK(moeplan::fit_to_width(text, 34) == text);  // the title (34) and the table (23) fit
+  CHECK(moeplan::fit_to_width(text, 0) == text);   // no width: as it is
+  CHECK(moeplan::fit_to_width(table, 16).ends_with("moe-D̂  55555\n"));  // no blank line added
   // A first column without a header (the grid's flag) is a key with the next one: 5 columns.
   moeplan::TextTable g;
   g.add_column("", moeplan::TextTable::Align::left);
@@ -678,7 +692,7 @@ TEST_CASE("text tables wider than a terminal: in parts, each with the key column
   q.add_column("x plan");
   q.add_column("x meas");
   q.add_row({"p", "1", "5", "6"});
-  CHECK(moeplan::fit_tables(q.render(), 18) ==
+  CHECK(moeplan::fit_to_width(q.render(), 18) ==
         "id  a\n"
         "--  -\n"
         "p   1\n"
@@ -686,7 +700,7 @@ TEST_CASE("text tables wider than a terminal: in parts, each with the key column
         "id  x plan  x meas\n"
         "--  ------  ------\n"
         "p        5       6\n");
-  CHECK(moeplan::fit_tables(g.render(), 9) ==
+  CHECK(moeplan::fit_to_width(g.render(), 9) ==
         "   id  x\n"
         "-  --  -\n"
         "!  a   1\n"

@@ -21,12 +21,14 @@ class TextTable {
   std::vector<std::vector<std::string>> rows_;
 };
 
-// Each table of `text` (a header line, a rule of dashes under it as render() writes it, then
-// rows up to a blank line or the end) wider than `width` display columns, printed in parts that
-// fit, one after another with a blank line between: each part repeats the key column (the
-// first, and the second too where the first has no header: the grid's flag column before the
-// ids) and takes as many of the next columns as fit, at least one. Everything else of `text` as
-// it is, and all of it where width is 0. For a terminal: a wrapped line of a table is unreadable.
-std::string fit_tables(const std::string& text, size_t width);
+// `text` for a terminal `width` display columns wide (0: all of it as it is). Each table (a
+// header line, a rule of dashes under it as render() writes it, then rows up to a blank line or
+// the end) wider than that is printed in parts that fit, one after another with a blank line
+// between: each part repeats the key column (the first, and the second too where the first has
+// no header: the grid's flag column before the ids) and takes as many of the next columns as fit,
+// at least one, two columns of one quantity ("N plan", "N meas") together where they can be.
+// Any other line wider than that is broken at spaces, its continuation indented as it is. A
+// terminal's own wrapping breaks a table's rows into an unreadable block, and words anywhere.
+std::string fit_to_width(const std::string& text, size_t width);
 
 }  // namespace moeplan
