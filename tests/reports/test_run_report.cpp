@@ -638,6 +638,7 @@ TEST_CASE("prose wider than a terminal: broken at spaces, each line indented as 
   CHECK(moeplan::fit_to_width("fits in twelve", 14) == "fits in twelve");
   CHECK(moeplan::fit_to_width("a b  ", 3) == "a b");  // trailing spaces: dropped, no empty line
   CHECK(moeplan::fit_to_width("ab cd  ", 3) == "ab\ncd");
+  CHECK(moeplan::fit_to_width("a  b c", 5) == "a  b\nc");  // two spaces between words kept
 }
 
 TEST_CASE("text tables wider than a terminal: in parts, each with the key column") {
