@@ -235,7 +235,8 @@ std::string render_svg(const Chart& chart) {
                          : ser.dashed
                              ? " stroke-dasharray=\"6 4\""
                              : kStrokes[colour / std::size(kPalette) % std::size(kStrokes)];
-    double width = 1.8;
+    double width = ser.mean ? 2.8 : 1.8;
+    if (ser.mean) c = "#000000", stroke = "";
     if (!ser.beside.empty()) {
       c = "#000000";
       for (const auto& [name, its] : drawn_in)
@@ -243,7 +244,7 @@ std::string render_svg(const Chart& chart) {
       stroke = " stroke-dasharray=\"6 4\"";
       width = 1.2;
     }
-    colour += !ser.dashed && !ser.level && ser.beside.empty();
+    colour += !ser.dashed && !ser.level && ser.beside.empty() && !ser.mean;
     drawn_in.emplace_back(ser.name, c);
     std::string pts;
     for (const XY& p : ser.points)
@@ -266,8 +267,9 @@ std::string render_svg(const Chart& chart) {
             escape(ser.name), f.x_px(p.first), f.y_px(p.second), kRingRadius, c);
     legend += fmt::format(
         "<line x1=\"{0}\" y1=\"{1:.1f}\" x2=\"{2}\" y2=\"{1:.1f}\" stroke=\"{3}\" "
-        "stroke-width=\"2\"{4}/><text x=\"{5}\" y=\"{6:.1f}\">{7}</text>\n",
-        right + 12, legend_y, right + 34, c, stroke, right + 40, legend_y + 4, escape(ser.name));
+        "stroke-width=\"{8}\"{4}/><text x=\"{5}\" y=\"{6:.1f}\">{7}</text>\n",
+        right + 12, legend_y, right + 34, c, stroke, right + 40, legend_y + 4, escape(ser.name),
+        ser.mean ? 3 : 2);
     legend_y += 18;
   }
   return s + "</g>\n" + legend + "</svg>\n";

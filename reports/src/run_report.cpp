@@ -1668,6 +1668,7 @@ std::string replicates(const std::vector<std::vector<json>>& given,
   std::vector<std::vector<std::string>> rows;
   bool any_timed = false;
   plot::Series reps_mean{"MoE mean", {}, true, false};
+  reps_mean.mean = true;
   std::vector<plot::Series> per_folder(folders.size());
   for (size_t f = 0; f < folders.size(); ++f) per_folder[f] = {names[f], {}, true, false};
   std::vector<double> dense_bpcs;

@@ -205,6 +205,19 @@ TEST_CASE("a line beside a series: in that series' colour, dashed and thinner, t
   CHECK(polyline(svg, "x").find("stroke=\"#000000\" stroke-width=\"1.2\"") != std::string::npos);
 }
 
+TEST_CASE("a mean line: black, solid and thicker, taking no colour of the palette") {
+  Chart c;
+  c.series.push_back({"a", {{0, 1}, {1, 2}}, true, false});
+  Series mean{"mean", {{0, 1.5}, {1, 1.5}}, true, false};
+  mean.mean = true;
+  c.series.push_back(mean);
+  c.series.push_back({"b", {{0, 2}, {1, 1}}, true, false});
+  const std::string svg = render_svg(c);
+  CHECK(polyline(svg, "mean").ends_with("stroke=\"#000000\" stroke-width=\"2.8\""));  // solid
+  CHECK(polyline(svg, "b").find("stroke=\"#D55E00\"") != std::string::npos);  // the second colour
+  CHECK(svg.find("stroke=\"#000000\" stroke-width=\"3\"/><text") != std::string::npos);  // legend
+}
+
 TEST_CASE("text bars: scaled to the largest magnitude, # below zero and + above") {
   const std::string got = text_bars({{"a", -0.1}, {"bb", 0.05}}, "{:+.4f}", 10);
   CHECK(got == "  a   -0.1000  ##########\n  bb  +0.0500  +++++\n");

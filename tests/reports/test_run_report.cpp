@@ -1027,7 +1027,7 @@ TEST_CASE("replicates: the chart draws each replicate's own dense baseline in it
   CHECK(html.find("c: dense") == std::string::npos);
   CHECK(polyline("dense mean (2.0500)").find("stroke=\"#000000\" stroke-width=\"1.8\"") !=
         std::string::npos);
-  CHECK(polyline("MoE mean").find("stroke=\"#CC79A7\"") != std::string::npos);  // a, b, c, it
+  CHECK(polyline("MoE mean").find("stroke=\"#000000\" stroke-width=\"2.8\"") != std::string::npos);
 }
 
 TEST_CASE("report: a point with no training time has no time ratio; wall time to 0.1 s") {

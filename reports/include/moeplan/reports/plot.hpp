@@ -25,6 +25,8 @@ struct Series {
   // no colour of its own: a replicate's own dense baseline beside that replicate's points. Where
   // no earlier series has the name, black.
   std::string beside = {};
+  // The mean of the coloured series beside it: black, solid and thicker, taking no colour.
+  bool mean = false;
 };
 
 // A dashed horizontal line at y (a baseline) across the x range of `over`'s points, widened to
