@@ -33,6 +33,7 @@
 #include "moeplan/backend/engine.hpp"
 #include "moeplan/backend/launch.hpp"
 #include "moeplan/backend/run.hpp"
+#include "moeplan/reports/text_table.hpp"
 #include "moeplan/sweeps/manifest_io.hpp"
 
 namespace moeplan::cli {
@@ -397,7 +398,33 @@ void print_phases(const std::string& label, const backend::Estimate& e) {
                sum > 0 ? 100 * ms / sum : 0.0);
 }
 
-// Rewritten in place on a terminal; plain lines about every 10 % or 30 s otherwise.
+// A step's progress line, for a terminal `width` columns wide (0: whole). Rewritten in place, a
+// line wider than the terminal wraps, and each rewrite clears only its last row: the rows above
+// stay, one more each time, and fill the screen. So the fields a narrow terminal can spare go in
+// turn (the FLOP rate and MFU, the tokens consumed, the token rate, the loss's unit), then the
+// line is cut, a column short of the edge (a character in the last column wraps on some).
+std::string progress_line(const backend::Progress& p, const std::string& label, size_t width) {
+  const std::string tokens = fmt::format("  {} tokens consumed", human(double(p.tokens_consumed)));
+  const std::string rate = fmt::format("  {} tok/s consumed", human(p.tokens_per_second));
+  const std::string flops =
+      fmt::format("  {} FLOP/s [exact/causal]{}", human(p.flops_per_second),
+                  mfu_text(p.flops_per_second, p.peak_flops_per_second, p.peak_given));
+  bool with_flops = true, with_tokens = true, with_rate = true, with_unit = true;
+  auto line = [&] {
+    return fmt::format("{} step {}/{}{}  loss {:.4f}{}{}{}  ETA {}", label, p.step, p.steps,
+                       with_tokens ? tokens : "", p.train_loss, with_unit ? " nats/token" : "",
+                       with_rate ? rate : "", with_flops ? flops : "", duration(p.eta_seconds));
+  };
+  if (width == 0) return line();
+  for (bool* spare : {&with_flops, &with_tokens, &with_rate, &with_unit}) {
+    if (display_width(line()) < width) return line();
+    *spare = false;
+  }
+  return truncate_to_width(line(), width - 1);
+}
+
+// Rewritten in place on a terminal, fitted to its width; plain lines about every 10 % or 30 s
+// otherwise.
 class ProgressPrinter {
  public:
   ProgressPrinter(std::string label) : label_(std::move(label)), tty_(rewrites_progress()) {}
@@ -411,13 +438,7 @@ class ProgressPrinter {
       return;
     }
     last_print_ = now;
-    const std::string line = fmt::format(
-        "{} step {}/{}  {} tokens consumed  loss {:.4f} nats/token  {} tok/s consumed  {} "
-        "FLOP/s [exact/causal]{}  ETA {}",
-        label_, p.step, p.steps, human(double(p.tokens_consumed)), p.train_loss,
-        human(p.tokens_per_second), human(p.flops_per_second),
-        mfu_text(p.flops_per_second, p.peak_flops_per_second, p.peak_given),
-        duration(p.eta_seconds));
+    const std::string line = progress_line(p, label_, tty_ ? terminal_width() : 0);
     if (tty_) {
       fmt::print("\r\033[K{}", line);
       if (last) fmt::print("\n");

@@ -89,12 +89,13 @@ inline CLI::Validator decimal_integer(int64_t hi = std::numeric_limits<int64_t>:
       "INT");
 }
 
-// How wide a table may print: MOEPLAN_COLUMNS where set (0: whole rows always), else the width
-// of the terminal standard output is, else 0 (a pipe or a file gets whole rows). InputError on a
-// MOEPLAN_COLUMNS that is not a whole number; main reads it before any command's work.
-size_t table_width();
-// `text` for standard output at table_width(): its wider tables in parts that fit, the key column
-// in each, and its longer prose broken at spaces (moeplan::fit_to_width).
+// How wide a line may print: MOEPLAN_COLUMNS where set (0: any width), else the width of the
+// terminal standard output is, read anew each call (a window resized during a run), else 0 (a
+// pipe or a file gets lines as they are). InputError on a MOEPLAN_COLUMNS that is not a whole
+// number; main reads it before any command's work.
+size_t terminal_width();
+// `text` for standard output at terminal_width(): its wider tables in parts that fit, the key
+// column in each, and its longer prose broken at spaces (moeplan::fit_to_width).
 std::string for_terminal(const std::string& text);
 
 bool register_command(Command c);

@@ -39,29 +39,26 @@ const std::vector<Command>& commands() {
   return registry();
 }
 
-size_t table_width() {
-  static const size_t width = [] {
-    if (const char* env = std::getenv("MOEPLAN_COLUMNS")) {
-      const std::string v = env;
-      size_t n = 0;
-      const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
-      if (v.empty() || ec != std::errc() || end != v.data() + v.size() || n > 100000)
-        throw moeplan::InputError(fmt::format(
-            "MOEPLAN_COLUMNS '{}' is not a width: give a whole number of terminal columns up to "
-            "100000 for tables to fit in, or 0 for whole rows",
-            moeplan::printable(v)));
-      return n;
-    }
-    winsize ws{};
-    if (::isatty(STDOUT_FILENO) && ::ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0)
-      return size_t(ws.ws_col);
-    return size_t(0);
-  }();
-  return width;
+size_t terminal_width() {
+  if (const char* env = std::getenv("MOEPLAN_COLUMNS")) {
+    const std::string v = env;
+    size_t n = 0;
+    const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+    if (v.empty() || ec != std::errc() || end != v.data() + v.size() || n > 100000)
+      throw moeplan::InputError(fmt::format(
+          "MOEPLAN_COLUMNS '{}' is not a width: give a whole number of terminal columns up to "
+          "100000 for tables to fit in, or 0 for whole rows",
+          moeplan::printable(v)));
+    return n;
+  }
+  winsize ws{};
+  if (::isatty(STDOUT_FILENO) && ::ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0)
+    return size_t(ws.ws_col);
+  return 0;
 }
 
 std::string for_terminal(const std::string& text) {
-  return moeplan::fit_to_width(text, table_width());
+  return moeplan::fit_to_width(text, terminal_width());
 }
 
 std::vector<std::string>& args_storage() {
@@ -226,7 +223,7 @@ int main(int argc, char** argv) {
       return kExitBadInput;
     }
     try {
-      table_width();  // a bad MOEPLAN_COLUMNS is said before any work
+      terminal_width();  // a bad MOEPLAN_COLUMNS is said before any work
       for (auto& [sub, action] : actions)
         if (sub->parsed()) {
           exempt = sub->get_name() == "run" && sub->count("--estimate") == 0;

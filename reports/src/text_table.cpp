@@ -20,8 +20,10 @@ bool is_wide(unsigned cp) {
          (cp >= 0xFFE0 && cp <= 0xFFE6) || (cp >= 0x20000 && cp <= 0x3FFFD);
 }
 
-// Display width of UTF-8 text: one column per code point, two for East Asian wide ones, none
-// for combining marks (U+0300..U+036F), so that "D̂" and "η" line up like "D" and "模型" like "ab".
+}  // namespace
+
+// One column a code point, two for East Asian wide ones, none for combining marks (U+0300 ..
+// U+036F): "D̂" and "η" line up like "D", and "模型" like "abcd".
 size_t display_width(const std::string& s) {
   size_t width = 0;
   for (size_t i = 0; i < s.size();) {
@@ -35,6 +37,8 @@ size_t display_width(const std::string& s) {
   }
   return width;
 }
+
+namespace {
 
 std::string pad(const std::string& s, size_t width, TextTable::Align align) {
   const size_t w = display_width(s);
@@ -156,6 +160,16 @@ std::string TextTable::render() const {
   for (size_t w : width) rule.emplace_back(w, '-');
   out += line(rule);
   for (const auto& row : rows_) out += line(row);
+  return out;
+}
+
+std::string truncate_to_width(const std::string& text, size_t width) {
+  std::string out = display_columns(text, 0, width);
+  while (display_width(out) > width) {  // a wide character begun in the last column
+    size_t last = out.size() - 1;
+    while (last > 0 && (static_cast<unsigned char>(out[last]) & 0xC0) == 0x80) --last;
+    out.erase(last);
+  }
   return out;
 }
 

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -1236,6 +1237,45 @@ TEST_CASE("a table wider than the terminal (MOEPLAN_COLUMNS) prints in parts, ea
   CHECK(bad.err ==
         "moeplan: error: MOEPLAN_COLUMNS 'wide' is not a width: give a whole number of terminal "
         "columns up to 100000 for tables to fit in, or 0 for whole rows\n");
+}
+
+TEST_CASE("run's progress in a terminal narrower than its line: fitted, so no row is left behind") {
+  // Rewritten in place with "\r\033[K", a line wider than the terminal wraps and leaves a row
+  // behind at each rewrite. In a 70-column terminal (a pseudo-terminal from util-linux's script)
+  // each rewrite must be at most 69 columns and still say the step, the loss and the ETA.
+  if (std::system("command -v script >/dev/null 2>&1") != 0) {
+    MESSAGE("util-linux's script not found: the terminal case is not checked");
+    return;
+  }
+  const fs::path dir = scratch() / "progress";
+  fs::create_directories(dir);
+  const std::string sweep = (dir / "t.toml").string();
+  REQUIRE(run_moeplan("grid --N 2e4 --ra 0.25 --dense-tokens 1e5 -o '" + sweep + "'").status == 0);
+  const fs::path log = dir / "tty.out";
+  const std::string inner = std::string("stty cols 70; '") + MOEPLAN_BINARY + "' run '" + sweep +
+                            "' --out '" + (dir / "runs").string() + "'";
+  const std::string cmd = "script -qec \"" + inner + "\" /dev/null > '" + log.string() + "' 2>&1";
+  REQUIRE(std::system(cmd.c_str()) == 0);
+  const std::string out = slurp(log);
+  const std::string rewrite = "\r\033[K";
+  int rewrites = 0;
+  for (size_t at = out.find(rewrite); at != std::string::npos; at = out.find(rewrite, at + 1)) {
+    const size_t from = at + rewrite.size();
+    const std::string line = out.substr(from, out.find_first_of("\r\n", from) - from);
+    CAPTURE(line);
+    CHECK(line.size() <= 69);  // ASCII: ids and figures
+    CHECK(line.find(" step ") != std::string::npos);
+    CHECK(line.find("  loss ") != std::string::npos);
+    CHECK(line.find("  ETA ") != std::string::npos);
+    ++rewrites;
+  }
+  CHECK(rewrites >= 4);  // two points, each its first and last step at least
+  // Not a terminal: the whole line, every field, as before.
+  fs::remove_all(dir / "runs");
+  const Result piped = run_moeplan("run '" + sweep + "' --out '" + (dir / "runs").string() + "'");
+  REQUIRE(piped.status == 0);
+  CHECK(piped.out.find(" tokens consumed  loss ") != std::string::npos);
+  CHECK(piped.out.find(" FLOP/s [exact/causal]  ETA ") != std::string::npos);
 }
 
 TEST_CASE("output that cannot reach stdout is an error, not exit 0; a huge input is refused") {

@@ -21,6 +21,14 @@ class TextTable {
   std::vector<std::vector<std::string>> rows_;
 };
 
+// Terminal columns of UTF-8 text: one a code point, two for East Asian wide ones, none for
+// combining marks ("D̂" is one column, "模型" four).
+size_t display_width(const std::string& text);
+
+// The start of `text` no wider than `width` terminal columns (a combining mark kept with its
+// base, a wide character that would pass the edge left out).
+std::string truncate_to_width(const std::string& text, size_t width);
+
 // `text` for a terminal `width` display columns wide (0: all of it as it is). Each table (a
 // header line, a rule of dashes under it as render() writes it, then rows up to a blank line or
 // the end) wider than that is printed in parts that fit, one after another with a blank line
