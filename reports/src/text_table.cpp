@@ -1,6 +1,7 @@
 #include "moeplan/reports/text_table.hpp"
 
 #include <algorithm>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -87,11 +88,15 @@ std::string trim_right(std::string s) {
 }
 
 // A line of prose wider than `width`, broken at spaces into lines that fit, each indented as the
-// line is; the spaces at a break dropped, those between words kept. A word wider than the width
-// has a line of its own.
+// line is (and under the text of a line marked "! " or "- "); the spaces at a break dropped, those
+// between words kept. A word wider than the width has a line of its own.
 std::string wrap(const std::string& line, size_t width) {
   if (display_width(line) <= width) return line;
   const size_t indent = std::min(line.find_first_not_of(' '), line.size());
+  // A marked line ("! moe-ra0.050: ...", "- ...") continues under its text, not its mark.
+  const bool marked = indent + 1 < line.size() && line[indent + 1] == ' ' &&
+                      std::string_view("!-*#").find(line[indent]) != std::string_view::npos;
+  const std::string hang(indent + (marked ? 2 : 0), ' ');
   std::string out, current = line.substr(0, indent);
   size_t current_width = indent;
   bool empty = true;  // no word on the current line yet
@@ -104,8 +109,8 @@ std::string wrap(const std::string& line, size_t width) {
     const size_t w = display_width(word);
     if (!empty && current_width + gap.size() + w > width) {
       out += current + '\n';
-      current = line.substr(0, indent) + word;
-      current_width = indent + w;
+      current = hang + word;
+      current_width = hang.size() + w;
     } else {
       current += (empty ? "" : gap) + word;
       current_width += (empty ? 0 : gap.size()) + w;

@@ -639,6 +639,9 @@ TEST_CASE("prose wider than a terminal: broken at spaces, each line indented as 
   CHECK(moeplan::fit_to_width("a b  ", 3) == "a b");  // trailing spaces: dropped, no empty line
   CHECK(moeplan::fit_to_width("ab cd  ", 3) == "ab\ncd");
   CHECK(moeplan::fit_to_width("a  b c", 5) == "a  b\nc");  // two spaces between words kept
+  // A marked line continues under its text: the grid's "! point: why" notes.
+  CHECK(moeplan::fit_to_width("! moe-a: not reachable\n", 16) == "! moe-a: not\n  reachable\n");
+  CHECK(moeplan::fit_to_width("  - a bb cc\n", 8) == "  - a bb\n    cc\n");
 }
 
 TEST_CASE("text tables wider than a terminal: in parts, each with the key column") {
