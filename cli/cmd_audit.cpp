@@ -221,7 +221,7 @@ int run_audit(const AuditFlags& f) {
   }
   const std::string text = render(report, format);
   if (f.out.empty()) {
-    fmt::print("{}", text);
+    fmt::print("{}", format == ReportFormat::table ? for_terminal(text) : text);
   } else {
     write_file_atomic(f.out, text);
     fmt::print("{}: {} claims, {}; written to {}\n",

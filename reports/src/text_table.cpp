@@ -88,15 +88,26 @@ std::string trim_right(std::string s) {
 }
 
 // A line of prose wider than `width`, broken at spaces into lines that fit, each indented as the
-// line is (and under the text of a line marked "! " or "- "); the spaces at a break dropped, those
-// between words kept. A word wider than the width has a line of its own.
+// line is (under the text of a line marked "! " or "- ", under the last column of a line of
+// columns); the spaces at a break dropped, those between words kept. A word wider than the width
+// has a line of its own.
 std::string wrap(const std::string& line, size_t width) {
   if (display_width(line) <= width) return line;
   const size_t indent = std::min(line.find_first_not_of(' '), line.size());
-  // A marked line ("! moe-ra0.050: ...", "- ...") continues under its text, not its mark.
+  // A marked line ("! moe-ra0.050: ...", "- ...") continues under its text, not its mark; a line
+  // of columns ("  warning  moe7b  r_a  r_a counts the router ...") under the last of its columns
+  // that begins in the first half of the width (two or more spaces end a column).
   const bool marked = indent + 1 < line.size() && line[indent + 1] == ' ' &&
                       std::string_view("!-*#").find(line[indent]) != std::string_view::npos;
-  const std::string hang(indent + (marked ? 2 : 0), ' ');
+  size_t hang_at = indent + (marked ? 2 : 0);
+  for (size_t gap = line.find("  ", indent); gap != std::string::npos;
+       gap = line.find("  ", gap + 1)) {
+    const size_t text = std::min(line.find_first_not_of(' ', gap), line.size());
+    if (text >= line.size() || display_width(line.substr(0, text)) > width / 2) break;
+    hang_at = std::max(hang_at, display_width(line.substr(0, text)));
+    gap = text;
+  }
+  const std::string hang(hang_at, ' ');
   std::string out, current = line.substr(0, indent);
   size_t current_width = indent;
   bool empty = true;  // no word on the current line yet

@@ -642,6 +642,14 @@ TEST_CASE("prose wider than a terminal: broken at spaces, each line indented as 
   // A marked line continues under its text: the grid's "! point: why" notes.
   CHECK(moeplan::fit_to_width("! moe-a: not reachable\n", 16) == "! moe-a: not\n  reachable\n");
   CHECK(moeplan::fit_to_width("  - a bb cc\n", 8) == "  - a bb\n    cc\n");
+  // A line of columns (the audit's findings) continues under its last column where that begins
+  // in the first half: "r_a" at column 12 of 24.
+  CHECK(moeplan::fit_to_width("  warn  t1  r_a counts the router weights", 24) ==
+        "  warn  t1  r_a counts\n            the router\n            weights");
+  // ... and under the last column that does, where the last begins further in: "t1" at 8, as
+  // "r_a" at 12 is past 22 / 2.
+  CHECK(moeplan::fit_to_width("  warn  t1  r_a counts the router", 22) ==
+        "  warn  t1  r_a counts\n        the router");
 }
 
 TEST_CASE("text tables wider than a terminal: in parts, each with the key column") {
