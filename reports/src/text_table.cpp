@@ -201,15 +201,24 @@ std::string fit_to_width(const std::string& text, size_t width) {
   std::string out;
   for (size_t i = 0; i < lines.size(); ++i) {
     const auto spans = i + 1 < lines.size() ? rule_spans(lines[i + 1]) : decltype(rule_spans("")){};
-    if (spans.empty() || spans.back().second <= width) {
-      out += wrap(lines[i], width);  // a row of a table that fits is no wider than its rule
+    if (spans.empty()) {
+      out += wrap(lines[i], width);
       if (i + 1 < lines.size()) out += '\n';
       continue;
     }
-    size_t end = i + 2;  // the table: its header, rule and rows
-    while (end < lines.size() && !lines[end].empty()) ++end;
+    // The table: its header, rule and rows, up to a blank line or a line wider than its rule (no
+    // row of render()'s is: prose that follows it at once).
+    size_t end = i + 2;
+    while (end < lines.size() && !lines[end].empty() &&
+           display_width(lines[end]) <= spans.back().second)
+      ++end;
     const bool blank_first = trim_right(display_columns(lines[i], 0, spans[0].second)).empty();
     const size_t keys = blank_first && spans.size() > 2 ? 2 : 1;
+    if (spans.back().second <= width || spans.size() <= keys) {  // it fits, or has no columns
+      for (size_t l = i; l < end; ++l) out += lines[l] + '\n';   // to spare: as it is
+      i = end - 1;
+      continue;
+    }
     const size_t key_end = spans[keys - 1].second;
     for (size_t first = keys; first < spans.size();) {
       size_t last = first + 1;  // columns [first, last) in this part: at least one

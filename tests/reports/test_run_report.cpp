@@ -687,6 +687,16 @@ TEST_CASE("text tables wider than a terminal: in parts, each with the key column
   CHECK(moeplan::fit_to_width(text, 34) == text);  // the title (34) and the table (23) fit
   CHECK(moeplan::fit_to_width(text, 0) == text);   // no width: as it is
   CHECK(moeplan::fit_to_width(table, 16).ends_with("moe-D̂  55555\n"));  // no blank line added
+  // A table of one column wider than the width has nothing to split: as it is, its row whole. A
+  // line wider than the rule right under the rows is prose, wrapped, not cut into columns.
+  moeplan::TextTable one;
+  one.add_column("architecture", moeplan::TextTable::Align::left);
+  one.add_row({"L16 Dm1408 | E95 K7"});
+  CHECK(moeplan::fit_to_width(one.render() + "a line of prose wider than that\n", 10) ==
+        "architecture\n-------------------\nL16 Dm1408 | E95 K7\na line of\nprose\nwider than\n"
+        "that\n");
+  CHECK(moeplan::fit_to_width(table + "prose right under the rows\n", 16) ==
+        moeplan::fit_to_width(table, 16) + "prose right\nunder the rows\n");
   // A first column without a header (the grid's flag) is a key with the next one: 5 columns.
   moeplan::TextTable g;
   g.add_column("", moeplan::TextTable::Align::left);
