@@ -152,7 +152,7 @@ Frame frame_for(const Chart& chart) {
   if (!(x0 <= x1)) x0 = 0, x1 = 1, y0 = 0, y1 = 1;  // nothing to draw
   const std::vector<double> xt = nice_ticks(x0, x1), yt = nice_ticks(y0, y1);
   Frame f{xt.front(), xt.back(), yt.front(), yt.back(), xt, yt};
-  // Room for the dots: a dot's radius and a pixel, in data units of the ticks' span (the widened
+  // Room for the dots: a dot's reach, in data units of the ticks' span (the widened
   // span differs from it by a few pixels' worth, which the margin absorbs). A dot the y axis
   // leaves out (y_from_fraction) stays out.
   const double dx =

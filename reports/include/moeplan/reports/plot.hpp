@@ -65,9 +65,9 @@ struct Frame {
   double y_px(double y) const;
 };
 
-// The frame whose axes span every series' points on nice ticks, widened past the outer ticks by
-// half a dot and a pixel where a dot or a ring would lie on the frame's edge (0.2 of an r_a sweep
-// on the 0.2 tick), so that no dot is cut in half.
+// The frame whose axes span every series' points on nice ticks, widened past the outer ticks by a
+// dot's reach (6 px: a ring's radius, its stroke and a pixel) where a dot or a ring would lie on
+// the frame's edge (0.2 of an r_a sweep on the 0.2 tick), so that no dot is cut in half.
 Frame frame_for(const Chart& chart);
 
 // An <svg> element: axes with ticks and labels, a grid, one polyline per series, a legend.
