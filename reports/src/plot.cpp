@@ -53,6 +53,31 @@ bool dotted(const Series& s) {
 // stroke and a pixel's rounding).
 constexpr double kDotRadius = 3.5, kRingRadius = 4.5, kDotReach = kRingRadius + 1.5;
 
+// How a series is drawn: its colour, dash pattern and line width. One look a series, the first
+// that applies: `beside` (its named series' colour, dashed, thin), `mean` (black, solid, thick),
+// `level` (grey, dotted), `dashed` (the dense baseline: black, dashed), else the palette's next
+// colour, with another stroke each time the palette comes round. Only the last takes a colour.
+struct Pen {
+  const char* colour;
+  const char* stroke;
+  double width;
+};
+Pen pen_for(const Series& s, size_t& colour,
+            const std::vector<std::pair<std::string, const char*>>& drawn_in) {
+  if (!s.beside.empty()) {
+    const char* c = "#000000";
+    for (const auto& [name, its] : drawn_in)
+      if (name == s.beside) c = its;
+    return {c, " stroke-dasharray=\"6 4\"", 1.2};
+  }
+  if (s.mean) return {"#000000", "", 2.8};
+  if (s.level) return {"#777777", " stroke-dasharray=\"2 3\"", 1.8};
+  if (s.dashed) return {"#000000", " stroke-dasharray=\"6 4\"", 1.8};
+  const size_t n = colour++;
+  return {kPalette[n % std::size(kPalette)],
+          kStrokes[n / std::size(kPalette) % std::size(kStrokes)], 1.8};
+}
+
 }  // namespace
 
 std::vector<double> nice_ticks(double lo, double hi, int target) {
@@ -223,28 +248,14 @@ std::string render_svg(const Chart& chart) {
       "<clipPath id=\"{}\"><rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\"/></clipPath>\n"
       "<g clip-path=\"url(#{})\">\n",
       clip, left, top, right - left, bottom - top, clip);
-  size_t colour = 0;
+  size_t colour = 0;  // palette colours taken so far
   std::string legend;
   double legend_y = top + 6;
   std::vector<std::pair<std::string, const char*>> drawn_in;  // each series' name and colour
   for (const Series& ser : chart.series) {
-    const char* c = ser.level    ? "#777777"
-                    : ser.dashed ? "#000000"
-                                 : kPalette[colour % std::size(kPalette)];
-    const char* stroke = ser.level ? " stroke-dasharray=\"2 3\""
-                         : ser.dashed
-                             ? " stroke-dasharray=\"6 4\""
-                             : kStrokes[colour / std::size(kPalette) % std::size(kStrokes)];
-    double width = ser.mean ? 2.8 : 1.8;
-    if (ser.mean) c = "#000000", stroke = "";
-    if (!ser.beside.empty()) {
-      c = "#000000";
-      for (const auto& [name, its] : drawn_in)
-        if (name == ser.beside) c = its;
-      stroke = " stroke-dasharray=\"6 4\"";
-      width = 1.2;
-    }
-    colour += !ser.dashed && !ser.level && ser.beside.empty() && !ser.mean;
+    const Pen pen = pen_for(ser, colour, drawn_in);
+    const char *c = pen.colour, *stroke = pen.stroke;
+    const double width = pen.width;
     drawn_in.emplace_back(ser.name, c);
     std::string pts;
     for (const XY& p : ser.points)
