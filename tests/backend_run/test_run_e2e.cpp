@@ -37,6 +37,7 @@
 #include "moeplan/backend/run.hpp"
 #include "moeplan/sweeps/manifest_io.hpp"
 #include "scratch.hpp"
+#include "strings.hpp"
 
 namespace fs = std::filesystem;
 using namespace moeplan;
@@ -3403,12 +3404,7 @@ TEST_CASE("moeplan run --nproc 2 (emulated): the ranks started, Ctrl-C forwarded
   ::unsetenv("MOEPLAN_EMU_NCCL_TIMEOUT");
 }
 
-// How often `needle` occurs in `hay`.
-size_t occurrences(const std::string& hay, const std::string& needle) {
-  size_t n = 0;
-  for (size_t at = hay.find(needle); at != std::string::npos; at = hay.find(needle, at + 1)) ++n;
-  return n;
-}
+using moeplan::test::occurrences;
 
 // The lines of `out` that start with `start` and hold `part`.
 std::vector<std::string> lines_with(const std::string& out, const std::string& start,

@@ -8,8 +8,10 @@
 #include <vector>
 
 #include "moeplan/reports/plot.hpp"
+#include "strings.hpp"
 
 using namespace moeplan::plot;
+using moeplan::test::occurrences;
 
 namespace {
 
@@ -19,12 +21,6 @@ void check_ticks(double lo, double hi, const std::vector<double>& want) {
   const std::vector<double> got = nice_ticks(lo, hi);
   REQUIRE(got.size() == want.size());
   for (size_t i = 0; i < got.size(); ++i) CHECK(got[i] == doctest::Approx(want[i]).epsilon(1e-12));
-}
-
-size_t occurrences(const std::string& s, const std::string& what) {
-  size_t n = 0;
-  for (size_t at = s.find(what); at != std::string::npos; at = s.find(what, at + 1)) ++n;
-  return n;
 }
 
 // A series' <polyline> element in an SVG, up to its end.

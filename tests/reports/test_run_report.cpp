@@ -15,6 +15,7 @@
 #include "moeplan/reports/run_report.hpp"
 #include "moeplan/reports/text_table.hpp"
 #include "scratch.hpp"
+#include "strings.hpp"
 
 using nlohmann::json;
 
@@ -71,11 +72,7 @@ std::vector<std::string> cells_of_row(const std::string& text, const std::string
   return cells;
 }
 
-size_t count(const std::string& s, const std::string& what) {
-  size_t n = 0;
-  for (size_t at = s.find(what); at != std::string::npos; at = s.find(what, at + 1)) ++n;
-  return n;
-}
+using moeplan::test::occurrences;
 
 }  // namespace
 
@@ -83,15 +80,15 @@ TEST_CASE("report: charts in HTML, bars in text and markdown") {
   const std::vector<json> recs = {record("dense", true, 1.0, 2.0), record("moe-a", false, 0.2, 1.8),
                                   record("moe-b", false, 0.4, 2.1)};
   const std::string html = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::html);
-  CHECK(count(html, "<svg") == 4);
+  CHECK(occurrences(html, "<svg") == 4);
   CHECK(html.find("Final validation BPC against the activation rate") != std::string::npos);
   CHECK(html.find("Training time against the activation rate (cpu)") != std::string::npos);
   CHECK(html.find("dense baseline (10.0 s)") != std::string::npos);
   CHECK(html.find("dense baseline (2.0000)") != std::string::npos);
   // Validation against compute: step 4 of 100 tokens at M 1000 is C = 4e5 [paper].
   CHECK(html.find("training compute C [paper] (FLOPs)") != std::string::npos);
-  CHECK(count(html, "data-series=\"moe-a\"") == 2);  // validation and training-loss charts
-  CHECK(count(html, "data-series=\"dense\"") == 2);
+  CHECK(occurrences(html, "data-series=\"moe-a\"") == 2);  // validation and training-loss charts
+  CHECK(occurrences(html, "data-series=\"dense\"") == 2);
 
   const std::string text = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::text);
   // −0.2 is the longest bar (40 characters); +0.1 half of it.
@@ -115,10 +112,10 @@ TEST_CASE("report: without a complete dense baseline, no bars and no baseline li
   const std::string text = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::text);
   CHECK(text.find("val BPC minus") == std::string::npos);
   const std::string html = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::html);
-  CHECK(count(html, "<svg") == 3);  // no time chart without the baseline's time
+  CHECK(occurrences(html, "<svg") == 3);  // no time chart without the baseline's time
   CHECK(html.find("dense baseline (") == std::string::npos);
   // Its curves so far are still drawn, named as not complete.
-  CHECK(count(html, "data-series=\"dense (not complete)\"") == 2);
+  CHECK(occurrences(html, "data-series=\"dense (not complete)\"") == 2);
   // The running baseline's row: no "C ok" verdict on a partial C (it read "no"), no final parts.
   json running = record("dense", true, 1.0, 2.0, false);
   running["val_curve"][1]["parts"] = {{"facts", 1.25}};
@@ -177,7 +174,7 @@ TEST_CASE("replicates: mean, sample sd and paired differences over folders, by h
   CHECK(text.find("not independent") == std::string::npos);
   const std::string html =
       moeplan::render_replicate_report(folders, {"a", "b"}, moeplan::ReportFormat::html);
-  CHECK(count(html, "<svg") == 1);
+  CHECK(occurrences(html, "<svg") == 1);
   CHECK(html.find("dense mean (1.9500)") != std::string::npos);
 }
 
@@ -219,7 +216,7 @@ TEST_CASE("report: a point that read other data than the dense baseline is not c
                   "validation tokens: trained or validated on other data: moe-b (text:t.txt, "
                   "256 validation tokens), moe-c (builtin, data_seed 1, 128 validation "
                   "tokens)") != std::string::npos);
-  CHECK(count(text, "other data") == 3);  // two cells and the sentence
+  CHECK(occurrences(text, "other data") == 3);  // two cells and the sentence
   // The same source by name, another held-out set by content (the file changed): not compared.
   std::vector<json> edited = {reading(record("dense", true, 1.0, 2.0), "text:t.txt", 256),
                               reading(record("moe-a", false, 0.2, 1.8), "text:t.txt", 256)};
@@ -240,7 +237,7 @@ TEST_CASE("report: a point that read other data than the dense baseline is not c
   CHECK(text.find("  moe-a  -0.2000") != std::string::npos);
   CHECK(text.find("  moe-b  ") == std::string::npos);  // no bar
   const std::string html = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::html);
-  CHECK(count(html, "data-series=\"MoE points\"") == 2);  // the BPC and time charts
+  CHECK(occurrences(html, "data-series=\"MoE points\"") == 2);  // the BPC and time charts
   // Replicates pair a point with its own folder's baseline only on the same data: folder b's
   // baseline drew another built-in corpus (data_seed 2, a legitimate replicate), its moe-b not.
   auto seed2 = [](json r) {
@@ -804,13 +801,13 @@ TEST_CASE("report: a point without the baseline's N, C or D̂ gets no comparison
   CHECK(text.find("moe-c: C [paper] 392k is -2.00% from the baseline's 400k") != std::string::npos);
   CHECK(text.find("moe-u: D̂ 50 unique is not the baseline's 100 (strict reuse)") !=
         std::string::npos);
-  CHECK(count(text, "not equal   ") == 3);  // the three cells
+  CHECK(occurrences(text, "not equal   ") == 3);  // the three cells
   // Their training curves stay in the HTML charts, named as left out of the comparison.
   const std::string html = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::html);
-  CHECK(count(html, "data-series=\"moe-c (not equal-resource)\"") == 2);
-  CHECK(count(html, "data-series=\"moe-a\"") == 2);
+  CHECK(occurrences(html, "data-series=\"moe-c (not equal-resource)\"") == 2);
+  CHECK(occurrences(html, "data-series=\"moe-a\"") == 2);
   // No bar for the three: one bar line, moe-a's.
-  CHECK(count(text, "-0.1000") == 1);
+  CHECK(occurrences(text, "-0.1000") == 1);
   CHECK(text.find("-0.5000") == std::string::npos);
 }
 
@@ -893,7 +890,7 @@ TEST_CASE("report: measured vs plan is read from the numbers, not from the recor
   CHECK(text.find("measured vs plan: 1 of 2 complete point(s)") != std::string::npos);
   CHECK(text.find("rounding (off the plan: moe-a; `moeplan audit` says where)") !=
         std::string::npos);
-  CHECK(count(text, "  no  ") + count(text, " no ") >= 1);  // moe-a's "C ok" cell
+  CHECK(occurrences(text, "  no  ") + occurrences(text, " no ") >= 1);  // moe-a's "C ok" cell
   // The epochs the record states, 5 against the planned 4: said to match before.
   recs = {record("dense", true, 1.0, 2.0), record("moe-a", false, 0.2, 1.9)};
   recs[1]["measured"]["tokens"]["epochs"] = 5.0;
@@ -1245,7 +1242,7 @@ TEST_CASE("report: the most device memory a GPU point held, of its device's; non
   // These records are from before the kernel request was kept: named by the device.
   CHECK(chart.rfind("Device memory held against the activation rate (cuda (GPU X))<", 0) == 0);
   CHECK(chart.find("dense baseline (32.00 GiB)") != std::string::npos);
-  CHECK(count(chart, "<circle") == 2);
+  CHECK(occurrences(chart, "<circle") == 2);
   // At their own heights: 51.4 GiB above 68.5 MiB (SVG's y grows downwards).
   const auto cy = [&](size_t n) {
     size_t at = chart.find("<circle");
@@ -1254,7 +1251,7 @@ TEST_CASE("report: the most device memory a GPU point held, of its device's; non
   };
   CHECK(cy(0) < cy(1));
   recs[2].erase("device_memory");
-  CHECK(count(memory_chart(recs), "<circle") == 1);
+  CHECK(occurrences(memory_chart(recs), "<circle") == 1);
   // CPU records have no such field, and the table no such column.
   const std::vector<json> cpu = {record("dense", true, 1.0, 2.0), record("moe-a", false, 0.2, 1.8)};
   CHECK(
@@ -1448,7 +1445,7 @@ TEST_CASE("report: when each MoE point first reached the dense baseline's BPC, i
   REQUIRE(at != std::string::npos);
   const std::string chart = html.substr(at, html.find("</svg>", at) - at);
   CHECK(chart.find("dense baseline's final BPC (2.0000)") != std::string::npos);
-  CHECK(count(chart, "<polyline") == 5);  // dense, moe-a, moe-b, moe-c and the line
+  CHECK(occurrences(chart, "<polyline") == 5);  // dense, moe-a, moe-b, moe-c and the line
   CHECK(chart.find("moe-d") == std::string::npos);
   // A point on other hardware is not timed against the baseline: not compared, not drawn.
   recs[3]["hardware"] = json::array({"another CPU"});
@@ -1503,7 +1500,7 @@ TEST_CASE("report: a point still training has reached the dense baseline's BPC, 
   // for the ring at 15 by 6 px · 15 / 460 px = 0.1957; y ticks 1.8 .. 2.6, the rings inside.
   //   moe-a (12 s, 1.9):  x 70 + 12 / 15.1957 · 460 = 433.3, y 314 − 0.1 / 0.8 · 280 = 279.0
   //   moe-e (15 s, 1.98): x 70 + 15 / 15.1957 · 460 = 524.1, y 314 − 0.18 / 0.8 · 280 = 251.0
-  CHECK(count(chart, "data-ring=") == 2);
+  CHECK(occurrences(chart, "data-ring=") == 2);
   CHECK(chart.find("<circle data-ring=\"moe-a\" cx=\"433.3\" cy=\"279.0\"") != std::string::npos);
   CHECK(chart.find("<circle data-ring=\"moe-e\" cx=\"524.1\" cy=\"251.0\"") != std::string::npos);
   CHECK(chart.find("dense baseline's final BPC (2.0000); \u25CB first reached") !=
@@ -1563,8 +1560,8 @@ TEST_CASE("report in HTML: the title's first sentence as the page's title and he
   CHECK(html.find("<h2>Time and achieved FLOP rate (equal C is not equal time)</h2>\n<p>Executed: "
                   "every product") != std::string::npos);
   // Each table in a box of its own that scrolls across, not the page.
-  CHECK(count(html, "<div class=\"wide\"><table>") == 2);
-  CHECK(count(html, "</table></div>") == 2);
+  CHECK(occurrences(html, "<div class=\"wide\"><table>") == 2);
+  CHECK(occurrences(html, "</table></div>") == 2);
   // Replicates: the same head.
   const std::string reps =
       moeplan::render_replicate_report({{with_seed(recs[0], 1), with_seed(recs[1], 1)},
@@ -1574,7 +1571,7 @@ TEST_CASE("report in HTML: the title's first sentence as the page's title and he
             "<title>moeplan report: 2 points over 2 runs folders of one sweep: a (seed/data_seed "
             "1/") != std::string::npos);
   CHECK(reps.find("<h1>moeplan report: 2 points over 2 runs folders") != std::string::npos);
-  CHECK(count(reps, "<div class=\"wide\"><table>") == 1);
+  CHECK(occurrences(reps, "<div class=\"wide\"><table>") == 1);
 }
 
 TEST_CASE("report charts as files: the HTML report's charts, each whole, named by its id") {
@@ -1592,7 +1589,7 @@ TEST_CASE("report charts as files: the HTML report's charts, each whole, named b
   // Final BPC and time against r_a, BPC against time, against compute, loss against tokens; no
   // memory chart without a GPU's device_memory.
   CHECK(ids == std::vector<std::string>{"bpc-ra", "time-ra", "bpc-time", "val-c", "loss-d"});
-  CHECK(count(html, "<svg") == 5);
+  CHECK(occurrences(html, "<svg") == 5);
   const std::vector<std::vector<json>> folders = {{with_seed(recs[0], 1), with_seed(recs[1], 1)},
                                                   {with_seed(recs[0], 2), with_seed(recs[1], 2)}};
   const std::vector<moeplan::ChartFile> reps =
