@@ -1,4 +1,4 @@
-// `moeplan report runs/ [more-runs/ ...] [-o report.md|report.html|report.txt]`: the sweep's
+// `moeplan report runs/ [more-runs/ ...] [-o report.md|.html|.txt|.csv|.json]`: the sweep's
 // comparison table; over several runs folders of one sweep (other seeds), the replicates'.
 #include <filesystem>
 #include <memory>
@@ -20,6 +20,7 @@ namespace {
 struct ReportFlags {
   std::vector<std::string> runs_dirs{"runs"};
   std::string output;
+  std::string format;  // "" = from -o's extension, else the terminal table
   std::string charts;  // a folder for the HTML report's charts as .svg files
 };
 
@@ -89,7 +90,7 @@ Folder read_folder(const std::string& dir) {
 }
 
 int report(const ReportFlags& f) {
-  const ReportFormat format = report_format_for(f.output);  // refuse a bad -o before reading
+  const ReportFormat format = run_report_format(f.format, f.output);  // refuse a bad -o first
   if (!f.charts.empty()) check_charts_folder(f.charts);
   std::string text;
   std::vector<ChartFile> charts;
@@ -120,7 +121,8 @@ int report(const ReportFlags& f) {
     if (!f.charts.empty()) charts = replicate_report_charts(folders, f.runs_dirs, audits);
   }
   if (f.output.empty()) {
-    fmt::print("{}", for_terminal(text));  // the text format: -o alone chooses another
+    // Tables fitted to a terminal's width; markdown, HTML, CSV and JSON go out as they are.
+    fmt::print("{}", format == ReportFormat::text ? for_terminal(text) : text);
   } else {
     write_file_atomic(f.output, text);
     fmt::print("wrote {}\n", printable(f.output));
@@ -139,13 +141,25 @@ const bool registered = register_command(
                       "run with other seeds (mean, sd, how often each point beats dense)")
            ->capture_default_str()
            ->check(non_empty_path("folder name"));
-       app.add_option("-o,--output", f->output, "write report.md, report.html or report.txt")
+       app.add_option("-o,--output", f->output,
+                      "write report.md, report.html, report.txt, or each point's figures for a "
+                      "script as report.csv or report.json")
            ->check(non_empty_path("file name"));
+       CLI::Option* format = app.add_option(
+           "--format", f->format,
+           "table, md, html, csv or json (default: -o's extension, else table); csv and json: one "
+           "row per point (per folder and point for replicates), numbers unrounded, empty or null "
+           "where the tables print -");
        app.add_option("--charts", f->charts,
                       "also write the HTML report's charts to this folder, one standalone .svg "
                       "file each (bpc-ra.svg, bpc-time.svg, ...), for a paper or slides")
            ->check(non_empty_path("folder name"));
-       return [f] { return report(*f); };
+       return [f, format] {
+         if (format->count() > 0 && f->format.empty())
+           throw InputError(
+               "--format '' is not a report format (valid: table, md, html, csv, json)");
+         return report(*f);
+       };
      }});
 
 }  // namespace

@@ -18,6 +18,7 @@
 #include "moeplan/accounting/error.hpp"
 #include "moeplan/accounting/flops.hpp"
 #include "moeplan/accounting/units.hpp"
+#include "moeplan/reports/format.hpp"
 #include "moeplan/reports/plot.hpp"
 #include "moeplan/reports/text_table.hpp"
 #include "moeplan/sweeps/atomic_file.hpp"
@@ -399,6 +400,16 @@ std::string missed_targets(const std::vector<const json*>& plans) {
                         : "\n! off its target r_a (not reachable under the shape rules): " + missed;
 }
 
+// Why a complete MoE point's BPC is not set against the complete dense baseline's, in the
+// table's words ("" where it is: comparable()).
+std::string not_compared(const json& r, const json& dense) {
+  return !same_data(r, dense)                           ? "other data"
+         : !unequal_resources(r, dense).empty()         ? "not equal"
+         : has_audit_error(r) || has_audit_error(dense) ? "audit error"
+         : !folder_refusal(dense).empty()               ? "not one sweep"
+                                                        : "";
+}
+
 std::vector<std::string> row_of(const json& r, const json* dense) {
   const json& p = r["plan"];
   const json& m = r["measured"];
@@ -414,13 +425,10 @@ std::vector<std::string> row_of(const json& r, const json* dense) {
     if (parts.contains("arith")) arith = fmt::format("{:.3f}", parts["arith"].get<double>());
   }
   std::string vs = "-";
-  if (!is_dense(r) && dense && complete)
-    vs = !same_data(r, *dense)                           ? "other data"
-         : !unequal_resources(r, *dense).empty()         ? "not equal"
-         : has_audit_error(r) || has_audit_error(*dense) ? "audit error"
-         : !folder_refusal(*dense).empty()
-             ? "not one sweep"
-             : fmt::format("{:+.3f}", bpc - dense->value("final_val_bpc", 0.0));
+  if (!is_dense(r) && dense && complete) {
+    vs = not_compared(r, *dense);
+    if (vs.empty()) vs = fmt::format("{:+.3f}", bpc - dense->value("final_val_bpc", 0.0));
+  }
   return {r.value("point_id", "?"), fmt::format("{:.3f}", p.value("activation_rate", 0.0)),
           target_cell(p), human(p.value("total_params", 0.0)),
           human(double(m.value("total_params", int64_t{0}))),
@@ -552,11 +560,16 @@ bool same_timing(const json& a, const json& b) {
 // The useful FLOP rate of one device over the peak the record names (the CUDA engine's bf16
 // tensor peak, where known, or one given to `moeplan run --peak-tflops`, marked "(given)"; a
 // record has one only for a run on one kind of hardware).
-std::string mfu_cell(const json& r, double useful_per_second) {
+std::optional<double> mfu_of(const json& r, double useful_per_second) {
   const double peak = r.value("peak_flops_per_second_per_device", 0.0);
   const int w = r.value("world_size", 1);
-  if (!(peak > 0) || !(useful_per_second > 0)) return "-";
-  return fmt::format("{:.1f}%{}", 100 * useful_per_second / double(w) / peak,
+  if (!(peak > 0) || !(useful_per_second > 0)) return std::nullopt;
+  return useful_per_second / double(w) / peak;
+}
+std::string mfu_cell(const json& r, double useful_per_second) {
+  const std::optional<double> mfu = mfu_of(r, useful_per_second);
+  if (!mfu) return "-";
+  return fmt::format("{:.1f}%{}", 100 * *mfu,
                      r.value("peak_source", "") == "given" ? " (given)" : "");
 }
 
@@ -711,6 +724,16 @@ std::string work_summary(const std::vector<json>& records, const json* dense) {
   return s;
 }
 
+// A complete point's training time over the dense baseline's, where timed as the baseline was
+// (same_timing).
+std::optional<double> time_vs_dense(const json& r, const json* dense) {
+  const double secs = r.value("train_seconds", 0.0);
+  if (!dense || !same_timing(*dense, r) || !is_complete(r) || !(secs > 0) ||
+      !(dense->value("train_seconds", 0.0) > 0))
+    return std::nullopt;
+  return secs / dense->value("train_seconds", 0.0);
+}
+
 std::vector<std::string> time_row_of(const json& r, const json* dense, bool with_mfu,
                                      bool with_memory, bool with_reached) {
   const json& flops = r["measured"]["flops"];
@@ -719,10 +742,8 @@ std::vector<std::string> time_row_of(const json& r, const json* dense, bool with
   const double useful = useful_flops(r);
   const std::optional<double> work = work_vs_dense(r, dense);
   auto rate = [&](double f) { return secs > 0 ? fmt::format("{:.3g}", f / secs / 1e12) : "-"; };
-  std::string vs = "-";
-  if (dense && same_timing(*dense, r) && is_complete(r) && secs > 0 &&
-      dense->value("train_seconds", 0.0) > 0)
-    vs = fmt::format("{:.2f}x", secs / dense->value("train_seconds", 0.0));
+  const std::optional<double> time = time_vs_dense(r, dense);
+  const std::string vs = time ? fmt::format("{:.2f}x", *time) : "-";
   std::vector<std::string> row = {
       r.value("point_id", "?"),
       device_label(r),
@@ -736,6 +757,226 @@ std::vector<std::string> time_row_of(const json& r, const json* dense, bool with
   if (with_memory) row.push_back(memory_cell(r));
   if (with_reached) row.push_back(reached_cell(r, dense));
   return row;
+}
+
+// The csv and json formats: each point's figures as the two tables show them, for a script
+// (pandas, a spreadsheet), as numbers: FLOPs, tokens, seconds and bytes unrounded, MFU and the
+// ratios to the dense baseline as fractions, null (an empty CSV cell) where a table prints "-".
+// The verdicts are the tables': val_bpc_vs_dense only where the table sets the point against the
+// baseline, vs_dense saying why not where it does not.
+using ordered_json = nlohmann::ordered_json;
+
+// The validation parts (facts, arith) of any complete record's final evaluation, in the order
+// first seen: each a column of every row.
+std::vector<std::string> final_part_names(const std::vector<json>& records) {
+  std::vector<std::string> names;
+  for (const json& r : records) {
+    if (!is_complete(r) || !r.contains("val_curve") || r["val_curve"].empty() ||
+        !r["val_curve"].back().contains("parts"))
+      continue;
+    for (const auto& [k, v] : r["val_curve"].back()["parts"].items())
+      if (std::find(names.begin(), names.end(), k) == names.end()) names.push_back(k);
+  }
+  return names;
+}
+
+ordered_json export_point(const json& r, const json* dense, const std::vector<std::string>& parts) {
+  const json& p = r["plan"];
+  const json& m = r["measured"];
+  const json& tok = m["tokens"];
+  const bool complete = is_complete(r), d = is_dense(r);
+  const double secs = r.value("train_seconds", 0.0);
+  const auto or_null = [](const std::optional<double>& v) {
+    return v ? ordered_json(*v) : ordered_json(nullptr);
+  };
+  ordered_json o;
+  o["point"] = r.value("point_id", "?");
+  o["role"] = p.value("role", "?");
+  o["status"] = r.value("status", "?");
+  o["steps_plan"] = p.value("steps", int64_t{0});
+  o["steps_measured"] = m.value("steps", int64_t{0});
+  o["activation_rate"] = p.value("activation_rate", 0.0);
+  o["activation_rate_target"] = d || !p.contains("activation_rate_target")
+                                    ? ordered_json(nullptr)
+                                    : ordered_json(p.value("activation_rate_target", 0.0));
+  o["target_reachable"] = p.value("reachable", true);
+  o["total_params_plan"] = p.value("total_params", 0.0);
+  o["total_params_measured"] = m.value("total_params", int64_t{0});
+  o["compute_convention"] = paper_label(r);
+  o["compute_plan_flops"] = m["compute"].value("plan_paper", p.value("compute", 0.0));
+  o["compute_measured_flops"] = m["compute"].value("paper", 0.0);
+  o["compute_ok"] = complete ? ordered_json(compute_ok(r)) : ordered_json(nullptr);
+  const std::string own = plan_convention(r);
+  o["plan_convention"] = own == "paper" ? paper_label(r) : own;
+  o["compute_plan_flops_plan_convention"] = p.value("compute", 0.0);
+  o["compute_measured_flops_plan_convention"] = or_null(measured_compute(r, own));
+  o["tokens_consumed_plan"] = p.value("tokens_consumed", 0.0);
+  o["tokens_consumed_measured"] = tok.value("consumed", int64_t{0});
+  o["tokens_unique_plan"] = p.value("tokens_unique", 0.0);
+  o["tokens_unique_measured"] = tok.value("unique", int64_t{0});
+  o["epochs_plan"] = p.value("epochs", 0.0);
+  o["epochs_measured"] = tok.value("epochs", 0.0);
+  const double bpc = r.value("final_val_bpc", 0.0);
+  o["val_bpc"] = complete ? ordered_json(bpc) : ordered_json(nullptr);
+  const std::string why = d           ? "baseline"
+                          : !complete ? "not complete"
+                          : !dense    ? "no complete dense baseline"
+                                      : not_compared(r, *dense);
+  o["vs_dense"] = why.empty() ? "compared" : why;
+  const double base = dense ? dense->value("final_val_bpc", 0.0) : 0.0;
+  o["val_bpc_vs_dense"] = why.empty() ? ordered_json(bpc - base) : ordered_json(nullptr);
+  o["beats_dense"] = why.empty() ? ordered_json(bpc < base) : ordered_json(nullptr);
+  const json* final_parts = complete && r.contains("val_curve") && !r["val_curve"].empty() &&
+                                    r["val_curve"].back().contains("parts")
+                                ? &r["val_curve"].back()["parts"]
+                                : nullptr;
+  for (const std::string& part : parts)
+    o["val_bpc_" + part] = final_parts && final_parts->contains(part)
+                               ? ordered_json((*final_parts)[part].get<double>())
+                               : ordered_json(nullptr);
+  const json train = r.value("train", json::object());
+  for (const char* seed : {"seed", "data_seed"})
+    o[seed] = train.is_object() && train.contains(seed) ? ordered_json(train[seed])
+                                                        : ordered_json(nullptr);
+  o["wall_seconds"] = r.value("wall_seconds", 0.0);
+  o["train_seconds"] = secs;
+  o["device"] = device_label(r);
+  o["world_size"] = r.value("world_size", 1);
+  const json& flops = m["flops"];
+  const double total = flops.contains("total") ? count_of(flops["total"]) : 0.0;
+  const double useful = useful_flops(r);
+  const auto per_second = [&](double v) {
+    return secs > 0 ? ordered_json(v / secs) : ordered_json(nullptr);
+  };
+  o["tokens_per_second_consumed"] = per_second(double(tok.value("consumed", int64_t{0})));
+  o["flops_executed_exact_causal"] = total;
+  o["flops_useful_exact_causal"] = useful;
+  o["flops_per_second_executed_exact_causal"] = per_second(total);
+  o["flops_per_second_useful_exact_causal"] = per_second(useful);
+  o["useful_flops_vs_dense"] = or_null(work_vs_dense(r, dense));
+  o["train_time_vs_dense"] = or_null(time_vs_dense(r, dense));
+  o["mfu_useful"] = or_null(mfu_of(r, secs > 0 ? useful / secs : 0.0));
+  o["peak_flops_per_second_per_device"] =
+      r.value("peak_flops_per_second_per_device", 0.0) > 0
+          ? ordered_json(r.value("peak_flops_per_second_per_device", 0.0))
+          : ordered_json(nullptr);
+  o["peak_given"] = r.value("peak_source", "") == "given";
+  const bool memory = r.contains("device_memory") && r["device_memory"].is_object();
+  o["device_memory_peak_bytes"] =
+      memory ? ordered_json(r["device_memory"].value("peak_bytes", 0.0)) : ordered_json(nullptr);
+  o["device_memory_bytes"] =
+      memory ? ordered_json(r["device_memory"].value("device_bytes", 0.0)) : ordered_json(nullptr);
+  const Reached got = reached_dense(r, dense);
+  o["dense_bpc_reached"] = !got.compared  ? ordered_json(nullptr)
+                           : got.seconds  ? ordered_json("yes")
+                           : got.complete ? ordered_json("no")
+                                          : ordered_json("not yet");
+  o["dense_bpc_reached_train_seconds"] = or_null(got.seconds);
+  o["dense_bpc_reached_vs_dense_time"] =
+      got.seconds ? ordered_json(*got.seconds / dense->value("train_seconds", 0.0))
+                  : ordered_json(nullptr);
+  const size_t errors = has_audit_error(r) ? r[kAuditKey]["errors"].size() : 0;
+  o["audit_errors"] = errors;
+  o["audit_first_error"] = errors ? ordered_json(first_audit_error(r)) : ordered_json(nullptr);
+  return o;
+}
+
+// The rows of one folder's points, as export_point makes them.
+std::vector<ordered_json> export_points(const std::vector<json>& records) {
+  const json* dense = nullptr;
+  for (const json& r : records)
+    if (is_dense(r) && is_complete(r)) dense = &r;
+  const std::vector<std::string> parts = final_part_names(records);
+  std::vector<ordered_json> rows;
+  for (const json& r : records) rows.push_back(export_point(r, dense, parts));
+  return rows;
+}
+
+// What the figures are counted in: every FLOP figure's convention, every token figure's kind.
+ordered_json export_conventions() {
+  return {
+      {"compute",
+       "C = M·D: M per consumed token in the row's compute_convention (the "
+       "paper's, M = 6·N_a + 12·L·D_m·S) and in its plan_convention (the one the "
+       "sweep was planned equal in)"},
+      {"flops",
+       "the ledger's exact/causal count: executed is every product the device ran, "
+       "useful leaves out padding and recompute"},
+      {"tokens", "consumed counts repeats; unique does not; epochs = consumed / unique"},
+      {"mfu_useful", "the useful FLOP rate of one device over peak_flops_per_second_per_device"},
+      {"vs_dense",
+       "val_bpc_vs_dense, beats_dense and useful_flops_vs_dense only where "
+       "vs_dense is 'compared' (same data, equal N, C and D̂, no audit error); "
+       "train_time_vs_dense and dense_bpc_reached only where the point was timed "
+       "as the baseline was (the same hardware and devices, --kernels and "
+       "--threads request, passes and optimizer sharding)"}};
+}
+
+ordered_json export_audit(const FolderAudit* audit) {
+  if (!audit) return nullptr;
+  return {
+      {"claims", audit->claims},
+      {"holding", audit->holding},
+      {"failing", audit->failing},
+      {"refused", audit->refused.empty() ? ordered_json(nullptr) : ordered_json(audit->refused)}};
+}
+
+// Rows as CSV: one header line of the first row's keys (every row has the same), numbers as
+// JSON writes them (shortest round trip), true/false, and an empty cell for null.
+std::string export_csv(const std::vector<ordered_json>& rows) {
+  if (rows.empty()) return "";
+  std::string out;
+  for (const auto& [k, v] : rows.front().items()) out += (out.empty() ? "" : ",") + csv_field(k);
+  out += "\n";
+  for (const ordered_json& row : rows) {
+    std::string line;
+    bool first = true;
+    for (const auto& [k, v] : row.items()) {
+      if (!first) line += ",";
+      first = false;
+      line += v.is_null()     ? std::string()
+              : v.is_string() ? csv_field(v.get<std::string>())
+                              : v.dump();
+    }
+    out += line + "\n";
+  }
+  return out;
+}
+
+// The json format's document: what `moeplan report` it is, then `fields`.
+std::string export_json(const ordered_json& fields) {
+  ordered_json doc = {{"schema", 1}};
+  doc.update(fields);
+  // A name or a message not in UTF-8 (a folder's name as given) cannot stop the export.
+  return doc.dump(2, ' ', false, ordered_json::error_handler_t::replace) + "\n";
+}
+
+// Replicates in csv and json: every folder's rows, each with its folder's name first (the long
+// form a script groups by point), set against its own folder's dense baseline.
+std::string export_replicates(const std::vector<std::vector<json>>& folders,
+                              const std::vector<std::string>& names,
+                              const std::vector<FolderAudit>& audits, ReportFormat format) {
+  std::vector<ordered_json> rows;
+  ordered_json each = ordered_json::array();
+  for (size_t f = 0; f < folders.size(); ++f) {
+    const std::vector<ordered_json> points = export_points(folders[f]);
+    const json* dense = nullptr;
+    for (const json& r : folders[f])
+      if (is_dense(r) && is_complete(r)) dense = &r;
+    each.push_back({{"folder", names[f]},
+                    {"dense_baseline",
+                     dense ? ordered_json(dense->value("point_id", "?")) : ordered_json(nullptr)},
+                    {"audit", export_audit(audits.empty() ? nullptr : &audits[f])},
+                    {"points", points}});
+    for (const ordered_json& p : points) {
+      ordered_json row = {{"folder", names[f]}};
+      row.update(p);
+      rows.push_back(std::move(row));
+    }
+  }
+  if (format == ReportFormat::csv) return export_csv(rows);
+  return export_json(
+      {{"replicates", folders.size()}, {"conventions", export_conventions()}, {"folders", each}});
 }
 
 // What the folder's audit says, in one line and its warnings (each once, at most 8 shown).
@@ -1327,20 +1568,45 @@ std::vector<json> load_run_records(const fs::path& dir) {
   return out;
 }
 
-ReportFormat report_format_for(const fs::path& output) {
+namespace {
+
+std::optional<ReportFormat> report_format_named(const std::string& name) {
+  if (name == "table") return ReportFormat::text;
+  if (name == "md") return ReportFormat::markdown;
+  if (name == "html") return ReportFormat::html;
+  if (name == "csv") return ReportFormat::csv;
+  if (name == "json") return ReportFormat::json;
+  return std::nullopt;
+}
+
+}  // namespace
+
+ReportFormat run_report_format(const std::string& format_flag, const fs::path& output) {
+  std::optional<ReportFormat> flag;
+  if (!format_flag.empty() && !(flag = report_format_named(format_flag)))
+    throw InputError(fmt::format(
+        "--format '{}' is not a report format (valid: table, md, html, csv, json)", format_flag));
   const std::string ext = extension_lower(output);
-  if (output.empty() || ext == ".txt") return ReportFormat::text;
-  if (ext == ".md") return ReportFormat::markdown;
-  if (ext == ".html") return ReportFormat::html;
-  // ".md" alone is a hidden file's name with no extension.
-  const std::string name = output.filename().string();
-  throw InputError(fmt::format("-o '{}': the report is written as .md, .html or .txt{}",
-                               output.string(),
-                               ext.empty() && name.size() > 1 && name[0] == '.'
-                                   ? fmt::format(" ('{}' is a name without an extension: give "
-                                                 "e.g. report{})",
-                                                 name, name)
-                                   : ""));
+  if (output.empty() || (ext.empty() && flag)) return flag.value_or(ReportFormat::text);
+  std::optional<ReportFormat> by_ext = ext == ".txt"    ? std::optional(ReportFormat::text)
+                                       : ext.size() > 1 ? report_format_named(ext.substr(1))
+                                                        : std::nullopt;
+  if (ext == ".table") by_ext.reset();  // "table" names the terminal format, not an extension
+  if (!by_ext) {
+    // ".md" alone is a hidden file's name with no extension.
+    const std::string name = output.filename().string();
+    throw InputError(fmt::format(
+        "-o '{}': the report is written as .md, .html, .txt, .csv or .json{}", output.string(),
+        ext.empty() && name.size() > 1 && name[0] == '.'
+            ? fmt::format(" ('{}' is a name without an extension: give e.g. report{})", name, name)
+            : ""));
+  }
+  if (flag && *flag != *by_ext)
+    throw InputError(fmt::format(
+        "--format {} contradicts -o '{}', which is written as {}; leave out --format or name the "
+        "file for the format",
+        format_flag, output.string(), ext.substr(1)));
+  return *by_ext;
 }
 
 std::vector<ChartFile> run_report_charts(const std::vector<json>& given, const FolderAudit* audit) {
@@ -1487,6 +1753,15 @@ std::string render_run_report(const std::vector<json>& given, const std::string&
              escape_markdown(time_title.substr(0, time_title.find(". "))) + "\n\n" +
              escape_markdown(time_title.substr(time_title.find(". ") + 2)) + "\n\n" +
              tt.render_markdown() + (reached.empty() ? "" : "\n" + md_paragraphs(reached) + "\n");
+    case ReportFormat::csv:
+      return export_csv(export_points(records));
+    case ReportFormat::json:
+      return export_json({{"source", printable(source)},
+                          {"conventions", export_conventions()},
+                          {"dense_baseline", dense ? ordered_json(dense->value("point_id", "?"))
+                                                   : ordered_json(nullptr)},
+                          {"audit", export_audit(audit)},
+                          {"points", export_points(records)}});
     case ReportFormat::html:
       break;
   }
@@ -1858,6 +2133,9 @@ std::string replicates(const std::vector<std::vector<json>>& given,
              escape_markdown(title.substr(heading.size() + 2)) + "\n\n" + t.render_markdown() +
              "\n" + md_paragraphs(verdict) + "\n\n" +
              (bar_text.empty() ? "" : md_code_block(bar_text));
+    case ReportFormat::csv:
+    case ReportFormat::json:
+      return export_replicates(folders, names, audits, format);
     case ReportFormat::html:
       break;
   }

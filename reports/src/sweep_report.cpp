@@ -144,16 +144,6 @@ std::string notes(const Manifest& m, const char* bullet, bool markdown) {
   return out;
 }
 
-std::string csv_field(const std::string& s) {
-  if (s.find_first_of(",\"\n") == std::string::npos) return s;
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"') out += '"';
-    out += c;
-  }
-  return out + "\"";
-}
-
 std::string num(double v) {
   return fmt::format("{}", v);
 }

@@ -792,6 +792,30 @@ TEST_CASE("report: one folder named twice is not two replicates; a file is not a
     CHECK(file.err.find("--charts '" + html.string() + "' is a file, not a folder") !=
           std::string::npos);
   }
+  // Each point's figures for a script: csv and json on stdout (--format) or to a file (-o's
+  // extension); a format the file's name contradicts, or none, is refused in one line.
+  {
+    const Result csv = run_moeplan("report '" + runs + "' --format csv");
+    REQUIRE_MESSAGE(csv.status == 0, csv.err);
+    CHECK(csv.out.starts_with("point,role,status,"));
+    CHECK(std::count(csv.out.begin(), csv.out.end(), '\n') == 2);  // the header and one point
+    CHECK(csv.out.find("\nmoe-ra0.200,moe,complete,") != std::string::npos);
+    const fs::path out = scratch() / "report.json";
+    const Result json_file = run_moeplan("report '" + runs + "' -o '" + out.string() + "'");
+    REQUIRE_MESSAGE(json_file.status == 0, json_file.err);
+    const nlohmann::json doc = nlohmann::json::parse(slurp(out));
+    REQUIRE(doc["points"].size() == 1);
+    CHECK(doc["points"][0]["point"] == "moe-ra0.200");
+    CHECK(doc["points"][0]["vs_dense"] == "no complete dense baseline");
+    for (const std::string& args :
+         {std::string("--format csv -o '") + (scratch() / "r.md").string() + "'",
+          std::string("--format ''"), std::string("--format xml")}) {
+      const Result bad = run_moeplan("report '" + runs + "' " + args);
+      CHECK_MESSAGE(bad.status == 2, args);
+      CHECK_MESSAGE(std::count(bad.err.begin(), bad.err.end(), '\n') == 1, bad.err);
+      CHECK(bad.out.empty());
+    }
+  }
   // The built-in corpus's per-part columns are shown for it, and left out for a source without
   // parts (a text file's: two columns of "-" read as missing results).
   CHECK(once.out.find("facts BPC") != std::string::npos);

@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -919,12 +920,30 @@ TEST_CASE("report: user text is escaped in Markdown; the verdict's lines are par
 }
 
 TEST_CASE("report: -o's extension in any case; a bare '.md' is told it has no name") {
-  CHECK(moeplan::report_format_for("r.HTML") == moeplan::ReportFormat::html);
-  CHECK(moeplan::report_format_for("out/R.Md") == moeplan::ReportFormat::markdown);
-  CHECK(moeplan::report_format_for("r.TXT") == moeplan::ReportFormat::text);
-  CHECK_THROWS_WITH_AS(moeplan::report_format_for(".md"),
+  using moeplan::ReportFormat;
+  using moeplan::run_report_format;
+  CHECK(run_report_format("", "r.HTML") == ReportFormat::html);
+  CHECK(run_report_format("", "out/R.Md") == ReportFormat::markdown);
+  CHECK(run_report_format("", "r.TXT") == ReportFormat::text);
+  CHECK(run_report_format("", "r.Csv") == ReportFormat::csv);
+  CHECK(run_report_format("", "r.json") == ReportFormat::json);
+  CHECK(run_report_format("", "") == ReportFormat::text);
+  CHECK(run_report_format("json", "") == ReportFormat::json);
+  CHECK(run_report_format("table", "r.txt") == ReportFormat::text);
+  CHECK(run_report_format("csv", "/dev/stdout") == ReportFormat::csv);  // no extension: --format
+  CHECK_THROWS_WITH_AS(run_report_format("", ".md"),
                        doctest::Contains("('.md' is a name without an extension: give e.g. "
                                          "report.md)"),
+                       moeplan::InputError);
+  CHECK_THROWS_WITH_AS(run_report_format("", "r.table"),
+                       "-o 'r.table': the report is written as .md, .html, .txt, .csv or .json",
+                       moeplan::InputError);
+  CHECK_THROWS_WITH_AS(run_report_format("xml", ""),
+                       "--format 'xml' is not a report format (valid: table, md, html, csv, json)",
+                       moeplan::InputError);
+  CHECK_THROWS_WITH_AS(run_report_format("csv", "r.json"),
+                       doctest::Contains("--format csv contradicts -o 'r.json', which is written "
+                                         "as json"),
                        moeplan::InputError);
 }
 
@@ -1600,6 +1619,20 @@ TEST_CASE("report charts as files: the HTML report's charts, each whole, named b
             .find(reps[0].svg) != std::string::npos);
 }
 
+namespace {
+
+// A record with this FLOP ledger (its total, padding and recompute) and training time.
+json with_flops(json r, double total, double padding, double recompute, double secs) {
+  r["measured"]["flops"] = {
+      {"total", total},
+      {"by_category",
+       {{"padding", {{"forward", padding}}}, {"recompute", {{"forward", recompute}}}}}};
+  r["train_seconds"] = secs;
+  return r;
+}
+
+}  // namespace
+
 TEST_CASE("report: each point's work against the dense baseline's, and time = work / rate") {
   // Useful FLOPs: the ledger's total less padding and recompute. By hand:
   //   dense: 1.0e6 - 1e5 padding          = 9.0e5 in 10 s
@@ -1608,14 +1641,6 @@ TEST_CASE("report: each point's work against the dense baseline's, and time = wo
   //   moe-b: 9.0e5                        -> 1.00x, in 15 s: 1.50x, rate 0.67x
   //   moe-c: running                      -> "-"
   //   moe-e: 1.8e6 on another CPU         -> 2.00x, but not timed: outside the line's ranges
-  auto with_flops = [](json r, double total, double padding, double recompute, double secs) {
-    r["measured"]["flops"] = {
-        {"total", total},
-        {"by_category",
-         {{"padding", {{"forward", padding}}}, {"recompute", {{"forward", recompute}}}}}};
-    r["train_seconds"] = secs;
-    return r;
-  };
   std::vector<json> recs = {with_flops(record("dense", true, 1.0, 2.0), 1e6, 1e5, 0, 10),
                             with_flops(record("moe-a", false, 0.2, 1.8), 1.2e6, 0, 1.5e5, 30),
                             with_flops(record("moe-b", false, 0.3, 1.9), 9e5, 0, 0, 15),
@@ -1705,4 +1730,189 @@ TEST_CASE("replicates: time to each folder's dense baseline's BPC, counted and a
     for (json& r : f) r.erase("val_curve_train_seconds");
   CHECK(moeplan::render_replicate_report(other, {"a", "b"}, moeplan::ReportFormat::text)
             .find("dense's BPC reached") == std::string::npos);
+}
+
+namespace {
+
+// A CSV text's rows, each a map from the header's names to its cells, read as RFC 4180 has them
+// (a quoted field may hold commas, doubled quotes and line breaks). Every row must have the
+// header's number of cells.
+std::vector<std::map<std::string, std::string>> csv_rows(const std::string& text) {
+  std::vector<std::vector<std::string>> lines(1, std::vector<std::string>(1));
+  bool quoted = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    std::string& cell = lines.back().back();
+    if (quoted) {
+      if (c != '"')
+        cell += c;
+      else if (i + 1 < text.size() && text[i + 1] == '"')
+        cell += text[++i];
+      else
+        quoted = false;
+    } else if (c == '"') {
+      quoted = true;
+    } else if (c == ',') {
+      lines.back().emplace_back();
+    } else if (c == '\n') {
+      lines.emplace_back(1);
+    } else {
+      cell += c;
+    }
+  }
+  REQUIRE(lines.back() == std::vector<std::string>(1));  // the text ends in a line break
+  lines.pop_back();
+  REQUIRE(!lines.empty());
+  std::vector<std::map<std::string, std::string>> rows;
+  for (size_t i = 1; i < lines.size(); ++i) {
+    REQUIRE(lines[i].size() == lines[0].size());
+    std::map<std::string, std::string> row;
+    for (size_t k = 0; k < lines[0].size(); ++k) row[lines[0][k]] = lines[i][k];
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+double number(const std::string& cell) {
+  REQUIRE_MESSAGE(!cell.empty(), "an empty cell where a number was expected");
+  return std::stod(cell);
+}
+
+}  // namespace
+
+TEST_CASE("report as csv and json: each point's figures unrounded, empty or null for the '-'") {
+  // By hand (record(): 400 tokens consumed, 100 unique; the dense baseline 2.0 BPC in 10 s):
+  //   dense: 1.0e6 executed, 1e5 of it padding: useful 9e5; in 10 s 1e5 and 9e4 FLOP/s; 40 tok/s
+  //   moe-a: 1.2e6, 1.5e5 recompute: useful 1.05e6 = 1.1667x the dense's, in 30 s = 3.00x; its
+  //          useful rate 3.5e4 FLOP/s over a 1e5 peak = 0.35; 1.8 BPC: -0.2, beats dense
+  //   moe-c: running: no BPC, no C verdict, "not complete"
+  //   moe-e: 1.8e6 = 2.00x the work, on another CPU: no time ratio; 1.9 BPC: -0.1
+  //   moe-f: N 1100, 10 % off the baseline's: "not equal", no difference, no work ratio; its
+  //          time 10 s on the baseline's CPU: 1.00x; the audit's error, a comma in it
+  std::vector<json> recs = {with_flops(record("dense", true, 1.0, 2.0), 1e6, 1e5, 0, 10),
+                            with_flops(record("moe-a", false, 0.2, 1.8), 1.2e6, 0, 1.5e5, 30),
+                            with_flops(record("moe-c", false, 0.3, 1.9, false), 4e5, 0, 0, 5),
+                            with_flops(record("moe-e", false, 0.4, 1.9), 1.8e6, 0, 0, 20),
+                            with_flops(record("moe-f", false, 0.5, 2.1), 1e6, 0, 0, 10)};
+  recs[1]["peak_flops_per_second_per_device"] = 1e5;
+  recs[3]["hardware"] = json::array({"another CPU"});
+  recs[4]["measured"]["total_params"] = 1100;
+  moeplan::FolderAudit audit;
+  audit.claims = 3;
+  audit.holding = 2;
+  audit.failing = {"equal N"};
+  audit.errors["moe-f"] = {"N is 10% off, by hand"};
+  audit.error_quantities["moe-f"] = {"total_params"};
+
+  const std::string csv =
+      moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::csv, &audit);
+  CAPTURE(csv);
+  CHECK(csv.starts_with("point,role,status,"));
+  CHECK(csv.find(",\"N is 10% off, by hand\"\n") != std::string::npos);
+  const auto rows = csv_rows(csv);
+  REQUIRE(rows.size() == 5);
+  std::map<std::string, std::map<std::string, std::string>> by;
+  for (const auto& row : rows) by[row.at("point")] = row;
+  const auto& d = by["dense"];
+  CHECK(d.at("vs_dense") == "baseline");
+  CHECK(d.at("val_bpc_vs_dense").empty());
+  CHECK(number(d.at("flops_useful_exact_causal")) == doctest::Approx(9e5));
+  CHECK(number(d.at("flops_per_second_executed_exact_causal")) == doctest::Approx(1e5));
+  CHECK(number(d.at("flops_per_second_useful_exact_causal")) == doctest::Approx(9e4));
+  CHECK(number(d.at("tokens_per_second_consumed")) == doctest::Approx(40));
+  CHECK(number(d.at("tokens_consumed_measured")) == 400);
+  CHECK(number(d.at("tokens_unique_measured")) == 100);
+  CHECK(d.at("activation_rate_target").empty());
+  CHECK(d.at("mfu_useful").empty());
+  const auto& a = by["moe-a"];
+  CHECK(a.at("vs_dense") == "compared");
+  CHECK(number(a.at("val_bpc")) == 1.8);  // unrounded: the table prints 1.8000
+  CHECK(number(a.at("val_bpc_vs_dense")) == doctest::Approx(-0.2));
+  CHECK(a.at("beats_dense") == "true");
+  CHECK(number(a.at("useful_flops_vs_dense")) == doctest::Approx(1.05e6 / 9e5));
+  CHECK(number(a.at("train_time_vs_dense")) == doctest::Approx(3.0));
+  CHECK(number(a.at("mfu_useful")) == doctest::Approx(0.35));
+  CHECK(a.at("compute_ok") == "true");
+  CHECK(a.at("compute_convention") == "paper");
+  CHECK(number(a.at("compute_measured_flops")) == 4e5);
+  const auto& c = by["moe-c"];
+  CHECK(c.at("status") == "running");
+  CHECK(c.at("val_bpc").empty());
+  CHECK(c.at("compute_ok").empty());
+  CHECK(c.at("vs_dense") == "not complete");
+  CHECK(number(c.at("steps_measured")) == 2);
+  const auto& e = by["moe-e"];
+  CHECK(number(e.at("val_bpc_vs_dense")) == doctest::Approx(-0.1));
+  CHECK(number(e.at("useful_flops_vs_dense")) == doctest::Approx(2.0));
+  CHECK(e.at("train_time_vs_dense").empty());
+  CHECK(e.at("device") == "cpu (another CPU)");
+  const auto& f = by["moe-f"];
+  CHECK(f.at("vs_dense") == "not equal");
+  CHECK(f.at("val_bpc_vs_dense").empty());
+  CHECK(f.at("beats_dense").empty());
+  CHECK(f.at("useful_flops_vs_dense").empty());
+  CHECK(number(f.at("train_time_vs_dense")) == doctest::Approx(1.0));
+  CHECK(number(f.at("audit_errors")) == 1);
+  CHECK(f.at("audit_first_error") == "N is 10% off, by hand");
+
+  // JSON: the same figures as numbers, null for the empty cells, and what they are counted in.
+  const json doc =
+      json::parse(moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::json, &audit));
+  CHECK(doc["schema"] == 1);
+  CHECK(doc["dense_baseline"] == "dense");
+  CHECK(doc["audit"]["claims"] == 3);
+  CHECK(doc["audit"]["failing"] == json::array({"equal N"}));
+  CHECK(doc["audit"]["refused"].is_null());
+  CHECK(doc["conventions"]["tokens"].get<std::string>().starts_with("consumed counts repeats"));
+  const json& points = doc["points"];
+  REQUIRE(points.size() == 5);
+  CHECK(points[1]["point"] == "moe-a");
+  CHECK(points[1]["mfu_useful"].get<double>() == doctest::Approx(0.35));
+  CHECK(points[1]["beats_dense"] == true);
+  CHECK(points[2]["val_bpc"].is_null());
+  CHECK(points[3]["train_time_vs_dense"].is_null());
+  CHECK(points[4]["val_bpc_vs_dense"].is_null());
+  // Without an audit: null, not a claim count of 0.
+  CHECK(json::parse(moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::json))["audit"]
+            .is_null());
+  // The built-in corpus's parts as columns where the final evaluation has them.
+  recs[0]["val_curve"][1]["parts"] = {{"facts", 1.25}, {"arith", 2.5}};
+  recs[2]["val_curve"][1]["parts"] = {{"other", 3.0}};  // moe-c's, still training: no column
+  const auto parts = csv_rows(moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::csv));
+  CHECK(number(parts[0].at("val_bpc_facts")) == 1.25);
+  CHECK(number(parts[0].at("val_bpc_arith")) == 2.5);
+  CHECK(parts[1].at("val_bpc_facts").empty());
+  CHECK(parts[0].count("val_bpc_other") == 0);
+}
+
+TEST_CASE("replicates as csv and json: every folder's rows against its own dense baseline") {
+  // Folder a: dense 2.0, moe-a 1.8 (-0.2); folder b: dense 1.9, moe-a 1.85 (-0.05).
+  const std::vector<std::vector<json>> folders = {
+      {with_seed(record("dense", true, 1.0, 2.0), 1),
+       with_seed(record("moe-a", false, 0.2, 1.8), 1)},
+      {with_seed(record("dense", true, 1.0, 1.9), 2),
+       with_seed(record("moe-a", false, 0.2, 1.85), 2)}};
+  const std::string csv =
+      moeplan::render_replicate_report(folders, {"a", "b"}, moeplan::ReportFormat::csv);
+  CAPTURE(csv);
+  CHECK(csv.starts_with("folder,point,"));
+  const auto rows = csv_rows(csv);
+  REQUIRE(rows.size() == 4);
+  CHECK(rows[1].at("folder") == "a");
+  CHECK(number(rows[1].at("val_bpc_vs_dense")) == doctest::Approx(-0.2));
+  CHECK(rows[3].at("folder") == "b");
+  CHECK(rows[3].at("point") == "moe-a");
+  CHECK(number(rows[3].at("val_bpc_vs_dense")) == doctest::Approx(-0.05));
+  CHECK(number(rows[3].at("seed")) == 2);
+  const json doc = json::parse(
+      moeplan::render_replicate_report(folders, {"a", "b"}, moeplan::ReportFormat::json));
+  CHECK(doc["replicates"] == 2);
+  REQUIRE(doc["folders"].size() == 2);
+  CHECK(doc["folders"][1]["folder"] == "b");
+  CHECK(doc["folders"][1]["points"][1]["val_bpc_vs_dense"].get<double>() == doctest::Approx(-0.05));
+  // The replicates' checks hold for the export too: another plan is refused.
+  std::vector<std::vector<json>> other = folders;
+  other[1][1]["plan"]["total_params"] = 2000.0;
+  CHECK_THROWS_AS(moeplan::render_replicate_report(other, {"a", "b"}, moeplan::ReportFormat::csv),
+                  moeplan::InputError);
 }

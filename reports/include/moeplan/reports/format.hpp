@@ -15,4 +15,8 @@ std::optional<Format> parse_format(std::string_view s);
 std::optional<Format> format_from_extension(const std::filesystem::path& path);
 std::string format_names();  // "table, csv, json, toml, md"
 
+// One CSV field (RFC 4180): quoted, its quotes doubled, where it holds a comma, a quote or a line
+// break; as it is otherwise.
+std::string csv_field(std::string_view s);
+
 }  // namespace moeplan

@@ -15,9 +15,14 @@ namespace moeplan {
 // InputError when the folder is missing, holds no record, or a record is unreadable.
 std::vector<nlohmann::json> load_run_records(const std::filesystem::path& dir);
 
-enum class ReportFormat { text, markdown, html };
-// From an output file's extension: none or .txt, .md, .html; InputError for anything else.
-ReportFormat report_format_for(const std::filesystem::path& output);
+// text, markdown and html are for people; csv and json carry each point's figures for a script
+// (numbers unrounded, in FLOPs, tokens, seconds and bytes, and empty or null where the tables
+// print "-").
+enum class ReportFormat { text, markdown, html, csv, json };
+// `--format` (table, md, html, csv, json; "" where not given) and -o's extension (none or .txt,
+// .md, .html, .csv, .json): --format where given, and then an extension naming another format is
+// refused; else the extension's. InputError for an unknown name or extension.
+ReportFormat run_report_format(const std::string& format_flag, const std::filesystem::path& output);
 
 // What `moeplan audit` says of one runs folder (the command fills it from the audit, which
 // checks far more than the report: every ledger against its plan, the data, the tolerances).
