@@ -323,7 +323,7 @@ std::string html_head(const std::string& heading) {
          "table{border-collapse:collapse;font-variant-numeric:tabular-nums}"
          "td,th{padding:3px 9px;text-align:right;border-bottom:1px solid #e4e4e4}"
          "td{white-space:nowrap}th{background:#e9eef3;vertical-align:bottom}"
-         "td:first-child,th:first-child{text-align:left;position:sticky;left:0}"
+         ".l{text-align:left}td:first-child,th:first-child{text-align:left;position:sticky;left:0}"
          "td:first-child{background:#fff}tr:nth-child(even) td{background:#f6f6f6}"
          "</style></head><body>\n<h1>" +
          html_escape(heading) + "</h1>\n";
@@ -338,17 +338,10 @@ std::string html_section(const std::string& title, const char* tag) {
                      html_escape(title.substr(end + 2)));
 }
 
-std::string html_table(const std::vector<std::string>& headers,
-                       const std::vector<std::vector<std::string>>& body) {
-  std::string h = "<div class=\"wide\"><table>\n<tr>";
-  for (const auto& c : headers) h += "<th>" + html_escape(c) + "</th>";
-  h += "</tr>\n";
-  for (const auto& row : body) {
-    h += "<tr>";
-    for (const auto& c : row) h += "<td>" + html_escape(c) + "</td>";
-    h += "</tr>\n";
-  }
-  return h + "</table></div>\n";
+// A table of the report as HTML, in a box of its own that scrolls across where it is wider than
+// the page.
+std::string html_table(const TextTable& t) {
+  return "<div class=\"wide\">" + t.render_html() + "</div>\n";
 }
 
 // The C columns carry the paper lens's label: "paper (router in)" where N_a counts the router.
@@ -1769,9 +1762,9 @@ std::string render_run_report(const std::vector<json>& given, const std::string&
   for (const plot::Chart& c : charts_of(records, dense))
     figures += "<figure>\n" + plot::render_svg(c) + "</figure>\n";
   return html_head(heading) + "<p>" + html_escape(title.substr(heading.size() + 2)) + "</p>\n" +
-         html_table(kHeaders, rows) + html_paragraphs(verdict) +
+         html_table(t) + html_paragraphs(verdict) +
          (figures.empty() ? "" : "<h2>Charts</h2>\n" + figures) + html_section(time_title, "h2") +
-         html_table(time_headers, time_rows) + html_paragraphs(reached) + "</body></html>\n";
+         html_table(tt) + html_paragraphs(reached) + "</body></html>\n";
 }
 
 namespace {
@@ -2140,7 +2133,7 @@ std::string replicates(const std::vector<std::vector<json>>& given,
       break;
   }
   return html_head(heading) + "<p>" + html_escape(title.substr(heading.size() + 2)) + "</p>\n" +
-         html_table(headers, rows) + html_paragraphs(verdict) +
+         html_table(t) + html_paragraphs(verdict) +
          (c.series.empty() ? "" : "<figure>\n" + plot::render_svg(c) + "</figure>\n") +
          "</body></html>\n";
 }

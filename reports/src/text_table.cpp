@@ -264,4 +264,20 @@ std::string TextTable::render_markdown() const {
   return out;
 }
 
+std::string TextTable::render_html() const {
+  auto cell = [&](const std::string& tag, size_t column, const std::string& text) {
+    return "<" + tag + (align_[column] == Align::left ? " class=\"l\"" : "") + ">" +
+           escape_html(text) + "</" + tag + ">";
+  };
+  std::string out = "<table>\n<tr>";
+  for (size_t c = 0; c < headers_.size(); ++c) out += cell("th", c, headers_[c]);
+  out += "</tr>\n";
+  for (const auto& row : rows_) {
+    out += "<tr>";
+    for (size_t c = 0; c < row.size(); ++c) out += cell("td", c, row[c]);
+    out += "</tr>\n";
+  }
+  return out + "</table>\n";
+}
+
 }  // namespace moeplan

@@ -732,6 +732,18 @@ TEST_CASE("text tables wider than a terminal: in parts, each with the key column
         "   bb   4\n");
 }
 
+TEST_CASE("text tables in HTML: a left-aligned column's cells marked, text escaped") {
+  moeplan::TextTable t;
+  t.add_column("id", moeplan::TextTable::Align::left);
+  t.add_column("N <plan>");
+  t.add_row({"a&b", "1.5k"});
+  CHECK(t.render_html() ==
+        "<table>\n"
+        "<tr><th class=\"l\">id</th><th>N &lt;plan&gt;</th></tr>\n"
+        "<tr><td class=\"l\">a&amp;b</td><td>1.5k</td></tr>\n"
+        "</table>\n");
+}
+
 TEST_CASE("text tables: wide CJK characters take two columns, combining marks none") {
   // "模型" is two wide characters (4 columns), "D̂" is D plus a combining mark (1 column): the
   // second column starts in the same terminal column on every line.
@@ -1580,7 +1592,16 @@ TEST_CASE("report in HTML: the title's first sentence as the page's title and he
                   "every product") != std::string::npos);
   // Each table in a box of its own that scrolls across, not the page.
   CHECK(occurrences(html, "<div class=\"wide\"><table>") == 2);
-  CHECK(occurrences(html, "</table></div>") == 2);
+  CHECK(occurrences(html, "</table>\n</div>") == 2);
+  // Text columns left-aligned as in the terminal's table (the page sets cells right-aligned):
+  // the point and status columns, the time table's point and device.
+  CHECK(occurrences(html, "<th class=\"l\">point</th>") == 2);
+  CHECK(html.find("<th class=\"l\">status</th>") != std::string::npos);
+  CHECK(html.find("<th class=\"l\">device</th>") != std::string::npos);
+  CHECK(html.find("<td class=\"l\">complete</td>") != std::string::npos);
+  CHECK(html.find("<td class=\"l\">cpu</td>") != std::string::npos);
+  CHECK(html.find("<td>0.200</td>") != std::string::npos);  // r_a: right, the page's default
+  CHECK(html.find(".l{text-align:left}") != std::string::npos);
   // Replicates: the same head.
   const std::string reps =
       moeplan::render_replicate_report({{with_seed(recs[0], 1), with_seed(recs[1], 1)},

@@ -14,6 +14,9 @@ class TextTable {
   std::string render() const;
   // GitHub-flavoured Markdown: | a | b |, alignment row, '|' in cells escaped.
   std::string render_markdown() const;
+  // An HTML <table>: a header row of <th>, then a <tr> of <td> a row, text escaped; the cells of
+  // a left-aligned column have class="l" (the page's style sets cells right-aligned).
+  std::string render_html() const;
 
  private:
   std::vector<std::string> headers_;
