@@ -874,12 +874,12 @@ ordered_json export_point(const json& r, const json* dense, const std::vector<st
   return o;
 }
 
-// The rows of one folder's points, as export_point makes them.
-std::vector<ordered_json> export_points(const std::vector<json>& records) {
+// The rows of one folder's points, as export_point makes them, with a column for each of `parts`.
+std::vector<ordered_json> export_points(const std::vector<json>& records,
+                                        const std::vector<std::string>& parts) {
   const json* dense = nullptr;
   for (const json& r : records)
     if (is_dense(r) && is_complete(r)) dense = &r;
-  const std::vector<std::string> parts = final_part_names(records);
   std::vector<ordered_json> rows;
   for (const json& r : records) rows.push_back(export_point(r, dense, parts));
   return rows;
@@ -949,10 +949,16 @@ std::string export_json(const ordered_json& fields) {
 std::string export_replicates(const std::vector<std::vector<json>>& folders,
                               const std::vector<std::string>& names,
                               const std::vector<FolderAudit>& audits, ReportFormat format) {
+  // The parts' columns of every folder in every row: a folder whose points are all still
+  // training has no final parts, and its rows must still line up with the others' in CSV.
+  std::vector<json> all;
+  for (const std::vector<json>& folder : folders)
+    all.insert(all.end(), folder.begin(), folder.end());
+  const std::vector<std::string> parts = final_part_names(all);
   std::vector<ordered_json> rows;
   ordered_json each = ordered_json::array();
   for (size_t f = 0; f < folders.size(); ++f) {
-    const std::vector<ordered_json> points = export_points(folders[f]);
+    const std::vector<ordered_json> points = export_points(folders[f], parts);
     const json* dense = nullptr;
     for (const json& r : folders[f])
       if (is_dense(r) && is_complete(r)) dense = &r;
@@ -1747,14 +1753,14 @@ std::string render_run_report(const std::vector<json>& given, const std::string&
              escape_markdown(time_title.substr(time_title.find(". ") + 2)) + "\n\n" +
              tt.render_markdown() + (reached.empty() ? "" : "\n" + md_paragraphs(reached) + "\n");
     case ReportFormat::csv:
-      return export_csv(export_points(records));
+      return export_csv(export_points(records, final_part_names(records)));
     case ReportFormat::json:
       return export_json({{"source", printable(source)},
                           {"conventions", export_conventions()},
                           {"dense_baseline", dense ? ordered_json(dense->value("point_id", "?"))
                                                    : ordered_json(nullptr)},
                           {"audit", export_audit(audit)},
-                          {"points", export_points(records)}});
+                          {"points", export_points(records, final_part_names(records))}});
     case ReportFormat::html:
       break;
   }

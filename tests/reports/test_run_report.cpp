@@ -1931,6 +1931,16 @@ TEST_CASE("replicates as csv and json: every folder's rows against its own dense
   REQUIRE(doc["folders"].size() == 2);
   CHECK(doc["folders"][1]["folder"] == "b");
   CHECK(doc["folders"][1]["points"][1]["val_bpc_vs_dense"].get<double>() == doctest::Approx(-0.05));
+  // A folder whose points are all still training has no final parts: its rows still have the
+  // parts' columns (empty), so that every CSV row lines up with the header.
+  std::vector<std::vector<json>> partial = folders;
+  for (json& r : partial[0]) r["val_curve"][1]["parts"] = {{"facts", 1.5}};
+  for (json& r : partial[1]) r["status"] = "running";
+  const auto lined =
+      csv_rows(moeplan::render_replicate_report(partial, {"a", "b"}, moeplan::ReportFormat::csv));
+  REQUIRE(lined.size() == 4);
+  CHECK(number(lined[0].at("val_bpc_facts")) == 1.5);
+  CHECK(lined[2].at("val_bpc_facts").empty());
   // The replicates' checks hold for the export too: another plan is refused.
   std::vector<std::vector<json>> other = folders;
   other[1][1]["plan"]["total_params"] = 2000.0;
