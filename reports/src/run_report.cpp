@@ -1569,28 +1569,32 @@ std::vector<json> load_run_records(const fs::path& dir) {
 
 namespace {
 
-std::optional<ReportFormat> report_format_named(const std::string& name) {
-  if (name == "table") return ReportFormat::text;
-  if (name == "md") return ReportFormat::markdown;
-  if (name == "html") return ReportFormat::html;
-  if (name == "csv") return ReportFormat::csv;
-  if (name == "json") return ReportFormat::json;
-  return std::nullopt;
-}
+// Each format's name for --format and the extension of -o that says it.
+struct ReportFormatName {
+  ReportFormat format;
+  const char *name, *extension;
+};
+constexpr ReportFormatName kReportFormats[] = {{ReportFormat::text, "table", ".txt"},
+                                               {ReportFormat::markdown, "md", ".md"},
+                                               {ReportFormat::html, "html", ".html"},
+                                               {ReportFormat::csv, "csv", ".csv"},
+                                               {ReportFormat::json, "json", ".json"}};
 
 }  // namespace
 
 ReportFormat run_report_format(const std::string& format_flag, const fs::path& output) {
-  std::optional<ReportFormat> flag;
-  if (!format_flag.empty() && !(flag = report_format_named(format_flag)))
+  const ReportFormatName* flag = nullptr;
+  for (const ReportFormatName& f : kReportFormats)
+    if (format_flag == f.name) flag = &f;
+  if (!format_flag.empty() && !flag)
     throw InputError(fmt::format(
         "--format '{}' is not a report format (valid: table, md, html, csv, json)", format_flag));
   const std::string ext = extension_lower(output);
-  if (output.empty() || (ext.empty() && flag)) return flag.value_or(ReportFormat::text);
-  std::optional<ReportFormat> by_ext = ext == ".txt"    ? std::optional(ReportFormat::text)
-                                       : ext.size() > 1 ? report_format_named(ext.substr(1))
-                                                        : std::nullopt;
-  if (ext == ".table") by_ext.reset();  // "table" names the terminal format, not an extension
+  if (output.empty() || (ext.empty() && flag))  // -o /dev/stdout --format csv
+    return flag ? flag->format : ReportFormat::text;
+  const ReportFormatName* by_ext = nullptr;
+  for (const ReportFormatName& f : kReportFormats)
+    if (ext == f.extension) by_ext = &f;
   if (!by_ext) {
     // ".md" alone is a hidden file's name with no extension.
     const std::string name = output.filename().string();
@@ -1600,12 +1604,12 @@ ReportFormat run_report_format(const std::string& format_flag, const fs::path& o
             ? fmt::format(" ('{}' is a name without an extension: give e.g. report{})", name, name)
             : ""));
   }
-  if (flag && *flag != *by_ext)
+  if (flag && flag != by_ext)
     throw InputError(fmt::format(
         "--format {} contradicts -o '{}', which is written as {}; leave out --format or name the "
         "file for the format",
-        format_flag, output.string(), ext.substr(1)));
-  return *by_ext;
+        format_flag, output.string(), by_ext->name));
+  return by_ext->format;
 }
 
 std::vector<ChartFile> run_report_charts(const std::vector<json>& given, const FolderAudit* audit) {

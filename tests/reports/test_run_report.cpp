@@ -957,6 +957,8 @@ TEST_CASE("report: -o's extension in any case; a bare '.md' is told it has no na
                        doctest::Contains("--format csv contradicts -o 'r.json', which is written "
                                          "as json"),
                        moeplan::InputError);
+  CHECK_THROWS_WITH_AS(run_report_format("md", "r.txt"),
+                       doctest::Contains("which is written as table;"), moeplan::InputError);
 }
 
 TEST_CASE("report: a folder with two dense baselines is refused; ties in r_a sort by id") {
