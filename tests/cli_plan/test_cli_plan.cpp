@@ -797,6 +797,8 @@ TEST_CASE("report: one folder named twice is not two replicates; a file is not a
   {
     const Result csv = run_moeplan("report '" + runs + "' --format csv");
     REQUIRE_MESSAGE(csv.status == 0, csv.err);
+    // Not fitted to a terminal's width: a script reads whole rows.
+    CHECK(run_moeplan("report '" + runs + "' --format csv", "MOEPLAN_COLUMNS=40").out == csv.out);
     CHECK(csv.out.starts_with("point,role,status,"));
     CHECK(std::count(csv.out.begin(), csv.out.end(), '\n') == 2);  // the header and one point
     CHECK(csv.out.find("\nmoe-ra0.200,moe,complete,") != std::string::npos);
