@@ -900,9 +900,10 @@ ordered_json export_conventions() {
       {"vs_dense",
        "val_bpc_vs_dense, beats_dense and useful_flops_vs_dense only where "
        "vs_dense is 'compared' (same data, equal N, C and D̂, no audit error); "
-       "train_time_vs_dense and dense_bpc_reached only where the point was timed "
-       "as the baseline was (the same hardware and devices, --kernels and "
-       "--threads request, passes and optimizer sharding)"}};
+       "train_time_vs_dense only where the point was timed as the baseline was (the "
+       "same hardware and devices, --kernels and --threads request, passes and "
+       "optimizer sharding); dense_bpc_reached where it was timed so and is compared, "
+       "or, still training, is so far"}};
 }
 
 ordered_json export_audit(const FolderAudit* audit) {
