@@ -1583,13 +1583,14 @@ constexpr ReportFormatName kReportFormats[] = {{ReportFormat::text, "table", ".t
 
 }  // namespace
 
-ReportFormat run_report_format(const std::string& format_flag, const fs::path& output) {
+ReportFormat run_report_format(const std::optional<std::string>& format_flag,
+                               const fs::path& output) {
   const ReportFormatName* flag = nullptr;
   for (const ReportFormatName& f : kReportFormats)
     if (format_flag == f.name) flag = &f;
-  if (!format_flag.empty() && !flag)
+  if (format_flag && !flag)
     throw InputError(fmt::format(
-        "--format '{}' is not a report format (valid: table, md, html, csv, json)", format_flag));
+        "--format '{}' is not a report format (valid: table, md, html, csv, json)", *format_flag));
   const std::string ext = extension_lower(output);
   if (output.empty() || (ext.empty() && flag))  // -o /dev/stdout --format csv
     return flag ? flag->format : ReportFormat::text;
@@ -1609,7 +1610,7 @@ ReportFormat run_report_format(const std::string& format_flag, const fs::path& o
     throw InputError(fmt::format(
         "--format {} contradicts -o '{}', which is written as {}; leave out --format or name the "
         "file for the format",
-        format_flag, output.string(), by_ext->name));
+        *format_flag, output.string(), by_ext->name));
   return by_ext->format;
 }
 

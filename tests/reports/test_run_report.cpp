@@ -934,20 +934,20 @@ TEST_CASE("report: user text is escaped in Markdown; the verdict's lines are par
 TEST_CASE("report: -o's extension in any case; a bare '.md' is told it has no name") {
   using moeplan::ReportFormat;
   using moeplan::run_report_format;
-  CHECK(run_report_format("", "r.HTML") == ReportFormat::html);
-  CHECK(run_report_format("", "out/R.Md") == ReportFormat::markdown);
-  CHECK(run_report_format("", "r.TXT") == ReportFormat::text);
-  CHECK(run_report_format("", "r.Csv") == ReportFormat::csv);
-  CHECK(run_report_format("", "r.json") == ReportFormat::json);
-  CHECK(run_report_format("", "") == ReportFormat::text);
+  CHECK(run_report_format(std::nullopt, "r.HTML") == ReportFormat::html);
+  CHECK(run_report_format(std::nullopt, "out/R.Md") == ReportFormat::markdown);
+  CHECK(run_report_format(std::nullopt, "r.TXT") == ReportFormat::text);
+  CHECK(run_report_format(std::nullopt, "r.Csv") == ReportFormat::csv);
+  CHECK(run_report_format(std::nullopt, "r.json") == ReportFormat::json);
+  CHECK(run_report_format(std::nullopt, "") == ReportFormat::text);
   CHECK(run_report_format("json", "") == ReportFormat::json);
   CHECK(run_report_format("table", "r.txt") == ReportFormat::text);
   CHECK(run_report_format("csv", "/dev/stdout") == ReportFormat::csv);  // no extension: --format
-  CHECK_THROWS_WITH_AS(run_report_format("", ".md"),
+  CHECK_THROWS_WITH_AS(run_report_format(std::nullopt, ".md"),
                        doctest::Contains("('.md' is a name without an extension: give e.g. "
                                          "report.md)"),
                        moeplan::InputError);
-  CHECK_THROWS_WITH_AS(run_report_format("", "r.table"),
+  CHECK_THROWS_WITH_AS(run_report_format(std::nullopt, "r.table"),
                        "-o 'r.table': the report is written as .md, .html, .txt, .csv or .json",
                        moeplan::InputError);
   CHECK_THROWS_WITH_AS(run_report_format("xml", ""),

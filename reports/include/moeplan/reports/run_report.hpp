@@ -3,6 +3,7 @@
 // with the measured N, C [paper], D consumed, D̂ unique and epochs beside the planned ones.
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -19,10 +20,12 @@ std::vector<nlohmann::json> load_run_records(const std::filesystem::path& dir);
 // (numbers unrounded, in FLOPs, tokens, seconds and bytes, and empty or null where the tables
 // print "-").
 enum class ReportFormat { text, markdown, html, csv, json };
-// `--format` (table, md, html, csv, json; "" where not given) and -o's extension (none or .txt,
-// .md, .html, .csv, .json): --format where given, and then an extension naming another format is
-// refused; else the extension's. InputError for an unknown name or extension.
-ReportFormat run_report_format(const std::string& format_flag, const std::filesystem::path& output);
+// `--format` (table, md, html, csv, json; nullopt where not given) and -o's extension (none or
+// .txt, .md, .html, .csv, .json): --format where given, and then an extension naming another
+// format is refused; else the extension's. InputError for an unknown name (--format '' too) or
+// extension.
+ReportFormat run_report_format(const std::optional<std::string>& format_flag,
+                               const std::filesystem::path& output);
 
 // What `moeplan audit` says of one runs folder (the command fills it from the audit, which
 // checks far more than the report: every ledger against its plan, the data, the tolerances).
