@@ -53,14 +53,15 @@ bool dotted(const Series& s) {
 // stroke and a pixel's rounding).
 constexpr double kDotRadius = 3.5, kRingRadius = 4.5, kDotReach = kRingRadius + 1.5;
 
-// How a series is drawn: its colour, dash pattern and line width. One look a series, the first
-// that applies: `beside` (its named series' colour, dashed, thin), `mean` (black, solid, thick),
-// `level` (grey, dotted), `dashed` (the dense baseline: black, dashed), else the palette's next
-// colour, with another stroke each time the palette comes round. Only the last takes a colour.
+// How a series is drawn: its colour, dash pattern, line width and legend line width. One look a
+// series, the first that applies: `beside` (its named series' colour, dashed, thin), `mean`
+// (black, solid, thick), `level` (grey, dotted), `dashed` (the dense baseline: black, dashed),
+// else the palette's next colour, with another stroke each time the palette comes round. Only
+// the last takes a colour.
 struct Pen {
   const char* colour;
   const char* stroke;
-  double width;
+  double width, legend_width;
 };
 Pen pen_for(const Series& s, size_t& colour,
             const std::vector<std::pair<std::string, const char*>>& drawn_in) {
@@ -68,14 +69,14 @@ Pen pen_for(const Series& s, size_t& colour,
     const char* c = "#000000";
     for (const auto& [name, its] : drawn_in)
       if (name == s.beside) c = its;
-    return {c, " stroke-dasharray=\"6 4\"", 1.2};
+    return {c, " stroke-dasharray=\"6 4\"", 1.2, 2};
   }
-  if (s.mean) return {"#000000", "", 2.8};
-  if (s.level) return {"#777777", " stroke-dasharray=\"2 3\"", 1.8};
-  if (s.dashed) return {"#000000", " stroke-dasharray=\"6 4\"", 1.8};
+  if (s.mean) return {"#000000", "", 2.8, 3};
+  if (s.level) return {"#777777", " stroke-dasharray=\"2 3\"", 1.8, 2};
+  if (s.dashed) return {"#000000", " stroke-dasharray=\"6 4\"", 1.8, 2};
   const size_t n = colour++;
   return {kPalette[n % std::size(kPalette)],
-          kStrokes[n / std::size(kPalette) % std::size(kStrokes)], 1.8};
+          kStrokes[n / std::size(kPalette) % std::size(kStrokes)], 1.8, 2};
 }
 
 }  // namespace
@@ -280,7 +281,7 @@ std::string render_svg(const Chart& chart) {
         "<line x1=\"{0}\" y1=\"{1:.1f}\" x2=\"{2}\" y2=\"{1:.1f}\" stroke=\"{3}\" "
         "stroke-width=\"{8}\"{4}/><text x=\"{5}\" y=\"{6:.1f}\">{7}</text>\n",
         right + 12, legend_y, right + 34, c, stroke, right + 40, legend_y + 4, escape(ser.name),
-        ser.mean ? 3 : 2);
+        pen.legend_width);
     legend_y += 18;
   }
   return s + "</g>\n" + legend + "</svg>\n";
