@@ -59,6 +59,22 @@ bool is_dense(const json& r) {
 bool is_complete(const json& r) {
   return r.value("status", "") == "complete";
 }
+// The folder's complete dense baseline, the one every "vs dense" figure is against (nullptr
+// where there is none; load_run_records refuses a folder with two).
+const json* complete_dense(const std::vector<json>& records) {
+  const json* dense = nullptr;
+  for (const json& r : records)
+    if (is_dense(r) && is_complete(r)) dense = &r;
+  return dense;
+}
+// The parts (facts, arith) of a complete record's final evaluation; nullptr where it has none (a
+// point still training, a source without parts).
+const json* final_parts(const json& r) {
+  if (!is_complete(r) || !r.contains("val_curve") || r["val_curve"].empty() ||
+      !r["val_curve"].back().contains("parts"))
+    return nullptr;
+  return &r["val_curve"].back()["parts"];
+}
 // The audit's findings on a record, put there by annotate() under a key no record file has:
 // {"errors": [...], "warnings": [...]}.
 constexpr const char* kAuditKey = "$audit";
@@ -411,9 +427,8 @@ std::vector<std::string> row_of(const json& r, const json* dense) {
   const double bpc = r.value("final_val_bpc", 0.0);
   std::string facts = "-", arith = "-";
   // The parts of the final evaluation, as val BPC: a running point has none yet.
-  if (complete && r.contains("val_curve") && !r["val_curve"].empty() &&
-      r["val_curve"].back().contains("parts")) {
-    const json& parts = r["val_curve"].back()["parts"];
+  if (const json* final = final_parts(r)) {
+    const json& parts = *final;
     if (parts.contains("facts")) facts = fmt::format("{:.3f}", parts["facts"].get<double>());
     if (parts.contains("arith")) arith = fmt::format("{:.3f}", parts["arith"].get<double>());
   }
@@ -763,13 +778,10 @@ using ordered_json = nlohmann::ordered_json;
 // first seen: each a column of every row.
 std::vector<std::string> final_part_names(const std::vector<json>& records) {
   std::vector<std::string> names;
-  for (const json& r : records) {
-    if (!is_complete(r) || !r.contains("val_curve") || r["val_curve"].empty() ||
-        !r["val_curve"].back().contains("parts"))
-      continue;
-    for (const auto& [k, v] : r["val_curve"].back()["parts"].items())
-      if (std::find(names.begin(), names.end(), k) == names.end()) names.push_back(k);
-  }
+  for (const json& r : records)
+    if (const json* parts = final_parts(r))
+      for (const auto& [k, v] : parts->items())
+        if (std::find(names.begin(), names.end(), k) == names.end()) names.push_back(k);
   return names;
 }
 
@@ -819,13 +831,10 @@ ordered_json export_point(const json& r, const json* dense, const std::vector<st
   const double base = dense ? dense->value("final_val_bpc", 0.0) : 0.0;
   o["val_bpc_vs_dense"] = why.empty() ? ordered_json(bpc - base) : ordered_json(nullptr);
   o["beats_dense"] = why.empty() ? ordered_json(bpc < base) : ordered_json(nullptr);
-  const json* final_parts = complete && r.contains("val_curve") && !r["val_curve"].empty() &&
-                                    r["val_curve"].back().contains("parts")
-                                ? &r["val_curve"].back()["parts"]
-                                : nullptr;
+  const json* parts_of = final_parts(r);
   for (const std::string& part : parts)
-    o["val_bpc_" + part] = final_parts && final_parts->contains(part)
-                               ? ordered_json((*final_parts)[part].get<double>())
+    o["val_bpc_" + part] = parts_of && parts_of->contains(part)
+                               ? ordered_json((*parts_of)[part].get<double>())
                                : ordered_json(nullptr);
   const json train = r.value("train", json::object());
   for (const char* seed : {"seed", "data_seed"})
@@ -877,9 +886,7 @@ ordered_json export_point(const json& r, const json* dense, const std::vector<st
 // The rows of one folder's points, as export_point makes them, with a column for each of `parts`.
 std::vector<ordered_json> export_points(const std::vector<json>& records,
                                         const std::vector<std::string>& parts) {
-  const json* dense = nullptr;
-  for (const json& r : records)
-    if (is_dense(r) && is_complete(r)) dense = &r;
+  const json* dense = complete_dense(records);
   std::vector<ordered_json> rows;
   for (const json& r : records) rows.push_back(export_point(r, dense, parts));
   return rows;
@@ -960,9 +967,7 @@ std::string export_replicates(const std::vector<std::vector<json>>& folders,
   ordered_json each = ordered_json::array();
   for (size_t f = 0; f < folders.size(); ++f) {
     const std::vector<ordered_json> points = export_points(folders[f], parts);
-    const json* dense = nullptr;
-    for (const json& r : folders[f])
-      if (is_dense(r) && is_complete(r)) dense = &r;
+    const json* dense = complete_dense(folders[f]);
     each.push_back({{"folder", names[f]},
                     {"dense_baseline",
                      dense ? ordered_json(dense->value("point_id", "?")) : ordered_json(nullptr)},
@@ -1616,9 +1621,7 @@ ReportFormat run_report_format(const std::optional<std::string>& format_flag,
 
 std::vector<ChartFile> run_report_charts(const std::vector<json>& given, const FolderAudit* audit) {
   const std::vector<json> records = annotate(given, audit);
-  const json* dense = nullptr;
-  for (const json& r : records)
-    if (is_dense(r) && is_complete(r)) dense = &r;
+  const json* dense = complete_dense(records);
   std::vector<ChartFile> out;
   for (const plot::Chart& c : charts_of(records, dense)) out.push_back({c.id, plot::render_svg(c)});
   return out;
@@ -1627,9 +1630,7 @@ std::vector<ChartFile> run_report_charts(const std::vector<json>& given, const F
 std::string render_run_report(const std::vector<json>& given, const std::string& source,
                               ReportFormat format, const FolderAudit* audit) {
   const std::vector<json> records = annotate(given, audit);
-  const json* dense = nullptr;
-  for (const json& r : records)
-    if (is_dense(r) && is_complete(r)) dense = &r;
+  const json* dense = complete_dense(records);
   TextTable t;
   const std::string paper = common_label(records, paper_label);
   std::vector<std::string> kHeaders = headers(paper);
@@ -1917,9 +1918,7 @@ std::string replicates(const std::vector<std::vector<json>>& given,
   });
   // Each folder's complete dense baseline, for the paired differences.
   std::vector<const json*> dense(folders.size(), nullptr);
-  for (size_t f = 0; f < folders.size(); ++f)
-    for (const json& r : folders[f])
-      if (is_dense(r) && is_complete(r)) dense[f] = &r;
+  for (size_t f = 0; f < folders.size(); ++f) dense[f] = complete_dense(folders[f]);
   // Folders whose runs share their seeds are not independent replicates: say so.
   std::string same_seeds;
   std::vector<std::string> seeds(folders.size(), "not recorded");
