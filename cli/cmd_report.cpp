@@ -137,9 +137,11 @@ const bool registered = register_command(
      "Compare a sweep's runs: validation BPC per point against dense, measured vs planned", 50,
      [](CLI::App& app) -> std::function<int()> {
        auto f = std::make_shared<ReportFlags>();
-       app.add_option("runs", f->runs_dirs,
-                      "the runs folder of `moeplan run --out`; several: replicates of one sweep "
-                      "run with other seeds (mean, sd, how often each point beats dense)")
+       app.add_option(
+              "runs", f->runs_dirs,
+              "the runs folder of `moeplan run --out`; several: replicates of one sweep "
+              "run with other seeds (mean, sd, how often each point beats dense, the margin's 95 % "
+              "confidence interval)")
            ->capture_default_str()
            ->check(non_empty_path("folder name"));
        app.add_option("-o,--output", f->output,

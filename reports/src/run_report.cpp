@@ -20,6 +20,7 @@
 #include "moeplan/accounting/units.hpp"
 #include "moeplan/reports/format.hpp"
 #include "moeplan/reports/plot.hpp"
+#include "moeplan/reports/stats.hpp"
 #include "moeplan/reports/text_table.hpp"
 #include "moeplan/sweeps/atomic_file.hpp"
 #include "moeplan/sweeps/escape.hpp"
@@ -1782,29 +1783,8 @@ std::string render_run_report(const std::vector<json>& given, const std::string&
 
 namespace {
 
-struct Stats {
-  int n = 0;
-  double mean = 0, sd = NAN, lo = 0, hi = 0;
-};
-
-Stats stats_of(const std::vector<double>& v) {
-  Stats s;
-  s.n = int(v.size());
-  if (v.empty()) return s;
-  s.lo = *std::min_element(v.begin(), v.end());
-  s.hi = *std::max_element(v.begin(), v.end());
-  for (double x : v) s.mean += x;
-  s.mean /= double(v.size());
-  if (v.size() > 1) {
-    double ss = 0;
-    for (double x : v) ss += (x - s.mean) * (x - s.mean);
-    s.sd = std::sqrt(ss / double(v.size() - 1));
-  }
-  return s;
-}
-
 std::string sd_text(const Stats& s) {
-  return std::isnan(s.sd) ? "-" : fmt::format("{:.4f}", s.sd);
+  return s.has_sd ? fmt::format("{:.4f}", s.sd) : "-";
 }
 
 // The first key where two plans differ ("" when equal).
@@ -1828,6 +1808,9 @@ json replicate_settings(const json& r) {
 }
 
 namespace {
+
+// The level of the margins' confidence intervals over replicates.
+constexpr double kConfidence = 0.95;
 
 // The replicate report in `format`, or, where `charts` is given, its chart there and "".
 std::string replicates(const std::vector<std::vector<json>>& given,
@@ -1941,9 +1924,9 @@ std::string replicates(const std::vector<std::vector<json>>& given,
                                   same_seeds.empty() ? "" : ", ", names[a], names[b], seeds[a]);
 
   TextTable t;
-  std::vector<std::string> headers = {"point",         "r_a",         "r_a target", "replicates",
-                                      "val BPC mean",  "sd (n-1)",    "min",        "max",
-                                      "vs dense mean", "vs dense sd", "beats dense"};
+  std::vector<std::string> headers = {
+      "point", "r_a", "r_a target",    "replicates",  "val BPC mean",    "sd (n-1)",
+      "min",   "max", "vs dense mean", "vs dense sd", "vs dense 95% CI", "beats dense"};
   std::vector<std::vector<std::string>> rows;
   bool any_timed = false;
   plot::Series reps_mean{"MoE mean", {}, true, false};
@@ -1954,6 +1937,10 @@ std::string replicates(const std::vector<std::vector<json>>& given,
   std::vector<std::optional<double>> folder_dense(folders.size());  // each counted baseline's
   std::vector<std::pair<std::string, double>> bars;
   int moe_points = 0, moe_always = 0, moe_partial = 0;
+  // The margins' confidence intervals: how many lie wholly below 0 (MoE better beyond the seeds'
+  // noise), wholly above, or across it; and each pair count's t, which sets their width.
+  int ci_points = 0, ci_below = 0, ci_above = 0, ci_missing = 0;
+  std::map<int, double> t_of_pairs;
   std::string left_out;
   for (const std::string& id : order) {
     const json& plan = *plan_of[id];
@@ -2017,12 +2004,22 @@ std::string replicates(const std::vector<std::vector<json>>& given,
         ++moe_partial;
       bars.emplace_back(id, sdf.mean);
     }
+    const std::optional<Interval> ci = is_d ? std::nullopt : mean_interval(sdf, kConfidence);
+    if (ci) {
+      ++ci_points;
+      ci_below += ci->hi < 0;
+      ci_above += ci->lo > 0;
+      t_of_pairs[sdf.n] = student_t_critical(kConfidence, sdf.n - 1);
+    } else if (!is_d && paired > 0) {
+      ++ci_missing;
+    }
     rows.push_back(
         {id, fmt::format("{:.3f}", plan.value("activation_rate", 0.0)), target_cell(plan),
          fmt::format("{} of {}", sb.n, folders.size()), sb.n ? fmt::format("{:.4f}", sb.mean) : "-",
          sd_text(sb), sb.n ? fmt::format("{:.4f}", sb.lo) : "-",
          sb.n ? fmt::format("{:.4f}", sb.hi) : "-",
          is_d || !sdf.n ? "-" : fmt::format("{:+.4f}", sdf.mean), is_d ? "-" : sd_text(sdf),
+         ci ? fmt::format("[{:+.4f}, {:+.4f}]", ci->lo, ci->hi) : "-",
          is_d || !paired ? "-" : fmt::format("{} of {}", beats, paired)});
     const Stats sr = stats_of(reached_ratio);
     rows.back().push_back(is_d || !timed ? "-" : fmt::format("{} of {}", sr.n, timed));
@@ -2052,7 +2049,9 @@ std::string replicates(const std::vector<std::vector<json>>& given,
           "dense = a point's BPC minus the dense baseline's of the same folder (its seeds), over "
           "the "
           "replicates whose folder has one (the BPC columns count every replicate); sd is the "
-          "sample standard deviation over the replicates",
+          "sample standard deviation over the replicates; vs dense 95% CI = the margin's 95 % "
+          "confidence interval, mean ± t·sd/√n over its n paired replicates (Student t, n − 1 "
+          "degrees of freedom)",
           bpc_words(all)) +
       (any_timed ? "; dense's BPC reached: in how many of the replicates timed against their "
                    "folder's dense baseline (as one folder's report times them) the point's "
@@ -2078,6 +2077,25 @@ std::string replicates(const std::vector<std::vector<json>>& given,
                                            "counted as every replicate)",
                                            moe_partial, folders.size())
                              : ""));
+  if (ci_points > 0) {
+    std::string widths;
+    for (const auto& [n, t] : t_of_pairs)
+      widths += fmt::format("{}{} pairs: t = {:.2f}, the mean ± {:.2f} × sd",
+                            widths.empty() ? "" : "; ", n, t, t / std::sqrt(double(n)));
+    verdict += fmt::format(
+        "\nthe margin's 95 % confidence interval ({}) lies wholly below 0 for {} of {} MoE "
+        "points, wholly above 0 for {}, across 0 for {}{}{}",
+        widths, ci_below, ci_points, ci_above, ci_points - ci_below - ci_above,
+        ci_points - ci_below - ci_above > 0
+            ? " (not told apart from 0 by these seeds; more seeds narrow the interval)"
+            : "",
+        ci_missing ? fmt::format(" ({} paired in one replicate only: no interval)", ci_missing)
+                   : "");
+  } else if (ci_missing > 0) {
+    verdict +=
+        "\nno MoE point is paired with its dense baseline in two replicates or more: no "
+        "confidence interval of a margin";
+  }
   {
     std::vector<const json*> plans;
     for (const std::string& id : order) plans.push_back(plan_of[id]);

@@ -143,7 +143,9 @@ TEST_CASE("replicates: mean, sample sd and paired differences over folders, by h
   // Folder A (seed 1): dense 2.0, moe-a 1.8, moe-b 2.1. Folder B (seed 2): dense 1.9, moe-a 1.8,
   // moe-b 1.8. moe-a: mean 1.8, sd 0; vs dense -0.2 and -0.1: mean -0.15, sd 0.0707 (√0.005);
   // beats dense 2 of 2. moe-b: mean 1.95, sd 0.2121 (√0.045); vs dense +0.1 and -0.1: mean 0,
-  // sd 0.1414; beats 1 of 2.
+  // sd 0.1414; beats 1 of 2. The margins' 95 % intervals, mean ± t·sd/√2 with t = 12.706 at one
+  // degree of freedom (the closed form tan(0.475·π)): moe-a -0.15 ± 12.706·0.05 = [-0.7853,
+  // +0.4853], moe-b 0 ± 12.706·0.1 = [-1.2706, +1.2706]; both across 0.
   const std::vector<std::vector<json>> folders = {{with_seed(record("dense", true, 1.0, 2.0), 1),
                                                    with_seed(record("moe-a", false, 0.2, 1.8), 1),
                                                    with_seed(record("moe-b", false, 0.4, 2.1), 1)},
@@ -168,8 +170,13 @@ TEST_CASE("replicates: mean, sample sd and paired differences over folders, by h
     return true;
   };
   CHECK(has(line_of("dense"), {"2 of 2", "1.9500", "0.0707", "1.9000", "2.0000"}));
-  CHECK(has(line_of("moe-a"), {"2 of 2", "1.8000", "0.0000", "-0.1500", "0.0707", "2 of 2"}));
-  CHECK(has(line_of("moe-b"), {"2 of 2", "1.9500", "0.2121", "+0.0000", "0.1414", "1 of 2"}));
+  CHECK(has(line_of("moe-a"),
+            {"2 of 2", "1.8000", "0.0000", "-0.1500", "0.0707", "[-0.7853, +0.4853]", "2 of 2"}));
+  CHECK(has(line_of("moe-b"),
+            {"2 of 2", "1.9500", "0.2121", "+0.0000", "0.1414", "[-1.2706, +1.2706]", "1 of 2"}));
+  CHECK(text.find("(2 pairs: t = 12.71, the mean ± 8.98 × sd) lies wholly below 0 for 0 of 2 MoE "
+                  "points, wholly above 0 for 0, across 0 for 2 (not told apart") !=
+        std::string::npos);
   CHECK(text.find("every replicate: 1 of 2") != std::string::npos);
   CHECK(text.find("a (seed/data_seed 1/1), b (seed/data_seed 2/1)") != std::string::npos);
   CHECK(text.find("not independent") == std::string::npos);
@@ -1111,6 +1118,62 @@ TEST_CASE("replicates in markdown: the heading is the title's first sentence") {
   CHECK_MESSAGE(md.starts_with("# moeplan report: 2 points over 2 runs folders of one sweep: a "
                                "(seed/data_seed 1/1), b (seed/data_seed 2/1)\n\nval BPC = final"),
                 md.substr(0, 160));
+}
+
+TEST_CASE("replicates: the margin's 95 % interval over three seeds, below, above and across 0") {
+  // Dense 2.0 in every folder. Margins: moe-a -0.10, -0.12, -0.14 (mean -0.12, sd 0.02);
+  // moe-b +0.10, +0.12, +0.14; moe-c -0.10, +0.10, 0 (mean 0, sd 0.1). t at 2 degrees of
+  // freedom 4.302653 (closed form 0.95·√(2/(1 − 0.95²))), over √3: 2.4841. Half-widths 0.049683
+  // and 0.248414: moe-a [-0.1697, -0.0703] below 0, moe-b [+0.0703, +0.1697] above, moe-c
+  // [-0.2484, +0.2484] across.
+  const double a[] = {1.90, 1.88, 1.86}, b[] = {2.10, 2.12, 2.14}, c[] = {1.90, 2.10, 2.00};
+  std::vector<std::vector<json>> folders;
+  for (int f = 0; f < 3; ++f)
+    folders.push_back({with_seed(record("dense", true, 1.0, 2.0), f + 1),
+                       with_seed(record("moe-a", false, 0.2, a[f]), f + 1),
+                       with_seed(record("moe-b", false, 0.3, b[f]), f + 1),
+                       with_seed(record("moe-c", false, 0.4, c[f]), f + 1)});
+  const std::string text =
+      moeplan::render_replicate_report(folders, {"a", "b", "c"}, moeplan::ReportFormat::text);
+  CAPTURE(text);
+  CHECK(text.find("[-0.1697, -0.0703]") != std::string::npos);
+  CHECK(text.find("[+0.0703, +0.1697]") != std::string::npos);
+  CHECK(text.find("[-0.2484, +0.2484]") != std::string::npos);
+  CHECK(text.find("(3 pairs: t = 4.30, the mean ± 2.48 × sd) lies wholly below 0 for 1 of 3 MoE "
+                  "points, wholly above 0 for 1, across 0 for 1 (") != std::string::npos);
+  // The dense row has no interval: its cell is "-".
+  const size_t at = text.find("\ndense ");
+  REQUIRE(at != std::string::npos);
+  CHECK(text.substr(at, text.find('\n', at + 1) - at).find('[') == std::string::npos);
+  // The same line in the markdown and HTML reports.
+  for (auto format : {moeplan::ReportFormat::markdown, moeplan::ReportFormat::html})
+    CHECK(moeplan::render_replicate_report(folders, {"a", "b", "c"}, format)
+              .find("wholly below 0 for 1 of 3 MoE points") != std::string::npos);
+}
+
+TEST_CASE("replicates: a point paired in one folder only has no interval, and says so") {
+  // moe-a pairs in a and b; moe-b only in a (b's moe-b still training).
+  const std::vector<std::vector<json>> folders = {
+      {with_seed(record("dense", true, 1.0, 2.0), 1),
+       with_seed(record("moe-a", false, 0.2, 1.8), 1),
+       with_seed(record("moe-b", false, 0.4, 1.9), 1)},
+      {with_seed(record("dense", true, 1.0, 2.0), 2),
+       with_seed(record("moe-a", false, 0.2, 1.7), 2),
+       with_seed(record("moe-b", false, 0.4, 1.9, false), 2)}};
+  const std::string text =
+      moeplan::render_replicate_report(folders, {"a", "b"}, moeplan::ReportFormat::text);
+  CAPTURE(text);
+  CHECK(text.find("across 0 for 1 (not told apart from 0 by these seeds; more seeds narrow the "
+                  "interval) (1 paired in one replicate only: no interval)") != std::string::npos);
+  // With only that point: no interval at all, said once.
+  const std::vector<std::vector<json>> one = {{with_seed(record("dense", true, 1.0, 2.0), 1),
+                                               with_seed(record("moe-b", false, 0.4, 1.9), 1)},
+                                              {with_seed(record("dense", true, 1.0, 2.0), 2)}};
+  const std::string none =
+      moeplan::render_replicate_report(one, {"a", "b"}, moeplan::ReportFormat::text);
+  CHECK(none.find("no MoE point is paired with its dense baseline in two replicates or more") !=
+        std::string::npos);
+  CHECK(none.find("wholly below") == std::string::npos);
 }
 
 TEST_CASE("replicates with no MoE point paired: no '0 of 0'") {

@@ -1,0 +1,66 @@
+// The replicate report's statistics against published critical values and hand calculations.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <stdexcept>
+
+#include "moeplan/reports/stats.hpp"
+
+TEST_CASE("student_t_critical: the published two-sided 95 % critical values") {
+  // NIST/SEMATECH e-Handbook of Statistical Methods, section 1.3.6.7.2, "Critical values of the
+  // Student's t distribution", upper-tail probability 0.025 (two-sided 95 %), printed to three
+  // decimals.
+  const struct {
+    int dof;
+    double t;
+  } published[] = {{1, 12.706}, {2, 4.303},  {3, 3.182},  {4, 2.776},  {5, 2.571},
+                   {10, 2.228}, {20, 2.086}, {30, 2.042}, {100, 1.984}};
+  for (const auto& row : published) {
+    CAPTURE(row.dof);
+    CHECK(moeplan::student_t_critical(0.95, row.dof) ==
+          doctest::Approx(row.t).epsilon(0.0005 / row.t));
+  }
+  // Same table, upper-tail 0.05 (two-sided 90 %): 6.314 at 1, 2.132 at 4.
+  CHECK(moeplan::student_t_critical(0.90, 1) == doctest::Approx(6.314).epsilon(0.0005 / 6.314));
+  CHECK(moeplan::student_t_critical(0.90, 4) == doctest::Approx(2.132).epsilon(0.0005 / 2.132));
+}
+
+TEST_CASE("student_t_critical: the closed forms at 1 and 2 degrees of freedom, to 1e-9") {
+  // One degree of freedom is the Cauchy distribution: F(t) = 1/2 + atan(t)/π, so the two-sided
+  // level-L value is tan(π·L/2). Two: F(t) = 1/2 + t / (2·√(t² + 2)), so with q = L (= 2F − 1),
+  // t = q·√(2 / (1 − q²)).
+  const double pi = std::acos(-1.0);
+  for (double level : {0.5, 0.9, 0.95, 0.99}) {
+    CAPTURE(level);
+    CHECK(moeplan::student_t_critical(level, 1) ==
+          doctest::Approx(std::tan(pi * level / 2)).epsilon(1e-9));
+    CHECK(moeplan::student_t_critical(level, 2) ==
+          doctest::Approx(level * std::sqrt(2 / (1 - level * level))).epsilon(1e-9));
+  }
+  // Many degrees of freedom: the normal's 1.959964 (two-sided 95 %).
+  CHECK(moeplan::student_t_critical(0.95, 1000000) == doctest::Approx(1.959964).epsilon(1e-5));
+  CHECK_THROWS_AS(moeplan::student_t_critical(1.0, 3), std::invalid_argument);
+  CHECK_THROWS_AS(moeplan::student_t_critical(0.95, 0), std::invalid_argument);
+}
+
+TEST_CASE("stats_of and mean_interval, by hand") {
+  // {1, 2, 3, 4}: mean 2.5, squares about it 2.25 + 0.25 + 0.25 + 2.25 = 5, sd √(5/3) = 1.290994.
+  const moeplan::Stats s = moeplan::stats_of({1, 2, 3, 4});
+  CHECK(s.n == 4);
+  CHECK(s.mean == doctest::Approx(2.5));
+  CHECK(s.has_sd);
+  CHECK(s.sd == doctest::Approx(1.290994).epsilon(1e-6));
+  CHECK(s.lo == 1);
+  CHECK(s.hi == 4);
+  // Margins -0.10, -0.12, -0.14: mean -0.12, sd 0.02, standard error 0.02/√3 = 0.011547; t at 2
+  // degrees of freedom 4.302653 (the closed form above): half-width 0.049683.
+  const auto ci = moeplan::mean_interval(moeplan::stats_of({-0.10, -0.12, -0.14}), 0.95);
+  REQUIRE(ci);
+  CHECK(ci->lo == doctest::Approx(-0.169683).epsilon(1e-5));
+  CHECK(ci->hi == doctest::Approx(-0.070317).epsilon(1e-5));
+  // One value has no spread, and so no interval.
+  const moeplan::Stats one = moeplan::stats_of({0.3});
+  CHECK_FALSE(one.has_sd);
+  CHECK_FALSE(moeplan::mean_interval(one, 0.95));
+  CHECK(moeplan::stats_of({}).n == 0);
+}
