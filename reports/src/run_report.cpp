@@ -957,7 +957,8 @@ std::string export_json(const ordered_json& fields) {
 // form a script groups by point), set against its own folder's dense baseline.
 std::string export_replicates(const std::vector<std::vector<json>>& folders,
                               const std::vector<std::string>& names,
-                              const std::vector<FolderAudit>& audits, ReportFormat format) {
+                              const std::vector<FolderAudit>& audits, ReportFormat format,
+                              const ordered_json& summary) {
   // The parts' columns of every folder in every row: a folder whose points are all still
   // training has no final parts, and its rows must still line up with the others' in CSV.
   std::vector<json> all;
@@ -981,8 +982,17 @@ std::string export_replicates(const std::vector<std::vector<json>>& folders,
     }
   }
   if (format == ReportFormat::csv) return export_csv(rows);
-  return export_json(
-      {{"replicates", folders.size()}, {"conventions", export_conventions()}, {"folders", each}});
+  ordered_json conventions = export_conventions();
+  conventions["summary"] =
+      "one entry per point, the replicate table's row: over the folders where the point is "
+      "complete (val_bpc_*), and over those where it is compared with its folder's dense baseline "
+      "(vs_dense_pairs; val_bpc_vs_dense_*, its ci95 = mean ± t·sd/√n, Student t with n − 1 "
+      "degrees of freedom; beats_dense); sd is the sample standard deviation; null where the "
+      "table prints -";
+  return export_json({{"replicates", folders.size()},
+                      {"conventions", conventions},
+                      {"summary", summary},
+                      {"folders", each}});
 }
 
 // What the folder's audit says, in one line and its warnings (each once, at most 8 shown).
@@ -1936,6 +1946,7 @@ std::string replicates(const std::vector<std::vector<json>>& given,
   std::vector<double> dense_bpcs;
   std::vector<std::optional<double>> folder_dense(folders.size());  // each counted baseline's
   std::vector<std::pair<std::string, double>> bars;
+  ordered_json summary = ordered_json::array();  // the rows, unrounded, for --format json
   int moe_points = 0, moe_always = 0, moe_partial = 0;
   // The margins' confidence intervals: how many lie wholly below 0 (MoE better beyond the seeds'
   // noise), wholly above, or across it; and each pair count's t, which sets their width.
@@ -2022,6 +2033,27 @@ std::string replicates(const std::vector<std::vector<json>>& given,
          ci ? fmt::format("[{:+.4f}, {:+.4f}]", ci->lo, ci->hi) : "-",
          is_d || !paired ? "-" : fmt::format("{} of {}", beats, paired)});
     const Stats sr = stats_of(reached_ratio);
+    {
+      auto value_if = [](bool has, double v) { return has ? ordered_json(v) : ordered_json(); };
+      auto count_if = [](bool has, int v) { return has ? ordered_json(v) : ordered_json(); };
+      summary.push_back({{"point", id},
+                         {"role", is_d ? "dense" : "moe"},
+                         {"activation_rate", plan.value("activation_rate", 0.0)},
+                         {"replicates_complete", sb.n},
+                         {"val_bpc_mean", value_if(sb.n > 0, sb.mean)},
+                         {"val_bpc_sd", value_if(sb.has_sd, sb.sd)},
+                         {"val_bpc_min", value_if(sb.n > 0, sb.lo)},
+                         {"val_bpc_max", value_if(sb.n > 0, sb.hi)},
+                         {"vs_dense_pairs", count_if(!is_d, paired)},
+                         {"val_bpc_vs_dense_mean", value_if(sdf.n > 0, sdf.mean)},  // dense: none
+                         {"val_bpc_vs_dense_sd", value_if(sdf.has_sd, sdf.sd)},
+                         {"val_bpc_vs_dense_ci95",
+                          ci ? ordered_json::array({ci->lo, ci->hi}) : ordered_json(nullptr)},
+                         {"beats_dense", count_if(!is_d && paired > 0, beats)},
+                         {"dense_bpc_timed", count_if(!is_d && timed > 0, timed)},
+                         {"dense_bpc_reached", count_if(!is_d && timed > 0, sr.n)},
+                         {"dense_bpc_reached_time_vs_dense_mean", value_if(sr.n > 0, sr.mean)}});
+    }
     rows.back().push_back(is_d || !timed ? "-" : fmt::format("{} of {}", sr.n, timed));
     rows.back().push_back(sr.n ? fmt::format("{:.2f}x", sr.mean) : "-");
     any_timed = any_timed || timed > 0;
@@ -2157,7 +2189,7 @@ std::string replicates(const std::vector<std::vector<json>>& given,
              (bar_text.empty() ? "" : md_code_block(bar_text));
     case ReportFormat::csv:
     case ReportFormat::json:
-      return export_replicates(folders, names, audits, format);
+      return export_replicates(folders, names, audits, format, summary);
     case ReportFormat::html:
       break;
   }

@@ -1996,6 +1996,26 @@ TEST_CASE("replicates as csv and json: every folder's rows against its own dense
   REQUIRE(doc["folders"].size() == 2);
   CHECK(doc["folders"][1]["folder"] == "b");
   CHECK(doc["folders"][1]["points"][1]["val_bpc_vs_dense"].get<double>() == doctest::Approx(-0.05));
+  // The summary is the replicate table's rows, unrounded. moe-a's margins -0.2 and -0.05: mean
+  // -0.125, sd 0.15/√2 = 0.106066; 95 % interval -0.125 ± 12.7062·0.106066/√2 (= 0.952965).
+  // Dense: mean 1.95, sd 0.1/√2 = 0.0707107, and no margin (null).
+  REQUIRE(doc["summary"].size() == 2);
+  const json& ds = doc["summary"][0];
+  CHECK(ds["point"] == "dense");
+  CHECK(ds["val_bpc_mean"].get<double>() == doctest::Approx(1.95));
+  CHECK(ds["val_bpc_sd"].get<double>() == doctest::Approx(0.0707107).epsilon(1e-6));
+  CHECK(ds["val_bpc_vs_dense_ci95"].is_null());
+  CHECK(ds["beats_dense"].is_null());
+  const json& ms = doc["summary"][1];
+  CHECK(ms["point"] == "moe-a");
+  CHECK(ms["vs_dense_pairs"] == 2);
+  CHECK(ms["beats_dense"] == 2);
+  CHECK(ms["val_bpc_vs_dense_mean"].get<double>() == doctest::Approx(-0.125));
+  CHECK(ms["val_bpc_vs_dense_sd"].get<double>() == doctest::Approx(0.106066).epsilon(1e-6));
+  CHECK(ms["val_bpc_vs_dense_ci95"][0].get<double>() == doctest::Approx(-1.077965).epsilon(1e-6));
+  CHECK(ms["val_bpc_vs_dense_ci95"][1].get<double>() == doctest::Approx(0.827965).epsilon(1e-6));
+  CHECK(ms["dense_bpc_reached_time_vs_dense_mean"].is_null());  // the records time nothing
+  CHECK(doc["conventions"].contains("summary"));
   // A folder whose points are all still training has no final parts: its rows still have the
   // parts' columns (empty), so that every CSV row lines up with the header.
   std::vector<std::vector<json>> partial = folders;
