@@ -50,8 +50,13 @@ bool dotted(const Series& s) {
 }
 
 // A dot's radius, a ring's, and how far past a point either reaches (the radius, the ring's
-// stroke and a pixel's rounding).
+// stroke and a pixel's rounding); a whisker's cap reaches less far than a ring.
 constexpr double kDotRadius = 3.5, kRingRadius = 4.5, kDotReach = kRingRadius + 1.5;
+constexpr double kCapHalf = 4;
+
+bool finite(const Series::Whisker& w) {
+  return std::isfinite(w.x) && std::isfinite(w.lo) && std::isfinite(w.hi);
+}
 
 // How a series is drawn: its colour, dash pattern, line width and legend line width. One look a
 // series, the first that applies: `beside` (its named series' colour, dashed, thin), `mean`
@@ -174,6 +179,13 @@ Frame frame_for(const Chart& chart) {
         y0 = std::min(y0, p.second);
         y1 = std::max(y1, p.second);
       }
+    for (const Series::Whisker& w : s.whiskers)
+      if (finite(w)) {
+        x0 = std::min(x0, w.x);
+        x1 = std::max(x1, w.x);
+        y0 = std::min({y0, w.lo, w.hi});
+        y1 = std::max({y1, w.lo, w.hi});
+      }
   }
   if (!(x0 <= x1)) x0 = 0, x1 = 1, y0 = 0, y1 = 1;  // nothing to draw
   const std::vector<double> xt = nice_ticks(x0, x1), yt = nice_ticks(y0, y1);
@@ -196,6 +208,8 @@ Frame frame_for(const Chart& chart) {
     if (dotted(s))
       for (const XY& p : s.points) room(p);
     for (const XY& p : s.rings) room(p);
+    for (const Series::Whisker& w : s.whiskers)
+      if (finite(w)) room({w.x, w.lo}), room({w.x, w.hi});
   }
   return f;
 }
@@ -271,6 +285,15 @@ std::string render_svg(const Chart& chart) {
         if (finite(p))
           s += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"{}\" fill=\"{}\"/>\n",
                            f.x_px(p.first), f.y_px(p.second), kDotRadius, c);
+    for (const Series::Whisker& w : ser.whiskers)
+      if (finite(w)) {
+        const double x = f.x_px(w.x), lo = f.y_px(w.lo), hi = f.y_px(w.hi);
+        s += fmt::format(
+            "<path data-whisker=\"{}\" d=\"M{:.1f},{:.1f}V{:.1f}M{:.1f},{:.1f}H{:.1f}M{:.1f},{:.1f}"
+            "H{:.1f}\" fill=\"none\" stroke=\"{}\" stroke-width=\"1.5\"/>\n",
+            escape(ser.name), x, lo, hi, x - kCapHalf, lo, x + kCapHalf, x - kCapHalf, hi,
+            x + kCapHalf, c);
+      }
     for (const XY& p : ser.rings)
       if (finite(p))
         s += fmt::format(

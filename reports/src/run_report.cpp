@@ -1946,6 +1946,7 @@ std::string replicates(const std::vector<std::vector<json>>& given,
   std::vector<double> dense_bpcs;
   std::vector<std::optional<double>> folder_dense(folders.size());  // each counted baseline's
   std::vector<std::pair<std::string, double>> bars;
+  plot::Series margins{"MoE: mean margin, 95 % interval", {}, true, false};
   ordered_json summary = ordered_json::array();  // the rows, unrounded, for --format json
   int moe_points = 0, moe_always = 0, moe_partial = 0;
   // The margins' confidence intervals: how many lie wholly below 0 (MoE better beyond the seeds'
@@ -2016,7 +2017,10 @@ std::string replicates(const std::vector<std::vector<json>>& given,
       bars.emplace_back(id, sdf.mean);
     }
     const std::optional<Interval> ci = is_d ? std::nullopt : mean_interval(sdf, kConfidence);
+    if (!is_d && paired > 0)
+      margins.points.emplace_back(plan.value("activation_rate", 0.0), sdf.mean);
     if (ci) {
+      margins.whiskers.push_back({plan.value("activation_rate", 0.0), ci->lo, ci->hi});
       ++ci_points;
       ci_below += ci->hi < 0;
       ci_above += ci->lo > 0;
@@ -2175,8 +2179,20 @@ std::string replicates(const std::vector<std::vector<json>>& given,
       c.series.push_back(
           plot::reference_line(reps_mean, fmt::format("dense mean ({:.4f})", sd.mean), sd.mean));
   }
+  // The margins with their intervals: the verdict's "wholly below 0" is a whisker under the line.
+  plot::Chart m{"Margin over the dense baseline against r_a, with 95 % confidence intervals",
+                "activation rate r_a = N_a / N",
+                "val BPC minus its seed's dense (below 0: MoE better)",
+                {},
+                0,
+                "margins"};
+  if (!margins.points.empty()) {
+    m.series.push_back(margins);
+    m.series.push_back(plot::reference_line(margins, "dense baseline (margin 0)", 0.0));
+  }
   if (charts) {
     if (!c.series.empty()) charts->push_back(std::move(c));
+    if (!m.series.empty()) charts->push_back(std::move(m));
     return "";
   }
   switch (format) {
@@ -2196,6 +2212,7 @@ std::string replicates(const std::vector<std::vector<json>>& given,
   return html_head(heading) + "<p>" + html_escape(title.substr(heading.size() + 2)) + "</p>\n" +
          html_table(t) + html_paragraphs(verdict) +
          (c.series.empty() ? "" : "<figure>\n" + plot::render_svg(c) + "</figure>\n") +
+         (m.series.empty() ? "" : "<figure>\n" + plot::render_svg(m) + "</figure>\n") +
          "</body></html>\n";
 }
 

@@ -162,6 +162,35 @@ TEST_CASE("dots and rings: the frame widened past the outer ticks so that none i
   CHECK(f.y_lo == doctest::Approx(1 - 6.0 / 280));
 }
 
+TEST_CASE("whiskers: a bar with caps in the series' colour; the frame holds their ends") {
+  // The data-corner frame above (0 .. 2 on both axes, 460 x 280 px): a whisker at x 1 from 0.5
+  // to 1.5 is at x 300 px, from y 314 − 0.25 · 280 = 244 px up to 314 − 0.75 · 280 = 104 px, with
+  // caps 4 px either side; it lies inside the frame and leaves it as it was.
+  Chart c;
+  c.series.push_back({"m", {{0, 0}, {1, 1}, {2, 2}}, false, false});
+  c.series[0].whiskers = {{1, 0.5, 1.5}};
+  Frame f = frame_for(c);
+  CHECK(f.y_lo == 0);
+  CHECK(f.y_hi == 2);
+  const std::string svg = render_svg(c);
+  CHECK(svg.find("<path data-whisker=\"m\" d=\"M300.0,244.0V104.0M296.0,244.0H304.0M296.0,104.0"
+                 "H304.0\" fill=\"none\" stroke=\"#0072B2\"") != std::string::npos);
+  // One reaching past the points, at x 2 from -1 to 3: the y ticks cover -1 .. 3 (step 1), and
+  // the frame is widened a dot's reach past them for its caps, 6 · 4 / 280 in y and 6 · 2 / 460
+  // in x (it is on the x axis' last tick).
+  c.series[0].whiskers.push_back({2, -1, 3});
+  f = frame_for(c);
+  CHECK(f.y_ticks.front() == -1);
+  CHECK(f.y_ticks.back() == 3);
+  CHECK(f.y_lo == doctest::Approx(-1 - 6.0 * 4 / 280));
+  CHECK(f.y_hi == doctest::Approx(3 + 6.0 * 4 / 280));
+  CHECK(f.x_hi == doctest::Approx(2 + 6.0 * 2 / 460));
+  CHECK(occurrences(render_svg(c), "data-whisker=\"m\"") == 2);
+  // A non-finite whisker is left out, as a non-finite point is.
+  c.series[0].whiskers.push_back({1.5, std::nan(""), 1});
+  CHECK(occurrences(render_svg(c), "data-whisker=\"m\"") == 2);
+}
+
 TEST_CASE("a level line beside the dense curve: grey and dotted, taking no colour of the palette") {
   Chart c;
   c.series.push_back({"dense", {{0, 2}, {1, 1}}, false, true});

@@ -182,8 +182,11 @@ TEST_CASE("replicates: mean, sample sd and paired differences over folders, by h
   CHECK(text.find("not independent") == std::string::npos);
   const std::string html =
       moeplan::render_replicate_report(folders, {"a", "b"}, moeplan::ReportFormat::html);
-  CHECK(occurrences(html, "<svg") == 1);
+  // Two charts: every replicate's BPC, and the margins with their intervals (both across 0).
+  CHECK(occurrences(html, "<svg") == 2);
   CHECK(html.find("dense mean (1.9500)") != std::string::npos);
+  CHECK(occurrences(html, "data-whisker=") == 2);
+  CHECK(html.find("dense baseline (margin 0)") != std::string::npos);
 }
 
 TEST_CASE("replicates: the same seeds are named; a differing plan is refused") {
@@ -1174,6 +1177,11 @@ TEST_CASE("replicates: a point paired in one folder only has no interval, and sa
   CHECK(none.find("no MoE point is paired with its dense baseline in two replicates or more") !=
         std::string::npos);
   CHECK(none.find("wholly below") == std::string::npos);
+  // Its margin is drawn, without a whisker.
+  const std::string none_html =
+      moeplan::render_replicate_report(one, {"a", "b"}, moeplan::ReportFormat::html);
+  CHECK(none_html.find("data-series=\"MoE: mean margin, 95 % interval\"") != std::string::npos);
+  CHECK(none_html.find("data-whisker=") == std::string::npos);
 }
 
 TEST_CASE("replicates with no MoE point paired: no '0 of 0'") {
@@ -1699,8 +1707,9 @@ TEST_CASE("report charts as files: the HTML report's charts, each whole, named b
                                                   {with_seed(recs[0], 2), with_seed(recs[1], 2)}};
   const std::vector<moeplan::ChartFile> reps =
       moeplan::replicate_report_charts(folders, {"a", "b"});
-  REQUIRE(reps.size() == 1);
+  REQUIRE(reps.size() == 2);
   CHECK(reps[0].id == "replicates");
+  CHECK(reps[1].id == "margins");
   CHECK(moeplan::render_replicate_report(folders, {"a", "b"}, moeplan::ReportFormat::html)
             .find(reps[0].svg) != std::string::npos);
 }

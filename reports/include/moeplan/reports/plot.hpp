@@ -27,6 +27,12 @@ struct Series {
   std::string beside = {};
   // The mean of the coloured series beside it: black, solid and thicker, taking no colour.
   bool mean = false;
+  // Vertical bars with short caps in the series' colour, each from lo to hi at x: an interval
+  // around a point (the 95 % confidence interval of a mean margin).
+  struct Whisker {
+    double x, lo, hi;
+  };
+  std::vector<Whisker> whiskers = {};
 };
 
 // A dashed horizontal line at y (a baseline) across the x range of `over`'s points, widened to
