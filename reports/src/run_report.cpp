@@ -1083,6 +1083,10 @@ std::string verdict_of(const std::vector<json>& records, const json* dense,
                     "BPC: {} of {}; best point: {} ({:.4f} BPC)",
                     dense_bpc, moe_better, moe_total, best, best_bpc)
               : std::string("no complete dense baseline record: no comparison");
+  if (dense && !dense_flagged && moe_total > 0)
+    v += "\none run per point: each margin holds its seed's noise too; for a 95 % confidence "
+         "interval, train the sweep again with other seeds (`--train seed=S`) and give the "
+         "folders together to `moeplan report`";
   if (!ablation.empty())
     v = fmt::format(
             "NOT an equal-resource sweep: {} trained from a manifest that says equal_resources = "

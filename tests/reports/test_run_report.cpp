@@ -221,7 +221,8 @@ TEST_CASE("report: a point that read other data than the dense baseline is not c
                                   reading(record("moe-c", false, 0.4, 1.7), "builtin", 128)};
   const std::string text = moeplan::render_run_report(recs, "runs", moeplan::ReportFormat::text);
   CAPTURE(text);
-  CHECK(text.find("MoE points with lower validation BPC: 1 of 1; best point: moe-a (1.8000 BPC)") !=
+  CHECK(text.find("MoE points with lower validation BPC: 1 of 1; best point: moe-a (1.8000 BPC)\n"
+                  "one run per point: each margin holds its seed's noise too") !=
         std::string::npos);
   CHECK(text.find("not compared with the dense baseline, which read builtin, data_seed 1, 256 "
                   "validation tokens: trained or validated on other data: moe-b (text:t.txt, "
@@ -1182,6 +1183,15 @@ TEST_CASE("replicates: a point paired in one folder only has no interval, and sa
       moeplan::render_replicate_report(one, {"a", "b"}, moeplan::ReportFormat::html);
   CHECK(none_html.find("data-series=\"MoE: mean margin, 95 % interval\"") != std::string::npos);
   CHECK(none_html.find("data-whisker=") == std::string::npos);
+}
+
+TEST_CASE("one folder: the hint to replicate only where a MoE point is compared") {
+  const std::string alone = moeplan::render_run_report({record("dense", true, 1.0, 2.0)}, "runs",
+                                                       moeplan::ReportFormat::text);
+  CHECK(alone.find("one run per point") == std::string::npos);
+  const std::string no_dense = moeplan::render_run_report({record("moe-a", false, 0.2, 1.8)},
+                                                          "runs", moeplan::ReportFormat::text);
+  CHECK(no_dense.find("one run per point") == std::string::npos);
 }
 
 TEST_CASE("replicates with no MoE point paired: no '0 of 0'") {
