@@ -1956,6 +1956,7 @@ std::string replicates(const std::vector<std::vector<json>>& given,
   // The margins' confidence intervals: how many lie wholly below 0 (MoE better beyond the seeds'
   // noise), wholly above, or across it; and each pair count's t, which sets their width.
   int ci_points = 0, ci_below = 0, ci_above = 0, ci_missing = 0;
+  std::string seeds_needed;  // per point across 0: the seeds that would clear it, as a plan
   std::map<int, double> t_of_pairs;
   std::string left_out;
   for (const std::string& id : order) {
@@ -2028,6 +2029,11 @@ std::string replicates(const std::vector<std::vector<json>>& given,
       ++ci_points;
       ci_below += ci->hi < 0;
       ci_above += ci->lo > 0;
+      if (ci->hi >= 0 && ci->lo <= 0) {
+        const std::optional<int> n = values_to_exclude_zero(sdf, kConfidence);
+        seeds_needed += fmt::format("{}{} {}", seeds_needed.empty() ? "" : ", ", id,
+                                    n ? fmt::format("{}", *n) : std::string("over 1000"));
+      }
       t_of_pairs[sdf.n] = student_t_critical(kConfidence, sdf.n - 1);
     } else if (!is_d && paired > 0) {
       ++ci_missing;
@@ -2127,7 +2133,9 @@ std::string replicates(const std::vector<std::vector<json>>& given,
         "points, wholly above 0 for {}, across 0 for {}{}{}",
         widths, ci_below, ci_points, ci_above, ci_points - ci_below - ci_above,
         ci_points - ci_below - ci_above > 0
-            ? " (not told apart from 0 by these seeds; more seeds narrow the interval)"
+            ? fmt::format(" (not told apart from 0 by these seeds; seeds needed, were the mean "
+                          "and sd to hold: {})",
+                          seeds_needed)
             : "",
         ci_missing ? fmt::format(" ({} paired in one replicate only: no interval)", ci_missing)
                    : "");

@@ -83,4 +83,12 @@ std::optional<Interval> mean_interval(const Stats& s, double level) {
   return Interval{s.mean - half, s.mean + half};
 }
 
+std::optional<int> values_to_exclude_zero(const Stats& s, double level, int most) {
+  if (!s.has_sd || s.mean == 0) return std::nullopt;
+  for (int n = 2; n <= most; ++n)
+    if (student_t_critical(level, n - 1) * s.sd / std::sqrt(double(n)) < std::fabs(s.mean))
+      return n;
+  return std::nullopt;
+}
+
 }  // namespace moeplan

@@ -143,9 +143,11 @@ TEST_CASE("replicates: mean, sample sd and paired differences over folders, by h
   // Folder A (seed 1): dense 2.0, moe-a 1.8, moe-b 2.1. Folder B (seed 2): dense 1.9, moe-a 1.8,
   // moe-b 1.8. moe-a: mean 1.8, sd 0; vs dense -0.2 and -0.1: mean -0.15, sd 0.0707 (√0.005);
   // beats dense 2 of 2. moe-b: mean 1.95, sd 0.2121 (√0.045); vs dense +0.1 and -0.1: mean 0,
-  // sd 0.1414; beats 1 of 2. The margins' 95 % intervals, mean ± t·sd/√2 with t = 12.706 at one
-  // degree of freedom (the closed form tan(0.475·π)): moe-a -0.15 ± 12.706·0.05 = [-0.7853,
-  // +0.4853], moe-b 0 ± 12.706·0.1 = [-1.2706, +1.2706]; both across 0.
+  // sd 0.1414; beats 1 of 2. Seeds needed for moe-a's interval to leave out 0 were its mean
+  // and sd to hold: |mean|/sd = 2.121 against t/√n = 2.484 at 3 and 3.182/2 = 1.591 at 4: 4.
+  // moe-b's mean is 0 (to rounding): no number of seeds. The margins' 95 % intervals, mean ±
+  // t·sd/√2 with t = 12.706 at one degree of freedom (the closed form tan(0.475·π)): moe-a -0.15
+  // ± 12.706·0.05 = [-0.7853, +0.4853], moe-b 0 ± 12.706·0.1 = [-1.2706, +1.2706]; both across 0.
   const std::vector<std::vector<json>> folders = {{with_seed(record("dense", true, 1.0, 2.0), 1),
                                                    with_seed(record("moe-a", false, 0.2, 1.8), 1),
                                                    with_seed(record("moe-b", false, 0.4, 2.1), 1)},
@@ -175,7 +177,8 @@ TEST_CASE("replicates: mean, sample sd and paired differences over folders, by h
   CHECK(has(line_of("moe-b"),
             {"2 of 2", "1.9500", "0.2121", "+0.0000", "0.1414", "[-1.2706, +1.2706]", "1 of 2"}));
   CHECK(text.find("(2 pairs: t = 12.71, the mean ± 8.98 × sd) lies wholly below 0 for 0 of 2 MoE "
-                  "points, wholly above 0 for 0, across 0 for 2 (not told apart") !=
+                  "points, wholly above 0 for 0, across 0 for 2 (not told apart from 0 by these "
+                  "seeds; seeds needed, were the mean and sd to hold: moe-a 4, moe-b over 1000)") !=
         std::string::npos);
   CHECK(text.find("every replicate: 1 of 2") != std::string::npos);
   CHECK(text.find("a (seed/data_seed 1/1), b (seed/data_seed 2/1)") != std::string::npos);
@@ -1144,7 +1147,9 @@ TEST_CASE("replicates: the margin's 95 % interval over three seeds, below, above
   CHECK(text.find("[+0.0703, +0.1697]") != std::string::npos);
   CHECK(text.find("[-0.2484, +0.2484]") != std::string::npos);
   CHECK(text.find("(3 pairs: t = 4.30, the mean ± 2.48 × sd) lies wholly below 0 for 1 of 3 MoE "
-                  "points, wholly above 0 for 1, across 0 for 1 (") != std::string::npos);
+                  "points, wholly above 0 for 1, across 0 for 1 (not told apart from 0 by these "
+                  "seeds; seeds needed, were the mean and sd to hold: moe-c over 1000)") !=
+        std::string::npos);  // moe-c's mean is 0: no number of seeds; only it is across 0
   // The dense row has no interval: its cell is "-".
   const size_t at = text.find("\ndense ");
   REQUIRE(at != std::string::npos);
@@ -1167,8 +1172,11 @@ TEST_CASE("replicates: a point paired in one folder only has no interval, and sa
   const std::string text =
       moeplan::render_replicate_report(folders, {"a", "b"}, moeplan::ReportFormat::text);
   CAPTURE(text);
-  CHECK(text.find("across 0 for 1 (not told apart from 0 by these seeds; more seeds narrow the "
-                  "interval) (1 paired in one replicate only: no interval)") != std::string::npos);
+  // moe-a's margins -0.2 and -0.3: mean -0.25, sd 0.0707 (|mean|/sd 3.536); t/√n with the
+  // handbook's t is 8.98 at 2 seeds and 4.303/√3 = 2.484 at 3: 3 seeds needed.
+  CHECK(text.find("across 0 for 1 (not told apart from 0 by these seeds; seeds needed, were the "
+                  "mean and sd to hold: moe-a 3) (1 paired in one replicate only: no interval)") !=
+        std::string::npos);
   // With only that point: no interval at all, said once.
   const std::vector<std::vector<json>> one = {{with_seed(record("dense", true, 1.0, 2.0), 1),
                                                with_seed(record("moe-b", false, 0.4, 1.9), 1)},

@@ -64,3 +64,24 @@ TEST_CASE("stats_of and mean_interval, by hand") {
   CHECK_FALSE(moeplan::mean_interval(one, 0.95));
   CHECK(moeplan::stats_of({}).n == 0);
 }
+
+TEST_CASE("values_to_exclude_zero: the fewest seeds whose interval would leave out 0") {
+  // The main job's moe-ra0.500 over three seeds: margin mean -0.0378, sd 0.0231, |mean|/sd 1.636.
+  // t/√n from the handbook's table: 12.706/√2 = 8.98, 4.303/√3 = 2.484, 3.182/2 = 1.591: 4.
+  moeplan::Stats s;
+  s.n = 3;
+  s.mean = -0.0378;
+  s.sd = 0.0231;
+  s.has_sd = true;
+  CHECK(moeplan::values_to_exclude_zero(s, 0.95) == 4);
+  // Already clear at 2: |mean|/sd 10 > 8.98.
+  s.mean = 0.231;
+  CHECK(moeplan::values_to_exclude_zero(s, 0.95) == 2);
+  // A mean of 0, no sd, or more than `most` values: none.
+  s.mean = 0;
+  CHECK_FALSE(moeplan::values_to_exclude_zero(s, 0.95));
+  s.mean = -0.0378;
+  CHECK_FALSE(moeplan::values_to_exclude_zero(s, 0.95, 3));
+  s.has_sd = false;
+  CHECK_FALSE(moeplan::values_to_exclude_zero(s, 0.95));
+}

@@ -27,4 +27,10 @@ struct Interval {
 // nullopt under 2 values.
 std::optional<Interval> mean_interval(const Stats& s, double level);
 
+// The fewest values (2 or more, at most `most`) whose `level` interval would leave out 0 if their
+// mean and sd were s's: the smallest n with t(n − 1)·sd/√n < |mean|. A planning figure, not a
+// promise (another n draws another mean and sd). nullopt for a mean of 0, no sd, or more than
+// `most`.
+std::optional<int> values_to_exclude_zero(const Stats& s, double level, int most = 1000);
+
 }  // namespace moeplan
