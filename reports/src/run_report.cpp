@@ -1823,10 +1823,11 @@ json replicate_settings(const json& r) {
 
 namespace {
 
-// The level of the margins' confidence intervals over replicates.
+// The level of the margins' confidence intervals over replicates: the tables, the verdict, the
+// chart and the JSON key `val_bpc_vs_dense_ci95` say "95 %".
 constexpr double kConfidence = 0.95;
 
-// The replicate report in `format`, or, where `charts` is given, its chart there and "".
+// The replicate report in `format`, or, where `charts` is given, its charts there and "".
 std::string replicates(const std::vector<std::vector<json>>& given,
                        const std::vector<std::string>& given_names, ReportFormat format,
                        const std::vector<FolderAudit>& audits, std::vector<plot::Chart>* charts) {
@@ -2020,10 +2021,9 @@ std::string replicates(const std::vector<std::vector<json>>& given,
       else
         ++moe_partial;
       bars.emplace_back(id, sdf.mean);
+      margins.points.emplace_back(plan.value("activation_rate", 0.0), sdf.mean);
     }
     const std::optional<Interval> ci = is_d ? std::nullopt : mean_interval(sdf, kConfidence);
-    if (!is_d && paired > 0)
-      margins.points.emplace_back(plan.value("activation_rate", 0.0), sdf.mean);
     if (ci) {
       margins.whiskers.push_back({plan.value("activation_rate", 0.0), ci->lo, ci->hi});
       ++ci_points;
