@@ -1826,6 +1826,8 @@ namespace {
 // The level of the margins' confidence intervals over replicates: the tables, the verdict, the
 // chart and the JSON key `val_bpc_vs_dense_ci95` say "95 %".
 constexpr double kConfidence = 0.95;
+// The most seeds the verdict would name for a margin across 0; past it, "over" this.
+constexpr int kMostSeeds = 1000;
 
 // The replicate report in `format`, or, where `charts` is given, its charts there and "".
 std::string replicates(const std::vector<std::vector<json>>& given,
@@ -2030,9 +2032,9 @@ std::string replicates(const std::vector<std::vector<json>>& given,
       ci_below += ci->hi < 0;
       ci_above += ci->lo > 0;
       if (ci->hi >= 0 && ci->lo <= 0) {
-        const std::optional<int> n = values_to_exclude_zero(sdf, kConfidence);
+        const std::optional<int> n = values_to_exclude_zero(sdf, kConfidence, kMostSeeds);
         seeds_needed += fmt::format("{}{} {}", seeds_needed.empty() ? "" : ", ", id,
-                                    n ? fmt::format("{}", *n) : std::string("over 1000"));
+                                    n ? fmt::format("{}", *n) : fmt::format("over {}", kMostSeeds));
       }
       t_of_pairs[sdf.n] = student_t_critical(kConfidence, sdf.n - 1);
     } else if (!is_d && paired > 0) {
@@ -2047,7 +2049,7 @@ std::string replicates(const std::vector<std::vector<json>>& given,
          ci ? fmt::format("[{:+.4f}, {:+.4f}]", ci->lo, ci->hi) : "-",
          is_d || !paired ? "-" : fmt::format("{} of {}", beats, paired)});
     const Stats sr = stats_of(reached_ratio);
-    {
+    if (format == ReportFormat::json) {  // the table's row for a script; other formats need none
       auto value_if = [](bool has, double v) { return has ? ordered_json(v) : ordered_json(); };
       auto count_if = [](bool has, int v) { return has ? ordered_json(v) : ordered_json(); };
       summary.push_back({{"point", id},
