@@ -141,7 +141,7 @@ const bool registered = register_command(
               "runs", f->runs_dirs,
               "the runs folder of `moeplan run --out`; several: replicates of one sweep "
               "run with other seeds (mean, sd, how often each point beats dense, the margin's 95 % "
-              "confidence interval)")
+              "confidence interval and p, and Holm's step-down over the points)")
            ->capture_default_str()
            ->check(non_empty_path("folder name"));
        app.add_option("-o,--output", f->output,

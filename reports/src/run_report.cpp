@@ -987,8 +987,10 @@ std::string export_replicates(const std::vector<std::vector<json>>& folders,
       "one entry per point, the replicate table's row: over the folders where the point is "
       "complete (val_bpc_*), and over those where it is compared with its folder's dense baseline "
       "(vs_dense_pairs; val_bpc_vs_dense_*, its ci95 = mean ± t·sd/√n, Student t with n − 1 "
-      "degrees of freedom; beats_dense); sd is the sample standard deviation; null where the "
-      "table prints -";
+      "degrees of freedom; its p = the paired t test's two-sided p-value of a mean of 0; "
+      "beats_dense); vs_dense_holm_5pct = told apart from 0 by Holm's step-down over every point "
+      "with a p (family-wise error 5 %), null under two such points; sd is the sample standard "
+      "deviation; null where the table prints -";
   return export_json({{"replicates", folders.size()},
                       {"conventions", conventions},
                       {"summary", summary},
@@ -1801,6 +1803,12 @@ std::string sd_text(const Stats& s) {
   return s.has_sd ? fmt::format("{:.4f}", s.sd) : "-";
 }
 
+// A p-value to four decimals; under 0.0001 in scientific notation (not "0.0000"), and 0 as 0 (an
+// sd of 0 over replicates that differ from dense by the same margin).
+std::string p_text(double p) {
+  return p == 0 ? "0" : p < 1e-4 ? fmt::format("{:.1e}", p) : fmt::format("{:.4f}", p);
+}
+
 // The first key where two plans differ ("" when equal).
 std::string first_difference(const json& a, const json& b) {
   for (const auto& [k, v] : a.items())
@@ -1942,8 +1950,9 @@ std::string replicates(const std::vector<std::vector<json>>& given,
 
   TextTable t;
   std::vector<std::string> headers = {
-      "point", "r_a", "r_a target",    "replicates",  "val BPC mean",    "sd (n-1)",
-      "min",   "max", "vs dense mean", "vs dense sd", "vs dense 95% CI", "beats dense"};
+      "point",           "r_a",        "r_a target", "replicates",    "val BPC mean",
+      "sd (n-1)",        "min",        "max",        "vs dense mean", "vs dense sd",
+      "vs dense 95% CI", "vs dense p", "beats dense"};
   std::vector<std::vector<std::string>> rows;
   bool any_timed = false;
   plot::Series reps_mean{"MoE mean", {}, true, false};
@@ -1961,6 +1970,13 @@ std::string replicates(const std::vector<std::vector<json>>& given,
   int ci_points = 0, ci_below = 0, ci_above = 0, ci_missing = 0;
   std::string seeds_needed;  // per point across 0: the seeds that would clear it, as a plan
   std::map<int, double> t_of_pairs;
+  // Each point with an interval: its p-value and mean, for Holm's step-down over all of them.
+  struct Tested {
+    std::string id;
+    double p, mean;
+    size_t summary_row;
+  };
+  std::vector<Tested> tested;
   std::string left_out;
   for (const std::string& id : order) {
     const json& plan = *plan_of[id];
@@ -2026,7 +2042,9 @@ std::string replicates(const std::vector<std::vector<json>>& given,
       margins.points.emplace_back(plan.value("activation_rate", 0.0), sdf.mean);
     }
     const std::optional<Interval> ci = is_d ? std::nullopt : mean_interval(sdf, kConfidence);
+    const std::optional<double> p = ci ? mean_zero_p(sdf) : std::nullopt;  // the same t
     if (ci) {
+      tested.push_back({id, *p, sdf.mean, summary.size()});
       margins.whiskers.push_back({plan.value("activation_rate", 0.0), ci->lo, ci->hi});
       ++ci_points;
       ci_below += ci->hi < 0;
@@ -2046,7 +2064,7 @@ std::string replicates(const std::vector<std::vector<json>>& given,
          sd_text(sb), sb.n ? fmt::format("{:.4f}", sb.lo) : "-",
          sb.n ? fmt::format("{:.4f}", sb.hi) : "-",
          is_d || !sdf.n ? "-" : fmt::format("{:+.4f}", sdf.mean), is_d ? "-" : sd_text(sdf),
-         ci ? fmt::format("[{:+.4f}, {:+.4f}]", ci->lo, ci->hi) : "-",
+         ci ? fmt::format("[{:+.4f}, {:+.4f}]", ci->lo, ci->hi) : "-", p ? p_text(*p) : "-",
          is_d || !paired ? "-" : fmt::format("{} of {}", beats, paired)});
     const Stats sr = stats_of(reached_ratio);
     if (format == ReportFormat::json) {  // the table's row for a script; other formats need none
@@ -2065,6 +2083,8 @@ std::string replicates(const std::vector<std::vector<json>>& given,
                          {"val_bpc_vs_dense_sd", value_if(sdf.has_sd, sdf.sd)},
                          {"val_bpc_vs_dense_ci95",
                           ci ? ordered_json::array({ci->lo, ci->hi}) : ordered_json(nullptr)},
+                         {"val_bpc_vs_dense_p", value_if(p.has_value(), p.value_or(0))},
+                         {"vs_dense_holm_5pct", ordered_json()},  // set below, over every point
                          {"beats_dense", count_if(!is_d && paired > 0, beats)},
                          {"dense_bpc_timed", count_if(!is_d && timed > 0, timed)},
                          {"dense_bpc_reached", count_if(!is_d && timed > 0, sr.n)},
@@ -2099,7 +2119,8 @@ std::string replicates(const std::vector<std::vector<json>>& given,
           "replicates whose folder has one (the BPC columns count every replicate); sd is the "
           "sample standard deviation over the replicates; vs dense 95% CI = the margin's 95 % "
           "confidence interval, mean ± t·sd/√n over its n paired replicates (Student t, n − 1 "
-          "degrees of freedom)",
+          "degrees of freedom); vs dense p = the two-sided p-value of the paired t test of a mean "
+          "margin of 0 (the same t and n − 1)",
           bpc_words(all)) +
       (any_timed ? "; dense's BPC reached: in how many of the replicates timed against their "
                    "folder's dense baseline (as one folder's report times them) the point's "
@@ -2141,7 +2162,39 @@ std::string replicates(const std::vector<std::vector<json>>& given,
             : "",
         ci_missing ? fmt::format(" ({} paired in one replicate only: no interval)", ci_missing)
                    : "");
-  } else if (ci_missing > 0) {
+  }
+  // The intervals hold each for its point alone: "r_a 0.2 beats dense" picked from m points is
+  // weaker than its interval says. Holm's step-down judges the m points together.
+  if (tested.size() >= 2) {
+    const double alpha = 1 - kConfidence;
+    std::vector<double> ps;
+    for (const Tested& x : tested) ps.push_back(x.p);
+    const std::vector<bool> apart = holm_rejects(ps, alpha);
+    std::string which;
+    const Tested* stop = nullptr;  // the smallest p not rejected: where the steps stopped
+    size_t rejected = 0;
+    for (size_t i = 0; i < tested.size(); ++i) {
+      if (format == ReportFormat::json)
+        summary[tested[i].summary_row]["vs_dense_holm_5pct"] = apart[i];
+      if (apart[i]) {
+        ++rejected;
+        which += fmt::format("{}{} ({} 0)", which.empty() ? ": " : ", ", tested[i].id,
+                             tested[i].mean < 0 ? "below" : "above");
+      } else if (!stop || tested[i].p < stop->p) {
+        stop = &tested[i];
+      }
+    }
+    verdict += fmt::format(
+        "\nthe {} MoE points with an interval, taken together (Holm's step-down on their p, "
+        "family-wise error {:g} %; each interval above holds for its point alone): told apart "
+        "from 0 for {} of {}{}{}",
+        tested.size(), 100 * alpha, rejected, tested.size(), which,
+        stop ? fmt::format("; the steps stop at {}, p = {} > {:g}/{} = {:.4f}", stop->id,
+                           p_text(stop->p), alpha, tested.size() - rejected,
+                           alpha / double(tested.size() - rejected))
+             : "");
+  }
+  if (ci_points == 0 && ci_missing > 0) {
     verdict +=
         "\nno MoE point is paired with its dense baseline in two replicates or more: no "
         "confidence interval of a margin";

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <stdexcept>
 
 namespace moeplan {
@@ -77,6 +78,12 @@ double student_t_critical(double level, int dof) {
   return 0.5 * (lo + hi);
 }
 
+double student_t_two_sided_p(double t, int dof) {
+  if (dof < 1 || std::isnan(t))
+    throw std::invalid_argument("student_t_two_sided_p: dof >= 1 and t a number");
+  return two_sided_tail(t, dof);
+}
+
 std::optional<Interval> mean_interval(const Stats& s, double level) {
   if (!s.has_sd) return std::nullopt;
   const double half = student_t_critical(level, s.n - 1) * s.sd / std::sqrt(double(s.n));
@@ -89,6 +96,25 @@ std::optional<int> values_to_exclude_zero(const Stats& s, double level, int most
     if (student_t_critical(level, n - 1) * s.sd / std::sqrt(double(n)) < std::fabs(s.mean))
       return n;
   return std::nullopt;
+}
+
+std::optional<double> mean_zero_p(const Stats& s) {
+  if (!s.has_sd) return std::nullopt;
+  if (s.sd == 0) return s.mean == 0 ? 1.0 : 0.0;
+  return student_t_two_sided_p(s.mean / (s.sd / std::sqrt(double(s.n))), s.n - 1);
+}
+
+std::vector<bool> holm_rejects(const std::vector<double>& p, double alpha) {
+  if (!(alpha > 0 && alpha < 1)) throw std::invalid_argument("holm_rejects: alpha in (0, 1)");
+  std::vector<size_t> order(p.size());
+  std::iota(order.begin(), order.end(), size_t(0));
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return p[a] < p[b]; });
+  std::vector<bool> rejected(p.size(), false);
+  for (size_t k = 0; k < order.size(); ++k) {
+    if (!(p[order[k]] <= alpha / double(order.size() - k))) break;
+    rejected[order[k]] = true;
+  }
+  return rejected;
 }
 
 }  // namespace moeplan

@@ -2,6 +2,7 @@
 // markdown reports the bars of each MoE point's BPC against the dense baseline.
 #include <doctest/doctest.h>
 #include <algorithm>
+#include <array>
 
 #include <filesystem>
 #include <fstream>
@@ -137,6 +138,20 @@ json with_seed(json r, int seed) {
   return r;
 }
 
+// Three folders (seeds 1, 2, 3): each a dense baseline at BPC 2.0 and the MoE points given, at
+// r_a 0.2, 0.3, 0.4, ..., with their BPC in each folder.
+std::vector<std::vector<json>> three_seeds(
+    const std::vector<std::pair<std::string, std::array<double, 3>>>& moe) {
+  std::vector<std::vector<json>> folders;
+  for (int f = 0; f < 3; ++f) {
+    folders.push_back({with_seed(record("dense", true, 1.0, 2.0), f + 1)});
+    for (size_t i = 0; i < moe.size(); ++i)
+      folders.back().push_back(
+          with_seed(record(moe[i].first, false, 0.2 + 0.1 * double(i), moe[i].second[f]), f + 1));
+  }
+  return folders;
+}
+
 }  // namespace
 
 TEST_CASE("replicates: mean, sample sd and paired differences over folders, by hand") {
@@ -180,6 +195,14 @@ TEST_CASE("replicates: mean, sample sd and paired differences over folders, by h
                   "points, wholly above 0 for 0, across 0 for 2 (not told apart from 0 by these "
                   "seeds; seeds needed, were the mean and sd to hold: moe-a 4, moe-b over 1000)") !=
         std::string::npos);
+  // The paired t test: moe-a's t = -0.15 / (0.0707107/√2) = -3 at one degree of freedom, p = 1 −
+  // (2/π)·atan(3) = 0.2048; moe-b's mean is 0, p 1. Holm over the two: 0.2048 > 0.05/2.
+  CHECK(has(line_of("moe-a"), {"[-0.7853, +0.4853]", "0.2048", "2 of 2"}));
+  CHECK(has(line_of("moe-b"), {"[-1.2706, +1.2706]", "1.0000", "1 of 2"}));
+  CHECK(text.find("the 2 MoE points with an interval, taken together (Holm's step-down on their "
+                  "p, family-wise error 5 %; each interval above holds for its point alone): told "
+                  "apart from 0 for 0 of 2; the steps stop at moe-a, p = 0.2048 > 0.05/2 = "
+                  "0.0250") != std::string::npos);
   CHECK(text.find("every replicate: 1 of 2") != std::string::npos);
   CHECK(text.find("a (seed/data_seed 1/1), b (seed/data_seed 2/1)") != std::string::npos);
   CHECK(text.find("not independent") == std::string::npos);
@@ -1133,13 +1156,9 @@ TEST_CASE("replicates: the margin's 95 % interval over three seeds, below, above
   // freedom 4.302653 (closed form 0.95·√(2/(1 − 0.95²))), over √3: 2.4841. Half-widths 0.049683
   // and 0.248414: moe-a [-0.1697, -0.0703] below 0, moe-b [+0.0703, +0.1697] above, moe-c
   // [-0.2484, +0.2484] across.
-  const double a[] = {1.90, 1.88, 1.86}, b[] = {2.10, 2.12, 2.14}, c[] = {1.90, 2.10, 2.00};
-  std::vector<std::vector<json>> folders;
-  for (int f = 0; f < 3; ++f)
-    folders.push_back({with_seed(record("dense", true, 1.0, 2.0), f + 1),
-                       with_seed(record("moe-a", false, 0.2, a[f]), f + 1),
-                       with_seed(record("moe-b", false, 0.3, b[f]), f + 1),
-                       with_seed(record("moe-c", false, 0.4, c[f]), f + 1)});
+  const auto folders = three_seeds({{"moe-a", {1.90, 1.88, 1.86}},
+                                    {"moe-b", {2.10, 2.12, 2.14}},
+                                    {"moe-c", {1.90, 2.10, 2.00}}});
   const std::string text =
       moeplan::render_replicate_report(folders, {"a", "b", "c"}, moeplan::ReportFormat::text);
   CAPTURE(text);
@@ -1150,6 +1169,11 @@ TEST_CASE("replicates: the margin's 95 % interval over three seeds, below, above
                   "points, wholly above 0 for 1, across 0 for 1 (not told apart from 0 by these "
                   "seeds; seeds needed, were the mean and sd to hold: moe-c over 1000)") !=
         std::string::npos);  // moe-c's mean is 0: no number of seeds; only it is across 0
+  // Paired t: moe-a's and moe-b's |t| = 0.12 / (0.02/√3) = 10.392305, p = 1 − 10.392305 /
+  // √(2 + 108) = 0.0091 (closed form at 2 degrees of freedom); moe-c's mean 0, p 1. Holm:
+  // 0.0091 <= 0.05/3, 0.0091 <= 0.05/2, 1 > 0.05/1.
+  CHECK(text.find("told apart from 0 for 2 of 3: moe-a (below 0), moe-b (above 0); the steps stop "
+                  "at moe-c, p = 1.0000 > 0.05/1 = 0.0500") != std::string::npos);
   // The dense row has no interval: its cell is "-".
   const size_t at = text.find("\ndense ");
   REQUIRE(at != std::string::npos);
@@ -1158,6 +1182,47 @@ TEST_CASE("replicates: the margin's 95 % interval over three seeds, below, above
   for (auto format : {moeplan::ReportFormat::markdown, moeplan::ReportFormat::html})
     CHECK(moeplan::render_replicate_report(folders, {"a", "b", "c"}, format)
               .find("wholly below 0 for 1 of 3 MoE points") != std::string::npos);
+}
+
+TEST_CASE("replicates: two intervals below 0, one margin told apart when judged together") {
+  // Dense 2.0 in three folders. moe-a margins -0.10, -0.12, -0.14: interval [-0.1697, -0.0703],
+  // p 0.0091 (above). moe-d margins -0.05, -0.08, -0.11: mean -0.08, sd 0.03, half-width
+  // 4.302653·0.03/√3 = 0.074524, interval [-0.1545, -0.0055], below 0 too; t = -4.618802, p = 1 −
+  // 4.618802/√(2 + 21.333333) = 0.0438. moe-c margins -0.10, +0.10, 0: p 1. Holm over three:
+  // 0.0091 <= 0.05/3 = 0.0167; 0.0438 > 0.05/2 = 0.0250, and the steps stop there.
+  const auto folders = three_seeds({{"moe-a", {1.90, 1.88, 1.86}},
+                                    {"moe-d", {1.95, 1.92, 1.89}},
+                                    {"moe-c", {1.90, 2.10, 2.00}}});
+  const std::string text =
+      moeplan::render_replicate_report(folders, {"a", "b", "c"}, moeplan::ReportFormat::text);
+  CAPTURE(text);
+  CHECK(text.find("[-0.1545, -0.0055]      0.0438") != std::string::npos);
+  CHECK(text.find("lies wholly below 0 for 2 of 3 MoE points") != std::string::npos);
+  CHECK(text.find("told apart from 0 for 1 of 3: moe-a (below 0); the steps stop at moe-d, p = "
+                  "0.0438 > 0.05/2 = 0.0250") != std::string::npos);
+  // The JSON summary says the same per point.
+  const json doc = json::parse(
+      moeplan::render_replicate_report(folders, {"a", "b", "c"}, moeplan::ReportFormat::json));
+  REQUIRE(doc["summary"].size() == 4);
+  CHECK(doc["summary"][0]["vs_dense_holm_5pct"].is_null());  // dense
+  CHECK(doc["summary"][1]["vs_dense_holm_5pct"] == true);
+  CHECK(doc["summary"][2]["vs_dense_holm_5pct"] == false);
+  CHECK(doc["summary"][2]["val_bpc_vs_dense_p"].get<double>() ==
+        doctest::Approx(0.0438171).epsilon(1e-4));
+  CHECK(doc["summary"][3]["vs_dense_holm_5pct"] == false);
+}
+
+TEST_CASE("replicates: a p under 0.0001 in scientific notation, and 0 as 0") {
+  // moe-e's margins -0.100, -0.101, -0.102: t = -0.101 / (0.001/√3) = -174.937, p = 1 − 174.937 /
+  // √(2 + 174.937²) = 3.27e-05. moe-f's -0.5 in every seed: sd 0, p 0 (not "0.0000").
+  const auto folders = three_seeds({{"moe-e", {1.900, 1.899, 1.898}}, {"moe-f", {1.5, 1.5, 1.5}}});
+  const std::string text =
+      moeplan::render_replicate_report(folders, {"a", "b", "c"}, moeplan::ReportFormat::text);
+  CAPTURE(text);
+  CHECK(text.find("[-0.1035, -0.0985]     3.3e-05") != std::string::npos);
+  CHECK(text.find("[-0.5000, -0.5000]           0") != std::string::npos);
+  CHECK(text.find("told apart from 0 for 2 of 2: moe-e (below 0), moe-f (below 0)\n") !=
+        std::string::npos);
 }
 
 TEST_CASE("replicates: a point paired in one folder only has no interval, and says so") {
@@ -1186,6 +1251,8 @@ TEST_CASE("replicates: a point paired in one folder only has no interval, and sa
   CHECK(none.find("no MoE point is paired with its dense baseline in two replicates or more") !=
         std::string::npos);
   CHECK(none.find("wholly below") == std::string::npos);
+  // One point with an interval (moe-a in the case above) is no family: no Holm line.
+  CHECK(text.find("taken together") == std::string::npos);
   // Its margin is drawn, without a whisker.
   const std::string none_html =
       moeplan::render_replicate_report(one, {"a", "b"}, moeplan::ReportFormat::html);
@@ -2041,6 +2108,11 @@ TEST_CASE("replicates as csv and json: every folder's rows against its own dense
   CHECK(ms["val_bpc_vs_dense_sd"].get<double>() == doctest::Approx(0.106066).epsilon(1e-6));
   CHECK(ms["val_bpc_vs_dense_ci95"][0].get<double>() == doctest::Approx(-1.077965).epsilon(1e-6));
   CHECK(ms["val_bpc_vs_dense_ci95"][1].get<double>() == doctest::Approx(0.827965).epsilon(1e-6));
+  // Its paired t: -0.125 / (0.106066/√2) = -1.666667 at one degree of freedom, p = 1 − (2/π)·
+  // atan(1.666667) = 0.344042. One point has no family to step down over: null.
+  CHECK(ms["val_bpc_vs_dense_p"].get<double>() == doctest::Approx(0.344042).epsilon(1e-5));
+  CHECK(ms["vs_dense_holm_5pct"].is_null());
+  CHECK(ds["val_bpc_vs_dense_p"].is_null());
   CHECK(ms["dense_bpc_reached_time_vs_dense_mean"].is_null());  // the records time nothing
   CHECK(doc["conventions"].contains("summary"));
   // A folder whose points are all still training has no final parts: its rows still have the

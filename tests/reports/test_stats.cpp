@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <stdexcept>
+#include <vector>
 
 #include "moeplan/reports/stats.hpp"
 
@@ -84,4 +85,67 @@ TEST_CASE("values_to_exclude_zero: the fewest seeds whose interval would leave o
   CHECK_FALSE(moeplan::values_to_exclude_zero(s, 0.95, 3));
   s.has_sd = false;
   CHECK_FALSE(moeplan::values_to_exclude_zero(s, 0.95));
+}
+
+TEST_CASE("student_t_two_sided_p: the closed forms at 1 and 2 degrees of freedom; the handbook") {
+  // One degree of freedom: P(|T| >= t) = 1 − (2/π)·atan(t). Two: 1 − t/√(2 + t²).
+  const double pi = std::acos(-1.0);
+  for (double t : {0.0, 0.5, 3.0, 10.0, 100.0}) {
+    CAPTURE(t);
+    CHECK(moeplan::student_t_two_sided_p(t, 1) ==
+          doctest::Approx(1 - 2 / pi * std::atan(t)).epsilon(1e-9));
+    CHECK(moeplan::student_t_two_sided_p(-t, 2) ==
+          doctest::Approx(1 - t / std::sqrt(2 + t * t)).epsilon(1e-9));
+  }
+  // The handbook's two-sided 95 % values (table 1.3.6.7.2) give p 0.05 to their three decimals:
+  // 4.303 at 2 (0.049993 by the closed form), 2.228 at 10, 1.984 at 100.
+  CHECK(moeplan::student_t_two_sided_p(4.303, 2) == doctest::Approx(0.049993).epsilon(1e-4));
+  CHECK(moeplan::student_t_two_sided_p(2.228, 10) == doctest::Approx(0.05).epsilon(0.002));
+  CHECK(moeplan::student_t_two_sided_p(1.984, 100) == doctest::Approx(0.05).epsilon(0.002));
+  CHECK_THROWS_AS(moeplan::student_t_two_sided_p(1.0, 0), std::invalid_argument);
+}
+
+TEST_CASE("mean_zero_p: the paired t test, by hand, and where the interval leaves out 0") {
+  // Margins -0.10, -0.12, -0.14: t = -0.12 / (0.02/√3) = -10.392305, 2 degrees of freedom:
+  // p = 1 − 10.392305/√(2 + 108) = 0.0091326. Margins -0.05, -0.08, -0.11: t = -4.618802,
+  // p = 1 − 4.618802/√(2 + 21.333333) = 0.0438171.
+  const auto p1 = moeplan::mean_zero_p(moeplan::stats_of({-0.10, -0.12, -0.14}));
+  REQUIRE(p1);
+  CHECK(*p1 == doctest::Approx(0.0091326).epsilon(1e-4));
+  const auto p2 = moeplan::mean_zero_p(moeplan::stats_of({-0.05, -0.08, -0.11}));
+  REQUIRE(p2);
+  CHECK(*p2 == doctest::Approx(0.0438171).epsilon(1e-4));
+  // p < 0.05 exactly where the 95 % interval leaves out 0, on either side of the boundary: mean
+  // -0.08, sd = spread, the interval's top -0.08 + 4.302653·spread/√3 crosses 0 at 0.032204.
+  for (double spread : {0.02, 0.032, 0.0323, 0.06}) {
+    CAPTURE(spread);
+    const moeplan::Stats s = moeplan::stats_of({-0.08 + spread, -0.08, -0.08 - spread});
+    const auto ci = moeplan::mean_interval(s, 0.95);
+    REQUIRE(ci);
+    CHECK((*moeplan::mean_zero_p(s) < 0.05) == (ci->hi < 0));
+  }
+  // No spread: 0 for a margin other than 0, 1 for none; one value: no test.
+  CHECK(moeplan::mean_zero_p(moeplan::stats_of({-0.1, -0.1})) == 0.0);
+  CHECK(moeplan::mean_zero_p(moeplan::stats_of({0.0, 0.0})) == 1.0);
+  CHECK_FALSE(moeplan::mean_zero_p(moeplan::stats_of({-0.1})));
+}
+
+TEST_CASE("holm_rejects: step-down bounds alpha/m, alpha/(m - 1), ..., by hand") {
+  using V = std::vector<bool>;
+  // 0.012 <= 0.05/4, 0.013 <= 0.05/3, 0.02 <= 0.05/2, 0.6 > 0.05: three told apart, where
+  // Bonferroni (every p against 0.05/4 = 0.0125) tells apart only the first.
+  CHECK(moeplan::holm_rejects({0.012, 0.013, 0.02, 0.6}, 0.05) == V{true, true, true, false});
+  // Given in any order: the smallest is judged first.
+  CHECK(moeplan::holm_rejects({0.6, 0.02, 0.013, 0.012}, 0.05) == V{false, true, true, true});
+  // The steps stop at the first p above its bound: 0.02 > 0.0125, so none, although 0.02 is
+  // under the third step's 0.025.
+  CHECK(moeplan::holm_rejects({0.02, 0.02, 0.02, 0.02}, 0.05) == V(4, false));
+  // A p equal to its bound is told apart (p <= alpha/(m − k)).
+  CHECK(moeplan::holm_rejects({0.05, 0.025}, 0.05) == V{true, true});
+  // The main job's four points over three seeds, p by hand from its table's margins (mean, sd):
+  // 0.0082, 0.0336, 0.0494, 0.105. Each but the last is under 0.05 alone; together, one.
+  CHECK(moeplan::holm_rejects({0.0082, 0.0336, 0.0494, 0.105}, 0.05) ==
+        V{true, false, false, false});
+  CHECK(moeplan::holm_rejects({}, 0.05).empty());
+  CHECK_THROWS_AS(moeplan::holm_rejects({0.01}, 0.0), std::invalid_argument);
 }
