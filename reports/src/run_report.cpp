@@ -1973,7 +1973,7 @@ std::string replicates(const std::vector<std::vector<json>>& given,
   // Each point with an interval: its p-value and mean, for Holm's step-down over all of them.
   struct Tested {
     std::string id;
-    double p, mean;
+    double p, mean, r_a;
     size_t summary_row;
   };
   std::vector<Tested> tested;
@@ -2044,7 +2044,7 @@ std::string replicates(const std::vector<std::vector<json>>& given,
     const std::optional<Interval> ci = is_d ? std::nullopt : mean_interval(sdf, kConfidence);
     const std::optional<double> p = ci ? mean_zero_p(sdf) : std::nullopt;  // the same t
     if (ci) {
-      tested.push_back({id, *p, sdf.mean, summary.size()});
+      tested.push_back({id, *p, sdf.mean, plan.value("activation_rate", 0.0), summary.size()});
       margins.whiskers.push_back({plan.value("activation_rate", 0.0), ci->lo, ci->hi});
       ++ci_points;
       ci_below += ci->hi < 0;
@@ -2170,6 +2170,7 @@ std::string replicates(const std::vector<std::vector<json>>& given,
     std::vector<double> ps;
     for (const Tested& x : tested) ps.push_back(x.p);
     const std::vector<bool> apart = holm_rejects(ps, alpha);
+    margins.name += "; hollow: Holm does not rule out 0";
     std::string which;
     const Tested* stop = nullptr;  // the smallest p not rejected: where the steps stopped
     size_t rejected = 0;
@@ -2180,8 +2181,9 @@ std::string replicates(const std::vector<std::vector<json>>& given,
         ++rejected;
         which += fmt::format("{}{} ({} 0)", which.empty() ? ": " : ", ", tested[i].id,
                              tested[i].mean < 0 ? "below" : "above");
-      } else if (!stop || tested[i].p < stop->p) {
-        stop = &tested[i];
+      } else {
+        if (!stop || tested[i].p < stop->p) stop = &tested[i];
+        margins.rings.emplace_back(tested[i].r_a, tested[i].mean);  // hollow on the chart
       }
     }
     verdict += fmt::format(

@@ -1182,6 +1182,10 @@ TEST_CASE("replicates: the margin's 95 % interval over three seeds, below, above
   for (auto format : {moeplan::ReportFormat::markdown, moeplan::ReportFormat::html})
     CHECK(moeplan::render_replicate_report(folders, {"a", "b", "c"}, format)
               .find("wholly below 0 for 1 of 3 MoE points") != std::string::npos);
+  // One point left across 0 by Holm (moe-c): one hollow marker.
+  CHECK(occurrences(
+            moeplan::render_replicate_report(folders, {"a", "b", "c"}, moeplan::ReportFormat::html),
+            "data-ring=") == 1);
 }
 
 TEST_CASE("replicates: two intervals below 0, one margin told apart when judged together") {
@@ -1210,6 +1214,21 @@ TEST_CASE("replicates: two intervals below 0, one margin told apart when judged 
   CHECK(doc["summary"][2]["val_bpc_vs_dense_p"].get<double>() ==
         doctest::Approx(0.0438171).epsilon(1e-4));
   CHECK(doc["summary"][3]["vs_dense_holm_5pct"] == false);
+  // The margins chart draws the two that Holm leaves across 0 hollow, and its legend says so.
+  const std::string html =
+      moeplan::render_replicate_report(folders, {"a", "b", "c"}, moeplan::ReportFormat::html);
+  CHECK(occurrences(html, "data-ring=") == 2);
+  // Each ring lies on a point's dot (same centre): it hollows that marker.
+  for (size_t at = html.find("data-ring="); at != std::string::npos;
+       at = html.find("data-ring=", at + 1)) {
+    const size_t cx = html.find(" cx=", at), end = html.find(" r=", cx);
+    REQUIRE(end != std::string::npos);
+    const std::string centre = html.substr(cx, end - cx);  // ` cx="..." cy="..."`
+    CAPTURE(centre);
+    CHECK(html.find("<circle" + centre + " r=\"") != std::string::npos);
+  }
+  CHECK(html.find("data-series=\"MoE: mean margin, 95 % interval; hollow: Holm does not rule out "
+                  "0\"") != std::string::npos);
 }
 
 TEST_CASE("replicates: a p under 0.0001 in scientific notation, and 0 as 0") {
