@@ -112,6 +112,7 @@ int run(const PlanCmdFlags& f, const CLI::App& app) {
     pb.mask = conv.mask;
     pb.dp_width = parse_positive_integer(f.plan.dp_width, "--dp-width");
     pb.warmup_fraction = parse_warmup_fraction(f.plan.warmup_frac);
+    pb.lr_scale = parse_lr_scale(f.plan.lr_scale);
     const double m = planned_flops_per_token(arch, conv.convention, conv.mask);
     // Default budget: 20 consumed tokens per total parameter of this model.
     const double tokens = !f.tokens.empty() ? tokens_flag(f) : 0;
@@ -159,9 +160,15 @@ int run(const PlanCmdFlags& f, const CLI::App& app) {
                 {"tokens_unique", d.budget.tokens_unique},
                 {"note", d.note}};
     if (!f.tokens.empty() || !f.tokens_unique.empty()) {
-      const PointBudget base{
-          planner.compute_target(), req.convention,    req.mask,     req.budget.reuse,
-          planner.tokens_unique(),  req.budget.epochs, req.dp_width, req.warmup_fraction};
+      const PointBudget base{planner.compute_target(),
+                             req.convention,
+                             req.mask,
+                             req.budget.reuse,
+                             planner.tokens_unique(),
+                             req.budget.epochs,
+                             req.dp_width,
+                             req.warmup_fraction,
+                             req.lr_scale};
       plan = with_flag_named(f, [&] { return rebudget(plan, f, base); });
       context += "budget of this point set by --tokens / --tokens-unique (not equal-resource)\n";
       budget_from = "--tokens / --tokens-unique (not equal-resource)";

@@ -56,6 +56,10 @@ inline void add_plan_flags(CLI::App& app, PlanFlags& f, bool n_required) {
                  "warm-up as this share of every point's steps (default: clip(0.01·steps, 200, "
                  "2000))")
       ->check(non_empty_value());
+  app.add_option("--lr-scale", f.lr_scale,
+                 "every point's peak η times this factor (default 1: the step law's); a sweep at "
+                 "0.5, 1 and 2 shows whether dense and MoE each sit near their best η")
+      ->check(non_empty_value());
 }
 
 // The value of an option of `app` if it was given on the command line (even as ""), else nullopt.

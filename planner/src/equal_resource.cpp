@@ -111,7 +111,8 @@ EqualResourcePlanner::EqualResourcePlanner(const PlanRequest& request, const Sha
                  request.budget.tokens_unique,
                  request.budget.epochs,
                  request.dp_width,
-                 request.warmup_fraction};
+                 request.warmup_fraction,
+                 request.lr_scale};
   dense_ = plan_for_arch(dense_arch, pb);
   dense_.id = "dense";
   dense_.role = "dense";
@@ -140,8 +141,9 @@ Plan EqualResourcePlanner::plan_point(double ra_target) const {
     rethrow_with_target(e, request_, double(dense_.counts.total_params));
   }
   PointBudget pb{
-      compute_,       request_.convention,    request_.mask,     request_.budget.reuse,
-      tokens_unique_, request_.budget.epochs, request_.dp_width, request_.warmup_fraction};
+      compute_,         request_.convention,    request_.mask,     request_.budget.reuse,
+      tokens_unique_,   request_.budget.epochs, request_.dp_width, request_.warmup_fraction,
+      request_.lr_scale};
   Plan p = plan_for_arch(sol.arch, pb);
   p.id = fmt::format("moe-ra{:.3f}", ra_target);
   p.role = "moe";

@@ -43,18 +43,21 @@ Plan plan_for_arch(const Arch& arch, const PointBudget& pb) {
     req.tokens_unique = double(p.budget.tokens_consumed);
     p.budget = make_budget(req);
   }
-  p.hyper.rule = "step-law";
+  p.hyper.rule = pb.lr_scale == 1 ? "step-law" : fmt::format("step-law ×{:g}", pb.lr_scale);
   p.hyper.batch_seqs = p.budget.batch_seqs;
   p.hyper.batch_tokens = p.budget.batch_seqs * arch.seq_len;
-  p.hyper.lr_peak = step_law_lr(double(p.counts.total_params), double(p.budget.tokens_consumed));
+  p.hyper.lr_peak =
+      pb.lr_scale * step_law_lr(double(p.counts.total_params), double(p.budget.tokens_consumed));
   // The manifest reader (and AdamW) take η in (0, 1]: a plan past it would be written and then
   // refused by `show` and `run`. It takes a tiny N at a vast number of tokens per parameter.
   if (!(p.hyper.lr_peak <= 1))
     throw InputError(fmt::format(
-        "the step law gives η = {:.4g} at N = {} and D = {} consumed tokens ({:.3g} tokens per "
-        "parameter), above 1 (AdamW's range); plan fewer tokens per parameter or a larger N",
-        p.hyper.lr_peak, p.counts.total_params, p.budget.tokens_consumed,
-        double(p.budget.tokens_consumed) / double(p.counts.total_params)));
+        "the step law{} gives η = {:.4g} at N = {} and D = {} consumed tokens ({:.3g} tokens per "
+        "parameter), above 1 (AdamW's range); plan fewer tokens per parameter or a larger N{}",
+        pb.lr_scale == 1 ? "" : fmt::format(" ×{:g}", pb.lr_scale), p.hyper.lr_peak,
+        p.counts.total_params, p.budget.tokens_consumed,
+        double(p.budget.tokens_consumed) / double(p.counts.total_params),
+        pb.lr_scale == 1 ? "" : ", or a smaller --lr-scale"));
   // The cosine floor is 1e-5, or η itself where the step law gives less (a tiny budget at a large
   // N): the schedule never rises at its end, and the manifest reads back (lr_min <= lr_peak).
   p.hyper.lr_min = std::min(p.hyper.lr_min, p.hyper.lr_peak);

@@ -955,10 +955,32 @@ std::string export_json(const ordered_json& fields) {
 
 // Replicates in csv and json: every folder's rows, each with its folder's name first (the long
 // form a script groups by point), set against its own folder's dense baseline.
+struct FoldersExport {
+  const char* count_key;      // the JSON key of the folder count
+  const char* summary_words;  // what the summary's keys mean, for `conventions`
+  bool with_lr = false;       // each row's peak η (a learning-rate sweep's folders differ in it)
+};
+constexpr FoldersExport kReplicateExport{
+    "replicates",
+    "one entry per point, the replicate table's row: over the folders where the point is "
+    "complete (val_bpc_*), and over those where it is compared with its folder's dense baseline "
+    "(vs_dense_pairs; val_bpc_vs_dense_*, its ci95 = mean ± t·sd/√n, Student t with n − 1 "
+    "degrees of freedom; its p = the paired t test's two-sided p-value of a mean of 0; "
+    "beats_dense); vs_dense_holm_5pct = told apart from 0 by Holm's step-down over every point "
+    "with a p (family-wise error 5 %), null under two such points; sd is the sample standard "
+    "deviation; null where the table prints -"};
+constexpr FoldersExport kLrSweepExport{
+    "lr_sweep_folders",
+    "one entry per point, the learning-rate sweep's row: best_lr_peak and best_val_bpc, the "
+    "lowest final BPC over the folders' η and its folder; bracketed = η's both below and above "
+    "it were tried; best_val_bpc_vs_dense_best = best_val_bpc minus the dense baseline's own best; "
+    "each row of the folders also has its plan's lr_peak",
+    true};
+
 std::string export_replicates(const std::vector<std::vector<json>>& folders,
                               const std::vector<std::string>& names,
                               const std::vector<FolderAudit>& audits, ReportFormat format,
-                              const ordered_json& summary) {
+                              const ordered_json& summary, const FoldersExport& kind) {
   // The parts' columns of every folder in every row: a folder whose points are all still
   // training has no final parts, and its rows must still line up with the others' in CSV.
   std::vector<json> all;
@@ -968,7 +990,10 @@ std::string export_replicates(const std::vector<std::vector<json>>& folders,
   std::vector<ordered_json> rows;
   ordered_json each = ordered_json::array();
   for (size_t f = 0; f < folders.size(); ++f) {
-    const std::vector<ordered_json> points = export_points(folders[f], parts);
+    std::vector<ordered_json> points = export_points(folders[f], parts);
+    if (kind.with_lr)
+      for (size_t i = 0; i < points.size(); ++i)
+        points[i]["lr_peak"] = folders[f][i]["plan"].value("lr_peak", 0.0);
     const json* dense = complete_dense(folders[f]);
     each.push_back({{"folder", names[f]},
                     {"dense_baseline",
@@ -983,15 +1008,8 @@ std::string export_replicates(const std::vector<std::vector<json>>& folders,
   }
   if (format == ReportFormat::csv) return export_csv(rows);
   ordered_json conventions = export_conventions();
-  conventions["summary"] =
-      "one entry per point, the replicate table's row: over the folders where the point is "
-      "complete (val_bpc_*), and over those where it is compared with its folder's dense baseline "
-      "(vs_dense_pairs; val_bpc_vs_dense_*, its ci95 = mean ± t·sd/√n, Student t with n − 1 "
-      "degrees of freedom; its p = the paired t test's two-sided p-value of a mean of 0; "
-      "beats_dense); vs_dense_holm_5pct = told apart from 0 by Holm's step-down over every point "
-      "with a p (family-wise error 5 %), null under two such points; sd is the sample standard "
-      "deviation; null where the table prints -";
-  return export_json({{"replicates", folders.size()},
+  conventions["summary"] = kind.summary_words;
+  return export_json({{kind.count_key, folders.size()},
                       {"conventions", conventions},
                       {"summary", summary},
                       {"folders", each}});
@@ -1838,6 +1856,30 @@ constexpr double kConfidence = 0.95;
 // The most seeds the verdict would name for a margin across 0; past it, "over" this.
 constexpr int kMostSeeds = 1000;
 
+// A report over several folders in text, markdown or HTML: the title's first sentence (`heading`)
+// as the heading, the table, the verdict, then the text bars or, in HTML, the charts.
+std::string render_over_folders(ReportFormat format, const std::string& heading,
+                                const std::string& title, const TextTable& t,
+                                const std::string& verdict, const std::string& bar_text,
+                                const std::vector<const plot::Chart*>& figures) {
+  switch (format) {
+    case ReportFormat::text:
+      return title + "\n\n" + t.render() + "\n" + verdict + "\n\n" + bar_text;
+    case ReportFormat::markdown:
+      return "# " + escape_markdown(heading) + "\n\n" +
+             escape_markdown(title.substr(heading.size() + 2)) + "\n\n" + t.render_markdown() +
+             "\n" + md_paragraphs(verdict) + "\n\n" +
+             (bar_text.empty() ? "" : md_code_block(bar_text));
+    default:
+      break;
+  }
+  std::string html = html_head(heading) + "<p>" + html_escape(title.substr(heading.size() + 2)) +
+                     "</p>\n" + html_table(t) + html_paragraphs(verdict);
+  for (const plot::Chart* c : figures)
+    if (!c->series.empty()) html += "<figure>\n" + plot::render_svg(*c) + "</figure>\n";
+  return html + "</body></html>\n";
+}
+
 // The replicate report in `format`, or, where `charts` is given, its charts there and "".
 std::string replicates(const std::vector<std::vector<json>>& given,
                        const std::vector<std::string>& given_names, ReportFormat format,
@@ -2265,25 +2307,311 @@ std::string replicates(const std::vector<std::vector<json>>& given,
     if (!m.series.empty()) charts->push_back(std::move(m));
     return "";
   }
-  switch (format) {
-    case ReportFormat::text:
-      return title + "\n\n" + t.render() + "\n" + verdict + "\n\n" + bar_text;
-    case ReportFormat::markdown:
-      return "# " + escape_markdown(heading) + "\n\n" +
-             escape_markdown(title.substr(heading.size() + 2)) + "\n\n" + t.render_markdown() +
-             "\n" + md_paragraphs(verdict) + "\n\n" +
-             (bar_text.empty() ? "" : md_code_block(bar_text));
-    case ReportFormat::csv:
-    case ReportFormat::json:
-      return export_replicates(folders, names, audits, format, summary);
-    case ReportFormat::html:
-      break;
+  if (format == ReportFormat::csv || format == ReportFormat::json)
+    return export_replicates(folders, names, audits, format, summary, kReplicateExport);
+  return render_over_folders(format, heading, title, t, verdict, bar_text, {&c, &m});
+}
+
+// The keys of a plan that a learning-rate sweep changes (grid --lr-scale): the peak η, the cosine
+// floor (kept at most η) and the rule's name.
+bool is_lr_key(const std::string& k) {
+  return k == "lr_peak" || k == "lr_min" || k == "rule";
+}
+
+// The first key where two plans differ outside the learning-rate keys ("" when none).
+std::string first_difference_but_lr(const json& a, const json& b) {
+  for (const auto& [k, v] : a.items())
+    if (!is_lr_key(k) && (!b.contains(k) || b[k] != v)) return k;
+  for (const auto& [k, v] : b.items())
+    if (!is_lr_key(k) && !a.contains(k)) return k;
+  return "";
+}
+
+// Folders whose plans differ only in η, and in η somewhere: a learning-rate sweep (grid
+// --lr-scale), not replicates. Plans the same throughout are replicates (false); plans that differ
+// in η and in another key are refused here, naming that key (the replicate report would name η).
+bool is_lr_sweep(const std::vector<std::vector<json>>& folders,
+                 const std::vector<std::string>& names) {
+  std::map<std::string, std::pair<const json*, size_t>> first;
+  bool eta_differs = false;
+  std::string other;  // the first difference outside η, as the refusal says it
+  for (size_t f = 0; f < folders.size(); ++f)
+    for (const json& r : folders[f]) {
+      if (!r.contains("plan")) return false;
+      const std::string id = r.value("point_id", "?");
+      const auto [it, fresh] = first.try_emplace(id, &r["plan"], f);
+      if (fresh) continue;
+      const json &a = *it->second.first, &b = r["plan"];
+      if (const std::string key = first_difference_but_lr(a, b); !key.empty() && other.empty())
+        other = fmt::format("point '{}' has another plan in '{}' than in '{}' (plan.{} differs)",
+                            id, printable(names[f]), printable(names[it->second.second]), key);
+      eta_differs = eta_differs || a.value("lr_peak", 0.0) != b.value("lr_peak", 0.0);
+    }
+  if (eta_differs && !other.empty())
+    throw InputError(other +
+                     "; a learning-rate sweep's folders differ in η only: plan them with the same "
+                     "`moeplan grid` flags and another --lr-scale");
+  return eta_differs;
+}
+
+// The factor on the step law's η that a plan's rule names: "step-law" 1, "step-law ×F" F.
+std::optional<double> lr_factor(const json& plan) {
+  const std::string rule = plan.value("rule", "");
+  if (rule == "step-law") return 1.0;
+  const std::string prefix = "step-law ×";
+  if (!rule.starts_with(prefix)) return std::nullopt;
+  try {
+    size_t used = 0;
+    const double f = std::stod(rule.substr(prefix.size()), &used);
+    if (used == rule.size() - prefix.size() && f > 0) return f;
+  } catch (const std::exception&) {
   }
-  return html_head(heading) + "<p>" + html_escape(title.substr(heading.size() + 2)) + "</p>\n" +
-         html_table(t) + html_paragraphs(verdict) +
-         (c.series.empty() ? "" : "<figure>\n" + plot::render_svg(c) + "</figure>\n") +
-         (m.series.empty() ? "" : "<figure>\n" + plot::render_svg(m) + "</figure>\n") +
-         "</body></html>\n";
+  return std::nullopt;
+}
+
+// A learning-rate sweep over folders (one η per folder, the same plans and seeds otherwise): each
+// point's final BPC at every η, the best of those tried and whether it is bracketed, and each
+// point at its own best η against the dense baseline at its own. In `format`, or, where `charts`
+// is given, its chart there and "".
+std::string lr_sweep(const std::vector<std::vector<json>>& given,
+                     const std::vector<std::string>& given_names, ReportFormat format,
+                     const std::vector<FolderAudit>& audits, std::vector<plot::Chart>* charts) {
+  std::vector<std::string> names;
+  for (const std::string& n : given_names) names.push_back(printable(n));
+  std::vector<std::vector<json>> folders;
+  for (size_t f = 0; f < given.size(); ++f)
+    folders.push_back(annotate(given[f], audits.empty() ? nullptr : &audits[f]));
+  // Each folder's factor on the step law's η, from its records' rule (one per folder).
+  std::vector<std::optional<double>> factor(folders.size());
+  std::vector<std::string> rule_of(folders.size());
+  for (size_t f = 0; f < folders.size(); ++f)
+    for (const json& r : folders[f]) {
+      const std::string rule = r["plan"].value("rule", "");
+      if (rule_of[f].empty()) {
+        rule_of[f] = rule;
+        factor[f] = lr_factor(r["plan"]);
+      } else if (rule != rule_of[f]) {
+        throw InputError(fmt::format(
+            "'{}' holds points planned under two η rules ({} and {}); a learning-rate sweep "
+            "takes one folder per `moeplan grid --lr-scale`",
+            names[f], printable(rule_of[f]), printable(rule)));
+      }
+    }
+  // The same point in two folders: the same seeds, settings and data (only η differs), and not
+  // the same η twice (two folders at one η are replicates, with the same seeds a repeat).
+  std::vector<std::string> order;
+  std::map<std::string, std::vector<const json*>> at;  // per point, its record in each folder
+  std::map<std::string, const json*> plan_of;
+  for (size_t f = 0; f < folders.size(); ++f)
+    for (const json& r : folders[f]) {
+      const std::string id = r.value("point_id", "?");
+      auto& per = at[id];
+      if (per.empty()) {
+        per.assign(folders.size(), nullptr);
+        order.push_back(id);
+        plan_of[id] = &r["plan"];
+      }
+      per[f] = &r;
+    }
+  for (const std::string& id : order) {
+    const json* first = nullptr;
+    size_t first_f = 0;
+    for (size_t f = 0; f < folders.size(); ++f) {
+      const json* r = at[id][f];
+      if (!r) continue;
+      if (!first) {
+        first = r;
+        first_f = f;
+        continue;
+      }
+      const json a = first->value("train", json::object()), b = r->value("train", json::object());
+      json both = a;
+      both.update(b);
+      for (const auto& [k, unused] : both.items())
+        if (k != "eval_every" && a.value(k, json()) != b.value(k, json()))
+          throw InputError(fmt::format(
+              "point '{}' trained with train.{} = {} in '{}' but {} in '{}'; a learning-rate "
+              "sweep compares runs that differ in η only (for another seed, give folders of one "
+              "η: a replicate report)",
+              id, k, b.value(k, json()).dump(), names[f], a.value(k, json()).dump(),
+              names[first_f]));
+      if (data_label(*first, true) != data_label(*r, true))
+        throw InputError(fmt::format(
+            "point '{}' read other data in '{}' ({}) than in '{}' ({}); a learning-rate sweep "
+            "trains on the same data at other η",
+            id, names[f], data_label(*r, true), names[first_f], data_label(*first, true)));
+      for (size_t e = 0; e < f; ++e)
+        if (const json* other = at[id][e];
+            other && (*other)["plan"].value("lr_peak", 0.0) == (*r)["plan"].value("lr_peak", 0.0))
+          throw InputError(fmt::format(
+              "point '{}' trained at the same η ({:.4g}) in '{}' and '{}'; a learning-rate sweep "
+              "takes one folder per η (other seeds at one η are a replicate report's)",
+              id, (*r)["plan"].value("lr_peak", 0.0), names[e], names[f]));
+    }
+  }
+  std::sort(order.begin(), order.end(), [&](const std::string& a, const std::string& b) {
+    const json &pa = *plan_of[a], &pb = *plan_of[b];
+    const bool da = pa.value("role", "") == "dense", db = pb.value("role", "") == "dense";
+    if (da != db) return da;
+    return pa.value("activation_rate", 0.0) < pb.value("activation_rate", 0.0);
+  });
+  auto column = [&](size_t f) {
+    return factor[f] ? fmt::format("{} (η ×{:g})", names[f], *factor[f])
+                     : fmt::format("{} ({})", names[f], printable(rule_of[f]));
+  };
+  // Per point: its BPC at each folder's η where complete and free of audit errors.
+  struct Best {
+    size_t folder = 0;
+    double bpc = 0, eta = 0;
+    bool found = false, lowest = false, highest = false;
+  };
+  std::map<std::string, Best> best;
+  std::string left_out;
+  std::vector<std::string> headers = {"point", "r_a"};
+  for (size_t f = 0; f < folders.size(); ++f) headers.push_back(column(f));
+  headers.insert(headers.end(), {"best η", "of", "bracketed", "best vs dense's best"});
+  std::vector<std::vector<std::string>> rows;
+  std::vector<plot::Series> curves;
+  for (const std::string& id : order) {
+    const json& plan = *plan_of[id];
+    std::vector<std::string> row = {id, fmt::format("{:.3f}", plan.value("activation_rate", 0.0))};
+    Best& b = best[id];
+    double lo_eta = 0, hi_eta = 0;
+    int tried = 0;
+    plot::Series curve{id, {}, true, plan.value("role", "") == "dense"};
+    for (size_t f = 0; f < folders.size(); ++f) {
+      const json* r = at[id][f];
+      if (!r || !is_complete(*r)) {
+        row.push_back(r ? "running" : "-");
+        continue;
+      }
+      if (has_audit_error(*r)) {
+        left_out += fmt::format("\n  {} in '{}': `moeplan audit` finds an error: {}", id, names[f],
+                                first_audit_error(*r));
+        row.push_back("audit error");
+        continue;
+      }
+      const double bpc = r->value("final_val_bpc", 0.0), eta = (*r)["plan"].value("lr_peak", 0.0);
+      row.push_back(fmt::format("{:.4f}", bpc));
+      if (factor[f]) curve.points.emplace_back(*factor[f], bpc);
+      lo_eta = tried ? std::min(lo_eta, eta) : eta;
+      hi_eta = tried ? std::max(hi_eta, eta) : eta;
+      ++tried;
+      if (!b.found || bpc < b.bpc) b = {f, bpc, eta, true, false, false};
+    }
+    if (b.found && tried >= 2) {
+      b.lowest = b.eta == lo_eta;
+      b.highest = b.eta == hi_eta;
+    }
+    std::sort(curve.points.begin(), curve.points.end());
+    if (!curve.points.empty()) curves.push_back(curve);
+    row.push_back(b.found ? fmt::format("{:.4g}", b.eta) : "-");
+    row.push_back(
+        b.found ? (factor[b.folder] ? fmt::format("×{:g}", *factor[b.folder]) : names[b.folder])
+                : "-");
+    row.push_back(!b.found || tried < 2 ? "-"
+                  : b.lowest            ? "no: lowest η tried"
+                  : b.highest           ? "no: highest η tried"
+                                        : "yes");
+    row.push_back("");  // the margin, once dense's best is known
+    rows.push_back(std::move(row));
+  }
+  // Dense's best, then each MoE point's best against it.
+  std::string dense_id;
+  for (const std::string& id : order)
+    if (plan_of[id]->value("role", "") == "dense") dense_id = id;
+  const Best* dense = dense_id.empty() || !best[dense_id].found ? nullptr : &best[dense_id];
+  int moe = 0, below = 0;
+  std::string unbracketed;
+  ordered_json summary = ordered_json::array();
+  TextTable table;
+  for (const auto& h : headers)
+    table.add_column(h, h == "point" ? TextTable::Align::left : TextTable::Align::right);
+  {
+    size_t i = 0;
+    for (const std::string& id : order) {
+      std::vector<std::string> row = rows[i++];
+      const Best& b = best[id];
+      const bool is_d = id == dense_id;
+      std::optional<double> margin;
+      if (!is_d && dense && b.found) {
+        margin = b.bpc - dense->bpc;
+        ++moe;
+        below += *margin < 0;
+      }
+      row.back() = margin ? fmt::format("{:+.4f}", *margin) : "-";
+      table.add_row(row);
+      if (b.found && (b.lowest || b.highest))
+        unbracketed += fmt::format("{}{} ({} η tried)", unbracketed.empty() ? "" : ", ", id,
+                                   b.lowest ? "lowest" : "highest");
+      if (format == ReportFormat::json)
+        summary.push_back(
+            {{"point", id},
+             {"role", is_d ? "dense" : "moe"},
+             {"best_lr_peak", b.found ? ordered_json(b.eta) : ordered_json()},
+             {"best_val_bpc", b.found ? ordered_json(b.bpc) : ordered_json()},
+             {"best_folder", b.found ? ordered_json(names[b.folder]) : ordered_json()},
+             {"bracketed", b.found && !(b.lowest || b.highest)},
+             {"best_val_bpc_vs_dense_best", margin ? ordered_json(*margin) : ordered_json()}});
+    }
+  }
+  std::string folders_text;
+  for (size_t f = 0; f < names.size(); ++f)
+    folders_text += fmt::format("{}{}", f ? ", " : "", column(f));
+  std::vector<json> all;
+  for (const auto& f : folders) all.insert(all.end(), f.begin(), f.end());
+  const std::string heading =
+      fmt::format("moeplan report: a learning-rate sweep, {} points over {} runs folders: {}",
+                  order.size(), folders.size(), folders_text);
+  const std::string title =
+      heading +
+      fmt::format(
+          ". Each folder trained the same plans with the same seeds at another peak η "
+          "(`moeplan grid --lr-scale`: η ×F of each point's step-law η); cells: final {}; "
+          "best η = the η of the lowest of them; bracketed = tried both below and above "
+          "it; best vs dense's best = the point's BPC at its best η minus the dense "
+          "baseline's at its own",
+          bpc_words(all));
+  std::string verdict;
+  if (dense)
+    verdict +=
+        fmt::format("dense baseline: best at η {:.4g} ({}){}", dense->eta, column(dense->folder),
+                    dense->lowest    ? ", the lowest tried: its best may lie lower"
+                    : dense->highest ? ", the highest tried: its best may lie higher"
+                                     : ", bracketed");
+  else
+    verdict += "no complete dense baseline: no point is set against it";
+  if (moe > 0)
+    verdict += fmt::format(
+        "\neach at its own best η of those tried, MoE points below the dense baseline: {} of {}",
+        below, moe);
+  if (!unbracketed.empty())
+    verdict +=
+        "\nbest η at an end of those tried (another --lr-scale beyond it would tell whether "
+        "it is the best): " +
+        unbracketed;
+  verdict +=
+      "\none run per η and point: BPC differences between η's smaller than the seeds' noise (a "
+      "replicate report measures it) do not pick a best";
+  if (!left_out.empty()) verdict += "\nleft out:" + left_out;
+  for (size_t f = 0; f < audits.size(); ++f)
+    verdict += fmt::format("\nin '{}': ", names[f]) + audit_line(audits[f]).substr(1);
+  plot::Chart c{"Final validation BPC against the peak learning rate, per point",
+                "peak η / the step law's η (grid --lr-scale)",
+                "validation bits per " + bpc_per(all) + " (lower is better)",
+                {},
+                0,
+                "lr-sweep"};
+  const bool all_factors =
+      std::all_of(factor.begin(), factor.end(), [](const auto& x) { return x.has_value(); });
+  if (all_factors) c.series = curves;
+  if (charts) {
+    if (!c.series.empty()) charts->push_back(std::move(c));
+    return "";
+  }
+  if (format == ReportFormat::csv || format == ReportFormat::json)
+    return export_replicates(folders, names, audits, format, summary, kLrSweepExport);
+  return render_over_folders(format, heading, title, table, verdict, "", {&c});
 }
 
 }  // namespace
@@ -2291,6 +2619,7 @@ std::string replicates(const std::vector<std::vector<json>>& given,
 std::string render_replicate_report(const std::vector<std::vector<json>>& folders,
                                     const std::vector<std::string>& names, ReportFormat format,
                                     const std::vector<FolderAudit>& audits) {
+  if (is_lr_sweep(folders, names)) return lr_sweep(folders, names, format, audits, nullptr);
   return replicates(folders, names, format, audits, nullptr);
 }
 
@@ -2298,7 +2627,10 @@ std::vector<ChartFile> replicate_report_charts(const std::vector<std::vector<jso
                                                const std::vector<std::string>& names,
                                                const std::vector<FolderAudit>& audits) {
   std::vector<plot::Chart> charts;
-  replicates(folders, names, ReportFormat::html, audits, &charts);
+  if (is_lr_sweep(folders, names))
+    lr_sweep(folders, names, ReportFormat::html, audits, &charts);
+  else
+    replicates(folders, names, ReportFormat::html, audits, &charts);
   std::vector<ChartFile> out;
   for (const plot::Chart& c : charts) out.push_back({c.id, plot::render_svg(c)});
   return out;

@@ -1,5 +1,6 @@
 #include "moeplan/reports/sweep_report.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 #include <fmt/format.h>
@@ -125,6 +126,17 @@ std::string preamble(const Manifest& m, const char* bullet) {
         "{}compute C target of the dense baseline = {} FLOPs [{}]; C spread "
         "{:.3f}%\n",
         bullet, human(d.budget.compute_target), label_of(d), 100 * spread);
+  // A learning-rate sweep's manifest (grid --lr-scale) says so where its η column is shown: the
+  // column alone reads as the step law's.
+  std::vector<std::string> rules{d.hyper.rule};
+  for (const Plan& p : m.points)
+    if (std::find(rules.begin(), rules.end(), p.hyper.rule) == rules.end())
+      rules.push_back(p.hyper.rule);
+  if (rules != std::vector<std::string>{"step-law"}) {
+    std::string text;  // from a hand-editable file: shown as text
+    for (const std::string& r : rules) text += (text.empty() ? "" : ", ") + printable(r);
+    out += fmt::format("{}η rule: {}\n", bullet, text);
+  }
   return out;
 }
 

@@ -46,6 +46,17 @@ double parse_warmup_fraction(const std::string& text) {
   return f;
 }
 
+double parse_lr_scale(const std::string& text) {
+  if (text.empty()) return 1;
+  const double f = parse_quantity(text, "--lr-scale");
+  if (!(f > 0 && f <= 100))
+    throw InputError(fmt::format(
+        "--lr-scale = {} is invalid; it must be in (0, 100]: the factor on each point's "
+        "step-law η (0.5 and 2 bracket it)",
+        text));
+  return f;
+}
+
 namespace {
 // A tolerance flag: a number or a percentage ("1%", as `audit --tolerance` takes it), in (0, hi);
 // out of it, the line names the range (0 said only "must be a positive number").
@@ -101,6 +112,7 @@ PlanRequest make_plan_request(const PlanFlags& f) {
   if (!f.head_dim.empty()) r.backbone.head_dim = parse_positive_integer(f.head_dim, "--head-dim");
   r.dp_width = parse_positive_integer(f.dp_width, "--dp-width");
   r.warmup_fraction = parse_warmup_fraction(f.warmup_frac);
+  r.lr_scale = parse_lr_scale(f.lr_scale);
 
   const int budgets = !f.compute.empty() + !f.dense_tokens.empty() + !f.dense_tpp.empty();
   if (budgets > 1)

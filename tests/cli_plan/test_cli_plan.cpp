@@ -1342,3 +1342,18 @@ TEST_CASE("audit --plan names the equal-C claim in the convention its values are
         std::string::npos);
   CHECK(other.out.find("equal training compute C (exact/causal)") == std::string::npos);
 }
+
+TEST_CASE("grid --lr-scale: the header names the η rule, and plan takes the flag too") {
+  Result r = run_moeplan("grid --N 1e5 --ra 0.2 --dense-tpp 4 --seq-len 64 --lr-scale 0.5");
+  CHECK(r.status == 0);
+  CHECK(r.out.find("η rule: step-law ×0.5\n") != std::string::npos);
+  r = run_moeplan("grid --N 1e5 --ra 0.2 --dense-tpp 4 --seq-len 64");
+  CHECK(r.status == 0);
+  CHECK(r.out.find("η rule") == std::string::npos);  // the step law's own η: nothing to say
+  r = run_moeplan("plan --N 1e5 --ra 0.2 --dense-tpp 4 --seq-len 64 --lr-scale 2");
+  CHECK(r.status == 0);
+  CHECK(r.out.find("η lr_peak (step-law ×2)") != std::string::npos);
+  r = run_moeplan("grid --N 1e5 --ra 0.2 --lr-scale 0");
+  CHECK(r.status == 2);
+  CHECK(r.err.find("--lr-scale = 0 is invalid; it must be in (0, 100]") != std::string::npos);
+}

@@ -2150,3 +2150,108 @@ TEST_CASE("replicates as csv and json: every folder's rows against its own dense
   CHECK_THROWS_AS(moeplan::render_replicate_report(other, {"a", "b"}, moeplan::ReportFormat::csv),
                   moeplan::InputError);
 }
+
+namespace {
+
+// A record planned at `factor` times a step-law η of `eta` (as grid --lr-scale writes it), seed 1.
+json at_lr(json r, double eta, double factor) {
+  r["plan"]["lr_peak"] = eta * factor;
+  r["plan"]["lr_min"] = 1e-5;
+  std::ostringstream rule;
+  rule << "step-law";
+  if (factor != 1) rule << " ×" << factor;  // "step-law ×0.5", "step-law ×2"
+  r["plan"]["rule"] = rule.str();
+  r["train"] = {{"seed", 1}, {"data_seed", 1}};
+  return r;
+}
+
+// Three folders at η ×0.5, ×1 and ×2: dense 2.10, 2.00, 1.95 (best at the highest η); moe-a
+// 1.90, 1.80, 1.85 (best at ×1, bracketed); moe-b 1.99, 2.00, 2.05 (best at the lowest η).
+std::vector<std::vector<json>> lr_folders() {
+  const double factors[] = {0.5, 1, 2};
+  const double dense[] = {2.10, 2.00, 1.95}, a[] = {1.90, 1.80, 1.85}, b[] = {1.99, 2.00, 2.05};
+  std::vector<std::vector<json>> folders;
+  for (int f = 0; f < 3; ++f)
+    folders.push_back({at_lr(record("dense", true, 1.0, dense[f]), 0.01, factors[f]),
+                       at_lr(record("moe-a", false, 0.2, a[f]), 0.02, factors[f]),
+                       at_lr(record("moe-b", false, 0.4, b[f]), 0.03, factors[f])});
+  return folders;
+}
+
+}  // namespace
+
+TEST_CASE("learning-rate sweep: each point's best η, bracketed or not, and best against best") {
+  const auto folders = lr_folders();
+  const std::string text =
+      moeplan::render_replicate_report(folders, {"lo", "mid", "hi"}, moeplan::ReportFormat::text);
+  CAPTURE(text);
+  CHECK(
+      text.starts_with("moeplan report: a learning-rate sweep, 3 points over 3 runs folders: lo "
+                       "(η ×0.5), mid (η ×1), hi (η ×2)"));
+  // moe-a: best 1.80 at ×1 (η 0.02), tried below and above; 1.80 − dense's best 1.95 = −0.15.
+  // moe-b: best 1.99 at ×0.5 (η 0.015), the lowest tried; 1.99 − 1.95 = +0.04.
+  CHECK(cells_of_row(text, "dense") ==
+        std::vector<std::string>{"dense", "1.000", "2.1000", "2.0000", "1.9500", "0.02", "×2",
+                                 "no:", "highest", "η", "tried", "-"});
+  CHECK(cells_of_row(text, "moe-a") == std::vector<std::string>{"moe-a", "0.200", "1.9000",
+                                                                "1.8000", "1.8500", "0.02", "×1",
+                                                                "yes", "-0.1500"});
+  CHECK(cells_of_row(text, "moe-b") ==
+        std::vector<std::string>{"moe-b", "0.400", "1.9900", "2.0000", "2.0500", "0.015", "×0.5",
+                                 "no:", "lowest", "η", "tried", "+0.0400"});
+  CHECK(text.find("dense baseline: best at η 0.02 (hi (η ×2)), the highest tried: its best may "
+                  "lie higher\n") != std::string::npos);
+  CHECK(text.find("each at its own best η of those tried, MoE points below the dense baseline: 1 "
+                  "of 2\n") != std::string::npos);
+  CHECK(text.find("best η at an end of those tried (another --lr-scale beyond it would tell "
+                  "whether it is the best): dense (highest η tried), moe-b (lowest η tried)\n") !=
+        std::string::npos);
+  CHECK(text.find("one run per η and point") != std::string::npos);
+  // HTML: the table and one chart, BPC against the factor, a line per point (dense dashed).
+  const std::string html =
+      moeplan::render_replicate_report(folders, {"lo", "mid", "hi"}, moeplan::ReportFormat::html);
+  CHECK(occurrences(html, "<svg") == 1);
+  CHECK(occurrences(html, "<polyline data-series=") == 3);
+  const auto charts = moeplan::replicate_report_charts(folders, {"lo", "mid", "hi"});
+  REQUIRE(charts.size() == 1);
+  CHECK(charts[0].id == "lr-sweep");
+  // JSON: the summary per point, unrounded.
+  const json doc = json::parse(
+      moeplan::render_replicate_report(folders, {"lo", "mid", "hi"}, moeplan::ReportFormat::json));
+  REQUIRE(doc["summary"].size() == 3);
+  CHECK(doc["summary"][1]["point"] == "moe-a");
+  CHECK(doc["summary"][1]["best_lr_peak"].get<double>() == doctest::Approx(0.02));
+  CHECK(doc["summary"][1]["bracketed"] == true);
+  CHECK(doc["summary"][1]["best_val_bpc_vs_dense_best"].get<double>() == doctest::Approx(-0.15));
+  CHECK(doc["summary"][2]["best_folder"] == "lo");
+  CHECK(doc["summary"][2]["bracketed"] == false);
+  CHECK(doc["summary"][0]["best_val_bpc_vs_dense_best"].is_null());
+}
+
+TEST_CASE("learning-rate sweep: other seeds, one η twice or two rules in a folder are refused") {
+  auto refused = [](const std::vector<std::vector<json>>& folders, const std::string& words) {
+    try {
+      moeplan::render_replicate_report(folders, {"lo", "mid", "hi"}, moeplan::ReportFormat::text);
+      FAIL("accepted");
+    } catch (const moeplan::InputError& e) {
+      CHECK_MESSAGE(std::string(e.what()).find(words) != std::string::npos, std::string(e.what()));
+    }
+  };
+  auto seeds = lr_folders();
+  seeds[2][1]["train"]["seed"] = 2;
+  refused(seeds,
+          "point 'moe-a' trained with train.seed = 2 in 'hi' but 1 in 'lo'; a "
+          "learning-rate sweep compares runs that differ in η only");
+  auto twice = lr_folders();
+  twice[2] = twice[1];
+  refused(twice, "trained at the same η (0.01) in 'mid' and 'hi'");
+  auto rules = lr_folders();
+  rules[0][2]["plan"]["rule"] = "hand-tuned";
+  refused(rules, "'lo' holds points planned under two η rules (step-law ×0.5 and hand-tuned)");
+  // Another difference beside η: refused, naming it (not η, which is meant to differ).
+  auto steps = lr_folders();
+  steps[1][1]["plan"]["steps"] = 5;
+  refused(steps,
+          "point 'moe-a' has another plan in 'mid' than in 'lo' (plan.steps differs); a "
+          "learning-rate sweep's folders differ in η only");
+}

@@ -420,3 +420,60 @@ TEST_CASE("a plan whose step-law η is above 1 is refused when planned, not when
   CHECK_MESSAGE(
       e.find("above 1 (AdamW's range); plan fewer tokens per parameter") != std::string::npos, e);
 }
+
+TEST_CASE("--lr-scale: every point's η is the factor times the step law's, and only η changes") {
+  // The main job's sweep. The step law, by hand for the dense baseline of N = 150,528 at D =
+  // 903,808 consumed tokens: 1.79 · 150528^-0.713 · 903808^0.307 = 0.024532; ×2 = 0.049063.
+  PlanFlags f;
+  f.n = "1.5e5";
+  f.dense_tpp = "6";
+  f.seq_len = "64";
+  f.ra_tolerance = "0.01";
+  f.warmup_frac = "0.05";
+  SweepRequest r;
+  r.plan = make_plan_request(f);
+  r.activation_rates = parse_ra_spec("0.2:0.5", 4);
+  const Manifest base = plan_sweep(r);
+  f.lr_scale = "2";
+  r.plan = make_plan_request(f);
+  const Manifest twice = plan_sweep(r);
+  REQUIRE(base.dense.counts.total_params == 150528);
+  REQUIRE(base.dense.budget.tokens_consumed == 903808);
+  CHECK(base.dense.hyper.lr_peak == doctest::Approx(0.024532).epsilon(1e-4));
+  CHECK(twice.dense.hyper.lr_peak == doctest::Approx(0.049063).epsilon(1e-4));
+  CHECK(base.dense.hyper.rule == "step-law");
+  CHECK(twice.dense.hyper.rule == "step-law ×2");
+  REQUIRE(twice.points.size() == base.points.size());
+  for (size_t i = 0; i < base.points.size(); ++i) {
+    const Plan &a = base.points[i], &b = twice.points[i];
+    CHECK(b.hyper.lr_peak == doctest::Approx(2 * a.hyper.lr_peak).epsilon(1e-12));
+    CHECK(b.hyper.rule == "step-law ×2");
+    // Nothing else: the same shape, budget and schedule.
+    CHECK(describe(b.arch) == describe(a.arch));
+    CHECK(b.budget.steps == a.budget.steps);
+    CHECK(b.budget.tokens_consumed == a.budget.tokens_consumed);
+    CHECK(b.hyper.warmup_steps == a.hyper.warmup_steps);
+    CHECK(b.hyper.lr_min == a.hyper.lr_min);
+  }
+  auto error_for = [&](const char* v) {
+    PlanFlags g = f;
+    g.lr_scale = v;
+    return error_of_flags(g);
+  };
+  CHECK(error_for("0").find("--lr-scale = 0 is invalid; it must be in (0, 100]") !=
+        std::string::npos);
+  CHECK(error_for("-2").find("--lr-scale = -2 is invalid") != std::string::npos);
+  CHECK(error_for("101").find("--lr-scale = 101 is invalid") != std::string::npos);
+  CHECK(error_for("0.5").empty());
+  // A factor that takes η past 1 is refused when planned, naming the factor: 50 · 0.0245 = 1.23.
+  f.lr_scale = "50";
+  r.plan = make_plan_request(f);
+  std::string e;
+  try {
+    plan_sweep(r);
+  } catch (const InputError& x) {
+    e = x.what();
+  }
+  CHECK_MESSAGE(e.find("the step law ×50 gives η = 1.227 at N = 150528") != std::string::npos, e);
+  CHECK_MESSAGE(e.find(", or a smaller --lr-scale") != std::string::npos, e);
+}

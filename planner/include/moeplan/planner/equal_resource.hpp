@@ -34,6 +34,7 @@ struct PlanRequest {
   AttentionMask mask = AttentionMask::causal;
   int64_t dp_width = 1;
   double warmup_fraction = -1;  // PointBudget::warmup_fraction
+  double lr_scale = 1;          // PointBudget::lr_scale
 };
 
 // Whether the dense baseline's note says that a --unique-tokens above what it consumes was capped

@@ -21,6 +21,9 @@ struct PointBudget {
   // Warm-up as a share of the point's steps (round(f·steps), at least 1 when f > 0); negative:
   // the paper's clip(0.01·steps, 200, 2000).
   double warmup_fraction = -1;
+  // η as this multiple of the step law's (1: the rule itself): a learning-rate sweep around it,
+  // to see whether each point, dense included, sits near its own best η.
+  double lr_scale = 1;
 };
 
 // D ≈ C/M; batch B = step-law(D) in whole sequences (at least dp_width); steps = round(D/(B·S));

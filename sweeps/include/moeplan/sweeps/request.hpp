@@ -26,6 +26,7 @@ struct PlanFlags {
   std::string vocab, seq_len, head_dim, alignment;  // empty = the family's rule for N
   std::string dp_width = "1";
   std::string warmup_frac;  // --warmup-frac F: every point warms up for F of its steps
+  std::string lr_scale;     // --lr-scale F: every point's η is F times the step law's
   std::string backbone;  // --backbone FILE: solve the MoE layer on this backbone
 };
 
@@ -33,6 +34,9 @@ PlanRequest make_plan_request(const PlanFlags& flags);
 
 // --warmup-frac: "" = -1 (the paper's clip(0.01·steps, 200, 2000)); else a share in [0, 1).
 double parse_warmup_fraction(const std::string& text);
+
+// --lr-scale: "" = 1 (the step law's η); else a factor in (0, 100].
+double parse_lr_scale(const std::string& text);
 
 // "paper", "exact" (= exact/causal), "exact/causal", "exact/full", "megatron".
 struct ConventionChoice {
