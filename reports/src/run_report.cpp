@@ -2493,7 +2493,7 @@ std::string lr_sweep(const std::vector<std::vector<json>>& given,
       }
       const double bpc = r->value("final_val_bpc", 0.0), eta = (*r)["plan"].value("lr_peak", 0.0);
       row.push_back(fmt::format("{:.4f}", bpc));
-      if (factor[f]) curve.points.emplace_back(*factor[f], bpc);
+      if (factor[f]) curve.points.emplace_back(std::log2(*factor[f]), bpc);  // factors 2x apart
       lo_eta = tried ? std::min(lo_eta, eta) : eta;
       hi_eta = tried ? std::max(hi_eta, eta) : eta;
       ++tried;
@@ -2597,7 +2597,7 @@ std::string lr_sweep(const std::vector<std::vector<json>>& given,
   for (size_t f = 0; f < audits.size(); ++f)
     verdict += fmt::format("\nin '{}': ", names[f]) + audit_line(audits[f]).substr(1);
   plot::Chart c{"Final validation BPC against the peak learning rate, per point",
-                "peak η / the step law's η (grid --lr-scale)",
+                "log2 of peak η / the step law's η (--lr-scale: -1 = ×0.5, 0 = ×1, 1 = ×2)",
                 "validation bits per " + bpc_per(all) + " (lower is better)",
                 {},
                 0,

@@ -2212,6 +2212,9 @@ TEST_CASE("learning-rate sweep: each point's best η, bracketed or not, and best
       moeplan::render_replicate_report(folders, {"lo", "mid", "hi"}, moeplan::ReportFormat::html);
   CHECK(occurrences(html, "<svg") == 1);
   CHECK(occurrences(html, "<polyline data-series=") == 3);
+  // The factors on a log2 axis (×0.5, ×1, ×2 evenly apart): ticks -1, 0 and 1.
+  CHECK(html.find("log2 of peak η / the step law's η") != std::string::npos);
+  CHECK(html.find(">-1</text>") != std::string::npos);
   const auto charts = moeplan::replicate_report_charts(folders, {"lo", "mid", "hi"});
   REQUIRE(charts.size() == 1);
   CHECK(charts[0].id == "lr-sweep");
