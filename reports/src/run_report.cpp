@@ -2424,7 +2424,11 @@ std::string lr_sweep(const std::vector<std::vector<json>>& given,
         first_f = f;
         continue;
       }
-      const json a = first->value("train", json::object()), b = r->value("train", json::object());
+      // The settings a result depends on (not the device or checkpoint interval, as replicates
+      // read them), seeds included.
+      const json a = result_settings(first->value("train", json::object())),
+                 b = result_settings(r->value("train", json::object()));
+      if (!a.is_object() || !b.is_object()) continue;
       json both = a;
       both.update(b);
       for (const auto& [k, unused] : both.items())
@@ -2463,7 +2467,12 @@ std::string lr_sweep(const std::vector<std::vector<json>>& given,
   struct Best {
     size_t folder = 0;
     double bpc = 0, eta = 0;
-    bool found = false, lowest = false, highest = false;
+    bool found = false, lowest = false, highest = false;  // at an end of the η tried
+    int tried = 0;
+    bool bracketed() const { return tried >= 2 && !lowest && !highest; }
+    std::string end() const {  // why not bracketed
+      return tried < 2 ? "one η tried" : lowest ? "lowest η tried" : "highest η tried";
+    }
   };
   std::map<std::string, Best> best;
   std::string left_out;
@@ -2497,8 +2506,9 @@ std::string lr_sweep(const std::vector<std::vector<json>>& given,
       lo_eta = tried ? std::min(lo_eta, eta) : eta;
       hi_eta = tried ? std::max(hi_eta, eta) : eta;
       ++tried;
-      if (!b.found || bpc < b.bpc) b = {f, bpc, eta, true, false, false};
+      if (!b.found || bpc < b.bpc) b = {f, bpc, eta, true, false, false, 0};
     }
+    b.tried = tried;
     if (b.found && tried >= 2) {
       b.lowest = b.eta == lo_eta;
       b.highest = b.eta == hi_eta;
@@ -2509,10 +2519,7 @@ std::string lr_sweep(const std::vector<std::vector<json>>& given,
     row.push_back(
         b.found ? (factor[b.folder] ? fmt::format("×{:g}", *factor[b.folder]) : names[b.folder])
                 : "-");
-    row.push_back(!b.found || tried < 2 ? "-"
-                  : b.lowest            ? "no: lowest η tried"
-                  : b.highest           ? "no: highest η tried"
-                                        : "yes");
+    row.push_back(!b.found ? "-" : b.bracketed() ? "yes" : "no: " + b.end());
     row.push_back("");  // the margin, once dense's best is known
     rows.push_back(std::move(row));
   }
@@ -2541,9 +2548,8 @@ std::string lr_sweep(const std::vector<std::vector<json>>& given,
       }
       row.back() = margin ? fmt::format("{:+.4f}", *margin) : "-";
       table.add_row(row);
-      if (b.found && (b.lowest || b.highest))
-        unbracketed += fmt::format("{}{} ({} η tried)", unbracketed.empty() ? "" : ", ", id,
-                                   b.lowest ? "lowest" : "highest");
+      if (b.found && !b.bracketed())
+        unbracketed += fmt::format("{}{} ({})", unbracketed.empty() ? "" : ", ", id, b.end());
       if (format == ReportFormat::json)
         summary.push_back(
             {{"point", id},
@@ -2551,7 +2557,7 @@ std::string lr_sweep(const std::vector<std::vector<json>>& given,
              {"best_lr_peak", b.found ? ordered_json(b.eta) : ordered_json()},
              {"best_val_bpc", b.found ? ordered_json(b.bpc) : ordered_json()},
              {"best_folder", b.found ? ordered_json(names[b.folder]) : ordered_json()},
-             {"bracketed", b.found && !(b.lowest || b.highest)},
+             {"bracketed", b.found && b.bracketed()},
              {"best_val_bpc_vs_dense_best", margin ? ordered_json(*margin) : ordered_json()}});
     }
   }
@@ -2576,7 +2582,8 @@ std::string lr_sweep(const std::vector<std::vector<json>>& given,
   if (dense)
     verdict +=
         fmt::format("dense baseline: best at η {:.4g} ({}){}", dense->eta, column(dense->folder),
-                    dense->lowest    ? ", the lowest tried: its best may lie lower"
+                    dense->tried < 2 ? ", the one η tried: no best to speak of"
+                    : dense->lowest  ? ", the lowest tried: its best may lie lower"
                     : dense->highest ? ", the highest tried: its best may lie higher"
                                      : ", bracketed");
   else

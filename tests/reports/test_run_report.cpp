@@ -2231,6 +2231,23 @@ TEST_CASE("learning-rate sweep: each point's best η, bracketed or not, and best
   CHECK(doc["summary"][0]["best_val_bpc_vs_dense_best"].is_null());
 }
 
+TEST_CASE("learning-rate sweep: a point trained at one η only is not bracketed") {
+  // dense only at ×0.5 and ×1 (hi has none); moe-a only at ×2 (lo and mid still training).
+  auto folders = lr_folders();
+  folders[2].erase(folders[2].begin());  // hi: no dense
+  folders[0][1]["status"] = folders[1][1]["status"] = "running";
+  const std::string text =
+      moeplan::render_replicate_report(folders, {"lo", "mid", "hi"}, moeplan::ReportFormat::text);
+  CAPTURE(text);
+  CHECK(cells_of_row(text, "moe-a") ==
+        std::vector<std::string>{"moe-a", "0.200", "running", "running", "1.8500", "0.04", "×2",
+                                 "no:", "one", "η", "tried", "-0.1500"});
+  // dense: 2.10 at ×0.5, 2.00 at ×1: best at the highest tried.
+  CHECK(text.find("dense baseline: best at η 0.01 (mid (η ×1)), the highest tried") !=
+        std::string::npos);
+  CHECK(text.find("moe-a (one η tried)") != std::string::npos);
+}
+
 TEST_CASE("learning-rate sweep: other seeds, one η twice or two rules in a folder are refused") {
   auto refused = [](const std::vector<std::vector<json>>& folders, const std::string& words) {
     try {
@@ -2251,6 +2268,11 @@ TEST_CASE("learning-rate sweep: other seeds, one η twice or two rules in a fold
   auto rules = lr_folders();
   rules[0][2]["plan"]["rule"] = "hand-tuned";
   refused(rules, "'lo' holds points planned under two η rules (step-law ×0.5 and hand-tuned)");
+  // The same seeds on another device or checkpoint interval: read, as replicates read them.
+  auto device = lr_folders();
+  for (json& r : device[2]) r["train"]["device"] = "cuda";
+  CHECK_NOTHROW(
+      moeplan::render_replicate_report(device, {"lo", "mid", "hi"}, moeplan::ReportFormat::text));
   // Another difference beside η: refused, naming it (not η, which is meant to differ).
   auto steps = lr_folders();
   steps[1][1]["plan"]["steps"] = 5;
