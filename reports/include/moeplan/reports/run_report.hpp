@@ -48,9 +48,11 @@ std::string render_run_report(const std::vector<nlohmann::json>& records, const 
 
 // Several runs folders of the same sweep, each trained with other seeds: per point, the final
 // validation BPC over the replicates (mean, sample sd, range), its difference from the dense
-// baseline of the same folder, and in how many folders the point beat that baseline. InputError
-// when a point's plan differs between folders (replicates train the same plan). `names` are the
-// folders as given.
+// baseline of the same folder with its confidence interval and p, in how many folders the point
+// beat that baseline, and Holm's step-down over the points. Folders whose plans differ in η only
+// (grid --lr-scale, the same seeds) are a learning-rate sweep instead: each point's best η of
+// those tried and its best against dense's best. InputError when a point's plan differs between
+// folders otherwise. `names` are the folders as given.
 // `audits`: one per folder, or empty.
 std::string render_replicate_report(const std::vector<std::vector<nlohmann::json>>& folders,
                                     const std::vector<std::string>& names, ReportFormat format,
@@ -58,7 +60,8 @@ std::string render_replicate_report(const std::vector<std::vector<nlohmann::json
 
 // The charts the HTML report draws, each a standalone SVG document named by its chart id (one
 // folder: bpc-ra, time-ra, memory-ra, bpc-time, val-c, loss-d, those that have something to
-// draw; replicates: replicates), in the report's order: figures for a paper or slides.
+// draw; replicates: replicates, margins; a learning-rate sweep: lr-sweep), in the report's order:
+// figures for a paper or slides.
 struct ChartFile {
   std::string id, svg;
 };
