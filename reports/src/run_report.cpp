@@ -1856,6 +1856,20 @@ constexpr double kConfidence = 0.95;
 // The most seeds the verdict would name for a margin across 0; past it, "over" this.
 constexpr int kMostSeeds = 1000;
 
+// Several folders as a report reads them: their names as given on the command line, shown as
+// text (a name's escape sequence or line break would act in a terminal), and their records
+// annotated with their folder's audit.
+std::pair<std::vector<std::string>, std::vector<std::vector<json>>> printable_and_annotated(
+    const std::vector<std::string>& given_names, const std::vector<std::vector<json>>& given,
+    const std::vector<FolderAudit>& audits) {
+  std::vector<std::string> names;
+  for (const std::string& n : given_names) names.push_back(printable(n));
+  std::vector<std::vector<json>> folders;
+  for (size_t f = 0; f < given.size(); ++f)
+    folders.push_back(annotate(given[f], audits.empty() ? nullptr : &audits[f]));
+  return {names, folders};
+}
+
 // A report over several folders in text, markdown or HTML: the title's first sentence (`heading`)
 // as the heading, the table, the verdict, then the text bars or, in HTML, the charts.
 std::string render_over_folders(ReportFormat format, const std::string& heading,
@@ -1884,13 +1898,7 @@ std::string render_over_folders(ReportFormat format, const std::string& heading,
 std::string replicates(const std::vector<std::vector<json>>& given,
                        const std::vector<std::string>& given_names, ReportFormat format,
                        const std::vector<FolderAudit>& audits, std::vector<plot::Chart>* charts) {
-  // Folder names as given on the command line: shown as text (a name's escape sequence or line
-  // break would act in a terminal).
-  std::vector<std::string> names;
-  for (const std::string& n : given_names) names.push_back(printable(n));
-  std::vector<std::vector<json>> folders;
-  for (size_t f = 0; f < given.size(); ++f)
-    folders.push_back(annotate(given[f], audits.empty() ? nullptr : &audits[f]));
+  const auto [names, folders] = printable_and_annotated(given_names, given, audits);
   std::map<std::string, std::pair<json, size_t>> settings_of;  // first [train], less the seeds
   // Points in the order of the first folder that has them (dense first, then by r_a).
   std::vector<std::string> order;
@@ -2376,11 +2384,7 @@ std::optional<double> lr_factor(const json& plan) {
 std::string lr_sweep(const std::vector<std::vector<json>>& given,
                      const std::vector<std::string>& given_names, ReportFormat format,
                      const std::vector<FolderAudit>& audits, std::vector<plot::Chart>* charts) {
-  std::vector<std::string> names;
-  for (const std::string& n : given_names) names.push_back(printable(n));
-  std::vector<std::vector<json>> folders;
-  for (size_t f = 0; f < given.size(); ++f)
-    folders.push_back(annotate(given[f], audits.empty() ? nullptr : &audits[f]));
+  const auto [names, folders] = printable_and_annotated(given_names, given, audits);
   // Each folder's factor on the step law's η, from its records' rule (one per folder).
   std::vector<std::optional<double>> factor(folders.size());
   std::vector<std::string> rule_of(folders.size());

@@ -36,6 +36,16 @@ std::string error_of_flags(const PlanFlags& f) {
   return "";
 }
 
+// The main job's grid flags (scripts/main-job) but its --warmup-frac.
+PlanFlags main_job_flags() {
+  PlanFlags f;
+  f.n = "1.5e5";
+  f.dense_tpp = "6";
+  f.seq_len = "64";
+  f.ra_tolerance = "0.01";
+  return f;
+}
+
 Manifest grid(const std::string& n, const std::string& ra = "0.05:0.4") {
   PlanFlags f;
   f.n = n;
@@ -359,11 +369,7 @@ TEST_CASE(
     "--warmup-frac gives every point the same share") {
   // The main job's sweep: dense 614 steps, MoE 836–1156. The paper's clip(0.01·steps, 200, 2000)
   // gives each 200 steps: 200/614 = 32.6 % of dense's, 200/1156 = 17.3 % of moe-ra0.200's.
-  PlanFlags f;
-  f.n = "1.5e5";
-  f.dense_tpp = "6";
-  f.seq_len = "64";
-  f.ra_tolerance = "0.01";
+  PlanFlags f = main_job_flags();
   SweepRequest r;
   r.plan = make_plan_request(f);
   r.activation_rates = parse_ra_spec("0.2:0.5", 4);
@@ -424,11 +430,7 @@ TEST_CASE("a plan whose step-law η is above 1 is refused when planned, not when
 TEST_CASE("--lr-scale: every point's η is the factor times the step law's, and only η changes") {
   // The main job's sweep. The step law, by hand for the dense baseline of N = 150,528 at D =
   // 903,808 consumed tokens: 1.79 · 150528^-0.713 · 903808^0.307 = 0.024532; ×2 = 0.049063.
-  PlanFlags f;
-  f.n = "1.5e5";
-  f.dense_tpp = "6";
-  f.seq_len = "64";
-  f.ra_tolerance = "0.01";
+  PlanFlags f = main_job_flags();
   f.warmup_frac = "0.05";
   SweepRequest r;
   r.plan = make_plan_request(f);
