@@ -972,9 +972,14 @@ constexpr FoldersExport kReplicateExport{
 constexpr FoldersExport kLrSweepExport{
     "lr_sweep_folders",
     "one entry per point, the learning-rate sweep's row: best_lr_peak and best_val_bpc, the "
-    "lowest final BPC over the folders' η and its folder; bracketed = η's both below and above "
-    "it were tried; best_val_bpc_vs_dense_best = best_val_bpc minus the dense baseline's own best; "
-    "each row of the folders also has its plan's lr_peak",
+    "lowest final BPC (the mean over each η's seeds, best_val_bpc_sd their sd, best_seeds their "
+    "count) over the folders' η, its rule and folders; bracketed = η's both below and above it "
+    "were tried; next_best_lr_peak and best_vs_next_ci95, the paired difference's 95 % interval "
+    "(best minus next best, by seed); best_val_bpc_vs_dense_best = the point's BPC at its best η "
+    "minus the dense baseline's at its own, paired by seed over vs_dense_pairs seeds, its ci95 = "
+    "mean ± t·sd/√n (Student t with n − 1 degrees of freedom) and p its paired t test's "
+    "two-sided p-value of a mean of 0; null where the table prints -; each row of the folders "
+    "also has its plan's lr_peak",
     true};
 
 std::string export_replicates(const std::vector<std::vector<json>>& folders,
@@ -2377,32 +2382,100 @@ std::optional<double> lr_factor(const json& plan) {
   return std::nullopt;
 }
 
-// A learning-rate sweep over folders (one η per folder, the same plans and seeds otherwise): each
-// point's final BPC at every η, the best of those tried and whether it is bracketed, and each
-// point at its own best η against the dense baseline at its own. In `format`, or, where `charts`
-// is given, its chart there and "".
+// A learning-rate sweep over folders: one or more folders per η (each another seed; every η trained
+// for the same seeds), the same plans and settings otherwise. Per point: its final BPC at every η
+// (the mean over seeds), the best of those tried and whether it is bracketed, whether the seeds
+// tell the best from the next best, and each point at its own best η against the dense baseline at
+// its own, paired by seed. In `format`, or, where `charts` is given, its chart there and "".
 std::string lr_sweep(const std::vector<std::vector<json>>& given,
                      const std::vector<std::string>& given_names, ReportFormat format,
                      const std::vector<FolderAudit>& audits, std::vector<plot::Chart>* charts) {
   const auto [names, folders] = printable_and_annotated(given_names, given, audits);
-  // Each folder's factor on the step law's η, from its records' rule (one per folder).
+  // Each folder's η rule and factor on the step law's η, and its seeds (one of each per folder).
   std::vector<std::optional<double>> factor(folders.size());
-  std::vector<std::string> rule_of(folders.size());
+  std::vector<std::string> rule_of(folders.size()), seed_of(folders.size());
   for (size_t f = 0; f < folders.size(); ++f)
     for (const json& r : folders[f]) {
       const std::string rule = r["plan"].value("rule", "");
+      const json train = r.value("train", json::object());
+      const std::string seed =
+          train.is_object() && train.contains("seed")
+              ? fmt::format("{}/{}", train["seed"].dump(), train.value("data_seed", json()).dump())
+              : "not recorded";
       if (rule_of[f].empty()) {
         rule_of[f] = rule;
         factor[f] = lr_factor(r["plan"]);
-      } else if (rule != rule_of[f]) {
+        seed_of[f] = seed;
+        continue;
+      }
+      if (rule != rule_of[f])
         throw InputError(fmt::format(
             "'{}' holds points planned under two η rules ({} and {}); a learning-rate sweep "
-            "takes one folder per `moeplan grid --lr-scale`",
+            "takes one folder per `moeplan grid --lr-scale` and seed",
             names[f], printable(rule_of[f]), printable(rule)));
-      }
+      if (seed != seed_of[f])
+        throw InputError(fmt::format(
+            "'{}' holds points trained with two seeds (seed/data_seed {} and {}); a "
+            "learning-rate sweep takes one folder per `moeplan grid --lr-scale` and seed",
+            names[f], seed_of[f], seed));
     }
-  // The same point in two folders: the same seeds, settings and data (only η differs), and not
-  // the same η twice (two folders at one η are replicates, with the same seeds a repeat).
+  // The η's: one group of folders per rule, by factor where every folder has one.
+  std::vector<std::string> rules;
+  for (size_t f = 0; f < folders.size(); ++f)
+    if (!rule_of[f].empty() && std::find(rules.begin(), rules.end(), rule_of[f]) == rules.end())
+      rules.push_back(rule_of[f]);
+  const bool all_factors =
+      std::all_of(factor.begin(), factor.end(), [](const auto& x) { return x.has_value(); });
+  std::map<std::string, double> factor_of_rule;
+  for (size_t f = 0; f < folders.size(); ++f)
+    if (factor[f]) factor_of_rule[rule_of[f]] = *factor[f];
+  if (all_factors)
+    std::stable_sort(rules.begin(), rules.end(), [&](const std::string& a, const std::string& b) {
+      return factor_of_rule[a] < factor_of_rule[b];
+    });
+  const size_t groups = rules.size();
+  std::vector<std::vector<size_t>> members(groups);
+  std::vector<size_t> group_of(folders.size(), groups);  // groups: a folder with no records
+  for (size_t f = 0; f < folders.size(); ++f)
+    for (size_t g = 0; g < groups; ++g)
+      if (rule_of[f] == rules[g]) {
+        members[g].push_back(f);
+        group_of[f] = g;
+      }
+  auto label = [&](size_t g) {  // an η's column: its factor, or its rule
+    const std::string eta = factor_of_rule.count(rules[g])
+                                ? fmt::format("η ×{:g}", factor_of_rule[rules[g]])
+                                : printable(rules[g]);
+    if (members[g].size() == 1) return fmt::format("{} ({})", names[members[g][0]], eta);
+    return fmt::format("{} ({} seeds)", eta, members[g].size());
+  };
+  auto seed_list = [&](size_t g) {
+    std::vector<std::string> s;
+    for (size_t f : members[g]) s.push_back(seed_of[f]);
+    std::sort(s.begin(), s.end());
+    return s;
+  };
+  // Every η trained for the same seeds, each once: the seeds pair the η's and the points.
+  for (size_t g = 0; g < groups; ++g) {
+    const std::vector<std::string> s = seed_list(g);
+    if (const auto twice = std::adjacent_find(s.begin(), s.end()); twice != s.end()) {
+      std::vector<std::string> both;
+      for (size_t f : members[g])
+        if (seed_of[f] == *twice) both.push_back(fmt::format("'{}'", names[f]));
+      throw InputError(fmt::format(
+          "{} trained the same seeds (seed/data_seed {}) at one η ({}): a repeat, not another "
+          "seed; give one of them",
+          fmt::join(both, " and "), *twice, printable(rules[g])));
+    }
+    if (g > 0 && s != seed_list(0))
+      throw InputError(fmt::format(
+          "the folders at {} trained seed/data_seed {}, those at {} {}; a learning-rate sweep "
+          "trains every seed at every η (give each η's folders for the same seeds)",
+          printable(rules[g]), fmt::join(s, ", "), printable(rules[0]),
+          fmt::join(seed_list(0), ", ")));
+  }
+  // The same point in every folder: the same settings and data (only η and the seeds differ),
+  // one η per rule, and not one η under two rules.
   std::vector<std::string> order;
   std::map<std::string, std::vector<const json*>> at;  // per point, its record in each folder
   std::map<std::string, const json*> plan_of;
@@ -2428,33 +2501,39 @@ std::string lr_sweep(const std::vector<std::vector<json>>& given,
         first_f = f;
         continue;
       }
-      // The settings a result depends on (not the device or checkpoint interval, as replicates
-      // read them), seeds included.
-      const json a = result_settings(first->value("train", json::object())),
-                 b = result_settings(r->value("train", json::object()));
-      if (!a.is_object() || !b.is_object()) continue;
+      // The settings a result depends on, as replicates read them (not the seeds, the device or
+      // the checkpoint interval).
+      const json a = replicate_settings(*first), b = replicate_settings(*r);
       json both = a;
       both.update(b);
       for (const auto& [k, unused] : both.items())
-        if (k != "eval_every" && a.value(k, json()) != b.value(k, json()))
+        if (a.value(k, json()) != b.value(k, json()))
           throw InputError(fmt::format(
               "point '{}' trained with train.{} = {} in '{}' but {} in '{}'; a learning-rate "
-              "sweep compares runs that differ in η only (for another seed, give folders of one "
-              "η: a replicate report)",
+              "sweep compares runs that differ in η and seed only",
               id, k, b.value(k, json()).dump(), names[f], a.value(k, json()).dump(),
               names[first_f]));
-      if (data_label(*first, true) != data_label(*r, true))
+      if (data_label(*first, false) != data_label(*r, false))
         throw InputError(fmt::format(
             "point '{}' read other data in '{}' ({}) than in '{}' ({}); a learning-rate sweep "
             "trains on the same data at other η",
-            id, names[f], data_label(*r, true), names[first_f], data_label(*first, true)));
-      for (size_t e = 0; e < f; ++e)
-        if (const json* other = at[id][e];
-            other && (*other)["plan"].value("lr_peak", 0.0) == (*r)["plan"].value("lr_peak", 0.0))
+            id, names[f], data_label(*r, false), names[first_f], data_label(*first, false)));
+      const double eta = (*r)["plan"].value("lr_peak", 0.0);
+      for (size_t e = 0; e < f; ++e) {
+        const json* other = at[id][e];
+        if (!other) continue;
+        const double other_eta = (*other)["plan"].value("lr_peak", 0.0);
+        if (group_of[e] == group_of[f] && other_eta != eta)
+          throw InputError(fmt::format(
+              "point '{}' trained at η {:.4g} in '{}' but {:.4g} in '{}', both planned {}; "
+              "plan each seed's folder with the same `moeplan grid` flags",
+              id, eta, names[f], other_eta, names[e], printable(rule_of[f])));
+        if (group_of[e] != group_of[f] && other_eta == eta)
           throw InputError(fmt::format(
               "point '{}' trained at the same η ({:.4g}) in '{}' and '{}'; a learning-rate sweep "
-              "takes one folder per η (other seeds at one η are a replicate report's)",
-              id, (*r)["plan"].value("lr_peak", 0.0), names[e], names[f]));
+              "takes one η per --lr-scale (other seeds at one η are a replicate report's)",
+              id, eta, names[e], names[f]));
+      }
     }
   }
   std::sort(order.begin(), order.end(), [&](const std::string& a, const std::string& b) {
@@ -2463,158 +2542,296 @@ std::string lr_sweep(const std::vector<std::vector<json>>& given,
     if (da != db) return da;
     return pa.value("activation_rate", 0.0) < pb.value("activation_rate", 0.0);
   });
-  auto column = [&](size_t f) {
-    return factor[f] ? fmt::format("{} (η ×{:g})", names[f], *factor[f])
-                     : fmt::format("{} ({})", names[f], printable(rule_of[f]));
-  };
-  // Per point: its BPC at each folder's η where complete and free of audit errors.
-  struct Best {
-    size_t folder = 0;
-    double bpc = 0, eta = 0;
-    bool found = false, lowest = false, highest = false;  // at an end of the η tried
+  const bool seeded =
+      std::any_of(members.begin(), members.end(), [](const auto& m) { return m.size() >= 2; });
+  // Per point and η: its final BPC for each seed where complete and free of audit errors.
+  using BySeed = std::map<std::string, double>;
+  struct Point {
+    std::vector<BySeed> bpc;           // per η
+    std::vector<double> eta;           // per η, where trained
+    std::optional<size_t> best, next;  // the η's of the lowest and second-lowest means
     int tried = 0;
+    bool lowest = false, highest = false;  // the best at an end of the η tried
     bool bracketed() const { return tried >= 2 && !lowest && !highest; }
     std::string end() const {  // why not bracketed
       return tried < 2 ? "one η tried" : lowest ? "lowest η tried" : "highest η tried";
     }
+    double mean(size_t g) const { return stats_of(values(g)).mean; }
+    std::vector<double> values(size_t g) const {
+      std::vector<double> v;
+      for (const auto& [s, x] : bpc[g]) v.push_back(x);
+      return v;
+    }
   };
-  std::map<std::string, Best> best;
+  // The paired differences a − b over the seeds both have.
+  auto paired = [](const BySeed& a, const BySeed& b) {
+    std::vector<double> d;
+    for (const auto& [s, x] : a)
+      if (const auto it = b.find(s); it != b.end()) d.push_back(x - it->second);
+    return d;
+  };
+  std::map<std::string, Point> points;
   std::string left_out;
   std::vector<std::string> headers = {"point", "r_a"};
-  for (size_t f = 0; f < folders.size(); ++f) headers.push_back(column(f));
+  for (size_t g = 0; g < groups; ++g) headers.push_back(label(g));
   headers.insert(headers.end(), {"best η", "of", "bracketed", "best vs dense's best"});
+  if (seeded) headers.insert(headers.end(), {"95% CI", "p"});
   std::vector<std::vector<std::string>> rows;
   std::vector<plot::Series> curves;
   for (const std::string& id : order) {
     const json& plan = *plan_of[id];
     std::vector<std::string> row = {id, fmt::format("{:.3f}", plan.value("activation_rate", 0.0))};
-    Best& b = best[id];
-    double lo_eta = 0, hi_eta = 0;
-    int tried = 0;
+    Point& p = points[id];
+    p.bpc.resize(groups);
+    p.eta.assign(groups, 0.0);
+    std::vector<bool> trained(groups, false);
     plot::Series curve{id, {}, true, plan.value("role", "") == "dense"};
-    for (size_t f = 0; f < folders.size(); ++f) {
-      const json* r = at[id][f];
-      if (!r || !is_complete(*r)) {
-        row.push_back(r ? "running" : "-");
+    for (size_t g = 0; g < groups; ++g) {
+      std::string missing;  // a seed not counted: why
+      for (size_t f : members[g]) {
+        const json* r = at[id][f];
+        if (!r || !is_complete(*r)) {
+          missing = r ? "running" : "-";
+          continue;
+        }
+        if (has_audit_error(*r)) {
+          left_out += fmt::format("\n  {} in '{}': `moeplan audit` finds an error: {}", id,
+                                  names[f], first_audit_error(*r));
+          missing = "audit error";
+          continue;
+        }
+        p.bpc[g][seed_of[f]] = r->value("final_val_bpc", 0.0);
+        p.eta[g] = (*r)["plan"].value("lr_peak", 0.0);
+        trained[g] = true;
+      }
+      if (!trained[g]) {
+        row.push_back(missing);
         continue;
       }
-      if (has_audit_error(*r)) {
-        left_out += fmt::format("\n  {} in '{}': `moeplan audit` finds an error: {}", id, names[f],
-                                first_audit_error(*r));
-        row.push_back("audit error");
-        continue;
+      const Stats s = stats_of(p.values(g));
+      std::string cell = fmt::format("{:.4f}", s.mean);
+      if (s.has_sd) cell += fmt::format("±{:.4f}", s.sd);
+      if (size_t(s.n) < members[g].size())
+        cell += fmt::format(" ({} of {})", s.n, members[g].size());
+      row.push_back(cell);
+      if (factor_of_rule.count(rules[g]))  // factors 2x apart lie evenly on log2
+        curve.points.emplace_back(std::log2(factor_of_rule[rules[g]]), s.mean);
+      if (!p.best || s.mean < p.mean(*p.best)) {
+        p.next = p.best;
+        p.best = g;
+      } else if (!p.next || s.mean < p.mean(*p.next)) {
+        p.next = g;
       }
-      const double bpc = r->value("final_val_bpc", 0.0), eta = (*r)["plan"].value("lr_peak", 0.0);
-      row.push_back(fmt::format("{:.4f}", bpc));
-      if (factor[f]) curve.points.emplace_back(std::log2(*factor[f]), bpc);  // factors 2x apart
-      lo_eta = tried ? std::min(lo_eta, eta) : eta;
-      hi_eta = tried ? std::max(hi_eta, eta) : eta;
-      ++tried;
-      if (!b.found || bpc < b.bpc) b = {f, bpc, eta, true, false, false, 0};
+      ++p.tried;
     }
-    b.tried = tried;
-    if (b.found && tried >= 2) {
-      b.lowest = b.eta == lo_eta;
-      b.highest = b.eta == hi_eta;
+    if (p.best && p.tried >= 2) {
+      double lo = 0, hi = 0;
+      bool any = false;
+      for (size_t g = 0; g < groups; ++g)
+        if (trained[g]) {
+          lo = any ? std::min(lo, p.eta[g]) : p.eta[g];
+          hi = any ? std::max(hi, p.eta[g]) : p.eta[g];
+          any = true;
+        }
+      p.lowest = p.eta[*p.best] == lo;
+      p.highest = p.eta[*p.best] == hi;
     }
     std::sort(curve.points.begin(), curve.points.end());
     if (!curve.points.empty()) curves.push_back(curve);
-    row.push_back(b.found ? fmt::format("{:.4g}", b.eta) : "-");
-    row.push_back(
-        b.found ? (factor[b.folder] ? fmt::format("×{:g}", *factor[b.folder]) : names[b.folder])
-                : "-");
-    row.push_back(!b.found ? "-" : b.bracketed() ? "yes" : "no: " + b.end());
-    row.push_back("");  // the margin, once dense's best is known
-    rows.push_back(std::move(row));
+    auto of = [&](size_t g) {
+      return factor_of_rule.count(rules[g]) ? fmt::format("×{:g}", factor_of_rule[rules[g]])
+             : members[g].size() == 1       ? names[members[g][0]]
+                                            : printable(rules[g]);
+    };
+    row.push_back(p.best ? fmt::format("{:.4g}", p.eta[*p.best]) : "-");
+    row.push_back(p.best ? of(*p.best) : "-");
+    row.push_back(!p.best ? "-" : p.bracketed() ? "yes" : "no: " + p.end());
+    rows.push_back(std::move(row));  // the margin's cells once dense's best is known
   }
-  // Dense's best, then each MoE point's best against it.
+  // Dense's best, then each MoE point's best against it, paired by seed.
   std::string dense_id;
   for (const std::string& id : order)
     if (plan_of[id]->value("role", "") == "dense") dense_id = id;
-  const Best* dense = dense_id.empty() || !best[dense_id].found ? nullptr : &best[dense_id];
-  int moe = 0, below = 0;
-  std::string unbracketed;
+  const Point* dense = dense_id.empty() || !points[dense_id].best ? nullptr : &points[dense_id];
+  int moe = 0, below = 0, ci_points = 0, ci_below = 0;
+  std::string unbracketed, across, told, not_told;
+  int told_count = 0, next_count = 0;
   ordered_json summary = ordered_json::array();
   TextTable table;
   for (const auto& h : headers)
     table.add_column(h, h == "point" ? TextTable::Align::left : TextTable::Align::right);
+  auto interval_text = [](const Interval& i) {
+    return fmt::format("[{:+.4f}, {:+.4f}]", i.lo, i.hi);
+  };
+  auto value_if = [](bool has, double v) { return has ? ordered_json(v) : ordered_json(); };
   {
     size_t i = 0;
     for (const std::string& id : order) {
       std::vector<std::string> row = rows[i++];
-      const Best& b = best[id];
+      const Point& p = points[id];
       const bool is_d = id == dense_id;
-      std::optional<double> margin;
-      if (!is_d && dense && b.found) {
-        margin = b.bpc - dense->bpc;
+      Stats margin;
+      if (!is_d && dense && p.best)
+        margin = stats_of(paired(p.bpc[*p.best], dense->bpc[*dense->best]));
+      const std::optional<Interval> ci = mean_interval(margin, kConfidence);
+      const std::optional<double> pv = ci ? mean_zero_p(margin) : std::nullopt;
+      if (margin.n > 0) {
         ++moe;
-        below += *margin < 0;
+        below += margin.mean < 0;
       }
-      row.back() = margin ? fmt::format("{:+.4f}", *margin) : "-";
+      if (ci) {
+        ++ci_points;
+        ci_below += ci->hi < 0;
+        if (ci->hi >= 0)
+          across += fmt::format("{}{} {}", across.empty() ? "" : ", ", id, interval_text(*ci));
+      }
+      row.push_back(margin.n > 0 ? fmt::format("{:+.4f}", margin.mean) : "-");
+      if (seeded) {
+        row.push_back(ci ? interval_text(*ci) : "-");
+        row.push_back(pv ? p_text(*pv) : "-");
+      }
       table.add_row(row);
-      if (b.found && !b.bracketed())
-        unbracketed += fmt::format("{}{} ({})", unbracketed.empty() ? "" : ", ", id, b.end());
-      if (format == ReportFormat::json)
+      if (p.best && !p.bracketed())
+        unbracketed += fmt::format("{}{} ({})", unbracketed.empty() ? "" : ", ", id, p.end());
+      // Do the seeds tell the best η from the next best? The paired difference's interval.
+      std::optional<Interval> vs_next;
+      if (p.best && p.next) {
+        vs_next = mean_interval(stats_of(paired(p.bpc[*p.best], p.bpc[*p.next])), kConfidence);
+        if (vs_next) {
+          ++next_count;
+          const std::string words =
+              fmt::format("{} ({} vs {}: {})", id,
+                          factor_of_rule.count(rules[*p.best])
+                              ? fmt::format("×{:g}", factor_of_rule[rules[*p.best]])
+                              : printable(rules[*p.best]),
+                          factor_of_rule.count(rules[*p.next])
+                              ? fmt::format("×{:g}", factor_of_rule[rules[*p.next]])
+                              : printable(rules[*p.next]),
+                          interval_text(*vs_next));
+          std::string& list = vs_next->hi < 0 ? told : not_told;
+          list += (list.empty() ? "" : ", ") + words;
+          told_count += vs_next->hi < 0;
+        }
+      }
+      if (format == ReportFormat::json) {
+        std::vector<std::string> best_folders;
+        if (p.best)
+          for (size_t f : members[*p.best]) best_folders.push_back(names[f]);
+        const Stats sb = p.best ? stats_of(p.values(*p.best)) : Stats{};
         summary.push_back(
             {{"point", id},
              {"role", is_d ? "dense" : "moe"},
-             {"best_lr_peak", b.found ? ordered_json(b.eta) : ordered_json()},
-             {"best_val_bpc", b.found ? ordered_json(b.bpc) : ordered_json()},
-             {"best_folder", b.found ? ordered_json(names[b.folder]) : ordered_json()},
-             {"bracketed", b.found && b.bracketed()},
-             {"best_val_bpc_vs_dense_best", margin ? ordered_json(*margin) : ordered_json()}});
+             {"best_lr_peak", value_if(p.best.has_value(), p.best ? p.eta[*p.best] : 0)},
+             {"best_val_bpc", value_if(p.best.has_value(), sb.mean)},
+             {"best_val_bpc_sd", value_if(sb.has_sd, sb.sd)},
+             {"best_seeds", sb.n},
+             {"best_rule", p.best ? ordered_json(rules[*p.best]) : ordered_json()},
+             {"best_folder", p.best ? ordered_json(fmt::format("{}", fmt::join(best_folders, ", ")))
+                                    : ordered_json()},
+             {"bracketed", p.best && p.bracketed()},
+             {"next_best_lr_peak", value_if(p.next.has_value(), p.next ? p.eta[*p.next] : 0)},
+             {"best_vs_next_ci95",
+              vs_next ? ordered_json::array({vs_next->lo, vs_next->hi}) : ordered_json()},
+             {"vs_dense_pairs", margin.n},
+             {"best_val_bpc_vs_dense_best", value_if(margin.n > 0, margin.mean)},
+             {"best_val_bpc_vs_dense_best_ci95",
+              ci ? ordered_json::array({ci->lo, ci->hi}) : ordered_json()},
+             {"best_val_bpc_vs_dense_best_p", value_if(pv.has_value(), pv.value_or(0))}});
+      }
     }
   }
   std::string folders_text;
-  for (size_t f = 0; f < names.size(); ++f)
-    folders_text += fmt::format("{}{}", f ? ", " : "", column(f));
+  for (size_t g = 0; g < groups; ++g) {
+    if (members[g].size() == 1) {
+      folders_text += fmt::format("{}{}", g ? ", " : "", label(g));
+      continue;
+    }
+    std::vector<std::string> each;
+    for (size_t f : members[g])
+      each.push_back(fmt::format("{} (seed/data_seed {})", names[f], seed_of[f]));
+    folders_text += fmt::format("{}{}: {}", g ? "; " : "", label(g), fmt::join(each, ", "));
+  }
   std::vector<json> all;
   for (const auto& f : folders) all.insert(all.end(), f.begin(), f.end());
+  const size_t seeds = groups ? members[0].size() : 0;
   const std::string heading =
-      fmt::format("moeplan report: a learning-rate sweep, {} points over {} runs folders: {}",
-                  order.size(), folders.size(), folders_text);
+      seeded ? fmt::format(
+                   "moeplan report: a learning-rate sweep over {} seeds, {} points at {} η "
+                   "over {} runs folders: {}",
+                   seeds, order.size(), groups, folders.size(), folders_text)
+             : fmt::format(
+                   "moeplan report: a learning-rate sweep, {} points over {} runs "
+                   "folders: {}",
+                   order.size(), folders.size(), folders_text);
   const std::string title =
       heading +
-      fmt::format(
-          ". Each folder trained the same plans with the same seeds at another peak η "
-          "(`moeplan grid --lr-scale`: η ×F of each point's step-law η); cells: final {}; "
-          "best η = the η of the lowest of them; bracketed = tried both below and above "
-          "it; best vs dense's best = the point's BPC at its best η minus the dense "
-          "baseline's at its own",
-          bpc_words(all));
+      (seeded
+           ? fmt::format(
+                 ". Each η's folders trained the same plans with one seed each, every η the same "
+                 "seeds (`moeplan grid --lr-scale`: η ×F of each point's step-law η); cells: the "
+                 "mean final {} over the seeds ± their sd; best η = the η of the lowest mean; "
+                 "bracketed = tried both below and above it; best vs dense's best = the point's "
+                 "BPC at its best η minus the dense baseline's at its own, paired by seed, its "
+                 "95% CI = mean ± t·sd/√n (Student t, n − 1 degrees of freedom) and p its paired "
+                 "t test's",
+                 bpc_words(all))
+           : fmt::format(
+                 ". Each folder trained the same plans with the same seeds at another peak η "
+                 "(`moeplan grid --lr-scale`: η ×F of each point's step-law η); cells: final {}; "
+                 "best η = the η of the lowest of them; bracketed = tried both below and above "
+                 "it; best vs dense's best = the point's BPC at its best η minus the dense "
+                 "baseline's at its own",
+                 bpc_words(all)));
   std::string verdict;
   if (dense)
-    verdict +=
-        fmt::format("dense baseline: best at η {:.4g} ({}){}", dense->eta, column(dense->folder),
-                    dense->tried < 2 ? ", the one η tried: no best to speak of"
-                    : dense->lowest  ? ", the lowest tried: its best may lie lower"
-                    : dense->highest ? ", the highest tried: its best may lie higher"
-                                     : ", bracketed");
+    verdict += fmt::format("dense baseline: best at η {:.4g} ({}){}", dense->eta[*dense->best],
+                           label(*dense->best),
+                           dense->tried < 2 ? ", the one η tried: no best to speak of"
+                           : dense->lowest  ? ", the lowest tried: its best may lie lower"
+                           : dense->highest ? ", the highest tried: its best may lie higher"
+                                            : ", bracketed");
   else
     verdict += "no complete dense baseline: no point is set against it";
   if (moe > 0)
     verdict += fmt::format(
         "\neach at its own best η of those tried, MoE points below the dense baseline: {} of {}",
         below, moe);
+  if (ci_points > 0)
+    verdict += fmt::format(
+        "\nthe margin's 95 % confidence interval wholly below 0 (MoE better beyond the seeds' "
+        "noise): {} of {}{}",
+        ci_below, ci_points, across.empty() ? "" : "; not: " + across);
   if (!unbracketed.empty())
     verdict +=
         "\nbest η at an end of those tried (another --lr-scale beyond it would tell whether "
         "it is the best): " +
         unbracketed;
-  verdict +=
-      "\none run per η and point: BPC differences between η's smaller than the seeds' noise (a "
-      "replicate report measures it) do not pick a best";
+  if (next_count > 0) {
+    verdict += fmt::format(
+        "\nbest η told apart from the next best by the seeds (the paired difference's 95 % "
+        "interval wholly below 0): {} of {}",
+        told_count, next_count);
+    if (!not_told.empty())
+      verdict += "; within the seeds' noise, so either η may be the best: " + not_told;
+  }
+  verdict += seeded
+                 ? "\neach best η is picked on the seeds that then measure its margin (dense's as "
+                   "well): fresh seeds at the chosen η's measure the margins free of that choice"
+                 : "\none run per η and point: BPC differences between η's smaller than the seeds' "
+                   "noise (a replicate report measures it) do not pick a best";
   if (!left_out.empty()) verdict += "\nleft out:" + left_out;
   for (size_t f = 0; f < audits.size(); ++f)
     verdict += fmt::format("\nin '{}': ", names[f]) + audit_line(audits[f]).substr(1);
-  plot::Chart c{"Final validation BPC against the peak learning rate, per point",
-                "log2 of peak η / the step law's η (--lr-scale: -1 = ×0.5, 0 = ×1, 1 = ×2)",
-                "validation bits per " + bpc_per(all) + " (lower is better)",
-                {},
-                0,
-                "lr-sweep"};
-  const bool all_factors =
-      std::all_of(factor.begin(), factor.end(), [](const auto& x) { return x.has_value(); });
+  plot::Chart c{
+      seeded ? fmt::format("Final validation BPC (mean over {} seeds) against the peak learning "
+                           "rate, per point",
+                           seeds)
+             : "Final validation BPC against the peak learning rate, per point",
+      "log2 of peak η / the step law's η (--lr-scale: -1 = ×0.5, 0 = ×1, 1 = ×2)",
+      "validation bits per " + bpc_per(all) + " (lower is better)",
+      {},
+      0,
+      "lr-sweep"};
   if (all_factors) c.series = curves;
   if (charts) {
     if (!c.series.empty()) charts->push_back(std::move(c));

@@ -2259,12 +2259,22 @@ TEST_CASE("learning-rate sweep: other seeds, one η twice or two rules in a fold
   };
   auto seeds = lr_folders();
   seeds[2][1]["train"]["seed"] = 2;
-  refused(seeds,
-          "point 'moe-a' trained with train.seed = 2 in 'hi' but 1 in 'lo'; a "
-          "learning-rate sweep compares runs that differ in η only");
+  refused(seeds, "'hi' holds points trained with two seeds (seed/data_seed 1/1 and 2/1)");
   auto twice = lr_folders();
   twice[2] = twice[1];
-  refused(twice, "trained at the same η (0.01) in 'mid' and 'hi'");
+  refused(twice, "'mid' and 'hi' trained the same seeds (seed/data_seed 1/1) at one η (step-law)");
+  // Another seed at one η only: the η's do not pair.
+  auto other = lr_folders();
+  for (json& r : other[2]) r["train"]["seed"] = 2;
+  refused(other,
+          "the folders at step-law ×2 trained seed/data_seed 2/1, those at step-law ×0.5 "
+          "1/1; a learning-rate sweep trains every seed at every η");
+  // Another setting beside the seeds: refused, naming it.
+  auto setting = lr_folders();
+  setting[1][1]["train"]["load_balance"] = 0.5;
+  refused(setting,
+          "point 'moe-a' trained with train.load_balance = 0.5 in 'mid' but null in "
+          "'lo'; a learning-rate sweep compares runs that differ in η and seed only");
   auto rules = lr_folders();
   rules[0][2]["plan"]["rule"] = "hand-tuned";
   refused(rules, "'lo' holds points planned under two η rules (step-law ×0.5 and hand-tuned)");
@@ -2279,4 +2289,138 @@ TEST_CASE("learning-rate sweep: other seeds, one η twice or two rules in a fold
   refused(steps,
           "point 'moe-a' has another plan in 'mid' than in 'lo' (plan.steps differs); a "
           "learning-rate sweep's folders differ in η only");
+}
+
+namespace {
+
+// The sweep of lr_folders() over three seeds (1, 2, 3), a folder per seed and η: "a1".."a3" at
+// ×0.5, "b1".."b3" at ×1, "c1".."c3" at ×2, given out of order (by seed, then ×2, ×0.5, ×1).
+//   dense  ×0.5: 2.10 2.12 2.11   ×1: 2.00 2.04 2.03   ×2: 1.95 2.01 2.01
+//   moe-a  ×0.5: 1.90 1.92 1.91   ×1: 1.80 1.82 1.81   ×2: 1.85 1.88 1.86
+//   moe-b  ×0.5: 1.99 2.03 1.98   ×1: 2.00 2.02 2.04   ×2: 2.05 2.06 2.07
+std::pair<std::vector<std::vector<json>>, std::vector<std::string>> lr_seed_folders() {
+  const double factors[] = {2, 0.5, 1};
+  const char* prefix[] = {"c", "a", "b"};
+  const double dense[3][3] = {{1.95, 2.01, 2.01}, {2.10, 2.12, 2.11}, {2.00, 2.04, 2.03}};
+  const double a[3][3] = {{1.85, 1.88, 1.86}, {1.90, 1.92, 1.91}, {1.80, 1.82, 1.81}};
+  const double b[3][3] = {{2.05, 2.06, 2.07}, {1.99, 2.03, 1.98}, {2.00, 2.02, 2.04}};
+  std::vector<std::vector<json>> folders;
+  std::vector<std::string> names;
+  for (int seed = 1; seed <= 3; ++seed)
+    for (int f = 0; f < 3; ++f) {
+      std::vector<json> folder = {
+          at_lr(record("dense", true, 1.0, dense[f][seed - 1]), 0.01, factors[f]),
+          at_lr(record("moe-a", false, 0.2, a[f][seed - 1]), 0.02, factors[f]),
+          at_lr(record("moe-b", false, 0.4, b[f][seed - 1]), 0.03, factors[f])};
+      for (json& r : folder) r["train"]["seed"] = seed;
+      folders.push_back(folder);
+      names.push_back(prefix[f] + std::to_string(seed));
+    }
+  return {folders, names};
+}
+
+}  // namespace
+
+TEST_CASE("learning-rate sweep over seeds: means, best vs next and the margin paired by seed") {
+  const auto [folders, names] = lr_seed_folders();
+  const std::string text =
+      moeplan::render_replicate_report(folders, names, moeplan::ReportFormat::text);
+  CAPTURE(text);
+  CHECK(text.starts_with(
+      "moeplan report: a learning-rate sweep over 3 seeds, 3 points at 3 η over 9 runs folders: "
+      "η ×0.5 (3 seeds): a1 (seed/data_seed 1/1), a2 (seed/data_seed 2/1), a3 (seed/data_seed "
+      "3/1); η ×1 (3 seeds): b1"));
+  // By hand, t = 4.302653 at 2 degrees of freedom (NIST/SEMATECH table 1.3.6.7.2: 4.303).
+  // moe-a: means 1.91, 1.81, 1.8633 (sd 0.01, 0.01, 0.0153): best ×1 (η 0.02), bracketed.
+  // Against dense's best (×2, mean 1.99), by seed: 1.80 − 1.95, 1.82 − 2.01, 1.81 − 2.01 =
+  // −0.15, −0.19, −0.20: mean −0.18, sd 0.0264575, half-width 4.302653 × 0.0264575/√3 = 0.065724;
+  // t = 0.18/(0.0264575/√3) = 11.7838, two-sided p at 2 dof = 1 − t/√(t² + 2) = 0.007125.
+  CHECK(cells_of_row(text, "moe-a") == std::vector<std::string>{"moe-a", "0.200", "1.9100±0.0100",
+                                                                "1.8100±0.0100", "1.8633±0.0153",
+                                                                "0.02", "×1", "yes", "-0.1800",
+                                                                "[-0.2457,", "-0.1143]", "0.0071"});
+  // moe-b: means 2.00, 2.02, 2.06: best ×0.5, the lowest. Margins 0.04, 0.02, −0.03: mean 0.01,
+  // sd 0.0360555, half-width 0.089567.
+  const auto b = cells_of_row(text, "moe-b");
+  REQUIRE(b.size() == 15);
+  CHECK(b[2] == "2.0000±0.0265");
+  CHECK(b[5] == "0.015");
+  CHECK(b[7] == "no:");
+  CHECK(b[11] == "+0.0100");
+  CHECK(b[12] == "[-0.0796,");
+  CHECK(b[13] == "+0.0996]");
+  // dense: means 2.11, 2.0233, 1.99: best at ×2, the highest tried; no margin of its own.
+  CHECK(cells_of_row(text, "dense") == std::vector<std::string>{"dense", "1.000", "2.1100±0.0100",
+                                                                "2.0233±0.0208", "1.9900±0.0346",
+                                                                "0.02", "×2", "no:", "highest", "η",
+                                                                "tried", "-", "-", "-"});
+  CHECK(text.find("dense baseline: best at η 0.02 (η ×2 (3 seeds)), the highest tried") !=
+        std::string::npos);
+  CHECK(text.find("each at its own best η of those tried, MoE points below the dense baseline: 1 "
+                  "of 2\n") != std::string::npos);
+  CHECK(text.find("the margin's 95 % confidence interval wholly below 0 (MoE better beyond the "
+                  "seeds' noise): 1 of 2; not: moe-b [-0.0796, +0.0996]\n") != std::string::npos);
+  // Best minus next best, by seed: dense ×2 − ×1 = −0.05, −0.03, −0.02: [−0.0713, +0.0046];
+  // moe-a ×1 − ×2 = −0.05, −0.06, −0.05: [−0.0677, −0.0390], told apart; moe-b ×0.5 − ×1 = −0.01,
+  // +0.01, −0.06: [−0.1096, +0.0696].
+  CHECK(text.find("best η told apart from the next best by the seeds (the paired difference's "
+                  "95 % interval wholly below 0): 1 of 3; within the seeds' noise, so either η "
+                  "may be the best: dense (×2 vs ×1: [-0.0713, +0.0046]), moe-b (×0.5 vs ×1: "
+                  "[-0.1096, +0.0696])\n") != std::string::npos);
+  CHECK(text.find("each best η is picked on the seeds that then measure its margin") !=
+        std::string::npos);
+  CHECK(text.find("one run per η and point") == std::string::npos);
+  const json doc =
+      json::parse(moeplan::render_replicate_report(folders, names, moeplan::ReportFormat::json));
+  REQUIRE(doc["summary"].size() == 3);
+  const json& a = doc["summary"][1];
+  CHECK(a["point"] == "moe-a");
+  CHECK(a["best_val_bpc"].get<double>() == doctest::Approx(1.81));
+  CHECK(a["best_val_bpc_sd"].get<double>() == doctest::Approx(0.01));
+  CHECK(a["best_seeds"] == 3);
+  CHECK(a["best_rule"] == "step-law");
+  CHECK(a["best_folder"] == "b1, b2, b3");
+  CHECK(a["next_best_lr_peak"].get<double>() == doctest::Approx(0.04));
+  CHECK(a["best_vs_next_ci95"][0].get<double>() == doctest::Approx(-0.0533333 - 0.0143422));
+  CHECK(a["best_vs_next_ci95"][1].get<double>() == doctest::Approx(-0.0533333 + 0.0143422));
+  CHECK(a["vs_dense_pairs"] == 3);
+  CHECK(a["best_val_bpc_vs_dense_best"].get<double>() == doctest::Approx(-0.18));
+  CHECK(a["best_val_bpc_vs_dense_best_ci95"][0].get<double>() == doctest::Approx(-0.245724));
+  CHECK(a["best_val_bpc_vs_dense_best_ci95"][1].get<double>() == doctest::Approx(-0.114276));
+  CHECK(a["best_val_bpc_vs_dense_best_p"].get<double>() == doctest::Approx(0.007125).epsilon(1e-3));
+  CHECK(doc["summary"][0]["best_val_bpc_vs_dense_best_p"].is_null());
+  // The chart: the means, titled so; a line per point.
+  const std::string html =
+      moeplan::render_replicate_report(folders, names, moeplan::ReportFormat::html);
+  CHECK(html.find("Final validation BPC (mean over 3 seeds) against the peak learning rate") !=
+        std::string::npos);
+  CHECK(occurrences(html, "<polyline data-series=") == 3);
+}
+
+TEST_CASE("learning-rate sweep over seeds: a seed still training is left out of its η's cell") {
+  auto [folders, names] = lr_seed_folders();
+  folders[8][1]["status"] = "running";  // b3's moe-a (seed 3 at ×1)
+  const std::string text =
+      moeplan::render_replicate_report(folders, names, moeplan::ReportFormat::text);
+  CAPTURE(text);
+  // moe-a at ×1 over seeds 1 and 2: 1.80, 1.82 (sd 0.0141). Its margin, paired by seed against
+  // dense at ×2: −0.15, −0.19, mean −0.17 (the difference of means over all seeds would be −0.18);
+  // t at 1 degree of freedom 12.706: half-width 12.706 × 0.0282843/√2 = 0.254123.
+  const auto a = cells_of_row(text, "moe-a");
+  REQUIRE(a.size() >= 15);
+  CHECK(a[3] == "1.8100±0.0141");
+  CHECK(a[4] == "(2");
+  CHECK(a[11] == "-0.1700");
+  CHECK(a[12] == "[-0.4241,");
+  CHECK(a[13] == "+0.0841]");
+  // The same η under one rule in each seed's folder, or refused.
+  auto eta = lr_seed_folders();
+  eta.first[5][1]["plan"]["lr_peak"] = 0.03;  // b2's moe-a
+  try {
+    moeplan::render_replicate_report(eta.first, eta.second, moeplan::ReportFormat::text);
+    FAIL("accepted");
+  } catch (const moeplan::InputError& e) {
+    CHECK(std::string(e.what()).starts_with(
+        "point 'moe-a' trained at η 0.03 in 'b2' but 0.02 in 'b1', both planned step-law"));
+  }
 }
