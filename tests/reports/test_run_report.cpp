@@ -2269,6 +2269,14 @@ TEST_CASE("learning-rate sweep: other seeds, one η twice or two rules in a fold
   refused(other,
           "the folders at step-law ×2 trained seed/data_seed 2/1, those at step-law ×0.5 "
           "1/1; a learning-rate sweep trains every seed at every η");
+  // Other data (another held-out set): refused, naming both.
+  auto data = lr_folders();
+  for (auto& folder : data)
+    for (json& r : folder) r["data"] = {{"source", "builtin"}, {"validation_tokens", 4096}};
+  data[2][2]["data"]["validation_tokens"] = 2048;
+  refused(data,
+          "point 'moe-b' read other data in 'hi' (builtin, 2048 validation tokens) than in "
+          "'lo' (builtin, 4096 validation tokens)");
   // Another setting beside the seeds: refused, naming it.
   auto setting = lr_folders();
   setting[1][1]["train"]["load_balance"] = 0.5;
@@ -2413,6 +2421,16 @@ TEST_CASE("learning-rate sweep over seeds: a seed still training is left out of 
   CHECK(a[11] == "-0.1700");
   CHECK(a[12] == "[-0.4241,");
   CHECK(a[13] == "+0.0841]");
+  // Two seeds (folders of seed 3 left out): moe-a's margin −0.15, −0.19 over seeds 1 and 2, its
+  // interval ± 12.706 × 0.0282843/√2 = 0.254123 wide.
+  auto two = lr_seed_folders();
+  two.first.resize(6);
+  two.second.resize(6);
+  const std::string two_text =
+      moeplan::render_replicate_report(two.first, two.second, moeplan::ReportFormat::text);
+  CHECK(
+      two_text.starts_with("moeplan report: a learning-rate sweep over 2 seeds, 3 points at 3 η"));
+  CHECK(two_text.find("moe-a [-0.4241, +0.0841]") != std::string::npos);
   // The same η under one rule in each seed's folder, or refused.
   auto eta = lr_seed_folders();
   eta.first[5][1]["plan"]["lr_peak"] = 0.03;  // b2's moe-a
