@@ -1040,6 +1040,24 @@ std::string audit_line(const FolderAudit& a) {
   return s;
 }
 
+// Each folder's audit line, named by its folder; one line for all where every folder's reads the
+// same (a sweep of 15 folders, each "9 of 9 claims hold", need not say it 15 times).
+std::string folders_audit_lines(const std::vector<std::string>& names,
+                                const std::vector<FolderAudit>& audits) {
+  std::vector<std::string> lines;
+  for (const FolderAudit& a : audits) lines.push_back(audit_line(a).substr(1));
+  if (lines.size() >= 2 && std::all_of(lines.begin(), lines.end(),
+                                       [&](const std::string& l) { return l == lines[0]; })) {
+    std::string line = lines[0];
+    const std::string own = "`moeplan audit` of this folder";
+    if (line.starts_with(own)) line = "`moeplan audit`" + line.substr(own.size());
+    return fmt::format("\nin each of the {} folders: {}", lines.size(), line);
+  }
+  std::string s;
+  for (size_t f = 0; f < lines.size(); ++f) s += fmt::format("\nin '{}': {}", names[f], lines[f]);
+  return s;
+}
+
 // One paragraph: how many MoE points beat dense, and how many records match their plan.
 std::string verdict_of(const std::vector<json>& records, const json* dense,
                        const FolderAudit* audit) {
@@ -2272,8 +2290,7 @@ std::string replicates(const std::vector<std::vector<json>>& given,
                " ran with the same seeds: one initialisation and one data order, so their "
                "differences measure the device, kernels or thread count, not training noise (on "
                "the same ones they repeat each other bit for bit)";
-  for (size_t f = 0; f < audits.size(); ++f)
-    verdict += fmt::format("\nin '{}': ", names[f]) + audit_line(audits[f]).substr(1);
+  verdict += folders_audit_lines(names, audits);
   const std::string bar_text =
       bars.empty() ? ""
                    : "mean val BPC minus the dense baseline's (# below dense: better; + above: "
@@ -2447,7 +2464,7 @@ std::string lr_sweep(const std::vector<std::vector<json>>& given,
                                 ? fmt::format("η ×{:g}", factor_of_rule[rules[g]])
                                 : printable(rules[g]);
     if (members[g].size() == 1) return fmt::format("{} ({})", names[members[g][0]], eta);
-    return fmt::format("{} ({} seeds)", eta, members[g].size());
+    return fmt::format("{}, {} seeds", eta, members[g].size());
   };
   auto seed_list = [&](size_t g) {
     std::vector<std::string> s;
@@ -2754,11 +2771,15 @@ std::string lr_sweep(const std::vector<std::vector<json>>& given,
   std::vector<json> all;
   for (const auto& f : folders) all.insert(all.end(), f.begin(), f.end());
   const size_t seeds = groups ? members[0].size() : 0;
+  std::vector<std::string> etas;  // the η's as their columns name them
+  for (size_t g = 0; g < groups; ++g)
+    etas.push_back(factor_of_rule.count(rules[g]) ? fmt::format("×{:g}", factor_of_rule[rules[g]])
+                                                  : printable(rules[g]));
   const std::string heading =
       seeded ? fmt::format(
                    "moeplan report: a learning-rate sweep over {} seeds, {} points at {} η "
-                   "over {} runs folders: {}",
-                   seeds, order.size(), groups, folders.size(), folders_text)
+                   "({}), {} runs folders",
+                   seeds, order.size(), groups, fmt::join(etas, ", "), folders.size())
              : fmt::format(
                    "moeplan report: a learning-rate sweep, {} points over {} runs "
                    "folders: {}",
@@ -2767,14 +2788,15 @@ std::string lr_sweep(const std::vector<std::vector<json>>& given,
       heading +
       (seeded
            ? fmt::format(
-                 ". Each η's folders trained the same plans with one seed each, every η the same "
+                 ". The folders: {}. Each η's folders trained the same plans with one seed each, "
+                 "every η the same "
                  "seeds (`moeplan grid --lr-scale`: η ×F of each point's step-law η); cells: the "
                  "mean final {} over the seeds ± their sd; best η = the η of the lowest mean; "
                  "bracketed = tried both below and above it; best vs dense's best = the point's "
                  "BPC at its best η minus the dense baseline's at its own, paired by seed, its "
                  "95% CI = mean ± t·sd/√n (Student t, n − 1 degrees of freedom) and p its paired "
                  "t test's",
-                 bpc_words(all))
+                 folders_text, bpc_words(all))
            : fmt::format(
                  ". Each folder trained the same plans with the same seeds at another peak η "
                  "(`moeplan grid --lr-scale`: η ×F of each point's step-law η); cells: final {}; "
@@ -2820,8 +2842,7 @@ std::string lr_sweep(const std::vector<std::vector<json>>& given,
                  : "\none run per η and point: BPC differences between η's smaller than the seeds' "
                    "noise (a replicate report measures it) do not pick a best";
   if (!left_out.empty()) verdict += "\nleft out:" + left_out;
-  for (size_t f = 0; f < audits.size(); ++f)
-    verdict += fmt::format("\nin '{}': ", names[f]) + audit_line(audits[f]).substr(1);
+  verdict += folders_audit_lines(names, audits);
   plot::Chart c{
       seeded ? fmt::format("Final validation BPC (mean over {} seeds) against the peak learning "
                            "rate, per point",

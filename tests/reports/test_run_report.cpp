@@ -2335,9 +2335,9 @@ TEST_CASE("learning-rate sweep over seeds: means, best vs next and the margin pa
       moeplan::render_replicate_report(folders, names, moeplan::ReportFormat::text);
   CAPTURE(text);
   CHECK(text.starts_with(
-      "moeplan report: a learning-rate sweep over 3 seeds, 3 points at 3 η over 9 runs folders: "
-      "η ×0.5 (3 seeds): a1 (seed/data_seed 1/1), a2 (seed/data_seed 2/1), a3 (seed/data_seed "
-      "3/1); η ×1 (3 seeds): b1"));
+      "moeplan report: a learning-rate sweep over 3 seeds, 3 points at 3 η (×0.5, ×1, ×2), 9 runs "
+      "folders. The folders: η ×0.5, 3 seeds: a1 (seed/data_seed 1/1), a2 (seed/data_seed 2/1), "
+      "a3 (seed/data_seed 3/1); η ×1, 3 seeds: b1"));
   // By hand, t = 4.302653 at 2 degrees of freedom (NIST/SEMATECH table 1.3.6.7.2: 4.303).
   // moe-a: means 1.91, 1.81, 1.8633 (sd 0.01, 0.01, 0.0153): best ×1 (η 0.02), bracketed.
   // Against dense's best (×2, mean 1.99), by seed: 1.80 − 1.95, 1.82 − 2.01, 1.81 − 2.01 =
@@ -2362,7 +2362,7 @@ TEST_CASE("learning-rate sweep over seeds: means, best vs next and the margin pa
                                                                 "2.0233±0.0208", "1.9900±0.0346",
                                                                 "0.02", "×2", "no:", "highest", "η",
                                                                 "tried", "-", "-", "-"});
-  CHECK(text.find("dense baseline: best at η 0.02 (η ×2 (3 seeds)), the highest tried") !=
+  CHECK(text.find("dense baseline: best at η 0.02 (η ×2, 3 seeds), the highest tried") !=
         std::string::npos);
   CHECK(text.find("each at its own best η of those tried, MoE points below the dense baseline: 1 "
                   "of 2\n") != std::string::npos);
@@ -2441,4 +2441,31 @@ TEST_CASE("learning-rate sweep over seeds: a seed still training is left out of 
     CHECK(std::string(e.what()).starts_with(
         "point 'moe-a' trained at η 0.03 in 'b2' but 0.02 in 'b1', both planned step-law"));
   }
+}
+
+TEST_CASE("reports over folders: one audit line where every folder's audit reads the same") {
+  const auto [folders, names] = lr_seed_folders();
+  moeplan::FolderAudit holds;
+  holds.claims = holds.holding = 9;
+  std::vector<moeplan::FolderAudit> audits(folders.size(), holds);
+  std::string text =
+      moeplan::render_replicate_report(folders, names, moeplan::ReportFormat::text, audits);
+  CHECK(text.find("\nin each of the 9 folders: `moeplan audit` (no --plan): 9 of 9 claims hold; 0 "
+                  "error(s), 0 warning(s)") != std::string::npos);
+  CHECK(text.find("in 'a1'") == std::string::npos);
+  // One folder's differs: each its own line, named.
+  audits[4].holding = 8;
+  audits[4].failing = {"equal C"};
+  text = moeplan::render_replicate_report(folders, names, moeplan::ReportFormat::text, audits);
+  CHECK(occurrences(text, "\nin '") == 9);
+  CHECK(text.find("\nin 'a2': `moeplan audit` of this folder (no --plan): 8 of 9 claims hold "
+                  "(failing: equal C)") != std::string::npos);
+  CHECK(text.find("in each of") == std::string::npos);
+  // Replicates read them the same way: the three folders at ×0.5 (a1, a2, a3).
+  const std::vector<std::vector<json>> reps = {folders[1], folders[4], folders[7]};
+  text = moeplan::render_replicate_report(reps, {names[1], names[4], names[7]},
+                                          moeplan::ReportFormat::text, {holds, holds, holds});
+  CHECK(text.starts_with("moeplan report: 3 points over 3 runs folders of one sweep: a1"));
+  CHECK(text.find("\nin each of the 3 folders: `moeplan audit` (no --plan): 9 of 9") !=
+        std::string::npos);
 }
