@@ -2831,8 +2831,8 @@ std::string lr_sweep(const std::vector<std::vector<json>>& given,
   if (next_count > 0) {
     verdict += fmt::format(
         "\nbest η told apart from the next best by the seeds (the paired difference's 95 % "
-        "interval wholly below 0): {} of {}",
-        told_count, next_count);
+        "interval wholly below 0): {} of {}{}",
+        told_count, next_count, told.empty() ? "" : ": " + told);
     if (!not_told.empty())
       verdict += "; within the seeds' noise, so either η may be the best: " + not_told;
   }

@@ -2372,7 +2372,8 @@ TEST_CASE("learning-rate sweep over seeds: means, best vs next and the margin pa
   // moe-a ×1 − ×2 = −0.05, −0.06, −0.05: [−0.0677, −0.0390], told apart; moe-b ×0.5 − ×1 = −0.01,
   // +0.01, −0.06: [−0.1096, +0.0696].
   CHECK(text.find("best η told apart from the next best by the seeds (the paired difference's "
-                  "95 % interval wholly below 0): 1 of 3; within the seeds' noise, so either η "
+                  "95 % interval wholly below 0): 1 of 3: moe-a (×1 vs ×2: [-0.0677, -0.0390]); "
+                  "within the seeds' noise, so either η "
                   "may be the best: dense (×2 vs ×1: [-0.0713, +0.0046]), moe-b (×0.5 vs ×1: "
                   "[-0.1096, +0.0696])\n") != std::string::npos);
   CHECK(text.find("each best η is picked on the seeds that then measure its margin") !=
