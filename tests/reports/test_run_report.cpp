@@ -2263,6 +2263,13 @@ TEST_CASE("learning-rate sweep: other seeds, one η twice or two rules in a fold
   auto twice = lr_folders();
   twice[2] = twice[1];
   refused(twice, "'mid' and 'hi' trained the same seeds (seed/data_seed 1/1) at one η (step-law)");
+  // One η under two rules (hi's plans edited to mid's η, renamed): refused, naming both.
+  auto renamed = lr_folders();
+  for (size_t i = 0; i < renamed[2].size(); ++i) {
+    renamed[2][i]["plan"] = renamed[1][i]["plan"];
+    renamed[2][i]["plan"]["rule"] = "hand-tuned";
+  }
+  refused(renamed, "point 'dense' trained at the same η (0.01) in 'mid' and 'hi'");
   // Another seed at one η only: the η's do not pair.
   auto other = lr_folders();
   for (json& r : other[2]) r["train"]["seed"] = 2;
