@@ -2459,10 +2459,13 @@ std::string lr_sweep(const std::vector<std::vector<json>>& given,
         members[g].push_back(f);
         group_of[f] = g;
       }
-  auto label = [&](size_t g) {  // an η's column: its factor, or its rule
-    const std::string eta = factor_of_rule.count(rules[g])
-                                ? fmt::format("η ×{:g}", factor_of_rule[rules[g]])
-                                : printable(rules[g]);
+  auto eta_name = [&](size_t g) {  // an η in short: "×0.5", or its rule where not a factor
+    const auto it = factor_of_rule.find(rules[g]);
+    return it != factor_of_rule.end() ? fmt::format("×{:g}", it->second) : printable(rules[g]);
+  };
+  auto label = [&](size_t g) {  // an η's column: "η ×0.5, 3 seeds", or its one folder's name
+    const std::string eta =
+        factor_of_rule.count(rules[g]) ? "η " + eta_name(g) : printable(rules[g]);
     if (members[g].size() == 1) return fmt::format("{} ({})", names[members[g][0]], eta);
     return fmt::format("{}, {} seeds", eta, members[g].size());
   };
@@ -2655,10 +2658,9 @@ std::string lr_sweep(const std::vector<std::vector<json>>& given,
     }
     std::sort(curve.points.begin(), curve.points.end());
     if (!curve.points.empty()) curves.push_back(curve);
-    auto of = [&](size_t g) {
-      return factor_of_rule.count(rules[g]) ? fmt::format("×{:g}", factor_of_rule[rules[g]])
-             : members[g].size() == 1       ? names[members[g][0]]
-                                            : printable(rules[g]);
+    auto of = [&](size_t g) {  // the best's column in short: its factor, or its one folder
+      return factor_of_rule.count(rules[g]) || members[g].size() > 1 ? eta_name(g)
+                                                                     : names[members[g][0]];
     };
     row.push_back(p.best ? fmt::format("{:.4g}", p.eta[*p.best]) : "-");
     row.push_back(p.best ? of(*p.best) : "-");
@@ -2716,15 +2718,8 @@ std::string lr_sweep(const std::vector<std::vector<json>>& given,
         vs_next = mean_interval(stats_of(paired(p.bpc[*p.best], p.bpc[*p.next])), kConfidence);
         if (vs_next) {
           ++next_count;
-          const std::string words =
-              fmt::format("{} ({} vs {}: {})", id,
-                          factor_of_rule.count(rules[*p.best])
-                              ? fmt::format("×{:g}", factor_of_rule[rules[*p.best]])
-                              : printable(rules[*p.best]),
-                          factor_of_rule.count(rules[*p.next])
-                              ? fmt::format("×{:g}", factor_of_rule[rules[*p.next]])
-                              : printable(rules[*p.next]),
-                          interval_text(*vs_next));
+          const std::string words = fmt::format("{} ({} vs {}: {})", id, eta_name(*p.best),
+                                                eta_name(*p.next), interval_text(*vs_next));
           std::string& list = vs_next->hi < 0 ? told : not_told;
           list += (list.empty() ? "" : ", ") + words;
           told_count += vs_next->hi < 0;
@@ -2771,10 +2766,8 @@ std::string lr_sweep(const std::vector<std::vector<json>>& given,
   std::vector<json> all;
   for (const auto& f : folders) all.insert(all.end(), f.begin(), f.end());
   const size_t seeds = groups ? members[0].size() : 0;
-  std::vector<std::string> etas;  // the η's as their columns name them
-  for (size_t g = 0; g < groups; ++g)
-    etas.push_back(factor_of_rule.count(rules[g]) ? fmt::format("×{:g}", factor_of_rule[rules[g]])
-                                                  : printable(rules[g]));
+  std::vector<std::string> etas;
+  for (size_t g = 0; g < groups; ++g) etas.push_back(eta_name(g));
   const std::string heading =
       seeded ? fmt::format(
                    "moeplan report: a learning-rate sweep over {} seeds, {} points at {} η "
@@ -2789,8 +2782,8 @@ std::string lr_sweep(const std::vector<std::vector<json>>& given,
       (seeded
            ? fmt::format(
                  ". The folders: {}. Each η's folders trained the same plans with one seed each, "
-                 "every η the same "
-                 "seeds (`moeplan grid --lr-scale`: η ×F of each point's step-law η); cells: the "
+                 "every η the same seeds (`moeplan grid --lr-scale`: η ×F of each point's "
+                 "step-law η); cells: the "
                  "mean final {} over the seeds ± their sd; best η = the η of the lowest mean; "
                  "bracketed = tried both below and above it; best vs dense's best = the point's "
                  "BPC at its best η minus the dense baseline's at its own, paired by seed, its "
