@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# check_args.sh SOURCE_DIR BUILD_DIR: scripts/main-job with bad MOEPLAN_MAIN_JOB_* values must exit
+# check_args.sh SOURCE_DIR BUILD_DIR: scripts/main-job with bad MOEPLAN_* values must exit
 # 2 with a one-line error naming the value, and write nothing (no runs folder made).
 set -uo pipefail
 src=$1 build=$2
@@ -29,6 +29,6 @@ refused "holds 'x2'" MOEPLAN_MAIN_JOB_LR_SCALES="x2"
 refused "holds 0.5 twice" MOEPLAN_MAIN_JOB_LR_SCALES="0.5 2 .50"
 # In range by its form, out of it by grid's rule: grid's own words.
 refused "MOEPLAN_MAIN_JOB_LR_SCALES: the step law ×50 gives η = 1.227" MOEPLAN_MAIN_JOB_LR_SCALES="0.5 50"
-refused "MOEPLAN_MAIN_JOB_LR_SCALES: " MOEPLAN_MAIN_JOB_LR_SCALES="1000"
+refused "MOEPLAN_MAIN_JOB_LR_SCALES: --lr-scale = 1000 is invalid; it must be in (0, 100]" MOEPLAN_MAIN_JOB_LR_SCALES="1000"
 ((failures == 0)) && echo "main_job_args: all refused as they should be"
 exit $((failures > 0))
