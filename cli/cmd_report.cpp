@@ -142,9 +142,8 @@ const bool registered = register_command(
               "the runs folder of `moeplan run --out`; several: replicates of one sweep "
               "run with other seeds (mean, sd, how often each point beats dense, the margin's 95 % "
               "confidence interval and p, and Holm's step-down over the points); or one sweep "
-              "planned at "
-              "other `grid --lr-scale` factors, same seeds (each point's best η, bracketed or not, "
-              "and best against dense's best)")
+              "planned at other `grid --lr-scale` factors, a folder per factor and seed (each "
+              "point's best η, bracketed or not, and best against dense's best, paired by seed)")
            ->capture_default_str()
            ->check(non_empty_path("folder name"));
        app.add_option("-o,--output", f->output,

@@ -50,9 +50,10 @@ std::string render_run_report(const std::vector<nlohmann::json>& records, const 
 // validation BPC over the replicates (mean, sample sd, range), its difference from the dense
 // baseline of the same folder with its confidence interval and p, in how many folders the point
 // beat that baseline, and Holm's step-down over the points. Folders whose plans differ in η only
-// (grid --lr-scale, the same seeds) are a learning-rate sweep instead: each point's best η of
-// those tried and its best against dense's best. InputError when a point's plan differs between
-// folders otherwise. `names` are the folders as given.
+// (grid --lr-scale; one folder per η, or several, one per seed, every η the same seeds) are a
+// learning-rate sweep instead: each point's best η of those tried and its best against dense's
+// best, paired by seed. InputError when a point's plan differs between folders otherwise. `names`
+// are the folders as given.
 // `audits`: one per folder, or empty.
 std::string render_replicate_report(const std::vector<std::vector<nlohmann::json>>& folders,
                                     const std::vector<std::string>& names, ReportFormat format,
